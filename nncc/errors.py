@@ -1,0 +1,45 @@
+"""Every error nncc raises on purpose derives from NnccError.
+
+The CLI turns these into one-line messages; anything else is a bug and keeps its
+traceback. `exit_code` follows the documented convention: 1 failure, 2 usage or bad input.
+"""
+
+
+class NnccError(Exception):
+    exit_code = 1
+
+
+class ModelFormatError(NnccError):
+    """The model file is not a well-formed ONNX model."""
+
+    exit_code = 2
+
+
+class UnsupportedOpError(NnccError):
+    """No kernel is registered for an (op, domain, opset) combination."""
+
+    exit_code = 2
+
+    def __init__(self, op_type: str, domain: str, opset: int, detail: str = ""):
+        self.op_type, self.domain, self.opset = op_type, domain, opset
+        where = domain or "ai.onnx"
+        msg = f"unsupported op {op_type!r} (domain {where!r}, opset {opset})"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class InputError(NnccError):
+    """Feeds given to a model do not match what it declares."""
+
+    exit_code = 2
+
+
+class ShapeInferenceError(NnccError):
+    """A node's inputs are inconsistent with its operator's rules."""
+
+    exit_code = 2
+
+
+class KernelError(NnccError):
+    """A kernel failed on the values it was given at run time."""
+
+    exit_code = 1

@@ -1,0 +1,15 @@
+"""Built-in kernels, one module per op family. Importing this package registers them."""
+
+from nncc.kernels import (  # noqa: F401
+    activation,
+    arithmetic,
+    conv,
+    generators,
+    linalg,
+    logic,
+    normalization,
+    pool,
+    reduce,
+    resize,
+    tensor,
+)

@@ -1,0 +1,1 @@
+"""arithmetic kernels."""

@@ -1,0 +1,116 @@
+"""Kernel registry keyed by (domain, op_type, since_version).
+
+A kernel is a plain function ``fn(ctx, *inputs) -> array | tuple[array, ...]`` over numpy
+arrays (an omitted optional input arrives as None). Its shape function
+``shape(ctx, *infos) -> list[TensorInfo]`` predicts output dtypes and shapes from input
+TensorInfos, reading ``info.value`` where an output shape depends on input contents.
+Resolution picks the highest since-version not above the model's opset, as ONNX does.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from nncc.errors import UnsupportedOpError
+from nncc.ir.graph import normalize_domain
+
+KernelFn = Callable[..., Any]
+ShapeFn = Callable[..., list]
+
+
+class Ctx:
+    """Per-node context handed to kernels and shape functions."""
+
+    __slots__ = ("attrs", "opset", "num_outputs", "name")
+
+    def __init__(self, attrs: dict, opset: int, num_outputs: int = 1, name: str = ""):
+        self.attrs = attrs
+        self.opset = opset
+        self.num_outputs = num_outputs
+        self.name = name
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    op_type: str
+    domain: str
+    since: int
+    fn: KernelFn
+    shape: ShapeFn
+    # Ops whose outputs change between runs (random generators) must not be folded.
+    deterministic: bool = True
+
+    @property
+    def key(self) -> str:
+        """Stable identifier, used by serialized plans to name the kernel."""
+        return f"{self.domain or 'ai.onnx'}::{self.op_type}::{self.since}"
+
+
+_REGISTRY: dict[tuple[str, str], list[KernelDef]] = {}
+
+
+def kernel(op_type: str, since: int = 1, domain: str = "", *, shape: ShapeFn,
+           deterministic: bool = True) -> Callable[[KernelFn], KernelFn]:
+    """Register ``fn`` as the kernel of ``op_type`` from opset ``since`` on."""
+
+    def register(fn: KernelFn) -> KernelFn:
+        add(KernelDef(op_type, normalize_domain(domain), since, fn, shape, deterministic))
+        return fn
+
+    return register
+
+
+def add(definition: KernelDef) -> None:
+    versions = _REGISTRY.setdefault((definition.domain, definition.op_type), [])
+    for i, existing in enumerate(versions):
+        if existing.since == definition.since:
+            versions[i] = definition  # re-registration (e.g. a plugin override) wins
+            return
+    bisect.insort(versions, definition, key=lambda d: d.since)
+
+
+def resolve(op_type: str, domain: str, opset: int) -> KernelDef:
+    _ensure_loaded()
+    versions = _REGISTRY.get((normalize_domain(domain), op_type))
+    if not versions:
+        raise UnsupportedOpError(op_type, domain, opset, "no kernel is registered")
+    index = bisect.bisect_right([d.since for d in versions], opset)
+    if index == 0:
+        raise UnsupportedOpError(
+            op_type, domain, opset, f"kernels start at opset {versions[0].since}"
+        )
+    return versions[index - 1]
+
+
+def by_key(key: str) -> KernelDef | None:
+    """The kernel a serialized plan names, or None. Never imports anything by name."""
+    _ensure_loaded()
+    try:
+        domain, op_type, since = key.split("::")
+        domain = normalize_domain(domain)
+        for definition in _REGISTRY.get((domain, op_type), []):
+            if definition.since == int(since):
+                return definition
+    except ValueError:
+        return None
+    return None
+
+
+def registered_ops() -> list[tuple[str, str, int]]:
+    _ensure_loaded()
+    return sorted((d, op, k.since) for (d, op), defs in _REGISTRY.items() for k in defs)
+
+
+_loaded = False
+
+
+def _ensure_loaded() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        import nncc.kernels  # noqa: F401  (registers the built-in op families)
