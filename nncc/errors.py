@@ -43,3 +43,9 @@ class KernelError(NnccError):
     """A kernel failed on the values it was given at run time."""
 
     exit_code = 1
+
+
+class FileAccessError(NnccError):
+    """A file named by the user is missing or cannot be read."""
+
+    exit_code = 2

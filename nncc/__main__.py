@@ -1,0 +1,3 @@
+from nncc.cli.main import main
+
+main()

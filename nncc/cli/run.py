@@ -1,0 +1,69 @@
+"""`nncc run`: execute a model on given, file-loaded or random inputs."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from nncc.cli.output import emit_json, print_outputs
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--input", "-i", "input_specs", multiple=True, metavar="NAME=FILE.npy",
+              help="Feed input NAME from a .npy file (memory-mapped). Repeatable.")
+@click.option("--inputs", "npz", type=click.Path(dir_okay=False), metavar="FILE.npz",
+              help="Feed inputs from an .npz archive, by array name.")
+@click.option("--random-inputs", is_flag=True, help="Feed seeded random values to inputs not given.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
+@click.option("--output", "-o", "output_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
+              help="Write all outputs to an .npz archive.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+def run(model, input_specs, npz, random_inputs, seed, output_path, as_json):
+    """Run MODEL (an .onnx file) and summarize its outputs."""
+    import nncc
+    from nncc.runtime.arrays_io import load_npy, load_npz, random_feeds, save_npz
+
+    start = time.perf_counter()
+    session = nncc.load_onnx(model)
+    prepared = time.perf_counter()
+    feeds = load_npz(npz) if npz else {}
+    for spec in input_specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="--input")
+        feeds[name] = load_npy(path)
+    if random_inputs:
+        declared = session.input_infos
+        missing = {k: v for k, v in declared.items() if k not in feeds}
+        feeds.update(random_feeds(missing, seed))
+    outputs = session.run(feeds)
+    finished = time.perf_counter()
+    if output_path:
+        save_npz(output_path, outputs)
+    timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
+    if as_json:
+        emit_json({"model": model, "outputs": summarize(outputs), "timing": timing})
+    else:
+        print_outputs(model, summarize(outputs), timing)
+
+
+def summarize(outputs):
+    import numpy as np
+
+    rows = []
+    for name, value in outputs.items():
+        row = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+        if value.size and value.dtype.kind in "fiub":
+            data = value.astype(np.float64)
+            finite = data[np.isfinite(data)]
+            row.update(
+                min=float(finite.min()) if finite.size else None,
+                max=float(finite.max()) if finite.size else None,
+                mean=float(finite.mean()) if finite.size else None,
+                std=float(finite.std()) if finite.size else None,
+                nonfinite=int(data.size - finite.size),
+            )
+        rows.append(row)
+    return rows

@@ -1,0 +1,1 @@
+"""Model readers. Only ONNX for now; parsed by nncc itself, without the onnx package."""

@@ -1,0 +1,1 @@
+"""Whole-graph passes: functions from Graph to Graph (or to facts about a Graph)."""

@@ -1,0 +1,77 @@
+"""Static dtype and shape inference, with value propagation for small constants.
+
+Each node's kernel has a shape function; running them in topological order gives every
+value a TensorInfo. When all of a node's inputs are known at compile time and its output
+is small, the kernel itself is evaluated so that shape arithmetic (Shape -> Gather ->
+Concat -> Reshape) resolves to exact static shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.errors import NnccError, ShapeInferenceError
+from nncc.ir.graph import Graph, TensorInfo, topological_order
+from nncc.kernels.registry import Ctx, resolve
+from nncc.kernels.shapes import numel
+
+# Outputs up to this many elements are computed when all inputs are constants.
+VALUE_PROPAGATION_LIMIT = 4096
+
+
+def infer_shapes(graph: Graph, inputs: dict[str, TensorInfo] | None = None) -> dict[str, TensorInfo]:
+    """TensorInfo for every value of ``graph``.
+
+    ``inputs`` binds graph inputs to concrete infos (for example the shapes of the arrays
+    about to be fed, which binds symbolic batch dimensions); otherwise declared infos are used.
+    """
+    infos: dict[str, TensorInfo] = {
+        name: TensorInfo.of(array) for name, array in graph.initializers.items()
+    }
+    given = inputs or {}
+    for name in graph.inputs:
+        infos[name] = given.get(name) or graph.values.get(name) or TensorInfo(None, None)
+    for node in topological_order(graph):
+        opset = graph.opset(node.domain)
+        definition = resolve(node.op_type, node.domain, opset)
+        ctx = Ctx(node.attrs, opset, len(node.outputs), node.name)
+        args = [infos[name] if name else None for name in node.inputs]
+        outs = _run_shape_function(definition, ctx, args, node)
+        if definition.deterministic and _all_known(args) and _small(outs):
+            outs = _evaluate(definition, ctx, args, node) or outs
+        if len(outs) < len([o for o in node.outputs if o]):
+            raise ShapeInferenceError(f"{node.label()}: shape function gave too few outputs")
+        for name, info in zip(node.outputs, outs):
+            if name:
+                infos[name] = info
+    return infos
+
+
+def _run_shape_function(definition, ctx, args, node) -> list[TensorInfo]:
+    try:
+        return list(definition.shape(ctx, *args))
+    except ShapeInferenceError as exc:
+        raise ShapeInferenceError(f"{node.label()}: {exc}") from None
+    except Exception as exc:
+        if all(a is None or (a.dtype is not None and a.is_static) for a in args):
+            raise ShapeInferenceError(f"{node.label()}: {type(exc).__name__}: {exc}") from exc
+        # Partially unknown inputs may defeat a shape function: the values stay unknown.
+        return [TensorInfo(None, None) for _ in node.outputs]
+
+
+def _all_known(args: list[TensorInfo | None]) -> bool:
+    return all(a is None or a.value is not None for a in args)
+
+
+def _small(outs: list[TensorInfo]) -> bool:
+    sizes = [numel(o.shape) for o in outs]
+    return all(s is not None and s <= VALUE_PROPAGATION_LIMIT for s in sizes)
+
+
+def _evaluate(definition, ctx, args, node) -> list[TensorInfo] | None:
+    try:
+        result = definition.fn(ctx, *[a.value if a is not None else None for a in args])
+    except NnccError as exc:
+        raise ShapeInferenceError(f"{node.label()}: {exc}") from None
+    results = result if isinstance(result, tuple) else (result,)
+    return [TensorInfo.of(np.asarray(r)) for r in results]

@@ -1,0 +1,1 @@
+"""Execution: checking feeds and running graphs or compiled plans."""

@@ -1,0 +1,99 @@
+"""Reading feeds from .npy/.npz files, making random feeds, writing outputs atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from typing import Mapping
+
+import numpy as np
+
+from nncc.errors import FileAccessError, InputError
+from nncc.ir.graph import TensorInfo
+
+
+def load_npy(path: str) -> np.ndarray:
+    """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise FileAccessError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise FileAccessError(f"cannot read {path}: it is a directory") from None
+    except PermissionError:
+        raise FileAccessError(f"cannot read {path}: permission denied") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{path} is not a readable .npy file ({_first_line(exc)})") from None
+
+
+def load_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
+            return {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise FileAccessError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise FileAccessError(f"cannot read {path}: it is a directory") from None
+    except PermissionError:
+        raise FileAccessError(f"cannot read {path}: permission denied") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path} is not a readable .npz file ({_first_line(exc)})") from None
+
+
+def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random inputs matching declared dtypes and shapes (symbolic dims default to 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, info in declared.items():
+        if info.dtype is None or info.shape is None:
+            raise InputError(f"input {name!r} declares no tensor type and shape; pass it explicitly")
+        shape = tuple(
+            d if isinstance(d, int) else (dims or {}).get(d, 1) if isinstance(d, str) else 1
+            for d in info.shape
+        )
+        kind = info.dtype.kind
+        if kind == "f":
+            value = rng.standard_normal(shape).astype(info.dtype)
+        elif kind == "b":
+            value = rng.random(shape) < 0.5
+        elif kind in "iu":
+            value = rng.integers(0, 10, size=shape).astype(info.dtype)
+        else:
+            raise InputError(f"cannot make random values for input {name!r} of dtype {info.dtype}")
+        feeds[name] = value
+    return feeds
+
+
+def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write an .npz atomically: a failure never leaves a half-written file at ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".nncc-", suffix=".npz.tmp", dir=directory)
+    except OSError as exc:
+        raise FileAccessError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **dict(arrays))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _unlink_quietly(tmp)
+        if isinstance(exc, OSError):
+            raise FileAccessError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
