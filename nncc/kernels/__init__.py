@@ -4,6 +4,7 @@ from nncc.kernels import (  # noqa: F401
     activation,
     arithmetic,
     conv,
+    fused,
     generators,
     linalg,
     logic,

@@ -1,1 +1,396 @@
-"""conv kernels."""
+"""Convolution kernels: Conv and ConvTranspose (1-D, 2-D, 3-D and beyond).
+
+Strategy (all vectorized, no per-element Python loops):
+
+* 1x1 convolutions are a plain (batched) matmul over channels.
+* Depthwise convolutions (group == input channels) are a sum over kernel taps of shifted,
+  strided slices times per-channel weights.
+* Everything else is im2col (one strided slice copy per kernel tap into a column buffer)
+  followed by ONE matmul per group (a batched matmul over groups).
+* ConvTranspose is one matmul producing all tap contributions, then a col2im that adds
+  each tap's plane into a strided slice of the output (a loop over kernel taps only).
+
+The geometry helpers here (`_conv_geometry`, `_attr_list`) are also used by pool.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import kernel
+
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _attr_list(ctx, name: str, n: int, default: int, what: str = "", err=ShapeInferenceError):
+    """An INTS attribute of length n (spatial rank), or [default] * n when absent."""
+    value = ctx.get(name)
+    if value is None:
+        return [default] * n
+    value = [int(v) for v in value]
+    if len(value) != n:
+        raise err(f"{what or 'node'}: attribute {name!r} has {len(value)} values, "
+                  f"expected {n} (one per spatial axis)")
+    return value
+
+
+def _pads_attr(ctx, n: int, what: str, err=ShapeInferenceError):
+    pads = ctx.get("pads")
+    if pads is None:
+        return [0] * n, [0] * n
+    pads = [int(p) for p in pads]
+    if len(pads) != 2 * n:
+        raise err(f"{what}: attribute 'pads' has {len(pads)} values, expected {2 * n}")
+    return pads[:n], pads[n:]
+
+
+def _auto_pad(ctx, what: str, err=ShapeInferenceError) -> str:
+    auto_pad = ctx.get("auto_pad", "NOTSET") or "NOTSET"
+    if auto_pad not in _AUTO_PADS:
+        raise err(f"{what}: unknown auto_pad {auto_pad!r} (expected one of {', '.join(_AUTO_PADS)})")
+    return auto_pad
+
+
+def _conv_geometry(in_sizes, kernel, strides, dilations, pads_begin, pads_end, auto_pad,
+                   ceil_mode: bool = False, what: str = "Conv", err=ShapeInferenceError):
+    """Output sizes and effective (begin, end) pads for a sliding-window op.
+
+    ``in_sizes`` entries may be None/str (unknown): the matching output is None and the
+    pads are still returned when they do not depend on the input size.
+    Returns (out_sizes, pads_begin, pads_end).
+    """
+    out, pb, pe = [], [], []
+    for i, size in enumerate(in_sizes):
+        k, s, d = kernel[i], strides[i], dilations[i]
+        if s <= 0 or d <= 0 or (k is not None and isinstance(k, int) and k <= 0):
+            raise err(f"{what}: strides, dilations and kernel sizes must be positive "
+                      f"(got kernel {list(kernel)}, strides {list(strides)}, dilations {list(dilations)})")
+        ek = (k - 1) * d + 1 if isinstance(k, int) else None
+        known = isinstance(size, int) and ek is not None
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            if not known:
+                out.append(-(-size // s) if isinstance(size, int) else None)
+                pb.append(None)
+                pe.append(None)
+                continue
+            o = -(-size // s)
+            total = max(0, (o - 1) * s + ek - size)
+            small, big = total // 2, total - total // 2
+            b, e = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        elif auto_pad == "VALID":
+            b, e = 0, 0
+            if not known:
+                out.append(None)
+                pb.append(b)
+                pe.append(e)
+                continue
+            o = (size - ek) // s + 1
+        else:
+            b, e = pads_begin[i], pads_end[i]
+            if not known:
+                out.append(None)
+                pb.append(b)
+                pe.append(e)
+                continue
+            span = size + b + e - ek
+            if ceil_mode:
+                o = -(-span // s) + 1
+                # the last window must start inside the input or the left padding
+                if (o - 1) * s >= size + b:
+                    o -= 1
+            else:
+                o = span // s + 1 if span >= 0 else 0
+        if o <= 0:
+            raise err(f"{what}: input spatial size {size} with kernel {k} (dilation {d}), "
+                      f"stride {s} and pads ({b}, {e}) gives an empty output")
+        out.append(o)
+        pb.append(b)
+        pe.append(e)
+    return out, pb, pe
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float16 is computed in float32 (numpy has no float16 BLAS)."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _pad_spatial(x: np.ndarray, begin, end, value=0) -> np.ndarray:
+    """Pad (or crop, for negative pads) the spatial axes (2..) of x. No copy when all zero."""
+    if not any(begin) and not any(end):
+        return x
+    # crop negative pads first (a view)
+    crop = tuple(slice(max(0, -b), x.shape[2 + i] - max(0, -e))
+                 for i, (b, e) in enumerate(zip(begin, end)))
+    x = x[(slice(None), slice(None)) + crop]
+    b = [max(0, v) for v in begin]
+    e = [max(0, v) for v in end]
+    if not any(b) and not any(e):
+        return x
+    shape = x.shape[:2] + tuple(x.shape[2 + i] + b[i] + e[i] for i in range(len(b)))
+    out = np.full(shape, value, dtype=x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(b[i], b[i] + x.shape[2 + i]) for i in range(len(b)))] = x
+    return out
+
+
+def _tap_slices(offsets, out_sizes, strides):
+    """Spatial slices selecting, for one kernel tap at `offsets`, the input of every output."""
+    return tuple(slice(o, o + (n - 1) * s + 1, s) for o, n, s in zip(offsets, out_sizes, strides))
+
+
+# --------------------------------------------------------------------------- Conv
+
+
+def _conv_params(ctx, x_shape, w_shape, err, what="Conv"):
+    if x_shape is None or len(x_shape) < 3:
+        return None
+    nd = len(x_shape) - 2
+    kernel_shape = ctx.get("kernel_shape")
+    if kernel_shape is not None:
+        kernel_shape = [int(k) for k in kernel_shape]
+        if len(kernel_shape) != nd:
+            raise err(f"{what}: kernel_shape {kernel_shape} does not match the input's {nd} spatial axes")
+    elif w_shape is not None:
+        kernel_shape = list(w_shape[2:])
+    else:
+        kernel_shape = [None] * nd
+    strides = _attr_list(ctx, "strides", nd, 1, what, err)
+    dilations = _attr_list(ctx, "dilations", nd, 1, what, err)
+    pads_begin, pads_end = _pads_attr(ctx, nd, what, err)
+    auto_pad = _auto_pad(ctx, what, err)
+    group = int(ctx.get("group", 1))
+    if group <= 0:
+        raise err(f"{what}: group must be positive, got {group}")
+    return nd, kernel_shape, strides, dilations, pads_begin, pads_end, auto_pad, group
+
+
+def _conv_shape(ctx, x, w, b=None):
+    if x.shape is not None and len(x.shape) < 3:
+        raise ShapeInferenceError(f"Conv: input X must have rank >= 3 (N, C, spatial...), got {x.shape}")
+    if w.shape is not None and x.shape is not None and len(w.shape) != len(x.shape):
+        raise ShapeInferenceError(f"Conv: weight rank {len(w.shape)} does not match input rank {len(x.shape)}")
+    params = _conv_params(ctx, x.shape, w.shape, ShapeInferenceError)
+    if params is None:
+        rank = None if w.shape is None else len(w.shape)
+        shape = None if rank is None else (None, w.shape[0]) + (None,) * (rank - 2)
+        return [TensorInfo(x.dtype, shape)]
+    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = params
+    c_in = x.shape[1]
+    if w.shape is not None:
+        c_w = w.shape[1]
+        if isinstance(c_in, int) and isinstance(c_w, int) and c_in != c_w * group:
+            raise ShapeInferenceError(
+                f"Conv: input has {c_in} channels but weight expects {c_w} x group {group} = {c_w * group}")
+        m = w.shape[0]
+        if isinstance(m, int) and m % group:
+            raise ShapeInferenceError(f"Conv: {m} output channels are not divisible by group {group}")
+    out, _, _ = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe, auto_pad)
+    m = None if w.shape is None else w.shape[0]
+    return [TensorInfo(x.dtype, (x.shape[0], m, *out))]
+
+
+@kernel("Conv", since=1, shape=_conv_shape)
+def conv(ctx, x, w, b=None):
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise KernelError(f"Conv: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
+    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
+        ctx, x.shape, w.shape, KernelError)
+    if list(kernel_shape) != list(w.shape[2:]):
+        raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w.shape}")
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    if c != cg * group or m % group:
+        raise KernelError(f"Conv: input channels {c}, weight {w.shape} and group {group} are inconsistent")
+    out_sizes, pb, pe = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
+                                       auto_pad, what="Conv", err=KernelError)
+    out_dtype = x.dtype
+    cdt = _compute_dtype(x.dtype)
+    if x.dtype != cdt:
+        x = x.astype(cdt)
+    if w.dtype != cdt:
+        w = w.astype(cdt)
+    xp = _pad_spatial(x, pb, pe)
+    mg = m // group
+    p = int(np.prod(out_sizes))
+    ntaps = int(np.prod(kernel_shape))
+
+    if group == c and cg == 1 and group > 1 and ntaps > 1:
+        # depthwise: sum over taps of shifted slices times per-channel weights
+        mult = mg
+        wt = w.reshape(c, mult, ntaps)
+        bshape = (c, mult) + (1,) * nd
+        y = None
+        tmp = None
+        for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
+            sl = xp[(slice(None), slice(None)) + _tap_slices(
+                [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
+            sl = sl[:, :, None]  # (N, C, 1, *out)
+            wv = wt[:, :, t].reshape(bshape)
+            if y is None:
+                y = sl * wv
+                tmp = np.empty_like(y)
+            else:
+                np.multiply(sl, wv, out=tmp)
+                y += tmp
+        y = y.reshape((n, m) + tuple(out_sizes))
+    elif ntaps == 1:
+        # 1x1 convolution: a plain matmul over channels
+        xs = xp[(slice(None), slice(None)) + _tap_slices([0] * nd, out_sizes, strides)]
+        if group == 1:
+            y = np.matmul(w.reshape(m, c), xs.reshape(n, c, p))
+        else:
+            y = np.matmul(w.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
+        y = y.reshape((n, m) + tuple(out_sizes))
+    else:
+        # im2col: one strided slice copy per tap, then one (batched) matmul
+        cols = np.empty((n, c, ntaps) + tuple(out_sizes), dtype=cdt)
+        for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
+            cols[:, :, t] = xp[(slice(None), slice(None)) + _tap_slices(
+                [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
+        if group == 1:
+            y = np.matmul(w.reshape(m, cg * ntaps), cols.reshape(n, c * ntaps, p))
+        else:
+            y = np.matmul(w.reshape(group, mg, cg * ntaps), cols.reshape(n, group, cg * ntaps, p))
+        y = y.reshape((n, m) + tuple(out_sizes))
+    if b is not None:
+        y += b.astype(cdt, copy=False).reshape((m,) + (1,) * nd)
+    return y if y.dtype == out_dtype else y.astype(out_dtype)
+
+
+# --------------------------------------------------------------------------- ConvTranspose
+
+
+def _convt_geometry(ctx, in_sizes, kernel_shape, err):
+    """Output sizes and the begin padding (crop) for ConvTranspose.
+
+    Returns (out_sizes, pads_begin, strides, dilations); entries may be None when unknown.
+    """
+    nd = len(in_sizes)
+    what = "ConvTranspose"
+    strides = _attr_list(ctx, "strides", nd, 1, what, err)
+    dilations = _attr_list(ctx, "dilations", nd, 1, what, err)
+    out_pad = _attr_list(ctx, "output_padding", nd, 0, what, err)
+    pads_begin, pads_end = _pads_attr(ctx, nd, what, err)
+    auto_pad = _auto_pad(ctx, what, err)
+    output_shape = ctx.get("output_shape")
+    if output_shape is not None:
+        output_shape = [int(v) for v in output_shape]
+        if len(output_shape) == nd + 2:  # some exporters include N and C
+            output_shape = output_shape[2:]
+        if len(output_shape) != nd:
+            raise err(f"{what}: output_shape {output_shape} does not match the {nd} spatial axes")
+    for s, d, op in zip(strides, dilations, out_pad):
+        if s <= 0 or d <= 0:
+            raise err(f"{what}: strides and dilations must be positive")
+        if op < 0:
+            raise err(f"{what}: output_padding must be non-negative")
+    out, pb = [], []
+    for i in range(nd):
+        size, k, s, d = in_sizes[i], kernel_shape[i], strides[i], dilations[i]
+        known = isinstance(size, int) and isinstance(k, int)
+        ek = (k - 1) * d + 1 if isinstance(k, int) else None
+        full = (size - 1) * s + out_pad[i] + ek if known else None
+        if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            if output_shape is not None:
+                o = output_shape[i]
+            else:
+                o = size * s if isinstance(size, int) else None
+            if full is None or o is None:
+                out.append(o)
+                pb.append(None)
+                continue
+            total = full - o
+            if auto_pad == "SAME_UPPER":
+                b = total // 2
+            else:
+                b = total - total // 2
+        elif auto_pad == "VALID":
+            b = 0
+            o = full
+        else:
+            b = pads_begin[i]
+            o = None if full is None else full - pads_begin[i] - pads_end[i]
+        if o is not None and o <= 0:
+            raise err(f"{what}: computed output size {o} along spatial axis {i} is not positive")
+        out.append(o)
+        pb.append(b)
+    return out, pb, strides, dilations
+
+
+def _convt_shape(ctx, x, w, b=None):
+    if x.shape is not None and len(x.shape) < 3:
+        raise ShapeInferenceError(f"ConvTranspose: input X must have rank >= 3, got {x.shape}")
+    group = int(ctx.get("group", 1))
+    if group <= 0:
+        raise ShapeInferenceError(f"ConvTranspose: group must be positive, got {group}")
+    m = None
+    if w.shape is not None and isinstance(w.shape[1], int):
+        m = w.shape[1] * group
+    if x.shape is None:
+        rank = None if w.shape is None else len(w.shape)
+        return [TensorInfo(x.dtype, None if rank is None else (None, m) + (None,) * (rank - 2))]
+    nd = len(x.shape) - 2
+    kernel_shape = ctx.get("kernel_shape")
+    if kernel_shape is not None:
+        kernel_shape = [int(k) for k in kernel_shape]
+    elif w.shape is not None:
+        kernel_shape = list(w.shape[2:])
+    else:
+        kernel_shape = [None] * nd
+    if len(kernel_shape) != nd:
+        raise ShapeInferenceError(f"ConvTranspose: kernel_shape {kernel_shape} does not match {nd} spatial axes")
+    if w.shape is not None and isinstance(x.shape[1], int) and isinstance(w.shape[0], int) \
+            and x.shape[1] != w.shape[0]:
+        raise ShapeInferenceError(
+            f"ConvTranspose: input has {x.shape[1]} channels but weight has {w.shape[0]}")
+    out, _, _, _ = _convt_geometry(ctx, x.shape[2:], kernel_shape, ShapeInferenceError)
+    return [TensorInfo(x.dtype, (x.shape[0], m, *out))]
+
+
+@kernel("ConvTranspose", since=1, shape=_convt_shape)
+def conv_transpose(ctx, x, w, b=None):
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise KernelError(f"ConvTranspose: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
+    group = int(ctx.get("group", 1))
+    n, c = x.shape[:2]
+    if group <= 0 or c % group or w.shape[0] != c:
+        raise KernelError(f"ConvTranspose: input {x.shape}, weight {w.shape} and group {group} are inconsistent")
+    nd = x.ndim - 2
+    kernel_shape = list(w.shape[2:])
+    out_sizes, pb, strides, dilations = _convt_geometry(ctx, x.shape[2:], kernel_shape, KernelError)
+    cg = c // group
+    mg = w.shape[1]
+    m = mg * group
+    ntaps = int(np.prod(kernel_shape))
+    in_sizes = x.shape[2:]
+    pin = int(np.prod(in_sizes))
+    out_dtype = x.dtype
+    cdt = _compute_dtype(x.dtype)
+    xc = x.astype(cdt, copy=False)
+    wc = w.astype(cdt, copy=False)
+    # (g, Cg, Mg, K) -> (g, K*Mg, Cg) so each tap's plane is contiguous after the matmul
+    wt = wc.reshape(group, cg, mg, ntaps).transpose(0, 3, 2, 1).reshape(group, ntaps * mg, cg)
+    col = np.matmul(wt, xc.reshape(n, group, cg, pin))  # (N, g, K*Mg, Pin)
+    col = col.reshape((n, group, ntaps, mg) + tuple(in_sizes))
+    # buffer covering both the full (unpadded) result and the requested output window
+    full = [(in_sizes[i] - 1) * strides[i] + (kernel_shape[i] - 1) * dilations[i] + 1 for i in range(nd)]
+    lo = [min(0, pb[i]) for i in range(nd)]
+    hi = [max(full[i], pb[i] + out_sizes[i]) for i in range(nd)]
+    buf = np.zeros((n, group, mg) + tuple(h - l for h, l in zip(hi, lo)), dtype=cdt)
+    for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
+        dst = _tap_slices([o * d - l for o, d, l in zip(offs, dilations, lo)], in_sizes, strides)
+        buf[(slice(None), slice(None), slice(None)) + dst] += col[:, :, t]
+    buf = buf.reshape((n, m) + buf.shape[3:])
+    window = tuple(slice(pb[i] - lo[i], pb[i] - lo[i] + out_sizes[i]) for i in range(nd))
+    y = buf[(slice(None), slice(None)) + window]
+    if y.shape != buf.shape:
+        y = np.ascontiguousarray(y)
+    if b is not None:
+        y += b.astype(cdt, copy=False).reshape((m,) + (1,) * nd)
+    return y if y.dtype == out_dtype else y.astype(out_dtype)

@@ -1,0 +1,1 @@
+"""Fused kernels in the private "nncc" domain, produced by fusion passes."""
