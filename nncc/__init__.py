@@ -1,16 +1,29 @@
 """nncc: ahead-of-time compiler, verified cache and numpy runtime for ONNX models.
 
+    import nncc
+    model = nncc.compile_model("model.onnx", preference="sustained-speed")
+    model.save("model.nncc")
+    outputs = nncc.load("model.nncc").run({"x": x})
+
 The package stays cheap to import: heavy modules load on first use of what needs them.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_onnx"]
+__all__ = ["__version__", "compile_model", "load", "load_onnx", "CompiledModel"]
 
 
 def load_onnx(path):
-    """Read an ONNX model and return an interpreter ready to ``run(feeds)``."""
+    """Read an ONNX model and return an interpreter ready to ``run(feeds)`` (no compile)."""
     from nncc.frontend.onnx import load_model
     from nncc.runtime.interpreter import Interpreter
 
     return Interpreter(load_model(path))
+
+
+def __getattr__(name):
+    if name in ("compile_model", "load", "CompiledModel"):
+        from nncc import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'nncc' has no attribute {name!r}")

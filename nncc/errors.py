@@ -49,3 +49,9 @@ class FileAccessError(NnccError):
     """A file named by the user is missing or cannot be read."""
 
     exit_code = 2
+
+
+class PlanFormatError(NnccError):
+    """A compiled artifact is malformed, tampered with, or from another format version."""
+
+    exit_code = 2

@@ -15,7 +15,9 @@ import click
 from nncc import __version__
 
 COMMANDS = {
-    "run": ("nncc.cli.run", "run", "Run a model on the numpy CPU backend."),
+    "compile": ("nncc.cli.compile", "compile", "Compile an ONNX model ahead of time into an artifact."),
+    "inspect": ("nncc.cli.inspect", "inspect", "Show partitions, fallbacks, memory and constants."),
+    "run": ("nncc.cli.run", "run", "Run a model or artifact on the numpy CPU backend."),
 }
 
 

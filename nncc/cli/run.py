@@ -10,7 +10,7 @@ from nncc.cli.output import emit_json, print_outputs
 
 
 @click.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())  # a directory or missing file: nncc says so itself
 @click.option("--input", "-i", "input_specs", multiple=True, metavar="NAME=FILE.npy",
               help="Feed input NAME from a .npy file (memory-mapped). Repeatable.")
 @click.option("--inputs", "npz", type=click.Path(dir_okay=False), metavar="FILE.npz",
@@ -21,12 +21,14 @@ from nncc.cli.output import emit_json, print_outputs
               help="Write all outputs to an .npz archive.")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 def run(model, input_specs, npz, random_inputs, seed, output_path, as_json):
-    """Run MODEL (an .onnx file) and summarize its outputs."""
+    """Run MODEL (an .onnx model, compiled on the fly, or a compiled .nncc artifact)."""
     import nncc
     from nncc.runtime.arrays_io import load_npy, load_npz, random_feeds, save_npz
 
+    from nncc.cli.sources import is_artifact
+
     start = time.perf_counter()
-    session = nncc.load_onnx(model)
+    session = nncc.load(model) if is_artifact(model) else nncc.compile_model(model)
     prepared = time.perf_counter()
     feeds = load_npz(npz) if npz else {}
     for spec in input_specs:

@@ -1,0 +1,1 @@
+"""Backend plugins: each selects the nodes it can run and compiles them into bytecode."""

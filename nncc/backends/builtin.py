@@ -1,0 +1,58 @@
+"""The built-in backends: the vectorized numpy fast path and the always-complete CPU fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.errors import UnsupportedOpError
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.kernels.registry import resolve
+from nncc.backends.base import Backend
+
+# dtypes the fast path plans memory for; anything else (strings, complex) falls back.
+FAST_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int64, np.int32,
+                                     np.int8, np.uint8, np.int16, np.uint16, np.bool_)}
+
+
+class NumpyBackend(Backend):
+    """Takes every node whose values all have static shapes and plain numeric dtypes, so
+    its buffers can be planned ahead of time; fused kernels run here."""
+
+    name = "numpy"
+    version = "1"
+    maker = "nncc"
+    targets = "cpu (numpy, BLAS)"
+
+    def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
+        selected = {}
+        for index, node in enumerate(graph.nodes):
+            if self.reject_reason(node, graph, infos) is None:
+                selected[index] = None
+        return selected
+
+    def reject_reason(self, node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+        try:
+            resolve(node.op_type, node.domain, graph.opset(node.domain))
+        except UnsupportedOpError as exc:
+            return str(exc)
+        for name in list(node.inputs) + list(node.outputs):
+            if not name:
+                continue
+            info = infos.get(name)
+            if info is None or not info.is_static:
+                return f"value {name!r} has no static shape"
+            if info.dtype not in FAST_DTYPES:
+                return f"value {name!r} has dtype {info.dtype}, not planned by the fast path"
+        return None
+
+
+class CpuFallback(Backend):
+    """Runs whatever no other backend took, with dynamic shapes, on the reference kernels."""
+
+    name = "cpu"
+    version = "1"
+    maker = "nncc"
+    targets = "cpu (reference kernels, dynamic shapes)"
+
+    def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
+        return {index: None for index in range(len(graph.nodes))}

@@ -1,0 +1,87 @@
+"""Which backends exist: the built-ins, entry-point plugins and ``--plugin`` modules.
+
+Plugins are Python modules the *user* names (on the command line or by installing a
+package with an ``nncc.backends`` entry point); nothing is ever imported because a model
+or a compiled plan names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from nncc.backends.base import Backend
+from nncc.errors import NnccError
+
+_BACKENDS: dict[str, Backend] = {}
+_PLUGINS: dict[str, str] = {}  # module name -> version, part of the cache key
+_entry_points_loaded = False
+
+
+class PluginError(NnccError):
+    exit_code = 2
+
+
+def register_backend(backend: Backend | type[Backend]) -> Backend:
+    instance = backend() if isinstance(backend, type) else backend
+    _BACKENDS[instance.name] = instance
+    return instance
+
+
+def _ensure_builtins() -> None:
+    if "numpy" not in _BACKENDS:
+        from nncc.backends.builtin import CpuFallback, NumpyBackend
+
+        register_backend(NumpyBackend)
+        register_backend(CpuFallback)
+
+
+def get_backend(name: str) -> Backend:
+    _ensure_builtins()
+    load_entry_points()
+    if name not in _BACKENDS:
+        raise PluginError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[name]
+
+
+def available_backends() -> list[Backend]:
+    _ensure_builtins()
+    load_entry_points()
+    return [_BACKENDS[name] for name in sorted(_BACKENDS)]
+
+
+def load_plugin(module_name: str) -> None:
+    """Import a plugin module; on import it registers kernels and/or backends."""
+    if module_name in _PLUGINS:
+        return
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(f"cannot load plugin {module_name!r}: {exc}") from None
+    _ensure_builtins()
+    hook = getattr(module, "register", None)
+    if callable(hook):
+        hook()
+    _PLUGINS[module_name] = str(getattr(module, "__version__", "0"))
+
+
+def load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="nncc.backends"):
+        try:
+            target = entry.load()
+        except Exception as exc:  # a broken third-party package must not break nncc
+            raise PluginError(f"cannot load backend entry point {entry.name!r}: {exc}") from None
+        if isinstance(target, type) and issubclass(target, Backend):
+            register_backend(target)
+        elif callable(target):
+            target()
+        _PLUGINS[f"entry-point:{entry.name}"] = entry.value
+
+
+def loaded_plugins() -> dict[str, str]:
+    return dict(sorted(_PLUGINS.items()))

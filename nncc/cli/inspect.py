@@ -1,0 +1,32 @@
+"""`nncc inspect`: partitions, fallbacks, memory and constants of a model or artifact."""
+
+from __future__ import annotations
+
+import click
+
+from nncc.cli.options import compile_options, options_dict
+from nncc.cli.output import emit_json
+
+
+@click.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@compile_options
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+def inspect(path, preference, opt_level, backends, plugins, as_json):
+    """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
+    import nncc
+    from nncc.report import describe_plan
+    from nncc.cli.sources import is_artifact
+
+    if is_artifact(path):
+        model = nncc.load(path)
+    else:
+        model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins))
+    report = describe_plan(model.plan, len(model.to_bytes()))
+    report["path"] = path
+    if as_json:
+        emit_json(report)
+    else:
+        from nncc.cli.render_inspect import print_report
+
+        print_report(report)

@@ -1,0 +1,32 @@
+"""Click options shared by the commands that compile."""
+
+from __future__ import annotations
+
+import click
+
+PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
+
+
+def compile_options(command):
+    """Decorate ``command`` with --preference, -O, --backend and --plugin."""
+    for decorator in reversed([
+        click.option("--preference", type=click.Choice(PREFERENCES), default="fast-single-answer",
+                     show_default=True, help="NNAPI-style execution preference; it changes what is compiled."),
+        click.option("-O", "opt_level", type=click.IntRange(0, 2), default=2, show_default=True,
+                     help="Optimization level: 0 none, 1 folding and cleanup, 2 fusions too."),
+        click.option("--backend", "backends", multiple=True, metavar="NAME",
+                     help="Backend to offer nodes to, in priority order (default: numpy). Repeatable."),
+        click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
+                     help="Python module registering custom ops and backends. Repeatable."),
+    ]):
+        command = decorator(command)
+    return command
+
+
+def options_dict(preference, opt_level, backends, plugins) -> dict:
+    return {
+        "preference": preference,
+        "opt_level": opt_level,
+        "backends": tuple(backends) or ("numpy",),
+        "plugins": tuple(plugins),
+    }

@@ -1,0 +1,41 @@
+"""Rich rendering of an inspect report."""
+
+from __future__ import annotations
+
+from rich.tree import Tree
+
+from nncc.cli.output import console
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_report(report: dict) -> None:
+    tree = Tree(f"[bold]{report['path']}[/]  (format {report['format_version']}, nncc {report['producer']})")
+    opts = report["options"]
+    tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
+             f"backends={','.join(opts.get('backends', []))}")
+    io = tree.add("inputs / outputs")
+    for kind in ("inputs", "outputs"):
+        for v in report[kind]:
+            io.add(f"{kind[:-1]} {v['name']}: {v['dtype']}{v['shape']}")
+    parts = tree.add(f"{len(report['partitions'])} partition(s), {report['instructions']} instructions")
+    for p in report["partitions"]:
+        ops = ", ".join(f"{op}×{n}" for op, n in p["ops"].items())
+        parts.add(f"#{p['index']} [cyan]{p['backend']}[/] {p['entry']}: {p['nodes']} nodes ({ops})")
+    if report["fallbacks"]:
+        fb = tree.add(f"[yellow]{len(report['fallbacks'])} fallback node(s)[/]")
+        for f in report["fallbacks"]:
+            fb.add(f"{f['op']} {f['node']!r}: {f['reason']}")
+    c = report["constants"]
+    tree.add(f"constants: {c['inline']['count']} inline ({_bytes(c['inline']['bytes'])}), "
+             f"{c['referenced']['count']} referenced ({_bytes(c['referenced']['bytes'])})")
+    tree.add(f"peak activation memory: {_bytes(report['peak_activation_bytes'])}")
+    if report.get("artifact_bytes") is not None:
+        tree.add(f"artifact size: {_bytes(report['artifact_bytes'])}")
+    console().print(tree)

@@ -1,0 +1,74 @@
+"""The public Python API: compile a model, save and load the artifact, run it."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Mapping
+
+import numpy as np
+
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import FileAccessError, PlanFormatError
+from nncc.plan.plan import Plan
+
+
+class CompiledModel:
+    """A prepared model: a verified Plan bound to an executor."""
+
+    def __init__(self, plan: Plan, raw: bytes | None = None):
+        from nncc.runtime.executor import Executor
+
+        self.plan = plan
+        self._raw = raw
+        self._executor = Executor(plan)
+
+    @property
+    def input_infos(self):
+        return self._executor.input_infos
+
+    @property
+    def output_names(self) -> list[str]:
+        return self._executor.output_names
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._executor.run(feeds)
+
+    def to_bytes(self) -> bytes:
+        if self._raw is None:
+            from nncc.plan.format import serialize
+
+            self._raw = serialize(self.plan)
+        return self._raw
+
+    def save(self, path: str | os.PathLike) -> None:
+        from nncc.util.atomic import write_atomic
+
+        write_atomic(path, self.to_bytes())
+
+
+def compile_model(path: str | os.PathLike, **options) -> CompiledModel:
+    """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins."""
+    from nncc.frontend.onnx import load_model
+
+    opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+    return CompiledModel(compile_graph(load_model(path), opts))
+
+
+def load(source: str | os.PathLike | bytes | bytearray | memoryview) -> CompiledModel:
+    """Load a compiled artifact from a path (memory-mapped) or from bytes."""
+    from nncc.plan.format import deserialize
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return CompiledModel(deserialize(source))
+    try:
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise PlanFormatError(f"{source} is empty, not an nncc artifact")
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except IsADirectoryError:
+        raise FileAccessError(f"{source} is a directory, not an artifact") from None
+    except OSError as exc:
+        raise FileAccessError(f"cannot read {source}: {exc.strerror or exc}") from None
+    return CompiledModel(deserialize(buffer))

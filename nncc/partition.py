@@ -1,0 +1,113 @@
+"""Assign nodes to backends and group them into maximal acyclic sub-DAGs (partitions).
+
+Backends are asked in priority order; the first that selects a node gets it, and the CPU
+fallback takes every node nobody selected. Nodes are then grouped greedily in topological
+order: a node joins an existing partition of the same backend and group index unless
+that would make the contracted graph cyclic, i.e. unless a producer of the node outside
+that partition already depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nncc.backends.base import Backend, Partition
+from nncc.ir.graph import Graph, TensorInfo
+
+
+@dataclass
+class PartitionResult:
+    partitions: list[Partition]  # in an order that respects data dependencies
+    fallbacks: list[tuple[str, str, str]]  # (node name, op type, why no fast backend took it)
+
+
+def partition_graph(graph: Graph, infos: dict[str, TensorInfo], backends: list[Backend],
+                    fallback: Backend) -> PartitionResult:
+    owner: dict[int, tuple[str, int | None]] = {}
+    for backend in backends:
+        for index, group in backend.partition(graph, infos).items():
+            owner.setdefault(index, (backend.name, group))
+    fallbacks = []
+    for index, node in enumerate(graph.nodes):
+        if index not in owner:
+            owner[index] = (fallback.name, None)
+            fallbacks.append((node.name, node.op_type, _reason(node, graph, infos, backends)))
+
+    producer = {out: i for i, node in enumerate(graph.nodes) for out in node.outputs if out}
+    part_of: dict[int, int] = {}
+    keys: list[tuple[str, int | None]] = []
+    members: list[list[int]] = []
+    depends: dict[int, frozenset[int]] = {}  # node -> partitions it (transitively) depends on
+    by_key: dict[tuple[str, int | None], list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        preds = sorted({producer[n] for n in node.inputs if n in producer})
+        chosen = None
+        # Newest partition first: joining one is safe unless a producer outside it already
+        # depends on it (that path would come back into the partition through this node).
+        for candidate in reversed(by_key.get(owner[index], [])):
+            if all(part_of[q] == candidate or candidate not in depends[q] for q in preds):
+                chosen = candidate
+                break
+        if chosen is None:
+            chosen = len(keys)
+            keys.append(owner[index])
+            members.append([])
+            by_key.setdefault(owner[index], []).append(chosen)
+        members[chosen].append(index)
+        part_of[index] = chosen
+        upstream = set().union(*(depends[q] for q in preds)) if preds else set()
+        depends[index] = frozenset(upstream | {chosen})
+
+    order = _partition_order(graph, producer, part_of, len(keys))
+    consumers: dict[str, set[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if name:
+                consumers.setdefault(name, set()).add(part_of[index])
+    graph_outputs = set(graph.outputs)
+    partitions = []
+    for new_index, old in enumerate(order):
+        nodes = [graph.nodes[i] for i in members[old]]
+        produced = {o for n in nodes for o in n.outputs if o}
+        inputs = sorted({i for n in nodes for i in n.inputs if i and i not in produced})
+        outputs = sorted(
+            o for o in produced if o in graph_outputs or consumers.get(o, set()) - {old}
+        )
+        partitions.append(Partition(new_index, keys[old][0], nodes, inputs, outputs))
+    return PartitionResult(partitions, fallbacks)
+
+
+def _partition_order(graph, producer, part_of, count) -> list[int]:
+    """Topological order of the contracted partition graph (stable by first node)."""
+    edges: dict[int, set[int]] = {p: set() for p in range(count)}
+    indegree = [0] * count
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if name in producer:
+                src, dst = part_of[producer[name]], part_of[index]
+                if src != dst and dst not in edges[src]:
+                    edges[src].add(dst)
+                    indegree[dst] += 1
+    ready = [p for p in range(count) if indegree[p] == 0]
+    order = []
+    while ready:
+        ready.sort()
+        current = ready.pop(0)
+        order.append(current)
+        for nxt in edges[current]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if len(order) != count:  # cannot happen if grouping kept the contraction acyclic
+        raise AssertionError("partitioning produced a cyclic partition graph")
+    return order
+
+
+def _reason(node, graph, infos, backends) -> str:
+    for backend in backends:
+        explain = getattr(backend, "reject_reason", None)
+        if explain is not None:
+            reason = explain(node, graph, infos)
+            if reason:
+                return f"{backend.name}: {reason}"
+    return "no backend selected it"

@@ -1,0 +1,1 @@
+"""The compiled program: instructions over buffer slots, constants and a memory plan."""

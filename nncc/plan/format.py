@@ -1,0 +1,322 @@
+"""The nncc artifact format: a compiled Plan as bytes, and back.
+
+Grammar (all integers little-endian; offsets are from the start of the file):
+
+    artifact  := header section_entry{section_count} padding section{section_count}
+    header    := magic:"NNCCPLAN"  format_version:u32  section_count:u32
+                 producer:u8[16]                      (nncc version, ASCII, NUL-padded)
+    section_entry := tag:u8[4]  flags:u32  offset:u64  length:u64  blake3:u8[32]
+    section   := the `length` bytes at `offset`; every offset is a multiple of 64
+
+Sections (each at most once, tags ASCII):
+
+    "PROG"  UTF-8 JSON object, keys sorted, no whitespace:
+              kernels      [kernel key, ...]          e.g. "ai.onnx::Conv::11"
+              slots        [[name, dtype|null, shape|null], ...]; dim = int|str|null
+              inputs, outputs   [slot, ...]
+              constants    [[slot, storage, offset, length], ...]
+                           storage "inline": bytes in INLN at offset (CONSTANT_COPY)
+                           storage "data":   bytes in DATA at offset (CONSTANT_REFERENCE,
+                                             64-byte aligned, memory-mappable)
+                           storage "splat":  one element in INLN, repeated to the shape
+              instructions [[kernel, [in slot|-1, ...], [out slot|-1, ...], attrs, node], ...]
+                           attrs: JSON values; a tensor is {"$tensor": constant slot}
+              partitions   [[backend, backend version, entry, first, count], ...]
+              arena        [[slot, offset], ...]   arena_bytes: int
+              options      object (preference, opt_level, threads, ...)
+              fallbacks    [{"node", "op", "reason"}, ...]
+    "INLN"  small constants, concatenated
+    "DATA"  large constants, each at a 64-byte aligned offset within the section
+
+Loading never evaluates code: JSON only, kernels are looked up in the registry by key and
+never imported by name, and every index, offset, length, dtype and shape is checked
+before use; any violation raises PlanFormatError. Serializing the same Plan twice gives
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from blake3 import blake3
+
+from nncc.errors import PlanFormatError
+from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+
+MAGIC = b"NNCCPLAN"
+FORMAT_VERSION = 1
+ALIGN = 64
+INLINE_LIMIT = 1024  # constants up to this many bytes travel inline (CONSTANT_COPY)
+_HEADER = struct.Struct("<8sII16s")
+_ENTRY = struct.Struct("<4sIQQ32s")
+_TAGS = (b"PROG", b"INLN", b"DATA")
+MAX_SECTIONS = 8
+ALLOWED_DTYPES = {
+    np.dtype(t).str: np.dtype(t)
+    for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128)
+}
+
+
+# -- writing -----------------------------------------------------------------------------
+
+
+def serialize(plan: Plan) -> bytes:
+    inline = bytearray()
+    data = bytearray()
+    table = []
+    for slot in sorted(plan.constants):
+        array = plan.constants[slot]
+        if array.dtype.str not in ALLOWED_DTYPES:
+            raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
+        if array.size > 1 and all(s == 0 for s in array.strides):
+            raw = np.ascontiguousarray(array.reshape(-1)[:1]).tobytes()
+            table.append([slot, "splat", len(inline), len(raw)])
+            inline += raw
+            continue
+        raw = np.ascontiguousarray(array).tobytes()
+        if len(raw) <= INLINE_LIMIT:
+            table.append([slot, "inline", len(inline), len(raw)])
+            inline += raw
+        else:
+            data += bytes(_pad(len(data)))
+            table.append([slot, "data", len(data), len(raw)])
+            data += raw
+    program = {
+        "kernels": plan.kernels,
+        "slots": [[s.name, None if s.dtype is None else s.dtype.str, _shape_out(s.shape)] for s in plan.slots],
+        "inputs": plan.inputs,
+        "outputs": plan.outputs,
+        "constants": table,
+        "instructions": [[i.kernel, i.inputs, i.outputs, i.attrs, i.node] for i in plan.instructions],
+        "partitions": [[p.backend, p.backend_version, p.entry, p.first, p.count] for p in plan.partitions],
+        "arena": sorted([slot, off] for slot, off in plan.arena.items()),
+        "arena_bytes": plan.arena_bytes,
+        "options": plan.options,
+        "fallbacks": plan.fallbacks,
+    }
+    prog = json.dumps(program, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
+    return _assemble(plan.producer, [(b"PROG", prog), (b"INLN", bytes(inline)), (b"DATA", bytes(data))])
+
+
+def _assemble(producer: str, sections: list[tuple[bytes, bytes]]) -> bytes:
+    head_size = _HEADER.size + _ENTRY.size * len(sections)
+    offset = head_size + len(_pad(head_size))
+    entries = []
+    body = bytearray()
+    for tag, payload in sections:
+        entries.append(_ENTRY.pack(tag, 0, offset, len(payload), blake3(payload).digest()))
+        padded = payload + _pad(len(payload))
+        body += padded
+        offset += len(padded)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections), producer.encode()[:16])
+    head = header + b"".join(entries)
+    return head + _pad(len(head)) + bytes(body)
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * (-n % ALIGN)
+
+
+def _shape_out(shape):
+    return None if shape is None else list(shape)
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def read_sections(buffer) -> tuple[str, dict[bytes, memoryview]]:
+    """Check the header and every section checksum; return (producer, sections)."""
+    view = memoryview(buffer)
+    if len(view) < _HEADER.size:
+        raise PlanFormatError("too short to be an nncc artifact")
+    magic, version, count, producer = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise PlanFormatError("not an nncc artifact (bad magic)")
+    if version != FORMAT_VERSION:
+        raise PlanFormatError(f"artifact format version {version}; this nncc reads version {FORMAT_VERSION}")
+    if not 0 < count <= MAX_SECTIONS or _HEADER.size + count * _ENTRY.size > len(view):
+        raise PlanFormatError(f"bad section count {count}")
+    sections: dict[bytes, memoryview] = {}
+    for i in range(count):
+        tag, _flags, offset, length, digest = _ENTRY.unpack_from(view, _HEADER.size + i * _ENTRY.size)
+        if tag not in _TAGS or tag in sections:
+            raise PlanFormatError(f"unknown or repeated section {tag!r}")
+        if offset % ALIGN or offset + length > len(view):
+            raise PlanFormatError(f"section {tag.decode()} lies outside the file")
+        # TOCTOU: the program and inline constants are copied into memory first, and the
+        # checksum is taken of that copy, which is then parsed. DATA stays memory-mapped:
+        # it holds only numbers, so a change after the check yields wrong values at worst.
+        payload = view[offset : offset + length]
+        if tag != b"DATA":
+            payload = memoryview(bytes(payload))
+        if blake3(payload).digest() != digest:
+            raise PlanFormatError(f"section {tag.decode()} fails its checksum")
+        sections[tag] = payload
+    if b"PROG" not in sections:
+        raise PlanFormatError("artifact has no program section")
+    try:
+        producer_text = producer.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise PlanFormatError("producer version is not ASCII") from None
+    return producer_text, sections
+
+
+def deserialize(buffer) -> Plan:
+    producer, sections = read_sections(buffer)
+    try:
+        program = json.loads(bytes(sections[b"PROG"]).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise PlanFormatError(f"program section is not valid JSON: {exc}") from None
+    return _Validator(program, sections).plan(producer)
+
+
+class _Validator:
+    def __init__(self, program: Any, sections: dict[bytes, memoryview]):
+        if not isinstance(program, dict):
+            raise PlanFormatError("program section is not an object")
+        self.p = program
+        self.inline = sections.get(b"INLN", memoryview(b""))
+        self.data = sections.get(b"DATA", memoryview(b""))
+
+    def get(self, key: str, kind: type) -> Any:
+        value = self.p.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise PlanFormatError(f"program field {key!r} is missing or has the wrong type")
+        return value
+
+    def plan(self, producer: str) -> Plan:
+        from nncc.kernels.registry import by_key
+
+        kernels = self.get("kernels", list)
+        for key in kernels:
+            if not isinstance(key, str) or by_key(key) is None:
+                raise PlanFormatError(f"plan uses kernel {key!r}, which is not registered "
+                                      "(a plugin may be needed: pass --plugin)")
+        slots = [self.slot(entry) for entry in self.get("slots", list)]
+        n = len(slots)
+        inputs = [self.index(s, n, "input slot") for s in self.get("inputs", list)]
+        outputs = [self.index(s, n, "output slot") for s in self.get("outputs", list)]
+        constants = self.constants(slots)
+        defined = set(inputs) | set(constants)
+        instructions = []
+        for entry in self.get("instructions", list):
+            ins = self.instruction(entry, len(kernels), n, constants)
+            for s in ins.inputs:
+                if s >= 0 and s not in defined:
+                    raise PlanFormatError(f"instruction {len(instructions)} reads slot {s} before it is written")
+            for s in ins.outputs:
+                if s >= 0 and (s in constants or s in inputs):
+                    raise PlanFormatError(f"instruction {len(instructions)} overwrites constant or input slot {s}")
+            defined.update(s for s in ins.outputs if s >= 0)
+            instructions.append(ins)
+        for s in outputs:
+            if s not in defined:
+                raise PlanFormatError(f"output slot {s} is never written")
+        partitions = [self.partition(e, len(instructions)) for e in self.get("partitions", list)]
+        arena_bytes = self.get("arena_bytes", int)
+        arena = {}
+        for entry in self.get("arena", list):
+            if not (isinstance(entry, list) and len(entry) == 2):
+                raise PlanFormatError("bad arena entry")
+            slot = self.index(entry[0], n, "arena slot")
+            offset = entry[1]
+            if not isinstance(offset, int) or offset < 0 or offset > arena_bytes:
+                raise PlanFormatError("arena offset out of range")
+            arena[slot] = offset
+        options = self.get("options", dict)
+        fallbacks = self.get("fallbacks", list)
+        return Plan(producer, kernels, slots, inputs, outputs, constants, instructions, partitions,
+                    arena, arena_bytes, options, fallbacks)
+
+    @staticmethod
+    def index(value: Any, limit: int, what: str, optional: bool = False) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise PlanFormatError(f"{what} is not an integer")
+        if optional and value == -1:
+            return value
+        if not 0 <= value < limit:
+            raise PlanFormatError(f"{what} {value} is out of range")
+        return value
+
+    def slot(self, entry: Any) -> Slot:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+            raise PlanFormatError("bad slot entry")
+        name, dtype, shape = entry
+        if dtype is not None and dtype not in ALLOWED_DTYPES:
+            raise PlanFormatError(f"slot {name!r} has unsupported dtype {dtype!r}")
+        if shape is not None:
+            if not isinstance(shape, list) or len(shape) > 32:
+                raise PlanFormatError(f"slot {name!r} has a bad shape")
+            for d in shape:
+                ok = d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40)
+                if not ok:
+                    raise PlanFormatError(f"slot {name!r} has a bad dimension {d!r}")
+            shape = tuple(shape)
+        return Slot(name, None if dtype is None else ALLOWED_DTYPES[dtype], shape)
+
+    def constants(self, slots: list[Slot]) -> dict[int, np.ndarray]:
+        out: dict[int, np.ndarray] = {}
+        for entry in self.get("constants", list):
+            if not (isinstance(entry, list) and len(entry) == 4):
+                raise PlanFormatError("bad constant entry")
+            slot = self.index(entry[0], len(slots), "constant slot")
+            storage, offset, length = entry[1:]
+            info = slots[slot]
+            if slot in out or info.dtype is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+                raise PlanFormatError(f"constant slot {slot} has no static type")
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
+                raise PlanFormatError(f"constant slot {slot} has a bad offset or length")
+            count = 1
+            for d in info.shape:
+                count *= d
+            source = {"inline": self.inline, "splat": self.inline, "data": self.data}.get(storage)
+            if source is None:
+                raise PlanFormatError(f"constant slot {slot} has unknown storage {storage!r}")
+            expected = info.dtype.itemsize * (1 if storage == "splat" else count)
+            if length != expected or offset + length > len(source):
+                raise PlanFormatError(f"constant slot {slot} ({info.name!r}) has a bad byte range")
+            if storage == "data" and offset % ALIGN:
+                raise PlanFormatError(f"constant slot {slot} is not 64-byte aligned")
+            raw = np.frombuffer(source[offset : offset + length], dtype=info.dtype)
+            if storage == "splat":
+                array = np.full(info.shape, raw[0], dtype=info.dtype)
+            else:
+                array = raw.reshape(info.shape)  # zero-copy view of the buffer
+            out[slot] = array
+        return out
+
+    def instruction(self, entry: Any, kernels: int, n: int, constants: dict) -> PlanInstruction:
+        if not (isinstance(entry, list) and len(entry) == 5 and isinstance(entry[1], list)
+                and isinstance(entry[2], list) and isinstance(entry[3], dict) and isinstance(entry[4], str)):
+            raise PlanFormatError("bad instruction entry")
+        kernel = self.index(entry[0], kernels, "kernel id")
+        ins = [self.index(s, n, "instruction input", optional=True) for s in entry[1]]
+        outs = [self.index(s, n, "instruction output", optional=True) for s in entry[2]]
+        attrs = {k: self.attr(v, constants) for k, v in entry[3].items()}
+        return PlanInstruction(kernel, ins, outs, attrs, entry[4])
+
+    def attr(self, value: Any, constants: dict, depth: int = 0) -> Any:
+        if depth > 4:
+            raise PlanFormatError("attribute nested too deeply")
+        if isinstance(value, dict):
+            if set(value) != {"$tensor"} or value["$tensor"] not in constants:
+                raise PlanFormatError("attribute tensor does not name a constant")
+            return value
+        if isinstance(value, list):
+            return [self.attr(v, constants, depth + 1) for v in value]
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise PlanFormatError("bad attribute value")
+
+    def partition(self, entry: Any, count: int) -> PartitionInfo:
+        if not (isinstance(entry, list) and len(entry) == 5 and all(isinstance(x, str) for x in entry[:3])):
+            raise PlanFormatError("bad partition entry")
+        first, length = entry[3], entry[4]
+        if not (isinstance(first, int) and isinstance(length, int) and 0 <= first and 0 <= length
+                and first + length <= count):
+            raise PlanFormatError("partition instruction range is out of bounds")
+        return PartitionInfo(entry[0], entry[1], entry[2], first, length)

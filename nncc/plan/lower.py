@@ -1,0 +1,100 @@
+"""Lower partitioned, compiled bytecode into a Plan over numbered slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nncc import __version__
+from nncc.backends.base import CompiledPartition
+from nncc.errors import UnsupportedOpError
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.plan.memory import plan_memory
+from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+
+
+def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],
+          versions: dict[str, str], options: dict[str, Any],
+          fallbacks: list[dict[str, str]]) -> Plan:
+    slots: list[Slot] = []
+    index: dict[str, int] = {}
+
+    def slot_of(name: str) -> int:
+        if name not in index:
+            info = infos.get(name) or TensorInfo(None, None)
+            index[name] = len(slots)
+            slots.append(Slot(name, info.dtype, info.shape))
+        return index[name]
+
+    inputs = [slot_of(n) for n in graph.inputs]
+    constants: dict[int, np.ndarray] = {}
+    for name, array in graph.initializers.items():
+        constants[slot_of(name)] = array
+    kernels: list[str] = []
+    kernel_index: dict[str, int] = {}
+    instructions: list[PlanInstruction] = []
+    partitions: list[PartitionInfo] = []
+    for part in compiled:
+        first = len(instructions)
+        for ins in part.instructions:
+            if ins.kernel not in kernel_index:
+                kernel_index[ins.kernel] = len(kernels)
+                kernels.append(ins.kernel)
+            attrs = {k: _attr(v, ins, slots, index, constants) for k, v in sorted(ins.attrs.items())}
+            instructions.append(
+                PlanInstruction(
+                    kernel_index[ins.kernel],
+                    [slot_of(n) if n else -1 for n in ins.inputs],
+                    [slot_of(n) if n else -1 for n in ins.outputs],
+                    attrs,
+                    ins.node,
+                )
+            )
+        partitions.append(
+            PartitionInfo(part.backend, versions.get(part.backend, "0"), part.entry, first,
+                          len(instructions) - first)
+        )
+    outputs = [slot_of(n) for n in graph.outputs]
+    planned = {
+        s for ins in instructions for s in ins.outputs
+        if s >= 0 and s not in constants and _static(slots[s])
+    }
+    arena, arena_bytes = plan_memory(slots, instructions, planned, set(outputs))
+    return Plan(
+        producer=__version__,
+        kernels=kernels,
+        slots=slots,
+        inputs=inputs,
+        outputs=outputs,
+        constants=constants,
+        instructions=instructions,
+        partitions=partitions,
+        arena=arena,
+        arena_bytes=arena_bytes,
+        options=dict(options),
+        fallbacks=fallbacks,
+    )
+
+
+def _static(slot: Slot) -> bool:
+    return slot.dtype is not None and slot.shape is not None and all(isinstance(d, int) for d in slot.shape)
+
+
+def _attr(value, ins, slots, index, constants):
+    """Attributes become JSON values; tensors move to constant slots."""
+    if isinstance(value, np.ndarray):
+        slot = len(slots)
+        slots.append(Slot(f"{ins.node or ins.kernel}/attr{slot}", value.dtype, tuple(value.shape)))
+        constants[slot] = value
+        return {"$tensor": slot}
+    if isinstance(value, list):
+        return [_attr(v, ins, slots, index, constants) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    raise UnsupportedOpError(
+        ins.kernel.split("::")[1], ins.kernel.split("::")[0], 0,
+        f"attribute of type {type(value).__name__} (e.g. a subgraph) cannot be compiled",
+    )

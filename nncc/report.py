@@ -1,0 +1,52 @@
+"""Facts about a compiled plan for `nncc inspect`, as plain JSON-ready data."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from nncc.plan.format import FORMAT_VERSION, INLINE_LIMIT
+from nncc.plan.plan import Plan
+
+
+def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
+    partitions = []
+    for index, part in enumerate(plan.partitions):
+        ops = Counter(
+            plan.kernels[ins.kernel].split("::")[1]
+            for ins in plan.instructions[part.first : part.first + part.count]
+        )
+        partitions.append({
+            "index": index,
+            "backend": part.backend,
+            "backend_version": part.backend_version,
+            "entry": part.entry,
+            "nodes": part.count,
+            "ops": dict(sorted(ops.items())),
+        })
+    inline = [a for a in plan.constants.values() if a.nbytes <= INLINE_LIMIT]
+    referenced = [a for a in plan.constants.values() if a.nbytes > INLINE_LIMIT]
+    return {
+        "format_version": FORMAT_VERSION,
+        "producer": plan.producer,
+        "options": plan.options,
+        "inputs": [_slot(plan, s) for s in plan.inputs],
+        "outputs": [_slot(plan, s) for s in plan.outputs],
+        "instructions": len(plan.instructions),
+        "partitions": partitions,
+        "fallbacks": plan.fallbacks,
+        "peak_activation_bytes": plan.arena_bytes,
+        "constants": {
+            "inline": {"count": len(inline), "bytes": int(sum(a.nbytes for a in inline))},
+            "referenced": {"count": len(referenced), "bytes": int(sum(a.nbytes for a in referenced))},
+        },
+        "artifact_bytes": artifact_bytes,
+    }
+
+
+def _slot(plan: Plan, index: int) -> dict:
+    slot = plan.slots[index]
+    return {
+        "name": slot.name,
+        "dtype": None if slot.dtype is None else str(slot.dtype),
+        "shape": None if slot.shape is None else list(slot.shape),
+    }
