@@ -1,1 +1,158 @@
-"""Fused kernels in the private "nncc" domain, produced by fusion passes."""
+"""Fused kernels in the private "nncc" domain, produced by fusion passes (nncc.passes.fusion).
+
+* ``FusedConv(X, W, [B])``: the ONNX Conv, then an activation applied in place.
+* ``FusedGemm(A, B, [C])``: the ONNX Gemm, then an activation applied in place.
+* ``FusedMatMul(A, B, [bias])``: ``np.matmul(A, B)``, then ``+= bias`` (broadcast over the
+  last axis) and an activation, both in place. Unlike Gemm, A may have any rank.
+
+Attributes: those of the underlying ONNX op, plus
+
+* ``activation`` (str, optional): Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid or
+  HardSwish; absent or "" for none;
+* its parameters as floats: ``activation_alpha`` (LeakyRelu, HardSigmoid),
+  ``activation_beta`` (HardSigmoid), ``activation_min`` / ``activation_max`` (Clip; absent
+  means unbounded). They are prefixed because Gemm has alpha and beta attributes of its own;
+* ``onnx_opset`` (int): the default-domain opset of the model the node came from, so the
+  underlying ONNX kernel is resolved exactly as the unfused node's was.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from nncc.errors import KernelError
+from nncc.kernels.registry import Ctx, kernel, resolve
+
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
+DEFAULT_ONNX_OPSET = 22
+
+
+@functools.lru_cache(maxsize=None)
+def _onnx(op_type: str, opset: int):
+    return resolve(op_type, "", opset)
+
+
+def _inner_ctx(ctx) -> Ctx:
+    opset = int(ctx.get("onnx_opset", DEFAULT_ONNX_OPSET))
+    return Ctx(ctx.attrs, opset, 1, ctx.name)
+
+
+def _fresh(y: np.ndarray, inputs) -> np.ndarray:
+    """``y`` if it is safe to overwrite (its own writable memory), else a copy."""
+    if not isinstance(y, np.ndarray) or not y.flags.writeable or any(
+            a is not None and np.may_share_memory(y, a) for a in inputs):
+        return np.array(y)
+    return y
+
+
+def apply_activation(ctx, y: np.ndarray) -> np.ndarray:
+    """Apply the node's activation to ``y`` (which the caller owns), in place when possible."""
+    name = ctx.get("activation") or ""
+    if not name:
+        return y
+    if name not in ACTIVATIONS:
+        raise KernelError(f"{ctx.name or 'fused node'}: unknown fused activation {name!r}")
+    if y.dtype not in (np.float32, np.float64):
+        return _delegate(ctx, name, y)  # float16 etc.: the ONNX kernel's exact rounding
+    t = y.dtype.type
+    if name == "Relu":
+        np.maximum(y, t(0), out=y)
+    elif name == "LeakyRelu":
+        alpha = t(ctx.get("activation_alpha", 0.01))
+        np.multiply(y, alpha, out=y, where=y < 0)
+    elif name == "Clip":
+        lo, hi = ctx.get("activation_min"), ctx.get("activation_max")
+        if lo is not None:
+            np.maximum(y, t(lo), out=y)
+        if hi is not None:
+            np.minimum(y, t(hi), out=y)
+    elif name == "Sigmoid":
+        np.negative(y, out=y)
+        with np.errstate(over="ignore"):
+            np.exp(y, out=y)
+        y += t(1)
+        np.reciprocal(y, out=y)
+    elif name == "Tanh":
+        np.tanh(y, out=y)
+    elif name == "HardSigmoid":
+        y *= t(ctx.get("activation_alpha", 0.2))
+        y += t(ctx.get("activation_beta", 0.5))
+        np.maximum(y, t(0), out=y)
+        np.minimum(y, t(1), out=y)
+    elif name == "HardSwish":
+        gate = np.multiply(y, t(1.0 / 6.0))
+        gate += t(0.5)
+        np.maximum(gate, t(0), out=gate)
+        np.minimum(gate, t(1), out=gate)
+        y *= gate
+    return y
+
+
+def _delegate(ctx, name: str, y: np.ndarray) -> np.ndarray:
+    attrs: dict = {}
+    opset = 14
+    if name in ("LeakyRelu", "HardSigmoid") and ctx.get("activation_alpha") is not None:
+        attrs["alpha"] = ctx.get("activation_alpha")
+    if name == "HardSigmoid" and ctx.get("activation_beta") is not None:
+        attrs["beta"] = ctx.get("activation_beta")
+    if name == "Clip":
+        opset = 6  # min/max as attributes
+        for key in ("min", "max"):
+            if ctx.get(f"activation_{key}") is not None:
+                attrs[key] = ctx.get(f"activation_{key}")
+    return _onnx(name, opset).fn(Ctx(attrs, opset, 1, ctx.name), y)
+
+
+# --------------------------------------------------------------------------- FusedConv
+
+
+def _fused_conv_shape(ctx, x, w, b=None):
+    inner = _inner_ctx(ctx)
+    return _onnx("Conv", inner.opset).shape(inner, x, w, b)
+
+
+@kernel("FusedConv", since=1, domain="nncc", shape=_fused_conv_shape)
+def fused_conv(ctx, x, w, b=None):
+    inner = _inner_ctx(ctx)
+    y = _fresh(_onnx("Conv", inner.opset).fn(inner, x, w, b), (x, w, b))
+    return apply_activation(ctx, y)
+
+
+# --------------------------------------------------------------------------- FusedGemm
+
+
+def _fused_gemm_shape(ctx, a, b, c=None):
+    inner = _inner_ctx(ctx)
+    return _onnx("Gemm", inner.opset).shape(inner, a, b, c)
+
+
+@kernel("FusedGemm", since=1, domain="nncc", shape=_fused_gemm_shape)
+def fused_gemm(ctx, a, b, c=None):
+    inner = _inner_ctx(ctx)
+    y = _fresh(_onnx("Gemm", inner.opset).fn(inner, a, b, c), (a, b, c))
+    return apply_activation(ctx, y)
+
+
+# --------------------------------------------------------------------------- FusedMatMul
+
+
+def _fused_matmul_shape(ctx, a, b, bias=None):
+    inner = _inner_ctx(ctx)
+    return _onnx("MatMul", inner.opset).shape(inner, a, b)
+
+
+@kernel("FusedMatMul", since=1, domain="nncc", shape=_fused_matmul_shape)
+def fused_matmul(ctx, a, b, bias=None):
+    try:
+        y = np.matmul(a, b)
+    except ValueError as exc:
+        raise KernelError(f"FusedMatMul: cannot multiply {a.shape} by {b.shape}: {exc}") from None
+    y = _fresh(y, (a, b, bias))
+    if bias is not None:
+        if bias.ndim > 1 or (bias.size not in (1, y.shape[-1] if y.ndim else 1)):
+            raise KernelError(f"FusedMatMul: bias of shape {bias.shape} does not match the "
+                              f"last axis of the product {y.shape}")
+        np.add(y, bias, out=y, casting="same_kind")
+    return apply_activation(ctx, y)

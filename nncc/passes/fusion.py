@@ -1,0 +1,269 @@
+"""Algebraic fusions (-O2).
+
+* ``fold_batchnorm_into_conv``: Conv(X, W, [B]) -> BatchNormalization (inference) becomes
+  one Conv with per-output-channel rescaled weights and a new bias.
+* ``matmul_add_to_gemm``: MatMul(A, constant 2-D B) -> Add(constant bias over the last
+  axis) becomes ``nncc::FusedMatMul(A, B, bias)`` (A of any rank, unlike ONNX Gemm).
+* ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul -> Relu, LeakyRelu, Clip (constant
+  bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes ``nncc::FusedConv`` /
+  ``FusedGemm`` / ``FusedMatMul`` with an ``activation`` attribute (see nncc.kernels.fused).
+
+A pattern only fuses when the intermediate value has exactly one consumer (the second op),
+is not a graph output and is not captured by a subgraph. Each pass builds its producer and
+consumer maps once and makes one sweep over the nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.passes.cleanup import all_names, fresh_name, rebuild, subgraph_references
+
+NNCC = "nncc"
+
+
+class _Rewriter:
+    """Collects node replacements and removals, then builds the new Graph in one go."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.consumers = graph.consumers()
+        self.pinned = set(graph.outputs) | subgraph_references(graph)
+        self.replace: dict[int, Node] = {}
+        self.drop: set[int] = set()
+        self.new_initializers: dict[str, np.ndarray] = {}
+        self._taken: set[str] | None = None
+
+    def sole_consumer(self, value: str) -> Node | None:
+        """The only node reading ``value``, if it reads it once and nothing else needs it."""
+        users = self.consumers.get(value, [])
+        if value in self.pinned or len(users) != 1:
+            return None
+        user = users[0]
+        if sum(1 for name in user.inputs if name == value) != 1:
+            return None
+        if id(user) in self.drop or id(user) in self.replace:
+            return None
+        return user
+
+    def constant(self, name: str) -> np.ndarray | None:
+        return self.graph.initializers.get(name) if name else None
+
+    def add_initializer(self, base: str, array: np.ndarray) -> str:
+        if self._taken is None:
+            self._taken = all_names(self.graph)
+        name = fresh_name(base, self._taken)
+        self.new_initializers[name] = array
+        return name
+
+    def fuse(self, first: Node, second: Node, fused: Node) -> None:
+        """``fused`` takes ``first``'s place in the node list; ``second`` disappears."""
+        self.replace[id(first)] = fused
+        self.drop.add(id(second))
+
+    def result(self) -> Graph:
+        graph = self.graph
+        if not self.replace and not self.drop:
+            return rebuild(graph)
+        nodes = []
+        for node in graph.nodes:
+            if id(node) in self.drop:
+                continue
+            nodes.append(self.replace.get(id(node), node))
+        initializers = dict(graph.initializers)
+        initializers.update(self.new_initializers)
+        values = dict(graph.values)
+        for name, array in self.new_initializers.items():
+            values[name] = TensorInfo.of(array, keep_value=False)
+        opsets = dict(graph.opsets)
+        if any(node.domain == NNCC for node in self.replace.values()):
+            opsets.setdefault(NNCC, 1)
+        return rebuild(graph, nodes=nodes, initializers=initializers, values=values, opsets=opsets)
+
+
+# --------------------------------------------------------------------------- BN folding
+
+
+def _bn_foldable(graph: Graph, bn: Node, rewriter: _Rewriter) -> bool:
+    if int(bn.attrs.get("training_mode", 0)) or int(bn.attrs.get("spatial", 1)) == 0:
+        return False
+    if len(bn.inputs) != 5 or not bn.outputs or not bn.outputs[0]:
+        return False
+    for extra in bn.outputs[1:]:  # running statistics (training outputs) must be unused
+        if extra and (extra in rewriter.pinned or rewriter.consumers.get(extra)):
+            return False
+    return True
+
+
+def _scale_rows(w: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """``w * factor`` along axis 0, keeping a weight that is constant per output channel
+    (a ConstantOfShape splat, say) as a zero-copy broadcast instead of materializing it."""
+    factor = factor.astype(w.dtype)
+    if w.ndim >= 1 and w.shape[0] > 0 and w.size > 0 and all(s == 0 for s in w.strides[1:]):
+        rows = w[(slice(None),) + (0,) * (w.ndim - 1)] * factor
+        rows.flags.writeable = False
+        return np.broadcast_to(rows.reshape((-1,) + (1,) * (w.ndim - 1)), w.shape)
+    out = w * factor.reshape((-1,) + (1,) * (w.ndim - 1))
+    out.flags.writeable = False
+    return out
+
+
+def fold_batchnorm_into_conv(graph: Graph) -> Graph:
+    """Conv (constant W, optional constant B) -> BatchNormalization (inference mode, all
+    four parameters constant, the Conv output read only by the BN) becomes one Conv with
+    ``W' = W * s`` and ``B' = (B - mean) * s + bias`` where ``s = scale / sqrt(var + eps)``."""
+    rw = _Rewriter(graph)
+    for conv in graph.nodes:
+        if conv.op_type != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
+            continue
+        if len(conv.inputs) < 2 or not conv.inputs[0]:
+            continue
+        bn = rw.sole_consumer(conv.outputs[0])
+        if bn is None or bn.op_type != "BatchNormalization" or bn.domain != "":
+            continue
+        if bn.inputs[0] != conv.outputs[0] or not _bn_foldable(graph, bn, rw):
+            continue
+        w = rw.constant(conv.inputs[1])
+        b = rw.constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+        if w is None or w.dtype.kind != "f" or w.ndim < 3 or w.shape[0] == 0:
+            continue
+        if len(conv.inputs) > 2 and conv.inputs[2] and b is None:
+            continue  # a bias computed at run time
+        params = [rw.constant(name) for name in bn.inputs[1:5]]
+        m = w.shape[0]
+        if any(p is None or p.dtype.kind != "f" or p.size != m for p in params):
+            continue
+        if b is not None and b.size != m:
+            continue
+        scale, bias, mean, var = (p.reshape(-1).astype(np.float64) for p in params)
+        eps = float(bn.attrs.get("epsilon", 1e-5))
+        factor = scale / np.sqrt(var + eps)
+        base = b.reshape(-1).astype(np.float64) if b is not None else np.zeros(m)
+        new_b = ((base - mean) * factor + bias).astype(w.dtype)
+        new_b.flags.writeable = False
+        stem = bn.outputs[0]
+        w_name = rw.add_initializer(f"{stem}/folded_W", _scale_rows(w, factor))
+        b_name = rw.add_initializer(f"{stem}/folded_B", new_b)
+        fused = Node("Conv", [conv.inputs[0], w_name, b_name], [bn.outputs[0]],
+                     dict(conv.attrs), "", conv.name or bn.name)
+        rw.fuse(conv, bn, fused)
+    return rw.result()
+
+
+# --------------------------------------------------------------------------- MatMul + Add
+
+
+def matmul_add_to_gemm(graph: Graph) -> Graph:
+    """MatMul(A, constant 2-D B) -> Add(constant bias broadcast over the last axis only)
+    becomes ``nncc::FusedMatMul(A, B, bias)`` (bias stored 1-D)."""
+    rw = _Rewriter(graph)
+    onnx_opset = graph.opset("")
+    for mm in graph.nodes:
+        if mm.op_type != "MatMul" or mm.domain != "" or len(mm.inputs) != 2 or len(mm.outputs) != 1:
+            continue
+        b = rw.constant(mm.inputs[1])
+        if b is None or b.ndim != 2 or not mm.inputs[0] or b.dtype.kind not in "fiu":
+            continue
+        add = rw.sole_consumer(mm.outputs[0])
+        if add is None or add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2:
+            continue
+        if len(add.outputs) != 1 or not add.outputs[0]:
+            continue
+        if onnx_opset < 7 and add.attrs.get("broadcast"):
+            continue  # legacy axis-based broadcasting
+        other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        bias = rw.constant(other)
+        if bias is None or bias.dtype != b.dtype:
+            continue
+        n = b.shape[1]
+        if bias.ndim > 1:
+            rank = _rank(graph, mm.inputs[0])
+            if rank is None or bias.ndim > max(rank, 2) or any(d != 1 for d in bias.shape[:-1]):
+                continue  # the Add would broadcast over leading axes or raise the rank
+        if bias.ndim >= 1 and bias.shape[-1] not in (1, n):
+            continue
+        bias_name = other
+        if bias.ndim != 1:
+            flat = np.ascontiguousarray(bias.reshape(-1))
+            flat.flags.writeable = False
+            bias_name = rw.add_initializer(f"{other}/flat", flat)
+        fused = Node("FusedMatMul", [mm.inputs[0], mm.inputs[1], bias_name], [add.outputs[0]],
+                     {"onnx_opset": onnx_opset}, NNCC, mm.name or add.name)
+        rw.fuse(mm, add, fused)
+    return rw.result()
+
+
+def _rank(graph: Graph, name: str) -> int | None:
+    info = graph.values.get(name)
+    if info is not None and info.rank is not None:
+        return info.rank
+    if name in graph.initializers:
+        return graph.initializers[name].ndim
+    return None
+
+
+# --------------------------------------------------------------------------- activations
+
+_FUSED_NAME = {("", "Conv"): "FusedConv", ("", "Gemm"): "FusedGemm", ("", "MatMul"): "FusedMatMul",
+               (NNCC, "FusedMatMul"): "FusedMatMul"}
+_SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
+
+
+def _activation_attrs(graph: Graph, act: Node, rw: _Rewriter) -> dict | None:
+    """The fused node's activation attributes for ``act``, or None if it cannot fuse."""
+    if act.domain != "" or len(act.outputs) != 1 or not act.outputs[0]:
+        return None
+    op = act.op_type
+    if op in _SIMPLE:
+        return {"activation": op} if len(act.inputs) == 1 else None
+    if op == "LeakyRelu":
+        return {"activation": op, "activation_alpha": float(act.attrs.get("alpha", 0.01))}
+    if op == "HardSigmoid":
+        return {"activation": op, "activation_alpha": float(act.attrs.get("alpha", 0.2)),
+                "activation_beta": float(act.attrs.get("beta", 0.5))}
+    if op == "Clip":
+        attrs: dict = {"activation": op}
+        if graph.opset("") < 11:
+            for key in ("min", "max"):
+                if act.attrs.get(key) is not None:
+                    attrs[f"activation_{key}"] = float(act.attrs[key])
+            return attrs
+        for key, name in zip(("min", "max"), act.inputs[1:3]):
+            if not name:
+                continue
+            bound = rw.constant(name)
+            if bound is None or bound.size != 1:
+                return None  # a bound computed at run time
+            attrs[f"activation_{key}"] = float(np.asarray(bound).reshape(-1)[0])
+        return attrs
+    return None
+
+
+def fuse_activation(graph: Graph) -> Graph:
+    """Conv / Gemm / MatMul / FusedMatMul followed by an activation become one fused node
+    in the "nncc" domain carrying the activation as attributes."""
+    rw = _Rewriter(graph)
+    onnx_opset = graph.opset("")
+    for producer in graph.nodes:
+        fused_op = _FUSED_NAME.get((producer.domain, producer.op_type))
+        if fused_op is None or len(producer.outputs) != 1 or not producer.outputs[0]:
+            continue
+        if producer.attrs.get("activation"):
+            continue
+        act = rw.sole_consumer(producer.outputs[0])
+        if act is None or not act.inputs or act.inputs[0] != producer.outputs[0]:
+            continue
+        attrs = _activation_attrs(graph, act, rw)
+        if attrs is None:
+            continue
+        new_attrs = dict(producer.attrs)
+        new_attrs.setdefault("onnx_opset", onnx_opset)
+        new_attrs.update(attrs)
+        fused = Node(fused_op, list(producer.inputs), [act.outputs[0]], new_attrs, NNCC,
+                     producer.name or act.name)
+        rw.fuse(producer, act, fused)
+    return rw.result()
+
+
+__all__ = ["fold_batchnorm_into_conv", "matmul_add_to_gemm", "fuse_activation"]

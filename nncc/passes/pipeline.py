@@ -1,0 +1,67 @@
+"""Optimization levels: which passes run, in which order.
+
+-O0 runs nothing; -O1 removes no-ops, folds constants (including static shape arithmetic)
+and removes dead code; -O2 adds the algebraic fusions, then removes dead code again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from nncc.ir.graph import Graph
+from nncc.passes.cleanup import remove_noops
+from nncc.passes.dce import eliminate_dead_code
+from nncc.passes.fold import fold_constants
+from nncc.passes.fusion import fold_batchnorm_into_conv, fuse_activation, matmul_add_to_gemm
+
+MAX_LEVEL = 2
+
+
+class PassInfo(NamedTuple):
+    name: str
+    level: int  # the lowest optimization level that runs it
+    description: str
+
+
+PASSES: list[PassInfo] = [
+    PassInfo("remove_noops", 1, "remove Identity and inference-mode Dropout"),
+    PassInfo("fold_constants", 1,
+             "evaluate constant subgraphs and static Shape/Size once; ConstantOfShape "
+             "becomes a zero-copy splat"),
+    PassInfo("eliminate_dead_code", 1, "drop nodes and initializers that reach no output"),
+    PassInfo("fold_batchnorm_into_conv", 2,
+             "fold inference BatchNormalization into the preceding Conv's weights and bias"),
+    PassInfo("matmul_add_to_gemm", 2,
+             "MatMul by a constant 2-D matrix + constant bias -> nncc FusedMatMul"),
+    PassInfo("fuse_activation", 2,
+             "Conv/Gemm/MatMul followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid "
+             "or HardSwish -> one nncc fused node"),
+    PassInfo("eliminate_dead_code", 2, "drop what the fusions left unused"),
+]
+
+_FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
+    "remove_noops": remove_noops,
+    "fold_constants": fold_constants,
+    "eliminate_dead_code": eliminate_dead_code,
+    "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
+    "matmul_add_to_gemm": matmul_add_to_gemm,
+    "fuse_activation": fuse_activation,
+}
+
+
+def pass_function(name: str) -> Callable[[Graph], Graph]:
+    return _FUNCTIONS[name]
+
+
+def passes_for(level: int) -> list[PassInfo]:
+    """The passes -O``level`` runs, in order (levels above the highest act as the highest)."""
+    if level < 0:
+        raise ValueError(f"optimization level must be 0 or more, got {level}")
+    return [p for p in PASSES if p.level <= level]
+
+
+def run_passes(graph: Graph, level: int) -> Graph:
+    """Optimize ``graph`` at -O``level``; the input graph is left untouched."""
+    for info in passes_for(level):
+        graph = _FUNCTIONS[info.name](graph)
+    return graph
