@@ -7,6 +7,7 @@ newer ONNX releases still load. Everything read from the file is validated befor
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -27,12 +28,17 @@ from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import Graph, Node, TensorInfo, normalize_domain
 
 MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
+MAX_RANK = 32  # numpy's limit (32 before numpy 2, 64 since): more dims cannot be an array
+MAX_BYTES = np.iinfo(np.intp).max  # numpy refuses arrays whose byte size overflows this
 
 
 def load_model(path: str | os.PathLike) -> Graph:
     """Read and parse an ONNX model file (external data is resolved next to it)."""
     data = read_file(path)
-    return parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        return parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    except ModelFormatError as exc:  # say which file: the bare wire-format detail is cryptic
+        raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
 
 
 def read_file(path: str | os.PathLike) -> bytes:
@@ -334,18 +340,24 @@ class _Reader:
             elif number == 3:
                 raise ModelFormatError(f"tensor {name!r} is segmented, which is not supported")
         label = f"tensor {name!r}" if name else "a tensor"
+        if len(dims) > MAX_RANK:
+            raise ModelFormatError(f"{label} has {len(dims)} dimensions; at most {MAX_RANK} are supported")
         shape = tuple(int(d) for d in dims.array().view(np.int64))
         if any(d < 0 for d in shape):
             raise ModelFormatError(f"{label} has a negative dimension {shape}")
         count = 1
+        nonzero = 1  # numpy checks the size of empty arrays without their zero dims too
         for d in shape:
             count *= d
+            nonzero *= max(d, 1)
         dtype = to_numpy(data_type)
         if dtype is None:
             raise ModelFormatError(
                 f"{label} has element type {onnx_type_name(data_type)}, "
                 "which nncc cannot represent"
             )
+        if nonzero * dtype.itemsize > MAX_BYTES:
+            raise ModelFormatError(f"{label} has impossibly large dimensions {shape}")
         if location == 1:
             raw = memoryview(self._external(external, label, count * dtype.itemsize))
         array = _tensor_array(label, dtype, shape, count, raw, floats, doubles, int32s, int64s,
@@ -358,18 +370,28 @@ class _Reader:
             raise ModelFormatError(f"{label} is stored externally but names no location")
         if self.base_dir is None:
             raise ModelFormatError(f"{label} is stored externally but the model has no folder")
-        if os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+        if "\0" in location:
+            raise ModelFormatError(f"{label}: external data path {location!r} contains a NUL byte")
+        if (
+            os.path.isabs(location)
+            or ".." in location.replace("\\", "/").split("/")
+        ):
             raise ModelFormatError(f"{label}: external data path {location!r} leaves the model folder")
         path = os.path.join(self.base_dir, location)
+        if not _inside(os.path.realpath(self.base_dir), os.path.realpath(path)):  # via a symlink
+            raise ModelFormatError(f"{label}: external data path {location!r} leaves the model folder")
         try:
             offset = int(entries.get("offset", "0"))
             length = int(entries["length"]) if "length" in entries else None
         except ValueError:
             raise ModelFormatError(f"{label}: external data offset/length is not a number") from None
         try:
-            size = os.path.getsize(path)
+            info = os.stat(path)
         except OSError as exc:
             raise FileAccessError(f"{label}: cannot read external data {path}: {exc.strerror}") from None
+        if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device: never open it
+            raise ModelFormatError(f"{label}: external data {location!r} is not a regular file")
+        size = info.st_size
         if length is None:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
@@ -378,9 +400,22 @@ class _Reader:
             )
         if length != expected:
             raise ModelFormatError(f"{label}: external data has {length} bytes, expected {expected}")
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(length)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as exc:
+            raise FileAccessError(f"{label}: cannot read external data {path}: {exc.strerror}") from None
+        if len(data) != length:
+            raise ModelFormatError(f"{label}: external data {location!r} ended early")
+        return data
+
+
+def _inside(folder: str, path: str) -> bool:
+    try:
+        return os.path.commonpath([folder, path]) == folder
+    except ValueError:  # different drives on Windows
+        return False
 
 
 def _string_pair(buf: memoryview) -> tuple[str, str]:
@@ -398,10 +433,12 @@ def _tensor_array(label, dtype, shape, count, raw, floats, doubles, int32s, int6
     if dtype.kind == "O":
         if raw is not None and len(raw):
             raise ModelFormatError(f"{label}: string tensors cannot use raw_data")
-        values = strings
-        if len(values) != count:
-            raise ModelFormatError(f"{label} has {len(values)} strings for {count} elements")
-        return np.array(values, dtype=object).reshape(shape)
+        if len(strings) != count:
+            raise ModelFormatError(f"{label} has {len(strings)} strings for {count} elements")
+        # str, as onnx's numpy_helper and string attributes give; undecodable bytes survive
+        values = np.empty(count, dtype=object)
+        values[:] = [s.decode("utf-8", errors="surrogateescape") for s in strings]
+        return values.reshape(shape)
     if raw is not None:
         expected = count * dtype.itemsize
         if len(raw) != expected:

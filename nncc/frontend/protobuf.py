@@ -7,6 +7,8 @@ neither read out of bounds nor make us allocate more than the input's own size.
 
 from __future__ import annotations
 
+import sys
+from array import array as _array
 from typing import Iterator
 
 import numpy as np
@@ -113,26 +115,65 @@ def decode_varints(data: memoryview) -> np.ndarray:
     return np.add.reduceat(parts, starts)
 
 
-class Repeated:
-    """Accumulates a repeated scalar field that may arrive packed or one by one."""
+_VALUE_DTYPE = {"varint": np.dtype(np.uint64), "f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
+# Packed chunks up to this many bytes are decoded in Python and merged into one buffer:
+# numpy's per-call cost would make a file of many tiny chunks very slow to read.
+_SMALL_CHUNK = 64
+_U32 = next(code for code in "IL" if _array(code).itemsize == 4)  # array.array type codes
 
-    __slots__ = ("chunks", "kind")
+
+class Repeated:
+    """Accumulates a repeated scalar field that may arrive packed or one by one.
+
+    Unpacked scalars and small packed chunks are buffered in a compact ``array.array``
+    (native-endian bits) rather than one numpy array each, so a file made of many tiny
+    fields cannot make memory grow much faster than the file itself.
+    """
+
+    __slots__ = ("chunks", "kind", "pending")
 
     def __init__(self, kind: str):
         self.kind = kind  # "varint", "f32" or "f64"
         self.chunks: list[np.ndarray] = []
+        self.pending = _array(_U32 if kind == "f32" else "Q")
 
     def add(self, wire: int, value: object, what: str) -> None:
         if wire == LEN:
-            self.chunks.append(self._unpack(value, what))
-        elif wire == VARINT and self.kind == "varint":
-            self.chunks.append(np.array([value], dtype=np.uint64))
-        elif wire == FIXED32 and self.kind == "f32":
-            self.chunks.append(np.array([value], dtype=np.uint32).view(np.float32))
-        elif wire == FIXED64 and self.kind == "f64":
-            self.chunks.append(np.array([value], dtype=np.uint64).view(np.float64))
+            if len(value) <= _SMALL_CHUNK:  # type: ignore[arg-type]
+                self._add_small(value, what)  # type: ignore[arg-type]
+            else:
+                self._flush()
+                self.chunks.append(self._unpack(value, what))  # type: ignore[arg-type]
+        elif (
+            (wire == VARINT and self.kind == "varint")
+            or (wire == FIXED32 and self.kind == "f32")
+            or (wire == FIXED64 and self.kind == "f64")
+        ):
+            self.pending.append(value)  # type: ignore[arg-type]
         else:
             raise ModelFormatError(f"{what} has wire type {wire}, which does not fit its type")
+
+    def _add_small(self, data: memoryview, what: str) -> None:
+        if self.kind == "varint":
+            pos, end = 0, len(data)
+            while pos < end:
+                value, pos = read_varint(data, pos, end)
+                self.pending.append(value)
+            return
+        size = 4 if self.kind == "f32" else 8
+        if len(data) % size:
+            raise ModelFormatError(f"packed {what} is {len(data)} bytes, not a multiple of {size}")
+        bits = _array(self.pending.typecode, bytes(data))  # little-endian on the wire
+        if sys.byteorder == "big":
+            bits.byteswap()
+        self.pending.extend(bits)
+
+    def _flush(self) -> None:
+        if self.pending:
+            # The buffer holds native-endian bits; reinterpret them as the value type.
+            # (the array keeps the old buffer alive; a fresh one takes further values)
+            self.chunks.append(np.frombuffer(self.pending, dtype=_VALUE_DTYPE[self.kind]))
+            self.pending = _array(self.pending.typecode)
 
     def _unpack(self, data: memoryview, what: str) -> np.ndarray:
         if self.kind == "varint":
@@ -143,10 +184,10 @@ class Repeated:
         return np.frombuffer(data, dtype="<f4" if size == 4 else "<f8")
 
     def array(self) -> np.ndarray:
+        self._flush()
         if not self.chunks:
-            dtype = {"varint": np.uint64, "f32": np.float32, "f64": np.float64}[self.kind]
-            return np.zeros(0, dtype=dtype)
+            return np.zeros(0, dtype=_VALUE_DTYPE[self.kind])
         return self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
 
     def __len__(self) -> int:
-        return sum(len(c) for c in self.chunks)
+        return len(self.pending) + sum(len(c) for c in self.chunks)

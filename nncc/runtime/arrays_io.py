@@ -16,7 +16,7 @@ from nncc.ir.graph import TensorInfo
 def load_npy(path: str) -> np.ndarray:
     """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise FileAccessError(f"cannot read {path}: no such file") from None
     except IsADirectoryError:
@@ -25,13 +25,18 @@ def load_npy(path: str) -> np.ndarray:
         raise FileAccessError(f"cannot read {path}: permission denied") from None
     except (ValueError, OSError, EOFError) as exc:
         raise InputError(f"{path} is not a readable .npy file ({_first_line(exc)})") from None
+    if not isinstance(array, np.ndarray):  # an .npz archive: np.load opened it as NpzFile
+        array.close()
+        raise InputError(f"{path} is an .npz archive, not a .npy file; pass it with --inputs {path}")
+    return array
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):  # a plain array has no close()
+            raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
+        with archive:
             return {name: archive[name] for name in archive.files}
     except FileNotFoundError:
         raise FileAccessError(f"cannot read {path}: no such file") from None
@@ -76,7 +81,7 @@ def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
         raise FileAccessError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **dict(arrays))
+            _write_npz(f, arrays)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -85,6 +90,15 @@ def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
         if isinstance(exc, OSError):
             raise FileAccessError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
+
+
+def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
+    """What np.savez does, minus its keyword arguments: outputs named 'file' or
+    'allow_pickle' would collide with them."""
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            with archive.open(name + ".npy", mode="w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=True)
 
 
 def _unlink_quietly(path: str) -> None:
