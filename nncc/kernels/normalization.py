@@ -1,1 +1,215 @@
-"""normalization kernels."""
+"""Normalization kernels: BatchNormalization, InstanceNormalization, LayerNormalization, LRN.
+
+Per-channel statistics are folded into one scale and one shift so the big tensor is
+touched by a single multiply and a single in-place add. float16 inputs are computed in
+float32 and cast back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import kernel
+from nncc.kernels.shapes import normalize_axis
+
+
+def _acc(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def _channel_shape(x_ndim: int, param: np.ndarray) -> tuple:
+    """Broadcast shape for a per-channel (C,) parameter, or a per-activation (C, D1, ...) one."""
+    if param.ndim <= 1:
+        return (-1,) + (1,) * max(0, x_ndim - 2)
+    return param.shape  # BatchNormalization spatial=0 (opset < 9): shape (C, D1, ...)
+
+
+# --------------------------------------------------------------------------- BatchNormalization
+
+
+def _bn_training(ctx) -> bool:
+    if ctx.opset >= 14:
+        return bool(ctx.get("training_mode", 0))
+    if ctx.opset < 7 and ctx.get("is_test") is not None:
+        return not bool(ctx.get("is_test")) and ctx.num_outputs > 1
+    return ctx.num_outputs > 1
+
+
+def _bn_shape(ctx, x, scale, b, mean, var):
+    if x.shape is not None and len(x.shape) < 2:
+        raise ShapeInferenceError(f"BatchNormalization: input must have rank >= 2, got {x.shape}")
+    out = [TensorInfo(x.dtype, x.shape)]
+    if ctx.num_outputs > 1:
+        c = None if x.shape is None else x.shape[1]
+        stat_dtype = mean.dtype if mean is not None else x.dtype
+        for _ in range(1, ctx.num_outputs):
+            out.append(TensorInfo(stat_dtype, (c,) if mean is None or mean.shape is None
+                                  or len(mean.shape) <= 1 else mean.shape))
+    return out
+
+
+@kernel("BatchNormalization", since=1, shape=_bn_shape)
+def batch_normalization(ctx, x, scale, b, mean, var):
+    if x.ndim < 2:
+        raise KernelError(f"BatchNormalization: input must have rank >= 2, got {x.shape}")
+    eps = float(ctx.get("epsilon", 1e-5))
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    training = _bn_training(ctx)
+    extra = ()
+    if training:
+        axes = (0,) + tuple(range(2, x.ndim))
+        xa = x.astype(acc, copy=False)
+        bmean = xa.mean(axis=axes)
+        bvar = xa.var(axis=axes)
+        momentum = float(ctx.get("momentum", 0.9))
+        run_mean = mean.astype(acc) * momentum + bmean * (1 - momentum)
+        run_var = var.astype(acc) * momentum + bvar * (1 - momentum)
+        use_mean, use_var = bmean, bvar
+        sdt = mean.dtype
+        if ctx.opset >= 14:
+            extra = (run_mean.astype(sdt), run_var.astype(sdt))
+        else:
+            extra = (run_mean.astype(sdt), run_var.astype(sdt), bmean.astype(sdt), bvar.astype(sdt))
+        extra = extra[:ctx.num_outputs - 1]
+    else:
+        use_mean, use_var = mean.astype(acc), var.astype(acc)
+    a = scale.astype(acc) / np.sqrt(use_var + acc(eps))
+    shift = b.astype(acc) - use_mean * a
+    shape = _channel_shape(x.ndim, scale)
+    a = a.reshape(shape)
+    shift = shift.reshape(shape)
+    cdt = _acc(x.dtype)
+    y = x.astype(cdt, copy=False) * a.astype(cdt)
+    y += shift.astype(cdt)
+    y = y.astype(x.dtype, copy=False)
+    return (y,) + extra if extra else y
+
+
+# --------------------------------------------------------------------------- InstanceNormalization
+
+
+def _instnorm_shape(ctx, x, scale, b):
+    return [TensorInfo(x.dtype, x.shape)]
+
+
+@kernel("InstanceNormalization", since=1, shape=_instnorm_shape)
+def instance_normalization(ctx, x, scale, b):
+    if x.ndim < 3:
+        raise KernelError(f"InstanceNormalization: input must have rank >= 3, got {x.shape}")
+    eps = float(ctx.get("epsilon", 1e-5))
+    cdt = _acc(x.dtype)
+    n, c = x.shape[:2]
+    xf = x.reshape(n, c, -1).astype(cdt, copy=False)
+    mean = xf.mean(axis=2, keepdims=True)
+    var = np.square(xf - mean).mean(axis=2, keepdims=True)
+    a = scale.astype(cdt).reshape(1, c, 1) / np.sqrt(var + cdt.type(eps))
+    shift = b.astype(cdt).reshape(1, c, 1) - mean * a
+    y = xf * a
+    y += shift
+    return y.reshape(x.shape).astype(x.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- LayerNormalization
+
+_STASH = {1: np.float32, 10: np.float16, 11: np.float64}
+
+
+def _stash_dtype(ctx, err):
+    stash = int(ctx.get("stash_type", 1))
+    if stash not in _STASH:
+        raise err(f"LayerNormalization: unsupported stash_type {stash} (supported: 1 float, 10 float16, 11 double)")
+    return np.dtype(_STASH[stash])
+
+
+def _layernorm_shape(ctx, x, scale, b=None):
+    out = [TensorInfo(x.dtype, x.shape)]
+    sdt = _stash_dtype(ctx, ShapeInferenceError)
+    stat = None
+    if x.shape is not None:
+        axis = normalize_axis(int(ctx.get("axis", -1)), len(x.shape))
+        stat = tuple(x.shape[:axis]) + (1,) * (len(x.shape) - axis)
+    if ctx.num_outputs > 1:
+        out += [TensorInfo(sdt, stat) for _ in range(1, ctx.num_outputs)]
+    return out
+
+
+@kernel("LayerNormalization", since=17, shape=_layernorm_shape)
+def layer_normalization(ctx, x, scale, b=None):
+    try:
+        axis = normalize_axis(int(ctx.get("axis", -1)), x.ndim)
+    except ShapeInferenceError as e:
+        raise KernelError(f"LayerNormalization: {e}") from None
+    eps = float(ctx.get("epsilon", 1e-5))
+    sdt = _stash_dtype(ctx, KernelError)
+    # compute in the stash precision, or in the input's when it is wider
+    cdt = np.promote_types(sdt, x.dtype) if x.dtype.kind == "f" else sdt
+    rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+    xf = x.reshape(rows, -1).astype(cdt, copy=False)
+    mean = xf.mean(axis=1, keepdims=True)
+    d = xf - mean
+    var = np.einsum("ij,ij->i", d, d)[:, None] / cdt.type(max(d.shape[1], 1))
+    inv = 1.0 / np.sqrt(var + cdt.type(eps))
+    d *= inv
+    trailing = x.shape[axis:]
+    if (d.dtype == x.dtype and scale.shape == trailing and scale.dtype == x.dtype
+            and (b is None or (b.shape == trailing and b.dtype == x.dtype))):
+        # common case: Scale/B cover exactly the normalized axes, apply them in place
+        d *= scale.reshape(-1)
+        if b is not None:
+            d += b.reshape(-1)
+        y = d.reshape(x.shape)
+    else:
+        y = d.reshape(x.shape).astype(x.dtype, copy=False)
+        y = y * scale.astype(x.dtype, copy=False)
+        if b is not None:
+            y += b.astype(x.dtype, copy=False)
+        if y.shape != x.shape:
+            raise KernelError(f"LayerNormalization: Scale {scale.shape} / B do not broadcast to X {x.shape}")
+    if ctx.num_outputs == 1:
+        return y
+    stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
+    outs = (y, mean.reshape(stat_shape).astype(sdt), inv.reshape(stat_shape).astype(sdt))
+    return outs[:ctx.num_outputs]
+
+
+# --------------------------------------------------------------------------- LRN
+
+
+def _lrn_shape(ctx, x):
+    return [TensorInfo(x.dtype, x.shape)]
+
+
+@kernel("LRN", since=1, shape=_lrn_shape)
+def lrn(ctx, x):
+    size = ctx.get("size")
+    if size is None or int(size) <= 0:
+        raise KernelError("LRN: attribute 'size' is required and must be positive")
+    size = int(size)
+    if x.ndim < 3:
+        raise KernelError(f"LRN: input must have rank >= 3, got {x.shape}")
+    alpha = float(ctx.get("alpha", 1e-4))
+    beta = float(ctx.get("beta", 0.75))
+    bias = float(ctx.get("bias", 1.0))
+    cdt = _acc(x.dtype)
+    xc = x.astype(cdt, copy=False)
+    sq = np.square(xc)
+    c = x.shape[1]
+    lo = (size - 1) // 2
+    hi = size - 1 - lo
+    # windowed channel sum: one shifted slice of the zero-padded squares per window tap
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (lo, hi)
+    sqp = np.pad(sq, pad) if size > 1 else sq
+    s = sqp[:, 0:c].copy()
+    for t in range(1, size):
+        s += sqp[:, t:t + c]
+    s *= cdt.type(alpha / size)
+    s += cdt.type(bias)
+    if beta == 0.75:
+        d = np.sqrt(s)
+        d *= np.sqrt(d)
+    else:
+        d = np.power(s, cdt.type(beta))
+    return (xc / d).astype(x.dtype, copy=False)
