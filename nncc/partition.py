@@ -3,8 +3,8 @@
 Backends are asked in priority order; the first that selects a node gets it, and the CPU
 fallback takes every node nobody selected. Nodes are then grouped greedily in topological
 order: a node joins an existing partition of the same backend and group index unless
-that would make the contracted graph cyclic, i.e. unless a producer of the node outside
-that partition already depends on it.
+that would make the contracted graph cyclic, i.e. unless a partition the node reads from
+already depends (in the contracted graph) on that partition.
 """
 
 from __future__ import annotations
@@ -37,26 +37,36 @@ def partition_graph(graph: Graph, infos: dict[str, TensorInfo], backends: list[B
     part_of: dict[int, int] = {}
     keys: list[tuple[str, int | None]] = []
     members: list[list[int]] = []
-    depends: dict[int, frozenset[int]] = {}  # node -> partitions it (transitively) depends on
+    # partition -> the partitions it (transitively) depends on in the *contracted* graph.
+    # Tracked per partition, not per node: once a node joins a partition, everything
+    # downstream of any of that partition's nodes depends on all of its inputs.
+    ancestors: list[set[int]] = []
     by_key: dict[tuple[str, int | None], list[int]] = {}
     for index, node in enumerate(graph.nodes):
-        preds = sorted({producer[n] for n in node.inputs if n in producer})
+        pred_parts = {part_of[producer[n]] for n in node.inputs if n in producer}
         chosen = None
-        # Newest partition first: joining one is safe unless a producer outside it already
-        # depends on it (that path would come back into the partition through this node).
+        # Newest partition first: joining one is safe unless a partition this node reads
+        # from already depends on it (the new edge would close a cycle through it).
         for candidate in reversed(by_key.get(owner[index], [])):
-            if all(part_of[q] == candidate or candidate not in depends[q] for q in preds):
+            if all(q == candidate or candidate not in ancestors[q] for q in pred_parts):
                 chosen = candidate
                 break
         if chosen is None:
             chosen = len(keys)
             keys.append(owner[index])
             members.append([])
+            ancestors.append(set())
             by_key.setdefault(owner[index], []).append(chosen)
         members[chosen].append(index)
         part_of[index] = chosen
-        upstream = set().union(*(depends[q] for q in preds)) if preds else set()
-        depends[index] = frozenset(upstream | {chosen})
+        gained = set()
+        for q in pred_parts - {chosen}:
+            gained |= ancestors[q] | {q}
+        if not gained <= ancestors[chosen]:
+            ancestors[chosen] |= gained
+            for upstream in ancestors:
+                if chosen in upstream:
+                    upstream |= gained
 
     order = _partition_order(graph, producer, part_of, len(keys))
     consumers: dict[str, set[int]] = {}
@@ -104,10 +114,12 @@ def _partition_order(graph, producer, part_of, count) -> list[int]:
 
 
 def _reason(node, graph, infos, backends) -> str:
+    """Why each backend passed on the node (every backend that can say), in priority order."""
+    reasons = []
     for backend in backends:
         explain = getattr(backend, "reject_reason", None)
         if explain is not None:
             reason = explain(node, graph, infos)
             if reason:
-                return f"{backend.name}: {reason}"
-    return "no backend selected it"
+                reasons.append(f"{backend.name}: {reason}")
+    return "; ".join(reasons) or "no backend selected it"

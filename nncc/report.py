@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from nncc.plan.format import FORMAT_VERSION, INLINE_LIMIT
+from nncc.plan.memory import is_splat
 from nncc.plan.plan import Plan
 
 
@@ -23,8 +24,11 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
             "nodes": part.count,
             "ops": dict(sorted(ops.items())),
         })
-    inline = [a for a in plan.constants.values() if a.nbytes <= INLINE_LIMIT]
-    referenced = [a for a in plan.constants.values() if a.nbytes > INLINE_LIMIT]
+    # classified as serialize() stores them: a splat is one element, whatever its shape
+    splats = [a for a in plan.constants.values() if is_splat(a)]
+    dense = [a for a in plan.constants.values() if not is_splat(a)]
+    inline = [a for a in dense if a.nbytes <= INLINE_LIMIT]
+    referenced = [a for a in dense if a.nbytes > INLINE_LIMIT]
     return {
         "format_version": FORMAT_VERSION,
         "producer": plan.producer,
@@ -38,6 +42,8 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "constants": {
             "inline": {"count": len(inline), "bytes": int(sum(a.nbytes for a in inline))},
             "referenced": {"count": len(referenced), "bytes": int(sum(a.nbytes for a in referenced))},
+            "splat": {"count": len(splats), "bytes": int(sum(a.itemsize for a in splats)),
+                      "expanded_bytes": int(sum(a.nbytes for a in splats))},
         },
         "artifact_bytes": artifact_bytes,
     }

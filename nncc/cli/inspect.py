@@ -19,6 +19,11 @@ def inspect(path, preference, opt_level, backends, plugins, as_json):
     from nncc.cli.sources import is_artifact
 
     if is_artifact(path):
+        # the artifact may name plugin kernels: only the plugins the user names are loaded
+        from nncc.backends.registry import load_plugin
+
+        for module in plugins:
+            load_plugin(module)
         model = nncc.load(path)
     else:
         model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins))

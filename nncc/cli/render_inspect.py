@@ -33,8 +33,12 @@ def print_report(report: dict) -> None:
         for f in report["fallbacks"]:
             fb.add(f"{f['op']} {f['node']!r}: {f['reason']}")
     c = report["constants"]
-    tree.add(f"constants: {c['inline']['count']} inline ({_bytes(c['inline']['bytes'])}), "
-             f"{c['referenced']['count']} referenced ({_bytes(c['referenced']['bytes'])})")
+    line = (f"constants: {c['inline']['count']} inline ({_bytes(c['inline']['bytes'])}), "
+            f"{c['referenced']['count']} referenced ({_bytes(c['referenced']['bytes'])})")
+    splat = c.get("splat")
+    if splat and splat["count"]:
+        line += f", {splat['count']} splat ({_bytes(splat['bytes'])} for {_bytes(splat['expanded_bytes'])})"
+    tree.add(line)
     tree.add(f"peak activation memory: {_bytes(report['peak_activation_bytes'])}")
     if report.get("artifact_bytes") is not None:
         tree.add(f"artifact size: {_bytes(report['artifact_bytes'])}")

@@ -44,6 +44,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.errors import PlanFormatError
+from nncc.plan.memory import aligned_constant, is_splat
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 
 MAGIC = b"NNCCPLAN"
@@ -54,6 +55,7 @@ _HEADER = struct.Struct("<8sII16s")
 _ENTRY = struct.Struct("<4sIQQ32s")
 _TAGS = (b"PROG", b"INLN", b"DATA")
 MAX_SECTIONS = 8
+MAX_CONSTANT_BYTES = 2**48  # a declared constant larger than this is surely hostile
 ALLOWED_DTYPES = {
     np.dtype(t).str: np.dtype(t)
     for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
@@ -64,27 +66,39 @@ ALLOWED_DTYPES = {
 # -- writing -----------------------------------------------------------------------------
 
 
-def serialize(plan: Plan) -> bytes:
-    inline = bytearray()
-    data = bytearray()
+Pieces = list  # buffers (bytes or uint8 views of constants) that concatenate to a section
+
+
+def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
+    """(producer, PROG, INLN pieces, DATA pieces). The large constants are not copied here:
+    DATA's pieces are views of the arrays, copied once, into the artifact itself."""
+    inline: Pieces = []
+    inline_size = 0
+    data: Pieces = []
+    data_size = 0
     table = []
     for slot in sorted(plan.constants):
         array = plan.constants[slot]
         if array.dtype.str not in ALLOWED_DTYPES:
             raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
-        if array.size > 1 and all(s == 0 for s in array.strides):
-            raw = np.ascontiguousarray(array.reshape(-1)[:1]).tobytes()
-            table.append([slot, "splat", len(inline), len(raw)])
-            inline += raw
+        if is_splat(array):
+            raw = np.asarray(array[(0,) * array.ndim], dtype=array.dtype).tobytes()  # no reshape: it would copy
+            table.append([slot, "splat", inline_size, len(raw)])
+            inline.append(raw)
+            inline_size += len(raw)
             continue
-        raw = np.ascontiguousarray(array).tobytes()
-        if len(raw) <= INLINE_LIMIT:
-            table.append([slot, "inline", len(inline), len(raw)])
-            inline += raw
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # a view when contiguous
+        if raw.nbytes <= INLINE_LIMIT:
+            table.append([slot, "inline", inline_size, raw.nbytes])
+            inline.append(raw.tobytes())
+            inline_size += raw.nbytes
         else:
-            data += bytes(_pad(len(data)))
-            table.append([slot, "data", len(data), len(raw)])
-            data += raw
+            pad = _pad(data_size)
+            data.append(pad)
+            data_size += len(pad)
+            table.append([slot, "data", data_size, raw.nbytes])
+            data.append(raw)
+            data_size += raw.nbytes
     program = {
         "kernels": plan.kernels,
         "slots": [[s.name, None if s.dtype is None else s.dtype.str, _shape_out(s.shape)] for s in plan.slots],
@@ -99,22 +113,43 @@ def serialize(plan: Plan) -> bytes:
         "fallbacks": plan.fallbacks,
     }
     prog = json.dumps(program, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
-    return _assemble(plan.producer, [(b"PROG", prog), (b"INLN", bytes(inline)), (b"DATA", bytes(data))])
+    return plan.producer, prog, inline, data
 
 
-def _assemble(producer: str, sections: list[tuple[bytes, bytes]]) -> bytes:
+def serialize(plan: Plan) -> bytes:
+    """One self-contained artifact: program, inline constants and the data section."""
+    producer, prog, inline, data = _encode(plan)
+    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)])
+
+
+def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
+    """(model cache, data cache): the security-sensitive program with its inline constants,
+    and the large constants alone, 64-byte aligned, to be memory-mapped."""
+    producer, prog, inline, data = _encode(plan)
+    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline)]), b"".join(data)
+
+
+def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
+    """Header, section table and sections; a payload is bytes or a list of pieces. Every
+    byte is copied exactly once, into the result (large artifacts: copies dominate)."""
     head_size = _HEADER.size + _ENTRY.size * len(sections)
     offset = head_size + len(_pad(head_size))
     entries = []
-    body = bytearray()
+    body: Pieces = []
     for tag, payload in sections:
-        entries.append(_ENTRY.pack(tag, 0, offset, len(payload), blake3(payload).digest()))
-        padded = payload + _pad(len(payload))
-        body += padded
-        offset += len(padded)
+        pieces = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+        digest = blake3()
+        length = 0
+        for piece in pieces:
+            digest.update(piece)
+            length += memoryview(piece).nbytes
+        entries.append(_ENTRY.pack(tag, 0, offset, length, digest.digest()))
+        body += pieces
+        body.append(_pad(length))
+        offset += length + len(_pad(length))
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections), producer.encode()[:16])
     head = header + b"".join(entries)
-    return head + _pad(len(head)) + bytes(body)
+    return b"".join([head, _pad(len(head)), *body])
 
 
 def _pad(n: int) -> bytes:
@@ -165,8 +200,14 @@ def read_sections(buffer) -> tuple[str, dict[bytes, memoryview]]:
     return producer_text, sections
 
 
-def deserialize(buffer) -> Plan:
+def deserialize(buffer, data=None) -> Plan:
+    """Parse a verified artifact. ``data`` supplies the data section when it is stored
+    apart (the data cache); the caller has checked its hash against the index."""
     producer, sections = read_sections(buffer)
+    if data is not None:
+        if b"DATA" in sections:
+            raise PlanFormatError("artifact carries its own data section")
+        sections[b"DATA"] = memoryview(data)
     try:
         program = json.loads(bytes(sections[b"PROG"]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -227,8 +268,8 @@ class _Validator:
             if not isinstance(offset, int) or offset < 0 or offset > arena_bytes:
                 raise PlanFormatError("arena offset out of range")
             arena[slot] = offset
-        options = self.get("options", dict)
-        fallbacks = self.get("fallbacks", list)
+        options = self.options(self.get("options", dict))
+        fallbacks = self.fallbacks(self.get("fallbacks", list))
         return Plan(producer, kernels, slots, inputs, outputs, constants, instructions, partitions,
                     arena, arena_bytes, options, fallbacks)
 
@@ -246,7 +287,7 @@ class _Validator:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
             raise PlanFormatError("bad slot entry")
         name, dtype, shape = entry
-        if dtype is not None and dtype not in ALLOWED_DTYPES:
+        if dtype is not None and (not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES):
             raise PlanFormatError(f"slot {name!r} has unsupported dtype {dtype!r}")
         if shape is not None:
             if not isinstance(shape, list) or len(shape) > 32:
@@ -266,14 +307,19 @@ class _Validator:
             slot = self.index(entry[0], len(slots), "constant slot")
             storage, offset, length = entry[1:]
             info = slots[slot]
-            if slot in out or info.dtype is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            if slot in out:
+                raise PlanFormatError(f"constant slot {slot} is listed twice")
+            if info.dtype is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
                 raise PlanFormatError(f"constant slot {slot} has no static type")
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
                 raise PlanFormatError(f"constant slot {slot} has a bad offset or length")
             count = 1
             for d in info.shape:
                 count *= d
-            source = {"inline": self.inline, "splat": self.inline, "data": self.data}.get(storage)
+            if count * info.dtype.itemsize > MAX_CONSTANT_BYTES:
+                raise PlanFormatError(f"constant slot {slot} ({info.name!r}) is implausibly large")
+            sources = {"inline": self.inline, "splat": self.inline, "data": self.data}
+            source = sources.get(storage) if isinstance(storage, str) else None
             if source is None:
                 raise PlanFormatError(f"constant slot {slot} has unknown storage {storage!r}")
             expected = info.dtype.itemsize * (1 if storage == "splat" else count)
@@ -283,9 +329,13 @@ class _Validator:
                 raise PlanFormatError(f"constant slot {slot} is not 64-byte aligned")
             raw = np.frombuffer(source[offset : offset + length], dtype=info.dtype)
             if storage == "splat":
-                array = np.full(info.shape, raw[0], dtype=info.dtype)
+                # a read-only zero-copy view, as constant folding made it: a hostile
+                # shape costs no memory, and a re-serialization gives the same bytes
+                array = np.broadcast_to(raw.reshape(()).copy(), info.shape)
             else:
-                array = raw.reshape(info.shape)  # zero-copy view of the buffer
+                # zero-copy where the bytes lie on a 64-byte boundary (DATA, memory-mapped);
+                # otherwise an aligned copy, placed as an in-process compile places it
+                array = aligned_constant(raw.reshape(info.shape))
             out[slot] = array
         return out
 
@@ -303,7 +353,9 @@ class _Validator:
         if depth > 4:
             raise PlanFormatError("attribute nested too deeply")
         if isinstance(value, dict):
-            if set(value) != {"$tensor"} or value["$tensor"] not in constants:
+            ref = value.get("$tensor")
+            if (set(value) != {"$tensor"} or not isinstance(ref, int) or isinstance(ref, bool)
+                    or ref not in constants):
                 raise PlanFormatError("attribute tensor does not name a constant")
             return value
         if isinstance(value, list):
@@ -311,6 +363,27 @@ class _Validator:
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
         raise PlanFormatError("bad attribute value")
+
+    @staticmethod
+    def options(options: dict) -> dict:
+        """The executor reads ``opsets``; inspect renders the rest. Check what they use."""
+        opsets = options.get("opsets", {})
+        if not (isinstance(opsets, dict) and all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31 for v in opsets.values())):
+            raise PlanFormatError("options.opsets must map domains to opset versions")
+        for key in ("backends", "plugins"):
+            value = options.get(key, [])
+            if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise PlanFormatError(f"options.{key} must be a list of names")
+        return options
+
+    @staticmethod
+    def fallbacks(entries: list) -> list:
+        for entry in entries:
+            if not (isinstance(entry, dict) and set(entry) == {"node", "op", "reason"}
+                    and all(isinstance(v, str) for v in entry.values())):
+                raise PlanFormatError("bad fallback entry")
+        return entries
 
     def partition(self, entry: Any, count: int) -> PartitionInfo:
         if not (isinstance(entry, list) and len(entry) == 5 and all(isinstance(x, str) for x in entry[:3])):

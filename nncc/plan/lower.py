@@ -10,7 +10,7 @@ from nncc import __version__
 from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.plan.memory import plan_memory
+from nncc.plan.memory import aligned_constant, plan_memory
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 
 
@@ -30,7 +30,7 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
     inputs = [slot_of(n) for n in graph.inputs]
     constants: dict[int, np.ndarray] = {}
     for name, array in graph.initializers.items():
-        constants[slot_of(name)] = array
+        constants[slot_of(name)] = aligned_constant(array)
     kernels: list[str] = []
     kernel_index: dict[str, int] = {}
     instructions: list[PlanInstruction] = []
@@ -86,7 +86,7 @@ def _attr(value, ins, slots, index, constants):
     if isinstance(value, np.ndarray):
         slot = len(slots)
         slots.append(Slot(f"{ins.node or ins.kernel}/attr{slot}", value.dtype, tuple(value.shape)))
-        constants[slot] = value
+        constants[slot] = aligned_constant(value)
         return {"$tensor": slot}
     if isinstance(value, list):
         return [_attr(v, ins, slots, index, constants) for v in value]

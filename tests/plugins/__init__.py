@@ -1,0 +1,1 @@
+"""Plugin modules used by the tests, loaded with ``--plugin tests.plugins.<name>``."""
