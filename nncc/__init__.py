@@ -10,7 +10,7 @@ The package stays cheap to import: heavy modules load on first use of what needs
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "compile_model", "load", "load_onnx", "CompiledModel"]
+__all__ = ["__version__", "compile_model", "load", "load_onnx", "prepare", "CompiledModel"]
 
 
 def load_onnx(path):
@@ -22,7 +22,7 @@ def load_onnx(path):
 
 
 def __getattr__(name):
-    if name in ("compile_model", "load", "CompiledModel"):
+    if name in ("compile_model", "load", "prepare", "CompiledModel"):
         from nncc import model
 
         return getattr(model, name)

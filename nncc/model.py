@@ -55,6 +55,19 @@ def compile_model(path: str | os.PathLike, **options) -> CompiledModel:
     return CompiledModel(compile_graph(load_model(path), opts))
 
 
+def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
+            **options):
+    """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
+
+    A hit prepares from the cache files after checking them against the hash index; a miss
+    compiles and stores; ``use_cache=False`` compiles and touches nothing. ``cache_dir``
+    defaults to $NNCC_CACHE_DIR, else the user cache directory. Options as compile_model.
+    """
+    from nncc.cache.store import prepare as cached_prepare
+
+    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, **options)
+
+
 def load(source: str | os.PathLike | bytes | bytearray | memoryview) -> CompiledModel:
     """Load a compiled artifact from a path (memory-mapped) or from bytes."""
     from nncc.plan.format import deserialize

@@ -6,6 +6,8 @@ import time
 
 import click
 
+from nncc.cli.cache import cache_options, report_cache
+from nncc.cli.options import compile_options, options_dict
 from nncc.cli.output import emit_json, print_outputs
 
 
@@ -19,16 +21,28 @@ from nncc.cli.output import emit_json, print_outputs
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
 @click.option("--output", "-o", "output_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
               help="Write all outputs to an .npz archive.")
+@compile_options
+@cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
-def run(model, input_specs, npz, random_inputs, seed, output_path, as_json):
-    """Run MODEL (an .onnx model, compiled on the fly, or a compiled .nncc artifact)."""
+def run(model, input_specs, npz, random_inputs, seed, output_path, preference, opt_level, backends, plugins,
+        cache_dir, no_cache, as_json):
+    """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
+    .nncc artifact)."""
     import nncc
     from nncc.runtime.arrays_io import load_npy, load_npz, random_feeds, save_npz
 
     from nncc.cli.sources import is_artifact
 
     start = time.perf_counter()
-    session = nncc.load(model) if is_artifact(model) else nncc.compile_model(model)
+    outcome = None
+    if is_artifact(model):
+        session = nncc.load(model)
+    else:
+        from nncc.model import prepare
+
+        options = options_dict(preference, opt_level, backends, plugins)
+        session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+        report_cache(outcome)
     prepared = time.perf_counter()
     feeds = load_npz(npz) if npz else {}
     for spec in input_specs:
@@ -46,7 +60,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, as_json):
         save_npz(output_path, outputs)
     timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
     if as_json:
-        emit_json({"model": model, "outputs": summarize(outputs), "timing": timing})
+        emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
+                   "cache": outcome.as_dict() if outcome else None})
     else:
         print_outputs(model, summarize(outputs), timing)
 

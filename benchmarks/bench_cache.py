@@ -1,0 +1,197 @@
+"""Cache benchmark: how fast does a cached model come back, next to onnxruntime (and OpenVINO)?
+
+    python benchmarks/bench_cache.py [--runs 5] [--models light_resnet50,light_vgg19]
+
+For each model (the "light" ONNX model-zoo classics shipped in the onnx wheel), median of
+--runs runs (at least 5) of:
+
+(a) in process, the runtime already imported:
+    nncc         nncc.model.prepare(model, cache_dir) on a hit: token (model hash), index
+                 lookup, model cache read + blake3 + compare, data cache mmap + blake3 +
+                 compare, bounds-checked parse, executor setup.
+    onnxruntime  InferenceSession from the optimized model it saved earlier
+                 (SessionOptions.optimized_model_filepath), reloaded with graph optimizations
+                 disabled: onnxruntime's nearest equivalent of "prepare from the cache".
+    OpenVINO     core.compile_model(model, "CPU", {"CACHE_DIR": dir}) on a cache hit, when
+                 `import openvino` works; otherwise "not installed".
+    (context)    a cold compile: nncc without the cache vs onnxruntime creating a session from
+                 the original model with all graph optimizations.
+
+(b) whole process, to the first output: `python -m nncc run MODEL --random-inputs` on a hit
+    (warm cache dir) and on a miss (fresh cache dir each time) vs onnxruntime's cold start
+    `python -c "import onnxruntime; InferenceSession(model); run once"`.
+
+Prints a markdown table; ratios are nncc / other (below 1: nncc is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ORT_COLD = """
+import sys, numpy as np, onnxruntime as ort
+s = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in s.get_inputs()}
+out = s.run(None, feeds)
+print(out[0].shape)
+"""
+
+
+def light_dir() -> pathlib.Path:
+    import onnx
+
+    return pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+def median_ms(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def run_process(cmd, env=None, reports=None) -> None:
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"failed: {shlex.join(cmd)}\n{done.stderr}")
+    if reports is not None:
+        reports.append(json.loads(done.stdout))
+
+
+def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
+    import onnxruntime as ort
+
+    from nncc.model import prepare
+
+    model = str(light_dir() / f"{name}.onnx")
+    cache = work / f"{name}-cache"
+    rows = []
+
+    # (a) in process -----------------------------------------------------------------
+    _, first = prepare(model, cache_dir=cache)
+    assert first.outcome == "miss", first
+
+    def nncc_hit():
+        _, outcome = prepare(model, cache_dir=cache)
+        assert outcome.outcome == "hit", outcome
+
+    nncc_hit()  # warm imports and page cache, as a long-running process would be
+    nncc_prepare = median_ms(nncc_hit, runs)
+
+    optimized = str(work / f"{name}.ort-optimized.onnx")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = optimized
+    ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+    def ort_reload():
+        reload = ort.SessionOptions()
+        reload.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        ort.InferenceSession(optimized, reload, providers=["CPUExecutionProvider"])
+
+    ort_reload()
+    ort_prepare = median_ms(ort_reload, runs)
+    ov = openvino_hit_ms(model, work / f"{name}-ov-cache", runs)
+    rows.append(row(name, "(a) in-process prepare from cache (hit, verified)", nncc_prepare,
+                    ort_prepare, "session from saved optimized model", ov))
+
+    nncc_cold = median_ms(lambda: prepare(model, use_cache=False), runs)
+
+    def ort_cold_session():
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+    ort_cold = median_ms(ort_cold_session, runs)
+    rows.append(row(name, "(context) in-process cold compile, no cache", nncc_cold, ort_cold,
+                    "session from original model, all optimizations", None))
+
+    # (b) whole process ---------------------------------------------------------------
+    env = dict(os.environ)
+    nncc_cmd = [sys.executable, "-m", "nncc", "run", model, "--random-inputs", "--json"]
+    hits, misses = [], []
+    hit_ms = median_ms(lambda: run_process(nncc_cmd + ["--cache-dir", str(cache)], env, hits), runs)
+    counter = iter(range(10**6))
+    miss_ms = median_ms(lambda: run_process(nncc_cmd + ["--cache-dir", str(work / f"{name}-miss-{next(counter)}")],
+                                            env, misses), runs)
+    assert {r["cache"]["outcome"] for r in hits} == {"hit"} and {r["cache"]["outcome"] for r in misses} == {"miss"}
+    ort_cmd = [sys.executable, "-c", ORT_COLD, model]
+    run_process(ort_cmd)  # page cache warm for both sides
+    ort_ms = median_ms(lambda: run_process(ort_cmd), runs)
+    rows.append(row(name, "(b) whole process to first output, nncc hit", hit_ms, ort_ms, "cold start", None,
+                    _inside(hits)))
+    rows.append(row(name, "(b) whole process to first output, nncc miss", miss_ms, ort_ms, "cold start", None,
+                    _inside(misses)))
+    return rows
+
+
+def _inside(reports: list[dict]) -> str:
+    """Where nncc's own time went inside the process (from its --json report)."""
+    prepare_ms = statistics.median(r["cache"]["seconds"] for r in reports) * 1000
+    run_ms = statistics.median(r["timing"]["run_seconds"] for r in reports) * 1000
+    return f"{prepare_ms:.0f} ms prepare + {run_ms:.0f} ms first run"
+
+
+def openvino_hit_ms(model: str, cache_dir: pathlib.Path, runs: int) -> float | str:
+    try:
+        import openvino as ov
+    except ImportError:
+        return "not installed"
+    core = ov.Core()
+    core.compile_model(model, "CPU", {"CACHE_DIR": str(cache_dir)})  # fills the cache
+    return median_ms(lambda: core.compile_model(model, "CPU", {"CACHE_DIR": str(cache_dir)}), runs)
+
+
+def row(model, what, nncc_ms, ort_ms, ort_what, ov, inside="") -> dict:
+    return {"model": model, "what": what, "nncc": nncc_ms, "ort": ort_ms, "ort_what": ort_what, "ov": ov,
+            "inside": inside}
+
+
+def render(rows: list[dict], runs: int, command: str) -> str:
+    lines = [
+        f"Command: `{command}`  (median of {runs} runs; times in ms; ratio = nncc / other, below 1 = nncc faster)",
+        "",
+        "| model | measurement | nncc | onnxruntime | nncc / ort | OpenVINO (CACHE_DIR hit) | nncc / OpenVINO "
+        "| inside the nncc process |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ov = r["ov"]
+        if ov is None:
+            ov_cell, ov_ratio = "-", "-"
+        elif isinstance(ov, str):
+            ov_cell, ov_ratio = ov, "-"
+        else:
+            ov_cell, ov_ratio = f"{ov:.1f}", f"{r['nncc'] / ov:.2f}"
+        lines.append(f"| {r['model']} | {r['what']} (ort: {r['ort_what']}) | {r['nncc']:.1f} | {r['ort']:.1f} | "
+                     f"{r['nncc'] / r['ort']:.2f} | {ov_cell} | {ov_ratio} | {r['inside'] or '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per measurement (at least 5)")
+    parser.add_argument("--models", default="light_resnet50,light_vgg19")
+    args = parser.parse_args(argv)
+    runs = max(5, args.runs)
+    command = shlex.join(["python", *sys.argv])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="nncc-bench-") as tmp:
+        for name in args.models.split(","):
+            rows += bench_model(name.strip(), runs, pathlib.Path(tmp))
+    print(render(rows, runs, command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The verified compilation cache (DOMAIN.md section 1; docs/cache.md).
+
+    model, outcome = nncc.cache.prepare("model.onnx", preference="low-power")
+    outcome.outcome  # "hit" | "miss" | "recompiled" | "unavailable" | "disabled"
+
+Submodules: token (the cache key), index (sqlite hash index), store (files, verified
+load, prepare), locking (per-token flock), gc (eviction), verify (integrity check).
+"""
+
+from nncc.cache.store import (  # noqa: F401
+    Cache,
+    CacheEntryError,
+    CacheOutcome,
+    CacheUnavailable,
+    artifact_bytes,
+    default_cache_dir,
+    prepare,
+    resolve_cache_dir,
+)
+from nncc.cache.token import compute_token  # noqa: F401
+
+__all__ = ["Cache", "CacheEntryError", "CacheOutcome", "CacheUnavailable", "artifact_bytes",
+           "compute_token", "default_cache_dir", "prepare", "resolve_cache_dir"]

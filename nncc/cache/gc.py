@@ -1,0 +1,184 @@
+"""Garbage collection: stale versions, orphans, leftovers, old entries, and LRU down to a size.
+
+Every removal takes the token's lock exclusively *without waiting* and skips tokens that
+are busy: a process that is reading (shared lock) or writing (exclusive lock) an entry is
+never disturbed. A run that has already verified an entry holds its bytes in memory (model
+cache) or in a mapping (data cache); unlinking the files under it is harmless on POSIX.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from nncc.errors import NnccError
+
+DEFAULT_MAX_SIZE = "2G"
+ENV_MAX_SIZE = "NNCC_CACHE_MAX_SIZE"
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class SizeError(NnccError):
+    exit_code = 2
+
+
+def parse_size(text: str) -> int:
+    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    if not m:
+        raise SizeError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix (e.g. 500M, 2G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_age(text: str) -> float:
+    """'7d', '12h', '30m', '45s', '2w' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text).lower())
+    if not m:
+        raise SizeError(f"bad age {text!r}: use a number with s, m, h, d or w (e.g. 7d, 12h)")
+    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+
+
+def default_max_size() -> int | None:
+    """The bound applied after every write: $NNCC_CACHE_MAX_SIZE (0/off/none disables)."""
+    text = os.environ.get(ENV_MAX_SIZE, DEFAULT_MAX_SIZE).strip().lower()
+    if text in ("", "0", "off", "none", "unlimited"):
+        return None
+    try:
+        return parse_size(text)
+    except SizeError:
+        return parse_size(DEFAULT_MAX_SIZE)
+
+
+@dataclass
+class Removal:
+    token: str | None
+    reason: str  # "stale" | "orphan" | "leftover" | "age" | "size"
+    bytes: int
+    source: str | None = None
+    paths: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"token": self.token, "reason": self.reason, "bytes": self.bytes,
+                "source": self.source, "paths": self.paths}
+
+
+@dataclass
+class GcReport:
+    removed: list[Removal] = field(default_factory=list)
+    skipped_busy: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    @property
+    def freed(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+    def as_dict(self) -> dict:
+        return {"dry_run": self.dry_run, "removed": [r.as_dict() for r in self.removed],
+                "freed_bytes": self.freed, "skipped_busy": self.skipped_busy}
+
+
+def collect(cache, max_size: int | None = None, max_age: float | None = None, dry_run: bool = False,
+            keep=(), scan: bool = True) -> GcReport:
+    """Remove garbage, then entries unused for ``max_age`` seconds, then least recently used
+    entries until the recorded total is at most ``max_size`` bytes."""
+    report = GcReport(dry_run=dry_run)
+    keep = set(keep)
+    if scan:
+        _collect_garbage(cache, report, dry_run)
+    entries = cache.index.entries(order="last_used ASC")
+    now = time.time()
+    alive = []
+    for entry in entries:
+        if max_age is not None and entry.last_used < now - max_age and entry.token not in keep:
+            _evict(cache, entry, "age", report, dry_run)
+        else:
+            alive.append(entry)
+    if max_size is not None:
+        total = sum(e.size for e in alive)
+        for entry in alive:  # oldest use first
+            if total <= max_size:
+                break
+            if entry.token in keep:
+                continue
+            if _evict(cache, entry, "size", report, dry_run):
+                total -= entry.size
+    return report
+
+
+def auto_collect(cache, keep=()) -> GcReport | None:
+    """The size bound applied after each write (LRU only; cheap when under the bound)."""
+    limit = default_max_size()
+    if limit is None or cache.index.totals()[1] <= limit:
+        return None
+    return collect(cache, max_size=limit, keep=keep, scan=False)
+
+
+def _evict(cache, entry, reason: str, report: GcReport, dry_run: bool) -> bool:
+    removal = Removal(entry.token, reason, entry.size, entry.source_path, list(cache.paths(entry.token)))
+    if dry_run:
+        report.removed.append(removal)
+        return True
+    if cache.remove(entry.token, counter="evictions"):
+        report.removed.append(removal)
+        return True
+    report.skipped_busy.append(entry.token)
+    return False
+
+
+def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
+    from nncc.cache.verify import classify_files
+
+    stale_rows = cache.index.stale()
+    for finding in classify_files(cache):
+        if finding.status not in ("STALE", "ORPHAN", "LEFTOVER"):
+            continue
+        removal = Removal(finding.token, finding.status.lower(), finding.bytes, finding.source,
+                          finding.paths)
+        if dry_run:
+            report.removed.append(removal)
+        elif cache.remove_files(finding.paths, finding.token):
+            report.removed.append(removal)
+        elif finding.token:
+            report.skipped_busy.append(finding.token)
+    # Stale rows whose files are already gone, and lock files of tokens with no entry.
+    tokens, _ = cache.scan()
+    for token in stale_rows:
+        if token not in tokens and not dry_run:
+            cache.index.delete(token)
+    if not dry_run:
+        _collect_locks(cache, set(tokens))
+
+
+def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
+    from nncc.cache.locking import try_lock
+
+    try:
+        names = os.listdir(cache.locks_dir)
+    except OSError:
+        return
+    for name in names:
+        if not name.endswith(".lock") or name == "index.lock":
+            continue
+        token = name[: -len(".lock")]
+        if token in tokens_on_disk:
+            continue
+        held = try_lock(os.path.join(cache.locks_dir, name))
+        if held is None:
+            continue
+        try:
+            if cache.index.get(token) is None and not any(os.path.exists(p) for p in cache.paths(token)):
+                held.unlink()
+        finally:
+            held.release()
+
+
+def format_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,337 @@
+"""The persistent hash index: an sqlite database beside (not inside) the entry files.
+
+It is the trust anchor of the cache (DOMAIN.md section 1): token -> blake3 of the model
+cache and of the data cache, recorded when an entry is saved and checked before an entry is
+prepared. It also keeps sizes, versions, timestamps, hit counts and the counters shown by
+``nncc cache info``.
+
+* WAL journal, a busy timeout, and retries on "database is locked".
+* The schema version lives in ``PRAGMA user_version``; another schema is dropped and
+  recreated (this is a cache: losing rows only costs recompiles).
+* A file that is not a database, or a malformed one, is deleted and rebuilt empty; the
+  entry files it described become orphans for gc/verify (files are never re-adopted
+  without their recorded hashes).
+* When the nncc version recorded in ``meta`` differs from the running one, the index is
+  reinitialized: rows move to the ``stale`` table and are never prepared again.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+INDEX_NAME = "index.sqlite3"
+COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
+_RETRIES = 50
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    token TEXT PRIMARY KEY,
+    plan_hash TEXT NOT NULL,
+    data_hash TEXT NOT NULL,
+    plan_size INTEGER NOT NULL,
+    data_size INTEGER NOT NULL,
+    nncc_version TEXT NOT NULL,
+    format_version INTEGER NOT NULL,
+    source_path TEXT,
+    model_hash TEXT,
+    preference TEXT,
+    options TEXT,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0,
+    compile_seconds REAL
+);
+CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
+CREATE TABLE IF NOT EXISTS stale (
+    token TEXT PRIMARY KEY,
+    nncc_version TEXT,
+    plan_size INTEGER,
+    data_size INTEGER,
+    source_path TEXT,
+    dropped REAL
+);
+"""
+
+ENTRY_COLUMNS = ("token", "plan_hash", "data_hash", "plan_size", "data_size", "nncc_version",
+                 "format_version", "source_path", "model_hash", "preference", "options",
+                 "created", "last_used", "hits", "compile_seconds")
+
+
+class IndexCorrupt(Exception):
+    """The index file is not a usable database (rebuilt by the caller)."""
+
+
+class IndexUnavailable(Exception):
+    """The index cannot be opened or written (read-only, full, permissions...)."""
+
+
+@dataclass
+class Entry:
+    token: str
+    plan_hash: str
+    data_hash: str
+    plan_size: int
+    data_size: int
+    nncc_version: str
+    format_version: int
+    source_path: str | None
+    model_hash: str | None
+    preference: str | None
+    options: str | None
+    created: float
+    last_used: float
+    hits: int
+    compile_seconds: float | None
+
+    @property
+    def size(self) -> int:
+        return self.plan_size + self.data_size
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ENTRY_COLUMNS} | {"size": self.size}
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """sqlite3 raises DatabaseError (not OperationalError) for SQLITE_NOTADB/CORRUPT."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+
+
+def _busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+class Index:
+    """One connection to the index of one cache directory."""
+
+    def __init__(self, directory: str, version: str, format_version: int, timeout: float = 30.0):
+        self.directory = directory
+        self.path = os.path.join(directory, INDEX_NAME)
+        self.version = version
+        self.format_version = format_version
+        self.timeout = timeout
+        self.conn: sqlite3.Connection | None = None
+        self.reinitialized = False  # True when this open retired another version's rows
+
+    # -- opening ---------------------------------------------------------------------
+
+    def open(self) -> "Index":
+        """Open (creating if needed). Raises IndexCorrupt or IndexUnavailable."""
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise IndexUnavailable(f"cannot open {self.path}: {exc}") from None
+        self.conn = conn
+        try:
+            self._retry(lambda: conn.execute("PRAGMA busy_timeout = %d" % int(self.timeout * 1000)))
+            mode = self._retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
+            if not mode or str(mode[0]).lower() != "wal":
+                raise IndexUnavailable(f"cannot switch {self.path} to WAL (got {mode and mode[0]})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._retry(self._init_schema)
+        except BaseException as exc:
+            self.close()
+            if _corrupt(exc):
+                raise IndexCorrupt(str(exc)) from None
+            if isinstance(exc, sqlite3.Error):
+                raise IndexUnavailable(f"cannot use {self.path}: {exc}") from None
+            raise
+        return self
+
+    def _init_schema(self) -> None:
+        conn = self.conn
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current == SCHEMA_VERSION and self._version_matches():
+            return
+        with self._transaction():
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            if current != SCHEMA_VERSION:
+                for (name,) in conn.execute(
+                        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'").fetchall():
+                    conn.execute(f'DROP TABLE IF EXISTS "{name}"')
+                self._create_tables()
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            recorded = self._meta("nncc_version")
+            if recorded is None:
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('nncc_version', ?)", (self.version,))
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('created', ?)", (repr(time.time()),))
+            elif recorded != self.version:
+                # The compiler changed: retire every row, so that nothing compiled by another
+                # version is ever prepared. Their files become STALE garbage for gc/verify.
+                conn.execute(
+                    "INSERT OR REPLACE INTO stale SELECT token, nncc_version, plan_size, data_size,"
+                    " source_path, ? FROM entries", (time.time(),))
+                conn.execute("DELETE FROM entries")
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'nncc_version'", (self.version,))
+                self.reinitialized = True
+            for name in COUNTERS:
+                conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
+
+    def _create_tables(self) -> None:
+        # executescript would COMMIT the open transaction; run the statements one by one.
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                self.conn.execute(statement)
+
+    def _version_matches(self) -> bool:
+        try:
+            return self._meta("nncc_version") == self.version
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise
+            return False  # no meta table yet
+
+    def _meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def healthy(self) -> bool:
+        """A full structural check (``PRAGMA quick_check``): only run after a corruption was
+        reported, to tell a real one from a transient failure."""
+        try:
+            rows = self._read(lambda c: c.execute("PRAGMA quick_check").fetchall())
+        except (IndexCorrupt, IndexUnavailable):
+            return False
+        return rows == [("ok",)]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except sqlite3.Error:
+                pass
+            self.conn = None
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _retry(self, fn):
+        delay = 0.005
+        for attempt in range(_RETRIES):
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or attempt == _RETRIES - 1:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def _transaction(self):
+        index = self
+
+        class _Tx:
+            def __enter__(self):
+                index.conn.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, kind, exc, tb):
+                if kind is None:
+                    index.conn.execute("COMMIT")
+                else:
+                    try:
+                        index.conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+
+        return _Tx()
+
+    def _write(self, fn):
+        """Run ``fn`` in a write transaction, retrying when another process holds the lock."""
+        def attempt():
+            with self._transaction():
+                return fn(self.conn)
+
+        return self._guard(lambda: self._retry(attempt))
+
+    def _read(self, fn):
+        return self._guard(lambda: self._retry(lambda: fn(self.conn)))
+
+    @staticmethod
+    def _guard(fn):
+        try:
+            return fn()
+        except sqlite3.Error as exc:
+            if _corrupt(exc):
+                raise IndexCorrupt(str(exc)) from None
+            raise IndexUnavailable(str(exc)) from None
+
+    # -- entries -----------------------------------------------------------------------
+
+    def get(self, token: str) -> Entry | None:
+        row = self._read(lambda c: c.execute(
+            f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries WHERE token = ?", (token,)).fetchone())
+        return None if row is None else Entry(*row)
+
+    def entries(self, order: str = "last_used DESC") -> list[Entry]:
+        rows = self._read(lambda c: c.execute(
+            f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries ORDER BY {order}").fetchall())
+        return [Entry(*r) for r in rows]
+
+    def tokens_with_prefix(self, prefix: str) -> list[str]:
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return [r[0] for r in self._read(lambda c: c.execute(
+            "SELECT token FROM entries WHERE token LIKE ? ESCAPE '\\' UNION "
+            "SELECT token FROM stale WHERE token LIKE ? ESCAPE '\\'", (pattern, pattern)).fetchall())]
+
+    def stale(self) -> dict[str, dict]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT token, nncc_version, plan_size, data_size, source_path, dropped FROM stale").fetchall())
+        keys = ("token", "nncc_version", "plan_size", "data_size", "source_path", "dropped")
+        return {r[0]: dict(zip(keys, r)) for r in rows}
+
+    def insert(self, entry: Entry, counter: str = "misses") -> None:
+        values = tuple(getattr(entry, k) for k in ENTRY_COLUMNS)
+
+        def fn(c):
+            c.execute(f"INSERT OR REPLACE INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES "
+                      f"({', '.join('?' * len(ENTRY_COLUMNS))})", values)
+            c.execute("DELETE FROM stale WHERE token = ?", (entry.token,))
+            c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
+
+        self._write(fn)
+
+    def record_hit(self, token: str) -> None:
+        """Count a hit. Hit counts and last-used times are statistics: this connection stops
+        fsyncing from here on (the commit and the checkpoint at close), which takes a hit
+        from ~15 ms to well under 1 ms on a journaling filesystem. An OS crash may then lose
+        the update or tear the file; a torn index is detected and rebuilt, and no index
+        content is trusted without the files' hashes matching it."""
+        now = time.time()
+        self.conn.execute("PRAGMA synchronous = OFF")
+
+        def fn(c):
+            c.execute("UPDATE entries SET hits = hits + 1, last_used = ? WHERE token = ?", (now, token))
+            c.execute("UPDATE counters SET value = value + 1 WHERE name = 'hits'")
+
+        self._write(fn)
+
+    def delete(self, token: str, counter: str | None = None) -> bool:
+        def fn(c):
+            n = c.execute("DELETE FROM entries WHERE token = ?", (token,)).rowcount
+            n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
+            if counter:
+                c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
+            return n > 0
+
+        return self._write(fn)
+
+    def bump(self, counter: str, by: int = 1) -> None:
+        self._write(lambda c: c.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, counter)))
+
+    def counters(self) -> dict[str, int]:
+        rows = dict(self._read(lambda c: c.execute("SELECT name, value FROM counters").fetchall()))
+        return {name: int(rows.get(name, 0)) for name in COUNTERS}
+
+    def totals(self) -> tuple[int, int]:
+        """(entry count, total bytes of entry files) as recorded."""
+        count, size = self._read(lambda c: c.execute(
+            "SELECT count(*), coalesce(sum(plan_size + data_size), 0) FROM entries").fetchone())
+        return int(count), int(size)
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._read(lambda c: c.execute("SELECT key, value FROM meta").fetchall()))

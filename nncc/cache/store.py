@@ -1,0 +1,630 @@
+"""The compilation cache: entry files on disk, the hash index, and ``prepare``.
+
+Layout of a cache directory (docs/cache.md has the full story)::
+
+    CACHEDIR.TAG
+    index.sqlite3 (+ -wal, -shm)      token -> hashes, sizes, versions, counters
+    locks/<token>.lock                one flock file per token
+    entries/<t[:2]>/<token>.plan      model cache: program + inline constants (verified)
+    entries/<t[:2]>/<token>.data      data cache: large constants, 64-byte aligned (mmap)
+    entries/<t[:2]>/.<token>.<kind>.<pid>-<rand>.tmp   an atomic write in progress
+
+The three NNAPI flows: hit (prepare from the verified files), miss (compile, write both
+files atomically, then commit the index row) and no cache (compile; touch nothing).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+from blake3 import blake3
+
+from nncc.cache.index import Entry, Index, IndexCorrupt, IndexUnavailable
+from nncc.cache.locking import FileLock, LockBusy, try_lock
+from nncc.errors import FileAccessError, ModelFormatError, NnccError, PlanFormatError
+
+ENTRIES = "entries"
+LOCKS = "locks"
+PLAN = ".plan"
+DATA = ".data"
+TAG_NAME = "CACHEDIR.TAG"
+CACHEDIR_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
+                b"# This file is a cache directory tag created by nncc.\n"
+                b"# For information about cache directory tags see https://bford.info/cachedir/\n")
+TOKEN_RE = re.compile(r"^[0-9a-f]{64}$")
+ENTRY_FILE_RE = re.compile(r"^([0-9a-f]{64})\.(plan|data)$")
+TEMP_FILE_RE = re.compile(r"^\.([0-9a-f]{64})\.(plan|data)\.[0-9a-z-]+\.tmp$")
+ENV_DIR = "NNCC_CACHE_DIR"
+
+
+class CacheUnavailable(NnccError):
+    """The cache location cannot be used (read-only, full, not a directory...)."""
+
+
+class CacheEntryError(Exception):
+    """An entry failed verification; it must not be prepared."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(detail)
+        self.kind = kind  # "corrupt" | "missing" | "unreadable" | "stale"
+        self.detail = detail
+
+
+class CacheWriteError(Exception):
+    """Writing an entry failed (disk full, read-only...)."""
+
+
+@dataclass
+class CacheOutcome:
+    """What the cache did for one prepare: reported by ``nncc run``/``compile --json``."""
+
+    outcome: str  # "hit" | "miss" | "disabled" | "unavailable" | "recompiled"
+    token: str | None
+    seconds: float
+    directory: str | None = None
+    detail: str | None = None  # why an entry was rejected or the cache was unavailable
+
+    def as_dict(self) -> dict:
+        return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
+                "directory": self.directory, "detail": self.detail}
+
+
+def warn(message: str) -> None:
+    """One line on stderr; the core never imports click or rich."""
+    sys.stderr.write(f"nncc: warning: {message}\n")
+    sys.stderr.flush()
+
+
+def default_cache_dir() -> str:
+    import platformdirs
+
+    return platformdirs.user_cache_dir("nncc", appauthor=False)
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
+    """--cache-dir, else $NNCC_CACHE_DIR, else the platform's user cache directory."""
+    if cache_dir:
+        return os.path.abspath(os.fspath(cache_dir))
+    env = os.environ.get(ENV_DIR)
+    return os.path.abspath(env) if env else default_cache_dir()
+
+
+def _hash(buffer) -> str:
+    size = len(buffer)
+    return blake3(buffer, max_threads=blake3.AUTO if size >= (8 << 20) else 1).hexdigest()
+
+
+@dataclass
+class TokenFiles:
+    """What the entries/ folder holds for one token."""
+
+    token: str
+    plan: str | None = None
+    data: str | None = None
+    temps: list[str] = field(default_factory=list)
+
+    def paths(self) -> list[str]:
+        return [p for p in (self.plan, self.data) if p]
+
+    def size(self) -> int:
+        total = 0
+        for p in self.paths() + self.temps:
+            try:
+                total += os.lstat(p).st_size
+            except OSError:
+                pass
+        return total
+
+
+class Cache:
+    """One opened cache directory. ``Cache.open(dir)``; close() when done."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.entries_dir = os.path.join(directory, ENTRIES)
+        self.locks_dir = os.path.join(directory, LOCKS)
+        self.index: Index | None = None
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike | None = None, create: bool = True) -> "Cache":
+        """Open (and create) a cache directory. Raises CacheUnavailable."""
+        cache = cls(resolve_cache_dir(directory))
+        try:
+            if create:
+                for d in (cache.directory, cache.entries_dir, cache.locks_dir):
+                    os.makedirs(d, mode=0o700, exist_ok=True)
+                tag = os.path.join(cache.directory, TAG_NAME)
+                if not os.path.exists(tag):
+                    _write_file(tag, CACHEDIR_TAG, f".{TAG_NAME}")
+                if not os.access(cache.directory, os.W_OK | os.X_OK):
+                    raise CacheUnavailable(f"{cache.directory} is not writable")
+            elif not os.path.isdir(cache.directory):
+                raise CacheUnavailable(f"no cache at {cache.directory}")
+        except CacheWriteError as exc:
+            raise CacheUnavailable(str(exc)) from None
+        except OSError as exc:
+            raise CacheUnavailable(f"cannot use {cache.directory}: {exc.strerror or exc}") from None
+        cache.index = cache._open_index()
+        return cache
+
+    def _new_index(self) -> Index:
+        import nncc
+        from nncc.plan.format import FORMAT_VERSION
+
+        return Index(self.directory, nncc.__version__, FORMAT_VERSION)
+
+    def _open_index(self) -> Index:
+        try:
+            return self._new_index().open()
+        except IndexCorrupt as exc:
+            return self.rebuild_index(str(exc))
+        except IndexUnavailable as exc:
+            raise CacheUnavailable(str(exc)) from None
+
+    def rebuild_index(self, reason: str) -> Index:
+        """Replace an unreadable index with an empty one (under the index lock, so that
+        concurrent processes rebuild it once)."""
+        if self.index is not None:
+            self.index.close()
+            self.index = None
+        try:
+            with FileLock(os.path.join(self.locks_dir, "index.lock")):
+                try:
+                    index = self._new_index().open()
+                    if index.healthy():  # someone else rebuilt it meanwhile
+                        self.index = index
+                        return index
+                    index.close()
+                except IndexCorrupt:
+                    pass
+                path = self._new_index().path
+                for suffix in ("", "-wal", "-shm", "-journal"):
+                    try:
+                        os.unlink(path + suffix)
+                    except FileNotFoundError:
+                        pass
+                warn(f"cache index {path} was unreadable ({reason}); rebuilt it empty")
+                self.index = self._new_index().open()
+                return self.index
+        except (IndexCorrupt, IndexUnavailable, OSError) as exc:
+            raise CacheUnavailable(f"cannot rebuild the cache index: {exc}") from None
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+            self.index = None
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- layout ------------------------------------------------------------------------
+
+    def shard(self, token: str) -> str:
+        return os.path.join(self.entries_dir, token[:2])
+
+    def paths(self, token: str) -> tuple[str, str]:
+        base = os.path.join(self.shard(token), token)
+        return base + PLAN, base + DATA
+
+    def lock_path(self, token: str) -> str:
+        return os.path.join(self.locks_dir, token + ".lock")
+
+    def lock(self, token: str, shared: bool = False, blocking: bool = True) -> FileLock:
+        return FileLock(self.lock_path(token), shared=shared, blocking=blocking)
+
+    def scan(self) -> tuple[dict[str, TokenFiles], list[str]]:
+        """Every file under entries/: by token, plus files nncc did not name (foreign)."""
+        tokens: dict[str, TokenFiles] = {}
+        foreign: list[str] = []
+        try:
+            shards = sorted(os.listdir(self.entries_dir))
+        except FileNotFoundError:
+            return tokens, foreign
+        for shard in shards:
+            folder = os.path.join(self.entries_dir, shard)
+            if not os.path.isdir(folder) or os.path.islink(folder):
+                foreign.append(folder)
+                continue
+            for name in sorted(os.listdir(folder)):
+                path = os.path.join(folder, name)
+                m = ENTRY_FILE_RE.match(name) or TEMP_FILE_RE.match(name)
+                if m is None or m.group(1)[:2] != shard or not os.path.isfile(path) or os.path.islink(path):
+                    foreign.append(path)
+                    continue
+                files = tokens.setdefault(m.group(1), TokenFiles(m.group(1)))
+                if name.endswith(".tmp"):
+                    files.temps.append(path)
+                elif m.group(2) == "plan":
+                    files.plan = path
+                else:
+                    files.data = path
+        return tokens, foreign
+
+    # -- reading: verify, then parse the verified bytes --------------------------------
+
+    def load(self, entry: Entry):
+        """Prepare a CompiledModel from an entry, verifying it first (DOMAIN.md TOCTOU rule).
+
+        The model cache is read into memory once; those bytes are hashed and compared with
+        the index, and then those same bytes are parsed. The data cache is mapped read-only
+        and the mapping is hashed; it only holds numbers whose offsets and lengths come
+        from the verified model cache and are bounds-checked against the mapping's length.
+        Raises CacheEntryError; never returns an unverified plan.
+        """
+        import nncc
+        from nncc.model import CompiledModel
+        from nncc.plan.format import FORMAT_VERSION, deserialize
+
+        if entry.nncc_version != nncc.__version__ or entry.format_version != FORMAT_VERSION:
+            raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
+                                           f"(format {entry.format_version})")
+        plan_path, data_path = self.paths(entry.token)
+        model_bytes = _read_bytes(plan_path, "model cache")
+        if len(model_bytes) != entry.plan_size:
+            raise CacheEntryError("corrupt", f"model cache has {len(model_bytes)} bytes, "
+                                             f"the index recorded {entry.plan_size}")
+        if _hash(model_bytes) != entry.plan_hash:
+            raise CacheEntryError("corrupt", "model cache does not match its recorded hash")
+        data = _map_data(data_path, entry)
+        try:
+            plan = deserialize(model_bytes, data=data)
+        except PlanFormatError as exc:
+            raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
+        if plan.producer != nncc.__version__:
+            raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
+        model = CompiledModel(plan)
+        model._cache_parts = (model_bytes, data)
+        return model
+
+    # -- writing -----------------------------------------------------------------------
+
+    def write(self, token: str, model_bytes: bytes, data_bytes: bytes) -> tuple[str, str]:
+        """Write both files atomically (each: temp in the same folder, fsync, rename, then
+        fsync the folder). Returns their hashes, taken from the in-memory buffers. The
+        caller commits the index row afterwards and holds the token's lock throughout."""
+        plan_hash, data_hash = _hash(model_bytes), _hash(data_bytes)
+        plan_path, data_path = self.paths(token)
+        try:
+            os.makedirs(self.shard(token), mode=0o700, exist_ok=True)
+            _write_file(plan_path, model_bytes, f".{token}{PLAN}")
+            _write_file(data_path, data_bytes, f".{token}{DATA}")
+            _fsync_dir(self.shard(token))
+        except (OSError, CacheWriteError) as exc:
+            for p in (plan_path, data_path):
+                _unlink(p)
+            raise CacheWriteError(str(exc)) from None
+        return plan_hash, data_hash
+
+    def remove(self, token: str, counter: str | None = None, lock: FileLock | None = None,
+               blocking: bool = False) -> bool:
+        """Delete an entry (row first, then files, then its lock file) under the token's
+        exclusive lock. With ``lock`` the caller already holds it. Returns False when the
+        token is busy (someone is reading or writing it) and ``blocking`` is False."""
+        held = lock
+        if held is None:
+            try:
+                held = self.lock(token, shared=False, blocking=blocking).acquire()
+            except LockBusy:
+                return False
+        try:
+            self.index.delete(token, counter)
+            for p in self.paths(token):
+                _unlink(p)
+            if lock is None:
+                held.unlink()
+            return True
+        finally:
+            if lock is None:
+                held.release()
+
+    def remove_files(self, paths, token: str | None) -> bool:
+        """Remove files of a token with no index row (orphans, leftovers, stale), unless the
+        token is busy. Re-checks under the lock that no row appeared meanwhile."""
+        if token is None:
+            for p in paths:
+                _unlink(p)
+            return True
+        held = try_lock(self.lock_path(token))
+        if held is None:
+            return False
+        try:
+            if self.index.get(token) is not None:
+                return False  # a writer committed it meanwhile: it is an entry now
+            for p in paths:
+                _unlink(p)
+            held.unlink()
+            return True
+        finally:
+            held.release()
+
+    def total_size(self) -> int:
+        return self.index.totals()[1]
+
+
+# -- prepare: the three flows ---------------------------------------------------------
+
+
+def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+            use_cache: bool = True, **options):
+    """Compile ``path`` through the cache: returns ``(CompiledModel, CacheOutcome)``.
+
+    Hit: prepare from the verified cache files. Miss: compile, store, return. use_cache
+    False: compile, read and write nothing. A cache that cannot be used (read-only, full,
+    broken index) degrades to an in-memory compile with one warning line; it never fails.
+    """
+    from nncc.compiler import CompileOptions
+
+    start = time.perf_counter()
+    opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+    data = _read_model(path)
+    if not use_cache:
+        model = _compile(path, data, opts)
+        return model, CacheOutcome("disabled", None, time.perf_counter() - start)
+    from nncc.cache.token import compute_token
+
+    directory = resolve_cache_dir(cache_dir)
+    token = compute_token(path, data, opts, skip_dirs=(directory,)).hex()
+    try:
+        cache = Cache.open(directory)
+    except CacheUnavailable as exc:
+        return _degraded(path, data, opts, token, directory, str(exc), start)
+    try:
+        for attempt in (0, 1):
+            try:
+                return _prepare_cached(cache, token, path, data, opts, start)
+            except IndexCorrupt as exc:
+                if attempt:
+                    raise CacheUnavailable(str(exc)) from None
+                cache.rebuild_index(str(exc))
+    except (CacheUnavailable, IndexUnavailable, OSError) as exc:
+        return _degraded(path, data, opts, token, directory, str(exc), start)
+    finally:
+        cache.close()
+
+
+def _degraded(path, data, opts, token, directory, reason, start, model=None):
+    warn(f"compilation cache at {directory} is unavailable ({reason}); compiling in memory")
+    if model is None:
+        model = _compile(path, data, opts)
+    return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
+
+
+def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: float):
+    directory = cache.directory
+    rejected: CacheEntryError | None = None
+    entry = cache.index.get(token)
+    if entry is not None:
+        # Hit path: a shared lock keeps gc from deleting the entry while it is verified.
+        with _locked(cache, token, shared=True):
+            entry = cache.index.get(token)
+            if entry is not None:
+                try:
+                    model = cache.load(entry)
+                except CacheEntryError as exc:
+                    rejected = exc
+                else:
+                    _record_hit(cache, token)
+                    return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
+    model = None
+    with _locked(cache, token, shared=False) as held:
+        # Re-check under the exclusive lock: another process may have compiled it while we
+        # waited (make -j), or already replaced the entry we rejected.
+        entry = cache.index.get(token)
+        if entry is not None:
+            try:
+                model = cache.load(entry)
+            except CacheEntryError as exc:
+                rejected = exc
+            else:
+                _record_hit(cache, token)
+                return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
+        if rejected is not None:
+            warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
+            cache.remove(token, counter="corruptions", lock=held)
+        compile_start = time.perf_counter()
+        plan = _compile_plan(path, data, opts)
+        compile_seconds = time.perf_counter() - compile_start
+        from nncc.model import CompiledModel
+
+        model = CompiledModel(plan)
+        try:
+            _store(cache, token, plan, path, data, opts, compile_seconds,
+                   counter="recompiles" if rejected else "misses")
+        except (CacheWriteError, IndexUnavailable) as exc:
+            return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
+    outcome = "recompiled" if rejected else "miss"
+    try:
+        from nncc.cache.gc import auto_collect
+
+        auto_collect(cache, keep={token})
+    except (IndexUnavailable, IndexCorrupt, OSError):
+        pass  # gc is housekeeping: it never fails a run
+    detail = rejected.detail if rejected else None
+    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail)
+
+
+class _locked:
+    """Token lock for prepare; failing to lock makes the cache unavailable (not the run)."""
+
+    def __init__(self, cache: Cache, token: str, shared: bool):
+        self.lock = cache.lock(token, shared=shared)
+
+    def __enter__(self) -> FileLock:
+        try:
+            return self.lock.acquire()
+        except OSError as exc:
+            raise CacheUnavailable(f"cannot lock {self.lock.path}: {exc.strerror or exc}") from None
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+def _record_hit(cache: Cache, token: str) -> None:
+    try:
+        cache.index.record_hit(token)
+    except IndexUnavailable:
+        pass  # statistics only: a read-only index still serves verified hits
+
+
+def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seconds: float,
+           counter: str) -> Entry:
+    import json
+
+    import nncc
+    from nncc.plan.format import FORMAT_VERSION, serialize_parts
+
+    model_bytes, data_bytes = serialize_parts(plan)
+    # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
+    plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)
+    now = time.time()
+    entry = Entry(
+        token=token, plan_hash=plan_hash, data_hash=data_hash,
+        plan_size=len(model_bytes), data_size=len(data_bytes),
+        nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
+        source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
+        preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
+        created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
+    )
+    try:
+        cache.index.insert(entry, counter=counter)  # committed only once both files are in place
+    except BaseException:
+        for p in cache.paths(token):
+            _unlink(p)
+        raise
+    return entry
+
+
+def _compile_plan(path, data: bytes, opts):
+    """Compile from the very bytes that were hashed into the token."""
+    from nncc.compiler import compile_graph
+    from nncc.frontend.onnx import parse_model
+
+    try:
+        graph = parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
+    return compile_graph(graph, opts)
+
+
+def _compile(path, data: bytes, opts):
+    from nncc.model import CompiledModel
+
+    return CompiledModel(_compile_plan(path, data, opts))
+
+
+def artifact_bytes(model) -> bytes:
+    """The single-file artifact (``nncc compile -o``) of a prepared model. For a model
+    prepared from the cache it is assembled from the verified model and data caches, so it
+    is byte-identical to what an uncached compile writes."""
+    parts = getattr(model, "_cache_parts", None)
+    if parts is None:
+        return model.to_bytes()
+    from nncc.plan import format as plan_format
+
+    model_bytes, data = parts
+    producer, sections = plan_format.read_sections(model_bytes)
+    return plan_format._assemble(producer, [
+        (b"PROG", bytes(sections[b"PROG"])),
+        (b"INLN", bytes(sections.get(b"INLN", b""))),
+        (b"DATA", bytes(data)),
+    ])
+
+
+# -- file helpers ------------------------------------------------------------------------
+
+
+def _read_model(path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except IsADirectoryError:
+        raise FileAccessError(f"{path} is a directory, not a model file") from None
+    except OSError as exc:
+        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CacheEntryError("missing", f"{what} file is missing") from None
+    except OSError as exc:
+        raise CacheEntryError("unreadable", f"cannot read the {what}: {exc.strerror or exc}") from None
+
+
+def _map_data(path: str, entry: Entry):
+    """Map the data cache read-only and check the mapping against the index."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != entry.data_size:
+                raise CacheEntryError("corrupt", f"data cache has {size} bytes, the index recorded "
+                                                 f"{entry.data_size}")
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except FileNotFoundError:
+        raise CacheEntryError("missing", "data cache file is missing") from None
+    except OSError as exc:
+        raise CacheEntryError("unreadable", f"cannot map the data cache: {exc.strerror or exc}") from None
+    if _hash(buffer) != entry.data_hash:
+        raise CacheEntryError("corrupt", "data cache does not match its recorded hash")
+    return buffer
+
+
+def _write_file(path: str, data, prefix: str) -> None:
+    """Atomic write: a uniquely named temp file in the same folder, fsync, rename."""
+    folder = os.path.dirname(path)
+    tmp = os.path.join(folder, f"{prefix}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CacheWriteError(f"cannot write in {folder}: {exc.strerror or exc}") from None
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        _unlink(tmp)
+        if isinstance(exc, OSError):
+            raise CacheWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        pass

@@ -1,0 +1,128 @@
+"""The cache token: 32 bytes naming one compiled result.
+
+Everything that can change what the compiler produces is folded into the token, in one
+place, ``compute_token``. Hashing never parses the model: a cache hit must not pay for
+(or even import) the ONNX frontend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from blake3 import blake3
+
+TOKEN_SCHEME = "nncc-cache-token/1"  # bump when the list of ingredients changes
+TOKEN_BYTES = 32
+EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
+
+
+def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview, options,
+                  skip_dirs: tuple[str, ...] = ()) -> bytes:
+    """Return the 32-byte blake3 token of compiling ``model_bytes`` with ``options``.
+
+    Ingredients, each framed as (label, length, value) so no two lists hash alike:
+
+    1. ``TOKEN_SCHEME``: the version of this very list.
+    2. The blake3 of the model file's bytes (the bytes the caller read once, and will
+       compile from on a miss, so what is hashed is what is compiled).
+    3. External data the model may reference (see ``external_files``): the relative path
+       and blake3 of every candidate file; empty when the model bytes do not contain the
+       marker ``b"location"`` (the model then cannot reference external data).
+    4. nncc's version (``nncc.__version__``): passes, lowering and kernels change with it.
+    5. The artifact format version (``nncc.plan.format.FORMAT_VERSION``).
+    6. The identity (name, version, maker, targets) of every registered backend, built-in,
+       entry-point or plugin, after the options' plugins are loaded.
+    7. The compile options: ``CompileOptions.as_dict()`` (preference, opt level, backend
+       order, plugins, threads).
+    8. The loaded plugins and their versions (``loaded_plugins()``).
+    9. numpy's version and the byte order: compile-time constant folding runs numpy, and
+       constants are stored in native byte order.
+
+    The model's own path is *not* an ingredient: the same bytes in two places share an
+    entry. Plugins named in ``options`` are imported here (they register kernels and
+    backends that change the result, and a plan using their kernels needs them loaded).
+    """
+    import numpy as np
+
+    import nncc
+    from nncc.backends.registry import available_backends, load_plugin, loaded_plugins
+    from nncc.plan.format import FORMAT_VERSION
+
+    for module in options.plugins:
+        load_plugin(module)
+    backends = [b.identity() for b in available_backends()]
+
+    h = blake3()
+
+    def put(label: str, value: bytes | str) -> None:
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        tag = label.encode()
+        h.update(len(tag).to_bytes(4, "little") + tag + len(raw).to_bytes(8, "little"))
+        h.update(raw)
+
+    put("scheme", TOKEN_SCHEME)
+    put("model", blake3(model_bytes, max_threads=_threads(len(model_bytes))).digest())
+    for rel, digest in external_files(model_path, model_bytes, skip_dirs):
+        put("external", rel.encode("utf-8", "surrogateescape") + b"\0" + digest)
+    put("nncc", nncc.__version__)
+    put("format", str(FORMAT_VERSION))
+    put("backends", _json(backends))
+    put("options", _json(options.as_dict()))
+    put("plugins", _json(loaded_plugins()))
+    put("numpy", np.__version__)
+    put("byteorder", sys.byteorder)
+    return h.digest()
+
+
+def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, bytes]]:
+    """Files whose contents the ONNX reader may read as external data, with their hashes.
+
+    The reader resolves each external tensor's ``location`` relative to the model's folder
+    and refuses paths that leave it. Without parsing the model: if the model bytes do not
+    contain ``b"location"`` there is no external data. Otherwise every regular file in the
+    model's folder tree whose *name* occurs in the model bytes is a candidate (a location
+    string always ends with the name of the file it resolves to, and strings are stored
+    verbatim in the protobuf wire format), so the set is a superset of what the reader can
+    open. Files not present are simply absent from the list, so creating one later changes
+    the token too. The nncc cache directory is skipped if it lies inside the folder.
+    """
+    if EXTERNAL_MARKER not in model_bytes:
+        return []
+    base = os.path.dirname(os.path.abspath(model_path))
+    skip = {os.path.realpath(d) for d in skip_dirs}
+    data = bytes(model_bytes)
+    found = []
+    for root, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if os.path.realpath(os.path.join(root, d)) not in skip)
+        for name in sorted(files):
+            if os.fsencode(name) not in data:
+                continue
+            path = os.path.join(root, name)
+            try:
+                digest = _hash_file(path)
+            except (OSError, ValueError):
+                continue  # not a readable regular file: the reader could not use it either
+            found.append((os.path.relpath(path, base), digest))
+    return found
+
+
+def _hash_file(path: str) -> bytes:
+    import stat
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    h = blake3(max_threads=_threads(st.st_size))
+    if st.st_size:
+        h.update_mmap(path)
+    return h.digest()
+
+
+def _threads(size: int) -> int:
+    return blake3.AUTO if size >= (8 << 20) else 1
+
+
+def _json(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,194 @@
+"""``nncc cache verify``: rehash every entry and account for every file.
+
+Statuses:
+
+    OK           row and both files present, sizes and blake3 hashes match the index
+    CORRUPT      a file's size or hash differs from the index, or its header is unreadable
+    MISSING      the index has a row but a file is gone
+    STALE        written by another nncc version (retired row, or a file whose header
+                 names another producer)
+    ORPHAN       a file with no index row (e.g. a write interrupted after its rename), or
+                 a file in entries/ whose name nncc never writes
+    LEFTOVER     the temp file of an interrupted atomic write
+    IN-PROGRESS  files of a token whose lock is held right now (a compile is writing it,
+                 or a run is reading it): neither wrong nor touched
+
+``fix=True`` removes whatever is not OK (under the token's exclusive lock, skipping busy
+tokens). Checking never parses a plan beyond its fixed header: nothing is prepared here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+PROBLEMS = ("CORRUPT", "MISSING", "STALE", "ORPHAN", "LEFTOVER")
+
+
+@dataclass
+class Finding:
+    status: str
+    token: str | None
+    detail: str = ""
+    paths: list[str] = field(default_factory=list)
+    bytes: int = 0
+    source: str | None = None
+    fixed: bool = False
+
+    def as_dict(self) -> dict:
+        return {"status": self.status, "token": self.token, "detail": self.detail, "paths": self.paths,
+                "bytes": self.bytes, "source": self.source, "fixed": self.fixed}
+
+
+@dataclass
+class VerifyReport:
+    findings: list[Finding]
+    fix: bool
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.status in PROBLEMS]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong, or (with fix) everything wrong was removed."""
+        return all(f.fixed for f in self.problems) if self.fix else not self.problems
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.findings:
+            out[f.status] = out.get(f.status, 0) + 1
+        return out
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "fix": self.fix, "counts": self.counts(),
+                "findings": [f.as_dict() for f in self.findings]}
+
+
+def _producer(path: str) -> str | None:
+    """The producer version in a plan file's fixed header (no parsing beyond it)."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(32)
+        magic, _version, _count, producer = struct.unpack("<8sII16s", head)
+        if magic != b"NNCCPLAN":
+            return None
+        return producer.rstrip(b"\0").decode("ascii")
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _busy(cache, token: str) -> bool:
+    from nncc.cache.locking import try_lock
+
+    held = try_lock(cache.lock_path(token))
+    if held is None:
+        return True
+    held.unlink()  # safe while held exclusively (see locking.py); keeps locks/ from filling up
+    held.release()
+    return False
+
+
+def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
+    """Findings for files that have no live index row (tokens in ``skip`` excluded)."""
+    import nncc
+
+    rows = {e.token for e in cache.index.entries()}
+    stale = cache.index.stale()
+    tokens, foreign = cache.scan()
+    findings = []
+    for path in foreign:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        findings.append(Finding("ORPHAN", None, "not a file nncc writes", [path], size))
+    for token, files in sorted(tokens.items()):
+        if token in skip:
+            continue
+        if files.temps:
+            status = "IN-PROGRESS" if _busy(cache, token) else "LEFTOVER"
+            findings.append(Finding(status, token, "temp file of an interrupted write", list(files.temps),
+                                    sum(_size(p) for p in files.temps)))
+        if token in rows or not files.paths():
+            continue
+        busy = _busy(cache, token)
+        paths = files.paths()
+        size = sum(_size(p) for p in paths)
+        if token in stale:
+            findings.append(Finding("STALE", token, f"written by nncc {stale[token]['nncc_version']}",
+                                    paths, size, stale[token]["source_path"]))
+            continue
+        producer = _producer(files.plan) if files.plan else None
+        if producer is not None and producer != nncc.__version__:
+            findings.append(Finding("STALE", token, f"written by nncc {producer}", paths, size))
+        elif busy:
+            findings.append(Finding("IN-PROGRESS", token, "being written", paths, size))
+        else:
+            findings.append(Finding("ORPHAN", token, "no index row", paths, size))
+    return findings
+
+
+def verify(cache, fix: bool = False) -> VerifyReport:
+    from nncc.cache.locking import LockBusy
+
+    findings: list[Finding] = []
+    entries = cache.index.entries(order="token ASC")
+    for entry in entries:
+        token = entry.token
+        paths = list(cache.paths(token))
+        try:
+            with cache.lock(token, shared=True, blocking=False):
+                current = cache.index.get(token)
+                if current is None:
+                    continue  # removed meanwhile
+                status, detail = _check(cache, current)
+        except LockBusy:
+            findings.append(Finding("IN-PROGRESS", token, "being written", paths, entry.size, entry.source_path))
+            continue
+        finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
+        if fix and status != "OK":
+            finding.fixed = cache.remove(token, counter="corruptions" if status == "CORRUPT" else None)
+        findings.append(finding)
+    for finding in classify_files(cache, skip={e.token for e in entries}):
+        if fix and finding.status in PROBLEMS:
+            finding.fixed = cache.remove_files(finding.paths, finding.token)
+        findings.append(finding)
+    if fix:  # retired rows whose files are gone
+        tokens, _ = cache.scan()
+        for token in cache.index.stale():
+            if token not in tokens:
+                cache.index.delete(token)
+    return VerifyReport(findings, fix)
+
+
+def _check(cache, entry) -> tuple[str, str]:
+    import nncc
+    from nncc.cache.store import CacheEntryError, _hash, _read_bytes
+    from nncc.plan.format import FORMAT_VERSION
+
+    if entry.nncc_version != nncc.__version__ or entry.format_version != FORMAT_VERSION:
+        return "STALE", f"written by nncc {entry.nncc_version}"
+    plan_path, data_path = cache.paths(entry.token)
+    for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
+                                     (data_path, entry.data_size, entry.data_hash, "data cache")):
+        try:
+            data = _read_bytes(path, what)
+        except CacheEntryError as exc:
+            return ("MISSING" if exc.kind == "missing" else "CORRUPT"), exc.detail
+        if len(data) != size:
+            return "CORRUPT", f"{what} has {len(data)} bytes, the index recorded {size}"
+        if _hash(data) != digest:
+            return "CORRUPT", f"{what} does not match its recorded hash"
+    producer = _producer(plan_path)
+    if producer is None:
+        return "CORRUPT", "model cache header is unreadable"
+    if producer != nncc.__version__:
+        return "STALE", f"model cache was produced by nncc {producer}"
+    return "OK", ""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0

@@ -1,0 +1,264 @@
+"""`nncc cache`: list, inspect, verify, garbage-collect and empty the compilation cache."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from nncc.cli.output import emit_json
+from nncc.errors import NnccError
+
+SORTS = {"size": "(plan_size + data_size) DESC", "last-used": "last_used DESC", "hits": "hits DESC"}
+
+
+class CacheCommandError(NnccError):
+    exit_code = 2
+
+
+def cache_options(command):
+    """Decorate ``command`` with --cache-dir and --no-cache."""
+    command = click.option("--no-cache", "no_cache", is_flag=True,
+                           help="Compile without reading or writing the compilation cache.")(command)
+    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
+                        help="Compilation cache directory (default: $NNCC_CACHE_DIR, else the user "
+                             "cache directory).")(command)
+
+
+def report_cache(outcome) -> None:
+    """One line on stderr: what the cache did and how long preparing took."""
+    ms = outcome.seconds * 1000
+    token = f" {outcome.token[:12]}" if outcome.token else ""
+    text = {
+        "hit": f"cache hit{token}: prepared from the cache in {ms:.1f} ms",
+        "miss": f"cache miss{token}: compiled and stored in {ms:.1f} ms",
+        "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
+        "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
+        "disabled": f"cache disabled: compiled in {ms:.1f} ms",
+    }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
+    click.echo(f"nncc: {text}", err=True)
+
+
+def cache_dir_option(command):
+    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
+                        help="Cache directory (default: $NNCC_CACHE_DIR, else the user cache dir).")(command)
+
+
+def json_option(command):
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(command)
+
+
+def _open(cache_dir):
+    from nncc.cache.store import Cache, CacheUnavailable
+
+    try:
+        return Cache.open(cache_dir)
+    except CacheUnavailable as exc:
+        raise NnccError(f"cannot open the cache: {exc}") from None
+
+
+def _when(ts) -> str:
+    return "-" if not ts else time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _model_name(path) -> str:
+    import os
+
+    return os.path.basename(path) if path else "-"
+
+
+@click.group()
+def cache():
+    """Inspect, verify and garbage-collect the compilation cache."""
+
+
+@cache.command("ls")
+@click.option("--sort", type=click.Choice(sorted(SORTS)), default="last-used", show_default=True,
+              help="Order of the entries.")
+@cache_dir_option
+@json_option
+def ls(sort, cache_dir, as_json):
+    """List cache entries."""
+    with _open(cache_dir) as c:
+        entries = c.index.entries(order=SORTS[sort])
+    if as_json:
+        emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from nncc.cache.gc import format_bytes
+
+    out = Console()
+    if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
+        out = Console(width=200)
+    table = Table(title=f"nncc cache at {c.directory}", title_justify="left")
+    for col in ("token", "model", "model cache", "data cache", "preference", "created", "last used",
+                "hits", "version"):
+        table.add_column(col, justify="right" if col in ("model cache", "data cache", "hits") else "left",
+                         no_wrap=True)
+    for e in entries:
+        table.add_row(e.token[:12], _model_name(e.source_path), format_bytes(e.plan_size),
+                      format_bytes(e.data_size), e.preference or "-", _when(e.created), _when(e.last_used),
+                      str(e.hits), e.nncc_version)
+    out.print(table)
+    if not entries:
+        click.echo("(empty)", err=True)
+
+
+@cache.command("info")
+@cache_dir_option
+@json_option
+def info(cache_dir, as_json):
+    """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
+    from nncc.cache.gc import default_max_size, format_bytes
+
+    with _open(cache_dir) as c:
+        count, size = c.index.totals()
+        counters = c.index.counters()
+        meta = c.index.meta()
+        stale = len(c.index.stale())
+        payload = {
+            "directory": c.directory,
+            "index": c.index.path,
+            "nncc_version": meta.get("nncc_version"),
+            "entries": count,
+            "total_bytes": size,
+            "max_bytes": default_max_size(),
+            "stale_entries": stale,
+            "counters": counters,
+        }
+    lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
+    payload["hit_rate"] = counters["hits"] / lookups if lookups else None
+    if as_json:
+        emit_json(payload)
+        return
+    limit = payload["max_bytes"]
+    rows = [
+        ("Cache directory", payload["directory"]),
+        ("Index", payload["index"]),
+        ("nncc version", str(payload["nncc_version"])),
+        ("Entries", str(count)),
+        ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
+        ("Stale entries", str(stale)),
+        ("Hits", str(counters["hits"])),
+        ("Misses", str(counters["misses"])),
+        ("Corruptions", str(counters["corruptions"])),
+        ("Recompiles", str(counters["recompiles"])),
+        ("Evictions", str(counters["evictions"])),
+        ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key:<{width}}  {value}")
+
+
+@cache.command("verify")
+@click.option("--fix", is_flag=True, help="Remove corrupt, missing, stale, orphan and leftover files.")
+@cache_dir_option
+@json_option
+def verify(fix, cache_dir, as_json):
+    """Rehash every entry; exit 1 when anything is wrong (with --fix: left unfixed)."""
+    from nncc.cache.verify import verify as run_verify
+
+    with _open(cache_dir) as c:
+        report = run_verify(c, fix=fix)
+    if as_json:
+        emit_json({"directory": c.directory} | report.as_dict())
+    else:
+        for f in report.findings:
+            if f.status == "OK":
+                continue
+            token = f.token[:12] if f.token else "-"
+            action = " [removed]" if f.fixed else (" [not removed: busy]" if fix and f.status != "IN-PROGRESS" else "")
+            click.echo(f"{f.status:<11} {token:<12} {f.detail}{action}  {' '.join(f.paths)}")
+        counts = report.counts()
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "empty cache"
+        click.echo(f"{'ok' if report.ok else 'problems found'}: {summary}", err=True)
+    if not report.ok:
+        sys.exit(1)
+
+
+@cache.command("gc")
+@click.option("--max-size", metavar="SIZE", help="Evict least recently used entries until under SIZE (500M, 2G).")
+@click.option("--max-age", metavar="AGE", help="Evict entries not used for AGE (7d, 12h).")
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@cache_dir_option
+@json_option
+def gc(max_size, max_age, dry_run, cache_dir, as_json):
+    """Remove stale, orphan and leftover files, old entries, and LRU entries above a size."""
+    from nncc.cache.gc import collect, format_bytes, parse_age, parse_size
+
+    size = parse_size(max_size) if max_size is not None else None
+    age = parse_age(max_age) if max_age is not None else None
+    with _open(cache_dir) as c:
+        report = collect(c, max_size=size, max_age=age, dry_run=dry_run)
+    if as_json:
+        emit_json({"directory": c.directory} | report.as_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for r in report.removed:
+        token = r.token[:12] if r.token else "-"
+        click.echo(f"{verb} {token:<12} {r.reason:<8} {format_bytes(r.bytes):>10}  {_model_name(r.source)}")
+    for token in report.skipped_busy:
+        click.echo(f"skipped {token[:12]} (in use)", err=True)
+    click.echo(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
+               f"{format_bytes(report.freed)}", err=True)
+
+
+@cache.command("rm")
+@click.argument("tokens", nargs=-1, required=True)
+@cache_dir_option
+@json_option
+def rm(tokens, cache_dir, as_json):
+    """Remove entries by token (unambiguous prefixes accepted)."""
+    removed, busy = [], []
+    with _open(cache_dir) as c:
+        resolved = []
+        for prefix in tokens:
+            p = prefix.lower()
+            if not p or any(ch not in "0123456789abcdef" for ch in p):
+                raise CacheCommandError(f"{prefix!r} is not a token (hex digits)")
+            on_disk, _ = c.scan()
+            matches = sorted(set(c.index.tokens_with_prefix(p)) | {t for t in on_disk if t.startswith(p)})
+            if not matches:
+                raise CacheCommandError(f"no cache entry matches {prefix!r}")
+            if len(matches) > 1:
+                shown = ", ".join(m[:12] for m in matches[:5])
+                raise CacheCommandError(f"{prefix!r} is ambiguous: it matches {len(matches)} entries ({shown})")
+            resolved.append(matches[0])
+        for token in resolved:
+            if c.remove(token):
+                removed.append(token)
+            else:
+                busy.append(token)
+    if as_json:
+        emit_json({"removed": removed, "busy": busy})
+    else:
+        for token in removed:
+            click.echo(f"removed {token}")
+        for token in busy:
+            click.echo(f"nncc: {token[:12]} is in use; not removed", err=True)
+    if busy:
+        sys.exit(1)
+
+
+@cache.command("clear")
+@cache_dir_option
+@json_option
+def clear(cache_dir, as_json):
+    """Remove every entry and every stray file (counters are kept)."""
+    from nncc.cache.gc import collect, format_bytes
+
+    with _open(cache_dir) as c:
+        report = collect(c, max_size=0)
+        remaining = c.index.totals()[0]
+    if as_json:
+        emit_json({"directory": c.directory, "removed": len(report.removed), "freed_bytes": report.freed,
+                   "busy": report.skipped_busy})
+    else:
+        click.echo(f"cleared {c.directory}: removed {len(report.removed)} item(s), "
+                   f"freed {format_bytes(report.freed)}", err=True)
+    if remaining:
+        sys.exit(1)
