@@ -439,10 +439,11 @@ def conv_transpose(ctx, x, w, b=None):
     cdt = _compute_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     wc = w.astype(cdt, copy=False)
-    # (g, Cg, Mg, K) -> (g, K*Mg, Cg) so each tap's plane is contiguous after the matmul
-    wt = wc.reshape(group, cg, mg, ntaps).transpose(0, 3, 2, 1).reshape(group, ntaps * mg, cg)
-    col = np.matmul(wt, xc.reshape(n, group, cg, pin))  # (N, g, K*Mg, Pin)
-    col = col.reshape((n, group, ntaps, mg) + tuple(in_sizes))
+    # one matmul gives every tap's contribution: (g, Mg*K, Cg) @ (N, g, Cg, Pin); the weight
+    # operand is a transposed view, which BLAS takes as is (no copy of the weights)
+    wt = wc.reshape(group, cg, mg * ntaps).transpose(0, 2, 1)
+    col = np.matmul(wt, xc.reshape(n, group, cg, pin))  # (N, g, Mg*K, Pin)
+    col = col.reshape((n, group, mg, ntaps) + tuple(in_sizes))
     # buffer covering both the full (unpadded) result and the requested output window
     full = [(in_sizes[i] - 1) * strides[i] + (kernel_shape[i] - 1) * dilations[i] + 1 for i in range(nd)]
     lo = [min(0, pb[i]) for i in range(nd)]
@@ -450,7 +451,7 @@ def conv_transpose(ctx, x, w, b=None):
     buf = np.zeros((n, group, mg) + tuple(h - l for h, l in zip(hi, lo)), dtype=cdt)
     for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
         dst = _tap_slices([o * d - l for o, d, l in zip(offs, dilations, lo)], in_sizes, strides)
-        buf[(slice(None), slice(None), slice(None)) + dst] += col[:, :, t]
+        buf[(slice(None), slice(None), slice(None)) + dst] += col[:, :, :, t]
     buf = buf.reshape((n, m) + buf.shape[3:])
     window = tuple(slice(pb[i] - lo[i], pb[i] - lo[i] + out_sizes[i]) for i in range(nd))
     y = buf[(slice(None), slice(None)) + window]
