@@ -35,10 +35,19 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 @pytest.fixture(scope="module", autouse=True)
 def plugin():
+    """The plugin, loaded for this module only: loaded plugins are process-wide (and part
+    of the cache key), so it is unloaded afterwards for the tests that follow."""
     load_plugin(PLUGIN)
-    from tests.plugins import mulsub_plugin
+    yield sys.modules[PLUGIN]
+    from nncc.backends import registry as backends
+    from nncc.kernels import registry as kernels
 
-    return mulsub_plugin
+    backends._PLUGINS.pop(PLUGIN, None)
+    for name in ("mulsub", "mulsub-grouped"):
+        backends._BACKENDS.pop(name, None)
+    for key in [k for k in kernels._REGISTRY if k[0] == "test.mulsub"]:
+        del kernels._REGISTRY[key]
+    sys.modules.pop(PLUGIN, None)  # a later load_plugin imports (and registers) afresh
 
 
 # -- helpers -------------------------------------------------------------------------------

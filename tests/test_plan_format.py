@@ -481,3 +481,18 @@ def test_cli_reports_a_hostile_artifact_in_one_line(resnet_raw, tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().startswith("nncc: error:") and "unsupported dtype '|O'" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_splat_detection_ignores_unit_axes():
+    """A broadcast whose length-1 axes keep a non-zero stride is still one element."""
+    from nncc.plan.plan import Plan, Slot
+
+    view = np.lib.stride_tricks.as_strided(np.full(1, 0.5, np.float32), (1, 1000), (4, 0), writeable=False)
+    assert view.strides[0] != 0  # the unit axis kept its stride
+    plan = Plan(nncc.__version__, [], [Slot("c", np.dtype(np.float32), (1, 1000))], [], [0], {0: view}, [], [])
+    raw = F.serialize(plan)
+    _, program, inline, data = parts(raw)
+    assert program["constants"] == [[0, "splat", 0, 4]] and data == b""
+    loaded = F.deserialize(raw).constants[0]
+    assert loaded.shape == (1, 1000) and float(loaded[0, 999]) == 0.5
+    assert F.serialize(F.deserialize(raw)) == raw

@@ -6,6 +6,8 @@ does not overlap any buffer alive at the same time, like TFLite's arena planner.
 
 from __future__ import annotations
 
+import numpy as np
+
 from nncc.plan.plan import PlanInstruction, Slot
 
 ALIGN = 64
@@ -59,16 +61,14 @@ def _aligned(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
-def is_splat(array: "np.ndarray") -> bool:
+def is_splat(array: np.ndarray) -> bool:
     """More than one element, all in one memory location (a zero-copy broadcast): stored as
     one element ("splat" storage). Strides of length-1 axes do not matter."""
     return array.size > 1 and all(s == 0 for s, d in zip(array.strides, array.shape) if d != 1)
 
 
-def aligned_empty(shape, dtype) -> "np.ndarray":
+def aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
-    import numpy as np
-
     dtype = np.dtype(dtype)
     count = 1
     for d in shape:
@@ -78,8 +78,8 @@ def aligned_empty(shape, dtype) -> "np.ndarray":
     return buffer[start : start + count * dtype.itemsize].view(dtype).reshape(shape)
 
 
-def aligned_constant(array: "np.ndarray") -> "np.ndarray":
-    """``array`` itself if it is a splat (all strides 0) or C-contiguous and aligned for its
+def aligned_constant(array: np.ndarray) -> np.ndarray:
+    """``array`` itself if it is a splat (see is_splat) or C-contiguous and aligned for its
     dtype; otherwise a C-contiguous copy on a 64-byte boundary.
 
     Constants then have the same layout whether a model was compiled in this process,
@@ -92,8 +92,6 @@ def aligned_constant(array: "np.ndarray") -> "np.ndarray":
     if is_splat(array):
         if array.flags.aligned:
             return array
-        import numpy as np
-
         return np.broadcast_to(np.array(array[(0,) * array.ndim], dtype=array.dtype), array.shape)
     if (array.flags.c_contiguous and array.flags.aligned) or array.dtype.hasobject:
         return array  # (object arrays cannot be placed in raw memory; no artifact holds them)
