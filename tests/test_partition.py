@@ -517,8 +517,6 @@ def test_plugin_kernels_missing_in_process_is_plan_format_error(mixed_model):
         _REGISTRY[("test.mulsub", "Mul")] = saved
 
 
-@pytest.mark.xfail(strict=True, reason="nncc/cli/run.py ignores --plugin for .nncc artifacts "
-                                       "(inspect loads them); drop this marker once it does")
 def test_cli_run_artifact_with_plugin(mixed_model, tmp_path):
     path, feeds = mixed_model
     out = tmp_path / "mixed.nncc"

@@ -36,6 +36,11 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, preference, o
     start = time.perf_counter()
     outcome = None
     if is_artifact(model):
+        # an artifact may name plugin kernels: only the plugins the user names are loaded
+        from nncc.backends.registry import load_plugin
+
+        for module in plugins:
+            load_plugin(module)
         session = nncc.load(model)
     else:
         from nncc.model import prepare
