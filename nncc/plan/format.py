@@ -14,7 +14,9 @@ Sections (each at most once, tags ASCII):
               kernels      [kernel key, ...]          e.g. "ai.onnx::Conv::11"
               slots        [[name, dtype|null, shape|null], ...]; dim = int|str|null
               inputs, outputs   [slot, ...]
-              constants    [[slot, storage, offset, length], ...]
+              constants    [[slot, storage, offset, length(, expand)], ...]
+                           expand (optional): the stored shape of a partial broadcast,
+                           each dim 1 or the slot's; loaded as a broadcast view
                            storage "inline": bytes in INLN at offset (CONSTANT_COPY)
                            storage "data":   bytes in DATA at offset (CONSTANT_REFERENCE,
                                              64-byte aligned, memory-mappable)
@@ -87,16 +89,18 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
             inline.append(raw)
             inline_size += len(raw)
             continue
-        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # a view when contiguous
+        compact = _compact(array)
+        extra = [] if compact is array else [list(compact.shape)]
+        raw = np.ascontiguousarray(compact).reshape(-1).view(np.uint8)  # a view when contiguous
         if raw.nbytes <= INLINE_LIMIT:
-            table.append([slot, "inline", inline_size, raw.nbytes])
+            table.append([slot, "inline", inline_size, raw.nbytes, *extra])
             inline.append(raw.tobytes())
             inline_size += raw.nbytes
         else:
             pad = _pad(data_size)
             data.append(pad)
             data_size += len(pad)
-            table.append([slot, "data", data_size, raw.nbytes])
+            table.append([slot, "data", data_size, raw.nbytes, *extra])
             data.append(raw)
             data_size += raw.nbytes
     program = {
@@ -127,6 +131,16 @@ def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
     and the large constants alone, 64-byte aligned, to be memory-mapped."""
     producer, prog, inline, data = _encode(plan)
     return _assemble(producer, [(b"PROG", prog), (b"INLN", inline)]), b"".join(data)
+
+
+def _compact(array: np.ndarray) -> np.ndarray:
+    """A partial broadcast (zero strides on some axes, e.g. a splat weight scaled per
+    channel by BatchNormalization folding) shrinks to its distinct values; the loader
+    broadcasts it back."""
+    if all(st != 0 for st, d in zip(array.strides, array.shape) if d > 1):
+        return array
+    return array[tuple(slice(0, 1) if st == 0 and d > 1 else slice(None)
+                       for st, d in zip(array.strides, array.shape))]
 
 
 def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
@@ -302,10 +316,11 @@ class _Validator:
     def constants(self, slots: list[Slot]) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}
         for entry in self.get("constants", list):
-            if not (isinstance(entry, list) and len(entry) == 4):
+            if not (isinstance(entry, list) and len(entry) in (4, 5)):
                 raise PlanFormatError("bad constant entry")
             slot = self.index(entry[0], len(slots), "constant slot")
-            storage, offset, length = entry[1:]
+            storage, offset, length = entry[1:4]
+            expand = entry[4] if len(entry) == 5 else None
             info = slots[slot]
             if slot in out:
                 raise PlanFormatError(f"constant slot {slot} is listed twice")
@@ -313,8 +328,16 @@ class _Validator:
                 raise PlanFormatError(f"constant slot {slot} has no static type")
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
                 raise PlanFormatError(f"constant slot {slot} has a bad offset or length")
+            stored = info.shape
+            if expand is not None:
+                if storage == "splat" or not (
+                    isinstance(expand, list) and len(expand) == len(info.shape)
+                    and all(type(e) is int and e in (1, d) for e, d in zip(expand, info.shape))
+                ):
+                    raise PlanFormatError(f"constant slot {slot} has a bad broadcast shape")
+                stored = tuple(expand)
             count = 1
-            for d in info.shape:
+            for d in stored:
                 count *= d
             if count * info.dtype.itemsize > MAX_CONSTANT_BYTES:
                 raise PlanFormatError(f"constant slot {slot} ({info.name!r}) is implausibly large")
@@ -335,7 +358,9 @@ class _Validator:
             else:
                 # zero-copy where the bytes lie on a 64-byte boundary (DATA, memory-mapped);
                 # otherwise an aligned copy, placed as an in-process compile places it
-                array = aligned_constant(raw.reshape(info.shape))
+                array = aligned_constant(raw.reshape(stored))
+                if expand is not None:  # a read-only view, as constant folding made it
+                    array = np.broadcast_to(array, info.shape)
             out[slot] = array
         return out
 

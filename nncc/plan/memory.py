@@ -93,6 +93,11 @@ def aligned_constant(array: np.ndarray) -> np.ndarray:
         if array.flags.aligned:
             return array
         return np.broadcast_to(np.array(array[(0,) * array.ndim], dtype=array.dtype), array.shape)
+    if any(st == 0 for st, d in zip(array.strides, array.shape) if d > 1):
+        # a partial broadcast stays one: its distinct values, aligned, viewed to the shape
+        index = tuple(slice(0, 1) if st == 0 and d > 1 else slice(None)
+                      for st, d in zip(array.strides, array.shape))
+        return np.broadcast_to(aligned_constant(array[index]), array.shape)
     if (array.flags.c_contiguous and array.flags.aligned) or array.dtype.hasobject:
         return array  # (object arrays cannot be placed in raw memory; no artifact holds them)
     out = aligned_empty(array.shape, array.dtype)
