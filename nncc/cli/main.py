@@ -15,6 +15,7 @@ import click
 from nncc import __version__
 
 COMMANDS = {
+    "bench": ("nncc.cli.bench", "bench", "Measure compile, cache-hit load and steady-state speed."),
     "cache": ("nncc.cli.cache", "cache", "Inspect, verify and garbage-collect the compilation cache."),
     "compile": ("nncc.cli.compile", "compile", "Compile an ONNX model ahead of time into an artifact."),
     "inspect": ("nncc.cli.inspect", "inspect", "Show partitions, fallbacks, memory and constants."),

@@ -10,6 +10,7 @@ from nncc.kernels import (  # noqa: F401
     logic,
     normalization,
     pool,
+    recurrent,
     reduce,
     resize,
     tensor,

@@ -1,0 +1,1 @@
+"""Recurrent kernels: GRU, LSTM, RNN."""
