@@ -31,8 +31,11 @@ class CompiledModel:
     def output_names(self) -> list[str]:
         return self._executor.output_names
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._executor.run(feeds)
+    def run(self, feeds: Mapping[str, np.ndarray],
+            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run one inference. Inputs that are already C-contiguous with the right dtype
+        are used in place; ``outputs`` (name -> array) receives results in caller memory."""
+        return self._executor.run(feeds, outputs)
 
     def to_bytes(self) -> bytes:
         if self._raw is None:

@@ -50,13 +50,15 @@ def _inf(dtype: np.dtype, sign: int):
     return dtype.type(info.max if sign > 0 else info.min)
 
 
-@kernel("Relu", since=1, shape=same_as(0))
-def relu(ctx, x):
+@kernel("Relu", since=1, shape=same_as(0), writes_out=True)
+def relu(ctx, x, out=None):
     if x.dtype.kind == "u":
         return x.copy()
     # np.clip with two scalar bounds is SIMD-vectorized (np.maximum(x, 0) is ~3x slower);
     # NaN propagates through it.
     w = _work(x)
+    if out is not None and w.dtype == x.dtype:
+        return np.clip(w, w.dtype.type(0), _inf(w.dtype, 1), out=out[0])
     return _done(np.clip(w, w.dtype.type(0), _inf(w.dtype, 1)), x.dtype)
 
 
@@ -70,11 +72,11 @@ def leaky_relu(ctx, x):
     return np.where(x < 0, y, x)
 
 
-@kernel("Sigmoid", since=1, shape=same_as(0))
-def sigmoid(ctx, x):
+@kernel("Sigmoid", since=1, shape=same_as(0), writes_out=True)
+def sigmoid(ctx, x, out=None):
     w = _work(x)
     # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving the correct 0.
-    y = np.negative(w)
+    y = np.negative(w, out=out[0]) if out is not None and w.dtype == x.dtype else np.negative(w)
     with np.errstate(over="ignore"):
         np.exp(y, out=y)
     one = y.dtype.type(1)
@@ -83,9 +85,9 @@ def sigmoid(ctx, x):
     return _done(y, x.dtype)
 
 
-@kernel("Tanh", since=1, shape=same_as(0))
-def tanh(ctx, x):
-    return np.tanh(x)
+@kernel("Tanh", since=1, shape=same_as(0), writes_out=True)
+def tanh(ctx, x, out=None):
+    return np.tanh(x) if out is None else np.tanh(x, out=out[0])
 
 
 def _hard_sigmoid(w: np.ndarray, alpha: float, beta: float) -> np.ndarray:

@@ -55,11 +55,13 @@ def with_value(shape_fn: Callable, kernel_fn: Callable, limit: int = VALUE_LIMIT
     return shape
 
 
-def register(op: str, since: int, shape_fn: Callable, *, value: bool = True) -> Callable:
+def register(op: str, since: int, shape_fn: Callable, *, value: bool = True,
+             writes_out: bool = False) -> Callable:
     """``@kernel`` whose shape function also propagates small known values."""
 
     def deco(fn):
-        kernel(op, since, shape=with_value(shape_fn, fn) if value else shape_fn)(fn)
+        kernel(op, since, shape=with_value(shape_fn, fn) if value else shape_fn,
+               writes_out=writes_out)(fn)
         return fn
 
     return deco
@@ -180,8 +182,12 @@ _BINARY = {
 
 
 def _make_binary(op: str, fn):
-    def binary_v7(ctx, a, b):
+    def binary_v7(ctx, a, b, out=None):
         check_same_dtype(op, a, b)
+        if out is not None and (fn is not _div or a.dtype.kind in "fc"):
+            ufunc = np.divide if fn is _div else fn
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                return _broadcast_or_raise(op, ufunc, a, b, out=out[0])
         return _broadcast_or_raise(op, fn, a, b)
 
     def binary_v1(ctx, a, b):
@@ -191,7 +197,7 @@ def _make_binary(op: str, fn):
     binary_v1.__name__ = f"{op.lower()}_v1"
     binary_v7.__name__ = f"{op.lower()}_v7"
     register(op, 1, legacy_binary_shape())(binary_v1)
-    register(op, 7, binary_shape())(binary_v7)
+    register(op, 7, binary_shape(), writes_out=True)(binary_v7)
 
 
 for _op, _fn in _BINARY.items():
@@ -339,15 +345,21 @@ def _variadic_shape(ctx, *infos):
     return binary_shape()(ctx, *infos)
 
 
-def _fold(op: str, fn, arrays) -> np.ndarray:
+def _fold(op: str, fn, arrays, target=None) -> np.ndarray:
     if not arrays:
         raise KernelError(f"{op} needs at least one input")
     first = arrays[0]
     for a in arrays[1:]:
         check_same_dtype(op, first, a)
     if len(arrays) == 1:
+        if target is not None:
+            np.copyto(target, first)
+            return target
         return first.copy()
-    out = _broadcast_or_raise(op, fn, arrays[0], arrays[1])
+    if target is not None:
+        out = _broadcast_or_raise(op, fn, arrays[0], arrays[1], out=target)
+    else:
+        out = _broadcast_or_raise(op, fn, arrays[0], arrays[1])
     for a in arrays[2:]:
         if np.broadcast_shapes(out.shape, a.shape) == out.shape:
             fn(out, a, out=out)  # accumulate in place into our own fresh array
@@ -356,9 +368,9 @@ def _fold(op: str, fn, arrays) -> np.ndarray:
     return out
 
 
-@register("Sum", 1, _variadic_shape)
-def sum_(ctx, *arrays):
-    return _fold("Sum", np.add, arrays)
+@register("Sum", 1, _variadic_shape, writes_out=True)
+def sum_(ctx, *arrays, out=None):
+    return _fold("Sum", np.add, arrays, None if out is None else out[0])
 
 
 @register("Mean", 1, _variadic_shape)

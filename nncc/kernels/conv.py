@@ -144,7 +144,19 @@ def _tap_slices(offsets, out_sizes, strides):
     return tuple(slice(o, o + (n - 1) * s + 1, s) for o, n, s in zip(offsets, out_sizes, strides))
 
 
-def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes):
+def _scratch(scratch, key, shape, dtype, zero=False):
+    """A buffer kept between runs in the node's scratch dict (a new one per shape). Padding
+    regions of a zeroed buffer stay zero: every run writes the same interior positions."""
+    if scratch is None:
+        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+    full = (key, tuple(shape), np.dtype(dtype).str)
+    buf = scratch.get(full)
+    if buf is None:
+        buf = scratch[full] = np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+    return buf
+
+
+def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes, scratch=None):
     """Column buffer (N, C, K, P) of x's kernel-tap windows, and a function mapping the
     (N, M, P) matmul result to (N, M, *out_sizes).
 
@@ -173,7 +185,7 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
             shift = sum((oi // si) * st for oi, si, st in zip(o, strides, suffix))
             tap_src.append((phase, shift))
         need = max(sh for _, sh in tap_src) + flat_len
-        buf = np.zeros((n, c, nphase, max(total, need)), dtype=x.dtype)
+        buf = _scratch(scratch, "phases", (n, c, nphase, max(total, need)), x.dtype, zero=True)
         for ph, rs in enumerate(itertools.product(*(range(si) for si in strides))):
             src, dst = [], []
             for i in range(nd):
@@ -184,16 +196,20 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
                 dst.append(slice(start, start + count))
             view = buf[:, :, ph, :total].reshape((n, c) + tuple(phase_sizes))
             view[(slice(None), slice(None)) + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
-        cols = np.empty((n, c, ntaps, flat_len), dtype=x.dtype)
+        cols = _scratch(scratch, "cols", (n, c, ntaps, flat_len), x.dtype)
         for t, (ph, sh) in enumerate(tap_src):
             cols[:, :, t] = buf[:, :, ph, sh:sh + flat_len]
 
-        def finish(y):
+        def finish(y, target=None):
             if nd == 1 or list(phase_sizes[1:]) == list(out_sizes[1:]):
-                return y.reshape(y.shape[:2] + tuple(out_sizes))
-            y = y.reshape(y.shape[:2] + (out_sizes[0],) + tuple(phase_sizes[1:]))
-            return np.ascontiguousarray(
-                y[(slice(None), slice(None), slice(None)) + tuple(slice(0, o) for o in out_sizes[1:])])
+                y = y.reshape(y.shape[:2] + tuple(out_sizes))
+            else:
+                y = y.reshape(y.shape[:2] + (out_sizes[0],) + tuple(phase_sizes[1:]))
+                y = y[(slice(None), slice(None), slice(None)) + tuple(slice(0, o) for o in out_sizes[1:])]
+            if target is not None:
+                np.copyto(target, y)
+                return target
+            return np.ascontiguousarray(y)
 
         return cols, finish
     xp = _pad_spatial(x, pads_begin, pads_end)
@@ -203,8 +219,12 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
             [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
     cols = cols.reshape(n, c, ntaps, -1)
 
-    def finish(y):
-        return y.reshape(y.shape[:2] + tuple(out_sizes))
+    def finish(y, target=None):
+        y = y.reshape(y.shape[:2] + tuple(out_sizes))
+        if target is not None:
+            np.copyto(target, y)
+            return target
+        return y
 
     return cols, finish
 
@@ -263,8 +283,10 @@ def _conv_shape(ctx, x, w, b=None):
 _IM2COL_BYTES = 256 << 20
 
 
-def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes):
-    """Conv of a batch without bias (inputs already in the compute dtype)."""
+def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes, scratch=None,
+                out=None):
+    """Conv of a batch without bias (inputs already in the compute dtype), written into
+    ``out`` (a C-contiguous (N, M, *out_sizes) array) when given."""
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     nd = x.ndim - 2
@@ -274,26 +296,38 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
         # 1x1 convolution: a plain matmul over channels
         xp = _pad_spatial(x, pb, pe)
         xs = xp[(slice(None), slice(None)) + _tap_slices([0] * nd, out_sizes, strides)]
+        if not xs.flags.c_contiguous and scratch is not None:  # strided: gather into a kept buffer
+            np.copyto(_scratch(scratch, "strided", xs.shape, xs.dtype), xs)
+            xs = scratch[("strided", tuple(xs.shape), xs.dtype.str)]
         p = int(np.prod(out_sizes))
         if group == 1:
-            y = np.matmul(w.reshape(m, c), xs.reshape(n, c, p))
+            target = None if out is None else out.reshape(n, m, p)
+            y = np.matmul(w.reshape(m, c), xs.reshape(n, c, p), out=target)
         else:
-            y = np.matmul(w.reshape(group, mg, cg), xs.reshape(n, group, cg, p))
-        return y.reshape((n, m) + tuple(out_sizes))
+            target = None if out is None else out.reshape(n, group, mg, p)
+            y = np.matmul(w.reshape(group, mg, cg), xs.reshape(n, group, cg, p), out=target)
+        return out if out is not None else y.reshape((n, m) + tuple(out_sizes))
     # im2col (one contiguous copy per kernel tap) then ONE matmul, batched over groups;
     # depthwise (group == C) is the same batched matmul with one channel per group, which
     # measured faster than a sum over taps of shifted slices times per-channel weights
-    cols, finish = _im2col(x, pb, pe, kernel_shape, strides, dilations, out_sizes)
+    cols, finish = _im2col(x, pb, pe, kernel_shape, strides, dilations, out_sizes, scratch)
     p = cols.shape[-1]
+    direct = out is not None and p == int(np.prod(out_sizes))  # no columns to crop
+    # the product goes straight into `out`, or into a kept buffer that is then cropped
+    product = out if direct else None if out is None else _scratch(scratch, "product", (n, m, p), x.dtype)
     if group == 1:
-        y = np.matmul(w.reshape(m, cg * ntaps), cols.reshape(n, c * ntaps, p))
+        target = None if product is None else product.reshape(n, m, p)
+        y = np.matmul(w.reshape(m, cg * ntaps), cols.reshape(n, c * ntaps, p), out=target)
     else:
-        y = np.matmul(w.reshape(group, mg, cg * ntaps), cols.reshape(n, group, cg * ntaps, p))
-    return finish(y.reshape(n, m, p))
+        target = None if product is None else product.reshape(n, group, mg, p)
+        y = np.matmul(w.reshape(group, mg, cg * ntaps), cols.reshape(n, group, cg * ntaps, p), out=target)
+    if direct:
+        return out
+    return finish(y.reshape(n, m, p), out)
 
 
-@kernel("Conv", since=1, shape=_conv_shape)
-def conv(ctx, x, w, b=None):
+@kernel("Conv", since=1, shape=_conv_shape, writes_out=True)
+def conv(ctx, x, w, b=None, out=None):
     if x.ndim < 3 or w.ndim != x.ndim:
         raise KernelError(f"Conv: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
     nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
@@ -316,8 +350,10 @@ def conv(ctx, x, w, b=None):
     # bound the im2col buffer: large batches are processed in chunks of samples
     per_sample = c * ntaps * int(np.prod(out_sizes)) * cdt.itemsize if ntaps > 1 else 0
     chunk = max(1, _IM2COL_BYTES // per_sample) if per_sample else n
+    target = out[0] if out is not None and out[0].dtype == cdt else None
     if chunk >= n:
-        y = _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes)
+        y = _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes,
+                        getattr(ctx, "scratch", None), target)
     else:
         y = np.empty((n, m) + tuple(out_sizes), dtype=cdt)
         for start in range(0, n, chunk):

@@ -35,8 +35,14 @@ def _onnx(op_type: str, opset: int):
 
 
 def _inner_ctx(ctx) -> Ctx:
-    opset = int(ctx.get("onnx_opset", DEFAULT_ONNX_OPSET))
-    return Ctx(ctx.attrs, opset, 1, ctx.name)
+    """The context the underlying ONNX kernel sees, made once per node: it shares the
+    node's scratch buffers, so they survive between runs."""
+    inner = ctx.scratch.get("inner ctx")
+    if inner is None:
+        opset = int(ctx.get("onnx_opset", DEFAULT_ONNX_OPSET))
+        inner = ctx.scratch["inner ctx"] = Ctx(ctx.attrs, opset, 1, ctx.name)
+        inner.scratch = ctx.scratch
+    return inner
 
 
 def _fresh(y: np.ndarray, inputs) -> np.ndarray:
@@ -113,10 +119,12 @@ def _fused_conv_shape(ctx, x, w, b=None):
     return _onnx("Conv", inner.opset).shape(inner, x, w, b)
 
 
-@kernel("FusedConv", since=1, domain="nncc", shape=_fused_conv_shape)
-def fused_conv(ctx, x, w, b=None):
+@kernel("FusedConv", since=1, domain="nncc", shape=_fused_conv_shape, writes_out=True)
+def fused_conv(ctx, x, w, b=None, out=None):
     inner = _inner_ctx(ctx)
-    y = _fresh(_onnx("Conv", inner.opset).fn(inner, x, w, b), (x, w, b))
+    y = _onnx("Conv", inner.opset).fn(inner, x, w, b, out=out)
+    if out is None or y is not out[0]:
+        y = _fresh(y, (x, w, b))
     return apply_activation(ctx, y)
 
 
@@ -128,10 +136,12 @@ def _fused_gemm_shape(ctx, a, b, c=None):
     return _onnx("Gemm", inner.opset).shape(inner, a, b, c)
 
 
-@kernel("FusedGemm", since=1, domain="nncc", shape=_fused_gemm_shape)
-def fused_gemm(ctx, a, b, c=None):
+@kernel("FusedGemm", since=1, domain="nncc", shape=_fused_gemm_shape, writes_out=True)
+def fused_gemm(ctx, a, b, c=None, out=None):
     inner = _inner_ctx(ctx)
-    y = _fresh(_onnx("Gemm", inner.opset).fn(inner, a, b, c), (a, b, c))
+    y = _onnx("Gemm", inner.opset).fn(inner, a, b, c, out=out)
+    if out is None or y is not out[0]:
+        y = _fresh(y, (a, b, c))
     return apply_activation(ctx, y)
 
 
@@ -143,13 +153,15 @@ def _fused_matmul_shape(ctx, a, b, bias=None):
     return _onnx("MatMul", inner.opset).shape(inner, a, b)
 
 
-@kernel("FusedMatMul", since=1, domain="nncc", shape=_fused_matmul_shape)
-def fused_matmul(ctx, a, b, bias=None):
+@kernel("FusedMatMul", since=1, domain="nncc", shape=_fused_matmul_shape, writes_out=True)
+def fused_matmul(ctx, a, b, bias=None, out=None):
+    target = out[0] if out is not None and out[0].dtype == a.dtype else None
     try:
-        y = np.matmul(a, b)
+        y = np.matmul(a, b, out=target)
     except ValueError as exc:
         raise KernelError(f"FusedMatMul: cannot multiply {a.shape} by {b.shape}: {exc}") from None
-    y = _fresh(y, (a, b, bias))
+    if target is None:
+        y = _fresh(y, (a, b, bias))
     if bias is not None:
         if bias.ndim > 1 or (bias.size not in (1, y.shape[-1] if y.ndim else 1)):
             raise KernelError(f"FusedMatMul: bias of shape {bias.shape} does not match the "

@@ -46,7 +46,7 @@ def _matmul_shape(ctx, a, b):
     return [TensorInfo(a.dtype, out)]
 
 
-def _matmul(a, b):
+def _matmul(a, b, out=None):
     if a.ndim == 0 or b.ndim == 0:
         raise KernelError("MatMul: inputs must have rank >= 1")
     if a.dtype != b.dtype:
@@ -55,17 +55,18 @@ def _matmul(a, b):
     if cdt != a.dtype:
         a = a.astype(cdt)
         b = b.astype(cdt)
+        out = None
     try:
-        y = np.matmul(a, b)
+        y = np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
     except ValueError as e:
         raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}") from e
     return y
 
 
-@kernel("MatMul", since=1, shape=_matmul_shape)
-def matmul(ctx, a, b):
+@kernel("MatMul", since=1, shape=_matmul_shape, writes_out=True)
+def matmul(ctx, a, b, out=None):
     out_dtype = a.dtype
-    y = _matmul(a, b)
+    y = _matmul(a, b, None if out is None else out[0])
     y = np.asarray(y)
     return y if y.dtype == out_dtype else y.astype(out_dtype)
 
@@ -105,8 +106,8 @@ def _gemm_shape(ctx, a, b, c=None):
     return [TensorInfo(a.dtype, (m, n))]
 
 
-@kernel("Gemm", since=1, shape=_gemm_shape)
-def gemm(ctx, a, b, c=None):
+@kernel("Gemm", since=1, shape=_gemm_shape, writes_out=True)
+def gemm(ctx, a, b, c=None, out=None):
     if a.ndim != 2 or b.ndim != 2:
         raise KernelError(f"Gemm: A and B must be 2-D, got {a.shape} and {b.shape}")
     alpha = float(ctx.get("alpha", 1.0))
@@ -119,7 +120,10 @@ def gemm(ctx, a, b, c=None):
         b = b.T
     if a.shape[1] != b.shape[0]:
         raise KernelError(f"Gemm: inner dimensions differ: {a.shape} x {b.shape} after transposition")
-    y = np.matmul(a.astype(cdt, copy=False), b.astype(cdt, copy=False))
+    if out is not None and out[0].dtype == cdt:
+        y = np.matmul(a.astype(cdt, copy=False), b.astype(cdt, copy=False), out=out[0])
+    else:
+        y = np.matmul(a.astype(cdt, copy=False), b.astype(cdt, copy=False))
     if alpha != 1.0:
         if cdt.kind == "f":
             y *= cdt.type(alpha)

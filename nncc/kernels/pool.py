@@ -14,7 +14,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.conv import _attr_list, _auto_pad, _conv_geometry, _pad_spatial, _tap_slices
+from nncc.kernels.conv import _attr_list, _auto_pad, _conv_geometry, _pad_spatial, _scratch, _tap_slices
 from nncc.kernels.registry import kernel
 
 
@@ -82,7 +82,7 @@ def _taps(ks, dl, sizes, st):
         yield offs, (slice(None), slice(None)) + _tap_slices([o * d for o, d in zip(offs, dl)], sizes, st)
 
 
-def _separable_reduce(x, ks, st, dl, pb, sizes, op, init):
+def _separable_reduce(x, ks, st, dl, pb, sizes, op, init, scratch=None, out=None):
     """Reduce every pooling window of x with the binary ufunc `op`, one spatial axis at a time.
 
     Max and sum over a box window are separable, so each axis is reduced in turn (outer axes
@@ -91,6 +91,7 @@ def _separable_reduce(x, ks, st, dl, pb, sizes, op, init):
     the input, and outputs whose window lies entirely in padding keep `init`.
     """
     y = x
+    last = len(ks) - 1
     for ax in range(len(ks)):
         axis = 2 + ax
         n_in, n_out, s = y.shape[axis], sizes[ax], st[ax]
@@ -103,14 +104,19 @@ def _separable_reduce(x, ks, st, dl, pb, sizes, op, init):
                 taps.append((o_lo, o_hi, off))
         pre = (slice(None),) * axis
         full = [t for t in taps if t[0] == 0 and t[1] == n_out]
+        shape = list(y.shape)
+        shape[axis] = n_out
+        # partial results go to buffers kept between runs; the last pass into `out`
+        if ax == last:
+            acc = out if out is not None else np.empty(shape, y.dtype)  # never a kept buffer
+        else:
+            acc = _scratch(scratch, f"pass{ax}", shape, y.dtype)
         if full:
             taps.remove(full[0])
             off = full[0][2]
-            acc = y[pre + (slice(off, off + (n_out - 1) * s + 1, s),)].copy()
+            np.copyto(acc, y[pre + (slice(off, off + (n_out - 1) * s + 1, s),)])
         else:
-            shape = list(y.shape)
-            shape[axis] = n_out
-            acc = np.full(shape, init, dtype=y.dtype)
+            acc.fill(init)
         for o_lo, o_hi, off in taps:
             dst = acc[pre + (slice(o_lo, o_hi),)]
             op(dst, y[pre + (slice(o_lo * s + off, (o_hi - 1) * s + off + 1, s),)], out=dst)
@@ -128,12 +134,13 @@ def _lowest(dtype):
     raise KernelError(f"MaxPool: unsupported dtype {dtype}")
 
 
-@kernel("MaxPool", since=1, shape=_pool_shape_fn("MaxPool", with_indices=True))
-def max_pool(ctx, x):
+@kernel("MaxPool", since=1, shape=_pool_shape_fn("MaxPool", with_indices=True), writes_out=True)
+def max_pool(ctx, x, out=None):
     nd, ks, st, dl, pb, pe, need_end, sizes = _prepare(ctx, x, "MaxPool")
     want_indices = ctx.num_outputs > 1
     if not want_indices:
-        return _separable_reduce(x, ks, st, dl, pb, sizes, np.maximum, _lowest(x.dtype))
+        return _separable_reduce(x, ks, st, dl, pb, sizes, np.maximum, _lowest(x.dtype),
+                                 ctx.scratch, None if out is None else out[0])
     storage_order = int(ctx.get("storage_order", 0))
     if storage_order not in (0, 1):
         raise KernelError("MaxPool: storage_order must be 0 or 1")
@@ -189,8 +196,8 @@ def _avg_counts(x_shape, ks, st, dl, pb, pe, sizes, include_pad):
     return count
 
 
-@kernel("AveragePool", since=1, shape=_pool_shape_fn("AveragePool"))
-def average_pool(ctx, x):
+@kernel("AveragePool", since=1, shape=_pool_shape_fn("AveragePool"), writes_out=True)
+def average_pool(ctx, x, out=None):
     if x.dtype.kind != "f":
         raise KernelError(f"AveragePool: unsupported dtype {x.dtype}")
     nd, ks, st, dl, pb, pe, need_end, sizes = _prepare(ctx, x, "AveragePool")
@@ -198,8 +205,13 @@ def average_pool(ctx, x):
     include_pad = bool(ctx.get("count_include_pad", 0))
     out_dtype = x.dtype
     acc_dtype = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
-    y = _separable_reduce(x.astype(acc_dtype, copy=False), ks, st, dl, pb, sizes, np.add, 0)
-    count = _avg_counts(x.shape, ks, st, dl, pb, pe, sizes, include_pad)
+    target = out[0] if out is not None and out[0].dtype == acc_dtype else None
+    y = _separable_reduce(x.astype(acc_dtype, copy=False), ks, st, dl, pb, sizes, np.add, 0,
+                          ctx.scratch, target)
+    key = ("counts", x.shape, include_pad)
+    count = ctx.scratch.get(key)
+    if count is None:
+        count = ctx.scratch[key] = _avg_counts(x.shape, ks, st, dl, pb, pe, sizes, include_pad)
     if np.all(count == count.flat[0]):
         y *= acc_dtype.type(1.0 / count.flat[0]) if count.flat[0] else acc_dtype.type(np.nan)
     else:

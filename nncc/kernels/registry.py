@@ -23,13 +23,16 @@ ShapeFn = Callable[..., list]
 class Ctx:
     """Per-node context handed to kernels and shape functions."""
 
-    __slots__ = ("attrs", "opset", "num_outputs", "name")
+    __slots__ = ("attrs", "opset", "num_outputs", "name", "scratch")
 
     def __init__(self, attrs: dict, opset: int, num_outputs: int = 1, name: str = ""):
         self.attrs = attrs
         self.opset = opset
         self.num_outputs = num_outputs
         self.name = name
+        # Per-node buffers a kernel keeps between runs (an im2col matrix, a padded input),
+        # so the steady state allocates nothing. The executor runs one inference at a time.
+        self.scratch: dict = {}
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -44,6 +47,8 @@ class KernelDef:
     shape: ShapeFn
     # Ops whose outputs change between runs (random generators) must not be folded.
     deterministic: bool = True
+    # The kernel accepts ``out=(array, ...)``: preallocated outputs it fills and returns.
+    writes_out: bool = False
 
     @property
     def key(self) -> str:
@@ -55,11 +60,15 @@ _REGISTRY: dict[tuple[str, str], list[KernelDef]] = {}
 
 
 def kernel(op_type: str, since: int = 1, domain: str = "", *, shape: ShapeFn,
-           deterministic: bool = True) -> Callable[[KernelFn], KernelFn]:
-    """Register ``fn`` as the kernel of ``op_type`` from opset ``since`` on."""
+           deterministic: bool = True, writes_out: bool = False) -> Callable[[KernelFn], KernelFn]:
+    """Register ``fn`` as the kernel of ``op_type`` from opset ``since`` on.
+
+    With ``writes_out``, ``fn(ctx, *inputs, out=None)`` must, when ``out`` is given, write
+    every output into the matching preallocated array (of the inferred dtype and shape).
+    """
 
     def register(fn: KernelFn) -> KernelFn:
-        add(KernelDef(op_type, normalize_domain(domain), since, fn, shape, deterministic))
+        add(KernelDef(op_type, normalize_domain(domain), since, fn, shape, deterministic, writes_out))
         return fn
 
     return register

@@ -10,7 +10,8 @@ from nncc import __version__
 from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.plan.memory import aligned_constant, plan_memory
+from nncc.kernels.registry import by_key
+from nncc.plan.memory import aligned_constant, arena_slots, plan_memory
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 
 
@@ -56,11 +57,10 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
                           len(instructions) - first)
         )
     outputs = [slot_of(n) for n in graph.outputs]
-    planned = {
-        s for ins in instructions for s in ins.outputs
-        if s >= 0 and s not in constants and _static(slots[s])
-    }
-    arena, arena_bytes = plan_memory(slots, instructions, planned, set(outputs))
+    writes_out = [by_key(kernels[ins.kernel]).writes_out for ins in instructions]
+    planned = arena_slots(slots, instructions, writes_out, constants, outputs)
+    arena, arena_bytes = plan_memory(slots, instructions, planned, set(outputs),
+                                     [not w for w in writes_out])
     return Plan(
         producer=__version__,
         kernels=kernels,
@@ -75,10 +75,6 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         options=dict(options),
         fallbacks=fallbacks,
     )
-
-
-def _static(slot: Slot) -> bool:
-    return slot.dtype is not None and slot.shape is not None and all(isinstance(d, int) for d in slot.shape)
 
 
 def _attr(value, ins, slots, index, constants):

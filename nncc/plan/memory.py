@@ -13,41 +13,72 @@ from nncc.plan.plan import PlanInstruction, Slot
 ALIGN = 64
 
 
+def arena_slots(slots: list[Slot], instructions: list[PlanInstruction], writes_out: list[bool],
+                constants, outputs) -> set[int]:
+    """Slots that live in the arena: static intermediates written by kernels that accept
+    preallocated outputs. Graph outputs are excluded: they are handed to the caller."""
+    excluded = set(constants) | set(outputs)
+    return {
+        s for ins, writes in zip(instructions, writes_out) if writes for s in ins.outputs
+        if s >= 0 and s not in excluded and _static(slots[s])
+    }
+
+
 def plan_memory(slots: list[Slot], instructions: list[PlanInstruction], planned: set[int],
-                keep_alive: set[int]) -> tuple[dict[int, int], int]:
-    """Offsets for the ``planned`` slots and the arena size. ``keep_alive`` slots (graph
-    outputs) live until the end."""
+                keep_alive: set[int], may_alias: list[bool] | None = None) -> tuple[dict[int, int], int]:
+    """Offsets for the ``planned`` slots and the arena size.
+
+    ``keep_alive`` slots (graph outputs) live until the end. ``may_alias[i]`` says that
+    instruction i may return views of its inputs (a Reshape, a Transpose): then each input
+    must stay alive as long as any of the outputs does, or its memory could be reused
+    under the view.
+    """
+    end = len(instructions)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    end = len(instructions)
     for step, ins in enumerate(instructions):
         for slot in ins.outputs:
-            if slot in planned:
+            if slot >= 0:
                 first.setdefault(slot, step)
                 last[slot] = max(last.get(slot, step), step)
         for slot in ins.inputs:
-            if slot in planned:
-                last[slot] = step
-    for slot in keep_alive & planned:
+            if slot >= 0:
+                last[slot] = max(last.get(slot, step), step)
+    for slot in keep_alive:
         last[slot] = end
-    sizes = {s: _nbytes(slots[s]) for s in first}
-    order = sorted(first, key=lambda s: (-sizes[s], first[s], s))
+    if may_alias is not None:
+        for step in range(end - 1, -1, -1):
+            ins = instructions[step]
+            if not may_alias[step]:
+                continue
+            horizon = max((last.get(o, step) for o in ins.outputs if o >= 0), default=step)
+            for slot in ins.inputs:
+                if slot >= 0 and last.get(slot, step) < horizon:
+                    last[slot] = horizon
+    live = [s for s in planned if s in first]
+    sizes = {s: _nbytes(slots[s]) for s in live}
+    order = sorted(live, key=lambda s: (-sizes[s], first[s], s))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
     offsets: dict[int, int] = {}
     peak = 0
     for slot in order:
         size = _aligned(sizes[slot])
         lo, hi = first[slot], last[slot]
-        conflicts = sorted((o, s) for o, s, a, b in placed if a <= hi and lo <= b)
+        conflicts = sorted((o, sz) for o, sz, a, b in placed if a <= hi and lo <= b)
         offset = 0
-        for o, s in conflicts:
+        for o, sz in conflicts:
             if offset + size <= o:
                 break
-            offset = max(offset, o + s)
+            offset = max(offset, o + sz)
         offsets[slot] = offset
         placed.append((offset, size, lo, hi))
         peak = max(peak, offset + size)
     return offsets, peak
+
+
+def _static(slot: Slot) -> bool:
+    return (slot.dtype is not None and slot.shape is not None
+            and all(isinstance(d, int) for d in slot.shape))
 
 
 def _nbytes(slot: Slot) -> int:

@@ -1,14 +1,22 @@
-"""Runs a Plan: a flat instruction list over slots, with no access to the source model."""
+"""Runs a Plan: a flat instruction list over slots, with no access to the source model.
+
+Intermediates whose kernels accept preallocated outputs live in one arena, allocated once
+and reused by liveness (nncc.plan.memory), so a steady-state run allocates nothing for
+them; graph outputs go into arrays the caller provides, or fresh ones. One inference runs
+at a time per executor (kernels keep scratch buffers between runs).
+"""
 
 from __future__ import annotations
 
+import threading
 from typing import Mapping
 
 import numpy as np
 
-from nncc.errors import KernelError, NnccError, PlanFormatError
+from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
+from nncc.plan.memory import aligned_empty, arena_slots, plan_memory
 from nncc.plan.plan import Plan
 from nncc.runtime.feeds import check_feeds
 
@@ -17,15 +25,26 @@ class Executor:
     def __init__(self, plan: Plan):
         self.plan = plan
         opsets = plan.options.get("opsets", {})
-        self.steps = []
+        definitions = []
         for ins in plan.instructions:
             definition = by_key(plan.kernels[ins.kernel])
             if definition is None:  # deserialize already checked; a Plan built in memory may not be
                 raise PlanFormatError(f"kernel {plan.kernels[ins.kernel]!r} is not registered")
+            definitions.append(definition)
+        writes_out = [d.writes_out for d in definitions]
+        self.buffers = self._arena(writes_out)
+        self.output_slots = set(plan.outputs)
+        self.steps = []
+        for ins, definition in zip(plan.instructions, definitions):
             attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
             opset = int(opsets.get(definition.domain, definition.since))
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
-            self.steps.append((definition.fn, ctx, ins.inputs, ins.outputs, ins.node or definition.op_type))
+            # preallocated outputs for this step, when every output can have one
+            planned = definition.writes_out and all(
+                s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
+                for s in ins.outputs)
+            self.steps.append((definition.fn, ctx, ins.inputs, ins.outputs,
+                               ins.node or definition.op_type, planned))
         self.release = self._release_plan()
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
@@ -34,6 +53,27 @@ class Executor:
         self.template: list[np.ndarray | None] = [None] * len(plan.slots)
         for slot, array in plan.constants.items():
             self.template[slot] = array
+        self._lock = threading.Lock()
+
+    def _static(self, slot: int) -> bool:
+        info = self.plan.slots[slot]
+        return info.dtype is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
+
+    def _arena(self, writes_out: list[bool]) -> dict[int, np.ndarray]:
+        """One aligned block for all planned intermediates, and a view per slot. The plan
+        is recomputed here rather than trusted from the file: it is cheap, and a planning
+        mistake can then never come from outside."""
+        plan = self.plan
+        planned = arena_slots(plan.slots, plan.instructions, writes_out, plan.constants, plan.outputs)
+        offsets, size = plan_memory(plan.slots, plan.instructions, planned, set(plan.outputs),
+                                    [not w for w in writes_out])
+        self.arena = aligned_empty((size,), np.uint8)
+        views = {}
+        for slot, offset in offsets.items():
+            info = plan.slots[slot]
+            nbytes = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
+            views[slot] = self.arena[offset : offset + nbytes].view(info.dtype).reshape(info.shape)
+        return views
 
     def _attr(self, value):
         if isinstance(value, dict):
@@ -55,24 +95,70 @@ class Executor:
                 release[step].append(slot)
         return release
 
-    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object],
+            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Run one inference. ``outputs`` maps output names to caller-owned arrays that the
+        results are written into (no copy where the producing kernel writes in place)."""
         arrays = check_feeds(self.input_infos, feeds)
+        targets = self._output_targets(outputs or {})
+        with self._lock:
+            return self._run(arrays, targets)
+
+    def _run(self, arrays, targets) -> dict[str, np.ndarray]:
         env = list(self.template)
+        slots = self.plan.slots
         for slot in self.plan.inputs:
-            env[slot] = arrays[self.plan.slots[slot].name]
-        for (fn, ctx, ins, outs, label), release in zip(self.steps, self.release):
+            env[slot] = arrays[slots[slot].name]
+        buffers = self.buffers
+        for (fn, ctx, ins, outs, label, planned), release in zip(self.steps, self.release):
             args = [env[s] if s >= 0 else None for s in ins]
             try:
-                result = fn(ctx, *args)
+                if planned:
+                    out = tuple(
+                        None if s < 0 else buffers[s] if s in buffers else targets.get(s)
+                        if s in targets else np.empty(slots[s].shape, slots[s].dtype)
+                        for s in outs)
+                    result = fn(ctx, *args, out=out)
+                else:
+                    out = None
+                    result = fn(ctx, *args)
             except NnccError:
                 raise
             except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
                 raise KernelError(f"{label} failed: {exc}") from exc
             if not isinstance(result, tuple):
                 result = (result,)
-            for slot, value in zip(outs, result):
-                if slot >= 0:
-                    env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            for i, (slot, value) in enumerate(zip(outs, result)):
+                if slot < 0:
+                    continue
+                if out is not None and out[i] is not None and value is not out[i]:
+                    np.copyto(out[i], value)  # a kernel that could not write in place
+                    value = out[i]
+                elif slot in targets and value is not targets[slot]:
+                    np.copyto(targets[slot], value)
+                    value = targets[slot]
+                env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
             for slot in release:
                 env[slot] = None
-        return {self.plan.slots[s].name: env[s] for s in self.plan.outputs}
+        return {slots[s].name: env[s] for s in self.plan.outputs}
+
+    def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+        """Validate caller-provided output arrays before anything runs."""
+        by_name = {self.plan.slots[s].name: s for s in self.plan.outputs}
+        targets = {}
+        for name, array in outputs.items():
+            if name not in by_name:
+                raise InputError(f"unknown output {name!r}; the model's outputs are: {', '.join(by_name)}")
+            info = self.plan.slots[by_name[name]]
+            if not isinstance(array, np.ndarray):
+                raise InputError(f"output buffer {name!r} must be a numpy array, not {type(array).__name__}")
+            if info.dtype is not None and array.dtype != info.dtype:
+                raise InputError(f"output buffer {name!r} has dtype {array.dtype}, expected {info.dtype}")
+            if self._static(by_name[name]) and tuple(array.shape) != tuple(info.shape):
+                raise InputError(f"output buffer {name!r} has shape {list(array.shape)}, expected {list(info.shape)}")
+            if not array.flags.writeable:
+                raise InputError(f"output buffer {name!r} is read-only")
+            if not array.flags.c_contiguous:
+                raise InputError(f"output buffer {name!r} is not C-contiguous")
+            targets[by_name[name]] = array
+        return targets
