@@ -52,11 +52,13 @@ def compile_graph(graph: Graph, options: CompileOptions):
     from nncc.passes.pack import pack_constants
     from nncc.passes.shape_inference import infer_shapes
     from nncc.plan.lower import lower
+    from nncc.util import progress
 
     for module in options.plugins:
         load_plugin(module)
     backends = [get_backend(name) for name in options.backends if name != "cpu"]
     fallback = get_backend("cpu")
+    progress.describe(f"optimizing {len(graph.nodes)} nodes (-O{options.opt_level})")
     graph = run_passes(graph, options.opt_level)
     if options.preference == "sustained-speed":
         graph = pack_constants(graph)
@@ -66,10 +68,16 @@ def compile_graph(graph: Graph, options: CompileOptions):
         from nncc.errors import ModelFormatError
 
         raise ModelFormatError(str(exc)) from None
+    progress.describe("inferring shapes")
     infos = infer_shapes(graph)
+    progress.describe("partitioning")
     result = partition_graph(graph, infos, backends, fallback)
     owners = {b.name: b for b in backends + [fallback]}
-    compiled = [owners[p.backend].compile(p, graph, infos) for p in result.partitions]
+    compiled = []
+    for i, p in enumerate(result.partitions):
+        progress.describe(f"compiling partition {i + 1}/{len(result.partitions)} ({p.backend})")
+        compiled.append(owners[p.backend].compile(p, graph, infos))
+    progress.describe("lowering")
     versions = {name: b.version for name, b in owners.items()}
     plan_options = options.as_dict()
     plan_options["opsets"] = dict(sorted(graph.opsets.items()))

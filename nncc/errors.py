@@ -7,6 +7,12 @@ traceback. `exit_code` follows the documented convention: 1 failure, 2 usage or 
 
 class NnccError(Exception):
     exit_code = 1
+    hint: str | None = None  # a short suggestion the CLI appends to the one-line message
+
+    def __init__(self, *args, hint: str | None = None):
+        super().__init__(*args)
+        if hint is not None:
+            self.hint = hint
 
 
 class ModelFormatError(NnccError):
@@ -25,6 +31,8 @@ class UnsupportedOpError(NnccError):
         where = domain or "ai.onnx"
         msg = f"unsupported op {op_type!r} (domain {where!r}, opset {opset})"
         super().__init__(f"{msg}: {detail}" if detail else msg)
+        if where not in ("ai.onnx", "ai.onnx.ml"):
+            self.hint = f"a plugin may register {where} ops: pass --plugin MODULE"
 
 
 class InputError(NnccError):

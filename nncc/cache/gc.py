@@ -84,27 +84,32 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
             keep=(), scan: bool = True) -> GcReport:
     """Remove garbage, then entries unused for ``max_age`` seconds, then least recently used
     entries until the recorded total is at most ``max_size`` bytes."""
+    from nncc.util import progress
+
     report = GcReport(dry_run=dry_run)
     keep = set(keep)
-    if scan:
-        _collect_garbage(cache, report, dry_run)
-    entries = cache.index.entries(order="last_used ASC")
-    now = time.time()
-    alive = []
-    for entry in entries:
-        if max_age is not None and entry.last_used < now - max_age and entry.token not in keep:
-            _evict(cache, entry, "age", report, dry_run)
-        else:
-            alive.append(entry)
-    if max_size is not None:
-        total = sum(e.size for e in alive)
-        for entry in alive:  # oldest use first
-            if total <= max_size:
-                break
-            if entry.token in keep:
-                continue
-            if _evict(cache, entry, "size", report, dry_run):
-                total -= entry.size
+    with progress.task("collecting cache garbage") as task:
+        if scan:
+            task.describe("looking for stale, orphan and leftover files")
+            _collect_garbage(cache, report, dry_run)
+        entries = cache.index.entries(order="last_used ASC")
+        now = time.time()
+        alive = []
+        task.describe("evicting entries")
+        for entry in entries:
+            if max_age is not None and entry.last_used < now - max_age and entry.token not in keep:
+                _evict(cache, entry, "age", report, dry_run)
+            else:
+                alive.append(entry)
+        if max_size is not None:
+            total = sum(e.size for e in alive)
+            for entry in alive:  # oldest use first
+                if total <= max_size:
+                    break
+                if entry.token in keep:
+                    continue
+                if _evict(cache, entry, "size", report, dry_run):
+                    total -= entry.size
     return report
 
 

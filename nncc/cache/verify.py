@@ -130,34 +130,39 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 def verify(cache, fix: bool = False) -> VerifyReport:
     from nncc.cache.locking import LockBusy
+    from nncc.util import progress
 
     findings: list[Finding] = []
     entries = cache.index.entries(order="token ASC")
-    for entry in entries:
-        token = entry.token
-        paths = list(cache.paths(token))
-        try:
-            with cache.lock(token, shared=True, blocking=False):
-                current = cache.index.get(token)
-                if current is None:
-                    continue  # removed meanwhile
-                status, detail = _check(cache, current)
-        except LockBusy:
-            findings.append(Finding("IN-PROGRESS", token, "being written", paths, entry.size, entry.source_path))
-            continue
-        finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
-        if fix and status != "OK":
-            finding.fixed = cache.remove(token, counter="corruptions" if status == "CORRUPT" else None)
-        findings.append(finding)
-    for finding in classify_files(cache, skip={e.token for e in entries}):
-        if fix and finding.status in PROBLEMS:
-            finding.fixed = cache.remove_files(finding.paths, finding.token)
-        findings.append(finding)
-    if fix:  # retired rows whose files are gone
-        tokens, _ = cache.scan()
-        for token in cache.index.stale():
-            if token not in tokens:
-                cache.index.delete(token)
+    with progress.task("verifying cache entries", total=len(entries)) as task:
+        for entry in entries:
+            task.advance()
+            token = entry.token
+            paths = list(cache.paths(token))
+            try:
+                with cache.lock(token, shared=True, blocking=False):
+                    current = cache.index.get(token)
+                    if current is None:
+                        continue  # removed meanwhile
+                    status, detail = _check(cache, current)
+            except LockBusy:
+                findings.append(Finding("IN-PROGRESS", token, "being written", paths, entry.size,
+                                        entry.source_path))
+                continue
+            finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
+            if fix and status != "OK":
+                finding.fixed = cache.remove(token, counter="corruptions" if status == "CORRUPT" else None)
+            findings.append(finding)
+        task.describe("accounting for every file in the cache")
+        for finding in classify_files(cache, skip={e.token for e in entries}):
+            if fix and finding.status in PROBLEMS:
+                finding.fixed = cache.remove_files(finding.paths, finding.token)
+            findings.append(finding)
+        if fix:  # retired rows whose files are gone
+            tokens, _ = cache.scan()
+            for token in cache.index.stale():
+                if token not in tokens:
+                    cache.index.delete(token)
     return VerifyReport(findings, fix)
 
 

@@ -7,7 +7,8 @@ import time
 
 import click
 
-from nncc.cli.output import emit_json
+from nncc.cli.options import verbosity_options
+from nncc.cli.output import detail, emit_json, status
 from nncc.errors import NnccError
 
 SORTS = {"size": "(plan_size + data_size) DESC", "last-used": "last_used DESC", "hits": "hits DESC"}
@@ -37,7 +38,9 @@ def report_cache(outcome) -> None:
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
-    click.echo(f"nncc: {text}", err=True)
+    status(f"nncc: {text}")
+    if outcome.token:
+        detail(f"nncc: cache token {outcome.token}" + (f" in {outcome.directory}" if outcome.directory else ""))
 
 
 def cache_dir_option(command):
@@ -68,7 +71,18 @@ def _model_name(path) -> str:
     return os.path.basename(path) if path else "-"
 
 
+def complete_tokens(ctx, param, incomplete):
+    """Shell completion of TOKEN arguments: token prefixes from the cache index."""
+    from click.shell_completion import CompletionItem
+
+    from nncc.cli.complete import cached_tokens
+
+    return [CompletionItem(value, help=help) for value, help in
+            cached_tokens(ctx.params.get("cache_dir"), incomplete)]
+
+
 @click.group()
+@verbosity_options
 def cache():
     """Inspect, verify and garbage-collect the compilation cache."""
 
@@ -78,6 +92,7 @@ def cache():
               help="Order of the entries.")
 @cache_dir_option
 @json_option
+@verbosity_options
 def ls(sort, cache_dir, as_json):
     """List cache entries."""
     with _open(cache_dir) as c:
@@ -104,12 +119,13 @@ def ls(sort, cache_dir, as_json):
                       str(e.hits), e.nncc_version)
     out.print(table)
     if not entries:
-        click.echo("(empty)", err=True)
+        status("(empty)")
 
 
 @cache.command("info")
 @cache_dir_option
 @json_option
+@verbosity_options
 def info(cache_dir, as_json):
     """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
     from nncc.cache.gc import default_max_size, format_bytes
@@ -158,24 +174,27 @@ def info(cache_dir, as_json):
 @click.option("--fix", is_flag=True, help="Remove corrupt, missing, stale, orphan and leftover files.")
 @cache_dir_option
 @json_option
+@verbosity_options
 def verify(fix, cache_dir, as_json):
     """Rehash every entry; exit 1 when anything is wrong (with --fix: left unfixed)."""
     from nncc.cache.verify import verify as run_verify
+    from nncc.cli.output import verbosity
+    from nncc.cli.progress import live_progress
 
-    with _open(cache_dir) as c:
+    with _open(cache_dir) as c, live_progress():
         report = run_verify(c, fix=fix)
     if as_json:
         emit_json({"directory": c.directory} | report.as_dict())
     else:
         for f in report.findings:
-            if f.status == "OK":
+            if f.status == "OK" and verbosity() <= 0:
                 continue
             token = f.token[:12] if f.token else "-"
             action = " [removed]" if f.fixed else (" [not removed: busy]" if fix and f.status != "IN-PROGRESS" else "")
             click.echo(f"{f.status:<11} {token:<12} {f.detail}{action}  {' '.join(f.paths)}")
         counts = report.counts()
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "empty cache"
-        click.echo(f"{'ok' if report.ok else 'problems found'}: {summary}", err=True)
+        status(f"{'ok' if report.ok else 'problems found'}: {summary}")
     if not report.ok:
         sys.exit(1)
 
@@ -186,13 +205,15 @@ def verify(fix, cache_dir, as_json):
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @cache_dir_option
 @json_option
+@verbosity_options
 def gc(max_size, max_age, dry_run, cache_dir, as_json):
     """Remove stale, orphan and leftover files, old entries, and LRU entries above a size."""
     from nncc.cache.gc import collect, format_bytes, parse_age, parse_size
+    from nncc.cli.progress import live_progress
 
     size = parse_size(max_size) if max_size is not None else None
     age = parse_age(max_age) if max_age is not None else None
-    with _open(cache_dir) as c:
+    with _open(cache_dir) as c, live_progress():
         report = collect(c, max_size=size, max_age=age, dry_run=dry_run)
     if as_json:
         emit_json({"directory": c.directory} | report.as_dict())
@@ -202,15 +223,16 @@ def gc(max_size, max_age, dry_run, cache_dir, as_json):
         token = r.token[:12] if r.token else "-"
         click.echo(f"{verb} {token:<12} {r.reason:<8} {format_bytes(r.bytes):>10}  {_model_name(r.source)}")
     for token in report.skipped_busy:
-        click.echo(f"skipped {token[:12]} (in use)", err=True)
-    click.echo(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
-               f"{format_bytes(report.freed)}", err=True)
+        click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
+    status(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
+           f"{format_bytes(report.freed)}")
 
 
 @cache.command("rm")
-@click.argument("tokens", nargs=-1, required=True)
+@click.argument("tokens", nargs=-1, required=True, shell_complete=complete_tokens)
 @cache_dir_option
 @json_option
+@verbosity_options
 def rm(tokens, cache_dir, as_json):
     """Remove entries by token (unambiguous prefixes accepted)."""
     removed, busy = [], []
@@ -247,18 +269,20 @@ def rm(tokens, cache_dir, as_json):
 @cache.command("clear")
 @cache_dir_option
 @json_option
+@verbosity_options
 def clear(cache_dir, as_json):
     """Remove every entry and every stray file (counters are kept)."""
     from nncc.cache.gc import collect, format_bytes
+    from nncc.cli.progress import live_progress
 
-    with _open(cache_dir) as c:
+    with _open(cache_dir) as c, live_progress():
         report = collect(c, max_size=0)
         remaining = c.index.totals()[0]
     if as_json:
         emit_json({"directory": c.directory, "removed": len(report.removed), "freed_bytes": report.freed,
                    "busy": report.skipped_busy})
     else:
-        click.echo(f"cleared {c.directory}: removed {len(report.removed)} item(s), "
-                   f"freed {format_bytes(report.freed)}", err=True)
+        status(f"cleared {c.directory}: removed {len(report.removed)} item(s), "
+               f"freed {format_bytes(report.freed)}")
     if remaining:
         sys.exit(1)

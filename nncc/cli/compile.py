@@ -1,39 +1,80 @@
-"""`nncc compile`: compile an ONNX model into one self-contained artifact."""
+"""`nncc compile`: compile an ONNX model into one self-contained artifact.
+
+Make-friendly: the artifact is written (atomically) only when its content changes, so an
+unchanged recompile leaves the file and its mtime alone (``--force`` rewrites it anyway);
+``--depfile FILE`` writes a Make dependency file; stdout carries nothing but ``--json``.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, options_dict
-from nncc.cli.output import emit_json
+from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.cli.output import detail, emit_json, status
 
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,
               metavar="OUT.nncc", help="Where to write the compiled artifact.")
+@click.option("--depfile", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write a Make dependency file: OUT.nncc depends on MODEL and the external "
+                   "data files it may read.")
+@click.option("--force", is_flag=True,
+              help="Rewrite OUT.nncc even when its content is unchanged (gives it a new mtime).")
 @compile_options
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
-def compile(model, output, preference, opt_level, backends, plugins, cache_dir, no_cache, as_json):
+@verbosity_options
+def compile(model, output, depfile, force, preference, opt_level, backends, plugins, cache_dir, no_cache,
+            as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
-    The compilation cache is used (and filled) unless --no-cache is given."""
+
+    The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
+    written only when its content changes, so `make` does not redo what depends on it.
+    Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input."""
     from nncc.cache.store import artifact_bytes
+    from nncc.cli.progress import live_progress
+    from nncc.cli.sources import refuse_artifact
     from nncc.model import prepare
-    from nncc.util.atomic import write_atomic
+    from nncc.util import progress
+    from nncc.util.buildfiles import write_if_changed
 
     start = time.perf_counter()
+    refuse_artifact(model)
     options = options_dict(preference, opt_level, backends, plugins)
-    compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+    detail(f"nncc: options: preference={preference} -O{opt_level} backends={','.join(options['backends'])}"
+           + (f" plugins={','.join(plugins)}" if plugins else ""))
+    with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
+        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+        data = artifact_bytes(compiled)
     report_cache(outcome)
-    data = artifact_bytes(compiled)
-    write_atomic(output, data)
+    written = write_if_changed(output, data, force=force)
+    if depfile:
+        _write_depfile(depfile, model, output, outcome.directory)
     seconds = time.perf_counter() - start
     if as_json:
-        emit_json({"model": model, "output": output, "bytes": len(data), "compile_seconds": seconds,
-                   "cache": outcome.as_dict()})
+        emit_json({"model": model, "output": output, "bytes": len(data), "written": written,
+                   "depfile": depfile, "compile_seconds": seconds, "cache": outcome.as_dict()})
+    elif written:
+        status(f"compiled {model} -> {output} ({len(data):,} bytes) in {seconds * 1000:.0f} ms")
     else:
-        click.echo(f"compiled {model} -> {output} ({len(data):,} bytes) in {seconds * 1000:.0f} ms", err=True)
+        status(f"{output} is up to date ({len(data):,} bytes, unchanged; not rewritten)")
+
+
+def _write_depfile(path: str, model: str, output: str, cache_dir: str | None) -> None:
+    """OUT.nncc depends on MODEL and every file that can change it as external data: the
+    same files the cache token hashes (nncc.cache.token.external_files)."""
+    from nncc.cache.store import _read_model
+    from nncc.cache.token import external_files
+    from nncc.util.buildfiles import depfile, write_if_changed
+
+    folder = os.path.dirname(model)
+    skip = (cache_dir,) if cache_dir else ()
+    extra = [os.path.join(folder, rel) for rel, _ in external_files(model, _read_model(model), skip)]
+    write_if_changed(path, depfile(output, [model, *extra]).encode())
+    detail(f"nncc: wrote {path} ({1 + len(extra)} prerequisite(s))")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.options import compile_options, options_dict
+from nncc.cli.options import compile_options, options_dict, verbosity_options
 from nncc.cli.output import emit_json
 
 
@@ -12,6 +12,7 @@ from nncc.cli.output import emit_json
 @click.argument("path", type=click.Path(dir_okay=False))
 @compile_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+@verbosity_options
 def inspect(path, preference, opt_level, backends, plugins, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
     import nncc
@@ -26,7 +27,13 @@ def inspect(path, preference, opt_level, backends, plugins, as_json):
             load_plugin(module)
         model = nncc.load(path)
     else:
-        model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins))
+        import os
+
+        from nncc.cli.progress import live_progress
+        from nncc.util import progress
+
+        with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
+            model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins))
     report = describe_plan(model.plan, len(model.to_bytes()))
     report["path"] = path
     if as_json:

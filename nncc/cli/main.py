@@ -1,7 +1,12 @@
 """Entry point: the `nncc` command group, lazy subcommand loading and error handling.
 
 Subcommands are imported only when invoked, so `nncc --help` and shell completion stay
-fast. NnccErrors become one line on stderr; NNCC_DEBUG=1 shows the traceback instead.
+fast (completing a command name imports nothing). Every user error -- an NnccError or a
+click usage error -- becomes one line `nncc: error: ...` on stderr, with a hint where one
+helps; NNCC_DEBUG=1 shows the traceback instead.
+
+Exit codes: 0 success, 1 failure (a problem found, an internal error), 2 usage or bad
+input (a bad option, a missing or malformed file), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sys
 import click
 
 from nncc import __version__
+from nncc.cli.options import verbosity_options
 
 COMMANDS = {
     "bench": ("nncc.cli.bench", "bench", "Measure compile, cache-hit load and steady-state speed."),
@@ -23,6 +29,10 @@ COMMANDS = {
 }
 
 
+# click >= 8.2 raises this for a group called without a command; it shows the help.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(COMMANDS)
@@ -31,7 +41,21 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name == module:  # listed but not part of this installation
+                return None
+            raise
+        return getattr(loaded, attr)
+
+    def shell_complete(self, ctx, incomplete):
+        """Complete command names from the table (importing no command), then options."""
+        from click.shell_completion import CompletionItem
+
+        items = [CompletionItem(name, help=COMMANDS[name][2]) for name in self.list_commands(ctx)
+                 if name.startswith(incomplete)]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
 
     def format_commands(self, ctx, formatter):
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
@@ -41,8 +65,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nncc")
+@verbosity_options
 def cli():
-    """nncc compiles ONNX models ahead of time, caches the results and runs them."""
+    """nncc compiles ONNX models ahead of time, caches the results and runs them.
+
+    -q/--quiet and -v/--verbose work before the command name (for every command) or
+    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input.
+    """
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,15 +82,22 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("nncc: aborted", err=True)
         sys.exit(130)
-    except click.ClickException as exc:
+    except _NO_ARGS_IS_HELP as exc:  # `nncc`, `nncc cache`: show the help
         exc.show()
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        if os.environ.get("NNCC_DEBUG"):
+            raise
+        hint = _usage_hint(exc)
+        click.echo(f"nncc: error: {_usage_message(exc)}" + (f" (hint: {hint})" if hint else ""), err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except NnccError as exc:
         if os.environ.get("NNCC_DEBUG"):
             raise
-        click.echo(f"nncc: error: {exc}", err=True)
+        hint = _hint(exc)
+        click.echo(f"nncc: error: {_one_line(str(exc))}" + (f" (hint: {hint})" if hint else ""), err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("nncc: interrupted", err=True)
@@ -75,3 +111,36 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(1)
     sys.exit(0)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _usage_message(exc: click.ClickException) -> str:
+    """click's message in nncc's style: one line, lower-case start, no final period."""
+    text = _one_line(exc.format_message())
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]
+    if len(text) > 1 and text[0].isupper() and text[1].islower():
+        text = text[0].lower() + text[1:]
+    return text
+
+
+def _usage_hint(exc: click.ClickException) -> str | None:
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(exc, click.UsageError) or ctx is None:
+        return None
+    return f"see '{ctx.command_path} --help'"
+
+
+def _hint(exc) -> str | None:
+    """The error's own hint, or one derived from its kind."""
+    from nncc.errors import FileAccessError
+
+    if exc.hint:
+        return exc.hint
+    text = str(exc).lower()
+    if isinstance(exc, FileAccessError) and "no such file" in text:
+        return f"check the path; relative paths start at {os.getcwd()}"
+    return None

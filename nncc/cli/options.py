@@ -1,4 +1,4 @@
-"""Click options shared by the commands that compile."""
+"""Click options shared by the commands: compile options, and -q/-v on every command."""
 
 from __future__ import annotations
 
@@ -30,3 +30,26 @@ def options_dict(preference, opt_level, backends, plugins) -> dict:
         "backends": tuple(backends) or ("numpy",),
         "plugins": tuple(plugins),
     }
+
+
+def _set_verbosity(level: int):
+    def callback(ctx, param, value):
+        if value:
+            from nncc.cli.output import VERBOSITY_KEY
+
+            ctx.meta[VERBOSITY_KEY] = level  # ctx.meta is shared by the group and its commands
+        return value
+
+    return callback
+
+
+def verbosity_options(command):
+    """Decorate a group or command with -q/--quiet and -v/--verbose.
+
+    Both the root group and every command take them, so `nncc -q run ...` and
+    `nncc run ... -q` mean the same; the option given last on the command line wins.
+    """
+    command = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbosity(1),
+                           help="Print more status detail on stderr.")(command)
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_verbosity(-1),
+                        help="Print no status lines on stderr (only requested output, warnings, errors).")(command)

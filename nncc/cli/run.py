@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, options_dict
-from nncc.cli.output import emit_json, print_outputs
+from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.cli.output import detail, emit_json, print_outputs
 
 
 @click.command()
@@ -24,6 +25,7 @@ from nncc.cli.output import emit_json, print_outputs
 @compile_options
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
+@verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, preference, opt_level, backends, plugins,
         cache_dir, no_cache, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
@@ -45,8 +47,12 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, preference, o
     else:
         from nncc.model import prepare
 
+        from nncc.cli.progress import live_progress
+        from nncc.util import progress
+
         options = options_dict(preference, opt_level, backends, plugins)
-        session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+        with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
+            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
         report_cache(outcome)
     prepared = time.perf_counter()
     feeds = load_npz(npz) if npz else {}
@@ -59,6 +65,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, preference, o
         declared = session.input_infos
         missing = {k: v for k, v in declared.items() if k not in feeds}
         feeds.update(random_feeds(missing, seed))
+    for name, value in feeds.items():
+        detail(f"nncc: input {name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}")
     outputs = session.run(feeds)
     finished = time.perf_counter()
     if output_path:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from nncc.errors import FileAccessError
+import os
+
+from nncc.errors import FileAccessError, InputError
 
 ARTIFACT_MAGIC = b"NNCCPLAN"
 
@@ -13,5 +15,15 @@ def is_artifact(path: str) -> bool:
             return f.read(len(ARTIFACT_MAGIC)) == ARTIFACT_MAGIC
     except IsADirectoryError:
         raise FileAccessError(f"{path} is a directory, not a model file") from None
+    except FileNotFoundError:
+        raise FileAccessError(f"cannot read {path}: No such file or directory",
+                              hint=f"check the path; relative paths start at {os.getcwd()}") from None
     except OSError as exc:
         raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def refuse_artifact(path: str) -> None:
+    """`nncc compile` takes ONNX models: a compiled artifact is already compiled."""
+    if is_artifact(path):
+        raise InputError(f"{path} is already a compiled nncc artifact, not an ONNX model",
+                         hint="compile the .onnx model it came from; run or inspect the artifact as it is")

@@ -243,6 +243,17 @@ class _Validator:
             raise PlanFormatError(f"program field {key!r} is missing or has the wrong type")
         return value
 
+    def _plugin_hint(self) -> str:
+        """Which --plugin to pass: the plugins the plan records it was compiled with."""
+        options = self.p.get("options")
+        plugins = options.get("plugins") if isinstance(options, dict) else None
+        names = ([p for p in plugins if isinstance(p, str) and p.isprintable() and len(p) <= 100][:4]
+                 if isinstance(plugins, list) else [])  # printable only: the artifact is untrusted
+        if names:
+            return ("it was compiled with " + " ".join(f"--plugin {p}" for p in names)
+                    + ": pass the same to load it")
+        return "a plugin may be needed: pass --plugin"
+
     def plan(self, producer: str) -> Plan:
         from nncc.kernels.registry import by_key
 
@@ -250,7 +261,7 @@ class _Validator:
         for key in kernels:
             if not isinstance(key, str) or by_key(key) is None:
                 raise PlanFormatError(f"plan uses kernel {key!r}, which is not registered "
-                                      "(a plugin may be needed: pass --plugin)")
+                                      f"({self._plugin_hint()})")
         slots = [self.slot(entry) for entry in self.get("slots", list)]
         n = len(slots)
         inputs = [self.index(s, n, "input slot") for s in self.get("inputs", list)]

@@ -52,7 +52,7 @@ class Executor:
         self.output_names = plan.slot_names(plan.outputs)
         self.template: list[np.ndarray | None] = [None] * len(plan.slots)
         for slot, array in plan.constants.items():
-            self.template[slot] = array
+            self.template[slot] = _dense(array)
         self._lock = threading.Lock()
 
     def _static(self, slot: int) -> bool:
@@ -162,3 +162,15 @@ class Executor:
                 raise InputError(f"output buffer {name!r} is not C-contiguous")
             targets[by_name[name]] = array
         return targets
+
+
+def _dense(array: np.ndarray) -> np.ndarray:
+    """Broadcast constants (folded ConstantOfShape, per-channel BN scales) stay compact in
+    the plan and the cache, and are expanded once here: kernels handed a zero-stride view
+    would copy it at every run."""
+    if array.size > 1 and any(st == 0 for st, d in zip(array.strides, array.shape) if d > 1):
+        dense = aligned_empty(array.shape, array.dtype)
+        np.copyto(dense, array)
+        dense.flags.writeable = False
+        return dense
+    return array
