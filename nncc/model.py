@@ -37,6 +37,11 @@ class CompiledModel:
         are used in place; ``outputs`` (name -> array) receives results in caller memory."""
         return self._executor.run(feeds, outputs)
 
+    def allocate(self, roles, shape=None, dtype=None):
+        """An executor-managed buffer (a memory domain) for the given roles of this model,
+        e.g. ``[("output", "h_out"), ("input", "h_in")]`` for a recurrent state."""
+        return self._executor.allocate(roles, shape, dtype)
+
     def to_bytes(self) -> bytes:
         if self._raw is None:
             from nncc.plan.format import serialize

@@ -18,6 +18,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, arena_slots, plan_memory
 from nncc.plan.plan import Plan
+from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.feeds import check_feeds
 
 
@@ -96,13 +97,91 @@ class Executor:
         return release
 
     def run(self, feeds: Mapping[str, object],
-            outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Run one inference. ``outputs`` maps output names to caller-owned arrays that the
-        results are written into (no copy where the producing kernel writes in place)."""
-        arrays = check_feeds(self.input_infos, feeds)
-        targets = self._output_targets(outputs or {})
+            outputs: Mapping[str, object] | None = None) -> dict[str, np.ndarray]:
+        """Run one inference. ``outputs`` maps output names to caller-owned arrays (or
+        DomainBuffers) that the results are written into, with no copy where the producing
+        kernel writes in place. Every buffer is validated before any kernel runs."""
+        outputs = dict(outputs or {})
+        fed_buffers = {id(v) for v in feeds.values() if isinstance(v, DomainBuffer)}
+        plain_feeds = {name: self._domain_input(name, v) if isinstance(v, DomainBuffer) else v
+                       for name, v in feeds.items()}
+        arrays = check_feeds(self.input_infos, plain_feeds)
+        domain_outputs, adopting = {}, {}
+        for name, value in list(outputs.items()):
+            if isinstance(value, DomainBuffer):
+                target = self._domain_output(name, value, id(value) in fed_buffers)
+                if target is None:  # dimensions still unknown: the buffer takes this result's
+                    adopting[name] = outputs.pop(name)
+                else:
+                    outputs[name] = target
+                    domain_outputs[name] = value
+        targets = self._output_targets(outputs)
         with self._lock:
-            return self._run(arrays, targets)
+            results = self._run(arrays, targets)
+        for name, buffer in domain_outputs.items():
+            buffer.commit(results[name])
+        for name, buffer in adopting.items():
+            buffer.copy_from(results[name])
+        return results
+
+    # -- memory domains ---------------------------------------------------------------------
+
+    def allocate(self, roles, shape=None, dtype=None) -> DomainBuffer:
+        """An executor-managed buffer usable in the given roles of this model only."""
+        roles = [tuple(r) for r in roles]
+        if not roles:
+            raise InputError("a buffer needs at least one role")
+        outputs = {self.plan.slots[s].name: self.plan.slots[s] for s in self.plan.outputs}
+        infos = []
+        for role in roles:
+            if len(role) != 2 or role[0] not in ("input", "output"):
+                raise InputError(f"bad role {role!r}: expected ('input', NAME) or ('output', NAME)")
+            kind, name = role
+            info = self.input_infos.get(name) if kind == "input" else outputs.get(name)
+            if info is None:
+                names = list(self.input_infos) if kind == "input" else list(outputs)
+                raise InputError(f"the model has no {kind} {name!r}; its {kind}s are: {', '.join(names)}")
+            infos.append((role, info))
+        dtypes = {info.dtype for _, info in infos if info.dtype is not None}
+        if dtype is not None:
+            dtypes.add(np.dtype(dtype))
+        if len(dtypes) != 1:
+            raise InputError(f"the roles disagree on the dtype: {', '.join(sorted(map(str, dtypes)))}")
+        ranks = {len(info.shape) for _, info in infos if info.shape is not None}
+        if shape is not None:
+            ranks.add(len(shape))
+        if len(ranks) > 1:
+            raise InputError("the roles disagree on the rank")
+        rank = ranks.pop() if ranks else None
+        dims = None
+        if rank is not None:
+            dims = []
+            for axis in range(rank):
+                known = {info.shape[axis] for _, info in infos
+                         if info.shape is not None and isinstance(info.shape[axis], int)}
+                if shape is not None and shape[axis] is not None:
+                    known.add(int(shape[axis]))
+                if len(known) > 1:
+                    raise InputError(f"the roles disagree on dimension {axis}: {sorted(known)}")
+                dims.append(known.pop() if known else None)
+        return DomainBuffer(self, roles, dtypes.pop(), None if dims is None else tuple(dims))
+
+    def _domain_input(self, name: str, buffer: DomainBuffer) -> np.ndarray:
+        if not buffer.allows(self, "input", name):
+            raise InputError(f"buffer passed as input {name!r} was not allocated for that role of this model")
+        array = buffer.current()
+        if array is None:
+            raise InputError(f"buffer passed as input {name!r} has no contents yet")
+        return array
+
+    def _domain_output(self, name: str, buffer: DomainBuffer, also_read: bool) -> np.ndarray | None:
+        if not buffer.allows(self, "output", name):
+            raise InputError(f"buffer passed as output {name!r} was not allocated for that role of this model")
+        slot = next(s for s in self.plan.outputs if self.plan.slots[s].name == name)
+        shape = self.plan.slots[slot].shape if self._static(slot) else buffer.shape
+        if shape is None:
+            return None
+        return buffer.target(tuple(shape), also_read)
 
     def _run(self, arrays, targets) -> dict[str, np.ndarray]:
         env = list(self.template)
