@@ -40,7 +40,7 @@ from tests.conftest import FIXTURES, ROOT, light_models_dir  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-4
 
-FIXTURE_MODELS = ["mlp", "resnet_block", "mobilenet", "transformer", "shape_ops"]
+FIXTURE_MODELS = ["mlp", "resnet_block", "mobilenet", "transformer", "shape_ops", "gru_cell"]
 SYMBOLIC_DIMS = {"N": 3, "S": 16}
 MAX_FIXTURE_BYTES = 2 * 1024 * 1024
 

@@ -28,7 +28,7 @@ OPS = {
     "Split", "Slice", "Gather", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
     "Expand", "Tile", "Pad", "Shape", "Size", "Cast", "ConstantOfShape", "Constant",
     "Identity", "Dropout", "LayerNormalization", "InstanceNormalization", "Resize", "Range",
-    "ArgMax", "TopK", "CumSum", "Einsum",
+    "ArgMax", "TopK", "CumSum", "Einsum", "GRU", "LSTM", "RNN",
 }
 
 

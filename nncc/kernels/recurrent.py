@@ -2,14 +2,17 @@
 the activations/activation_alpha/activation_beta attributes, LSTM peepholes and input_forget).
 
 How the kernels run:
-  * the input projection X @ W^T of every timestep and direction is one BLAS call, and the
-    input-side biases (and the recurrence biases where the equations allow) are folded into it
-    in the same pass that lays it out as [step, direction, batch, gates];
+  * the input projection W @ X^T of every timestep is one BLAS call per direction; the
+    input-side biases (and the recurrence biases where the equations allow) are added in the
+    pass that lays the projection out step-major;
   * the reverse direction is turned into a forward one by reversing each batch entry's valid
-    prefix (``sequence_lens``) of that projection, and the outputs are reversed back at the end,
-    so both directions of a bidirectional op advance together: one Python iteration per timestep
-    with batched matmuls over the (direction, batch) stack;
-  * entries whose sequence has ended keep their state (masked copy) and get zeros in Y.
+    prefix (``sequence_lens``) of X, and its outputs are reversed back at the end, so both
+    directions of a bidirectional op advance together: one Python iteration per timestep with
+    batched matmuls over the direction axis;
+  * internally states are [H, B] ("features x batch"), so every gate of R @ h is a contiguous
+    block and the elementwise work runs on contiguous memory;
+  * entries whose sequence has ended keep their state (masked copy) and get zeros in Y; the
+    final states of empty sequences (sequence_lens 0) are zeros, as onnxruntime gives.
 
 float16 is computed in float32 and rounded once at the end; float32 and float64 in their own type.
 
@@ -17,10 +20,13 @@ Activation parameters follow the ONNX text ("consumed in the order of activation
 defaults of the corresponding ONNX operators) read as onnxruntime does: an activation takes the
 next alpha (beta) only if it uses one. When an activation is given without its parameter:
 LeakyRelu alpha 0.01, HardSigmoid 0.2/0.5, Elu 1.0, ThresholdedRelu 1.0, Affine 1.0/0.0 and
-ScaledTanh 1.0/1.0 (onnxruntime uses 0 for the last three).
+ScaledTanh 1.0/1.0 (onnxruntime uses 0 for the last three). ``clip`` bounds the input of every
+gate activation; LSTM's cell state is not clipped before h() (as in onnxruntime).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -33,14 +39,18 @@ from nncc.kernels.registry import kernel
 # larger scratch buffer). Inputs are always kernel-owned scratch arrays.
 
 
-_ONE = {np.dtype(np.float32): np.float32(1), np.dtype(np.float64): np.float64(1)}
+_HALF = {np.dtype(np.float32): np.float32(0.5), np.dtype(np.float64): np.float64(0.5)}
 
 
 def _sigmoid(x, out, a, b):
-    np.negative(x, out=out)
-    np.exp(out, out=out)          # overflow to inf for very negative x gives the correct 0
-    out += _ONE[out.dtype]        # a typed scalar: a Python int costs more per call
-    np.reciprocal(out, out=out)
+    # 1/(1 + e^-x) as (1 + tanh(x/2)) / 2: never overflows (no np.errstate needed around the
+    # loops), within 6e-8 of the exact float32 value. Typed scalars: a Python float costs
+    # more per call.
+    half = _HALF[out.dtype]
+    np.multiply(x, half, out=out)
+    np.tanh(out, out=out)
+    out *= half
+    out += half
 
 
 def _tanh(x, out, a, b):
@@ -172,7 +182,7 @@ def _parse_activations(op: str, ctx, num_directions: int, err) -> list[list[tupl
 
 
 class _Act:
-    """One activation slot (f, g or h) over the stacked [direction, batch, n] state."""
+    """One activation slot (f, g or h), applied in place over [n, B] or stacked [D, n, B] arrays."""
 
     __slots__ = ("entries", "same", "clip", "fn", "a", "b")
 
@@ -237,6 +247,19 @@ def _shape_fn(op: str):
                                   f"[{num_dir}, {gates * hidden}, "
                                   f"{'input_size' if name == 'W' else hidden}] "
                                   f"(num_directions={num_dir}, hidden_size={hidden})")
+        if x.dtype is not None and x.dtype.kind != "f":
+            raise err(f"{op}: X must be a floating-point tensor, got {x.dtype}")
+        if isinstance(hidden, int):
+            extra = [("B", b, 2 * gates * hidden)]
+            if op == "LSTM" and len(rest) >= 2:
+                extra.append(("P", rest[1], 3 * hidden))
+            for name, info, width in extra:
+                if info is None or info.shape is None:
+                    continue
+                if len(info.shape) != 2 or any(
+                        isinstance(got, int) and got != want
+                        for got, want in zip(info.shape, (num_dir, width))):
+                    raise err(f"{op}: {name} has shape {info.shape}, expected [{num_dir}, {width}]")
         seq_len = batch = None
         if x.shape is not None:
             seq_len, batch = (x.shape[0], x.shape[1]) if layout == 0 else (x.shape[1], x.shape[0])
@@ -258,11 +281,16 @@ def _shape_fn(op: str):
 
 
 # --------------------------------------------------------------------------- common driver
+# Internally everything is transposed to "features x batch": states are [D, H, B] and the
+# gates of a step are R @ h = [D, gates*H, B], so every gate is a contiguous [H, B] block.
+# (With batch last, elementwise work runs on contiguous memory: ufuncs over the strided
+# column slices of a [B, gates*H] layout cost about twice as much at small sizes.)
+# With one direction the D axis is dropped from the loop arrays ("squeezed").
 
 
 class _Prepared:
-    __slots__ = ("dtype", "out_dtype", "layout", "T", "B", "H", "D", "squeeze", "xw", "steps",
-                 "invalid", "min_len", "rev_index", "reverse", "full", "h0", "lengths")
+    __slots__ = ("dtype", "out_dtype", "layout", "T", "B", "H", "D", "squeeze", "xw", "r",
+                 "steps", "invalid", "min_len", "rev_index", "reverse", "full", "mm")
 
 
 def _compute_dtype(op: str, x: np.ndarray) -> np.dtype:
@@ -274,19 +302,18 @@ def _compute_dtype(op: str, x: np.ndarray) -> np.dtype:
 
 
 def _state_input(op: str, name: str, v, p: _Prepared) -> np.ndarray:
-    """initial_h / initial_c as a contiguous [D, B, H] array of the compute dtype."""
+    """initial_h / initial_c as a new contiguous [D, H, B] array of the compute dtype."""
     want = (p.D, p.B, p.H) if p.layout == 0 else (p.B, p.D, p.H)
     if v is None:
-        return np.zeros((p.D, p.B, p.H), p.dtype)
+        return np.zeros((p.D, p.H, p.B), p.dtype)
     if v.shape != want:
         raise KernelError(f"{op}: {name} has shape {v.shape}, expected {list(want)}")
-    if p.layout == 1:
-        v = v.transpose(1, 0, 2)
+    v = v.transpose(0, 2, 1) if p.layout == 0 else v.transpose(1, 2, 0)
     return np.array(v, dtype=p.dtype, order="C")  # always a copy: the loop never writes inputs
 
 
 def _prepare(op: str, ctx, x, w, r, b, seq_lens, x_bias_fn) -> _Prepared:
-    """Validate, project every timestep at once and lay it out step-major per direction.
+    """Validate, and project every timestep of every direction at once.
 
     ``x_bias_fn(b_cast, H)`` gives the [D, gates*H] bias folded into the projection (or None).
     """
@@ -319,6 +346,10 @@ def _prepare(op: str, ctx, x, w, r, b, seq_lens, x_bias_fn) -> _Prepared:
     p.squeeze = num_dir == 1
     reverse = [direction == "reverse"] if num_dir == 1 else [False, True]
     p.reverse = reverse
+    rc = r.astype(p.dtype, copy=False)
+    p.r = rc[0] if p.squeeze else rc
+    # the step matmul: np.dot has less call overhead than np.matmul for the squeezed 2-D case
+    p.mm = np.dot if p.squeeze else np.matmul
 
     # sequence lengths
     if seq_lens is not None:
@@ -332,7 +363,6 @@ def _prepare(op: str, ctx, x, w, r, b, seq_lens, x_bias_fn) -> _Prepared:
     else:
         lengths = None
     p.full = lengths is None or B == 0 or bool((lengths == T).all())
-    p.lengths = lengths
     if p.full:
         p.steps, p.min_len, p.invalid, p.rev_index = T, T, None, None
     else:
@@ -343,108 +373,121 @@ def _prepare(op: str, ctx, x, w, r, b, seq_lens, x_bias_fn) -> _Prepared:
         # step s of a reversed sequence reads timestep L-1-s; padding maps to itself
         p.rev_index = np.where(p.invalid, steps, lengths[None, :] - 1 - steps)
 
-    # The projection X @ W^T of every timestep: one matmul per direction, written straight into
-    # that direction's [T, B, G] block. The folded bias rides along as an extra input column of
-    # ones (no separate pass over the projection), and a reversed direction reverses the rows of
+    # The projection W @ X^T of every timestep: one matmul per direction, [G, T*B], then laid
+    # out step-major as xw [T, D, G, B] so that step s reads one contiguous block (worth the
+    # copy: adding a strided [G, B] slice costs about 3x a contiguous one, twice per GRU step),
+    # with the folded bias added in that same pass. A reversed direction reverses the rows of
     # X (input_size wide) rather than those of the projection (gates * hidden_size wide).
     bias = x_bias_fn(None if b is None else b.astype(p.dtype, copy=False), H)
     xt = x if layout == 0 else x.transpose(1, 0, 2)                     # [T, B, I]
     wc = w.astype(p.dtype, copy=False)
     rows: dict[bool, np.ndarray] = {}
-    xw = np.empty((num_dir, T, B, G), p.dtype)
+    xw = np.empty((T, num_dir, G, B), p.dtype)
     for d in range(num_dir):
         rev = reverse[d]
         if rev not in rows:
             src = xt
             if rev:
                 src = xt[::-1] if p.full else np.take_along_axis(xt, p.rev_index[:, :, None], axis=0)
-            if bias is None:
-                a = np.ascontiguousarray(src, dtype=p.dtype)
-            else:
-                a = np.empty((T, B, I + 1), p.dtype)
-                a[..., :I] = src
-                a[..., I] = 1
-            rows[rev] = a.reshape(T * B, a.shape[2])
-        wd = wc[d] if bias is None else np.concatenate([wc[d], bias[d][:, None]], axis=1)
-        np.matmul(rows[rev], wd.T, out=xw[d].reshape(T * B, G))
-    p.xw = xw[0] if p.squeeze else xw.transpose(1, 0, 2, 3)             # step-major view
+            rows[rev] = np.ascontiguousarray(src, dtype=p.dtype).reshape(T * B, I)
+        proj = np.matmul(wc[d], rows[rev].T).reshape(G, T, B).transpose(1, 0, 2)
+        if bias is None:
+            np.copyto(xw[:, d], proj)
+        else:
+            np.add(proj, bias[d][:, None], out=xw[:, d])
+    p.xw = xw[:, 0] if p.squeeze else xw
     return p
 
 
 def _finish(p: _Prepared, hs: np.ndarray, states: list[np.ndarray], num_outputs: int):
-    """hs: [T, D, B, H] step-major outputs (rows past each sequence's end hold garbage).
-
-    The final states may be views into ``hs``: they are copied out before ``hs`` is zeroed.
-    """
-    finals = []
+    """hs: [T, D, H, B] step-major outputs (rows past each sequence's end hold garbage);
+    states: final [D, H, B] states. Returns Y, Y_h(, Y_c) in the requested layout."""
+    finals = []  # copied out first: a final state may be a view into hs, zeroed below
     for s in states[:max(num_outputs - 1, 0)]:
-        if p.layout == 1:
-            s = s.transpose(1, 0, 2)
+        if not p.full and p.min_len == 0:
+            # an empty sequence has no last output: zeros, as onnxruntime gives (not initial_h)
+            s = np.where(p.invalid[0], p.dtype.type(0), s)
+        s = s.transpose(0, 2, 1) if p.layout == 0 else s.transpose(2, 0, 1)
         finals.append(np.array(s, dtype=p.out_dtype, order="C"))
     outs = []
     if num_outputs >= 1:
         if not p.full:
-            np.copyto(hs, 0, where=p.invalid[:, None, :, None])
-        if any(p.reverse):
-            y = np.empty_like(hs)
-            for d, rev in enumerate(p.reverse):
-                if not rev:
-                    y[:, d] = hs[:, d]
-                elif p.full:
-                    y[:, d] = hs[::-1, d]
-                else:
-                    y[:, d] = np.take_along_axis(hs[:, d], p.rev_index[:, :, None], axis=0)
-            hs = y
-        if p.layout == 1:
-            hs = np.ascontiguousarray(hs.transpose(2, 0, 1, 3))
-        outs.append(hs if hs.dtype == p.out_dtype else hs.astype(p.out_dtype))
+            np.copyto(hs, 0, where=p.invalid[:, None, None, :])
+        if p.layout == 0:
+            y = np.empty((p.T, p.D, p.B, p.H), p.out_dtype)
+            yd = [y[:, d] for d in range(p.D)]                           # [T, B, H]
+        else:
+            y = np.empty((p.B, p.T, p.D, p.H), p.out_dtype)
+            yd = [y[:, :, d].transpose(1, 0, 2) for d in range(p.D)]     # [T, B, H] views
+        for d, rev in enumerate(p.reverse):
+            src = hs[:, d]                                               # [T, H, B]
+            if rev:
+                src = src[::-1] if p.full else np.take_along_axis(src, p.rev_index[:, None, :], axis=0)
+            np.copyto(yd[d], src.transpose(0, 2, 1), casting="same_kind")
+        outs.append(y)
     outs += finals
     return tuple(outs) if len(outs) > 1 else outs[0]
 
 
-def _transposed(r: np.ndarray, dtype, lo: int, hi: int, squeeze: bool) -> np.ndarray:
-    """R[:, lo:hi, :] as contiguous [D, H, hi-lo] (or [H, hi-lo] when squeezed)."""
-    t = np.ascontiguousarray(r[:, lo:hi, :].transpose(0, 2, 1), dtype=dtype)
-    return t[0] if squeeze else t
+def _col(v: np.ndarray, squeeze: bool) -> np.ndarray:
+    """[D, n] per-direction vector as a column broadcastable against [D, n, B] (or [n, B])."""
+    return v[0][:, None] if squeeze else v[:, :, None]
 
 
-def _vec(v: np.ndarray, squeeze: bool) -> np.ndarray:
-    """[D, n] per-direction vector broadcastable against [D, B, n] (or [B, n])."""
-    return v[0] if squeeze else v[:, None, :]
+def _acts(op, ctx, p: _Prepared) -> tuple:
+    def key(name):
+        v = ctx.get(name)
+        return tuple(v) if isinstance(v, list) else v
+
+    return _acts_for(op, key("activations"), key("activation_alpha"), key("activation_beta"),
+                     ctx.get("clip"), p.D, p.dtype)
 
 
-def _acts(op, ctx, p: _Prepared):
-    parsed = _parse_activations(op, ctx, p.D, KernelError)
-    clip = ctx.get("clip")
-    acts = [_Act([parsed[d][k] for d in range(p.D)], clip, p.squeeze, p.dtype)
+@functools.lru_cache(maxsize=256)
+def _acts_for(op, activations, alphas, betas, clip, num_dir, dtype) -> tuple:
+    """The (f, g(, h)) activation slots for these attribute values, built once."""
+    attrs = {"activations": activations, "activation_alpha": alphas, "activation_beta": betas}
+    parsed = _parse_activations(op, _Attrs(attrs), num_dir, KernelError)
+    acts = [_Act([parsed[d][k] for d in range(num_dir)], clip, num_dir == 1, dtype)
             for k in range(len(parsed[0]))]
     if op == "LSTM":
         # clip bounds the gate pre-activations; the cell state fed to h() is not clipped
         # (onnxruntime's reading of "applied to the input of activations").
         acts[2].clip = None
-    return acts
+    return tuple(acts)
 
 
-def _state_views(p: _Prepared, *states):
-    return [s[0] if p.squeeze else s for s in states]
+class _Attrs:
+    """The ``ctx.get`` interface over a plain dict (for the cached activation parser)."""
+
+    def __init__(self, attrs: dict):
+        self.attrs = attrs
+
+    def get(self, key, default=None):
+        value = self.attrs.get(key)
+        return default if value is None else value
+
+
+def _loop_state(p: _Prepared, state: np.ndarray) -> np.ndarray:
+    return state[0] if p.squeeze else state
 
 
 def _hs_buffer(p: _Prepared) -> tuple[np.ndarray, np.ndarray]:
-    hs = (np.empty if p.full else np.zeros)((p.T, p.D, p.B, p.H), p.dtype)
+    """The [T, D, H, B] buffer every step writes its new hidden state into, and its loop view."""
+    hs = (np.empty if p.full else np.zeros)((p.T, p.D, p.H, p.B), p.dtype)
     return hs, (hs[:, 0] if p.squeeze else hs)
 
 
-def _invalid(p: _Prepared):
-    """[T, B, 1]: where step s is past the end of a batch entry's sequence (or None).
-
-    Broadcasts over the direction axis: reversed sequences are stepped through in the same
-    order (step s of every direction reads timestep s or L-1-s), so they end together."""
-    return None if p.full else p.invalid[:, :, None]
+def _unsqueeze(p: _Prepared, state: np.ndarray) -> np.ndarray:
+    return state[None] if p.squeeze else state
 
 
 # --------------------------------------------------------------------------- RNN
-# In the loops below ``h`` / ``c`` are [B, H] (one direction) or [2, B, H] (both directions
-# stacked); the new state is written straight into its row of the Y buffer.
+# In the loops ``h`` / ``c`` are [H, B] (one direction) or [2, H, B]; each step writes the new
+# hidden state straight into its row of the Y buffer. Batch entries whose sequence has ended
+# (step s >= L) get their old state back (masked copy; ``invalid[s]`` is a [B] row that
+# broadcasts over directions and hidden units, as both directions step through a sequence
+# in the same order).
 
 
 def _rnn_bias(b, H):
@@ -454,21 +497,18 @@ def _rnn_bias(b, H):
 def _rnn(ctx, x, w, r, b=None, seq_lens=None, initial_h=None):
     p = _prepare("RNN", ctx, x, w, r, b, seq_lens, _rnn_bias)
     (f,) = _acts("RNN", ctx, p)
-    h0 = _state_input("RNN", "initial_h", initial_h, p)
-    (h,) = _state_views(p, h0)
-    rt = _transposed(r, p.dtype, 0, p.H, p.squeeze)
+    h = _loop_state(p, _state_input("RNN", "initial_h", initial_h, p))
     hs, hsv = _hs_buffer(p)
-    xw, invalid, min_len = p.xw, _invalid(p), p.min_len
-    with np.errstate(over="ignore"):
-        for s in range(p.steps):
-            out = hsv[s]
-            np.matmul(h, rt, out=out)
-            out += xw[s]
-            f(out)
-            if s >= min_len:
-                np.copyto(out, h, where=invalid[s])
-            h = out
-    return _finish(p, hs, [h[None] if p.squeeze else h], ctx.num_outputs)
+    xw, rr, invalid, min_len, mm = p.xw, p.r, p.invalid, p.min_len, p.mm
+    for s in range(p.steps):
+        out = hsv[s]
+        mm(rr, h, out=out)
+        out += xw[s]
+        f(out)
+        if s >= min_len:
+            np.copyto(out, h, where=invalid[s])
+        h = out
+    return _finish(p, hs, [_unsqueeze(p, h)], ctx.num_outputs)
 
 
 # --------------------------------------------------------------------------- GRU
@@ -482,64 +522,60 @@ def _gru(ctx, x, w, r, b=None, seq_lens=None, initial_h=None):
     def bias(bb, H):
         if bb is None:
             return None
-        wb, rb = bb[:, :3 * H], bb[:, 3 * H:]
-        if lbr:  # Rbh stays inside r * (H R_h^T + Rbh)
-            return np.concatenate([wb[:, :2 * H] + rb[:, :2 * H], wb[:, 2 * H:]], axis=1)
-        return wb + rb
+        folded = bb[:, :3 * H] + bb[:, 3 * H:]
+        if lbr:  # Rbh stays inside r * (R_h h + Rbh): fold only Wbh
+            folded[:, 2 * H:] = bb[:, 2 * H:3 * H]
+        return folded
 
     p = _prepare("GRU", ctx, x, w, r, b, seq_lens, bias)
     f, g = _acts("GRU", ctx, p)
     H = p.H
-    h0 = _state_input("GRU", "initial_h", initial_h, p)
-    (h,) = _state_views(p, h0)
+    h = _loop_state(p, _state_input("GRU", "initial_h", initial_h, p))
     hs, hsv = _hs_buffer(p)
-    x_zr, x_h = p.xw[..., :2 * H], p.xw[..., 2 * H:]
-    invalid, min_len = _invalid(p), p.min_len
-    with np.errstate(over="ignore"):
-        if lbr:
-            rt = _transposed(r, p.dtype, 0, 3 * H, p.squeeze)
-            rbh = None if b is None else _vec(b[:, 5 * H:].astype(p.dtype), p.squeeze)
-            gt = np.empty(h.shape[:-1] + (3 * H,), p.dtype)    # scratch, reused every step
-            for s in range(p.steps):
-                np.matmul(h, rt, out=gt)                  # [.., B, 3H]
-                zr = gt[..., :2 * H]
-                zr += x_zr[s]
-                f(zr)
-                hh = gt[..., 2 * H:]
-                if rbh is not None:
-                    hh += rbh
-                hh *= zr[..., H:]                         # r * (H R_h^T + Rbh)
-                hh += x_h[s]
-                g(hh)
-                out = hsv[s]
-                np.subtract(h, hh, out=out)               # h' = (1-z) hh + z h = hh + z (h - hh)
-                out *= zr[..., :H]
-                out += hh
-                if s >= min_len:
-                    np.copyto(out, h, where=invalid[s])
-                h = out
-        else:
-            rt_zr = _transposed(r, p.dtype, 0, 2 * H, p.squeeze)
-            rt_h = _transposed(r, p.dtype, 2 * H, 3 * H, p.squeeze)
-            zr = np.empty(h.shape[:-1] + (2 * H,), p.dtype)    # scratch, reused every step
-            hh = np.empty(h.shape, p.dtype)
-            rh = zr[..., H:]
-            for s in range(p.steps):
-                np.matmul(h, rt_zr, out=zr)               # [.., B, 2H]
-                zr += x_zr[s]
-                f(zr)
-                rh *= h                                   # r * H
-                np.matmul(rh, rt_h, out=hh)
-                hh += x_h[s]
-                g(hh)
-                out = hsv[s]
-                np.subtract(h, hh, out=out)
-                out *= zr[..., :H]
-                out += hh
-                if s >= min_len:
-                    np.copyto(out, h, where=invalid[s])
-                h = out
-    return _finish(p, hs, [h[None] if p.squeeze else h], ctx.num_outputs)
+    x_zr, x_h = p.xw[..., :2 * H, :], p.xw[..., 2 * H:, :]
+    rr, invalid, min_len, mm = p.r, p.invalid, p.min_len, p.mm
+    lead = h.shape[:-2]
+    if lbr:
+        rbh = None if b is None else _col(b[:, 5 * H:].astype(p.dtype), p.squeeze)
+        gt = np.empty(lead + (3 * H, p.B), p.dtype)    # scratch, reused every step
+        zr, z, rg, hh = gt[..., :2 * H, :], gt[..., :H, :], gt[..., H:2 * H, :], gt[..., 2 * H:, :]
+        for s in range(p.steps):
+            mm(rr, h, out=gt)                         # [.., 3H, B]
+            zr += x_zr[s]
+            f(zr)
+            if rbh is not None:
+                hh += rbh
+            hh *= rg                                  # r * (R_h h + Rbh)
+            hh += x_h[s]
+            g(hh)
+            out = hsv[s]
+            np.subtract(h, hh, out=out)               # h' = (1-z) hh + z h = hh + z (h - hh)
+            out *= z
+            out += hh
+            if s >= min_len:
+                np.copyto(out, h, where=invalid[s])
+            h = out
+    else:
+        r_zr, r_h = rr[..., :2 * H, :], rr[..., 2 * H:, :]
+        zr = np.empty(lead + (2 * H, p.B), p.dtype)    # scratch, reused every step
+        hh = np.empty(lead + (H, p.B), p.dtype)
+        z, rg = zr[..., :H, :], zr[..., H:, :]
+        for s in range(p.steps):
+            mm(r_zr, h, out=zr)                       # [.., 2H, B]
+            zr += x_zr[s]
+            f(zr)
+            rg *= h                                   # r * h
+            mm(r_h, rg, out=hh)
+            hh += x_h[s]
+            g(hh)
+            out = hsv[s]
+            np.subtract(h, hh, out=out)
+            out *= z
+            out += hh
+            if s >= min_len:
+                np.copyto(out, h, where=invalid[s])
+            h = out
+    return _finish(p, hs, [_unsqueeze(p, h)], ctx.num_outputs)
 
 
 # --------------------------------------------------------------------------- LSTM
@@ -554,52 +590,47 @@ def _lstm(ctx, x, w, r, b=None, seq_lens=None, initial_h=None, initial_c=None, p
     p = _prepare("LSTM", ctx, x, w, r, b, seq_lens, bias)
     f, g, hact = _acts("LSTM", ctx, p)
     H = p.H
-    h0 = _state_input("LSTM", "initial_h", initial_h, p)
-    c0 = _state_input("LSTM", "initial_c", initial_c, p)
+    h = _loop_state(p, _state_input("LSTM", "initial_h", initial_h, p))
+    c = _loop_state(p, _state_input("LSTM", "initial_c", initial_c, p))
     if peep is not None:
         if peep.shape != (p.D, 3 * H):
             raise KernelError(f"LSTM: P has shape {peep.shape}, expected {[p.D, 3 * H]}")
         pc = peep.astype(p.dtype)
-        p_i, p_o, p_f = (_vec(pc[:, k * H:(k + 1) * H], p.squeeze) for k in range(3))
-    h, c = _state_views(p, h0, c0)
-    rt = _transposed(r, p.dtype, 0, 4 * H, p.squeeze)
+        p_i, p_o, p_f = (_col(pc[:, k * H:(k + 1) * H], p.squeeze) for k in range(3))
     hs, hsv = _hs_buffer(p)
-    xw, invalid, min_len = p.xw, _invalid(p), p.min_len
-    gt = np.empty(h.shape[:-1] + (4 * H,), p.dtype)       # scratch buffers, reused every step
-    cbuf = (np.empty(h.shape, p.dtype), np.empty(h.shape, p.dtype))
-    tmp = np.empty(h.shape, p.dtype)
-    with np.errstate(over="ignore"):
-        for s in range(p.steps):
-            np.matmul(h, rt, out=gt)                      # [.., B, 4H], gates i, o, f, c
-            gt += xw[s]
-            gi, go = gt[..., :H], gt[..., H:2 * H]
-            gf, gc = gt[..., 2 * H:3 * H], gt[..., 3 * H:]
-            if peep is None:
-                f(gt[..., :3 * H])                        # i, o, f in one pass
-            else:
-                gi += np.multiply(p_i, c, out=tmp)
-                gf += np.multiply(p_f, c, out=tmp)
-                f(gi)
-                f(gf)
-            if input_forget:
-                np.subtract(1, gi, out=gf)
-            g(gc)
-            gc *= gi
-            c_new = np.multiply(gf, c, out=cbuf[s & 1])   # never the buffer holding c
-            c_new += gc
-            if peep is not None:
-                go += np.multiply(p_o, c_new, out=tmp)
-                f(go)
-            out = hsv[s]
-            hact(c_new, out)
-            out *= go
-            if s >= min_len:
-                np.copyto(out, h, where=invalid[s])
-                np.copyto(c_new, c, where=invalid[s])
-            h, c = out, c_new
-    if p.squeeze:
-        h, c = h[None], c[None]
-    return _finish(p, hs, [h, c], ctx.num_outputs)
+    xw, rr, invalid, min_len, mm = p.xw, p.r, p.invalid, p.min_len, p.mm
+    gt = np.empty(h.shape[:-2] + (4 * H, p.B), p.dtype)   # scratch buffers, reused every step
+    gi, go, gf, gc = (gt[..., k * H:(k + 1) * H, :] for k in range(4))
+    gates_iof = gt[..., :3 * H, :]
+    cbuf = (np.empty_like(h), np.empty_like(h))
+    tmp = np.empty_like(h)
+    for s in range(p.steps):
+        mm(rr, h, out=gt)                             # [.., 4H, B], gates i, o, f, c
+        gt += xw[s]
+        if peep is None:
+            f(gates_iof)                              # i, o, f in one pass
+        else:
+            gi += np.multiply(p_i, c, out=tmp)
+            gf += np.multiply(p_f, c, out=tmp)
+            f(gi)
+            f(gf)
+        if input_forget:
+            np.subtract(1, gi, out=gf)
+        g(gc)
+        gc *= gi
+        c_new = np.multiply(gf, c, out=cbuf[s & 1])   # never the buffer holding c
+        c_new += gc
+        if peep is not None:
+            go += np.multiply(p_o, c_new, out=tmp)
+            f(go)
+        out = hsv[s]
+        hact(c_new, out)
+        out *= go
+        if s >= min_len:
+            np.copyto(out, h, where=invalid[s])
+            np.copyto(c_new, c, where=invalid[s])
+        h, c = out, c_new
+    return _finish(p, hs, [_unsqueeze(p, h), _unsqueeze(p, c)], ctx.num_outputs)
 
 
 # --------------------------------------------------------------------------- registration
