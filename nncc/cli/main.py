@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         if os.environ.get("NNCC_DEBUG"):
             raise
-        hint = _usage_hint(exc)
+        hint = _usage_hint(exc, sys.argv[1:] if argv is None else argv)
         click.echo(f"nncc: error: {_usage_message(exc)}" + (f" (hint: {hint})" if hint else ""), err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
@@ -127,11 +127,27 @@ def _usage_message(exc: click.ClickException) -> str:
     return text
 
 
-def _usage_hint(exc: click.ClickException) -> str | None:
-    ctx = getattr(exc, "ctx", None)
-    if not isinstance(exc, click.UsageError) or ctx is None:
+def _usage_hint(exc: click.ClickException, argv: list[str]) -> str | None:
+    if not isinstance(exc, click.UsageError):
         return None
-    return f"see '{ctx.command_path} --help'"
+    ctx = getattr(exc, "ctx", None)
+    return f"see '{ctx.command_path if ctx is not None else _command_path(argv)} --help'"
+
+
+def _command_path(argv: list[str]) -> str:
+    """The command named on the command line (for errors click raises without a context:
+    a parser error such as an option missing its value)."""
+    path, command = ["nncc"], cli
+    ctx = click.Context(cli, info_name="nncc")
+    for arg in argv:
+        if arg.startswith("-"):
+            continue  # the groups take flags only
+        sub = command.get_command(ctx, arg) if isinstance(command, click.Group) else None
+        if sub is None:
+            break
+        path.append(arg)
+        command = sub
+    return " ".join(path)
 
 
 def _hint(exc) -> str | None:

@@ -1,0 +1,70 @@
+"""Shell-completion helpers. They run on every TAB press, so they must be fast and can
+never fail: any problem means "no suggestions".
+
+Cache tokens are read straight from the index with sqlite3, read-only (``mode=ro``) and
+with a short timeout: completing creates, locks, migrates or rewrites nothing, and does
+not import nncc.cache (whose import alone costs more than the whole lookup).
+"""
+
+from __future__ import annotations
+
+import os
+
+INDEX_NAME = "index.sqlite3"  # = nncc.cache.index.INDEX_NAME (a test keeps them equal)
+ENV_DIR = "NNCC_CACHE_DIR"  # = nncc.cache.store.ENV_DIR
+SHORT = 12  # the token prefix shown by `nncc cache ls` and the cache report lines
+LIMIT = 200
+
+
+def cache_directory(cache_dir: str | None = None) -> str:
+    """Like nncc.cache.store.resolve_cache_dir, without importing the cache package."""
+    if cache_dir:
+        return os.path.abspath(cache_dir)
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return os.path.abspath(env)
+    import platformdirs
+
+    return platformdirs.user_cache_dir("nncc", appauthor=False)
+
+
+def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str]]:
+    """(value, help) pairs for cache tokens starting with ``incomplete``: the 12-digit
+    prefix (the whole token once more than 12 digits are typed), with the model's file name
+    and the entry's size as help. Retired (stale) entries are offered too, marked so."""
+    try:
+        prefix = incomplete.lower()
+        if any(ch not in "0123456789abcdef" for ch in prefix):
+            return []
+        path = os.path.join(cache_directory(cache_dir), INDEX_NAME)
+        if not os.path.isfile(path):
+            return []
+        import sqlite3
+        from urllib.parse import quote
+
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.5)
+        try:
+            pattern = prefix + "%"
+            rows = conn.execute(
+                "SELECT token, source_path, plan_size + data_size, 0 FROM entries WHERE token LIKE ? "
+                "UNION ALL SELECT token, source_path, plan_size + data_size, 1 FROM stale "
+                "WHERE token LIKE ? ORDER BY 1 LIMIT ?", (pattern, pattern, LIMIT)).fetchall()
+        finally:
+            conn.close()
+        items: dict[str, str] = {}
+        for token, source, size, stale in rows:
+            value = token[:SHORT] if len(prefix) <= SHORT else token
+            name = os.path.basename(source) if source else "?"
+            items.setdefault(value, f"{name}, {_size(size)}" + (" (stale)" if stale else ""))
+        return sorted(items.items())
+    except Exception:  # a broken, locked or foreign index: no suggestions, never an error
+        return []
+
+
+def _size(n) -> str:
+    value = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,133 @@
+"""The README works as written: every ```sh block (except the installation) and the Python
+API example run, top to bottom, in a copy of the repository's fixtures and examples, as a
+newcomer would run them; the documents it links exist; CHANGELOG.md keeps its form.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import nncc
+from tests.conftest import ROOT
+
+README = ROOT / "README.md"
+NOT_RUN = {"Set up": "installs the package (the tests run against this checkout)"}
+
+
+def blocks(text: str) -> list[tuple[str, str, str]]:
+    """(section heading, fence language, code) for every fenced block, in order."""
+    found, section, lines = [], "", text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        heading = re.match(r"#{2,3} (.*)", line)
+        if heading:
+            section = heading.group(1).strip("` ")
+        fence = re.match(r"```(\w*)\s*$", line)
+        if fence:
+            end = lines.index("```", i + 1)
+            found.append((section, fence.group(1), "\n".join(lines[i + 1:end])))
+            i = end
+        i += 1
+    return found
+
+
+def runnable() -> list[tuple[str, str, str]]:
+    return [(section, lang, code) for section, lang, code in blocks(README.read_text())
+            if (lang == "sh" and section not in NOT_RUN) or (lang == "python" and section == "Python API")]
+
+
+def test_every_command_has_a_readme_section_with_an_example():
+    from nncc.cli.main import COMMANDS
+
+    sections = {section for section, lang, _ in runnable()}
+    for name in COMMANDS:
+        assert f"nncc {name}" in sections, name
+    for title in ("First steps", "Using nncc from make", "Plugins", "Output, exit codes and environment"):
+        assert title in sections, title
+    text = README.read_text()
+    for title in ("## Shell completion", "## Artifact format", "## Benchmarks", "## Python API"):
+        assert title in text
+    assert "benchmarks/RESULTS.md" in text and "nncc/plan/format.py" in text
+
+
+def test_readme_links_point_at_files():
+    text = README.read_text()
+    for target in re.findall(r"\]\(((?!https?:|#)[^)]+)\)", text):
+        if target == "benchmarks/RESULTS.md":
+            continue  # written with the benchmark results, by another change
+        assert (ROOT / target).exists(), target
+
+
+@pytest.fixture
+def newcomer(tmp_path) -> tuple[pathlib.Path, dict[str, str]]:
+    """A working copy with the fixtures and examples, `nncc` and `python` on PATH
+    (this checkout's nncc), and its own compilation cache."""
+    work = tmp_path / "nncc"
+    shutil.copytree(ROOT / "fixtures", work / "fixtures", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__", "build"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nncc").write_text(
+        f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{ROOT}" exec "{sys.executable}" -m nncc "$@"\n')
+    (bin_dir / "nncc").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = dict(os.environ)
+    for key in ("NNCC_DEBUG", "MAKEFLAGS", "MAKELEVEL", "PYTHONPATH"):
+        env.pop(key, None)
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    return work, env
+
+
+def test_readme_examples_run(newcomer):
+    work, env = newcomer
+    outputs = {}
+    for section, lang, code in runnable():
+        if lang == "sh":
+            command = ["bash", "-e", "-o", "pipefail", "-c", code]
+        else:
+            command = [sys.executable, "-c", code]
+            env = dict(env, PYTHONPATH=str(ROOT))
+        result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"README section {section!r}:\n{code}\n{result.stdout}\n{result.stderr}"
+        assert "Traceback" not in result.stderr, (section, result.stderr)
+        outputs.setdefault(section, []).append(result)
+    first = outputs["First steps"][0]
+    assert "cache miss" in first.stderr and "up to date" in first.stderr  # compiled, then a verified hit
+    assert "mlp.onnx" in first.stdout and "probs" in first.stdout and "latency" in first.stdout
+    assert (work / "build" / "mlp.nncc").read_bytes() == nncc.compile_model(work / "fixtures" / "mlp.onnx").to_bytes()
+    assert '"written"' in outputs["nncc compile"][0].stdout
+    assert (work / "build" / "resnet_block.d").exists() and (work / "build" / "bench.json").exists()
+    assert "example" in outputs["Plugins"][0].stdout  # inspect shows the example backend's partitions
+    assert "Nothing to be done" in outputs["Using nncc from make"][0].stdout
+    assert "{'probs': (3, 10), 'logits': (3, 10)}" in outputs["Python API"][0].stdout
+
+
+def test_readme_plugin_api_excerpt_names_real_things():
+    [excerpt] = [code for section, lang, code in blocks(README.read_text())
+                 if section == "Plugins" and lang == "python"]
+    imports = "\n".join(line for line in excerpt.splitlines() if line.startswith("from "))
+    exec(compile(imports, "README.md", "exec"), {})
+    source = (ROOT / "examples" / "plugin_example.py").read_text()
+    for name in ("class ExampleBackend(Backend)", "def register()", '@kernel("Swish"', "def partition",
+                 "def compile"):
+        assert name in source
+
+
+def test_changelog_keeps_a_changelog():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert text.startswith("# Changelog\n") and "keepachangelog.com" in text
+    releases = re.findall(r"^## \[([^\]]+)\]", text, re.M)
+    assert releases and releases[0] == "Unreleased"
+    for kind in re.findall(r"^### (.+)$", text, re.M):
+        assert kind in ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"), kind
+    unreleased = text.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    for mention in ("--depfile", "completions/", "--quiet", "docs/json.md", "NO_COLOR"):
+        assert mention in unreleased, mention
