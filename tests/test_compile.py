@@ -446,3 +446,15 @@ def test_inspect_text(inspected, kind):
 def test_inspect_text_lists_fallbacks():
     text = nncc_cli("inspect", FIXTURES / "mlp.onnx", env={"COLUMNS": "200"}).stdout
     assert "fallback node(s)" in text and "no static shape" in text
+
+
+def test_artifact_gets_the_ordinary_file_mode(tmp_path):
+    # a build output is a normal file: 0666 less the umask, not a private temp file's 0600
+    import os
+    import stat
+
+    out = tmp_path / "mlp.nncc"
+    nncc.compile_model(FIXTURES / "mlp.onnx").save(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask

@@ -15,11 +15,9 @@ import numpy as np
 from nncc.errors import FileAccessError, ModelFormatError
 from nncc.frontend.protobuf import (
     FIXED32,
-    LEN,
     VARINT,
     Repeated,
     as_float32,
-    as_int32,
     as_int64,
     decode_string,
     iter_fields,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from typing import Mapping
 
@@ -11,6 +9,7 @@ import numpy as np
 
 from nncc.errors import FileAccessError, InputError
 from nncc.ir.graph import TensorInfo
+from nncc.util.atomic import write_atomic_with
 
 
 def load_npy(path: str) -> np.ndarray:
@@ -74,22 +73,7 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0, dims: Mappin
 
 def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Write an .npz atomically: a failure never leaves a half-written file at ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".nncc-", suffix=".npz.tmp", dir=directory)
-    except OSError as exc:
-        raise FileAccessError(f"cannot write {path}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _write_npz(f, arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _unlink_quietly(tmp)
-        if isinstance(exc, OSError):
-            raise FileAccessError(f"cannot write {path}: {exc.strerror or exc}") from None
-        raise
+    write_atomic_with(path, lambda f: _write_npz(f, arrays))
 
 
 def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
@@ -99,13 +83,6 @@ def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
         for name, value in arrays.items():
             with archive.open(name + ".npy", mode="w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=True)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _first_line(exc: BaseException) -> str:

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import BinaryIO, Callable
 
 from nncc.errors import FileAccessError
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
+def write_atomic(path: str | os.PathLike, data: bytes | memoryview, mode: int | None = None) -> None:
+    write_atomic_with(path, lambda f: f.write(data), mode)
+
+
+def write_atomic_with(path: str | os.PathLike, fill: Callable[[BinaryIO], object],
+                      mode: int | None = None) -> None:
+    """Let ``fill`` write the file's contents, then put it in place atomically.
+
+    ``mode`` defaults to what an ordinary new file gets (0666 less the umask); private
+    files such as cache entries pass 0600.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".nncc-", suffix=".tmp", dir=directory)
@@ -20,9 +31,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
         raise FileAccessError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _default_mode() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException as exc:
         try:
@@ -32,3 +44,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | memoryview) -> None:
         if isinstance(exc, OSError):
             raise FileAccessError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
