@@ -31,6 +31,13 @@ class CompiledModel:
     def output_names(self) -> list[str]:
         return self._executor.output_names
 
+    @property
+    def output_infos(self):
+        from nncc.ir.graph import TensorInfo
+
+        slots = self.plan.slots
+        return {slots[s].name: TensorInfo(slots[s].dtype, slots[s].shape) for s in self.plan.outputs}
+
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run one inference. Inputs that are already C-contiguous with the right dtype

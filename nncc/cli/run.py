@@ -22,12 +22,20 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
 @click.option("--output", "-o", "output_path", type=click.Path(dir_okay=False), metavar="OUT.npz",
               help="Write all outputs to an .npz archive.")
+@click.option("--output-dir", "output_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write each output as DIR/NAME.npy (large static outputs are written in place, memory-mapped).")
+@click.option("--bind", "binds", multiple=True, metavar="OUT=IN",
+              help="Stateful run: output OUT of step k feeds input IN of step k+1. Repeatable.")
+@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True,
+              help="How many steps to run (with --bind).")
+@click.option("--inputs-per-step", "per_step_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="A folder with one .npz of inputs per step, in name order (step_000.npz, ...).")
 @compile_options
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def run(model, input_specs, npz, random_inputs, seed, output_path, preference, opt_level, backends, plugins,
-        cache_dir, no_cache, as_json):
+def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
+        preference, opt_level, backends, plugins, cache_dir, no_cache, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -61,22 +69,61 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, preference, o
         if not sep or not name or not path:
             raise click.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="--input")
         feeds[name] = load_npy(path)
+    bound = _parse_binds(binds)
+    stateful = bool(bound) or steps > 1 or per_step_dir is not None
+    per_step = None
+    if per_step_dir is not None:
+        from nncc.runtime.stepping import step_files
+
+        files = step_files(per_step_dir)
+        per_step = (load_npz(path) for path in files)
     if random_inputs:
         declared = session.input_infos
-        missing = {k: v for k, v in declared.items() if k not in feeds}
+        state_inputs = set(bound.values())  # states start at zeros unless given
+        missing = {k: v for k, v in declared.items() if k not in feeds and k not in state_inputs}
+        if per_step is not None:
+            missing = {}  # the step files provide them
         feeds.update(random_feeds(missing, seed))
     for name, value in feeds.items():
         detail(f"nncc: input {name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}")
-    outputs = session.run(feeds)
+    if stateful:
+        from itertools import repeat
+
+        from nncc.runtime.stepping import run_steps
+
+        outputs = run_steps(session, bound, steps, feeds, per_step if per_step is not None else repeat({}))
+    elif output_dir is not None:
+        from nncc.runtime.arrays_io import OutputDir
+
+        with OutputDir(output_dir, session) as targets:
+            outputs = session.run(feeds, outputs=targets.buffers)
+            targets.finish(outputs)
+    else:
+        outputs = session.run(feeds)
     finished = time.perf_counter()
     if output_path:
         save_npz(output_path, outputs)
+    if output_dir is not None and stateful:
+        from nncc.runtime.arrays_io import OutputDir
+
+        with OutputDir(output_dir, session, mapped=False) as targets:
+            targets.finish(outputs)
     timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
     if as_json:
         emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
-                   "cache": outcome.as_dict() if outcome else None})
+                   "cache": outcome.as_dict() if outcome else None, "steps": steps})
     else:
         print_outputs(model, summarize(outputs), timing)
+
+
+def _parse_binds(binds) -> dict[str, str]:
+    bound = {}
+    for spec in binds:
+        out, sep, inp = spec.partition("=")
+        if not sep or not out or not inp:
+            raise click.BadParameter(f"expected OUT=IN, got {spec!r}", param_hint="--bind")
+        bound[out] = inp
+    return bound
 
 
 def summarize(outputs):

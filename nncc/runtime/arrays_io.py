@@ -76,6 +76,77 @@ def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     write_atomic_with(path, lambda f: _write_npz(f, arrays))
 
 
+MAP_THRESHOLD = 1 << 20  # outputs this large are written in place through a memory map
+
+
+class OutputDir:
+    """Writes each output of a run as DIR/NAME.npy.
+
+    Large outputs of static shape are memory-mapped .npy files handed to the executor as
+    output buffers, so kernels write straight into the file; each file appears under its
+    final name only when the run succeeded (temp file, then rename).
+    """
+
+    def __init__(self, directory: str, model, mapped: bool = True):
+        import os
+        import re
+
+        self.directory = directory
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise FileAccessError(f"cannot create {directory}: {exc.strerror or exc}") from None
+        self.paths: dict[str, str] = {}
+        for name in model.output_names:
+            file_name = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy"
+            if file_name in self.paths.values() or file_name.startswith("."):
+                file_name = f"output{len(self.paths)}_{file_name.lstrip('.')}"
+            self.paths[name] = os.path.join(directory, file_name)
+        self.buffers: dict[str, np.ndarray] = {}
+        self._temps: dict[str, str] = {}
+        if mapped:
+            for name, info in model.output_infos.items():
+                if info.is_static and info.dtype is not None and \
+                        int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize >= MAP_THRESHOLD:
+                    self._map(name, info)
+
+    def _map(self, name: str, info: TensorInfo) -> None:
+        import os
+        import tempfile
+
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".nncc-", suffix=".npy.tmp", dir=self.directory)
+            os.close(fd)
+            self._temps[name] = tmp
+            self.buffers[name] = np.lib.format.open_memmap(tmp, mode="w+", dtype=info.dtype, shape=info.shape)
+        except OSError as exc:
+            raise FileAccessError(f"cannot write into {self.directory}: {exc.strerror or exc}") from None
+
+    def finish(self, outputs: Mapping[str, np.ndarray]) -> None:
+        import os
+
+        for name, value in outputs.items():
+            if name in self._temps:
+                self.buffers[name].flush()
+                os.replace(self._temps.pop(name), self.paths[name])
+            else:
+                write_atomic_with(self.paths[name],
+                                  lambda f, v=value: np.lib.format.write_array(f, np.asanyarray(v), allow_pickle=False))
+
+    def __enter__(self) -> "OutputDir":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        import os
+
+        self.buffers.clear()
+        for tmp in self._temps.values():  # a failed run leaves no partial file behind
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
 def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
     """What np.savez does, minus its keyword arguments: outputs named 'file' or
     'allow_pickle' would collide with them."""
