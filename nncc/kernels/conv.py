@@ -145,8 +145,9 @@ def _tap_slices(offsets, out_sizes, strides):
 
 
 def _scratch(scratch, key, shape, dtype, zero=False):
-    """A buffer kept between runs in the node's scratch dict (a new one per shape). Padding
-    regions of a zeroed buffer stay zero: every run writes the same interior positions."""
+    """A buffer kept between runs in a workspace dict, one per (key, shape, dtype). A
+    zeroed buffer's padding stays zero only because every user of the same key writes the
+    same interior positions: callers put the geometry into the key."""
     if scratch is None:
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
     full = (key, tuple(shape), np.dtype(dtype).str)
@@ -185,7 +186,8 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
             shift = sum((oi // si) * st for oi, si, st in zip(o, strides, suffix))
             tap_src.append((phase, shift))
         need = max(sh for _, sh in tap_src) + flat_len
-        buf = _scratch(scratch, "phases", (n, c, nphase, max(total, need)), x.dtype, zero=True)
+        geometry = ("phases", tuple(x.shape), tuple(pads_begin), tuple(pads_end), tuple(strides))
+        buf = _scratch(scratch, geometry, (n, c, nphase, max(total, need)), x.dtype, zero=True)
         for ph, rs in enumerate(itertools.product(*(range(si) for si in strides))):
             src, dst = [], []
             for i in range(nd):
@@ -353,7 +355,7 @@ def conv(ctx, x, w, b=None, out=None):
     target = out[0] if out is not None and out[0].dtype == cdt else None
     if chunk >= n:
         y = _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes,
-                        getattr(ctx, "scratch", None), target)
+                        ctx.workspace, target)
     else:
         y = np.empty((n, m) + tuple(out_sizes), dtype=cdt)
         for start in range(0, n, chunk):

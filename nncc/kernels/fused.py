@@ -42,6 +42,7 @@ def _inner_ctx(ctx) -> Ctx:
         opset = int(ctx.get("onnx_opset", DEFAULT_ONNX_OPSET))
         inner = ctx.scratch["inner ctx"] = Ctx(ctx.attrs, opset, 1, ctx.name)
         inner.scratch = ctx.scratch
+    inner.workspace = ctx.workspace  # the executor may have replaced it after creation
     return inner
 
 

@@ -140,7 +140,7 @@ def max_pool(ctx, x, out=None):
     want_indices = ctx.num_outputs > 1
     if not want_indices:
         return _separable_reduce(x, ks, st, dl, pb, sizes, np.maximum, _lowest(x.dtype),
-                                 ctx.scratch, None if out is None else out[0])
+                                 ctx.workspace, None if out is None else out[0])
     storage_order = int(ctx.get("storage_order", 0))
     if storage_order not in (0, 1):
         raise KernelError("MaxPool: storage_order must be 0 or 1")
@@ -207,8 +207,8 @@ def average_pool(ctx, x, out=None):
     acc_dtype = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
     target = out[0] if out is not None and out[0].dtype == acc_dtype else None
     y = _separable_reduce(x.astype(acc_dtype, copy=False), ks, st, dl, pb, sizes, np.add, 0,
-                          ctx.scratch, target)
-    key = ("counts", x.shape, include_pad)
+                          ctx.workspace, target)
+    key = ("counts", x.shape)  # this node's own table: its geometry is fixed
     count = ctx.scratch.get(key)
     if count is None:
         count = ctx.scratch[key] = _avg_counts(x.shape, ks, st, dl, pb, pe, sizes, include_pad)

@@ -23,16 +23,19 @@ ShapeFn = Callable[..., list]
 class Ctx:
     """Per-node context handed to kernels and shape functions."""
 
-    __slots__ = ("attrs", "opset", "num_outputs", "name", "scratch")
+    __slots__ = ("attrs", "opset", "num_outputs", "name", "scratch", "workspace")
 
     def __init__(self, attrs: dict, opset: int, num_outputs: int = 1, name: str = ""):
         self.attrs = attrs
         self.opset = opset
         self.num_outputs = num_outputs
         self.name = name
-        # Per-node buffers a kernel keeps between runs (an im2col matrix, a padded input),
-        # so the steady state allocates nothing. The executor runs one inference at a time.
+        # What a kernel keeps between runs: `scratch` is this node's own (derived tables);
+        # `workspace` holds large temporary buffers by shape and is shared by all nodes of
+        # an executor, which runs one kernel at a time, so the steady state allocates
+        # nothing and a model needs only one buffer per distinct temporary shape.
         self.scratch: dict = {}
+        self.workspace: dict = {}
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -36,10 +36,12 @@ class Executor:
         self.buffers = self._arena(writes_out)
         self.output_slots = set(plan.outputs)
         self.steps = []
+        workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
         for ins, definition in zip(plan.instructions, definitions):
             attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
             opset = int(opsets.get(definition.domain, definition.since))
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
+            ctx.workspace = workspace
             # preallocated outputs for this step, when every output can have one
             planned = definition.writes_out and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
