@@ -28,6 +28,7 @@ from nncc.passes.dce import eliminate_dead_code  # noqa: E402
 from nncc.passes.fold import fold_constants  # noqa: E402
 from nncc.passes.fusion import (  # noqa: E402
     fold_batchnorm_into_conv,
+    fold_scale_shift_into_conv,
     fuse_activation,
     matmul_add_to_gemm,
 )
@@ -370,6 +371,38 @@ def test_batchnorm_folds_into_conv(with_bias, group):
     assert not {"scale", "bias", "mean", "var", "w"} & set(after.initializers)
 
 
+def _conv_scale_shift_model(scale_shape, shift_shape, with_bias, swap):
+    m, c = 8, 4
+    inits = [init("w", rand(20, m, c, 3, 3)), init("s", rand(21, *scale_shape)), init("t", rand(22, *shift_shape))]
+    conv_inputs = ["x", "w"]
+    if with_bias:
+        inits.append(init("b", rand(23, m)))
+        conv_inputs.append("b")
+    mul_inputs = ["s", "c"] if swap else ["c", "s"]
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", mul_inputs, ["scaled"]),
+             helper.make_node("Add", ["scaled", "t"], ["y"])]
+    return make_model(nodes, [("x", [2, c, 6, 6])], [("y", [2, m, 6, 6])], inits)
+
+
+@pytest.mark.parametrize("scale_shape, shift_shape", [((1, 8, 1, 1), (8, 1, 1)), ((1,), (1, 8, 1, 1))])
+@pytest.mark.parametrize("with_bias, swap", [(True, False), (False, True)])
+def test_per_channel_mul_and_add_fold_into_conv(scale_shape, shift_shape, with_bias, swap):
+    model = _conv_scale_shift_model(scale_shape, shift_shape, with_bias, swap)
+    after = eliminate_dead_code(check_pass(model, fold_scale_shift_into_conv, tol=BN_TOL))
+    assert ops(after) == ["Conv"] and after.nodes[0].outputs == ["y"]
+
+
+def test_mul_varying_over_space_is_not_folded():
+    m, c = 8, 4
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Mul", ["c", "s"], ["y"])],
+                       [("x", [2, c, 6, 6])], [("y", [2, m, 6, 6])],
+                       [init("w", rand(24, m, c, 3, 3)), init("s", rand(25, 1, m, 6, 6))])
+    after = check_pass(model, fold_scale_shift_into_conv)
+    assert ops(after) == ["Conv", "Mul"]
+
+
 def test_batchnorm_not_folded_when_conv_output_is_shared():
     after = check_pass(_conv_bn_model(extra_consumer=True), fold_batchnorm_into_conv)
     assert "BatchNormalization" in ops(after)
@@ -513,7 +546,8 @@ def test_pass_list_describes_every_level():
     assert [p.name for p in passes_for(0)] == []
     assert [p.name for p in passes_for(1)] == ["remove_noops", "fold_constants", "eliminate_dead_code"]
     assert [p.name for p in passes_for(2)][3:] == [
-        "fold_batchnorm_into_conv", "matmul_add_to_gemm", "fuse_activation", "eliminate_dead_code"]
+        "fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "matmul_add_to_gemm", "fuse_activation",
+        "eliminate_dead_code"]
     for name, level, description in PASSES:
         assert name and level in (1, 2) and description
     with pytest.raises(ValueError):

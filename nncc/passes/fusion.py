@@ -151,6 +151,72 @@ def fold_batchnorm_into_conv(graph: Graph) -> Graph:
     return rw.result()
 
 
+# --------------------------------------------------------------------------- Conv + Mul/Add
+
+
+def _per_channel(c: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that, broadcast against a Conv output of ``rank``, varies at most along
+    the channel axis: its values per output channel (length ``channels``), else None."""
+    if c is None or c.dtype.kind != "f" or c.ndim > rank:
+        return None
+    if c.size == 1:
+        return np.full(channels, c.reshape(-1)[0], dtype=np.float64)
+    shape = (1,) * (rank - c.ndim) + tuple(c.shape)
+    if shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return c.reshape(-1).astype(np.float64)
+
+
+def fold_scale_shift_into_conv(graph: Graph) -> Graph:
+    """Conv -> Mul or Add by a constant that varies only per output channel (how some
+    exporters write inference BatchNormalization, e.g. light_inception_v2) folds into the
+    Conv: ``W' = W * s, B' = B * s`` for Mul and ``B' = B + t`` for Add. Applied until no
+    more fold, so Conv -> Mul -> Add chains become one Conv and activations can then fuse."""
+    while True:
+        rw = _Rewriter(graph)
+        folded = False
+        for conv in graph.nodes:
+            if conv.op_type != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
+                continue
+            if len(conv.inputs) < 2 or not conv.inputs[0] or id(conv) in rw.replace:
+                continue
+            op = rw.sole_consumer(conv.outputs[0])
+            if op is None or op.op_type not in ("Mul", "Add") or op.domain != "" or id(op) in rw.drop:
+                continue
+            if len(op.inputs) != 2 or conv.outputs[0] not in op.inputs or op.inputs[0] == op.inputs[1]:
+                continue
+            w = rw.constant(conv.inputs[1])
+            b = rw.constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+            if w is None or w.dtype.kind != "f" or w.ndim < 3:
+                continue
+            if len(conv.inputs) > 2 and conv.inputs[2] and b is None:
+                continue
+            other = op.inputs[1] if op.inputs[0] == conv.outputs[0] else op.inputs[0]
+            m = w.shape[0]
+            values = _per_channel(rw.constant(other), m, w.ndim)
+            if values is None or rw.constant(other).dtype != w.dtype:
+                continue
+            base = b.reshape(-1).astype(np.float64) if b is not None else np.zeros(m)
+            stem = op.outputs[0]
+            if op.op_type == "Mul":
+                new_w = _scale_rows(w, values)
+                new_b = base * values
+            else:
+                new_w = w
+                new_b = base + values
+            new_b = new_b.astype(w.dtype)
+            new_b.flags.writeable = False
+            w_name = conv.inputs[1] if new_w is w else rw.add_initializer(f"{stem}/folded_W", new_w)
+            b_name = rw.add_initializer(f"{stem}/folded_B", new_b)
+            fused = Node("Conv", [conv.inputs[0], w_name, b_name], [op.outputs[0]],
+                         dict(conv.attrs), "", conv.name or op.name)
+            rw.fuse(conv, op, fused)
+            folded = True
+        graph = rw.result()
+        if not folded:
+            return graph
+
+
 # --------------------------------------------------------------------------- MatMul + Add
 
 

@@ -12,7 +12,12 @@ from nncc.ir.graph import Graph
 from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
-from nncc.passes.fusion import fold_batchnorm_into_conv, fuse_activation, matmul_add_to_gemm
+from nncc.passes.fusion import (
+    fold_batchnorm_into_conv,
+    fold_scale_shift_into_conv,
+    fuse_activation,
+    matmul_add_to_gemm,
+)
 
 MAX_LEVEL = 2
 
@@ -31,6 +36,8 @@ PASSES: list[PassInfo] = [
     PassInfo("eliminate_dead_code", 1, "drop nodes and initializers that reach no output"),
     PassInfo("fold_batchnorm_into_conv", 2,
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
+    PassInfo("fold_scale_shift_into_conv", 2,
+             "fold a per-channel constant Mul or Add after a Conv into its weights and bias"),
     PassInfo("matmul_add_to_gemm", 2,
              "MatMul by a constant 2-D matrix + constant bias -> nncc FusedMatMul"),
     PassInfo("fuse_activation", 2,
@@ -44,6 +51,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,
     "eliminate_dead_code": eliminate_dead_code,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
+    "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
 }
