@@ -1,0 +1,656 @@
+"""Benchmark measurement behind `nncc bench` and benchmarks/suite.py (no click, no rich).
+
+One call, ``run_benchmark(model, BenchSettings(...))``, measures in this order and returns
+a JSON-ready dict (the schema is in docs/bench.md):
+
+1. cold compile: ``prepare(use_cache=False)``; the first compile of the process (it pays
+   the lazy imports of the frontend and passes) and the median of a few more;
+2. cache-hit load: compile once into a cache directory (a temporary one unless given),
+   then the median of several ``prepare()`` hits, each verified against the hash index;
+3. first inference on the model the last hit prepared;
+4. warm-up runs, then the steady state: latency min/p50/p90/p99/mean/stddev, throughput;
+5. peak resident memory: getrusage's ru_maxrss (on Linux /proc/self/status VmHWM, the same
+   figure without a parent's peak carried over fork + exec); no tracemalloc, which would
+   slow every allocation the timings include;
+6. with ``compare="onnxruntime"``: an onnxruntime session on the same inputs, with the same
+   thread count and spinning off, timed INTERLEAVED with nncc (the order alternates every
+   iteration, so machine noise and cache effects hit both alike); ratios nncc / ort and
+   the largest absolute difference between their outputs.
+
+``count_flops(plan, dims)`` counts 2 x MACs of Conv, ConvTranspose, Gemm and MatMul
+(fused variants included) from the plan's slot shapes; ``matmul_peak()`` measures the
+machine's numpy float32 matmul rate, for "% of peak" figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from nncc.errors import FileAccessError, NnccError
+from nncc.util import progress
+
+SCHEMA = "nncc-bench/1"
+DEFAULT_DURATION = 3.0  # seconds of steady state when neither iterations nor duration is given
+DEFAULT_MIN_ITERATIONS = 10  # ... and at least this many iterations
+COMPARE_RUNTIMES = ("onnxruntime",)
+MAX_ITERATIONS = 1_000_000  # a --duration loop on a tiny model stops here whatever the clock says
+
+
+class BenchError(NnccError):
+    """Bad benchmark settings or a model that cannot be benchmarked as asked."""
+
+    exit_code = 2
+
+
+@dataclass
+class BenchSettings:
+    warmup: int = 3
+    iterations: int | None = None  # timed iterations (per runtime with compare)
+    duration: float | None = None  # or: seconds of timed loop (both runtimes together)
+    min_iterations: int | None = None  # with a duration: at least this many (default 1; 10 without either)
+    threads: int | None = 2  # BLAS threads for nncc, intra-op threads for onnxruntime; None: leave as is
+    compare: str | None = None  # "onnxruntime"
+    seed: int = 0
+    dims: dict[str, int] = field(default_factory=dict)  # symbolic input dims; unnamed ones are 1
+    cache_dir: str | None = None  # None: a temporary directory, removed afterwards
+    compile_runs: int = 3  # cold compiles after the first one
+    cache_hits: int = 5  # timed prepare() hits
+    compile_options: dict[str, Any] = field(default_factory=dict)  # preference, opt_level, backends, plugins
+
+    def check(self) -> None:
+        if self.warmup < 0:
+            raise BenchError(f"--warmup must be 0 or more, not {self.warmup}")
+        if self.iterations is not None and self.duration is not None:
+            raise BenchError("give --iterations or --duration, not both")
+        if self.iterations is not None and self.iterations < 1:
+            raise BenchError(f"--iterations must be at least 1, not {self.iterations}")
+        if self.min_iterations is not None and self.min_iterations < 1:
+            raise BenchError(f"the minimum number of iterations must be at least 1, not {self.min_iterations}")
+        if self.duration is not None and not (self.duration > 0 and math.isfinite(self.duration)):
+            raise BenchError(f"--duration must be a positive number of seconds, not {self.duration}")
+        if self.threads is not None and self.threads < 1:
+            raise BenchError(f"--threads must be at least 1, not {self.threads}")
+        if self.compare is not None and self.compare not in COMPARE_RUNTIMES:
+            raise BenchError(f"cannot compare with {self.compare!r}; choose from {', '.join(COMPARE_RUNTIMES)}")
+        for name, value in self.dims.items():
+            if not isinstance(value, int) or value < 0:
+                raise BenchError(f"dimension {name!r} must be a non-negative integer, not {value!r}")
+
+
+# -- statistics ---------------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on sorted values."""
+    if not sorted_values:
+        raise ValueError("no values")
+    position = (len(sorted_values) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
+
+
+def latency_stats(samples: list[float]) -> dict[str, float]:
+    """min, p50, p90, p99, mean and (sample) stddev of latencies in seconds."""
+    ordered = sorted(samples)
+    return {
+        "min": ordered[0],
+        "p50": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "p99": percentile(ordered, 99),
+        "mean": statistics.fmean(ordered),
+        "stddev": statistics.stdev(ordered) if len(ordered) > 1 else 0.0,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# -- FLOPs ---------------------------------------------------------------------------------------------
+
+FLOP_OPS = ("Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul", "FusedMatMul")
+
+
+def bind_dims(declared: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, int]:
+    """Symbolic dimension name -> the size the feeds give it."""
+    bound: dict[str, int] = {}
+    for name, info in declared.items():
+        shape = getattr(info, "shape", None)
+        value = feeds.get(name)
+        if shape is None or value is None:
+            continue
+        for dim, size in zip(shape, getattr(value, "shape", ())):
+            if isinstance(dim, str):
+                bound.setdefault(dim, int(size))
+    return bound
+
+
+def _concrete(shape, dims: Mapping[str, int]) -> tuple[int, ...] | None:
+    if shape is None:
+        return None
+    out = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str) and d in dims:
+            out.append(int(dims[d]))
+        else:
+            return None
+    return tuple(out)
+
+
+def _prod(values) -> int:
+    result = 1
+    for v in values:
+        result *= int(v)
+    return result
+
+
+def instruction_flops(plan, ins, dims: Mapping[str, int] | None = None) -> tuple[str, int | None] | None:
+    """(op family, 2 x MACs) of one plan instruction; None when it is not a counted op;
+    (family, None) when its shapes are unknown."""
+    key = plan.kernels[ins.kernel]
+    parts = key.split("::")
+    op = parts[1] if len(parts) == 3 else key
+    if op not in FLOP_OPS:
+        return None
+    dims = dims or {}
+
+    def shape(position: int, of=ins.inputs):
+        if position >= len(of) or of[position] < 0:
+            return None
+        return _concrete(plan.slots[of[position]].shape, dims)
+
+    a, w, y = shape(0), shape(1), shape(0, ins.outputs)
+    macs = None
+    if op in ("Conv", "FusedConv") and w is not None and y is not None and len(w) >= 2:
+        macs = _prod(y) * _prod(w[1:])  # each output: C/group x kernel MACs
+    elif op == "ConvTranspose" and a is not None and w is not None and len(w) >= 2:
+        macs = _prod(a) * _prod(w[1:])  # each input element: M/group x kernel MACs
+    elif op in ("Gemm", "FusedGemm") and a is not None and y is not None and len(a) == 2:
+        k = a[0] if ins.attrs.get("transA", 0) else a[1]
+        macs = _prod(y) * k
+    elif op in ("MatMul", "FusedMatMul") and a is not None and y is not None and a:
+        macs = _prod(y) * a[-1]
+    return op.replace("Fused", ""), None if macs is None else 2 * macs
+
+
+def count_flops(plan, dims: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """2 x multiply-accumulates of the plan's Conv/ConvTranspose/Gemm/MatMul instructions.
+
+    Returns {"total": int | None, "by_op": {op: flops}, "unresolved": [node names]}; total
+    is None when some counted instruction has a shape the plan leaves unknown.
+    """
+    by_op: dict[str, int] = {}
+    unresolved: list[str] = []
+    for ins in plan.instructions:
+        counted = instruction_flops(plan, ins, dims)
+        if counted is None:
+            continue
+        family, flops = counted
+        if flops is None:
+            unresolved.append(ins.node or family)
+            continue
+        by_op[family] = by_op.get(family, 0) + flops
+    total = None if unresolved else sum(by_op.values())
+    return {"total": total, "by_op": by_op, "unresolved": unresolved}
+
+
+# -- machine -------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "processor\t: arm")):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_info() -> dict[str, Any]:
+    import numpy as np
+
+    from nncc.runtime.threads import blas_info
+
+    return {
+        "cpus": usable_cpus(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": blas_info(),
+        "env": {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                           "OMP_NUM_THREADS") if k in os.environ},
+    }
+
+
+def matmul_peak(n: int = 1024, runs: int = 15, threads: int | None = None) -> dict[str, float]:
+    """numpy float32 (n x n) @ (n x n): median seconds and GFLOP/s (the machine's BLAS peak)."""
+    import numpy as np
+
+    from nncc.runtime.threads import limit_blas_threads
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), np.float32)
+    with limit_blas_threads(threads):
+        for _ in range(3):
+            np.matmul(a, b, out=out)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            np.matmul(a, b, out=out)
+            times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {"n": n, "seconds": median, "gflops_per_second": 2.0 * n ** 3 / median / 1e9,
+            "best_gflops_per_second": 2.0 * n ** 3 / min(times) / 1e9}
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set size so far.
+
+    getrusage's ru_maxrss (KiB on Linux, bytes on macOS), except that on Linux VmHWM of
+    /proc/self/status is preferred: ru_maxrss carries a parent's peak over fork + exec, so
+    a small benchmark started by a big process would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource  # Unix only; imported here so that the module imports anywhere
+    except ImportError:
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+# -- onnxruntime ---------------------------------------------------------------------------------------
+
+
+def onnxruntime_session(model: str, threads: int | None):
+    """An onnxruntime CPU session with intra-op threads = ``threads`` and spinning off: its
+    idle workers would otherwise spin after every run and steal the cores numpy's BLAS
+    threads need. Raises ImportError when onnxruntime is not installed."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # models with unused initializers: no warnings
+    options.intra_op_num_threads = threads or 0
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def max_abs_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[float | None, int]:
+    """Largest |a - b| over the outputs both have (NaN where both are NaN counts as equal;
+    a shape mismatch is infinite). Returns (value or None when nothing compared, count)."""
+    import numpy as np
+
+    worst, compared = 0.0, 0
+    for name, a in ours.items():
+        if name not in theirs:
+            continue
+        a, b = np.asarray(a), np.asarray(theirs[name])
+        compared += 1
+        if a.shape != b.shape:
+            worst = math.inf
+            continue
+        if a.size == 0:
+            continue
+        if a.dtype.kind not in "fiub" or b.dtype.kind not in "fiub":
+            worst = max(worst, 0.0 if np.array_equal(a, b) else math.inf)
+            continue
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: handled below
+            diff = np.abs(x - y)
+        diff[np.isnan(x) & np.isnan(y)] = 0.0
+        diff[(x == y)] = 0.0  # equal infinities
+        worst = max(worst, float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))))
+    return (worst if compared else None), compared
+
+
+# -- the benchmark -------------------------------------------------------------------------------------
+
+
+def _is_artifact(path: str) -> bool:
+    from nncc.plan.format import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except FileNotFoundError:
+        raise FileAccessError(f"cannot read {path}: no such file") from None
+    except IsADirectoryError:
+        raise FileAccessError(f"{path} is a directory, not a model file") from None
+    except OSError as exc:
+        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _timed(fn) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn()
+    return time.perf_counter() - start, value
+
+
+def _time_only(fn) -> float:
+    """Seconds ``fn()`` took; its result is dropped before the next one is made."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _stderr_notice(message: str) -> None:
+    sys.stderr.write(f"nncc: warning: {message}\n")
+    sys.stderr.flush()
+
+
+def run_benchmark(model: str, settings: BenchSettings | None = None,
+                  notice: Callable[[str], None] | None = _stderr_notice) -> dict[str, Any]:
+    """Measure ``model`` (an .onnx file or a compiled .nncc artifact); see the module docstring.
+
+    Progress goes to nncc.util.progress (one task per phase); ``notice`` gets the one line
+    saying a comparison cannot be made (default: stderr)."""
+    import nncc
+    from nncc.model import prepare
+    from nncc.runtime.arrays_io import random_feeds
+    from nncc.runtime.threads import blas_threads, limit_blas_threads
+
+    settings = settings or BenchSettings()
+    settings.check()
+    model = os.fspath(model)
+    baseline_rss = current_rss_bytes()
+    artifact = _is_artifact(model)
+    if artifact and settings.compare:
+        raise BenchError(f"--compare needs an ONNX model; {model} is a compiled nncc artifact")
+    options = dict(settings.compile_options)
+    compile_info: dict[str, Any] = {
+        "cold_first_seconds": None, "cold_seconds": None, "cold_runs": 0, "cache_store_outcome": None,
+        "cache_hit_seconds": None, "cache_hit_min_seconds": None, "cache_hits": 0, "cache_dir": None,
+        "cache_dir_temporary": settings.cache_dir is None and not artifact, "load_seconds": None,
+    }
+
+    with limit_blas_threads(settings.threads) as threads_applied:
+        if artifact:
+            from nncc.backends.registry import load_plugin
+
+            for module in options.get("plugins", ()):  # an artifact may name plugin kernels
+                load_plugin(module)
+            loads = []
+            with progress.task("loading the artifact", total=max(1, settings.cache_hits)) as task:
+                for _ in range(max(1, settings.cache_hits)):
+                    seconds, compiled = _timed(lambda: nncc.load(model))
+                    loads.append(seconds)
+                    task.advance()
+            compile_info["load_seconds"] = statistics.median(loads)
+        else:
+            runs = 1 + max(0, settings.compile_runs)
+            colds = []
+            with progress.task("cold compile (no cache)", total=runs) as task:
+                for _ in range(runs):
+                    colds.append(_time_only(lambda: prepare(model, use_cache=False, **options)))
+                    task.advance()
+            compile_info["cold_first_seconds"] = colds[0]
+            compile_info["cold_seconds"] = statistics.median(colds[1:] or colds)
+            compile_info["cold_runs"] = len(colds)
+            gc.collect()
+            compiled = _cache_hits(model, settings, options, compile_info, prepare)
+            if compiled is None:  # no usable cache here: a model compiled in memory
+                compiled, _ = prepare(model, use_cache=False, **options)
+
+        feeds = random_feeds(compiled.input_infos, settings.seed, settings.dims)
+        dims = bind_dims(compiled.input_infos, feeds)
+        flops = count_flops(compiled.plan, dims)
+
+        with progress.task("first inference, warm-up", total=1 + settings.warmup) as task:
+            gc.collect()
+            first_seconds, first_outputs = _timed(lambda: compiled.run(feeds))
+            first_outputs = {k: v.copy() for k, v in first_outputs.items()}  # safe from later runs
+            task.advance()
+            for _ in range(settings.warmup):
+                compiled.run(feeds)
+                task.advance()
+        peak_nncc = peak_rss_bytes()
+
+        ort = None
+        compare: dict[str, Any] | None = None
+        if settings.compare:
+            compare, ort = _start_onnxruntime(model, settings, feeds, first_outputs, notice)
+
+        nncc_times, ort_times = _steady_state(compiled, ort, feeds, settings)
+        threads_now = blas_threads()
+
+    stats = latency_stats(nncc_times)
+    throughput = 1.0 / stats["mean"] if stats["mean"] > 0 else None
+    gflops = flops["total"] / stats["p50"] / 1e9 if flops["total"] and stats["p50"] > 0 else None
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": model,
+        "model_kind": "artifact" if artifact else "onnx",
+        "nncc_version": nncc.__version__,
+        "settings": {
+            "preference": compiled.plan.options.get("preference", options.get("preference")),
+            "opt_level": compiled.plan.options.get("opt_level", options.get("opt_level")),
+            "backends": list(compiled.plan.options.get("backends", options.get("backends", ()))),
+            "plugins": list(compiled.plan.options.get("plugins", options.get("plugins", ()))),
+            "threads": settings.threads,
+            "warmup": settings.warmup,
+            "iterations": settings.iterations,
+            "duration": settings.duration,
+            "seed": settings.seed,
+            "dims": dims,
+            "compare": settings.compare,
+        },
+        "inputs": [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()],
+        "flops": flops["total"],
+        "flops_by_op": flops["by_op"],
+        "flops_unresolved": flops["unresolved"],
+        "compile": compile_info,
+        "first_inference_seconds": first_seconds,
+        "iterations": len(nncc_times),
+        "latency_seconds": stats,
+        "throughput_per_second": throughput,
+        "gflops_per_second": gflops,
+        "memory": {
+            "peak_rss_bytes": peak_rss_bytes(),
+            "peak_rss_nncc_bytes": peak_nncc,
+            "baseline_rss_bytes": baseline_rss,
+            "arena_bytes": _arena_bytes(compiled),
+        },
+        "blas": None,
+        "machine": machine_info(),
+        "compare": compare,
+    }
+    # the BLAS numpy ran on: library, kernel (core name), build, thread count during the runs
+    result["blas"] = {**result["machine"].pop("blas"), "threads": threads_now,
+                      "threads_applied": bool(threads_applied)}
+    if compare is not None and compare.get("available"):
+        _finish_compare(compare, ort_times, stats, first_seconds, throughput, compile_info)
+    return result
+
+
+def _arena_bytes(compiled) -> int:
+    """The executor's preallocated arena for intermediates, else what the plan declares."""
+    arena = getattr(getattr(compiled, "_executor", None), "arena", None)
+    if arena is not None and hasattr(arena, "nbytes"):
+        return int(arena.nbytes)
+    return int(getattr(compiled.plan, "arena_bytes", 0) or 0)
+
+
+def _cache_hits(model, settings, options, info, prepare):
+    """Fill the cache once, then time verified hits. Returns the last hit's model (or None)."""
+    temporary = settings.cache_dir is None
+    directory = tempfile.mkdtemp(prefix="nncc-bench-cache-") if temporary else settings.cache_dir
+    info["cache_dir"] = os.path.abspath(directory)
+    compiled = None
+    try:
+        with progress.task("cache store, then cache hits", total=1 + max(1, settings.cache_hits)) as task:
+            outcome = prepare(model, cache_dir=directory, **options)[1]  # the model itself is dropped
+            task.advance()
+            info["cache_store_outcome"] = outcome.outcome
+            if outcome.outcome not in ("hit", "miss", "recompiled"):
+                return None  # the cache is unusable here: no hit path to time
+            hits = []
+            for _ in range(max(1, settings.cache_hits)):
+                compiled = None  # one copy alive at a time
+                seconds, (compiled, outcome) = _timed(lambda: prepare(model, cache_dir=directory, **options))
+                if outcome.outcome != "hit":
+                    info["cache_store_outcome"] = f"{info['cache_store_outcome']}, then {outcome.outcome}"
+                    return compiled
+                hits.append(seconds)
+                task.advance()
+        info["cache_hit_seconds"] = statistics.median(hits)
+        info["cache_hit_min_seconds"] = min(hits)
+        info["cache_hits"] = len(hits)
+        return compiled
+    finally:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _start_onnxruntime(model, settings, feeds, nncc_outputs, notice):
+    compare: dict[str, Any] = {"runtime": settings.compare, "available": False, "reason": None, "version": None,
+                               "threads": settings.threads, "session_seconds": None,
+                               "first_inference_seconds": None, "latency_seconds": None,
+                               "iterations": 0, "throughput_per_second": None, "ratios": None,
+                               "max_abs_diff": None, "outputs_compared": 0}
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        compare["reason"] = f"onnxruntime is not installed ({exc})"
+        if notice:
+            notice("onnxruntime is not installed: measuring nncc alone (pip install onnxruntime to compare)")
+        return compare, None
+    compare["version"] = onnxruntime.__version__
+    with progress.task("onnxruntime session, warm-up", total=2 + settings.warmup) as task:
+        try:
+            session_seconds, session = _timed(lambda: onnxruntime_session(model, settings.threads))
+            names = [i.name for i in session.get_inputs()]
+            missing = [n for n in names if n not in feeds]
+            if missing:
+                raise BenchError(f"onnxruntime wants inputs nncc does not declare: {', '.join(missing)}")
+            ort_feeds = {n: feeds[n] for n in names}
+            output_names = [o.name for o in session.get_outputs()]
+            task.advance()
+            first, values = _timed(lambda: session.run(output_names, ort_feeds))
+            task.advance()
+        except BenchError:
+            raise
+        except Exception as exc:  # onnxruntime refuses the model: say so, measure nncc alone
+            text = str(exc).strip().splitlines()
+            compare["reason"] = f"onnxruntime failed: {type(exc).__name__}: {text[0] if text else ''}"
+            if notice:
+                notice(f"{compare['reason'][:200]}; measuring nncc alone")
+            return compare, None
+        diff, compared = max_abs_diff(nncc_outputs, dict(zip(output_names, values)))
+        compare.update(available=True, session_seconds=session_seconds, first_inference_seconds=first,
+                       max_abs_diff=diff, outputs_compared=compared)
+        for _ in range(settings.warmup):
+            session.run(output_names, ort_feeds)
+            task.advance()
+
+    def run_ort():
+        session.run(output_names, ort_feeds)
+
+    return compare, run_ort
+
+
+def _steady_state(compiled, run_ort, feeds, settings) -> tuple[list[float], list[float]]:
+    """Timed loop; with onnxruntime, alternating nncc-ort / ort-nncc each iteration."""
+    run_nncc = compiled.run
+    nncc_times: list[float] = []
+    ort_times: list[float] = []
+    if settings.iterations is not None:
+        iterations, duration, minimum = settings.iterations, None, settings.iterations
+    elif settings.duration is None:
+        minimum = settings.min_iterations or DEFAULT_MIN_ITERATIONS
+        iterations, duration = MAX_ITERATIONS, DEFAULT_DURATION
+    else:
+        iterations, duration, minimum = MAX_ITERATIONS, settings.duration, settings.min_iterations or 1
+    label = "steady state" + (", interleaved with onnxruntime" if run_ort is not None else "")
+    with progress.task(label, total=iterations if duration is None else None) as task:
+        _timed_loop(run_nncc, run_ort, feeds, iterations, duration, minimum, nncc_times, ort_times, task, label)
+    return nncc_times, ort_times
+
+
+def _timed_loop(run_nncc, run_ort, feeds, iterations, duration, minimum, nncc_times, ort_times, task, label):
+    clock = time.perf_counter
+    shown, last = 0, 0.0
+    gc.collect()
+    began = clock()
+    for i in range(iterations):
+        if run_ort is not None and i % 2:
+            start = clock()
+            run_ort()
+            middle = clock()
+            run_nncc(feeds)
+            end = clock()
+            ort_times.append(middle - start)
+            nncc_times.append(end - middle)
+        else:
+            start = clock()
+            run_nncc(feeds)
+            middle = clock()
+            nncc_times.append(middle - start)
+            if run_ort is not None:
+                run_ort()
+                ort_times.append(clock() - middle)
+        now = clock()
+        elapsed = now - began
+        if duration is not None and elapsed >= duration and i + 1 >= minimum:
+            break
+        if now - last >= 0.1:  # report progress at most ten times a second
+            last = now
+            if duration is None:
+                task.advance(i + 1 - shown)
+                shown = i + 1
+            else:
+                task.describe(f"{label}: {elapsed:.1f} of {duration:g} s, {i + 1} runs")
+
+
+def _finish_compare(compare, ort_times, stats, first_seconds, throughput, compile_info) -> None:
+    ort_stats = latency_stats(ort_times)
+    ort_throughput = 1.0 / ort_stats["mean"] if ort_stats["mean"] > 0 else None
+    compare["latency_seconds"] = ort_stats
+    compare["iterations"] = len(ort_times)
+    compare["throughput_per_second"] = ort_throughput
+    ratios = {key: _ratio(stats[key], ort_stats[key]) for key in ("min", "p50", "p90", "p99", "mean")}
+    ratios["first_inference"] = _ratio(first_seconds, compare["first_inference_seconds"])
+    ratios["compile"] = _ratio(compile_info["cold_seconds"], compare["session_seconds"])
+    ratios["throughput"] = _ratio(throughput, ort_throughput)
+    compare["ratios"] = ratios

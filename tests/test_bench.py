@@ -1,0 +1,357 @@
+"""`nncc bench`: its --json output against the schema documented in docs/bench.md, the
+onnxruntime comparison, --duration, bad input, and the pieces behind it (FLOP counting,
+percentiles, BLAS threads). Never a timing assertion: only shapes, types and consistency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+DOC = ROOT / "docs" / "bench.md"
+
+TYPES = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "null": (type(None),),
+}
+
+
+def _env(**extra) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("NNCC_DEBUG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), *extra.pop("pythonpath", []),
+                                                      env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def bench(*args, cwd=ROOT, env=None) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "nncc", "bench", *map(str, args)], cwd=cwd,
+                            env=env or _env(), capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    return result
+
+
+def bench_json(*args, env=None) -> tuple[dict, str]:
+    result = bench(*args, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+def documented_keys() -> dict[str, tuple[type, ...]]:
+    """`key` -> allowed Python types, from the schema tables of docs/bench.md."""
+    keys = {}
+    for match in re.finditer(r"^\| `([^`]+)` \| ([a-z ]+?) \|", DOC.read_text(), re.MULTILINE):
+        key, kinds = match.group(1), match.group(2)
+        if " " in key or key.startswith("-"):
+            continue
+        allowed: tuple[type, ...] = ()
+        for kind in kinds.split(" or "):
+            allowed += TYPES[kind.strip()]
+        keys[key] = allowed
+    return keys
+
+
+def lookup(payload: dict, key: str) -> list:
+    """The values at a dotted key; `a[].b` means key b of every element of array a."""
+    values = [payload]
+    for part in key.split("."):
+        many = part.endswith("[]")
+        name = part[:-2] if many else part
+        nxt = []
+        for value in values:
+            if value is None:  # a null parent (compare without onnxruntime): nothing below it
+                continue
+            assert isinstance(value, dict) and name in value, f"missing key {key!r} (at {name!r})"
+            nxt.extend(value[name] if many else [value[name]])
+        values = nxt
+    return values
+
+
+def check_schema(payload: dict, *, with_compare: bool) -> None:
+    keys = documented_keys()
+    assert len(keys) > 60, "the schema table of docs/bench.md was not found"
+    for key, allowed in keys.items():
+        if key.startswith("compare.") and not with_compare:
+            continue
+        for value in lookup(payload, key):
+            ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+            assert ok, f"{key}: {value!r} is not {allowed}"
+    # nothing undocumented at the first two levels either
+    documented = set(keys)
+    for top, value in payload.items():
+        assert top in documented, f"undocumented key {top!r}"
+        if isinstance(value, dict) and top not in ("flops_by_op",):
+            for sub in value:
+                if top == "settings" and sub == "dims" or top == "machine" and sub == "env":
+                    continue
+                assert f"{top}.{sub}" in documented, f"undocumented key {top}.{sub}"
+
+
+@pytest.fixture(scope="module")
+def mlp_report() -> tuple[dict, str]:
+    return bench_json(FIXTURES / "mlp.onnx", "--iterations", 5, "--warmup", 1)
+
+
+def test_json_has_every_documented_key_with_its_type(mlp_report):
+    payload, _ = mlp_report
+    check_schema(payload, with_compare=False)
+    assert payload["schema"] == "nncc-bench/1"
+    assert payload["compare"] is None
+    assert payload["iterations"] == 5
+    assert payload["settings"]["iterations"] == 5 and payload["settings"]["warmup"] == 1
+    assert payload["settings"]["dims"] == {"N": 1}
+    assert payload["inputs"] == [{"name": "x", "shape": [1, 64], "dtype": "float32"}]
+
+
+def test_json_figures_are_consistent(mlp_report):
+    payload, _ = mlp_report
+    lat = payload["latency_seconds"]
+    assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"]
+    assert lat["min"] <= lat["mean"] and lat["stddev"] >= 0
+    assert payload["throughput_per_second"] == pytest.approx(1 / lat["mean"])
+    c = payload["compile"]
+    assert c["cold_runs"] == 4 and c["cold_seconds"] > 0 and c["cold_first_seconds"] > 0
+    assert c["cache_store_outcome"] == "miss" and c["cache_hits"] == 5
+    assert 0 < c["cache_hit_min_seconds"] <= c["cache_hit_seconds"]
+    assert c["cache_dir_temporary"] and not os.path.exists(c["cache_dir"])  # cleaned up
+    assert c["load_seconds"] is None
+    assert payload["first_inference_seconds"] > 0
+    # 64 -> 128 (Gemm), 128 -> 64 (MatMul), 64 -> 10 (Gemm), batch 1
+    assert payload["flops_by_op"] == {"Gemm": 2 * (64 * 128 + 64 * 10), "MatMul": 2 * 128 * 64}
+    assert payload["flops"] == sum(payload["flops_by_op"].values())
+    assert payload["gflops_per_second"] == pytest.approx(payload["flops"] / lat["p50"] / 1e9)
+    mem = payload["memory"]
+    assert mem["peak_rss_bytes"] >= mem["peak_rss_nncc_bytes"] > 0
+    assert payload["settings"]["threads"] == 2
+
+
+def test_json_output_is_strict_json(mlp_report):
+    payload, _ = mlp_report
+    text = json.dumps(payload, allow_nan=False)  # no Infinity/NaN anywhere
+    assert json.loads(text) == payload
+
+
+def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
+    pytest.importorskip("onnxruntime")
+    payload, _ = bench_json(FIXTURES / "mlp.onnx", "--iterations", 5, "--warmup", 1, "--compare", "onnxruntime")
+    check_schema(payload, with_compare=True)
+    cmp = payload["compare"]
+    assert cmp["available"] is True and cmp["reason"] is None and cmp["runtime"] == "onnxruntime"
+    assert cmp["iterations"] == payload["iterations"] == 5  # interleaved: same count each
+    assert cmp["outputs_compared"] == 2  # probs and logits
+    assert cmp["max_abs_diff"] < 1e-4
+    for key in ("min", "p50", "p90", "p99", "mean"):
+        assert cmp["ratios"][key] == pytest.approx(payload["latency_seconds"][key] / cmp["latency_seconds"][key])
+    assert cmp["ratios"]["throughput"] == pytest.approx(payload["throughput_per_second"]
+                                                        / cmp["throughput_per_second"])
+    assert cmp["ratios"]["compile"] == pytest.approx(payload["compile"]["cold_seconds"] / cmp["session_seconds"])
+    assert cmp["threads"] == 2
+
+
+def test_compare_on_a_convnet_agrees_with_onnxruntime():
+    pytest.importorskip("onnxruntime")
+    payload, _ = bench_json(FIXTURES / "resnet_block.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime",
+                            "--threads", 1)
+    assert payload["compare"]["max_abs_diff"] < 1e-3
+    assert payload["blas"]["threads"] in (1, None)
+    assert payload["flops_by_op"].keys() == {"Conv", "Gemm"}
+
+
+def test_compare_without_onnxruntime_says_so_once_and_goes_on(tmp_path):
+    shadow = tmp_path / "shadow" / "onnxruntime"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('onnxruntime hidden by the test')\n")
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "shadow"), env["PYTHONPATH"]])
+    payload, stderr = bench_json(FIXTURES / "mlp.onnx", "-n", 3, "--warmup", 0, "--compare", "onnxruntime", env=env)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "onnxruntime is not installed" in lines[0], stderr
+    check_schema(payload, with_compare=True)
+    cmp = payload["compare"]
+    assert cmp["available"] is False and "not installed" in cmp["reason"]
+    assert cmp["ratios"] is None and cmp["max_abs_diff"] is None and cmp["latency_seconds"] is None
+    assert payload["iterations"] == 3
+
+
+def test_duration_runs_at_least_once_and_records_it():
+    payload, _ = bench_json(FIXTURES / "mlp.onnx", "--duration", 0.2, "--warmup", 0)
+    assert payload["settings"]["duration"] == 0.2 and payload["settings"]["iterations"] is None
+    assert payload["iterations"] >= 1
+    assert payload["latency_seconds"]["min"] > 0
+
+
+def test_table_output(tmp_path):
+    result = bench(FIXTURES / "transformer.onnx", "-n", 3, "--warmup", 0, "--dim", "S=8")
+    assert result.returncode == 0, result.stderr
+    for label in ("cold compile", "cache-hit load", "first inference", "latency p50", "latency p99",
+                  "throughput", "peak RSS"):
+        assert label in result.stdout, label
+    assert result.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_artifact_reports_load_instead_of_compile(tmp_path):
+    import nncc
+
+    artifact = tmp_path / "mlp.nncc"
+    nncc.compile_model(FIXTURES / "mlp.onnx").save(artifact)
+    payload, _ = bench_json(artifact, "-n", 2, "--warmup", 0)
+    check_schema(payload, with_compare=False)
+    assert payload["model_kind"] == "artifact"
+    assert payload["compile"]["load_seconds"] > 0
+    assert payload["compile"]["cold_seconds"] is None and payload["compile"]["cache_hit_seconds"] is None
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["missing.onnx"], "no such file"),
+    ([str(FIXTURES)], "directory"),
+    ([str(FIXTURES / "mlp.onnx"), "--iterations", "3", "--duration", "1"], "not both"),
+    ([str(FIXTURES / "mlp.onnx"), "--iterations", "0"], "at least 1"),
+    ([str(FIXTURES / "mlp.onnx"), "--threads", "0"], "at least 1"),
+    ([str(FIXTURES / "mlp.onnx"), "--duration", "-1"], "positive"),
+    ([str(FIXTURES / "mlp.onnx"), "--dim", "S"], "NAME=SIZE"),
+    ([str(FIXTURES / "mlp.onnx"), "--compare", "tvm"], "tvm"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
+    result = bench(*args, "--json", cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("nncc: error: ") and fragment in lines[0], lines[0]
+    assert result.returncode == 2
+    assert result.stdout == ""
+
+
+def test_not_a_model_is_one_line_and_exit_2(tmp_path):
+    bogus = tmp_path / "bogus.onnx"
+    bogus.write_bytes(b"\xff\xfe not a protobuf")
+    result = bench(bogus, cwd=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_bench_help_stays_light():
+    code = ("import sys, json\nfrom nncc.cli.main import main\ntry:\n    main(['bench', '--help'])\n"
+            "except SystemExit as exc:\n    code = exc.code\n"
+            "print(json.dumps([code, [m for m in ('numpy', 'rich', 'onnx', 'onnxruntime') if m in sys.modules]]),"
+            " file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    code, loaded = json.loads(result.stderr.strip().splitlines()[-1])
+    assert code == 0 and loaded == []
+    assert "--compare" in result.stdout and "--duration" in result.stdout
+
+
+def test_core_does_not_import_click_or_rich():
+    code = ("import sys, nncc.bench, nncc.runtime.threads\n"
+            "assert 'click' not in sys.modules and 'rich' not in sys.modules, sys.modules.keys()\n")
+    result = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# -- the pieces ----------------------------------------------------------------------------------------
+
+
+def test_latency_stats_match_numpy():
+    from nncc.bench import latency_stats
+
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        samples = list(rng.random(n))
+        stats = latency_stats(samples)
+        for key, q in (("p50", 50), ("p90", 90), ("p99", 99)):
+            assert stats[key] == pytest.approx(np.percentile(samples, q))
+        assert stats["min"] == min(samples)
+        assert stats["mean"] == pytest.approx(np.mean(samples))
+        assert stats["stddev"] == pytest.approx(np.std(samples, ddof=1) if n > 1 else 0.0)
+
+
+def _onnx_flops(path, dims) -> int:
+    """An independent count: onnx's own shape inference on the original graph."""
+    import onnx
+    from onnx import shape_inference
+
+    model = onnx.load(str(path))
+    for value in model.graph.input:
+        for d in value.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_value = dims[d.dim_param]
+    model = shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    total = 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv":
+            total += 2 * math.prod(shapes[node.output[0]]) * math.prod(shapes[node.input[1]][1:])
+        elif node.op_type == "Gemm":
+            a = shapes[node.input[0]]
+            k = a[0] if attrs.get("transA", 0) else a[1]
+            total += 2 * math.prod(shapes[node.output[0]]) * k
+        elif node.op_type == "MatMul":
+            total += 2 * math.prod(shapes[node.output[0]]) * shapes[node.input[0]][-1]
+    return total
+
+
+@pytest.mark.parametrize("name, dims", [("resnet_block", {}), ("mobilenet", {}), ("transformer", {"S": 16}),
+                                        ("mlp", {"N": 4})])
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_count_flops_matches_an_independent_count(name, dims, opt_level):
+    import nncc
+    from nncc.bench import count_flops
+
+    path = FIXTURES / f"{name}.onnx"
+    plan = nncc.compile_model(path, opt_level=opt_level).plan
+    counted = count_flops(plan, dims)
+    assert counted["unresolved"] == []
+    assert counted["total"] == _onnx_flops(path, dims) > 0
+
+
+def test_count_flops_reports_unbound_dims():
+    import nncc
+    from nncc.bench import count_flops
+
+    counted = count_flops(nncc.compile_model(FIXTURES / "mlp.onnx").plan, {})
+    assert counted["total"] is None and counted["unresolved"]
+
+
+def test_blas_threads_can_be_set_and_restored():
+    from nncc.runtime.threads import blas_info, blas_threads, limit_blas_threads, set_blas_threads
+
+    info = blas_info()
+    if info["library"] is None:
+        assert set_blas_threads(1) is False  # the no-op fallback
+        pytest.skip("numpy runs on a BLAS nncc does not know how to limit")
+    before = blas_threads()
+    with limit_blas_threads(1) as applied:
+        assert applied and blas_threads() == 1
+        a = np.ones((64, 64), np.float32)
+        assert (a @ a)[0, 0] == 64
+    assert blas_threads() == before
+    with pytest.raises(ValueError):
+        set_blas_threads(0)
+    with limit_blas_threads(None) as applied:
+        assert applied is False
+
+
+def test_max_abs_diff():
+    from nncc.bench import max_abs_diff
+
+    a = {"y": np.array([1.0, np.nan, np.inf], np.float32), "z": np.array([1, 2])}
+    b = {"y": np.array([1.5, np.nan, np.inf], np.float32), "z": np.array([1, 2]), "extra": np.zeros(1)}
+    assert max_abs_diff(a, b) == (0.5, 2)
+    assert max_abs_diff({"y": np.zeros(2)}, {"y": np.zeros(3)})[0] == math.inf
+    assert max_abs_diff({"y": np.zeros(2)}, {}) == (None, 0)
