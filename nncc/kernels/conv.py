@@ -15,7 +15,9 @@ The geometry helpers here (`_conv_geometry`, `_attr_list`) are also used by pool
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 
 import numpy as np
 
@@ -157,6 +159,40 @@ def _scratch(scratch, key, shape, dtype, zero=False):
     return buf
 
 
+@functools.lru_cache(maxsize=1024)
+def _phase_layout(x_shape, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes):
+    """The index arithmetic of the stride-phase im2col, done once per geometry: the phase
+    copies (phase, source index, destination index) and each tap's (phase, shift). None
+    when that layout does not fit (negative pads, or too much surplus width)."""
+    nd = len(x_shape) - 2
+    padded = [x_shape[2 + i] + pads_begin[i] + pads_end[i] for i in range(nd)]
+    phase_sizes = tuple(-(-padded[i] // strides[i]) for i in range(nd))
+    flat_len = out_sizes[0] * math.prod(phase_sizes[1:])
+    if not (all(b >= 0 for b in pads_begin) and all(e >= 0 for e in pads_end)
+            and flat_len <= 1.5 * math.prod(out_sizes)):
+        return None
+    suffix = [math.prod(phase_sizes[i + 1:]) for i in range(nd)]
+    tap_src = []
+    for offs in itertools.product(*(range(k) for k in kernel_shape)):
+        o = [k * d for k, d in zip(offs, dilations)]
+        phase = int(np.ravel_multi_index([oi % si for oi, si in zip(o, strides)], strides))
+        shift = sum((oi // si) * st for oi, si, st in zip(o, strides, suffix))
+        tap_src.append((phase, shift))
+    copies = []
+    for ph, rs in enumerate(itertools.product(*(range(si) for si in strides))):
+        src, dst = [slice(None), slice(None)], [slice(None), slice(None)]
+        for i in range(nd):
+            j0 = (rs[i] - pads_begin[i]) % strides[i]
+            count = len(range(j0, x_shape[2 + i], strides[i]))
+            start = (j0 + pads_begin[i] - rs[i]) // strides[i]
+            src.append(slice(j0, None, strides[i]))
+            dst.append(slice(start, start + count))
+        copies.append((ph, tuple(src), tuple(dst)))
+    need = max(sh for _, sh in tap_src) + flat_len
+    return (math.prod(strides), math.prod(phase_sizes), need, flat_len, phase_sizes, tuple(copies),
+            tuple(tap_src))
+
+
 def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes, scratch=None):
     """Column buffer (N, C, K, P) of x's kernel-tap windows, and a function mapping the
     (N, M, P) matmul result to (N, M, *out_sizes).
@@ -169,35 +205,16 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
     """
     n, c = x.shape[:2]
     nd = x.ndim - 2
-    ntaps = int(np.prod(kernel_shape))
-    taps = list(itertools.product(*(range(k) for k in kernel_shape)))
-    padded = [x.shape[2 + i] + pads_begin[i] + pads_end[i] for i in range(nd)]
-    phase_sizes = [-(-padded[i] // strides[i]) for i in range(nd)]
-    flat_len = out_sizes[0] * int(np.prod(phase_sizes[1:]))
-    if (all(b >= 0 for b in pads_begin) and all(e >= 0 for e in pads_end)
-            and flat_len <= 1.5 * int(np.prod(out_sizes))):
-        nphase = int(np.prod(strides))
-        suffix = [int(np.prod(phase_sizes[i + 1:])) for i in range(nd)]
-        total = int(np.prod(phase_sizes))
-        tap_src = []
-        for offs in taps:
-            o = [k * d for k, d in zip(offs, dilations)]
-            phase = int(np.ravel_multi_index([oi % si for oi, si in zip(o, strides)], strides))
-            shift = sum((oi // si) * st for oi, si, st in zip(o, strides, suffix))
-            tap_src.append((phase, shift))
-        need = max(sh for _, sh in tap_src) + flat_len
+    ntaps = math.prod(kernel_shape)
+    layout = _phase_layout(tuple(x.shape), tuple(pads_begin), tuple(pads_end), tuple(kernel_shape),
+                           tuple(strides), tuple(dilations), tuple(out_sizes))
+    if layout is not None:
+        nphase, total, need, flat_len, phase_sizes, copies, tap_src = layout
         geometry = ("phases", tuple(x.shape), tuple(pads_begin), tuple(pads_end), tuple(strides))
         buf = _scratch(scratch, geometry, (n, c, nphase, max(total, need)), x.dtype, zero=True)
-        for ph, rs in enumerate(itertools.product(*(range(si) for si in strides))):
-            src, dst = [], []
-            for i in range(nd):
-                j0 = (rs[i] - pads_begin[i]) % strides[i]
-                count = len(range(j0, x.shape[2 + i], strides[i]))
-                start = (j0 + pads_begin[i] - rs[i]) // strides[i]
-                src.append(slice(j0, None, strides[i]))
-                dst.append(slice(start, start + count))
-            view = buf[:, :, ph, :total].reshape((n, c) + tuple(phase_sizes))
-            view[(slice(None), slice(None)) + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
+        for ph, src, dst in copies:
+            view = buf[:, :, ph, :total].reshape((n, c) + phase_sizes)
+            view[dst] = x[src]
         cols = _scratch(scratch, "cols", (n, c, ntaps, flat_len), x.dtype)
         for t, (ph, sh) in enumerate(tap_src):
             cols[:, :, t] = buf[:, :, ph, sh:sh + flat_len]
@@ -216,7 +233,7 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
         return cols, finish
     xp = _pad_spatial(x, pads_begin, pads_end)
     cols = np.empty((n, c, ntaps) + tuple(out_sizes), dtype=x.dtype)
-    for t, offs in enumerate(taps):
+    for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
         cols[:, :, t] = xp[(slice(None), slice(None)) + _tap_slices(
             [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
     cols = cols.reshape(n, c, ntaps, -1)
@@ -293,7 +310,7 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
     m, cg = w.shape[:2]
     nd = x.ndim - 2
     mg = m // group
-    ntaps = int(np.prod(kernel_shape))
+    ntaps = math.prod(kernel_shape)
     if ntaps == 1:
         # 1x1 convolution: a plain matmul over channels
         xp = _pad_spatial(x, pb, pe)
@@ -301,7 +318,7 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
         if not xs.flags.c_contiguous and scratch is not None:  # strided: gather into a kept buffer
             np.copyto(_scratch(scratch, "strided", xs.shape, xs.dtype), xs)
             xs = scratch[("strided", tuple(xs.shape), xs.dtype.str)]
-        p = int(np.prod(out_sizes))
+        p = math.prod(out_sizes)
         if group == 1:
             target = None if out is None else out.reshape(n, m, p)
             y = np.matmul(w.reshape(m, c), xs.reshape(n, c, p), out=target)
@@ -314,7 +331,7 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
     # measured faster than a sum over taps of shifted slices times per-channel weights
     cols, finish = _im2col(x, pb, pe, kernel_shape, strides, dilations, out_sizes, scratch)
     p = cols.shape[-1]
-    direct = out is not None and p == int(np.prod(out_sizes))  # no columns to crop
+    direct = out is not None and p == math.prod(out_sizes)  # no columns to crop
     # the product goes straight into `out`, or into a kept buffer that is then cropped
     product = out if direct else None if out is None else _scratch(scratch, "product", (n, m, p), x.dtype)
     if group == 1:
@@ -332,25 +349,31 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
 def conv(ctx, x, w, b=None, out=None):
     if x.ndim < 3 or w.ndim != x.ndim:
         raise KernelError(f"Conv: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
-    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
-        ctx, x.shape, w.shape, KernelError)
-    if list(kernel_shape) != list(w.shape[2:]):
-        raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w.shape}")
+    key = ("conv geometry", x.shape, w.shape)
+    geometry = ctx.scratch.get(key)  # attributes and shapes are fixed: work it out once
+    if geometry is None:
+        nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
+            ctx, x.shape, w.shape, KernelError)
+        if list(kernel_shape) != list(w.shape[2:]):
+            raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w.shape}")
+        if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
+            raise KernelError(f"Conv: input channels {x.shape[1]}, weight {w.shape} and group {group} "
+                              "are inconsistent")
+        out_sizes, pb, pe = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
+                                           auto_pad, what="Conv", err=KernelError)
+        geometry = ctx.scratch[key] = (nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes)
+    nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes = geometry
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
-    if c != cg * group or m % group:
-        raise KernelError(f"Conv: input channels {c}, weight {w.shape} and group {group} are inconsistent")
-    out_sizes, pb, pe = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
-                                       auto_pad, what="Conv", err=KernelError)
     out_dtype = x.dtype
     cdt = _compute_dtype(x.dtype)
     if x.dtype != cdt:
         x = x.astype(cdt)
     if w.dtype != cdt:
         w = w.astype(cdt)
-    ntaps = int(np.prod(kernel_shape))
+    ntaps = math.prod(kernel_shape)
     # bound the im2col buffer: large batches are processed in chunks of samples
-    per_sample = c * ntaps * int(np.prod(out_sizes)) * cdt.itemsize if ntaps > 1 else 0
+    per_sample = c * ntaps * math.prod(out_sizes) * cdt.itemsize if ntaps > 1 else 0
     chunk = max(1, _IM2COL_BYTES // per_sample) if per_sample else n
     target = out[0] if out is not None and out[0].dtype == cdt else None
     if chunk >= n:
