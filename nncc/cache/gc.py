@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from nncc.errors import NnccError
 
+
 DEFAULT_MAX_SIZE = "2G"
 ENV_MAX_SIZE = "NNCC_CACHE_MAX_SIZE"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -178,12 +179,3 @@ def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
                 held.unlink()
         finally:
             held.release()
-
-
-def format_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

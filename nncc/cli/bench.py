@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.util.units import format_bytes
 
 
 def _dims(specs: tuple[str, ...]) -> dict[str, int]:
@@ -95,16 +96,6 @@ def _x(ratio) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def _bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def render(result: dict) -> None:
     from rich.table import Table
 
@@ -151,8 +142,8 @@ def render(result: dict) -> None:
         row(f"GFLOP/s at p50 ({result['flops'] / 1e9:.3g} GFLOP)", f"{gf:.2f}" if gf else "-",
             f"{ort_gf:.2f}" if ort_gf else None)
     mem = result["memory"]
-    row("peak RSS (process)", _bytes(mem["peak_rss_bytes"]))
-    row("peak RSS before onnxruntime" if cmp else "peak RSS after warm-up", _bytes(mem["peak_rss_nncc_bytes"]))
+    row("peak RSS (process)", format_bytes(mem["peak_rss_bytes"]))
+    row("peak RSS before onnxruntime" if cmp else "peak RSS after warm-up", format_bytes(mem["peak_rss_nncc_bytes"]))
     out = console()
     out.print(table)
     blas = result["blas"]

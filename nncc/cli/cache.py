@@ -103,7 +103,7 @@ def ls(sort, cache_dir, as_json):
     from rich.console import Console
     from rich.table import Table
 
-    from nncc.cache.gc import format_bytes
+    from nncc.util.units import format_bytes
 
     out = Console()
     if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
@@ -128,7 +128,8 @@ def ls(sort, cache_dir, as_json):
 @verbosity_options
 def info(cache_dir, as_json):
     """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
-    from nncc.cache.gc import default_max_size, format_bytes
+    from nncc.cache.gc import default_max_size
+    from nncc.util.units import format_bytes
 
     with _open(cache_dir) as c:
         count, size = c.index.totals()
@@ -208,7 +209,8 @@ def verify(fix, cache_dir, as_json):
 @verbosity_options
 def gc(max_size, max_age, dry_run, cache_dir, as_json):
     """Remove stale, orphan and leftover files, old entries, and LRU entries above a size."""
-    from nncc.cache.gc import collect, format_bytes, parse_age, parse_size
+    from nncc.cache.gc import collect, parse_age, parse_size
+    from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
     size = parse_size(max_size) if max_size is not None else None
@@ -272,7 +274,8 @@ def rm(tokens, cache_dir, as_json):
 @verbosity_options
 def clear(cache_dir, as_json):
     """Remove every entry and every stray file (counters are kept)."""
-    from nncc.cache.gc import collect, format_bytes
+    from nncc.cache.gc import collect
+    from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
     with _open(cache_dir) as c, live_progress():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from nncc.util.units import format_bytes
+
 INDEX_NAME = "index.sqlite3"  # = nncc.cache.index.INDEX_NAME (a test keeps them equal)
 ENV_DIR = "NNCC_CACHE_DIR"  # = nncc.cache.store.ENV_DIR
 SHORT = 12  # the token prefix shown by `nncc cache ls` and the cache report lines
@@ -55,16 +57,7 @@ def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str
         for token, source, size, stale in rows:
             value = token[:SHORT] if len(prefix) <= SHORT else token
             name = os.path.basename(source) if source else "?"
-            items.setdefault(value, f"{name}, {_size(size)}" + (" (stale)" if stale else ""))
+            items.setdefault(value, f"{name}, {format_bytes(size or 0)}" + (" (stale)" if stale else ""))
         return sorted(items.items())
     except Exception:  # a broken, locked or foreign index: no suggestions, never an error
         return []
-
-
-def _size(n) -> str:
-    value = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

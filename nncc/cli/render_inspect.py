@@ -5,14 +5,7 @@ from __future__ import annotations
 from rich.tree import Tree
 
 from nncc.cli.output import console
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from nncc.util.units import format_bytes
 
 
 def print_report(report: dict) -> None:
@@ -33,13 +26,13 @@ def print_report(report: dict) -> None:
         for f in report["fallbacks"]:
             fb.add(f"{f['op']} {f['node']!r}: {f['reason']}")
     c = report["constants"]
-    line = (f"constants: {c['inline']['count']} inline ({_bytes(c['inline']['bytes'])}), "
-            f"{c['referenced']['count']} referenced ({_bytes(c['referenced']['bytes'])})")
+    line = (f"constants: {c['inline']['count']} inline ({format_bytes(c['inline']['bytes'])}), "
+            f"{c['referenced']['count']} referenced ({format_bytes(c['referenced']['bytes'])})")
     splat = c.get("splat")
     if splat and splat["count"]:
-        line += f", {splat['count']} splat ({_bytes(splat['bytes'])} for {_bytes(splat['expanded_bytes'])})"
+        line += f", {splat['count']} splat ({format_bytes(splat['bytes'])} for {format_bytes(splat['expanded_bytes'])})"
     tree.add(line)
-    tree.add(f"peak activation memory: {_bytes(report['peak_activation_bytes'])}")
+    tree.add(f"peak activation memory: {format_bytes(report['peak_activation_bytes'])}")
     if report.get("artifact_bytes") is not None:
-        tree.add(f"artifact size: {_bytes(report['artifact_bytes'])}")
+        tree.add(f"artifact size: {format_bytes(report['artifact_bytes'])}")
     console().print(tree)

@@ -112,38 +112,31 @@ def _delegate(ctx, name: str, y: np.ndarray) -> np.ndarray:
     return _onnx(name, opset).fn(Ctx(attrs, opset, 1, ctx.name), y)
 
 
-# --------------------------------------------------------------------------- FusedConv
+# --------------------------------------------------------------------------- FusedConv, FusedGemm
 
 
-def _fused_conv_shape(ctx, x, w, b=None):
-    inner = _inner_ctx(ctx)
-    return _onnx("Conv", inner.opset).shape(inner, x, w, b)
+def _fused_onnx(op_type: str):
+    """FusedConv / FusedGemm: the ONNX op's kernel (into ``out`` when given), then the
+    activation in place on a result this node owns."""
+
+    def shape(ctx, *infos):
+        inner = _inner_ctx(ctx)
+        return _onnx(op_type, inner.opset).shape(inner, *infos)
+
+    def run(ctx, *args, out=None):
+        inner = _inner_ctx(ctx)
+        y = _onnx(op_type, inner.opset).fn(inner, *args, out=out)
+        if out is None or y is not out[0]:
+            y = _fresh(y, args)
+        return apply_activation(ctx, y)
+
+    run.__name__ = f"fused_{op_type.lower()}"
+    kernel(f"Fused{op_type}", since=1, domain="nncc", shape=shape, writes_out=True)(run)
+    return run
 
 
-@kernel("FusedConv", since=1, domain="nncc", shape=_fused_conv_shape, writes_out=True)
-def fused_conv(ctx, x, w, b=None, out=None):
-    inner = _inner_ctx(ctx)
-    y = _onnx("Conv", inner.opset).fn(inner, x, w, b, out=out)
-    if out is None or y is not out[0]:
-        y = _fresh(y, (x, w, b))
-    return apply_activation(ctx, y)
-
-
-# --------------------------------------------------------------------------- FusedGemm
-
-
-def _fused_gemm_shape(ctx, a, b, c=None):
-    inner = _inner_ctx(ctx)
-    return _onnx("Gemm", inner.opset).shape(inner, a, b, c)
-
-
-@kernel("FusedGemm", since=1, domain="nncc", shape=_fused_gemm_shape, writes_out=True)
-def fused_gemm(ctx, a, b, c=None, out=None):
-    inner = _inner_ctx(ctx)
-    y = _onnx("Gemm", inner.opset).fn(inner, a, b, c, out=out)
-    if out is None or y is not out[0]:
-        y = _fresh(y, (a, b, c))
-    return apply_activation(ctx, y)
+fused_conv = _fused_onnx("Conv")
+fused_gemm = _fused_onnx("Gemm")
 
 
 # --------------------------------------------------------------------------- FusedMatMul
