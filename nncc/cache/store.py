@@ -27,7 +27,8 @@ from blake3 import blake3
 
 from nncc.cache.index import Entry, Index, IndexCorrupt, IndexUnavailable
 from nncc.cache.locking import FileLock, LockBusy, try_lock
-from nncc.errors import FileAccessError, ModelFormatError, NnccError, PlanFormatError
+from nncc.errors import ModelFormatError, NnccError, PlanFormatError
+from nncc.util.files import read_model_file
 
 ENTRIES = "entries"
 LOCKS = "locks"
@@ -367,7 +368,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 
     start = time.perf_counter()
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    data = _read_model(path)
+    data = read_model_file(path)
     if not use_cache:
         model = _compile(path, data, opts)
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
@@ -542,16 +543,6 @@ def artifact_bytes(model) -> bytes:
 
 
 # -- file helpers ------------------------------------------------------------------------
-
-
-def _read_model(path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except IsADirectoryError:
-        raise FileAccessError(f"{path} is a directory, not a model file") from None
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _read_bytes(path: str, what: str) -> bytes:

@@ -69,12 +69,12 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
 def _write_depfile(path: str, model: str, output: str, cache_dir: str | None) -> None:
     """OUT.nncc depends on MODEL and every file that can change it as external data: the
     same files the cache token hashes (nncc.cache.token.external_files)."""
-    from nncc.cache.store import _read_model
+    from nncc.util.files import read_model_file
     from nncc.cache.token import external_files
     from nncc.util.buildfiles import depfile, write_if_changed
 
     folder = os.path.dirname(model)
     skip = (cache_dir,) if cache_dir else ()
-    extra = [os.path.join(folder, rel) for rel, _ in external_files(model, _read_model(model), skip)]
+    extra = [os.path.join(folder, rel) for rel, _ in external_files(model, read_model_file(model), skip)]
     write_if_changed(path, depfile(output, [model, *extra]).encode())
     detail(f"nncc: wrote {path} ({1 + len(extra)} prerequisite(s))")

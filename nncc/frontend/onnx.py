@@ -24,6 +24,7 @@ from nncc.frontend.protobuf import (
 )
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import Graph, Node, TensorInfo, normalize_domain
+from nncc.util.files import read_model_file
 
 MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
 MAX_RANK = 32  # numpy's limit (32 before numpy 2, 64 since): more dims cannot be an array
@@ -32,21 +33,11 @@ MAX_BYTES = np.iinfo(np.intp).max  # numpy refuses arrays whose byte size overfl
 
 def load_model(path: str | os.PathLike) -> Graph:
     """Read and parse an ONNX model file (external data is resolved next to it)."""
-    data = read_file(path)
+    data = read_model_file(path)
     try:
         return parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
     except ModelFormatError as exc:  # say which file: the bare wire-format detail is cryptic
         raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
-
-
-def read_file(path: str | os.PathLike) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except IsADirectoryError:
-        raise FileAccessError(f"{path} is a directory, not a model file") from None
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def parse_model(data: bytes | memoryview, base_dir: str | None = None) -> Graph:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
 from typing import Mapping
 
@@ -12,31 +13,11 @@ from nncc.ir.graph import TensorInfo
 from nncc.util.atomic import write_atomic_with
 
 
-def load_npy(path: str) -> np.ndarray:
-    """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
+@contextlib.contextmanager
+def _reading(path: str, kind: str):
+    """Turn what np.load raises into one-line nncc errors."""
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise FileAccessError(f"cannot read {path}: no such file") from None
-    except IsADirectoryError:
-        raise FileAccessError(f"cannot read {path}: it is a directory") from None
-    except PermissionError:
-        raise FileAccessError(f"cannot read {path}: permission denied") from None
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{path} is not a readable .npy file ({_first_line(exc)})") from None
-    if not isinstance(array, np.ndarray):  # an .npz archive: np.load opened it as NpzFile
-        array.close()
-        raise InputError(f"{path} is an .npz archive, not a .npy file; pass it with --inputs {path}")
-    return array
-
-
-def load_npz(path: str) -> dict[str, np.ndarray]:
-    try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):  # a plain array has no close()
-            raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
-        with archive:
-            return {name: archive[name] for name in archive.files}
+        yield
     except FileNotFoundError:
         raise FileAccessError(f"cannot read {path}: no such file") from None
     except IsADirectoryError:
@@ -44,7 +25,26 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
     except PermissionError:
         raise FileAccessError(f"cannot read {path}: permission denied") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise InputError(f"{path} is not a readable .npz file ({_first_line(exc)})") from None
+        raise InputError(f"{path} is not a readable {kind} file ({_first_line(exc)})") from None
+
+
+def load_npy(path: str) -> np.ndarray:
+    """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
+    with _reading(path, ".npy"):
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    if not isinstance(array, np.ndarray):  # an .npz archive: np.load opened it as NpzFile
+        array.close()
+        raise InputError(f"{path} is an .npz archive, not a .npy file; pass it with --inputs {path}")
+    return array
+
+
+def load_npz(path: str) -> dict[str, np.ndarray]:
+    with _reading(path, ".npz"):
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):  # a plain array has no close()
+            raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
+        with archive:
+            return {name: archive[name] for name in archive.files}
 
 
 def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
