@@ -401,35 +401,36 @@ def _degraded(path, data, opts, token, directory, reason, start, model=None):
     return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
 
 
+def _try_hit(cache: Cache, token: str):
+    """(model, None) for a verified entry, (None, why) for a rejected one, (None, None)
+    when there is no entry."""
+    entry = cache.index.get(token)
+    if entry is None:
+        return None, None
+    try:
+        model = cache.load(entry)
+    except CacheEntryError as exc:
+        return None, exc
+    _record_hit(cache, token)
+    return model, None
+
+
 def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: float):
     directory = cache.directory
     rejected: CacheEntryError | None = None
-    entry = cache.index.get(token)
-    if entry is not None:
+    if cache.index.get(token) is not None:
         # Hit path: a shared lock keeps gc from deleting the entry while it is verified.
         with _locked(cache, token, shared=True):
-            entry = cache.index.get(token)
-            if entry is not None:
-                try:
-                    model = cache.load(entry)
-                except CacheEntryError as exc:
-                    rejected = exc
-                else:
-                    _record_hit(cache, token)
-                    return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
-    model = None
+            model, rejected = _try_hit(cache, token)
+            if model is not None:
+                return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
     with _locked(cache, token, shared=False) as held:
         # Re-check under the exclusive lock: another process may have compiled it while we
         # waited (make -j), or already replaced the entry we rejected.
-        entry = cache.index.get(token)
-        if entry is not None:
-            try:
-                model = cache.load(entry)
-            except CacheEntryError as exc:
-                rejected = exc
-            else:
-                _record_hit(cache, token)
-                return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
+        model, again = _try_hit(cache, token)
+        if model is not None:
+            return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
+        rejected = again or rejected
         if rejected is not None:
             warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
             cache.remove(token, counter="corruptions", lock=held)
