@@ -36,8 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from nncc.errors import FileAccessError, NnccError
+from nncc.errors import NnccError
 from nncc.util import progress
+from nncc.util.files import is_artifact
 
 SCHEMA = "nncc-bench/1"
 DEFAULT_DURATION = 3.0  # seconds of steady state when neither iterations nor duration is given
@@ -348,20 +349,6 @@ def max_abs_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[fl
 # -- the benchmark -------------------------------------------------------------------------------------
 
 
-def _is_artifact(path: str) -> bool:
-    from nncc.plan.format import MAGIC
-
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
-    except FileNotFoundError:
-        raise FileAccessError(f"cannot read {path}: no such file") from None
-    except IsADirectoryError:
-        raise FileAccessError(f"{path} is a directory, not a model file") from None
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
 def _timed(fn) -> tuple[float, Any]:
     start = time.perf_counter()
     value = fn()
@@ -395,7 +382,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     settings.check()
     model = os.fspath(model)
     baseline_rss = current_rss_bytes()
-    artifact = _is_artifact(model)
+    artifact = is_artifact(model)
     if artifact and settings.compare:
         raise BenchError(f"--compare needs an ONNX model; {model} is a compiled nncc artifact")
     options = dict(settings.compile_options)

@@ -1,25 +1,11 @@
-"""Telling artifacts from ONNX models by their first bytes, not by their file names."""
+"""Telling artifacts from ONNX models by their first bytes, not by their file names.
+
+``is_artifact`` lives in the core (nncc.util.files) so that `nncc bench` shares it."""
 
 from __future__ import annotations
 
-import os
-
-from nncc.errors import FileAccessError, InputError
-
-ARTIFACT_MAGIC = b"NNCCPLAN"
-
-
-def is_artifact(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(ARTIFACT_MAGIC)) == ARTIFACT_MAGIC
-    except IsADirectoryError:
-        raise FileAccessError(f"{path} is a directory, not a model file") from None
-    except FileNotFoundError:
-        raise FileAccessError(f"cannot read {path}: No such file or directory",
-                              hint=f"check the path; relative paths start at {os.getcwd()}") from None
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {path}: {exc.strerror or exc}") from None
+from nncc.errors import InputError
+from nncc.util.files import is_artifact  # noqa: F401  (the CLI's import point)
 
 
 def refuse_artifact(path: str) -> None:

@@ -48,8 +48,9 @@ from blake3 import blake3
 from nncc.errors import PlanFormatError
 from nncc.plan.memory import aligned_constant, is_splat
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.util.files import ARTIFACT_MAGIC
 
-MAGIC = b"NNCCPLAN"
+MAGIC = ARTIFACT_MAGIC
 FORMAT_VERSION = 1
 ALIGN = 64
 INLINE_LIMIT = 1024  # constants up to this many bytes travel inline (CONSTANT_COPY)
