@@ -23,6 +23,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
+from nncc.kernels.depthwise import depthwise_conv
 from nncc.kernels.registry import kernel
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -326,9 +327,9 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
             target = None if out is None else out.reshape(n, group, mg, p)
             y = np.matmul(w.reshape(group, mg, cg), xs.reshape(n, group, cg, p), out=target)
         return out if out is not None else y.reshape((n, m) + tuple(out_sizes))
-    # im2col (one contiguous copy per kernel tap) then ONE matmul, batched over groups;
-    # depthwise (group == C) is the same batched matmul with one channel per group, which
-    # measured faster than a sum over taps of shifted slices times per-channel weights
+    if group == c and cg == 1:
+        return depthwise_conv(x, w, kernel_shape, strides, dilations, pb, pe, out_sizes, scratch, out)
+    # im2col (one contiguous copy per kernel tap) then ONE matmul, batched over groups
     cols, finish = _im2col(x, pb, pe, kernel_shape, strides, dilations, out_sizes, scratch)
     p = cols.shape[-1]
     direct = out is not None and p == math.prod(out_sizes)  # no columns to crop
