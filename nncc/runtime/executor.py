@@ -37,25 +37,34 @@ class Executor:
         self.output_slots = set(plan.outputs)
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
-        for ins, definition in zip(plan.instructions, definitions):
+        release = self._release_plan()
+        for ins, definition, freed in zip(plan.instructions, definitions, release):
             attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
             opset = int(opsets.get(definition.domain, definition.since))
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
             ctx.workspace = workspace
+            outs = tuple(ins.outputs)
             # preallocated outputs for this step, when every output can have one
             planned = definition.writes_out and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
-                for s in ins.outputs)
-            self.steps.append((definition.fn, ctx, ins.inputs, ins.outputs,
-                               ins.node or definition.op_type, planned))
-        self.release = self._release_plan()
+                for s in outs)
+            # an arena-only step gets the same output arrays every run: built once here
+            fixed = (tuple(None if s < 0 else self.buffers[s] for s in outs)
+                     if planned and all(s < 0 or s in self.buffers for s in outs) else None)
+            # the one output needs no bookkeeping beyond storing it (not a graph output)
+            single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
+            # slot -1 (an omitted optional input) reads the None kept at the end of env
+            self.steps.append((definition.fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
+                               ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
         }
+        self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
-        self.template: list[np.ndarray | None] = [None] * len(plan.slots)
+        self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
         for slot, array in plan.constants.items():
             self.template[slot] = _dense(array)
+        self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._lock = threading.Lock()
 
     def _static(self, slot: int) -> bool:
@@ -103,6 +112,10 @@ class Executor:
         """Run one inference. ``outputs`` maps output names to caller-owned arrays (or
         DomainBuffers) that the results are written into, with no copy where the producing
         kernel writes in place. Every buffer is validated before any kernel runs."""
+        if not outputs and not any(isinstance(v, DomainBuffer) for v in feeds.values()):
+            arrays = check_feeds(self.input_infos, feeds)  # plain arrays in, fresh results out
+            with self._lock:
+                return self._run(arrays, {})
         outputs = dict(outputs or {})
         fed_buffers = {id(v) for v in feeds.values() if isinstance(v, DomainBuffer)}
         plain_feeds = {name: self._domain_input(name, v) if isinstance(v, DomainBuffer) else v
@@ -186,42 +199,53 @@ class Executor:
         return buffer.target(tuple(shape), also_read)
 
     def _run(self, arrays, targets) -> dict[str, np.ndarray]:
-        env = list(self.template)
-        slots = self.plan.slots
-        for slot in self.plan.inputs:
-            env[slot] = arrays[slots[slot].name]
-        buffers = self.buffers
-        for (fn, ctx, ins, outs, label, planned), release in zip(self.steps, self.release):
-            args = [env[s] if s >= 0 else None for s in ins]
+        env = self.template.copy()
+        for slot, name in self.input_slots:
+            env[slot] = arrays[name]
+        for fn, ctx, ins, outs, label, planned, fixed, single, release in self.steps:
+            args = [env[s] for s in ins]
+            out = fixed
             try:
-                if planned:
-                    out = tuple(
-                        None if s < 0 else buffers[s] if s in buffers else targets.get(s)
-                        if s in targets else np.empty(slots[s].shape, slots[s].dtype)
-                        for s in outs)
+                if fixed is not None:
+                    result = fn(ctx, *args, out=fixed)
+                elif planned:
+                    out = self._outputs_for(outs, targets)
                     result = fn(ctx, *args, out=out)
                 else:
-                    out = None
                     result = fn(ctx, *args)
             except NnccError:
                 raise
             except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
                 raise KernelError(f"{label} failed: {exc}") from exc
-            if not isinstance(result, tuple):
-                result = (result,)
-            for i, (slot, value) in enumerate(zip(outs, result)):
-                if slot < 0:
-                    continue
-                if out is not None and out[i] is not None and value is not out[i]:
-                    np.copyto(out[i], value)  # a kernel that could not write in place
-                    value = out[i]
-                elif slot in targets and value is not targets[slot]:
-                    np.copyto(targets[slot], value)
-                    value = targets[slot]
-                env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            # the common cases first: the kernel wrote into its planned buffer, or returned
+            # one fresh array for an intermediate
+            if single and (result is out[0] if out is not None else type(result) is np.ndarray):
+                env[outs[0]] = result
+            else:
+                self._store(env, outs, result, out, targets)
             for slot in release:
                 env[slot] = None
-        return {slots[s].name: env[s] for s in self.plan.outputs}
+        return {slots_name: env[s] for s, slots_name in self._output_names_by_slot}
+
+    def _outputs_for(self, outs, targets) -> tuple:
+        buffers, slots = self.buffers, self.plan.slots
+        return tuple(None if s < 0 else buffers[s] if s in buffers else targets[s] if s in targets
+                     else np.empty(slots[s].shape, slots[s].dtype) for s in outs)
+
+    @staticmethod
+    def _store(env, outs, result, out, targets) -> None:
+        if not isinstance(result, tuple):
+            result = (result,)
+        for i, (slot, value) in enumerate(zip(outs, result)):
+            if slot < 0:
+                continue
+            if out is not None and out[i] is not None and value is not out[i]:
+                np.copyto(out[i], value)  # a kernel that could not write in place
+                value = out[i]
+            elif slot in targets and value is not targets[slot]:
+                np.copyto(targets[slot], value)
+                value = targets[slot]
+            env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
 
     def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
         """Validate caller-provided output arrays before anything runs."""

@@ -38,14 +38,18 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
 
 
 def _check_shape(name: str, info: TensorInfo, array: np.ndarray, bound: dict) -> None:
-    expected = "[" + ",".join("?" if d is None else str(d) for d in info.shape) + "]"
-    got = "[" + ",".join(map(str, array.shape)) + "]"
+    def mismatch() -> InputError:
+        expected = "[" + ",".join("?" if d is None else str(d) for d in info.shape) + "]"
+        got = "[" + ",".join(map(str, array.shape)) + "]"
+        return InputError(f"input {name!r} has shape {got}, expected {expected}")
+
     if array.ndim != len(info.shape):
-        raise InputError(f"input {name!r} has shape {got}, expected {expected}")
+        raise mismatch()
     for dim, size in zip(info.shape, array.shape):
-        if isinstance(dim, int) and dim != size:
-            raise InputError(f"input {name!r} has shape {got}, expected {expected}")
-        if isinstance(dim, str):
+        if type(dim) is int:
+            if dim != size:
+                raise mismatch()
+        elif isinstance(dim, str):
             previous = bound.setdefault(dim, (size, name))
             if previous[0] != size:
                 raise InputError(
