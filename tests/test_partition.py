@@ -530,3 +530,45 @@ def test_cli_run_artifact_with_plugin(mixed_model, tmp_path):
     with np.load(tmp_path / "o.npz") as got:
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+# -- entry-point plugins (an installed package declaring an nncc.backends entry point) -----
+
+
+def _fake_distribution(root, group="nncc.backends"):
+    """A distribution's metadata as pip installs it: a .dist-info folder on sys.path."""
+    info = root / "mulsub_plugin_pkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mulsub-plugin-pkg\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\nmulsub = {PLUGIN}:MulSubBackend\n")
+    return root
+
+
+def test_entry_point_plugin_is_found_without_plugin_flag(mixed_model, tmp_path):
+    path, _ = mixed_model
+    site = _fake_distribution(tmp_path / "site")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(site)]))
+    flags = ["--backend", "mulsub", "--backend", "numpy", "-O", "0", "--json"]
+    done = subprocess.run([sys.executable, "-m", "nncc", "inspect", path, *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {p["backend"] for p in report["partitions"]} == {"mulsub", "numpy"}
+    # without the installed metadata the backend does not exist
+    bare = nncc_cli("inspect", path, *flags, check=False)
+    assert bare.returncode != 0 and "mulsub" in bare.stderr
+
+
+def test_entry_point_prefilter_reads_only_metadata(tmp_path, monkeypatch):
+    from nncc.backends.registry import _may_declare
+
+    other = _fake_distribution(tmp_path / "other", group="console_scripts")
+    monkeypatch.setattr(sys, "path", [str(other), str(tmp_path / "missing")])
+    assert not _may_declare("nncc.backends")
+    ours = _fake_distribution(tmp_path / "ours")
+    monkeypatch.setattr(sys, "path", [str(other), str(ours)])
+    assert _may_declare("nncc.backends")
+    archive = tmp_path / "eggs.zip"  # a zip on sys.path cannot be scanned cheaply: say maybe
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))
+    monkeypatch.setattr(sys, "path", [str(archive)])
+    assert _may_declare("nncc.backends")
