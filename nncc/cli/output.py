@@ -1,4 +1,5 @@
-"""Rendering for the CLI: JSON on stdout for machines, rich tables for people.
+"""Rendering for the CLI: JSON on stdout for machines, rich tables at a terminal, plain
+aligned columns when stdout is piped (which also keeps rich off a scripted start-up).
 
 stdout carries only what was asked for (a table, a report, JSON); status lines go to
 stderr through ``status`` (hidden by --quiet) and ``detail`` (shown only with --verbose).
@@ -46,21 +47,34 @@ def console(stderr: bool = False):
 
 
 def print_outputs(model: str, rows: list[dict], timing: dict) -> None:
-    from rich.table import Table
+    columns = ("name", "shape", "dtype", "min", "max", "mean", "std")
+    numeric = {"min", "max", "mean", "std"}
+    cells = [[row["name"], "[" + ", ".join(map(str, row["shape"])) + "]", row["dtype"],
+              *(_number(row.get(k)) for k in ("min", "max", "mean", "std"))] for row in rows]
+    if sys.stdout.isatty():
+        from rich.table import Table
 
-    table = Table(title=f"outputs of {model}", title_justify="left")
-    for column in ("name", "shape", "dtype", "min", "max", "mean", "std"):
-        table.add_column(column, justify="right" if column in ("min", "max", "mean", "std") else "left")
-    for row in rows:
-        table.add_row(
-            row["name"],
-            "[" + ", ".join(map(str, row["shape"])) + "]",
-            row["dtype"],
-            *(_number(row.get(k)) for k in ("min", "max", "mean", "std")),
-        )
-    console().print(table)
+        table = Table(title=f"outputs of {model}", title_justify="left")
+        for column in columns:
+            table.add_column(column, justify="right" if column in numeric else "left")
+        for line in cells:
+            table.add_row(*line)
+        console().print(table)
+    else:
+        # piped or redirected: plain aligned columns, and no rich import on the start-up path
+        print(f"outputs of {model}")
+        print(_plain_table(columns, cells, numeric))
     status(f"nncc: prepared in {timing['prepare_seconds'] * 1000:.1f} ms, "
            f"ran in {timing['run_seconds'] * 1000:.1f} ms")
+
+
+def _plain_table(columns, cells, right: set) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(columns, *cells)]
+    lines = []
+    for line in [list(columns), *cells]:
+        lines.append("  ".join(str(v).rjust(w) if name in right else str(v).ljust(w)
+                               for name, v, w in zip(columns, line, widths)).rstrip())
+    return "\n".join(lines)
 
 
 def _number(value) -> str:
