@@ -153,15 +153,32 @@ def _tap_slices(offsets, out_sizes, strides):
 
 
 def _scratch(scratch, key, shape, dtype, zero=False):
-    """A buffer kept between runs in a workspace dict, one per (key, shape, dtype). A
-    zeroed buffer's padding stays zero only because every user of the same key writes the
-    same interior positions: callers put the geometry into the key."""
+    """A buffer kept between runs in a workspace dict.
+
+    A zeroed buffer is one per (key, shape, dtype): its padding stays zero only because
+    every user of the same key writes the same interior positions (callers put the
+    geometry into the key). Other buffers are views into ONE block per key, grown to the
+    largest request: every Conv of a model then reuses the same "cols" memory, which is
+    fewer fresh pages to fault in on the first run and a buffer still in cache on the
+    next. Different keys never share, so a kernel may hold buffers of several keys at once.
+    """
     if scratch is None:
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
     full = (key, tuple(shape), np.dtype(dtype).str)
     buf = scratch.get(full)
     if buf is None:
-        buf = scratch[full] = np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+        if zero:
+            buf = np.zeros(shape, dtype)
+        else:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            block = scratch.get(("block", key))
+            if block is None or block.nbytes < nbytes:
+                # grow, and forget the views cut from the old block so that it is freed
+                for stale in [k for k in scratch if len(k) == 3 and k[0] == key]:
+                    del scratch[stale]
+                block = scratch[("block", key)] = np.empty(max(nbytes, 64), np.uint8)
+            buf = block[:nbytes].view(dtype).reshape(shape)
+        scratch[full] = buf
     return buf
 
 
@@ -240,7 +257,7 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
 
         return cols, finish
     xp = _pad_spatial(x, pads_begin, pads_end, scratch=scratch)
-    cols = _scratch(scratch, "exact cols", (n, c, ntaps) + tuple(out_sizes), x.dtype)
+    cols = _scratch(scratch, "cols", (n, c, ntaps) + tuple(out_sizes), x.dtype)
     for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
         cols[:, :, t] = xp[(slice(None), slice(None)) + _tap_slices(
             [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
@@ -324,8 +341,9 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
         xp = _pad_spatial(x, pb, pe, scratch=scratch)
         xs = xp[(slice(None), slice(None)) + _tap_slices([0] * nd, out_sizes, strides)]
         if not xs.flags.c_contiguous and scratch is not None:  # strided: gather into a kept buffer
-            np.copyto(_scratch(scratch, "strided", xs.shape, xs.dtype), xs)
-            xs = scratch[("strided", tuple(xs.shape), xs.dtype.str)]
+            gathered = _scratch(scratch, "strided", xs.shape, xs.dtype)
+            np.copyto(gathered, xs)
+            xs = gathered
         p = math.prod(out_sizes)
         if group == 1:
             target = None if out is None else out.reshape(n, m, p)
