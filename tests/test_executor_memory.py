@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import nncc  # noqa: E402
 from nncc.errors import InputError  # noqa: E402
-from tests.conftest import FIXTURES  # noqa: E402
+from tests.conftest import FIXTURES, light_models_dir  # noqa: E402
 
 
 def _oracle(path, feeds):
@@ -122,3 +122,83 @@ def test_unusable_output_buffers_are_refused_before_running(bad, message):
         model.run(_feeds(model), outputs={"logits": bad})
     with pytest.raises(InputError, match="unknown output"):
         model.run(_feeds(model), outputs={"nope": np.empty((1, 10), np.float32)})
+
+
+# -- in-place Concat: producers write straight into their piece of the Concat's output ------
+
+
+def _concat_model(tmp_path, nodes, inputs, output_shape, name="concat"):
+    rng = np.random.default_rng(5)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 3, 3], rng.standard_normal(144).astype(np.float32))
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)], [w])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _conv(src, dst):
+    return helper.make_node("Conv", [src, "w"], [dst], pads=[1, 1, 1, 1])
+
+
+def _check(path, expect_in_place):
+    compiled = nncc.compile_model(path, opt_level=0)
+    executor = compiled._executor
+    assert len(executor.concats) == expect_in_place
+    feeds = _feeds(compiled)
+    want = _oracle(path, feeds)["y"]
+    for _ in range(2):  # the second run reuses every buffer
+        np.testing.assert_allclose(compiled.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+    return executor
+
+
+def test_densenet_style_concats_nest_in_place(tmp_path):
+    # a growing feature map: each Concat's output is a piece of the next, read in between
+    nodes = [_conv("x", "a"), _conv("a", "b"), helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+             helper.make_node("Relu", ["ab"], ["r"]),
+             helper.make_node("Conv", ["r", "w8"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["ab", "c"], ["abc"], axis=1),
+             helper.make_node("Sigmoid", ["abc"], ["y"])]
+    path = _concat_model(tmp_path, nodes, [("x", [1, 4, 6, 6])], [1, 12, 6, 6], "nested")
+    model = onnx.load(path)
+    rng = np.random.default_rng(6)
+    model.graph.initializer.append(helper.make_tensor(
+        "w8", TensorProto.FLOAT, [4, 8, 3, 3], rng.standard_normal(288).astype(np.float32)))
+    onnx.save(model, path)
+    executor = _check(path, expect_in_place=2)
+    slots = {executor.plan.slots[s].name: s for s in executor.buffers}
+    outer = executor.buffers[slots["abc"]]
+    for piece in ("a", "b", "ab", "c"):
+        assert np.shares_memory(executor.buffers[slots[piece]], outer), piece
+
+
+@pytest.mark.parametrize("case", ["axis with a leading dim > 1", "same input twice", "graph input",
+                                  "graph output"])
+def test_concats_that_must_copy(tmp_path, case):
+    if case == "axis with a leading dim > 1":
+        nodes = [_conv("x", "a"), _conv("a", "b"), helper.make_node("Concat", ["a", "b"], ["y"], axis=2)]
+        nodes[-1].output[0] = "c"
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+        shape = [1, 4, 12, 6]
+    elif case == "same input twice":
+        nodes = [_conv("x", "a"), helper.make_node("Concat", ["a", "a"], ["c"], axis=1),
+                 helper.make_node("Relu", ["c"], ["y"])]
+        shape = [1, 8, 6, 6]
+    elif case == "graph input":
+        nodes = [_conv("x", "a"), helper.make_node("Concat", ["a", "x"], ["c"], axis=1),
+                 helper.make_node("Relu", ["c"], ["y"])]
+        shape = [1, 8, 6, 6]
+    else:
+        nodes = [_conv("x", "a"), _conv("a", "b"), helper.make_node("Concat", ["a", "b"], ["y"], axis=1)]
+        shape = [1, 8, 6, 6]
+    path = _concat_model(tmp_path, nodes, [("x", [1, 4, 6, 6])], shape, "copy")
+    _check(path, expect_in_place=0)
+
+
+def test_light_densenet_concats_copy_nothing():
+    path = light_models_dir() / "light_densenet121.onnx"
+    executor = nncc.compile_model(path)._executor
+    concats = [i for i, ins in enumerate(executor.plan.instructions)
+               if executor.plan.kernels[ins.kernel].split("::")[1] == "Concat"]
+    assert len(concats) == 58 and sorted(executor.concats) == concats

@@ -11,7 +11,7 @@ from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import by_key
-from nncc.plan.memory import aligned_constant, arena_slots, plan_memory
+from nncc.plan.memory import aligned_constant, plan_arena
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 
 
@@ -58,9 +58,8 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         )
     outputs = [slot_of(n) for n in graph.outputs]
     writes_out = [by_key(kernels[ins.kernel]).writes_out for ins in instructions]
-    planned = arena_slots(slots, instructions, writes_out, constants, outputs)
-    arena, arena_bytes = plan_memory(slots, instructions, planned, set(outputs),
-                                     [not w for w in writes_out])
+    op_types = [by_key(kernels[ins.kernel]).op_type for ins in instructions]
+    arena, arena_bytes, _ = plan_arena(slots, instructions, writes_out, op_types, constants, outputs)
     return Plan(
         producer=__version__,
         kernels=kernels,

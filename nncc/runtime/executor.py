@@ -16,7 +16,7 @@ import numpy as np
 from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
-from nncc.plan.memory import aligned_empty, arena_slots, plan_memory
+from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.feeds import check_feeds
@@ -33,7 +33,7 @@ class Executor:
                 raise PlanFormatError(f"kernel {plan.kernels[ins.kernel]!r} is not registered")
             definitions.append(definition)
         writes_out = [d.writes_out for d in definitions]
-        self.buffers = self._arena(writes_out)
+        self.buffers = self._arena(writes_out, [d.op_type for d in definitions])
         self.output_slots = set(plan.outputs)
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
@@ -44,8 +44,11 @@ class Executor:
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
             ctx.workspace = workspace
             outs = tuple(ins.outputs)
+            fn = definition.fn
+            if len(self.steps) in self.concats:  # its inputs were written in place
+                fn = _concatenated
             # preallocated outputs for this step, when every output can have one
-            planned = definition.writes_out and all(
+            planned = (definition.writes_out or fn is _concatenated) and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
                 for s in outs)
             # an arena-only step gets the same output arrays every run: built once here
@@ -54,7 +57,7 @@ class Executor:
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
-            self.steps.append((definition.fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
+            self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
                                ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
@@ -71,14 +74,13 @@ class Executor:
         info = self.plan.slots[slot]
         return info.dtype is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
 
-    def _arena(self, writes_out: list[bool]) -> dict[int, np.ndarray]:
+    def _arena(self, writes_out: list[bool], op_types: list[str]) -> dict[int, np.ndarray]:
         """One aligned block for all planned intermediates, and a view per slot. The plan
         is recomputed here rather than trusted from the file: it is cheap, and a planning
         mistake can then never come from outside."""
         plan = self.plan
-        planned = arena_slots(plan.slots, plan.instructions, writes_out, plan.constants, plan.outputs)
-        offsets, size = plan_memory(plan.slots, plan.instructions, planned, set(plan.outputs),
-                                    [not w for w in writes_out])
+        offsets, size, self.concats = plan_arena(plan.slots, plan.instructions, writes_out, op_types,
+                                                 plan.constants, plan.outputs)
         self.arena = aligned_empty((size,), np.uint8)
         views = {}
         for slot, offset in offsets.items():
@@ -267,6 +269,12 @@ class Executor:
                 raise InputError(f"output buffer {name!r} is not C-contiguous")
             targets[by_name[name]] = array
         return targets
+
+
+def _concatenated(ctx, *inputs, out):
+    """An in-place Concat (nncc.plan.memory.in_place_concats): its inputs' producers
+    wrote them into their places in ``out`` already."""
+    return out[0]
 
 
 def _dense(array: np.ndarray) -> np.ndarray:
