@@ -566,6 +566,36 @@ def test_run_on_a_terminal_keeps_stdout_for_the_outputs(tmp_path):
     assert b"preparing mlp.onnx" in tty
 
 
+def test_run_table_is_rich_on_a_terminal_and_plain_columns_when_piped(tmp_path):
+    cache = str(tmp_path / "c")
+    result, tty = run_on_tty("run", MLP, "--random-inputs", stream="stdout", NNCC_CACHE_DIR=cache)
+    assert result.returncode == 0
+    assert "┃" in tty.decode() or "│" in tty.decode()  # rich's box drawing
+    piped = nncc_process("run", MLP, "--random-inputs", NNCC_CACHE_DIR=cache)
+    lines = piped.stdout.splitlines()
+    assert lines[0] == f"outputs of {MLP}"
+    assert lines[1].split() == ["name", "shape", "dtype", "min", "max", "mean", "std"]
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert set(rows) == {"probs", "logits"} and "[1, 10]  float32" in rows["probs"]
+    # columns line up: every row is as wide as the widest, numbers right-aligned
+    assert len({len(line) for line in lines[1:]}) == 1
+    assert not any(ch in piped.stdout for ch in "┃│─━")
+
+
+def test_scripted_cache_hit_imports_neither_rich_nor_importlib_metadata(tmp_path):
+    """A piped `nncc run` on a cache hit is a start-up path: rich (about 30 ms) and
+    importlib.metadata (20 ms or more) stay unimported when no plugin is installed."""
+    cache = str(tmp_path / "c")
+    assert nncc_process("run", MLP, "--random-inputs", NNCC_CACHE_DIR=cache).returncode == 0
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "nncc", "run", MLP, "--random-inputs"],
+                            cwd=ROOT, env=env(NNCC_CACHE_DIR=cache), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "cache hit" in result.stderr
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "numpy" in imported  # the import log is there
+    assert not {name for name in imported if name.split(".")[0] == "rich"}
+    assert "importlib.metadata" not in imported
+
+
 def test_no_color_and_non_tty_output_have_no_escapes(tmp_path):
     cache = str(tmp_path / "c")
     # on a terminal, inspect colours backends and fallbacks ...
