@@ -2,6 +2,7 @@
 
 from nncc.kernels import (  # noqa: F401
     activation,
+    affine,
     arithmetic,
     conv,
     fused,

@@ -2,11 +2,17 @@
 
 * ``fold_batchnorm_into_conv``: Conv(X, W, [B]) -> BatchNormalization (inference) becomes
   one Conv with per-output-channel rescaled weights and a new bias.
+* ``fold_scale_shift_into_conv``: Conv -> Mul or Add by a per-output-channel constant
+  folds into the Conv's weights and bias.
+* ``batchnorm_to_scale_shift``: inference BatchNormalization (not after a Conv) -> any
+  per-channel constant Mul / Add / Sub becomes ``nncc::ScaleShift(X, scale, shift)``
+  (see nncc.kernels.affine).
 * ``matmul_add_to_gemm``: MatMul(A, constant 2-D B) -> Add(constant bias over the last
   axis) becomes ``nncc::FusedMatMul(A, B, bias)`` (A of any rank, unlike ONNX Gemm).
-* ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul -> Relu, LeakyRelu, Clip (constant
-  bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes ``nncc::FusedConv`` /
-  ``FusedGemm`` / ``FusedMatMul`` with an ``activation`` attribute (see nncc.kernels.fused).
+* ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul / ScaleShift -> Relu, LeakyRelu,
+  Clip (constant bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes
+  ``nncc::FusedConv`` / ``FusedGemm`` / ``FusedMatMul`` / ``ScaleShift`` with an
+  ``activation`` attribute (see nncc.kernels.fused).
 
 A pattern only fuses when the intermediate value has exactly one consumer (the second op),
 is not a graph output and is not captured by a subgraph. Each pass builds its producer and
@@ -17,8 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.passes.cleanup import all_names, fresh_name, rebuild, subgraph_references
+from nncc.passes.shape_inference import infer_shapes
 
 NNCC = "nncc"
 
@@ -217,6 +225,114 @@ def fold_scale_shift_into_conv(graph: Graph) -> Graph:
             return graph
 
 
+# --------------------------------------------------------------------------- BN -> ScaleShift
+
+_AFFINE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _bn_inference(graph: Graph, bn: Node, rw: _Rewriter) -> bool:
+    """``bn`` normalizes with its stored statistics (decided as the BatchNormalization
+    kernel decides it) and only its Y output is used."""
+    if not _bn_foldable(graph, bn, rw):
+        return False
+    opset, outputs = graph.opset(""), len(bn.outputs)
+    if opset >= 14:
+        return True  # training_mode checked by _bn_foldable
+    if opset < 7 and bn.attrs.get("is_test") is not None:
+        return bool(bn.attrs["is_test"]) or outputs == 1
+    return outputs == 1  # opset 7..13: several outputs mean training mode
+
+
+def _absorb_per_channel(rw: _Rewriter, out: str, dtype: np.dtype, channels: int, rank: int,
+                        scale: np.ndarray, shift: np.ndarray) -> tuple[list[Node], str]:
+    """Follow ``out`` through Mul / Add / Sub nodes by per-channel constants of ``dtype``,
+    composing them into ``scale`` and ``shift`` (float64, updated in place). Returns the
+    absorbed nodes and the last value they produce."""
+    absorbed: list[Node] = []
+    while True:
+        op = rw.sole_consumer(out)
+        if op is None or op.domain != "" or op.op_type not in ("Mul", "Add", "Sub"):
+            break
+        if len(op.inputs) != 2 or len(op.outputs) != 1 or not op.outputs[0]:
+            break
+        first = op.inputs[0] == out
+        other = op.inputs[1] if first else op.inputs[0]
+        constant = rw.constant(other)
+        if constant is None or constant.dtype != dtype:
+            break
+        values = _per_channel(constant, channels, rank)
+        if values is None:
+            break
+        if op.op_type == "Mul":
+            scale *= values
+            shift *= values
+        elif op.op_type == "Add":
+            shift += values
+        elif first:  # (x * s + b) - c
+            shift -= values
+        else:  # c - (x * s + b)
+            np.negative(scale, out=scale)
+            np.subtract(values, shift, out=shift)
+        absorbed.append(op)
+        out = op.outputs[0]
+    return absorbed, out
+
+
+def batchnorm_to_scale_shift(graph: Graph) -> Graph:
+    """Inference BatchNormalization with constant scale, B, mean and var over a float32 or
+    float64 X becomes ``nncc::ScaleShift(X, scale', shift')`` with ``scale' = scale /
+    sqrt(var + eps)`` and ``shift' = B - mean * scale'`` (folded in float64, stored in X's
+    dtype). Following Mul / Add / Sub nodes by a constant that varies at most along the
+    channel axis are absorbed into it: ``(x * s + b) * m + a``. Runs after the Conv folds,
+    so this only handles BatchNormalization that could not fold into a Conv; the activation
+    fusion then merges a following Relu, Clip, ..."""
+    rw = _Rewriter(graph)
+    candidates = [
+        bn for bn in graph.nodes
+        if bn.op_type == "BatchNormalization" and bn.domain == "" and len(bn.inputs) == 5
+        and bn.inputs[0] and all(name in graph.initializers for name in bn.inputs[1:5])
+        and _bn_inference(graph, bn, rw)
+    ]
+    if not candidates:
+        return rw.result()
+    try:
+        infos = infer_shapes(graph)
+    except NnccError:
+        return rw.result()  # X's dtype is unknown: leave everything as it is
+    absorb = graph.opset("") >= 7  # before: legacy axis-based broadcasting of Mul / Add
+    for bn in candidates:
+        info = infos.get(bn.inputs[0])
+        if info is None or info.dtype not in _AFFINE_DTYPES:
+            continue
+        rank = info.rank
+        if rank is not None and rank < 2:
+            continue
+        params = [rw.constant(name) for name in bn.inputs[1:5]]
+        channels = params[0].size
+        if any(p.dtype.kind != "f" or p.ndim != 1 or p.size != channels for p in params):
+            continue
+        if rank is not None and isinstance(info.shape[1], int) and info.shape[1] != channels:
+            continue  # a malformed model: the BatchNormalization kernel reports it
+        gamma, beta, mean, var = (p.astype(np.float64) for p in params)
+        eps = float(bn.attrs.get("epsilon", 1e-5))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = gamma / np.sqrt(var + eps)
+        shift = beta - mean * scale
+        absorbed, out = [], bn.outputs[0]
+        if absorb and rank is not None:
+            absorbed, out = _absorb_per_channel(rw, out, info.dtype, channels, rank, scale, shift)
+        stem = bn.outputs[0]
+        names = []
+        for what, array in (("scale", scale), ("shift", shift)):
+            array = array.astype(info.dtype)
+            array.flags.writeable = False
+            names.append(rw.add_initializer(f"{stem}/folded_{what}", array))
+        name = bn.name or next((n.name for n in absorbed if n.name), "")
+        rw.replace[id(bn)] = Node("ScaleShift", [bn.inputs[0]] + names, [out], {}, NNCC, name)
+        rw.drop.update(id(n) for n in absorbed)
+    return rw.result()
+
+
 # --------------------------------------------------------------------------- MatMul + Add
 
 
@@ -272,7 +388,8 @@ def _rank(graph: Graph, name: str) -> int | None:
 # --------------------------------------------------------------------------- activations
 
 _FUSED_NAME = {("", "Conv"): "FusedConv", ("", "Gemm"): "FusedGemm", ("", "MatMul"): "FusedMatMul",
-               (NNCC, "FusedMatMul"): "FusedMatMul"}
+               (NNCC, "FusedMatMul"): "FusedMatMul", (NNCC, "ScaleShift"): "ScaleShift"}
+_NO_ONNX_OPSET = {"ScaleShift"}  # fused ops that do not run an underlying ONNX kernel
 _SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
 
 
@@ -307,8 +424,8 @@ def _activation_attrs(graph: Graph, act: Node, rw: _Rewriter) -> dict | None:
 
 
 def fuse_activation(graph: Graph) -> Graph:
-    """Conv / Gemm / MatMul / FusedMatMul followed by an activation become one fused node
-    in the "nncc" domain carrying the activation as attributes."""
+    """Conv / Gemm / MatMul / FusedMatMul / ScaleShift followed by an activation become one
+    fused node in the "nncc" domain carrying the activation as attributes."""
     rw = _Rewriter(graph)
     onnx_opset = graph.opset("")
     for producer in graph.nodes:
@@ -324,7 +441,8 @@ def fuse_activation(graph: Graph) -> Graph:
         if attrs is None:
             continue
         new_attrs = dict(producer.attrs)
-        new_attrs.setdefault("onnx_opset", onnx_opset)
+        if fused_op not in _NO_ONNX_OPSET:
+            new_attrs.setdefault("onnx_opset", onnx_opset)
         new_attrs.update(attrs)
         fused = Node(fused_op, list(producer.inputs), [act.outputs[0]], new_attrs, NNCC,
                      producer.name or act.name)
@@ -332,4 +450,5 @@ def fuse_activation(graph: Graph) -> Graph:
     return rw.result()
 
 
-__all__ = ["fold_batchnorm_into_conv", "matmul_add_to_gemm", "fuse_activation"]
+__all__ = ["fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift",
+           "matmul_add_to_gemm", "fuse_activation"]

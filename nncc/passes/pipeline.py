@@ -13,6 +13,7 @@ from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
 from nncc.passes.fusion import (
+    batchnorm_to_scale_shift,
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
@@ -38,11 +39,14 @@ PASSES: list[PassInfo] = [
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
     PassInfo("fold_scale_shift_into_conv", 2,
              "fold a per-channel constant Mul or Add after a Conv into its weights and bias"),
+    PassInfo("batchnorm_to_scale_shift", 2,
+             "inference BatchNormalization not after a Conv, with any per-channel constant "
+             "Mul/Add/Sub after it -> one nncc ScaleShift"),
     PassInfo("matmul_add_to_gemm", 2,
              "MatMul by a constant 2-D matrix + constant bias -> nncc FusedMatMul"),
     PassInfo("fuse_activation", 2,
-             "Conv/Gemm/MatMul followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid "
-             "or HardSwish -> one nncc fused node"),
+             "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
+             "HardSigmoid or HardSwish -> one nncc fused node"),
     PassInfo("eliminate_dead_code", 2, "drop what the fusions left unused"),
 ]
 
@@ -52,6 +56,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "eliminate_dead_code": eliminate_dead_code,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
     "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
+    "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
 }
