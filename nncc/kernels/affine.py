@@ -23,12 +23,6 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.fused import apply_activation
 from nncc.kernels.registry import kernel
 
-# np.maximum(y, 0) against a scalar runs numpy's slow strided loop (measured 4-5x slower
-# than against a contiguous array of zeros, numpy 2.4 on AVX-512): Relu and Clip bounds
-# are applied to flat rows of BOUND_ROW elements against a cached read-only row instead.
-BOUND_ROW = 16384
-_ROWS: dict = {}
-_BOUND_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _label(ctx) -> str:
@@ -78,51 +72,6 @@ def _views(ctx, x: np.ndarray, scale: np.ndarray, shift: np.ndarray, cdt: np.dty
     return s, b
 
 
-def _row(dtype: np.dtype, value: float) -> np.ndarray:
-    key = (dtype.str, value)
-    row = _ROWS.get(key)
-    if row is None:
-        if len(_ROWS) > 64:
-            _ROWS.clear()
-        row = np.full(BOUND_ROW, value, dtype)
-        row.flags.writeable = False
-        _ROWS[key] = row
-    return row
-
-
-def _bound(y: np.ndarray, ufunc, value: float) -> None:
-    """``ufunc(y, value, out=y)`` (np.maximum / np.minimum) on a C-contiguous ``y``."""
-    row = _row(y.dtype, value)
-    flat = y.reshape(-1)
-    rows = flat.size // BOUND_ROW
-    if rows:
-        body = flat[:rows * BOUND_ROW].reshape(rows, BOUND_ROW)
-        ufunc(body, row, out=body)
-    tail = flat[rows * BOUND_ROW:]
-    if tail.size:
-        ufunc(tail, row[:tail.size], out=tail)
-
-
-def _activate(ctx, y: np.ndarray) -> np.ndarray:
-    """The node's activation on ``y`` (its own C-contiguous float32/float64 array) in place:
-    Relu and Clip here with the same ufuncs, hence the same results, as apply_activation,
-    which does the rest."""
-    name = ctx.get("activation") or ""
-    if y.dtype not in _BOUND_DTYPES:
-        return apply_activation(ctx, y)
-    if name == "Relu":
-        _bound(y, np.maximum, 0.0)
-        return y
-    if name == "Clip":
-        lo, hi = ctx.get("activation_min"), ctx.get("activation_max")
-        if lo is not None:
-            _bound(y, np.maximum, float(np.asarray(lo, y.dtype)))
-        if hi is not None:
-            _bound(y, np.minimum, float(np.asarray(hi, y.dtype)))
-        return y
-    return apply_activation(ctx, y)
-
-
 @kernel("ScaleShift", since=1, domain="nncc", shape=_scale_shift_shape, writes_out=True)
 def scale_shift(ctx, x, scale, shift, out=None):
     if x.dtype.kind != "f":
@@ -135,8 +84,6 @@ def scale_shift(ctx, x, scale, shift, out=None):
     if cdt == x.dtype:
         np.multiply(x, s, out=target)
         np.add(target, b, out=target)
-        if target.flags.c_contiguous:
-            return _activate(ctx, target)
     else:  # float16: compute in float32 and round once, as BatchNormalization does
         y = x.astype(cdt) * s
         y += b

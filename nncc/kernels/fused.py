@@ -23,6 +23,7 @@ import functools
 import numpy as np
 
 from nncc.errors import KernelError
+from nncc.kernels.bounds import bound
 from nncc.kernels.registry import Ctx, kernel, resolve
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
@@ -64,8 +65,18 @@ def apply_activation(ctx, y: np.ndarray) -> np.ndarray:
     if y.dtype not in (np.float32, np.float64):
         return _delegate(ctx, name, y)  # float16 etc.: the ONNX kernel's exact rounding
     t = y.dtype.type
+    contiguous = y.flags.c_contiguous
     if name == "Relu":
-        np.maximum(y, t(0), out=y)
+        if contiguous:
+            bound(y, np.maximum, 0.0)
+        else:
+            np.maximum(y, t(0), out=y)
+    elif name == "Clip" and contiguous:
+        lo, hi = ctx.get("activation_min"), ctx.get("activation_max")
+        if lo is not None:
+            bound(y, np.maximum, float(t(lo)))
+        if hi is not None:
+            bound(y, np.minimum, float(t(hi)))
     elif name == "LeakyRelu":
         alpha = t(ctx.get("activation_alpha", 0.01))
         np.multiply(y, alpha, out=y, where=y < 0)

@@ -1,0 +1,42 @@
+"""Elementwise bounds (Relu, Clip) at numpy's full speed.
+
+``np.maximum(y, 0)`` against a scalar runs numpy's slow strided loop: measured 4-5x slower
+than against a contiguous array of zeros (numpy 2.4, AVX-512). ``bound`` applies the bound
+to flat rows of ROW elements against a cached read-only row of the value instead, with
+exactly the same ufunc, hence bit-identical results (NaN, infinities and signed zeros
+included).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROW = 16384
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_ROWS: dict = {}
+
+
+def _row(dtype: np.dtype, value: float) -> np.ndarray:
+    key = (dtype.str, value)
+    row = _ROWS.get(key)
+    if row is None:
+        if len(_ROWS) > 64:
+            _ROWS.clear()
+        row = np.full(ROW, value, dtype)
+        row.flags.writeable = False
+        _ROWS[key] = row
+    return row
+
+
+def bound(y: np.ndarray, ufunc, value: float) -> None:
+    """``ufunc(y, value, out=y)`` (np.maximum or np.minimum) on a C-contiguous float32 or
+    float64 ``y``, in place."""
+    row = _row(y.dtype, value)
+    flat = y.reshape(-1)
+    rows = flat.size // ROW
+    if rows:
+        body = flat[:rows * ROW].reshape(rows, ROW)
+        ufunc(body, row, out=body)
+    tail = flat[rows * ROW:]
+    if tail.size:
+        ufunc(tail, row[:tail.size], out=tail)
