@@ -51,7 +51,7 @@ def _views(ctx, x: np.ndarray, scale: np.ndarray, shift: np.ndarray, cdt: np.dty
     """``scale`` and ``shift`` shaped (C, 1, ..., 1) to broadcast along axis 1 of ``x``,
     in the compute dtype, made once per node and kept in its scratch. Parameters already in
     the compute dtype (what the pass produces) become views, which always show the current
-    contents; converted copies are only kept for read-only (constant) parameters."""
+    contents; converted copies are only kept for plan constants."""
     if x.ndim < 2:
         raise KernelError(f"{_label(ctx)}: X must have rank >= 2, got shape {x.shape}")
     key = (x.ndim, x.shape[1], cdt.str)
@@ -67,7 +67,7 @@ def _views(ctx, x: np.ndarray, scale: np.ndarray, shift: np.ndarray, cdt: np.dty
     s = scale.astype(cdt, copy=False).reshape(shape)
     b = shift.astype(cdt, copy=False).reshape(shape)
     views = scale.dtype == cdt and shift.dtype == cdt
-    if views or not (scale.flags.writeable or shift.flags.writeable):
+    if views or (ctx.is_constant(1) and ctx.is_constant(2)):
         ctx.scratch["scale/shift views"] = (key, scale, shift, s, b)
     return s, b
 

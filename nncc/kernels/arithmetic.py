@@ -181,14 +181,39 @@ _BINARY = {
 }
 
 
+def _quiet_divisor(ctx, b: np.ndarray) -> bool:
+    """Whether float division by ``b`` can raise no floating-point error (every entry finite
+    with |b| >= 1: no division by zero, no overflow, no invalid operation), so numpy's error
+    state need not be changed around it. Decided once for a plan constant."""
+    known = ctx.scratch.get("quiet divisor")
+    if known is not None and known[0] is b and ctx.is_constant(1):
+        return known[1]
+    if not ctx.is_constant(1) or b.size > 64:
+        return False
+    with np.errstate(invalid="ignore"):
+        quiet = bool(np.all(np.abs(b) >= 1) and np.all(np.isfinite(b)))
+    ctx.scratch["quiet divisor"] = (b, quiet)
+    return quiet
+
+
 def _make_binary(op: str, fn):
     def binary_v7(ctx, a, b, out=None):
-        check_same_dtype(op, a, b)
-        if out is not None and (fn is not _div or a.dtype.kind in "fc"):
-            ufunc = np.divide if fn is _div else fn
+        if a.dtype != b.dtype:
+            check_same_dtype(op, a, b)
+        try:
+            if fn is not _div:
+                if out is None:
+                    return fn(a, b)
+                with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                    return fn(a, b, out=out[0])
+            if a.dtype.kind not in "fc":
+                return _div(a, b)
+            if _quiet_divisor(ctx, b):
+                return np.divide(a, b) if out is None else np.divide(a, b, out=out[0])
             with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                return _broadcast_or_raise(op, ufunc, a, b, out=out[0])
-        return _broadcast_or_raise(op, fn, a, b)
+                return np.divide(a, b) if out is None else np.divide(a, b, out=out[0])
+        except ValueError as exc:
+            raise KernelError(f"{op}: cannot broadcast shapes {a.shape} and {b.shape}") from exc
 
     def binary_v1(ctx, a, b):
         check_same_dtype(op, a, b)
@@ -223,10 +248,11 @@ def _int_pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.power(x, y)
 
 
-def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _pow(x: np.ndarray, y: np.ndarray, e: float | None = None) -> np.ndarray:
+    """x ** y; ``e``: y's single value when already known."""
     if x.dtype.kind == "f":
         if y.size == 1 and y.ndim <= x.ndim:
-            e = float(y.reshape(-1)[0])
+            e = float(y.reshape(-1)[0]) if e is None else e
             if e == 2.0:
                 return np.multiply(x, x)
             if e == 1.0:
@@ -257,7 +283,16 @@ def pow_v1(ctx, x, y):
 
 @register("Pow", 7, binary_shape())
 def pow_v7(ctx, x, y):
-    return _broadcast_or_raise("Pow", _pow, x, y)
+    # A constant one-element exponent is read once.
+    known = ctx.scratch.get("pow exponent")
+    if known is not None and known[0] is y and ctx.is_constant(1):
+        e = known[1]
+    elif y.size == 1 and ctx.is_constant(1) and y.dtype.kind in "fiu":
+        e = float(y.reshape(-1)[0])
+        ctx.scratch["pow exponent"] = (y, e)
+    else:
+        e = None
+    return _broadcast_or_raise("Pow", _pow, x, y, e=e)
 
 
 # --------------------------------------------------------------------------- Mod

@@ -2,6 +2,11 @@
 
 float16 products are computed in float32 (numpy has no float16 BLAS; this is also what
 ONNX Runtime's accumulation does) and cast back.
+
+MatMul and Gemm validate their operands and parse attributes once per node and input
+shapes/dtypes (a plan in ``ctx.scratch``); the hot path of float32/float64 operands is then
+one np.dot / np.matmul call (np.dot has the lower fixed cost for 2-D operands) plus alpha
+and C.
 """
 
 from __future__ import annotations
@@ -65,10 +70,45 @@ def _matmul(a, b, out=None):
 
 @kernel("MatMul", since=1, shape=_matmul_shape, writes_out=True)
 def matmul(ctx, a, b, out=None):
+    # Hot path: operands already validated for these shapes/dtypes by an earlier call.
+    key = (a.shape, b.shape, a.dtype, b.dtype)
+    plan = ctx.scratch.get("matmul plan")
+    if plan is None or plan[0] != key:
+        plan = ctx.scratch["matmul plan"] = (key, _matmul_route(a, b))
+    route = plan[1]
+    if route == _DOT:  # both operands of rank <= 2 in a BLAS dtype: np.dot is the cheapest call
+        if out is not None and out[0].flags.c_contiguous and out[0].dtype == a.dtype:
+            return np.dot(a, b, out=out[0])
+        return np.dot(a, b)
+    if route == _MATMUL:
+        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out[0])
     out_dtype = a.dtype
     y = _matmul(a, b, None if out is None else out[0])
     y = np.asarray(y)
     return y if y.dtype == out_dtype else y.astype(out_dtype)
+
+
+_DOT, _MATMUL, _GENERAL = 0, 1, 2
+_BLAS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _matmul_route(a, b) -> int:
+    """How to multiply operands of these shapes/dtypes; raises for invalid ones."""
+    if a.ndim == 0 or b.ndim == 0:
+        raise KernelError("MatMul: inputs must have rank >= 1")
+    if a.dtype != b.dtype:
+        raise KernelError(f"MatMul: input dtypes differ ({a.dtype} vs {b.dtype})")
+    if _compute_dtype(a.dtype) != a.dtype or a.dtype.kind not in "fiu" or a.ndim == b.ndim == 1:
+        return _GENERAL  # (float16 via float32; a 1-D . 1-D product is made a 0-d array)
+    try:
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}") from None
+    if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
+        raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}")
+    if a.ndim <= 2 and b.ndim <= 2 and a.dtype in _BLAS:
+        return _DOT
+    return _MATMUL
 
 
 # --------------------------------------------------------------------------- Gemm
@@ -106,10 +146,64 @@ def _gemm_shape(ctx, a, b, c=None):
     return [TensorInfo(a.dtype, (m, n))]
 
 
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == tuple(target)
+    except ValueError:
+        return False
+
+
+class _GemmPlan:
+    """What a Gemm node derives from its attributes and operand shapes/dtypes, once."""
+
+    __slots__ = ("key", "fast", "trans_a", "trans_b", "alpha", "beta")
+
+    def __init__(self, ctx, key, a, b, c):
+        if a.ndim != 2 or b.ndim != 2:
+            raise KernelError(f"Gemm: A and B must be 2-D, got {a.shape} and {b.shape}")
+        m, k1, k2, n = _gemm_dims(ctx, a.shape, b.shape)
+        if k1 != k2:
+            raise KernelError(f"Gemm: inner dimensions differ: {(m, k1)} x {(k2, n)} after transposition")
+        beta = float(ctx.get("beta", 1.0))
+        if c is not None and beta != 0.0 and (c.ndim > 2 or not _broadcasts_to(c.shape, (m, n))):
+            raise KernelError(f"Gemm: C {c.shape} does not broadcast to {(m, n)}")
+        self.key = key
+        dt = a.dtype
+        # the hot path: float32/float64 throughout, computed exactly as the general path does
+        self.fast = dt in _BLAS and b.dtype == dt and (c is None or c.dtype == dt)
+        self.trans_a = bool(int(ctx.get("transA", 0)))
+        self.trans_b = bool(int(ctx.get("transB", 0)))
+        alpha = float(ctx.get("alpha", 1.0))
+        self.alpha = None if alpha == 1.0 else dt.type(alpha)
+        # C's factor: None when C is absent or ignored (beta 0), 1.0 when added as is
+        self.beta = None if c is None or beta == 0.0 else (1.0 if beta == 1.0 else dt.type(beta))
+
+
 @kernel("Gemm", since=1, shape=_gemm_shape, writes_out=True)
 def gemm(ctx, a, b, c=None, out=None):
-    if a.ndim != 2 or b.ndim != 2:
-        raise KernelError(f"Gemm: A and B must be 2-D, got {a.shape} and {b.shape}")
+    key = (a.shape, b.shape, a.dtype, b.dtype, None if c is None else (c.shape, c.dtype))
+    plan = ctx.scratch.get("gemm plan")
+    if plan is None or plan.key != key:
+        plan = ctx.scratch["gemm plan"] = _GemmPlan(ctx, key, a, b, c)
+    if not plan.fast:
+        return _gemm_general(ctx, a, b, c, out)
+    if plan.trans_a:
+        a = a.T
+    if plan.trans_b:
+        b = b.T
+    if out is not None and out[0].flags.c_contiguous and out[0].dtype == plan.key[2]:
+        y = np.dot(a, b, out=out[0])
+    else:
+        y = np.dot(a, b)
+    if plan.alpha is not None:
+        y *= plan.alpha
+    beta = plan.beta
+    if beta is not None:
+        np.add(y, c if beta == 1.0 else beta * c, out=y)
+    return y
+
+
+def _gemm_general(ctx, a, b, c=None, out=None):
     alpha = float(ctx.get("alpha", 1.0))
     beta = float(ctx.get("beta", 1.0))
     out_dtype = a.dtype
@@ -118,8 +212,6 @@ def gemm(ctx, a, b, c=None, out=None):
         a = a.T
     if int(ctx.get("transB", 0)):
         b = b.T
-    if a.shape[1] != b.shape[0]:
-        raise KernelError(f"Gemm: inner dimensions differ: {a.shape} x {b.shape} after transposition")
     if out is not None and out[0].dtype == cdt:
         y = np.matmul(a.astype(cdt, copy=False), b.astype(cdt, copy=False), out=out[0])
     else:
@@ -130,8 +222,6 @@ def gemm(ctx, a, b, c=None, out=None):
         else:
             y = (y * alpha).astype(cdt)
     if c is not None and beta != 0.0:
-        if c.ndim > 2 or np.broadcast_shapes(c.shape, y.shape) != y.shape:
-            raise KernelError(f"Gemm: C {c.shape} does not broadcast to {y.shape}")
         if beta == 1.0:
             y += c.astype(cdt, copy=False)
         elif cdt.kind == "f":

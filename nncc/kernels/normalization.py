@@ -3,9 +3,16 @@
 Per-channel statistics are folded into one scale and one shift so the big tensor is
 touched by a single multiply and a single in-place add. float16 inputs are computed in
 float32 and cast back.
+
+LayerNormalization keeps a per-node plan (``ctx.scratch``) for its input shapes/dtypes; for
+float32 (stash_type float32, the default) and float64 it then computes in that precision
+with row means and variances as BLAS products (two passes: the variance is of the centred
+rows) and normalizes in place.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -135,14 +142,93 @@ def _layernorm_shape(ctx, x, scale, b=None):
     return out
 
 
-@kernel("LayerNormalization", since=17, shape=_layernorm_shape)
-def layer_normalization(ctx, x, scale, b=None):
-    try:
-        axis = normalize_axis(int(ctx.get("axis", -1)), x.ndim)
-    except ShapeInferenceError as e:
-        raise KernelError(f"LayerNormalization: {e}") from None
+class _LayerNormPlan:
+    """A LayerNormalization node's parameters for one set of input shapes/dtypes."""
+
+    __slots__ = ("key", "fast", "axis", "rows", "cols", "eps", "sdt", "inv_n", "stat_shape",
+                 "sq", "flat")
+
+    def __init__(self, ctx, key, x, scale, b):
+        try:
+            axis = normalize_axis(int(ctx.get("axis", -1)), x.ndim)
+        except ShapeInferenceError as e:
+            raise KernelError(f"LayerNormalization: {e}") from None
+        self.key = key
+        self.axis = axis
+        self.sdt = _stash_dtype(ctx, KernelError)
+        self.rows = math.prod(x.shape[:axis])
+        self.cols = math.prod(x.shape[axis:])
+        self.stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
+        trailing = x.shape[axis:]
+        dt = x.dtype
+        # The hot path: float32 (with the default float32 stash type) or float64, computed in
+        # that precision, Scale/B covering exactly the normalized axes, no empty rows.
+        self.fast = (dt in (np.float32, np.float64) and np.promote_types(self.sdt, dt) == dt
+                     and self.cols > 0 and scale.shape == trailing and scale.dtype == dt
+                     and (b is None or (b.shape == trailing and b.dtype == dt)))
+        if not self.fast:
+            return
+        self.eps = np.array(float(ctx.get("epsilon", 1e-5)), dtype=dt)
+        # a (cols, 1) column of 1/n: each row's mean is then one BLAS product, already
+        # shaped to broadcast over the row (numpy's mean is far slower on short rows)
+        self.inv_n = np.full((self.cols, 1), 1.0 / self.cols, dtype=dt)
+        self.sq = _workspace(ctx, "layernorm sq", (self.rows, self.cols), dt)
+        self.flat = len(trailing) == 1  # Scale/B broadcast over the rows as they are
+
+
+def _workspace(ctx, name: str, shape: tuple, dtype) -> np.ndarray:
+    """A temporary buffer: a view of one block per name in the executor's shared workspace,
+    grown to the largest request (one kernel runs at a time, so nodes can share it)."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    key = (name, dtype.str)
+    block = ctx.workspace.get(key)
+    if block is None or block.size < size:
+        block = ctx.workspace[key] = np.empty(max(size, 1), dtype)
+    return block[:size].reshape(shape)
+
+
+@kernel("LayerNormalization", since=17, shape=_layernorm_shape, writes_out=True)
+def layer_normalization(ctx, x, scale, b=None, out=None):
+    key = (x.shape, x.dtype, scale.shape, scale.dtype, None if b is None else (b.shape, b.dtype))
+    plan = ctx.scratch.get("layernorm plan")
+    if plan is None or plan.key != key:
+        plan = ctx.scratch["layernorm plan"] = _LayerNormPlan(ctx, key, x, scale, b)
+    if not plan.fast:
+        return _layer_normalization(ctx, plan, x, scale, b)
+    rows, cols = plan.rows, plan.cols
+    x2 = x.reshape(rows, cols)
+    mean = np.dot(x2, plan.inv_n)  # (rows, 1)
+    target = out[0] if out is not None else None
+    if target is not None and target.dtype == x.dtype and target.flags.c_contiguous:
+        d = np.subtract(x2, mean, out=target.reshape(rows, cols))
+    else:
+        target = None
+        d = np.subtract(x2, mean)
+    inv = np.dot(np.multiply(d, d, out=plan.sq), plan.inv_n)  # the variance, (rows, 1)
+    np.add(inv, plan.eps, out=inv)
+    np.sqrt(inv, out=inv)
+    np.reciprocal(inv, out=inv)
+    d *= inv
+    if not plan.flat:
+        scale = scale.reshape(cols)
+        b = None if b is None else b.reshape(cols)
+    d *= scale
+    if b is not None:
+        d += b
+    y = target if target is not None else d.reshape(x.shape)
+    if ctx.num_outputs == 1:
+        return y
+    sdt = plan.sdt
+    outs = (y, mean.reshape(plan.stat_shape).astype(sdt), inv.reshape(plan.stat_shape).astype(sdt))
+    return outs[:ctx.num_outputs]
+
+
+def _layer_normalization(ctx, plan, x, scale, b):
+    """The general case: any stash type, float16 inputs, broadcast Scale/B."""
+    axis = plan.axis
     eps = float(ctx.get("epsilon", 1e-5))
-    sdt = _stash_dtype(ctx, KernelError)
+    sdt = plan.sdt
     # compute in the stash precision, or in the input's when it is wider
     cdt = np.promote_types(sdt, x.dtype) if x.dtype.kind == "f" else sdt
     rows = int(np.prod(x.shape[:axis], dtype=np.int64))

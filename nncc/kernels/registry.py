@@ -23,7 +23,7 @@ ShapeFn = Callable[..., list]
 class Ctx:
     """Per-node context handed to kernels and shape functions."""
 
-    __slots__ = ("attrs", "opset", "num_outputs", "name", "scratch", "workspace")
+    __slots__ = ("attrs", "opset", "num_outputs", "name", "scratch", "workspace", "constant_inputs")
 
     def __init__(self, attrs: dict, opset: int, num_outputs: int = 1, name: str = ""):
         self.attrs = attrs
@@ -36,9 +36,17 @@ class Ctx:
         # nothing and a model needs only one buffer per distinct temporary shape.
         self.scratch: dict = {}
         self.workspace: dict = {}
+        # Positions of the inputs that are plan constants: the same array, with the same
+        # contents, on every run (set by the executor). Only those may be checked or
+        # converted once and the result reused by identity; a read-only array from a
+        # caller can be a view of memory that changes between runs.
+        self.constant_inputs: frozenset = frozenset()
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
+
+    def is_constant(self, index: int) -> bool:
+        return index in self.constant_inputs
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ shape inference must predict those values. Two mechanisms carry them:
   chain selects only static entries the result becomes a real ``value`` again; Reshape,
   Expand, Tile and ConstantOfShape read symbolic entries as output dims. Anything that drops
   the attribute (e.g. a pass copying TensorInfos) merely loses precision, never correctness.
+
+At run time the kernels keep what they derive from attributes, input shapes and small
+integer operands (Reshape's shape, Slice's starts/ends, Pad's pads, Split's sizes ...) in a
+per-node plan in ``ctx.scratch``, keyed by the shapes and by the operands' *contents* (a
+computed operand may be a new array, or the same buffer refilled), so a steady-state call
+skips parsing and validation.
 """
 
 from __future__ import annotations
@@ -133,9 +139,27 @@ def _operand_length(info: TensorInfo | None) -> int | None:
 
 def _ints(array, what: str, err=KernelError) -> list[int]:
     array = np.asarray(array)
-    if array.dtype.kind not in "iub":
+    kind = array.dtype.kind
+    if kind not in "iub":
         raise err(f"{what} must be integers, got {array.dtype}")
-    return [int(v) for v in array.reshape(-1)]
+    values = array.reshape(-1).tolist()  # python ints
+    return [int(v) for v in values] if kind == "b" else values
+
+
+def _contents(array) -> list | None:
+    """A small integer operand's entries (python ints), the part of a kernel's cache key
+    that depends on its contents: compared by value, since a computed operand may be a new
+    array or the same buffer refilled. None when absent; raises _NotInts for another dtype
+    (the kernel then takes its general, validating path)."""
+    if array is None:
+        return None
+    if array.dtype.kind not in "iu":
+        raise _NotInts
+    return array.reshape(-1).tolist()
+
+
+class _NotInts(Exception):
+    pass
 
 
 def _axis(axis: int, rank: int, err=KernelError, extra: int = 0) -> int:
@@ -239,6 +263,20 @@ def _concat_dim(dims) -> Dim:
 
 @kernel("Concat", since=1, shape=_concat_shape)
 def concat(ctx, *inputs):
+    try:
+        key = tuple([x.shape for x in inputs])
+    except AttributeError:  # an omitted input
+        return _concat(ctx, inputs)
+    plan = ctx.scratch.get("concat plan")
+    if plan is None or plan[0] != key:
+        _concat(ctx, inputs, check_only=True)
+        plan = ctx.scratch["concat plan"] = (key, _axis(_concat_axis(ctx), inputs[0].ndim))
+    if len(inputs) == 1:
+        return inputs[0].view()
+    return np.concatenate(inputs, axis=plan[1])
+
+
+def _concat(ctx, inputs, check_only: bool = False):
     arrays = [x for x in inputs if x is not None]
     if not arrays:
         raise KernelError("Concat needs at least one input")
@@ -251,6 +289,8 @@ def concat(ctx, *inputs):
         if x.shape[:axis] != first[:axis] or x.shape[axis + 1:] != first[axis + 1:]:
             raise KernelError(
                 f"Concat inputs must match except on axis {axis}: {[x.shape for x in arrays]}")
+    if check_only:
+        return None
     if len(arrays) == 1:
         return arrays[0].view()
     return np.concatenate(arrays, axis=axis)
@@ -320,16 +360,34 @@ def _split_shape(ctx, x, split=None):
 
 
 def split_kernel(ctx, x, split=None):
+    # The output slices depend on the input shape and the split sizes' contents.
+    if split is None:
+        contents = None
+    elif split.dtype == np.int64 and split.ndim == 1:
+        contents = split.tolist()
+    else:
+        return _split(ctx, x, split)
+    plan = ctx.scratch.get("split plan")
+    if plan is None or plan[0] != x.shape or plan[1] != contents:
+        plan = ctx.scratch["split plan"] = (x.shape, contents, _split_index(ctx, x, split))
+    return tuple(x[index] for index in plan[2])
+
+
+def _split(ctx, x, split=None):
+    return tuple(x[index] for index in _split_index(ctx, x, split))
+
+
+def _split_index(ctx, x, split) -> list[tuple]:
+    """The index tuple selecting each output."""
     axis = _axis(ctx.get("axis", 0), x.ndim)
     listed = _split_list(ctx, None if split is None else _ints(split, "Split sizes"))
     sizes = _split_sizes(ctx, x.shape[axis], listed, KernelError)
-    index = [slice(None)] * x.ndim
+    lead = (slice(None),) * axis
     outs, start = [], 0
     for size in sizes:
-        index[axis] = slice(start, start + size)
-        outs.append(x[tuple(index)])
+        outs.append(lead + (slice(start, start + size),))
         start += size
-    return tuple(outs)
+    return outs
 
 
 for _since in (1, 13, 18):
@@ -427,11 +485,26 @@ def _slice_shape(ctx, data, starts=None, ends=None, axes=None, steps=None):
 
 
 def slice_kernel(ctx, data, starts=None, ends=None, axes=None, steps=None):
+    try:
+        key = (data.shape, _contents(starts), _contents(ends), _contents(axes), _contents(steps))
+    except _NotInts:
+        return _slice(ctx, data, starts, ends, axes, steps)
+    plan = ctx.scratch.get("slice plan")
+    if plan is None or plan[0] != key:
+        plan = ctx.scratch["slice plan"] = (key, _slice_index(ctx, data, starts, ends, axes, steps))
+    return data[plan[1]]
+
+
+def _slice(ctx, data, starts=None, ends=None, axes=None, steps=None):
+    return data[_slice_index(ctx, data, starts, ends, axes, steps)]
+
+
+def _slice_index(ctx, data, starts, ends, axes, steps) -> tuple:
     lists = _slice_inputs(ctx, starts, ends, axes, steps)
     index = [slice(None)] * data.ndim
     for axis, start, end, step in _slice_spec(ctx, data.ndim, *lists, KernelError):
         index[axis] = _slice_bounds(data.shape[axis], start, end, step)[0]
-    return data[tuple(index)]
+    return tuple(index)
 
 
 for _since in (1, 10):
@@ -452,6 +525,19 @@ def _gather_shape(ctx, data, indices):
 
 @kernel("Gather", since=1, shape=_gather_shape)
 def gather(ctx, data, indices):
+    # Indices that are a plan constant (the same object each run) are checked once.
+    plan = ctx.scratch.get("gather plan")
+    if plan is not None and plan[0] is indices and plan[1] == data.shape and ctx.is_constant(1):
+        return data[plan[2]] if plan[2] is not None else np.take(data, indices, axis=plan[3])
+    result = _gather(ctx, data, indices)
+    if isinstance(indices, np.ndarray) and ctx.is_constant(1):
+        axis = _axis(ctx.get("axis", 0), data.ndim)
+        view = (slice(None),) * axis + (int(indices),) if indices.ndim == 0 else None
+        ctx.scratch["gather plan"] = (indices, data.shape, view, axis)
+    return result
+
+
+def _gather(ctx, data, indices):
     axis = _axis(ctx.get("axis", 0), data.ndim)
     dim = data.shape[axis]
     indices = np.asarray(indices)
@@ -595,7 +681,18 @@ def _reshape_dims(ctx, data, shape):
 
 
 def reshape(ctx, data, shape=None):
-    return data.reshape(_reshape_dims(ctx, data, shape))
+    # The target dims depend on the input shape and the shape operand's contents (compared
+    # by value: a computed shape tensor may be a new array, or the same buffer refilled).
+    if shape is None:
+        contents = None
+    elif shape.dtype == np.int64 and shape.ndim == 1:
+        contents = shape.tolist()
+    else:
+        return data.reshape(_reshape_dims(ctx, data, shape))
+    plan = ctx.scratch.get("reshape plan")
+    if plan is None or plan[0] != data.shape or plan[1] != contents:
+        plan = ctx.scratch["reshape plan"] = (data.shape, contents, _reshape_dims(ctx, data, shape))
+    return data.reshape(plan[2])
 
 
 for _since in (1, 5):
@@ -647,7 +744,10 @@ def _transpose_shape(ctx, x):
 
 @kernel("Transpose", since=1, shape=_transpose_shape)
 def transpose(ctx, x):
-    return np.transpose(x, _perm(ctx, x.ndim, KernelError))
+    plan = ctx.scratch.get("transpose plan")
+    if plan is None or plan[0] != x.ndim:
+        plan = ctx.scratch["transpose plan"] = (x.ndim, tuple(_perm(ctx, x.ndim, KernelError)))
+    return x.transpose(plan[1])
 
 
 # --------------------------------------------------------------------------------------
@@ -686,6 +786,23 @@ def _squeeze_shape(ctx, data, axes=None):
 
 
 def squeeze(ctx, data, axes=None):
+    return _cached_reshape(ctx, "squeeze plan", _squeeze_dims, data, axes)
+
+
+def _cached_reshape(ctx, name: str, dims_fn, data, operand):
+    """data.reshape(dims_fn(ctx, data, operand)), the dims kept per input shape and
+    operand contents."""
+    try:
+        key = (data.shape, _contents(operand))
+    except _NotInts:
+        return data.reshape(dims_fn(ctx, data, operand))
+    plan = ctx.scratch.get(name)
+    if plan is None or plan[0] != key:
+        plan = ctx.scratch[name] = (key, dims_fn(ctx, data, operand))
+    return data.reshape(plan[1])
+
+
+def _squeeze_dims(ctx, data, axes=None) -> tuple:
     listed = ctx.get("axes") if ctx.opset < 13 else (None if axes is None else _ints(axes, "axes"))
     if not listed:
         drop = {a for a, d in enumerate(data.shape) if d == 1}
@@ -694,7 +811,7 @@ def squeeze(ctx, data, axes=None):
         for a in drop:
             if data.shape[a] != 1:
                 raise KernelError(f"Squeeze axis {a} has size {data.shape[a]}, not 1")
-    return data.reshape(tuple(d for a, d in enumerate(data.shape) if a not in drop))
+    return tuple(d for a, d in enumerate(data.shape) if a not in drop)
 
 
 def _unsqueeze_dims(shape, listed, err) -> tuple:
@@ -718,10 +835,14 @@ def _unsqueeze_shape(ctx, data, axes=None):
 
 
 def unsqueeze(ctx, data, axes=None):
+    return _cached_reshape(ctx, "unsqueeze plan", _unsqueeze_target, data, axes)
+
+
+def _unsqueeze_target(ctx, data, axes=None) -> tuple:
     listed = ctx.get("axes") if ctx.opset < 13 else (None if axes is None else _ints(axes, "axes"))
     if listed is None:
         raise KernelError("Unsqueeze requires axes")
-    return data.reshape(_unsqueeze_dims(data.shape, listed, KernelError))
+    return _unsqueeze_dims(data.shape, listed, KernelError)
 
 
 for _since in (1, 13):
@@ -758,6 +879,22 @@ def _expand_shape(ctx, x, shape):
 
 @kernel("Expand", since=8, shape=_expand_shape)
 def expand(ctx, x, shape):
+    try:
+        key = (x.shape, _contents(shape))
+    except _NotInts:
+        return _expand(ctx, x, shape)
+    plan = ctx.scratch.get("expand plan")
+    if plan is None or plan[0] != key:
+        plan = (key, _expand(ctx, x, shape).shape, None, None)
+    elif plan[2] is x:
+        return plan[3].view()  # a new view of the same memory (x's current contents)
+    y = np.broadcast_to(x, plan[1])  # a read-only view
+    # keep the view of a plan constant; any other x is not kept alive
+    ctx.scratch["expand plan"] = (key, plan[1]) + ((x, y) if ctx.is_constant(0) else (None, None))
+    return y
+
+
+def _expand(ctx, x, shape):
     target = _ints(shape, "Expand shape")
     try:
         out_shape = np.broadcast_shapes(x.shape, tuple(target))
@@ -795,10 +932,27 @@ def _tile_shape(ctx, x, repeats, axis=None):
 
 @kernel("Tile", since=1, shape=_tile_shape)
 def tile(ctx, x, repeats, axis=None):
-    reps = _tile_repeats(ctx, x.ndim, repeats, axis)
-    if all(r == 1 for r in reps):
-        return x.view()
-    return np.tile(x, reps)
+    try:
+        key = (x.shape, _contents(repeats), _contents(axis))
+    except _NotInts:
+        key = None
+    plan = ctx.scratch.get("tile plan")
+    if key is None or plan is None or plan[0] != key:
+        reps = _tile_repeats(ctx, x.ndim, repeats, axis)
+        if all(r == 1 for r in reps):
+            return x.view()
+        # the output viewed with an axis of repeats before each axis of x, and x (with a
+        # length-1 axis there) copied into it by broadcasting: one copy (np.tile makes one
+        # per axis)
+        split = tuple(d for dim in x.shape for d in (1, dim))
+        spread = tuple(d for rd in zip(reps, x.shape) for d in rd)
+        merged = tuple(r * d for r, d in zip(reps, x.shape))
+        plan = (key, split, spread, merged)
+        if key is not None:
+            ctx.scratch["tile plan"] = plan
+    y = np.empty(plan[3], x.dtype)
+    np.copyto(y.reshape(plan[2]), x.reshape(plan[1]))
+    return y
 
 
 # --------------------------------------------------------------------------------------
@@ -864,7 +1018,102 @@ def _pad_shape(ctx, data, pads=None, constant_value=None, axes=None):
     return _fold(ctx, pad, [data, pads, constant_value, axes], [_out(data.dtype, dims)])
 
 
+class _PadPlan:
+    """A Pad node's geometry for one input shape and pads/axes contents: the input is copied
+    into the interior of the output, then the border slabs of each padded axis are filled."""
+
+    __slots__ = ("key", "mode", "crop", "noop", "out_shape", "interior", "borders")
+
+    def __init__(self, ctx, key, data, pads, axes):
+        self.key = key
+        self.mode = mode = _pad_mode(ctx, KernelError)
+        widths = _pad_widths(ctx, data.ndim, pads, axes, KernelError)
+        shape = data.shape
+        self.crop = None
+        if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
+            crop = []
+            for d, (b, e) in zip(shape, widths):
+                start, stop = max(-b, 0), d - max(-e, 0)
+                if stop < start:
+                    raise KernelError(f"Pad pads {widths} remove more than dim {d}")
+                crop.append(slice(start, stop))
+            self.crop = tuple(crop)
+            shape = tuple(s.stop - s.start for s in crop)
+            widths = [(max(b, 0), max(e, 0)) for b, e in widths]
+        self.noop = all(b == 0 and e == 0 for b, e in widths)
+        self.out_shape = tuple(d + b + e for d, (b, e) in zip(shape, widths))
+        self.interior = interior = tuple(slice(b, b + d) for d, (b, _) in zip(shape, widths))
+        # Per padded axis, in order (as np.pad does: an axis' border spans the borders of
+        # the axes padded before it): (destination slab, source region, source positions).
+        # Constant mode fills the slabs with the value; the others copy the positions np.pad
+        # reads (np.pad of an arange), which lie in the region's interior along the axis.
+        self.borders = []
+        for a, (d, (b, e)) in enumerate(zip(shape, widths)):
+            if not (b or e):
+                continue
+            if mode != "constant" and d == 0:
+                raise KernelError(f"Pad mode {mode!r} cannot pad an empty axis")
+            region = tuple(slice(None) if k <= a else interior[k] for k in range(len(shape)))
+            index = np.pad(np.arange(d, dtype=np.intp), (b, e), mode=mode) + b \
+                if mode != "constant" else None
+            for lo, hi in ((0, b), (b + d, b + d + e)):
+                if hi > lo:
+                    slab = region[:a] + (slice(lo, hi),) + region[a + 1:]
+                    source = None if index is None else _as_slice(index[lo:hi])
+                    if isinstance(source, slice):  # a strided (or broadcast) copy
+                        source = region[:a] + (source,) + region[a + 1:]
+                    self.borders.append((a, slab, region, source))
+
+
+def _as_slice(positions: np.ndarray):
+    """The positions as a slice when they are one position repeated (the copy then
+    broadcasts) or a run with step +-1, else the array itself (for np.take)."""
+    first, last = int(positions[0]), int(positions[-1])
+    if np.all(positions == first):
+        return slice(first, first + 1)
+    step = 1 if last > first else -1
+    if np.array_equal(positions, np.arange(first, last + step, step)):
+        return slice(first, last + step if last + step >= 0 else None, step)
+    return positions
+
+
 def pad(ctx, data, pads=None, constant_value=None, axes=None):
+    if data.dtype.kind not in "biuf":
+        return _pad(ctx, data, pads, constant_value, axes)
+    try:
+        key = (data.shape, _contents(pads), _contents(axes))
+    except _NotInts:
+        return _pad(ctx, data, pads, constant_value, axes)
+    plan = ctx.scratch.get("pad plan")
+    if plan is None or plan.key != key:
+        plan = ctx.scratch["pad plan"] = _PadPlan(ctx, key, data, pads, axes)
+    if plan.crop is not None:
+        data = data[plan.crop]
+    if plan.noop:
+        return data.view()
+    out = np.empty(plan.out_shape, data.dtype)
+    out[plan.interior] = data
+    if plan.mode == "constant":
+        if ctx.opset < 11:
+            value = ctx.get("value", 0.0)
+        elif constant_value is None or constant_value.size == 0:
+            value = 0
+        else:
+            value = constant_value.reshape(-1)[0]
+        if not (isinstance(value, np.generic) and value.dtype == data.dtype):
+            value = np.array(value).astype(data.dtype)  # as the general path converts it
+        for _, slab, _, _ in plan.borders:
+            out[slab] = value
+    else:
+        for axis, slab, region, source in plan.borders:
+            if isinstance(source, tuple):
+                out[slab] = out[source]
+            else:
+                out[slab] = np.take(out[region], source, axis=axis)
+    return out
+
+
+def _pad(ctx, data, pads=None, constant_value=None, axes=None):
     mode = _pad_mode(ctx, KernelError)
     widths = _pad_widths(ctx, data.ndim, pads, axes, KernelError)
     if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop

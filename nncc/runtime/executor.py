@@ -43,6 +43,7 @@ class Executor:
             opset = int(opsets.get(definition.domain, definition.since))
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
             ctx.workspace = workspace
+            ctx.constant_inputs = frozenset(i for i, s in enumerate(ins.inputs) if s in plan.constants)
             outs = tuple(ins.outputs)
             fn = definition.fn
             if len(self.steps) in self.concats:  # its inputs were written in place
