@@ -28,3 +28,12 @@ def test_bound_keeps_the_shape_and_works_in_place():
     bound(y, np.maximum, 0.0)
     assert y is view and y.shape == (2, 3, 4)
     np.testing.assert_array_equal(y, np.maximum(np.arange(-12, 12, dtype=np.float32), 0).reshape(2, 3, 4))
+
+
+def test_bound_into_another_array_leaves_the_source_alone():
+    x = np.array([-1.0, np.nan, 2.0, -0.0] * 5000, np.float32)
+    before = x.copy()
+    out = np.empty_like(x)
+    assert bound(x, np.maximum, 0.0, out) is out
+    assert out.tobytes() == np.maximum(x, np.float32(0)).tobytes()
+    assert x.tobytes() == before.tobytes()

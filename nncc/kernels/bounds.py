@@ -28,15 +28,17 @@ def _row(dtype: np.dtype, value: float) -> np.ndarray:
     return row
 
 
-def bound(y: np.ndarray, ufunc, value: float) -> None:
-    """``ufunc(y, value, out=y)`` (np.maximum or np.minimum) on a C-contiguous float32 or
-    float64 ``y``, in place."""
+def bound(y: np.ndarray, ufunc, value: float, out: np.ndarray | None = None) -> np.ndarray:
+    """``ufunc(y, value, out=out)`` (np.maximum or np.minimum) for a C-contiguous float32
+    or float64 ``y`` and ``out`` (default: ``y`` itself, in place); returns ``out``."""
+    if out is None:
+        out = y
     row = _row(y.dtype, value)
-    flat = y.reshape(-1)
+    flat, dst = y.reshape(-1), out.reshape(-1)
     rows = flat.size // ROW
     if rows:
-        body = flat[:rows * ROW].reshape(rows, ROW)
-        ufunc(body, row, out=body)
-    tail = flat[rows * ROW:]
-    if tail.size:
-        ufunc(tail, row[:tail.size], out=tail)
+        ufunc(flat[:rows * ROW].reshape(rows, ROW), row, out=dst[:rows * ROW].reshape(rows, ROW))
+    tail = rows * ROW
+    if tail < flat.size:
+        ufunc(flat[tail:], row[:flat.size - tail], out=dst[tail:])
+    return out
