@@ -165,8 +165,9 @@ def fused_matmul(ctx, a, b, bias=None, out=None):
         y = np.matmul(a, b, out=target)
     except ValueError as exc:
         raise KernelError(f"FusedMatMul: cannot multiply {a.shape} by {b.shape}: {exc}") from None
-    if target is None:
-        y = _fresh(y, (a, b, bias))
+    if not isinstance(y, np.ndarray):  # 1-D @ 1-D gives a numpy scalar
+        y = np.array(y)
+    # np.matmul's result is its own memory: no overlap check needed
     if bias is not None:
         if bias.ndim > 1 or (bias.size not in (1, y.shape[-1] if y.ndim else 1)):
             raise KernelError(f"FusedMatMul: bias of shape {bias.shape} does not match the "
