@@ -51,6 +51,8 @@ import sys
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from nncc.kernels.workspace import kept
+
 # Channels are processed in chunks whose column buffer stays about this size (L2-sized:
 # the copy, the wrap fix and the product then work in cache).
 _CHUNK_BYTES = 512 << 10
@@ -227,11 +229,11 @@ class _Plan:
             cb = -(-c // -(-c // cb))  # even chunks
             spans = [(i, b0, min(c, b0 + cb)) for i in range(n) for b0 in range(0, c, cb)]
         most = max((b1 - b0) * (n if i is None else 1) for i, b0, b1 in spans)
-        cols_all = _workspace(scratch, "depthwise cols", ntaps * most * gchan, dtype)
+        cols_all = kept(scratch, "depthwise cols", ntaps * most * gchan, dtype)
         self.grid = (o0,) + tuple(qm) + (wg,)
         self.exact = (o0,) + tuple(out_sizes[1:-1]) + (wo,) if nd > 1 else (1, wo)
         self.direct = self.grid == self.exact
-        prod_all = None if self.direct else _workspace(scratch, "depthwise product", most * mult * pv, dtype)
+        prod_all = None if self.direct else kept(scratch, "depthwise product", most * mult * pv, dtype)
         self.crop = (Ellipsis,) + tuple(slice(0, o) for o in self.exact[1:])
         kh = ntaps // kw
         self.chunks = []
@@ -309,15 +311,3 @@ class _Plan:
                 else:
                     np.copyto(dst, src)
         return out
-
-
-def _workspace(scratch, key, size, dtype):
-    """A flat temporary buffer kept in the executor's workspace (shared by every plan
-    needing that many elements: its contents are rewritten before each use)."""
-    if scratch is None:
-        return np.empty(size, dtype)
-    full = (key, size, dtype.str)
-    buf = scratch.get(full)
-    if buf is None:
-        buf = scratch[full] = np.empty(size, dtype)
-    return buf

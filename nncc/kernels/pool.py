@@ -40,6 +40,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import _attr_list, _auto_pad, _conv_geometry
 from nncc.kernels.registry import kernel
+from nncc.kernels.workspace import kept
 
 # A fast-path axis with more boundary positions than this (windows much larger than the
 # input) goes to the generic passes instead: each boundary position costs one ufunc call.
@@ -224,17 +225,6 @@ def _combine(op, srcs, dst, init):
             op(dst, s, out=dst)
 
 
-def _buffer(ws, key, shape, dtype):
-    """A temporary kept between runs in the executor's workspace (or a fresh array)."""
-    if ws is None:
-        return np.empty(shape, dtype)
-    full = (key, shape, dtype.str)
-    buf = ws.get(full)
-    if buf is None:
-        buf = ws[full] = np.empty(shape, dtype)
-    return buf
-
-
 def _flat_reduce(p, x, op, init, ws, out3, scale=None):
     """Run a _FlatPlan on contiguous x (cn, h, w), writing out3 (cn, ho, wo). The
     average's `scale` (a scalar, or a (chunk, ho, wo) array of reciprocal counts)
@@ -242,8 +232,8 @@ def _flat_reduce(p, x, op, init, ws, out3, scale=None):
     h, w, hw = p.h, p.w, p.h * p.w
     xf = x.reshape(-1)
     size = p.chunk * hw
-    tw = _buffer(ws, "pool.w", (size,), x.dtype)
-    th = _buffer(ws, "pool.h", (size,), x.dtype)
+    tw = kept(ws, "pool.w", (size,), x.dtype)
+    th = kept(ws, "pool.h", (size,), x.dtype)
     for c0 in range(0, p.cn, p.chunk):
         cb = min(p.chunk, p.cn - c0)
         wpass, hpass = p.passes[cb]
@@ -313,7 +303,7 @@ def _separable_reduce(x, ks, st, dl, pb, sizes, op, init, scratch=None, out=None
         if ax == last:
             acc = out if out is not None else np.empty(shape, y.dtype)  # never a kept buffer
         else:
-            acc = _buffer(scratch, f"pool.pass{ax}", tuple(shape), y.dtype)
+            acc = kept(scratch, f"pool.pass{ax}", tuple(shape), y.dtype)
         if full:
             taps.remove(full[0])
             off = full[0][2]
@@ -510,9 +500,9 @@ def average_pool(ctx, x, out=None):
         y = _reduce(ctx, g, np.ascontiguousarray(x), np.add, 0, _out_array(out, 0, shape, out_dtype), scale)
         return _deliver(out, 0, y)
     # float16 is summed in float32, through kept buffers
-    x32 = _buffer(ctx.workspace, "pool.x32", x.shape, np.dtype(np.float32))
+    x32 = kept(ctx.workspace, "pool.x32", x.shape, np.dtype(np.float32))
     np.copyto(x32, x)
-    y32 = _reduce(ctx, g, x32, np.add, 0, _buffer(ctx.workspace, "pool.y32", shape, np.dtype(np.float32)), scale)
+    y32 = _reduce(ctx, g, x32, np.add, 0, kept(ctx.workspace, "pool.y32", shape, np.dtype(np.float32)), scale)
     y = _out_array(out, 0, shape, out_dtype)
     np.copyto(y, y32, casting="same_kind")
     return _deliver(out, 0, y)
@@ -542,7 +532,7 @@ def global_average_pool(ctx, x, out=None):
         return _deliver(out, 0, y)
     acc = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
     if acc != x.dtype:  # float16 is summed in float32
-        x32 = _buffer(ctx.workspace, "pool.x32", x.shape, acc)
+        x32 = kept(ctx.workspace, "pool.x32", x.shape, acc)
         np.copyto(x32, x)
         x = x32
     x2 = np.ascontiguousarray(x).reshape(n * c, -1)
