@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 1
@@ -118,8 +119,38 @@ class Index:
         self.timeout = timeout
         self.conn: sqlite3.Connection | None = None
         self.reinitialized = False  # True when this open retired another version's rows
+        self.read_only = False
 
     # -- opening ---------------------------------------------------------------------
+
+    def open_read_only(self) -> "Index":
+        """Open an existing index for reading only (a cache on read-only storage): no WAL
+        switch, no schema work, no statistics. Only an index of this nncc version and
+        schema serves; anything else raises IndexUnavailable. Raises IndexCorrupt too."""
+        if not os.path.isfile(self.path):
+            raise IndexUnavailable(f"no index at {self.path}")
+        uri = "file:" + urllib.parse.quote(os.path.abspath(self.path))
+        last: Exception | None = None
+        # mode=ro needs the WAL's -shm file or a directory to create it in; read-only
+        # storage that has neither opens as immutable (nothing can change it from here)
+        for query in ("?mode=ro", "?mode=ro&immutable=1"):
+            try:
+                conn = sqlite3.connect(uri + query, uri=True, timeout=self.timeout, isolation_level=None,
+                                       check_same_thread=False)
+                self.conn = conn
+                if self._guard(lambda: conn.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
+                    raise IndexUnavailable(f"{self.path} has another schema version")
+                if self._guard(lambda: self._meta("nncc_version")) != self.version:
+                    raise IndexUnavailable(f"{self.path} was written by another nncc version")
+                self.read_only = True
+                return self
+            except (sqlite3.Error, IndexUnavailable) as exc:
+                self.close()
+                last = exc
+            except IndexCorrupt:
+                self.close()
+                raise
+        raise IndexUnavailable(f"cannot read {self.path}: {last}")
 
     def open(self) -> "Index":
         """Open (creating if needed). Raises IndexCorrupt or IndexUnavailable."""

@@ -123,6 +123,12 @@ class TokenFiles:
         return total
 
 
+def _read_only_directory(directory: str) -> bool:
+    """An existing cache directory this process cannot write into (access() reports a
+    read-only mount even to root)."""
+    return os.path.isdir(directory) and not os.access(directory, os.W_OK | os.X_OK)
+
+
 class Cache:
     """One opened cache directory. ``Cache.open(dir)``; close() when done."""
 
@@ -131,15 +137,21 @@ class Cache:
         self.entries_dir = os.path.join(directory, ENTRIES)
         self.locks_dir = os.path.join(directory, LOCKS)
         self.index: Index | None = None
+        self.read_only = False  # opened for reading only: hits are served, nothing is written
 
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | os.PathLike | None = None, create: bool = True) -> "Cache":
-        """Open (and create) a cache directory. Raises CacheUnavailable."""
+    def open(cls, directory: str | os.PathLike | None = None, create: bool = True,
+             read_only_ok: bool = False) -> "Cache":
+        """Open (and create) a cache directory. Raises CacheUnavailable. With
+        ``read_only_ok``, a filled cache that cannot be written (read-only storage, another
+        user's) opens for reading: ``cache.read_only`` is then True."""
         cache = cls(resolve_cache_dir(directory))
         try:
             if create:
+                if read_only_ok and _read_only_directory(cache.directory):
+                    return cache._open_read_only()
                 for d in (cache.directory, cache.entries_dir, cache.locks_dir):
                     os.makedirs(d, mode=0o700, exist_ok=True)
                 tag = os.path.join(cache.directory, TAG_NAME)
@@ -155,6 +167,14 @@ class Cache:
             raise CacheUnavailable(f"cannot use {cache.directory}: {exc.strerror or exc}") from None
         cache.index = cache._open_index()
         return cache
+
+    def _open_read_only(self) -> "Cache":
+        try:
+            self.index = self._new_index().open_read_only()
+        except (IndexUnavailable, IndexCorrupt) as exc:
+            raise CacheUnavailable(f"{self.directory} is read-only and its index cannot serve ({exc})") from None
+        self.read_only = True
+        return self
 
     def _new_index(self) -> Index:
         import nncc
@@ -377,10 +397,12 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     directory = resolve_cache_dir(cache_dir)
     token = compute_token(path, data, opts, skip_dirs=(directory,)).hex()
     try:
-        cache = Cache.open(directory)
+        cache = Cache.open(directory, read_only_ok=True)
     except CacheUnavailable as exc:
         return _degraded(path, data, opts, token, directory, str(exc), start)
     try:
+        if cache.read_only:
+            return _prepare_read_only(cache, token, path, data, opts, start)
         for attempt in (0, 1):
             try:
                 return _prepare_cached(cache, token, path, data, opts, start)
@@ -399,6 +421,16 @@ def _degraded(path, data, opts, token, directory, reason, start, model=None):
     if model is None:
         model = _compile(path, data, opts)
     return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
+
+
+def _prepare_read_only(cache: Cache, token: str, path, data: bytes, opts, start: float):
+    """A cache on read-only storage serves verified hits (no lock: nothing here can
+    remove an entry, and the files are verified in memory as always) and stores nothing."""
+    model, rejected = _try_hit(cache, token)
+    if model is not None:
+        return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory)
+    reason = "read-only, " + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model")
+    return _degraded(path, data, opts, token, cache.directory, reason, start)
 
 
 def _try_hit(cache: Cache, token: str):
@@ -473,6 +505,8 @@ class _locked:
 
 
 def _record_hit(cache: Cache, token: str) -> None:
+    if cache.read_only:
+        return  # statistics cannot be written there
     try:
         cache.index.record_hit(token)
     except IndexUnavailable:
