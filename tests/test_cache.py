@@ -236,6 +236,49 @@ def test_token_covers_loaded_plugins(tmp_path, monkeypatch):
     assert compute_token(MLP, data, CompileOptions()) not in (base, with_plugin)
 
 
+def test_code_fingerprint_follows_the_source_files(tmp_path):
+    from nncc.cache.token import code_fingerprint
+
+    package = tmp_path / "pkg"
+    (package / "sub" / "__pycache__").mkdir(parents=True)
+    (package / "a.py").write_text("A = 1\n")
+    (package / "sub" / "b.py").write_text("B = 2\n")
+    (package / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"compiled")
+
+    def fingerprint():
+        code_fingerprint.cache_clear()  # once per process in nncc; here after each edit
+        return code_fingerprint(str(package))
+
+    base = fingerprint()
+    assert fingerprint() == base
+    (package / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"recompiled")
+    (package / "notes.txt").write_text("not code")
+    assert fingerprint() == base  # byte code and data files are not the source
+    (package / "a.py").write_text("A = 10\n")
+    edited = fingerprint()
+    assert edited != base
+    stat = (package / "sub" / "b.py").stat()
+    os.utime(package / "sub" / "b.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    touched = fingerprint()
+    assert touched != edited  # same size, new mtime: a rewrite with equal length
+    (package / "c.py").write_text("")
+    assert fingerprint() != touched
+
+
+def test_changed_nncc_code_misses_instead_of_serving_old_plans(cache_dir, monkeypatch, capsys):
+    """An editable install changes nncc's code without changing __version__: the entry
+    compiled by the old code must not be served."""
+    from nncc.cache import token
+
+    _, first = prepare(MLP, cache_dir=cache_dir)
+    _, again = prepare(MLP, cache_dir=cache_dir)
+    assert (first.outcome, again.outcome) == ("miss", "hit")
+    monkeypatch.setattr(token, "code_fingerprint", lambda package_dir: b"other code")
+    model, changed = prepare(MLP, cache_dir=cache_dir)
+    assert changed.outcome == "miss" and changed.token != first.token
+    assert_correct(model, MLP)
+
+
 def make_external_model(folder: pathlib.Path, scale: float) -> pathlib.Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper

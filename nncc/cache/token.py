@@ -7,13 +7,14 @@ place, ``compute_token``. Hashing never parses the model: a cache hit must not p
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 
 from blake3 import blake3
 
-TOKEN_SCHEME = "nncc-cache-token/1"  # bump when the list of ingredients changes
+TOKEN_SCHEME = "nncc-cache-token/2"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
 EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
 
@@ -39,6 +40,10 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     8. The loaded plugins and their versions (``loaded_plugins()``).
     9. numpy's version and the byte order: compile-time constant folding runs numpy, and
        constants are stored in native byte order.
+    10. nncc's own code (``code_fingerprint``): the path, size and modification time of
+        every source file of the installed package. A source checkout (an editable
+        install) changes its code without changing ``__version__``; an entry compiled by
+        other code must then miss, not be served. About 1 ms per process.
 
     The model's own path is *not* an ingredient: the same bytes in two places share an
     entry. Plugins named in ``options`` are imported here (they register kernels and
@@ -73,6 +78,29 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     put("plugins", _json(loaded_plugins()))
     put("numpy", np.__version__)
     put("byteorder", sys.byteorder)
+    put("code", code_fingerprint(os.path.dirname(os.path.abspath(nncc.__file__))))
+    return h.digest()
+
+
+@functools.lru_cache(maxsize=4)
+def code_fingerprint(package_dir: str) -> bytes:
+    """blake3 over (relative path, size, mtime) of every ``.py`` file below
+    ``package_dir``, in a fixed order; byte-code caches are not part of it. Stat data
+    rather than contents: one stat per file costs well under a millisecond for the whole
+    package, and a file touched without a change only costs one extra compile."""
+    h = blake3()
+    for folder, subfolders, files in os.walk(package_dir):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            rel = os.path.relpath(path, package_dir)
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.digest()
 
 
