@@ -121,6 +121,21 @@ def test_conv_matches_onnxruntime(xs, ws, attrs, bias):
     check("Conv", inputs, attrs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["gather", "copies"])
+@pytest.mark.parametrize("xs, ws, attrs, bias", CONV_CASES)
+def test_conv_im2col_layouts_each_match_onnxruntime(xs, ws, attrs, bias, layout, monkeypatch):
+    """Small images take one gather with precomputed indices, larger ones a copy per tap
+    (phase or exact layout): force each on every geometry."""
+    from nncc.kernels import conv as conv_module
+
+    limit = 10**12 if layout == "gather" else 0
+    monkeypatch.setattr(conv_module, "_GATHER_MAX", limit)
+    monkeypatch.setattr(conv_module, "_GATHER_PER_TAP", limit)
+    x, w = rand(*xs), rand(*ws)
+    inputs = [x, w] + ([rand(ws[0])] if bias else [])
+    check("Conv", inputs, attrs, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_float64_and_float16():
     # onnxruntime's CPU Conv is float32 only: compare against it on the same values
     x, w, b = rand(1, 8, 12, 12), rand(8, 8, 3, 3), rand(8)
