@@ -44,6 +44,7 @@ def _inner_ctx(ctx) -> Ctx:
         inner = ctx.scratch["inner ctx"] = Ctx(ctx.attrs, opset, 1, ctx.name)
         inner.scratch = ctx.scratch
     inner.workspace = ctx.workspace  # the executor may have replaced it after creation
+    inner.constant_inputs = ctx.constant_inputs
     return inner
 
 
