@@ -1,3 +1,3 @@
-from nncc.cli.main import main
+from nncc.cli.main import program
 
-main()
+program()

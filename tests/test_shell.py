@@ -596,6 +596,24 @@ def test_scripted_cache_hit_imports_neither_rich_nor_importlib_metadata(tmp_path
     assert "importlib.metadata" not in imported
 
 
+def test_program_flushes_everything_before_its_fast_exit(tmp_path):
+    """`nncc` ends with os._exit (no interpreter teardown): what it printed must still be
+    complete in a file, and exit codes must survive."""
+    out, err = tmp_path / "out.json", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        done = subprocess.run([sys.executable, "-m", "nncc", "run", MLP, "--random-inputs", "--json"],
+                              cwd=ROOT, env=env(NNCC_CACHE_DIR=str(tmp_path / "c")), stdout=stdout,
+                              stderr=stderr, timeout=120)
+    assert done.returncode == 0
+    assert json.loads(out.read_text())["outputs"][0]["name"] == "probs"
+    assert "cache miss" in err.read_text()
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        done = subprocess.run([sys.executable, "-m", "nncc", "run", tmp_path / "missing.onnx"], cwd=ROOT,
+                              env=env(), stdout=stdout, stderr=stderr, timeout=120)
+    assert done.returncode == 2 and out.read_text() == ""
+    assert err.read_text().startswith("nncc: error: cannot read")
+
+
 def test_no_color_and_non_tty_output_have_no_escapes(tmp_path):
     cache = str(tmp_path / "c")
     # on a terminal, inspect colours backends and fallbacks ...

@@ -113,6 +113,33 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
+def program() -> None:
+    """The ``nncc`` program (the console script and ``python -m nncc``): ``main()``, then
+    exit without tearing the interpreter down. The commands close what they open (files,
+    the cache index, mappings, progress displays), so the teardown only frees memory and
+    unloads modules: 40-50 ms of every short run (a cache hit, a Makefile step). With
+    NNCC_DEBUG, or when an exception escapes (a traceback is wanted), Python exits as
+    usual. ``main()`` itself is what in-process callers and tests use."""
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:  # pragma: no cover - main() always ends in sys.exit
+        code = 0
+    if os.environ.get("NNCC_DEBUG"):
+        sys.exit(code)
+    if not isinstance(code, int):
+        if code is not None:
+            sys.stderr.write(f"{code}\n")
+        code = 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader that went away (`nncc ... | head`), a closed stream: nothing to add
+    os._exit(code)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
