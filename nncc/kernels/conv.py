@@ -25,6 +25,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.depthwise import depthwise_conv
 from nncc.kernels.registry import kernel
+from nncc.kernels.workspace import carve
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -168,15 +169,15 @@ def _scratch(scratch, key, shape, dtype, zero=False):
     buf = scratch.get(full)
     if buf is None:
         if zero:
-            buf = np.zeros(shape, dtype)
+            buf = carve(scratch, shape, dtype, zero=True)
         else:
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             block = scratch.get(("block", key))
             if block is None or block.nbytes < nbytes:
-                # grow, and forget the views cut from the old block so that it is freed
+                # grow (first runs only); the views cut from the old block are forgotten
                 for stale in [k for k in scratch if len(k) == 3 and k[0] == key]:
                     del scratch[stale]
-                block = scratch[("block", key)] = np.empty(max(nbytes, 64), np.uint8)
+                block = scratch[("block", key)] = carve(scratch, (max(nbytes, 64),), np.uint8)
             buf = block[:nbytes].view(dtype).reshape(shape)
         scratch[full] = buf
     return buf

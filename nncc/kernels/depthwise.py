@@ -51,7 +51,7 @@ import sys
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from nncc.kernels.workspace import kept
+from nncc.kernels.workspace import carve, kept
 
 # Channels are processed in chunks whose column buffer stays about this size (L2-sized:
 # the copy, the wrap fix and the product then work in cache).
@@ -159,7 +159,7 @@ class _Plan:
         # strided element copy is several times slower than that contiguous cast
         pairs = sl == 2 and isz == 4 and sys.byteorder == "little"
         tail = max(0, max(starts) + sl * (nc * gchan - 1) + 1 + pairs - total)
-        self.buf = buf = np.zeros(slack + total + tail, dtype)
+        self.buf = buf = carve(scratch, (slack + total + tail,), dtype, zero=True)
         body = buf[slack:slack + total].reshape((nph, nc, rows) + tuple(qm) + (wst,))
 
         # interior copies, one per phase: (destination, source index into x as (N*C, *spatial))

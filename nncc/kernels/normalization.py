@@ -20,6 +20,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import normalize_axis
+from nncc.kernels.workspace import carve
 
 
 def _acc(dtype: np.dtype) -> np.dtype:
@@ -184,7 +185,7 @@ def _workspace(ctx, name: str, shape: tuple, dtype) -> np.ndarray:
     key = (name, dtype.str)
     block = ctx.workspace.get(key)
     if block is None or block.size < size:
-        block = ctx.workspace[key] = np.empty(max(size, 1), dtype)
+        block = ctx.workspace[key] = carve(ctx.workspace, (max(size, 1),), dtype)
     return block[:size].reshape(shape)
 
 
