@@ -463,3 +463,46 @@ def test_empty_sequences_give_zero_final_states(op):
     ins = make_inputs(op, rng, "bidirectional", seq=True)
     ins[4] = np.array([0, 5, T, 0], np.int32)
     check(op, ins, {"direction": "bidirectional", "hidden_size": H})
+
+
+# -- the per-node plan a stepped cell reuses ------------------------------------------------
+
+
+def _gru_model(tmp_path, weights_as_inputs: bool):
+    rng = np.random.default_rng(11)
+    D, H, I = 1, 8, 5
+    w = rng.standard_normal((D, 3 * H, I)).astype(np.float32)
+    r = rng.standard_normal((D, 3 * H, H)).astype(np.float32)
+    b = rng.standard_normal((D, 6 * H)).astype(np.float32)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, I]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, [D, 2, H])]
+    inits = [numpy_helper.from_array(a, n) for n, a in (("w", w), ("r", r), ("b", b))]
+    if weights_as_inputs:
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("w", w), ("r", r))]
+        inits = inits[2:]
+    graph = helper.make_graph(
+        [helper.make_node("GRU", ["x", "w", "r", "b", "", "h0"], ["", "h"], hidden_size=H)], "gru",
+        inputs, [helper.make_tensor_value_info("h", TensorProto.FLOAT, [D, 2, H])], inits)
+    path = tmp_path / "gru.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8), path)
+    return path, w, r
+
+
+@pytest.mark.parametrize("weights_as_inputs", [False, True])
+def test_stepped_cell_reuses_its_plan_only_for_constant_weights(tmp_path, weights_as_inputs):
+    path, w, r = _gru_model(tmp_path, weights_as_inputs)
+    model = nncc.compile_model(path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(12)
+    h = np.zeros((1, 2, 8), np.float32)
+    for step in range(4):  # new x and h each step; with runtime weights, new weights too
+        feeds = {"x": rng.standard_normal((1, 2, 5)).astype(np.float32), "h0": h}
+        if weights_as_inputs:
+            feeds["w"] = (w * (1 + step)).astype(np.float32)
+            feeds["r"] = (r / (1 + step)).astype(np.float32)
+        want = session.run(None, feeds)[0]
+        got = model.run(feeds)["h"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        h = got
+    plans = [s[1].scratch.get("recurrent plan") for s in model._executor.steps]
+    assert any(p is not None for p in plans) is (not weights_as_inputs)
