@@ -266,15 +266,7 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
                 scratch[geometry] = index
         cols = _scratch(scratch, "cols", (n, c * ntaps, columns), x.dtype)
         np.take(xp.reshape(n, -1), index, axis=1, out=cols, mode="clip")  # indices are in range
-
-        def gathered(y, target=None):
-            y = y.reshape(y.shape[:2] + tuple(out_sizes))
-            if target is not None:
-                np.copyto(target, y)
-                return target
-            return y
-
-        return cols.reshape(n, c, ntaps, columns), gathered
+        return cols.reshape(n, c, ntaps, columns), _reshaper(out_sizes)
     layout = _phase_layout(tuple(x.shape), tuple(pads_begin), tuple(pads_end), tuple(kernel_shape),
                            tuple(strides), tuple(dilations), tuple(out_sizes))
     if layout is not None:
@@ -305,8 +297,12 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
     for t, offs in enumerate(itertools.product(*(range(k) for k in kernel_shape))):
         cols[:, :, t] = xp[(slice(None), slice(None)) + _tap_slices(
             [o * d for o, d in zip(offs, dilations)], out_sizes, strides)]
-    cols = cols.reshape(n, c, ntaps, -1)
+    return cols.reshape(n, c, ntaps, -1), _reshaper(out_sizes)
 
+
+def _reshaper(out_sizes):
+    """finish() for layouts whose columns are exactly the output positions: (N, M, P) to
+    (N, M, *out_sizes), copied into ``target`` when given."""
     def finish(y, target=None):
         y = y.reshape(y.shape[:2] + tuple(out_sizes))
         if target is not None:
@@ -314,7 +310,7 @@ def _im2col(x, pads_begin, pads_end, kernel_shape, strides, dilations, out_sizes
             return target
         return y
 
-    return cols, finish
+    return finish
 
 
 # --------------------------------------------------------------------------- Conv

@@ -1094,12 +1094,7 @@ def pad(ctx, data, pads=None, constant_value=None, axes=None):
     out = np.empty(plan.out_shape, data.dtype)
     out[plan.interior] = data
     if plan.mode == "constant":
-        if ctx.opset < 11:
-            value = ctx.get("value", 0.0)
-        elif constant_value is None or constant_value.size == 0:
-            value = 0
-        else:
-            value = constant_value.reshape(-1)[0]
+        value = _pad_value(ctx, constant_value)
         if not (isinstance(value, np.generic) and value.dtype == data.dtype):
             value = np.array(value).astype(data.dtype)  # as the general path converts it
         for _, slab, _, _ in plan.borders:
@@ -1111,6 +1106,15 @@ def pad(ctx, data, pads=None, constant_value=None, axes=None):
             else:
                 out[slab] = np.take(out[region], source, axis=axis)
     return out
+
+
+def _pad_value(ctx, constant_value):
+    """The constant mode's fill value: the attribute before opset 11, then the optional input."""
+    if ctx.opset < 11:
+        return ctx.get("value", 0.0)
+    if constant_value is None or constant_value.size == 0:
+        return 0
+    return constant_value.reshape(-1)[0]
 
 
 def _pad(ctx, data, pads=None, constant_value=None, axes=None):
@@ -1128,12 +1132,7 @@ def _pad(ctx, data, pads=None, constant_value=None, axes=None):
     if all(b == 0 and e == 0 for b, e in widths):
         return data.view()
     if mode == "constant":
-        if ctx.opset < 11:
-            value = ctx.get("value", 0.0)
-        elif constant_value is None or constant_value.size == 0:
-            value = 0
-        else:
-            value = constant_value.reshape(-1)[0]
+        value = _pad_value(ctx, constant_value)
         out_shape = tuple(d + b + e for d, (b, e) in zip(data.shape, widths))
         if data.dtype == object:
             out = np.full(out_shape, "" if value == 0 else value, dtype=object)
