@@ -69,6 +69,7 @@ class Executor:
         for slot, array in _expanded(plan.constants).items():
             self.template[slot] = array
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
+        self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
 
     def _static(self, slot: int) -> bool:
@@ -195,7 +196,7 @@ class Executor:
     def _domain_output(self, name: str, buffer: DomainBuffer, also_read: bool) -> np.ndarray | None:
         if not buffer.allows(self, "output", name):
             raise InputError(f"buffer passed as output {name!r} was not allocated for that role of this model")
-        slot = next(s for s in self.plan.outputs if self.plan.slots[s].name == name)
+        slot = self._output_slot[name]
         shape = self.plan.slots[slot].shape if self._static(slot) else buffer.shape
         if shape is None:
             return None
@@ -252,7 +253,7 @@ class Executor:
 
     def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
         """Validate caller-provided output arrays before anything runs."""
-        by_name = {self.plan.slots[s].name: s for s in self.plan.outputs}
+        by_name = self._output_slot
         targets = {}
         for name, array in outputs.items():
             if name not in by_name:
