@@ -114,3 +114,28 @@ def test_cache_commands_still_refuse_a_read_only_cache(filled, tmp_path):
     with read_only_view(filled, tmp_path) as view:
         with pytest.raises(CacheUnavailable, match="not writable"):
             Cache.open(view)
+
+
+def test_cache_ls_and_info_read_a_read_only_cache(filled, tmp_path):
+    import json
+    import sys
+
+    from tests.conftest import ROOT
+
+    def nncc(*args):
+        done = subprocess.run([sys.executable, "-m", "nncc", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        return done
+
+    with read_only_view(filled, tmp_path) as view:
+        ls = nncc("cache", "ls", "--cache-dir", str(view), "--json")
+        assert ls.returncode == 0, ls.stderr
+        assert [e["source_path"].endswith("mlp.onnx") for e in json.loads(ls.stdout)["entries"]] == [True]
+        info = nncc("cache", "info", "--cache-dir", str(view), "--json")
+        assert info.returncode == 0, info.stderr
+        report = json.loads(info.stdout)
+        assert report["read_only"] is True and report["entries"] == 1
+        text = nncc("cache", "info", "--cache-dir", str(view))
+        assert "Read-only" in text.stdout
+        gc = nncc("cache", "gc", "--cache-dir", str(view))  # must write: a clear one-line error
+        assert gc.returncode != 0 and gc.stderr.startswith("nncc: error: cannot open the cache")

@@ -182,7 +182,7 @@ SCHEMAS = {
         "directory": str, "index": str, "nncc_version": (str, null), "entries": int, "total_bytes": int,
         "max_bytes": (int, null), "stale_entries": int,
         "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
-        "hit_rate": (number, null),
+        "hit_rate": (number, null), "read_only": bool,
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},

@@ -52,11 +52,13 @@ def json_option(command):
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(command)
 
 
-def _open(cache_dir):
+def _open(cache_dir, read_only_ok: bool = False):
+    """The cache; with ``read_only_ok`` (commands that only read) also one on read-only
+    storage."""
     from nncc.cache.store import Cache, CacheUnavailable
 
     try:
-        return Cache.open(cache_dir)
+        return Cache.open(cache_dir, read_only_ok=read_only_ok)
     except CacheUnavailable as exc:
         raise NnccError(f"cannot open the cache: {exc}") from None
 
@@ -95,7 +97,7 @@ def cache():
 @verbosity_options
 def ls(sort, cache_dir, as_json):
     """List cache entries."""
-    with _open(cache_dir) as c:
+    with _open(cache_dir, read_only_ok=True) as c:
         entries = c.index.entries(order=SORTS[sort])
     if as_json:
         emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
@@ -131,7 +133,7 @@ def info(cache_dir, as_json):
     from nncc.cache.gc import default_max_size
     from nncc.util.units import format_bytes
 
-    with _open(cache_dir) as c:
+    with _open(cache_dir, read_only_ok=True) as c:
         count, size = c.index.totals()
         counters = c.index.counters()
         meta = c.index.meta()
@@ -145,6 +147,7 @@ def info(cache_dir, as_json):
             "max_bytes": default_max_size(),
             "stale_entries": stale,
             "counters": counters,
+            "read_only": c.read_only,
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -166,6 +169,8 @@ def info(cache_dir, as_json):
         ("Evictions", str(counters["evictions"])),
         ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
     ]
+    if payload["read_only"]:
+        rows.insert(1, ("Read-only", "yes: serves verified hits, stores nothing"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
