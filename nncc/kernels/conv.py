@@ -25,7 +25,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.depthwise import depthwise_conv
 from nncc.kernels.registry import kernel
-from nncc.kernels.workspace import carve
+from nncc.kernels.workspace import kept, shared
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -154,33 +154,13 @@ def _tap_slices(offsets, out_sizes, strides):
 
 
 def _scratch(scratch, key, shape, dtype, zero=False):
-    """A buffer kept between runs in a workspace dict.
-
-    A zeroed buffer is one per (key, shape, dtype): its padding stays zero only because
-    every user of the same key writes the same interior positions (callers put the
-    geometry into the key). Other buffers are views into ONE block per key, grown to the
-    largest request: every Conv of a model then reuses the same "cols" memory, which is
-    fewer fresh pages to fault in on the first run and a buffer still in cache on the
-    next. Different keys never share, so a kernel may hold buffers of several keys at once.
-    """
-    if scratch is None:
-        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
-    full = (key, tuple(shape), np.dtype(dtype).str)
-    buf = scratch.get(full)
-    if buf is None:
-        if zero:
-            buf = carve(scratch, shape, dtype, zero=True)
-        else:
-            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-            block = scratch.get(("block", key))
-            if block is None or block.nbytes < nbytes:
-                # grow (first runs only); the views cut from the old block are forgotten
-                for stale in [k for k in scratch if len(k) == 3 and k[0] == key]:
-                    del scratch[stale]
-                block = scratch[("block", key)] = carve(scratch, (max(nbytes, 64),), np.uint8)
-            buf = block[:nbytes].view(dtype).reshape(shape)
-        scratch[full] = buf
-    return buf
+    """A buffer kept between runs in the workspace. A zeroed buffer is one per (key, shape,
+    dtype): its padding stays zero only because every user of the same key writes the same
+    interior positions (callers put the geometry into the key). Other buffers are views of
+    one shared block per key (nncc.kernels.workspace.shared)."""
+    if zero:
+        return kept(scratch, key, tuple(shape), dtype, zero=True)
+    return shared(scratch, key, shape, dtype)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -20,7 +20,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import normalize_axis
-from nncc.kernels.workspace import carve
+from nncc.kernels.workspace import shared
 
 
 def _acc(dtype: np.dtype) -> np.dtype:
@@ -173,20 +173,8 @@ class _LayerNormPlan:
         # a (cols, 1) column of 1/n: each row's mean is then one BLAS product, already
         # shaped to broadcast over the row (numpy's mean is far slower on short rows)
         self.inv_n = np.full((self.cols, 1), 1.0 / self.cols, dtype=dt)
-        self.sq = _workspace(ctx, "layernorm sq", (self.rows, self.cols), dt)
+        self.sq = shared(ctx.workspace, "layernorm sq", (self.rows, self.cols), dt)
         self.flat = len(trailing) == 1  # Scale/B broadcast over the rows as they are
-
-
-def _workspace(ctx, name: str, shape: tuple, dtype) -> np.ndarray:
-    """A temporary buffer: a view of one block per name in the executor's shared workspace,
-    grown to the largest request (one kernel runs at a time, so nodes can share it)."""
-    dtype = np.dtype(dtype)
-    size = math.prod(shape)
-    key = (name, dtype.str)
-    block = ctx.workspace.get(key)
-    if block is None or block.size < size:
-        block = ctx.workspace[key] = carve(ctx.workspace, (max(size, 1),), dtype)
-    return block[:size].reshape(shape)
 
 
 @kernel("LayerNormalization", since=17, shape=_layernorm_shape, writes_out=True)

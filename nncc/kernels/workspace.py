@@ -43,14 +43,38 @@ def carve(workspace: dict | None, shape, dtype, zero: bool = False) -> np.ndarra
     return buf
 
 
-def kept(workspace: dict | None, key, shape, dtype) -> np.ndarray:
-    """The workspace's buffer for (key, shape, dtype), made on first use; a fresh array
-    when there is no workspace (a kernel called outside an executor)."""
+def kept(workspace: dict | None, key, shape, dtype, zero: bool = False) -> np.ndarray:
+    """The workspace's buffer for (key, shape, dtype), made on first use (zero-filled then
+    with ``zero``); a fresh array when there is no workspace (a kernel called outside an
+    executor)."""
     dtype = np.dtype(dtype)
     if workspace is None:
-        return np.empty(shape, dtype)
+        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
     full = (key, shape, dtype.str)
     buf = workspace.get(full)
     if buf is None:
-        buf = workspace[full] = carve(workspace, shape, dtype)
+        buf = workspace[full] = carve(workspace, shape, dtype, zero=zero)
+    return buf
+
+
+def shared(workspace: dict | None, key, shape, dtype) -> np.ndarray:
+    """A view of ONE block per ``key``, grown to the largest request: every node asking
+    under the same key (every Conv's im2col columns, say) reuses the same memory, which is
+    fewer pages to fault in on the first run and a buffer still in cache on the next. Two
+    buffers a kernel holds at once need two keys."""
+    dtype = np.dtype(dtype)
+    if workspace is None:
+        return np.empty(shape, dtype)
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    view_key = ("shared view", key, shape, dtype.str)
+    buf = workspace.get(view_key)
+    if buf is None:
+        nbytes = math.prod(shape) * dtype.itemsize
+        block = workspace.get(("shared block", key))
+        if block is None or block.nbytes < nbytes:
+            # grow (first runs only); the views cut from the old block are forgotten
+            for stale in [k for k in workspace if k[:2] == ("shared view", key)]:
+                del workspace[stale]
+            block = workspace[("shared block", key)] = carve(workspace, (max(nbytes, 64),), np.uint8)
+        buf = workspace[view_key] = block[:nbytes].view(dtype).reshape(shape)
     return buf
