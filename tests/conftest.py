@@ -17,3 +17,18 @@ def light_models_dir() -> pathlib.Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # No test may touch the user's real nncc cache.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `nncc ARGS...` in-process: (exit code, stdout, stderr)."""
+    from nncc.cli.main import main
+
+    def invoke(*args):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return exc.value.code, out, err
+
+    return invoke

@@ -56,12 +56,20 @@ def reference(model: pathlib.Path) -> dict[str, np.ndarray]:
     return _REFERENCE[str(model)]
 
 
-def assert_correct(compiled, model: pathlib.Path) -> None:
-    got = compiled.run(feeds_for(model))
+def assert_matches_reference(got: dict, model: pathlib.Path) -> None:
     want = reference(model)
     assert set(got) == set(want)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def assert_correct(compiled, model: pathlib.Path) -> None:
+    assert_matches_reference(compiled.run(feeds_for(model)), model)
+
+
+def check_outputs(npz: pathlib.Path, model: pathlib.Path) -> None:
+    """The outputs a CLI run saved to ``npz`` agree with the reference."""
+    assert_matches_reference(dict(np.load(npz)), model)
 
 
 @pytest.fixture

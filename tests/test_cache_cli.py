@@ -14,9 +14,7 @@ import pytest
 
 from nncc.cache.store import Cache
 from tests.conftest import ROOT
-from tests.test_cache import MLP, RESNET, feeds_for, reference
-
-RTOL, ATOL = 1e-3, 1e-4
+from tests.test_cache import MLP, RESNET, check_outputs, feeds_for
 
 
 @pytest.fixture
@@ -26,33 +24,12 @@ def cache_dir(tmp_path, monkeypatch) -> pathlib.Path:
     return path
 
 
-@pytest.fixture
-def cli(capsys):
-    """Run `nncc ARGS...` in-process: (exit code, stdout, stderr)."""
-    from nncc.cli.main import main
-
-    def invoke(*args):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exc:
-            main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return exc.value.code, out, err
-
-    return invoke
-
-
 def feeds_file(tmp_path, model) -> pathlib.Path:
     path = tmp_path / f"{model.stem}-feeds.npz"
     np.savez(path, **feeds_for(model))
     return path
 
 
-def check_outputs(npz: pathlib.Path, model) -> None:
-    got = dict(np.load(npz))
-    want = reference(model)
-    assert set(got) == set(want)
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 def entries(cache_dir):

@@ -17,9 +17,8 @@ import pytest
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from tests.conftest import ROOT
-from tests.test_cache import MLP, RESNET, feeds_for, reference
+from tests.test_cache import MLP, RESNET, check_outputs, feeds_for, reference
 
-RTOL, ATOL = 1e-3, 1e-4
 
 # Imports everything first, says it is ready, then waits for the common "go" file, so that
 # the processes really reach the cache at the same moment.
@@ -43,12 +42,6 @@ def nncc_cmd(*args) -> list[str]:
     return [sys.executable, "-m", "nncc", *map(str, args)]
 
 
-def check_outputs(npz, model) -> None:
-    got = dict(np.load(npz))
-    want = reference(model)
-    assert set(got) == set(want)
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 def counters(cache_dir):

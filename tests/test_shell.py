@@ -41,21 +41,6 @@ def nncc_process(*args, cwd=ROOT, **extra) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def cli(capsys):
-    """`nncc ARGS...` in-process: (exit code, stdout, stderr)."""
-    from nncc.cli.main import main
-
-    def invoke(*args):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exc:
-            main([str(a) for a in args])
-        out, err = capsys.readouterr()
-        return exc.value.code, out, err
-
-    return invoke
-
-
 # -- the command tree -------------------------------------------------------------------------
 
 
