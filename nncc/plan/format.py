@@ -301,7 +301,8 @@ class _Validator:
 
     @staticmethod
     def index(value: Any, limit: int, what: str, optional: bool = False) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
+        # JSON gives exact types: `type(...) is int` also rules out bool
+        if type(value) is not int:
             raise PlanFormatError(f"{what} is not an integer")
         if optional and value == -1:
             return value
@@ -310,20 +311,21 @@ class _Validator:
         return value
 
     def slot(self, entry: Any) -> Slot:
-        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+        if not (type(entry) is list and len(entry) == 3 and type(entry[0]) is str):
             raise PlanFormatError("bad slot entry")
         name, dtype, shape = entry
-        if dtype is not None and (not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES):
-            raise PlanFormatError(f"slot {name!r} has unsupported dtype {dtype!r}")
+        if dtype is not None:
+            dtype = ALLOWED_DTYPES.get(dtype) if type(dtype) is str else None
+            if dtype is None:
+                raise PlanFormatError(f"slot {name!r} has unsupported dtype {entry[1]!r}")
         if shape is not None:
-            if not isinstance(shape, list) or len(shape) > 32:
+            if type(shape) is not list or len(shape) > 32:
                 raise PlanFormatError(f"slot {name!r} has a bad shape")
             for d in shape:
-                ok = d is None or isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40)
-                if not ok:
+                if not (0 <= d < 2**40 if type(d) is int else d is None or type(d) is str):
                     raise PlanFormatError(f"slot {name!r} has a bad dimension {d!r}")
             shape = tuple(shape)
-        return Slot(name, None if dtype is None else ALLOWED_DTYPES[dtype], shape)
+        return Slot(name, dtype, shape)
 
     def constants(self, slots: list[Slot]) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}
@@ -387,18 +389,19 @@ class _Validator:
         return PlanInstruction(kernel, ins, outs, attrs, entry[4])
 
     def attr(self, value: Any, constants: dict, depth: int = 0) -> Any:
+        kind = type(value)
+        if kind is int or kind is str or kind is float or kind is bool or value is None:
+            return value
         if depth > 4:
             raise PlanFormatError("attribute nested too deeply")
-        if isinstance(value, dict):
+        if kind is dict:
             ref = value.get("$tensor")
             if (set(value) != {"$tensor"} or not isinstance(ref, int) or isinstance(ref, bool)
                     or ref not in constants):
                 raise PlanFormatError("attribute tensor does not name a constant")
             return value
-        if isinstance(value, list):
+        if kind is list:
             return [self.attr(v, constants, depth + 1) for v in value]
-        if value is None or isinstance(value, (bool, int, float, str)):
-            return value
         raise PlanFormatError("bad attribute value")
 
     @staticmethod

@@ -8,6 +8,7 @@ at a time per executor (kernels keep scratch buffers between runs).
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Mapping
 
@@ -16,9 +17,10 @@ import numpy as np
 from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
-from nncc.plan.memory import ALIGN, aligned_empty, plan_arena
+from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan
 from nncc.runtime.domain import DomainBuffer
+from nncc.runtime.expansion import Expansion
 from nncc.runtime.feeds import check_feeds
 
 
@@ -66,7 +68,7 @@ class Executor:
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
         self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
-        for slot, array in _expanded(plan.constants).items():
+        for slot, array in Expansion(plan.constants).result().items():
             self.template[slot] = array
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
@@ -87,7 +89,7 @@ class Executor:
         views = {}
         for slot, offset in offsets.items():
             info = plan.slots[slot]
-            nbytes = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
+            nbytes = math.prod(info.shape) * info.dtype.itemsize
             views[slot] = self.arena[offset : offset + nbytes].view(info.dtype).reshape(info.shape)
         return views
 
@@ -277,30 +279,3 @@ def _concatenated(ctx, *inputs, out):
     """An in-place Concat (nncc.plan.memory.in_place_concats): its inputs' producers
     wrote them into their places in ``out`` already."""
     return out[0]
-
-
-def _is_broadcast(array: np.ndarray) -> bool:
-    return array.size > 1 and any(st == 0 for st, d in zip(array.strides, array.shape) if d > 1)
-
-
-def _expanded(constants: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """The constants, with broadcast ones (folded ConstantOfShape, per-channel BN scales)
-    expanded: they stay compact in the plan and the cache, but a kernel handed a
-    zero-stride view would copy it at every run.
-
-    All expansions share ONE block: numpy backs a large allocation with transparent huge
-    pages, so filling light_resnet50's 97 MB of expanded weights faults in a few dozen
-    2 MB pages instead of 25,000 small ones (about 10 ms instead of 33 here)."""
-    broadcast = {slot: a for slot, a in constants.items() if _is_broadcast(a)}
-    if not broadcast:
-        return dict(constants)
-    sizes = {slot: -(-a.nbytes // ALIGN) * ALIGN for slot, a in broadcast.items()}
-    block = aligned_empty((sum(sizes.values()),), np.uint8)
-    result, offset = dict(constants), 0
-    for slot, array in broadcast.items():
-        dense = block[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
-        np.copyto(dense, array)
-        dense.flags.writeable = False
-        result[slot] = dense
-        offset += sizes[slot]
-    return result
