@@ -3,7 +3,7 @@
     python benchmarks/bench_cache.py [--runs 5] [--models light_resnet50,light_vgg19]
 
 For each model (the "light" ONNX model-zoo classics shipped in the onnx wheel), median of
---runs runs (at least 5) of:
+--runs runs (at least 5) of the following, nncc and its peers timed in turns:
 
 (a) in process, the runtime already imported:
     nncc         nncc.model.prepare(model, cache_dir) on a hit: token (model hash), index
@@ -61,6 +61,18 @@ def median_ms(fn, runs: int) -> float:
     return statistics.median(times) * 1000
 
 
+def interleaved_ms(fns, runs: int) -> list[float]:
+    """The median of ``runs`` timed calls of each function, taken in turns (a, b, a, b,
+    ...) so that the load of this shared machine drifts over all of them alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, spent in zip(fns, times):
+            t = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - t)
+    return [statistics.median(spent) * 1000 for spent in times]
+
+
 def run_process(cmd, env=None, reports=None) -> None:
     done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if done.returncode:
@@ -86,9 +98,6 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
         _, outcome = prepare(model, cache_dir=cache)
         assert outcome.outcome == "hit", outcome
 
-    nncc_hit()  # warm imports and page cache, as a long-running process would be
-    nncc_prepare = median_ms(nncc_hit, runs)
-
     optimized = str(work / f"{name}.ort-optimized.onnx")
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -100,20 +109,19 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
         reload.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         ort.InferenceSession(optimized, reload, providers=["CPUExecutionProvider"])
 
+    nncc_hit()  # warm imports and page cache, as a long-running process would be
     ort_reload()
-    ort_prepare = median_ms(ort_reload, runs)
+    nncc_prepare, ort_prepare = interleaved_ms([nncc_hit, ort_reload], runs)
     ov = openvino_hit_ms(model, work / f"{name}-ov-cache", runs)
     rows.append(row(name, "(a) in-process prepare from cache (hit, verified)", nncc_prepare,
                     ort_prepare, "session from saved optimized model", ov))
-
-    nncc_cold = median_ms(lambda: prepare(model, use_cache=False), runs)
 
     def ort_cold_session():
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
-    ort_cold = median_ms(ort_cold_session, runs)
+    nncc_cold, ort_cold = interleaved_ms([lambda: prepare(model, use_cache=False), ort_cold_session], runs)
     rows.append(row(name, "(context) in-process cold compile, no cache", nncc_cold, ort_cold,
                     "session from original model, all optimizations", None))
 
@@ -121,14 +129,15 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
     env = dict(os.environ)
     nncc_cmd = [sys.executable, "-m", "nncc", "run", model, "--random-inputs", "--json"]
     hits, misses = [], []
-    hit_ms = median_ms(lambda: run_process(nncc_cmd + ["--cache-dir", str(cache)], env, hits), runs)
     counter = iter(range(10**6))
-    miss_ms = median_ms(lambda: run_process(nncc_cmd + ["--cache-dir", str(work / f"{name}-miss-{next(counter)}")],
-                                            env, misses), runs)
-    assert {r["cache"]["outcome"] for r in hits} == {"hit"} and {r["cache"]["outcome"] for r in misses} == {"miss"}
     ort_cmd = [sys.executable, "-c", ORT_COLD, model]
     run_process(ort_cmd)  # page cache warm for both sides
-    ort_ms = median_ms(lambda: run_process(ort_cmd), runs)
+    hit_ms, miss_ms, ort_ms = interleaved_ms([
+        lambda: run_process(nncc_cmd + ["--cache-dir", str(cache)], env, hits),
+        lambda: run_process(nncc_cmd + ["--cache-dir", str(work / f"{name}-miss-{next(counter)}")], env, misses),
+        lambda: run_process(ort_cmd),
+    ], runs)
+    assert {r["cache"]["outcome"] for r in hits} == {"hit"} and {r["cache"]["outcome"] for r in misses} == {"miss"}
     rows.append(row(name, "(b) whole process to first output, nncc hit", hit_ms, ort_ms, "cold start", None,
                     _inside(hits)))
     rows.append(row(name, "(b) whole process to first output, nncc miss", miss_ms, ort_ms, "cold start", None,

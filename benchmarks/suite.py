@@ -467,7 +467,7 @@ def ort_kernel_times(model: str, feeds, runs: int, threads: int) -> tuple[dict[s
 def profile(args) -> None:
     import nncc
     from nncc.bench import bind_dims, count_flops, instruction_flops, machine_info
-    from nncc.runtime.arrays_io import random_feeds
+    from nncc.runtime.random_inputs import random_feeds
     from nncc.runtime.threads import set_blas_threads
 
     set_blas_threads(args.threads)

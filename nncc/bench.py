@@ -375,7 +375,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     saying a comparison cannot be made (default: stderr)."""
     import nncc
     from nncc.model import prepare
-    from nncc.runtime.arrays_io import random_feeds
+    from nncc.runtime.random_inputs import random_feeds
     from nncc.runtime.threads import blas_threads, limit_blas_threads
 
     settings = settings or BenchSettings()

@@ -39,7 +39,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
-    from nncc.runtime.arrays_io import load_npy, load_npz, random_feeds, save_npz
+    from nncc.runtime.arrays_io import load_npy, load_npz, save_npz
+    from nncc.runtime.random_inputs import random_feeds
 
     from nncc.cli.sources import is_artifact
 

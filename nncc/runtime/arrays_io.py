@@ -1,4 +1,5 @@
-"""Reading feeds from .npy/.npz files, making random feeds, writing outputs atomically."""
+"""Reading feeds from .npy/.npz files, writing outputs atomically. (Random feeds:
+nncc.runtime.random_inputs.)"""
 
 from __future__ import annotations
 
@@ -45,30 +46,6 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
             raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
         with archive:
             return {name: archive[name] for name in archive.files}
-
-
-def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Seeded random inputs matching declared dtypes and shapes (symbolic dims default to 1)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name, info in declared.items():
-        if info.dtype is None or info.shape is None:
-            raise InputError(f"input {name!r} declares no tensor type and shape; pass it explicitly")
-        shape = tuple(
-            d if isinstance(d, int) else (dims or {}).get(d, 1) if isinstance(d, str) else 1
-            for d in info.shape
-        )
-        kind = info.dtype.kind
-        if kind == "f":
-            value = rng.standard_normal(shape).astype(info.dtype)
-        elif kind == "b":
-            value = rng.random(shape) < 0.5
-        elif kind in "iu":
-            value = rng.integers(0, 10, size=shape).astype(info.dtype)
-        else:
-            raise InputError(f"cannot make random values for input {name!r} of dtype {info.dtype}")
-        feeds[name] = value
-    return feeds
 
 
 def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:

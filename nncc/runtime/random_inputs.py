@@ -1,0 +1,63 @@
+"""Seeded random feeds for `nncc run --random-inputs` and `nncc bench`.
+
+The random bits are blake3's extendable output keyed by the seed and the input's name: an
+input's values depend on nothing else (not on the other inputs or their order), and
+`nncc run` does not import numpy.random, which costs 13-16 ms of a 200 ms process here.
+Floats are standard normal (Box-Muller), integers uniform in [0, 10), booleans fair.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+from blake3 import blake3
+
+from nncc.errors import InputError
+from nncc.ir.graph import TensorInfo
+
+
+def random_bits(seed: int, name: str, count: int) -> np.ndarray:
+    """``count`` uniformly random uint64 words, a pure function of (seed, name)."""
+    key = f"nncc random inputs\0{seed}\0{name}".encode()
+    return np.frombuffer(blake3(key).digest(length=8 * count), dtype=np.uint64)
+
+
+def _unit(bits: np.ndarray) -> np.ndarray:
+    """Uniform float64 in [0, 1) from the top 53 bits of each word."""
+    return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def standard_normal(seed: int, name: str, count: int) -> np.ndarray:
+    pairs = -(-count // 2)
+    bits = random_bits(seed, name, 2 * pairs)
+    radius = np.sqrt(-2.0 * np.log1p(-_unit(bits[:pairs])))  # 1 - u lies in (0, 1]: no log(0)
+    angle = (2.0 * math.pi) * _unit(bits[pairs:])
+    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+
+
+def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
+                 dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random inputs matching declared dtypes and shapes (symbolic dims default to 1,
+    or to their value in ``dims``)."""
+    feeds = {}
+    for name, info in declared.items():
+        if info.dtype is None or info.shape is None:
+            raise InputError(f"input {name!r} declares no tensor type and shape; pass it explicitly")
+        shape = tuple(
+            d if isinstance(d, int) else (dims or {}).get(d, 1) if isinstance(d, str) else 1
+            for d in info.shape
+        )
+        count = math.prod(shape)
+        kind = info.dtype.kind
+        if kind == "f":
+            value = standard_normal(seed, name, count).astype(info.dtype)
+        elif kind == "b":
+            value = (random_bits(seed, name, count) & np.uint64(1)).astype(bool)
+        elif kind in "iu":
+            value = (random_bits(seed, name, count) % np.uint64(10)).astype(info.dtype)
+        else:
+            raise InputError(f"cannot make random values for input {name!r} of dtype {info.dtype}")
+        feeds[name] = value.reshape(shape)
+    return feeds
