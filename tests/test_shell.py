@@ -167,7 +167,7 @@ SCHEMAS = {
         "directory": str, "index": str, "nncc_version": (str, null), "entries": int, "total_bytes": int,
         "max_bytes": (int, null), "stale_entries": int,
         "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
-        "hit_rate": (number, null), "read_only": bool,
+        "hit_rate": (number, null), "read_only": bool, "disk_full": bool,
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},

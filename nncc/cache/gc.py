@@ -153,7 +153,7 @@ def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
     tokens, _ = cache.scan()
     for token in stale_rows:
         if token not in tokens and not dry_run:
-            cache.index.delete(token)
+            cache.delete_row(token)
     if not dry_run:
         _collect_locks(cache, set(tokens))
 

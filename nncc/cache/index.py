@@ -72,6 +72,11 @@ class IndexUnavailable(Exception):
     """The index cannot be opened or written (read-only, full, permissions...)."""
 
 
+def disk_full(exc: BaseException) -> bool:
+    """SQLITE_FULL, as sqlite3 words it."""
+    return "disk is full" in str(exc).lower()
+
+
 @dataclass
 class Entry:
     token: str
@@ -152,8 +157,13 @@ class Index:
                 raise
         raise IndexUnavailable(f"cannot read {self.path}: {last}")
 
-    def open(self) -> "Index":
-        """Open (creating if needed). Raises IndexCorrupt or IndexUnavailable."""
+    def open(self, exclusive: bool = False) -> "Index":
+        """Open (creating if needed). Raises IndexCorrupt or IndexUnavailable.
+
+        ``exclusive`` holds the database locked until close() and keeps WAL's index in
+        this process's memory, so it needs no ``-shm`` file: on a full disk, where that
+        file cannot grow, the index can still be read, and written once space is freed.
+        Other processes wait (busy timeout) or, for `nncc run`, do without the cache."""
         try:
             conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                    check_same_thread=False)
@@ -162,6 +172,8 @@ class Index:
         self.conn = conn
         try:
             self._retry(lambda: conn.execute("PRAGMA busy_timeout = %d" % int(self.timeout * 1000)))
+            if exclusive:  # before the first access, or the -shm file is used anyway
+                conn.execute("PRAGMA locking_mode = EXCLUSIVE")
             mode = self._retry(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             if not mode or str(mode[0]).lower() != "wal":
                 raise IndexUnavailable(f"cannot switch {self.path} to WAL (got {mode and mode[0]})")

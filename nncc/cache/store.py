@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from blake3 import blake3
 
-from nncc.cache.index import Entry, Index, IndexCorrupt, IndexUnavailable
+from nncc.cache.index import Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.errors import ModelFormatError, NnccError, PlanFormatError
 from nncc.util.files import read_model_file
@@ -123,6 +123,15 @@ class TokenFiles:
         return total
 
 
+def no_space_left(directory: str) -> bool:
+    """The file system holding ``directory`` has no free block or inode for this user."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail == 0 or (st.f_files > 0 and st.f_favail == 0)
+
+
 def _read_only_directory(directory: str) -> bool:
     """An existing cache directory this process cannot write into (access() reports a
     read-only mount even to root)."""
@@ -138,15 +147,45 @@ class Cache:
         self.locks_dir = os.path.join(directory, LOCKS)
         self.index: Index | None = None
         self.read_only = False  # opened for reading only: hits are served, nothing is written
+        # Opened to free space on a full disk (see open(reclaim=True)): files go first and
+        # the index rows they leave behind are deleted once there is room for the write.
+        self.reclaiming = False
+        self.disk_full = False  # found full at open (then read_only or reclaiming)
+        self._unindexed: list[tuple[str, str | None]] = []  # (token, counter) rows still to delete
 
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
     def open(cls, directory: str | os.PathLike | None = None, create: bool = True,
-             read_only_ok: bool = False) -> "Cache":
+             read_only_ok: bool = False, reclaim: bool = False) -> "Cache":
         """Open (and create) a cache directory. Raises CacheUnavailable. With
         ``read_only_ok``, a filled cache that cannot be written (read-only storage, another
-        user's) opens for reading: ``cache.read_only`` is then True."""
+        user's) opens for reading: ``cache.read_only`` is then True.
+
+        With ``reclaim`` (the commands that remove entries), a cache whose index cannot be
+        opened because its disk is full opens anyway, to free space: the index is held
+        exclusively (no ``-shm`` file needed, and no reader can look up an entry while its
+        files go first), and ``cache.reclaiming`` is True."""
+        try:
+            return cls._open(directory, create, read_only_ok)
+        except CacheUnavailable:
+            path = resolve_cache_dir(directory)
+            if not ((reclaim or read_only_ok) and os.path.isfile(os.path.join(path, "index.sqlite3"))
+                    and no_space_left(path)):
+                raise
+        cache = cls(path)
+        cache.disk_full = True
+        if not reclaim:  # serve and show what is there, store nothing
+            return cache._open_read_only()
+        try:
+            cache.index = cache._new_index().open(exclusive=True)
+        except (IndexCorrupt, IndexUnavailable) as exc:
+            raise CacheUnavailable(f"{path} is on a full disk and its index cannot be read ({exc})") from None
+        cache.reclaiming = True
+        return cache
+
+    @classmethod
+    def _open(cls, directory, create: bool, read_only_ok: bool) -> "Cache":
         cache = cls(resolve_cache_dir(directory))
         try:
             if create:
@@ -172,7 +211,8 @@ class Cache:
         try:
             self.index = self._new_index().open_read_only()
         except (IndexUnavailable, IndexCorrupt) as exc:
-            raise CacheUnavailable(f"{self.directory} is read-only and its index cannot serve ({exc})") from None
+            why = "on a full disk" if self.disk_full else "read-only"
+            raise CacheUnavailable(f"{self.directory} is {why} and its index cannot serve ({exc})") from None
         self.read_only = True
         return self
 
@@ -220,8 +260,31 @@ class Cache:
 
     def close(self) -> None:
         if self.index is not None:
-            self.index.close()
-            self.index = None
+            try:
+                self._delete_unindexed()
+                if self._unindexed:
+                    warn(f"the disk holding {self.directory} is still full: {len(self._unindexed)} "
+                         "removed entries keep their index rows (`nncc cache verify --fix` drops them)")
+            finally:
+                self.index.close()
+                self.index = None
+
+    def delete_row(self, token: str, counter: str | None = None) -> None:
+        """Delete an index row (and count it). While reclaiming, a full disk postpones it
+        until a later removal has freed room for the write."""
+        self._unindexed.append((token, counter))
+        self._delete_unindexed()
+
+    def _delete_unindexed(self) -> None:
+        while self._unindexed:
+            token, counter = self._unindexed[0]
+            try:
+                self.index.delete(token, counter)
+            except IndexUnavailable as exc:
+                if self.reclaiming and disk_full(exc):
+                    return  # retried after the next removal, and at close()
+                raise
+            self._unindexed.pop(0)
 
     def __enter__(self) -> "Cache":
         return self
@@ -339,9 +402,14 @@ class Cache:
             except LockBusy:
                 return False
         try:
-            self.index.delete(token, counter)
-            for p in self.paths(token):
-                _unlink(p)
+            if self.reclaiming:  # no room to write the index yet: free the space first
+                for p in self.paths(token):
+                    _unlink(p)
+                self.delete_row(token, counter)
+            else:
+                self.index.delete(token, counter)
+                for p in self.paths(token):
+                    _unlink(p)
             if lock is None:
                 held.unlink()
             return True
@@ -365,6 +433,7 @@ class Cache:
             for p in paths:
                 _unlink(p)
             held.unlink()
+            self._delete_unindexed()  # a full disk may have room for the index now
             return True
         finally:
             held.release()
@@ -410,7 +479,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                 if attempt:
                     raise CacheUnavailable(str(exc)) from None
                 cache.rebuild_index(str(exc))
-    except (CacheUnavailable, IndexUnavailable, OSError) as exc:
+    except (CacheUnavailable, IndexUnavailable, IndexCorrupt, OSError) as exc:
         return _degraded(path, data, opts, token, directory, str(exc), start)
     finally:
         cache.close()
@@ -429,7 +498,8 @@ def _prepare_read_only(cache: Cache, token: str, path, data: bytes, opts, start:
     model, rejected = _try_hit(cache, token)
     if model is not None:
         return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory)
-    reason = "read-only, " + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model")
+    reason = (("disk full, " if cache.disk_full else "read-only, ")
+              + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model"))
     return _degraded(path, data, opts, token, cache.directory, reason, start)
 
 

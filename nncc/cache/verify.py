@@ -162,7 +162,7 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             tokens, _ = cache.scan()
             for token in cache.index.stale():
                 if token not in tokens:
-                    cache.index.delete(token)
+                    cache.delete_row(token)
     return VerifyReport(findings, fix)
 
 

@@ -53,12 +53,13 @@ def json_option(command):
 
 
 def _open(cache_dir, read_only_ok: bool = False):
-    """The cache; with ``read_only_ok`` (commands that only read) also one on read-only
-    storage."""
+    """The cache. Commands that only read (``read_only_ok``) also open one on read-only
+    storage or a full disk; the others, which remove things, open one on a full disk to
+    free space (Cache.open's ``reclaim``)."""
     from nncc.cache.store import Cache, CacheUnavailable
 
     try:
-        return Cache.open(cache_dir, read_only_ok=read_only_ok)
+        return Cache.open(cache_dir, read_only_ok=read_only_ok, reclaim=not read_only_ok)
     except CacheUnavailable as exc:
         raise NnccError(f"cannot open the cache: {exc}") from None
 
@@ -148,6 +149,7 @@ def info(cache_dir, as_json):
             "stale_entries": stale,
             "counters": counters,
             "read_only": c.read_only,
+            "disk_full": c.disk_full,
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -169,7 +171,9 @@ def info(cache_dir, as_json):
         ("Evictions", str(counters["evictions"])),
         ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
     ]
-    if payload["read_only"]:
+    if payload["disk_full"]:
+        rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
+    elif payload["read_only"]:
         rows.insert(1, ("Read-only", "yes: serves verified hits, stores nothing"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
