@@ -3,7 +3,7 @@
     python benchmarks/bench_cache.py [--runs 5] [--models light_resnet50,light_vgg19]
 
 For each model (the "light" ONNX model-zoo classics shipped in the onnx wheel), median of
---runs runs (at least 5) of the following, nncc and its peers timed in turns:
+--runs runs (at least 5) of the following, nncc and its peers in mirrored blocks (see blocked_ms):
 
 (a) in process, the runtime already imported:
     nncc         nncc.model.prepare(model, cache_dir) on a hit: token (model hash), index
@@ -62,15 +62,30 @@ def median_ms(fn, runs: int) -> float:
     return statistics.median(times) * 1000
 
 
-def interleaved_ms(fns, runs: int) -> list[float]:
-    """The median of ``runs`` timed calls of each function, taken in turns (a, b, a, b,
-    ...) so that the load of this shared machine drifts over all of them alike."""
+def blocked_ms(fns, runs: int) -> list[float]:
+    """The median of ``runs`` timed calls of each function, in blocks ordered A B C C B A:
+    each side's calls run back to back (half of them in each of its two blocks), and a
+    block that follows another side starts with one untimed call.
+
+    Why not strict turns (A B A B ...): this VM hands memory a process freed back to its
+    host after a second or two, and whatever runs next must have it backed anew (about 1 ms
+    per MB). Right after an onnxruntime process that freed gigabytes (light_vgg19), an nncc
+    run measured 1.2-1.8 s instead of 0.47 s; in turns each side would be timed in the
+    other's aftermath, which the peer that frees more inflicts and the other pays. Blocks
+    time each side after itself, as a user re-running one command sees it; the mirrored
+    order spreads the machine's drift over both."""
+    order = list(range(len(fns))) + list(reversed(range(len(fns))))
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, spent in zip(fns, times):
+    previous = None
+    for position, k in enumerate(order):
+        count = runs // 2 if position < len(fns) else runs - runs // 2
+        if previous != k:
+            fns[k]()  # untimed: the first call after another side's
+        for _ in range(count):
             t = time.perf_counter()
-            fn()
-            spent.append(time.perf_counter() - t)
+            fns[k]()
+            times[k].append(time.perf_counter() - t)
+        previous = k
     return [statistics.median(spent) * 1000 for spent in times]
 
 
@@ -114,9 +129,7 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
     ov_hit = openvino_hit(model, work / f"{name}-ov-cache")
     if ov_hit is not None:
         peers.append(ov_hit)
-    for warm in peers:  # imports and page cache warm, as in a long-running process
-        warm()
-    times = interleaved_ms(peers, runs)
+    times = blocked_ms(peers, runs)  # each block warms up first, as a long-running process is
     nncc_prepare, ort_prepare = times[:2]
     ov = times[2] if ov_hit is not None else "not installed"
     rows.append(row(name, "(a) in-process prepare from cache (hit, verified)", nncc_prepare,
@@ -127,7 +140,7 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
-    nncc_cold, ort_cold = interleaved_ms([lambda: prepare(model, use_cache=False), ort_cold_session], runs)
+    nncc_cold, ort_cold = blocked_ms([lambda: prepare(model, use_cache=False), ort_cold_session], runs)
     rows.append(row(name, "(context) in-process cold compile, no cache", nncc_cold, ort_cold,
                     "session from original model, all optimizations", None))
 
@@ -137,8 +150,7 @@ def bench_model(name: str, runs: int, work: pathlib.Path) -> list[dict]:
     hits, misses = [], []
     counter = iter(range(10**6))
     ort_cmd = [sys.executable, "-c", ORT_COLD, model]
-    run_process(ort_cmd)  # page cache warm for both sides
-    hit_ms, miss_ms, ort_ms = interleaved_ms([
+    hit_ms, miss_ms, ort_ms = blocked_ms([
         lambda: run_process(nncc_cmd + ["--cache-dir", str(cache)], env, hits),
         lambda: run_process(nncc_cmd + ["--cache-dir", str(work / f"{name}-miss-{next(counter)}")], env, misses),
         lambda: run_process(ort_cmd),
