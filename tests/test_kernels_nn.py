@@ -136,6 +136,56 @@ def test_conv_im2col_layouts_each_match_onnxruntime(xs, ws, attrs, bias, layout,
     check("Conv", inputs, attrs, rtol=1e-4, atol=1e-4)
 
 
+def _kept_workspace_runs(x, w, b, attrs):
+    """The executor's steady state: the kernel called twice with one workspace and a
+    preallocated output."""
+    k = resolve("Conv", "", 22)
+    ctx = Ctx(dict(attrs), 22, 1)
+    inputs = [x, w] + ([b] if b is not None else [])
+    (info,) = k.shape(ctx, *[TensorInfo.of(a) for a in inputs])
+    out = np.empty(info.shape, info.dtype)
+    first = k.fn(ctx, *inputs, out=(out,)).copy()
+    second = k.fn(ctx, *inputs, out=(out,))
+    return ctx, first, second
+
+
+@pytest.mark.parametrize("xs, ws, attrs, bias", CONV_CASES)
+def test_conv_in_bands_of_output_rows_matches_onnxruntime(xs, ws, attrs, bias, monkeypatch):
+    """Columns above a size are made and multiplied a band of output rows at a time: force
+    one-row bands on every geometry (with the copy layouts), twice with a kept workspace."""
+    from nncc.kernels import conv as conv_module
+
+    for name, value in (("_GATHER_MAX", 0), ("_GATHER_PER_TAP", 0), ("_BAND_BYTES", 1),
+                        ("_BAND_WEIGHT_RATIO", 0)):
+        monkeypatch.setattr(conv_module, name, value)
+    conv_module._band_rows.cache_clear()  # it caches decisions made under other settings
+    try:
+        x, w = rand(*xs), rand(*ws)
+        b = rand(ws[0]) if bias else None
+        (expected,) = run_ort("Conv", [x, w] + ([b] if bias else []), attrs, 22, 1)
+        _, first, second = _kept_workspace_runs(x, w, b, attrs)
+        np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(second, first)
+    finally:
+        conv_module._band_rows.cache_clear()
+
+
+def test_conv_bands_bound_the_column_buffer():
+    """A large image's columns (here 15 MB) are made 8 MiB at a time, not all at once."""
+    from nncc.kernels import conv as conv_module
+
+    x, w, b = rand(1, 16, 160, 160), rand(16, 16, 3, 3), rand(16)
+    attrs = dict(pads=[1, 1, 1, 1])
+    (expected,) = run_ort("Conv", [x, w, b], attrs, 22, 1)
+    ctx, first, second = _kept_workspace_runs(x, w, b, attrs)
+    np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(second, first)
+    whole = 16 * 9 * 160 * 162 * 4
+    assert whole > conv_module._BAND_BYTES
+    cols = [v for k, v in ctx.workspace.items() if k == ("shared block", "cols")]
+    assert cols and 0 < cols[0].nbytes <= conv_module._BAND_BYTES + 4096
+
+
 def test_conv_float64_and_float16():
     # onnxruntime's CPU Conv is float32 only: compare against it on the same values
     x, w, b = rand(1, 8, 12, 12), rand(8, 8, 3, 3), rand(8)
