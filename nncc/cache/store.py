@@ -192,6 +192,8 @@ class Cache:
                 if read_only_ok and _read_only_directory(cache.directory):
                     return cache._open_read_only()
                 for d in (cache.directory, cache.entries_dir, cache.locks_dir):
+                    if os.path.lexists(d) and not os.path.isdir(d):
+                        raise CacheUnavailable(f"{d} is not a directory")
                     os.makedirs(d, mode=0o700, exist_ok=True)
                 tag = os.path.join(cache.directory, TAG_NAME)
                 if not os.path.exists(tag):
