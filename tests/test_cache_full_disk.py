@@ -187,3 +187,28 @@ def test_rows_left_behind_on_a_still_full_disk_are_reported(full_cache, monkeypa
                            text=True, env=dict(os.environ, NNCC_CACHE_DIR=str(cache)), cwd=ROOT)
     assert json.loads(fixed.stdout)["counts"].get("MISSING") == 1
     assert token not in tokens(cache)
+
+
+def test_a_removal_that_cannot_write_the_index_still_frees_the_files(tmp_path, monkeypatch, capsys):
+    """An index opened before the disk filled up (no reclaim mode): deleting the row fails
+    for want of room, so the files go first and the row is retried, and reported at close."""
+    cache = tmp_path / "cache"
+    assert prepare(MLP, cache_dir=cache)[1].outcome == "miss"
+    with Cache.open(cache) as c:
+        assert not c.reclaiming
+        [token] = [e.token for e in c.index.entries()]
+
+        def full(*args, **kwargs):
+            raise IndexUnavailable("database or disk is full")
+
+        monkeypatch.setattr(c.index, "delete", full)
+        assert c.remove(token)
+        assert not any(os.path.exists(p) for p in c.paths(token))
+    assert "still full" in capsys.readouterr().err
+    assert tokens(cache) == {token}  # the row waits for `verify --fix`
+    with Cache.open(cache) as c:  # room again: the entry is MISSING, and --fix drops it
+        from nncc.cache.verify import verify
+
+        report = verify(c, fix=True)
+        assert report.counts() == {"MISSING": 1}
+    assert tokens(cache) == set()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from blake3 import blake3
 
-from nncc.cache.index import Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
+from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.errors import ModelFormatError, NnccError, PlanFormatError
 from nncc.util.files import read_model_file
@@ -170,7 +170,7 @@ class Cache:
             return cls._open(directory, create, read_only_ok)
         except CacheUnavailable:
             path = resolve_cache_dir(directory)
-            if not ((reclaim or read_only_ok) and os.path.isfile(os.path.join(path, "index.sqlite3"))
+            if not ((reclaim or read_only_ok) and os.path.isfile(os.path.join(path, INDEX_NAME))
                     and no_space_left(path)):
                 raise
         cache = cls(path)
@@ -272,8 +272,8 @@ class Cache:
                 self.index = None
 
     def delete_row(self, token: str, counter: str | None = None) -> None:
-        """Delete an index row (and count it). While reclaiming, a full disk postpones it
-        until a later removal has freed room for the write."""
+        """Delete an index row (and count it). A full disk postpones it until a later
+        removal has freed room for the write."""
         self._unindexed.append((token, counter))
         self._delete_unindexed()
 
@@ -283,7 +283,7 @@ class Cache:
             try:
                 self.index.delete(token, counter)
             except IndexUnavailable as exc:
-                if self.reclaiming and disk_full(exc):
+                if disk_full(exc):
                     return  # retried after the next removal, and at close()
                 raise
             self._unindexed.pop(0)
@@ -404,14 +404,20 @@ class Cache:
             except LockBusy:
                 return False
         try:
-            if self.reclaiming:  # no room to write the index yet: free the space first
-                for p in self.paths(token):
-                    _unlink(p)
+            # The row goes first, so that no reader finds a row whose files are gone; on a
+            # full disk, where the index cannot be written yet, the files go first to make room.
+            row_first = not self.reclaiming
+            if row_first:
+                try:
+                    self.index.delete(token, counter)
+                except IndexUnavailable as exc:
+                    if not disk_full(exc):
+                        raise
+                    row_first = False  # a reader in between finds the files missing: rejected, never run
+            for p in self.paths(token):
+                _unlink(p)
+            if not row_first:
                 self.delete_row(token, counter)
-            else:
-                self.index.delete(token, counter)
-                for p in self.paths(token):
-                    _unlink(p)
             if lock is None:
                 held.unlink()
             return True
