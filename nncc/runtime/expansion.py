@@ -1,11 +1,14 @@
-"""Dense copies of the plan's broadcast constants, made while the executor sets up.
+"""Dense copies of the plan's broadcast constants, made by two threads.
 
 Broadcast constants (folded ConstantOfShape, per-channel BatchNormalization scales) stay
 compact in the plan and the cache, but a kernel handed a zero-stride view would copy it at
 every run, so they are expanded once when a plan is prepared. That copy is most of a cache
 hit (light_resnet50: 97 MB), and it is bound by page faults and memory bandwidth, not by
-Python: numpy releases the GIL while it copies. So a second thread starts copying at once,
-the executor builds its steps meanwhile, and then helps with what is left.
+Python: numpy releases the GIL while it copies, so a helper thread and the caller share it.
+
+(Starting the helper earlier, while the executor builds its steps in Python, was slower:
+after each constant the helper waits up to the interpreter's 5 ms switch interval to get
+the GIL back from the busy caller.)
 """
 
 from __future__ import annotations
