@@ -78,7 +78,10 @@ def newcomer(tmp_path) -> tuple[pathlib.Path, dict[str, str]]:
     (bin_dir / "nncc").write_text(
         f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{ROOT}" exec "{sys.executable}" -m nncc "$@"\n')
     (bin_dir / "nncc").chmod(0o755)
-    (bin_dir / "python").symlink_to(sys.executable)
+    # a wrapper, not a symlink: Python 3.10 finds its virtual environment from the path it
+    # was started by, so a symlink elsewhere would start it without the venv's packages
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
     env = dict(os.environ)
     for key in ("NNCC_DEBUG", "MAKEFLAGS", "MAKELEVEL", "PYTHONPATH"):
         env.pop(key, None)
