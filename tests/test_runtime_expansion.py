@@ -8,7 +8,7 @@ import pytest
 
 from nncc.plan.memory import ALIGN
 from nncc.runtime import expansion
-from nncc.runtime.expansion import Expansion, is_broadcast
+from nncc.runtime.expansion import expanded, is_broadcast
 
 
 def _constants(rng, big: bool):
@@ -35,7 +35,7 @@ def test_broadcast_constants_become_dense_read_only_copies(big, monkeypatch):
 
     monkeypatch.setattr(expansion.threading, "Thread", counting_thread)
     monkeypatch.setattr(expansion, "_cpus", lambda: 2)
-    result = Expansion(constants).result()
+    result = expanded(constants)
 
     total = sum(a.nbytes for a in constants.values() if is_broadcast(a))
     assert (total >= expansion.THREADED_MIN_BYTES) == big
@@ -53,7 +53,7 @@ def test_one_cpu_copies_without_a_thread(monkeypatch):
     constants = _constants(np.random.default_rng(1), big=True)
     monkeypatch.setattr(expansion, "_cpus", lambda: 1)
     monkeypatch.setattr(expansion.threading, "Thread", None)  # any thread start would fail
-    result = Expansion(constants).result()
+    result = expanded(constants)
     np.testing.assert_array_equal(result[3], constants[3])
 
 
@@ -66,9 +66,9 @@ def test_a_failed_copy_is_raised_by_result(monkeypatch):
 
     monkeypatch.setattr(expansion.np, "copyto", broken_copyto)
     with pytest.raises(MemoryError, match="no pages left"):
-        Expansion(constants).result()
+        expanded(constants)
 
 
 def test_no_broadcast_constants_means_no_block():
     dense = {1: np.arange(6, dtype=np.float32)}
-    assert Expansion(dense).result() == dense
+    assert expanded(dense) == dense

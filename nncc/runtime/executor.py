@@ -20,7 +20,7 @@ from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan
 from nncc.runtime.domain import DomainBuffer
-from nncc.runtime.expansion import Expansion
+from nncc.runtime.expansion import expanded
 from nncc.runtime.feeds import check_feeds
 
 
@@ -68,7 +68,7 @@ class Executor:
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
         self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
-        for slot, array in Expansion(plan.constants).result().items():
+        for slot, array in expanded(plan.constants).items():
             self.template[slot] = array
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}

@@ -36,57 +36,48 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-class Expansion:
-    """Start with ``Expansion(constants)``; ``result()`` returns the constants with every
-    broadcast one replaced by a read-only dense copy.
+def expanded(constants: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """The constants, with every broadcast one replaced by a read-only dense copy.
 
     All copies share ONE block: numpy backs a large allocation with transparent huge pages,
     so filling it faults in a few dozen 2 MB pages instead of tens of thousands of small
-    ones. The block is cut largest-first into jobs that the helper thread and, once it calls
-    ``result()``, the caller take from the same list."""
+    ones. The copies are jobs, largest first, that a helper thread and the caller take from
+    one list (list.pop is atomic: no job is done twice)."""
+    broadcast = {slot: a for slot, a in constants.items() if is_broadcast(a)}
+    if not broadcast:
+        return dict(constants)
+    sizes = {slot: -(-a.nbytes // ALIGN) * ALIGN for slot, a in broadcast.items()}
+    block = aligned_empty((sum(sizes.values()),), np.uint8)
+    result, jobs, offset = dict(constants), [], 0
+    for slot, array in broadcast.items():
+        dense = block[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+        result[slot] = dense
+        jobs.append((dense, array))
+        offset += sizes[slot]
+    jobs.sort(key=lambda job: job[0].nbytes)  # popped from the end: largest first
+    errors: list[BaseException] = []
 
-    def __init__(self, constants: dict[int, np.ndarray]):
-        self._constants = constants
-        self._dense: dict[int, np.ndarray] = {}
-        self._jobs: list[tuple[np.ndarray, np.ndarray]] = []  # popped from the end
-        self._error: BaseException | None = None
-        self._thread = None
-        broadcast = {slot: a for slot, a in constants.items() if is_broadcast(a)}
-        if not broadcast:
-            return
-        sizes = {slot: -(-a.nbytes // ALIGN) * ALIGN for slot, a in broadcast.items()}
-        block = aligned_empty((sum(sizes.values()),), np.uint8)
-        offset = 0
-        for slot, array in broadcast.items():
-            dense = block[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
-            self._dense[slot] = dense
-            self._jobs.append((dense, array))
-            offset += sizes[slot]
-        self._jobs.sort(key=lambda job: job[0].nbytes)
-        if offset >= THREADED_MIN_BYTES and _cpus() > 1:
-            self._thread = threading.Thread(target=self._work, name="nncc-expand", daemon=True)
-            self._thread.start()
-
-    def _work(self) -> None:
+    def work() -> None:
         try:
-            while True:
+            while jobs:
                 try:
-                    dense, array = self._jobs.pop()  # atomic: the two workers never share a job
-                except IndexError:
+                    dense, array = jobs.pop()
+                except IndexError:  # the other worker took the last one
                     return
                 np.copyto(dense, array)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in result()
-            self._error = exc
-            self._jobs.clear()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+            errors.append(exc)
+            jobs.clear()
 
-    def result(self) -> dict[int, np.ndarray]:
-        self._work()
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        result = dict(self._constants)
-        for slot, dense in self._dense.items():
-            dense.flags.writeable = False
-            result[slot] = dense
-        return result
+    helper = None
+    if offset >= THREADED_MIN_BYTES and _cpus() > 1:
+        helper = threading.Thread(target=work, name="nncc-expand", daemon=True)
+        helper.start()
+    work()
+    if helper is not None:
+        helper.join()
+    if errors:
+        raise errors[0]
+    for slot in broadcast:
+        result[slot].flags.writeable = False
+    return result
