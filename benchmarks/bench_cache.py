@@ -53,15 +53,6 @@ def light_dir() -> pathlib.Path:
     return pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
-def median_ms(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1000
-
-
 def blocked_ms(fns, runs: int) -> list[float]:
     """The median of ``runs`` timed calls of each function, in blocks ordered A B C C B A:
     each side's calls run back to back (half of them in each of its two blocks), and a
