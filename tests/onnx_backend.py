@@ -1,7 +1,9 @@
 """nncc as an ``onnx.backend.base.Backend``, so ONNX's backend test cases can drive it.
 
-Test-time glue only: it needs the ``onnx`` package (a test extra), which nothing else in
-nncc imports. Models are serialized and read back through nncc's own reader.
+Test-time glue only, kept out of the shipped package: it needs the ``onnx`` package (a
+test extra), which nncc itself never imports. Models are serialized and read back through
+nncc's own reader, then run by one of two routes: the reference interpreter, or the full
+compile (passes at -O2, partitioning, the plan and its arena, the executor).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from typing import Any, Sequence
 import numpy as np
 from onnx.backend.base import Backend, BackendRep
 
+from nncc.compiler import CompileOptions, compile_graph
 from nncc.frontend.onnx import parse_model
+from nncc.model import CompiledModel
 from nncc.passes.shape_inference import infer_shapes
 from nncc.ir.graph import TensorInfo
 from nncc.runtime.interpreter import Interpreter
@@ -38,10 +42,26 @@ class NnccRep(BackendRep):
         return tuple(outputs[name] for name in graph.outputs)
 
 
+class CompiledRep(BackendRep):
+    def __init__(self, graph, compiled: CompiledModel):
+        self.graph = graph
+        self.compiled = compiled
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        feeds = dict(inputs) if isinstance(inputs, dict) else dict(zip(self.graph.inputs, inputs))
+        outputs = self.compiled.run(feeds)
+        return tuple(outputs[name] for name in self.graph.outputs)
+
+
 class NnccBackend(Backend):
     @classmethod
-    def prepare(cls, model: Any, device: str = "CPU", check_shapes: bool = True, **kwargs: Any) -> NnccRep:
+    def prepare(cls, model: Any, device: str = "CPU", check_shapes: bool = True,
+                route: str = "interpreter", **kwargs: Any) -> BackendRep:
         graph = parse_model(model.SerializeToString())
+        if route == "compiled":
+            return CompiledRep(graph, CompiledModel(compile_graph(graph, CompileOptions(opt_level=2))))
         return NnccRep(Interpreter(graph), check_shapes)
 
     @classmethod
