@@ -1,0 +1,176 @@
+"""Models with real (random, not broadcast) weights at the sizes such models have, for
+benchmarks: the onnx wheel's light models carry synthetic broadcast constants, which
+flatter cache and load figures.
+
+    python benchmarks/real_models.py [OUT_DIR]     # default: build/real-models
+
+Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identical):
+- resnet18.onnx    ResNet-18 layout, 1x3x224x224, BatchNorm already folded into the
+                   convolutions (as an eval-mode PyTorch export does), 11.7M parameters
+- mobilenetv2.onnx MobileNetV2 layout (width 1.0), 1x3x224x224, depthwise convolutions,
+                   ReLU6 as Clip, 3.5M parameters
+- bert.onnx        4-layer post-LN encoder, hidden 512, 8 heads, FFN 2048, 1x128 tokens
+                   of hidden states in, Erf GELU, 12.6M parameters
+- gpt2.onnx        4-layer pre-LN decoder, hidden 512, 8 heads, causal mask, Tanh GELU,
+                   1x128 tokens of hidden states in
+- large.onnx       (with --large) an MLP of 8 layers of 4096x4096: 537M bytes of weights,
+                   for cache-hit cost against model size
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fixtures"))
+from make_fixtures import Builder, f32_input  # noqa: E402
+
+
+def resnet18():
+    b = Builder(seed=2001)
+
+    def conv(x, cin, cout, k, stride=1, relu=True):
+        y = b.conv(x, cin, cout, k, stride=stride, bias=True)
+        return b.op("Relu", [y]) if relu else y
+
+    def block(x, cin, cout, stride):
+        y = conv(x, cin, cout, 3, stride)
+        y = conv(y, cout, cout, 3, 1, relu=False)
+        short = conv(x, cin, cout, 1, stride, relu=False) if (stride != 1 or cin != cout) else x
+        return b.op("Relu", [b.op("Add", [y, short])])
+
+    x = conv("input", 3, 64, 7, 2)
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        x = block(x, cin, cout, stride)
+        x = block(x, cout, cout, 1)
+        cin = cout
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    b.op("Gemm", [x, b.lecun((1000, 512), 512), b.small((1000,))], out="logits", transB=1)
+    return b.model("resnet18", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
+                   "ResNet-18 layout with BatchNorm folded, real random weights")
+
+
+def mobilenetv2():
+    b = Builder(seed=2002)
+
+    def conv(x, cin, cout, k, stride=1, group=1, act=True):
+        y = b.conv(x, cin, cout, k, stride=stride, group=group, bias=True)
+        return b.relu6(y) if act else y
+
+    x = conv("input", 3, 32, 3, 2)
+    cin = 32
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            y = conv(x, cin, hidden, 1) if t != 1 else x
+            y = conv(y, hidden, hidden, 3, stride, group=hidden)
+            y = conv(y, hidden, c, 1, act=False)
+            x = b.op("Add", [x, y]) if stride == 1 and cin == c else y
+            cin = c
+    x = conv(x, cin, 1280, 1)
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    b.op("Gemm", [x, b.lecun((1000, 1280), 1280), b.small((1000,))], out="logits", transB=1)
+    return b.model("mobilenetv2", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
+                   "MobileNetV2 layout, depthwise convolutions, ReLU6 as Clip, real random weights")
+
+
+def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4):
+    b = Builder(seed=seed)
+    dh = d // heads
+
+    def linear(x, fin, fout):
+        return b.op("Add", [b.op("MatMul", [x, b.lecun((fin, fout), fin)]), b.small((fout,))])
+
+    def layer_norm(x):
+        scale = b.const(b.rng.uniform(0.8, 1.2, d).astype(np.float32), "ln_scale")
+        return b.op("LayerNormalization", [x, scale, b.small((d,), 0.05, "ln_bias")], axis=-1, epsilon=1e-5)
+
+    def split_heads(t, perm):
+        return b.op("Transpose", [b.op("Reshape", [t, b.i64([0, 0, heads, dh])])], perm=perm)
+
+    def attention(x):
+        q, k, v = (linear(x, d, d) for _ in range(3))
+        scores = b.op("MatMul", [split_heads(q, [0, 2, 1, 3]), split_heads(k, [0, 2, 3, 1])])
+        scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
+        if causal:
+            mask = np.triu(np.full((seq, seq), -1e9, np.float32), 1)
+            scores = b.op("Add", [scores, b.const(mask, "causal_mask")])
+        ctx = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), split_heads(v, [0, 2, 1, 3])])
+        ctx = b.op("Reshape", [b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), b.i64([0, 0, d])])
+        return linear(ctx, d, d)
+
+    def gelu_erf(x):
+        inner = b.op("Erf", [b.op("Div", [x, b.f32(math.sqrt(2.0))])])
+        return b.op("Mul", [b.op("Mul", [x, b.f32(0.5)]), b.op("Add", [inner, b.f32(1.0)])])
+
+    def gelu_tanh(x):
+        inner = b.op("Add", [x, b.op("Mul", [b.op("Pow", [x, b.f32(3.0)]), b.f32(0.044715)])])
+        t = b.op("Tanh", [b.op("Mul", [inner, b.f32(math.sqrt(2.0 / math.pi))])])
+        return b.op("Mul", [b.op("Mul", [x, b.f32(0.5)]), b.op("Add", [t, b.f32(1.0)])])
+
+    x = "hidden_in"
+    for _ in range(layers):
+        if causal:  # pre-LN, as GPT-2
+            x = b.op("Add", [x, attention(layer_norm(x))])
+            x = b.op("Add", [x, linear(gelu_tanh(linear(layer_norm(x), d, ff)), ff, d)])
+        else:  # post-LN, as BERT
+            x = layer_norm(b.op("Add", [x, attention(x)]))
+            x = layer_norm(b.op("Add", [x, linear(gelu_erf(linear(x, d, ff)), ff, d)]))
+    if causal:
+        x = layer_norm(x)
+    b.op("Identity", [x], out="hidden_out")
+    return b.model(name, [f32_input("hidden_in", [1, seq, d])], [f32_input("hidden_out", [1, seq, d])],
+                   f"{layers}-layer {'decoder' if causal else 'encoder'}, hidden {d}, real random weights")
+
+
+def bert():
+    return _transformer("bert", 2003, causal=False)
+
+
+def gpt2():
+    return _transformer("gpt2", 2004, causal=True)
+
+
+def large():
+    """537 MB of weights: the cache's cost on a hit must not grow with this."""
+    b = Builder(seed=2005)
+    x = "x"
+    for _ in range(8):
+        x = b.op("Relu", [b.op("MatMul", [x, b.lecun((4096, 4096), 4096)])])
+    b.op("Identity", [x], out="y")
+    graph = helper.make_graph(b.nodes, "large", [f32_input("x", [1, 4096])], [f32_input("y", [1, 4096])],
+                              initializer=b.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2}
+
+
+def write_all(out_dir: str, with_large: bool = False) -> list[str]:
+    import onnx
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    makers = dict(MODELS, **({"large": large} if with_large else {}))
+    for name, make in makers.items():
+        path = os.path.join(out_dir, f"{name}.onnx")
+        if not os.path.exists(path):
+            onnx.save(make(), path)
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--large"]
+    for p in write_all(args[0] if args else str(ROOT / "build" / "real-models"), "--large" in sys.argv):
+        print(p, os.path.getsize(p))
