@@ -20,10 +20,15 @@ class CompileOptions:
 
     preference: str = "fast-single-answer"
     opt_level: int = 2
-    backends: tuple[str, ...] = ("numpy",)
+    backends: tuple[str, ...] = ("native", "numpy")
     plugins: tuple[str, ...] = field(default_factory=tuple)
+    target: str = "native"  # the ISA native code is built for (nncc.native.toolchain.TARGETS)
 
     def __post_init__(self):
+        from nncc.native.toolchain import TARGETS
+
+        if self.target not in TARGETS:
+            raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
         if self.preference not in PREFERENCES:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
         if self.opt_level not in (0, 1, 2):
@@ -34,14 +39,26 @@ class CompileOptions:
         """BLAS threads at run time: low-power keeps to one core."""
         return 1 if self.preference == "low-power" else 0  # 0: library default
 
+    def toolchain(self):
+        """The C compiler for the native backend, or None (no compiler, or not asked for)."""
+        if "native" not in self.backends:
+            return None
+        from nncc.native.toolchain import find_toolchain
+
+        return find_toolchain(self.target)
+
     def as_dict(self) -> dict:
-        return {
+        options = {
             "preference": self.preference,
             "opt_level": self.opt_level,
             "backends": list(self.backends),
             "plugins": list(self.plugins),
             "threads": self.threads,
         }
+        if "native" in self.backends:  # a compiler update or another ISA must miss the cache
+            toolchain = self.toolchain()
+            options["toolchain"] = None if toolchain is None else toolchain.key()
+        return options
 
 
 def compile_graph(graph: Graph, options: CompileOptions):
@@ -56,7 +73,9 @@ def compile_graph(graph: Graph, options: CompileOptions):
 
     for module in options.plugins:
         load_plugin(module)
-    backends = [get_backend(name) for name in options.backends if name != "cpu"]
+    toolchain = options.toolchain()
+    backends = [_native(toolchain) if name == "native" else get_backend(name)
+                for name in options.backends if name != "cpu"]
     fallback = get_backend("cpu")
     progress.describe(f"optimizing {len(graph.nodes)} nodes (-O{options.opt_level})")
     graph = run_passes(graph, options.opt_level)
@@ -82,4 +101,31 @@ def compile_graph(graph: Graph, options: CompileOptions):
     plan_options = options.as_dict()
     plan_options["opsets"] = dict(sorted(graph.opsets.items()))
     fallbacks = [{"node": n, "op": op, "reason": why} for n, op, why in result.fallbacks]
-    return lower(graph, infos, compiled, versions, plan_options, fallbacks)
+    plan = lower(graph, infos, compiled, versions, plan_options, fallbacks)
+    if plan.native:
+        progress.describe(f"building native code for {len(plan.native)} partition(s)")
+        _build_native(plan, toolchain, [p.native for p in compiled if p.native is not None])
+    return plan
+
+
+def _native(toolchain):
+    from nncc.backends.native import NativeBackend
+
+    return NativeBackend(toolchain)
+
+
+def _build_native(plan, toolchain, units) -> None:
+    """One shared object for all native partitions. A compiler failure keeps the plan
+    portable and is recorded in it, so a cached entry does not retry on every run."""
+    from nncc.native.codegen import translation_unit
+    from nncc.native.toolchain import NativeBuildError
+    from nncc.util.notice import warn
+
+    try:
+        plan.code = toolchain.build(translation_unit(units))
+    except NativeBuildError as exc:
+        warn(f"{exc}; running the portable plan")
+        plan.native = []
+        plan.options["native_error"] = str(exc)
+        return
+    plan.options["native"] = toolchain.identity()

@@ -16,12 +16,22 @@ from nncc.plan.plan import Plan
 class CompiledModel:
     """A prepared model: a verified Plan bound to an executor."""
 
-    def __init__(self, plan: Plan, raw: bytes | None = None):
+    def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
+                 origin: str = "the artifact"):
+        """``trust_native``: run the plan's native code (when it has any and this CPU can);
+        otherwise its portable plan runs, with one warning if native code was skipped."""
+        from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
 
         self.plan = plan
         self._raw = raw
-        self._executor = Executor(plan)
+        self._native = activate(plan, trust_native, origin)
+        self._executor = Executor(plan, native=self._native)
+
+    @property
+    def native_partitions(self) -> int:
+        """How many partitions run as native code in this process."""
+        return self._executor.native_partitions
 
     @property
     def input_infos(self):
@@ -67,7 +77,7 @@ def compile_model(path: str | os.PathLike, **options) -> CompiledModel:
     from nncc.frontend.onnx import load_model
 
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    return CompiledModel(compile_graph(load_model(path), opts))
+    return CompiledModel(compile_graph(load_model(path), opts), trust_native=True)  # code built just now
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
@@ -83,12 +93,19 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, **options)
 
 
-def load(source: str | os.PathLike | bytes | bytearray | memoryview) -> CompiledModel:
-    """Load a compiled artifact from a path (memory-mapped) or from bytes."""
+def load(source: str | os.PathLike | bytes | bytearray | memoryview, trust_native: bool = False) -> CompiledModel:
+    """Load a compiled artifact from a path (memory-mapped) or from bytes. Its native code
+    runs only with ``trust_native=True``: running it is running whoever built the file."""
+    origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+    return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin)
+
+
+def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview) -> Plan:
+    """The verified Plan of an artifact, without preparing it to run."""
     from nncc.plan.format import deserialize
 
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return CompiledModel(deserialize(source))
+        return deserialize(source)
     try:
         with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -99,4 +116,4 @@ def load(source: str | os.PathLike | bytes | bytearray | memoryview) -> Compiled
         raise FileAccessError(f"{source} is a directory, not an artifact") from None
     except OSError as exc:
         raise FileAccessError(f"cannot read {source}: {exc.strerror or exc}") from None
-    return CompiledModel(deserialize(buffer))
+    return deserialize(buffer)

@@ -11,6 +11,7 @@ from nncc.plan.plan import Plan
 
 def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
     partitions = []
+    native = {c.partition for c in plan.native} if plan.code is not None else set()
     for index, part in enumerate(plan.partitions):
         ops = Counter(
             plan.kernels[ins.kernel].split("::")[1]
@@ -21,6 +22,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
             "backend": part.backend,
             "backend_version": part.backend_version,
             "entry": part.entry,
+            "native": index in native,  # runs as one call into the CODE section, when allowed
             "nodes": part.count,
             "ops": dict(sorted(ops.items())),
         })
@@ -38,6 +40,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "instructions": len(plan.instructions),
         "partitions": partitions,
         "fallbacks": plan.fallbacks,
+        "native_code_bytes": len(plan.code) if plan.native and plan.code is not None else 0,
         "peak_activation_bytes": plan.arena_bytes,
         "constants": {
             "inline": {"count": len(inline), "bytes": int(sum(a.nbytes for a in inline))},

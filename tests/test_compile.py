@@ -135,7 +135,7 @@ def test_fixture_matches_onnxruntime(name, opt_level, preference):
     feeds = fixture_feeds(name)
     assert_close(compiled.run(feeds), fixture_reference(name), f"{name} -O{opt_level} {preference}")
     # the artifact computes exactly what the in-process model computes
-    assert_identical(nncc.load(compiled.to_bytes()).run(feeds), compiled.run(feeds), "reloaded")
+    assert_identical(nncc.load(compiled.to_bytes(), trust_native=True).run(feeds), compiled.run(feeds), "reloaded")
 
 
 def test_preferences_change_what_is_compiled():
@@ -238,7 +238,8 @@ def test_cli_compile_then_run_in_new_processes_is_exact(tmp_path):
     def compile_and_run(job):
         name, path, out, inputs, outputs = job
         nncc_cli("compile", path, "-o", out, *no_cache_flag())
-        nncc_cli("run", out, "--inputs", inputs, "--output", outputs, "--json")
+        # its own artifact, so its native code is trusted: the run must be bit-identical
+        nncc_cli("run", out, "--inputs", inputs, "--output", outputs, "--json", "--trust-native")
 
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(compile_and_run, jobs))
@@ -410,7 +411,8 @@ def test_inspect_json_has_the_documented_keys(inspected, kind):
     compiled = nncc.compile_model(FIXTURES / "resnet_block.onnx")
     assert report["instructions"] == len(compiled.plan.instructions)
     assert sum(p["nodes"] for p in report["partitions"]) == report["instructions"]
-    assert [p["backend"] for p in report["partitions"]] == ["numpy"]
+    assert [(p["backend"], p["native"]) for p in report["partitions"]] == [("native", True)]
+    assert report["native_code_bytes"] == len(compiled.plan.code) > 0
     assert report["fallbacks"] == []
     assert report["peak_activation_bytes"] == compiled.plan.arena_bytes > 0
     constants = report["constants"]
@@ -435,7 +437,8 @@ def test_inspect_text(inspected, kind):
     report = json.loads(outputs[(kind, "json")])
     assert sources[kind].name in text
     assert f"{len(report['partitions'])} partition(s), {report['instructions']} instructions" in text
-    assert "numpy" in text and "numpy_partition_0" in text
+    assert "native" in text and "nncc_partition_0" in text
+    assert "native code:" in text
     assert "peak activation memory:" in text
     assert "constants:" in text and "inline" in text and "referenced" in text
     assert "artifact size:" in text

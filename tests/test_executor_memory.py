@@ -28,7 +28,7 @@ def _feeds(model, seed=0):
 
 
 def test_intermediates_are_planned_into_one_arena():
-    model = nncc.compile_model(FIXTURES / "resnet_block.onnx")
+    model = nncc.compile_model(FIXTURES / "resnet_block.onnx", backends=["numpy"])  # the portable executor
     executor = model._executor
     assert executor.buffers, "conv/matmul intermediates should live in the arena"
     for view in executor.buffers.values():
@@ -198,7 +198,7 @@ def test_concats_that_must_copy(tmp_path, case):
 
 def test_light_densenet_concats_copy_nothing():
     path = light_models_dir() / "light_densenet121.onnx"
-    executor = nncc.compile_model(path)._executor
+    executor = nncc.compile_model(path, backends=["numpy"])._executor  # the portable executor's arena
     concats = [i for i, ins in enumerate(executor.plan.instructions)
                if executor.plan.kernels[ins.kernel].split("::")[1] == "Concat"]
     assert len(concats) == 58 and sorted(executor.concats) == concats

@@ -48,17 +48,23 @@ def parts(raw: bytes) -> tuple[str, dict, bytes, bytes]:
     return producer, program, bytes(sections.get(b"INLN", b"")), bytes(sections.get(b"DATA", b""))
 
 
-def assemble(producer: str, program: dict, inline: bytes, data: bytes) -> bytes:
+def code_of(raw: bytes) -> bytes | None:
+    code = F.read_sections(raw)[1].get(b"CODE")
+    return None if code is None else bytes(code)
+
+
+def assemble(producer: str, program: dict, inline: bytes, data: bytes, code: bytes | None = None) -> bytes:
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
-    return F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)])
+    return F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data),
+                                  *([(b"CODE", code)] if code is not None else [])])
 
 
 def hostile(raw: bytes, edit) -> bytes:
     """Apply ``edit(program, sections)`` and re-assemble with valid checksums."""
     producer, program, inline, data = parts(raw)
-    sections = {"inline": inline, "data": data}
+    sections = {"inline": inline, "data": data, "code": code_of(raw)}
     edit(program, sections)
-    bad = assemble(producer, program, sections["inline"], sections["data"])
+    bad = assemble(producer, program, sections["inline"], sections["data"], sections["code"])
     F.read_sections(bad)  # checksums and layout are fine: only semantic checks can refuse it
     return bad
 
@@ -137,10 +143,12 @@ def test_identical_bytes_across_fresh_processes(tmp_path):
 
 def test_header_and_sections_follow_the_grammar(resnet_raw):
     magic, version, count, producer = struct.unpack_from("<8sII16s", resnet_raw, 0)
-    assert (magic, version, count) == (b"NNCCPLAN", 1, 3)
+    assert (magic, version, count) == (b"NNCCPLAN", 1, 4)
     assert producer.rstrip(b"\0").decode() == nncc.__version__
     table = entries(resnet_raw)
-    assert list(table) == [b"PROG", b"INLN", b"DATA"]
+    assert list(table) == [b"PROG", b"INLN", b"DATA", b"CODE"]
+    code_offset, code_length = table[b"CODE"]
+    assert resnet_raw[code_offset:code_offset + 4] == b"\x7fELF"  # a shared object
     for tag, (offset, length) in table.items():
         assert offset % 64 == 0, tag
         assert offset + length <= len(resnet_raw)
@@ -148,7 +156,9 @@ def test_header_and_sections_follow_the_grammar(resnet_raw):
     assert resnet_raw[table[b"PROG"][0]:sum(table[b"PROG"])] == json.dumps(
         program, sort_keys=True, separators=(",", ":")).encode()  # keys sorted, no whitespace
     assert set(program) == {"kernels", "slots", "inputs", "outputs", "constants", "instructions",
-                            "partitions", "arena", "arena_bytes", "options", "fallbacks"}
+                            "partitions", "arena", "arena_bytes", "options", "fallbacks", "native"}
+    (partition, symbol, args, n_inputs, workspace), = program["native"]
+    assert (partition, symbol) == (0, "nncc_partition_0") and 0 < n_inputs < len(args) and workspace >= 0
 
 
 @pytest.mark.parametrize("name", ["resnet_block", "transformer", "mobilenet"])
@@ -215,7 +225,7 @@ def test_splat_constants_take_one_element(tmp_path):
                       [("y", TensorProto.FLOAT, [2, 1024])], [shape])
     x = np.random.default_rng(0).standard_normal((2, 512)).astype(np.float32)
     want = x @ np.full((512, 1024), 0.25, np.float32)
-    compiled = nncc.compile_model(path, opt_level=1)
+    compiled = nncc.compile_model(path, opt_level=1, backends=["numpy"])  # no CODE section to count
     raw = compiled.to_bytes()
     assert len(raw) < 8192, "a 2 MiB splat must not be stored element by element"
     _, program, _, _ = parts(raw)

@@ -328,7 +328,7 @@ def test_verbose_adds_detail_and_the_last_flag_wins(cli, tmp_path):
     assert code == 0
     assert "cache miss" in err and "cache token " in err and "input x: float32[1, 64]" in err
     code, _, err = cli("-v", "compile", MLP, "-o", tmp_path / "m.nncc")
-    assert "options: preference=fast-single-answer -O2 backends=numpy" in err
+    assert "options: preference=fast-single-answer -O2 backends=native,numpy target=native" in err
     code, _, err = cli("-q", "run", MLP, "--random-inputs", "-v")  # the command's flag comes last
     assert "cache hit" in err and "input x" in err
     code, _, err = cli("-v", "run", MLP, "--random-inputs", "-q")

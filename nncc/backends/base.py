@@ -43,6 +43,9 @@ class CompiledPartition:
     backend: str
     entry: str
     instructions: list[Instruction]
+    # A native unit (nncc.native.codegen.Unit) that runs the whole partition as one call in
+    # place of ``instructions``, which stay as its portable form.
+    native: Any = None
 
 
 class Backend:

@@ -27,6 +27,7 @@ from blake3 import blake3
 
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
+from nncc.util.notice import warn
 from nncc.errors import ModelFormatError, NnccError, PlanFormatError
 from nncc.util.files import read_model_file
 
@@ -74,12 +75,6 @@ class CacheOutcome:
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
                 "directory": self.directory, "detail": self.detail}
-
-
-def warn(message: str) -> None:
-    """One line on stderr; the core never imports click or rich."""
-    sys.stderr.write(f"nncc: warning: {message}\n")
-    sys.stderr.flush()
 
 
 def default_cache_dir() -> str:
@@ -369,7 +364,8 @@ class Cache:
             raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
         if plan.producer != nncc.__version__:
             raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
-        model = CompiledModel(plan)
+        # the native code was hashed with the plan above and is loaded from those bytes
+        model = CompiledModel(plan, trust_native=True, origin=f"cache entry {entry.token[:12]}")
         model._cache_parts = (model_bytes, data)
         return model
 
@@ -549,7 +545,7 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
         compile_seconds = time.perf_counter() - compile_start
         from nncc.model import CompiledModel
 
-        model = CompiledModel(plan)
+        model = CompiledModel(plan, trust_native=True)  # native code built just now
         try:
             _store(cache, token, plan, path, data, opts, compile_seconds,
                    counter="recompiles" if rejected else "misses")
@@ -634,7 +630,7 @@ def _compile_plan(path, data: bytes, opts):
 def _compile(path, data: bytes, opts):
     from nncc.model import CompiledModel
 
-    return CompiledModel(_compile_plan(path, data, opts))
+    return CompiledModel(_compile_plan(path, data, opts), trust_native=True)  # built just now
 
 
 def artifact_bytes(model) -> bytes:
@@ -652,6 +648,7 @@ def artifact_bytes(model) -> bytes:
         (b"PROG", bytes(sections[b"PROG"])),
         (b"INLN", bytes(sections.get(b"INLN", b""))),
         (b"DATA", bytes(data)),
+        *([(b"CODE", bytes(sections[b"CODE"]))] if b"CODE" in sections else []),
     ])
 
 

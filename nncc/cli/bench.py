@@ -48,8 +48,8 @@ def _dims(specs: tuple[str, ...]) -> dict[str, int]:
               help="Cache directory for the cache-hit measurement (default: a temporary one, removed after).")
 @click.option("--json", "as_json", is_flag=True, help="Print every figure as JSON on stdout (schema: docs/bench.md).")
 @verbosity_options
-def bench(model, warmup, iterations, duration, preference, opt_level, backends, plugins, threads, compare, seed,
-          dim_specs, cache_dir, as_json):
+def bench(model, warmup, iterations, duration, preference, opt_level, backends, plugins, target, threads, compare,
+          seed, dim_specs, cache_dir, as_json):
     """Benchmark MODEL (an .onnx model, or a compiled .nncc artifact): cold compile (cache
     bypassed), verified cache-hit load, first inference, steady-state latency and throughput,
     peak resident memory; with --compare onnxruntime, the same next to onnxruntime."""
@@ -59,7 +59,7 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
     settings = BenchSettings(
         warmup=warmup, iterations=iterations, duration=duration, threads=threads, compare=compare, seed=seed,
         dims=_dims(dim_specs), cache_dir=cache_dir,
-        compile_options=options_dict(preference, opt_level, backends, plugins),
+        compile_options=options_dict(preference, opt_level, backends, plugins, target),
     )
     settings.check()  # bad settings fail before any progress bar appears
     with live_progress():  # a bar on stderr when it is a terminal (not with --quiet)

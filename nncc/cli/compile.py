@@ -30,7 +30,7 @@ from nncc.cli.output import detail, emit_json, status
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, preference, opt_level, backends, plugins, cache_dir, no_cache,
+def compile(model, output, depfile, force, preference, opt_level, backends, plugins, target, cache_dir, no_cache,
             as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
@@ -46,8 +46,11 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
 
     start = time.perf_counter()
     refuse_artifact(model)
-    options = options_dict(preference, opt_level, backends, plugins)
-    detail(f"nncc: options: preference={preference} -O{opt_level} backends={','.join(options['backends'])}"
+    options = options_dict(preference, opt_level, backends, plugins, target)
+    from nncc.compiler import CompileOptions
+
+    detail(f"nncc: options: preference={preference} -O{opt_level} "
+           f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)

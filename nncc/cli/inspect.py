@@ -13,8 +13,10 @@ from nncc.cli.output import emit_json
 @compile_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def inspect(path, preference, opt_level, backends, plugins, as_json):
+def inspect(path, preference, opt_level, backends, plugins, target, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
+    import os
+
     import nncc
     from nncc.report import describe_plan
     from nncc.cli.sources import is_artifact
@@ -25,16 +27,17 @@ def inspect(path, preference, opt_level, backends, plugins, as_json):
 
         for module in plugins:
             load_plugin(module)
-        model = nncc.load(path)
-    else:
-        import os
+        from nncc.model import read_artifact
 
+        plan, size = read_artifact(path), os.path.getsize(path)  # described, never run
+    else:
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
-            model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins))
-    report = describe_plan(model.plan, len(model.to_bytes()))
+            model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins, target))
+        plan, size = model.plan, len(model.to_bytes())
+    report = describe_plan(plan, size)
     report["path"] = path
     if as_json:
         emit_json(report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
+TARGETS = ("native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")  # as nncc.native.toolchain
 
 
 def compile_options(command):
@@ -15,21 +16,28 @@ def compile_options(command):
         click.option("-O", "opt_level", type=click.IntRange(0, 2), default=2, show_default=True,
                      help="Optimization level: 0 none, 1 folding and cleanup, 2 fusions too."),
         click.option("--backend", "backends", multiple=True, metavar="NAME",
-                     help="Backend to offer nodes to, in priority order (default: numpy). Repeatable."),
+                     help="Backend to offer nodes to, in priority order (default: native, then numpy; "
+                          "native needs a C compiler). Repeatable."),
         click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
                      help="Python module registering custom ops and backends. Repeatable."),
+        click.option("--target", type=click.Choice(TARGETS), default="native", show_default=True,
+                     help="ISA the native backend builds for: this CPU's own, or an x86-64 level."),
     ]):
         command = decorator(command)
     return command
 
 
-def options_dict(preference, opt_level, backends, plugins) -> dict:
-    return {
-        "preference": preference,
-        "opt_level": opt_level,
-        "backends": tuple(backends) or ("numpy",),
-        "plugins": tuple(plugins),
-    }
+def options_dict(preference, opt_level, backends, plugins, target="native") -> dict:
+    options = {"preference": preference, "opt_level": opt_level, "plugins": tuple(plugins), "target": target}
+    if backends:  # else the library's default: native where a compiler is found, then numpy
+        options["backends"] = tuple(backends)
+    return options
+
+
+def trust_native_option(command):
+    return click.option("--trust-native", is_flag=True,
+                        help="Run an artifact's native code (it runs whoever built the file); "
+                             "without it the artifact's portable plan runs.")(command)
 
 
 def _set_verbosity(level: int):

@@ -20,7 +20,8 @@ def print_report(report: dict) -> None:
     parts = tree.add(f"{len(report['partitions'])} partition(s), {report['instructions']} instructions")
     for p in report["partitions"]:
         ops = ", ".join(f"{op}×{n}" for op, n in p["ops"].items())
-        parts.add(f"#{p['index']} [cyan]{p['backend']}[/] {p['entry']}: {p['nodes']} nodes ({ops})")
+        how = " [green](native code)[/]" if p.get("native") else ""
+        parts.add(f"#{p['index']} [cyan]{p['backend']}[/] {p['entry']}{how}: {p['nodes']} nodes ({ops})")
     if report["fallbacks"]:
         fb = tree.add(f"[yellow]{len(report['fallbacks'])} fallback node(s)[/]")
         for f in report["fallbacks"]:
@@ -33,6 +34,12 @@ def print_report(report: dict) -> None:
         line += f", {splat['count']} splat ({format_bytes(splat['bytes'])} for {format_bytes(splat['expanded_bytes'])})"
     tree.add(line)
     tree.add(f"peak activation memory: {format_bytes(report['peak_activation_bytes'])}")
+    if report.get("native_code_bytes"):
+        built = opts.get("native") or {}
+        tree.add(f"native code: {format_bytes(report['native_code_bytes'])} "
+                 f"({built.get('version', '?')}, target {built.get('target', '?')})")
+    elif opts.get("native_error"):
+        tree.add(f"[yellow]native code: none ({opts['native_error']})[/]")
     if report.get("artifact_bytes") is not None:
         tree.add(f"artifact size: {format_bytes(report['artifact_bytes'])}")
     console().print(tree)

@@ -25,10 +25,18 @@ Sections (each at most once, tags ASCII):
                            attrs: JSON values; a tensor is {"$tensor": constant slot}
               partitions   [[backend, backend version, entry, first, count], ...]
               arena        [[slot, offset], ...]   arena_bytes: int
-              options      object (preference, opt_level, threads, ...)
+              options      object (preference, opt_level, threads, ...; "native": the
+                           compiler, flags and CPU features the CODE section was built with)
               fallbacks    [{"node", "op", "reason"}, ...]
+              native       (optional) [[partition, symbol, [arg slot, ...], inputs, workspace], ...]
+                           partition `partition` runs as the CODE entry point `symbol`
+                           (nncc_partition_N), given the buffers of its arg slots (its
+                           inputs, the first `inputs` of them, then its outputs) and
+                           `workspace` bytes of scratch, instead of its instructions
     "INLN"  small constants, concatenated
     "DATA"  large constants, each at a 64-byte aligned offset within the section
+    "CODE"  (optional) an ELF shared object holding the native entry points; model cache:
+            verified with PROG and loaded from the verified bytes in memory
 
 Loading never evaluates code: JSON only, kernels are looked up in the registry by key and
 never imported by name, and every index, offset, length, dtype and shape is checked
@@ -47,7 +55,7 @@ from blake3 import blake3
 
 from nncc.errors import PlanFormatError
 from nncc.plan.memory import aligned_constant, is_splat
-from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.util.files import ARTIFACT_MAGIC
 
 MAGIC = ARTIFACT_MAGIC
@@ -56,7 +64,8 @@ ALIGN = 64
 INLINE_LIMIT = 1024  # constants up to this many bytes travel inline (CONSTANT_COPY)
 _HEADER = struct.Struct("<8sII16s")
 _ENTRY = struct.Struct("<4sIQQ32s")
-_TAGS = (b"PROG", b"INLN", b"DATA")
+_TAGS = (b"PROG", b"INLN", b"DATA", b"CODE")
+MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
 MAX_SECTIONS = 8
 MAX_CONSTANT_BYTES = 2**48  # a declared constant larger than this is surely hostile
 ALLOWED_DTYPES = {
@@ -117,21 +126,28 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
         "options": plan.options,
         "fallbacks": plan.fallbacks,
     }
+    if plan.native and plan.code is not None:
+        program["native"] = [[c.partition, c.symbol, c.args, c.n_inputs, c.workspace] for c in plan.native]
     prog = json.dumps(program, sort_keys=True, separators=(",", ":"), allow_nan=True).encode()
     return plan.producer, prog, inline, data
 
 
 def serialize(plan: Plan) -> bytes:
-    """One self-contained artifact: program, inline constants and the data section."""
+    """One self-contained artifact: program, inline constants, the data section, and any
+    native code."""
     producer, prog, inline, data = _encode(plan)
-    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)])
+    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data), *_code(plan)])
 
 
 def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
-    """(model cache, data cache): the security-sensitive program with its inline constants,
-    and the large constants alone, 64-byte aligned, to be memory-mapped."""
+    """(model cache, data cache): the security-sensitive program with its inline constants
+    and native code, and the large constants alone, 64-byte aligned, to be memory-mapped."""
     producer, prog, inline, data = _encode(plan)
-    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline)]), b"".join(data)
+    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), *_code(plan)]), b"".join(data)
+
+
+def _code(plan: Plan) -> list:
+    return [(b"CODE", plan.code)] if plan.native and plan.code is not None else []
 
 
 def _compact(array: np.ndarray) -> np.ndarray:
@@ -237,6 +253,8 @@ class _Validator:
         self.p = program
         self.inline = sections.get(b"INLN", memoryview(b""))
         self.data = sections.get(b"DATA", memoryview(b""))
+        code = sections.get(b"CODE")
+        self.code = None if code is None else bytes(code)  # already a verified in-memory copy
 
     def get(self, key: str, kind: type) -> Any:
         value = self.p.get(key)
@@ -296,8 +314,42 @@ class _Validator:
             arena[slot] = offset
         options = self.options(self.get("options", dict))
         fallbacks = self.fallbacks(self.get("fallbacks", list))
+        native = self.native(slots, partitions, constants, inputs)
         return Plan(producer, kernels, slots, inputs, outputs, constants, instructions, partitions,
-                    arena, arena_bytes, options, fallbacks)
+                    arena, arena_bytes, options, fallbacks, native, self.code if native else None)
+
+    def native(self, slots: list[Slot], partitions: list[PartitionInfo], constants, inputs) -> list[NativeCall]:
+        """The native call table: each call names one partition once, an entry point of our
+        own naming, and arguments that are that partition's static float32 slots; outputs
+        are never constants or graph inputs. The code itself is checked by whoever loads it."""
+        from nncc.backends.native import safe_symbol
+
+        entries = self.p.get("native", [])
+        if type(entries) is not list:
+            raise PlanFormatError("program field 'native' has the wrong type")
+        if entries and self.code is None:
+            raise PlanFormatError("plan names native entry points but carries no CODE section")
+        calls, seen = [], set()
+        for entry in entries:
+            if not (type(entry) is list and len(entry) == 5 and type(entry[1]) is str and type(entry[2]) is list):
+                raise PlanFormatError("bad native call entry")
+            part = self.index(entry[0], len(partitions), "native partition")
+            if part in seen or not safe_symbol(entry[1]):
+                raise PlanFormatError(f"bad native call for partition {part}")
+            seen.add(part)
+            args = [self.index(s, len(slots), "native argument slot") for s in entry[2]]
+            n_inputs = self.index(entry[3], len(args) + 1, "native input count")
+            workspace = entry[4]
+            if type(workspace) is not int or not 0 <= workspace <= MAX_WORKSPACE:
+                raise PlanFormatError("bad native workspace size")
+            for s in args:
+                info = slots[s]
+                if info.dtype != np.float32 or info.shape is None or not all(type(d) is int for d in info.shape):
+                    raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor")
+            if any(s in constants or s in inputs for s in args[n_inputs:]):
+                raise PlanFormatError(f"native call for partition {part} writes a constant or an input")
+            calls.append(NativeCall(part, entry[1], args, n_inputs, workspace))
+        return calls
 
     @staticmethod
     def index(value: Any, limit: int, what: str, optional: bool = False) -> int:

@@ -12,7 +12,7 @@ from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import by_key
 from nncc.plan.memory import aligned_constant, plan_arena
-from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
 
 
 def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],
@@ -36,7 +36,12 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
     kernel_index: dict[str, int] = {}
     instructions: list[PlanInstruction] = []
     partitions: list[PartitionInfo] = []
+    native: list[NativeCall] = []
     for part in compiled:
+        if part.native is not None:
+            unit = part.native
+            native.append(NativeCall(len(partitions), unit.symbol, [slot_of(n) for n in unit.args],
+                                     unit.n_inputs, unit.workspace))
         first = len(instructions)
         for ins in part.instructions:
             if ins.kernel not in kernel_index:
@@ -73,6 +78,7 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         arena_bytes=arena_bytes,
         options=dict(options),
         fallbacks=fallbacks,
+        native=native,
     )
 
 

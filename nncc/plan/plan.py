@@ -40,6 +40,19 @@ class PartitionInfo:
 
 
 @dataclass
+class NativeCall:
+    """A partition that runs as one C entry point of the plan's native code, in place of
+    its portable instructions: ``args`` are the slots whose buffers it receives (the
+    partition's inputs, then its outputs), ``workspace`` the bytes of scratch it needs."""
+
+    partition: int
+    symbol: str
+    args: list[int]
+    n_inputs: int
+    workspace: int
+
+
+@dataclass
 class Plan:
     producer: str
     kernels: list[str]
@@ -53,6 +66,8 @@ class Plan:
     arena_bytes: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     fallbacks: list[dict[str, str]] = field(default_factory=list)
+    native: list[NativeCall] = field(default_factory=list)
+    code: bytes | None = None  # the shared object the native calls live in
 
     def slot_names(self, indices: list[int]) -> list[str]:
         return [self.slots[i].name for i in indices]

@@ -18,29 +18,27 @@ from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
-from nncc.plan.plan import Plan
+from nncc.plan.plan import Plan, PlanInstruction
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded
 from nncc.runtime.feeds import check_feeds
+from nncc.runtime.native_step import NativeStep
 
 
 class Executor:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, native=None):
+        """``native``: a loaded nncc.native.loader.Library holding the plan's verified native
+        code, whose partitions then run as one call each; None runs the portable plan."""
         self.plan = plan
         opsets = plan.options.get("opsets", {})
-        definitions = []
-        for ins in plan.instructions:
-            definition = by_key(plan.kernels[ins.kernel])
-            if definition is None:  # deserialize already checked; a Plan built in memory may not be
-                raise PlanFormatError(f"kernel {plan.kernels[ins.kernel]!r} is not registered")
-            definitions.append(definition)
+        program, definitions = self._program(native)
         writes_out = [d.writes_out for d in definitions]
-        self.buffers = self._arena(writes_out, [d.op_type for d in definitions])
+        self.buffers = self._arena(program, writes_out, [d.op_type for d in definitions])
         self.output_slots = set(plan.outputs)
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
-        release = self._release_plan()
-        for ins, definition, freed in zip(plan.instructions, definitions, release):
+        release = self._release_plan(program)
+        for ins, definition, freed in zip(program, definitions, release):
             attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
             opset = int(opsets.get(definition.domain, definition.since))
             ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
@@ -62,6 +60,7 @@ class Executor:
             # slot -1 (an omitted optional input) reads the None kept at the end of env
             self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
                                ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
+        self.native_partitions = sum(1 for d in definitions if d.op_type == _NATIVE_OP)
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
         }
@@ -74,16 +73,46 @@ class Executor:
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
 
+    def _program(self, native) -> tuple[list[PlanInstruction], list]:
+        """The instructions this executor runs, with their kernel definitions: the portable
+        plan, where each native partition's range is one call when native code is loaded."""
+        plan = self.plan
+        ends = [p.first + p.count for p in plan.partitions]
+        tiled = [p.first for p in plan.partitions] == [0, *ends[:-1]] and (ends[-1] if ends else 0) == len(
+            plan.instructions)
+        if not tiled:  # a plan built in memory without partitions: its instructions as they are
+            return list(plan.instructions), [self._definition(ins) for ins in plan.instructions]
+        calls = {c.partition: c for c in plan.native} if native is not None else {}
+        program, definitions = [], []
+        for index, part in enumerate(plan.partitions):
+            call = calls.get(index)
+            if call is not None:
+                ins = PlanInstruction(-1, call.args[:call.n_inputs], call.args[call.n_inputs:], {}, call.symbol)
+                program.append(ins)
+                definitions.append(_NativeDef(NativeStep(native.function(call.symbol), call, part.entry)))
+                continue
+            for ins in plan.instructions[part.first : part.first + part.count]:
+                program.append(ins)
+                definitions.append(self._definition(ins))
+        return program, definitions
+
+    def _definition(self, ins):
+        definition = by_key(self.plan.kernels[ins.kernel])
+        if definition is None:  # deserialize already checked; a Plan built in memory may not be
+            raise PlanFormatError(f"kernel {self.plan.kernels[ins.kernel]!r} is not registered")
+        return definition
+
     def _static(self, slot: int) -> bool:
         info = self.plan.slots[slot]
         return info.dtype is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
 
-    def _arena(self, writes_out: list[bool], op_types: list[str]) -> dict[int, np.ndarray]:
+    def _arena(self, program, writes_out: list[bool], op_types: list[str]) -> dict[int, np.ndarray]:
         """One aligned block for all planned intermediates, and a view per slot. The plan
         is recomputed here rather than trusted from the file: it is cheap, and a planning
-        mistake can then never come from outside."""
+        mistake can then never come from outside. It is made for the program that runs, so
+        a native call's inputs and outputs, live at once, never share memory."""
         plan = self.plan
-        offsets, size, self.concats = plan_arena(plan.slots, plan.instructions, writes_out, op_types,
+        offsets, size, self.concats = plan_arena(plan.slots, program, writes_out, op_types,
                                                  plan.constants, plan.outputs)
         self.arena = aligned_empty((size,), np.uint8)
         views = {}
@@ -100,14 +129,14 @@ class Executor:
             return [self._attr(v) for v in value]
         return value
 
-    def _release_plan(self) -> list[list[int]]:
+    def _release_plan(self, program) -> list[list[int]]:
         keep = set(self.plan.outputs) | set(self.plan.constants)
         last: dict[int, int] = {}
-        for step, ins in enumerate(self.plan.instructions):
+        for step, ins in enumerate(program):
             for s in ins.inputs:
                 if s >= 0:
                     last[s] = step
-        release: list[list[int]] = [[] for _ in self.plan.instructions]
+        release: list[list[int]] = [[] for _ in program]
         for slot, step in last.items():
             if slot not in keep:
                 release[step].append(slot)
@@ -273,6 +302,21 @@ class Executor:
                 raise InputError(f"output buffer {name!r} is not C-contiguous")
             targets[by_name[name]] = array
         return targets
+
+
+_NATIVE_OP = "NativeCall"
+
+
+class _NativeDef:
+    """What the executor needs of a kernel definition, for a native call."""
+
+    op_type = _NATIVE_OP
+    domain = "nncc"
+    since = 1
+    writes_out = True
+
+    def __init__(self, step: NativeStep):
+        self.fn = step
 
 
 def _concatenated(ctx, *inputs, out):

@@ -88,6 +88,11 @@ def _candidates() -> list[str]:
     return found
 
 
+def blas_library_paths() -> list[str]:
+    """The OpenBLAS libraries numpy has mapped or ships, most likely first."""
+    return _candidates()
+
+
 @functools.lru_cache(maxsize=1)
 def _blas() -> _Blas | None:
     for path in _candidates():

@@ -1,0 +1,72 @@
+"""The native backend: each partition becomes one C entry point, built with the system C
+compiler into a shared object that travels in the artifact's CODE section.
+
+``compile`` returns both forms of a partition: the portable instructions (what the numpy
+backend would run, kept in every plan so a machine without the ISA, or an untrusted
+artifact, still runs) and the C unit that replaces them when the native code may be
+loaded. Without a compiler the backend selects nothing and every node stays portable.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nncc.backends.base import Backend, CompiledPartition, Partition
+from nncc.ir.graph import Graph, TensorInfo
+
+
+class NativeBackend(Backend):
+    name = "native"
+    version = "1"
+    maker = "nncc"
+    targets = "cpu (generated C, system compiler, BLAS)"
+
+    def __init__(self, toolchain=None):
+        self.toolchain = toolchain
+
+    def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
+        """Every node C can be generated for, except reshape-like nodes with no generated
+        neighbour: on their own they are free views in the portable plan, and a native
+        call would copy."""
+        if self.toolchain is None:
+            return {}
+        from nncc.native.codegen import ALIASES, check
+
+        ok = {i for i, node in enumerate(graph.nodes) if check(node, graph, infos) is None}
+        chosen = {i for i in ok if graph.nodes[i].op_type not in ALIASES or graph.nodes[i].domain}
+        producer = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
+        consumers: dict[str, list[int]] = {}
+        for i, n in enumerate(graph.nodes):
+            for name in n.inputs:
+                consumers.setdefault(name, []).append(i)
+        grew = True
+        while grew:  # reshape chains between generated nodes join them
+            grew = False
+            for i in sorted(ok - chosen):
+                node = graph.nodes[i]
+                near = {producer.get(node.inputs[0])} | set(consumers.get(node.outputs[0], []))
+                if near & chosen:
+                    chosen.add(i)
+                    grew = True
+        return {i: None for i in sorted(chosen)}
+
+    def reject_reason(self, node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+        if self.toolchain is None:
+            return "no C compiler"
+        from nncc.native.codegen import check
+
+        return check(node, graph, infos)
+
+    def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
+        from nncc.native.codegen import generate
+
+        portable = super().compile(partition, graph, infos)
+        symbol = f"nncc_partition_{partition.index}"
+        portable.entry = symbol
+        portable.native = generate(partition, graph, infos, symbol)
+        return portable
+
+
+def safe_symbol(name: str) -> bool:
+    """Entry names an artifact may ask the loader to resolve: only ours."""
+    return re.fullmatch(r"nncc_partition_[0-9]{1,6}", name) is not None

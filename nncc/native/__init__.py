@@ -1,0 +1,1 @@
+"""Native code for whole partitions: C generation, the system compiler, loading from memory."""

@@ -1,0 +1,51 @@
+"""Whether a plan's native code runs here, and loading it when it does.
+
+Native code is executable: it runs only when it was verified and comes from someone the
+user trusts. Code nncc just built, or read from its own cache after the hash check, is
+trusted; an artifact's code is the artifact maker's, so it runs only when the caller says
+so (``--trust-native``). Code built for CPU features this machine lacks is never loaded.
+Whenever native code does not run, the plan's portable instructions do, after one
+warning line that says why.
+"""
+
+from __future__ import annotations
+
+from nncc.plan.plan import Plan
+from nncc.util.notice import warn
+
+
+def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
+    """A loaded nncc.native.loader.Library for ``plan``, or None (run the portable plan)."""
+    if not plan.native or plan.code is None:
+        return None
+    if not trusted:
+        warn(f"{origin} carries native code, which runs only when trusted; running its portable plan "
+             "(pass --trust-native, or trust_native=True, if you trust whoever built it)")
+        return None
+    from nncc.native.toolchain import missing_features
+
+    info = plan.options.get("native")
+    required = info.get("features", []) if isinstance(info, dict) else []
+    missing = missing_features([f for f in required if isinstance(f, str)]) if isinstance(required, list) else []
+    if missing:
+        warn(f"{origin}'s native code needs CPU features this machine lacks ({', '.join(missing[:4])}); "
+             "running its portable plan")
+        return None
+    from nncc.native.blas import sgemm
+    from nncc.native.loader import Library, NativeLoadError
+
+    try:
+        library = Library(plan.code)
+        blas = sgemm()
+        if blas is not None:
+            setter = library.handle.nncc_set_blas
+            import ctypes
+
+            setter.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            setter(blas[0], int(blas[1]))
+        for call in plan.native:
+            library.function(call.symbol)  # every entry point resolves, or none runs
+    except (NativeLoadError, AttributeError) as exc:
+        warn(f"{origin}'s native code cannot be loaded ({exc}); running its portable plan")
+        return None
+    return library

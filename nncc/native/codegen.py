@@ -1,0 +1,577 @@
+"""C code for one partition: its nodes become one entry point ``int SYMBOL(void **args, char *ws)``.
+
+``args`` holds a pointer per partition input, then per partition output (the planned
+buffers the executor passes); ``ws`` is the partition's workspace, where intermediates
+live at offsets planned here by liveness, with im2col columns as per-step scratch. Every
+shape is a literal, so the C compiler specialises each helper call. Reshape-like nodes
+alias their input instead of copying, and a Conv whose only consumer is an Add (a residual
+connection) writes through that Add and the activation after it in one epilogue pass.
+
+``check(node, graph, infos)`` says why a node cannot be generated (None: it can).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nncc.ir.graph import Graph, Node, TensorInfo
+
+F32 = np.dtype(np.float32)
+ALIGN = 64
+
+UNARY = {
+    "Relu": "(v > 0.0f ? v : 0.0f)", "Sigmoid": "(1.0f / (1.0f + expf(-v)))", "Tanh": "tanhf(v)",
+    "Erf": "erff(v)", "Exp": "expf(v)", "Log": "logf(v)", "Sqrt": "sqrtf(v)", "Neg": "(-v)",
+    "Abs": "fabsf(v)", "Reciprocal": "(1.0f / v)", "Identity": "v", "Softsign": "(v / (1.0f + fabsf(v)))",
+}
+BINARY = {"Add": "(a + b)", "Sub": "(a - b)", "Mul": "(a * b)", "Div": "(a / b)", "Pow": "powf(a, b)",
+          "Max": "(a > b || a != a ? a : b)", "Min": "(a < b || a != a ? a : b)"}
+ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
+             "HardSwish": 7}
+CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
+MATMUL_OPS = {("", "MatMul"), ("nncc", "FusedMatMul")}
+GEMM_OPS = {("", "Gemm"), ("nncc", "FusedGemm")}
+POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+
+
+def _static_f32(info: TensorInfo | None) -> bool:
+    return info is not None and info.dtype == F32 and info.is_static
+
+
+def _const(graph: Graph, infos, name: str):
+    if name in graph.initializers:
+        return graph.initializers[name]
+    info = infos.get(name)
+    return None if info is None else info.value
+
+
+def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+    """None when the node can become C, else why not."""
+    key = (node.domain, node.op_type)
+    op = node.op_type
+    data_inputs = list(node.inputs)
+    if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
+        data_inputs = node.inputs[:1]
+    elif op == "Clip":
+        data_inputs = node.inputs[:1]
+        for bound in node.inputs[1:]:
+            if bound and _const(graph, infos, bound) is None:
+                return "Clip bounds are not constants"
+    elif op == "Dropout":
+        data_inputs = node.inputs[:1]
+        if len([o for o in node.outputs if o]) > 1:
+            return "Dropout's mask output"
+    for name in [n for n in data_inputs if n] + [o for o in node.outputs if o]:
+        if not _static_f32(infos.get(name)):
+            return f"value {name!r} is not a static float32 tensor"
+    attrs = node.attrs
+    if key in CONV_OPS:
+        if len(infos[node.inputs[0]].shape) != 4:
+            return "only 2-D convolutions"
+        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return "auto_pad"
+        if attrs.get("activation", "") not in ACT_CODES:
+            return f"activation {attrs.get('activation')!r}"
+        return None
+    if key in GEMM_OPS or key in MATMUL_OPS:
+        if attrs.get("activation", "") not in ACT_CODES:
+            return f"activation {attrs.get('activation')!r}"
+        if key in MATMUL_OPS:
+            a, b = (infos[n].shape for n in node.inputs[:2])
+            if len(a) < 2 or len(b) < 2:
+                return "MatMul of a vector"
+            if len(node.inputs) > 2 and node.inputs[2] and len(infos[node.inputs[2]].shape) > 1:
+                return "bias of rank > 1"
+        return None
+    if node.domain:
+        return f"no C generator for {node.domain}::{op}"
+    if op in UNARY or op in BINARY or op in ALIASES or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
+        if op in BINARY and len(node.inputs) != 2:
+            return "variadic form"
+        return None
+    if op in ("Softmax", "LogSoftmax"):
+        shape = infos[node.inputs[0]].shape
+        axis = attrs.get("axis", -1 if node_opset(graph, node) >= 13 else 1)
+        if node_opset(graph, node) >= 13 and axis % max(len(shape), 1) != len(shape) - 1:
+            return "softmax over an inner axis"
+        return None
+    if op == "LayerNormalization":
+        shape = infos[node.inputs[0]].shape
+        axis = attrs.get("axis", -1) % len(shape)
+        n = math.prod(shape[axis:])
+        for extra in node.inputs[1:3]:
+            if extra and math.prod(infos[extra].shape) != n:
+                return "scale or bias broadcast within the normalized axes"
+        if len([o for o in node.outputs if o]) > 1:
+            return "mean and inverse std outputs"
+        return None
+    if op in POOL_OPS:
+        if len(infos[node.inputs[0]].shape) != 4:
+            return "only 2-D pooling"
+        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return "auto_pad"
+        if op == "MaxPool" and (len([o for o in node.outputs if o]) > 1 or attrs.get("storage_order", 0)):
+            return "MaxPool indices"
+        if op == "AveragePool" and (attrs.get("dilations") and any(d != 1 for d in attrs["dilations"])):
+            return "dilated average pooling"
+        if op == "AveragePool" and attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
+            return "ceil_mode with count_include_pad"
+        return None
+    if op == "Transpose":
+        return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
+    return f"no C generator for {op}"
+
+
+def node_opset(graph: Graph, node: Node) -> int:
+    return graph.opset(node.domain)
+
+
+@dataclass
+class _Step:
+    code: str
+    reads: list[str]
+    writes: list[str]
+    scratch: int = 0  # bytes of per-step workspace
+
+
+@dataclass
+class Unit:
+    """One partition's C function and how to call it."""
+
+    symbol: str
+    source: str
+    args: list[str]  # value names: partition inputs, then outputs
+    n_inputs: int
+    workspace: int
+    ops: list[str] = field(default_factory=list)
+
+
+class _Writer:
+    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str):
+        self.graph, self.infos, self.symbol = graph, infos, symbol
+        self.nodes = list(partition.nodes)
+        # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
+        # are not passed: every argument is a float32 tensor the code touches
+        read = [n for n in partition.inputs if _static_f32(infos.get(n))]
+        self.args = read + list(partition.outputs)
+        self.n_inputs = len(read)
+        self.outputs = set(partition.outputs)
+        self.alias: dict[str, str] = {}  # value -> the value whose memory it is
+        self.steps: list[_Step] = []
+        consumers: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                if name:
+                    consumers.setdefault(name, []).append(node)
+        self.consumers = consumers
+        self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
+        self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def shape(self, name):
+        return self.infos[name].shape
+
+    def root(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    def ptr(self, name: str) -> str:
+        return f"v_{self._cname(self.root(name))}"
+
+    def _cname(self, name: str) -> str:
+        return str(self.index_of(name))
+
+    def index_of(self, name: str) -> int:
+        if not hasattr(self, "_ids"):
+            self._ids = {}
+        return self._ids.setdefault(name, len(self._ids))
+
+    def only_consumer(self, name: str) -> Node | None:
+        users = self.consumers.get(name, [])
+        if len(users) == 1 and name not in self.outputs:
+            return users[0]
+        return None
+
+    # -- ops ----------------------------------------------------------------------------
+
+    def build(self) -> Unit:
+        for node in self.nodes:
+            if id(node) in self.absorbed:
+                continue
+            self.emit(node)
+        return self.finish()
+
+    def emit(self, node: Node) -> None:
+        key = (node.domain, node.op_type)
+        op = node.op_type
+        if key in CONV_OPS:
+            return self.conv(node)
+        if key in MATMUL_OPS:
+            return self.matmul(node)
+        if key in GEMM_OPS:
+            return self.gemm(node)
+        if op == "Add" and any(i in self.deferred for i in node.inputs):
+            return self.residual(node)
+        if op in ALIASES:
+            return self.reshape(node)
+        if op in BINARY:
+            return self.binary(node, BINARY[op])
+        if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
+            return self.unary(node)
+        if op in ("Softmax", "LogSoftmax"):
+            shape = self.shape(node.inputs[0])
+            opset = node_opset(self.graph, node)
+            axis = node.attrs.get("axis", -1 if opset >= 13 else 1) % len(shape)
+            rows, n = math.prod(shape[:axis]), math.prod(shape[axis:])
+            return self.step(f"nn_softmax_rows({self.ptr(node.inputs[0])}, {self.ptr(node.outputs[0])}, "
+                             f"{rows}, {n}, {int(op == 'LogSoftmax')});", node.inputs[:1], node.outputs[:1])
+        if op == "LayerNormalization":
+            shape = self.shape(node.inputs[0])
+            axis = node.attrs.get("axis", -1) % len(shape)
+            rows, n = math.prod(shape[:axis]), math.prod(shape[axis:])
+            bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+            eps = float(node.attrs.get("epsilon", 1e-5))
+            return self.step(f"nn_layernorm_rows({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
+                             f"{self.ptr(bias) if bias else '0'}, {self.ptr(node.outputs[0])}, {rows}, {n}, "
+                             f"{_f(eps)});", [i for i in node.inputs[:3] if i], node.outputs[:1])
+        if op in POOL_OPS:
+            return self.pool(node)
+        if op == "Transpose":
+            return self.transpose(node)
+        raise AssertionError(f"no generator for {op}")  # check() passed it: a bug
+
+    def step(self, code: str, reads, writes, scratch: int = 0) -> None:
+        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch))
+
+    def _activation(self, attrs) -> tuple[int, float, float]:
+        act = attrs.get("activation", "") or ""
+        p0 = p1 = 0.0
+        if act == "Clip":
+            p0 = float(attrs.get("activation_min", -np.inf))
+            p1 = float(attrs.get("activation_max", np.inf))
+        elif act == "LeakyRelu":
+            p0 = float(attrs.get("activation_alpha", 0.01))
+        elif act == "HardSigmoid":
+            p0 = float(attrs.get("activation_alpha", 0.2))
+            p1 = float(attrs.get("activation_beta", 0.5))
+        return ACT_CODES[act], p0, p1
+
+    def conv(self, node: Node, residual: str | None = None, target: str | None = None,
+             act=None, defer: bool = True) -> None:
+        out = node.outputs[0]
+        if defer and residual is None and not node.attrs.get("activation"):
+            user = self.only_consumer(out)
+            if user is not None and user.op_type == "Add" and not user.domain and \
+                    self.shape(user.outputs[0]) == self.shape(out) and \
+                    all(self.shape(i) == self.shape(out) for i in user.inputs):
+                self.deferred[out] = node  # written by the Add, with the residual
+                return
+        n, c, h, w = self.shape(node.inputs[0])
+        k, cg, kh, kw = self.shape(node.inputs[1])
+        _, _, oh, ow = self.shape(out)
+        a = node.attrs
+        group = int(a.get("group", 1))
+        sh, sw = (a.get("strides") or [1, 1])
+        dh, dw = (a.get("dilations") or [1, 1])
+        pads = a.get("pads") or [0, 0, 0, 0]
+        if a.get("auto_pad", "NOTSET") == "VALID":
+            pads = [0, 0, 0, 0]
+        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        code, p0, p1 = act if act is not None else self._activation(a)
+        depthwise = group == c == k
+        direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
+        scratch = 0 if depthwise or direct else cg * kh * kw * oh * ow * 4
+        target = target or out
+        self.step(
+            f"nn_conv2d({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
+            f"{self.ptr(bias) if bias else '0'}, {self.ptr(residual) if residual else '0'}, {self.ptr(target)}, "
+            f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
+            f"{group}, {code}, {_f(p0)}, {_f(p1)}, (float *)SCRATCH);",
+            [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
+
+    def residual(self, add: Node) -> None:
+        conv_out = next(i for i in add.inputs if i in self.deferred)
+        other = add.inputs[1] if add.inputs[0] == conv_out else add.inputs[0]
+        conv = self.deferred.pop(conv_out)
+        if other in self.deferred:  # both operands are convolutions: write one plainly first
+            self.conv(self.deferred.pop(other), defer=False)
+        target, act = add.outputs[0], (0, 0.0, 0.0)
+        user = self.only_consumer(target)
+        if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
+            bounds = self._clip_bounds(user) if user.op_type == "Clip" else None
+            if user.op_type == "Relu" or bounds is not None:
+                act = (1, 0.0, 0.0) if user.op_type == "Relu" else (2, *bounds)
+                self.absorbed.add(id(user))
+                target = user.outputs[0]
+        self.conv(conv, residual=other, target=target, act=act)
+
+    def _clip_bounds(self, node: Node):
+        lo, hi = -np.inf, np.inf
+        if node_opset(self.graph, node) < 11:
+            return float(node.attrs.get("min", lo)), float(node.attrs.get("max", hi))
+        if len(node.inputs) > 1 and node.inputs[1]:
+            lo = float(np.asarray(_const(self.graph, self.infos, node.inputs[1])).reshape(()))
+        if len(node.inputs) > 2 and node.inputs[2]:
+            hi = float(np.asarray(_const(self.graph, self.infos, node.inputs[2])).reshape(()))
+        return lo, hi
+
+    def matmul(self, node: Node) -> None:
+        a, b = node.inputs[:2]
+        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        sa, sb, so = self.shape(a), self.shape(b), self.shape(node.outputs[0])
+        m, k = sa[-2], sa[-1]
+        nn = sb[-1]
+        y = self.ptr(node.outputs[0])
+        lines = []
+        if len(sb) == 2:  # weights: fold the batch of A into M
+            rows = math.prod(so[:-1])
+            if bias:
+                lines.append(f"for (int64_t r = 0; r < {rows}; r++) memcpy({y} + r * {nn}, {self.ptr(bias)}, "
+                             f"{nn} * sizeof(float));")
+            lines.append(f"nn_gemm(0, 0, {rows}, {nn}, {k}, 1.0f, {self.ptr(a)}, {k}, {self.ptr(b)}, {nn}, "
+                         f"{'1.0f' if bias else '0.0f'}, {y}, {nn});")
+        else:
+            batch = so[:-2]
+            ea = _batch_strides(sa[:-2], batch, m * k)
+            eb = _batch_strides(sb[:-2], batch, k * nn)
+            total = math.prod(batch)
+            lines.append(f"for (int64_t t = 0; t < {total}; t++) {{")
+            lines.append("  int64_t rem = t, oa = 0, ob = 0;")
+            for d in range(len(batch) - 1, -1, -1):
+                lines.append(f"  {{ int64_t i = rem % {batch[d]}; rem /= {batch[d]}; oa += i * {ea[d]}; "
+                             f"ob += i * {eb[d]}; }}")
+            if bias:
+                lines.append(f"  for (int64_t r = 0; r < {m}; r++) memcpy({y} + t * {m * nn} + r * {nn}, "
+                             f"{self.ptr(bias)}, {nn} * sizeof(float));")
+            lines.append(f"  nn_gemm(0, 0, {m}, {nn}, {k}, 1.0f, {self.ptr(a)} + oa, {k}, {self.ptr(b)} + ob, "
+                         f"{nn}, {'1.0f' if bias else '0.0f'}, {y} + t * {m * nn}, {nn});")
+            lines.append("}")
+        code, p0, p1 = self._activation(node.attrs)
+        if code:
+            lines.append(f"nn_epilogue({y}, 0, 0, 1, {math.prod(so)}, {code}, {_f(p0)}, {_f(p1)});")
+        self.step("\n".join(lines), [a, b, bias], node.outputs[:1])
+
+    def gemm(self, node: Node) -> None:
+        a, b = node.inputs[:2]
+        c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        at = node.attrs
+        ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
+        alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+        sa, sb = self.shape(a), self.shape(b)
+        m, k = (sa[1], sa[0]) if ta else (sa[0], sa[1])
+        nn = sb[0] if tb else sb[1]
+        y = self.ptr(node.outputs[0])
+        lines = []
+        if c and beta != 0.0:  # C broadcast to [M, N], scaled, then the product added to it
+            cm, cn = ([1, 1] + list(self.shape(c)))[-2:]
+            row = "r" if cm > 1 else "0"
+            col = "j" if cn > 1 else "0"
+            lines.append(f"for (int64_t r = 0; r < {m}; r++) for (int64_t j = 0; j < {nn}; j++) "
+                         f"{y}[r * {nn} + j] = {_f(beta)} * {self.ptr(c)}[{row} * {cn} + {col}];")
+        lines.append(f"nn_gemm({ta}, {tb}, {m}, {nn}, {k}, {_f(alpha)}, {self.ptr(a)}, {sa[1]}, {self.ptr(b)}, "
+                     f"{sb[1]}, {'1.0f' if c and beta != 0.0 else '0.0f'}, {y}, {nn});")
+        code, p0, p1 = self._activation(at)
+        if code:
+            lines.append(f"nn_epilogue({y}, 0, 0, 1, {m * nn}, {code}, {_f(p0)}, {_f(p1)});")
+        self.step("\n".join(lines), [a, b, c], node.outputs[:1])
+
+    def reshape(self, node: Node) -> None:
+        src, out = node.inputs[0], node.outputs[0]
+        if out in self.outputs:  # the caller's buffer: copy into it
+            size = math.prod(self.shape(out))
+            self.step(f"memcpy({self.ptr(out)}, {self.ptr(src)}, {size} * sizeof(float));", [src], [out])
+        else:
+            self.alias[out] = src
+
+    def unary(self, node: Node) -> None:
+        op = node.op_type
+        if op == "Clip":
+            lo, hi = self._clip_bounds(node)
+            expr = f"(v < {_f(lo)} ? {_f(lo)} : (v > {_f(hi)} ? {_f(hi)} : v))"
+        elif op == "LeakyRelu":
+            expr = f"(v >= 0.0f ? v : v * {_f(float(node.attrs.get('alpha', 0.01)))})"
+        elif op == "HardSigmoid":
+            expr = f"nn_act(6, v, {_f(float(node.attrs.get('alpha', 0.2)))}, {_f(float(node.attrs.get('beta', 0.5)))})"
+        elif op == "HardSwish":
+            expr = "nn_act(7, v, 0.0f, 0.0f)"
+        else:
+            expr = UNARY[op]
+        x, y = node.inputs[0], node.outputs[0]
+        size = math.prod(self.shape(y))
+        self.step(f"for (int64_t i = 0; i < {size}; i++) {{ float v = {self.ptr(x)}[i]; "
+                  f"{self.ptr(y)}[i] = {expr}; }}", [x], [y])
+
+    def binary(self, node: Node, expr: str) -> None:
+        a, b = node.inputs
+        y = node.outputs[0]
+        out = self.shape(y)
+        sa = _broadcast_strides(self.shape(a), out)
+        sb = _broadcast_strides(self.shape(b), out)
+        dims, sa, sb = _collapse(list(out), sa, sb)
+        pa, pb, py = self.ptr(a), self.ptr(b), self.ptr(y)
+        lines = []
+        depth = len(dims)
+        # index arithmetic with literal strides: the innermost loop is unit-stride or a splat
+        for d in range(depth):
+            lines.append(f"{'  ' * d}for (int64_t i{d} = 0; i{d} < {dims[d]}; i{d}++) {{")
+        ia = " + ".join(f"i{d} * {sa[d]}" for d in range(depth) if sa[d]) or "0"
+        ib = " + ".join(f"i{d} * {sb[d]}" for d in range(depth) if sb[d]) or "0"
+        iy = " + ".join(f"i{d} * {_row_stride(dims, d)}" for d in range(depth)) or "0"
+        lines.append(f"{'  ' * depth}float a = {pa}[{ia}], b = {pb}[{ib}]; {py}[{iy}] = {expr};")
+        for d in range(depth - 1, -1, -1):
+            lines.append(f"{'  ' * d}}}")
+        self.step("\n".join(lines), [a, b], [y])
+
+    def pool(self, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        n, c, h, w = self.shape(x)
+        if node.op_type == "GlobalAveragePool":
+            return self.step(f"nn_mean_rows({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h * w});", [x], [y])
+        _, _, oh, ow = self.shape(y)
+        a = node.attrs
+        kh, kw = a["kernel_shape"]
+        sh, sw = a.get("strides") or [1, 1]
+        pads = a.get("pads") or [0, 0, 0, 0]
+        if a.get("auto_pad", "NOTSET") == "VALID":
+            pads = [0, 0, 0, 0]
+        if node.op_type == "MaxPool":
+            dh, dw = a.get("dilations") or [1, 1]
+            self.step(f"nn_maxpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw});", [x], [y])
+        else:
+            self.step(f"nn_avgpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {int(a.get('count_include_pad', 0))});", [x], [y])
+
+    def transpose(self, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        shape = self.shape(x)
+        perm = node.attrs.get("perm") or list(range(len(shape)))[::-1]
+        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+        out_shape = [shape[p] for p in perm]
+        out_strides = [strides[p] for p in perm]
+        n = self.index_of(y)
+        self.step(f"{{ static const int64_t sh{n}[] = {{{', '.join(map(str, out_shape))}}}; "
+                  f"static const int64_t st{n}[] = {{{', '.join(map(str, out_strides))}}}; "
+                  f"nn_transpose({self.ptr(x)}, {self.ptr(y)}, {len(shape)}, sh{n}, st{n}); }}", [x], [y])
+
+    # -- memory and text --------------------------------------------------------------
+
+    def finish(self) -> Unit:
+        if self.deferred:  # a deferred Conv whose Add was not emitted: cannot happen
+            raise AssertionError("a residual Conv was never written")
+        args = {name: i for i, name in enumerate(self.args)}
+        last_use: dict[str, int] = {}
+        for index, step in enumerate(self.steps):
+            for name in step.reads + step.writes:
+                last_use[self.root(name)] = index
+        offsets: dict[str, int] = {}
+        live: list[tuple[int, int, int]] = []  # (offset, size, last step)
+        scratch_at: dict[int, int] = {}
+        size_total = 0
+
+        def allocate(size: int, until: int, now: int) -> int:
+            nonlocal live, size_total
+            live = [blk for blk in live if blk[2] >= now]
+            offset = 0
+            for start, length, _ in sorted(live):
+                if offset + size <= start:
+                    break
+                offset = max(offset, _align(start + length))
+            live.append((offset, size, until))
+            size_total = max(size_total, offset + size)
+            return offset
+
+        for index, step in enumerate(self.steps):
+            for name in step.writes:
+                root = self.root(name)
+                if root not in args and root not in offsets:
+                    offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
+            if step.scratch:
+                scratch_at[index] = allocate(step.scratch, index, index)
+        lines = [f"NN_EXPORT int {self.symbol}(void **args, char *ws) {{"]
+        declared = set()
+        for name, i in args.items():
+            lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
+            declared.add(name)
+        for name, offset in offsets.items():
+            lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
+        for index, step in enumerate(self.steps):
+            body = step.code.replace("SCRATCH", f"(ws + {scratch_at.get(index, 0)})")
+            lines.append("  " + body.replace("\n", "\n  "))
+        lines.append("  return 0;\n}\n")
+        ops = sorted({n.op_type for n in self.nodes})
+        return Unit(self.symbol, "\n".join(lines), self.args, self.n_inputs, _align(size_total), ops)
+
+
+def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str) -> Unit:
+    return _Writer(partition, graph, infos, symbol).build()
+
+
+def translation_unit(units: list[Unit]) -> str:
+    """The prelude and every partition's entry point, as one C file."""
+    import importlib.resources
+
+    prelude = importlib.resources.files("nncc.native").joinpath("prelude.h").read_text()
+    return "\n".join([prelude, *(u.source for u in units)])
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _f(value: float) -> str:
+    if value == np.inf:
+        return "INFINITY"
+    if value == -np.inf:
+        return "(-INFINITY)"
+    if value != value:
+        return "NAN"
+    return f"{float(np.float32(value))!r}f"
+
+
+def _broadcast_strides(shape, out) -> list[int]:
+    """Element strides of ``shape`` read in ``out``'s index space (0 where broadcast)."""
+    shape = [1] * (len(out) - len(shape)) + list(shape)
+    strides, step = [0] * len(out), 1
+    for d in range(len(out) - 1, -1, -1):
+        strides[d] = 0 if shape[d] == 1 and out[d] != 1 else step
+        step *= shape[d]
+    return strides
+
+
+def _collapse(dims, sa, sb):
+    """Merge adjacent axes that every operand walks contiguously, and drop size-1 axes."""
+    keep = [d for d in range(len(dims)) if dims[d] != 1]
+    dims, sa, sb = [dims[d] for d in keep], [sa[d] for d in keep], [sb[d] for d in keep]
+    if not dims:
+        return [1], [0], [0]
+    out_d, out_a, out_b = [dims[0]], [sa[0]], [sb[0]]
+    for d in range(1, len(dims)):
+        merge = all(prev == cur * dims[d] for prev, cur in ((out_a[-1], sa[d]), (out_b[-1], sb[d]))
+                    if not (prev == 0 and cur == 0))
+        if merge and all((p == 0) == (c == 0) for p, c in ((out_a[-1], sa[d]), (out_b[-1], sb[d]))):
+            out_d[-1] *= dims[d]
+            out_a[-1], out_b[-1] = sa[d], sb[d]
+        else:
+            out_d.append(dims[d]); out_a.append(sa[d]); out_b.append(sb[d])  # noqa: E702
+    return out_d, out_a, out_b
+
+
+def _row_stride(dims, d) -> int:
+    return math.prod(dims[d + 1:])
+
+
+def _batch_strides(shape, batch, matrix: int) -> list[int]:
+    """Offsets (in elements) per batch index of an operand whose batch dims broadcast."""
+    shape = [1] * (len(batch) - len(shape)) + list(shape)
+    strides, step = [0] * len(batch), matrix
+    for d in range(len(batch) - 1, -1, -1):
+        strides[d] = 0 if shape[d] == 1 and batch[d] != 1 else step
+        step *= shape[d]
+    return strides

@@ -1,0 +1,312 @@
+/* nncc native runtime: helpers that generated partition entry points call with literal
+ * shapes, so the C compiler specialises each call site. float32 only; row-major; NCHW.
+ * GEMM goes to the BLAS numpy has loaded (OpenBLAS), reached through a function pointer
+ * set at load time; without one a plain loop nest is used. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NN_EXPORT __attribute__((visibility("default")))
+
+typedef void (*nn_sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                             const float *, int64_t, float, float *, int64_t);
+typedef void (*nn_sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const float *, int32_t,
+                             const float *, int32_t, float, float *, int32_t);
+static void *nn_sgemm_fn = 0;
+static int nn_sgemm_ilp64 = 0;
+
+NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
+    nn_sgemm_fn = fn;
+    nn_sgemm_ilp64 = ilp64;
+    return 0;
+}
+
+/* C = alpha * op(A) @ op(B) + beta * C, row-major. */
+static void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (nn_sgemm_fn) {
+        if (nn_sgemm_ilp64)
+            ((nn_sgemm64_t)nn_sgemm_fn)(101, ta ? 112 : 111, tb ? 112 : 111, M, N, K, alpha, A, lda, B, ldb,
+                                        beta, C, ldc);
+        else
+            ((nn_sgemm32_t)nn_sgemm_fn)(101, ta ? 112 : 111, tb ? 112 : 111, (int32_t)M, (int32_t)N,
+                                        (int32_t)K, alpha, A, (int32_t)lda, B, (int32_t)ldb, beta, C,
+                                        (int32_t)ldc);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        float *c = C + i * ldc;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < N; j++) c[j] = 0.0f;
+        else if (beta != 1.0f)
+            for (int64_t j = 0; j < N; j++) c[j] *= beta;
+        for (int64_t k = 0; k < K; k++) {
+            float a = alpha * (ta ? A[k * lda + i] : A[i * lda + k]);
+            if (tb)
+                for (int64_t j = 0; j < N; j++) c[j] += a * B[j * ldb + k];
+            else
+                for (int64_t j = 0; j < N; j++) c[j] += a * B[k * ldb + j];
+        }
+    }
+}
+
+/* Activations applied in epilogues. */
+enum { NN_NONE = 0, NN_RELU, NN_CLIP, NN_SIGMOID, NN_TANH, NN_LEAKY, NN_HSIGMOID, NN_HSWISH };
+
+static inline float nn_act(int act, float v, float p0, float p1) {
+    switch (act) {
+    case NN_RELU: return v > 0.0f ? v : 0.0f;
+    case NN_CLIP: return v < p0 ? p0 : (v > p1 ? p1 : v);
+    case NN_SIGMOID: return 1.0f / (1.0f + expf(-v));
+    case NN_TANH: return tanhf(v);
+    case NN_LEAKY: return v >= 0.0f ? v : v * p0;
+    case NN_HSIGMOID: { float t = p0 * v + p1; return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); }
+    case NN_HSWISH: { float t = v / 6.0f + 0.5f; t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); return v * t; }
+    default: return v;
+    }
+}
+
+/* y[c, i] = act(y[c, i] + bias[c] (+ res[c, i])) over C rows of n: one pass after a GEMM. */
+static inline void nn_epilogue(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act,
+                               float p0, float p1) {
+    for (int64_t c = 0; c < C; c++) {
+        float b = bias ? bias[c] : 0.0f;
+        float *row = y + c * n;
+        const float *r = res ? res + c * n : 0;
+        if (act == NN_RELU) {
+            if (r) for (int64_t i = 0; i < n; i++) { float v = row[i] + b + r[i]; row[i] = v > 0.0f ? v : 0.0f; }
+            else for (int64_t i = 0; i < n; i++) { float v = row[i] + b; row[i] = v > 0.0f ? v : 0.0f; }
+        } else if (act == NN_CLIP) {
+            for (int64_t i = 0; i < n; i++) {
+                float v = row[i] + b + (r ? r[i] : 0.0f);
+                row[i] = v < p0 ? p0 : (v > p1 ? p1 : v);
+            }
+        } else if (act == NN_NONE) {
+            if (r) for (int64_t i = 0; i < n; i++) row[i] += b + r[i];
+            else if (bias) for (int64_t i = 0; i < n; i++) row[i] += b;
+        } else {
+            for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i] + b + (r ? r[i] : 0.0f), p0, p1);
+        }
+    }
+}
+
+/* Columns for one group of a 2-D convolution: col[(c*kh + i)*kw + j][oh*OW + ow]. */
+static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH,
+                      int64_t OW) {
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                float *dst = col + ((c * kh + i) * kw + j) * OH * OW;
+                const float *src = x + c * H * W;
+                for (int64_t oh = 0; oh < OH; oh++) {
+                    int64_t ih = oh * sh - ph + i * dh;
+                    float *d = dst + oh * OW;
+                    if (ih < 0 || ih >= H) { memset(d, 0, OW * sizeof(float)); continue; }
+                    const float *s = src + ih * W;
+                    if (sw == 1) {
+                        int64_t off = j * dw - pw;
+                        int64_t lo = off < 0 ? -off : 0, hi = W - off < OW ? W - off : OW;
+                        if (hi < lo) hi = lo;
+                        for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+                        memcpy(d + lo, s + lo + off, (hi - lo) * sizeof(float));
+                        for (int64_t ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+                    } else {
+                        for (int64_t ow = 0; ow < OW; ow++) {
+                            int64_t iw = ow * sw - pw + j * dw;
+                            d[ow] = (iw >= 0 && iw < W) ? s[iw] : 0.0f;
+                        }
+                    }
+                }
+            }
+}
+
+/* Depthwise 3-D loop: one filter per channel (group == C == K). */
+static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
+                         int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                         int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
+    for (int64_t c = 0; c < C; c++) {
+        const float *xc = x + c * H * W;
+        const float *wc = w + c * kh * kw;
+        float *yc = y + c * OH * OW;
+        float b = bias ? bias[c] : 0.0f;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            float *row = yc + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) row[ow] = b;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = oh * sh - ph + i * dh;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = xc + ih * W;
+                for (int64_t j = 0; j < kw; j++) {
+                    float wv = wc[i * kw + j];
+                    int64_t off = j * dw - pw;
+                    /* ow range whose input column is inside the row */
+                    int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                    int64_t hi = (W - 1 - off) >= 0 ? (W - 1 - off) / sw + 1 : 0;
+                    if (hi > OW) hi = OW;
+                    if (sw == 1) {
+                        const float *xs = xr + off;
+                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xs[ow];
+                    } else if (sw == 2) {
+                        const float *xs = xr + off;
+                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xs[2 * ow];
+                    } else {
+                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xr[ow * sw + off];
+                    }
+                }
+            }
+            const float *r = res ? res + c * OH * OW + oh * OW : 0;
+            if (r || act != NN_NONE)
+                for (int64_t ow = 0; ow < OW; ow++) row[ow] = nn_act(act, row[ow] + (r ? r[ow] : 0.0f), p0, p1);
+        }
+    }
+}
+
+/* 2-D convolution of one image, NCHW, any groups: depthwise loop, direct GEMM for 1x1
+ * stride-1 unpadded, else im2col (in `ws`) and GEMM per group; bias, residual and the
+ * activation in one epilogue pass. */
+static void nn_conv2d(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t N,
+                      int64_t C, int64_t H, int64_t W, int64_t K, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group, int act,
+                      float p0, float p1, float *ws) {
+    int64_t cg = C / group, kg = K / group, n = OH * OW, kdim = cg * kh * kw;
+    for (int64_t b = 0; b < N; b++) {
+        const float *xb = x + b * C * H * W;
+        float *yb = y + b * K * n;
+        const float *rb = res ? res + b * K * n : 0;
+        if (group == C && group == K) {
+            nn_depthwise(xb, w, bias, rb, yb, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1);
+            continue;
+        }
+        for (int64_t g = 0; g < group; g++) {
+            const float *xg = xb + g * cg * H * W;
+            const float *src = xg;
+            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0)) {
+                nn_im2col(xg, ws, cg, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW);
+                src = ws;
+            }
+            nn_gemm(0, 0, kg, n, kdim, 1.0f, w + g * kg * kdim, kdim, src, n, 0.0f, yb + g * kg * n, n);
+        }
+        nn_epilogue(yb, bias, rb, K, n, act, p0, p1);
+    }
+}
+
+static void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                         int64_t dw) {
+    for (int64_t c = 0; c < NC; c++) {
+        const float *xc = x + c * H * W;
+        float *yc = y + c * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float m = -INFINITY;
+                for (int64_t i = 0; i < kh; i++) {
+                    int64_t ih = oh * sh - ph + i * dh;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int64_t j = 0; j < kw; j++) {
+                        int64_t iw = ow * sw - pw + j * dw;
+                        if (iw < 0 || iw >= W) continue;
+                        float v = xc[ih * W + iw];
+                        m = (v > m || v != v) ? v : m;
+                    }
+                }
+                yc[oh * OW + ow] = m;
+            }
+    }
+}
+
+static void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+    for (int64_t c = 0; c < NC; c++) {
+        const float *xc = x + c * H * W;
+        float *yc = y + c * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float s = 0.0f;
+                int64_t count = 0;
+                for (int64_t i = 0; i < kh; i++) {
+                    int64_t ih = oh * sh - ph + i;
+                    for (int64_t j = 0; j < kw; j++) {
+                        int64_t iw = ow * sw - pw + j;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                            /* padding counts only where it lies inside the padded input */
+                            if (include_pad && ih >= -ph && ih < H + ph && iw >= -pw && iw < W + pw) count++;
+                            continue;
+                        }
+                        s += xc[ih * W + iw];
+                        count++;
+                    }
+                }
+                yc[oh * OW + ow] = count ? s / (float)count : 0.0f;
+            }
+    }
+}
+
+static void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) s += xr[i];
+        y[r] = (float)(s / (double)n);
+    }
+}
+
+static void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float m = -INFINITY;
+        for (int64_t i = 0; i < n; i++) m = xr[i] > m ? xr[i] : m;
+        float s = 0.0f;
+        if (log) {
+            for (int64_t i = 0; i < n; i++) s += expf(xr[i] - m);
+            float l = logf(s);
+            for (int64_t i = 0; i < n; i++) yr[i] = xr[i] - m - l;
+        } else {
+            for (int64_t i = 0; i < n; i++) { float e = expf(xr[i] - m); yr[i] = e; s += e; }
+            float inv = 1.0f / s;
+            for (int64_t i = 0; i < n; i++) yr[i] *= inv;
+        }
+    }
+}
+
+static void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+                              int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float mean = 0.0f;
+        for (int64_t i = 0; i < n; i++) mean += xr[i];
+        mean /= (float)n;
+        float var = 0.0f;
+        for (int64_t i = 0; i < n; i++) { float d = xr[i] - mean; var += d * d; }
+        var /= (float)n;
+        float inv = 1.0f / sqrtf(var + eps);
+        if (bias)
+            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i] + bias[i];
+        else
+            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i];
+    }
+}
+
+/* y = x transposed: `shape` and `strides` (in elements, of x) are given in y's axis order. */
+static void nn_transpose(const float *x, float *y, int rank, const int64_t *shape, const int64_t *strides) {
+    int64_t idx[8] = {0};
+    int64_t total = 1;
+    for (int d = 0; d < rank; d++) total *= shape[d];
+    int64_t inner = shape[rank - 1], inner_stride = strides[rank - 1];
+    int64_t off = 0;
+    for (int64_t o = 0; o < total; o += inner) {
+        const float *src = x + off;
+        if (inner_stride == 1) memcpy(y + o, src, inner * sizeof(float));
+        else for (int64_t i = 0; i < inner; i++) y[o + i] = src[i * inner_stride];
+        for (int d = rank - 2; d >= 0; d--) {
+            idx[d]++;
+            off += strides[d];
+            if (idx[d] < shape[d]) break;
+            off -= strides[d] * shape[d];
+            idx[d] = 0;
+        }
+    }
+}

@@ -1,0 +1,157 @@
+"""The system C compiler that builds native partitions: finding it, naming it, running it.
+
+nncc works without a compiler: ``find_toolchain()`` returns None and every partition stays
+on the portable numpy plan. The compiler's identity, the flags and the ISA go into the
+cache token, so a compiler update or another ``--target`` misses the cache, as a driver
+update does for a device's compilation cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from nncc.errors import NnccError
+
+# Named ISA levels: the x86-64 micro-architecture levels, and "native" for the host's own.
+# Each names the CPU features the code may use, checked against the host before loading.
+TARGETS = {
+    "native": ("-march=native",),
+    "x86-64": ("-march=x86-64",),
+    "x86-64-v2": ("-march=x86-64-v2",),
+    "x86-64-v3": ("-march=x86-64-v3",),
+    "x86-64-v4": ("-march=x86-64-v4",),
+}
+# CPU features (as /proc/cpuinfo names them) each level requires.
+_LEVEL_FEATURES = {
+    "x86-64": ("sse2",),
+    "x86-64-v2": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt"),
+    "x86-64-v3": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2"),
+    "x86-64-v4": ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "bmi1", "bmi2",
+                  "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+}
+# The features of the host that matter to generated code: enough to tell CPUs apart for
+# "-march=native" without making the token change with unrelated flags.
+_RELEVANT = ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2",
+             "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "amx_tile", "asimd", "sve")
+BASE_FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+              "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
+BUILD_TIMEOUT = float(os.environ.get("NNCC_CC_TIMEOUT", "300"))
+
+
+class NativeBuildError(NnccError):
+    """The C compiler failed or timed out; the portable plan is used instead."""
+
+
+class Toolchain:
+    """A compiler named by its resolved path and the size and mtime of that file: a stat,
+    not a run, so the cache token stays cheap on every hit (ccache's default compiler
+    check). Updating the compiler package changes the file and so the token."""
+
+    def __init__(self, path: str, target: str):
+        self.path = path
+        self.target = target
+        st = os.stat(path)
+        self.stamp = (st.st_size, st.st_mtime_ns)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return BASE_FLAGS + TARGETS[self.target]
+
+    def key(self) -> dict:
+        """What the cache token covers: compiler file, flags and the ISA the code needs."""
+        return {"compiler": self.path, "stamp": list(self.stamp), "target": self.target,
+                "flags": list(self.flags), "features": list(required_features(self.target))}
+
+    def identity(self) -> dict:
+        """What an artifact records of its code's origin (runs the compiler once)."""
+        return dict(self.key(), version=_banner(self.path))
+
+    def build(self, source: str) -> bytes:
+        """Compile one translation unit to a shared object and return its bytes."""
+        with tempfile.TemporaryDirectory(prefix="nncc-cc-") as tmp:
+            src = os.path.join(tmp, "unit.c")
+            out = os.path.join(tmp, "unit.so")
+            with open(src, "w") as f:
+                f.write(source)
+            cmd = [self.path, *self.flags, src, "-o", out, "-lm"]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+                                      stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise NativeBuildError(f"the C compiler {self.path} timed out after {BUILD_TIMEOUT:g} s "
+                                       "(NNCC_CC_TIMEOUT)") from None
+            except OSError as exc:
+                raise NativeBuildError(f"cannot run the C compiler {self.path}: {exc.strerror or exc}") from None
+            if done.returncode != 0:
+                lines = done.stderr.splitlines()
+                first = next((line for line in lines if "error" in line), lines[0] if lines else "no message")
+                raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
+            with open(out, "rb") as f:
+                return f.read()
+
+
+@functools.lru_cache(maxsize=8)
+def _banner(path: str) -> str:
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (done.stdout.splitlines() or ["unknown"])[0].strip()
+
+
+def host_features() -> frozenset[str]:
+    return _host_features()
+
+
+@functools.lru_cache(maxsize=1)
+def _host_features() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def required_features(target: str) -> tuple[str, ...]:
+    """The CPU features code built for ``target`` needs; for "native", the host's own."""
+    if target == "native":
+        return tuple(f for f in _RELEVANT if f in _host_features())
+    return _LEVEL_FEATURES.get(target, ())
+
+
+def missing_features(required) -> list[str]:
+    have = _host_features()
+    return [f for f in required if f not in have] if have else []
+
+
+def _candidates() -> list[str]:
+    cc = os.environ.get("CC")
+    if cc is not None:  # an explicit choice is never silently replaced by another compiler
+        return [cc] if cc else []
+    return ["cc", "gcc", "clang"]
+
+
+def _resolve(name: str) -> str | None:
+    path = shutil.which(name) if os.sep not in name else name
+    if path is None or not os.access(path, os.X_OK) or not os.path.isfile(path):
+        return None
+    return os.path.realpath(path)
+
+
+def find_toolchain(target: str = "native") -> Toolchain | None:
+    """The first working compiler of $CC, cc, gcc, clang; None when there is none."""
+    if target not in TARGETS:
+        raise NativeBuildError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
+    for name in _candidates():
+        path = _resolve(name)
+        if path is not None:
+            return Toolchain(path, target)
+    return None

@@ -1,0 +1,56 @@
+"""A native partition as one executor step: a call into verified, loaded C code.
+
+The step looks like a kernel that writes into planned outputs: ``step(ctx, *inputs,
+out=outputs)``. Its pointer table is rebuilt only for arguments whose array changed since
+the last run (constants and arena buffers are the same objects every run), so a call costs
+a few identity checks plus the C function itself, which runs without the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from nncc.errors import KernelError
+from nncc.plan.memory import aligned_empty
+from nncc.plan.plan import NativeCall
+
+
+class NativeStep:
+    __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "label", "__weakref__")
+
+    def __init__(self, fn, call: NativeCall, label: str):
+        self.fn = fn
+        self.call = call
+        self.table = (ctypes.c_void_p * len(call.args))()
+        self.held: list = [None] * len(call.args)  # the array each pointer was taken from
+        self.copies: list = [None] * len(call.args)  # dense copies of inputs that were views
+        self.workspace = aligned_empty((max(call.workspace, 64),), np.uint8)
+        self.label = label
+
+    def __call__(self, ctx, *inputs, out):
+        table, held = self.table, self.held
+        for i, array in enumerate(inputs):
+            if array is not held[i]:
+                table[i] = self._input_pointer(array, i)
+                held[i] = array
+        base = len(inputs)
+        for j, array in enumerate(out):
+            if array is not held[base + j]:
+                if array.dtype != np.float32 or not array.flags.c_contiguous or not array.flags.writeable:
+                    raise AssertionError(f"{self.label}: output buffer {j} is not dense float32")
+                table[base + j] = array.ctypes.data
+                held[base + j] = array
+        status = self.fn(table, self.workspace.ctypes.data)
+        if status != 0:
+            raise KernelError(f"native partition {self.label} failed with status {status}")
+        return out
+
+    def _input_pointer(self, array, index: int) -> int:
+        if array.dtype != np.float32 or not array.flags.c_contiguous:
+            # the generated code reads dense float32; a strided view from a portable kernel
+            # or a broadcast constant is copied (a constant once: it is the same every run)
+            array = np.ascontiguousarray(array, dtype=np.float32)
+        self.copies[index] = array
+        return array.ctypes.data
