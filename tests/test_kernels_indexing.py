@@ -428,3 +428,9 @@ def test_upsample(mode, scales):
 
 def test_upsample_7_scales_attribute():
     check("Upsample", [rand(1, 3, 2, 5)], dict(mode="nearest", scales=[1.0, 1.0, 3.0, 2.0]), opset=7)
+
+
+def test_contents_dependent_shapes_report_bad_constants_at_compile_time():
+    compress = resolve("Compress", "", 11)
+    with pytest.raises(ShapeInferenceError, match="condition"):
+        compress.shape(Ctx({"axis": 0}, 11), TensorInfo.of(rand(2, 3)), TensorInfo.of(np.ones(3, bool)))

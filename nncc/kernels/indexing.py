@@ -60,7 +60,10 @@ def _from_contents(ctx, fn, infos, dtypes):
             return None
         else:
             args.append(info.value)
-    results = fn(ctx, *args)
+    try:
+        results = fn(ctx, *args)
+    except KernelError as error:
+        raise ShapeInferenceError(str(error)) from None
     results = results if isinstance(results, tuple) else (results,)
     outs = []
     for result, dtype in zip(results, dtypes):
@@ -214,7 +217,7 @@ def tensor_scatter(ctx, cache, update, write_indices=None):
 
 
 def _gather_nd_shape(ctx, data, indices):
-    b = int(ctx.get("batch_dims", 0))
+    b = int(ctx.get("batch_dims", 0)) if ctx.opset >= 12 else 0
     if data.shape is None or indices.shape is None or not isinstance(indices.shape[-1] if indices.shape else None, int):
         return [_out(data.dtype, None)]
     k = indices.shape[-1]

@@ -620,8 +620,10 @@ def _unpool_default_shape(ctx, x_shape, err):
     spatial = []
     for i in range(nd):
         n = x_shape[2 + i]
-        spatial.append(None if not isinstance(n, int) else
-                       (n - 1) * strides[i] + int(kernel_shape[i]) - pads[i] - pads[nd + i])
+        size = None if not isinstance(n, int) else (n - 1) * strides[i] + int(kernel_shape[i]) - pads[i] - pads[nd + i]
+        if size is not None and size < 0:
+            raise err(f"MaxUnpool: pads {pads} leave no output along spatial axis {i}")
+        spatial.append(size)
     return (x_shape[0], x_shape[1], *spatial)
 
 
