@@ -139,13 +139,13 @@ def test_scatter_elements_axes_and_negative_indices(axis):
     data = rand(3, 4, 5)
     n = data.shape[axis]
     shape = [2, 3, 4]
-    idx = RNG.permutation(np.arange(-n, n))[:1]  # one distinct index per line: no duplicates
-    idx = np.broadcast_to(idx, shape).copy().astype(I64)
-    # distinct per line along the axis: place a permutation there
-    lines = np.moveaxis(idx, axis, -1)
-    perm = np.stack([RNG.permutation(n)[:lines.shape[-1]] for _ in range(int(np.prod(lines.shape[:-1])))])
-    perm = np.where(RNG.random(perm.shape) < 0.5, perm - n, perm)  # some negative
-    idx = np.ascontiguousarray(np.moveaxis(perm.reshape(lines.shape), -1, axis))
+    # along the axis each line of indices holds distinct positions (no duplicates), about
+    # half of them written as negative indices
+    lines = np.moveaxis(np.empty(shape), axis, -1).shape
+    count = int(np.prod(lines[:-1]))
+    perm = np.stack([RNG.permutation(n)[:lines[-1]] for _ in range(count)])
+    perm = np.where(RNG.random(perm.shape) < 0.5, perm - n, perm).astype(I64)
+    idx = np.ascontiguousarray(np.moveaxis(perm.reshape(lines), -1, axis))
     check("ScatterElements", [data, idx, rand(*idx.shape)], dict(axis=axis), opset=13)
 
 
@@ -434,3 +434,21 @@ def test_contents_dependent_shapes_report_bad_constants_at_compile_time():
     compress = resolve("Compress", "", 11)
     with pytest.raises(ShapeInferenceError, match="condition"):
         compress.shape(Ctx({"axis": 0}, 11), TensorInfo.of(rand(2, 3)), TensorInfo.of(np.ones(3, bool)))
+
+
+def test_mask_selection_chain_compiles_with_dynamic_shapes():
+    """NonZero -> Transpose -> GatherND: the count of selected elements is known only at
+    run time, so the compiled model runs those nodes with dynamic shapes."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["mask"]),
+             helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["where"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "where"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              initializer=[numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    compiled = CompiledModel(compile_graph(parse_model(data), CompileOptions(opt_level=2)))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for _ in range(3):  # a different number of positives each run
+        x = rand(3, 4)
+        assert_same(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], "y")

@@ -23,7 +23,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
-from nncc.kernels.shapes import known_value, normalize_axis
+from nncc.kernels.shapes import known_value
 from nncc.kernels.tensor import FOLD_LIMIT, _freeze, _out
 
 
