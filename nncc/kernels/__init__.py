@@ -7,6 +7,7 @@ from nncc.kernels import (  # noqa: F401
     conv,
     fused,
     generators,
+    indexing,
     linalg,
     logic,
     normalization,

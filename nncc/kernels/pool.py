@@ -1,4 +1,5 @@
-"""Pooling kernels: MaxPool (with optional Indices), AveragePool, GlobalAveragePool, GlobalMaxPool.
+"""Pooling kernels: MaxPool (with optional Indices), AveragePool, LpPool, GlobalAveragePool,
+GlobalMaxPool, and MaxUnpool (the inverse scatter of MaxPool's Indices).
 
 Max and sum over a box window are separable, so windows are reduced one spatial axis at
 a time, each pass being a loop over that axis's kernel taps only.
@@ -563,3 +564,102 @@ def global_max_pool(ctx, x, out=None):
     if y.size:
         np.maximum.reduce(x.reshape(n, c, -1), axis=2, out=y.reshape(n, c))
     return _deliver(out, 0, y)
+
+
+# ----------------------------------------------------------------------------- LpPool
+
+
+def _lp_shape(ctx, x):
+    if "p" in ctx.attrs and float(ctx.get("p")) <= 0:
+        raise ShapeInferenceError(f"LpPool: p must be positive, got {ctx.get('p')}")
+    return _pool_shape_fn("LpPool")(ctx, x)
+
+
+# LpPool-1 took a float p; 2 an int p with auto_pad/pads/strides; 11 changed padding
+# rules the shared geometry already follows; 18 added dilations and ceil_mode.
+@kernel("LpPool", since=1, shape=_lp_shape)
+@kernel("LpPool", since=2, shape=_lp_shape)
+@kernel("LpPool", since=11, shape=_lp_shape)
+@kernel("LpPool", since=18, shape=_lp_shape)
+@kernel("LpPool", since=22, shape=_lp_shape)
+def lp_pool(ctx, x):
+    """(sum of |x|^p over each window)^(1/p); padding contributes zeros."""
+    if x.dtype.kind != "f":
+        raise KernelError(f"LpPool: unsupported dtype {x.dtype}")
+    p = float(ctx.get("p", 2))
+    if p <= 0:
+        raise KernelError(f"LpPool: p must be positive, got {p}")
+    g = _geometry(ctx, x, "LpPool")
+    acc = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    a = np.abs(x, dtype=acc)
+    if p == 2:
+        np.square(a, out=a)
+    elif p != 1:
+        np.power(a, acc.type(p), out=a)
+    y = _reduce(ctx, g, a, np.add, 0, np.empty(x.shape[:2] + tuple(g.sizes), acc))
+    if p == 2:
+        np.sqrt(y, out=y)
+    elif p != 1:
+        np.power(y, acc.type(1.0 / p), out=y)
+    return y.astype(x.dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- MaxUnpool
+
+
+def _unpool_default_shape(ctx, x_shape, err):
+    """(N, C, (in - 1) * stride + kernel - pads) from the attributes and X's shape."""
+    nd = len(x_shape) - 2
+    kernel_shape = ctx.get("kernel_shape")
+    if kernel_shape is None or len(kernel_shape) != nd:
+        raise err(f"MaxUnpool: attribute 'kernel_shape' must give {nd} sizes")
+    strides = _attr_list(ctx, "strides", nd, 1, "MaxUnpool", err)
+    pads = [int(v) for v in ctx.get("pads", [0] * (2 * nd))]
+    if len(pads) != 2 * nd:
+        raise err(f"MaxUnpool: attribute 'pads' has {len(pads)} values, expected {2 * nd}")
+    spatial = []
+    for i in range(nd):
+        n = x_shape[2 + i]
+        size = None if not isinstance(n, int) else (n - 1) * strides[i] + int(kernel_shape[i]) - pads[i] - pads[nd + i]
+        if size is not None and size < 0:
+            raise err(f"MaxUnpool: pads {pads} leave no output along spatial axis {i}")
+        spatial.append(size)
+    return (x_shape[0], x_shape[1], *spatial)
+
+
+def _unpool_shape(ctx, x, indices, output_shape=None):
+    if output_shape is not None:
+        value = output_shape.value
+        if value is not None:
+            return [TensorInfo(x.dtype, tuple(int(v) for v in np.asarray(value).reshape(-1)))]
+        n = output_shape.shape[0] if output_shape.shape else None
+        return [TensorInfo(x.dtype, None if not isinstance(n, int) else (None,) * n)]
+    if x.shape is None:
+        return [TensorInfo(x.dtype, None)]
+    if len(x.shape) < 3:
+        raise ShapeInferenceError(f"MaxUnpool: input must have rank >= 3 (N, C, spatial...), got {x.shape}")
+    return [TensorInfo(x.dtype, _unpool_default_shape(ctx, x.shape, ShapeInferenceError))]
+
+
+@kernel("MaxUnpool", since=9, shape=_unpool_shape)
+@kernel("MaxUnpool", since=11, shape=_unpool_shape)
+@kernel("MaxUnpool", since=22, shape=_unpool_shape)
+def max_unpool(ctx, x, indices, output_shape=None):
+    """Zeros, with each X value put at the flat position its index (as MaxPool's Indices
+    output gives it, over the whole N*C*spatial tensor) names."""
+    if x.ndim < 3:
+        raise KernelError(f"MaxUnpool: input must have rank >= 3 (N, C, spatial...), got {x.shape}")
+    if indices.shape != x.shape:
+        raise KernelError(f"MaxUnpool: indices {indices.shape} must have the shape of X {x.shape}")
+    if output_shape is not None:
+        shape = tuple(int(v) for v in np.asarray(output_shape).reshape(-1))
+        if len(shape) != x.ndim or any(d < 0 for d in shape):
+            raise KernelError(f"MaxUnpool: output_shape {list(shape)} must give {x.ndim} non-negative sizes")
+    else:
+        shape = _unpool_default_shape(ctx, x.shape, KernelError)
+    y = np.zeros(shape, dtype=x.dtype)
+    idx = indices.reshape(-1).astype(np.int64)
+    if idx.size and (idx.min() < 0 or idx.max() >= y.size):
+        raise KernelError(f"MaxUnpool: an index lies outside the {y.size} output elements")
+    y.reshape(-1)[idx] = x.reshape(-1)
+    return y

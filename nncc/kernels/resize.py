@@ -1,4 +1,5 @@
-"""Resize (opsets 10, 11, 13, 18, 19): nearest, linear and cubic, with antialiasing.
+"""Resize (opsets 10, 11, 13, 18, 19) and the deprecated Upsample (7, 9, 10): nearest, linear
+and cubic, with antialiasing.
 
 Interpolation is separable: each resized axis is processed in turn. Per axis, the source
 coordinate of every output position is computed once (a small float32 vector, as ONNX
@@ -367,3 +368,46 @@ def resize(ctx, x, roi=None, scales=None, sizes=None):
 # implementation reads each attribute only where its opset defines it.
 for _since in (11, 13, 18, 19):
     kernel("Resize", since=_since, shape=_resize_shape)(resize)
+
+
+# --------------------------------------------------------------------------- Upsample
+
+
+# Upsample (deprecated by Resize at opset 10) is Resize-10: asymmetric source coordinates,
+# nearest rounding down (its scales are >= 1), linear clamped at the edges. Upsample-7
+# takes its scales as an attribute, 9 and 10 as an input.
+def _upsample7_scales(ctx, err):
+    scales = ctx.get("scales")
+    if scales is None:
+        raise err("Upsample: attribute 'scales' is required")
+    return np.asarray(scales, dtype=np.float32)
+
+
+def _upsample_check(ctx, scales, err):
+    if scales is not None and np.any(np.asarray(scales, dtype=np.float32) < 1):
+        raise err(f"Upsample: scales must be >= 1, got {np.asarray(scales).tolist()}")
+
+
+def _upsample7_shape(ctx, x):
+    scales = _upsample7_scales(ctx, ShapeInferenceError)
+    _upsample_check(ctx, scales, ShapeInferenceError)
+    return _resize_shape(ctx, x, None, TensorInfo(scales.dtype, scales.shape, scales), None)
+
+
+@kernel("Upsample", since=7, shape=_upsample7_shape)
+def upsample_7(ctx, x):
+    scales = _upsample7_scales(ctx, KernelError)
+    _upsample_check(ctx, scales, KernelError)
+    return _resize(ctx, x, None, scales, None)
+
+
+def _upsample_shape(ctx, x, scales):
+    _upsample_check(ctx, known_value(scales), ShapeInferenceError)
+    return _resize_shape(ctx, x, None, scales, None)
+
+
+@kernel("Upsample", since=9, shape=_upsample_shape)
+@kernel("Upsample", since=10, shape=_upsample_shape)
+def upsample(ctx, x, scales):
+    _upsample_check(ctx, scales, KernelError)
+    return _resize(ctx, x, None, scales, None)
