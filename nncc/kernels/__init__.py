@@ -4,6 +4,7 @@ from nncc.kernels import (  # noqa: F401
     activation,
     affine,
     arithmetic,
+    bitwise,
     conv,
     fused,
     generators,
@@ -15,4 +16,5 @@ from nncc.kernels import (  # noqa: F401
     reduce,
     resize,
     tensor,
+    trig,
 )
