@@ -10,6 +10,7 @@ from nncc.kernels import (  # noqa: F401
     generators,
     linalg,
     logic,
+    loss,
     normalization,
     pool,
     recurrent,
