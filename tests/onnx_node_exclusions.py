@@ -5,7 +5,7 @@ This is the one place exclusions live; tests/test_onnx_node.py reads it.
 
 NO_NUMPY_DTYPE = "the target element type (bfloat16, float8, int4/uint4, int2/uint2, float4, float8e8m0) has no numpy dtype; nncc rejects such models with a clear error"
 
-RANDOM_DRAW = "the stored output is one draw of numpy's unseeded generator (see onnx/backend/test/case/node/bernoulli.py), so a correct Bernoulli matches it only by chance; tests/test_kernels_math.py checks dtype, shape, the 0/1 values, their frequency and the seed"
+RANDOM_DRAW = "the stored output is one draw of numpy's unseeded generator, so a correct Bernoulli matches it only by chance; tests/test_kernels_math.py checks dtype, shape, the 0/1 values, their frequency and the seed"
 
 EXCLUDED: dict[str, str] = {
     "test_cast_FLOAT16_to_FLOAT4E2M1": NO_NUMPY_DTYPE,
