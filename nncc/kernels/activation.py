@@ -768,12 +768,13 @@ def thresholded_relu(ctx, x):
 def shrink(ctx, x):
     if x.dtype.kind not in "iu" and not is_float(x.dtype):
         raise KernelError(f"Shrink expects a numeric input, got {x.dtype}")
-    w = _work(x)
+    # Integers are shifted by the float bias and truncated toward zero, as onnxruntime does.
+    w = x.astype(np.float64) if x.dtype.kind in "iu" else _work(x)
     lambd = float(ctx.get("lambd", 0.5))
-    bias = w.dtype.type(ctx.get("bias", 0.0))  # an integer input takes the truncated bias
-    with np.errstate(over="ignore"):
-        y = np.where(w < -lambd, w + bias, np.where(w > lambd, w - bias, w.dtype.type(0)))
-    return _done(y.astype(w.dtype, copy=False), x.dtype)
+    bias = w.dtype.type(ctx.get("bias", 0.0))
+    y = np.where(w < -lambd, w + bias, np.where(w > lambd, w - bias, w.dtype.type(0)))
+    with np.errstate(invalid="ignore"):
+        return _done(y.astype(w.dtype, copy=False), x.dtype)
 
 
 def _celu(w: np.ndarray, alpha: float) -> np.ndarray:
