@@ -524,10 +524,15 @@ def test_lp_normalization_matches_onnxruntime(p, axis, opset):
     check("LpNormalization", [x], dict(p=p, axis=axis), opset=opset)
 
 
-def test_lp_normalization_of_zeros_is_zero():
-    x = np.zeros((2, 3), np.float64)
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("opset", [1, 22])
+def test_lp_normalization_of_zeros_is_zero(p, opset):
+    x = np.zeros((2, 3), np.float32)
     x[1] = [3.0, 0.0, 4.0]
-    check_against("LpNormalization", [x], np.array([[0, 0, 0], [0.6, 0, 0.8]]), dict(p=2), opset=22)
+    check("LpNormalization", [x], dict(p=p), opset=opset)
+    check_against("LpNormalization", [x.astype(np.float64)],
+                  np.array([[0, 0, 0], [0.6, 0, 0.8]] if p == 2 else [[0, 0, 0], [3 / 7, 0, 4 / 7]]),
+                  dict(p=p), opset=opset, rtol=1e-15)
     with pytest.raises(KernelError, match="p must be 1 or 2"):
         run_nncc("LpNormalization", [x], dict(p=3), opset=22)
 
