@@ -398,6 +398,13 @@ def test_reduce_log_sum_matches_onnxruntime(opset, axes, keepdims, dtype):
     check("ReduceLogSum", inputs, attrs, opset=opset)
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_log_sum_of_integers_matches_onnxruntime(dtype):
+    # before opset 28 integer inputs are allowed; the log is truncated toward zero
+    x = np.array([[1, 4], [2, 3], [20, 0], [400, 3]], dtype)
+    check("ReduceLogSum", [x, np.array([1])], dict(keepdims=0), opset=18)
+
+
 def test_reduce_log_sum_noop_and_empty():
     x = RNG.uniform(0.1, 3.0, (2, 3)).astype(np.float32)
     (y,) = run_nncc("ReduceLogSum", [x, np.array([], np.int64)], dict(noop_with_empty_axes=1), opset=18)

@@ -215,7 +215,8 @@ def _log_sum(x, axes, keepdims):
     with np.errstate(divide="ignore", invalid="ignore"):
         s = np.log(s)
     if x.dtype.kind in "iu":
-        s = np.rint(s)
+        s = np.trunc(s)  # onnxruntime truncates an integer log-sum (it rounds log-sum-exp)
+        s[~np.isfinite(s)] = 0  # log(0): no integer value; 0 rather than an undefined cast
     return _cast(s, x.dtype)
 
 
