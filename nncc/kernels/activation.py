@@ -571,7 +571,7 @@ def _softmax_shape(ctx, x):
         # opset < 13 coerces to 2-D, where axis == rank is allowed (a [N, 1] view).
         limit = rank + 1 if ctx.opset < 13 else rank
         if not -rank <= axis < max(limit, 1):
-            raise ShapeInferenceError(f"Softmax: axis {axis} is out of range for rank {rank}")
+            raise ShapeInferenceError(f"axis {axis} is out of range for rank {rank}")
     return [TensorInfo(x.dtype, x.shape)]
 
 
@@ -773,8 +773,8 @@ def shrink(ctx, x):
     lambd = float(ctx.get("lambd", 0.5))
     bias = w.dtype.type(ctx.get("bias", 0.0))
     y = np.where(w < -lambd, w + bias, np.where(w > lambd, w - bias, w.dtype.type(0)))
-    with np.errstate(invalid="ignore"):
-        return _done(y.astype(w.dtype, copy=False), x.dtype)
+    with np.errstate(invalid="ignore"):  # integers out of range wrap like any numpy cast
+        return _done(y, x.dtype)
 
 
 def _celu(w: np.ndarray, alpha: float) -> np.ndarray:
