@@ -1,4 +1,5 @@
-"""Activation functions: elementwise non-linearities, Softmax/LogSoftmax, Erf and Gelu.
+"""Activation functions: elementwise non-linearities, Softmax/LogSoftmax/Hardmax, Erf and
+Gelu.
 
 Every kernel returns the dtype of its input: constants are built with ``x.dtype.type(c)``
 so numpy never upcasts to float64. float16 inputs of transcendental functions are computed
@@ -19,15 +20,16 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.arithmetic import row_sums
+from nncc.kernels.arithmetic import is_float, row_sums
 from nncc.kernels.bounds import DTYPES as BOUND_DTYPES, bound
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import same_as
 
 
 def _work(x: np.ndarray) -> np.ndarray:
-    """The array to compute on: float16 is widened to float32 (rounded back by the caller)."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
+    """The array to compute on: float16 and bfloat16 are widened to float32 (rounded back by
+    the caller)."""
+    return x.astype(np.float32) if x.dtype == np.float16 or x.dtype.name == "bfloat16" else x
 
 
 def _done(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -41,7 +43,7 @@ _F32_0_2 = float(np.float32(0.2))
 
 
 def _check_float(op: str, x: np.ndarray) -> None:
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise KernelError(f"{op} expects a floating-point input, got {x.dtype}")
 
 
@@ -166,17 +168,20 @@ def selu(ctx, x):
     return _done(y, x.dtype)
 
 
-@kernel("Softplus", since=1, shape=same_as(0))
-def softplus(ctx, x):
-    _check_float("Softplus", x)
-    # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)), which never overflows.
-    w = _work(x)
+def _softplus(w: np.ndarray) -> np.ndarray:
+    """log(1 + exp(w)) as max(w, 0) + log1p(exp(-|w|)), which never overflows."""
     y = np.abs(w)
     np.negative(y, out=y)
     np.exp(y, out=y)
     np.log1p(y, out=y)
     y += _pos_part(w)
-    return _done(y, x.dtype)
+    return y
+
+
+@kernel("Softplus", since=1, shape=same_as(0))
+def softplus(ctx, x):
+    _check_float("Softplus", x)
+    return _done(_softplus(_work(x)), x.dtype)
 
 
 def _prelu_slope(ctx, x_shape, slope_shape):
@@ -566,7 +571,7 @@ def _softmax_shape(ctx, x):
         # opset < 13 coerces to 2-D, where axis == rank is allowed (a [N, 1] view).
         limit = rank + 1 if ctx.opset < 13 else rank
         if not -rank <= axis < max(limit, 1):
-            raise ShapeInferenceError(f"Softmax: axis {axis} is out of range for rank {rank}")
+            raise ShapeInferenceError(f"axis {axis} is out of range for rank {rank}")
     return [TensorInfo(x.dtype, x.shape)]
 
 
@@ -699,3 +704,151 @@ def log_softmax_v1(ctx, x, out=None):
 @kernel("LogSoftmax", since=13, shape=_softmax_shape, writes_out=True)
 def log_softmax_v13(ctx, x, out=None):
     return _softmax(ctx, x, True, False, out)
+
+
+# --------------------------------------------------------------------------- Hardmax
+
+
+@kernel("Hardmax", since=1, shape=_softmax_shape)
+def hardmax_v1(ctx, x):
+    # Before opset 13 the input is coerced to 2-D at `axis` (default 1) and the maximum
+    # taken over each whole row.
+    _check_float("Hardmax", x)
+    rank = x.ndim
+    axis = ctx.get("axis", 1)
+    if not -rank <= axis <= rank:
+        raise KernelError(f"Hardmax: axis {axis} is out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
+    rows = math.prod(x.shape[:axis])
+    return _hardmax_rows(x.reshape(rows, -1) if x.size else x, 1).reshape(x.shape)
+
+
+@kernel("Hardmax", since=13, shape=_softmax_shape)
+def hardmax_v13(ctx, x):
+    _check_float("Hardmax", x)
+    rank = x.ndim
+    axis = ctx.get("axis", -1)
+    if not -rank <= axis < max(rank, 1):
+        raise KernelError(f"Hardmax: axis {axis} is out of range for rank {rank}")
+    if rank == 0:
+        return np.ones((), x.dtype)
+    return _hardmax_rows(x, axis + rank if axis < 0 else axis)
+
+
+def _hardmax_rows(x: np.ndarray, axis: int) -> np.ndarray:
+    """1 at the first maximum along ``axis`` (a NaN counts as the maximum), 0 elsewhere."""
+    y = np.zeros(x.shape, x.dtype)
+    if x.size:
+        first = np.argmax(x, axis=axis, keepdims=True)
+        np.put_along_axis(y, first, x.dtype.type(1), axis=axis)
+    return y
+
+
+# --------------------------------------------------------------------------- more elementwise
+
+
+@kernel("Softsign", since=1, shape=same_as(0))
+def softsign(ctx, x):
+    _check_float("Softsign", x)
+    w = _work(x)
+    d = np.abs(w)
+    d += w.dtype.type(1)
+    return _done(np.divide(w, d, out=d), x.dtype)
+
+
+@kernel("ThresholdedRelu", since=10, shape=same_as(0))
+def thresholded_relu(ctx, x):
+    _check_float("ThresholdedRelu", x)
+    w = _work(x)
+    alpha = w.dtype.type(ctx.get("alpha", 1.0))
+    return _done(np.where(w > alpha, w, w.dtype.type(0)), x.dtype)
+
+
+@kernel("Shrink", since=9, shape=same_as(0))
+def shrink(ctx, x):
+    if x.dtype.kind not in "iu" and not is_float(x.dtype):
+        raise KernelError(f"Shrink expects a numeric input, got {x.dtype}")
+    # Integers are shifted by the float bias and truncated toward zero, as onnxruntime does.
+    w = x.astype(np.float64) if x.dtype.kind in "iu" else _work(x)
+    lambd = float(ctx.get("lambd", 0.5))
+    bias = w.dtype.type(ctx.get("bias", 0.0))
+    y = np.where(w < -lambd, w + bias, np.where(w > lambd, w - bias, w.dtype.type(0)))
+    with np.errstate(invalid="ignore"):  # integers out of range wrap like any numpy cast
+        return _done(y, x.dtype)
+
+
+def _celu(w: np.ndarray, alpha: float) -> np.ndarray:
+    # max(0, x) + min(0, alpha * (exp(x / alpha) - 1)); the second term is
+    # alpha * expm1(min(x, 0) / alpha) for alpha > 0.
+    t = w.dtype.type
+    y = _neg_part(w)
+    y /= t(alpha)
+    np.expm1(y, out=y)
+    y *= t(alpha)
+    y += _pos_part(w)
+    return y
+
+
+@kernel("Celu", since=12, shape=same_as(0))
+def celu(ctx, x):
+    _check_float("Celu", x)
+    alpha = float(ctx.get("alpha", 1.0))
+    if alpha == 0:
+        raise KernelError("Celu: alpha must not be 0")
+    w = _work(x)
+    if alpha < 0:  # outside the usual range: the formula as written
+        with np.errstate(over="ignore"):
+            t = w.dtype.type
+            y = _pos_part(w) + np.minimum(t(0), t(alpha) * np.expm1(w / t(alpha)))
+        return _done(y, x.dtype)
+    with np.errstate(over="ignore"):
+        return _done(_celu(w, alpha), x.dtype)
+
+
+@kernel("Mish", since=18, shape=same_as(0))
+def mish(ctx, x):
+    _check_float("Mish", x)
+    w = _work(x)
+    y = _softplus(w)
+    np.tanh(y, out=y)
+    y *= w
+    return _done(y, x.dtype)
+
+
+def _swish(w: np.ndarray, alpha: float) -> np.ndarray:
+    """w * sigmoid(alpha * w); exp overflowing to inf gives the correct 0."""
+    t = w.dtype.type
+    y = np.multiply(w, t(-alpha))
+    with np.errstate(over="ignore"):
+        np.exp(y, out=y)
+    y += t(1)
+    return np.divide(w, y, out=y)
+
+
+@kernel("Swish", since=24, shape=same_as(0))
+def swish(ctx, x):
+    _check_float("Swish", x)
+    return _done(_swish(_work(x), float(ctx.get("alpha", 1.0))), x.dtype)
+
+
+def _swiglu_shape(ctx, a, b):
+    if a.shape is not None and b.shape is not None and len(a.shape) == len(b.shape):
+        for da, db in zip(a.shape, b.shape):
+            if isinstance(da, int) and isinstance(db, int) and da != db:
+                raise ShapeInferenceError(
+                    f"SwiGLU: A {a.describe()} and B {b.describe()} must have the same shape")
+    elif a.shape is not None and b.shape is not None:
+        raise ShapeInferenceError(
+            f"SwiGLU: A {a.describe()} and B {b.describe()} must have the same shape")
+    return [TensorInfo(a.dtype, a.shape if a.shape is not None else b.shape)]
+
+
+@kernel("SwiGLU", since=28, shape=_swiglu_shape)
+def swiglu(ctx, a, b):
+    _check_float("SwiGLU", a)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise KernelError(f"SwiGLU: A ({a.dtype}, {a.shape}) and B ({b.dtype}, {b.shape}) "
+                          "must have the same dtype and shape")
+    y = _swish(_work(a), float(ctx.get("alpha", 1.0)))
+    y *= _work(b)
+    return _done(y, a.dtype)

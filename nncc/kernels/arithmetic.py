@@ -139,6 +139,17 @@ def _broadcast_or_raise(op: str, fn, a, b, **kw):
         raise KernelError(f"{op}: cannot broadcast shapes {a.shape} and {b.shape}") from exc
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """A floating-point dtype, counting ml_dtypes' bfloat16 (whose numpy kind is 'V')."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def widened(x: np.ndarray) -> np.ndarray:
+    """The array to compute a float function on: float16 and bfloat16 become float32
+    (the caller rounds the result back once)."""
+    return x if x.dtype.kind == "f" and x.dtype.itemsize >= 4 else x.astype(np.float32)
+
+
 _ONES: dict[tuple[int, np.dtype], np.ndarray] = {}
 
 
@@ -369,6 +380,19 @@ def floor(ctx, x):
 def ceil(ctx, x):
     _float_only("Ceil", x)
     return np.ceil(x)
+
+
+@register("Round", 11, _same)
+def round_(ctx, x):
+    _float_only("Round", x)
+    return np.rint(x)  # halves go to the even neighbour, as ONNX specifies
+
+
+@register("Sign", 9, _same)
+def sign(ctx, x):
+    if x.dtype.kind not in "fiu":
+        raise KernelError(f"Sign expects a numeric input, got {x.dtype}")
+    return np.sign(x)  # NaN stays NaN
 
 
 # --------------------------------------------------------------------------- variadic

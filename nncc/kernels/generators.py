@@ -1,5 +1,5 @@
 """Generator and type kernels: Shape, Size, Cast, CastLike, ConstantOfShape, Constant, Range,
-EyeLike.
+EyeLike, and the random generators (RandomUniform(Like), RandomNormal(Like), Bernoulli).
 
 Shape functions here are the source of compile-time values: Shape sets ``value`` when the
 requested slice of the input shape is static, and a partly symbolic ``sym_value`` (see
@@ -291,3 +291,108 @@ def eyelike(ctx, x):
         raise KernelError(f"EyeLike expects a 2-D input, got {x.shape}")
     return np.eye(x.shape[0], x.shape[1], k=int(ctx.get("k", 0)),
                   dtype=_eye_dtype(ctx, x.dtype, KernelError))
+
+
+# --------------------------------------------------------------------------------------
+# Random generators: RandomUniform(Like), RandomNormal(Like), Bernoulli
+#
+# Each node owns one generator (in ctx.scratch), seeded from the `seed` attribute when
+# there is one (the same sequence of draws on every fresh load of a model) and from the
+# operating system otherwise; each run draws new values. These kernels are registered
+# non-deterministic, so their outputs are never folded at compile time.
+
+
+def _generator(ctx) -> np.random.Generator:
+    rng = ctx.scratch.get("rng")
+    if rng is None:
+        seed = ctx.get("seed")
+        # the float seed's bits: every value (negative, fractional) names its own stream
+        entropy = None if seed is None else int(np.float64(seed).view(np.uint64))
+        rng = ctx.scratch["rng"] = np.random.default_rng(entropy)
+    return rng
+
+
+def _random_dtype(ctx, default, err, op: str, kinds: str = "f") -> np.dtype:
+    code = ctx.get("dtype")
+    if code is None:
+        if default is None:
+            raise err(f"{op}: the output type is unknown (set the dtype attribute)")
+        dtype = np.dtype(default)
+    else:
+        dtype = to_numpy(int(code))
+        if dtype is None:
+            raise err(f"{op}: dtype {onnx_type_name(int(code))} is not supported (numpy has no such type)")
+    if dtype.kind not in kinds:
+        raise err(f"{op}: cannot produce {dtype} values")
+    return dtype
+
+
+def _static_shape(ctx, err, op: str) -> tuple[int, ...]:
+    dims = ctx.get("shape")
+    if dims is None:
+        raise err(f"{op} requires the 'shape' attribute")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise err(f"{op}: shape {dims} has negative dims")
+    return dims
+
+
+def _uniform(ctx, shape, dtype) -> np.ndarray:
+    low, high = float(ctx.get("low", 0.0)), float(ctx.get("high", 1.0))
+    u = _generator(ctx).random(shape)
+    u *= high - low
+    u += low
+    return u.astype(dtype)
+
+
+def _normal(ctx, shape, dtype) -> np.ndarray:
+    mean, scale = float(ctx.get("mean", 0.0)), float(ctx.get("scale", 1.0))
+    return _generator(ctx).normal(mean, scale, shape).astype(dtype)
+
+
+def _random_shape(draw, op):
+    def shape(ctx):
+        return [_out(_random_dtype(ctx, np.float32, ShapeInferenceError, op),
+                     _static_shape(ctx, ShapeInferenceError, op))]
+
+    def fn(ctx):
+        return draw(ctx, _static_shape(ctx, KernelError, op),
+                    _random_dtype(ctx, np.float32, KernelError, op))
+
+    return shape, fn
+
+
+def _random_like_shape(draw, op):
+    def shape(ctx, x):
+        default = x.dtype if x.dtype is not None and x.dtype.kind == "f" else None
+        if default is None and ctx.get("dtype") is None and x.dtype is None:
+            return [_out(None, x.shape)]
+        return [_out(_random_dtype(ctx, default, ShapeInferenceError, op), x.shape)]
+
+    def fn(ctx, x):
+        default = x.dtype if x.dtype.kind == "f" else None
+        return draw(ctx, x.shape, _random_dtype(ctx, default, KernelError, op))
+
+    return shape, fn
+
+
+for _op, _draw in (("RandomUniform", _uniform), ("RandomNormal", _normal)):
+    _shape_fn, _fn = _random_shape(_draw, _op)
+    _fn.__name__ = _op.lower()
+    kernel(_op, since=1, shape=_shape_fn, deterministic=False)(_fn)
+    _shape_fn, _fn = _random_like_shape(_draw, _op + "Like")
+    _fn.__name__ = _op.lower() + "_like"
+    kernel(_op + "Like", since=1, shape=_shape_fn, deterministic=False)(_fn)
+
+
+def _bernoulli_shape(ctx, x):
+    return [_out(_random_dtype(ctx, x.dtype, ShapeInferenceError, "Bernoulli", "fiub"), x.shape)]
+
+
+@kernel("Bernoulli", since=15, shape=_bernoulli_shape, deterministic=False)
+def bernoulli(ctx, x):
+    # 1 with probability x, else 0, in the dtype attribute's type (the input's by default)
+    if x.dtype.kind != "f":
+        raise KernelError(f"Bernoulli expects floating-point probabilities, got {x.dtype}")
+    dtype = _random_dtype(ctx, x.dtype, KernelError, "Bernoulli", "fiub")
+    return (_generator(ctx).random(x.shape) < x).astype(dtype)

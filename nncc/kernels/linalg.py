@@ -1,4 +1,4 @@
-"""Linear algebra kernels: MatMul, Gemm, Einsum.
+"""Linear algebra kernels: MatMul, Gemm, Einsum, Det.
 
 float16 products are computed in float32 (numpy has no float16 BLAS; this is also what
 ONNX Runtime's accumulation does) and cast back.
@@ -315,3 +315,26 @@ def einsum(ctx, *inputs):
         raise KernelError(f"Einsum: {e}") from e
     y = np.asarray(y)
     return y if y.dtype == out_dtype else y.astype(out_dtype)
+
+
+# --------------------------------------------------------------------------- Det
+
+
+def _det_shape(ctx, x):
+    if x.shape is None:
+        return [TensorInfo(x.dtype, None)]
+    if len(x.shape) < 2 or not _dims_match(x.shape[-1], x.shape[-2]):
+        raise ShapeInferenceError(f"Det: input must be [..., M, M], got {x.describe()}")
+    return [TensorInfo(x.dtype, tuple(x.shape[:-2]))]
+
+
+@kernel("Det", since=11, shape=_det_shape)
+def det(ctx, x):
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise KernelError(f"Det: input must be [..., M, M], got shape {x.shape}")
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        raise KernelError(f"Det expects a floating-point input, got {x.dtype}")
+    cdt = _compute_dtype(x.dtype)
+    # LU factorization with partial pivoting (LAPACK getrf), batched over the leading axes
+    d = np.linalg.det(x.astype(cdt, copy=False))
+    return np.asarray(d).astype(x.dtype, copy=False)

@@ -1,4 +1,4 @@
-"""Logic kernels: comparisons (bool output), boolean algebra and Where.
+"""Logic kernels: comparisons (bool output), boolean algebra, Where, IsNaN and IsInf.
 
 Opsets < 7 of Equal/Less/Greater/And/Or/Xor use the legacy `broadcast`/`axis` attributes.
 """
@@ -110,3 +110,31 @@ def _bit_select(cond, x, y, shape):
         t = np.bitwise_and(t, mask)
     t ^= yb
     return t.view(x.dtype)
+
+
+# --------------------------------------------------------------------------- IsNaN / IsInf
+
+
+def _float_input(op: str, x: np.ndarray) -> None:
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        raise KernelError(f"{op} expects a floating-point input, got {x.dtype}")
+
+
+@register("IsNaN", 9, _not_shape)
+def isnan(ctx, x):
+    _float_input("IsNaN", x)
+    return np.isnan(x)
+
+
+@register("IsInf", 10, _not_shape)
+def isinf(ctx, x):
+    _float_input("IsInf", x)
+    negative = bool(ctx.get("detect_negative", 1))
+    positive = bool(ctx.get("detect_positive", 1))
+    if negative and positive:
+        return np.isinf(x)
+    if positive:
+        return np.isposinf(x)
+    if negative:
+        return np.isneginf(x)
+    return np.zeros(x.shape, _BOOL)

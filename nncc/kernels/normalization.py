@@ -1,4 +1,5 @@
-"""Normalization kernels: BatchNormalization, InstanceNormalization, LayerNormalization, LRN.
+"""Normalization kernels: BatchNormalization, InstanceNormalization, LayerNormalization,
+GroupNormalization, RMSNormalization, MeanVarianceNormalization, LpNormalization, LRN.
 
 Per-channel statistics are folded into one scale and one shift so the big tensor is
 touched by a single multiply and a single in-place add. float16 inputs are computed in
@@ -247,6 +248,158 @@ def _layer_normalization(ctx, plan, x, scale, b):
     stat_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
     outs = (y, mean.reshape(stat_shape).astype(sdt), inv.reshape(stat_shape).astype(sdt))
     return outs[:ctx.num_outputs]
+
+
+# --------------------------------------------------------------------------- GroupNormalization
+
+
+def _stage_one_dtype(ctx, x_dtype: np.dtype, err) -> np.dtype:
+    """Where statistics are computed: the stash type (from the opsets that have one), or
+    the input's type when that is wider, as for LayerNormalization; float16 and bfloat16
+    inputs without a stash type are computed in float32."""
+    if ctx.get("stash_type") is None and ctx.opset < 21:
+        return np.dtype(np.float64) if x_dtype == np.float64 else np.dtype(np.float32)
+    sdt = _stash_dtype(ctx, err)
+    return np.promote_types(sdt, x_dtype) if x_dtype.kind == "f" else sdt
+
+
+def _groupnorm_shape(ctx, x, scale, bias):
+    groups = ctx.get("num_groups")
+    if groups is None or int(groups) <= 0:
+        raise ShapeInferenceError("GroupNormalization: attribute 'num_groups' is required and must be positive")
+    if x.shape is not None:
+        if len(x.shape) < 2:
+            raise ShapeInferenceError(f"GroupNormalization: X must have rank >= 2, got {x.describe()}")
+        c = x.shape[1]
+        if isinstance(c, int) and c % int(groups):
+            raise ShapeInferenceError(
+                f"GroupNormalization: {c} channels do not divide into {groups} groups")
+        want = int(groups) if ctx.opset < 21 else c
+        for name, p in (("scale", scale), ("bias", bias)):
+            if p.shape is not None and isinstance(want, int) and tuple(p.shape) != (want,):
+                raise ShapeInferenceError(
+                    f"GroupNormalization: {name} must have shape ({want},), got {p.describe()}")
+    return [TensorInfo(x.dtype, x.shape)]
+
+
+@kernel("GroupNormalization", since=18, shape=_groupnorm_shape)
+def group_normalization(ctx, x, scale, bias):
+    # Opset 18 has one scale and bias per group, opset 21 one per channel.
+    groups = ctx.get("num_groups")
+    if groups is None or int(groups) <= 0:
+        raise KernelError("GroupNormalization: attribute 'num_groups' is required and must be positive")
+    groups = int(groups)
+    if x.ndim < 2:
+        raise KernelError(f"GroupNormalization: X must have rank >= 2, got shape {x.shape}")
+    n, c = x.shape[:2]
+    if c % groups:
+        raise KernelError(f"GroupNormalization: {c} channels do not divide into {groups} groups")
+    per_channel = ctx.opset >= 21
+    want = c if per_channel else groups
+    if scale.shape != (want,) or bias.shape != (want,):
+        raise KernelError(f"GroupNormalization: scale and bias must have shape ({want},), "
+                          f"got {scale.shape} and {bias.shape}")
+    cdt = _stage_one_dtype(ctx, x.dtype, KernelError)
+    if x.size == 0:
+        return x.copy()
+    xs = x.reshape(n, groups, -1).astype(cdt, copy=False)
+    d = xs - xs.mean(axis=2, keepdims=True)
+    var = np.square(d).mean(axis=2, keepdims=True)
+    d /= np.sqrt(var + cdt.type(float(ctx.get("epsilon", 1e-5))))
+    if not per_channel:
+        scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+    # stage two in the input's type (float16/bfloat16 widened, rounded once at the end)
+    odt = _acc(x.dtype) if x.dtype.name != "bfloat16" else np.dtype(np.float32)
+    y = d.reshape(n, c, -1).astype(x.dtype).astype(odt, copy=False)
+    y = y * scale.astype(odt).reshape(1, c, 1)
+    y += bias.astype(odt).reshape(1, c, 1)
+    return y.reshape(x.shape).astype(x.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- RMSNormalization
+
+
+def _rmsnorm_shape(ctx, x, scale):
+    _stash_dtype(ctx, ShapeInferenceError)
+    if x.shape is not None:
+        normalize_axis(int(ctx.get("axis", -1)), len(x.shape))
+    return [TensorInfo(scale.dtype, x.shape)]
+
+
+@kernel("RMSNormalization", since=23, shape=_rmsnorm_shape)
+def rms_normalization(ctx, x, scale):
+    # X / sqrt(mean(X^2 over axis..end) + epsilon) in the stage-one type, then times Scale
+    # (which broadcasts to X) in Scale's type, the output's.
+    try:
+        axis = normalize_axis(int(ctx.get("axis", -1)), x.ndim)
+    except ShapeInferenceError as e:
+        raise KernelError(f"RMSNormalization: {e}") from None
+    cdt = _stage_one_dtype(ctx, x.dtype, KernelError)
+    xs = x.astype(cdt, copy=False)
+    axes = tuple(range(axis, x.ndim))
+    ms = np.square(xs).mean(axis=axes, keepdims=True)
+    ms += cdt.type(float(ctx.get("epsilon", 1e-5)))
+    np.sqrt(ms, out=ms)
+    y = (xs / ms).astype(x.dtype, copy=False)
+    odt = scale.dtype
+    wide = np.dtype(np.float32) if odt == np.float16 or odt.name == "bfloat16" else odt
+    try:
+        out = np.multiply(y.astype(wide, copy=False), scale.astype(wide, copy=False))
+    except ValueError:
+        out = None
+    if out is None or out.shape != x.shape:
+        raise KernelError(f"RMSNormalization: Scale of shape {scale.shape} does not broadcast to X {x.shape}")
+    return out.astype(odt, copy=False)
+
+
+# --------------------------------------------------------------------------- MeanVarianceNormalization
+
+
+def _same_shape(ctx, x):
+    return [TensorInfo(x.dtype, x.shape)]
+
+
+@kernel("MeanVarianceNormalization", since=9, shape=_same_shape)
+def mean_variance_normalization(ctx, x):
+    # (X - E[X]) / (sqrt(Var[X]) + 1e-9) over `axes` (default [0, 2, 3]); the variance is
+    # that of the centred values (the definition's E[X^2] - E[X]^2, without the rounding
+    # loss of subtracting two close numbers).
+    axes = ctx.get("axes", [0, 2, 3])
+    try:
+        axes = tuple(sorted({normalize_axis(int(a), x.ndim) for a in axes}))
+    except ShapeInferenceError as e:
+        raise KernelError(f"MeanVarianceNormalization: {e}") from None
+    cdt = _acc(x.dtype) if x.dtype.name != "bfloat16" else np.dtype(np.float32)
+    xs = x.astype(cdt, copy=False)
+    d = xs - xs.mean(axis=axes, keepdims=True)
+    std = np.sqrt(np.square(d).mean(axis=axes, keepdims=True))
+    std += cdt.type(1e-9)
+    d /= std
+    return d.astype(x.dtype, copy=False)
+
+
+# --------------------------------------------------------------------------- LpNormalization
+
+
+@kernel("LpNormalization", since=1, shape=_same_shape)
+def lp_normalization(ctx, x):
+    p = int(ctx.get("p", 2))
+    if p not in (1, 2):
+        raise KernelError(f"LpNormalization: p must be 1 or 2, got {p}")
+    try:
+        axis = normalize_axis(int(ctx.get("axis", -1)), x.ndim)
+    except ShapeInferenceError as e:
+        raise KernelError(f"LpNormalization: {e}") from None
+    cdt = _acc(x.dtype) if x.dtype.name != "bfloat16" else np.dtype(np.float32)
+    xs = x.astype(cdt, copy=False)
+    if p == 1:
+        norm = np.abs(xs).sum(axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.square(xs).sum(axis=axis, keepdims=True))
+    # a zero norm (all zeros along the axis) gives zeros, not NaN
+    zero = norm == 0
+    norm[zero] = 1
+    return (xs / norm).astype(x.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- LRN

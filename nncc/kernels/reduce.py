@@ -1,11 +1,11 @@
-"""Reduction kernels: ReduceX, ArgMax/ArgMin, TopK, CumSum.
+"""Reduction kernels: ReduceX, ArgMax/ArgMin, TopK, CumSum/CumProd.
 
 ReduceX take `axes` as an attribute up to opset 12 (ReduceSum) / 17 (the others) and as an
 optional int64 input from 13 / 18 on, where `noop_with_empty_axes` also appears. Outputs keep
 the input dtype: integer sums/products accumulate in the input dtype (numpy would promote to
 int64), float16 accumulates in float32. Reductions over an empty set give the ONNX identity
 (0 for sums, 1 for products, -inf / the dtype minimum for max, +inf / maximum for min,
--inf for log-sum-exp); ReduceMean of an empty set is NaN (ONNX leaves it undefined).
+-inf for log-sum and log-sum-exp); ReduceMean of an empty set is NaN (ONNX leaves it undefined).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.arithmetic import register, row_sums
+from nncc.kernels.arithmetic import is_float, register, row_sums
 from nncc.kernels.shapes import known_value, normalize_axis
 
 _INT64 = np.dtype(np.int64)
@@ -120,11 +120,11 @@ def _empty_fill(op: str, x: np.ndarray, out_shape) -> np.ndarray:
     elif op == "ReduceProd":
         value = 1
     elif op == "ReduceMean":
-        value = np.nan if dt.kind == "f" else 0
-    elif op in ("ReduceMax", "ReduceLogSumExp"):
-        value = -np.inf if dt.kind == "f" else (False if dt.kind == "b" else np.iinfo(dt).min)
+        value = np.nan if is_float(dt) else 0
+    elif op in ("ReduceMax", "ReduceLogSumExp", "ReduceLogSum"):
+        value = -np.inf if is_float(dt) else (False if dt.kind == "b" else np.iinfo(dt).min)
     elif op == "ReduceMin":
-        value = np.inf if dt.kind == "f" else (True if dt.kind == "b" else np.iinfo(dt).max)
+        value = np.inf if is_float(dt) else (True if dt.kind == "b" else np.iinfo(dt).max)
     else:  # pragma: no cover
         raise KernelError(f"{op}: no identity for an empty reduction")
     return np.full(out_shape, value, dtype=dt)
@@ -209,6 +209,17 @@ def _log_sum_exp(x, axes, keepdims):
     return _cast(s, x.dtype)
 
 
+def _log_sum(x, axes, keepdims):
+    w = x.astype(np.float64) if x.dtype.kind in "iu" else x.astype(_acc_dtype(x), copy=False)
+    s = np.asarray(_sum(w, axes, keepdims))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.log(s)
+    if x.dtype.kind in "iu":
+        s = np.trunc(s)  # onnxruntime truncates an integer log-sum (it rounds log-sum-exp)
+        s[~np.isfinite(s)] = 0  # log(0): no integer value; 0 rather than an undefined cast
+    return _cast(s, x.dtype)
+
+
 _REDUCERS = {
     "ReduceSum": _sum,
     "ReduceMean": _mean,
@@ -219,6 +230,7 @@ _REDUCERS = {
     "ReduceL2": _l2,
     "ReduceSumSquare": _sum_square,
     "ReduceLogSumExp": _log_sum_exp,
+    "ReduceLogSum": _log_sum,
 }
 
 
@@ -416,44 +428,62 @@ def topk_v10(ctx, x, k):
     return _topk(ctx, x, int(k[0]), bool(largest))
 
 
-# --------------------------------------------------------------------------- CumSum
+# --------------------------------------------------------------------------- CumSum / CumProd
 
 
-def _cumsum_shape(ctx, x, axis):
-    value = known_value(axis)
-    if value is not None and x.shape is not None:
-        value = np.asarray(value).reshape(-1)
-        if value.size != 1:
-            raise ShapeInferenceError(f"CumSum: axis must hold one value, got shape {value.shape}")
-        normalize_axis(int(value[0]), len(x.shape))
-    return [TensorInfo(x.dtype, x.shape)]
+def _cumulative_shape(op: str):
+    def shape(ctx, x, axis):
+        value = known_value(axis)
+        if value is not None and x.shape is not None:
+            value = np.asarray(value).reshape(-1)
+            if value.size != 1:
+                raise ShapeInferenceError(f"{op}: axis must hold one value, got shape {value.shape}")
+            normalize_axis(int(value[0]), len(x.shape))
+        return [TensorInfo(x.dtype, x.shape)]
+
+    return shape
 
 
-@register("CumSum", 11, _cumsum_shape)
-def cumsum(ctx, x, axis):
+# name -> (element-wise ufunc, its identity, numpy's running version)
+_CUMULATIVE = {"CumSum": (np.add, 0, np.cumsum), "CumProd": (np.multiply, 1, np.cumprod)}
+
+
+def _cumulative(op: str, ctx, x, axis):
     a = np.asarray(axis).reshape(-1)
     if a.size != 1 or a.dtype.kind not in "iu":
-        raise KernelError(f"CumSum: axis must be one integer, got {a.dtype} of shape {np.shape(axis)}")
+        raise KernelError(f"{op}: axis must be one integer, got {a.dtype} of shape {np.shape(axis)}")
     if x.ndim == 0:
-        raise KernelError("CumSum needs an input of rank >= 1")
+        raise KernelError(f"{op} needs an input of rank >= 1")
     ax = int(a[0])
     if not -x.ndim <= ax < x.ndim:
-        raise KernelError(f"CumSum: axis {ax} is out of range for rank {x.ndim}")
+        raise KernelError(f"{op}: axis {ax} is out of range for rank {x.ndim}")
     ax = ax + x.ndim if ax < 0 else ax
-    reverse = ctx.get("reverse", 0)
-    exclusive = ctx.get("exclusive", 0)
+    reverse = bool(ctx.get("reverse", 0))
+    exclusive = bool(ctx.get("exclusive", 0))
     acc = _acc_dtype(x)
     n = x.shape[ax]
-    if n and x.size // n >= 64 and n <= 4096:
-        out = _cumsum_steps(x, ax, acc, bool(reverse), bool(exclusive))
-    else:
-        out = _cumsum_numpy(x, ax, acc, bool(reverse), bool(exclusive))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if n and x.size // n >= 64 and n <= 4096:
+            out = _cumulative_steps(op, x, ax, acc, reverse, exclusive)
+        else:
+            out = _cumulative_numpy(op, x, ax, acc, reverse, exclusive)
     return _cast(out, x.dtype)
 
 
-def _cumsum_steps(x, ax, acc, reverse, exclusive):
-    """One vectorized add per position along the axis: numpy's cumsum runs element by
-    element, far slower when the other axes are wide. Same summation order."""
+@register("CumSum", 11, _cumulative_shape("CumSum"))
+def cumsum(ctx, x, axis):
+    return _cumulative("CumSum", ctx, x, axis)
+
+
+@register("CumProd", 26, _cumulative_shape("CumProd"))
+def cumprod(ctx, x, axis):
+    return _cumulative("CumProd", ctx, x, axis)
+
+
+def _cumulative_steps(op, x, ax, acc, reverse, exclusive):
+    """One vectorized operation per position along the axis: numpy's cumsum runs element
+    by element, far slower when the other axes are wide. Same accumulation order."""
+    fn, identity, _ = _CUMULATIVE[op]
     out = np.empty(x.shape, acc)
     src = np.moveaxis(x, ax, 0)
     dst = np.moveaxis(out, ax, 0)
@@ -463,29 +493,30 @@ def _cumsum_steps(x, ax, acc, reverse, exclusive):
     for i in steps:
         if prev is None:
             if exclusive:
-                dst[i] = 0
+                dst[i] = identity
             else:
                 dst[i] = src[i]
         elif exclusive:
-            np.add(dst[prev], src[prev], out=dst[i])
+            fn(dst[prev], src[prev], out=dst[i])
         else:
-            np.add(dst[prev], src[i], out=dst[i])
+            fn(dst[prev], src[i], out=dst[i])
         prev = i
     return out
 
 
-def _cumsum_numpy(x, ax, acc, reverse, exclusive):
+def _cumulative_numpy(op, x, ax, acc, reverse, exclusive):
+    _, identity, running = _CUMULATIVE[op]
     src = np.flip(x, ax) if reverse else x
     if exclusive:
-        out = np.zeros(x.shape, acc)
+        out = np.full(x.shape, identity, acc)
         if x.shape[ax] > 1:
             head = [slice(None)] * x.ndim
             tail = [slice(None)] * x.ndim
             head[ax] = slice(1, None)
             tail[ax] = slice(None, -1)
-            np.cumsum(src[tuple(tail)], axis=ax, dtype=acc, out=out[tuple(head)])
+            running(src[tuple(tail)], axis=ax, dtype=acc, out=out[tuple(head)])
     else:
-        out = np.cumsum(src, axis=ax, dtype=acc)
+        out = running(src, axis=ax, dtype=acc)
     if reverse:
         out = np.ascontiguousarray(np.flip(out, ax))
     return out
