@@ -14,5 +14,6 @@ from nncc.kernels import (  # noqa: F401
     recurrent,
     reduce,
     resize,
+    signal,
     tensor,
 )
