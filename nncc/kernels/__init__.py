@@ -14,6 +14,7 @@ from nncc.kernels import (  # noqa: F401
     recurrent,
     reduce,
     resize,
+    sampling,
     signal,
     tensor,
 )
