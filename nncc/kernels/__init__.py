@@ -5,6 +5,7 @@ from nncc.kernels import (  # noqa: F401
     affine,
     arithmetic,
     conv,
+    detection,
     fused,
     generators,
     linalg,
