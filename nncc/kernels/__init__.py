@@ -8,6 +8,7 @@ from nncc.kernels import (  # noqa: F401
     detection,
     fused,
     generators,
+    image,
     linalg,
     logic,
     normalization,
