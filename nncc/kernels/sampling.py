@@ -165,14 +165,11 @@ def grid_sample(x: np.ndarray, grid: np.ndarray, mode: str, padding: str,
         else:
             v = ((u + one) * length - one) / two
             lo, hi = -0.5, size - 0.5
+        # Padding applies to each tap, not to the position: for linear and nearest sampling
+        # that equals clamping or mirroring the position first, and for cubic it is what
+        # PyTorch and onnxruntime do (ONNX's reference clamps the position under border).
         if mode == "nearest":
             v = np.rint(v)  # ties to even, as PyTorch
-        outside = (v < lo) | (v > hi)
-        if padding == "border":
-            v = np.where(outside, np.clip(v, 0, size - 1), v).astype(dtype, copy=False)
-        elif padding == "reflection":
-            v = _reflect(v, lo, hi)
-        if mode == "nearest":
             index = np.trunc(v).astype(np.int64)
             axis_taps.append([_tap(index, np.ones_like(v), size, padding, lo, hi)])
             continue
@@ -242,10 +239,12 @@ def _affine_shape(ctx, theta, size):
 
 
 def _base_coords(length: int, align_corners: bool) -> np.ndarray:
-    """Normalized positions in [-1, 1] of the pixels along one axis."""
+    """Normalized positions in [-1, 1] of the pixels along one axis. A single pixel sits at
+    the center, 0, in both modes, as in PyTorch (whose affine_grid the operator follows;
+    onnxruntime answers 1 and ONNX's reference -1 for that 0/0 case)."""
     i = np.arange(length, dtype=np.float64)
     if align_corners:
-        return -1 + 2 * i / (length - 1) if length > 1 else np.full(1, -1.0)
+        return -1 + 2 * i / (length - 1) if length > 1 else np.zeros(1)
     return -1 + (2 * i + 1) / length
 
 
