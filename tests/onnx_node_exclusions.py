@@ -4,6 +4,7 @@ This is the one place exclusions live; tests/test_onnx_node.py reads it.
 """
 
 NO_NUMPY_DTYPE = "the target element type (bfloat16, float8, int4/uint4, int2/uint2, float4, float8e8m0) has no numpy dtype; nncc rejects such models with a clear error"
+NEEDS_IMAGE_CODEC = "the stream is JPEG, JPEG 2000 or WebP, which needs a full image codec; nncc takes no image library dependency and refuses such streams with a clear error (it decodes PNG, BMP, PNM and TIFF itself)"
 
 EXCLUDED: dict[str, str] = {
     "test_cast_FLOAT16_to_FLOAT4E2M1": NO_NUMPY_DTYPE,
@@ -39,4 +40,9 @@ EXCLUDED: dict[str, str] = {
     "test_resize_downsample_scales_cubic_align_corners": "the stored output divides by the fractional output length; the spec and onnxruntime divide by the whole-number length (tests/test_kernels_nn.py checks this case against onnxruntime)",
     "test_identity_opt": "optional-typed values are not tensors; nncc runs tensor graphs only",
     "test_identity_sequence": "sequence-typed values are not tensors; nncc runs tensor graphs only",
+    "test_image_decoder_decode_jpeg_rgb": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg_bgr": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg_grayscale": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg2k_rgb": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_webp_rgb": NEEDS_IMAGE_CODEC,
 }
