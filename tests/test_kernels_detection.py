@@ -8,6 +8,7 @@ import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
+from nncc.kernels import detection
 from nncc.kernels.registry import Ctx, resolve
 from tests.one_node import check_against_ort
 
@@ -111,6 +112,17 @@ def test_roialign_many_rois_run_in_blocks():
     check_against_ort("RoiAlign", [x, rois, batch], 16,
                       {"output_height": 7, "output_width": 7, "sampling_ratio": 2},
                       rtol=1e-5, atol=1e-5)
+
+
+def test_roialign_huge_roi_runs_a_few_output_rows_at_a_time(monkeypatch):
+    # with a small block, one RoI's samples (7 x 7 bins of 6 x 6 points) exceed one block
+    monkeypatch.setattr(detection, "_BLOCK_ELEMENTS", 1 << 14)
+    x = rng.standard_normal((1, 8, 40, 40)).astype(np.float32)
+    rois = f32([[0, 0, 40, 40], [10, 20, 13, 24]])
+    for mode in ("avg", "max"):
+        check_against_ort("RoiAlign", [x, rois, i64([0, 0])], 16,
+                          {"output_height": 7, "output_width": 7, "mode": mode},
+                          rtol=1e-5, atol=1e-5)
 
 
 def test_roialign_rejects_bad_batch_index():

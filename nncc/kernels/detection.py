@@ -2,10 +2,10 @@
 
 NonMaxSuppression is greedy and so sequential in the boxes it selects, but each step is
 one vectorized IoU of the chosen box against every remaining candidate of its class.
-RoiAlign computes every sampling point of every RoI and bin at once (RoIs whose adaptive
-sampling grid is smaller than the largest are padded with masked points) and gathers the
-four bilinear corners of all points as whole channel vectors, a bounded block of RoIs at
-a time.
+RoiAlign takes the RoIs in groups of equal sampling grids (the adaptive grid follows each
+RoI's size) and computes every sampling point of a group's RoIs and bins at once: the four
+bilinear corners of all points are gathered as whole channel vectors, a bounded block of
+RoIs at a time.
 """
 
 from __future__ import annotations
@@ -147,16 +147,13 @@ def _roi_shape(ctx, x, rois, batch_indices):
     return [TensorInfo(x.dtype, (count, channels, height, width))]
 
 
-def _axis_samples(start, bin_size, grid, pooled: int, limit: int, dtype):
-    """Sample positions of every RoI along one axis, as (R, pooled, G) with G the largest
-    grid, and a mask of the positions inside each RoI's own grid."""
-    g = np.arange(limit, dtype=dtype)
-    p = np.arange(pooled, dtype=dtype)
-    grid_f = np.maximum(grid, 1).astype(dtype)
-    pos = (start[:, None, None] + p[None, :, None] * bin_size[:, None, None]
-           + (g[None, None, :] + dtype.type(0.5)) * bin_size[:, None, None] / grid_f[:, None, None])
-    used = np.arange(limit)[None, :] < grid[:, None]  # (R, G)
-    return pos, used
+def _axis_samples(start, bin_size, grid: int, bins: np.ndarray, dtype):
+    """Sample positions along one axis in the given bins of RoIs sharing a grid size:
+    (R, len(bins), grid)."""
+    g = np.arange(grid, dtype=dtype)
+    p = bins.astype(dtype)
+    return (start[:, None, None] + p[None, :, None] * bin_size[:, None, None]
+            + (g[None, None, :] + dtype.type(0.5)) * bin_size[:, None, None] / dtype.type(grid))
 
 
 def _axis_corners(pos, size: int, dtype):
@@ -173,6 +170,30 @@ def _axis_corners(pos, size: int, dtype):
     w_high = np.where(outside, 0, frac).astype(dtype)
     w_low = np.where(outside, 0, 1 - frac).astype(dtype)
     return (low, w_low), (high, w_high)
+
+
+def _roi_block(xt, rows, batch_indices, y0, x0, bin_h, bin_w, gh, gw, bins_y, pw, h, w, mode,
+               dtype):
+    """Pooled (R, C, len(bins_y), pw) values of the RoIs `rows` (all with a gh x gw
+    sampling grid) in the output rows bins_y."""
+    r, c, ph = rows.size, xt.shape[2], bins_y.size
+    taps_y = _axis_corners(_axis_samples(y0[rows], bin_h[rows], gh, bins_y, dtype), h, dtype)
+    taps_x = _axis_corners(_axis_samples(x0[rows], bin_w[rows], gw, np.arange(pw), dtype), w,
+                           dtype)
+    batch = batch_indices[rows].reshape(r, 1)
+    values = []  # per bilinear corner: (R, ph * gh * pw * gw, C)
+    for iy, wy in taps_y:
+        for ix, wx in taps_x:
+            flat = iy[:, :, :, None, None] * w + ix[:, None, None, :, :]
+            weight = wy[:, :, :, None, None] * wx[:, None, None, :, :]
+            values.append(xt[batch, flat.reshape(r, -1)] * weight.reshape(r, -1, 1))
+    if mode == "avg":
+        total = (values[0] + values[1] + values[2] + values[3]).reshape(r, ph, gh, pw, gw, c)
+        pooled = total.sum(axis=(2, 4)) / dtype.type(gh * gw)
+    else:  # the largest weighted corner over all sampling points of a bin
+        best = np.maximum(np.maximum(values[0], values[1]), np.maximum(values[2], values[3]))
+        pooled = best.reshape(r, ph, gh, pw, gw, c).max(axis=(2, 4))
+    return pooled.transpose(0, 3, 1, 2)
 
 
 @kernel("RoiAlign", since=10, shape=_roi_shape)
@@ -206,37 +227,25 @@ def roi_align(ctx, x, rois, batch_indices):
     else:
         grid_h = np.ceil(roi_h / dtype.type(ph)).astype(np.int64)
         grid_w = np.ceil(roi_w / dtype.type(pw)).astype(np.int64)
-    samples = np.maximum(grid_h * grid_w, 1).astype(dtype)
     xt = np.ascontiguousarray(x.reshape(n, c, h * w).transpose(0, 2, 1), dtype=dtype)
-    gh_max, gw_max = max(int(grid_h.max()), 1), max(int(grid_w.max()), 1)
-    per_roi = ph * gh_max * pw * gw_max * 4 * c
-    block = max(1, _BLOCK_ELEMENTS // per_roi)
-    for lo in range(0, count, block):
-        sl = slice(lo, min(lo + block, count))
-        r = sl.stop - sl.start
-        pos_y, used_y = _axis_samples(y0[sl], bin_h[sl], grid_h[sl], ph, gh_max, dtype)
-        pos_x, used_x = _axis_samples(x0[sl], bin_w[sl], grid_w[sl], pw, gw_max, dtype)
-        taps_y, taps_x = _axis_corners(pos_y, h, dtype), _axis_corners(pos_x, w, dtype)
-        # (R, ph, gh, pw, gw) per corner
-        values = []
-        for iy, wy in taps_y:
-            for ix, wx in taps_x:
-                flat = iy[:, :, :, None, None] * w + ix[:, None, None, :, :]
-                weight = wy[:, :, :, None, None] * wx[:, None, None, :, :]
-                gathered = xt[batch_indices[sl].reshape(r, 1), flat.reshape(r, -1)]
-                values.append(gathered * weight.reshape(r, -1, 1))  # (R, points, C)
-        used = (used_y[:, None, :, None, None] & used_x[:, None, None, None, :])
-        used = np.broadcast_to(used, (r, ph, gh_max, pw, gw_max)).reshape(r, -1, 1)
-        if mode == "avg":
-            total = np.where(used, values[0] + values[1] + values[2] + values[3], 0)
-            total = total.reshape(r, ph, gh_max, pw, gw_max, c).sum(axis=(2, 4))
-            y[sl] = (total / samples[sl, None, None, None]).transpose(0, 3, 1, 2)
-        else:  # the largest weighted corner over all sampling points of a bin
-            best = np.maximum(np.maximum(values[0], values[1]), np.maximum(values[2], values[3]))
-            best = np.where(used, best, -np.inf).reshape(r, ph, gh_max, pw, gw_max, c)
-            best = best.max(axis=(2, 4))
-            any_used = used.reshape(r, ph, gh_max, pw, gw_max).any(axis=(2, 4))
-            y[sl] = np.where(any_used[..., None], best, 0).transpose(0, 3, 1, 2)
+    # RoIs are processed in groups of equal sampling grids (adaptive grids follow the RoI
+    # size), so no sample is computed for nothing; a RoI without samples stays 0.
+    sampled = (grid_h > 0) & (grid_w > 0)
+    keys = np.where(sampled, grid_h * (max(int(grid_w.max()), 0) + 1) + grid_w, -1)
+    for key in np.unique(keys[sampled]):
+        members = np.flatnonzero(keys == key)
+        gh, gw = int(grid_h[members[0]]), int(grid_w[members[0]])
+        per_bin_row = gh * pw * gw * 4 * c
+        block = max(1, _BLOCK_ELEMENTS // (ph * per_bin_row))
+        # a RoI too large for one block is taken a few output rows at a time
+        bin_rows = ph if block > 1 else max(1, min(ph, _BLOCK_ELEMENTS // per_bin_row))
+        for lo in range(0, members.size, block):
+            rows = members[lo:lo + block]
+            for top in range(0, ph, bin_rows):
+                bins_y = np.arange(top, min(top + bin_rows, ph))
+                y[rows, :, top:top + bins_y.size] = _roi_block(
+                    xt, rows, batch_indices, y0, x0, bin_h, bin_w, gh, gw, bins_y, pw, h, w,
+                    mode, dtype)
     return y.astype(x.dtype, copy=False)
 
 
