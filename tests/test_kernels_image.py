@@ -8,7 +8,9 @@ dependency, so the pixels themselves are the oracle.
 
 from __future__ import annotations
 
+import pathlib
 import struct
+import sysconfig
 import zlib
 
 import numpy as np
@@ -256,6 +258,47 @@ def test_pnm_other_maxvals_are_scaled():
 # --------------------------------------------------------------------------- TIFF
 
 
+def lzw_encode(data: bytes) -> bytes:
+    """TIFF LZW as libtiff writes it: a clear code first, codes widen as soon as the next
+    entry would not fit (one code early), a clear when the table is full, then end."""
+    codes, width = [(256, 9)], 9
+    table, free = {bytes([i]): i for i in range(256)}, 258
+
+    def emitted():  # the decoder adds an entry for every code after the first
+        nonlocal free, width, table
+        free += 1
+        if free == 4094:
+            codes.append((256, width))
+            table, free, width = {bytes([i]): i for i in range(256)}, 258, 9
+            return True
+        if free > (1 << width) - 1:
+            width += 1
+        return False
+
+    current = b""
+    for byte in data:
+        longer = current + bytes([byte])
+        if longer in table:
+            current = longer
+            continue
+        codes.append((table[current], width))
+        code = free
+        if not emitted():
+            table[longer] = code
+        current = bytes([byte])
+    if current:
+        codes.append((table[current], width))
+        emitted()
+    codes.append((257, width))
+    value = 0
+    bits = 0
+    for code, size in codes:
+        value = (value << size) | code
+        bits += size
+    value <<= (-bits) % 8
+    return value.to_bytes((bits + 7) // 8, "big")
+
+
 def write_tiff(samples, photometric, compression=1, predictor=1, order="<", rows_per_strip=2,
                colormap=None, depth=8):
     h, w, spp = samples.shape
@@ -268,6 +311,8 @@ def write_tiff(samples, photometric, compression=1, predictor=1, order="<", rows
         chunk = raw[y:y + rows_per_strip].tobytes()
         if compression == 8:
             chunk = zlib.compress(chunk)
+        elif compression == 5:
+            chunk = lzw_encode(chunk)
         elif compression == 32773:  # PackBits, literal runs of up to 128 bytes
             chunk = b"".join(bytes([len(chunk[i:i + 128]) - 1]) + chunk[i:i + 128]
                              for i in range(0, len(chunk), 128))
@@ -306,7 +351,7 @@ def write_tiff(samples, photometric, compression=1, predictor=1, order="<", rows
     return bytes(data + struct.pack(order + "I", 0))
 
 
-@pytest.mark.parametrize("compression", [1, 8, 32773])
+@pytest.mark.parametrize("compression", [1, 5, 8, 32773])
 @pytest.mark.parametrize("predictor", [1, 2])
 @pytest.mark.parametrize("order", ["<", ">"])
 def test_tiff_rgb_strips(compression, predictor, order):
@@ -326,10 +371,34 @@ def test_tiff_gray_palette_and_16_bit():
     check(write_tiff(wide, 2, order=">", depth=16, predictor=2), (wide >> 8).astype(np.uint8))
 
 
-def test_lzw_tiff_is_refused_clearly():
-    data = write_tiff(smooth_image(2, 2, 3).astype(np.uint8), 2, compression=5)
-    with pytest.raises(KernelError, match="TIFF compression 5"):
+def test_lzw_tiff_fills_and_clears_its_table():
+    # noise compresses badly: the 4094-entry table fills and is cleared several times
+    noisy = rng.integers(0, 256, (60, 70, 3)).astype(np.uint8)
+    check(write_tiff(noisy, 2, compression=5, rows_per_strip=60), noisy)
+
+
+def test_jpeg_compressed_tiff_is_refused_clearly():
+    data = write_tiff(smooth_image(2, 2, 3).astype(np.uint8), 2, compression=7)
+    with pytest.raises(KernelError, match="TIFF compression 7"):
         decode(data)
+
+
+# --------------------------------------------------------------------------- files from elsewhere
+
+SAMPLES = pathlib.Path(sysconfig.get_paths()["stdlib"]) / "test" / "imghdrdata"
+
+
+@pytest.mark.skipif(not (SAMPLES / "python.png").exists(),
+                    reason="this Python installation ships without its test package images")
+def test_one_picture_written_by_other_encoders_decodes_alike():
+    """CPython's test data holds one 16x16 picture written by other encoders as PNG
+    (palette), BMP, PPM and TIFF (with alpha): all four must give the same pixels."""
+    pictures = {name: (SAMPLES / f"python.{name}").read_bytes()
+                for name in ("png", "bmp", "ppm", "tiff")}
+    expected = decode(pictures["png"])
+    assert expected.shape == (16, 16, 3) and 0 < expected.mean() < 255
+    for name in ("bmp", "ppm", "tiff"):
+        check(pictures[name], expected)
 
 
 # --------------------------------------------------------------------------- other formats

@@ -2,16 +2,17 @@
 
 Decoded here, with the standard library and numpy only: PNG (every color type and bit
 depth, Adam7 interlacing), BMP (1/2/4/8-bit palettes, 16/24/32-bit, bit fields), PNM
-(P1-P6) and TIFF (strips, uncompressed, Deflate or PackBits, horizontal predictor).
+(P1-P6) and TIFF (strips; uncompressed, LZW, Deflate or PackBits; horizontal predictor).
 JPEG, JPEG 2000, WebP and GIF need full codecs, which nncc does not include: such a
 stream is refused with a clear error rather than answered with a wrong or empty image.
 A stream that is not a well-formed image yields an empty (0, 0, C) image, as the
 operator specifies.
 
 Alpha channels are dropped; 16-bit samples keep their high byte; Grayscale from color
-uses the ITU-R 601 luma weights in 16-bit fixed point, rounded. PNG's Average and Paeth
-row filters depend on the pixel just decoded to their left, so those rows alone are
-undone one byte at a time; every other step works on whole rows or images.
+uses the ITU-R 601 luma weights in 16-bit fixed point, rounded. Two steps are sequential
+by nature and run one byte or one code at a time: PNG's Average and Paeth row filters
+(each byte needs the byte just decoded to its left) and LZW (each code extends the table
+the next one reads); every other step works on whole rows or images.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class _Corrupt(Exception):
     """The stream is not a well-formed image of the format its signature names."""
 
 
-_SUPPORTED = "PNG, BMP, PNM and uncompressed, Deflate or PackBits TIFF"
+_SUPPORTED = "PNG, BMP, PNM and uncompressed, LZW, Deflate or PackBits TIFF"
 
 
 def _unsupported(what: str) -> KernelError:
@@ -362,6 +363,40 @@ def _packbits(src: bytes) -> bytes:
     return bytes(out)
 
 
+def _lzw(src: bytes) -> bytes:
+    """TIFF's LZW: codes of 9 to 12 bits, most significant bit first, 256 clears the
+    table, 257 ends the data, and the code width grows one code early."""
+    padded = src + b"\x00\x00\x00"
+    total = len(src) * 8
+    table = [bytes([i]) for i in range(256)] + [b"", b""]
+    out, prev, width, pos = bytearray(), None, 9, 0
+    while pos + width <= total:
+        at = pos >> 3
+        window = (padded[at] << 16) | (padded[at + 1] << 8) | padded[at + 2]
+        code = (window >> (24 - (pos & 7) - width)) & ((1 << width) - 1)
+        pos += width
+        if code == 257:
+            break
+        if code == 256:
+            del table[258:]
+            prev, width = None, 9
+            continue
+        if code < len(table):
+            entry = table[code]
+            added = None if prev is None else prev + entry[:1]
+        elif code == len(table) and prev is not None:  # the entry being defined
+            entry = added = prev + prev[:1]
+        else:
+            raise _Corrupt("bad LZW code")
+        if added is not None and len(table) < 4096:  # a full table waits for a clear
+            table.append(added)
+        out += entry
+        prev = entry
+        if len(table) + 1 >= 1 << width and width < 12:
+            width += 1
+    return bytes(out)
+
+
 def _tiff(data: bytes):
     order = "<" if data[:2] == b"II" else ">"
     tags = _tiff_tags(data, order)
@@ -378,8 +413,8 @@ def _tiff(data: bytes):
     predictor, planar = one(317, 1), one(284, 1)
     if 322 in tags or 324 in tags:
         raise _unsupported("tiled TIFF")
-    if compression not in (1, 8, 32946, 32773):
-        raise _unsupported(f"TIFF compression {compression} (e.g. 5 is LZW, 7 JPEG)")
+    if compression not in (1, 5, 8, 32946, 32773):
+        raise _unsupported(f"TIFF compression {compression} (e.g. 7 is JPEG)")
     if photometric not in (0, 1, 2, 3):
         raise _unsupported(f"TIFF photometric interpretation {photometric} (CMYK, YCbCr, ...)")
     if planar != 1:
@@ -402,6 +437,8 @@ def _tiff(data: bytes):
                 raise _Corrupt(str(error)) from None
         elif compression == 32773:
             chunk = _packbits(chunk)
+        elif compression == 5:
+            chunk = _lzw(chunk)
         strips.append(chunk)
     row_bytes = (width * spp * depth + 7) // 8
     raw = b"".join(strips)
