@@ -90,9 +90,9 @@ def _gs_check(ctx, x_shape, grid_shape, err):
     last = grid_shape[-1]
     if isinstance(last, int) and last != r:
         raise err(f"GridSample: the grid's last axis must be {r}, got {last}")
-    for a, b in ((x_shape[0], grid_shape[0]),):
-        if isinstance(a, int) and isinstance(b, int) and a != b:
-            raise err(f"GridSample: batch sizes differ (input {a}, grid {b})")
+    a, b = x_shape[0], grid_shape[0]
+    if isinstance(a, int) and isinstance(b, int) and a != b:
+        raise err(f"GridSample: batch sizes differ (input {a}, grid {b})")
 
 
 def _gs_shape(ctx, x, grid):
@@ -235,6 +235,9 @@ def _affine_shape(ctx, theta, size):
     batch = theta.shape[0] if theta.shape else None
     if count is None:
         return [TensorInfo(theta.dtype, None)]
+    if count not in (4, 5):
+        raise ShapeInferenceError(f"AffineGrid: size must hold 4 (2-D) or 5 (3-D) values, "
+                                  f"got {count}")
     return [TensorInfo(theta.dtype, (batch,) + (None,) * (count - 2) + (count - 2,))]
 
 
