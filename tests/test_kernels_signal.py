@@ -130,11 +130,13 @@ def test_symmetric_windows_match_numpy(op, numpy_window, size):
     check_against([expected], op, [i64(size)], 17, {"periodic": 0}, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("datatype,dtype", [(11, np.float64), (10, np.float16)])
+@pytest.mark.parametrize("datatype,dtype", [(11, np.float64), (10, np.float16), (6, np.int32),
+                                            (2, np.uint8)])
 def test_window_output_datatype(datatype, dtype):
-    expected = check_against_ort("HannWindow", [i64(16)], 17, {"output_datatype": datatype},
-                                 constant=(0,), rtol=1e-3, atol=1e-3)
-    assert expected[0].dtype == dtype
+    for op in ("HannWindow", "BlackmanWindow"):
+        expected = check_against_ort(op, [i64(10)], 17, {"output_datatype": datatype},
+                                     constant=(0,), rtol=1e-3, atol=1e-3)
+        assert expected[0].dtype == dtype
 
 
 # --------------------------------------------------------------------------- MelWeightMatrix
