@@ -9,10 +9,11 @@ A stream that is not a well-formed image yields an empty (0, 0, C) image, as the
 operator specifies.
 
 Alpha channels are dropped; 16-bit samples keep their high byte; Grayscale from color
-uses the ITU-R 601 luma weights in 16-bit fixed point, rounded. Two steps are sequential
-by nature and run one byte or one code at a time: PNG's Average and Paeth row filters
-(each byte needs the byte just decoded to its left) and LZW (each code extends the table
-the next one reads); every other step works on whole rows or images.
+uses the ITU-R 601 luma weights in 16-bit fixed point, rounded. PNG's Average and Paeth
+row filters need the pixel just decoded to their left, so such images are decoded one
+anti-diagonal of pixels at a time. LZW is sequential by nature (each code extends the
+table the next one reads) and runs one code at a time; every other step works on whole
+rows or images.
 """
 
 from __future__ import annotations
@@ -77,33 +78,50 @@ def _png_chunks(data: bytes):
     raise _Corrupt("no IEND chunk")
 
 
-def _unfilter_sequential(kind: int, line: np.ndarray, prior: np.ndarray, bpp: int) -> np.ndarray:
-    """Average (3) or Paeth (4) filter: each byte needs the decoded byte bpp to its left."""
-    cur = bytearray(line.tobytes())
-    up = prior.tobytes()
-    if kind == 3:
-        for i in range(len(cur)):
-            left = cur[i - bpp] if i >= bpp else 0
-            cur[i] = (cur[i] + ((left + up[i]) >> 1)) & 0xFF
-    else:
-        for i in range(len(cur)):
-            if i >= bpp:
-                a, c = cur[i - bpp], up[i - bpp]
-            else:
-                a = c = 0
-            b = up[i]
-            pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
-            pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-            cur[i] = (cur[i] + pred) & 0xFF
-    return np.frombuffer(bytes(cur), dtype=np.uint8)
+def _unfilter_diagonals(kinds: np.ndarray, data: np.ndarray, bpp: int) -> np.ndarray:
+    """Undo any mix of row filters, Average and Paeth included, whose bytes depend on the
+    decoded pixel to their left as well as on the row above: all pixels on one
+    anti-diagonal (row + column constant) depend only on earlier diagonals, so each step
+    decodes a whole diagonal, and the image takes rows + columns - 1 steps.
+
+    The image is sheared and stored diagonal-major: pixel (y, x) sits at [y + x, y], so a
+    diagonal is one contiguous slice, the left and upper neighbours of its pixels are in
+    the previous diagonal (rows y and y - 1) and the upper-left ones two diagonals back."""
+    rows, row_bytes = data.shape
+    pixels = row_bytes // bpp  # whole pixels; a byte is the unit below 8 bits per pixel
+    diagonals = rows + pixels - 1
+    ys, xs = np.arange(rows)[:, None], np.arange(pixels)[None, :]
+    filtered = np.zeros((diagonals, rows, bpp), dtype=np.int16)
+    filtered[ys + xs, ys] = data.reshape(rows, pixels, bpp)
+    # decoded: two zero diagonals before, a zero row above; cells outside the image are
+    # never written and read as the zero border
+    out = np.zeros((diagonals + 2, rows + 1, bpp), dtype=np.int16)
+    # per row, 0/1 weights selecting its filter's predictor
+    sub, up_, average, paeth_ = ((kinds == k).astype(np.int16)[:, None] for k in (1, 2, 3, 4))
+    for d in range(diagonals):
+        lo, hi = max(0, d - pixels + 1), min(rows, d + 1)
+        before = out[d + 1]
+        left, up, corner = before[lo + 1:hi + 1], before[lo:hi], out[d, lo:hi]
+        to_left = np.abs(up - corner)  # |(left + up - corner) - left|
+        to_up = np.abs(left - corner)
+        to_corner = np.abs(left + up - 2 * corner)
+        paeth = np.where((to_left <= to_up) & (to_left <= to_corner), left,
+                         np.where(to_up <= to_corner, up, corner))
+        predicted = (sub[lo:hi] * left + up_[lo:hi] * up
+                     + average[lo:hi] * ((left + up) >> 1) + paeth_[lo:hi] * paeth)
+        out[d + 2, lo + 1:hi + 1] = (filtered[d, lo:hi] + predicted) & 0xFF
+    return out[ys + xs + 2, ys + 1].reshape(rows, row_bytes).astype(np.uint8)
 
 
 def _png_unfilter(raw: np.ndarray, rows: int, row_bytes: int, bpp: int) -> np.ndarray:
-    """Undo the per-row filters of one (sub)image; runs of equal filters go at once."""
+    """Undo the per-row filters of one (sub)image. Without Average or Paeth rows, each run
+    of equal filters goes at once; with them, the image goes one diagonal at a time."""
     _need(raw.size >= rows * (row_bytes + 1), "image data too short")
     lines = raw[:rows * (row_bytes + 1)].reshape(rows, row_bytes + 1)
     kinds, data = lines[:, 0], lines[:, 1:]
     _need(bool(np.all(kinds <= 4)), "unknown filter type")
+    if np.any(kinds >= 3):
+        return _unfilter_diagonals(kinds, data, bpp)
     out = np.empty((rows, row_bytes), dtype=np.uint8)
     prior = np.zeros(row_bytes, dtype=np.uint8)
     starts = np.flatnonzero(np.diff(kinds.astype(np.int16), prepend=-1))
@@ -114,12 +132,8 @@ def _png_unfilter(raw: np.ndarray, rows: int, row_bytes: int, bpp: int) -> np.nd
         elif kind == 1:  # Sub: a running sum along each byte lane of a row
             lanes = block.reshape(stop - start, -1, bpp)
             out[start:stop] = np.cumsum(lanes, axis=1, dtype=np.uint8).reshape(stop - start, -1)
-        elif kind == 2:  # Up: a running sum down the columns, from the row before the run
+        else:  # Up: a running sum down the columns, from the row before the run
             out[start:stop] = np.cumsum(block, axis=0, dtype=np.uint8) + prior
-        else:
-            for y in range(start, stop):
-                out[y] = _unfilter_sequential(kind, data[y], prior, bpp)
-                prior = out[y]
         prior = out[stop - 1]
     return out
 
