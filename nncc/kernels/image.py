@@ -91,17 +91,17 @@ def _unfilter_diagonals(kinds: np.ndarray, data: np.ndarray, bpp: int) -> np.nda
     pixels = row_bytes // bpp  # whole pixels; a byte is the unit below 8 bits per pixel
     diagonals = rows + pixels - 1
     ys, xs = np.arange(rows)[:, None], np.arange(pixels)[None, :]
-    filtered = np.zeros((diagonals, rows, bpp), dtype=np.int16)
+    filtered = np.zeros((diagonals, rows, bpp), dtype=np.uint8)
     filtered[ys + xs, ys] = data.reshape(rows, pixels, bpp)
     # decoded: two zero diagonals before, a zero row above; cells outside the image are
     # never written and read as the zero border
-    out = np.zeros((diagonals + 2, rows + 1, bpp), dtype=np.int16)
+    out = np.zeros((diagonals + 2, rows + 1, bpp), dtype=np.uint8)  # int16 only per step
     # per row, 0/1 weights selecting its filter's predictor
     sub, up_, average, paeth_ = ((kinds == k).astype(np.int16)[:, None] for k in (1, 2, 3, 4))
     for d in range(diagonals):
         lo, hi = max(0, d - pixels + 1), min(rows, d + 1)
-        before = out[d + 1]
-        left, up, corner = before[lo + 1:hi + 1], before[lo:hi], out[d, lo:hi]
+        before = out[d + 1, lo:hi + 1].astype(np.int16)
+        left, up, corner = before[1:], before[:-1], out[d, lo:hi].astype(np.int16)
         to_left = np.abs(up - corner)  # |(left + up - corner) - left|
         to_up = np.abs(left - corner)
         to_corner = np.abs(left + up - 2 * corner)
@@ -110,7 +110,7 @@ def _unfilter_diagonals(kinds: np.ndarray, data: np.ndarray, bpp: int) -> np.nda
         predicted = (sub[lo:hi] * left + up_[lo:hi] * up
                      + average[lo:hi] * ((left + up) >> 1) + paeth_[lo:hi] * paeth)
         out[d + 2, lo + 1:hi + 1] = (filtered[d, lo:hi] + predicted) & 0xFF
-    return out[ys + xs + 2, ys + 1].reshape(rows, row_bytes).astype(np.uint8)
+    return out[ys + xs + 2, ys + 1].reshape(rows, row_bytes)
 
 
 def _png_unfilter(raw: np.ndarray, rows: int, row_bytes: int, bpp: int) -> np.ndarray:
