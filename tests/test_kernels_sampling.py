@@ -168,6 +168,14 @@ def test_deform_conv_matches_onnxruntime(group, offset_group, strides, pads, dil
                       rtol=1e-4, atol=1e-4)
 
 
+def test_deform_conv_mask_without_bias_and_kernel_shape_from_weights():
+    x = normal(1, 3, 7, 7)
+    w = normal(5, 3, 2, 3)
+    offset = normal(1, 2 * 3 * 2, 6, 5)
+    mask = uniform(0, 1, 1, 2 * 3, 6, 5)
+    check_against_ort("DeformConv", [x, w, offset, None, mask], 19, {}, rtol=1e-4, atol=1e-4)
+
+
 def test_deform_conv_with_zero_offsets_is_conv():
     """Oracle: onnxruntime's Conv. Without offsets or mask, a deformable convolution samples
     the plain convolution's taps; this covers a 3-D case too, which onnxruntime's DeformConv
