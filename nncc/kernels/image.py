@@ -293,7 +293,7 @@ def _pnm_header(data: bytes, fields: int):
                 pos += 1
             _need(pos > start, "bad header")
             values.append(int(data[start:pos]))
-    _need(pos < len(data) and data[pos:pos + 1].isspace() or fields == 0, "bad header")
+    _need(data[pos:pos + 1].isspace(), "bad header")  # one whitespace byte ends it
     return values, pos + 1
 
 
