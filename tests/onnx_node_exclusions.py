@@ -4,6 +4,7 @@ This is the one place exclusions live; tests/test_onnx_node.py reads it.
 """
 
 NO_NUMPY_DTYPE = "the target element type (bfloat16, float8, int4/uint4, int2/uint2, float4, float8e8m0) has no numpy dtype; nncc rejects such models with a clear error"
+NEEDS_IMAGE_CODEC = "the stream is JPEG, JPEG 2000 or WebP, which needs a full image codec; nncc takes no image library dependency and refuses such streams with a clear error (it decodes PNG, BMP, PNM and TIFF itself)"
 
 RANDOM_DRAW = "the stored output is one draw of numpy's unseeded generator, so a correct Bernoulli matches it only by chance; tests/test_kernels_math.py checks dtype, shape, the 0/1 values, their frequency and the seed"
 
@@ -48,4 +49,9 @@ EXCLUDED: dict[str, str] = {
     "test_bernoulli_seed_expanded": RANDOM_DRAW,
     "test_identity_opt": "optional-typed values are not tensors; nncc runs tensor graphs only",
     "test_identity_sequence": "sequence-typed values are not tensors; nncc runs tensor graphs only",
+    "test_image_decoder_decode_jpeg_rgb": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg_bgr": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg_grayscale": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_jpeg2k_rgb": NEEDS_IMAGE_CODEC,
+    "test_image_decoder_decode_webp_rgb": NEEDS_IMAGE_CODEC,
 }
