@@ -3,6 +3,7 @@
 from nncc.kernels import (  # noqa: F401
     activation,
     affine,
+    attention,
     arithmetic,
     conv,
     fused,

@@ -1,0 +1,299 @@
+"""Attention-family kernels: Attention (23-25), RotaryEmbedding (23), LinearAttention and
+CausalConvWithState.
+
+Attention follows the operator's pattern step by step in the input dtype (Q and K are each
+scaled by sqrt(scale) before their product, softcap comes before the mask, softmax may run
+at `softmax_precision`), so results agree with other runtimes to rounding. Grouped-query
+heads are never copied: Q is viewed as (batch, kv_heads, group, q_len, head) and multiplied
+against each KV head once. A query row whose mask allows no key gives zeros, not NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.dtypes import to_numpy
+from nncc.ir.graph import Dim, TensorInfo
+from nncc.kernels.registry import kernel
+
+
+def _mul(a: Dim, b: Dim) -> Dim:
+    return a * b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def _add(a: Dim, b: Dim) -> Dim:
+    return a + b if isinstance(a, int) and isinstance(b, int) else None
+
+
+def _div(a: Dim, b: int, what: str) -> Dim:
+    if not isinstance(a, int):
+        return None
+    if b <= 0 or a % b:
+        raise ShapeInferenceError(f"{what} of size {a} does not split into {b} heads")
+    return a // b
+
+
+# --------------------------------------------------------------------------- Attention
+
+
+def _heads(ctx, rank: int) -> tuple[int | None, int | None]:
+    q_heads, kv_heads = ctx.get("q_num_heads"), ctx.get("kv_num_heads")
+    if rank == 3:
+        if not q_heads or not kv_heads:
+            raise KernelError("Attention: 3-D inputs need the q_num_heads and kv_num_heads attributes")
+    elif ctx.opset >= 25 and (q_heads is not None or kv_heads is not None):
+        raise KernelError("Attention: q_num_heads and kv_num_heads must not be set for 4-D inputs")
+    return q_heads, kv_heads
+
+
+def _attention_shape(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad=None):
+    if q.shape is None or k.shape is None or v.shape is None:
+        return [TensorInfo(q.dtype, None) for _ in range(max(ctx.num_outputs, 1))]
+    if not len(q.shape) == len(k.shape) == len(v.shape) or len(q.shape) not in (3, 4):
+        raise ShapeInferenceError("Q, K and V must all be 3-D or all 4-D")
+    try:
+        q_heads, kv_heads = _heads(ctx, len(q.shape))
+    except KernelError as exc:
+        raise ShapeInferenceError(str(exc)) from None
+    if len(q.shape) == 3:
+        batch, q_len = q.shape[0], q.shape[1]
+        kv_len = k.shape[1]
+        head = _div(k.shape[2], kv_heads, "K's hidden size")
+        v_head = _div(v.shape[2], kv_heads, "V's hidden size")
+        _div(q.shape[2], q_heads, "Q's hidden size")
+        y = TensorInfo(q.dtype, (batch, q_len, _mul(v_head, q_heads)))
+    else:
+        batch, q_heads, q_len = q.shape[0], q.shape[1], q.shape[2]
+        kv_heads, kv_len, head = k.shape[1], k.shape[2], k.shape[3]
+        v_head = v.shape[3]
+        y = TensorInfo(q.dtype, (batch, q_heads, q_len, v_head))
+    total = kv_len if past_key is None else _add(past_key.shape[2] if past_key.shape else None, kv_len)
+    outs = [
+        y,
+        TensorInfo(k.dtype, (batch, kv_heads, total, head)),
+        TensorInfo(v.dtype, (batch, kv_heads, total, v_head)),
+        TensorInfo(q.dtype, (batch, q_heads, q_len, total)),
+    ]
+    return outs[: max(ctx.num_outputs, 1)]
+
+
+def _to_4d(x: np.ndarray, heads: int, what: str) -> np.ndarray:
+    batch, length, hidden = x.shape
+    if hidden % heads:
+        raise KernelError(f"Attention: {what}'s hidden size {hidden} does not split into {heads} heads")
+    return x.reshape(batch, length, heads, hidden // heads).transpose(0, 2, 1, 3)
+
+
+def _allowed_band(q_len: int, kv_len: int, offset, left: int, right: int, causal: bool):
+    """Which keys each query may see under causal masking and a sliding window, as bool of
+    shape (q, kv) or, for a per-batch offset, (batch, 1, q, kv); None when unrestricted.
+    Query i sits at absolute position i + offset."""
+    if not causal and left < 0 and right < 0:
+        return None
+    i = np.arange(q_len).reshape(q_len, 1)
+    j = np.arange(kv_len).reshape(1, kv_len)
+    if np.ndim(offset):
+        i = i + np.asarray(offset, np.int64).reshape(-1, 1, 1, 1)
+    else:
+        i = i + int(offset)
+    diff = i - j  # how far key j lies behind the query
+    allowed = np.ones(diff.shape, bool)
+    if causal:
+        allowed &= diff >= 0
+    if left >= 0:
+        allowed &= diff <= left
+    if right >= 0:
+        allowed &= -diff <= right
+    return allowed
+
+
+def _bias(ctx, mask, q_len: int, kv_len: int, dtype, offset) -> np.ndarray | None:
+    """The additive bias (0 or -inf from boolean masks, causal masking and windows; float
+    masks as given), broadcastable to (batch, q_heads, q_len, kv_len); None for none."""
+    neg_inf = dtype.type(-np.inf)
+    bias = None
+    if mask is not None:
+        pad = kv_len - mask.shape[-1]
+        if pad < 0:
+            raise KernelError(
+                f"Attention: attn_mask's last dimension {mask.shape[-1]} exceeds the {kv_len} keys")
+        if mask.dtype == np.bool_:
+            bias = np.where(mask, dtype.type(0), neg_inf)
+        else:
+            bias = mask.astype(dtype, copy=False)
+        if pad:
+            widths = [(0, 0)] * (bias.ndim - 1) + [(0, pad)]
+            bias = np.pad(bias, widths, constant_values=neg_inf)
+    left = int(ctx.get("left_window_size", -1)) if ctx.opset >= 25 else -1
+    right = int(ctx.get("right_window_size", -1)) if ctx.opset >= 25 else -1
+    if left < -1 or right < -1:
+        raise KernelError("Attention: window sizes must be -1 or nonnegative")
+    band = _allowed_band(q_len, kv_len, offset, left, right, bool(ctx.get("is_causal", 0)))
+    if band is not None:
+        banded = np.where(band, dtype.type(0), neg_inf)
+        bias = banded if bias is None else bias + banded
+    return bias
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy floats, and ml_dtypes' bfloat16 (which numpy sees as a void kind)."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; an all -inf row gives zeros (no NaN, no warning)."""
+    top = np.max(x, axis=-1, keepdims=True)
+    top[np.isneginf(top)] = 0
+    x = np.subtract(x, top, out=x if x.flags.writeable else None)
+    np.exp(x, out=x)
+    total = np.sum(x, axis=-1, keepdims=True)
+    total[total == 0] = 1
+    x /= total
+    return x
+
+
+def _softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    cap = x.dtype.type(cap)
+    return np.tanh(x / cap) * cap
+
+
+def _attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad=None):
+    if not q.ndim == k.ndim == v.ndim or q.ndim not in (3, 4):
+        raise KernelError(f"Attention: Q, K and V must all be 3-D or all 4-D, got ranks "
+                          f"{q.ndim}, {k.ndim} and {v.ndim}")
+    if (past_key is None) != (past_value is None):
+        raise KernelError("Attention: past_key and past_value must be given together")
+    if nonpad is not None and past_key is not None:
+        raise KernelError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    dtype = q.dtype
+    if not _is_float(dtype):
+        raise KernelError(f"Attention: unsupported input dtype {dtype}")
+    three_d = q.ndim == 3
+    q_heads, kv_heads = _heads(ctx, q.ndim)
+    if three_d:
+        q, k, v = _to_4d(q, q_heads, "Q"), _to_4d(k, kv_heads, "K"), _to_4d(v, kv_heads, "V")
+    batch, q_heads, q_len, head = q.shape
+    kv_heads = k.shape[1]
+    if k.shape[3] != head or k.shape[0] != batch or v.shape[:3] != k.shape[:3]:
+        raise KernelError(f"Attention: K {k.shape} and V {v.shape} do not fit Q {q.shape}")
+    if q_heads % kv_heads:
+        raise KernelError(f"Attention: {q_heads} query heads are not a multiple of {kv_heads} KV heads")
+    if past_key is not None:
+        k = np.concatenate((past_key, k), axis=2)
+        v = np.concatenate((past_value, v), axis=2)
+    present_key, present_value = k, v
+    kv_len = k.shape[2]
+
+    scale = ctx.get("scale")
+    if scale is None:
+        scale = 1.0 / np.sqrt(head)
+    root = dtype.type(np.sqrt(scale))
+    group = q_heads // kv_heads
+    # (batch, kv_heads, group, q_len, head) @ (batch, kv_heads, 1, head, kv_len)
+    qg = (q * root).reshape(batch, kv_heads, group, q_len, head)
+    kt = (k * root).transpose(0, 1, 3, 2)[:, :, None]
+    # (numpy multiplies bfloat16 in float32: round back to the operator's type)
+    scores = np.matmul(qg, kt).astype(dtype, copy=False).reshape(batch, q_heads, q_len, kv_len)
+
+    softcap = float(ctx.get("softcap", 0.0) or 0.0)
+    if softcap > 0:
+        scores = _softcap(scores, softcap)
+    mode = int(ctx.get("qk_matmul_output_mode", 0))
+    qk_out = scores if mode in (0, 1) and ctx.num_outputs > 3 else None
+
+    if past_key is not None:
+        offset = past_key.shape[2]
+    elif nonpad is not None:
+        offset = nonpad.reshape(-1).astype(np.int64) - q_len
+    else:
+        offset = 0
+    bias = _bias(ctx, mask, q_len, kv_len, dtype, offset)
+    if nonpad is not None:
+        keep = np.arange(kv_len) < nonpad.reshape(-1, 1, 1, 1)
+        padding = np.where(keep, dtype.type(0), dtype.type(-np.inf))
+        bias = padding if bias is None else bias + padding
+    logits = scores if bias is None else scores + bias
+    if mode == 2 and ctx.num_outputs > 3:
+        qk_out = logits
+        logits = logits.copy()
+    elif logits is scores and qk_out is not None:
+        logits = logits.copy()
+
+    precision = ctx.get("softmax_precision")
+    work = dtype
+    if precision is not None:
+        work = to_numpy(int(precision))
+        if work is None or work.kind != "f":
+            raise KernelError(f"Attention: softmax_precision {precision} is not supported")
+    probs = _softmax_rows(logits.astype(work, copy=False))
+    if bias is not None:
+        dead = np.isneginf(np.max(bias, axis=-1, keepdims=True))
+        if dead.any():
+            probs = np.where(dead, work.type(0), probs)
+    probs = probs.astype(dtype, copy=False)
+    if mode == 3:
+        qk_out = probs
+
+    # (batch, kv_heads, group * q_len, kv_len) @ (batch, kv_heads, kv_len, v_head)
+    v_head = v.shape[3]
+    pg = np.broadcast_to(probs, (batch, q_heads, q_len, kv_len)).reshape(
+        batch, kv_heads, group * q_len, kv_len)
+    y = np.matmul(pg, v).astype(dtype, copy=False).reshape(batch, q_heads, q_len, v_head)
+    if three_d:
+        y = y.transpose(0, 2, 1, 3).reshape(batch, q_len, q_heads * v_head)
+    results = [y, present_key, present_value,
+               None if qk_out is None else np.broadcast_to(
+                   qk_out, (batch, q_heads, q_len, kv_len)).astype(dtype)]
+    results = [np.ascontiguousarray(r) if r is not None else r for r in results]
+    return tuple(results[: max(ctx.num_outputs, 1)]) if ctx.num_outputs > 1 else results[0]
+
+
+for _since in (23, 24, 25):
+    kernel("Attention", _since, shape=_attention_shape)(_attention)
+
+
+# --------------------------------------------------------------------------- RotaryEmbedding
+
+
+def _rotary_shape(ctx, x, cos, sin, position_ids=None):
+    return [TensorInfo(x.dtype, x.shape)]
+
+
+@kernel("RotaryEmbedding", 23, shape=_rotary_shape)
+def rotary_embedding(ctx, x, cos, sin, position_ids=None):
+    if x.ndim == 4:  # (batch, heads, seq, head) -> (batch, seq, heads, head)
+        xs = x.transpose(0, 2, 1, 3)
+    elif x.ndim == 3:
+        heads = int(ctx.get("num_heads", 0))
+        if heads <= 0 or x.shape[2] % heads:
+            raise KernelError("RotaryEmbedding: a 3-D input needs num_heads dividing its hidden size")
+        xs = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
+    else:
+        raise KernelError(f"RotaryEmbedding: input must be 3-D or 4-D, got shape {x.shape}")
+    head = xs.shape[3]
+    dim = int(ctx.get("rotary_embedding_dim", 0)) or head
+    if dim > head or dim % 2:
+        raise KernelError(f"RotaryEmbedding: rotary_embedding_dim {dim} does not fit head size {head}")
+    half = dim // 2
+    if position_ids is not None:
+        if np.any(position_ids < 0) or np.any(position_ids >= cos.shape[0]):
+            raise KernelError("RotaryEmbedding: position_ids out of range of the caches")
+        cos, sin = cos[position_ids], sin[position_ids]  # (batch, seq, half)
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise KernelError(
+            f"RotaryEmbedding: the caches' last dimension must be {half}, got {cos.shape[-1]}")
+    cos = cos[..., None, :].astype(x.dtype, copy=False)  # broadcast over heads
+    sin = sin[..., None, :].astype(x.dtype, copy=False)
+    out = np.array(xs, dtype=x.dtype, order="C")
+    if ctx.get("interleaved", 0):
+        x1, x2 = xs[..., 0:dim:2], xs[..., 1:dim:2]
+        out[..., 0:dim:2] = cos * x1 - sin * x2
+        out[..., 1:dim:2] = sin * x1 + cos * x2
+    else:
+        x1, x2 = xs[..., :half], xs[..., half:dim]
+        out[..., :half] = cos * x1 - sin * x2
+        out[..., half:dim] = sin * x1 + cos * x2
+    if x.ndim == 4:
+        return np.ascontiguousarray(out.transpose(0, 2, 1, 3))
+    return out.reshape(x.shape)
