@@ -3,8 +3,8 @@
 from nncc.kernels import (  # noqa: F401
     activation,
     affine,
-    attention,
     arithmetic,
+    attention,
     conv,
     fused,
     generators,
@@ -15,5 +15,6 @@ from nncc.kernels import (  # noqa: F401
     recurrent,
     reduce,
     resize,
+    strings,
     tensor,
 )
