@@ -10,6 +10,7 @@ from nncc.kernels import (  # noqa: F401
     generators,
     linalg,
     logic,
+    ml,
     normalization,
     pool,
     recurrent,
