@@ -18,4 +18,5 @@ from nncc.kernels import (  # noqa: F401
     resize,
     strings,
     tensor,
+    training,
 )
