@@ -297,3 +297,146 @@ def rotary_embedding(ctx, x, cos, sin, position_ids=None):
     if x.ndim == 4:
         return np.ascontiguousarray(out.transpose(0, 2, 1, 3))
     return out.reshape(x.shape)
+
+
+# --------------------------------------------------------------------------- CausalConvWithState
+
+
+def _causal_conv_shape(ctx, x, weight, bias=None, past_state=None):
+    k = weight.shape[2] if weight.shape is not None and len(weight.shape) == 3 else None
+    state = None
+    if x.shape is not None and len(x.shape) == 3:
+        state = (x.shape[0], x.shape[1], k - 1 if isinstance(k, int) else None)
+    return [TensorInfo(x.dtype, x.shape), TensorInfo(x.dtype, state)]
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    wide = x.astype(np.float32) if x.dtype.itemsize < 4 else x
+    return wide / (1 + np.exp(-wide))
+
+
+@kernel("CausalConvWithState", 27, shape=_causal_conv_shape)
+def causal_conv_with_state(ctx, x, weight, bias=None, past_state=None):
+    """Depthwise 1-D convolution over time that sees only the past: the carried state (or
+    zeros) is prepended, and its last k - 1 steps are the next state."""
+    activation = ctx.get("activation", "none") or "none"
+    if activation not in ("none", "silu", "swish"):
+        raise KernelError(f"CausalConvWithState: unknown activation {activation!r}")
+    if x.ndim != 3 or weight.ndim != 3 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
+        raise KernelError(f"CausalConvWithState: input {x.shape} needs weight (channels, 1, k), "
+                          f"got {weight.shape}")
+    batch, channels, _ = x.shape
+    k = weight.shape[2]
+    if k < 1:
+        raise KernelError("CausalConvWithState: the kernel size must be at least 1")
+    if past_state is None:
+        past_state = np.zeros((batch, channels, k - 1), dtype=x.dtype)
+    elif past_state.shape != (batch, channels, k - 1):
+        raise KernelError(f"CausalConvWithState: past_state must have shape "
+                          f"{(batch, channels, k - 1)}, got {past_state.shape}")
+    padded = np.concatenate([past_state.astype(x.dtype, copy=False), x], axis=2)
+    wide = np.float32 if x.dtype.itemsize < 4 else x.dtype
+    windows = np.lib.stride_tricks.sliding_window_view(padded, k, axis=2)  # (b, c, length, k)
+    out = np.einsum("bclk,ck->bcl", windows.astype(wide, copy=False),
+                    weight[:, 0, :].astype(wide, copy=False))
+    if bias is not None:
+        out += bias.astype(wide, copy=False)[:, None]
+    out = out.astype(x.dtype, copy=False)
+    if activation != "none":
+        out = _silu(out).astype(x.dtype, copy=False)
+    present = np.ascontiguousarray(padded[:, :, padded.shape[2] - (k - 1):])
+    return out, present
+
+
+# --------------------------------------------------------------------------- LinearAttention
+
+_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _linear_attention_shape(ctx, q, k, v, past_state=None, decay=None, beta=None):
+    q_heads, kv_heads = int(ctx.get("q_num_heads", 0) or 0), int(ctx.get("kv_num_heads", 0) or 0)
+    if q_heads <= 0 or kv_heads <= 0:
+        raise ShapeInferenceError("LinearAttention needs q_num_heads and kv_num_heads")
+    if q.shape is None or v.shape is None or len(q.shape) != 3 or len(v.shape) != 3:
+        return [TensorInfo(q.dtype, None), TensorInfo(q.dtype if past_state is None else past_state.dtype, None)]
+    d_k = _div(q.shape[2], q_heads, "query's hidden size")
+    d_v = _div(v.shape[2], kv_heads, "value's hidden size")
+    state_dtype = q.dtype if past_state is None else past_state.dtype
+    return [TensorInfo(q.dtype, (q.shape[0], q.shape[1], _mul(d_v, q_heads))),
+            TensorInfo(state_dtype, (q.shape[0], kv_heads, d_k, d_v))]
+
+
+def _heads_first(x: np.ndarray, heads: int, what: str) -> np.ndarray:
+    """(batch, time, heads * d) -> (batch, heads, time, d) in float32."""
+    b, t, hd = x.shape
+    if hd % heads:
+        raise KernelError(f"LinearAttention: {what}'s last dimension {hd} does not split into {heads} heads")
+    return x.reshape(b, t, heads, hd // heads).transpose(0, 2, 1, 3).astype(np.float32)
+
+
+@kernel("LinearAttention", 27, shape=_linear_attention_shape)
+def linear_attention(ctx, q, k, v, past_state=None, decay=None, beta=None):
+    """Recurrent linear attention: a (d_k, d_v) state per KV head is decayed (gated rules),
+    corrected toward the new value (delta rules), extended by k v^T and read by q, one
+    time step after another (each step vectorized over batch and heads), in float32."""
+    rule = ctx.get("update_rule", "gated_delta") or "gated_delta"
+    if rule not in _RULES:
+        raise KernelError(f"LinearAttention: unknown update_rule {rule!r}")
+    q_heads, kv_heads = int(ctx.get("q_num_heads", 0) or 0), int(ctx.get("kv_num_heads", 0) or 0)
+    if q_heads <= 0 or kv_heads <= 0 or q_heads % kv_heads:
+        raise KernelError(f"LinearAttention: q_num_heads {q_heads} must be a positive multiple "
+                          f"of kv_num_heads {kv_heads}")
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    if gated != (decay is not None):
+        raise KernelError(f"LinearAttention: update_rule {rule!r} "
+                          f"{'needs' if gated else 'forbids'} the decay input")
+    if delta != (beta is not None):
+        raise KernelError(f"LinearAttention: update_rule {rule!r} "
+                          f"{'needs' if delta else 'forbids'} the beta input")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise KernelError("LinearAttention: query, key and value must be (batch, time, heads * d)")
+    b, t, _ = q.shape
+    q4 = _heads_first(q, q_heads, "query")
+    k4 = _heads_first(k, kv_heads, "key")
+    v4 = _heads_first(v, kv_heads, "value")
+    d_k, d_v = q4.shape[3], v4.shape[3]
+    if k4.shape != (b, kv_heads, t, d_k) or v4.shape[:3] != (b, kv_heads, t):
+        raise KernelError(f"LinearAttention: key {k.shape} and value {v.shape} do not fit query {q.shape}")
+    group = q_heads // kv_heads
+    gate = None
+    if gated:
+        if decay.ndim != 3 or decay.shape[:2] != (b, t) or decay.shape[2] not in (kv_heads, kv_heads * d_k):
+            raise KernelError(f"LinearAttention: decay must be (batch, time, {kv_heads}) or "
+                              f"(batch, time, {kv_heads * d_k}), got {decay.shape}")
+        per = 1 if decay.shape[2] == kv_heads else d_k
+        gate = np.exp(decay.reshape(b, t, kv_heads, per).transpose(0, 2, 1, 3).astype(np.float32))
+    rate = None
+    if delta:
+        if beta.ndim != 3 or beta.shape[:2] != (b, t) or beta.shape[2] not in (kv_heads, 1):
+            raise KernelError(f"LinearAttention: beta must be (batch, time, {kv_heads}) or "
+                              f"(batch, time, 1), got {beta.shape}")
+        rate = beta.reshape(b, t, beta.shape[2], 1).transpose(0, 2, 1, 3).astype(np.float32)
+    if past_state is not None:
+        if past_state.shape != (b, kv_heads, d_k, d_v):
+            raise KernelError(f"LinearAttention: past_state must have shape {(b, kv_heads, d_k, d_v)}, "
+                              f"got {past_state.shape}")
+        state_dtype = past_state.dtype
+        state = past_state.astype(np.float32)  # a copy: updated in place below
+    else:
+        state_dtype = q.dtype
+        state = np.zeros((b, kv_heads, d_k, d_v), np.float32)
+    scale = ctx.get("scale") or 1.0 / np.sqrt(d_k)
+    # queries grouped by their KV head: (b, kv_heads, group, t, d_k)
+    qg = q4.reshape(b, kv_heads, group, t, d_k) * np.float32(scale)
+    out = np.empty((b, kv_heads, group, t, d_v), np.float32)
+    for i in range(t):
+        k_t, v_t = k4[:, :, i, :], v4[:, :, i, :]
+        if gate is not None:
+            state *= gate[:, :, i, :, None]
+        if rate is not None:
+            recalled = np.matmul(k_t[:, :, None, :], state)[:, :, 0, :]  # S^T k
+            v_t = rate[:, :, i, :] * (v_t - recalled)
+        state += k_t[:, :, :, None] * v_t[:, :, None, :]
+        out[:, :, :, i, :] = np.matmul(qg[:, :, :, i, :], state)
+    y = out.reshape(b, q_heads, t, d_v).transpose(0, 2, 1, 3).reshape(b, t, q_heads * d_v)
+    return y.astype(q.dtype), state.astype(state_dtype)
