@@ -440,3 +440,79 @@ def linear_attention(ctx, q, k, v, past_state=None, decay=None, beta=None):
         out[:, :, :, i, :] = np.matmul(qg[:, :, :, i, :], state)
     y = out.reshape(b, q_heads, t, d_v).transpose(0, 2, 1, 3).reshape(b, t, q_heads * d_v)
     return y.astype(q.dtype), state.astype(state_dtype)
+
+
+# --------------------------------------------------------------------------- FlexAttention
+
+
+def _flex_shape(ctx, q, k, v):
+    if q.shape is None or v.shape is None:
+        return [TensorInfo(q.dtype, None)]
+    if len(q.shape) != 4 or len(v.shape) != 4:
+        raise ShapeInferenceError("FlexAttention expects 4-D Q, K and V")
+    return [TensorInfo(q.dtype, (q.shape[0], q.shape[1], q.shape[2], v.shape[3]))]
+
+
+def _modifier(ctx, name: str):
+    """The `score_mod` / `prob_mod` subgraph as a function of one array, or None."""
+    graph = ctx.get(name)
+    if graph is None:
+        return None
+    runner = ctx.scratch.get(name)
+    if runner is None:
+        from nncc.runtime.interpreter import Interpreter  # the runtime imports the kernels
+
+        if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+            raise KernelError(f"FlexAttention: {name} must have one input and one output")
+        runner = ctx.scratch[name] = Interpreter(graph)
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        out = runner.run({runner.graph.inputs[0]: x})[runner.graph.outputs[0]]
+        if out.shape != x.shape:
+            raise KernelError(f"FlexAttention: {name} changed the shape {x.shape} to {out.shape}")
+        return out.astype(x.dtype, copy=False)
+
+    return apply
+
+
+@kernel("FlexAttention", 1, "ai.onnx.preview", shape=_flex_shape)
+def flex_attention(ctx, q, k, v):
+    """Scaled dot-product attention whose scores and probabilities may be rewritten by the
+    `score_mod` and `prob_mod` subgraphs; softmax runs at `softmax_precision` (float32
+    unless the inputs are double)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise KernelError("FlexAttention expects 4-D Q, K and V")
+    if not _is_float(q.dtype):
+        raise KernelError(f"FlexAttention: unsupported input dtype {q.dtype}")
+    dtype = q.dtype
+    batch, q_heads, q_len, head = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    if k.shape[0] != batch or k.shape[3] != head or v.shape[:3] != k.shape[:3]:
+        raise KernelError(f"FlexAttention: K {k.shape} and V {v.shape} do not fit Q {q.shape}")
+    if kv_heads == 0 or q_heads % kv_heads:
+        raise KernelError(f"FlexAttention: {q_heads} query heads are not a multiple of {kv_heads} KV heads")
+    precision = ctx.get("softmax_precision")
+    if precision is not None:
+        work = to_numpy(int(precision))
+        if work is None or work.kind != "f":
+            raise KernelError(f"FlexAttention: softmax_precision {precision} is not supported")
+    else:
+        work = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    scale = ctx.get("scale")
+    if scale is None:
+        scale = 1.0 / np.sqrt(head)
+    root = dtype.type(np.sqrt(np.float32(scale)))
+    group = q_heads // kv_heads
+    qg = (q * root).reshape(batch, kv_heads, group, q_len, head)
+    kt = (k * root).transpose(0, 1, 3, 2)[:, :, None]
+    scores = np.matmul(qg, kt).astype(dtype, copy=False).reshape(batch, q_heads, q_len, kv_len)
+    scores = scores.astype(work)
+    score_mod, prob_mod = _modifier(ctx, "score_mod"), _modifier(ctx, "prob_mod")
+    if score_mod is not None:
+        scores = np.array(score_mod(scores), dtype=work)
+    probs = _softmax_rows(scores)
+    if prob_mod is not None:
+        probs = prob_mod(probs)
+    probs = probs.astype(dtype, copy=False).reshape(batch, kv_heads, group * q_len, kv_len)
+    y = np.matmul(probs, v).astype(dtype, copy=False)
+    return y.reshape(batch, q_heads, q_len, v.shape[3])
