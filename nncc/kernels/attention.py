@@ -196,11 +196,16 @@ def _attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad=N
     # (numpy multiplies bfloat16 in float32: round back to the operator's type)
     scores = np.matmul(qg, kt).astype(dtype, copy=False).reshape(batch, q_heads, q_len, kv_len)
 
+    mode = int(ctx.get("qk_matmul_output_mode", 0))
+    if mode not in (0, 1, 2, 3):
+        raise KernelError(f"Attention: qk_matmul_output_mode must be 0 to 3, not {mode}")
+    wanted = ctx.num_outputs > 3
+    qk_out = scores if mode == 0 and wanted else None  # the raw product
     softcap = float(ctx.get("softcap", 0.0) or 0.0)
     if softcap > 0:
         scores = _softcap(scores, softcap)
-    mode = int(ctx.get("qk_matmul_output_mode", 0))
-    qk_out = scores if mode in (0, 1) and ctx.num_outputs > 3 else None
+    if mode == 1 and wanted:
+        qk_out = scores
 
     if past_key is not None:
         offset = past_key.shape[2]
@@ -214,10 +219,9 @@ def _attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad=N
         padding = np.where(keep, dtype.type(0), dtype.type(-np.inf))
         bias = padding if bias is None else bias + padding
     logits = scores if bias is None else scores + bias
-    if mode == 2 and ctx.num_outputs > 3:
+    if mode == 2 and wanted:
         qk_out = logits
-        logits = logits.copy()
-    elif logits is scores and qk_out is not None:
+    if logits is qk_out:  # the softmax below works in place
         logits = logits.copy()
 
     precision = ctx.get("softmax_precision")
