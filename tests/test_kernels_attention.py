@@ -26,55 +26,17 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-import nncc  # noqa: E402
 from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
 from nncc.errors import NnccError  # noqa: E402
 from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
 from nncc.runtime.interpreter import Interpreter  # noqa: E402
-
-_ELEM = {
-    np.dtype(np.float32): TensorProto.FLOAT,
-    np.dtype(np.float16): TensorProto.FLOAT16,
-    np.dtype(np.float64): TensorProto.DOUBLE,
-    np.dtype(np.bool_): TensorProto.BOOL,
-    np.dtype(np.int64): TensorProto.INT64,
-}
+from tests.one_node import one_node as shared_one_node  # noqa: E402
+from tests.one_node import run_nncc, run_ort  # noqa: E402
 
 
 def one_node(op, inputs, n_out, attrs, opset, domain="", outs=None):
-    names = ["" if a is None else f"in{i}" for i, a in enumerate(inputs)]
-    while names and not names[-1]:
-        names.pop()
-    outs = outs or [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, _ELEM[a.dtype], a.shape) for n, a in zip(names, inputs) if n],
-        [helper.make_empty_tensor_value_info(o) for o in outs if o])
-    imports = [helper.make_opsetid("", opset if not domain else 26)]
-    if domain:
-        imports.append(helper.make_opsetid(domain, 1))
-    model = helper.make_model(graph, opset_imports=imports, ir_version=10)
-    return model, {n: a for n, a in zip(names, inputs) if n}, [o for o in outs if o]
-
-
-def run_ort(model, feeds):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
-def run_nncc(model, feeds, outs):
-    """(interpreter results, compiled-artifact results), each a list in output order."""
-    raw = model.SerializeToString()
-    interpreted = Interpreter(parse_model(raw)).run(feeds)
-    plan = CompiledModel(compile_graph(parse_model(raw), CompileOptions(opt_level=2)))
-    loaded = nncc.load(plan.to_bytes())
-    compiled = loaded.run(feeds)
-    return [interpreted[o] for o in outs], [compiled[o] for o in outs]
+    opsets = {"": opset} if not domain else {"": 26, domain: 1}
+    return shared_one_node(op, inputs, n_out, attrs, opsets, domain=domain, outs=outs)
 
 
 def check(op, inputs, n_out, attrs, opset=23, oracle=None, rtol=1e-5, atol=1e-5, outs=None):

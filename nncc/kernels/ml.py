@@ -350,10 +350,15 @@ class _Pool:
         if not len(indexes) or indexes.min() < 0:
             raise KernelError("TfIdfVectorizer needs nonnegative ngram_indexes")
         self.width = int(indexes.max()) + 1
+        # weights[i] belongs to the i-th pool n-gram, so it goes to that n-gram's column
+        # (as onnxruntime does; ONNX's Python reference indexes weights by column instead)
         weights = ctx.get("weights")
-        self.weights = None if not weights else np.asarray(weights, dtype=np.float32)
-        if self.weights is not None and len(self.weights) < self.width:
-            raise KernelError("TfIdfVectorizer: fewer weights than output columns")
+        self.weights = None
+        if weights:
+            if len(weights) != len(indexes):
+                raise KernelError("TfIdfVectorizer: weights and ngram_indexes differ in length")
+            self.weights = np.zeros(self.width, np.float32)
+            self.weights[indexes] = np.asarray(weights, dtype=np.float32)
         # every distinct pool token gets an id; input tokens outside the pool get -1
         if self.strings:
             self.vocab = {t: i for i, t in enumerate(dict.fromkeys(pool))}
@@ -428,9 +433,9 @@ def tfidf_vectorizer(ctx, x):
     elif pool.mode == "IDF":
         out = (counts > 0).astype(np.float32)
         if pool.weights is not None:
-            out *= pool.weights[: pool.width]
+            out *= pool.weights
     else:
         out = counts.astype(np.float32)
         if pool.weights is not None:
-            out *= pool.weights[: pool.width]
+            out *= pool.weights
     return out if x.ndim == 2 else out.reshape(pool.width)

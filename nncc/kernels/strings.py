@@ -4,6 +4,11 @@ Strings are numpy object arrays of Python str (what the model reader produces); 
 unicode array is accepted too. Their shapes often depend on the contents, so these nodes
 run on the CPU fallback.
 
+StringSplit follows str.split: without a delimiter it splits on runs of any whitespace
+character, and an empty string split on a delimiter is one empty substring (onnxruntime
+splits on spaces only and counts zero substrings there). StringNormalizer compares and
+changes case by Unicode rules whatever its `locale` attribute says.
+
 RegexFullMatch uses Python's `re` where ONNX names RE2. The pattern is compiled with
 re.ASCII so that \\w, \\d, \\s and \\b mean what they mean in RE2 (ASCII classes), and RE2's
 end-of-text escape \\z is read as Python's \\Z. Differences that remain: Python also accepts
