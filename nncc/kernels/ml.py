@@ -298,7 +298,7 @@ def _aggregate(ctx, forest: _Forest, leaf: np.ndarray, rows: int, trees: int) ->
 def _post_transform(how: int, scores: np.ndarray) -> np.ndarray:
     if how == 0:
         return scores
-    if how == 1:
+    if how == 1:  # (onnxruntime reads 1 as LOGISTIC and 2 as SOFTMAX, against the spec)
         e = np.exp(scores - scores.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
     if how == 2:
@@ -313,12 +313,12 @@ def _post_transform(how: int, scores: np.ndarray) -> np.ndarray:
 
 
 def _erfinv(y: np.ndarray) -> np.ndarray:
-    """Inverse error function: an initial estimate refined by Newton steps on math.erf."""
-    y = np.clip(y, -1.0, 1.0)
+    """Inverse error function: an initial estimate refined by Newton steps on math.erf
+    (+-inf at +-1, NaN outside [-1, 1])."""
     a = 0.147
-    ln = np.log1p(-y * y)
-    first = 2.0 / (np.pi * a) + ln / 2.0
     with np.errstate(invalid="ignore", divide="ignore"):
+        ln = np.log1p(-y * y)
+        first = 2.0 / (np.pi * a) + ln / 2.0
         x = np.sign(y) * np.sqrt(np.sqrt(first * first - ln / a) - first)
         erf = np.vectorize(math.erf, otypes=[np.float64])
         for _ in range(3):
