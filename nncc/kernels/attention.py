@@ -4,7 +4,7 @@ CausalConvWithState.
 Attention follows the operator's pattern step by step in the input dtype (Q and K are each
 scaled by sqrt(scale) before their product, softcap comes before the mask, softmax may run
 at `softmax_precision`), so results agree with other runtimes to rounding. Grouped-query
-heads are never copied: Q is viewed as (batch, kv_heads, group, q_len, head) and multiplied
+heads are never copied: Q is viewed as (batch, kv_heads, group * q_len, head) and multiplied
 against each KV head once. A query row whose mask allows no key gives zeros, not NaN.
 """
 
@@ -190,9 +190,10 @@ def _attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad=N
         scale = 1.0 / np.sqrt(head)
     root = dtype.type(np.sqrt(scale))
     group = q_heads // kv_heads
-    # (batch, kv_heads, group, q_len, head) @ (batch, kv_heads, 1, head, kv_len)
-    qg = (q * root).reshape(batch, kv_heads, group, q_len, head)
-    kt = (k * root).transpose(0, 1, 3, 2)[:, :, None]
+    # (batch, kv_heads, group * q_len, head) @ (batch, kv_heads, head, kv_len): one product
+    # per KV head covers its whole group of query heads
+    qg = (q * root).reshape(batch, kv_heads, group * q_len, head)
+    kt = (k * root).transpose(0, 1, 3, 2)
     # (numpy multiplies bfloat16 in float32: round back to the operator's type)
     scores = np.matmul(qg, kt).astype(dtype, copy=False).reshape(batch, q_heads, q_len, kv_len)
 
@@ -507,8 +508,8 @@ def flex_attention(ctx, q, k, v):
         scale = 1.0 / np.sqrt(head)
     root = dtype.type(np.sqrt(np.float32(scale)))
     group = q_heads // kv_heads
-    qg = (q * root).reshape(batch, kv_heads, group, q_len, head)
-    kt = (k * root).transpose(0, 1, 3, 2)[:, :, None]
+    qg = (q * root).reshape(batch, kv_heads, group * q_len, head)
+    kt = (k * root).transpose(0, 1, 3, 2)
     scores = np.matmul(qg, kt).astype(dtype, copy=False).reshape(batch, q_heads, q_len, kv_len)
     scores = scores.astype(work)
     score_mod, prob_mod = _modifier(ctx, "score_mod"), _modifier(ctx, "prob_mod")
