@@ -108,12 +108,15 @@ def test_tree_ensemble_post_transforms(post):
         attrs.update(leaf_weights=numpy_helper.from_array(weights, "weights"), aggregate_function=0)
     x = np.round(rng.normal(size=(64, 4)) * 1.5).astype(np.float32)
     opsets = {"": 20, ML: 5}
-    model, feeds, names = one_node("TreeEnsemble", [x], 1, {**attrs, "post_transform": post}, opsets, domain=ML)
+    model, feeds, names = one_node("TreeEnsemble", [x], 1, {**attrs, "post_transform": post}, opsets,
+                                   domain=ML)
     ort_code = {1: 2, 2: 1, 4: 0}.get(post, post)
     oracle, _, _ = one_node("TreeEnsemble", [x], 1, {**attrs, "post_transform": ort_code}, opsets, domain=ML)
     expected = run_ort(oracle, feeds)
     if post == 4:
-        probit = np.vectorize(lambda p: NormalDist().inv_cdf(p) if 0 < p < 1 else -np.inf if p == 0 else np.nan)
+        def probit(p):
+            return NormalDist().inv_cdf(p) if 0 < p < 1 else -np.inf if p == 0 else np.nan
+        probit = np.vectorize(probit)
         expected = [probit(expected[0].astype(np.float64)).astype(np.float32)]
     for got in run_nncc(model, feeds, names):
         assert_same(got, expected, rtol=1e-5, atol=1e-6)
@@ -192,8 +195,8 @@ def test_array_feature_extractor(x, indices):
 
 
 def test_array_feature_extractor_index_out_of_range():
-    model, feeds, _ = one_node("ArrayFeatureExtractor", [np.ones((2, 3), np.float32), np.array([3], np.int64)],
-                               1, {}, {"": 20, ML: 1}, domain=ML)
+    inputs = [np.ones((2, 3), np.float32), np.array([3], np.int64)]
+    model, feeds, _ = one_node("ArrayFeatureExtractor", inputs, 1, {}, {"": 20, ML: 1}, domain=ML)
     with pytest.raises(NnccError, match="out of range"):
         run_interpreter(model, feeds)
 

@@ -362,11 +362,11 @@ def _linear_attention_shape(ctx, q, k, v, past_state=None, decay=None, beta=None
     q_heads, kv_heads = int(ctx.get("q_num_heads", 0) or 0), int(ctx.get("kv_num_heads", 0) or 0)
     if q_heads <= 0 or kv_heads <= 0:
         raise ShapeInferenceError("LinearAttention needs q_num_heads and kv_num_heads")
+    state_dtype = q.dtype if past_state is None else past_state.dtype
     if q.shape is None or v.shape is None or len(q.shape) != 3 or len(v.shape) != 3:
-        return [TensorInfo(q.dtype, None), TensorInfo(q.dtype if past_state is None else past_state.dtype, None)]
+        return [TensorInfo(q.dtype, None), TensorInfo(state_dtype, None)]
     d_k = _div(q.shape[2], q_heads, "query's hidden size")
     d_v = _div(v.shape[2], kv_heads, "value's hidden size")
-    state_dtype = q.dtype if past_state is None else past_state.dtype
     return [TensorInfo(q.dtype, (q.shape[0], q.shape[1], _mul(d_v, q_heads))),
             TensorInfo(state_dtype, (q.shape[0], kv_heads, d_k, d_v))]
 
