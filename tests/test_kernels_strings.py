@@ -169,3 +169,30 @@ def test_string_pipeline_with_string_initializer():
     expected = run_ort(model, feeds)
     for got in run_nncc(model, feeds, ["loud", "ok", "n"]):
         assert_same(got, expected)
+
+
+def test_cli_runs_a_string_model_from_and_to_npy_files(cli, tmp_path):
+    """String inputs come from plain unicode .npy files (no pickles) and string outputs are
+    written as unicode arrays, by `nncc run` on the model and on its compiled artifact."""
+    graph = helper.make_graph(
+        [helper.make_node("StringConcat", ["x", "suffix"], ["y"]),
+         helper.make_node("StringSplit", ["y"], ["parts", "n"], delimiter="-")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [3])],
+        [helper.make_tensor_value_info("parts", TensorProto.STRING, None),
+         helper.make_tensor_value_info("n", TensorProto.INT64, None)],
+        [numpy_helper.from_array(strings("-\u00e9"), "suffix")])
+    model_path = tmp_path / "strings.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10), model_path)
+    x = np.array(["a-b", "", "c\u4e2d"])
+    np.save(tmp_path / "x.npy", x)
+    expected = run_ort(onnx.load(model_path), {"x": x.astype(object)})
+    artifact = tmp_path / "strings.nncc"
+    assert cli("compile", model_path, "-o", artifact)[0] == 0
+    for source in (model_path, artifact):
+        out = tmp_path / f"{source.suffix[1:]}.npz"
+        code, _, err = cli("run", source, "--input", f"x={tmp_path / 'x.npy'}", "--output", out)
+        assert code == 0, err
+        with np.load(out, allow_pickle=False) as got:
+            assert got["parts"].dtype.kind == "U"
+            assert got["parts"].tolist() == expected[0].tolist()
+            np.testing.assert_array_equal(got["n"], expected[1])
