@@ -88,6 +88,22 @@ def test_cache_mask_softcap_and_qk_output_modes(mode, mask_kind):
           {"is_causal": 1, "qk_matmul_output_mode": mode, "softcap": 2.0, "scale": 0.2})
 
 
+@pytest.mark.parametrize("mask_shape", [(2, 4, 3, 8), (4, 3, 8), (2, 1, 1, 8), (8,)])
+def test_gqa_masks_per_query_head_and_batch(mask_shape):
+    """Masks broadcast right-aligned against (batch, q_heads, q_len, total): per query head
+    in a grouped-query layout, per batch, a rank-3 (heads, q, kv) mask and a rank-1 one.
+    onnxruntime refuses rank 1 and a broadcast q_len: its oracle gets the mask broadcast
+    to the full shape, which the spec makes the same input."""
+    q, k, v = rand(2, 4, 3, 8), rand(2, 2, 3, 8), rand(2, 2, 3, 8)
+    past_k, past_v = rand(2, 2, 5, 8), rand(2, 2, 5, 8)
+    mask = rng.random(mask_shape) > 0.3
+    mask[..., 0] = True  # every row keeps a key
+    for m, attrs in ((mask, {}), (np.where(mask, 0.5, -3.0).astype(np.float32), {"is_causal": 1})):
+        full = np.ascontiguousarray(np.broadcast_to(m, (2, 4, 3, 8)))
+        oracle, feeds, _ = one_node("Attention", [q, k, v, full, past_k, past_v], 3, attrs, 23)
+        check("Attention", [q, k, v, m, past_k, past_v], 3, attrs, oracle=lambda: run_ort(oracle, feeds))
+
+
 def test_qk_output_with_mask_added():
     """Mode 2 adds the mask: masked entries are -inf here, where onnxruntime writes the
     lowest float instead; the finite entries must agree and the masked set must match."""
