@@ -1,5 +1,5 @@
-"""Attention-family kernels: Attention (23-25), RotaryEmbedding (23), LinearAttention and
-CausalConvWithState.
+"""Attention-family kernels: Attention (23-25), RotaryEmbedding (23), the sequence mixers
+of opset 27 (CausalConvWithState, LinearAttention) and FlexAttention (ai.onnx.preview).
 
 Attention follows the operator's pattern step by step in the input dtype (Q and K are each
 scaled by sqrt(scale) before their product, softcap comes before the mask, softmax may run
