@@ -414,7 +414,12 @@ SEMANTIC_CASES = {
                       p["constants"][0].__setitem__(1, "splat"), p["constants"][0].__setitem__(3, 4)),
         "is implausibly large"),
     # dtypes
-    "object dtype": (lambda p, s: p["slots"][0].__setitem__(1, "|O"), r"unsupported dtype '\|O'"),
+    "numeric constant relabelled as strings": (
+        lambda p, s: p["slots"][next(c for c in p["constants"] if c[1] == "inline")[0]].__setitem__(1, "|O"),
+        "strings need the strings storage"),
+    "float constant read as strings": (
+        lambda p, s: next(c for c in p["constants"] if c[1] == "inline").__setitem__(1, "strings"),
+        "strings need the strings storage"),
     "unicode dtype": (lambda p, s: p["slots"][0].__setitem__(1, "<U8"), "unsupported dtype '<U8'"),
     "void dtype": (lambda p, s: p["slots"][0].__setitem__(1, "|V16"), "unsupported dtype"),
     "big-endian dtype": (lambda p, s: p["slots"][0].__setitem__(1, ">f4"), "unsupported dtype '>f4'"),
@@ -484,12 +489,12 @@ def test_unedited_reassembly_still_loads(resnet_raw):
 
 def test_cli_reports_a_hostile_artifact_in_one_line(resnet_raw, tmp_path):
     bad = tmp_path / "bad.nncc"
-    bad.write_bytes(hostile(resnet_raw, SEMANTIC_CASES["object dtype"][0]))
+    bad.write_bytes(hostile(resnet_raw, SEMANTIC_CASES["unicode dtype"][0]))
     for command in (["run", str(bad), "--random-inputs"], ["inspect", str(bad)]):
         result = subprocess.run([sys.executable, "-m", "nncc", *command], cwd=ROOT,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, result.stderr
-        assert result.stderr.strip().startswith("nncc: error:") and "unsupported dtype '|O'" in result.stderr
+        assert result.stderr.strip().startswith("nncc: error:") and "unsupported dtype '<U8'" in result.stderr
         assert "Traceback" not in result.stderr
 
 
@@ -506,3 +511,77 @@ def test_splat_detection_ignores_unit_axes():
     loaded = F.deserialize(raw).constants[0]
     assert loaded.shape == (1, 1000) and float(loaded[0, 999]) == 0.5
     assert F.serialize(F.deserialize(raw)) == raw
+
+
+# -- string tensors ------------------------------------------------------------------------
+
+
+def _string_model(path) -> None:
+    """String initializer -> StringConcat -> LabelEncoder whose keys are a string tensor
+    attribute: both kinds of string constant a plan must carry."""
+    suffix = numpy_helper.from_array(np.array(["-x", "\u00e9\u4e2d"], dtype=object), "suffix")
+    encoder = helper.make_node(
+        "LabelEncoder", ["y"], ["z"], domain="ai.onnx.ml",
+        keys_tensor=numpy_helper.from_array(np.array(["a-x", "b\u00e9\u4e2d"], dtype=object), "k"),
+        values_tensor=numpy_helper.from_array(np.array([7, 9], dtype=np.int64), "v"),
+        default_tensor=numpy_helper.from_array(np.array([-5], dtype=np.int64), "d"))
+    graph = helper.make_graph(
+        [helper.make_node("StringConcat", ["x", "suffix"], ["y"]), encoder], "strings",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [2]),
+         helper.make_tensor_value_info("z", TensorProto.INT64, [2])], [suffix])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("ai.onnx.ml", 4)])
+    onnx.save(model, path)
+
+
+@pytest.fixture(scope="module")
+def strings_raw(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("strings") / "strings.onnx"
+    _string_model(path)
+    return nncc.compile_model(path).to_bytes()
+
+
+def test_string_constants_round_trip(strings_raw):
+    _, program, _, _ = parts(strings_raw)
+    assert sorted(c[1] for c in program["constants"] if c[1] == "strings") == ["strings", "strings"]
+    loaded = nncc.load(strings_raw)
+    assert loaded.to_bytes() == strings_raw
+    out = loaded.run({"x": np.array(["a", "b"], dtype=object)})
+    assert out["y"].tolist() == ["a-x", "b\u00e9\u4e2d"]
+    np.testing.assert_array_equal(out["z"], [7, 9])
+    out = loaded.run({"x": np.array(["b", "a"], dtype=object)})
+    np.testing.assert_array_equal(out["z"], [-5, -5])
+
+
+def _strings_entry(program):
+    return next(c for c in program["constants"] if c[1] == "strings")
+
+
+def _rewrite_strings(text: bytes):
+    def edit(program, sections):
+        entry = _strings_entry(program)
+        entry[2], entry[3] = len(sections["inline"]), len(text)
+        sections["inline"] += text
+    return edit
+
+
+@pytest.mark.parametrize("text, message", [
+    (b'["only one"]', "does not hold 2 strings"),
+    (b'["a", 3]', "does not hold 2 strings"),
+    (b'{"a": "b"}', "does not hold 2 strings"),
+    (b'["a", "b"', "holds malformed strings"),
+    ("[\"\u00e9\", \"b\"]".encode(), "holds malformed strings"),  # not ASCII
+])
+def test_hostile_string_constants(strings_raw, text, message):
+    refuses(hostile(strings_raw, _rewrite_strings(text)), message)
+
+
+def test_string_constant_past_the_section(strings_raw):
+    edit = lambda p, s: _strings_entry(p).__setitem__(2, len(s["inline"]))  # noqa: E731
+    refuses(hostile(strings_raw, edit), "has a bad byte range")
+
+
+def test_string_constant_as_a_broadcast(strings_raw):
+    edit = lambda p, s: _strings_entry(p).append([1])  # noqa: E731
+    refuses(hostile(strings_raw, edit), "strings need the strings storage")

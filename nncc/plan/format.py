@@ -21,6 +21,10 @@ Sections (each at most once, tags ASCII):
                            storage "data":   bytes in DATA at offset (CONSTANT_REFERENCE,
                                              64-byte aligned, memory-mappable)
                            storage "splat":  one element in INLN, repeated to the shape
+                           storage "strings": a string tensor (slot dtype "|O"): its
+                                             elements in row-major order as an ASCII JSON
+                                             array of strings in INLN (lossless for any
+                                             str, lone surrogates included)
               instructions [[kernel, [in slot|-1, ...], [out slot|-1, ...], attrs, node], ...]
                            attrs: JSON values; a tensor is {"$tensor": constant slot}
               partitions   [[backend, backend version, entry, first, count], ...]
@@ -71,8 +75,10 @@ MAX_CONSTANT_BYTES = 2**48  # a declared constant larger than this is surely hos
 ALLOWED_DTYPES = {
     np.dtype(t).str: np.dtype(t)
     for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128)
+              np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128,
+              object)  # object: ONNX strings, as Python str
 }
+STRING = np.dtype(object)
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -91,6 +97,12 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
     table = []
     for slot in sorted(plan.constants):
         array = plan.constants[slot]
+        if array.dtype == STRING:
+            raw = _strings_out(plan.slots[slot].name, array)
+            table.append([slot, "strings", inline_size, len(raw)])
+            inline.append(raw)
+            inline_size += len(raw)
+            continue
         if array.dtype.str not in ALLOWED_DTYPES:
             raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
         if is_splat(array):
@@ -181,6 +193,30 @@ def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections), producer.encode()[:16])
     head = header + b"".join(entries)
     return b"".join([head, _pad(len(head)), *body])
+
+
+def _strings_out(name: str, array: np.ndarray) -> bytes:
+    values = array.reshape(-1).tolist()
+    if not all(isinstance(v, str) for v in values):
+        raise PlanFormatError(f"constant {name!r} is an object tensor that holds more than strings")
+    return json.dumps(values, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _strings_in(slot: int, raw: memoryview, shape: tuple) -> np.ndarray:
+    try:
+        values = json.loads(bytes(raw).decode("ascii"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise PlanFormatError(f"constant slot {slot} holds malformed strings") from None
+    count = 1
+    for d in shape:
+        count *= d
+    if not (type(values) is list and len(values) == count and all(type(v) is str for v in values)):
+        raise PlanFormatError(f"constant slot {slot} does not hold {count} strings")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    array = array.reshape(shape)
+    array.flags.writeable = False
+    return array
 
 
 def _pad(n: int) -> bytes:
@@ -407,6 +443,14 @@ class _Validator:
                 count *= d
             if count * info.dtype.itemsize > MAX_CONSTANT_BYTES:
                 raise PlanFormatError(f"constant slot {slot} ({info.name!r}) is implausibly large")
+            if (storage == "strings") != (info.dtype == STRING) or (storage == "strings" and expand):
+                raise PlanFormatError(f"constant slot {slot} ({info.name!r}): strings need "
+                                      "the strings storage, and only strings use it")
+            if storage == "strings":
+                if offset + length > len(self.inline):
+                    raise PlanFormatError(f"constant slot {slot} ({info.name!r}) has a bad byte range")
+                out[slot] = _strings_in(slot, self.inline[offset : offset + length], info.shape)
+                continue
             sources = {"inline": self.inline, "splat": self.inline, "data": self.data}
             source = sources.get(storage) if isinstance(storage, str) else None
             if source is None:

@@ -168,7 +168,8 @@ def plan_memory(slots: list[Slot], instructions: list[PlanInstruction], planned:
 
 
 def _static(slot: Slot) -> bool:
-    return (slot.dtype is not None and slot.shape is not None
+    # strings (object arrays hold references) never live in raw arena memory
+    return (slot.dtype is not None and slot.dtype.kind != "O" and slot.shape is not None
             and all(isinstance(d, int) for d in slot.shape))
 
 

@@ -108,7 +108,7 @@ class OutputDir:
                 os.replace(self._temps.pop(name), self.paths[name])
             else:
                 write_atomic_with(self.paths[name],
-                                  lambda f, v=value: np.lib.format.write_array(f, np.asanyarray(v), allow_pickle=False))
+                                  lambda f, v=value: np.lib.format.write_array(f, _storable(v), allow_pickle=False))
 
     def __enter__(self) -> "OutputDir":
         return self
@@ -130,7 +130,14 @@ def _write_npz(f, arrays: Mapping[str, np.ndarray]) -> None:
     with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, value in arrays.items():
             with archive.open(name + ".npy", mode="w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=True)
+                np.lib.format.write_array(member, _storable(value), allow_pickle=False)
+
+
+def _storable(value) -> np.ndarray:
+    """Strings (object arrays of str) are written as numpy unicode arrays: readable
+    without unpickling, and fed back as strings (nncc.runtime.feeds)."""
+    array = np.asanyarray(value)
+    return array.astype(str) if array.dtype.kind == "O" else array
 
 
 def _first_line(exc: BaseException) -> str:

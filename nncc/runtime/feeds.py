@@ -27,6 +27,8 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
             raise InputError(f"missing input {name!r} (expected {info.describe()})")
         value = feeds[name]
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if info.dtype is not None and info.dtype.kind == "O" and array.dtype.kind == "U":
+            array = array.astype(object)  # strings: numpy's fixed-width form becomes str objects
         if info.dtype is not None and array.dtype != info.dtype:
             raise InputError(
                 f"input {name!r} has dtype {array.dtype}, expected {info.dtype}"
