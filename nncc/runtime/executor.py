@@ -21,7 +21,8 @@ from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded
-from nncc.runtime.feeds import check_feeds
+from nncc.plan.subgraph import decode_graph, is_graph
+from nncc.runtime.feeds import as_value, check_feeds
 
 
 class Executor:
@@ -63,7 +64,8 @@ class Executor:
             self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
                                ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
         self.input_infos = {
-            plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
+            plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape, kind=plan.slots[s].kind)
+            for s in plan.inputs
         }
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
@@ -95,6 +97,9 @@ class Executor:
 
     def _attr(self, value):
         if isinstance(value, dict):
+            if is_graph(value):  # a subgraph, rebuilt for its control-flow kernel to run
+                return decode_graph(value, self.plan.constants, self.plan.options.get("opsets", {}),
+                                    self._attr)
             return self.plan.constants[value["$tensor"]]
         if isinstance(value, list):
             return [self._attr(v) for v in value]
@@ -251,7 +256,7 @@ class Executor:
             elif slot in targets and value is not targets[slot]:
                 np.copyto(targets[slot], value)
                 value = targets[slot]
-            env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            env[slot] = as_value(value)
 
     def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
         """Validate caller-provided output arrays before anything runs."""
