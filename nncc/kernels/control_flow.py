@@ -19,8 +19,10 @@ from nncc.kernels.subgraphs import (
     empty_stack,
     merge,
     owned,
+    required,
     run_body,
     split_args,
+    subgraph,
 )
 
 _VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
@@ -77,7 +79,7 @@ def _loop(ctx, *args):
     own, outer = split_args(ctx, args)
     own += [None] * (2 - len(own))
     trip, cond, carried = own[0], own[1], list(own[2:])
-    body = ctx.attrs["body"]
+    body = subgraph(ctx, "body")
     if trip is None and cond is None:
         raise KernelError("Loop has neither a trip count nor a condition: it would never end")
     limit = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
@@ -114,7 +116,7 @@ def _stack(values: list, axis: int) -> np.ndarray:
 def _scan_layout(ctx, own_count: int):
     """(state count, scan input count, input axes, input directions, output axes,
     output directions) from the attributes; opset 8 has a leading sequence_lens input."""
-    scan_count = int(ctx.attrs["num_scan_inputs"])
+    scan_count = int(required(ctx, "num_scan_inputs"))
     offset = 1 if ctx.opset < 9 else 0
     states = own_count - offset - scan_count
     if scan_count < 1 or states < 0:
@@ -194,7 +196,7 @@ def _scan(ctx, *args):
 
 
 def _scan_once(ctx, state, scans, in_axes, in_dirs, out_axes, out_dirs, outer, length, args):
-    body = ctx.attrs["body"]
+    body = subgraph(ctx, "body")
     axes = [normalize_axis(a, x.ndim) for a, x in zip(in_axes, scans)]
     lengths = {x.shape[a] for x, a in zip(scans, axes)}
     if len(lengths) != 1:

@@ -10,7 +10,7 @@ from nncc.ir.dtypes import to_numpy
 from nncc.ir.graph import SEQUENCE, TENSOR, TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import normalize_axis
-from nncc.kernels.subgraphs import body_infos, run_body, split_args
+from nncc.kernels.subgraphs import body_infos, required, run_body, split_args, subgraph
 
 
 def _sequence_of(dtype) -> list[TensorInfo]:
@@ -116,7 +116,7 @@ def concat_from_sequence(ctx, seq):
     seq = _sequence(seq)
     if not seq:
         raise KernelError("ConcatFromSequence: the sequence is empty")
-    axis = int(ctx.attrs["axis"])
+    axis = int(required(ctx, "axis"))
     try:
         if int(ctx.get("new_axis", 0)):
             return np.stack(seq, axis=normalize_axis(axis, seq[0].ndim + 1))
@@ -144,7 +144,7 @@ def sequence_map(ctx, *args):
     for other in extra:
         if isinstance(other, list) and len(other) != len(seq):
             raise KernelError(f"SequenceMap: sequences of lengths {len(seq)} and {len(other)}")
-    results: list[list] = [[] for _ in ctx.attrs["body"].outputs]
+    results: list[list] = [[] for _ in subgraph(ctx, "body").outputs]
     for i, item in enumerate(seq):
         feeds = [item] + [other[i] if isinstance(other, list) else other for other in extra]
         for values, value in zip(results, run_body(ctx, "body", feeds, outer)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.errors import ShapeInferenceError
+from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import CAPTURES, TENSOR, Graph, TensorInfo, closed
 
 UNKNOWN = TensorInfo(None, None)
@@ -25,9 +25,24 @@ def split_args(ctx, args) -> tuple[list, dict]:
     return list(args[:own]), dict(zip(captures, args[own:]))
 
 
+def subgraph(ctx, key: str) -> Graph:
+    """Subgraph attribute ``key`` of the node (an artifact may lack it: a clear error)."""
+    graph = ctx.attrs.get(key)
+    if not isinstance(graph, Graph):
+        raise KernelError(f"{ctx.name or 'node'}: attribute {key!r} must be a subgraph")
+    return graph
+
+
+def required(ctx, key: str):
+    """A required attribute, or a clear error when it is missing."""
+    if key not in ctx.attrs:
+        raise KernelError(f"{ctx.name or 'node'}: required attribute {key!r} is missing")
+    return ctx.attrs[key]
+
+
 def run_body(ctx, key: str, feeds: list, outer: dict) -> list:
     """Run subgraph attribute ``key`` on its inputs ``feeds`` (by position)."""
-    graph: Graph = ctx.attrs[key]
+    graph = subgraph(ctx, key)
     cached = ctx.scratch.get(key)
     if cached is None or cached[0] is not graph:
         from nncc.runtime.interpreter import Interpreter
@@ -44,7 +59,7 @@ def body_infos(ctx, key: str, inputs: list, outer: dict) -> list[TensorInfo]:
     """Inferred infos of subgraph ``key``'s outputs, its inputs bound to ``inputs``."""
     from nncc.passes.shape_inference import infer_shapes
 
-    graph: Graph = ctx.attrs[key]
+    graph = subgraph(ctx, key)
     bound = dict(outer)
     bound.update((n, i) for n, i in zip(graph.inputs, inputs) if i is not None)
     try:

@@ -25,10 +25,18 @@ Sections (each at most once, tags ASCII):
                            storage "splat":  one element in INLN, repeated to the shape
               instructions [[kernel, [in slot|-1, ...], [out slot|-1, ...], attrs, node], ...]
                            attrs: JSON values; a tensor is {"$tensor": constant slot};
-                           a subgraph is {"$graph": {...}} (nncc.plan.subgraph: its
-                           nodes by op type, every name defined before use, its
-                           tensors constant slots); "__captures__" names the outer
-                           values it reads, bound to the instruction's last inputs
+                           a subgraph (If/Loop/Scan body) is
+                             {"$graph": {"name": str, "inputs": [slot entry, ...],
+                                         "outputs": [slot entry, ...],
+                                         "initializers": [[name, {"$tensor": slot}], ...],
+                                         "nodes": [[op_type, domain, [in name|"", ...],
+                                                    [out name|"", ...], attrs, node], ...]}}
+                           its node attrs encoded alike (nested at most 32 deep); every
+                           node input is defined before use (by an input, initializer,
+                           earlier node or captured name) and every op resolves to a
+                           registered kernel at options.opsets; "__captures__" [name,
+                           ...] names the outer values the subgraphs read, bound to the
+                           instruction's (or node's) last inputs in that order
               partitions   [[backend, backend version, entry, first, count], ...]
               arena        [[slot, offset], ...]   arena_bytes: int
               options      object (preference, opt_level, threads, ...)

@@ -32,6 +32,9 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
     arrays: dict[str, np.ndarray] = {}
     for name, info in declared.items():
         if name not in feeds:
+            if info.kind in (OPTIONAL_TENSOR, OPTIONAL_SEQUENCE):
+                arrays[name] = None  # an optional input left out is empty
+                continue
             raise InputError(f"missing input {name!r} (expected {info.describe()})")
         value = feeds[name]
         if info.kind != TENSOR:
