@@ -352,3 +352,14 @@ def test_non_tensor_slot_kinds_are_checked(nested_raw):
     def edit(program, sections):
         program["slots"][0] = program["slots"][0][:3] + ["dict"]
     _refuses(nested_raw, edit, "bad kind")
+
+
+def test_subgraphs_nested_too_deeply_are_refused(nested_raw):
+    def edit(program, sections):
+        ins, _ = _subgraph_instruction(program)
+        deep = {"$graph": {"name": "", "inputs": [], "outputs": [], "initializers": [], "nodes": []}}
+        for _ in range(40):
+            deep = {"$graph": {"name": "", "inputs": [], "outputs": [], "initializers": [],
+                               "nodes": [["Identity", "", [], [], {"g": deep}, ""]]}}
+        ins[3]["then_branch"] = deep
+    _refuses(nested_raw, edit, "nested deeper than 32")

@@ -25,6 +25,7 @@ from nncc.frontend.protobuf import (
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import (
     CAPTURES,
+    MAX_GRAPH_DEPTH,
     OPTIONAL_SEQUENCE,
     OPTIONAL_TENSOR,
     SEQUENCE,
@@ -36,7 +37,6 @@ from nncc.ir.graph import (
 )
 from nncc.util.files import read_model_file
 
-MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
 MAX_RANK = 32  # numpy's limit (32 before numpy 2, 64 since): more dims cannot be an array
 MAX_BYTES = np.iinfo(np.intp).max  # numpy refuses arrays whose byte size overflows this
 

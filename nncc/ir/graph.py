@@ -22,6 +22,8 @@ OPTIONAL_TENSOR = "optional_tensor"
 OPTIONAL_SEQUENCE = "optional_sequence"
 KINDS = (TENSOR, SEQUENCE, OPTIONAL_TENSOR, OPTIONAL_SEQUENCE)
 
+MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
+
 # Node attribute naming the outer-scope values a node's subgraphs read. The reader appends
 # those values to the node's inputs, in this order, so every pass, the interpreter, the
 # partitioner and the plan see them as ordinary inputs; kernels bind them by position.

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from nncc.errors import PlanFormatError, UnsupportedOpError
-from nncc.frontend.onnx import MAX_GRAPH_DEPTH
 from nncc.ir.graph import (
     CAPTURES,
+    MAX_GRAPH_DEPTH,
     TENSOR,
     Graph,
     Node,
