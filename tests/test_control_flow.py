@@ -363,3 +363,66 @@ def test_subgraphs_nested_too_deeply_are_refused(nested_raw):
                                "nodes": [["Identity", "", [], [], {"g": deep}, ""]]}}
         ins[3]["then_branch"] = deep
     _refuses(nested_raw, edit, "nested deeper than 32")
+
+
+# -- sequence ops beyond the node suite ------------------------------------------------------------
+
+SEQ = helper.make_tensor_sequence_value_info
+
+
+def _construct(*names):
+    return helper.make_node("SequenceConstruct", list(names), ["seq"])
+
+
+SEQUENCE_CASES = {
+    "insert_at_minus_one": ([_construct("a", "b", "c"),
+                             helper.make_node("SequenceInsert", ["seq", "d", "pos"], ["out"])],
+                            [SEQ("out", F, None)]),
+    "erase_default_last": ([_construct("a", "b", "c"), helper.make_node("SequenceErase", ["seq"], ["out"])],
+                           [SEQ("out", F, None)]),
+    "erase_at_minus_two": ([_construct("a", "b", "c"),
+                            helper.make_node("SequenceErase", ["seq", "pos2"], ["out"])],
+                           [SEQ("out", F, None)]),
+    "at_minus_three": ([_construct("a", "b", "c"), helper.make_node("SequenceAt", ["seq", "pos3"], ["out"])],
+                       [vi("out", F, None)]),
+    "concat_new_axis_last": ([_construct("a", "b", "c"),
+                              helper.make_node("ConcatFromSequence", ["seq"], ["out"], axis=-1, new_axis=1)],
+                             [vi("out", F, None)]),
+    "concat_axis_1_and_length": ([_construct("a", "b", "d"),
+                                  helper.make_node("ConcatFromSequence", ["seq"], ["out"], axis=1),
+                                  helper.make_node("SequenceLength", ["seq"], ["n"])],
+                                 [vi("out", F, None), vi("n", I64, None)]),
+    "split_scalar_with_remainder": ([helper.make_node("SplitToSequence", ["d", "two"], ["out"], axis=1)],
+                                    [SEQ("out", F, None)]),
+    "split_each_without_keepdims": ([helper.make_node("SplitToSequence", ["d"], ["out"], axis=-1,
+                                                      keepdims=0)],
+                                    [SEQ("out", F, None)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEQUENCE_CASES))
+def test_sequence_ops_against_onnxruntime(case, tmp_path):
+    nodes, outputs = SEQUENCE_CASES[case]
+    rng = np.random.default_rng(3)
+    feeds = {"a": rng.standard_normal((2, 3)).astype(np.float32),
+             "b": rng.standard_normal((2, 3)).astype(np.float32),
+             "c": rng.standard_normal((2, 3)).astype(np.float32),
+             "d": rng.standard_normal((2, 5)).astype(np.float32),
+             "pos": np.array(-1, np.int64), "pos2": np.array(-2, np.int32),
+             "pos3": np.array(-3, np.int64), "two": np.array(2, np.int64)}
+    inputs = [vi(n, F, list(v.shape)) if v.dtype == np.float32 else vi(n, I64 if v.dtype == np.int64
+              else TensorProto.INT32, []) for n, v in feeds.items()]
+    used = {name for node in nodes for name in node.input}
+    feeds = {n: v for n, v in feeds.items() if n in used}
+    inputs = [i for i in inputs if i.name in used]
+    path = save(tmp_path, case, nodes, inputs, outputs)
+    check_routes(path, tmp_path, [feeds])
+    graph = nncc_interpreter(path)
+    assert_same(graph.run(feeds), oracle(path, feeds))
+
+
+def nncc_interpreter(path):
+    from nncc.frontend.onnx import load_model
+    from nncc.runtime.interpreter import Interpreter
+
+    return Interpreter(load_model(path))

@@ -8,6 +8,8 @@ once per node and kept in the node's scratch, with those values bound by name.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
@@ -55,17 +57,29 @@ def run_body(ctx, key: str, feeds: list, outer: dict) -> list:
     return [result[name] for name in graph.outputs]
 
 
+# Loop bodies are inferred a few times each (to a fixpoint), so nested loops multiply the
+# work: below this many levels of subgraphs, their outputs are taken as declared.
+MAX_INFERRED_DEPTH = 4
+_nesting = threading.local()
+
+
 def body_infos(ctx, key: str, inputs: list, outer: dict) -> list[TensorInfo]:
     """Inferred infos of subgraph ``key``'s outputs, its inputs bound to ``inputs``."""
     from nncc.passes.shape_inference import infer_shapes
 
     graph = subgraph(ctx, key)
+    depth = getattr(_nesting, "depth", 0)
+    if depth >= MAX_INFERRED_DEPTH:
+        return [_declared(graph, name) for name in graph.outputs]
     bound = dict(outer)
     bound.update((n, i) for n, i in zip(graph.inputs, inputs) if i is not None)
+    _nesting.depth = depth + 1
     try:
         infos = infer_shapes(closed(graph, ctx.attrs.get(CAPTURES) or []), bound)
     except ShapeInferenceError:  # the subgraph then reports its error when it runs
         return [_declared(graph, name) for name in graph.outputs]
+    finally:
+        _nesting.depth = depth
     return [infos.get(name) or _declared(graph, name) for name in graph.outputs]
 
 
