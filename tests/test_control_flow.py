@@ -426,3 +426,22 @@ def nncc_interpreter(path):
     from nncc.runtime.interpreter import Interpreter
 
     return Interpreter(load_model(path))
+
+
+def test_scan_opset_8_with_batch_and_sequence_lengths(tmp_path):
+    """Opset 8's Scan runs each batch entry apart, up to its sequence length (the rest of
+    its scan output is zeros), here in reverse."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["y_t"])],
+        "body", [vi("s_in", F, [3]), vi("x_t", F, [3])], [vi("s_out", F, [3]), vi("y_t", F, [3])])
+    node = helper.make_node("Scan", ["lens", "init", "xs"], ["total", "ys"], body=body,
+                            num_scan_inputs=1, directions=[1])
+    path = save(tmp_path, "scan8", [node],
+                [vi("lens", I64, [2]), vi("init", F, [2, 3]), vi("xs", F, [2, 4, 3])],
+                [vi("total", F, None), vi("ys", F, None)], opset=8)
+    xs = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+    check_routes(path, tmp_path, [
+        {"lens": np.array([4, 2], np.int64), "init": np.zeros((2, 3), np.float32), "xs": xs},
+        {"lens": np.array([1, 3], np.int64), "init": np.ones((2, 3), np.float32), "xs": -xs},
+    ])

@@ -187,8 +187,8 @@ def _scan(ctx, *args):
     results = []
     for j in range(len(per_batch[0]) if per_batch else 0):
         values = [r[j] for r in per_batch]
-        if j >= states:  # pad shorter sequences to the longest with zeros
-            longest = max(v.shape[0] for v in values)
+        if j >= states:  # pad shorter sequences with zeros to the input's sequence length
+            longest = scans[0].shape[1]
             values = [np.concatenate([v, np.zeros((longest - v.shape[0], *v.shape[1:]), v.dtype)])
                       if v.shape[0] < longest else v for v in values]
         results.append(_stack(values, 0))
