@@ -10,10 +10,10 @@ from nncc import __version__
 from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.plan.subgraph import encode_graph
 from nncc.kernels.registry import by_key
 from nncc.plan.memory import aligned_constant, plan_arena
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.subgraph import encode_graph
 
 
 def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],

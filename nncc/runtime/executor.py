@@ -19,9 +19,9 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan
+from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded
-from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.feeds import as_value, check_feeds
 
 
