@@ -62,15 +62,28 @@ def test_node_case(case):
         got = rep.run([_as_array(x) for x in inputs])
         assert len(got) >= len(outputs)
         for actual, expected in zip(got, outputs):
-            expected = _as_array(expected)
-            assert actual.dtype == expected.dtype
-            assert actual.shape == expected.shape
-            if expected.dtype.kind in "fc":
-                np.testing.assert_allclose(
-                    actual, expected, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6)
-                )
-            else:
-                np.testing.assert_array_equal(actual, expected)
+            _assert_same(actual, expected, case)
+
+
+def _assert_same(actual, expected, case):
+    """Tensors by dtype, shape and value; sequences (lists) element-wise; None for None."""
+    if isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            _assert_same(a, e, case)
+        return
+    expected = _as_array(expected)
+    if expected is None:
+        assert actual is None
+        return
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    if expected.dtype.kind in "fc":
+        np.testing.assert_allclose(
+            actual, expected, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6)
+        )
+    else:
+        np.testing.assert_array_equal(actual, expected)
 
 
 def test_every_required_op_has_cases():
