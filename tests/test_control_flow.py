@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import nncc
-from nncc.errors import PlanFormatError
+from nncc.errors import InputError, PlanFormatError
 from nncc.plan.format import serialize
 from tests.conftest import ROOT
 from tests.test_plan_format import hostile
@@ -445,3 +445,15 @@ def test_scan_opset_8_with_batch_and_sequence_lengths(tmp_path):
         {"lens": np.array([4, 2], np.int64), "init": np.zeros((2, 3), np.float32), "xs": xs},
         {"lens": np.array([1, 3], np.int64), "init": np.ones((2, 3), np.float32), "xs": -xs},
     ])
+
+
+def test_sequence_inputs_are_checked(tmp_path):
+    path = save(tmp_path, "seq_in", [helper.make_node("SequenceLength", ["seq"], ["n"])],
+                [SEQ("seq", F, None)], [vi("n", I64, [])])
+    model = nncc.compile_model(path)
+    parts = [np.ones((2, 2), np.float32), np.zeros(3, np.float32)]
+    assert model.run({"seq": parts})["n"] == oracle(path, {"seq": parts})["n"] == 2
+    with pytest.raises(InputError, match="must be a sequence"):
+        model.run({"seq": np.ones(2, np.float32)})
+    with pytest.raises(InputError, match="holds an array of dtype int64, expected float32"):
+        model.run({"seq": [np.ones(2, np.int64)]})

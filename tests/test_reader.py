@@ -416,6 +416,18 @@ def test_every_attribute_kind():
     assert got["empty_ints"] == [] and got["empty_graphs"] == []
 
 
+def test_sequence_and_optional_types_keep_their_element_dtype():
+    seq = helper.make_tensor_sequence_value_info("seq", TensorProto.INT64, [2])
+    opt = helper.make_value_info("opt", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.DOUBLE, [3])))
+    opt_seq = helper.make_value_info("opt_seq", helper.make_optional_type_proto(
+        helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))))
+    graph = check_model(make_model([], [seq, opt, opt_seq], [opt_seq]))
+    assert graph.values["seq"] == TensorInfo(np.dtype(np.int64), None, kind="sequence")
+    assert graph.values["opt"] == TensorInfo(np.dtype(np.float64), None, kind="optional_tensor")
+    assert graph.values["opt_seq"] == TensorInfo(np.dtype(np.float32), None, kind="optional_sequence")
+
+
 def test_subgraph_captures_become_inputs():
     """A subgraph reading outer values (also through a nested subgraph) makes them explicit
     trailing inputs of its node, in first-use order, named by the __captures__ attribute."""

@@ -426,8 +426,9 @@ class _Validator:
 
     def opsets(self) -> dict:
         """The opsets subgraph nodes resolve their kernels at (checked by ``options``)."""
-        options = self.options(self.get("options", dict))
-        return options.get("opsets", {})
+        if not hasattr(self, "_opsets"):
+            self._opsets = self.options(self.get("options", dict)).get("opsets", {})
+        return self._opsets
 
     def attr(self, value: Any, constants: dict, depth: int = 0) -> Any:
         kind = type(value)
