@@ -457,3 +457,16 @@ def test_sequence_inputs_are_checked(tmp_path):
         model.run({"seq": np.ones(2, np.float32)})
     with pytest.raises(InputError, match="holds an array of dtype int64, expected float32"):
         model.run({"seq": [np.ones(2, np.int64)]})
+
+
+def test_subgraph_reading_a_value_nobody_produces_is_a_model_error(tmp_path):
+    branch = helper.make_graph([helper.make_node("Neg", ["ghost"], ["y"])], "b", [], [vi("y", F, None)])
+    path = save(tmp_path, "ghost", [helper.make_node("If", ["c"], ["out"], then_branch=branch,
+                                                     else_branch=branch)],
+                [vi("c", B, [])], [vi("out", F, None)])
+    from nncc.errors import ModelFormatError
+
+    with pytest.raises(ModelFormatError, match="nobody produces: ghost"):
+        nncc.compile_model(path)
+    with pytest.raises(ModelFormatError, match="nobody produces: ghost"):
+        nncc_interpreter(path)
