@@ -77,6 +77,12 @@ def compile_graph(graph: Graph, options: CompileOptions):
     backends = [_native(toolchain) if name == "native" else get_backend(name)
                 for name in options.backends if name != "cpu"]
     fallback = get_backend("cpu")
+    try:
+        topological_order(graph)  # a cyclic graph, or one reading values nobody produces
+    except ValueError as exc:  # (also from inside a subgraph), fails before any pass runs
+        from nncc.errors import ModelFormatError
+
+        raise ModelFormatError(str(exc)) from None
     progress.describe(f"optimizing {len(graph.nodes)} nodes (-O{options.opt_level})")
     graph = run_passes(graph, options.opt_level)
     if options.preference == "sustained-speed":

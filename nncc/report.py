@@ -54,8 +54,11 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
 
 def _slot(plan: Plan, index: int) -> dict:
     slot = plan.slots[index]
-    return {
+    entry = {
         "name": slot.name,
         "dtype": None if slot.dtype is None else str(slot.dtype),
         "shape": None if slot.shape is None else list(slot.shape),
     }
+    if slot.kind != "tensor":  # a sequence or optional: dtype is its elements'
+        entry["kind"] = slot.kind
+    return entry

@@ -36,7 +36,9 @@ class NnccRep(BackendRep):
             feeds = dict(zip(graph.inputs, inputs))
         expected = None
         if self.check_shapes:
-            bound = {name: TensorInfo(np.asarray(v).dtype, np.shape(v)) for name, v in feeds.items()}
+            # sequences (lists) and empty optionals (None) keep their declared infos
+            bound = {name: TensorInfo(np.asarray(v).dtype, np.shape(v)) for name, v in feeds.items()
+                     if v is not None and not isinstance(v, list)}
             expected = infer_shapes(graph, bound)
         outputs = self.interpreter.run(feeds, expected=expected)
         return tuple(outputs[name] for name in graph.outputs)

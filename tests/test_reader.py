@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from nncc.errors import FileAccessError, ModelFormatError
 from nncc.frontend.onnx import MAX_GRAPH_DEPTH, MAX_RANK, load_model, parse_model
-from nncc.ir.graph import Graph, TensorInfo
+from nncc.ir.graph import CAPTURES, Graph, TensorInfo
 from tests.conftest import light_models_dir
 
 # -- a minimal, independent protobuf writer (for hand-made and corrupted messages) --------
@@ -100,9 +100,23 @@ def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def expected_info(vi: onnx.ValueInfoProto) -> TensorInfo:
-    if not vi.type.HasField("tensor_type"):
+    return expected_type(vi.type)
+
+
+def expected_type(tp: onnx.TypeProto) -> TensorInfo:
+    """What nncc should read from a TypeProto: a sequence or an optional keeps only its
+    element dtype and its kind."""
+    which = tp.WhichOneof("value")
+    if which in ("sequence_type", "optional_type"):
+        element = expected_type(getattr(tp, which).elem_type)
+        if which == "sequence_type":
+            kind = "sequence"
+        else:
+            kind = "optional_sequence" if element.kind == "sequence" else "optional_tensor"
+        return TensorInfo(element.dtype, None, kind=kind)
+    if which != "tensor_type":
         return TensorInfo(None, None)
-    tt = vi.type.tensor_type
+    tt = tp.tensor_type
     try:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else None
     except (KeyError, ValueError):
@@ -125,6 +139,7 @@ def expected_info(vi: onnx.ValueInfoProto) -> TensorInfo:
 
 
 def assert_same_info(got: TensorInfo, want: TensorInfo) -> None:
+    assert got.kind == want.kind
     assert got.dtype == want.dtype
     assert got.shape == want.shape
     assert got.value is None
@@ -181,10 +196,13 @@ def assert_same_graph(got: Graph, want: onnx.GraphProto, base_dir: str | None = 
     for node, proto in zip(got.nodes, want.node):
         assert node.op_type == proto.op_type
         assert node.domain == ("" if proto.domain == "ai.onnx" else proto.domain)
-        assert node.inputs == list(proto.input)
+        # outer values read by the node's subgraphs become trailing inputs (checked by
+        # test_subgraph_captures_become_inputs)
+        captures = node.attrs.get(CAPTURES, [])
+        assert node.inputs == list(proto.input) + captures
         assert node.outputs == list(proto.output)
         assert node.name == proto.name
-        assert list(node.attrs) == [a.name for a in proto.attribute]
+        assert list(node.attrs) == [a.name for a in proto.attribute] + ([CAPTURES] if captures else [])
         for attr in proto.attribute:
             assert_same_attr(node.attrs[attr.name], attr)
 
@@ -274,7 +292,7 @@ def test_graph_io_and_value_info_shapes():
     assert graph.values["scalar"].shape == ()
     assert graph.values["odd"].shape == (None, None)
     assert graph.values["z"].dtype == np.dtype(object)
-    assert graph.values["seq_out"] == TensorInfo(None, None)
+    assert graph.values["seq_out"] == TensorInfo(np.dtype(np.float32), None, kind="sequence")
     assert graph.values["bf"] == TensorInfo(None, (2,))
     assert graph.values["notype"] == TensorInfo(None, None)
     assert graph.values["w"] == TensorInfo(np.dtype(np.float32), (2,))
@@ -396,6 +414,47 @@ def test_every_attribute_kind():
     assert got["g"].opsets == graph.opsets  # subgraphs see the model's opsets
     assert [g.name for g in got["graphs"]] == ["a", "b"]
     assert got["empty_ints"] == [] and got["empty_graphs"] == []
+
+
+def test_sequence_and_optional_types_keep_their_element_dtype():
+    seq = helper.make_tensor_sequence_value_info("seq", TensorProto.INT64, [2])
+    opt = helper.make_value_info("opt", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.DOUBLE, [3])))
+    opt_seq = helper.make_value_info("opt_seq", helper.make_optional_type_proto(
+        helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))))
+    graph = check_model(make_model([], [seq, opt, opt_seq], [opt_seq]))
+    assert graph.values["seq"] == TensorInfo(np.dtype(np.int64), None, kind="sequence")
+    assert graph.values["opt"] == TensorInfo(np.dtype(np.float64), None, kind="optional_tensor")
+    assert graph.values["opt_seq"] == TensorInfo(np.dtype(np.float32), None, kind="optional_sequence")
+
+
+def test_subgraph_captures_become_inputs():
+    """A subgraph reading outer values (also through a nested subgraph) makes them explicit
+    trailing inputs of its node, in first-use order, named by the __captures__ attribute."""
+    inner = helper.make_graph(
+        [helper.make_node("Add", ["a", "outer2"], ["s"])], "inner", [],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)])
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["outer1", "local"], ["a"]),
+         helper.make_node("If", ["c"], ["r"], then_branch=inner, else_branch=inner)],
+        "body", [helper.make_tensor_value_info("local", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("outer1", TensorProto.FLOAT, None)])
+    node = helper.make_node("Custom", ["x"], ["y"], domain="my.domain", body=body)
+    graph = parse_model(make_model([node], opsets=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("my.domain", 1)])
+                        .SerializeToString())
+    got = graph.nodes[0]
+    assert got.inputs == ["x", "outer1", "c", "outer2"]
+    assert got.attrs[CAPTURES] == ["outer1", "c", "outer2"]
+    nested = got.attrs["body"].nodes[1]
+    assert nested.inputs == ["c", "a", "outer2"] and nested.attrs[CAPTURES] == ["a", "outer2"]
+
+
+def test_reserved_captures_attribute_is_rejected():
+    node = helper.make_node("Relu", ["x"], ["y"], **{CAPTURES: [1]})
+    with pytest.raises(ModelFormatError, match="reserved"):
+        parse_model(make_model([node]).SerializeToString())
 
 
 def test_attribute_packed_ints_and_floats():

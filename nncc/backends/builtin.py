@@ -39,6 +39,8 @@ class NumpyBackend(Backend):
             if not name:
                 continue
             info = infos.get(name)
+            if info is not None and info.kind != "tensor":
+                return f"value {name!r} is a {info.kind.replace('_', ' ')}, not a tensor"
             if info is None or not info.is_static:
                 return f"value {name!r} has no static shape"
             if info.dtype not in FAST_DTYPES:

@@ -16,7 +16,10 @@ def print_report(report: dict) -> None:
     io = tree.add("inputs / outputs")
     for kind in ("inputs", "outputs"):
         for v in report[kind]:
-            io.add(f"{kind[:-1]} {v['name']}: {v['dtype']}{v['shape']}")
+            if "kind" in v:  # a sequence or optional of elements of this dtype
+                io.add(f"{kind[:-1]} {v['name']}: {v['kind']}({v['dtype']})")
+            else:
+                io.add(f"{kind[:-1]} {v['name']}: {v['dtype']}{v['shape']}")
     parts = tree.add(f"{len(report['partitions'])} partition(s), {report['instructions']} instructions")
     for p in report["partitions"]:
         ops = ", ".join(f"{op}×{n}" for op, n in p["ops"].items())

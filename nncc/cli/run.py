@@ -133,16 +133,35 @@ def summarize(outputs):
 
     rows = []
     for name, value in outputs.items():
+        if not isinstance(value, np.ndarray):  # a sequence: its length, and its elements' stats
+            if value is None:
+                rows.append({"name": name, "shape": [], "dtype": "optional (empty)"})
+                continue
+            dtypes = sorted({str(v.dtype) for v in value})
+            flat = [v.reshape(-1) for v in value if v.dtype.kind in "fiub"]
+            value_stats = np.concatenate(flat) if flat and len(flat) == len(value) else np.zeros(0)
+            row = {"name": name, "shape": [len(value)], "dtype": f"sequence of {'/'.join(dtypes) or '?'}"}
+            row.update(_stats(value_stats))
+            rows.append(row)
+            continue
         row = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
-        if value.size and value.dtype.kind in "fiub":
-            data = value.astype(np.float64)
-            finite = data[np.isfinite(data)]
-            row.update(
-                min=float(finite.min()) if finite.size else None,
-                max=float(finite.max()) if finite.size else None,
-                mean=float(finite.mean()) if finite.size else None,
-                std=float(finite.std()) if finite.size else None,
-                nonfinite=int(data.size - finite.size),
-            )
+        if value.dtype.kind in "fiub":
+            row.update(_stats(value))
         rows.append(row)
     return rows
+
+
+def _stats(value) -> dict:
+    import numpy as np
+
+    if not value.size:
+        return {}
+    data = value.astype(np.float64)
+    finite = data[np.isfinite(data)]
+    return dict(
+        min=float(finite.min()) if finite.size else None,
+        max=float(finite.max()) if finite.size else None,
+        mean=float(finite.mean()) if finite.size else None,
+        std=float(finite.std()) if finite.size else None,
+        nonfinite=int(data.size - finite.size),
+    )

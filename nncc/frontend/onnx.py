@@ -23,10 +23,20 @@ from nncc.frontend.protobuf import (
     iter_fields,
 )
 from nncc.ir.dtypes import onnx_type_name, to_numpy
-from nncc.ir.graph import Graph, Node, TensorInfo, normalize_domain
+from nncc.ir.graph import (
+    CAPTURES,
+    MAX_GRAPH_DEPTH,
+    OPTIONAL_SEQUENCE,
+    OPTIONAL_TENSOR,
+    SEQUENCE,
+    Graph,
+    Node,
+    TensorInfo,
+    free_names,
+    normalize_domain,
+)
 from nncc.util.files import read_model_file
 
-MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
 MAX_RANK = 32  # numpy's limit (32 before numpy 2, 64 since): more dims cannot be an array
 MAX_BYTES = np.iinfo(np.intp).max  # numpy refuses arrays whose byte size overflows this
 
@@ -153,6 +163,16 @@ class _Reader:
                     attrs[attr_name] = attr_value
         if not op_type:
             raise ModelFormatError(f"node {name!r} has no op_type")
+        if CAPTURES in attrs:
+            raise ModelFormatError(f"node {name!r} has a reserved attribute name {CAPTURES!r}")
+        captures: dict[str, None] = {}
+        for value in attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, Graph):
+                    captures.update(dict.fromkeys(free_names(sub)))
+        if captures:  # outer values the subgraphs read become explicit trailing inputs
+            inputs += list(captures)
+            attrs[CAPTURES] = list(captures)
         return Node(op_type, inputs, outputs, attrs, normalize_domain(domain), name)
 
     # -- attributes ------------------------------------------------------------------
@@ -254,11 +274,23 @@ class _Reader:
                 info = self.type_proto(_expect_len(value, "ValueInfoProto.type"))
         return name, info
 
-    def type_proto(self, buf: memoryview) -> TensorInfo:
+    def type_proto(self, buf: memoryview, depth: int = 0) -> TensorInfo:
+        if depth > MAX_GRAPH_DEPTH:
+            raise ModelFormatError(f"types nested deeper than {MAX_GRAPH_DEPTH} levels")
         for number, _, value in iter_fields(buf):
             if number == 1:  # tensor_type
                 return self.tensor_type(_expect_len(value, "TypeProto.tensor_type"))
-        return TensorInfo(None, None)  # sequences, maps, optionals: not tensors
+            if number in (4, 9):  # sequence_type, optional_type: elem_type is field 1
+                element = TensorInfo(None, None)
+                for enumber, _, evalue in iter_fields(_expect_len(value, "TypeProto element")):
+                    if enumber == 1:
+                        element = self.type_proto(_expect_len(evalue, "elem_type"), depth + 1)
+                if number == 4:
+                    kind = SEQUENCE
+                else:
+                    kind = OPTIONAL_SEQUENCE if element.kind == SEQUENCE else OPTIONAL_TENSOR
+                return TensorInfo(element.dtype, None, kind=kind)
+        return TensorInfo(None, None)  # maps and opaque types: not tensors
 
     def tensor_type(self, buf: memoryview) -> TensorInfo:
         dtype = None

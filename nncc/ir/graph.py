@@ -13,6 +13,22 @@ import numpy as np
 
 Dim = int | str | None  # int: static; str: symbolic (dim_param); None: unknown
 
+# What kind of value a name holds. A sequence is a Python list of arrays and an optional
+# is its element or None (empty); for both, TensorInfo.dtype is the element dtype and
+# the shape is unknown, so only the CPU fallback runs the nodes that touch them.
+TENSOR = "tensor"
+SEQUENCE = "sequence"
+OPTIONAL_TENSOR = "optional_tensor"
+OPTIONAL_SEQUENCE = "optional_sequence"
+KINDS = (TENSOR, SEQUENCE, OPTIONAL_TENSOR, OPTIONAL_SEQUENCE)
+
+MAX_GRAPH_DEPTH = 32  # nested subgraphs (If/Loop bodies); deeper is surely hostile
+
+# Node attribute naming the outer-scope values a node's subgraphs read. The reader appends
+# those values to the node's inputs, in this order, so every pass, the interpreter, the
+# partitioner and the plan see them as ordinary inputs; kernels bind them by position.
+CAPTURES = "__captures__"
+
 
 @dataclass
 class TensorInfo:
@@ -21,6 +37,7 @@ class TensorInfo:
     dtype: np.dtype | None
     shape: tuple[Dim, ...] | None  # None: rank unknown
     value: np.ndarray | None = None  # known at compile time (constants, folded shapes)
+    kind: str = TENSOR  # one of KINDS
 
     @property
     def rank(self) -> int | None:
@@ -35,6 +52,8 @@ class TensorInfo:
         return TensorInfo(array.dtype, tuple(array.shape), array if keep_value else None)
 
     def describe(self) -> str:
+        if self.kind != TENSOR:
+            return f"{self.kind}({'?' if self.dtype is None else self.dtype})"
         dtype = "?" if self.dtype is None else str(self.dtype)
         if self.shape is None:
             return f"{dtype}[?]"
@@ -110,3 +129,27 @@ def topological_order(graph: Graph) -> list[Node]:
         ordered.extend(progressed)
         pending = rest
     return ordered
+
+
+def free_names(graph: Graph) -> list[str]:
+    """Names ``graph`` reads but does not define: the outer-scope values a subgraph
+    captures, in first-use order (nested subgraphs' captures are already node inputs)."""
+    defined = set(graph.inputs) | set(graph.initializers) | {""}
+    for node in graph.nodes:
+        defined.update(node.outputs)
+    free: dict[str, None] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name not in defined:
+                free[name] = None
+    for name in graph.outputs:
+        if name not in defined:
+            free[name] = None
+    return list(free)
+
+
+def closed(graph: Graph, captures: list[str]) -> Graph:
+    """``graph`` with the captured outer names as extra inputs, so it runs on its own."""
+    extra = [n for n in captures if n not in graph.inputs]
+    return Graph(graph.nodes, list(graph.inputs) + extra, graph.outputs, graph.initializers,
+                 graph.values, graph.opsets, graph.name)

@@ -1160,6 +1160,8 @@ for _since in (1, 2, 11, 18, 19):
 def _identity_shape(ctx, x):
     if x is None or not isinstance(x, TensorInfo):
         return [x]
+    if x.kind != "tensor":  # a sequence or optional passes through as it is
+        return [TensorInfo(x.dtype, x.shape, kind=x.kind)]
     out = _out(x.dtype, x.shape)
     return _fold(ctx, identity, [x], [out], symbolic=True)
 

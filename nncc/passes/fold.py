@@ -136,6 +136,8 @@ def _try_fold(graph: Graph, node: Node, consts: dict, infos: dict) -> list[np.nd
         return None
     if any(name and r is None for name, r in zip(node.outputs, results)):
         return None
+    if any(isinstance(r, list) for r in results):
+        return None  # a sequence is not a tensor constant
     return [None if r is None else frozen(r) for r in results]
 
 

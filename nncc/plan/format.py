@@ -12,7 +12,9 @@ Sections (each at most once, tags ASCII):
 
     "PROG"  UTF-8 JSON object, keys sorted, no whitespace:
               kernels      [kernel key, ...]          e.g. "ai.onnx::Conv::11"
-              slots        [[name, dtype|null, shape|null], ...]; dim = int|str|null
+              slots        [[name, dtype|null, shape|null(, kind)], ...]; dim = int|str|null
+                           kind (only when not a tensor): "sequence", "optional_tensor"
+                           or "optional_sequence"; dtype is then the element dtype
               inputs, outputs   [slot, ...]
               constants    [[slot, storage, offset, length(, expand)], ...]
                            expand (optional): the stored shape of a partial broadcast,
@@ -26,7 +28,19 @@ Sections (each at most once, tags ASCII):
                                              array of strings in INLN (lossless for any
                                              str, lone surrogates included)
               instructions [[kernel, [in slot|-1, ...], [out slot|-1, ...], attrs, node], ...]
-                           attrs: JSON values; a tensor is {"$tensor": constant slot}
+                           attrs: JSON values; a tensor is {"$tensor": constant slot};
+                           a subgraph (If/Loop/Scan body) is
+                             {"$graph": {"name": str, "inputs": [slot entry, ...],
+                                         "outputs": [slot entry, ...],
+                                         "initializers": [[name, {"$tensor": slot}], ...],
+                                         "nodes": [[op_type, domain, [in name|"", ...],
+                                                    [out name|"", ...], attrs, node], ...]}}
+                           its node attrs encoded alike (nested at most 32 deep); every
+                           node input is defined before use (by an input, initializer,
+                           earlier node or captured name) and every op resolves to a
+                           registered kernel at options.opsets; "__captures__" [name,
+                           ...] names the outer values the subgraphs read, bound to the
+                           instruction's (or node's) last inputs in that order
               partitions   [[backend, backend version, entry, first, count], ...]
               arena        [[slot, offset], ...]   arena_bytes: int
               options      object (preference, opt_level, threads, ...; "native": the
@@ -59,7 +73,9 @@ from blake3 import blake3
 
 from nncc.errors import PlanFormatError
 from nncc.plan.memory import aligned_constant, is_splat
+from nncc.ir.graph import KINDS
 from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.subgraph import GraphChecker
 from nncc.util.files import ARTIFACT_MAGIC
 
 MAGIC = ARTIFACT_MAGIC
@@ -127,7 +143,7 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
             data_size += raw.nbytes
     program = {
         "kernels": plan.kernels,
-        "slots": [[s.name, None if s.dtype is None else s.dtype.str, _shape_out(s.shape)] for s in plan.slots],
+        "slots": [_slot_out(s) for s in plan.slots],
         "inputs": plan.inputs,
         "outputs": plan.outputs,
         "constants": table,
@@ -225,6 +241,18 @@ def _pad(n: int) -> bytes:
 
 def _shape_out(shape):
     return None if shape is None else list(shape)
+
+
+def _slot_out(slot: Slot) -> list:
+    entry = [slot.name, None if slot.dtype is None else slot.dtype.str, _shape_out(slot.shape)]
+    if slot.kind != "tensor":
+        entry.append(slot.kind)
+    return entry
+
+
+def slot_from_entry(entry: Any) -> Slot:
+    """A checked slot-table entry (also a subgraph's input or output description)."""
+    return _Validator.slot(entry)
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -380,7 +408,8 @@ class _Validator:
                 raise PlanFormatError("bad native workspace size")
             for s in args:
                 info = slots[s]
-                if info.dtype != np.float32 or info.shape is None or not all(type(d) is int for d in info.shape):
+                if (info.kind != "tensor" or info.dtype != np.float32 or info.shape is None
+                        or not all(type(d) is int for d in info.shape)):
                     raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor")
             if any(s in constants or s in inputs for s in args[n_inputs:]):
                 raise PlanFormatError(f"native call for partition {part} writes a constant or an input")
@@ -398,10 +427,16 @@ class _Validator:
             raise PlanFormatError(f"{what} {value} is out of range")
         return value
 
-    def slot(self, entry: Any) -> Slot:
-        if not (type(entry) is list and len(entry) == 3 and type(entry[0]) is str):
+    @staticmethod
+    def slot(entry: Any) -> Slot:
+        if not (type(entry) is list and len(entry) in (3, 4) and type(entry[0]) is str):
             raise PlanFormatError("bad slot entry")
-        name, dtype, shape = entry
+        name, dtype, shape = entry[:3]
+        kind = entry[3] if len(entry) == 4 else "tensor"
+        if kind not in KINDS or kind == "tensor" and len(entry) == 4:
+            raise PlanFormatError(f"slot {name!r} has a bad kind {kind!r}")
+        if kind != "tensor" and shape is not None:
+            raise PlanFormatError(f"slot {name!r} is a {kind} and cannot have a shape")
         if dtype is not None:
             dtype = ALLOWED_DTYPES.get(dtype) if type(dtype) is str else None
             if dtype is None:
@@ -413,7 +448,7 @@ class _Validator:
                 if not (0 <= d < 2**40 if type(d) is int else d is None or type(d) is str):
                     raise PlanFormatError(f"slot {name!r} has a bad dimension {d!r}")
             shape = tuple(shape)
-        return Slot(name, dtype, shape)
+        return Slot(name, dtype, shape, kind)
 
     def constants(self, slots: list[Slot]) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}
@@ -426,7 +461,8 @@ class _Validator:
             info = slots[slot]
             if slot in out:
                 raise PlanFormatError(f"constant slot {slot} is listed twice")
-            if info.dtype is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            if info.kind != "tensor" or info.dtype is None or info.shape is None \
+                    or not all(isinstance(d, int) for d in info.shape):
                 raise PlanFormatError(f"constant slot {slot} has no static type")
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
                 raise PlanFormatError(f"constant slot {slot} has a bad offset or length")
@@ -481,8 +517,15 @@ class _Validator:
         kernel = self.index(entry[0], kernels, "kernel id")
         ins = [self.index(s, n, "instruction input", optional=True) for s in entry[1]]
         outs = [self.index(s, n, "instruction output", optional=True) for s in entry[2]]
-        attrs = {k: self.attr(v, constants) for k, v in entry[3].items()}
-        return PlanInstruction(kernel, ins, outs, attrs, entry[4])
+        GraphChecker(constants, self.opsets(), self.slot).attrs(
+            entry[3], ins, lambda v: self.attr(v, constants), 0)
+        return PlanInstruction(kernel, ins, outs, entry[3], entry[4])
+
+    def opsets(self) -> dict:
+        """The opsets subgraph nodes resolve their kernels at (checked by ``options``)."""
+        if not hasattr(self, "_opsets"):
+            self._opsets = self.options(self.get("options", dict)).get("opsets", {})
+        return self._opsets
 
     def attr(self, value: Any, constants: dict, depth: int = 0) -> Any:
         kind = type(value)

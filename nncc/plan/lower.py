@@ -13,6 +13,7 @@ from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import by_key
 from nncc.plan.memory import aligned_constant, plan_arena
 from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.subgraph import encode_graph
 
 
 def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],
@@ -25,7 +26,7 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         if name not in index:
             info = infos.get(name) or TensorInfo(None, None)
             index[name] = len(slots)
-            slots.append(Slot(name, info.dtype, info.shape))
+            slots.append(Slot(name, info.dtype, info.shape, info.kind))
         return index[name]
 
     inputs = [slot_of(n) for n in graph.inputs]
@@ -91,6 +92,8 @@ def _attr(value, ins, slots, index, constants):
         return {"$tensor": slot}
     if isinstance(value, list):
         return [_attr(v, ins, slots, index, constants) for v in value]
+    if isinstance(value, Graph):  # a subgraph: its nodes as JSON, its tensors as constants
+        return encode_graph(value, lambda v: _attr(v, ins, slots, index, constants))
     if isinstance(value, (bool, int, float, str)) or value is None:
         return value
     if isinstance(value, (np.integer, np.floating)):

@@ -17,6 +17,7 @@ class Slot:
     name: str
     dtype: np.dtype | None
     shape: tuple[Dim, ...] | None
+    kind: str = "tensor"  # or a sequence or optional (see nncc.ir.graph.KINDS)
 
 
 @dataclass

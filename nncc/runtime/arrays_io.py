@@ -50,6 +50,8 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
 
 def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Write an .npz atomically: a failure never leaves a half-written file at ``path``."""
+    for name, value in arrays.items():
+        _only_tensor(name, value)
     write_atomic_with(path, lambda f: _write_npz(f, arrays))
 
 
@@ -103,6 +105,7 @@ class OutputDir:
         import os
 
         for name, value in outputs.items():
+            _only_tensor(name, value)
             if name in self._temps:
                 self.buffers[name].flush()
                 os.replace(self._temps.pop(name), self.paths[name])
@@ -138,6 +141,12 @@ def _storable(value) -> np.ndarray:
     without unpickling, and fed back as strings (nncc.runtime.feeds)."""
     array = np.asanyarray(value)
     return array.astype(str) if array.dtype.kind == "O" else array
+
+
+def _only_tensor(name: str, value) -> None:
+    if value is None or isinstance(value, list):  # what a sequence or optional output holds
+        what = "an empty optional" if value is None else "a sequence"
+        raise InputError(f"output {name!r} is {what}, not a tensor: it cannot be written as an array file")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -19,9 +19,10 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan, PlanInstruction
+from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded
-from nncc.runtime.feeds import check_feeds
+from nncc.runtime.feeds import as_value, check_feeds
 from nncc.runtime.native_step import NativeStep
 
 
@@ -62,7 +63,8 @@ class Executor:
                                ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
         self.native_partitions = sum(1 for d in definitions if d.op_type == _NATIVE_OP)
         self.input_infos = {
-            plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape) for s in plan.inputs
+            plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape, kind=plan.slots[s].kind)
+            for s in plan.inputs
         }
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
@@ -124,6 +126,9 @@ class Executor:
 
     def _attr(self, value):
         if isinstance(value, dict):
+            if is_graph(value):  # a subgraph, rebuilt for its control-flow kernel to run
+                return decode_graph(value, self.plan.constants, self.plan.options.get("opsets", {}),
+                                    self._attr)
             return self.plan.constants[value["$tensor"]]
         if isinstance(value, list):
             return [self._attr(v) for v in value]
@@ -280,7 +285,7 @@ class Executor:
             elif slot in targets and value is not targets[slot]:
                 np.copyto(targets[slot], value)
                 value = targets[slot]
-            env[slot] = value if isinstance(value, np.ndarray) else np.asarray(value)
+            env[slot] = as_value(value)
 
     def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
         """Validate caller-provided output arrays before anything runs."""

@@ -7,7 +7,15 @@ from typing import Mapping
 import numpy as np
 
 from nncc.errors import InputError
-from nncc.ir.graph import TensorInfo
+from nncc.ir.graph import OPTIONAL_SEQUENCE, OPTIONAL_TENSOR, SEQUENCE, TENSOR, TensorInfo
+
+
+def as_value(value):
+    """A kernel result as the runtime keeps it: arrays stay, a sequence stays a list, an
+    empty optional stays None, and anything else (a numpy scalar) becomes an array."""
+    if type(value) is np.ndarray or isinstance(value, (np.ndarray, list)) or value is None:
+        return value
+    return np.asarray(value)
 
 
 def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -24,8 +32,14 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
     arrays: dict[str, np.ndarray] = {}
     for name, info in declared.items():
         if name not in feeds:
+            if info.kind in (OPTIONAL_TENSOR, OPTIONAL_SEQUENCE):
+                arrays[name] = None  # an optional input left out is empty
+                continue
             raise InputError(f"missing input {name!r} (expected {info.describe()})")
         value = feeds[name]
+        if info.kind != TENSOR:
+            arrays[name] = _check_other(name, info, value)
+            continue
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         if info.dtype is not None and info.dtype.kind == "O" and array.dtype.kind == "U":
             array = array.astype(object)  # strings: numpy's fixed-width form becomes str objects
@@ -37,6 +51,24 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
             _check_shape(name, info, array, bound)
         arrays[name] = array
     return arrays
+
+
+def _check_other(name: str, info: TensorInfo, value: object):
+    """A sequence (a list of arrays) or an optional (None, or its element) input."""
+    if info.kind in (OPTIONAL_TENSOR, OPTIONAL_SEQUENCE):
+        if value is None:
+            return None
+        element = TensorInfo(info.dtype, None, kind=SEQUENCE if info.kind == OPTIONAL_SEQUENCE else TENSOR)
+        if element.kind == TENSOR:
+            return check_feeds({name: element}, {name: value})[name]
+        return _check_other(name, element, value)
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"input {name!r} must be a sequence (a list of arrays), not {type(value).__name__}")
+    items = [v if isinstance(v, np.ndarray) else np.asarray(v) for v in value]
+    for item in items:
+        if info.dtype is not None and item.dtype != info.dtype:
+            raise InputError(f"input {name!r} holds an array of dtype {item.dtype}, expected {info.dtype}")
+    return items
 
 
 def _check_shape(name: str, info: TensorInfo, array: np.ndarray, bound: dict) -> None:

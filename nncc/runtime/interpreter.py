@@ -13,7 +13,7 @@ import numpy as np
 from nncc.errors import KernelError, NnccError
 from nncc.ir.graph import Graph, TensorInfo, topological_order
 from nncc.kernels.registry import Ctx, resolve
-from nncc.runtime.feeds import check_feeds
+from nncc.runtime.feeds import as_value, check_feeds
 
 
 class Interpreter:
@@ -52,8 +52,13 @@ class Interpreter:
 
     def run(self, feeds: Mapping[str, object], *, expected: dict[str, TensorInfo] | None = None) -> dict[str, np.ndarray]:
         """Execute the graph. ``expected`` (name -> TensorInfo) checks each produced value."""
-        env: dict[str, np.ndarray] = dict(self.graph.initializers)
-        env.update(check_feeds(self.input_infos, feeds))
+        return self.execute(check_feeds(self.input_infos, feeds), expected)
+
+    def execute(self, values: Mapping[str, object],
+                expected: dict[str, TensorInfo] | None = None) -> dict[str, object]:
+        """Execute on inputs already checked (a subgraph's, fed by its control-flow node)."""
+        env: dict[str, object] = dict(self.graph.initializers)
+        env.update(values)
         for (node, fn, ctx), release in zip(self.steps, self._release_after):
             args = [env[name] if name else None for name in node.inputs]
             try:
@@ -65,8 +70,8 @@ class Interpreter:
             results = result if isinstance(result, tuple) else (result,)
             for name, value in zip(node.outputs, results):
                 if name:
-                    env[name] = value if isinstance(value, np.ndarray) else np.asarray(value)
-                    if expected is not None:
+                    env[name] = as_value(value)
+                    if expected is not None and isinstance(env[name], np.ndarray):
                         _check_against(node, name, env[name], expected.get(name))
             for name in release:
                 env.pop(name, None)

@@ -43,6 +43,8 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
     or to their value in ``dims``)."""
     feeds = {}
     for name, info in declared.items():
+        if info.kind.startswith("optional"):
+            continue  # left out: the model sees an empty optional
         if info.dtype is None or info.shape is None:
             raise InputError(f"input {name!r} declares no tensor type and shape; pass it explicitly")
         shape = tuple(
