@@ -46,6 +46,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.errors import PlanFormatError
+from nncc.ir import low_precision
 from nncc.plan.memory import aligned_constant, is_splat
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.util.files import ARTIFACT_MAGIC
@@ -64,6 +65,20 @@ ALLOWED_DTYPES = {
     for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
               np.uint8, np.uint16, np.uint32, np.uint64, np.bool_, np.complex64, np.complex128)
 }
+# The low-precision types (bfloat16, float8, float4, int4, int2) are written by name: their
+# numpy str ("<V1", "<V2") says nothing. Only these names are accepted, and ml_dtypes is
+# imported only when a plan names one.
+LOW_PRECISION_DTYPES = frozenset(low_precision.CODES)
+
+
+def _dtype_key(dtype: np.dtype) -> str:
+    return dtype.name if low_precision.is_low_precision(dtype) else dtype.str
+
+
+def _allowed_dtype(key: str) -> np.dtype | None:
+    if key in LOW_PRECISION_DTYPES:
+        return low_precision.dtype_named(key)
+    return ALLOWED_DTYPES.get(key)
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -82,7 +97,7 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
     table = []
     for slot in sorted(plan.constants):
         array = plan.constants[slot]
-        if array.dtype.str not in ALLOWED_DTYPES:
+        if _allowed_dtype(_dtype_key(array.dtype)) != array.dtype:
             raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
         if is_splat(array):
             raw = np.asarray(array[(0,) * array.ndim], dtype=array.dtype).tobytes()  # no reshape: it would copy
@@ -106,7 +121,7 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
             data_size += raw.nbytes
     program = {
         "kernels": plan.kernels,
-        "slots": [[s.name, None if s.dtype is None else s.dtype.str, _shape_out(s.shape)] for s in plan.slots],
+        "slots": [[s.name, None if s.dtype is None else _dtype_key(s.dtype), _shape_out(s.shape)] for s in plan.slots],
         "inputs": plan.inputs,
         "outputs": plan.outputs,
         "constants": table,
@@ -315,7 +330,7 @@ class _Validator:
             raise PlanFormatError("bad slot entry")
         name, dtype, shape = entry
         if dtype is not None:
-            dtype = ALLOWED_DTYPES.get(dtype) if type(dtype) is str else None
+            dtype = _allowed_dtype(dtype) if type(dtype) is str else None
             if dtype is None:
                 raise PlanFormatError(f"slot {name!r} has unsupported dtype {entry[1]!r}")
         if shape is not None:
