@@ -11,6 +11,7 @@ from nncc.kernels import (  # noqa: F401
     logic,
     normalization,
     pool,
+    quantize,
     recurrent,
     reduce,
     resize,
