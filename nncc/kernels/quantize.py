@@ -18,8 +18,9 @@ from nncc.ir import low_precision
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import _conv_geometry, _conv_params, _conv_shape
-from nncc.kernels.linalg import _matmul_shape
+from nncc.kernels.linalg import _gemm_shape, _matmul_shape
 from nncc.kernels.registry import kernel
+from nncc.kernels.shapes import broadcast
 from nncc.kernels.tensor import _fold
 
 _INTEGER_TARGETS = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)}
@@ -482,3 +483,59 @@ def qlinear_conv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=No
     multiplier = _as_float(x_scale, dtype).reshape(()) * per_channel / _as_float(y_scale, dtype).reshape(())
     zero = None if y_zero is None else y_zero.reshape(())
     return _requantize(acc, multiplier, zero, x.dtype if y_zero is None else y_zero.dtype)
+
+
+# ------------------------------------------------- com.microsoft: QLinearAdd, QGemm
+# onnxruntime's quantizer writes these two in its default QOperator format (for Add and
+# Gemm); their semantics follow onnxruntime's contrib operator documentation.
+
+
+def _qlinear_add_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
+    out = TensorInfo(_output_type(c_zero, a.dtype), broadcast(a.shape, b.shape))
+    return _fold(ctx, qlinear_add, [a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero], [out])
+
+
+@kernel("QLinearAdd", since=1, domain="com.microsoft", shape=_qlinear_add_shape)
+def qlinear_add(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
+    _check_integer_input("QLinearAdd", a, b, a_zero, b_zero, c_zero)
+    f32 = np.dtype(np.float32)
+    out_scale = _as_float(c_scale, f32).reshape(())
+    # As onnxruntime defines it: each side scaled by its ratio to the output scale, in
+    # float32, and the output zero point added before rounding (half to even), which
+    # decides where a sum lying halfway goes.
+    left = _centered(a, a_zero, np.int32).astype(f32) * (_as_float(a_scale, f32).reshape(()) / out_scale)
+    right = _centered(b, b_zero, np.int32).astype(f32) * (_as_float(b_scale, f32).reshape(()) / out_scale)
+    values = left + right
+    if c_zero is not None:
+        values += c_zero.reshape(()).astype(f32)
+    return _saturate(np.rint(values), a.dtype if c_zero is None else c_zero.dtype)
+
+
+def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
+    info = _gemm_shape(ctx, a, b)[0]
+    dtype = np.dtype(np.float32) if y_scale is None else _output_type(y_zero, np.dtype(np.uint8))
+    return [TensorInfo(dtype, info.shape)]
+
+
+@kernel("QGemm", since=1, domain="com.microsoft", shape=_qgemm_shape)
+def qgemm(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
+    """alpha * a_scale * b_scale * ((A' - a_zero)(B' - b_zero) + C), C an int32 bias on
+    the accumulator's scale; quantized with y_scale and y_zero when given, else float32."""
+    _check_integer_input("QGemm", a, b, a_zero, b_zero, y_zero)
+    if a.ndim != 2 or b.ndim != 2:
+        raise KernelError(f"QGemm: A and B must be 2-D, got {a.shape} and {b.shape}")
+    a = a.T if int(ctx.get("transA", 0)) else a
+    b = b.T if int(ctx.get("transB", 0)) else b
+    if b_zero is not None and b_zero.size > 1:
+        b_zero = b_zero.reshape(1, -1)  # per column of B'
+    acc = _integer_matmul("QGemm", a, b, a_zero, b_zero)
+    if c is not None:
+        acc = acc + c.astype(acc.dtype)
+    f32 = np.dtype(np.float32)
+    per_column = _as_float(b_scale, f32).reshape(1, -1) if b_scale.size > 1 else _as_float(b_scale, f32).reshape(())
+    scale = np.float32(ctx.get("alpha", 1.0)) * _as_float(a_scale, f32).reshape(()) * per_column
+    if y_scale is None:
+        return (acc.astype(np.float64) * scale).astype(f32)
+    multiplier = scale / _as_float(y_scale, f32).reshape(())
+    zero = None if y_zero is None else y_zero.reshape(())
+    return _requantize(acc, multiplier, zero, np.dtype(np.uint8) if y_zero is None else y_zero.dtype)
