@@ -130,9 +130,12 @@ def _parse_binds(binds) -> dict[str, str]:
 def summarize(outputs):
     import numpy as np
 
+    from nncc.ir.low_precision import widen
+
     rows = []
     for name, value in outputs.items():
         row = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+        value = widen(value)  # bfloat16, float8, int4...: their values in a numpy type
         if value.size and value.dtype.kind in "fiub":
             data = value.astype(np.float64)
             finite = data[np.isfinite(data)]
