@@ -176,6 +176,12 @@ def test_quantize_to_float8(dtype, saturate):
     assert direct.astype(np.float32).tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_quantize_nan_and_infinities(dtype):
+    x = np.array([np.nan, np.inf, -np.inf, 1.0, -np.nan], np.float32)
+    check("QuantizeLinear", {"x": x}, {"s": np.float32(0.5), "z": np.array(3, dtype)}, opset=19)
+
+
 def test_quantize_float16_input():
     x = (RNG.standard_normal(50) * 30).astype(np.float16)
     check("QuantizeLinear", {"x": x}, {"s": np.float16(0.25), "z": np.int8(2)}, opset=19)

@@ -1,5 +1,6 @@
 """Quantization kernels: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
-MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv.
+MatMulInteger, ConvInteger, QLinearMatMul and QLinearConv, and the two com.microsoft ops
+onnxruntime's quantizer writes by default (QLinearAdd, QGemm).
 
 Integer kernels compute in integers: operands minus their zero points are widened to int32
 (int64 when a long reduction could overflow int32) and multiplied with an integer matmul,
@@ -52,7 +53,8 @@ def _saturate(values: np.ndarray, dtype: np.dtype, saturate: bool = True) -> np.
         lo, hi = low_precision.integer_range(dtype)
         with np.errstate(invalid="ignore"):
             clipped = np.clip(values, lo, hi)
-            whole = np.where(np.isnan(clipped), 0, clipped).astype(np.int64)
+            # NaN has no quantized value; onnxruntime gives the lowest, and so does nncc
+            whole = np.where(np.isnan(clipped), lo, clipped).astype(np.int64)
         if low_precision.is_low_precision(dtype):
             return low_precision.convert(whole, dtype)
         return whole.astype(dtype)
@@ -368,7 +370,7 @@ def _qlinear_matmul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, 
     return _fold(ctx, qlinear_matmul, [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], [out])
 
 
-def _qlinear_matmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None):
+def qlinear_matmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None):
     out = a.dtype if y_zero is None else y_zero.dtype
     if not _is_integer(a.dtype) or not _is_integer(b.dtype):  # float8 operands (opset 21)
         left = _as_float(a, np.dtype(np.float32))
@@ -396,8 +398,7 @@ def _combined_scale(a_scale, b_scale, y_scale, a_ndim):
 
 
 for _since in (10, 21):
-    kernel("QLinearMatMul", since=_since, shape=_qlinear_matmul_shape)(_qlinear_matmul)
-qlinear_matmul = _qlinear_matmul
+    kernel("QLinearMatMul", since=_since, shape=_qlinear_matmul_shape)(qlinear_matmul)
 
 
 # ---------------------------------------------------------------------- convolutions
