@@ -114,6 +114,23 @@ def test_a_model_naming_bfloat16_imports_ml_dtypes(tmp_path):
     assert _in_fresh_python(code).split() == ["False", "True"]
 
 
+def test_without_ml_dtypes_such_a_model_is_a_clear_error(tmp_path):
+    model = model_of([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E5M2)],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT8E5M2, [2])])
+    onnx.save(model, tmp_path / "f8.onnx")
+    code = (  # a None entry makes `import ml_dtypes` fail, as if it were not installed
+        "import sys; sys.modules['ml_dtypes'] = None\n"
+        "from nncc.cli.main import main\n"
+        f"main(['run', {str(tmp_path / 'f8.onnx')!r}, '--random-inputs'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "nncc: error: this model uses a low-precision element type (bfloat16, float8, int4...), "
+        "which needs the ml_dtypes package: pip install ml_dtypes")
+
+
 # -------------------------------------------------------------------------- the reader
 
 
