@@ -182,6 +182,18 @@ def test_quantize_nan_and_infinities(dtype):
     check("QuantizeLinear", {"x": x}, {"s": np.float32(0.5), "z": np.array(3, dtype)}, opset=19)
 
 
+def test_quantize_precision_attribute_divides_in_float16():
+    # onnxruntime has no `precision`: ONNX's reference evaluator is the oracle
+    from onnx.reference import ReferenceEvaluator
+
+    x = (RNG.standard_normal(200) * 40).astype(np.float32)
+    model = build("QuantizeLinear", {"x": x}, {"s": np.float32(0.3), "z": np.int8(1)},
+                  {"precision": TensorProto.FLOAT16}, opset=23)
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    for got, in run_nncc(model, {"x": x}):
+        same(got, expected)
+
+
 def test_quantize_float16_input():
     x = (RNG.standard_normal(50) * 30).astype(np.float16)
     check("QuantizeLinear", {"x": x}, {"s": np.float16(0.25), "z": np.int8(2)}, opset=19)
@@ -214,6 +226,13 @@ def test_dequantize_per_axis_blocked_and_float16_scale():
                                          "z": RNG.integers(-3, 3, (4, 2)).astype(np.int8)},
           {"axis": 1, "block_size": 4}, opset=21)
     check("DequantizeLinear", {"x": x}, {"s": np.float16(0.125), "z": np.int8(-4)}, opset=19)
+
+
+def test_dequantize_output_dtype():
+    x = RNG.integers(-128, 128, (3, 8)).astype(np.int8)
+    out = check("DequantizeLinear", {"x": x}, {"s": np.float32(0.0123), "z": np.int8(5)},
+                {"output_dtype": TensorProto.FLOAT16}, opset=23)[0]
+    assert out.dtype == np.float16
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.uint4])
