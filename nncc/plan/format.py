@@ -13,6 +13,8 @@ Sections (each at most once, tags ASCII):
     "PROG"  UTF-8 JSON object, keys sorted, no whitespace:
               kernels      [kernel key, ...]          e.g. "ai.onnx::Conv::11"
               slots        [[name, dtype|null, shape|null], ...]; dim = int|str|null
+                           dtype: numpy's str ("<f4"), or a low-precision type's name
+                           ("bfloat16", "float8_e4m3fn", "int4"...), from a closed list
               inputs, outputs   [slot, ...]
               constants    [[slot, storage, offset, length(, expand)], ...]
                            expand (optional): the stored shape of a partial broadcast,
