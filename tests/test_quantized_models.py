@@ -4,7 +4,7 @@ the same quantized model.
 
 Static quantization (with a calibration reader) in QDQ format and in QOperator format,
 and dynamic quantization; per-tensor and per-channel weights; int8 activations (the
-quantizer's default) and uint8 ones.
+quantizer's default), uint8 and uint16 ones; int8 and int4 weights.
 The QOperator format's defaults write two com.microsoft ops (QGemm for Gemm, QLinearAdd
 for Add); the "standard" variant quantizes only Conv and MatMul, which keeps the graph to
 standard ONNX ops (QLinearConv, QLinearMatMul, QuantizeLinear, DequantizeLinear).
@@ -95,6 +95,10 @@ VARIANTS = {
                                                    activation_type=quantization.QuantType.QUInt8)),
     "qoperator-standard": ("static", dict(quant_format=quantization.QuantFormat.QOperator,
                                           op_types_to_quantize=["Conv", "MatMul"])),
+    # 4-bit weights and 16-bit activations need opset 21 (the float models are made at 21)
+    "qdq-int4-weights-uint16": ("static", dict(quant_format=quantization.QuantFormat.QDQ,
+                                               weight_type=quantization.QuantType.QInt4,
+                                               activation_type=quantization.QuantType.QUInt16)),
     "dynamic": ("dynamic", dict()),
     "dynamic-per-channel": ("dynamic", dict(per_channel=True)),
 }
@@ -108,9 +112,15 @@ def quantized(tmp_path_factory):
     for name, build in (("convnet", convnet), ("mlp", mlp)):
         float_path = folder / f"{name}.onnx"
         onnx.save(build(np.random.default_rng(7)), float_path)
+        model21 = build(np.random.default_rng(7))  # the same weights
+        model21.opset_import[0].version = 21
+        onnx.save(model21, folder / f"{name}-21.onnx")
         for variant, (kind, options) in VARIANTS.items():
             path = folder / f"{name}-{variant}.onnx"
-            if kind == "static":
+            if "int4" in variant:
+                quantization.quantize_static(folder / f"{name}-21.onnx", path, Calibration(SHAPES[name], 11),
+                                             **options)
+            elif kind == "static":
                 quantization.quantize_static(float_path, path, Calibration(SHAPES[name], 11), **options)
             else:
                 quantization.quantize_dynamic(float_path, path, **options)
@@ -121,6 +131,11 @@ def quantized(tmp_path_factory):
 def _onnxruntime(path, x):
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if "int4" in str(path):
+        # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
+        # MatMulNBits, which computes with less precision than the model states (the MLP's
+        # output moves by some 150 steps); unoptimized, it runs the model's own ops
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
@@ -147,6 +162,8 @@ def test_quantized_model_matches_onnxruntime(quantized, model, variant):
     assert ops & {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QuantizeLinear"}
     if variant == "qoperator-standard":
         assert all(domain == "ai.onnx" for domain, _ in _ops(path))
+    if "int4" in variant:  # packed 4-bit initializers
+        assert TensorProto.INT4 in {t.data_type for t in onnx.load(path).graph.initializer}
     compiled = nncc.compile_model(path)
     rng = np.random.default_rng(3)
     for _ in range(3):
