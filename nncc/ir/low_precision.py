@@ -121,21 +121,6 @@ def unpack(data: np.ndarray, code: int, count: int) -> np.ndarray:
     return out.reshape(-1)[:count].view(dtype_of(code))
 
 
-def pack(array: np.ndarray) -> np.ndarray:
-    """Elements of a packed type (one per byte) -> ONNX packed bytes (uint8, flat)."""
-    code = code_of(array.dtype)
-    bits = PACKED_BITS[code]
-    per_byte = 8 // bits
-    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8) & np.uint8((1 << bits) - 1)
-    padded = np.zeros(-(-flat.size // per_byte) * per_byte, dtype=np.uint8)
-    padded[: flat.size] = flat
-    groups = padded.reshape(-1, per_byte)
-    out = np.zeros(groups.shape[0], dtype=np.uint8)
-    for k in range(per_byte):
-        out |= groups[:, k] << np.uint8(k * bits)
-    return out
-
-
 # -- conversion (ONNX Cast rules) ----------------------------------------------------------
 
 
