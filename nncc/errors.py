@@ -63,3 +63,9 @@ class PlanFormatError(NnccError):
     """A compiled artifact is malformed, tampered with, or from another format version."""
 
     exit_code = 2
+
+
+class MissingDependencyError(NnccError):
+    """The model needs an optional package that is not installed."""
+
+    exit_code = 2

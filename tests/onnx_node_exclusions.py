@@ -3,41 +3,11 @@
 This is the one place exclusions live; tests/test_onnx_node.py reads it.
 """
 
-NO_NUMPY_DTYPE = "the target element type (bfloat16, float8, int4/uint4, int2/uint2, float4, float8e8m0) has no numpy dtype; nncc rejects such models with a clear error"
 NEEDS_IMAGE_CODEC = "the stream is JPEG, JPEG 2000 or WebP, which needs a full image codec; nncc takes no image library dependency and refuses such streams with a clear error (it decodes PNG, BMP, PNM and TIFF itself)"
 
 RANDOM_DRAW = "the stored output is one draw of numpy's unseeded generator, so a correct Bernoulli matches it only by chance; tests/test_kernels_math.py checks dtype, shape, the 0/1 values, their frequency and the seed"
 
 EXCLUDED: dict[str, str] = {
-    "test_cast_FLOAT16_to_FLOAT4E2M1": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_FLOAT8E4M3FN": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_FLOAT8E4M3FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_FLOAT8E5M2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_FLOAT8E5M2FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_INT2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_INT4": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_UINT2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT16_to_UINT4": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_BFLOAT16": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_FLOAT4E2M1": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_FLOAT8E4M3FN": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_FLOAT8E4M3FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_FLOAT8E5M2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_FLOAT8E5M2FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_INT2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_INT4": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_UINT2": NO_NUMPY_DTYPE,
-    "test_cast_FLOAT_to_UINT4": NO_NUMPY_DTYPE,
-    "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0": NO_NUMPY_DTYPE,
-    "test_cast_e8m0_FLOAT_to_FLOAT8E8M0": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FN": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT16_to_FLOAT8E4M3FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT16_to_FLOAT8E5M2FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FN": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FNUZ": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2": NO_NUMPY_DTYPE,
-    "test_cast_no_saturate_FLOAT_to_FLOAT8E5M2FNUZ": NO_NUMPY_DTYPE,
     "test_resize_downsample_scales_linear_align_corners": "the stored output divides by the fractional output length; the spec and onnxruntime divide by the whole-number length (tests/test_kernels_nn.py checks this case against onnxruntime)",
     "test_resize_downsample_scales_cubic_align_corners": "the stored output divides by the fractional output length; the spec and onnxruntime divide by the whole-number length (tests/test_kernels_nn.py checks this case against onnxruntime)",
     "test_maxunpool_export_with_output_shape": "the stored output reads the indices in the layout of the shape inferred from kernel_shape/strides/pads (4x4) and copies that block into the corner of output_shape (5x5); onnxruntime reads them as flat positions in output_shape itself, as they are when MaxPool ran on an input of that shape (a 5x5 input pooled 2x2/2 yields indices up to 18, which do not fit the inferred 4x4); nncc follows onnxruntime (tests/test_kernels_indexing.py checks it)",
@@ -52,5 +22,4 @@ EXCLUDED: dict[str, str] = {
     "test_image_decoder_decode_jpeg_grayscale": NEEDS_IMAGE_CODEC,
     "test_image_decoder_decode_jpeg2k_rgb": NEEDS_IMAGE_CODEC,
     "test_image_decoder_decode_webp_rgb": NEEDS_IMAGE_CODEC,
-    "test_range_bfloat16_type_positive_delta_expanded": NO_NUMPY_DTYPE,
 }

@@ -75,7 +75,11 @@ def _compare(actual, expected, case):
         return
     assert actual.dtype == expected.dtype
     assert actual.shape == expected.shape
-    if expected.dtype.kind in "fc":
+    if expected.dtype.kind == "V":  # bfloat16, float8, int4... (ml_dtypes)
+        # their values, exactly, in float32: assert_array_equal takes NaN == NaN only for
+        # numpy's own float types
+        np.testing.assert_array_equal(actual.astype(np.float32), expected.astype(np.float32))
+    elif expected.dtype.kind in "fc":
         np.testing.assert_allclose(actual, expected, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6))
     else:
         np.testing.assert_array_equal(actual, expected)

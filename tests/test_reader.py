@@ -10,6 +10,7 @@ import os
 import pathlib
 
 import google.protobuf.message
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -124,7 +125,8 @@ def expected_type(tp: onnx.TypeProto) -> TensorInfo:
     if dtype is not None and dtype.kind in "SU":
         dtype = np.dtype(object)
     if dtype is not None and dtype not in [np.dtype(d) for d in ALL_DTYPES + [object]]:
-        dtype = None  # bfloat16, float8, int4...: ml_dtypes types nncc does not represent
+        # bfloat16, float8, int4...: ml_dtypes types; only float6 is not represented
+        dtype = None if tt.elem_type >= TensorProto.FLOAT6E2M3 else dtype
     if not tt.HasField("shape"):
         return TensorInfo(dtype, None)
     dims = []
@@ -277,7 +279,8 @@ def test_graph_io_and_value_info_shapes():
     ]
     value_info = [
         helper.make_tensor_value_info("mid", TensorProto.COMPLEX128, ["n", None]),
-        helper.make_tensor_value_info("bf", TensorProto.BFLOAT16, [2]),  # no numpy dtype
+        helper.make_tensor_value_info("bf", TensorProto.BFLOAT16, [2]),  # an ml_dtypes dtype
+        helper.make_tensor_value_info("f6", TensorProto.FLOAT6E2M3, [2]),  # not represented
         helper.make_value_info("notype", onnx.TypeProto()),
     ]
     init = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "w")
@@ -293,7 +296,8 @@ def test_graph_io_and_value_info_shapes():
     assert graph.values["odd"].shape == (None, None)
     assert graph.values["z"].dtype == np.dtype(object)
     assert graph.values["seq_out"] == TensorInfo(np.dtype(np.float32), None, kind="sequence")
-    assert graph.values["bf"] == TensorInfo(None, (2,))
+    assert graph.values["bf"] == TensorInfo(np.dtype(ml_dtypes.bfloat16), (2,))
+    assert graph.values["f6"] == TensorInfo(None, (2,))
     assert graph.values["notype"] == TensorInfo(None, None)
     assert graph.values["w"] == TensorInfo(np.dtype(np.float32), (2,))
 
@@ -605,8 +609,8 @@ def test_constant_node_tensor_attribute():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(data_type=TensorProto.BFLOAT16), "bfloat16"),
-    (dict(data_type=TensorProto.FLOAT8E4M3FN), "float8"),
+    (dict(data_type=TensorProto.FLOAT6E2M3), "float6e2m3"),
+    (dict(data_type=TensorProto.FLOAT6E3M2), "float6e3m2"),
     (dict(data_type=0), "undefined"),
     (dict(data_type=12345), "12345"),
 ])

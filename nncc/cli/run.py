@@ -131,6 +131,8 @@ def _parse_binds(binds) -> dict[str, str]:
 def summarize(outputs):
     import numpy as np
 
+    from nncc.ir.low_precision import widen
+
     rows = []
     for name, value in outputs.items():
         if not isinstance(value, np.ndarray):  # a sequence: its length, and its elements' stats
@@ -145,6 +147,7 @@ def summarize(outputs):
             rows.append(row)
             continue
         row = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
+        value = widen(value)  # bfloat16, float8, int4...: their values in a numpy type
         if value.dtype.kind in "fiub":
             row.update(_stats(value))
         rows.append(row)

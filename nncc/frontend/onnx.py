@@ -22,6 +22,7 @@ from nncc.frontend.protobuf import (
     decode_string,
     iter_fields,
 )
+from nncc.ir import low_precision
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import (
     CAPTURES,
@@ -379,8 +380,12 @@ class _Reader:
             )
         if nonzero * dtype.itemsize > MAX_BYTES:
             raise ModelFormatError(f"{label} has impossibly large dimensions {shape}")
+        low = low_precision.code_of(dtype)
+        stored = count * dtype.itemsize if low is None else low_precision.packed_size(low, count)
         if location == 1:
-            raw = memoryview(self._external(external, label, count * dtype.itemsize))
+            raw = memoryview(self._external(external, label, stored))
+        if low is not None:
+            return name, _low_precision_array(label, low, shape, count, stored, raw, int32s)
         array = _tensor_array(label, dtype, shape, count, raw, floats, doubles, int32s, int64s,
                               uint64s, strings)
         return name, array
@@ -488,3 +493,25 @@ def _tensor_array(label, dtype, shape, count, raw, floats, doubles, int32s, int6
     if dtype == np.bool_:
         return (source != 0).reshape(shape)
     return source.astype(dtype).reshape(shape)
+
+
+def _low_precision_array(label, code, shape, count, stored, raw, int32s) -> np.ndarray:
+    """bfloat16, float8, float4 and 4-/2-bit integer tensors. raw_data holds the bytes
+    (bfloat16 little-endian; 4- and 2-bit types packed, first element in the low bits);
+    int32_data holds one bfloat16 or float8 bit pattern, or one packed byte, per entry."""
+    dtype = low_precision.dtype_of(code)
+    if raw is not None:
+        if len(raw) != stored:
+            raise ModelFormatError(f"{label} has {len(raw)} bytes of raw data, expected {stored}")
+        bits = np.frombuffer(raw, dtype="<u2" if dtype.itemsize == 2 else np.uint8)
+    else:
+        source = int32s.array().view(np.int64)
+        if len(source) == 0 and count == 0:
+            return np.zeros(shape, dtype=dtype)
+        entries = count if code not in low_precision.PACKED_BITS else stored
+        if len(source) != entries:
+            raise ModelFormatError(f"{label} has {len(source)} values for {count} elements")
+        bits = source.astype(np.uint16 if dtype.itemsize == 2 else np.uint8)
+    if code in low_precision.PACKED_BITS:
+        return low_precision.unpack(bits, code, count).reshape(shape)
+    return bits.astype(np.uint16 if dtype.itemsize == 2 else np.uint8).view(dtype).reshape(shape)

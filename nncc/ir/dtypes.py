@@ -2,8 +2,12 @@
 
 import numpy as np
 
-# Codes from onnx.proto's TensorProto.DataType; types numpy lacks (bfloat16, float8,
-# int4) are deliberately absent so they fail loudly instead of being misread.
+from nncc.ir import low_precision
+
+# Codes from onnx.proto's TensorProto.DataType that numpy itself has. The low-precision
+# types (bfloat16, float8, float4, int4, int2: codes 16-26) come from ml_dtypes through
+# nncc.ir.low_precision, loaded only when a model names one; any other code is absent so
+# it fails loudly instead of being misread.
 ONNX_TO_NUMPY: dict[int, np.dtype] = {
     1: np.dtype(np.float32),
     2: np.dtype(np.uint8),
@@ -29,7 +33,8 @@ ONNX_TYPE_NAMES = {
     6: "int32", 7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "double",
     12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128", 16: "bfloat16",
     17: "float8e4m3fn", 18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz",
-    21: "uint4", 22: "int4", 23: "float4e2m1",
+    21: "uint4", 22: "int4", 23: "float4e2m1", 24: "float8e8m0", 25: "uint2", 26: "int2",
+    27: "float6e2m3", 28: "float6e3m2",
 }
 
 
@@ -38,5 +43,17 @@ def onnx_type_name(code: int) -> str:
 
 
 def to_numpy(code: int) -> np.dtype | None:
-    """numpy dtype for an ONNX type code, or None when numpy cannot represent it."""
-    return ONNX_TO_NUMPY.get(code)
+    """numpy dtype for an ONNX type code, or None when nncc cannot represent it."""
+    dtype = ONNX_TO_NUMPY.get(code)
+    if dtype is None:
+        return low_precision.dtype_of(code)  # imports ml_dtypes only for these codes
+    return dtype
+
+
+def to_onnx(dtype) -> int | None:
+    """ONNX type code of a numpy (or ml_dtypes) dtype, or None."""
+    dtype = np.dtype(dtype)
+    code = NUMPY_TO_ONNX.get(dtype)
+    if code is None:
+        return low_precision.code_of(dtype)
+    return code

@@ -20,6 +20,7 @@ from nncc.kernels import (  # noqa: F401
     normalization,
     optional,
     pool,
+    quantize,
     recurrent,
     reduce,
     resize,

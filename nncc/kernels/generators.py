@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir import low_precision
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
@@ -75,13 +76,30 @@ def _target_dtype(code, err) -> np.dtype:
         code = names[code.upper()]
     dtype = to_numpy(int(code))
     if dtype is None:
-        raise err(f"Cast to {onnx_type_name(int(code))} is not supported (numpy has no such type)")
+        raise err(f"Cast to {onnx_type_name(int(code))} is not supported")
     return dtype
 
 
-def _cast_array(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _cast_rules(ctx, err) -> tuple[bool, str]:
+    """(saturate, round_mode): how float8 and float8e8m0 targets treat out-of-range values
+    (Cast and CastLike 19+; round_mode from 24)."""
+    saturate = bool(ctx.get("saturate", 1)) if ctx.opset >= 19 else True
+    round_mode = ctx.get("round_mode", "up") if ctx.opset >= 24 else "up"
+    if round_mode not in ("up", "down", "nearest"):
+        raise err(f"Cast: round_mode must be up, down or nearest, got {round_mode!r}")
+    return saturate, round_mode
+
+
+def _cast_array(x: np.ndarray, dtype: np.dtype, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
     if x.dtype == dtype:
         return x.view()
+    if low_precision.is_low_precision(dtype):
+        if x.dtype == object:
+            x = _cast_array(x, np.dtype(np.float64))
+        return low_precision.convert(x, dtype, saturate, round_mode)
+    x = low_precision.widen(x)  # from bfloat16, float8...: exact in float32 (int8)
+    if x.dtype == dtype:
+        return x
     if dtype == object:  # numbers to strings, formatted as onnxruntime does
         if x.dtype.kind == "f":
             text = np.char.mod("%.8g", x.astype(np.float64))
@@ -112,7 +130,8 @@ def _cast_info(ctx, x, dtype):
         if dtype.kind in "iu" and x.dtype is not None and x.dtype.kind in "iu":
             setattr(out, SYM, sym)  # shape entries keep their meaning in any integer type
         return [out]
-    return _fold(ctx, lambda c, v: _cast_array(v, dtype), [x], [out])
+    rules = _cast_rules(ctx, ShapeInferenceError)
+    return _fold(ctx, lambda c, v: _cast_array(v, dtype, *rules), [x], [out])
 
 
 def _cast_shape(ctx, x):
@@ -121,7 +140,7 @@ def _cast_shape(ctx, x):
 
 @kernel("Cast", since=1, shape=_cast_shape)
 def cast(ctx, x):
-    return _cast_array(x, _target_dtype(ctx.get("to"), KernelError))
+    return _cast_array(x, _target_dtype(ctx.get("to"), KernelError), *_cast_rules(ctx, KernelError))
 
 
 def _castlike_shape(ctx, x, like):
@@ -132,7 +151,7 @@ def _castlike_shape(ctx, x, like):
 
 @kernel("CastLike", since=15, shape=_castlike_shape)
 def castlike(ctx, x, like):
-    return _cast_array(x, like.dtype)
+    return _cast_array(x, like.dtype, *_cast_rules(ctx, KernelError))
 
 
 # --------------------------------------------------------------------------------------

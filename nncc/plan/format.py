@@ -13,6 +13,8 @@ Sections (each at most once, tags ASCII):
     "PROG"  UTF-8 JSON object, keys sorted, no whitespace:
               kernels      [kernel key, ...]          e.g. "ai.onnx::Conv::11"
               slots        [[name, dtype|null, shape|null(, kind)], ...]; dim = int|str|null
+                           dtype: numpy's str ("<f4"), or a low-precision type's name
+                           ("bfloat16", "float8_e4m3fn", "int4"...), from a closed list
                            kind (only when not a tensor): "sequence", "optional_tensor"
                            or "optional_sequence"; dtype is then the element dtype
               inputs, outputs   [slot, ...]
@@ -72,6 +74,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.errors import PlanFormatError
+from nncc.ir import low_precision
 from nncc.plan.memory import aligned_constant, is_splat
 from nncc.ir.graph import KINDS
 from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
@@ -95,6 +98,20 @@ ALLOWED_DTYPES = {
               object)  # object: ONNX strings, as Python str
 }
 STRING = np.dtype(object)
+# The low-precision types (bfloat16, float8, float4, int4, int2) are written by name: their
+# numpy str ("<V1", "<V2") says nothing. Only these names are accepted, and ml_dtypes is
+# imported only when a plan names one.
+LOW_PRECISION_DTYPES = frozenset(low_precision.CODES)
+
+
+def _dtype_key(dtype: np.dtype) -> str:
+    return dtype.name if low_precision.is_low_precision(dtype) else dtype.str
+
+
+def _allowed_dtype(key: str) -> np.dtype | None:
+    if key in LOW_PRECISION_DTYPES:
+        return low_precision.dtype_named(key)
+    return ALLOWED_DTYPES.get(key)
 
 
 # -- writing -----------------------------------------------------------------------------
@@ -119,7 +136,7 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
             inline.append(raw)
             inline_size += len(raw)
             continue
-        if array.dtype.str not in ALLOWED_DTYPES:
+        if _allowed_dtype(_dtype_key(array.dtype)) != array.dtype:
             raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
         if is_splat(array):
             raw = np.asarray(array[(0,) * array.ndim], dtype=array.dtype).tobytes()  # no reshape: it would copy
@@ -244,7 +261,7 @@ def _shape_out(shape):
 
 
 def _slot_out(slot: Slot) -> list:
-    entry = [slot.name, None if slot.dtype is None else slot.dtype.str, _shape_out(slot.shape)]
+    entry = [slot.name, None if slot.dtype is None else _dtype_key(slot.dtype), _shape_out(slot.shape)]
     if slot.kind != "tensor":
         entry.append(slot.kind)
     return entry
@@ -438,7 +455,7 @@ class _Validator:
         if kind != "tensor" and shape is not None:
             raise PlanFormatError(f"slot {name!r} is a {kind} and cannot have a shape")
         if dtype is not None:
-            dtype = ALLOWED_DTYPES.get(dtype) if type(dtype) is str else None
+            dtype = _allowed_dtype(dtype) if type(dtype) is str else None
             if dtype is None:
                 raise PlanFormatError(f"slot {name!r} has unsupported dtype {entry[1]!r}")
         if shape is not None:

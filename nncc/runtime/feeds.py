@@ -7,6 +7,7 @@ from typing import Mapping
 import numpy as np
 
 from nncc.errors import InputError
+from nncc.ir import low_precision
 from nncc.ir.graph import OPTIONAL_SEQUENCE, OPTIONAL_TENSOR, SEQUENCE, TENSOR, TensorInfo
 
 
@@ -43,6 +44,10 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
         array = value if isinstance(value, np.ndarray) else np.asarray(value)
         if info.dtype is not None and info.dtype.kind == "O" and array.dtype.kind == "U":
             array = array.astype(object)  # strings: numpy's fixed-width form becomes str objects
+        if (info.dtype is not None and array.dtype.kind == "V" and array.dtype.names is None
+                and array.dtype.itemsize == info.dtype.itemsize and low_precision.is_low_precision(info.dtype)):
+            # .npy files keep bfloat16, float8... only as raw bytes ("<V2"): take them as declared
+            array = array.view(info.dtype)
         if info.dtype is not None and array.dtype != info.dtype:
             raise InputError(
                 f"input {name!r} has dtype {array.dtype}, expected {info.dtype}"

@@ -15,6 +15,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.errors import InputError
+from nncc.ir import low_precision
 from nncc.ir.graph import TensorInfo
 
 
@@ -53,7 +54,12 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
         )
         count = math.prod(shape)
         kind = info.dtype.kind
-        if kind == "f":
+        if low_precision.is_integer(info.dtype):  # int4, uint4, int2, uint2: 0, 1, 2... as room allows
+            top = min(low_precision.integer_range(info.dtype)[1] + 1, 10)
+            value = low_precision.convert(random_bits(seed, name, count) % np.uint64(top), info.dtype)
+        elif low_precision.is_float(info.dtype):  # bfloat16, float8, float4: rounded normals
+            value = low_precision.convert(standard_normal(seed, name, count), info.dtype)
+        elif kind == "f":
             value = standard_normal(seed, name, count).astype(info.dtype)
         elif kind == "b":
             value = (random_bits(seed, name, count) & np.uint64(1)).astype(bool)

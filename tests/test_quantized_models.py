@@ -1,0 +1,197 @@
+"""Quantized models as users make them: onnxruntime's quantizer applied to small float
+models with real random weights, then run by nncc and compared with onnxruntime running
+the same quantized model.
+
+Static quantization (with a calibration reader) in QDQ format and in QOperator format,
+and dynamic quantization; per-tensor and per-channel weights; int8 activations (the
+quantizer's default), uint8 and uint16 ones; int8 and int4 weights.
+The QOperator format's defaults write two com.microsoft ops (QGemm for Gemm, QLinearAdd
+for Add); the "standard" variant quantizes only Conv and MatMul, which keeps the graph to
+standard ONNX ops (QLinearConv, QLinearMatMul, QuantizeLinear, DequantizeLinear).
+
+Tolerance: one quantization step of the output (the scale of the DequantizeLinear that
+produces it) for the static models, whose last rounding may fall on the other side of a
+tie; float rounding only for the dynamic ones, whose outputs are integer products scaled
+in float.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import nncc  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+SHAPES = {"convnet": (2, 3, 16, 16), "mlp": (4, 32)}
+
+
+def _weights(rng, name, shape, scale):
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def convnet(rng) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
+    ]
+    weights = [_weights(rng, "w1", (8, 3, 3, 3), 0.3), _weights(rng, "b1", (8,), 0.1),
+               _weights(rng, "w2", (16, 8, 3, 3), 0.2), _weights(rng, "b2", (16,), 0.1),
+               _weights(rng, "w3", (10, 16 * 4 * 4), 0.1), _weights(rng, "b3", (10,), 0.1)]
+    graph = helper.make_graph(nodes, "convnet",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mlp(rng) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    weights = [_weights(rng, "w1", (32, 64), 0.2), _weights(rng, "b1", (64,), 0.1),
+               _weights(rng, "w2", (64, 10), 0.2), _weights(rng, "b2", (10,), 0.1)]
+    graph = helper.make_graph(nodes, "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+class Calibration(quantization.CalibrationDataReader):
+    def __init__(self, shape, seed):
+        rng = np.random.default_rng(seed)
+        self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(6)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+VARIANTS = {
+    # name: (function, keyword arguments); static variants get a calibration reader
+    "qdq": ("static", dict(quant_format=quantization.QuantFormat.QDQ)),
+    "qdq-per-channel-uint8": ("static", dict(quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+                                             activation_type=quantization.QuantType.QUInt8,
+                                             weight_type=quantization.QuantType.QInt8)),
+    "qoperator": ("static", dict(quant_format=quantization.QuantFormat.QOperator)),
+    "qoperator-per-channel-uint8": ("static", dict(quant_format=quantization.QuantFormat.QOperator,
+                                                   per_channel=True,
+                                                   activation_type=quantization.QuantType.QUInt8)),
+    "qoperator-standard": ("static", dict(quant_format=quantization.QuantFormat.QOperator,
+                                          op_types_to_quantize=["Conv", "MatMul"])),
+    # 4-bit weights and 16-bit activations need opset 21 (the float models are made at 21)
+    "qdq-int4-weights-uint16": ("static", dict(quant_format=quantization.QuantFormat.QDQ,
+                                               weight_type=quantization.QuantType.QInt4,
+                                               activation_type=quantization.QuantType.QUInt16)),
+    "dynamic": ("dynamic", dict()),
+    "dynamic-per-channel": ("dynamic", dict(per_channel=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """{(model, variant): path} of every quantized model, made once."""
+    folder = tmp_path_factory.mktemp("quantized")
+    made = {}
+    for name, build in (("convnet", convnet), ("mlp", mlp)):
+        float_path = folder / f"{name}.onnx"
+        onnx.save(build(np.random.default_rng(7)), float_path)
+        model21 = build(np.random.default_rng(7))  # the same weights
+        model21.opset_import[0].version = 21
+        onnx.save(model21, folder / f"{name}-21.onnx")
+        for variant, (kind, options) in VARIANTS.items():
+            path = folder / f"{name}-{variant}.onnx"
+            if "int4" in variant:
+                quantization.quantize_static(folder / f"{name}-21.onnx", path, Calibration(SHAPES[name], 11),
+                                             **options)
+            elif kind == "static":
+                quantization.quantize_static(float_path, path, Calibration(SHAPES[name], 11), **options)
+            else:
+                quantization.quantize_dynamic(float_path, path, **options)
+            made[name, variant] = path
+    return made
+
+
+def _onnxruntime(path, x):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if "int4" in str(path):
+        # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
+        # MatMulNBits, which computes with less precision than the model states (the MLP's
+        # output moves by some 150 steps); unoptimized, it runs the model's own ops
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _tolerance(path) -> float:
+    """One step of the output's quantization, or float rounding for float outputs."""
+    model = onnx.load(path)
+    producer = next(n for n in model.graph.node if "y" in n.output)
+    if producer.op_type == "DequantizeLinear":
+        scale = next(i for i in model.graph.initializer if i.name == producer.input[1])
+        return float(numpy_helper.to_array(scale).max()) * 1.0001
+    return 0.0
+
+
+def _ops(path) -> set[tuple[str, str]]:
+    return {(n.domain or "ai.onnx", n.op_type) for n in onnx.load(path).graph.node}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("model", ["convnet", "mlp"])
+def test_quantized_model_matches_onnxruntime(quantized, model, variant):
+    path = quantized[model, variant]
+    ops = {op for _, op in _ops(path)}
+    # the quantizer did quantize: integer ops (QOperator, dynamic) or Q/DQ pairs
+    assert ops & {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QuantizeLinear"}
+    if variant == "qoperator-standard":
+        assert all(domain == "ai.onnx" for domain, _ in _ops(path))
+    if "int4" in variant:  # packed 4-bit initializers
+        assert TensorProto.INT4 in {t.data_type for t in onnx.load(path).graph.initializer}
+    compiled = nncc.compile_model(path)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x = rng.standard_normal(SHAPES[model]).astype(np.float32) * 1.5  # beyond calibration too
+        expected = _onnxruntime(path, x)
+        got = compiled.run({"x": x})["y"]
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        step = _tolerance(path)
+        np.testing.assert_allclose(got, expected, rtol=1e-5 if step == 0 else 0, atol=step or 1e-5)
+
+
+def test_default_qoperator_uses_microsoft_ops(quantized):
+    """What the default QOperator settings produce, so the com.microsoft kernels are needed."""
+    assert ("com.microsoft", "QGemm") in _ops(quantized["convnet", "qoperator"])
+    assert ("com.microsoft", "QLinearAdd") in _ops(quantized["mlp", "qoperator"])
+
+
+@pytest.mark.parametrize("model, variant", [("convnet", "qoperator"), ("mlp", "qdq"), ("convnet", "dynamic")])
+def test_nncc_run_cli_on_quantized_model(quantized, tmp_path, model, variant):
+    path = quantized[model, variant]
+    x = np.random.default_rng(5).standard_normal(SHAPES[model]).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = subprocess.run(
+        [sys.executable, "-m", "nncc", "run", str(path), "--input", f"x={tmp_path / 'x.npy'}",
+         "--output", str(tmp_path / "out.npz")],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    got = np.load(tmp_path / "out.npz")["y"]
+    step = _tolerance(path)
+    np.testing.assert_allclose(got, _onnxruntime(path, x), rtol=1e-5 if step == 0 else 0, atol=step or 1e-5)
