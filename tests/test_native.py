@@ -189,7 +189,7 @@ def test_binary_broadcast(tmp_path, op, sa, sb):
     path = _save(tmp_path, _model([node], [_f32("a", list(sa)), _f32("b", list(sb))], [_f32("y", list(out))]))
     a, b = _rand(rng, sa), _rand(rng, sb)
     if op == "Pow":
-        a = np.abs(a) + 0.5
+        a = np.asarray(np.abs(a) + 0.5, dtype=np.float32)
     if op == "Div":
         b = np.where(np.abs(b) < 0.1, 1.0, b).astype(np.float32)
     _check(path, {"a": a, "b": b})

@@ -21,15 +21,19 @@ from nncc.ir.graph import Graph, Node, TensorInfo
 
 F32 = np.dtype(np.float32)
 ALIGN = 64
+# Benchmark aid (benchmarks/profile_native.py): time every step into a table the entry
+# point ``SYMBOL_profile`` copies out. Never set for code that is cached or shipped.
+PROFILE_STEPS = False
 
 UNARY = {
-    "Relu": "(v > 0.0f ? v : 0.0f)", "Sigmoid": "(1.0f / (1.0f + expf(-v)))", "Tanh": "tanhf(v)",
-    "Erf": "erff(v)", "Exp": "expf(v)", "Log": "logf(v)", "Sqrt": "sqrtf(v)", "Neg": "(-v)",
+    "Relu": "(v > 0.0f ? v : 0.0f)", "Sigmoid": "nn_sigmoid(v)", "Tanh": "nn_tanh(v)",
+    "Erf": "nn_erf(v)", "Exp": "nn_exp(v)", "Log": "logf(v)", "Sqrt": "sqrtf(v)", "Neg": "(-v)",
     "Abs": "fabsf(v)", "Reciprocal": "(1.0f / v)", "Identity": "v", "Softsign": "(v / (1.0f + fabsf(v)))",
 }
 BINARY = {"Add": "(a + b)", "Sub": "(a - b)", "Mul": "(a * b)", "Div": "(a / b)", "Pow": "powf(a, b)",
           "Max": "(a > b || a != a ? a : b)", "Min": "(a < b || a != a ? a : b)"}
 ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "(1.0f / v)"}  # constant exponents
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
@@ -136,6 +140,7 @@ class _Step:
     reads: list[str]
     writes: list[str]
     scratch: int = 0  # bytes of per-step workspace
+    label: str = ""
 
 
 @dataclass
@@ -148,6 +153,7 @@ class Unit:
     n_inputs: int
     workspace: int
     ops: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)  # one per step, for profiles
 
 
 class _Writer:
@@ -204,7 +210,10 @@ class _Writer:
         for node in self.nodes:
             if id(node) in self.absorbed:
                 continue
+            first = len(self.steps)
             self.emit(node)
+            for step in self.steps[first:]:
+                step.label = step.label or f"{node.op_type} {node.name}"
         return self.finish()
 
     def emit(self, node: Node) -> None:
@@ -220,6 +229,8 @@ class _Writer:
             return self.residual(node)
         if op in ALIASES:
             return self.reshape(node)
+        if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
+            return self.unary(node, POW_BY[self._scalar_const(node.inputs[1])])
         if op in BINARY:
             return self.binary(node, BINARY[op])
         if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
@@ -300,7 +311,9 @@ class _Writer:
         other = add.inputs[1] if add.inputs[0] == conv_out else add.inputs[0]
         conv = self.deferred.pop(conv_out)
         if other in self.deferred:  # both operands are convolutions: write one plainly first
-            self.conv(self.deferred.pop(other), defer=False)
+            shortcut = self.deferred.pop(other)
+            self.conv(shortcut, defer=False)
+            self.steps[-1].label = f"Conv {shortcut.name}"
         target, act = add.outputs[0], (0, 0.0, 0.0)
         user = self.only_consumer(target)
         if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
@@ -389,9 +402,17 @@ class _Writer:
         else:
             self.alias[out] = src
 
-    def unary(self, node: Node) -> None:
+    def _scalar_const(self, name: str):
+        value = _const(self.graph, self.infos, name)
+        if value is None or np.size(value) != 1:
+            return None
+        return float(np.asarray(value).reshape(()))
+
+    def unary(self, node: Node, expr: str | None = None) -> None:
         op = node.op_type
-        if op == "Clip":
+        if expr is not None:
+            pass
+        elif op == "Clip":
             lo, hi = self._clip_bounds(node)
             expr = f"(v < {_f(lo)} ? {_f(lo)} : (v > {_f(hi)} ? {_f(hi)} : v))"
         elif op == "LeakyRelu":
@@ -494,7 +515,12 @@ class _Writer:
                     offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
             if step.scratch:
                 scratch_at[index] = allocate(step.scratch, index, index)
-        lines = [f"NN_EXPORT int {self.symbol}(void **args, char *ws) {{"]
+        lines = []
+        if PROFILE_STEPS:
+            lines.append(f"static int64_t {self.symbol}_ns[{len(self.steps)}];")
+            lines.append(f"NN_EXPORT int {self.symbol}_profile(int64_t *out) {{ memcpy(out, {self.symbol}_ns, "
+                         f"sizeof {self.symbol}_ns); return {len(self.steps)}; }}")
+        lines.append(f"NN_EXPORT int {self.symbol}(void **args, char *ws) {{")
         declared = set()
         for name, i in args.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
@@ -503,10 +529,13 @@ class _Writer:
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
         for index, step in enumerate(self.steps):
             body = step.code.replace("SCRATCH", f"(ws + {scratch_at.get(index, 0)})")
+            if PROFILE_STEPS:
+                body = f"{{ int64_t t0 = nn_now();\n{body}\n{self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + body.replace("\n", "\n  "))
         lines.append("  return 0;\n}\n")
         ops = sorted({n.op_type for n in self.nodes})
-        return Unit(self.symbol, "\n".join(lines), self.args, self.n_inputs, _align(size_total), ops)
+        return Unit(self.symbol, "\n".join(lines), self.args, self.n_inputs, _align(size_total), ops,
+                    [s.label for s in self.steps])
 
 
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str) -> Unit:

@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
 /* nncc native runtime: helpers that generated partition entry points call with literal
  * shapes, so the C compiler specialises each call site. float32 only; row-major; NCHW.
  * GEMM goes to the BLAS numpy has loaded (OpenBLAS), reached through a function pointer
@@ -8,6 +9,13 @@
 #include <string.h>
 
 #define NN_EXPORT __attribute__((visibility("default")))
+
+#include <time.h>
+static inline int64_t nn_now(void) { /* for step profiles (a benchmark aid) */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 typedef void (*nn_sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
                              const float *, int64_t, float, float *, int64_t);
@@ -51,6 +59,52 @@ static void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha
     }
 }
 
+/* Vectorizable elementary functions: branch-free (selects, not branches) so the C compiler
+ * turns whole loops into SIMD code, where libm's expf/tanhf/erff are scalar calls.
+ * exp: exponent split n = round(x log2 e), a degree-7 polynomial on |r| <= ln2/2 (relative
+ * error below 1e-8), 2^n put in the exponent bits. */
+static inline float nn_exp(float x) {
+    x = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    float n = __builtin_roundf(x * 1.44269504f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.98412698e-4f;
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { float f; int32_t i; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+static inline float nn_sigmoid(float x) { return 1.0f / (1.0f + nn_exp(-x)); }
+
+/* tanh: an odd Taylor polynomial near 0 (no cancellation), 1 - 2/(e^2|x| + 1) elsewhere. */
+static inline float nn_tanh(float x) {
+    float a = fabsf(x), x2 = x * x;
+    float small = x * (1.0f + x2 * (-0.333333333f + x2 * (0.133333333f + x2 * (-0.0539682540f + x2 * 0.0218694885f))));
+    float big = 1.0f - 2.0f / (nn_exp(2.0f * a) + 1.0f);
+    big = x < 0.0f ? -big : big;
+    return a < 0.125f ? small : big;
+}
+
+/* erf: its Taylor series below 0.5; above, 1 - erfc with the classic Chebyshev-fitted
+ * erfc (fractional error below 1.2e-7). */
+static inline float nn_erf(float x) {
+    float a = fabsf(x), x2 = x * x;
+    float small = 1.12837917f * x * (1.0f + x2 * (-0.333333333f + x2 * (0.1f + x2 * (-0.0238095238f
+                  + x2 * (0.00462962963f + x2 * (-0.000757575758f + x2 * 0.000106837607f))))));
+    float t = 1.0f / (1.0f + 0.5f * a);
+    float poly = -a * a - 1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f
+                 + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+    float big = 1.0f - t * nn_exp(poly);
+    big = x < 0.0f ? -big : big;
+    return a < 0.5f ? small : big;
+}
+
 /* Activations applied in epilogues. */
 enum { NN_NONE = 0, NN_RELU, NN_CLIP, NN_SIGMOID, NN_TANH, NN_LEAKY, NN_HSIGMOID, NN_HSWISH };
 
@@ -58,8 +112,8 @@ static inline float nn_act(int act, float v, float p0, float p1) {
     switch (act) {
     case NN_RELU: return v > 0.0f ? v : 0.0f;
     case NN_CLIP: return v < p0 ? p0 : (v > p1 ? p1 : v);
-    case NN_SIGMOID: return 1.0f / (1.0f + expf(-v));
-    case NN_TANH: return tanhf(v);
+    case NN_SIGMOID: return nn_sigmoid(v);
+    case NN_TANH: return nn_tanh(v);
     case NN_LEAKY: return v >= 0.0f ? v : v * p0;
     case NN_HSIGMOID: { float t = p0 * v + p1; return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); }
     case NN_HSWISH: { float t = v / 6.0f + 0.5f; t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); return v * t; }
@@ -122,7 +176,26 @@ static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t 
             }
 }
 
-/* Depthwise 3-D loop: one filter per channel (group == C == K). */
+/* The output columns [lo, hi) whose input column ow*sw + off lies inside a row of W. */
+static inline void nn_cols(int64_t off, int64_t sw, int64_t W, int64_t OW, int64_t *lo, int64_t *hi) {
+    int64_t a = off >= 0 ? 0 : (-off + sw - 1) / sw;
+    int64_t b = (W - 1 - off) >= 0 ? (W - 1 - off) / sw + 1 : 0;
+    *lo = a;
+    *hi = b < OW ? b : OW;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* Activation over a row, one loop per kind so each loop vectorizes. */
+static void nn_act_row(float *row, const float *res, int64_t n, int act, float p0, float p1) {
+    if (res) for (int64_t i = 0; i < n; i++) row[i] += res[i];
+    if (act == NN_RELU) for (int64_t i = 0; i < n; i++) row[i] = row[i] > 0.0f ? row[i] : 0.0f;
+    else if (act == NN_CLIP) for (int64_t i = 0; i < n; i++) row[i] = row[i] < p0 ? p0 : (row[i] > p1 ? p1 : row[i]);
+    else if (act != NN_NONE) for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i], p0, p1);
+}
+
+/* Depthwise convolution (group == C == K): per output row, each kernel row's taps are
+ * accumulated over the columns where all of them are inside the input, in one pass;
+ * the border columns take the taps one by one. */
 static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
                          int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                          int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
@@ -131,6 +204,15 @@ static void nn_depthwise(const float *x, const float *w, const float *bias, cons
         const float *wc = w + c * kh * kw;
         float *yc = y + c * OH * OW;
         float b = bias ? bias[c] : 0.0f;
+        /* columns where every tap of a row is inside: [in_lo, in_hi) */
+        int64_t in_lo = 0, in_hi = OW;
+        for (int64_t j = 0; j < kw; j++) {
+            int64_t lo, hi;
+            nn_cols(j * dw - pw, sw, W, OW, &lo, &hi);
+            in_lo = lo > in_lo ? lo : in_lo;
+            in_hi = hi < in_hi ? hi : in_hi;
+        }
+        if (in_hi < in_lo) in_hi = in_lo;
         for (int64_t oh = 0; oh < OH; oh++) {
             float *row = yc + oh * OW;
             for (int64_t ow = 0; ow < OW; ow++) row[ow] = b;
@@ -138,27 +220,33 @@ static void nn_depthwise(const float *x, const float *w, const float *bias, cons
                 int64_t ih = oh * sh - ph + i * dh;
                 if (ih < 0 || ih >= H) continue;
                 const float *xr = xc + ih * W;
-                for (int64_t j = 0; j < kw; j++) {
-                    float wv = wc[i * kw + j];
-                    int64_t off = j * dw - pw;
-                    /* ow range whose input column is inside the row */
-                    int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
-                    int64_t hi = (W - 1 - off) >= 0 ? (W - 1 - off) / sw + 1 : 0;
-                    if (hi > OW) hi = OW;
-                    if (sw == 1) {
-                        const float *xs = xr + off;
-                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xs[ow];
-                    } else if (sw == 2) {
-                        const float *xs = xr + off;
-                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xs[2 * ow];
-                    } else {
-                        for (int64_t ow = lo; ow < hi; ow++) row[ow] += wv * xr[ow * sw + off];
+                const float *wr = wc + i * kw;
+                if (kw == 3 && sw == 1) {
+                    const float *x0 = xr - pw, *x1 = xr - pw + dw, *x2 = xr - pw + 2 * dw;
+                    float w0 = wr[0], w1 = wr[1], w2 = wr[2];
+                    for (int64_t ow = in_lo; ow < in_hi; ow++) row[ow] += w0 * x0[ow] + w1 * x1[ow] + w2 * x2[ow];
+                } else if (kw == 3 && sw == 2) {
+                    const float *x0 = xr - pw, *x1 = xr - pw + dw, *x2 = xr - pw + 2 * dw;
+                    float w0 = wr[0], w1 = wr[1], w2 = wr[2];
+                    for (int64_t ow = in_lo; ow < in_hi; ow++)
+                        row[ow] += w0 * x0[2 * ow] + w1 * x1[2 * ow] + w2 * x2[2 * ow];
+                } else {
+                    for (int64_t j = 0; j < kw; j++) {
+                        const float *xs = xr + j * dw - pw;
+                        float wv = wr[j];
+                        for (int64_t ow = in_lo; ow < in_hi; ow++) row[ow] += wv * xs[ow * sw];
                     }
                 }
+                /* border columns: each tap where it is inside */
+                for (int64_t j = 0; j < kw; j++) {
+                    int64_t off = j * dw - pw, lo, hi;
+                    nn_cols(off, sw, W, OW, &lo, &hi);
+                    float wv = wr[j];
+                    for (int64_t ow = lo; ow < (hi < in_lo ? hi : in_lo); ow++) row[ow] += wv * xr[ow * sw + off];
+                    for (int64_t ow = (lo > in_hi ? lo : in_hi); ow < hi; ow++) row[ow] += wv * xr[ow * sw + off];
+                }
             }
-            const float *r = res ? res + c * OH * OW + oh * OW : 0;
-            if (r || act != NN_NONE)
-                for (int64_t ow = 0; ow < OW; ow++) row[ow] = nn_act(act, row[ow] + (r ? r[ow] : 0.0f), p0, p1);
+            nn_act_row(row, res ? res + c * OH * OW + oh * OW : 0, OW, act, p0, p1);
         }
     }
 }
@@ -192,27 +280,34 @@ static void nn_conv2d(const float *x, const float *w, const float *bias, const f
     }
 }
 
+/* Max pooling row by row: each tap is a max over the output columns it reaches, so the
+ * inner loops are plain (strided) vector maxima; NaN propagates as in the spec. */
 static void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                          int64_t dw) {
     for (int64_t c = 0; c < NC; c++) {
         const float *xc = x + c * H * W;
         float *yc = y + c * OH * OW;
-        for (int64_t oh = 0; oh < OH; oh++)
-            for (int64_t ow = 0; ow < OW; ow++) {
-                float m = -INFINITY;
-                for (int64_t i = 0; i < kh; i++) {
-                    int64_t ih = oh * sh - ph + i * dh;
-                    if (ih < 0 || ih >= H) continue;
-                    for (int64_t j = 0; j < kw; j++) {
-                        int64_t iw = ow * sw - pw + j * dw;
-                        if (iw < 0 || iw >= W) continue;
-                        float v = xc[ih * W + iw];
-                        m = (v > m || v != v) ? v : m;
-                    }
+        for (int64_t oh = 0; oh < OH; oh++) {
+            float *row = yc + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) row[ow] = -INFINITY;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = oh * sh - ph + i * dh;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = xc + ih * W;
+                for (int64_t j = 0; j < kw; j++) {
+                    int64_t off = j * dw - pw, lo, hi;
+                    nn_cols(off, sw, W, OW, &lo, &hi);
+                    const float *xs = xr + off;
+                    if (sw == 1)
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                    else if (sw == 2)
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[2 * ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow * sw]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
                 }
-                yc[oh * OW + ow] = m;
             }
+        }
     }
 }
 
@@ -260,11 +355,11 @@ static void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, i
         for (int64_t i = 0; i < n; i++) m = xr[i] > m ? xr[i] : m;
         float s = 0.0f;
         if (log) {
-            for (int64_t i = 0; i < n; i++) s += expf(xr[i] - m);
+            for (int64_t i = 0; i < n; i++) s += nn_exp(xr[i] - m);
             float l = logf(s);
             for (int64_t i = 0; i < n; i++) yr[i] = xr[i] - m - l;
         } else {
-            for (int64_t i = 0; i < n; i++) { float e = expf(xr[i] - m); yr[i] = e; s += e; }
+            for (int64_t i = 0; i < n; i++) { float e = nn_exp(xr[i] - m); yr[i] = e; s += e; }
             float inv = 1.0f / s;
             for (int64_t i = 0; i < n; i++) yr[i] *= inv;
         }
