@@ -42,7 +42,8 @@ class FileLock:
         if not self.blocking:
             mode |= fcntl.LOCK_NB
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # never through a symlink: a lock file is created in locks/ and nowhere else
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, mode)
             except OSError as exc:
