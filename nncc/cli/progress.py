@@ -96,9 +96,27 @@ class RichReporter:
                 self._hide_locked()
 
     def close(self) -> None:
-        with self._lock:
-            self._running = 0
-            self._hide_locked()
+        """Stop the display on every exit path, interrupts included: rich's stop() is a
+        no-op for a display that never started and shows the cursor again otherwise. It is
+        called even when an interrupt cut the start short (the cursor already hidden, the
+        display not yet marked shown), and SIGINT/SIGTERM wait until it is done."""
+        import signal
+
+        masked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, masked)
+        try:
+            with self._lock:
+                self._running = 0
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                self._shown = False
+                try:
+                    self.progress.stop()
+                except Exception:  # drawing is cosmetic; the cursor is put back below anyway
+                    self.progress.console.show_cursor(True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def _show(self) -> None:
         with self._lock:
