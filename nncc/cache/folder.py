@@ -33,6 +33,8 @@ ENTRY_NAME = re.compile(r"^([0-9a-f]{64})\.(plan|data)$")
 TEMP_NAME = re.compile(r"^\.([0-9a-f]{64})\.(plan|data)\.[0-9]+-[0-9a-f]{8}\.tmp$")
 LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.lock$")
 SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
+# The tag being written by another nncc that is creating the cache right now.
+TAG_TEMP_NAME = re.compile(r"^\.CACHEDIR\.TAG\.[0-9]+-[0-9a-f]{8}\.tmp$")
 
 
 class CacheUnavailable(NnccError):
@@ -91,7 +93,8 @@ def folder_state(directory: str) -> str:
         return "nncc"
     try:
         with os.scandir(directory) as it:
-            empty = next(it, None) is None
+            # empty, or holding only the tag another nncc is writing there this instant
+            empty = all(TAG_TEMP_NAME.match(e.name) for e in it)
     except OSError:
         return "foreign"
     return "empty" if empty else "foreign"

@@ -228,11 +228,14 @@ class Cache:
         if not os.path.lexists(tag):
             _write_file(tag, CACHEDIR_TAG, f".{TAG_NAME}")
         for d in (self.entries_dir, self.locks_dir):
-            if os.path.islink(d) or (os.path.lexists(d) and not os.path.isdir(d)):
+            if not os.path.lexists(d):
+                try:
+                    os.mkdir(d, 0o700)
+                    make_private(d)
+                except FileExistsError:
+                    pass  # another process creating the cache made it first
+            if os.path.islink(d) or not os.path.isdir(d):
                 raise CacheUnavailable(f"{d} is not a directory")
-            if not os.path.isdir(d):
-                os.mkdir(d, 0o700)
-                make_private(d)
         if not os.access(self.directory, os.W_OK | os.X_OK):
             raise CacheUnavailable(f"{self.directory} is not writable")
 
