@@ -87,8 +87,13 @@ class FileLock:
 
 
 def try_lock(path: str) -> FileLock | None:
-    """Take ``path`` exclusively without waiting; None if someone holds it."""
+    """Take ``path`` exclusively without waiting; None if someone holds it, or if it is a
+    symbolic link (never followed: its token is then left alone, as if busy)."""
     try:
         return FileLock(path, shared=False, blocking=False).acquire()
     except LockBusy:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
