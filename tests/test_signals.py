@@ -37,6 +37,13 @@ DRIVER = textwrap.dedent("""
         if when == "after-plan-rename" and dst_name.endswith(".plan"):
             os.kill(os.getpid(), getattr(signal, signame))
     os.replace = replace
+    import nncc.cache.index as index_mod
+    real_insert = index_mod.Index.insert
+    def insert(self, *a, **k):
+        real_insert(self, *a, **k)
+        if when == "after-commit":
+            os.kill(os.getpid(), getattr(signal, signame))
+    index_mod.Index.insert = insert
     sys.argv = ["nncc", *argv]
     from nncc.cli.main import program
     program()
@@ -77,6 +84,18 @@ def test_an_interrupted_compile_leaves_no_half_entry(tmp_path, signame, code, co
     verify = nncc("cache", "verify", "--json", cache_dir=cache_dir)
     assert verify.returncode == 0 and json.loads(verify.stdout)["counts"] == {}, verify.stdout
     assert not (tmp_path / "r.nncc").exists()
+
+
+@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_just_after_the_commit_keeps_the_complete_entry(tmp_path, signame, code):
+    """The row is committed: the files it names must stay (not a MISSING entry)."""
+    cache_dir = tmp_path / "cache"
+    result = drive(signame, "after-commit", "run", MLP, "--random-inputs", cache_dir=cache_dir)
+    assert result.returncode == code, result.stderr
+    verify = nncc("cache", "verify", "--json", cache_dir=cache_dir)
+    assert verify.returncode == 0 and json.loads(verify.stdout)["counts"] == {"OK": 1}, verify.stdout
+    hit = nncc("run", MLP, "--random-inputs", "--json", cache_dir=cache_dir)
+    assert json.loads(hit.stdout)["cache"]["outcome"] == "hit" and "warning" not in hit.stderr
 
 
 @pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])

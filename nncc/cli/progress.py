@@ -100,11 +100,9 @@ class RichReporter:
         no-op for a display that never started and shows the cursor again otherwise. It is
         called even when an interrupt cut the start short (the cursor already hidden, the
         display not yet marked shown), and SIGINT/SIGTERM wait until it is done."""
-        import signal
+        from nncc.util.interrupts import held_signals
 
-        masked = {signal.SIGINT, signal.SIGTERM}
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, masked)
-        try:
+        with held_signals():
             with self._lock:
                 self._running = 0
                 if self._timer is not None:
@@ -113,10 +111,8 @@ class RichReporter:
                 self._shown = False
                 try:
                     self.progress.stop()
-                except Exception:  # drawing is cosmetic; the cursor is put back below anyway
+                except Exception:  # drawing is cosmetic; the cursor is put back all the same
                     self.progress.console.show_cursor(True)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def _show(self) -> None:
         with self._lock:
