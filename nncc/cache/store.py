@@ -29,7 +29,7 @@ from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, 
                                folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
-from nncc.errors import ModelFormatError, NnccError, PlanFormatError
+from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.files import read_model_file
 
 ENTRIES = "entries"

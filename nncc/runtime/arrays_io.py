@@ -80,7 +80,6 @@ class OutputDir:
 
     def __init__(self, directory: str, model, mapped: bool = True):
         import os
-        import re
 
         self.directory = directory
         try:
