@@ -218,7 +218,8 @@ class Cache:
 
     def _create(self, state: str) -> None:
         """Make the folder a cache: mode 0700 where nncc creates or initializes it, the
-        signature (CACHEDIR.TAG) first, then entries/, locks/ and a 0600 index file."""
+        signature (CACHEDIR.TAG) first, then entries/ and locks/ (Index.open creates the
+        index, 0600)."""
         if state == "missing":
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             make_private(self.directory)
@@ -655,26 +656,29 @@ def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seco
     from nncc.util.interrupts import held_signals
 
     model_bytes, data_bytes = serialize_parts(plan)
-    # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
-    plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)  # cleans up if interrupted
-    # Ctrl-C/SIGTERM wait until the row is committed or the files are gone: an interrupt
-    # surfacing just after the commit must not delete the files of a committed row.
-    with held_signals():
-        now = time.time()
-        entry = Entry(
-            token=token, plan_hash=plan_hash, data_hash=data_hash,
-            plan_size=len(model_bytes), data_size=len(data_bytes),
-            nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
-            source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
-            preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
-            created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
-        )
-        try:
+    committed = False
+    try:
+        # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
+        plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)
+        # Ctrl-C/SIGTERM wait until the row is committed (or failed): an interrupt that
+        # surfaces right after the commit must not delete the files of a committed row.
+        with held_signals():
+            now = time.time()
+            entry = Entry(
+                token=token, plan_hash=plan_hash, data_hash=data_hash,
+                plan_size=len(model_bytes), data_size=len(data_bytes),
+                nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
+                source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
+                preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
+                created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
+            )
             cache.index.insert(entry, counter=counter)  # committed only once both files are in place
-        except BaseException:
+            committed = True
+    except BaseException:
+        if not committed:  # failed or interrupted before the commit: no files without a row
             for p in cache.paths(token):
                 _unlink(p)
-            raise
+        raise
     return entry
 
 
