@@ -47,7 +47,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     start = time.perf_counter()
     outcome = None
     artifact = is_artifact(model)
-    inputs = _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir)
+    writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
+    inputs = _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
     _refuse_clobbering(inputs, output_path, output_dir, None)
     if artifact:
         # an artifact may name plugin kernels: only the plugins the user names are loaded
