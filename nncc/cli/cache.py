@@ -19,7 +19,9 @@ class CacheCommandError(NnccError):
 
 
 def trust_option(command):
-    return click.option("--trust-shared-cache", "trust_shared", is_flag=True, default=None,
+    # absent: None, so that the API reads $NNCC_CACHE_TRUST_SHARED (whatever click's flag default)
+    return click.option("--trust-shared-cache", "trust_shared", is_flag=True,
+                        callback=lambda ctx, param, value: True if value else None,
                         help="Use a cache folder that another user owns or others can write "
                              "(as NNCC_CACHE_TRUST_SHARED=1): trust whoever can write there.")(command)
 
