@@ -206,3 +206,30 @@ def test_a_directory_that_cannot_go_is_reported_not_claimed(tmp_path):
     clear = nncc("cache", "clear", cache_dir=cache_dir)
     assert clear.returncode == 1 and "removed 0 item(s)" in clear.stderr and "not empty" in clear.stderr
     assert (plan / "work.txt").read_text() == "someone's"
+
+
+def test_a_malformed_row_never_names_files_to_delete(tmp_path):
+    """An index row whose token is not 64 hex digits (a hand-edited or damaged index) is
+    dropped by clear without touching the paths it would name outside the cache."""
+    cache_dir = tmp_path / "a" / "cache"
+    filled(cache_dir)
+    token = "../../thesis"
+    c = Cache(str(cache_dir))
+    victims = [pathlib.Path(os.path.normpath(p)) for p in (*c.paths(token), c.lock_path(token))]
+    assert all(not str(v).startswith(str(cache_dir)) for v in victims)
+    for victim in victims:
+        victim.parent.mkdir(parents=True, exist_ok=True)
+        victim.write_text("precious")
+    import sqlite3
+
+    conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
+    row = list(conn.execute("SELECT * FROM entries").fetchone())
+    row[0] = token
+    conn.execute(f"INSERT INTO entries VALUES ({', '.join('?' * len(row))})", row)
+    conn.commit()
+    conn.close()
+    result = nncc("cache", "clear", cache_dir=cache_dir)
+    assert result.returncode == 0, result.stderr
+    assert [v.read_text() for v in victims] == ["precious"] * 3
+    with Cache.open(cache_dir) as c:
+        assert c.index.entries() == []

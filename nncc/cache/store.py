@@ -440,6 +440,9 @@ class Cache:
         token is busy (someone is reading or writing it) and ``blocking`` is False, or when
         a file could not be removed (``last_failure`` says why)."""
         self.last_failure = None
+        if not TOKEN_RE.match(token):  # a malformed row: its paths are not nncc's to touch
+            self.delete_row(token, counter)
+            return True
         held = lock
         if held is None:
             try:
