@@ -233,3 +233,23 @@ def test_a_malformed_row_never_names_files_to_delete(tmp_path):
     assert [v.read_text() for v in victims] == ["precious"] * 3
     with Cache.open(cache_dir) as c:
         assert c.index.entries() == []
+
+
+def test_verify_neither_locks_nor_reads_what_a_malformed_row_names(tmp_path):
+    cache_dir = tmp_path / "a" / "cache"
+    filled(cache_dir)
+    token = "../../thesis"
+    lock = pathlib.Path(os.path.normpath(Cache(str(cache_dir)).lock_path(token)))
+    import sqlite3
+
+    conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
+    row = list(conn.execute("SELECT * FROM entries").fetchone())
+    row[0] = token
+    conn.execute(f"INSERT INTO entries VALUES ({', '.join('?' * len(row))})", row)
+    conn.commit()
+    conn.close()
+    report = json.loads(nncc("cache", "verify", "--json", cache_dir=cache_dir).stdout)
+    assert report["counts"] == {"OK": 1, "CORRUPT": 1} and not lock.exists()
+    fix = nncc("cache", "verify", "--fix", "--json", cache_dir=cache_dir)
+    assert fix.returncode == 0 and not lock.exists()
+    assert json.loads(nncc("cache", "verify", "--json", cache_dir=cache_dir).stdout)["counts"] == {"OK": 1}

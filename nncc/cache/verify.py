@@ -143,6 +143,7 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 def verify(cache, fix: bool = False) -> VerifyReport:
     from nncc.cache.locking import LockBusy
+    from nncc.cache.store import TOKEN_RE
     from nncc.util import progress
 
     findings: list[Finding] = []
@@ -151,6 +152,12 @@ def verify(cache, fix: bool = False) -> VerifyReport:
         for entry in entries:
             task.advance()
             token = entry.token
+            if not TOKEN_RE.match(str(token)):  # a damaged row: lock and read nothing it names
+                finding = Finding("CORRUPT", token, "the index row's token is not 64 hex digits", [], 0)
+                if fix:
+                    finding.fixed = cache.remove(token)
+                findings.append(finding)
+                continue
             paths = list(cache.paths(token))
             try:
                 with cache.lock(token, shared=True, blocking=False):
