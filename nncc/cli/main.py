@@ -75,7 +75,8 @@ def cli():
     """nncc compiles ONNX models ahead of time, caches the results and runs them.
 
     -q/--quiet and -v/--verbose work before the command name (for every command) or
-    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input.
+    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input, 130
+    interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
 
 
