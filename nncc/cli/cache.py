@@ -64,7 +64,8 @@ def json_option(command):
 
 def _open(cache_dir, trust_shared, read_only_ok: bool = False):
     """``(cache, directory)``: the cache, or None where there is none yet (no folder, an
-    empty one, or a signed one without an index): no command creates a cache. Commands
+    empty one, or for ``ls``/``info`` a signed one without an index): no command creates
+    a cache. Commands
     that only read (``read_only_ok``) also open one on read-only storage or a full disk;
     the others, which remove things, open one on a full disk to free space (Cache.open's
     ``reclaim``). A folder that is not nncc's, or not private, is refused (exit 2)."""
