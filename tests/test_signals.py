@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -170,7 +171,14 @@ def test_sigterm_during_bench_gives_the_cursor_back(tmp_path):
         os.kill(pid, signal.SIGTERM)
         read_until(fd, b"\0never\0", seen)  # everything until the child closes the terminal
     finally:
-        _, status = os.waitpid(pid, 0)
+        for _ in range(600):  # the child is exiting; a hang guard, not a speed check
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:  # still running long after the terminal went quiet: do not hang the suite
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
         os.close(fd)
     tail = bytes(seen[seen.rindex(HIDE_CURSOR):])
     assert SHOW_CURSOR in tail, tail[-500:]
