@@ -129,6 +129,15 @@ def test_an_empty_folder_of_ones_own_is_made_private(tmp_path):
         assert stat.S_IMODE((folder / sub).stat().st_mode) == 0o700
 
 
+def test_an_empty_folder_meant_to_be_shared_keeps_its_mode(tmp_path):
+    folder = tmp_path / "team"
+    folder.mkdir()
+    folder.chmod(0o770)
+    result = nncc("run", MLP, "--random-inputs", "--json", cache_dir=folder, env={"NNCC_CACHE_TRUST_SHARED": "1"})
+    assert json.loads(result.stdout)["cache"]["outcome"] == "miss", result.stderr
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o770
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o000])
 def test_the_index_is_created_private_whatever_the_umask(tmp_path, umask):
     cache_dir = tmp_path / "cache"

@@ -207,7 +207,7 @@ class Cache:
             if create:
                 if read_only_ok and state == "nncc" and _read_only_directory(cache.directory):
                     return cache._open_read_only()
-                cache._create(state)
+                cache._create(state, trust_shared)
         except CacheWriteError as exc:
             raise CacheUnavailable(str(exc)) from None
         except OSError as exc:
@@ -216,14 +216,17 @@ class Cache:
         cache.index = cache._open_index()
         return cache
 
-    def _create(self, state: str) -> None:
-        """Make the folder a cache: mode 0700 where nncc creates or initializes it, the
-        signature (CACHEDIR.TAG) first, then entries/ and locks/ (Index.open creates the
-        index, 0600)."""
+    def _create(self, state: str, trust_shared: bool | None) -> None:
+        """Make the folder a cache: mode 0700 where nncc creates or initializes it (an
+        existing empty folder keeps its mode when a shared cache is trusted), the signature
+        (CACHEDIR.TAG) first, then entries/ and locks/ (Index.open creates the index, 0600)."""
+        from nncc.cache.folder import trust_shared_from_env
+
         if state == "missing":
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             make_private(self.directory)
-        elif state == "empty" and os.lstat(self.directory).st_uid == os.geteuid():
+        elif state == "empty" and os.stat(self.directory).st_uid == os.geteuid() and not (
+                trust_shared if trust_shared is not None else trust_shared_from_env()):
             make_private(self.directory)
         tag = os.path.join(self.directory, TAG_NAME)
         if not os.path.lexists(tag):
