@@ -81,16 +81,18 @@ def compile_model(path: str | os.PathLike, **options) -> CompiledModel:
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
-            **options):
+            trust_shared: bool | None = None, **options):
     """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
 
     A hit prepares from the cache files after checking them against the hash index; a miss
     compiles and stores; ``use_cache=False`` compiles and touches nothing. ``cache_dir``
     defaults to $NNCC_CACHE_DIR, else the user cache directory. Options as compile_model.
+    ``trust_shared`` (default $NNCC_CACHE_TRUST_SHARED) uses a cache folder that another
+    user owns or others can write; without it such a cache is left alone (one warning).
     """
     from nncc.cache.store import prepare as cached_prepare
 
-    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, **options)
+    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared, **options)
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview, trust_native: bool = False) -> CompiledModel:

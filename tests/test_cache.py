@@ -692,8 +692,10 @@ def test_corrupt_index_is_rebuilt(cache_dir, capsys):
     with open_cache(cache_dir) as c:
         assert [e.source_path for e in c.index.entries()] == [str(MLP)]
         report = verify(c)
-        assert {f.status for f in report.findings} == {"OK", "ORPHAN"} and not report.ok
-        assert verify(c, fix=True).ok and verify(c).ok
+        # the old entry files are debris: reported, never used, not a verification failure
+        assert {f.status for f in report.findings} == {"OK", "ORPHAN"} and report.ok
+        assert verify(c, fix=True).ok
+        assert {f.status for f in verify(c).findings} == {"OK"}
     _, outcome = prepare(MLP, cache_dir=cache_dir)
     assert outcome.outcome == "hit"
 
@@ -794,23 +796,23 @@ def test_gc_removes_orphans_and_leftovers_but_not_busy_ones(cache_dir):
         for token in (orphan, leftover, busy):
             os.makedirs(c.shard(token), exist_ok=True)
         pathlib.Path(c.paths(orphan)[0]).write_bytes(b"x" * 10)
-        pathlib.Path(c.shard(leftover), f".{leftover}.plan.123-abcd.tmp").write_bytes(b"y" * 20)
-        pathlib.Path(c.shard(busy), f".{busy}.data.124-abcd.tmp").write_bytes(b"z" * 30)
-        stray = pathlib.Path(c.entries_dir, "ab", "README")
+        pathlib.Path(c.shard(leftover), f".{leftover}.plan.123-0000abcd.tmp").write_bytes(b"y" * 20)
+        pathlib.Path(c.shard(busy), f".{busy}.data.124-0000abcd.tmp").write_bytes(b"z" * 30)
+        stray = pathlib.Path(c.entries_dir, "ab", "README")  # not a name nncc writes: never removed
         stray.write_text("?")
         statuses = {f.token: f.status for f in verify(c).findings}
-        assert statuses[orphan] == "ORPHAN" and statuses[leftover] == "LEFTOVER"
+        assert statuses[orphan] == "ORPHAN" and statuses[leftover] == "LEFTOVER" and statuses[None] == "FOREIGN"
         with c.lock(busy):  # a writer is in the middle of it
             assert {f.token: f.status for f in verify(c).findings}[busy] == "IN-PROGRESS"
             report = collect(c)
             removed = {(r.token, r.reason) for r in report.removed}
             assert (orphan, "orphan") in removed and (leftover, "leftover") in removed
-            assert (None, "orphan") in removed and not stray.exists()
+            assert all(token is not None for token, _ in removed) and stray.read_text() == "?"
             assert any(p.name.startswith(f".{busy}") for p in pathlib.Path(c.shard(busy)).iterdir())
         assert len(c.index.entries()) == 1
         collect(c)
         assert verify(c).ok
-        assert {f.status for f in verify(c).findings} == {"OK"}
+        assert {f.status for f in verify(c).findings} == {"OK", "FOREIGN"} and stray.exists()
         assert sorted(os.listdir(c.locks_dir)) == [only_entry(cache_dir).token + ".lock"]
 
 

@@ -215,7 +215,7 @@ def test_verify_and_fix(cli, cache_dir, tmp_path):
     orphan = "7" * 64
     os.makedirs(c.shard(orphan), exist_ok=True)
     pathlib.Path(c.paths(orphan)[1]).write_bytes(b"o")  # ORPHAN
-    pathlib.Path(c.shard(orphan), f".{orphan}.plan.1-x.tmp").write_bytes(b"t")  # LEFTOVER
+    pathlib.Path(c.shard(orphan), f".{orphan}.plan.1-0123abcd.tmp").write_bytes(b"t")  # LEFTOVER
     code, out, err = cli("cache", "verify", "--json")
     report = json.loads(out)
     assert code == 1 and not report["ok"]

@@ -4,9 +4,11 @@
     outcome.outcome  # "hit" | "miss" | "recompiled" | "unavailable" | "disabled"
 
 Submodules: token (the cache key), index (sqlite hash index), store (files, verified
-load, prepare), locking (per-token flock), gc (eviction), verify (integrity check).
+load, prepare), folder (whose folder, trust, safe removal), locking (per-token flock), gc
+(eviction), verify (integrity check).
 """
 
+from nncc.cache.folder import CacheRefused  # noqa: F401
 from nncc.cache.store import (  # noqa: F401
     Cache,
     CacheEntryError,
@@ -19,5 +21,5 @@ from nncc.cache.store import (  # noqa: F401
 )
 from nncc.cache.token import compute_token  # noqa: F401
 
-__all__ = ["Cache", "CacheEntryError", "CacheOutcome", "CacheUnavailable", "artifact_bytes",
+__all__ = ["Cache", "CacheEntryError", "CacheOutcome", "CacheRefused", "CacheUnavailable", "artifact_bytes",
            "compute_token", "default_cache_dir", "prepare", "resolve_cache_dir"]

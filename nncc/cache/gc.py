@@ -70,6 +70,7 @@ class Removal:
 class GcReport:
     removed: list[Removal] = field(default_factory=list)
     skipped_busy: list[str] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)  # {"token", "paths", "reason"}: could not be removed
     dry_run: bool = False
 
     @property
@@ -78,7 +79,14 @@ class GcReport:
 
     def as_dict(self) -> dict:
         return {"dry_run": self.dry_run, "removed": [r.as_dict() for r in self.removed],
-                "freed_bytes": self.freed, "skipped_busy": self.skipped_busy}
+                "freed_bytes": self.freed, "skipped_busy": self.skipped_busy, "failed": self.failed}
+
+    def not_removed(self, cache, removal: Removal) -> None:
+        """Account for a removal that did not happen: busy, or a file that could not go."""
+        if cache.last_failure:
+            self.failed.append({"token": removal.token, "paths": removal.paths, "reason": cache.last_failure})
+        elif removal.token:
+            self.skipped_busy.append(removal.token)
 
 
 def collect(cache, max_size: int | None = None, max_age: float | None = None, dry_run: bool = False,
@@ -130,7 +138,7 @@ def _evict(cache, entry, reason: str, report: GcReport, dry_run: bool) -> bool:
     if cache.remove(entry.token, counter="evictions"):
         report.removed.append(removal)
         return True
-    report.skipped_busy.append(entry.token)
+    report.not_removed(cache, removal)
     return False
 
 
@@ -147,8 +155,8 @@ def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
             report.removed.append(removal)
         elif cache.remove_files(finding.paths, finding.token):
             report.removed.append(removal)
-        elif finding.token:
-            report.skipped_busy.append(finding.token)
+        else:
+            report.not_removed(cache, removal)
     # Stale rows whose files are already gone, and lock files of tokens with no entry.
     tokens, _ = cache.scan()
     for token in stale_rows:
@@ -159,15 +167,18 @@ def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
 
 
 def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
+    from nncc.cache.folder import LOCK_NAME
     from nncc.cache.locking import try_lock
 
+    if os.path.islink(cache.locks_dir):
+        return  # refused at open; never followed
     try:
         names = os.listdir(cache.locks_dir)
     except OSError:
         return
     for name in names:
-        if not name.endswith(".lock") or name == "index.lock":
-            continue
+        if not LOCK_NAME.match(name):
+            continue  # index.lock, or not a name nncc writes
         token = name[: -len(".lock")]
         if token in tokens_on_disk:
             continue

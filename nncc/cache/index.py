@@ -163,7 +163,18 @@ class Index:
         ``exclusive`` holds the database locked until close() and keeps WAL's index in
         this process's memory, so it needs no ``-shm`` file: on a full disk, where that
         file cannot grow, the index can still be read, and written once space is freed.
-        Other processes wait (busy timeout) or, for `nncc run`, do without the cache."""
+        Other processes wait (busy timeout) or, for `nncc run`, do without the cache.
+
+        A new index file is created with mode 0600 (SQLite gives its WAL files the same
+        mode); a symbolic link in its place is refused, so SQLite never writes through it."""
+        from nncc.cache.folder import create_private_file
+
+        if os.path.islink(self.path):
+            raise IndexUnavailable(f"{self.path} is a symbolic link; refusing to open it")
+        try:
+            create_private_file(self.path)
+        except OSError as exc:
+            raise IndexUnavailable(f"cannot create {self.path}: {exc.strerror or exc}") from None
         try:
             conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                    check_same_thread=False)

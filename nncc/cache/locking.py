@@ -42,7 +42,8 @@ class FileLock:
         if not self.blocking:
             mode |= fcntl.LOCK_NB
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # never through a symlink: a lock file is created in locks/ and nowhere else
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, mode)
             except OSError as exc:
@@ -86,8 +87,13 @@ class FileLock:
 
 
 def try_lock(path: str) -> FileLock | None:
-    """Take ``path`` exclusively without waiting; None if someone holds it."""
+    """Take ``path`` exclusively without waiting; None if someone holds it, or if it is a
+    symbolic link (never followed: its token is then left alone, as if busy)."""
     try:
         return FileLock(path, shared=False, blocking=False).acquire()
     except LockBusy:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise

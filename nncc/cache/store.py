@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 
 from blake3 import blake3
 
+from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, CacheUnavailable, check_trusted,
+                               folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.util.notice import warn
-from nncc.errors import ModelFormatError, NnccError, PlanFormatError
+from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.files import read_model_file
 
 ENTRIES = "entries"
@@ -40,13 +42,9 @@ CACHEDIR_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
                 b"# This file is a cache directory tag created by nncc.\n"
                 b"# For information about cache directory tags see https://bford.info/cachedir/\n")
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$")
-ENTRY_FILE_RE = re.compile(r"^([0-9a-f]{64})\.(plan|data)$")
-TEMP_FILE_RE = re.compile(r"^\.([0-9a-f]{64})\.(plan|data)\.[0-9a-z-]+\.tmp$")
+ENTRY_FILE_RE = ENTRY_NAME  # <token>.plan, <token>.data
+TEMP_FILE_RE = TEMP_NAME  # .<token>.<kind>.<pid>-<8 hex>.tmp, as _write_file names them
 ENV_DIR = "NNCC_CACHE_DIR"
-
-
-class CacheUnavailable(NnccError):
-    """The cache location cannot be used (read-only, full, not a directory...)."""
 
 
 class CacheEntryError(Exception):
@@ -147,12 +145,13 @@ class Cache:
         self.reclaiming = False
         self.disk_full = False  # found full at open (then read_only or reclaiming)
         self._unindexed: list[tuple[str, str | None]] = []  # (token, counter) rows still to delete
+        self.last_failure: str | None = None  # why the last remove/remove_files left a file behind
 
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
     def open(cls, directory: str | os.PathLike | None = None, create: bool = True,
-             read_only_ok: bool = False, reclaim: bool = False) -> "Cache":
+             read_only_ok: bool = False, reclaim: bool = False, trust_shared: bool | None = None) -> "Cache":
         """Open (and create) a cache directory. Raises CacheUnavailable. With
         ``read_only_ok``, a filled cache that cannot be written (read-only storage, another
         user's) opens for reading: ``cache.read_only`` is then True.
@@ -160,9 +159,16 @@ class Cache:
         With ``reclaim`` (the commands that remove entries), a cache whose index cannot be
         opened because its disk is full opens anyway, to free space: the index is held
         exclusively (no ``-shm`` file needed, and no reader can look up an entry while its
-        files go first), and ``cache.reclaiming`` is True."""
+        files go first), and ``cache.reclaiming`` is True.
+
+        A folder that is not nncc's (not empty, no nncc signature), or one that is not
+        private to this user (unless ``trust_shared``, default $NNCC_CACHE_TRUST_SHARED),
+        raises CacheRefused (nncc/cache/folder.py). ``create=False`` never creates
+        anything: no cache there raises CacheUnavailable."""
         try:
-            return cls._open(directory, create, read_only_ok)
+            return cls._open(directory, create, read_only_ok, trust_shared)
+        except CacheRefused:
+            raise
         except CacheUnavailable:
             path = resolve_cache_dir(directory)
             if not ((reclaim or read_only_ok) and os.path.isfile(os.path.join(path, INDEX_NAME))
@@ -180,29 +186,57 @@ class Cache:
         return cache
 
     @classmethod
-    def _open(cls, directory, create: bool, read_only_ok: bool) -> "Cache":
+    def _open(cls, directory, create: bool, read_only_ok: bool, trust_shared: bool | None) -> "Cache":
         cache = cls(resolve_cache_dir(directory))
+        state = folder_state(cache.directory)
+        if state == "foreign":
+            if os.path.isdir(cache.directory):
+                refuse_foreign(cache.directory)
+            raise CacheUnavailable(f"{cache.directory} is not a directory")
+        if not create and (state != "nncc" or not os.path.isfile(os.path.join(cache.directory, INDEX_NAME))):
+            raise CacheUnavailable(f"no cache at {cache.directory}")
+        if state == "nncc" or (state == "empty" and os.stat(cache.directory).st_uid != os.geteuid()):
+            check_trusted(cache.directory, trust_shared)  # before writing anything there
+        # (an empty folder of this user's is made private (0700) when the cache is created)
         try:
             if create:
-                if read_only_ok and _read_only_directory(cache.directory):
+                if read_only_ok and state == "nncc" and _read_only_directory(cache.directory):
                     return cache._open_read_only()
-                for d in (cache.directory, cache.entries_dir, cache.locks_dir):
-                    if os.path.lexists(d) and not os.path.isdir(d):
-                        raise CacheUnavailable(f"{d} is not a directory")
-                    os.makedirs(d, mode=0o700, exist_ok=True)
-                tag = os.path.join(cache.directory, TAG_NAME)
-                if not os.path.exists(tag):
-                    _write_file(tag, CACHEDIR_TAG, f".{TAG_NAME}")
-                if not os.access(cache.directory, os.W_OK | os.X_OK):
-                    raise CacheUnavailable(f"{cache.directory} is not writable")
-            elif not os.path.isdir(cache.directory):
-                raise CacheUnavailable(f"no cache at {cache.directory}")
+                cache._create(state, trust_shared)
         except CacheWriteError as exc:
             raise CacheUnavailable(str(exc)) from None
         except OSError as exc:
             raise CacheUnavailable(f"cannot use {cache.directory}: {exc.strerror or exc}") from None
+        check_trusted(cache.directory, trust_shared)  # what was just created, or already there
         cache.index = cache._open_index()
         return cache
+
+    def _create(self, state: str, trust_shared: bool | None) -> None:
+        """Make the folder a cache: mode 0700 where nncc creates or initializes it (an
+        existing empty folder keeps its mode when a shared cache is trusted), the signature
+        (CACHEDIR.TAG) first, then entries/ and locks/ (Index.open creates the index, 0600)."""
+        from nncc.cache.folder import trust_shared_from_env
+
+        if state == "missing":
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            make_private(self.directory)
+        elif state == "empty" and os.stat(self.directory).st_uid == os.geteuid() and not (
+                trust_shared if trust_shared is not None else trust_shared_from_env()):
+            make_private(self.directory)
+        tag = os.path.join(self.directory, TAG_NAME)
+        if not os.path.lexists(tag):
+            _write_file(tag, CACHEDIR_TAG, f".{TAG_NAME}")
+        for d in (self.entries_dir, self.locks_dir):
+            if not os.path.lexists(d):
+                try:
+                    os.mkdir(d, 0o700)
+                    make_private(d)
+                except FileExistsError:
+                    pass  # another process creating the cache made it first
+            if os.path.islink(d) or not os.path.isdir(d):
+                raise CacheUnavailable(f"{d} is not a directory")
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise CacheUnavailable(f"{self.directory} is not writable")
 
     def _open_read_only(self) -> "Cache":
         try:
@@ -305,22 +339,27 @@ class Cache:
         return FileLock(self.lock_path(token), shared=shared, blocking=blocking)
 
     def scan(self) -> tuple[dict[str, TokenFiles], list[str]]:
-        """Every file under entries/: by token, plus files nncc did not name (foreign)."""
+        """Every name under entries/: by token (names nncc writes, whatever their file type,
+        so that an entry file replaced by a directory can be healed), plus the names nncc
+        never writes (foreign: reported, never removed). A symlinked entries/ or shard is
+        foreign as a whole and is not looked into."""
         tokens: dict[str, TokenFiles] = {}
         foreign: list[str] = []
+        if os.path.islink(self.entries_dir):
+            return tokens, [self.entries_dir]
         try:
             shards = sorted(os.listdir(self.entries_dir))
         except FileNotFoundError:
             return tokens, foreign
         for shard in shards:
             folder = os.path.join(self.entries_dir, shard)
-            if not os.path.isdir(folder) or os.path.islink(folder):
+            if not SHARD_NAME.match(shard) or not os.path.isdir(folder) or os.path.islink(folder):
                 foreign.append(folder)
                 continue
             for name in sorted(os.listdir(folder)):
                 path = os.path.join(folder, name)
                 m = ENTRY_FILE_RE.match(name) or TEMP_FILE_RE.match(name)
-                if m is None or m.group(1)[:2] != shard or not os.path.isfile(path) or os.path.islink(path):
+                if m is None or m.group(1)[:2] != shard:
                     foreign.append(path)
                     continue
                 files = tokens.setdefault(m.group(1), TokenFiles(m.group(1)))
@@ -378,21 +417,31 @@ class Cache:
         plan_hash, data_hash = _hash(model_bytes), _hash(data_bytes)
         plan_path, data_path = self.paths(token)
         try:
+            if os.path.islink(self.shard(token)):
+                raise CacheWriteError(f"{self.shard(token)} is a symbolic link; nothing is written through it")
             os.makedirs(self.shard(token), mode=0o700, exist_ok=True)
             _write_file(plan_path, model_bytes, f".{token}{PLAN}")
             _write_file(data_path, data_bytes, f".{token}{DATA}")
             _fsync_dir(self.shard(token))
-        except (OSError, CacheWriteError) as exc:
+        except BaseException as exc:
+            # Interrupted (Ctrl-C, SIGTERM) or failed: no half entry stays behind.
             for p in (plan_path, data_path):
                 _unlink(p)
-            raise CacheWriteError(str(exc)) from None
+            if isinstance(exc, (OSError, CacheWriteError)):
+                raise CacheWriteError(str(exc)) from None
+            raise
         return plan_hash, data_hash
 
     def remove(self, token: str, counter: str | None = None, lock: FileLock | None = None,
                blocking: bool = False) -> bool:
         """Delete an entry (row first, then files, then its lock file) under the token's
         exclusive lock. With ``lock`` the caller already holds it. Returns False when the
-        token is busy (someone is reading or writing it) and ``blocking`` is False."""
+        token is busy (someone is reading or writing it) and ``blocking`` is False, or when
+        a file could not be removed (``last_failure`` says why)."""
+        self.last_failure = None
+        if not TOKEN_RE.match(token):  # a malformed row: its paths are not nncc's to touch
+            self.delete_row(token, counter)
+            return True
         held = lock
         if held is None:
             try:
@@ -410,37 +459,46 @@ class Cache:
                     if not disk_full(exc):
                         raise
                     row_first = False  # a reader in between finds the files missing: rejected, never run
-            for p in self.paths(token):
-                _unlink(p)
+            failures = [why for why in map(self._remove_path, self.paths(token)) if why]
             if not row_first:
                 self.delete_row(token, counter)
             if lock is None:
                 held.unlink()
-            return True
+            if failures:
+                self.last_failure = "; ".join(failures)
+            return not failures
         finally:
             if lock is None:
                 held.release()
 
     def remove_files(self, paths, token: str | None) -> bool:
         """Remove files of a token with no index row (orphans, leftovers, stale), unless the
-        token is busy. Re-checks under the lock that no row appeared meanwhile."""
+        token is busy. Re-checks under the lock that no row appeared meanwhile. Only names
+        nncc writes are removed (never a foreign file): False, with ``last_failure``, for
+        anything left behind."""
+        self.last_failure = None
         if token is None:
-            for p in paths:
-                _unlink(p)
-            return True
+            self.last_failure = "not a file nncc writes; left alone"
+            return False
         held = try_lock(self.lock_path(token))
         if held is None:
             return False
         try:
             if self.index.get(token) is not None:
                 return False  # a writer committed it meanwhile: it is an entry now
-            for p in paths:
-                _unlink(p)
+            failures = [why for why in map(self._remove_path, paths) if why]
             held.unlink()
             self._delete_unindexed()  # a full disk may have room for the index now
-            return True
+            if failures:
+                self.last_failure = "; ".join(failures)
+            return not failures
         finally:
             held.release()
+
+    def _remove_path(self, path: str) -> str | None:
+        """Remove one entry or temp file (an empty directory in its place too); never a
+        foreign name, never through a symlinked folder. None, or why it stays."""
+        return remove_entry_path(self.directory, path)
 
     def total_size(self) -> int:
         return self.index.totals()[1]
@@ -450,12 +508,14 @@ class Cache:
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-            use_cache: bool = True, **options):
+            use_cache: bool = True, trust_shared: bool | None = None, **options):
     """Compile ``path`` through the cache: returns ``(CompiledModel, CacheOutcome)``.
 
     Hit: prepare from the verified cache files. Miss: compile, store, return. use_cache
     False: compile, read and write nothing. A cache that cannot be used (read-only, full,
     broken index) degrades to an in-memory compile with one warning line; it never fails.
+    So does a folder that is not nncc's or not private to this user (``trust_shared``,
+    default $NNCC_CACHE_TRUST_SHARED, trusts a shared one).
     """
     from nncc.compiler import CompileOptions
 
@@ -470,9 +530,10 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     directory = resolve_cache_dir(cache_dir)
     token = compute_token(path, data, opts, skip_dirs=(directory,)).hex()
     try:
-        cache = Cache.open(directory, read_only_ok=True)
+        cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
     except CacheUnavailable as exc:
-        return _degraded(path, data, opts, token, directory, str(exc), start)
+        reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
+        return _degraded(path, data, opts, token, directory, reason, start)
     try:
         if cache.read_only:
             return _prepare_read_only(cache, token, path, data, opts, start)
@@ -594,23 +655,31 @@ def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seco
     import nncc
     from nncc.plan.format import FORMAT_VERSION, serialize_parts
 
+    from nncc.util.interrupts import held_signals
+
     model_bytes, data_bytes = serialize_parts(plan)
-    # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
-    plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)
-    now = time.time()
-    entry = Entry(
-        token=token, plan_hash=plan_hash, data_hash=data_hash,
-        plan_size=len(model_bytes), data_size=len(data_bytes),
-        nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
-        source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
-        preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
-        created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
-    )
+    committed = False
     try:
-        cache.index.insert(entry, counter=counter)  # committed only once both files are in place
+        # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
+        plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)
+        # Ctrl-C/SIGTERM wait until the row is committed (or failed): an interrupt that
+        # surfaces right after the commit must not delete the files of a committed row.
+        with held_signals():
+            now = time.time()
+            entry = Entry(
+                token=token, plan_hash=plan_hash, data_hash=data_hash,
+                plan_size=len(model_bytes), data_size=len(data_bytes),
+                nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
+                source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
+                preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
+                created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
+            )
+            cache.index.insert(entry, counter=counter)  # committed only once both files are in place
+            committed = True
     except BaseException:
-        for p in cache.paths(token):
-            _unlink(p)
+        if not committed:  # failed or interrupted before the commit: no files without a row
+            for p in cache.paths(token):
+                _unlink(p)
         raise
     return entry
 

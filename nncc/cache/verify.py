@@ -7,14 +7,18 @@ Statuses:
     MISSING      the index has a row but a file is gone
     STALE        written by another nncc version (retired row, or a file whose header
                  names another producer)
-    ORPHAN       a file with no index row (e.g. a write interrupted after its rename), or
-                 a file in entries/ whose name nncc never writes
-    LEFTOVER     the temp file of an interrupted atomic write
+    ORPHAN       debris: an entry file with no index row (a write killed after its
+                 rename, an index rebuilt from nothing); never used, removed by gc
+    LEFTOVER     debris: the temp file of a write killed midway; removed by gc
     IN-PROGRESS  files of a token whose lock is held right now (a compile is writing it,
                  or a run is reading it): neither wrong nor touched
+    FOREIGN      a name in entries/ that nncc never writes (or a symlinked folder there):
+                 reported, never removed, never followed
 
-``fix=True`` removes whatever is not OK (under the token's exclusive lock, skipping busy
-tokens). Checking never parses a plan beyond its fixed header: nothing is prepared here.
+CORRUPT, MISSING and STALE are problems (verify fails); debris is not. ``fix=True``
+removes problems and debris (under the token's exclusive lock, skipping busy tokens, and
+only names nncc writes). Checking never parses a plan beyond its fixed header: nothing is
+prepared here.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-PROBLEMS = ("CORRUPT", "MISSING", "STALE", "ORPHAN", "LEFTOVER")
+PROBLEMS = ("CORRUPT", "MISSING", "STALE")
+DEBRIS = ("ORPHAN", "LEFTOVER")
 
 
 @dataclass
@@ -34,10 +39,11 @@ class Finding:
     bytes: int = 0
     source: str | None = None
     fixed: bool = False
+    not_fixed: str | None = None  # with fix: why it could not be removed ("busy", or the reason)
 
     def as_dict(self) -> dict:
         return {"status": self.status, "token": self.token, "detail": self.detail, "paths": self.paths,
-                "bytes": self.bytes, "source": self.source, "fixed": self.fixed}
+                "bytes": self.bytes, "source": self.source, "fixed": self.fixed, "not_fixed": self.not_fixed}
 
 
 @dataclass
@@ -51,8 +57,12 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        """True when nothing is wrong, or (with fix) everything wrong was removed."""
-        return all(f.fixed for f in self.problems) if self.fix else not self.problems
+        """True when nothing is wrong, or (with fix) everything wrong was removed and no
+        debris failed to go for another reason than being busy. Debris alone is not wrong."""
+        if not self.fix:
+            return not self.problems
+        return (all(f.fixed for f in self.problems)
+                and not any(f.not_fixed not in (None, "busy") for f in self.findings))
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -67,9 +77,12 @@ class VerifyReport:
 
 def _producer(path: str) -> str | None:
     """The producer version in a plan file's fixed header (no parsing beyond it)."""
+    import stat
     import struct
 
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None  # a directory, a FIFO...: nothing to read a header from
         with open(path, "rb") as f:
             head = f.read(32)
         magic, _version, _count, producer = struct.unpack("<8sII16s", head)
@@ -100,8 +113,8 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
     tokens, foreign = cache.scan()
     findings = []
     for path in foreign:
-        size = os.path.getsize(path) if os.path.isfile(path) else 0
-        findings.append(Finding("ORPHAN", None, "not a file nncc writes", [path], size))
+        size = _size(path) if not os.path.isdir(path) else 0
+        findings.append(Finding("FOREIGN", None, "not a name nncc writes; left alone", [path], size))
     for token, files in sorted(tokens.items()):
         if token in skip:
             continue
@@ -130,6 +143,7 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 def verify(cache, fix: bool = False) -> VerifyReport:
     from nncc.cache.locking import LockBusy
+    from nncc.cache.store import TOKEN_RE
     from nncc.util import progress
 
     findings: list[Finding] = []
@@ -138,6 +152,12 @@ def verify(cache, fix: bool = False) -> VerifyReport:
         for entry in entries:
             task.advance()
             token = entry.token
+            if not TOKEN_RE.match(str(token)):  # a damaged row: lock and read nothing it names
+                finding = Finding("CORRUPT", token, "the index row's token is not 64 hex digits", [], 0)
+                if fix:
+                    finding.fixed = cache.remove(token)
+                findings.append(finding)
+                continue
             paths = list(cache.paths(token))
             try:
                 with cache.lock(token, shared=True, blocking=False):
@@ -152,11 +172,13 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
             if fix and status != "OK":
                 finding.fixed = cache.remove(token, counter="corruptions" if status == "CORRUPT" else None)
+                finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
             findings.append(finding)
         task.describe("accounting for every file in the cache")
         for finding in classify_files(cache, skip={e.token for e in entries}):
-            if fix and finding.status in PROBLEMS:
+            if fix and finding.status in PROBLEMS + DEBRIS:
                 finding.fixed = cache.remove_files(finding.paths, finding.token)
+                finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
             findings.append(finding)
         if fix:  # retired rows whose files are gone
             tokens, _ = cache.scan()

@@ -18,8 +18,17 @@ class CacheCommandError(NnccError):
     exit_code = 2
 
 
+def trust_option(command):
+    # absent: None, so that the API reads $NNCC_CACHE_TRUST_SHARED (whatever click's flag default)
+    return click.option("--trust-shared-cache", "trust_shared", is_flag=True,
+                        callback=lambda ctx, param, value: True if value else None,
+                        help="Use a cache folder that another user owns or others can write "
+                             "(as NNCC_CACHE_TRUST_SHARED=1): trust whoever can write there.")(command)
+
+
 def cache_options(command):
-    """Decorate ``command`` with --cache-dir and --no-cache."""
+    """Decorate ``command`` with --cache-dir, --no-cache and --trust-shared-cache."""
+    command = trust_option(command)
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
     return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -44,6 +53,7 @@ def report_cache(outcome) -> None:
 
 
 def cache_dir_option(command):
+    command = trust_option(command)
     return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
                         help="Cache directory (default: $NNCC_CACHE_DIR, else the user cache dir).")(command)
 
@@ -52,16 +62,34 @@ def json_option(command):
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(command)
 
 
-def _open(cache_dir, read_only_ok: bool = False):
-    """The cache. Commands that only read (``read_only_ok``) also open one on read-only
-    storage or a full disk; the others, which remove things, open one on a full disk to
-    free space (Cache.open's ``reclaim``)."""
-    from nncc.cache.store import Cache, CacheUnavailable
+def _open(cache_dir, trust_shared, read_only_ok: bool = False):
+    """``(cache, directory)``: the cache, or None where there is none yet (no folder, an
+    empty one, or for ``ls``/``info`` a signed one without an index): no command creates
+    a cache. Commands
+    that only read (``read_only_ok``) also open one on read-only storage or a full disk;
+    the others, which remove things, open one on a full disk to free space (Cache.open's
+    ``reclaim``). A folder that is not nncc's, or not private, is refused (exit 2)."""
+    import os
 
+    from nncc.cache.folder import INDEX_NAME, CacheRefused, folder_state
+    from nncc.cache.store import Cache, CacheUnavailable, resolve_cache_dir
+
+    directory = resolve_cache_dir(cache_dir)
+    state = folder_state(directory)
+    if state in ("missing", "empty") or (
+            state == "nncc" and read_only_ok and not os.path.lexists(os.path.join(directory, INDEX_NAME))):
+        return None, directory
     try:
-        return Cache.open(cache_dir, read_only_ok=read_only_ok, reclaim=not read_only_ok)
+        return Cache.open(directory, read_only_ok=read_only_ok, reclaim=not read_only_ok,
+                          trust_shared=trust_shared), directory
+    except CacheRefused as exc:
+        raise CacheCommandError(f"cannot use the cache: {exc}", hint=exc.hint) from None
     except CacheUnavailable as exc:
         raise NnccError(f"cannot open the cache: {exc}") from None
+
+
+def _no_cache(directory) -> None:
+    status(f"nncc: no cache at {directory} (nothing cached there yet)")
 
 
 def _when(ts) -> str:
@@ -96,9 +124,15 @@ def cache():
 @cache_dir_option
 @json_option
 @verbosity_options
-def ls(sort, cache_dir, as_json):
+def ls(sort, cache_dir, trust_shared, as_json):
     """List cache entries."""
-    with _open(cache_dir, read_only_ok=True) as c:
+    c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
+    if c is None:
+        if as_json:
+            emit_json({"directory": directory, "entries": []})
+        _no_cache(directory)
+        return
+    with c:
         entries = c.index.entries(order=SORTS[sort])
     if as_json:
         emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
@@ -129,12 +163,25 @@ def ls(sort, cache_dir, as_json):
 @cache_dir_option
 @json_option
 @verbosity_options
-def info(cache_dir, as_json):
+def info(cache_dir, trust_shared, as_json):
     """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
     from nncc.cache.gc import default_max_size
+    from nncc.cache.index import COUNTERS, INDEX_NAME
     from nncc.util.units import format_bytes
 
-    with _open(cache_dir, read_only_ok=True) as c:
+    c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
+    if c is None:
+        import os
+
+        if as_json:
+            emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
+                       "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
+                       "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
+                       "read_only": False, "disk_full": False})
+            return
+        click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
+        return
+    with c:
         count, size = c.index.totals()
         counters = c.index.counters()
         meta = c.index.meta()
@@ -150,6 +197,7 @@ def info(cache_dir, as_json):
             "counters": counters,
             "read_only": c.read_only,
             "disk_full": c.disk_full,
+            "exists": True,
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -185,22 +233,30 @@ def info(cache_dir, as_json):
 @cache_dir_option
 @json_option
 @verbosity_options
-def verify(fix, cache_dir, as_json):
-    """Rehash every entry; exit 1 when anything is wrong (with --fix: left unfixed)."""
+def verify(fix, cache_dir, trust_shared, as_json):
+    """Rehash every entry; exit 1 when anything is wrong (with --fix: left unfixed).
+    Debris of killed processes (ORPHAN, LEFTOVER) is reported, not wrong: gc removes it."""
+    from nncc.cache.verify import DEBRIS, VerifyReport
     from nncc.cache.verify import verify as run_verify
     from nncc.cli.output import verbosity
     from nncc.cli.progress import live_progress
 
-    with _open(cache_dir) as c, live_progress():
-        report = run_verify(c, fix=fix)
+    c, directory = _open(cache_dir, trust_shared)
+    if c is None:
+        report = VerifyReport([], fix)
+    else:
+        with c, live_progress():
+            report = run_verify(c, fix=fix)
     if as_json:
-        emit_json({"directory": c.directory} | report.as_dict())
+        emit_json({"directory": directory} | report.as_dict())
     else:
         for f in report.findings:
             if f.status == "OK" and verbosity() <= 0:
                 continue
             token = f.token[:12] if f.token else "-"
-            action = " [removed]" if f.fixed else (" [not removed: busy]" if fix and f.status != "IN-PROGRESS" else "")
+            action = " [removed]" if f.fixed else (f" [not removed: {f.not_fixed}]" if f.not_fixed else "")
+            if f.status in DEBRIS and not f.fixed and not f.not_fixed:
+                action += " (debris: `nncc cache gc` removes it)"
             click.echo(f"{f.status:<11} {token:<12} {f.detail}{action}  {' '.join(f.paths)}")
         counts = report.counts()
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "empty cache"
@@ -216,27 +272,40 @@ def verify(fix, cache_dir, as_json):
 @cache_dir_option
 @json_option
 @verbosity_options
-def gc(max_size, max_age, dry_run, cache_dir, as_json):
-    """Remove stale, orphan and leftover files, old entries, and LRU entries above a size."""
-    from nncc.cache.gc import collect, parse_age, parse_size
+def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
+    """Remove stale, orphan and leftover files, old entries, and LRU entries above a size.
+    Exit 1 when something could not be removed (other than being in use)."""
+    from nncc.cache.gc import GcReport, collect, parse_age, parse_size
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
     size = parse_size(max_size) if max_size is not None else None
     age = parse_age(max_age) if max_age is not None else None
-    with _open(cache_dir) as c, live_progress():
-        report = collect(c, max_size=size, max_age=age, dry_run=dry_run)
+    c, directory = _open(cache_dir, trust_shared)
+    if c is None:
+        report = GcReport(dry_run=dry_run)
+    else:
+        with c, live_progress():
+            report = collect(c, max_size=size, max_age=age, dry_run=dry_run)
     if as_json:
-        emit_json({"directory": c.directory} | report.as_dict())
-        return
-    verb = "would remove" if dry_run else "removed"
-    for r in report.removed:
-        token = r.token[:12] if r.token else "-"
-        click.echo(f"{verb} {token:<12} {r.reason:<8} {format_bytes(r.bytes):>10}  {_model_name(r.source)}")
-    for token in report.skipped_busy:
-        click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
-    status(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
-           f"{format_bytes(report.freed)}")
+        emit_json({"directory": directory} | report.as_dict())
+    else:
+        verb = "would remove" if dry_run else "removed"
+        for r in report.removed:
+            token = r.token[:12] if r.token else "-"
+            click.echo(f"{verb} {token:<12} {r.reason:<8} {format_bytes(r.bytes):>10}  {_model_name(r.source)}")
+        for token in report.skipped_busy:
+            click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
+        _report_failed(report)
+        status(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
+               f"{format_bytes(report.freed)}")
+    if report.failed:
+        sys.exit(1)
+
+
+def _report_failed(report) -> None:
+    for failure in report.failed:
+        click.echo(f"nncc: not removed: {failure['reason']}", err=True)
 
 
 @cache.command("rm")
@@ -244,10 +313,13 @@ def gc(max_size, max_age, dry_run, cache_dir, as_json):
 @cache_dir_option
 @json_option
 @verbosity_options
-def rm(tokens, cache_dir, as_json):
+def rm(tokens, cache_dir, trust_shared, as_json):
     """Remove entries by token (unambiguous prefixes accepted)."""
     removed, busy = [], []
-    with _open(cache_dir) as c:
+    c, directory = _open(cache_dir, trust_shared)
+    if c is None:
+        raise CacheCommandError(f"no cache entry matches {tokens[0]!r}: there is no cache at {directory}")
+    with c:
         resolved = []
         for prefix in tokens:
             p = prefix.lower()
@@ -264,6 +336,8 @@ def rm(tokens, cache_dir, as_json):
         for token in resolved:
             if c.remove(token):
                 removed.append(token)
+            elif c.last_failure:
+                raise NnccError(f"could not remove {token[:12]}: {c.last_failure}")
             else:
                 busy.append(token)
     if as_json:
@@ -281,20 +355,27 @@ def rm(tokens, cache_dir, as_json):
 @cache_dir_option
 @json_option
 @verbosity_options
-def clear(cache_dir, as_json):
-    """Remove every entry and every stray file (counters are kept)."""
-    from nncc.cache.gc import collect
+def clear(cache_dir, trust_shared, as_json):
+    """Remove every entry and every file nncc left in the cache (counters are kept).
+    Files nncc never writes are left alone."""
+    from nncc.cache.gc import GcReport, collect
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
-    with _open(cache_dir) as c, live_progress():
-        report = collect(c, max_size=0)
-        remaining = c.index.totals()[0]
-    if as_json:
-        emit_json({"directory": c.directory, "removed": len(report.removed), "freed_bytes": report.freed,
-                   "busy": report.skipped_busy})
+    c, directory = _open(cache_dir, trust_shared)
+    remaining = 0
+    if c is None:
+        report = GcReport()
     else:
-        status(f"cleared {c.directory}: removed {len(report.removed)} item(s), "
+        with c, live_progress():
+            report = collect(c, max_size=0)
+            remaining = c.index.totals()[0]
+    if as_json:
+        emit_json({"directory": directory, "removed": len(report.removed), "freed_bytes": report.freed,
+                   "busy": report.skipped_busy, "failed": report.failed})
+    else:
+        _report_failed(report)
+        status(f"cleared {directory}: removed {len(report.removed)} item(s), "
                f"freed {format_bytes(report.freed)}")
-    if remaining:
+    if remaining or report.failed:
         sys.exit(1)

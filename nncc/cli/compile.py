@@ -31,7 +31,7 @@ from nncc.cli.output import detail, emit_json, status
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def compile(model, output, depfile, force, preference, opt_level, backends, plugins, target, cache_dir, no_cache,
-            as_json):
+            trust_shared, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
@@ -46,6 +46,7 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
 
     start = time.perf_counter()
     refuse_artifact(model)
+    _refuse_clobbering(model, output, depfile, cache_dir)
     options = options_dict(preference, opt_level, backends, plugins, target)
     from nncc.compiler import CompileOptions
 
@@ -53,7 +54,8 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
-        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache,
+                                    trust_shared=trust_shared, **options)
         data = artifact_bytes(compiled)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)
@@ -67,6 +69,21 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
         status(f"compiled {model} -> {output} ({len(data):,} bytes) in {seconds * 1000:.0f} ms")
     else:
         status(f"{output} is up to date ({len(data):,} bytes, unchanged; not rewritten)")
+
+
+def _refuse_clobbering(model: str, output: str, depfile: str | None, cache_dir) -> None:
+    """Before any work: neither output may be the model, one of its external data files,
+    or the other output."""
+    from nncc.cache.store import resolve_cache_dir
+    from nncc.cache.token import external_files
+    from nncc.util.clobber import refuse_clobbering
+    from nncc.util.files import read_model_file
+
+    folder = os.path.dirname(model)
+    extra = [os.path.join(folder, rel) for rel, _ in
+             external_files(model, read_model_file(model), (resolve_cache_dir(cache_dir),))]
+    refuse_clobbering([("the model", model)] + [("the external data file", p) for p in extra],
+                      [("the output", output)] + ([("the depfile", depfile)] if depfile else []))
 
 
 def _write_depfile(path: str, model: str, output: str, cache_dir: str | None) -> None:

@@ -6,7 +6,12 @@ click usage error -- becomes one line `nncc: error: ...` on stderr, with a hint 
 helps; NNCC_DEBUG=1 shows the traceback instead.
 
 Exit codes: 0 success, 1 failure (a problem found, an internal error), 2 usage or bad
-input (a bad option, a missing or malformed file), 130 interrupted.
+input (a bad option, a missing or malformed file), 130 interrupted (SIGINT, Ctrl-C), 143
+terminated (SIGTERM).
+
+SIGTERM is turned into the same orderly exit as Ctrl-C: an exception that unwinds the
+command, so temp files and half-written cache entries are removed and a progress display
+gives the terminal its cursor back, as on any other exit path.
 """
 
 from __future__ import annotations
@@ -70,17 +75,57 @@ def cli():
     """nncc compiles ONNX models ahead of time, caches the results and runs them.
 
     -q/--quiet and -v/--verbose work before the command name (for every command) or
-    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input.
+    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input, 130
+    interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that every cleanup runs."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+class _sigterm_as_interrupt:
+    """Install the SIGTERM handler for one main() call (the main thread only), and put the
+    previous one back afterwards (in-process callers such as the tests keep theirs)."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _terminate)
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
 def main(argv: list[str] | None = None) -> None:
+    with _sigterm_as_interrupt():
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     from nncc.errors import NnccError
 
     try:
         cli.main(args=argv, prog_name="nncc", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("nncc: aborted", err=True)
+    except Terminated:
+        click.echo("nncc: terminated", err=True)
+        sys.exit(143)
+    except click.exceptions.Abort as exc:  # click turns an interrupt inside a command into Abort
+        if isinstance(exc.__cause__, Terminated):
+            click.echo("nncc: terminated", err=True)
+            sys.exit(143)
+        click.echo("nncc: interrupted" if isinstance(exc.__cause__, KeyboardInterrupt) else "nncc: aborted",
+                   err=True)
         sys.exit(130)
     except _NO_ARGS_IS_HELP as exc:  # `nncc`, `nncc cache`: show the help
         exc.show()
@@ -99,6 +144,9 @@ def main(argv: list[str] | None = None) -> None:
         hint = _hint(exc)
         click.echo(f"nncc: error: {_one_line(str(exc))}" + (f" (hint: {hint})" if hint else ""), err=True)
         sys.exit(exc.exit_code)
+    except Terminated:
+        click.echo("nncc: terminated", err=True)
+        sys.exit(143)
     except KeyboardInterrupt:
         click.echo("nncc: interrupted", err=True)
         sys.exit(130)

@@ -96,9 +96,23 @@ class RichReporter:
                 self._hide_locked()
 
     def close(self) -> None:
-        with self._lock:
-            self._running = 0
-            self._hide_locked()
+        """Stop the display on every exit path, interrupts included: rich's stop() is a
+        no-op for a display that never started and shows the cursor again otherwise. It is
+        called even when an interrupt cut the start short (the cursor already hidden, the
+        display not yet marked shown), and SIGINT/SIGTERM wait until it is done."""
+        from nncc.util.interrupts import held_signals
+
+        with held_signals():
+            with self._lock:
+                self._running = 0
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                self._shown = False
+                try:
+                    self.progress.stop()
+                except Exception:  # drawing is cosmetic; the cursor is put back all the same
+                    self.progress.console.show_cursor(True)
 
     def _show(self) -> None:
         with self._lock:

@@ -36,7 +36,8 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, as_json):
+        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared,
+        as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -47,7 +48,11 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
     start = time.perf_counter()
     outcome = None
-    if is_artifact(model):
+    artifact = is_artifact(model)
+    writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
+    inputs = _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
+    _refuse_clobbering(inputs, output_path, output_dir, None)
+    if artifact:
         # an artifact may name plugin kernels: only the plugins the user names are loaded
         from nncc.backends.registry import load_plugin
 
@@ -62,8 +67,11 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
         options = options_dict(preference, opt_level, backends, plugins, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
-            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, **options)
+            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache,
+                                       trust_shared=trust_shared, **options)
         report_cache(outcome)
+    if output_dir is not None:  # the output names are known now; nothing is written yet
+        _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
     prepared = time.perf_counter()
     feeds = load_npz(npz) if npz else {}
     for spec in input_specs:
@@ -116,6 +124,41 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
                    "cache": outcome.as_dict() if outcome else None, "steps": steps})
     else:
         print_outputs(model, summarize(outputs), timing)
+
+
+def _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
+    """Every file the run reads: the model (and its external data), the feeds."""
+    from nncc.cache.store import resolve_cache_dir
+    from nncc.cache.token import external_files
+    from nncc.util.files import read_model_file
+
+    files = [("the model", model)]
+    if not artifact:
+        folder = os.path.dirname(model)
+        files += [("the external data file", os.path.join(folder, rel)) for rel, _ in
+                  external_files(model, read_model_file(model), (resolve_cache_dir(cache_dir),))]
+    if npz:
+        files.append(("the --inputs file", npz))
+    for spec in input_specs:
+        name, sep, path = spec.partition("=")
+        if sep and path:
+            files.append((f"the input {name}", path))
+    if per_step_dir is not None and os.path.isdir(per_step_dir):
+        files += [("the step inputs", os.path.join(per_step_dir, n)) for n in sorted(os.listdir(per_step_dir))]
+    return files
+
+
+def _refuse_clobbering(inputs, output_path, output_dir, output_names) -> None:
+    """No output file may be an input, nor another output (``output_names``: the files
+    --output-dir will write, once the model is known)."""
+    from nncc.runtime.arrays_io import output_paths
+    from nncc.util.clobber import refuse_clobbering
+
+    outputs = [("the output", output_path)] if output_path else []
+    if output_dir is not None and output_names is not None:
+        outputs += [(f"the --output-dir file for {name}", path)
+                    for name, path in output_paths(output_dir, output_names).items()]
+    refuse_clobbering(inputs, outputs)
 
 
 def _parse_binds(binds) -> dict[str, str]:

@@ -58,6 +58,20 @@ def save_npz(path: str, arrays: Mapping[str, np.ndarray]) -> None:
 MAP_THRESHOLD = 1 << 20  # outputs this large are written in place through a memory map
 
 
+def output_paths(directory: str, names) -> dict[str, str]:
+    """Where OutputDir writes each output: DIR/NAME.npy, NAME made a safe file name."""
+    import os
+    import re
+
+    paths: dict[str, str] = {}
+    for name in names:
+        file_name = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy"
+        if file_name in paths.values() or file_name.startswith("."):
+            file_name = f"output{len(paths)}_{file_name.lstrip('.')}"
+        paths[name] = os.path.join(directory, file_name)
+    return paths
+
+
 class OutputDir:
     """Writes each output of a run as DIR/NAME.npy.
 
@@ -68,19 +82,13 @@ class OutputDir:
 
     def __init__(self, directory: str, model, mapped: bool = True):
         import os
-        import re
 
         self.directory = directory
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
             raise FileAccessError(f"cannot create {directory}: {exc.strerror or exc}") from None
-        self.paths: dict[str, str] = {}
-        for name in model.output_names:
-            file_name = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy"
-            if file_name in self.paths.values() or file_name.startswith("."):
-                file_name = f"output{len(self.paths)}_{file_name.lstrip('.')}"
-            self.paths[name] = os.path.join(directory, file_name)
+        self.paths = output_paths(directory, model.output_names)
         self.buffers: dict[str, np.ndarray] = {}
         self._temps: dict[str, str] = {}
         if mapped:
