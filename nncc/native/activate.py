@@ -43,9 +43,25 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
 
             setter.argtypes = [ctypes.c_void_p, ctypes.c_int]
             setter(blas[0], int(blas[1]))
+        threads = library.handle.nncc_set_threads
+        threads.argtypes = [ctypes.c_int]
+        threads(_threads(plan))
         for call in plan.native:
             library.function(call.symbol)  # every entry point resolves, or none runs
     except (NativeLoadError, AttributeError) as exc:
         warn(f"{origin}'s native code cannot be loaded ({exc}); running its portable plan")
         return None
     return library
+
+
+def _threads(plan: Plan) -> int:
+    """The pool size for the code's own loops: the plan's setting (low-power: 1), else as
+    many as BLAS uses, so the two pools take the same cores."""
+    import os
+
+    from nncc.runtime.threads import blas_threads
+
+    chosen = plan.options.get("threads")
+    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
+        return chosen
+    return blas_threads() or len(os.sched_getaffinity(0))

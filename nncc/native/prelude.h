@@ -4,6 +4,7 @@
  * GEMM goes to the BLAS numpy has loaded (OpenBLAS), reached through a function pointer
  * set at load time; without one a plain loop nest is used. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -28,6 +29,72 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     nn_sgemm_fn = fn;
     nn_sgemm_ilp64 = ilp64;
     return 0;
+}
+
+/* A small pool for the loops nncc writes itself (GEMMs keep BLAS's own threads). Workers
+ * sleep on a condition variable between jobs instead of spinning, so they never take a
+ * core from BLAS's threads, which run between our loops. The caller takes the first
+ * share of every job. Sized by nncc_set_threads (the plan's thread setting). */
+typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+#define NN_MAX_THREADS 16
+static int nn_threads = 1;
+static pthread_mutex_t nn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER, nn_done = PTHREAD_COND_INITIALIZER;
+static nn_task nn_job_fn;
+static void *nn_job_ctx;
+static int64_t nn_job_n;
+static int nn_job_gen, nn_job_left, nn_job_t;
+
+static void *nn_worker(void *arg) {
+    int id = (int)(intptr_t)arg, seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&nn_mu);
+        while (nn_job_gen == seen) pthread_cond_wait(&nn_go, &nn_mu);
+        seen = nn_job_gen;
+        nn_task fn = nn_job_fn;
+        void *ctx = nn_job_ctx;
+        int64_t n = nn_job_n, t = nn_job_t;
+        pthread_mutex_unlock(&nn_mu);
+        if (id >= t) continue;  /* a job split fewer ways than there are workers */
+        fn(ctx, n * id / t, n * (id + 1) / t);
+        pthread_mutex_lock(&nn_mu);
+        if (--nn_job_left == 0) pthread_cond_signal(&nn_done);
+        pthread_mutex_unlock(&nn_mu);
+    }
+    return 0;
+}
+
+NN_EXPORT int nncc_set_threads(int want) {
+    static int started = 1;
+    if (want < 1) want = 1;
+    if (want > NN_MAX_THREADS) want = NN_MAX_THREADS;
+    pthread_mutex_lock(&nn_mu);
+    while (started < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, nn_worker, (void *)(intptr_t)started) != 0) break;
+        started++;
+    }
+    nn_threads = want < started ? want : started;
+    pthread_mutex_unlock(&nn_mu);
+    return nn_threads;
+}
+
+/* fn over [0, n) split among the pool; small jobs run inline (waking a worker costs more). */
+static void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
+    int t = nn_threads;
+    if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
+    if (t > n) t = (int)n;
+    pthread_mutex_lock(&nn_mu);
+    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n; nn_job_t = t; nn_job_left = t - 1; nn_job_gen++;
+    pthread_cond_broadcast(&nn_go);
+    pthread_mutex_unlock(&nn_mu);
+    fn(ctx, 0, n / t);
+    pthread_mutex_lock(&nn_mu);
+    while (nn_job_left) pthread_cond_wait(&nn_done, &nn_mu);
+    pthread_mutex_unlock(&nn_mu);
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major. */
@@ -122,7 +189,7 @@ static inline float nn_act(int act, float v, float p0, float p1) {
 }
 
 /* y[c, i] = act(y[c, i] + bias[c] (+ res[c, i])) over C rows of n: one pass after a GEMM. */
-static inline void nn_epilogue(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act,
+static inline void nn_epilogue_serial(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act,
                                float p0, float p1) {
     for (int64_t c = 0; c < C; c++) {
         float b = bias ? bias[c] : 0.0f;
@@ -146,7 +213,7 @@ static inline void nn_epilogue(float *y, const float *bias, const float *res, in
 }
 
 /* Columns for one group of a 2-D convolution: col[(c*kh + i)*kw + j][oh*OW + ow]. */
-static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+static void nn_im2col_serial(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
                       int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH,
                       int64_t OW) {
     for (int64_t c = 0; c < C; c++)
@@ -196,7 +263,7 @@ static void nn_act_row(float *row, const float *res, int64_t n, int act, float p
 /* Depthwise convolution (group == C == K): per output row, each kernel row's taps are
  * accumulated over the columns where all of them are inside the input, in one pass;
  * the border columns take the taps one by one. */
-static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
+static void nn_depthwise_serial(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
                          int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                          int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
     for (int64_t c = 0; c < C; c++) {
@@ -251,6 +318,89 @@ static void nn_depthwise(const float *x, const float *w, const float *bias, cons
     }
 }
 
+/* Parallel front-ends: each splits its outer loop (channels or rows) over the pool. */
+static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                                int64_t dw);
+static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+typedef struct { const float *x, *w, *bias, *res; float *y; int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
+                 int act; float p0, p1; int include_pad; } nn_args;
+
+static void nn_depthwise_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    int64_t hw = a->H * a->W, ohw = a->OH * a->OW;
+    nn_depthwise_serial(a->x + lo * hw, a->w + lo * a->kh * a->kw, a->bias ? a->bias + lo : 0,
+                        a->res ? a->res + lo * ohw : 0, a->y + lo * ohw, hi - lo, a->H, a->W, a->kh, a->kw, a->sh,
+                        a->sw, a->ph, a->pw, a->dh, a->dw, a->OH, a->OW, a->act, a->p0, a->p1);
+}
+
+static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
+                         int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                         int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
+    nn_args a = {x, w, bias, res, y, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1, 0};
+    nn_parallel(C, C * OH * OW * kh * kw, nn_depthwise_task, &a);
+}
+
+static void nn_maxpool_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_maxpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw);
+}
+
+static void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                         int64_t dw) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_parallel(NC, NC * OH * OW * kh * kw, nn_maxpool_task, &a);
+}
+
+static void nn_avgpool_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_avgpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->include_pad);
+}
+
+static void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad};
+    nn_parallel(NC, NC * OH * OW * kh * kw, nn_avgpool_task, &a);
+}
+
+static void nn_epilogue_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    int64_t n = a->OW;
+    nn_epilogue_serial(a->y + lo * n, a->bias ? a->bias + lo : 0, a->res ? a->res + lo * n : 0, hi - lo, n, a->act,
+                       a->p0, a->p1);
+}
+
+static void nn_epilogue(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act, float p0,
+                        float p1) {
+    if (!bias && !res && act == NN_NONE) return;
+    if (C == 1 && n >= 65536) { /* one long row (a flat activation): split it as rows of 4096 */
+        int64_t rows = n / 4096, tail = n - rows * 4096;
+        nn_args a = {0, 0, 0, res, y, rows, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4096, act, p0, p1, 0};
+        if (bias) { nn_epilogue_serial(y, bias, res, C, n, act, p0, p1); return; }
+        nn_parallel(rows, n, nn_epilogue_task, &a);
+        if (tail) nn_epilogue_serial(y + rows * 4096, 0, res ? res + rows * 4096 : 0, 1, tail, act, p0, p1);
+        return;
+    }
+    nn_args a = {0, 0, bias, res, y, C, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n, act, p0, p1, 0};
+    nn_parallel(C, C * n, nn_epilogue_task, &a);
+}
+
+static void nn_im2col_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_im2col_serial(a->x + lo * a->H * a->W, (float *)a->w + lo * a->kh * a->kw * a->OH * a->OW, hi - lo, a->H,
+                     a->W, a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->OH, a->OW);
+}
+
+static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW) {
+    nn_args a = {x, col, 0, 0, 0, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_parallel(C, C * kh * kw * OH * OW, nn_im2col_task, &a);
+}
+
 /* 2-D convolution of one image, NCHW, any groups: depthwise loop, direct GEMM for 1x1
  * stride-1 unpadded, else im2col (in `ws`) and GEMM per group; bias, residual and the
  * activation in one epilogue pass. */
@@ -282,7 +432,7 @@ static void nn_conv2d(const float *x, const float *w, const float *bias, const f
 
 /* Max pooling row by row: each tap is a max over the output columns it reaches, so the
  * inner loops are plain (strided) vector maxima; NaN propagates as in the spec. */
-static void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                          int64_t dw) {
     for (int64_t c = 0; c < NC; c++) {
@@ -311,7 +461,7 @@ static void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_
     }
 }
 
-static void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
     for (int64_t c = 0; c < NC; c++) {
         const float *xc = x + c * H * W;
@@ -338,7 +488,7 @@ static void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_
     }
 }
 
-static void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
+static void nn_mean_rows_serial(const float *x, float *y, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         double s = 0.0;
@@ -347,7 +497,7 @@ static void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
     }
 }
 
-static void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log) {
+static void nn_softmax_rows_serial(const float *x, float *y, int64_t rows, int64_t n, int log) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -366,7 +516,7 @@ static void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, i
     }
 }
 
-static void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+static void nn_layernorm_rows_serial(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
                               int64_t n, float eps) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -404,4 +554,38 @@ static void nn_transpose(const float *x, float *y, int rank, const int64_t *shap
             idx[d] = 0;
         }
     }
+}
+
+/* Row-wise front-ends. */
+typedef struct { const float *x, *scale, *bias; float *y; int64_t n; float eps; int log; } nn_rows;
+
+static void nn_softmax_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_softmax_rows_serial(a->x + lo * a->n, a->y + lo * a->n, hi - lo, a->n, a->log);
+}
+
+static void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log) {
+    nn_rows a = {x, 0, 0, y, n, 0.0f, log};
+    nn_parallel(rows, rows * n * 4, nn_softmax_task, &a);
+}
+
+static void nn_layernorm_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_layernorm_rows_serial(a->x + lo * a->n, a->scale, a->bias, a->y + lo * a->n, hi - lo, a->n, a->eps);
+}
+
+static void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+                              int64_t n, float eps) {
+    nn_rows a = {x, scale, bias, y, n, eps, 0};
+    nn_parallel(rows, rows * n * 3, nn_layernorm_task, &a);
+}
+
+static void nn_mean_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_mean_rows_serial(a->x + lo * a->n, a->y + lo, hi - lo, a->n);
+}
+
+static void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
+    nn_rows a = {x, 0, 0, y, n, 0.0f, 0};
+    nn_parallel(rows, rows * n, nn_mean_task, &a);
 }
