@@ -71,7 +71,17 @@ class Toolchain:
         return dict(self.key(), version=_banner(self.path))
 
     def build(self, source: str) -> bytes:
-        """Compile one translation unit to a shared object and return its bytes."""
+        """Compile one translation unit to a shared object and return its bytes. The same
+        source with the same compiler, flags and target is built once per process."""
+        from blake3 import blake3
+
+        key = blake3(repr((self.key(), source)).encode()).digest()
+        built = _BUILT.get(key)
+        if built is None:
+            built = _BUILT[key] = self._compile(source)
+        return built
+
+    def _compile(self, source: str) -> bytes:
         with tempfile.TemporaryDirectory(prefix="nncc-cc-") as tmp:
             src = os.path.join(tmp, "unit.c")
             out = os.path.join(tmp, "unit.so")
@@ -92,6 +102,9 @@ class Toolchain:
                 raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
             with open(out, "rb") as f:
                 return f.read()
+
+
+_BUILT: dict[bytes, bytes] = {}  # blake3(toolchain key, source) -> shared object, this process
 
 
 @functools.lru_cache(maxsize=8)

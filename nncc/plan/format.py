@@ -6,7 +6,8 @@ Grammar (all integers little-endian; offsets are from the start of the file):
     header    := magic:"NNCCPLAN"  format_version:u32  section_count:u32
                  producer:u8[16]                      (nncc version, ASCII, NUL-padded)
     section_entry := tag:u8[4]  flags:u32  offset:u64  length:u64  blake3:u8[32]
-    section   := the `length` bytes at `offset`; every offset is a multiple of 64
+    section   := the `length` bytes at `offset`; every offset is a multiple of 64 (zero
+                 padding between sections; none after the last, so the file ends with it)
 
 Sections (each at most once, tags ASCII):
 
@@ -212,7 +213,7 @@ def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
     offset = head_size + len(_pad(head_size))
     entries = []
     body: Pieces = []
-    for tag, payload in sections:
+    for index, (tag, payload) in enumerate(sections):
         pieces = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
         digest = blake3()
         length = 0
@@ -221,8 +222,9 @@ def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
             length += memoryview(piece).nbytes
         entries.append(_ENTRY.pack(tag, 0, offset, length, digest.digest()))
         body += pieces
-        body.append(_pad(length))
-        offset += length + len(_pad(length))
+        if index + 1 < len(sections):  # no padding after the last: a cut file always cuts a section
+            body.append(_pad(length))
+            offset += length + len(_pad(length))
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections), producer.encode()[:16])
     head = header + b"".join(entries)
     return b"".join([head, _pad(len(head)), *body])
