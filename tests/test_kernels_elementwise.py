@@ -348,7 +348,10 @@ def test_softmax_16bit_rounds_each_node_of_its_function_body(dtype, shape, axis,
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
-    np_dtype = np.dtype(np.float16) if dtype == "float16" else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    if dtype == "float16":
+        np_dtype = np.dtype(np.float16)
+    else:
+        np_dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
     elem = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.BFLOAT16
     x = (RNG.standard_normal(shape) * 3).astype(np_dtype)
     # before opset 13 the input is coerced to 2-D at axis: the oracle runs on that matrix

@@ -679,7 +679,8 @@ def _softmax_narrow(x: np.ndarray, axis: int) -> np.ndarray:
 
 def _softmax_general(ctx, x, log: bool, coerce_2d: bool):
     rank = x.ndim
-    if not log and x.size > 0 and rank > 0 and (x.dtype == np.float16 or x.dtype.name == "bfloat16"):
+    narrow = x.dtype == np.float16 or x.dtype.name == "bfloat16"
+    if narrow and not log and x.size > 0 and rank > 0:
         axis = ctx.get("axis", 1 if coerce_2d else -1)
         axis = axis + rank if axis < 0 else axis
         if coerce_2d:
