@@ -422,6 +422,8 @@ JPEG_FIXTURES = {
     "tiny_17x1_420": "-quality 90 -sample 2x2",
     "tiny_5x3_422": "-quality 90 -sample 2x1",
     "tiny_9x2_4x2": "-quality 90 -sample 4x2",
+    "rgb_adobe": "-quality 85 -rgb (its Adobe marker says the components are RGB)",
+    "rgb_component_ids": "rgb_adobe without its Adobe marker: only the ids 'R', 'G', 'B' say so",
 }
 
 

@@ -347,6 +347,7 @@ def decode_jpeg(data: bytes) -> np.ndarray:
     frame = None
     restart_interval = 0
     adobe_transform = None
+    jfif = False
     for marker, payload, end in _segments(data):
         if marker in _UNSUPPORTED_FRAMES:
             raise _refuse(_UNSUPPORTED_FRAMES[marker])
@@ -357,6 +358,8 @@ def decode_jpeg(data: bytes) -> np.ndarray:
         elif marker == 0xDD:
             _need(len(payload) >= 2, "bad restart interval")
             restart_interval = int.from_bytes(payload[:2], "big")
+        elif marker == 0xE0 and payload[:5] == b"JFIF\x00":
+            jfif = True
         elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
             adobe_transform = payload[11]
         elif marker == 0xC0:
@@ -378,12 +381,21 @@ def decode_jpeg(data: bytes) -> np.ndarray:
         elif marker == 0xDA:
             _need(frame is not None, "a scan before the frame header")
             return _decode_frame(data, payload, end, frame, quant, huffman, restart_interval,
-                                 adobe_transform)
+                                 _is_rgb(frame[2], jfif, adobe_transform))
     raise JpegCorrupt("no scan")
 
 
-def _decode_frame(data, scan_header, start, frame, quant, huffman, restart_interval,
-                  adobe_transform):
+def _is_rgb(comps, jfif: bool, adobe_transform) -> bool:
+    """Whether 3 components hold R, G, B rather than Y, Cb, Cr: JFIF says YCbCr, else an
+    Adobe marker's transform flag decides (0: RGB), else component ids 'R', 'G', 'B'."""
+    if jfif:
+        return False
+    if adobe_transform is not None:
+        return adobe_transform == 0
+    return [c[0] for c in comps] == [ord("R"), ord("G"), ord("B")]
+
+
+def _decode_frame(data, scan_header, start, frame, quant, huffman, restart_interval, rgb):
     height, width, comps = frame
     _need(len(scan_header) >= 1, "bad scan header")
     count = scan_header[0]
@@ -435,6 +447,6 @@ def _decode_frame(data, scan_header, start, frame, quant, huffman, restart_inter
             raise _refuse(f"{hmax}x{vmax} to {ch}x{cv} (fractional) subsampling")
         up_h, up_v = hmax // ch, vmax // cv
         planes.append(_upsample(plane, up_h, up_v, width, height))
-    if adobe_transform == 0:  # an Adobe stream that says its 3 components are RGB
+    if rgb:
         return np.stack(planes, axis=-1).astype(np.uint8)
     return _ycc_to_rgb(*planes)
