@@ -416,6 +416,7 @@ JPEG_FIXTURES = {
     "color_411": "-quality 85 -sample 4x1",
     "color_420_q100_optimized_restart_each_row": "-quality 100 -sample 2x2 -optimize -restart 1",
     "color_420_restart_every_3_mcus": "-quality 70 -sample 2x2 -restart 3B",
+    "color_420_one_scan_per_component": "-quality 85 -scans FILE, FILE holding '0; 1; 2;'",
     "gray": "-quality 85 -grayscale",
     "gray_optimized_restart_every_2_mcus": "-quality 85 -grayscale -restart 2B -optimize",
     "tiny_3x3_420": "-quality 90 -sample 2x2",  # chroma 2 wide: no triangle filter across
@@ -459,6 +460,12 @@ def test_jpeg_kinds_needing_more_are_refused_clearly(name, kind):
 def test_truncated_jpeg_gives_an_empty_image(cut):
     data = (JPEGS / "color_420.jpg").read_bytes()[:cut]
     assert decode(data).shape == (0, 0, 3)
+
+
+def test_jpeg_without_its_end_marker_still_decodes():
+    data = (JPEGS / "color_420.jpg").read_bytes()
+    assert data.endswith(b"\xff\xd9")
+    check(data[:-2], read_pnm((JPEGS / "color_420.pnm").read_bytes()))
 
 
 def test_jpeg_with_corrupt_scan_data_gives_an_empty_image():

@@ -48,20 +48,19 @@ _UNSUPPORTED_FRAMES = {0xC1: "extended sequential (12-bit or four-table)", 0xC2:
 # --------------------------------------------------------------------------- markers
 
 
-def _segments(data: bytes):
-    """(marker, payload, offset after payload) for each marker segment up to the first scan."""
-    _need(data[:2] == b"\xff\xd8", "no start-of-image marker")
-    pos = 2
-    while True:
-        while data[pos:pos + 2] == b"\xff\xff":
-            pos += 1  # fill bytes
-        _need(pos + 4 <= len(data) and data[pos] == 0xFF, "truncated marker segment")
-        marker = data[pos + 1]
-        _need(marker != 0xD9, "end of image before any scan")
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
-        _need(length >= 2 and pos + 2 + length <= len(data), "truncated marker segment")
-        yield marker, data[pos + 4:pos + 2 + length], pos + 2 + length
-        pos += 2 + length
+def _segment_at(data: bytes, pos: int):
+    """(marker, payload, offset after it) of the marker at ``pos``; end of image has no
+    payload."""
+    while data[pos:pos + 2] == b"\xff\xff":
+        pos += 1  # fill bytes
+    _need(pos + 2 <= len(data) and data[pos] == 0xFF, "a marker was expected")
+    marker = data[pos + 1]
+    if marker == 0xD9:
+        return marker, b"", pos + 2
+    _need(pos + 4 <= len(data), "truncated marker segment")
+    length = int.from_bytes(data[pos + 2:pos + 4], "big")
+    _need(length >= 2 and pos + 2 + length <= len(data), "truncated marker segment")
+    return marker, data[pos + 4:pos + 2 + length], pos + 2 + length
 
 
 def _huffman_table(counts: bytes, symbols: bytes):
@@ -143,12 +142,17 @@ def _scan_bits(data: bytes, start: int) -> tuple[list[bytes], int]:
             return segments, at
 
 
-def _windows(segment: bytes) -> list[int]:
-    """For each bit offset, the 16 bits starting there (ones past the end: what a decoder
-    reads after the data runs out)."""
-    bits = np.unpackbits(np.frombuffer(segment + b"\xff\xff\xff", np.uint8)).astype(np.int64)
+_CHUNK = 1 << 15  # bytes of scan data whose bit windows are held at once
+_BLOCK_BITS = 2048  # more than one block's codes can span (27 + 63 * 26 bits)
+
+
+def _windows(segment: bytes, first: int) -> list[int]:
+    """For each bit offset from byte ``first`` on (up to _CHUNK bytes), the 16 bits starting
+    there; ones past the end, which is what a decoder reads after the data runs out."""
+    piece = segment[first:first + _CHUNK]
+    bits = np.unpackbits(np.frombuffer(piece + b"\xff\xff\xff", np.uint8)).astype(np.int64)
     weights = 1 << np.arange(15, -1, -1, dtype=np.int64)
-    count = len(segment) * 8 + 1
+    count = len(piece) * 8 + 1
     view = np.lib.stride_tricks.sliding_window_view(bits, 16)[:count]
     return (view @ weights).tolist()
 
@@ -164,13 +168,19 @@ def _decode_blocks(segments, units, dc_tables, ac_tables, restart_interval, tota
     for segment in segments:
         if mcu >= total_units:
             break
-        window = _windows(segment)
+        first = 0  # the byte the windows start at; pos counts bits from there
+        window = _windows(segment, first)
         limit = len(window) - 1
         pos = 0
         predictors = {}
         for _ in range(min(per_segment, total_units - mcu)):
             row = out[mcu]
             for b, comp in enumerate(units):
+                if pos > limit - _BLOCK_BITS and first + _CHUNK < len(segment):
+                    first += pos >> 3
+                    pos &= 7
+                    window = _windows(segment, first)
+                    limit = len(window) - 1
                 symbols, lengths = dc_tables[comp]
                 _need(pos <= limit, "scan data ends early")
                 peek = window[pos]
@@ -340,15 +350,115 @@ def _ycc_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- decoder
 
 
+class _Frame:
+    """The frame header, and each component's dequantized coefficients as its scans
+    deliver them."""
+
+    def __init__(self, payload: bytes):
+        _need(len(payload) >= 6, "bad frame header")
+        precision = payload[0]
+        self.height = int.from_bytes(payload[1:3], "big")
+        self.width = int.from_bytes(payload[3:5], "big")
+        count = payload[5]
+        _need(len(payload) >= 6 + 3 * count and count > 0, "bad frame header")
+        if precision != 8:
+            raise _refuse(f"{precision}-bit")
+        _need(self.height > 0 and self.width > 0, "the frame has no size (a DNL marker)")
+        if count not in (1, 3):
+            raise _refuse(f"{count}-component")
+        # (id, horizontal factor, vertical factor, quantization table) per component
+        self.comps = [(payload[6 + 3 * i], payload[7 + 3 * i] >> 4, payload[7 + 3 * i] & 15,
+                       payload[8 + 3 * i]) for i in range(count)]
+        _need(len({c[0] for c in self.comps}) == count, "repeated component ids")
+        _need(all(1 <= h <= 4 and 1 <= v <= 4 for _, h, v, _ in self.comps),
+              "bad sampling factors")
+        self.hmax = max(c[1] for c in self.comps)
+        self.vmax = max(c[2] for c in self.comps)
+        self.mcus_x = -(-self.width // (8 * self.hmax))
+        self.mcus_y = -(-self.height // (8 * self.vmax))
+        # each component's sampled size (columns, rows)
+        self.sampled = [(-(-self.width * h // self.hmax), -(-self.height * v // self.vmax))
+                        for _, h, v, _ in self.comps]
+        self.grids: dict[int, np.ndarray] = {}  # component -> (block rows, block cols, 8, 8)
+
+    def scan(self, data, header, start, quant, huffman, restart_interval) -> int:
+        """Decodes one scan starting at ``start``; returns the offset of the marker after it."""
+        _need(len(header) >= 1, "bad scan header")
+        count = header[0]
+        _need(count >= 1 and len(header) >= 4 + 2 * count, "bad scan header")
+        ids = [c[0] for c in self.comps]
+        members = []
+        for k in range(count):
+            _need(header[1 + 2 * k] in ids, "the scan names an unknown component")
+            members.append(ids.index(header[1 + 2 * k]))
+        _need(len(set(members)) == count and not set(members) & set(self.grids),
+              "a component is scanned twice")
+        tables = {}
+        for k, i in enumerate(members):
+            dc, ac = (0, header[2 + 2 * k] >> 4), (1, header[2 + 2 * k] & 15)
+            _need(dc in huffman and ac in huffman, "a missing Huffman table")
+            _need(self.comps[i][3] in quant, "a missing quantization table")
+            tables[i] = (huffman[dc], huffman[ac])
+        if count == 1:  # non-interleaved: the component's own blocks in raster order
+            (i,) = members
+            sw, sh = self.sampled[i]
+            shape = [(i, -(-sh // 8), -(-sw // 8), 1, 1)]
+            units, total = [i], shape[0][1] * shape[0][2]
+        else:  # interleaved: each MCU holds every member's h x v blocks in turn
+            shape = [(i, self.mcus_y, self.mcus_x, self.comps[i][2], self.comps[i][1])
+                     for i in members]
+            units = [i for i, _, _, v, h in shape for _ in range(h * v)]
+            total = self.mcus_x * self.mcus_y
+        segments, end = _scan_bits(data, start)
+        coeffs = _decode_blocks(segments, units, {i: t[0] for i, t in tables.items()},
+                                {i: t[1] for i, t in tables.items()}, restart_interval, total)
+        first = 0
+        for i, rows, cols, v, h in shape:
+            blocks = coeffs[:, first:first + h * v]  # (MCUs, h * v, 64), zigzag order
+            first += h * v
+            natural = np.zeros(blocks.shape, np.int64)
+            natural[..., _ZIGZAG] = blocks * quant[self.comps[i][3]][_ZIGZAG]
+            grid = natural.reshape(rows, cols, v, h, 8, 8).transpose(0, 2, 1, 3, 4, 5)
+            self.grids[i] = grid.reshape(rows * v, cols * h, 8, 8)
+        return end
+
+    def pixels(self, rgb: bool) -> np.ndarray:
+        _need(len(self.grids) == len(self.comps), "a component has no scan")
+        planes = []
+        for i, (_, ch, cv, _) in enumerate(self.comps):
+            grid = self.grids[i]
+            rows, cols = grid.shape[:2]
+            samples = _idct(grid.reshape(-1, 8, 8)).reshape(rows, cols, 8, 8)
+            plane = samples.transpose(0, 2, 1, 3).reshape(rows * 8, cols * 8)
+            sw, sh = self.sampled[i]
+            plane = plane[:sh, :sw]
+            if len(self.comps) == 1:
+                return plane[:self.height, :self.width, None].copy()
+            if self.hmax % ch or self.vmax % cv:
+                raise _refuse(f"{self.hmax}x{self.vmax} to {ch}x{cv} (fractional) subsampling")
+            planes.append(_upsample(plane, self.hmax // ch, self.vmax // cv, self.width,
+                                    self.height))
+        if rgb:
+            return np.stack(planes, axis=-1).astype(np.uint8)
+        return _ycc_to_rgb(*planes)
+
+
 def decode_jpeg(data: bytes) -> np.ndarray:
     """(H, W, 1) gray or (H, W, 3) RGB uint8 pixels of a baseline JPEG stream. Raises
     JpegCorrupt for a malformed stream and KernelError for a kind nncc does not decode."""
+    _need(data[:2] == b"\xff\xd8", "no start-of-image marker")
     quant, huffman = {}, {}
     frame = None
     restart_interval = 0
     adobe_transform = None
     jfif = False
-    for marker, payload, end in _segments(data):
+    pos = 2
+    while True:
+        if frame is not None and frame.grids and pos >= len(data):
+            break  # the stream stops after its scans without an end marker
+        marker, payload, pos = _segment_at(data, pos)
+        if marker == 0xD9:
+            break
         if marker in _UNSUPPORTED_FRAMES:
             raise _refuse(_UNSUPPORTED_FRAMES[marker])
         if marker == 0xDB:
@@ -363,26 +473,13 @@ def decode_jpeg(data: bytes) -> np.ndarray:
         elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
             adobe_transform = payload[11]
         elif marker == 0xC0:
-            _need(len(payload) >= 6, "bad frame header")
-            precision = payload[0]
-            height = int.from_bytes(payload[1:3], "big")
-            width = int.from_bytes(payload[3:5], "big")
-            count = payload[5]
-            _need(len(payload) >= 6 + 3 * count and count > 0, "bad frame header")
-            if precision != 8:
-                raise _refuse(f"{precision}-bit")
-            _need(height > 0 and width > 0, "the frame has no size (a DNL marker)")
-            comps = [(payload[6 + 3 * i], payload[7 + 3 * i] >> 4, payload[7 + 3 * i] & 15,
-                      payload[8 + 3 * i]) for i in range(count)]
-            if count not in (1, 3):
-                raise _refuse(f"{count}-component")
-            _need(all(1 <= h <= 4 and 1 <= v <= 4 for _, h, v, _ in comps), "bad sampling factors")
-            frame = (height, width, comps)
+            _need(frame is None, "a second frame header")
+            frame = _Frame(payload)
         elif marker == 0xDA:
             _need(frame is not None, "a scan before the frame header")
-            return _decode_frame(data, payload, end, frame, quant, huffman, restart_interval,
-                                 _is_rgb(frame[2], jfif, adobe_transform))
-    raise JpegCorrupt("no scan")
+            pos = frame.scan(data, payload, pos, quant, huffman, restart_interval)
+    _need(frame is not None, "no frame")
+    return frame.pixels(_is_rgb(frame.comps, jfif, adobe_transform))
 
 
 def _is_rgb(comps, jfif: bool, adobe_transform) -> bool:
@@ -393,60 +490,3 @@ def _is_rgb(comps, jfif: bool, adobe_transform) -> bool:
     if adobe_transform is not None:
         return adobe_transform == 0
     return [c[0] for c in comps] == [ord("R"), ord("G"), ord("B")]
-
-
-def _decode_frame(data, scan_header, start, frame, quant, huffman, restart_interval, rgb):
-    height, width, comps = frame
-    _need(len(scan_header) >= 1, "bad scan header")
-    count = scan_header[0]
-    _need(len(scan_header) >= 4 + 2 * count, "bad scan header")
-    if count != len(comps):
-        raise _refuse("multi-scan (non-interleaved)")
-    selectors = {scan_header[1 + 2 * i]: scan_header[2 + 2 * i] for i in range(count)}
-    _need(set(selectors) == {c[0] for c in comps}, "the scan names unknown components")
-    hmax = max(c[1] for c in comps)
-    vmax = max(c[2] for c in comps)
-    dc_tables, ac_tables = [], []
-    for cid, _, _, qt in comps:
-        _need(qt in quant, "a missing quantization table")
-        dc, ac = (0, selectors[cid] >> 4), (1, selectors[cid] & 15)
-        _need(dc in huffman and ac in huffman, "a missing Huffman table")
-        dc_tables.append(huffman[dc])
-        ac_tables.append(huffman[ac])
-
-    if len(comps) == 1:  # a non-interleaved scan: one block per MCU, over the component
-        h = v = 1
-        sampled = [(-(-width * comps[0][1] // hmax), -(-height * comps[0][2] // vmax))]
-        mcus_x, mcus_y = -(-sampled[0][0] // 8), -(-sampled[0][1] // 8)
-        layout = [(1, 1)]
-    else:
-        mcus_x, mcus_y = -(-width // (8 * hmax)), -(-height // (8 * vmax))
-        layout = [(h, v) for _, h, v, _ in comps]
-        sampled = [(-(-width * h // hmax), -(-height * v // vmax)) for _, h, v, _ in comps]
-    units = [i for i, (h, v) in enumerate(layout) for _ in range(h * v)]
-    segments, _ = _scan_bits(data, start)
-    coeffs = _decode_blocks(segments, units, dc_tables, ac_tables, restart_interval,
-                            mcus_x * mcus_y)
-
-    planes = []
-    first = 0
-    for i, ((h, v), (cid, ch, cv, qt)) in enumerate(zip(layout, comps)):
-        blocks = coeffs[:, first:first + h * v]  # (MCUs, h * v, 64), zigzag order
-        first += h * v
-        natural = np.zeros(blocks.shape, np.int64)
-        natural[..., _ZIGZAG] = blocks * quant[qt][_ZIGZAG]
-        pixels = _idct(natural.reshape(-1, 8, 8))
-        # (mcus_y, mcus_x, v, h, 8, 8) -> (mcus_y * v * 8, mcus_x * h * 8)
-        plane = pixels.reshape(mcus_y, mcus_x, v, h, 8, 8).transpose(0, 2, 4, 1, 3, 5)
-        plane = plane.reshape(mcus_y * v * 8, mcus_x * h * 8)
-        sw, sh = sampled[i]
-        plane = plane[:sh, :sw]
-        if len(comps) == 1:
-            return plane[:height, :width, None].copy()
-        if hmax % ch or vmax % cv:
-            raise _refuse(f"{hmax}x{vmax} to {ch}x{cv} (fractional) subsampling")
-        up_h, up_v = hmax // ch, vmax // cv
-        planes.append(_upsample(plane, up_h, up_v, width, height))
-    if rgb:
-        return np.stack(planes, axis=-1).astype(np.uint8)
-    return _ycc_to_rgb(*planes)
