@@ -468,6 +468,13 @@ def test_jpeg_without_its_end_marker_still_decodes():
     check(data[:-2], read_pnm((JPEGS / "color_420.pnm").read_bytes()))
 
 
+def test_jpeg_header_claiming_more_blocks_than_its_data_holds_gives_an_empty_image():
+    data = bytearray((JPEGS / "color_420.jpg").read_bytes())
+    frame = data.index(b"\xff\xc0")
+    data[frame + 5:frame + 9] = b"\xff\xff\xff\xff"  # 65535 x 65535 pixels
+    assert decode(bytes(data)).shape == (0, 0, 3)
+
+
 def test_jpeg_with_corrupt_scan_data_gives_an_empty_image():
     data = bytearray((JPEGS / "color_420.jpg").read_bytes())
     scan = data.index(b"\xff\xda")

@@ -162,6 +162,10 @@ def _decode_blocks(segments, units, dc_tables, ac_tables, restart_interval, tota
 
     ``units``: for each block of one MCU, the index of its component. Returns an
     (MCUs, len(units), 64) int64 array."""
+    # every block spends at least one bit on its DC code and one on an AC code: a header
+    # claiming more blocks than the data can hold is refused before anything is allocated
+    _need(2 * total_units * len(units) <= 8 * sum(map(len, segments)) + 32,
+          "the scan is too short for the frame's size")
     out = np.zeros((total_units, len(units), 64), np.int64)
     per_segment = restart_interval or total_units
     mcu = 0
