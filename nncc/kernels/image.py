@@ -3,9 +3,9 @@
 Decoded here, with the standard library and numpy only: PNG (every color type and bit
 depth, Adam7 interlacing), BMP (1/2/4/8-bit palettes, 16/24/32-bit, bit fields), PNM
 (P1-P6), TIFF (strips; uncompressed, LZW, Deflate or PackBits; horizontal predictor) and
-baseline JPEG (nncc/kernels/jpeg.py). Progressive JPEG, JPEG 2000, WebP and GIF need
-codecs nncc does not include: such a stream is refused with a clear error rather than
-answered with a wrong or empty image.
+JPEG (8-bit Huffman-coded, baseline or progressive: nncc/kernels/jpeg.py). JPEG 2000, WebP
+and GIF need codecs nncc does not include: such a stream is refused with a clear error
+rather than answered with a wrong or empty image.
 A stream that is not a well-formed image yields an empty (0, 0, C) image, as the
 operator specifies.
 
@@ -36,7 +36,7 @@ class _Corrupt(Exception):
     """The stream is not a well-formed image of the format its signature names."""
 
 
-_SUPPORTED = "PNG, BMP, PNM, baseline JPEG and uncompressed, LZW, Deflate or PackBits TIFF"
+_SUPPORTED = "PNG, BMP, PNM, JPEG and uncompressed, LZW, Deflate or PackBits TIFF"
 
 
 def _unsupported(what: str) -> KernelError:

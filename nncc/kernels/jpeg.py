@@ -1,14 +1,12 @@
-"""Baseline JPEG decoding (8-bit, Huffman-coded, sequential), with numpy only.
+"""JPEG decoding (8-bit, Huffman-coded: baseline, extended sequential and progressive),
+with numpy only. The entropy-coded data is read in nncc/kernels/jpeg_entropy.py.
 
 The pixel arithmetic is the one common decoders use by default, so the same stream decodes
 to the same bytes: the "slow integer" inverse DCT (13-bit fixed-point constants, two extra
 bits between its passes), chroma doubled by the triangle ("fancy") filter with its
 alternating rounding (other factors repeat samples), and YCbCr to RGB through 16-bit
-fixed-point products. Progressive, arithmetic-coded, lossless, 12-bit and CMYK streams are
-refused with a clear error.
-
-Huffman decoding is sequential by nature; it looks codes up 16 bits at a time from a
-precomputed window of the bit stream. Everything after it works on whole arrays.
+fixed-point products. Arithmetic-coded, lossless, hierarchical, 12-bit and CMYK streams
+are refused with a clear error.
 """
 
 from __future__ import annotations
@@ -16,20 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.errors import KernelError
+from nncc.kernels.jpeg_entropy import (JpegCorrupt, decode_progressive, decode_sequential,
+                                       need as _need, parse_dht, scan_segments)
 
-
-class JpegCorrupt(Exception):
-    """The stream is not a well-formed JPEG."""
-
-
-def _need(condition: bool, why: str) -> None:
-    if not condition:
-        raise JpegCorrupt(why)
+__all__ = ["JpegCorrupt", "decode_jpeg"]
 
 
 def _refuse(what: str) -> KernelError:
-    return KernelError(f"ImageDecoder: {what} JPEG is not supported (nncc decodes baseline "
-                       f"8-bit Huffman-coded JPEG)")
+    return KernelError(f"ImageDecoder: {what} JPEG is not supported (nncc decodes 8-bit "
+                       f"Huffman-coded JPEG: baseline, extended sequential and progressive)")
 
 
 # natural (row-major) position of each zigzag-ordered coefficient
@@ -38,8 +31,7 @@ _ZIGZAG = np.array([
     27, 20, 13, 6, 7, 14, 21, 28, 35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44,
     51, 58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63])
 
-_UNSUPPORTED_FRAMES = {0xC1: "extended sequential (12-bit or four-table)", 0xC2: "progressive",
-                       0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical",
+_UNSUPPORTED_FRAMES = {0xC3: "lossless", 0xC5: "hierarchical", 0xC6: "hierarchical",
                        0xC7: "hierarchical", 0xC9: "arithmetic-coded", 0xCA: "arithmetic-coded",
                        0xCB: "arithmetic-coded", 0xCD: "arithmetic-coded",
                        0xCE: "arithmetic-coded", 0xCF: "arithmetic-coded"}
@@ -63,39 +55,6 @@ def _segment_at(data: bytes, pos: int):
     return marker, data[pos + 4:pos + 2 + length], pos + 2 + length
 
 
-def _huffman_table(counts: bytes, symbols: bytes):
-    """A 65536-entry lookup from the next 16 bits to (symbol, code length); length 0 marks
-    a bit pattern no code starts."""
-    lookup_symbol = np.zeros(65536, np.int32)
-    lookup_length = np.zeros(65536, np.int32)
-    code = 0
-    k = 0
-    for length in range(1, 17):
-        for _ in range(counts[length - 1]):
-            _need(code < (1 << length), "bad Huffman table")
-            first = code << (16 - length)
-            span = 1 << (16 - length)
-            lookup_symbol[first:first + span] = symbols[k]
-            lookup_length[first:first + span] = length
-            code += 1
-            k += 1
-        code <<= 1
-    return lookup_symbol.tolist(), lookup_length.tolist()
-
-
-def _parse_dht(payload: bytes, tables: dict) -> None:
-    pos = 0
-    while pos < len(payload):
-        _need(pos + 17 <= len(payload), "truncated Huffman table")
-        kind, index = payload[pos] >> 4, payload[pos] & 15
-        _need(kind in (0, 1) and index < 4, "bad Huffman table id")
-        counts = payload[pos + 1:pos + 17]
-        total = sum(counts)
-        _need(pos + 17 + total <= len(payload), "truncated Huffman table")
-        tables[(kind, index)] = _huffman_table(counts, payload[pos + 17:pos + 17 + total])
-        pos += 17 + total
-
-
 def _parse_dqt(payload: bytes, tables: dict) -> None:
     pos = 0
     while pos < len(payload):
@@ -108,127 +67,6 @@ def _parse_dqt(payload: bytes, tables: dict) -> None:
         table[_ZIGZAG] = raw  # stored in zigzag order
         tables[index] = table
         pos += 1 + size
-
-
-# --------------------------------------------------------------------------- entropy decoding
-
-
-def _scan_bits(data: bytes, start: int) -> tuple[list[bytes], int]:
-    """The entropy-coded segments after a scan header (split at restart markers, stuffed
-    zero bytes removed), and the offset where the scan ends."""
-    segments = []
-    pieces = []
-    pos = start
-    n = len(data)
-    while True:
-        at = data.find(b"\xff", pos)
-        if at < 0 or at + 1 >= n:
-            pieces.append(data[pos:])
-            segments.append(b"".join(pieces))
-            return segments, n
-        pieces.append(data[pos:at])
-        follower = data[at + 1]
-        if follower == 0x00:
-            pieces.append(b"\xff")
-            pos = at + 2
-        elif follower == 0xFF:
-            pos = at + 1  # fill byte
-        elif 0xD0 <= follower <= 0xD7:
-            segments.append(b"".join(pieces))
-            pieces = []
-            pos = at + 2
-        else:
-            segments.append(b"".join(pieces))
-            return segments, at
-
-
-_CHUNK = 1 << 15  # bytes of scan data whose bit windows are held at once
-_BLOCK_BITS = 2048  # more than one block's codes can span (27 + 63 * 26 bits)
-
-
-def _windows(segment: bytes, first: int) -> list[int]:
-    """For each bit offset from byte ``first`` on (up to _CHUNK bytes), the 16 bits starting
-    there; ones past the end, which is what a decoder reads after the data runs out."""
-    piece = segment[first:first + _CHUNK]
-    bits = np.unpackbits(np.frombuffer(piece + b"\xff\xff\xff", np.uint8)).astype(np.int64)
-    weights = 1 << np.arange(15, -1, -1, dtype=np.int64)
-    count = len(piece) * 8 + 1
-    view = np.lib.stride_tricks.sliding_window_view(bits, 16)[:count]
-    return (view @ weights).tolist()
-
-
-def _decode_blocks(segments, units, dc_tables, ac_tables, restart_interval, total_units):
-    """Zigzag-ordered coefficients of every block of the scan, in scan order.
-
-    ``units``: for each block of one MCU, the index of its component. Returns an
-    (MCUs, len(units), 64) int64 array."""
-    # every block spends at least one bit on its DC code and one on an AC code: a header
-    # claiming more blocks than the data can hold is refused before anything is allocated
-    _need(2 * total_units * len(units) <= 8 * sum(map(len, segments)) + 32,
-          "the scan is too short for the frame's size")
-    out = np.zeros((total_units, len(units), 64), np.int64)
-    per_segment = restart_interval or total_units
-    mcu = 0
-    for segment in segments:
-        if mcu >= total_units:
-            break
-        first = 0  # the byte the windows start at; pos counts bits from there
-        window = _windows(segment, first)
-        limit = len(window) - 1
-        pos = 0
-        predictors = {}
-        for _ in range(min(per_segment, total_units - mcu)):
-            row = out[mcu]
-            for b, comp in enumerate(units):
-                if pos > limit - _BLOCK_BITS and first + _CHUNK < len(segment):
-                    first += pos >> 3
-                    pos &= 7
-                    window = _windows(segment, first)
-                    limit = len(window) - 1
-                symbols, lengths = dc_tables[comp]
-                _need(pos <= limit, "scan data ends early")
-                peek = window[pos]
-                length = lengths[peek]
-                _need(length, "bad Huffman code")
-                size = symbols[peek]
-                pos += length
-                diff = 0
-                if size:
-                    _need(size <= 11 and pos <= limit, "bad DC coefficient")
-                    diff = window[pos] >> (16 - size)
-                    if diff < (1 << (size - 1)):
-                        diff -= (1 << size) - 1
-                    pos += size
-                value = predictors.get(comp, 0) + diff
-                predictors[comp] = value
-                coeffs = [value] + [0] * 63
-                symbols, lengths = ac_tables[comp]
-                k = 1
-                while k < 64:
-                    _need(pos <= limit, "scan data ends early")
-                    peek = window[pos]
-                    length = lengths[peek]
-                    _need(length, "bad Huffman code")
-                    rs = symbols[peek]
-                    pos += length
-                    run, size = rs >> 4, rs & 15
-                    if size == 0:
-                        if run != 15:
-                            break  # end of block
-                        k += 16
-                        continue
-                    k += run
-                    _need(k < 64 and size <= 10 and pos <= limit, "bad AC coefficient")
-                    v = window[pos] >> (16 - size)
-                    if v < (1 << (size - 1)):
-                        v -= (1 << size) - 1
-                    pos += size
-                    coeffs[k] = v
-                    k += 1
-                row[b] = coeffs
-            mcu += 1
-    _need(mcu >= total_units, "scan data ends early")
-    return out
 
 
 # --------------------------------------------------------------------------- inverse DCT
@@ -355,10 +193,9 @@ def _ycc_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
 
 
 class _Frame:
-    """The frame header, and each component's dequantized coefficients as its scans
-    deliver them."""
+    """The frame header, and each component's coefficients as its scans deliver them."""
 
-    def __init__(self, payload: bytes):
+    def __init__(self, payload: bytes, progressive: bool, data_size: int):
         _need(len(payload) >= 6, "bad frame header")
         precision = payload[0]
         self.height = int.from_bytes(payload[1:3], "big")
@@ -376,63 +213,111 @@ class _Frame:
         _need(len({c[0] for c in self.comps}) == count, "repeated component ids")
         _need(all(1 <= h <= 4 and 1 <= v <= 4 for _, h, v, _ in self.comps),
               "bad sampling factors")
+        self.progressive = progressive
+        self.data_size = data_size
         self.hmax = max(c[1] for c in self.comps)
         self.vmax = max(c[2] for c in self.comps)
         self.mcus_x = -(-self.width // (8 * self.hmax))
         self.mcus_y = -(-self.height // (8 * self.vmax))
-        # each component's sampled size (columns, rows)
+        # each component's sampled size (columns, rows), and its grid of blocks (padded to
+        # whole MCUs)
         self.sampled = [(-(-self.width * h // self.hmax), -(-self.height * v // self.vmax))
                         for _, h, v, _ in self.comps]
-        self.grids: dict[int, np.ndarray] = {}  # component -> (block rows, block cols, 8, 8)
+        self.blocks = [(self.mcus_y * v, self.mcus_x * h) for _, h, v, _ in self.comps]
+        self.quant: dict[int, np.ndarray] = {}  # component -> its table, fixed at its first scan
+        # component -> zigzag-ordered coefficients: a (rows, cols, 64) array from a
+        # sequential scan, or one list of 64 per block that progressive scans refine
+        self.coefs: dict[int, object] = {}
 
     def scan(self, data, header, start, quant, huffman, restart_interval) -> int:
         """Decodes one scan starting at ``start``; returns the offset of the marker after it."""
         _need(len(header) >= 1, "bad scan header")
         count = header[0]
         _need(count >= 1 and len(header) >= 4 + 2 * count, "bad scan header")
+        ss, se, ah, al = (header[1 + 2 * count], header[2 + 2 * count],
+                          header[3 + 2 * count] >> 4, header[3 + 2 * count] & 15)
         ids = [c[0] for c in self.comps]
         members = []
         for k in range(count):
             _need(header[1 + 2 * k] in ids, "the scan names an unknown component")
             members.append(ids.index(header[1 + 2 * k]))
-        _need(len(set(members)) == count and not set(members) & set(self.grids),
-              "a component is scanned twice")
-        tables = {}
+        _need(len(set(members)) == count, "a component is named twice in one scan")
+        dc_tables, ac_tables = {}, {}
         for k, i in enumerate(members):
             dc, ac = (0, header[2 + 2 * k] >> 4), (1, header[2 + 2 * k] & 15)
-            _need(dc in huffman and ac in huffman, "a missing Huffman table")
-            _need(self.comps[i][3] in quant, "a missing quantization table")
-            tables[i] = (huffman[dc], huffman[ac])
+            uses_dc = not self.progressive or (ss == 0 and ah == 0)
+            uses_ac = not self.progressive or ss > 0
+            _need((dc in huffman or not uses_dc) and (ac in huffman or not uses_ac),
+                  "a missing Huffman table")
+            dc_tables[i], ac_tables[i] = huffman.get(dc), huffman.get(ac)
+            if i not in self.quant:
+                _need(self.comps[i][3] in quant, "a missing quantization table")
+                self.quant[i] = quant[self.comps[i][3]]
+        segments, end = scan_segments(data, start)
+        if self.progressive:
+            _need(ss == 0 or count == 1, "a progressive AC scan of several components")
+            decode_progressive(segments, self._mcus(members), dc_tables, ac_tables,
+                               restart_interval, ss, se, ah, al)
+            return end
+        _need(ss == 0 and se == 63 and ah == 0 and al == 0, "bad sequential scan")
+        _need(not set(members) & set(self.coefs), "a component is scanned twice")
         if count == 1:  # non-interleaved: the component's own blocks in raster order
             (i,) = members
             sw, sh = self.sampled[i]
-            shape = [(i, -(-sh // 8), -(-sw // 8), 1, 1)]
-            units, total = [i], shape[0][1] * shape[0][2]
+            layout = [(i, -(-sh // 8), -(-sw // 8), 1, 1)]
+            units = [i]
         else:  # interleaved: each MCU holds every member's h x v blocks in turn
-            shape = [(i, self.mcus_y, self.mcus_x, self.comps[i][2], self.comps[i][1])
-                     for i in members]
-            units = [i for i, _, _, v, h in shape for _ in range(h * v)]
-            total = self.mcus_x * self.mcus_y
-        segments, end = _scan_bits(data, start)
-        coeffs = _decode_blocks(segments, units, {i: t[0] for i, t in tables.items()},
-                                {i: t[1] for i, t in tables.items()}, restart_interval, total)
+            layout = [(i, self.mcus_y, self.mcus_x, self.comps[i][2], self.comps[i][1])
+                      for i in members]
+            units = [i for i, _, _, v, h in layout for _ in range(h * v)]
+        coeffs = decode_sequential(segments, units, dc_tables, ac_tables, restart_interval,
+                                   layout[0][1] * layout[0][2])
         first = 0
-        for i, rows, cols, v, h in shape:
-            blocks = coeffs[:, first:first + h * v]  # (MCUs, h * v, 64), zigzag order
+        for i, rows, cols, v, h in layout:
+            blocks = coeffs[:, first:first + h * v]  # (MCUs, h * v, 64)
             first += h * v
-            natural = np.zeros(blocks.shape, np.int64)
-            natural[..., _ZIGZAG] = blocks * quant[self.comps[i][3]][_ZIGZAG]
-            grid = natural.reshape(rows, cols, v, h, 8, 8).transpose(0, 2, 1, 3, 4, 5)
-            self.grids[i] = grid.reshape(rows * v, cols * h, 8, 8)
+            grid = blocks.reshape(rows, cols, v, h, 64).transpose(0, 2, 1, 3, 4)
+            self.coefs[i] = grid.reshape(rows * v, cols * h, 64)
         return end
 
+    def _mcus(self, members) -> list:
+        """A progressive scan's MCUs: per MCU, its (component, block) pairs."""
+        for i in members:
+            if i not in self.coefs:
+                rows, cols = self.blocks[i]
+                # each block spends at least a bit in the first scan of its DC coefficient
+                _need(rows * cols <= 8 * self.data_size, "the stream is too short for its size")
+                self.coefs[i] = [[0] * 64 for _ in range(rows * cols)]
+        if len(members) == 1:  # non-interleaved: the component's own blocks in raster order
+            (i,) = members
+            sw, sh = self.sampled[i]
+            cols = self.blocks[i][1]
+            grid = self.coefs[i]
+            return [[(i, grid[r * cols + c])] for r in range(-(-sh // 8))
+                    for c in range(-(-sw // 8))]
+        mcus = []
+        for my in range(self.mcus_y):
+            for mx in range(self.mcus_x):
+                mcu = []
+                for i in members:
+                    h, v = self.comps[i][1], self.comps[i][2]
+                    cols = self.blocks[i][1]
+                    grid = self.coefs[i]
+                    mcu += [(i, grid[(my * v + bv) * cols + mx * h + bh])
+                            for bv in range(v) for bh in range(h)]
+                mcus.append(mcu)
+        return mcus
+
     def pixels(self, rgb: bool) -> np.ndarray:
-        _need(len(self.grids) == len(self.comps), "a component has no scan")
+        _need(len(self.coefs) == len(self.comps), "a component has no scan")
         planes = []
         for i, (_, ch, cv, _) in enumerate(self.comps):
-            grid = self.grids[i]
-            rows, cols = grid.shape[:2]
-            samples = _idct(grid.reshape(-1, 8, 8)).reshape(rows, cols, 8, 8)
+            coefs = self.coefs[i]
+            rows, cols = self.blocks[i] if isinstance(coefs, list) else coefs.shape[:2]
+            zigzag = np.asarray(coefs, np.int64).reshape(rows * cols, 64)
+            natural = np.zeros_like(zigzag)
+            natural[:, _ZIGZAG] = zigzag * self.quant[i][_ZIGZAG]
+            samples = _idct(natural.reshape(-1, 8, 8)).reshape(rows, cols, 8, 8)
             plane = samples.transpose(0, 2, 1, 3).reshape(rows * 8, cols * 8)
             sw, sh = self.sampled[i]
             plane = plane[:sh, :sw]
@@ -448,8 +333,8 @@ class _Frame:
 
 
 def decode_jpeg(data: bytes) -> np.ndarray:
-    """(H, W, 1) gray or (H, W, 3) RGB uint8 pixels of a baseline JPEG stream. Raises
-    JpegCorrupt for a malformed stream and KernelError for a kind nncc does not decode."""
+    """(H, W, 1) gray or (H, W, 3) RGB uint8 pixels of a JPEG stream. Raises JpegCorrupt
+    for a malformed stream and KernelError for a kind nncc does not decode."""
     _need(data[:2] == b"\xff\xd8", "no start-of-image marker")
     quant, huffman = {}, {}
     frame = None
@@ -458,7 +343,7 @@ def decode_jpeg(data: bytes) -> np.ndarray:
     jfif = False
     pos = 2
     while True:
-        if frame is not None and frame.grids and pos >= len(data):
+        if frame is not None and frame.coefs and pos >= len(data):
             break  # the stream stops after its scans without an end marker
         marker, payload, pos = _segment_at(data, pos)
         if marker == 0xD9:
@@ -468,7 +353,7 @@ def decode_jpeg(data: bytes) -> np.ndarray:
         if marker == 0xDB:
             _parse_dqt(payload, quant)
         elif marker == 0xC4:
-            _parse_dht(payload, huffman)
+            parse_dht(payload, huffman)
         elif marker == 0xDD:
             _need(len(payload) >= 2, "bad restart interval")
             restart_interval = int.from_bytes(payload[:2], "big")
@@ -476,9 +361,9 @@ def decode_jpeg(data: bytes) -> np.ndarray:
             jfif = True
         elif marker == 0xEE and payload[:5] == b"Adobe" and len(payload) >= 12:
             adobe_transform = payload[11]
-        elif marker == 0xC0:
+        elif marker in (0xC0, 0xC1, 0xC2):
             _need(frame is None, "a second frame header")
-            frame = _Frame(payload)
+            frame = _Frame(payload, marker == 0xC2, len(data))
         elif marker == 0xDA:
             _need(frame is not None, "a scan before the frame header")
             pos = frame.scan(data, payload, pos, quant, huffman, restart_interval)
