@@ -52,7 +52,6 @@ def parse_dht(payload: bytes, tables: dict) -> None:
         pos += 17 + total
 
 
-
 # --------------------------------------------------------------------------- sequential scans
 
 
@@ -91,7 +90,8 @@ _BLOCK_BITS = 2048  # more than one block's codes can span (27 + 63 * 26 bits)
 
 def _windows(segment: bytes, first: int) -> list[int]:
     """For each bit offset from byte ``first`` on (up to _CHUNK bytes), the 16 bits starting
-    there; ones past the end, which is what a decoder reads after the data runs out."""
+    there. Past the end come ones: no Huffman code is all ones, so decoding that runs past
+    the data fails at the next code."""
     piece = segment[first:first + _CHUNK]
     bits = np.unpackbits(np.frombuffer(piece + b"\xff\xff\xff", np.uint8)).astype(np.int64)
     weights = 1 << np.arange(15, -1, -1, dtype=np.int64)
@@ -108,7 +108,7 @@ def decode_sequential(segments, units, dc_tables, ac_tables, restart_interval, t
     # every block spends at least one bit on its DC code and one on an AC code: a header
     # claiming more blocks than the data can hold is refused before anything is allocated
     need(2 * total_units * len(units) <= 8 * sum(map(len, segments)) + 32,
-          "the scan is too short for the frame's size")
+         "the scan is too short for the frame's size")
     out = np.zeros((total_units, len(units), 64), np.int64)
     per_segment = restart_interval or total_units
     mcu = 0
