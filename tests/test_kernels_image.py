@@ -3,7 +3,8 @@ specification, must decode to the very pixels that were written (the oracle), th
 both nncc routes. ONNX's node cases cover files written by other encoders.
 
 onnxruntime has no ImageDecoder kernel and Pillow (ONNX's reference decoder) is not a
-dependency, so the pixels themselves are the oracle.
+dependency, so the pixels themselves are the oracle. JPEG is lossy and has no small writer
+here: its oracle is libjpeg-turbo's own decoding of the streams in tests/data/jpeg.
 """
 
 from __future__ import annotations
