@@ -297,8 +297,8 @@ def test_flex_attention_gqa_without_modifiers(dtype):
 
 
 def test_flex_attention_score_mod_runs_the_subgraph():
-    """A score_mod that adds a bias; the interpreter route (subgraph attributes cannot be
-    compiled into a plan yet, which the compile route reports as unsupported)."""
+    """A score_mod that adds a bias, by both routes: the compiled one carries the subgraph
+    attribute through the plan's bytes."""
     bias = np.linspace(-1, 1, 5 * 7, dtype=np.float32).reshape(1, 1, 5, 7)
     score_mod = helper.make_graph(
         [helper.make_node("Add", ["s", "bias"], ["s_out"])], "score_mod",
@@ -309,7 +309,9 @@ def test_flex_attention_score_mod_runs_the_subgraph():
     model, feeds, names = one_node("FlexAttention", [q, k, v], 1, {"score_mod": score_mod}, 26,
                                    domain="ai.onnx.preview")
     expected = reference(model, feeds)
-    got = Interpreter(parse_model(model.SerializeToString())).run(feeds)
-    np.testing.assert_allclose(got[names[0]], expected[0], rtol=1e-5, atol=1e-6)
-    with pytest.raises(NnccError, match="subgraph"):
-        compile_graph(parse_model(model.SerializeToString()), CompileOptions())
+    interpreted, compiled = run_nncc(model, feeds, names)
+    np.testing.assert_allclose(interpreted[0], expected[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(compiled[0], expected[0], rtol=1e-5, atol=1e-6)
+    # the score_mod is applied: without it the result differs
+    plain, _, _ = one_node("FlexAttention", [q, k, v], 1, {}, 26, domain="ai.onnx.preview")
+    assert not np.allclose(reference(plain, feeds)[0], expected[0], rtol=1e-3, atol=1e-4)

@@ -337,6 +337,36 @@ def test_softmax_is_stable_for_huge_logits():
     assert np.all(np.isfinite(lg[0, :2])) and lg[0, 0] == pytest.approx(-math.log1p(e), rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape, axis, opset", [((3, 5, 40), -1, 13), ((3, 5, 7), 1, 13),
+                                                ((2, 3, 4), 1, 11)])
+def test_softmax_16bit_rounds_each_node_of_its_function_body(dtype, shape, axis, opset):
+    """Softmax is defined by a function body (ReduceMax, Sub, Exp, ReduceSum, Div); in a
+    16-bit type each of those nodes' results is rounded to the type, as in ONNX's stored
+    results for these types. Oracle: onnx's reference evaluator."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    if dtype == "float16":
+        np_dtype = np.dtype(np.float16)
+    else:
+        np_dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    elem = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.BFLOAT16
+    x = (RNG.standard_normal(shape) * 3).astype(np_dtype)
+    # before opset 13 the input is coerced to 2-D at axis: the oracle runs on that matrix
+    x_ref = x if opset >= 13 else x.reshape(math.prod(shape[:axis]), -1)
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=axis if opset >= 13 else 1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, x_ref.shape)],
+                              [helper.make_tensor_value_info("y", elem, x_ref.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x_ref})
+    expected = expected.reshape(shape)
+    got = run("Softmax", x, opset=opset, axis=axis)
+    assert got.dtype == np_dtype and got.shape == shape
+    np.testing.assert_array_equal(got.astype(np.float32), expected.astype(np.float32))
+
+
 def test_empty_reductions_give_spec_identities():
     f = np.zeros((2, 0, 3), np.float32)
     i = np.zeros((2, 0), np.int32)

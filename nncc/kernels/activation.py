@@ -664,8 +664,28 @@ def _softmax(ctx, x, log: bool, coerce_2d: bool, out=None):
     return target if target is not None else y.reshape(x.shape)
 
 
+def _softmax_narrow(x: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax of a float16/bfloat16 tensor as its defining function body computes it, each
+    node in the tensor's own type: the difference from the row's maximum, its exponential,
+    the row sum and the quotient are each rounded to the type. ONNX's stored results for
+    these types are made this way (numpy sums float16 in float32 and rounds once; ml_dtypes
+    adds bfloat16 one rounded addition at a time), and so are those of expanded graphs that
+    hold a Softmax node; widening the whole computation and rounding once differs from them
+    by an ulp."""
+    y = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    y /= y.sum(axis=axis, keepdims=True)
+    return y
+
+
 def _softmax_general(ctx, x, log: bool, coerce_2d: bool):
     rank = x.ndim
+    narrow = x.dtype == np.float16 or x.dtype.name == "bfloat16"
+    if narrow and not log and x.size > 0 and rank > 0:
+        axis = ctx.get("axis", 1 if coerce_2d else -1)
+        axis = axis + rank if axis < 0 else axis
+        if coerce_2d:
+            return _softmax_narrow(x.reshape(math.prod(x.shape[:axis]), -1), 1).reshape(x.shape)
+        return _softmax_narrow(x, axis)
     w = _work(x)
     if coerce_2d:
         axis = ctx.get("axis", 1)

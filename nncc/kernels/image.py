@@ -2,9 +2,10 @@
 
 Decoded here, with the standard library and numpy only: PNG (every color type and bit
 depth, Adam7 interlacing), BMP (1/2/4/8-bit palettes, 16/24/32-bit, bit fields), PNM
-(P1-P6) and TIFF (strips; uncompressed, LZW, Deflate or PackBits; horizontal predictor).
-JPEG, JPEG 2000, WebP and GIF need full codecs, which nncc does not include: such a
-stream is refused with a clear error rather than answered with a wrong or empty image.
+(P1-P6), TIFF (strips; uncompressed, LZW, Deflate or PackBits; horizontal predictor) and
+JPEG (8-bit Huffman-coded, baseline or progressive: nncc/kernels/jpeg.py). JPEG 2000, WebP
+and GIF need codecs nncc does not include: such a stream is refused with a clear error
+rather than answered with a wrong or empty image.
 A stream that is not a well-formed image yields an empty (0, 0, C) image, as the
 operator specifies.
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
+from nncc.kernels.jpeg import JpegCorrupt, decode_jpeg
 from nncc.kernels.registry import kernel
 
 _FORMATS = ("RGB", "BGR", "Grayscale")
@@ -34,7 +36,7 @@ class _Corrupt(Exception):
     """The stream is not a well-formed image of the format its signature names."""
 
 
-_SUPPORTED = "PNG, BMP, PNM and uncompressed, LZW, Deflate or PackBits TIFF"
+_SUPPORTED = "PNG, BMP, PNM, JPEG and uncompressed, LZW, Deflate or PackBits TIFF"
 
 
 def _unsupported(what: str) -> KernelError:
@@ -491,7 +493,6 @@ def _tiff(data: bytes):
 # --------------------------------------------------------------------------- kernel
 
 _NEEDS_CODEC = (
-    (b"\xff\xd8\xff", "JPEG"),
     (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"),
     (b"\xff\x4f\xff\x51", "JPEG 2000"),
     (b"GIF87a", "GIF"),
@@ -508,6 +509,8 @@ def decode_image(data: bytes) -> np.ndarray | None:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         raise _needs_codec("WebP")
     try:
+        if data.startswith(b"\xff\xd8\xff"):
+            return decode_jpeg(data)
         if data.startswith(_PNG_SIGNATURE):
             return _png(data)
         if data.startswith(b"BM"):
@@ -516,7 +519,7 @@ def decode_image(data: bytes) -> np.ndarray | None:
             return _pnm(data)
         if data[:4] in (b"II*\x00", b"MM\x00*"):
             return _tiff(data)
-    except (_Corrupt, struct.error, ValueError):
+    except (_Corrupt, JpegCorrupt, struct.error, ValueError):
         return None
     return None
 
