@@ -61,9 +61,15 @@ class NnccBackend(Backend):
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", check_shapes: bool = True,
                 route: str = "interpreter", **kwargs: Any) -> BackendRep:
+        """route: "interpreter"; "compiled" (the portable plan: numpy backend and CPU
+        fallback); "native" (the default backends, the native code built and trusted)."""
         graph = parse_model(model.SerializeToString())
         if route == "compiled":
-            return CompiledRep(graph, CompiledModel(compile_graph(graph, CompileOptions(opt_level=2))))
+            return CompiledRep(graph, CompiledModel(compile_graph(graph, CompileOptions(opt_level=2,
+                                                                                        backends=("numpy",)))))
+        if route == "native":
+            return CompiledRep(graph, CompiledModel(compile_graph(graph, CompileOptions(opt_level=2)),
+                                                    trust_native=True))
         return NnccRep(Interpreter(graph), check_shapes)
 
     @classmethod
