@@ -43,9 +43,9 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
 
             setter.argtypes = [ctypes.c_void_p, ctypes.c_int]
             setter(blas[0], int(blas[1]))
-        threads = library.handle.nncc_set_threads
-        threads.argtypes = [ctypes.c_int]
-        threads(_threads(plan))
+        set_threads = library.handle.nncc_set_threads
+        set_threads.argtypes = [ctypes.c_int]
+        library.threads = set_threads(_threads(plan))
         for call in plan.native:
             library.function(call.symbol)  # every entry point resolves, or none runs
     except (NativeLoadError, AttributeError) as exc:

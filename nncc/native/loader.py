@@ -51,6 +51,7 @@ class Library:
             os.close(fd)
             raise
         self.fd = fd  # never closed: see the module's docstring
+        self.threads = 1  # the size of the code's own thread pool, once set
         _OPEN.append(fd)
 
     def function(self, name: str):

@@ -31,44 +31,56 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     return 0;
 }
 
-/* A small pool for the loops nncc writes itself (GEMMs keep BLAS's own threads). Workers
- * sleep on a condition variable between jobs instead of spinning, so they never take a
- * core from BLAS's threads, which run between our loops. The caller takes the first
- * share of every job. Sized by nncc_set_threads (the plan's thread setting). */
+/* One thread pool for everything the native code does (GEMMs included: the caller keeps
+ * BLAS at one thread during a native call, so no other pool's threads spin against this
+ * one). After a job a worker spins briefly for the next one (a partition issues hundreds
+ * of short parallel loops, and waking a sleeping thread costs tens of microseconds), then
+ * sleeps on a condition variable, so between native calls it takes no core from anyone.
+ * Every worker takes a share of every job (possibly empty), and the caller waits for all
+ * of them, so a job's fields are never rewritten while a worker may still read them. */
 typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
 #define NN_MAX_THREADS 16
+#define NN_SPIN 4096
 static int nn_threads = 1;
 static pthread_mutex_t nn_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER, nn_done = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
 static nn_task nn_job_fn;
 static void *nn_job_ctx;
 static int64_t nn_job_n;
-static int nn_job_gen, nn_job_left, nn_job_t;
+static int nn_job_gen, nn_job_left;
+
+static inline void nn_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
 
 static void *nn_worker(void *arg) {
     int id = (int)(intptr_t)arg, seen = 0;
     for (;;) {
-        pthread_mutex_lock(&nn_mu);
-        while (nn_job_gen == seen) pthread_cond_wait(&nn_go, &nn_mu);
-        seen = nn_job_gen;
-        nn_task fn = nn_job_fn;
-        void *ctx = nn_job_ctx;
-        int64_t n = nn_job_n, t = nn_job_t;
-        pthread_mutex_unlock(&nn_mu);
-        if (id >= t) continue;  /* a job split fewer ways than there are workers */
-        fn(ctx, n * id / t, n * (id + 1) / t);
-        pthread_mutex_lock(&nn_mu);
-        if (--nn_job_left == 0) pthread_cond_signal(&nn_done);
-        pthread_mutex_unlock(&nn_mu);
+        int spins = 0;
+        while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
+            if (++spins < NN_SPIN) { nn_relax(); continue; }
+            pthread_mutex_lock(&nn_mu);
+            while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
+            pthread_mutex_unlock(&nn_mu);
+        }
+        seen++;
+        int64_t n = nn_job_n, t = nn_threads;
+        nn_job_fn(nn_job_ctx, n * id / t, n * (id + 1) / t);
+        __atomic_sub_fetch(&nn_job_left, 1, __ATOMIC_RELEASE);
     }
     return 0;
 }
 
+/* Set once, when the library is loaded (before any job): the pool's size. */
 NN_EXPORT int nncc_set_threads(int want) {
     static int started = 1;
     if (want < 1) want = 1;
     if (want > NN_MAX_THREADS) want = NN_MAX_THREADS;
-    pthread_mutex_lock(&nn_mu);
+    if (started > 1) return nn_threads;  /* the pool is made once */
     while (started < want) {
         pthread_t t;
         pthread_attr_t attr;
@@ -77,29 +89,27 @@ NN_EXPORT int nncc_set_threads(int want) {
         if (pthread_create(&t, &attr, nn_worker, (void *)(intptr_t)started) != 0) break;
         started++;
     }
-    nn_threads = want < started ? want : started;
-    pthread_mutex_unlock(&nn_mu);
+    nn_threads = started;
     return nn_threads;
 }
 
-/* fn over [0, n) split among the pool; small jobs run inline (waking a worker costs more). */
+/* fn over [0, n) split among the pool; small jobs run inline. */
 static void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
-    if (t > n) t = (int)n;
+    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
+    __atomic_store_n(&nn_job_left, t - 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&nn_mu);
-    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n; nn_job_t = t; nn_job_left = t - 1; nn_job_gen++;
+    __atomic_add_fetch(&nn_job_gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&nn_go);
     pthread_mutex_unlock(&nn_mu);
     fn(ctx, 0, n / t);
-    pthread_mutex_lock(&nn_mu);
-    while (nn_job_left) pthread_cond_wait(&nn_done, &nn_mu);
-    pthread_mutex_unlock(&nn_mu);
+    while (__atomic_load_n(&nn_job_left, __ATOMIC_ACQUIRE)) nn_relax();
 }
 
-/* C = alpha * op(A) @ op(B) + beta * C, row-major. */
-static void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, in the calling thread. */
+static void nn_gemm_serial(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (nn_sgemm_fn) {
         if (nn_sgemm_ilp64)
             ((nn_sgemm64_t)nn_sgemm_fn)(101, ta ? 112 : 111, tb ? 112 : 111, M, N, K, alpha, A, lda, B, ldb,
@@ -170,6 +180,43 @@ static inline float nn_erf(float x) {
     float big = 1.0f - t * nn_exp(poly);
     big = x < 0.0f ? -big : big;
     return a < 0.5f ? small : big;
+}
+
+/* GEMMs run on this pool too, BLAS single-threaded inside each share (the caller sets
+ * BLAS to one thread around a native call): split into blocks of rows of C, or of columns
+ * when there are few rows, so no thread of another pool spins between our loops. */
+typedef struct { int ta, tb; int64_t M, N, K, lda, ldb, ldc, block; float alpha, beta; const float *A, *B; float *C;
+                 int by_rows; } nn_gemm_job;
+
+static void nn_gemm_task(void *p, int64_t lo, int64_t hi) {
+    nn_gemm_job *g = p;
+    int64_t a = lo * g->block, b = hi * g->block;
+    if (g->by_rows) {
+        if (b > g->M) b = g->M;
+        if (a >= b) return;
+        nn_gemm_serial(g->ta, g->tb, b - a, g->N, g->K, g->alpha, g->ta ? g->A + a : g->A + a * g->lda, g->lda,
+                       g->B, g->ldb, g->beta, g->C + a * g->ldc, g->ldc);
+    } else {
+        if (b > g->N) b = g->N;
+        if (a >= b) return;
+        nn_gemm_serial(g->ta, g->tb, g->M, b - a, g->K, g->alpha, g->A, g->lda, g->tb ? g->B + a * g->ldb : g->B + a,
+                       g->ldb, g->beta, g->C + a, g->ldc);
+    }
+}
+
+static void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t work = M * N * K;
+    if (nn_threads <= 1 || work < 262144) {
+        nn_gemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* rows in blocks of 16 when there are enough of them, else columns in blocks of 64 */
+    int by_rows = M >= 16 * nn_threads;
+    int64_t block = by_rows ? 16 : 64, total = by_rows ? M : N;
+    int64_t chunks = (total + block - 1) / block;
+    nn_gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, block, alpha, beta, A, B, C, by_rows};
+    nn_parallel(chunks, work, nn_gemm_task, &g);
 }
 
 /* Activations applied in epilogues. */

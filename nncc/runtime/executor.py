@@ -91,7 +91,8 @@ class Executor:
             if call is not None:
                 ins = PlanInstruction(-1, call.args[:call.n_inputs], call.args[call.n_inputs:], {}, call.symbol)
                 program.append(ins)
-                definitions.append(_NativeDef(NativeStep(native.function(call.symbol), call, part.entry)))
+                definitions.append(_NativeDef(NativeStep(native.function(call.symbol), call, part.entry,
+                                                         pooled=native.threads > 1)))
                 continue
             for ins in plan.instructions[part.first : part.first + part.count]:
                 program.append(ins)

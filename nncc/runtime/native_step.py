@@ -13,15 +13,19 @@ import ctypes
 import numpy as np
 
 from nncc.errors import KernelError
+from nncc.runtime.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
 from nncc.plan.plan import NativeCall
 
 
 class NativeStep:
-    __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "label", "__weakref__")
+    __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "label", "pooled", "__weakref__")
 
-    def __init__(self, fn, call: NativeCall, label: str):
+    def __init__(self, fn, call: NativeCall, label: str, pooled: bool = False):
+        """``pooled``: the code runs its GEMMs on its own thread pool, so BLAS keeps to one
+        thread during the call (its idle workers would spin against the pool's)."""
         self.fn = fn
+        self.pooled = pooled
         self.call = call
         self.table = (ctypes.c_void_p * len(call.args))()
         self.held: list = [None] * len(call.args)  # the array each pointer was taken from
@@ -42,7 +46,8 @@ class NativeStep:
                     raise AssertionError(f"{self.label}: output buffer {j} is not dense float32")
                 table[base + j] = array.ctypes.data
                 held[base + j] = array
-        status = self.fn(table, self.workspace.ctypes.data)
+        with one_blas_thread(self.pooled):
+            status = self.fn(table, self.workspace.ctypes.data)
         if status != 0:
             raise KernelError(f"native partition {self.label} failed with status {status}")
         return out

@@ -147,6 +147,28 @@ def limit_blas_threads(n: int | None) -> Iterator[bool]:
             set_blas_threads(previous)
 
 
+class one_blas_thread:
+    """BLAS at one thread for a block, then as it was (``active=False``: nothing). Cheaper
+    than limit_blas_threads on a hot path: the count is read once per process."""
+
+    __slots__ = ("active",)
+    _previous: int | None = None
+
+    def __init__(self, active: bool):
+        self.active = active
+
+    def __enter__(self):
+        if self.active:
+            if one_blas_thread._previous is None:
+                one_blas_thread._previous = blas_threads() or 1
+            set_blas_threads(1)
+
+    def __exit__(self, *exc):
+        if self.active and one_blas_thread._previous:
+            set_blas_threads(one_blas_thread._previous)
+        return False
+
+
 def _text(fn) -> str | None:
     if fn is None:
         return None
