@@ -68,6 +68,7 @@ def compile_graph(graph: Graph, options: CompileOptions):
     from nncc.passes.pipeline import run_passes
     from nncc.passes.pack import pack_constants
     from nncc.passes.shape_inference import infer_shapes
+    from nncc.passes.validate import validate_graph
     from nncc.plan.lower import lower
     from nncc.util import progress
 
@@ -84,15 +85,11 @@ def compile_graph(graph: Graph, options: CompileOptions):
 
         raise ModelFormatError(str(exc)) from None
     progress.describe(f"optimizing {len(graph.nodes)} nodes (-O{options.opt_level})")
+    validate_graph(graph)  # a cycle, a missing value, a required input left empty: bad input, before any pass
     graph = run_passes(graph, options.opt_level)
     if options.preference == "sustained-speed":
         graph = pack_constants(graph)
-    try:
-        graph = replace(graph, nodes=topological_order(graph))
-    except ValueError as exc:
-        from nncc.errors import ModelFormatError
-
-        raise ModelFormatError(str(exc)) from None
+    graph = replace(graph, nodes=topological_order(graph))
     progress.describe("inferring shapes")
     infos = infer_shapes(graph)
     progress.describe("partitioning")

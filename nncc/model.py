@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from nncc.compiler import CompileOptions, compile_graph
-from nncc.errors import FileAccessError, PlanFormatError
+from nncc.errors import PlanFormatError
 from nncc.plan.plan import Plan
 
 
@@ -72,50 +72,56 @@ class CompiledModel:
         write_atomic(path, self.to_bytes())
 
 
-def compile_model(path: str | os.PathLike, **options) -> CompiledModel:
-    """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins."""
+def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
+    """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins.
+    ``model_bytes``: the file's bytes when already read (external data is found next to
+    ``path``)."""
+    return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True)  # code built just now
+
+
+def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: dict) -> Plan:
+    """The Plan compile_model runs, without preparing it to run (nothing is allocated)."""
     from nncc.frontend.onnx import load_model
 
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    return CompiledModel(compile_graph(load_model(path), opts), trust_native=True)  # code built just now
+    return compile_graph(load_model(path, model_bytes), opts)
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
-            trust_shared: bool | None = None, **options):
+            trust_shared: bool | None = None, model_bytes: bytes | None = None, **options):
     """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
 
     A hit prepares from the cache files after checking them against the hash index; a miss
     compiles and stores; ``use_cache=False`` compiles and touches nothing. ``cache_dir``
-    defaults to $NNCC_CACHE_DIR, else the user cache directory. Options as compile_model.
-    ``trust_shared`` (default $NNCC_CACHE_TRUST_SHARED) uses a cache folder that another
-    user owns or others can write; without it such a cache is left alone (one warning).
+    defaults to $NNCC_CACHE_DIR, else the user cache directory. Options and ``model_bytes``
+    as compile_model. ``trust_shared`` (default $NNCC_CACHE_TRUST_SHARED) uses a cache
+    folder that another user owns or others can write; without it such a cache is left
+    alone (one warning).
     """
     from nncc.cache.store import prepare as cached_prepare
 
-    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared, **options)
+    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
+                          model_bytes=model_bytes, **options)
 
 
-def load(source: str | os.PathLike | bytes | bytearray | memoryview, trust_native: bool = False) -> CompiledModel:
-    """Load a compiled artifact from a path (memory-mapped) or from bytes. Its native code
-    runs only with ``trust_native=True``: running it is running whoever built the file."""
-    origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
+         trust_native: bool = False) -> CompiledModel:
+    """Load a compiled artifact from a path (memory-mapped) or from bytes (or a mapping).
+    Its native code runs only with ``trust_native=True``: running it is running whoever
+    built the file."""
+    origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)) else os.fspath(source)
     return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin)
 
 
-def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview) -> Plan:
+def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap) -> Plan:
     """The verified Plan of an artifact, without preparing it to run."""
     from nncc.plan.format import deserialize
 
-    if isinstance(source, (bytes, bytearray, memoryview)):
+    if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         return deserialize(source)
-    try:
-        with open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0:
-                raise PlanFormatError(f"{source} is empty, not an nncc artifact")
-            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except IsADirectoryError:
-        raise FileAccessError(f"{source} is a directory, not an artifact") from None
-    except OSError as exc:
-        raise FileAccessError(f"cannot read {source}: {exc.strerror or exc}") from None
+    from nncc.util.files import read_source
+
+    buffer, _ = read_source(source, "artifact")  # mapped when a regular file; never blocks on a FIFO
+    if len(buffer) == 0:
+        raise PlanFormatError(f"{source} is empty, not an nncc artifact")
     return deserialize(buffer)

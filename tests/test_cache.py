@@ -518,8 +518,8 @@ def test_toctou_hash_is_taken_of_the_parsed_bytes(cache_dir, monkeypatch):
     plan_path = _entries(cache_dir)[str(RESNET)][0]
     real_read = store_mod._read_bytes
 
-    def read_then_tamper(path, what):
-        data = real_read(path, what)
+    def read_then_tamper(path, what, *size):
+        data = real_read(path, what, *size)
         _flip(path)  # the attacker wins the race against the file, not against the buffer
         return data
 

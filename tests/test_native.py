@@ -510,3 +510,18 @@ def test_cli_trust_native_flag(tmp_path, static_mlp):
     report = json.loads(inspect.stdout)
     assert [p["native"] for p in report["partitions"]] == [True]
     assert "warning" not in inspect.stderr  # inspecting never runs, so never asks for trust
+
+
+def test_clip_with_a_non_scalar_bound_stays_portable(tmp_path):
+    """Found by fuzzing: Clip bounds must be scalars; the native backend does not take a
+    Clip with a vector bound (its C has the bound as a literal), so compiling it ends, if
+    at all, in nncc's own error, never a crash in code generation."""
+    from nncc.errors import NnccError
+
+    inits = [numpy_helper.from_array(np.zeros(4, np.float32), "lo")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Clip", ["r", "lo"], ["y"])]
+    path = _save(tmp_path, _model(nodes, [_f32("x", [3, 4])], [_f32("y", [3, 4])], inits))
+    try:
+        nncc.compile_model(path)
+    except NnccError:
+        pass  # refusing the model is right too; any other exception is a bug

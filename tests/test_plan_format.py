@@ -412,7 +412,7 @@ SEMANTIC_CASES = {
     "splat of an implausible size": (
         lambda p, s: (p["slots"][p["constants"][0][0]].__setitem__(2, [2**39, 2**39]),
                       p["constants"][0].__setitem__(1, "splat"), p["constants"][0].__setitem__(3, 4)),
-        "is implausibly large"),
+        "more than the .* nncc may allocate"),
     # dtypes
     "numeric constant relabelled as strings": (
         lambda p, s: p["slots"][next(c for c in p["constants"] if c[1] == "inline")[0]].__setitem__(1, "|O"),

@@ -102,6 +102,32 @@ class Entry:
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ENTRY_COLUMNS} | {"size": self.size}
 
+    @property
+    def problem(self) -> str | None:
+        """Why this row cannot be an entry nncc wrote (someone edited the index), or None.
+        Such a row is never used: listings skip it, verification reports it as corrupt."""
+        def number(v, kinds=(int,)):
+            return type(v) in kinds and v >= 0
+
+        if not (type(self.token) is str and len(self.token) == 64
+                and all(ch in "0123456789abcdef" for ch in self.token)):
+            return "its token is not 64 hex digits"
+        for name in ("plan_hash", "data_hash", "nncc_version"):
+            if type(getattr(self, name)) is not str:
+                return f"{name} is not text"
+        for name in ("plan_size", "data_size", "format_version", "hits"):
+            if not number(getattr(self, name)):
+                return f"{name} is not a non-negative integer: {getattr(self, name)!r:.40}"
+        for name in ("created", "last_used"):
+            if not number(getattr(self, name), (int, float)):
+                return f"{name} is not a time: {getattr(self, name)!r:.40}"
+        if self.compile_seconds is not None and not number(self.compile_seconds, (int, float)):
+            return f"compile_seconds is not a number: {self.compile_seconds!r:.40}"
+        for name in ("source_path", "model_hash", "preference", "options"):
+            if getattr(self, name) is not None and type(getattr(self, name)) is not str:
+                return f"{name} is not text"
+        return None
+
 
 def _corrupt(exc: BaseException) -> bool:
     """sqlite3 raises DatabaseError (not OperationalError) for SQLITE_NOTADB/CORRUPT."""
@@ -317,11 +343,22 @@ class Index:
     # -- entries -----------------------------------------------------------------------
 
     def get(self, token: str) -> Entry | None:
+        """The token's entry; None when there is none or its row is malformed (see
+        Entry.problem): a compile then replaces the row."""
         row = self._read(lambda c: c.execute(
             f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries WHERE token = ?", (token,)).fetchone())
-        return None if row is None else Entry(*row)
+        entry = None if row is None else Entry(*row)
+        return None if entry is None or entry.problem else entry
 
     def entries(self, order: str = "last_used DESC") -> list[Entry]:
+        """The well-formed entries; ``malformed()`` lists the others."""
+        return [e for e in self._all_entries(order) if not e.problem]
+
+    def malformed(self) -> list[tuple[object, str]]:
+        """(token, why) of every row that cannot be an entry nncc wrote."""
+        return [(e.token, e.problem) for e in self._all_entries("rowid") if e.problem]
+
+    def _all_entries(self, order: str) -> list[Entry]:
         rows = self._read(lambda c: c.execute(
             f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries ORDER BY {order}").fetchall())
         return [Entry(*r) for r in rows]

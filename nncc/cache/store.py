@@ -19,6 +19,7 @@ import errno
 import mmap
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,8 +31,8 @@ from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, 
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.util.notice import warn
-from nncc.errors import ModelFormatError, PlanFormatError
-from nncc.util.files import read_model_file
+from nncc.errors import ModelFormatError, NnccError, PlanFormatError
+from nncc.util.files import kind, open_file, read_at_most, read_model_file
 
 ENTRIES = "entries"
 LOCKS = "locks"
@@ -390,7 +391,7 @@ class Cache:
             raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
                                            f"(format {entry.format_version})")
         plan_path, data_path = self.paths(entry.token)
-        model_bytes = _read_bytes(plan_path, "model cache")
+        model_bytes = _read_bytes(plan_path, "model cache", entry.plan_size)
         if len(model_bytes) != entry.plan_size:
             raise CacheEntryError("corrupt", f"model cache has {len(model_bytes)} bytes, "
                                              f"the index recorded {entry.plan_size}")
@@ -508,7 +509,8 @@ class Cache:
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-            use_cache: bool = True, trust_shared: bool | None = None, **options):
+            use_cache: bool = True, trust_shared: bool | None = None, model_bytes: bytes | None = None,
+            **options):
     """Compile ``path`` through the cache: returns ``(CompiledModel, CacheOutcome)``.
 
     Hit: prepare from the verified cache files. Miss: compile, store, return. use_cache
@@ -516,12 +518,14 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     broken index) degrades to an in-memory compile with one warning line; it never fails.
     So does a folder that is not nncc's or not private to this user (``trust_shared``,
     default $NNCC_CACHE_TRUST_SHARED, trusts a shared one).
+    ``model_bytes``: the model file's bytes when the caller has read them already (a model
+    read from a pipe can be read only once); external data is still found next to ``path``.
     """
     from nncc.compiler import CompileOptions
 
     start = time.perf_counter()
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    data = read_model_file(path)
+    data = read_model_file(path) if model_bytes is None else model_bytes
     if not use_cache:
         model = _compile(path, data, opts)
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
@@ -724,29 +728,48 @@ def artifact_bytes(model) -> bytes:
 # -- file helpers ------------------------------------------------------------------------
 
 
-def _read_bytes(path: str, what: str) -> bytes:
+def _open_entry_file(path: str, what: str) -> tuple[int, int]:
+    """(descriptor, size) of a cache file, opened without blocking and checked to be a
+    regular file: anything else in its place (a FIFO, a link to a device) is a corrupt
+    entry, never a hang or an endless read. The caller closes the descriptor."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd, st = open_file(path)
     except FileNotFoundError:
         raise CacheEntryError("missing", f"{what} file is missing") from None
     except OSError as exc:
         raise CacheEntryError("unreadable", f"cannot read the {what}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CacheEntryError("corrupt", f"{what} file is {kind(st.st_mode)}, not a regular file")
+    return fd, st.st_size
+
+
+def _read_bytes(path: str, what: str, expected_size: int | None = None) -> bytes:
+    """A cache file's bytes, read once, at most the size fstat declared. With
+    ``expected_size`` a file of another size is rejected without being read."""
+    fd, size = _open_entry_file(path, what)
+    try:
+        if expected_size is not None and size != expected_size:
+            raise CacheEntryError("corrupt", f"{what} has {size} bytes, the index recorded {expected_size}")
+        return read_at_most(fd, size)
+    except OSError as exc:
+        raise CacheEntryError("unreadable", f"cannot read the {what}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def _map_data(path: str, entry: Entry):
     """Map the data cache read-only and check the mapping against the index."""
+    fd, size = _open_entry_file(path, "data cache")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != entry.data_size:
-                raise CacheEntryError("corrupt", f"data cache has {size} bytes, the index recorded "
-                                                 f"{entry.data_size}")
-            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-    except FileNotFoundError:
-        raise CacheEntryError("missing", "data cache file is missing") from None
+        if size != entry.data_size:
+            raise CacheEntryError("corrupt", f"data cache has {size} bytes, the index recorded "
+                                             f"{entry.data_size}")
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
     except OSError as exc:
         raise CacheEntryError("unreadable", f"cannot map the data cache: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if _hash(buffer) != entry.data_hash:
         raise CacheEntryError("corrupt", "data cache does not match its recorded hash")
     return buffer

@@ -118,6 +118,8 @@ def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, byt
     """
     if EXTERNAL_MARKER not in model_bytes:
         return []
+    from nncc.util.files import external_data_path
+
     base = os.path.dirname(os.path.abspath(model_path))
     skip = {os.path.realpath(d) for d in skip_dirs}
     data = bytes(model_bytes)
@@ -127,25 +129,35 @@ def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, byt
         for name in sorted(files):
             if os.fsencode(name) not in data:
                 continue
-            path = os.path.join(root, name)
+            rel = os.path.relpath(os.path.join(root, name), base)
             try:
+                # the reader's own rule, before anything is opened: a symlink leading out
+                # of the folder is refused by the reader, so it is never read here either
+                path = external_data_path(base, rel)
                 digest = _hash_file(path)
             except (OSError, ValueError):
-                continue  # not a readable regular file: the reader could not use it either
-            found.append((os.path.relpath(path, base), digest))
+                continue  # not a readable regular file inside the folder: the reader could not use it
+            found.append((rel, digest))
     return found
 
 
 def _hash_file(path: str) -> bytes:
+    import mmap
     import stat
 
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError("not a regular file")
-    h = blake3(max_threads=_threads(st.st_size))
-    if st.st_size:
-        h.update_mmap(path)
-    return h.digest()
+    from nncc.util.files import open_file
+
+    fd, st = open_file(path)  # never blocks on a FIFO; what is hashed is what fstat saw
+    try:
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        h = blake3(max_threads=_threads(st.st_size))
+        if st.st_size:
+            with mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) as mapped:
+                h.update(mapped)
+        return h.digest()
+    finally:
+        os.close(fd)
 
 
 def _threads(size: int) -> int:

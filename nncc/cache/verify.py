@@ -24,6 +24,7 @@ prepared here.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 PROBLEMS = ("CORRUPT", "MISSING", "STALE")
@@ -80,11 +81,14 @@ def _producer(path: str) -> str | None:
     import stat
     import struct
 
+    from nncc.util.files import open_file
+
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None  # a directory, a FIFO...: nothing to read a header from
-        with open(path, "rb") as f:
-            head = f.read(32)
+        fd, st = open_file(path)  # never blocks, even on a FIFO
+        try:
+            head = os.pread(fd, 32, 0) if stat.S_ISREG(st.st_mode) else b""
+        finally:
+            os.close(fd)
         magic, _version, _count, producer = struct.unpack("<8sII16s", head)
         if magic != b"NNCCPLAN":
             return None
@@ -174,8 +178,17 @@ def verify(cache, fix: bool = False) -> VerifyReport:
                 finding.fixed = cache.remove(token, counter="corruptions" if status == "CORRUPT" else None)
                 finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
             findings.append(finding)
+        malformed = cache.index.malformed()
+        for token, why in malformed:  # rows someone edited: never used, reported, dropped by --fix
+            hexed = isinstance(token, str) and re.fullmatch(r"[0-9a-f]{64}", token) is not None
+            paths = list(cache.paths(token)) if hexed else []
+            finding = Finding("CORRUPT", str(token), f"index row is malformed: {why}", paths, 0)
+            if fix:
+                finding.fixed = cache.remove(token, counter="corruptions") if hexed else _drop_row(cache, token)
+            findings.append(finding)
         task.describe("accounting for every file in the cache")
-        for finding in classify_files(cache, skip={e.token for e in entries}):
+        skip = {e.token for e in entries} | {t for t, _ in malformed if isinstance(t, str)}
+        for finding in classify_files(cache, skip=skip):
             if fix and finding.status in PROBLEMS + DEBRIS:
                 finding.fixed = cache.remove_files(finding.paths, finding.token)
                 finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
@@ -186,6 +199,11 @@ def verify(cache, fix: bool = False) -> VerifyReport:
                 if token not in tokens:
                     cache.delete_row(token)
     return VerifyReport(findings, fix)
+
+
+def _drop_row(cache, token) -> bool:
+    cache.delete_row(token)
+    return True
 
 
 def _check(cache, entry) -> tuple[str, str]:
@@ -199,7 +217,7 @@ def _check(cache, entry) -> tuple[str, str]:
     for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
                                      (data_path, entry.data_size, entry.data_hash, "data cache")):
         try:
-            data = _read_bytes(path, what)
+            data = _read_bytes(path, what, size)
         except CacheEntryError as exc:
             return ("MISSING" if exc.kind == "missing" else "CORRUPT"), exc.detail
         if len(data) != size:

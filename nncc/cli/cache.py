@@ -134,6 +134,12 @@ def ls(sort, cache_dir, trust_shared, as_json):
         return
     with c:
         entries = c.index.entries(order=SORTS[sort])
+        malformed = c.index.malformed()
+    if malformed:  # someone edited the index: such rows are never used
+        from nncc.cache.store import warn
+
+        warn(f"skipped {len(malformed)} malformed index row(s) ({malformed[0][1]}); "
+             "`nncc cache verify --fix` removes them")
     if as_json:
         emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
         return

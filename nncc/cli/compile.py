@@ -39,14 +39,14 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
     Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input."""
     from nncc.cache.store import artifact_bytes
     from nncc.cli.progress import live_progress
-    from nncc.cli.sources import refuse_artifact
+    from nncc.cli.sources import read_onnx_source
     from nncc.model import prepare
     from nncc.util import progress
     from nncc.util.buildfiles import write_if_changed
 
     start = time.perf_counter()
-    refuse_artifact(model)
-    _refuse_clobbering(model, output, depfile, cache_dir)
+    source = read_onnx_source(model)  # read once: MODEL may be a pipe
+    _refuse_clobbering(model, source, output, depfile, cache_dir)
     options = options_dict(preference, opt_level, backends, plugins, target)
     from nncc.compiler import CompileOptions
 
@@ -54,13 +54,13 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
-        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache,
+        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                     trust_shared=trust_shared, **options)
         data = artifact_bytes(compiled)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)
     if depfile:
-        _write_depfile(depfile, model, output, outcome.directory)
+        _write_depfile(depfile, model, source, output, outcome.directory)
     seconds = time.perf_counter() - start
     if as_json:
         emit_json({"model": model, "output": output, "bytes": len(data), "written": written,
@@ -71,30 +71,28 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
         status(f"{output} is up to date ({len(data):,} bytes, unchanged; not rewritten)")
 
 
-def _refuse_clobbering(model: str, output: str, depfile: str | None, cache_dir) -> None:
+def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:
     """Before any work: neither output may be the model, one of its external data files,
     or the other output."""
     from nncc.cache.store import resolve_cache_dir
     from nncc.cache.token import external_files
     from nncc.util.clobber import refuse_clobbering
-    from nncc.util.files import read_model_file
 
     folder = os.path.dirname(model)
     extra = [os.path.join(folder, rel) for rel, _ in
-             external_files(model, read_model_file(model), (resolve_cache_dir(cache_dir),))]
+             external_files(model, model_bytes, (resolve_cache_dir(cache_dir),))]
     refuse_clobbering([("the model", model)] + [("the external data file", p) for p in extra],
                       [("the output", output)] + ([("the depfile", depfile)] if depfile else []))
 
 
-def _write_depfile(path: str, model: str, output: str, cache_dir: str | None) -> None:
+def _write_depfile(path: str, model: str, model_bytes: bytes, output: str, cache_dir: str | None) -> None:
     """OUT.nncc depends on MODEL and every file that can change it as external data: the
     same files the cache token hashes (nncc.cache.token.external_files)."""
-    from nncc.util.files import read_model_file
     from nncc.cache.token import external_files
     from nncc.util.buildfiles import depfile, write_if_changed
 
     folder = os.path.dirname(model)
     skip = (cache_dir,) if cache_dir else ()
-    extra = [os.path.join(folder, rel) for rel, _ in external_files(model, read_model_file(model), skip)]
+    extra = [os.path.join(folder, rel) for rel, _ in external_files(model, model_bytes, skip)]
     write_if_changed(path, depfile(output, [model, *extra]).encode())
     detail(f"nncc: wrote {path} ({1 + len(extra)} prerequisite(s))")

@@ -15,28 +15,33 @@ from nncc.cli.output import emit_json
 @verbosity_options
 def inspect(path, preference, opt_level, backends, plugins, target, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
-    import os
-
-    import nncc
     from nncc.report import describe_plan
-    from nncc.cli.sources import is_artifact
+    from nncc.util.files import read_source
 
-    if is_artifact(path):
+    source, artifact = read_source(path)  # read once: PATH may be a pipe
+    if artifact:
         # the artifact may name plugin kernels: only the plugins the user names are loaded
         from nncc.backends.registry import load_plugin
 
         for module in plugins:
             load_plugin(module)
-        from nncc.model import read_artifact
+        from nncc.plan.format import deserialize
 
-        plan, size = read_artifact(path), os.path.getsize(path)  # described, never run
+        # the plan alone: inspect describes constants, memory and native code; it never
+        # expands, allocates or loads them
+        plan, size = deserialize(source), len(source)
     else:
+        import os
+
         from nncc.cli.progress import live_progress
+        from nncc.model import compile_plan
         from nncc.util import progress
 
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
-            model = nncc.compile_model(path, **options_dict(preference, opt_level, backends, plugins, target))
-        plan, size = model.plan, len(model.to_bytes())
+            plan = compile_plan(path, source, options_dict(preference, opt_level, backends, plugins, target))
+        from nncc.plan.format import serialize
+
+        size = len(serialize(plan))
     report = describe_plan(plan, size)
     report["path"] = path
     if as_json:

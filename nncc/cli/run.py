@@ -44,13 +44,13 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     from nncc.runtime.arrays_io import load_npy, load_npz, save_npz
     from nncc.runtime.random_inputs import random_feeds
 
-    from nncc.cli.sources import is_artifact
+    from nncc.util.files import read_source
 
     start = time.perf_counter()
     outcome = None
-    artifact = is_artifact(model)
+    source, artifact = read_source(model)  # read once: MODEL may be a pipe
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
-    inputs = _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
+    inputs = _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
     _refuse_clobbering(inputs, output_path, output_dir, None)
     if artifact:
         # an artifact may name plugin kernels: only the plugins the user names are loaded
@@ -58,7 +58,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
         for module in plugins:
             load_plugin(module)
-        session = nncc.load(model, trust_native=trust_native)
+        session = nncc.load(source, trust_native=trust_native)
     else:
         from nncc.model import prepare
 
@@ -67,7 +67,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
         options = options_dict(preference, opt_level, backends, plugins, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
-            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache,
+            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                        trust_shared=trust_shared, **options)
         report_cache(outcome)
     if output_dir is not None:  # the output names are known now; nothing is written yet
@@ -126,17 +126,16 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         print_outputs(model, summarize(outputs), timing)
 
 
-def _input_files(model, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
+def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
     """Every file the run reads: the model (and its external data), the feeds."""
     from nncc.cache.store import resolve_cache_dir
     from nncc.cache.token import external_files
-    from nncc.util.files import read_model_file
 
     files = [("the model", model)]
     if not artifact:
         folder = os.path.dirname(model)
         files += [("the external data file", os.path.join(folder, rel)) for rel, _ in
-                  external_files(model, read_model_file(model), (resolve_cache_dir(cache_dir),))]
+                  external_files(model, source, (resolve_cache_dir(cache_dir),))]
     if npz:
         files.append(("the --inputs file", npz))
     for spec in input_specs:
@@ -171,6 +170,8 @@ def _parse_binds(binds) -> dict[str, str]:
     return bound
 
 
+SUMMARY_CHUNK = 1 << 20  # elements converted to float64 at a time: the peak stays near the output's size
+
 def summarize(outputs):
     import numpy as np
 
@@ -186,28 +187,45 @@ def summarize(outputs):
             flat = [v.reshape(-1) for v in value if v.dtype.kind in "fiub"]
             value_stats = np.concatenate(flat) if flat and len(flat) == len(value) else np.zeros(0)
             row = {"name": name, "shape": [len(value)], "dtype": f"sequence of {'/'.join(dtypes) or '?'}"}
-            row.update(_stats(value_stats))
+            row.update(_statistics(value_stats) if value_stats.size else {})
             rows.append(row)
             continue
         row = {"name": name, "shape": list(value.shape), "dtype": str(value.dtype)}
         value = widen(value)  # bfloat16, float8, int4...: their values in a numpy type
-        if value.dtype.kind in "fiub":
-            row.update(_stats(value))
+        if value.size and value.dtype.kind in "fiub":
+            row.update(_statistics(value))
         rows.append(row)
     return rows
 
 
-def _stats(value) -> dict:
+def _statistics(value) -> dict:
+    """min, max, mean and std of the finite values (float64), and how many are not finite;
+    made a chunk at a time, so a 1 GiB output does not cost several GiB of float64 copies."""
     import numpy as np
 
-    if not value.size:
-        return {}
-    data = value.astype(np.float64)
-    finite = data[np.isfinite(data)]
-    return dict(
-        min=float(finite.min()) if finite.size else None,
-        max=float(finite.max()) if finite.size else None,
-        mean=float(finite.mean()) if finite.size else None,
-        std=float(finite.std()) if finite.size else None,
-        nonfinite=int(data.size - finite.size),
-    )
+    flat = value.reshape(-1)
+    chunks = [flat[i:i + SUMMARY_CHUNK] for i in range(0, flat.size, SUMMARY_CHUNK)]
+
+    def finite(chunk):
+        data = chunk.astype(np.float64)
+        return data[np.isfinite(data)]
+
+    if len(chunks) == 1:  # one pass, exactly as numpy computes it
+        values = finite(flat)
+        count, total, low, high = values.size, None, None, None
+    else:
+        count, total, low, high = 0, 0.0, np.inf, -np.inf
+        for chunk in chunks:
+            values = finite(chunk)
+            if values.size:
+                count += values.size
+                total += float(values.sum())
+                low, high = min(low, float(values.min())), max(high, float(values.max()))
+    if not count:
+        return dict(min=None, max=None, mean=None, std=None, nonfinite=int(flat.size))
+    if total is None:
+        return dict(min=float(values.min()), max=float(values.max()), mean=float(values.mean()),
+                    std=float(values.std()), nonfinite=int(flat.size - count))
+    mean = total / count
+    squares = sum(float(np.square(finite(chunk) - mean).sum()) for chunk in chunks)
+    return dict(min=low, max=high, mean=mean, std=(squares / count) ** 0.5, nonfinite=int(flat.size - count))

@@ -36,15 +36,16 @@ from nncc.ir.graph import (
     free_names,
     normalize_domain,
 )
-from nncc.util.files import read_model_file
-
-MAX_RANK = 32  # numpy's limit (32 before numpy 2, 64 since): more dims cannot be an array
+from nncc.util.files import external_data_path, open_file, read_at_most, read_model_file
+from nncc.util.limits import MAX_RANK, check_bytes
 MAX_BYTES = np.iinfo(np.intp).max  # numpy refuses arrays whose byte size overflows this
 
 
-def load_model(path: str | os.PathLike) -> Graph:
-    """Read and parse an ONNX model file (external data is resolved next to it)."""
-    data = read_model_file(path)
+def load_model(path: str | os.PathLike, data: bytes | None = None) -> Graph:
+    """Read and parse an ONNX model file (external data is resolved next to it); ``data``:
+    its bytes, when the caller has read them already."""
+    if data is None:
+        data = read_model_file(path)
     try:
         return parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
     except ModelFormatError as exc:  # say which file: the bare wire-format detail is cryptic
@@ -316,6 +317,8 @@ class _Reader:
                 elif dnum == 2:
                     dim = decode_string(dvalue, "dim_param") or None
             dims.append(dim)
+            if len(dims) > MAX_RANK:
+                raise ModelFormatError(f"a tensor type has more than {MAX_RANK} dimensions")
         return tuple(dims)
 
     # -- tensors -----------------------------------------------------------------------
@@ -382,7 +385,8 @@ class _Reader:
             raise ModelFormatError(f"{label} has impossibly large dimensions {shape}")
         low = low_precision.code_of(dtype)
         stored = count * dtype.itemsize if low is None else low_precision.packed_size(low, count)
-        if location == 1:
+        if location == 1:  # read into memory: a sparse file can declare terabytes cheaply
+            check_bytes(stored, f"{label} (external data)")
             raw = memoryview(self._external(external, label, stored))
         if low is not None:
             return name, _low_precision_array(label, low, shape, count, stored, raw, int32s)
@@ -396,52 +400,40 @@ class _Reader:
             raise ModelFormatError(f"{label} is stored externally but names no location")
         if self.base_dir is None:
             raise ModelFormatError(f"{label} is stored externally but the model has no folder")
-        if "\0" in location:
-            raise ModelFormatError(f"{label}: external data path {location!r} contains a NUL byte")
-        if (
-            os.path.isabs(location)
-            or ".." in location.replace("\\", "/").split("/")
-        ):
-            raise ModelFormatError(f"{label}: external data path {location!r} leaves the model folder")
-        path = os.path.join(self.base_dir, location)
-        if not _inside(os.path.realpath(self.base_dir), os.path.realpath(path)):  # via a symlink
-            raise ModelFormatError(f"{label}: external data path {location!r} leaves the model folder")
+        try:
+            path = external_data_path(self.base_dir, location)
+        except ValueError as exc:
+            raise ModelFormatError(f"{label}: external data path {location!r} {exc}") from None
         try:
             offset = int(entries.get("offset", "0"))
             length = int(entries["length"]) if "length" in entries else None
         except ValueError:
             raise ModelFormatError(f"{label}: external data offset/length is not a number") from None
         try:
-            info = os.stat(path)
+            fd, info = open_file(path)  # never blocks, even on a FIFO
         except OSError as exc:
             raise FileAccessError(f"{label}: cannot read external data {path}: {exc.strerror}") from None
-        if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device: never open it
-            raise ModelFormatError(f"{label}: external data {location!r} is not a regular file")
-        size = info.st_size
-        if length is None:
-            length = size - offset
-        if offset < 0 or length < 0 or offset + length > size:
-            raise ModelFormatError(
-                f"{label}: external data range {offset}+{length} is outside {location} ({size} bytes)"
-            )
-        if length != expected:
-            raise ModelFormatError(f"{label}: external data has {length} bytes, expected {expected}")
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(length)
+            if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device: never read it
+                raise ModelFormatError(f"{label}: external data {location!r} is not a regular file")
+            size = info.st_size
+            if length is None:
+                length = size - offset
+            if offset < 0 or length < 0 or offset + length > size:
+                raise ModelFormatError(
+                    f"{label}: external data range {offset}+{length} is outside {location} ({size} bytes)"
+                )
+            if length != expected:
+                raise ModelFormatError(f"{label}: external data has {length} bytes, expected {expected}")
+            os.lseek(fd, offset, os.SEEK_SET)
+            data = read_at_most(fd, length)
         except OSError as exc:
             raise FileAccessError(f"{label}: cannot read external data {path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
         if len(data) != length:
             raise ModelFormatError(f"{label}: external data {location!r} ended early")
         return data
-
-
-def _inside(folder: str, path: str) -> bool:
-    try:
-        return os.path.commonpath([folder, path]) == folder
-    except ValueError:  # different drives on Windows
-        return False
 
 
 def _string_pair(buf: memoryview) -> tuple[str, str]:

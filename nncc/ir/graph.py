@@ -104,30 +104,53 @@ def normalize_domain(domain: str) -> str:
 
 
 def topological_order(graph: Graph) -> list[Node]:
-    """Nodes in an order where every input is produced before use (Kahn's algorithm).
+    """Nodes in an order where every input is produced before use (Kahn's algorithm, the
+    ready node that comes first in the file going first: linear time whatever the order).
 
     Keeps the file order where it is already valid, so results are deterministic.
-    Raises ValueError on a cycle or a value nobody produces.
+    Raises ModelFormatError (bad input) on a cycle, a node that consumes its own output,
+    or a value nobody produces, naming the node.
     """
+    import heapq
+
+    from nncc.errors import ModelFormatError
+
     available = set(graph.inputs) | set(graph.initializers) | {""}
-    pending = list(graph.nodes)
+    nodes = graph.nodes
+    waiting: dict[str, list[int]] = {}
+    remaining = [0] * len(nodes)
+    ready: list[int] = []
+    for i, node in enumerate(nodes):
+        needs = {name for name in node.inputs if name not in available}
+        remaining[i] = len(needs)
+        for name in needs:
+            waiting.setdefault(name, []).append(i)
+        if not needs:
+            ready.append(i)
+    heapq.heapify(ready)
     ordered: list[Node] = []
-    while pending:
-        progressed = []
-        rest = []
-        for node in pending:
-            if all(name in available for name in node.inputs):
-                progressed.append(node)
-                available.update(node.outputs)
-            else:
-                rest.append(node)
-        if not progressed:
-            missing = sorted({n for node in rest for n in node.inputs if n not in available})
-            raise ValueError(
-                f"graph has a cycle or uses values nobody produces: {', '.join(missing[:5])}"
-            )
-        ordered.extend(progressed)
-        pending = rest
+    while ready:
+        i = heapq.heappop(ready)
+        ordered.append(nodes[i])
+        for name in nodes[i].outputs:
+            if name in available:
+                continue
+            available.add(name)
+            for j in waiting.pop(name, ()):
+                remaining[j] -= 1
+                if remaining[j] == 0:
+                    heapq.heappush(ready, j)
+    if len(ordered) < len(nodes):
+        produced = {name for node in nodes for name in node.outputs if name}
+        stuck = next(node for i, node in enumerate(nodes) if remaining[i])
+        missing = sorted(name for name in stuck.inputs if name not in available)
+        orphans = [name for name in missing if name not in produced]
+        if orphans:
+            raise ModelFormatError(f"{stuck.label()} uses {orphans[0]!r}, which no node, input or "
+                                   "initializer produces")
+        if any(name in stuck.outputs for name in missing):
+            raise ModelFormatError(f"{stuck.label()} consumes its own output {missing[0]!r}")
+        raise ModelFormatError(f"the graph has a cycle through {stuck.label()} (input {missing[0]!r})")
     return ordered
 
 

@@ -28,12 +28,16 @@ from nncc.kernels.shapes import same_as
 
 def _work(x: np.ndarray) -> np.ndarray:
     """The array to compute on: float16 and bfloat16 are widened to float32 (rounded back by
-    the caller)."""
+    the caller), and a 0-d input is viewed as 1-d (numpy gives scalars, not arrays, for 0-d
+    operations, and the kernels write into their intermediate results with ``out=``)."""
+    x = x.reshape(1) if x.ndim == 0 else x
     return x.astype(np.float32) if x.dtype == np.float16 or x.dtype.name == "bfloat16" else x
 
 
-def _done(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    return y if y.dtype == dtype else y.astype(dtype)
+def _done(y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The result in the input's dtype and shape (see _work)."""
+    y = y if y.dtype == x.dtype else y.astype(x.dtype)
+    return y.reshape(()) if x.ndim == 0 else y
 
 
 # ONNX FLOAT attribute defaults are float32 values; onnxruntime applies exactly those even to
@@ -70,7 +74,7 @@ def relu(ctx, x, out=None):
         return bound(x, np.maximum, 0.0, out[0])  # faster still, bit-identical
     if out is not None and w.dtype == x.dtype:
         return np.clip(w, w.dtype.type(0), _inf(w.dtype, 1), out=out[0])
-    return _done(np.clip(w, w.dtype.type(0), _inf(w.dtype, 1)), x.dtype)
+    return _done(np.clip(w, w.dtype.type(0), _inf(w.dtype, 1)), x)
 
 
 @kernel("LeakyRelu", since=1, shape=same_as(0))
@@ -79,7 +83,7 @@ def leaky_relu(ctx, x):
     y = np.multiply(x, alpha)
     if 0 <= alpha <= 1:
         # max(x, alpha*x) == x for x >= 0 and alpha*x for x < 0 (NaN propagates).
-        return np.maximum(x, y, out=y)
+        return np.maximum(x, y, out=y) if x.ndim else np.asarray(np.maximum(x, y))
     return np.where(x < 0, y, x)
 
 
@@ -87,13 +91,14 @@ def leaky_relu(ctx, x):
 def sigmoid(ctx, x, out=None):
     w = _work(x)
     # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving the correct 0.
-    y = np.negative(w, out=out[0]) if out is not None and w.dtype == x.dtype else np.negative(w)
+    y = (np.negative(w, out=out[0].reshape(w.shape)) if out is not None and w.dtype == x.dtype
+         else np.negative(w))
     with np.errstate(over="ignore"):
         np.exp(y, out=y)
     one = y.dtype.type(1)
     y += one
     np.divide(one, y, out=y)
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 @kernel("Tanh", since=1, shape=same_as(0), writes_out=True)
@@ -112,7 +117,7 @@ def _hard_sigmoid(w: np.ndarray, alpha: float, beta: float) -> np.ndarray:
 def hard_sigmoid(ctx, x):
     _check_float("HardSigmoid", x)
     w = _work(x)
-    return _done(_hard_sigmoid(w, ctx.get("alpha", _F32_0_2), ctx.get("beta", 0.5)), x.dtype)
+    return _done(_hard_sigmoid(w, ctx.get("alpha", _F32_0_2), ctx.get("beta", 0.5)), x)
 
 
 @kernel("HardSwish", since=14, shape=same_as(0))
@@ -121,7 +126,7 @@ def hard_swish(ctx, x):
     w = _work(x)
     y = _hard_sigmoid(w, 1.0 / 6.0, 0.5)
     y *= w
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 def _neg_part(w: np.ndarray) -> np.ndarray:
@@ -145,7 +150,7 @@ def elu(ctx, x):
     np.expm1(y, out=y)
     y *= w.dtype.type(ctx.get("alpha", 1.0))
     y += _pos_part(w)
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 _SELU_ALPHA = 1.67326319217681884765625
@@ -165,7 +170,7 @@ def selu(ctx, x):
     p = _pos_part(w)
     p *= t(gamma)
     y += p
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 def _softplus(w: np.ndarray) -> np.ndarray:
@@ -181,7 +186,7 @@ def _softplus(w: np.ndarray) -> np.ndarray:
 @kernel("Softplus", since=1, shape=same_as(0))
 def softplus(ctx, x):
     _check_float("Softplus", x)
-    return _done(_softplus(_work(x)), x.dtype)
+    return _done(_softplus(_work(x)), x)
 
 
 def _prelu_slope(ctx, x_shape, slope_shape):
@@ -229,7 +234,7 @@ def _clip(x, lo, hi):
     t = w.dtype.type
     lo = _inf(w.dtype, -1) if lo is None else t(lo)
     hi = _inf(w.dtype, 1) if hi is None else t(hi)
-    return _done(np.clip(w, lo, hi), x.dtype)
+    return _done(np.clip(w, lo, hi), x)
 
 
 @kernel("Clip", since=1, shape=same_as(0))
@@ -556,7 +561,7 @@ def gelu(ctx, x):
         inner += c(1)
         inner *= w
         inner *= c(0.5)
-        return _done(inner, x.dtype)
+        return _done(inner, x)
     raise KernelError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
@@ -703,7 +708,7 @@ def _softmax_general(ctx, x, log: bool, coerce_2d: bool):
             return x.copy()
         else:
             y = _softmax_axis(w, axis + rank if axis < 0 else axis, log)
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 @kernel("Softmax", since=1, shape=_softmax_shape, writes_out=True)
@@ -773,7 +778,7 @@ def softsign(ctx, x):
     w = _work(x)
     d = np.abs(w)
     d += w.dtype.type(1)
-    return _done(np.divide(w, d, out=d), x.dtype)
+    return _done(np.divide(w, d, out=d), x)
 
 
 @kernel("ThresholdedRelu", since=10, shape=same_as(0))
@@ -781,7 +786,7 @@ def thresholded_relu(ctx, x):
     _check_float("ThresholdedRelu", x)
     w = _work(x)
     alpha = w.dtype.type(ctx.get("alpha", 1.0))
-    return _done(np.where(w > alpha, w, w.dtype.type(0)), x.dtype)
+    return _done(np.where(w > alpha, w, w.dtype.type(0)), x)
 
 
 @kernel("Shrink", since=9, shape=same_as(0))
@@ -794,7 +799,7 @@ def shrink(ctx, x):
     bias = w.dtype.type(ctx.get("bias", 0.0))
     y = np.where(w < -lambd, w + bias, np.where(w > lambd, w - bias, w.dtype.type(0)))
     with np.errstate(invalid="ignore"):  # integers out of range wrap like any numpy cast
-        return _done(y, x.dtype)
+        return _done(y, x)
 
 
 def _celu(w: np.ndarray, alpha: float) -> np.ndarray:
@@ -820,9 +825,9 @@ def celu(ctx, x):
         with np.errstate(over="ignore"):
             t = w.dtype.type
             y = _pos_part(w) + np.minimum(t(0), t(alpha) * np.expm1(w / t(alpha)))
-        return _done(y, x.dtype)
+        return _done(y, x)
     with np.errstate(over="ignore"):
-        return _done(_celu(w, alpha), x.dtype)
+        return _done(_celu(w, alpha), x)
 
 
 @kernel("Mish", since=18, shape=same_as(0))
@@ -832,7 +837,7 @@ def mish(ctx, x):
     y = _softplus(w)
     np.tanh(y, out=y)
     y *= w
-    return _done(y, x.dtype)
+    return _done(y, x)
 
 
 def _swish(w: np.ndarray, alpha: float) -> np.ndarray:
@@ -848,7 +853,7 @@ def _swish(w: np.ndarray, alpha: float) -> np.ndarray:
 @kernel("Swish", since=24, shape=same_as(0))
 def swish(ctx, x):
     _check_float("Swish", x)
-    return _done(_swish(_work(x), float(ctx.get("alpha", 1.0))), x.dtype)
+    return _done(_swish(_work(x), float(ctx.get("alpha", 1.0))), x)
 
 
 def _swiglu_shape(ctx, a, b):
@@ -871,4 +876,4 @@ def swiglu(ctx, a, b):
                           "must have the same dtype and shape")
     y = _swish(_work(a), float(ctx.get("alpha", 1.0)))
     y *= _work(b)
-    return _done(y, a.dtype)
+    return _done(y, a)

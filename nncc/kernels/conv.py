@@ -26,6 +26,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.depthwise import depthwise_conv
 from nncc.kernels.registry import kernel
 from nncc.kernels.workspace import kept, shared
+from nncc.util.limits import check_shape
 
 _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -140,6 +141,7 @@ def _pad_spatial(x: np.ndarray, begin, end, value=0, scratch=None) -> np.ndarray
     if not any(b) and not any(e):
         return x
     shape = x.shape[:2] + tuple(x.shape[2 + i] + b[i] + e[i] for i in range(len(b)))
+    check_shape(shape, x.dtype.itemsize, f"the padded input {list(shape)}")  # pads come from the model
     if scratch is not None and value == 0:
         out = _scratch(scratch, ("padded", tuple(b), tuple(e)), shape, x.dtype, zero=True)
     else:
@@ -177,6 +179,8 @@ def _phase_layout(x_shape, pads_begin, pads_end, kernel_shape, strides, dilation
     if not (all(b >= 0 for b in pads_begin) and all(e >= 0 for e in pads_end)
             and flat_len <= 1.2 * math.prod(out_sizes)):
         return None
+    if any(st > size for st, size in zip(strides, x_shape[2:])):  # strides past the input (or
+        return None  # huge pads): one Python step per phase, more phases than input elements
     suffix = [math.prod(phase_sizes[i + 1:]) for i in range(nd)]
     tap_src = []
     for offs in itertools.product(*(range(k) for k in kernel_shape)):
@@ -447,7 +451,8 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
             target = None if out is None else out.reshape(n, group, mg, p)
             y = np.matmul(w.reshape(group, mg, cg), xs.reshape(n, group, cg, p), out=target)
         return out if out is not None else y.reshape((n, m) + tuple(out_sizes))
-    if group == c and cg == 1:
+    # the depthwise layout takes one Python step per stride phase: not for strides past the input
+    if group == c and cg == 1 and all(st <= x.shape[2 + i] for i, st in enumerate(strides)):
         return depthwise_conv(x, w, kernel_shape, strides, dilations, pb, pe, out_sizes, scratch, out)
     rows = _band_rows(tuple(x.shape), w.nbytes, x.dtype.itemsize, tuple(pb), tuple(pe), tuple(kernel_shape),
                       tuple(strides), tuple(dilations), tuple(out_sizes))

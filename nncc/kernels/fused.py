@@ -143,6 +143,7 @@ def _fused_onnx(op_type: str):
         return apply_activation(ctx, y)
 
     run.__name__ = f"fused_{op_type.lower()}"
+    run.arity = (2, 3)  # (required, most) inputs, as the wrapped Conv and Gemm take (KernelDef.arity)
     kernel(f"Fused{op_type}", since=1, domain="nncc", shape=shape, writes_out=True)(run)
     return run
 

@@ -18,6 +18,7 @@ from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
+from nncc.util.limits import check_bytes, check_shape
 from nncc.kernels.tensor import (
     SYM, _fold, _freeze, _operand_length, _out, _set_contents, _shape_operand, _sym,
     _symbolic_array,
@@ -185,6 +186,7 @@ def constant_of_shape(ctx, shape_in):
     dims = tuple(int(d) for d in np.asarray(shape_in).reshape(-1))
     if any(d < 0 for d in dims):
         raise KernelError(f"ConstantOfShape shape {dims} has negative dims")
+    check_shape(dims, value.dtype.itemsize, f"ConstantOfShape output {list(dims)}")  # before allocating
     if value[0] == 0 and value.dtype != object:
         return np.zeros(dims, dtype=value.dtype)
     return np.full(dims, value[0], dtype=value.dtype)
@@ -274,6 +276,7 @@ def range_kernel(ctx, start, limit, delta):
     s, l, d = (_scalar(v, n, KernelError) for v, n in zip(
         (start, limit, delta), ("start", "limit", "delta")))
     count = _range_count(s, l, d, dtype, KernelError)
+    check_bytes(count * max(8, dtype.itemsize), f"Range output of {count:,} elements")  # before allocating
     if dtype.kind in "iu":
         return np.arange(int(s), int(s) + count * int(d), int(d), dtype=dtype)[:count]
     return (float(s) + np.arange(count, dtype=np.float64) * float(d)).astype(dtype)

@@ -10,6 +10,8 @@ Resolution picks the highest since-version not above the model's opset, as ONNX 
 from __future__ import annotations
 
 import bisect
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -60,6 +62,41 @@ class KernelDef:
     deterministic: bool = True
     # The kernel accepts ``out=(array, ...)``: preallocated outputs it fills and returns.
     writes_out: bool = False
+
+    @functools.cached_property
+    def arity(self) -> tuple[int, int | None]:
+        """(required, most) inputs, read from the kernel's signature: the leading
+        parameters without a default are required (an omitted optional input arrives as
+        None), ``*inputs`` takes any number, ``out`` is not an input. A wrapper taking
+        ``*args`` for another kernel declares its own as ``fn.arity``."""
+        declared = getattr(self.fn, "arity", None)
+        if declared is not None:
+            return declared
+        required, most = 0, 0
+        for p in list(inspect.signature(self.fn).parameters.values())[1:]:
+            if p.kind is p.VAR_POSITIONAL:
+                return required, None
+            if p.kind is not p.POSITIONAL_OR_KEYWORD or p.name == "out":
+                continue
+            most += 1
+            if p.default is p.empty and required == most - 1:
+                required = most
+        return required, most
+
+    def check_inputs(self, present: list[bool], where: str) -> str | None:
+        """Why these inputs (``present[i]``: input i is given, not the empty name) cannot
+        be fed to the kernel, or None when they can."""
+        required, most = self.arity
+        if len(present) < required:
+            return f"{where} has {len(present)} input(s); {self.op_type} needs at least {required}"
+        if most is not None and len(present) > most:
+            return f"{where} has {len(present)} inputs; {self.op_type} takes at most {most}"
+        if most is None and not present:
+            return f"{where} has no inputs; {self.op_type} needs at least one"
+        for i in range(required if most is not None else len(present)):  # variadic: every one
+            if not present[i]:
+                return f"{where}: input {i} of {self.op_type} is required but given as the empty name"
+        return None
 
     @property
     def key(self) -> str:

@@ -17,6 +17,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
+from nncc.util.limits import check_shape
 
 _MODES = ("nearest", "linear", "cubic")
 _COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -293,6 +294,8 @@ def _resize(ctx, x, roi, scales, sizes):
     if x.ndim == 0:
         raise KernelError("Resize: input must have rank >= 1")
     out_sizes, factors = _plan(ctx, x.shape, scales, sizes, KernelError)
+    # scales or sizes from the model: the output (and its per-axis tables) checked before allocating
+    check_shape(out_sizes, max(4, x.dtype.itemsize), f"Resize output {list(out_sizes)}")
     axes = _axes(ctx, x.ndim, KernelError)
     roi_full = None
     if opts["coord"] == "tf_crop_and_resize":

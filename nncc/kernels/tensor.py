@@ -33,6 +33,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import Dim, TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast, known_value
+from nncc.util.limits import check_shape
 
 FOLD_LIMIT = 1024  # outputs up to this many elements get their value computed at compile time
 SYM = "sym_value"  # private TensorInfo attribute: partly symbolic contents (object ndarray)
@@ -947,6 +948,7 @@ def tile(ctx, x, repeats, axis=None):
         split = tuple(d for dim in x.shape for d in (1, dim))
         spread = tuple(d for rd in zip(reps, x.shape) for d in rd)
         merged = tuple(r * d for r, d in zip(reps, x.shape))
+        check_shape(merged, x.dtype.itemsize, f"Tile output {list(merged)}")  # before allocating
         plan = (key, split, spread, merged)
         if key is not None:
             ctx.scratch["tile plan"] = plan
@@ -1042,6 +1044,7 @@ class _PadPlan:
             widths = [(max(b, 0), max(e, 0)) for b, e in widths]
         self.noop = all(b == 0 and e == 0 for b, e in widths)
         self.out_shape = tuple(d + b + e for d, (b, e) in zip(shape, widths))
+        check_shape(self.out_shape, data.dtype.itemsize, f"Pad output {list(self.out_shape)}")  # pads from the model
         self.interior = interior = tuple(slice(b, b + d) for d, (b, _) in zip(shape, widths))
         # Per padded axis, in order (as np.pad does: an axis' border spans the borders of
         # the axes padded before it): (destination slab, source region, source positions).
@@ -1131,9 +1134,10 @@ def _pad(ctx, data, pads=None, constant_value=None, axes=None):
         widths = [(max(b, 0), max(e, 0)) for b, e in widths]
     if all(b == 0 and e == 0 for b, e in widths):
         return data.view()
+    out_shape = tuple(d + b + e for d, (b, e) in zip(data.shape, widths))
+    check_shape(out_shape, data.dtype.itemsize, f"Pad output {list(out_shape)}")  # pads from the model
     if mode == "constant":
         value = _pad_value(ctx, constant_value)
-        out_shape = tuple(d + b + e for d, (b, e) in zip(data.shape, widths))
         if data.dtype == object:
             out = np.full(out_shape, "" if value == 0 else value, dtype=object)
         else:

@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from nncc.util.limits import check_shape
+
 SLAB = 8 << 20
 ALIGN = 64
 _SLABS = ("workspace slabs",)  # the workspace key of [current slab, bytes used]
@@ -26,9 +28,10 @@ def carve(workspace: dict | None, shape, dtype, zero: bool = False) -> np.ndarra
     (zero-filled with ``zero``); a plain new array when there is no workspace."""
     dtype = np.dtype(dtype)
     if workspace is None:
+        check_shape((shape,) if isinstance(shape, (int, np.integer)) else shape, dtype.itemsize, "a temporary buffer")
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
     shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = check_shape(shape, dtype.itemsize, f"a temporary buffer of shape {list(shape)}")  # before allocating
     need = -(-max(nbytes, 1) // ALIGN) * ALIGN
     held = workspace.get(_SLABS)
     if held is None or held[1] + need > held[0].nbytes:

@@ -63,8 +63,9 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     elif op == "Clip":
         data_inputs = node.inputs[:1]
         for bound in node.inputs[1:]:
-            if bound and _const(graph, infos, bound) is None:
-                return "Clip bounds are not constants"
+            value = _const(graph, infos, bound) if bound else 0.0
+            if value is None or np.size(value) != 1 or np.asarray(value).dtype.kind != "f":
+                return "Clip bounds are not float constant scalars"
     elif op == "Dropout":
         data_inputs = node.inputs[:1]
         if len([o for o in node.outputs if o]) > 1:

@@ -55,6 +55,10 @@ _LAYOUT = frozenset({
     "Expand", "Flatten", "Identity", "Reshape", "Squeeze", "Tile", "Transpose", "Unsqueeze",
 })
 _SHAPE_OF = frozenset({"Shape", "Size"})
+# Ops whose output can be far larger than their inputs: without a predicted output size
+# (shape inference failed) they are never folded, so folding never materializes a tensor
+# that only the run-time bounds (nncc.util.limits) would have refused.
+_GROWING = frozenset({"Expand", "OneHot", "Pad", "Range", "Resize", "Tile", "Upsample"})
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -123,6 +127,8 @@ def _try_fold(graph: Graph, node: Node, consts: dict, infos: dict) -> list[np.nd
             splat = _fold_splat(node, definition, ctx, args, tuple(infos[out].shape))
             if splat is not None:
                 return splat
+        if predicted is None and node.op_type in _GROWING:
+            return None
         if predicted is not None:
             stored = sum(storage_elements(a) for a in args if a is not None)
             limit = max(SMALL_ELEMENTS, GROWTH * stored)

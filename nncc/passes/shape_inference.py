@@ -14,6 +14,7 @@ from nncc.errors import NnccError, ShapeInferenceError
 from nncc.ir.graph import Graph, TensorInfo, topological_order
 from nncc.kernels.registry import Ctx, resolve
 from nncc.kernels.shapes import numel
+from nncc.util.limits import MAX_RANK
 
 # Outputs up to this many elements are computed when all inputs are constants.
 VALUE_PROPAGATION_LIMIT = 4096
@@ -42,6 +43,9 @@ def infer_shapes(graph: Graph, inputs: dict[str, TensorInfo] | None = None) -> d
         if len(outs) < len([o for o in node.outputs if o]):
             raise ShapeInferenceError(f"{node.label()}: shape function gave too few outputs")
         for name, info in zip(node.outputs, outs):
+            if info.shape is not None and len(info.shape) > MAX_RANK:
+                raise ShapeInferenceError(f"{node.label()}: output {name!r} would have rank {len(info.shape)}; "
+                                          f"at most {MAX_RANK} dimensions are supported")
             if name:
                 infos[name] = info
     return infos
@@ -72,6 +76,10 @@ def _evaluate(definition, ctx, args, node) -> list[TensorInfo] | None:
     try:
         result = definition.fn(ctx, *[a.value if a is not None else None for a in args])
     except NnccError as exc:
+        raise ShapeInferenceError(f"{node.label()}: {exc}") from None
+    except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
+        # what the executor reports as a kernel failing on its values (KernelError), here
+        # on the model's own constants: the model is inconsistent
         raise ShapeInferenceError(f"{node.label()}: {exc}") from None
     results = result if isinstance(result, tuple) else (result,)
     return [TensorInfo.of(np.asarray(r)) for r in results]

@@ -76,11 +76,13 @@ from blake3 import blake3
 
 from nncc.errors import PlanFormatError
 from nncc.ir import low_precision
+from nncc.kernels.attributes import attribute_problem
 from nncc.plan.memory import aligned_constant, is_splat
 from nncc.ir.graph import KINDS
 from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.plan.subgraph import GraphChecker
 from nncc.util.files import ARTIFACT_MAGIC
+from nncc.util.limits import MAX_RANK, check_bytes, check_shape, element_count
 
 MAGIC = ARTIFACT_MAGIC
 FORMAT_VERSION = 1
@@ -373,6 +375,16 @@ class _Validator:
         instructions = []
         for entry in self.get("instructions", list):
             ins = self.instruction(entry, len(kernels), n, constants)
+            definition = by_key(kernels[ins.kernel])
+            where = f"instruction {len(instructions)} ({definition.op_type})"
+            why = definition.check_inputs([s >= 0 for s in ins.inputs], where)
+            for name, value in ins.attrs.items():  # the types the ONNX frontend also checks
+                tensor = isinstance(value, dict)  # {"$tensor": slot}, checked by attr()
+                problem = attribute_problem(definition.op_type, definition.domain, name,
+                                            constants[value["$tensor"]] if tensor else value)
+                why = why or (problem and f"{where}: {problem}")
+            if why:  # the kernel could not even be called with these operands
+                raise PlanFormatError(why)
             for s in ins.inputs:
                 if s >= 0 and s not in defined:
                     raise PlanFormatError(f"instruction {len(instructions)} reads slot {s} before it is written")
@@ -386,6 +398,9 @@ class _Validator:
                 raise PlanFormatError(f"output slot {s} is never written")
         partitions = [self.partition(e, len(instructions)) for e in self.get("partitions", list)]
         arena_bytes = self.get("arena_bytes", int)
+        if arena_bytes < 0:
+            raise PlanFormatError("arena_bytes is negative")
+        check_bytes(arena_bytes, "the plan's arena", PlanFormatError)
         arena = {}
         for entry in self.get("arena", list):
             if not (isinstance(entry, list) and len(entry) == 2):
@@ -461,16 +476,20 @@ class _Validator:
             if dtype is None:
                 raise PlanFormatError(f"slot {name!r} has unsupported dtype {entry[1]!r}")
         if shape is not None:
-            if type(shape) is not list or len(shape) > 32:
+            if type(shape) is not list or len(shape) > MAX_RANK:
                 raise PlanFormatError(f"slot {name!r} has a bad shape")
             for d in shape:
                 if not (0 <= d < 2**40 if type(d) is int else d is None or type(d) is str):
                     raise PlanFormatError(f"slot {name!r} has a bad dimension {d!r}")
             shape = tuple(shape)
+            if dtype is not None:  # the static part alone must fit in memory
+                check_shape([d for d in shape if type(d) is int], dtype.itemsize, f"slot {name!r}",
+                            PlanFormatError)
         return Slot(name, dtype, shape, kind)
 
     def constants(self, slots: list[Slot]) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}
+        expanded = 0  # bytes the broadcast constants take once expanded (runtime/expansion.py)
         for entry in self.get("constants", list):
             if not (isinstance(entry, list) and len(entry) in (4, 5)):
                 raise PlanFormatError("bad constant entry")
@@ -526,6 +545,9 @@ class _Validator:
                 array = aligned_constant(raw.reshape(stored))
                 if expand is not None:  # a read-only view, as constant folding made it
                     array = np.broadcast_to(array, info.shape)
+            if storage == "splat" or expand is not None:
+                expanded += element_count(info.shape) * info.dtype.itemsize
+                check_bytes(expanded, "expanding the plan's broadcast constants", PlanFormatError)
             out[slot] = array
         return out
 

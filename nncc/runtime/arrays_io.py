@@ -29,10 +29,36 @@ def _reading(path: str, kind: str):
         raise InputError(f"{path} is not a readable {kind} file ({_first_line(exc)})") from None
 
 
+def _open_regular(path: str, kind: str) -> int:
+    """A descriptor of ``path``, opened without blocking and checked to be a regular file:
+    a FIFO or a device given as an input file is refused, never waited on or read without end."""
+    import os
+    import stat
+
+    from nncc.util.files import kind as file_kind
+    from nncc.util.files import open_file
+
+    with _reading(path, kind):
+        fd, st = open_file(path)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise InputError(f"{path} is {file_kind(st.st_mode)}, not a {kind} file")
+    return fd
+
+
 def load_npy(path: str) -> np.ndarray:
     """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
-    with _reading(path, ".npy"):
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    import os
+
+    fd = _open_regular(path, ".npy")
+    try:
+        # np.load maps by name: on Linux the name of the checked descriptor, so a file
+        # swapped for a FIFO after the check is never opened
+        own = f"/proc/self/fd/{fd}"
+        with _reading(path, ".npy"):
+            array = np.load(own if os.path.exists(own) else path, mmap_mode="r", allow_pickle=False)
+    finally:
+        os.close(fd)
     if not isinstance(array, np.ndarray):  # an .npz archive: np.load opened it as NpzFile
         array.close()
         raise InputError(f"{path} is an .npz archive, not a .npy file; pass it with --inputs {path}")
@@ -40,11 +66,27 @@ def load_npy(path: str) -> np.ndarray:
 
 
 def load_npz(path: str) -> dict[str, np.ndarray]:
-    with _reading(path, ".npz"):
-        archive = np.load(path, allow_pickle=False)
+    """The arrays of an .npz archive, read from the one descriptor that was checked. Each
+    member's header is read first: the sizes it declares (a small compressed member can
+    declare terabytes) are checked against the memory bound before anything is inflated."""
+    import os
+
+    from nncc.util.limits import check_bytes, check_shape
+
+    with os.fdopen(_open_regular(path, ".npz"), "rb") as f, _reading(path, ".npz"):
+        archive = np.load(f, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):  # a plain array has no close()
             raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")
         with archive:
+            total = 0
+            for member in archive.zip.namelist():
+                with archive.zip.open(member) as stream:
+                    version = np.lib.format.read_magic(stream)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, _, dtype = read_header(stream)
+                total += check_shape(shape, dtype.itemsize, f"array {member!r} in {path}")
+                check_bytes(total, f"the arrays in {path}")
             return {name: archive[name] for name in archive.files}
 
 

@@ -15,15 +15,16 @@ from typing import Mapping
 import numpy as np
 
 from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
-from nncc.ir.graph import TensorInfo
+from nncc.ir.graph import OPTIONAL_SEQUENCE, SEQUENCE, TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan, PlanInstruction
 from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
-from nncc.runtime.expansion import expanded
+from nncc.runtime.expansion import expanded, is_broadcast
 from nncc.runtime.feeds import as_value, check_feeds
 from nncc.runtime.native_step import NativeStep
+from nncc.util.limits import LimitError, check_bytes
 
 
 class Executor:
@@ -69,11 +70,16 @@ class Executor:
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
         self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
-        for slot, array in expanded(plan.constants).items():
+        try:
+            dense = expanded(plan.constants)
+        except MemoryError:  # within the bound, but not available right now
+            raise LimitError("expanding this model's constants needs more memory than is available") from None
+        for slot, array in dense.items():
             self.template[slot] = array
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
+        self._kinds = [s.kind for s in plan.slots]
 
     def _program(self, native) -> tuple[list[PlanInstruction], list]:
         """The instructions this executor runs, with their kernel definitions: the portable
@@ -117,7 +123,14 @@ class Executor:
         plan = self.plan
         offsets, size, self.concats = plan_arena(plan.slots, program, writes_out, op_types,
                                                  plan.constants, plan.outputs)
-        self.arena = aligned_empty((size,), np.uint8)
+        # checked before anything is allocated: an impossible size is bad input, not a MemoryError
+        expand = sum(a.nbytes for a in plan.constants.values() if is_broadcast(a))
+        check_bytes(size + expand, f"running this model ({size:,} bytes of intermediates, {expand:,} bytes "
+                                   "of expanded constants)")
+        try:
+            self.arena = aligned_empty((size,), np.uint8)
+        except MemoryError:  # within the bound, but not available right now
+            raise LimitError(f"this model's {size:,} bytes of intermediates are more than is available") from None
         views = {}
         for slot, offset in offsets.items():
             info = plan.slots[slot]
@@ -254,16 +267,23 @@ class Executor:
                     result = fn(ctx, *args, out=out)
                 else:
                     result = fn(ctx, *args)
+            except LimitError as exc:
+                raise LimitError(f"{label}: {exc}") from None
             except NnccError:
                 raise
             except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
                 raise KernelError(f"{label} failed: {exc}") from exc
+            except MemoryError:  # numpy refused an allocation before touching it: too big for this machine
+                raise LimitError(f"{label} needs more memory than this machine can give") from None
             # the common cases first: the kernel wrote into its planned buffer, or returned
             # one fresh array for an intermediate
             if single and (result is out[0] if out is not None else type(result) is np.ndarray):
                 env[outs[0]] = result
             else:
-                self._store(env, outs, result, out, targets)
+                try:
+                    self._store(env, outs, result, out, targets, label)
+                except (ValueError, TypeError) as exc:  # a result that does not fit its planned buffer
+                    raise KernelError(f"{label} gave a result that does not fit its output: {exc}") from exc
             for slot in release:
                 env[slot] = None
         return {slots_name: env[s] for s, slots_name in self._output_names_by_slot}
@@ -273,13 +293,16 @@ class Executor:
         return tuple(None if s < 0 else buffers[s] if s in buffers else targets[s] if s in targets
                      else np.empty(slots[s].shape, slots[s].dtype) for s in outs)
 
-    @staticmethod
-    def _store(env, outs, result, out, targets) -> None:
+    def _store(self, env, outs, result, out, targets, label) -> None:
         if not isinstance(result, tuple):
             result = (result,)
         for i, (slot, value) in enumerate(zip(outs, result)):
             if slot < 0:
                 continue
+            if isinstance(value, list) != (self._kinds[slot] in SEQUENCE_KINDS) and value is not None:
+                # a plan whose kernel ids were changed can route a sequence into a tensor slot
+                raise KernelError(f"{label} produced a {'sequence' if isinstance(value, list) else 'tensor'} "
+                                  f"where the plan declares a {self._kinds[slot]}")
             if out is not None and out[i] is not None and value is not out[i]:
                 np.copyto(out[i], value)  # a kernel that could not write in place
                 value = out[i]
@@ -311,6 +334,7 @@ class Executor:
 
 
 _NATIVE_OP = "NativeCall"
+SEQUENCE_KINDS = (SEQUENCE, OPTIONAL_SEQUENCE)
 
 
 class _NativeDef:

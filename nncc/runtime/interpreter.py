@@ -10,25 +10,26 @@ from typing import Mapping
 
 import numpy as np
 
-from nncc.errors import KernelError, NnccError
+from nncc.errors import KernelError, ModelFormatError, NnccError
 from nncc.ir.graph import Graph, TensorInfo, topological_order
 from nncc.kernels.registry import Ctx, resolve
+from nncc.passes.validate import check_attributes
 from nncc.runtime.feeds import as_value, check_feeds
+from nncc.util.limits import LimitError
 
 
 class Interpreter:
     def __init__(self, graph: Graph):
         self.graph = graph
-        try:
-            order = topological_order(graph)
-        except ValueError as exc:
-            from nncc.errors import ModelFormatError
-
-            raise ModelFormatError(str(exc)) from None
+        order = topological_order(graph)
         self.steps = []
         for node in order:
             opset = graph.opset(node.domain)
             definition = resolve(node.op_type, node.domain, opset)
+            check_attributes(node)
+            why = definition.check_inputs([bool(name) for name in node.inputs], node.label())
+            if why:
+                raise ModelFormatError(why)
             ctx = Ctx(node.attrs, opset, len(node.outputs), node.name)
             self.steps.append((node, definition.fn, ctx))
         self._release_after = self._last_uses(order)
@@ -63,10 +64,14 @@ class Interpreter:
             args = [env[name] if name else None for name in node.inputs]
             try:
                 result = fn(ctx, *args)
+            except LimitError as exc:
+                raise LimitError(f"{node.label()}: {exc}") from None
             except NnccError:
                 raise
             except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
                 raise KernelError(f"{node.label()} failed: {exc}") from exc
+            except MemoryError:  # numpy refused an allocation before touching it
+                raise LimitError(f"{node.label()} needs more memory than this machine can give") from None
             results = result if isinstance(result, tuple) else (result,)
             for name, value in zip(node.outputs, results):
                 if name:

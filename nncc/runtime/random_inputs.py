@@ -17,12 +17,17 @@ from blake3 import blake3
 from nncc.errors import InputError
 from nncc.ir import low_precision
 from nncc.ir.graph import TensorInfo
+from nncc.util.limits import check_bytes, check_shape
 
 
-def random_bits(seed: int, name: str, count: int) -> np.ndarray:
-    """``count`` uniformly random uint64 words, a pure function of (seed, name)."""
+CHUNK = 1 << 20  # values made at a time: the peak stays near the input's own size
+
+
+def random_bits(seed: int, name: str, count: int, start: int = 0) -> np.ndarray:
+    """``count`` uniformly random uint64 words, a pure function of (seed, name): words
+    ``start`` to ``start + count`` of one endless stream (blake3's output, seekable)."""
     key = f"nncc random inputs\0{seed}\0{name}".encode()
-    return np.frombuffer(blake3(key).digest(length=8 * count), dtype=np.uint64)
+    return np.frombuffer(blake3(key).digest(length=8 * count, seek=8 * start), dtype=np.uint64)
 
 
 def _unit(bits: np.ndarray) -> np.ndarray:
@@ -30,20 +35,39 @@ def _unit(bits: np.ndarray) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def standard_normal(seed: int, name: str, count: int) -> np.ndarray:
+def standard_normal(seed: int, name: str, count: int, dtype=np.float64) -> np.ndarray:
+    """Box-Muller over word pairs (i, pairs + i): value i is r*cos, value pairs + i is r*sin.
+    Made CHUNK pairs at a time straight into the result."""
     pairs = -(-count // 2)
-    bits = random_bits(seed, name, 2 * pairs)
-    radius = np.sqrt(-2.0 * np.log1p(-_unit(bits[:pairs])))  # 1 - u lies in (0, 1]: no log(0)
-    angle = (2.0 * math.pi) * _unit(bits[pairs:])
-    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+    out = np.empty(count, dtype)
+    for lo in range(0, pairs, CHUNK):
+        hi = min(lo + CHUNK, pairs)
+        radius = np.sqrt(-2.0 * np.log1p(-_unit(random_bits(seed, name, hi - lo, lo))))  # log1p(-u): no log(0)
+        angle = (2.0 * math.pi) * _unit(random_bits(seed, name, hi - lo, pairs + lo))
+        out[lo:hi] = radius * np.cos(angle)
+        top = min(hi, count - pairs)  # the sines that exist (an odd count drops the last)
+        if top > lo:
+            out[pairs + lo:pairs + top] = (radius * np.sin(angle))[:top - lo]
+    return out
+
+
+def _words(seed: int, name: str, count: int, dtype, convert) -> np.ndarray:
+    out = np.empty(count, dtype)
+    for lo in range(0, count, CHUNK):
+        hi = min(lo + CHUNK, count)
+        out[lo:hi] = convert(random_bits(seed, name, hi - lo, lo))
+    return out
 
 
 def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
                  dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Seeded random inputs matching declared dtypes and shapes (symbolic dims default to 1,
-    or to their value in ``dims``)."""
+    or to their value in ``dims``). An input too large to allocate is bad input (LimitError)."""
     feeds = {}
+    total = 0
     for name, info in declared.items():
+        if not name:
+            raise InputError("the model declares an input with an empty name; it cannot be fed")
         if info.kind.startswith("optional"):
             continue  # left out: the model sees an empty optional
         if info.dtype is None or info.shape is None:
@@ -52,19 +76,21 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
             d if isinstance(d, int) else (dims or {}).get(d, 1) if isinstance(d, str) else 1
             for d in info.shape
         )
+        total += check_shape(shape, info.dtype.itemsize, f"random input {name!r} of shape {list(shape)}")
+        check_bytes(total, "the random inputs together")
         count = math.prod(shape)
         kind = info.dtype.kind
         if low_precision.is_integer(info.dtype):  # int4, uint4, int2, uint2: 0, 1, 2... as room allows
             top = min(low_precision.integer_range(info.dtype)[1] + 1, 10)
             value = low_precision.convert(random_bits(seed, name, count) % np.uint64(top), info.dtype)
         elif low_precision.is_float(info.dtype):  # bfloat16, float8, float4: rounded normals
-            value = low_precision.convert(standard_normal(seed, name, count), info.dtype)
+            value = low_precision.convert(standard_normal(seed, name, count, np.float32), info.dtype)
         elif kind == "f":
-            value = standard_normal(seed, name, count).astype(info.dtype)
+            value = standard_normal(seed, name, count, info.dtype)
         elif kind == "b":
-            value = (random_bits(seed, name, count) & np.uint64(1)).astype(bool)
+            value = _words(seed, name, count, bool, lambda w: w & np.uint64(1))
         elif kind in "iu":
-            value = (random_bits(seed, name, count) % np.uint64(10)).astype(info.dtype)
+            value = _words(seed, name, count, info.dtype, lambda w: w % np.uint64(10))
         else:
             raise InputError(f"cannot make random values for input {name!r} of dtype {info.dtype}")
         feeds[name] = value.reshape(shape)

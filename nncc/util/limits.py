@@ -1,0 +1,95 @@
+"""How much memory one model may make nncc allocate, checked before allocating.
+
+A model or artifact is untrusted input: a few bytes can declare a tensor of 2**40
+elements. Every size nncc derives from one (a plan's arena, expanded constants, a folded
+constant, a random input, a model read from a pipe) is checked here first, and a size that
+cannot fit is reported as bad input instead of ending in a MemoryError or the kernel's
+OOM killer.
+
+The bound is ``$NNCC_MAX_MEMORY`` (``500M``, ``8G``, ...) when set, else the machine's
+physical memory, or the process's address-space limit (``ulimit -v``) when that is lower.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from nncc.errors import InputError, NnccError
+
+ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"
+MAX_RANK = 32  # numpy's limit before numpy 2 (64 since): no ONNX model needs more dims
+PIPE_LIMIT = 2 << 30  # a model or artifact read from a pipe (ONNX's own protobuf limit is 2 GiB)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class LimitError(NnccError):
+    """A model or artifact needs more memory than nncc may allocate (bad input)."""
+
+    exit_code = 2
+    hint = f"raise the bound with {ENV_MAX_MEMORY}=SIZE if the machine really has the memory"
+
+
+def memory_limit() -> int:
+    """The most bytes one model may allocate: $NNCC_MAX_MEMORY, else physical memory
+    (or the address-space limit when lower)."""
+    text = os.environ.get(ENV_MAX_MEMORY, "").strip().lower()
+    if text:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text)
+        if not m:
+            raise InputError(f"{ENV_MAX_MEMORY}={text!r} is not a size: use a number with an optional "
+                             "K, M, G or T suffix (e.g. 8G)")
+        return int(float(m.group(1)) * _UNITS[m.group(2)])
+    return _machine_limit()
+
+
+def _machine_limit() -> int:
+    limit = 1 << 62
+    try:
+        limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # not POSIX: no physical bound known
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limit = min(limit, soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return limit
+
+
+def element_count(shape) -> int:
+    """The product of a static shape's dims, as a Python int (never overflows)."""
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count
+
+
+def check_bytes(nbytes: int, what: str, error: type[NnccError] = LimitError) -> int:
+    """``nbytes`` if it fits in the bound, else ``error`` naming ``what``."""
+    limit = memory_limit()
+    if nbytes > limit:
+        raise error(f"{what} needs {_size(nbytes)}, more than the {_size(limit)} nncc may allocate "
+                    f"({ENV_MAX_MEMORY})")
+    return nbytes
+
+
+def check_shape(shape, itemsize: int, what: str, error: type[NnccError] = LimitError) -> int:
+    """The byte size of a static shape, checked: rank at most MAX_RANK, no negative dim,
+    and the bytes within the bound. Raises ``error`` otherwise."""
+    shape = tuple(shape)
+    if len(shape) > MAX_RANK:
+        raise error(f"{what} has rank {len(shape)}; at most {MAX_RANK} dimensions are supported")
+    if any(int(d) < 0 for d in shape):
+        raise error(f"{what} has a negative dimension {list(shape)}")
+    return check_bytes(element_count(shape) * itemsize, what, error)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
