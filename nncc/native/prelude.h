@@ -307,61 +307,72 @@ static void nn_act_row(float *row, const float *res, int64_t n, int act, float p
     else if (act != NN_NONE) for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i], p0, p1);
 }
 
-/* Depthwise convolution (group == C == K): per output row, each kernel row's taps are
- * accumulated over the columns where all of them are inside the input, in one pass;
- * the border columns take the taps one by one. */
-static void nn_depthwise_serial(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
-                         int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
-                         int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
+/* A per-thread scratch buffer that grows (never shrinks) for the life of the thread. */
+static float *nn_scratch(int which, int64_t floats) {
+    static _Thread_local float *buf[2];
+    static _Thread_local int64_t cap[2];
+    if (floats > cap[which]) {
+        free(buf[which]);
+        buf[which] = (float *)malloc(sizeof(float) * floats);
+        cap[which] = buf[which] ? floats : 0;
+    }
+    return buf[which];
+}
+
+/* Depthwise convolution (group == C == K). Each channel is copied into a zero-padded plane,
+ * so no tap needs a bounds check. With stride 1 the output is accumulated in the padded
+ * plane's row width: every tap is then one contiguous loop over the whole plane (a few
+ * spare columns per row are computed and dropped), instead of a loop per row and tap. */
+static void nn_depthwise_serial(const float *x, const float *w, const float *bias, const float *res, float *y,
+                                int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act,
+                                float p0, float p1) {
+    int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
+    float *xp = nn_scratch(0, Hp * Wp);
+    float *acc = nn_scratch(1, OH * Wp);
+    if (!xp || !acc) return;
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
         const float *wc = w + c * kh * kw;
         float *yc = y + c * OH * OW;
-        float b = bias ? bias[c] : 0.0f;
-        /* columns where every tap of a row is inside: [in_lo, in_hi) */
-        int64_t in_lo = 0, in_hi = OW;
-        for (int64_t j = 0; j < kw; j++) {
-            int64_t lo, hi;
-            nn_cols(j * dw - pw, sw, W, OW, &lo, &hi);
-            in_lo = lo > in_lo ? lo : in_lo;
-            in_hi = hi < in_hi ? hi : in_hi;
+        for (int64_t r = 0; r < Hp; r++) {
+            float *dst = xp + r * Wp;
+            int64_t ih = r - ph;
+            if (ih < 0 || ih >= H) { memset(dst, 0, Wp * sizeof(float)); continue; }
+            int64_t lo = pw < Wp ? pw : Wp, hi = pw + W < Wp ? pw + W : Wp;
+            memset(dst, 0, lo * sizeof(float));
+            if (hi > lo) memcpy(dst + lo, xc + ih * W, (hi - lo) * sizeof(float));
+            if (hi < Wp) memset(dst + (hi > lo ? hi : lo), 0, (Wp - (hi > lo ? hi : lo)) * sizeof(float));
         }
-        if (in_hi < in_lo) in_hi = in_lo;
-        for (int64_t oh = 0; oh < OH; oh++) {
-            float *row = yc + oh * OW;
-            for (int64_t ow = 0; ow < OW; ow++) row[ow] = b;
-            for (int64_t i = 0; i < kh; i++) {
-                int64_t ih = oh * sh - ph + i * dh;
-                if (ih < 0 || ih >= H) continue;
-                const float *xr = xc + ih * W;
-                const float *wr = wc + i * kw;
-                if (kw == 3 && sw == 1) {
-                    const float *x0 = xr - pw, *x1 = xr - pw + dw, *x2 = xr - pw + 2 * dw;
-                    float w0 = wr[0], w1 = wr[1], w2 = wr[2];
-                    for (int64_t ow = in_lo; ow < in_hi; ow++) row[ow] += w0 * x0[ow] + w1 * x1[ow] + w2 * x2[ow];
-                } else if (kw == 3 && sw == 2) {
-                    const float *x0 = xr - pw, *x1 = xr - pw + dw, *x2 = xr - pw + 2 * dw;
-                    float w0 = wr[0], w1 = wr[1], w2 = wr[2];
-                    for (int64_t ow = in_lo; ow < in_hi; ow++)
-                        row[ow] += w0 * x0[2 * ow] + w1 * x1[2 * ow] + w2 * x2[2 * ow];
-                } else {
+        float b = bias ? bias[c] : 0.0f;
+        if (sh == 1 && sw == 1) {
+            int64_t span = (OH - 1) * Wp + OW;  /* last output element, in padded-row coordinates */
+            for (int64_t t = 0; t < span; t++) acc[t] = b;
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j = 0; j < kw; j++) {
+                    const float *src = xp + i * dh * Wp + j * dw;
+                    float wv = wc[i * kw + j];
+                    for (int64_t t = 0; t < span; t++) acc[t] += wv * src[t];
+                }
+            for (int64_t oh = 0; oh < OH; oh++) memcpy(yc + oh * OW, acc + oh * Wp, OW * sizeof(float));
+        } else {
+            for (int64_t oh = 0; oh < OH; oh++) {
+                float *row = yc + oh * OW;
+                for (int64_t ow = 0; ow < OW; ow++) row[ow] = b;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *xr = xp + (oh * sh + i * dh) * Wp;
                     for (int64_t j = 0; j < kw; j++) {
-                        const float *xs = xr + j * dw - pw;
-                        float wv = wr[j];
-                        for (int64_t ow = in_lo; ow < in_hi; ow++) row[ow] += wv * xs[ow * sw];
+                        const float *src = xr + j * dw;
+                        float wv = wc[i * kw + j];
+                        if (sw == 2)
+                            for (int64_t ow = 0; ow < OW; ow++) row[ow] += wv * src[2 * ow];
+                        else
+                            for (int64_t ow = 0; ow < OW; ow++) row[ow] += wv * src[ow * sw];
                     }
                 }
-                /* border columns: each tap where it is inside */
-                for (int64_t j = 0; j < kw; j++) {
-                    int64_t off = j * dw - pw, lo, hi;
-                    nn_cols(off, sw, W, OW, &lo, &hi);
-                    float wv = wr[j];
-                    for (int64_t ow = lo; ow < (hi < in_lo ? hi : in_lo); ow++) row[ow] += wv * xr[ow * sw + off];
-                    for (int64_t ow = (lo > in_hi ? lo : in_hi); ow < hi; ow++) row[ow] += wv * xr[ow * sw + off];
-                }
             }
-            nn_act_row(row, res ? res + c * OH * OW + oh * OW : 0, OW, act, p0, p1);
         }
+        nn_act_row(yc, res ? res + c * OH * OW : 0, OH * OW, act, p0, p1);
     }
 }
 
