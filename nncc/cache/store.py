@@ -20,7 +20,6 @@ import mmap
 import os
 import re
 import stat
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -31,7 +30,7 @@ from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, 
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.util.notice import warn
-from nncc.errors import ModelFormatError, NnccError, PlanFormatError
+from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.files import kind, open_file, read_at_most, read_model_file
 
 ENTRIES = "entries"
