@@ -139,9 +139,11 @@ static void nn_gemm_serial(int ta, int tb, int64_t M, int64_t N, int64_t K, floa
 /* Vectorizable elementary functions: branch-free (selects, not branches) so the C compiler
  * turns whole loops into SIMD code, where libm's expf/tanhf/erff are scalar calls.
  * exp: exponent split n = round(x log2 e), a degree-7 polynomial on |r| <= ln2/2 (relative
- * error below 1e-8), 2^n put in the exponent bits. */
+ * error below 1e-8), times 2^n applied as two halves so results down to the smallest
+ * denormal come out right; below that 0, above float's range inf, NaN stays NaN. */
 static inline float nn_exp(float x) {
-    x = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+    float in = x;
+    x = x < -104.0f ? -104.0f : (x > 88.72283f ? 88.72283f : x);
     float n = __builtin_roundf(x * 1.44269504f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.98412698e-4f;
@@ -152,9 +154,13 @@ static inline float nn_exp(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    union { float f; int32_t i; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
+    int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+    union { float f; int32_t i; } s1, s2;
+    s1.i = (n1 + 127) << 23;
+    s2.i = (n2 + 127) << 23;
+    float y = p * s1.f * s2.f;
+    y = in < -104.0f ? 0.0f : (in > 88.72283f ? INFINITY : y);
+    return in != in ? in : y;
 }
 
 static inline float nn_sigmoid(float x) { return 1.0f / (1.0f + nn_exp(-x)); }
@@ -204,9 +210,35 @@ static void nn_gemm_task(void *p, int64_t lo, int64_t hi) {
     }
 }
 
+/* One row times a matrix (a fully connected layer at batch 1): memory-bound, so a plain
+ * loop is as fast as BLAS, and every column is summed in the same order, so equal
+ * columns give equal results (BLAS's edge kernels round some columns differently). */
+typedef struct { int ta, tb; int64_t N, K, lda, ldb; float alpha, beta; const float *A, *B; float *C; } nn_gemv_job;
+
+static void nn_gemv_task(void *p, int64_t lo, int64_t hi) {
+    nn_gemv_job *g = p;
+    for (int64_t j = lo; j < hi; j++) {
+        float s = 0.0f;
+        if (g->tb) {
+            const float *b = g->B + j * g->ldb;
+            if (g->ta) for (int64_t k = 0; k < g->K; k++) s += g->A[k * g->lda] * b[k];
+            else for (int64_t k = 0; k < g->K; k++) s += g->A[k] * b[k];
+        } else {
+            if (g->ta) for (int64_t k = 0; k < g->K; k++) s += g->A[k * g->lda] * g->B[k * g->ldb + j];
+            else for (int64_t k = 0; k < g->K; k++) s += g->A[k] * g->B[k * g->ldb + j];
+        }
+        g->C[j] = g->alpha * s + (g->beta == 0.0f ? 0.0f : g->beta * g->C[j]);
+    }
+}
+
 static void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int64_t work = M * N * K;
+    if (M == 1 && tb) {  /* rows of B contiguous: each column a unit-stride dot product */
+        nn_gemv_job g = {ta, tb, N, K, lda, ldb, alpha, beta, A, B, C};
+        nn_parallel(N, work, nn_gemv_task, &g);
+        return;
+    }
     if (nn_threads <= 1 || work < 262144) {
         nn_gemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
