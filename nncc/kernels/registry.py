@@ -93,7 +93,11 @@ class KernelDef:
             return f"{where} has {len(present)} inputs; {self.op_type} takes at most {most}"
         if most is None and not present:
             return f"{where} has no inputs; {self.op_type} needs at least one"
-        for i in range(required if most is not None else len(present)):  # variadic: every one
+        # variadic: every one, unless the kernel takes omitted ones (Loop's trip count and
+        # condition, Scan-8's sequence lengths)
+        checked = required if most is not None else (0 if getattr(self.fn, "omitted_inputs_ok", False)
+                                                     else len(present))
+        for i in range(checked):
             if not present[i]:
                 return f"{where}: input {i} of {self.op_type} is required but given as the empty name"
         return None

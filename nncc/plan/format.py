@@ -379,6 +379,8 @@ class _Validator:
             where = f"instruction {len(instructions)} ({definition.op_type})"
             why = definition.check_inputs([s >= 0 for s in ins.inputs], where)
             for name, value in ins.attrs.items():  # the types the ONNX frontend also checks
+                if isinstance(value, dict) and "$graph" in value:
+                    continue  # a subgraph: checked by GraphChecker when its nodes are read
                 tensor = isinstance(value, dict)  # {"$tensor": slot}, checked by attr()
                 problem = attribute_problem(definition.op_type, definition.domain, name,
                                             constants[value["$tensor"]] if tensor else value)

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
-from nncc.ir.graph import OPTIONAL_SEQUENCE, SEQUENCE, TensorInfo
+from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.memory import aligned_empty, plan_arena
 from nncc.plan.plan import Plan, PlanInstruction
@@ -79,7 +79,11 @@ class Executor:
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
-        self._kinds = [s.kind for s in plan.slots]
+        # Lists (sequences) exist only in plans with a kernel that makes them; there, a step
+        # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
+        # were changed cannot hand a list to a tensor kernel.
+        makes_lists = any(d.op_type in LIST_MAKERS for d in definitions)
+        self._tensor_only = [makes_lists and d.op_type not in LIST_TAKERS for d in definitions]
 
     def _program(self, native) -> tuple[list[PlanInstruction], list]:
         """The instructions this executor runs, with their kernel definitions: the portable
@@ -256,8 +260,10 @@ class Executor:
         env = self.template.copy()
         for slot, name in self.input_slots:
             env[slot] = arrays[name]
-        for fn, ctx, ins, outs, label, planned, fixed, single, release in self.steps:
+        for step_index, (fn, ctx, ins, outs, label, planned, fixed, single, release) in enumerate(self.steps):
             args = [env[s] for s in ins]
+            if self._tensor_only[step_index] and any(type(a) is list for a in args):
+                raise KernelError(f"{label} was given a sequence, but takes tensors only")
             out = fixed
             try:
                 if fixed is not None:
@@ -299,10 +305,6 @@ class Executor:
         for i, (slot, value) in enumerate(zip(outs, result)):
             if slot < 0:
                 continue
-            if isinstance(value, list) != (self._kinds[slot] in SEQUENCE_KINDS) and value is not None:
-                # a plan whose kernel ids were changed can route a sequence into a tensor slot
-                raise KernelError(f"{label} produced a {'sequence' if isinstance(value, list) else 'tensor'} "
-                                  f"where the plan declares a {self._kinds[slot]}")
             if out is not None and out[i] is not None and value is not out[i]:
                 np.copyto(out[i], value)  # a kernel that could not write in place
                 value = out[i]
@@ -334,7 +336,11 @@ class Executor:
 
 
 _NATIVE_OP = "NativeCall"
-SEQUENCE_KINDS = (SEQUENCE, OPTIONAL_SEQUENCE)
+# Kernels that can produce a list (a sequence value), and those that may be given one.
+LIST_MAKERS = {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SplitToSequence",
+               "SequenceMap", "Optional", "OptionalGetElement", "If", "Loop", "Scan"}
+LIST_TAKERS = LIST_MAKERS | {"SequenceAt", "SequenceLength", "ConcatFromSequence", "OptionalHasElement",
+                             "Identity"}
 
 
 class _NativeDef:
