@@ -375,6 +375,11 @@ def clear(cache_dir, trust_shared, as_json):
     else:
         with c, live_progress():
             report = collect(c, max_size=0)
+            for token, _ in c.index.malformed():  # edited rows: dropped; a token that is not
+                if isinstance(token, str):        # nncc's names no file that remove() touches
+                    c.remove(token)
+                else:
+                    c.delete_row(token)
             remaining = c.index.totals()[0]
     if as_json:
         emit_json({"directory": directory, "removed": len(report.removed), "freed_bytes": report.freed,
