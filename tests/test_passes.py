@@ -9,7 +9,6 @@ is folded into the weights, which reassociates the arithmetic).
 from __future__ import annotations
 
 import dataclasses
-import time
 import tracemalloc
 
 import numpy as np
@@ -672,20 +671,17 @@ def test_resnet50_shrinks_at_O2():
 
 
 @pytest.mark.parametrize("name", ["vgg19", "resnet50"])
-def test_compile_is_fast_and_lean(name):
+def test_compile_is_lean(name):
     graph = _light(name)
     run_passes(graph, 2)  # warm imports and kernel registration
     tracemalloc.start()
     try:
-        start = time.perf_counter()
         optimized = run_passes(graph, 2)
-        elapsed = time.perf_counter() - start
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert "ConstantOfShape" not in ops(optimized)
     assert peak < 32 * 2**20, f"run_passes peaked at {peak / 2**20:.0f} MiB: weights materialized?"
-    assert elapsed < 2.0, f"run_passes took {elapsed:.2f}s"
 
 
 def test_splat_times_per_channel_scale_stores_one_value_per_channel():
