@@ -5,15 +5,16 @@
     python benchmarks/bench_native.py --markdown           # a table for RESULTS.md
 
 Models: the static fixtures, a few light models, and the real-weight models of
-benchmarks/real_models.py (generated on first use into build/real-models). For each model
-one process holds three prepared runners: nncc with the native backend, nncc with the numpy
-backend only, and an onnxruntime session (intra-op threads = --threads, spinning off; nncc's
-BLAS and native pool sized likewise). They are timed in blocks in mirrored order (A B C,
-then C B A, ...): onnxruntime's and OpenBLAS's threads leave the cores busy for a while
-after they finish, which taxes whoever runs next, so strict turns would charge one runner
-for another's aftermath. Each block runs --iterations calls after one untimed call; a
-runner's figure is the median of its per-block means. Also reported: the native compile
-time (passes + C generation + the compiler, cold: no cache).
+benchmarks/real_models.py (generated on first use into build/real-models). Each nncc runner
+(the native backend; the numpy backend alone) is timed against an onnxruntime session
+(intra-op threads = --threads, spinning off; nncc's BLAS and native pool sized likewise) in
+a process of its own: OpenBLAS's idle threads spin after a multi-threaded GEMM, so a numpy
+runner in the same process would tax the native one that runs next. Within a process the
+two runners are timed in blocks in mirrored order (A B, then B A, ...), which charges each
+for its own aftermath rather than the other's; each block runs --iterations calls after
+one untimed call; a runner's figure is the median of its per-block means, and its ratio is
+taken against the onnxruntime figure of the same process. Also reported: the native
+compile time (passes + C generation + the compiler, cold: no cache).
 
 A script, not a test: it asserts nothing about speed.
 """
@@ -54,7 +55,8 @@ def feeds_for(session) -> dict:
             for i in session.get_inputs()}
 
 
-def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int) -> dict:
+def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int, runner: str) -> dict:
+    """One process: nncc's ``runner`` ("native" or "numpy") against onnxruntime."""
     import onnxruntime as ort
 
     import nncc
@@ -69,18 +71,13 @@ def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int) -> d
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = feeds_for(session)
     start = time.perf_counter()
-    native = nncc.compile_model(path)
+    model = nncc.compile_model(path) if runner == "native" else nncc.compile_model(path, backends=["numpy"])
     compile_s = time.perf_counter() - start
-    numpy_only = nncc.compile_model(path, backends=["numpy"])
-    runners = {
-        "native": lambda: native.run(feeds),
-        "numpy": lambda: numpy_only.run(feeds),
-        "onnxruntime": lambda: session.run(None, feeds),
-    }
-    got = native.run(feeds)
+    runners = {runner: lambda: model.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
+    got = model.run(feeds)
     want = session.run(None, feeds)
     error = max(float(np.max(np.abs(got[n] - w))) / max(1.0, float(np.max(np.abs(w))))
-                for n, w in zip(native.output_names, want))
+                for n, w in zip(model.output_names, want))
     times: dict[str, list[float]] = {k: [] for k in runners}
     order = list(runners)
     for block in range(blocks):
@@ -92,10 +89,28 @@ def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int) -> d
                 run()
             times[name].append((time.perf_counter() - t0) / iterations * 1000)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"model": path.stem, "native_ms": med["native"], "numpy_ms": med["numpy"], "ort_ms": med["onnxruntime"],
-            "native_vs_ort": med["native"] / med["onnxruntime"], "numpy_vs_ort": med["numpy"] / med["onnxruntime"],
-            "compile_s": compile_s, "native_partitions": native.native_partitions,
-            "partitions": len(native.plan.partitions), "max_rel_error": error}
+    return {"ms": med[runner], "ort_ms": med["onnxruntime"], "ratio": med[runner] / med["onnxruntime"],
+            "compile_s": compile_s, "native_partitions": model.native_partitions,
+            "partitions": len(model.plan.partitions), "max_rel_error": error}
+
+
+def measure_apart(path: pathlib.Path, args) -> dict:
+    """Both pairings, each in a fresh process."""
+    import json
+    import subprocess
+
+    row = {"model": path.stem}
+    for runner in ("native", "numpy"):
+        done = subprocess.run([sys.executable, __file__, "--one", runner, "--model", str(path), "--threads",
+                               str(args.threads), "--blocks", str(args.blocks), "--iterations", str(args.iterations)],
+                              capture_output=True, text=True, check=True)
+        result = json.loads(done.stdout)
+        row[f"{runner}_ms"], row[f"{runner}_ort_ms"], row[f"{runner}_vs_ort"] = (
+            result["ms"], result["ort_ms"], result["ratio"])
+        if runner == "native":
+            row.update(compile_s=result["compile_s"], native_partitions=result["native_partitions"],
+                       partitions=result["partitions"], max_rel_error=result["max_rel_error"])
+    return row
 
 
 def main() -> None:
@@ -105,22 +120,28 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--one", choices=["native", "numpy"], help=argparse.SUPPRESS)  # a child's pairing
     args = parser.parse_args()
-    rows = [measure(p, args.threads, args.blocks, args.iterations) for p in (args.model or models())]
+    if args.one:
+        import json
+
+        print(json.dumps(measure(args.model[0], args.threads, args.blocks, args.iterations, args.one)))
+        return
+    rows = [measure_apart(p, args) for p in (args.model or models())]
     if args.markdown:
-        print("| model | native ms | numpy ms | onnxruntime ms | native / ort | numpy / ort | native partitions | "
-              "native compile s |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("| model | native ms (ort ms) | native / ort | numpy ms (ort ms) | numpy / ort | native partitions "
+              "| native compile s |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['model']} | {r['native_ms']:.2f} | {r['numpy_ms']:.2f} | {r['ort_ms']:.2f} | "
-                  f"{r['native_vs_ort']:.2f} | {r['numpy_vs_ort']:.2f} | {r['native_partitions']}/{r['partitions']} | "
-                  f"{r['compile_s']:.2f} |")
+            print(f"| {r['model']} | {r['native_ms']:.2f} ({r['native_ort_ms']:.2f}) | {r['native_vs_ort']:.2f} | "
+                  f"{r['numpy_ms']:.2f} ({r['numpy_ort_ms']:.2f}) | {r['numpy_vs_ort']:.2f} | "
+                  f"{r['native_partitions']}/{r['partitions']} | {r['compile_s']:.2f} |")
         return
     for r in rows:
-        print(f"{r['model']:18s} native {r['native_ms']:8.2f} ms  numpy {r['numpy_ms']:8.2f} ms  "
-              f"ort {r['ort_ms']:8.2f} ms  native/ort {r['native_vs_ort']:.2f}  numpy/ort {r['numpy_vs_ort']:.2f}  "
-              f"partitions {r['native_partitions']}/{r['partitions']}  compile {r['compile_s']:.2f} s  "
-              f"max rel error {r['max_rel_error']:.1e}")
+        print(f"{r['model']:18s} native {r['native_ms']:8.2f} ms (ort {r['native_ort_ms']:7.2f})  native/ort "
+              f"{r['native_vs_ort']:.2f}   numpy {r['numpy_ms']:8.2f} ms (ort {r['numpy_ort_ms']:7.2f})  numpy/ort "
+              f"{r['numpy_vs_ort']:.2f}   partitions {r['native_partitions']}/{r['partitions']}  compile "
+              f"{r['compile_s']:.2f} s  max rel error {r['max_rel_error']:.1e}")
 
 
 if __name__ == "__main__":
