@@ -1,4 +1,4 @@
-"""The backend plugin interface, after LiteRT's compiler plugins (DOMAIN.md section 3).
+"""The backend plugin interface, after LiteRT's compiler plugins.
 
 A backend has an identity, a ``partition`` step that selects the nodes it supports
 (optionally tagging a node with an index to force a finer split) and a ``compile`` step

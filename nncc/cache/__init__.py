@@ -1,4 +1,5 @@
-"""The verified compilation cache (DOMAIN.md section 1; docs/cache.md).
+"""The verified compilation cache, after NNAPI's compilation caching: a token per prepared
+model, a model cache and a data cache, and a hash index checked before use (docs/cache.md).
 
     model, outcome = nncc.cache.prepare("model.onnx", preference="low-power")
     outcome.outcome  # "hit" | "miss" | "recompiled" | "unavailable" | "disabled"

@@ -374,7 +374,8 @@ class Cache:
     # -- reading: verify, then parse the verified bytes --------------------------------
 
     def load(self, entry: Entry):
-        """Prepare a CompiledModel from an entry, verifying it first (DOMAIN.md TOCTOU rule).
+        """Prepare a CompiledModel from an entry, verifying it first, with no gap between
+        check and use.
 
         The model cache is read into memory once; those bytes are hashed and compared with
         the index, and then those same bytes are parsed. The data cache is mapped read-only

@@ -1,4 +1,5 @@
-"""Executor-managed buffers with roles (NNAPI memory domains, DOMAIN.md section 2).
+"""Executor-managed buffers with roles, after NNAPI's memory domains: buffers the executor
+owns, usable only in the roles they were allocated for.
 
 A DomainBuffer is allocated by a compiled model for a declared set of roles, each
 ("input", name) or ("output", name) of that same model. The executor checks every use
