@@ -1,8 +1,8 @@
 """The persistent hash index: an sqlite database beside (not inside) the entry files.
 
 It is the trust anchor of the cache, a persistent map kept apart from the cache files:
-token -> blake3 of the model cache and of the data cache, recorded when an entry is saved and checked before an entry is
-prepared. It also keeps sizes, versions, timestamps, hit counts and the counters shown by
+token -> blake3 of the model cache and of the data cache, recorded when an entry is saved
+and checked before an entry is prepared. It also keeps sizes, versions, timestamps, hit counts and the counters shown by
 ``nncc cache info``.
 
 * WAL journal, a busy timeout, and retries on "database is locked".
