@@ -525,3 +525,42 @@ def test_clip_with_a_non_scalar_bound_stays_portable(tmp_path):
         nncc.compile_model(path)
     except NnccError:
         pass  # refusing the model is right too; any other exception is a bug
+
+
+@pytest.mark.parametrize("shapes, taken", [([(2, 3, 4)] * 3, True), ([(2, 3, 4), (4,)], False)])
+def test_sum(tmp_path, shapes, taken):
+    """Sum of same-shape operands is generated; with broadcasting it stays portable."""
+    rng = np.random.default_rng(13)
+    names = [f"x{i}" for i in range(len(shapes))]
+    nodes = [helper.make_node("Relu", [names[0]], ["r"]), helper.make_node("Sum", ["r", *names[1:]], ["y"])]
+    path = _save(tmp_path, _model(nodes, [_f32(n, list(s)) for n, s in zip(names, shapes)], [_f32("y", [2, 3, 4])]))
+    model = _check(path, {n: _rand(rng, s) for n, s in zip(names, shapes)})
+    kernels = [model.plan.kernels[i.kernel] for i in model.plan.instructions]
+    native = [model.plan.partitions[c.partition] for c in model.plan.native]
+    summed = any("Sum" in kernels[i] for p in native for i in range(p.first, p.first + p.count))
+    assert summed == taken
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(tmp_path, axis):
+    rng = np.random.default_rng(14)
+    shapes = [[2, 3, 4], [2, 3, 4], [2, 3, 4]]
+    for i, s in enumerate(shapes):
+        s[axis] += i  # unequal widths along the axis
+    out = list(shapes[0])
+    out[axis] = sum(s[axis] for s in shapes)
+    names = [f"x{i}" for i in range(3)]
+    nodes = [helper.make_node("Relu", [n], [f"r{n}"]) for n in names]
+    nodes.append(helper.make_node("Concat", [f"r{n}" for n in names], ["y"], axis=axis))
+    path = _save(tmp_path, _model(nodes, [_f32(n, s) for n, s in zip(names, shapes)], [_f32("y", out)]))
+    _check(path, {n: _rand(rng, s) for n, s in zip(names, shapes)})
+
+
+def test_residual_as_a_sum_of_two(tmp_path):
+    """Some exporters write a residual connection as Sum(conv, x): one epilogue as for Add."""
+    rng = np.random.default_rng(15)
+    inits = [numpy_helper.from_array(_rand(rng, (8, 8, 3, 3)), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Sum", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    path = _save(tmp_path, _model(nodes, [_f32("x", [1, 8, 9, 9])], [_f32("y", [1, 8, 9, 9])], inits))
+    _check(path, {"x": _rand(rng, (1, 8, 9, 9))})

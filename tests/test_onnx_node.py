@@ -62,7 +62,7 @@ def _native_may_take(model) -> bool:
 
     ops = UNARY.keys() | BINARY.keys() | POOL_OPS | {"Conv", "Gemm", "MatMul", "Softmax", "LogSoftmax",
                                                      "LayerNormalization", "Transpose", "Clip", "LeakyRelu",
-                                                     "HardSigmoid", "HardSwish"}
+                                                     "HardSigmoid", "HardSwish", "Sum", "Concat"}
     return any(node.op_type in ops and node.op_type not in ALIASES and not node.domain for node in model.graph.node)
 
 

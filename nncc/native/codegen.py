@@ -98,6 +98,15 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if op in BINARY and len(node.inputs) != 2:
             return "variadic form"
         return None
+    if op == "Sum":
+        out = infos[node.outputs[0]].shape
+        if not node.inputs or any(not n or infos[n].shape != out for n in node.inputs):
+            return "Sum with broadcasting or omitted inputs"
+        return None
+    if op == "Concat":
+        if any(not n for n in node.inputs):
+            return "Concat with an omitted input"
+        return None
     if op in ("Softmax", "LogSoftmax"):
         shape = infos[node.inputs[0]].shape
         axis = attrs.get("axis", -1 if node_opset(graph, node) >= 13 else 1)
@@ -226,8 +235,12 @@ class _Writer:
             return self.matmul(node)
         if key in GEMM_OPS:
             return self.gemm(node)
-        if op == "Add" and any(i in self.deferred for i in node.inputs):
+        if _is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
             return self.residual(node)
+        if op == "Sum":
+            return self.sum(node)
+        if op == "Concat":
+            return self.concat(node)
         if op in ALIASES:
             return self.reshape(node)
         if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
@@ -279,7 +292,7 @@ class _Writer:
         out = node.outputs[0]
         if defer and residual is None and not node.attrs.get("activation"):
             user = self.only_consumer(out)
-            if user is not None and user.op_type == "Add" and not user.domain and \
+            if user is not None and _is_pair_sum(user) and \
                     self.shape(user.outputs[0]) == self.shape(out) and \
                     all(self.shape(i) == self.shape(out) for i in user.inputs):
                 self.deferred[out] = node  # written by the Add, with the residual
@@ -450,6 +463,28 @@ class _Writer:
             lines.append(f"{'  ' * d}}}")
         self.step("\n".join(lines), [a, b], [y])
 
+    def sum(self, node: Node) -> None:
+        """Same-shape operands (check() says so): one pass adding them all."""
+        y = node.outputs[0]
+        size = math.prod(self.shape(y))
+        terms = " + ".join(f"{self.ptr(x)}[i]" for x in node.inputs)
+        self.step(f"for (int64_t i = 0; i < {size}; i++) {self.ptr(y)}[i] = {terms};", list(node.inputs), [y])
+
+    def concat(self, node: Node) -> None:
+        """Each input's rows copied into its place in the output's rows."""
+        y = node.outputs[0]
+        out = self.shape(y)
+        axis = int(node.attrs.get("axis", 1)) % len(out)
+        outer, row = math.prod(out[:axis]), math.prod(out[axis:])
+        lines, offset = [], 0
+        for x in node.inputs:
+            width = math.prod(self.shape(x)[axis:])
+            if width:
+                lines.append(f"for (int64_t o = 0; o < {outer}; o++) memcpy({self.ptr(y)} + o * {row} + {offset}, "
+                             f"{self.ptr(x)} + o * {width}, {width} * sizeof(float));")
+            offset += width
+        self.step("\n".join(lines), list(node.inputs), [y])
+
     def pool(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]
         n, c, h, w = self.shape(x)
@@ -549,6 +584,11 @@ def translation_unit(units: list[Unit]) -> str:
 
     prelude = importlib.resources.files("nncc.native").joinpath("prelude.h").read_text()
     return "\n".join([prelude, *(u.source for u in units)])
+
+
+def _is_pair_sum(node: Node) -> bool:
+    """Add, or a Sum of two: what a residual connection is exported as."""
+    return not node.domain and (node.op_type == "Add" or (node.op_type == "Sum" and len(node.inputs) == 2))
 
 
 def _align(n: int) -> int:
