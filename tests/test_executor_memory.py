@@ -55,19 +55,23 @@ def test_steady_state_reuses_buffers_and_stays_correct(fixture):
     assert model._executor.arena.ctypes.data == arena_before
 
 
-def test_steady_state_allocates_no_activation_buffers():
+@pytest.mark.parametrize("backends", [["numpy"], ["native", "numpy"]])
+def test_steady_state_allocates_no_activation_buffers(backends):
     # light_resnet50's activations are 0.2-3 MB each. Once warmed up (kernels keep their
     # scratch buffers), a run with its outputs in caller memory allocates none of them:
     # numpy reports its data buffers to tracemalloc, and the transient peak of a whole
     # run stays below 256 KiB (numpy's own small ufunc/BLAS buffers).
     from tests.conftest import light_models_dir
 
-    model = nncc.compile_model(light_models_dir() / "light_resnet50.onnx")
+    model = nncc.compile_model(light_models_dir() / "light_resnet50.onnx", backends=backends)
     feeds = _feeds(model)
     targets = {"gpu_0/softmax_1": np.empty((1, 1000), np.float32)}
     model.run(feeds, outputs=targets)
     model.run(feeds, outputs=targets)
-    assert model._executor.arena.nbytes > 8 << 20
+    if backends == ["numpy"]:  # activations in the arena
+        assert model._executor.arena.nbytes > 8 << 20
+    else:  # activations in the native code's workspace, allocated once
+        assert model.native_partitions == 1
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
@@ -143,7 +147,7 @@ def _conv(src, dst):
 
 
 def _check(path, expect_in_place):
-    compiled = nncc.compile_model(path, opt_level=0)
+    compiled = nncc.compile_model(path, opt_level=0, backends=["numpy"])  # the portable executor's arena
     executor = compiled._executor
     assert len(executor.concats) == expect_in_place
     feeds = _feeds(compiled)
