@@ -14,6 +14,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.arithmetic import (
     binary_shape,
     check_same_dtype,
+    is_float,
     legacy_align,
     legacy_binary_shape,
     register,
@@ -116,7 +117,7 @@ def _bit_select(cond, x, y, shape):
 
 
 def _float_input(op: str, x: np.ndarray) -> None:
-    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+    if not is_float(x.dtype):
         raise KernelError(f"{op} expects a floating-point input, got {x.dtype}")
 
 
