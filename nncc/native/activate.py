@@ -10,6 +10,8 @@ warning line that says why.
 
 from __future__ import annotations
 
+import ctypes
+
 from nncc.plan.plan import Plan
 from nncc.util.notice import warn
 
@@ -39,8 +41,6 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
         blas = sgemm()
         if blas is not None:
             setter = library.handle.nncc_set_blas
-            import ctypes
-
             setter.argtypes = [ctypes.c_void_p, ctypes.c_int]
             setter(blas[0], int(blas[1]))
         set_threads = library.handle.nncc_set_threads

@@ -177,6 +177,7 @@ class _Writer:
         self.n_inputs = len(read)
         self.outputs = set(partition.outputs)
         self.alias: dict[str, str] = {}  # value -> the value whose memory it is
+        self._ids: dict[str, int] = {}  # value -> the number in its C name (v_N)
         self.steps: list[_Step] = []
         consumers: dict[str, list[Node]] = {}
         for node in self.nodes:
@@ -204,8 +205,6 @@ class _Writer:
         return str(self.index_of(name))
 
     def index_of(self, name: str) -> int:
-        if not hasattr(self, "_ids"):
-            self._ids = {}
         return self._ids.setdefault(name, len(self._ids))
 
     def only_consumer(self, name: str) -> Node | None:
@@ -423,24 +422,25 @@ class _Writer:
         return float(np.asarray(value).reshape(()))
 
     def unary(self, node: Node, expr: str | None = None) -> None:
-        op = node.op_type
-        if expr is not None:
-            pass
-        elif op == "Clip":
-            lo, hi = self._clip_bounds(node)
-            expr = f"(v < {_f(lo)} ? {_f(lo)} : (v > {_f(hi)} ? {_f(hi)} : v))"
-        elif op == "LeakyRelu":
-            expr = f"(v >= 0.0f ? v : v * {_f(float(node.attrs.get('alpha', 0.01)))})"
-        elif op == "HardSigmoid":
-            expr = f"nn_act(6, v, {_f(float(node.attrs.get('alpha', 0.2)))}, {_f(float(node.attrs.get('beta', 0.5)))})"
-        elif op == "HardSwish":
-            expr = "nn_act(7, v, 0.0f, 0.0f)"
-        else:
-            expr = UNARY[op]
+        """One loop ``y[i] = expr(v = x[i])``: the node's own expression unless given."""
+        expr = expr or self._unary_expr(node)
         x, y = node.inputs[0], node.outputs[0]
         size = math.prod(self.shape(y))
         self.step(f"for (int64_t i = 0; i < {size}; i++) {{ float v = {self.ptr(x)}[i]; "
                   f"{self.ptr(y)}[i] = {expr}; }}", [x], [y])
+
+    def _unary_expr(self, node: Node) -> str:
+        op = node.op_type
+        if op == "Clip":
+            lo, hi = self._clip_bounds(node)
+            return f"(v < {_f(lo)} ? {_f(lo)} : (v > {_f(hi)} ? {_f(hi)} : v))"
+        if op == "LeakyRelu":
+            return f"(v >= 0.0f ? v : v * {_f(float(node.attrs.get('alpha', 0.01)))})"
+        if op == "HardSigmoid":
+            return f"nn_act(6, v, {_f(float(node.attrs.get('alpha', 0.2)))}, {_f(float(node.attrs.get('beta', 0.5)))})"
+        if op == "HardSwish":
+            return "nn_act(7, v, 0.0f, 0.0f)"
+        return UNARY[op]
 
     def binary(self, node: Node, expr: str) -> None:
         a, b = node.inputs
@@ -607,12 +607,7 @@ def _f(value: float) -> str:
 
 def _broadcast_strides(shape, out) -> list[int]:
     """Element strides of ``shape`` read in ``out``'s index space (0 where broadcast)."""
-    shape = [1] * (len(out) - len(shape)) + list(shape)
-    strides, step = [0] * len(out), 1
-    for d in range(len(out) - 1, -1, -1):
-        strides[d] = 0 if shape[d] == 1 and out[d] != 1 else step
-        step *= shape[d]
-    return strides
+    return _batch_strides(shape, out, 1)
 
 
 def _collapse(dims, sa, sb):
