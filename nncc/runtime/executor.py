@@ -40,6 +40,10 @@ class Executor:
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
         release = self._release_plan(program)
+        # Lists (sequences) exist only in plans with a kernel that makes them; there, a step
+        # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
+        # were changed cannot hand a list to a tensor kernel.
+        makes_lists = any(d.op_type in LIST_MAKERS for d in definitions)
         for ins, definition, freed in zip(program, definitions, release):
             attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
             opset = int(opsets.get(definition.domain, definition.since))
@@ -60,8 +64,10 @@ class Executor:
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
+            tensor_only = makes_lists and definition.op_type not in LIST_TAKERS
             self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
-                               ins.node or definition.op_type, planned, fixed, single, tuple(freed)))
+                               ins.node or definition.op_type, planned, fixed, single, tuple(freed),
+                               tensor_only))
         self.native_partitions = sum(1 for d in definitions if d.op_type == _NATIVE_OP)
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape, kind=plan.slots[s].kind)
@@ -79,11 +85,6 @@ class Executor:
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
-        # Lists (sequences) exist only in plans with a kernel that makes them; there, a step
-        # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
-        # were changed cannot hand a list to a tensor kernel.
-        makes_lists = any(d.op_type in LIST_MAKERS for d in definitions)
-        self._tensor_only = [makes_lists and d.op_type not in LIST_TAKERS for d in definitions]
 
     def _program(self, native) -> tuple[list[PlanInstruction], list]:
         """The instructions this executor runs, with their kernel definitions: the portable
@@ -260,9 +261,9 @@ class Executor:
         env = self.template.copy()
         for slot, name in self.input_slots:
             env[slot] = arrays[name]
-        for step_index, (fn, ctx, ins, outs, label, planned, fixed, single, release) in enumerate(self.steps):
+        for fn, ctx, ins, outs, label, planned, fixed, single, release, tensor_only in self.steps:
             args = [env[s] for s in ins]
-            if self._tensor_only[step_index] and any(type(a) is list for a in args):
+            if tensor_only and any(type(a) is list for a in args):
                 raise KernelError(f"{label} was given a sequence, but takes tensors only")
             out = fixed
             try:
