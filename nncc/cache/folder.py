@@ -86,10 +86,7 @@ def folder_state(directory: str) -> str:
         return "foreign"
     if not stat.S_ISDIR(st.st_mode):
         return "foreign"
-    index = _lstat(os.path.join(directory, INDEX_NAME))
-    if index is not None and stat.S_ISREG(index.st_mode):
-        return "nncc"
-    if has_nncc_tag(os.path.join(directory, TAG_NAME)):
+    if _signed(directory):
         return "nncc"
     try:
         with os.scandir(directory) as it:
@@ -97,7 +94,19 @@ def folder_state(directory: str) -> str:
             empty = all(TAG_TEMP_NAME.match(e.name) for e in it)
     except OSError:
         return "foreign"
-    return "empty" if empty else "foreign"
+    if empty:
+        return "empty"
+    # Another nncc creating the cache may have put its tag in place between the check above
+    # and the scan; it writes the tag before anything else, so look once more.
+    return "nncc" if _signed(directory) else "foreign"
+
+
+def _signed(directory: str) -> bool:
+    """The folder carries nncc's signature: its index, or its CACHEDIR.TAG."""
+    index = _lstat(os.path.join(directory, INDEX_NAME))
+    if index is not None and stat.S_ISREG(index.st_mode):
+        return True
+    return has_nncc_tag(os.path.join(directory, TAG_NAME))
 
 
 def refuse_foreign(directory: str) -> None:
