@@ -8,7 +8,7 @@
 The package stays cheap to import: heavy modules load on first use of what needs them.
 """
 
-__version__ = "0.1.0"
+from nncc._version import __version__
 
 __all__ = ["__version__", "compile_model", "load", "load_onnx", "prepare", "CompiledModel"]
 

@@ -374,6 +374,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     Progress goes to nncc.util.progress (one task per phase); ``notice`` gets the one line
     saying a comparison cannot be made (default: stderr)."""
     import nncc
+    from nncc._version import __version__
     from nncc.model import prepare
     from nncc.runtime.random_inputs import random_feeds
     from nncc.runtime.threads import blas_threads, limit_blas_threads
@@ -449,7 +450,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
         "schema": SCHEMA,
         "model": model,
         "model_kind": "artifact" if artifact else "onnx",
-        "nncc_version": nncc.__version__,
+        "nncc_version": __version__,
         "settings": {
             "preference": compiled.plan.options.get("preference", options.get("preference")),
             "opt_level": compiled.plan.options.get("opt_level", options.get("opt_level")),

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import nncc
+import nncc._version
 from nncc.cache import store as store_mod
 from nncc.cache.gc import auto_collect, collect, parse_age, parse_size
 from nncc.cache.index import Index
@@ -208,7 +209,7 @@ def test_token_ingredients(tmp_path, monkeypatch):
                     CompileOptions(opt_level=1), CompileOptions(backends=("numpy", "cpu"))):
         assert compute_token(MLP, data, changed) != base
     # nncc version, format version, backend versions, numpy
-    monkeypatch.setattr(nncc, "__version__", "9.9.9")
+    monkeypatch.setattr(nncc._version, "__version__", "9.9.9")
     assert compute_token(MLP, data, opts) != base
     monkeypatch.undo()
     import nncc.plan.format as fmt

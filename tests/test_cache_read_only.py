@@ -98,9 +98,9 @@ def test_read_only_cache_never_executes_a_tampered_entry(filled, tmp_path, capsy
 
 
 def test_read_only_cache_of_another_version_does_not_serve(filled, tmp_path, monkeypatch, capsys):
-    import nncc
+    import nncc._version
 
-    monkeypatch.setattr(nncc, "__version__", "0.0.0-other")
+    monkeypatch.setattr(nncc._version, "__version__", "0.0.0-other")
     with read_only_view(filled, tmp_path) as view:
         model, outcome = prepare(MLP, cache_dir=view)
         assert outcome.outcome == "unavailable" and "another nncc version" in outcome.detail

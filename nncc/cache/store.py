@@ -248,10 +248,10 @@ class Cache:
         return self
 
     def _new_index(self) -> Index:
-        import nncc
+        from nncc._version import __version__
         from nncc.plan.format import FORMAT_VERSION
 
-        return Index(self.directory, nncc.__version__, FORMAT_VERSION)
+        return Index(self.directory, __version__, FORMAT_VERSION)
 
     def _open_index(self) -> Index:
         try:
@@ -383,11 +383,11 @@ class Cache:
         from the verified model cache and are bounds-checked against the mapping's length.
         Raises CacheEntryError; never returns an unverified plan.
         """
-        import nncc
+        from nncc._version import __version__
         from nncc.model import CompiledModel
         from nncc.plan.format import FORMAT_VERSION, deserialize
 
-        if entry.nncc_version != nncc.__version__ or entry.format_version != FORMAT_VERSION:
+        if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
             raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
                                            f"(format {entry.format_version})")
         plan_path, data_path = self.paths(entry.token)
@@ -402,7 +402,7 @@ class Cache:
             plan = deserialize(model_bytes, data=data)
         except PlanFormatError as exc:
             raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
-        if plan.producer != nncc.__version__:
+        if plan.producer != __version__:
             raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
         # the native code was hashed with the plan above and is loaded from those bytes
         model = CompiledModel(plan, trust_native=True, origin=f"cache entry {entry.token[:12]}")
@@ -656,7 +656,7 @@ def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seco
            counter: str) -> Entry:
     import json
 
-    import nncc
+    from nncc._version import __version__
     from nncc.plan.format import FORMAT_VERSION, serialize_parts
 
     from nncc.util.interrupts import held_signals
@@ -673,7 +673,7 @@ def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seco
             entry = Entry(
                 token=token, plan_hash=plan_hash, data_hash=data_hash,
                 plan_size=len(model_bytes), data_size=len(data_bytes),
-                nncc_version=nncc.__version__, format_version=FORMAT_VERSION,
+                nncc_version=__version__, format_version=FORMAT_VERSION,
                 source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
                 preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
                 created=now, last_used=now, hits=0, compile_seconds=compile_seconds,

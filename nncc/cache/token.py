@@ -16,6 +16,7 @@ from blake3 import blake3
 
 TOKEN_SCHEME = "nncc-cache-token/2"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nncc/
 EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
 
 
@@ -31,7 +32,7 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     3. External data the model may reference (see ``external_files``): the relative path
        and blake3 of every candidate file; empty when the model bytes do not contain the
        marker ``b"location"`` (the model then cannot reference external data).
-    4. nncc's version (``nncc.__version__``): passes, lowering and kernels change with it.
+    4. nncc's version (``__version__``): passes, lowering and kernels change with it.
     5. The artifact format version (``nncc.plan.format.FORMAT_VERSION``).
     6. The identity (name, version, maker, targets) of every registered backend, built-in,
        entry-point or plugin, after the options' plugins are loaded.
@@ -51,7 +52,7 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     """
     import numpy as np
 
-    import nncc
+    from nncc._version import __version__
     from nncc.backends.registry import available_backends, load_plugin, loaded_plugins
     from nncc.plan.format import FORMAT_VERSION
 
@@ -71,14 +72,14 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     put("model", blake3(model_bytes, max_threads=_threads(len(model_bytes))).digest())
     for rel, digest in external_files(model_path, model_bytes, skip_dirs):
         put("external", rel.encode("utf-8", "surrogateescape") + b"\0" + digest)
-    put("nncc", nncc.__version__)
+    put("nncc", __version__)
     put("format", str(FORMAT_VERSION))
     put("backends", _json(backends))
     put("options", _json(options.as_dict()))
     put("plugins", _json(loaded_plugins()))
     put("numpy", np.__version__)
     put("byteorder", sys.byteorder)
-    put("code", code_fingerprint(os.path.dirname(os.path.abspath(nncc.__file__))))
+    put("code", code_fingerprint(PACKAGE_DIR))
     return h.digest()
 
 

@@ -110,7 +110,7 @@ def _busy(cache, token: str) -> bool:
 
 def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
     """Findings for files that have no live index row (tokens in ``skip`` excluded)."""
-    import nncc
+    from nncc._version import __version__
 
     rows = {e.token for e in cache.index.entries()}
     stale = cache.index.stale()
@@ -136,7 +136,7 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
                                     paths, size, stale[token]["source_path"]))
             continue
         producer = _producer(files.plan) if files.plan else None
-        if producer is not None and producer != nncc.__version__:
+        if producer is not None and producer != __version__:
             findings.append(Finding("STALE", token, f"written by nncc {producer}", paths, size))
         elif busy:
             findings.append(Finding("IN-PROGRESS", token, "being written", paths, size))
@@ -207,11 +207,11 @@ def _drop_row(cache, token) -> bool:
 
 
 def _check(cache, entry) -> tuple[str, str]:
-    import nncc
+    from nncc._version import __version__
     from nncc.cache.store import CacheEntryError, _hash, _read_bytes
     from nncc.plan.format import FORMAT_VERSION
 
-    if entry.nncc_version != nncc.__version__ or entry.format_version != FORMAT_VERSION:
+    if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
         return "STALE", f"written by nncc {entry.nncc_version}"
     plan_path, data_path = cache.paths(entry.token)
     for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
@@ -227,7 +227,7 @@ def _check(cache, entry) -> tuple[str, str]:
     producer = _producer(plan_path)
     if producer is None:
         return "CORRUPT", "model cache header is unreadable"
-    if producer != nncc.__version__:
+    if producer != __version__:
         return "STALE", f"model cache was produced by nncc {producer}"
     return "OK", ""
 

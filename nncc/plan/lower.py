@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from nncc import __version__
+from nncc._version import __version__
 from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
