@@ -17,14 +17,17 @@ class CompiledModel:
     """A prepared model: a verified Plan bound to an executor."""
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
-                 origin: str = "the artifact"):
+                 origin: str = "the artifact", cache_parts: tuple | None = None):
         """``trust_native``: run the plan's native code (when it has any and this CPU can);
-        otherwise its portable plan runs, with one warning if native code was skipped."""
+        otherwise its portable plan runs, with one warning if native code was skipped.
+        ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
+        from, from which its artifact is assembled without serializing again."""
         from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
 
         self.plan = plan
         self._raw = raw
+        self.cache_parts = cache_parts
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
 
@@ -88,7 +91,8 @@ def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: di
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
-            trust_shared: bool | None = None, model_bytes: bytes | None = None, **options):
+            trust_shared: bool | None = None, model_bytes: bytes | None = None, hash_mode: str | None = None,
+            **options):
     """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
 
     A hit prepares from the cache files after checking them against the hash index; a miss
@@ -96,12 +100,14 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     defaults to $NNCC_CACHE_DIR, else the user cache directory. Options and ``model_bytes``
     as compile_model. ``trust_shared`` (default $NNCC_CACHE_TRUST_SHARED) uses a cache
     folder that another user owns or others can write; without it such a cache is left
-    alone (one warning).
+    alone (one warning). ``hash_mode``: "direct" (default, $NNCC_HASH_MODE) finds an
+    unchanged model's entry by the file's identity without reading it; "content" always
+    hashes the model (docs/cache.md).
     """
-    from nncc.cache.store import prepare as cached_prepare
+    from nncc.cache.flows import prepare as cached_prepare
 
     return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
-                          model_bytes=model_bytes, **options)
+                          model_bytes=model_bytes, hash_mode=hash_mode, **options)
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,

@@ -18,11 +18,14 @@ import pytest
 
 import nncc
 import nncc._version
+from nncc.cache import files as files_mod
+from nncc.cache import flows as flows_mod
 from nncc.cache import store as store_mod
 from nncc.cache.gc import auto_collect, collect, parse_age, parse_size
-from nncc.cache.index import Index
+from nncc.cache.index import SCHEMA_VERSION, Index
 from nncc.cache.locking import FileLock, LockBusy, try_lock
-from nncc.cache.store import Cache, prepare
+from nncc.cache.flows import prepare
+from nncc.cache.store import Cache
 from nncc.cache.token import compute_token, external_files
 from nncc.cache.verify import verify
 from nncc.compiler import CompileOptions
@@ -123,7 +126,7 @@ def test_hit_shares_data_cache_by_mmap(cache_dir):
     prepare(RESNET, cache_dir=cache_dir)
     model, outcome = prepare(RESNET, cache_dir=cache_dir)
     assert outcome.outcome == "hit"
-    model_bytes, data = model._cache_parts
+    model_bytes, data = model.cache_parts
     assert isinstance(model_bytes, bytes)
     import mmap
 
@@ -175,8 +178,8 @@ def test_artifact_from_cache_is_byte_identical(cache_dir):
     m1, o1 = prepare(RESNET, cache_dir=cache_dir)
     m2, o2 = prepare(RESNET, cache_dir=cache_dir)
     assert (o1.outcome, o2.outcome) == ("miss", "hit")
-    assert store_mod.artifact_bytes(m1) == fresh
-    assert store_mod.artifact_bytes(m2) == fresh
+    assert flows_mod.artifact_bytes(m1) == fresh
+    assert flows_mod.artifact_bytes(m2) == fresh
 
 
 def test_cached_entry_is_what_compile_produces(cache_dir):
@@ -408,6 +411,12 @@ def tamper_index_data_hash(cache_dir):
     _sql(cache_dir, "UPDATE entries SET data_hash = ? WHERE source_path = ?", "f" * 64, str(RESNET))
 
 
+def tamper_index_chunk_hashes(cache_dir):
+    with open_cache(cache_dir) as c:
+        token = next(e.token for e in c.index.entries() if e.source_path == str(RESNET))
+    _sql(cache_dir, "UPDATE chunks SET hashes = zeroblob(length(hashes)) WHERE token = ?", token)
+
+
 def tamper_index_size(cache_dir):
     _sql(cache_dir, "UPDATE entries SET plan_size = plan_size + 1 WHERE source_path = ?", str(RESNET))
 
@@ -422,7 +431,7 @@ def tamper_row_version(cache_dir):
 
 TAMPERINGS = [tamper_plan_bit, tamper_plan_header_bit, tamper_data_bit, tamper_truncate_plan,
               tamper_truncate_data, tamper_swap_entries, tamper_swap_plans_only,
-              tamper_replace_plan_with_other_valid_plan, tamper_index_plan_hash, tamper_index_data_hash,
+              tamper_replace_plan_with_other_valid_plan, tamper_index_plan_hash, tamper_index_chunk_hashes,
               tamper_index_size, tamper_delete_data, tamper_row_version]
 
 
@@ -517,14 +526,14 @@ def test_toctou_hash_is_taken_of_the_parsed_bytes(cache_dir, monkeypatch):
     """The file is changed right after it was read: what is parsed is what was hashed."""
     prepare(RESNET, cache_dir=cache_dir)
     plan_path = _entries(cache_dir)[str(RESNET)][0]
-    real_read = store_mod._read_bytes
+    real_read = store_mod.read_entry_file
 
     def read_then_tamper(path, what, *size):
         data = real_read(path, what, *size)
         _flip(path)  # the attacker wins the race against the file, not against the buffer
         return data
 
-    monkeypatch.setattr(store_mod, "_read_bytes", read_then_tamper)
+    monkeypatch.setattr(store_mod, "read_entry_file", read_then_tamper)
     model, outcome = prepare(RESNET, cache_dir=cache_dir)
     assert outcome.outcome == "hit"
     assert_correct(model, RESNET)
@@ -635,11 +644,11 @@ def test_read_only_populated_cache_still_runs(tmp_path, capsys):
 
 def test_full_disk_compiles_in_memory(cache_dir, monkeypatch, capsys):
     def no_space(path, data, prefix):
-        raise store_mod.CacheWriteError(f"cannot write {path}: No space left on device")
+        raise files_mod.CacheWriteError(f"cannot write {path}: No space left on device")
 
     prepare(RESNET, cache_dir=cache_dir)  # the cache works; then the disk fills up
     capsys.readouterr()
-    monkeypatch.setattr(store_mod, "_write_file", no_space)
+    monkeypatch.setattr(store_mod, "write_file_atomic", no_space)
     model, outcome = prepare(MLP, cache_dir=cache_dir)
     assert outcome.outcome == "unavailable" and "No space" in outcome.detail
     assert_correct(model, MLP)
@@ -651,14 +660,14 @@ def test_full_disk_compiles_in_memory(cache_dir, monkeypatch, capsys):
 
 
 def test_disk_full_between_the_two_files_leaves_nothing(cache_dir, monkeypatch, capsys):
-    real = store_mod._write_file
+    real = store_mod.write_file_atomic
 
     def fail_on_data(path, data, prefix):
         if path.endswith(".data"):
-            raise store_mod.CacheWriteError("No space left on device")
+            raise files_mod.CacheWriteError("No space left on device")
         return real(path, data, prefix)
 
-    monkeypatch.setattr(store_mod, "_write_file", fail_on_data)
+    monkeypatch.setattr(store_mod, "write_file_atomic", fail_on_data)
     model, outcome = prepare(RESNET, cache_dir=cache_dir)
     assert outcome.outcome == "unavailable"
     assert_correct(model, RESNET)
@@ -737,7 +746,7 @@ def test_index_with_other_schema_is_recreated(cache_dir):
     _, outcome = prepare(MLP, cache_dir=cache_dir)
     assert outcome.outcome == "miss"
     conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # the current one, not 99
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
 

@@ -2,8 +2,10 @@
 
 It is the trust anchor of the cache, a persistent map kept apart from the cache files:
 token -> blake3 of the model cache and of the data cache, recorded when an entry is saved
-and checked before an entry is prepared. It also keeps sizes, versions, timestamps, hit counts and the counters shown by
-``nncc cache info``.
+and checked before an entry is prepared, and the blake3 of every chunk of the data cache
+(checked a few at a time on a hit). It also keeps sizes, versions, timestamps, hit counts
+and the counters shown by ``nncc cache info``, and the direct-mode manifest: a model
+file's identity (path, size, times, inode) -> the token its bytes hashed to.
 
 * WAL journal, a busy timeout, and retries on "database is locked".
 * The schema version lives in ``PRAGMA user_version``; another schema is dropped and
@@ -23,7 +25,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 INDEX_NAME = "index.sqlite3"
 COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
 _RETRIES = 50
@@ -49,6 +51,17 @@ CREATE TABLE IF NOT EXISTS entries (
     compile_seconds REAL
 );
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
+CREATE TABLE IF NOT EXISTS chunks (
+    token TEXT PRIMARY KEY,
+    hashes BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS manifest (
+    key TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    files TEXT NOT NULL,
+    recorded REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS manifest_token ON manifest (token);
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
     nncc_version TEXT,
@@ -249,6 +262,8 @@ class Index:
                     "INSERT OR REPLACE INTO stale SELECT token, nncc_version, plan_size, data_size,"
                     " source_path, ? FROM entries", (time.time(),))
                 conn.execute("DELETE FROM entries")
+                conn.execute("DELETE FROM chunks")
+                conn.execute("DELETE FROM manifest")
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'nncc_version'", (self.version,))
                 self.reinitialized = True
             for name in COUNTERS:
@@ -375,12 +390,14 @@ class Index:
         keys = ("token", "nncc_version", "plan_size", "data_size", "source_path", "dropped")
         return {r[0]: dict(zip(keys, r)) for r in rows}
 
-    def insert(self, entry: Entry, counter: str = "misses") -> None:
+    def insert(self, entry: Entry, counter: str = "misses", chunks: bytes = b"") -> None:
+        """Commit an entry's row (and its data cache's chunk hashes) in one transaction."""
         values = tuple(getattr(entry, k) for k in ENTRY_COLUMNS)
 
         def fn(c):
             c.execute(f"INSERT OR REPLACE INTO entries ({', '.join(ENTRY_COLUMNS)}) VALUES "
                       f"({', '.join('?' * len(ENTRY_COLUMNS))})", values)
+            c.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?)", (entry.token, chunks))
             c.execute("DELETE FROM stale WHERE token = ?", (entry.token,))
             c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
 
@@ -405,11 +422,30 @@ class Index:
         def fn(c):
             n = c.execute("DELETE FROM entries WHERE token = ?", (token,)).rowcount
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
+            c.execute("DELETE FROM chunks WHERE token = ?", (token,))
+            c.execute("DELETE FROM manifest WHERE token = ?", (token,))
             if counter:
                 c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
             return n > 0
 
         return self._write(fn)
+
+    def chunks(self, token: str) -> bytes | None:
+        """The data cache's chunk hashes as recorded with the entry (None: no row)."""
+        row = self._read(lambda c: c.execute("SELECT hashes FROM chunks WHERE token = ?", (token,)).fetchone())
+        return None if row is None or not isinstance(row[0], bytes) else row[0]
+
+    def manifest_get(self, key: str) -> tuple[str, str] | None:
+        """(token, files JSON) recorded for a direct-mode key, or None."""
+        row = self._read(lambda c: c.execute("SELECT token, files FROM manifest WHERE key = ?", (key,)).fetchone())
+        if row is None or not all(isinstance(v, str) for v in row):
+            return None
+        return row[0], row[1]
+
+    def manifest_put(self, key: str, token: str, files: str) -> None:
+        now = time.time()
+        self._write(lambda c: c.execute("INSERT OR REPLACE INTO manifest VALUES (?, ?, ?, ?)",
+                                        (key, token, files, now)))
 
     def bump(self, counter: str, by: int = 1) -> None:
         self._write(lambda c: c.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, counter)))

@@ -1,4 +1,8 @@
-"""The compilation cache: entry files on disk, the hash index, and ``prepare``.
+"""The compilation cache's store: entry files on disk and the hash index, by token.
+
+The store does not know what an entry means: it puts, gets (verified), lists, removes
+and collects an entry's two parts. Compiling on a miss and preparing a model on a hit are
+nncc/cache/flows.py's.
 
 Layout of a cache directory (docs/cache.md has the full story)::
 
@@ -8,30 +12,22 @@ Layout of a cache directory (docs/cache.md has the full story)::
     entries/<t[:2]>/<token>.plan      model cache: program + inline constants (verified)
     entries/<t[:2]>/<token>.data      data cache: large constants, 64-byte aligned (mmap)
     entries/<t[:2]>/.<token>.<kind>.<pid>-<rand>.tmp   an atomic write in progress
-
-The three NNAPI flows: hit (prepare from the verified files), miss (compile, write both
-files atomically, then commit the index row) and no cache (compile; touch nothing).
 """
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
-
-from blake3 import blake3
 
 from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, CacheUnavailable, check_trusted,
                                folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
+from nncc.cache.files import (CacheEntryError, CacheWriteError, chunk_hashes, content_hash, fsync_dir,
+                              map_entry_file, read_entry_file, spot_check, unlink_quietly, write_file_atomic)
 from nncc.util.notice import warn
-from nncc.errors import ModelFormatError, PlanFormatError
-from nncc.util.files import kind, open_file, read_at_most, read_model_file
 
 ENTRIES = "entries"
 LOCKS = "locks"
@@ -43,36 +39,8 @@ CACHEDIR_TAG = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
                 b"# For information about cache directory tags see https://bford.info/cachedir/\n")
 TOKEN_RE = re.compile(r"^[0-9a-f]{64}$")
 ENTRY_FILE_RE = ENTRY_NAME  # <token>.plan, <token>.data
-TEMP_FILE_RE = TEMP_NAME  # .<token>.<kind>.<pid>-<8 hex>.tmp, as _write_file names them
+TEMP_FILE_RE = TEMP_NAME  # .<token>.<kind>.<pid>-<8 hex>.tmp, as write_file_atomic names them
 ENV_DIR = "NNCC_CACHE_DIR"
-
-
-class CacheEntryError(Exception):
-    """An entry failed verification; it must not be prepared."""
-
-    def __init__(self, kind: str, detail: str):
-        super().__init__(detail)
-        self.kind = kind  # "corrupt" | "missing" | "unreadable" | "stale"
-        self.detail = detail
-
-
-class CacheWriteError(Exception):
-    """Writing an entry failed (disk full, read-only...)."""
-
-
-@dataclass
-class CacheOutcome:
-    """What the cache did for one prepare: reported by ``nncc run``/``compile --json``."""
-
-    outcome: str  # "hit" | "miss" | "disabled" | "unavailable" | "recompiled"
-    token: str | None
-    seconds: float
-    directory: str | None = None
-    detail: str | None = None  # why an entry was rejected or the cache was unavailable
-
-    def as_dict(self) -> dict:
-        return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
-                "directory": self.directory, "detail": self.detail}
 
 
 def default_cache_dir() -> str:
@@ -89,9 +57,6 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
     return os.path.abspath(env) if env else default_cache_dir()
 
 
-def _hash(buffer) -> str:
-    size = len(buffer)
-    return blake3(buffer, max_threads=blake3.AUTO if size >= (8 << 20) else 1).hexdigest()
 
 
 @dataclass
@@ -225,7 +190,7 @@ class Cache:
             make_private(self.directory)
         tag = os.path.join(self.directory, TAG_NAME)
         if not os.path.lexists(tag):
-            _write_file(tag, CACHEDIR_TAG, f".{TAG_NAME}")
+            write_file_atomic(tag, CACHEDIR_TAG, f".{TAG_NAME}")
         for d in (self.entries_dir, self.locks_dir):
             if not os.path.lexists(d):
                 try:
@@ -371,63 +336,88 @@ class Cache:
                     files.data = path
         return tokens, foreign
 
-    # -- reading: verify, then parse the verified bytes --------------------------------
+    # -- reading: verified parts -------------------------------------------------------
 
-    def load(self, entry: Entry):
-        """Prepare a CompiledModel from an entry, verifying it first, with no gap between
-        check and use.
+    def get(self, entry: Entry, spot_checks: int = 1) -> tuple[bytes, object]:
+        """An entry's (model cache bytes, data cache mapping), checked against the index,
+        with no gap between check and use: what is returned is what was checked.
 
-        The model cache is read into memory once; those bytes are hashed and compared with
-        the index, and then those same bytes are parsed. The data cache is mapped read-only
-        and the mapping is hashed; it only holds numbers whose offsets and lengths come
-        from the verified model cache and are bounds-checked against the mapping's length.
-        Raises CacheEntryError; never returns an unverified plan.
-        """
+        The model cache (the program and any native code: what decides what runs) is read
+        into memory once and those bytes are hashed in full. The data cache holds only
+        numbers, whose offsets and lengths come from the verified model cache and are
+        bounds-checked against the mapping when parsed: a changed byte there can give
+        wrong values, nothing else. So it is mapped, its size checked, and ``spot_checks``
+        of its chunks hashed (see files.spot_check): the cost stays flat in the size of
+        the weights, and over successive hits every chunk is checked. ``verify_data``
+        (``nncc cache verify``) hashes it whole. Raises CacheEntryError."""
         from nncc._version import __version__
-        from nncc.model import CompiledModel
-        from nncc.plan.format import FORMAT_VERSION, deserialize
+        from nncc.plan.format import FORMAT_VERSION
 
         if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
             raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
                                            f"(format {entry.format_version})")
         plan_path, data_path = self.paths(entry.token)
-        model_bytes = _read_bytes(plan_path, "model cache", entry.plan_size)
-        if len(model_bytes) != entry.plan_size:
-            raise CacheEntryError("corrupt", f"model cache has {len(model_bytes)} bytes, "
-                                             f"the index recorded {entry.plan_size}")
-        if _hash(model_bytes) != entry.plan_hash:
+        model_bytes = read_entry_file(plan_path, "model cache", entry.plan_size)
+        if content_hash(model_bytes) != entry.plan_hash:
             raise CacheEntryError("corrupt", "model cache does not match its recorded hash")
-        data = _map_data(data_path, entry)
-        try:
-            plan = deserialize(model_bytes, data=data)
-        except PlanFormatError as exc:
-            raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
-        if plan.producer != __version__:
-            raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
-        # the native code was hashed with the plan above and is loaded from those bytes
-        model = CompiledModel(plan, trust_native=True, origin=f"cache entry {entry.token[:12]}")
-        model._cache_parts = (model_bytes, data)
-        return model
+        data = map_entry_file(data_path, "data cache", entry.data_size)
+        hashes = self.index.chunks(entry.token)
+        if hashes is None:
+            raise CacheEntryError("corrupt", "the index holds no chunk hashes for the data cache")
+        bad = spot_check(data, hashes, count=spot_checks)
+        if bad is not None:
+            raise CacheEntryError("corrupt", f"data cache chunk {bad} does not match its recorded hash")
+        return model_bytes, data
 
     # -- writing -----------------------------------------------------------------------
+
+    def put(self, token: str, model_bytes: bytes, data_bytes, counter: str = "misses", **row) -> Entry:
+        """Store an entry: both files written atomically, then its index row committed
+        (``row``: the Entry fields that describe where it came from). The hashes are of
+        the in-memory buffers that are then written out. The caller holds the token's
+        lock. Raises CacheWriteError or IndexUnavailable; nothing is left half-written."""
+        from nncc._version import __version__
+        from nncc.plan.format import FORMAT_VERSION
+        from nncc.util.interrupts import held_signals
+
+        committed = False
+        try:
+            plan_hash, data_hash = self.write(token, model_bytes, data_bytes)
+            chunks = chunk_hashes(data_bytes)
+            # Ctrl-C/SIGTERM wait until the row is committed (or failed): an interrupt that
+            # surfaces right after the commit must not delete the files of a committed row.
+            with held_signals():
+                now = time.time()
+                entry = Entry(token=token, plan_hash=plan_hash, data_hash=data_hash,
+                              plan_size=len(model_bytes), data_size=len(data_bytes),
+                              nncc_version=__version__, format_version=FORMAT_VERSION,
+                              created=now, last_used=now, hits=0, **row)
+                self.index.insert(entry, counter=counter, chunks=chunks)  # once both files are in place
+                committed = True
+        except BaseException:
+            if not committed:  # failed or interrupted before the commit: no files without a row
+                for path in self.paths(token):
+                    unlink_quietly(path)
+            raise
+        return entry
 
     def write(self, token: str, model_bytes: bytes, data_bytes: bytes) -> tuple[str, str]:
         """Write both files atomically (each: temp in the same folder, fsync, rename, then
         fsync the folder). Returns their hashes, taken from the in-memory buffers. The
         caller commits the index row afterwards and holds the token's lock throughout."""
-        plan_hash, data_hash = _hash(model_bytes), _hash(data_bytes)
+        plan_hash, data_hash = content_hash(model_bytes), content_hash(data_bytes)
         plan_path, data_path = self.paths(token)
         try:
             if os.path.islink(self.shard(token)):
                 raise CacheWriteError(f"{self.shard(token)} is a symbolic link; nothing is written through it")
             os.makedirs(self.shard(token), mode=0o700, exist_ok=True)
-            _write_file(plan_path, model_bytes, f".{token}{PLAN}")
-            _write_file(data_path, data_bytes, f".{token}{DATA}")
-            _fsync_dir(self.shard(token))
+            write_file_atomic(plan_path, model_bytes, f".{token}{PLAN}")
+            write_file_atomic(data_path, data_bytes, f".{token}{DATA}")
+            fsync_dir(self.shard(token))
         except BaseException as exc:
             # Interrupted (Ctrl-C, SIGTERM) or failed: no half entry stays behind.
-            for p in (plan_path, data_path):
-                _unlink(p)
+            for path in (plan_path, data_path):
+                unlink_quietly(path)
             if isinstance(exc, (OSError, CacheWriteError)):
                 raise CacheWriteError(str(exc)) from None
             raise
@@ -503,321 +493,3 @@ class Cache:
 
     def total_size(self) -> int:
         return self.index.totals()[1]
-
-
-# -- prepare: the three flows ---------------------------------------------------------
-
-
-def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
-            use_cache: bool = True, trust_shared: bool | None = None, model_bytes: bytes | None = None,
-            **options):
-    """Compile ``path`` through the cache: returns ``(CompiledModel, CacheOutcome)``.
-
-    Hit: prepare from the verified cache files. Miss: compile, store, return. use_cache
-    False: compile, read and write nothing. A cache that cannot be used (read-only, full,
-    broken index) degrades to an in-memory compile with one warning line; it never fails.
-    So does a folder that is not nncc's or not private to this user (``trust_shared``,
-    default $NNCC_CACHE_TRUST_SHARED, trusts a shared one).
-    ``model_bytes``: the model file's bytes when the caller has read them already (a model
-    read from a pipe can be read only once); external data is still found next to ``path``.
-    """
-    from nncc.compiler import CompileOptions
-
-    start = time.perf_counter()
-    opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    data = read_model_file(path) if model_bytes is None else model_bytes
-    if not use_cache:
-        model = _compile(path, data, opts)
-        return model, CacheOutcome("disabled", None, time.perf_counter() - start)
-    from nncc.cache.token import compute_token
-
-    directory = resolve_cache_dir(cache_dir)
-    token = compute_token(path, data, opts, skip_dirs=(directory,)).hex()
-    try:
-        cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
-    except CacheUnavailable as exc:
-        reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
-        return _degraded(path, data, opts, token, directory, reason, start)
-    try:
-        if cache.read_only:
-            return _prepare_read_only(cache, token, path, data, opts, start)
-        for attempt in (0, 1):
-            try:
-                return _prepare_cached(cache, token, path, data, opts, start)
-            except IndexCorrupt as exc:
-                if attempt:
-                    raise CacheUnavailable(str(exc)) from None
-                cache.rebuild_index(str(exc))
-    except (CacheUnavailable, IndexUnavailable, IndexCorrupt, OSError) as exc:
-        return _degraded(path, data, opts, token, directory, str(exc), start)
-    finally:
-        cache.close()
-
-
-def _degraded(path, data, opts, token, directory, reason, start, model=None):
-    warn(f"compilation cache at {directory} is unavailable ({reason}); compiling in memory")
-    if model is None:
-        model = _compile(path, data, opts)
-    return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
-
-
-def _prepare_read_only(cache: Cache, token: str, path, data: bytes, opts, start: float):
-    """A cache on read-only storage serves verified hits (no lock: nothing here can
-    remove an entry, and the files are verified in memory as always) and stores nothing."""
-    model, rejected = _try_hit(cache, token)
-    if model is not None:
-        return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory)
-    reason = (("disk full, " if cache.disk_full else "read-only, ")
-              + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model"))
-    return _degraded(path, data, opts, token, cache.directory, reason, start)
-
-
-def _try_hit(cache: Cache, token: str):
-    """(model, None) for a verified entry, (None, why) for a rejected one, (None, None)
-    when there is no entry."""
-    entry = cache.index.get(token)
-    if entry is None:
-        return None, None
-    try:
-        model = cache.load(entry)
-    except CacheEntryError as exc:
-        return None, exc
-    _record_hit(cache, token)
-    return model, None
-
-
-def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: float):
-    directory = cache.directory
-    rejected: CacheEntryError | None = None
-    if cache.index.get(token) is not None:
-        # Hit path: a shared lock keeps gc from deleting the entry while it is verified.
-        with _locked(cache, token, shared=True):
-            model, rejected = _try_hit(cache, token)
-            if model is not None:
-                return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
-    with _locked(cache, token, shared=False) as held:
-        # Re-check under the exclusive lock: another process may have compiled it while we
-        # waited (make -j), or already replaced the entry we rejected.
-        model, again = _try_hit(cache, token)
-        if model is not None:
-            return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
-        rejected = again or rejected
-        if rejected is not None:
-            warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
-            cache.remove(token, counter="corruptions", lock=held)
-        compile_start = time.perf_counter()
-        plan = _compile_plan(path, data, opts)
-        compile_seconds = time.perf_counter() - compile_start
-        from nncc.model import CompiledModel
-
-        model = CompiledModel(plan, trust_native=True)  # native code built just now
-        try:
-            _store(cache, token, plan, path, data, opts, compile_seconds,
-                   counter="recompiles" if rejected else "misses")
-        except (CacheWriteError, IndexUnavailable) as exc:
-            return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
-    outcome = "recompiled" if rejected else "miss"
-    try:
-        from nncc.cache.gc import auto_collect
-
-        auto_collect(cache, keep={token})
-    except (IndexUnavailable, IndexCorrupt, OSError):
-        pass  # gc is housekeeping: it never fails a run
-    detail = rejected.detail if rejected else None
-    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail)
-
-
-class _locked:
-    """Token lock for prepare; failing to lock makes the cache unavailable (not the run)."""
-
-    def __init__(self, cache: Cache, token: str, shared: bool):
-        self.lock = cache.lock(token, shared=shared)
-
-    def __enter__(self) -> FileLock:
-        try:
-            return self.lock.acquire()
-        except OSError as exc:
-            raise CacheUnavailable(f"cannot lock {self.lock.path}: {exc.strerror or exc}") from None
-
-    def __exit__(self, *exc) -> None:
-        self.lock.release()
-
-
-def _record_hit(cache: Cache, token: str) -> None:
-    if cache.read_only:
-        return  # statistics cannot be written there
-    try:
-        cache.index.record_hit(token)
-    except IndexUnavailable:
-        pass  # statistics only: a read-only index still serves verified hits
-
-
-def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seconds: float,
-           counter: str) -> Entry:
-    import json
-
-    from nncc._version import __version__
-    from nncc.plan.format import FORMAT_VERSION, serialize_parts
-
-    from nncc.util.interrupts import held_signals
-
-    model_bytes, data_bytes = serialize_parts(plan)
-    committed = False
-    try:
-        # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.
-        plan_hash, data_hash = cache.write(token, model_bytes, data_bytes)
-        # Ctrl-C/SIGTERM wait until the row is committed (or failed): an interrupt that
-        # surfaces right after the commit must not delete the files of a committed row.
-        with held_signals():
-            now = time.time()
-            entry = Entry(
-                token=token, plan_hash=plan_hash, data_hash=data_hash,
-                plan_size=len(model_bytes), data_size=len(data_bytes),
-                nncc_version=__version__, format_version=FORMAT_VERSION,
-                source_path=os.path.abspath(os.fspath(path)), model_hash=blake3(data).hexdigest(),
-                preference=opts.preference, options=json.dumps(opts.as_dict(), sort_keys=True),
-                created=now, last_used=now, hits=0, compile_seconds=compile_seconds,
-            )
-            cache.index.insert(entry, counter=counter)  # committed only once both files are in place
-            committed = True
-    except BaseException:
-        if not committed:  # failed or interrupted before the commit: no files without a row
-            for p in cache.paths(token):
-                _unlink(p)
-        raise
-    return entry
-
-
-def _compile_plan(path, data: bytes, opts):
-    """Compile from the very bytes that were hashed into the token."""
-    from nncc.compiler import compile_graph
-    from nncc.frontend.onnx import parse_model
-
-    try:
-        graph = parse_model(data, base_dir=os.path.dirname(os.path.abspath(path)))
-    except ModelFormatError as exc:
-        raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
-    return compile_graph(graph, opts)
-
-
-def _compile(path, data: bytes, opts):
-    from nncc.model import CompiledModel
-
-    return CompiledModel(_compile_plan(path, data, opts), trust_native=True)  # built just now
-
-
-def artifact_bytes(model) -> bytes:
-    """The single-file artifact (``nncc compile -o``) of a prepared model. For a model
-    prepared from the cache it is assembled from the verified model and data caches, so it
-    is byte-identical to what an uncached compile writes."""
-    parts = getattr(model, "_cache_parts", None)
-    if parts is None:
-        return model.to_bytes()
-    from nncc.plan import format as plan_format
-
-    model_bytes, data = parts
-    producer, sections = plan_format.read_sections(model_bytes)
-    return plan_format._assemble(producer, [
-        (b"PROG", bytes(sections[b"PROG"])),
-        (b"INLN", bytes(sections.get(b"INLN", b""))),
-        (b"DATA", bytes(data)),
-        *([(b"CODE", bytes(sections[b"CODE"]))] if b"CODE" in sections else []),
-    ])
-
-
-# -- file helpers ------------------------------------------------------------------------
-
-
-def _open_entry_file(path: str, what: str) -> tuple[int, int]:
-    """(descriptor, size) of a cache file, opened without blocking and checked to be a
-    regular file: anything else in its place (a FIFO, a link to a device) is a corrupt
-    entry, never a hang or an endless read. The caller closes the descriptor."""
-    try:
-        fd, st = open_file(path)
-    except FileNotFoundError:
-        raise CacheEntryError("missing", f"{what} file is missing") from None
-    except OSError as exc:
-        raise CacheEntryError("unreadable", f"cannot read the {what}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CacheEntryError("corrupt", f"{what} file is {kind(st.st_mode)}, not a regular file")
-    return fd, st.st_size
-
-
-def _read_bytes(path: str, what: str, expected_size: int | None = None) -> bytes:
-    """A cache file's bytes, read once, at most the size fstat declared. With
-    ``expected_size`` a file of another size is rejected without being read."""
-    fd, size = _open_entry_file(path, what)
-    try:
-        if expected_size is not None and size != expected_size:
-            raise CacheEntryError("corrupt", f"{what} has {size} bytes, the index recorded {expected_size}")
-        return read_at_most(fd, size)
-    except OSError as exc:
-        raise CacheEntryError("unreadable", f"cannot read the {what}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-
-
-def _map_data(path: str, entry: Entry):
-    """Map the data cache read-only and check the mapping against the index."""
-    fd, size = _open_entry_file(path, "data cache")
-    try:
-        if size != entry.data_size:
-            raise CacheEntryError("corrupt", f"data cache has {size} bytes, the index recorded "
-                                             f"{entry.data_size}")
-        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
-    except OSError as exc:
-        raise CacheEntryError("unreadable", f"cannot map the data cache: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if _hash(buffer) != entry.data_hash:
-        raise CacheEntryError("corrupt", "data cache does not match its recorded hash")
-    return buffer
-
-
-def _write_file(path: str, data, prefix: str) -> None:
-    """Atomic write: a uniquely named temp file in the same folder, fsync, rename."""
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, f"{prefix}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise CacheWriteError(f"cannot write in {folder}: {exc.strerror or exc}") from None
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        _unlink(tmp)
-        if isinstance(exc, OSError):
-            raise CacheWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
-        raise
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:
-        pass

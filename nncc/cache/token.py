@@ -14,7 +14,7 @@ import sys
 
 from blake3 import blake3
 
-TOKEN_SCHEME = "nncc-cache-token/2"  # bump when the list of ingredients changes
+TOKEN_SCHEME = "nncc-cache-token/3"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nncc/
 EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
@@ -46,10 +46,29 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
         install) changes its code without changing ``__version__``; an entry compiled by
         other code must then miss, not be served. About 1 ms per process.
 
+    4-10 are hashed first, into ``token_context``, which direct mode reuses.
     The model's own path is *not* an ingredient: the same bytes in two places share an
     entry. Plugins named in ``options`` are imported here (they register kernels and
     backends that change the result, and a plan using their kernels needs them loaded).
     """
+    return token_from(token_context(options), model_path, model_bytes, skip_dirs)
+
+
+def token_from(context: bytes, model_path, model_bytes, skip_dirs=(), seen: list | None = None) -> bytes:
+    """compute_token, given ``token_context(options)``. ``seen`` (a list) receives the
+    identity of every file and folder the external-data search looked at."""
+    h = blake3()
+    _put(h, "scheme", TOKEN_SCHEME)
+    _put(h, "model", blake3(model_bytes, max_threads=_threads(len(model_bytes))).digest())
+    for rel, digest in external_files(model_path, model_bytes, skip_dirs, seen):
+        _put(h, "external", rel.encode("utf-8", "surrogateescape") + b"\0" + digest)
+    _put(h, "context", context)
+    return h.digest()
+
+
+def token_context(options) -> bytes:
+    """The digest of every ingredient but the model's own bytes and files (3-10 above):
+    what a direct-mode lookup must match as well as the file's identity."""
     import numpy as np
 
     from nncc._version import __version__
@@ -59,28 +78,24 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     for module in options.plugins:
         load_plugin(module)
     backends = [b.identity() for b in available_backends()]
-
     h = blake3()
-
-    def put(label: str, value: bytes | str) -> None:
-        raw = value.encode() if isinstance(value, str) else bytes(value)
-        tag = label.encode()
-        h.update(len(tag).to_bytes(4, "little") + tag + len(raw).to_bytes(8, "little"))
-        h.update(raw)
-
-    put("scheme", TOKEN_SCHEME)
-    put("model", blake3(model_bytes, max_threads=_threads(len(model_bytes))).digest())
-    for rel, digest in external_files(model_path, model_bytes, skip_dirs):
-        put("external", rel.encode("utf-8", "surrogateescape") + b"\0" + digest)
-    put("nncc", __version__)
-    put("format", str(FORMAT_VERSION))
-    put("backends", _json(backends))
-    put("options", _json(options.as_dict()))
-    put("plugins", _json(loaded_plugins()))
-    put("numpy", np.__version__)
-    put("byteorder", sys.byteorder)
-    put("code", code_fingerprint(PACKAGE_DIR))
+    _put(h, "nncc", __version__)
+    _put(h, "format", str(FORMAT_VERSION))
+    _put(h, "backends", _json(backends))
+    _put(h, "options", _json(options.as_dict()))
+    _put(h, "plugins", _json(loaded_plugins()))
+    _put(h, "numpy", np.__version__)
+    _put(h, "byteorder", sys.byteorder)
+    _put(h, "code", code_fingerprint(PACKAGE_DIR))
     return h.digest()
+
+
+def _put(h, label: str, value: bytes | str) -> None:
+    """One ingredient, framed as (label, length, value) so that no two lists hash alike."""
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    tag = label.encode()
+    h.update(len(tag).to_bytes(4, "little") + tag + len(raw).to_bytes(8, "little"))
+    h.update(raw)
 
 
 @functools.lru_cache(maxsize=4)
@@ -105,7 +120,7 @@ def code_fingerprint(package_dir: str) -> bytes:
     return h.digest()
 
 
-def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, bytes]]:
+def external_files(model_path, model_bytes, skip_dirs=(), seen: list | None = None) -> list[tuple[str, bytes]]:
     """Files whose contents the ONNX reader may read as external data, with their hashes.
 
     The reader resolves each external tensor's ``location`` relative to the model's folder
@@ -116,6 +131,8 @@ def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, byt
     verbatim in the protobuf wire format), so the set is a superset of what the reader can
     open. Files not present are simply absent from the list, so creating one later changes
     the token too. The nncc cache directory is skipped if it lies inside the folder.
+    ``seen`` receives (path, stat) of every folder walked, taken before it is listed, and
+    of every file hashed, taken before it is read (see nncc/cache/direct.py).
     """
     if EXTERNAL_MARKER not in model_bytes:
         return []
@@ -126,6 +143,10 @@ def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, byt
     data = bytes(model_bytes)
     found = []
     for root, dirs, files in os.walk(base):
+        if seen is not None:
+            # taken after os.walk listed it: a name added in between leaves the folder's
+            # times too new for direct mode to record them (nncc/cache/direct.py)
+            seen.append((root, _stat_or_none(root)))
         dirs[:] = sorted(d for d in dirs if os.path.realpath(os.path.join(root, d)) not in skip)
         for name in sorted(files):
             if os.fsencode(name) not in data:
@@ -135,14 +156,21 @@ def external_files(model_path, model_bytes, skip_dirs=()) -> list[tuple[str, byt
                 # the reader's own rule, before anything is opened: a symlink leading out
                 # of the folder is refused by the reader, so it is never read here either
                 path = external_data_path(base, rel)
-                digest = _hash_file(path)
+                digest = _hash_file(path, seen)
             except (OSError, ValueError):
                 continue  # not a readable regular file inside the folder: the reader could not use it
             found.append((rel, digest))
     return found
 
 
-def _hash_file(path: str) -> bytes:
+def _stat_or_none(path: str):
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _hash_file(path: str, seen: list | None = None) -> bytes:
     import mmap
     import stat
 
@@ -152,6 +180,8 @@ def _hash_file(path: str) -> bytes:
     try:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a regular file")
+        if seen is not None:
+            seen.append((path, st))
         h = blake3(max_threads=_threads(st.st_size))
         if st.st_size:
             with mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ) as mapped:

@@ -208,7 +208,7 @@ def _drop_row(cache, token) -> bool:
 
 def _check(cache, entry) -> tuple[str, str]:
     from nncc._version import __version__
-    from nncc.cache.store import CacheEntryError, _hash, _read_bytes
+    from nncc.cache.files import CacheEntryError, content_hash, read_entry_file
     from nncc.plan.format import FORMAT_VERSION
 
     if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
@@ -217,12 +217,12 @@ def _check(cache, entry) -> tuple[str, str]:
     for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
                                      (data_path, entry.data_size, entry.data_hash, "data cache")):
         try:
-            data = _read_bytes(path, what, size)
+            data = read_entry_file(path, what, size)
         except CacheEntryError as exc:
             return ("MISSING" if exc.kind == "missing" else "CORRUPT"), exc.detail
         if len(data) != size:
             return "CORRUPT", f"{what} has {len(data)} bytes, the index recorded {size}"
-        if _hash(data) != digest:
+        if content_hash(data) != digest:
             return "CORRUPT", f"{what} does not match its recorded hash"
     producer = _producer(plan_path)
     if producer is None:

@@ -27,7 +27,12 @@ def trust_option(command):
 
 
 def cache_options(command):
-    """Decorate ``command`` with --cache-dir, --no-cache and --trust-shared-cache."""
+    """Decorate ``command`` with --cache-dir, --no-cache, --trust-shared-cache and
+    --hash-mode."""
+    command = click.option("--hash-mode", type=click.Choice(["direct", "content"]), default=None,
+                           help="How a model's cache entry is found: direct (default, $NNCC_HASH_MODE) "
+                                "trusts an unchanged file's identity (path, size, times, inode) and "
+                                "reads nothing; content always hashes the model.")(command)
     command = trust_option(command)
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
@@ -136,7 +141,7 @@ def ls(sort, cache_dir, trust_shared, as_json):
         entries = c.index.entries(order=SORTS[sort])
         malformed = c.index.malformed()
     if malformed:  # someone edited the index: such rows are never used
-        from nncc.cache.store import warn
+        from nncc.util.notice import warn
 
         warn(f"skipped {len(malformed)} malformed index row(s) ({malformed[0][1]}); "
              "`nncc cache verify --fix` removes them")

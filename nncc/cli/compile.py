@@ -31,13 +31,13 @@ from nncc.cli.output import detail, emit_json, status
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def compile(model, output, depfile, force, preference, opt_level, backends, plugins, target, cache_dir, no_cache,
-            trust_shared, as_json):
+            trust_shared, hash_mode, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
     written only when its content changes, so `make` does not redo what depends on it.
     Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input."""
-    from nncc.cache.store import artifact_bytes
+    from nncc.cache.flows import artifact_bytes
     from nncc.cli.progress import live_progress
     from nncc.cli.sources import read_onnx_source
     from nncc.model import prepare
@@ -55,7 +55,7 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
            + (f" plugins={','.join(plugins)}" if plugins else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                    trust_shared=trust_shared, **options)
+                                    trust_shared=trust_shared, hash_mode=hash_mode, **options)
         data = artifact_bytes(compiled)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)

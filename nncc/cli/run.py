@@ -36,7 +36,7 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared,
+        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared, hash_mode,
         as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
@@ -48,8 +48,11 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
     start = time.perf_counter()
     outcome = None
-    source, artifact = read_source(model)  # read once: MODEL may be a pipe
+    # read once (MODEL may be a pipe), and a model file not at all when the cache knows it
+    source, artifact = read_source(model, lazy_model=True)
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
+    if writes and source is None:
+        source, artifact = read_source(model)
     inputs = _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
     _refuse_clobbering(inputs, output_path, output_dir, None)
     if artifact:
@@ -68,7 +71,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         options = options_dict(preference, opt_level, backends, plugins, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
             session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                       trust_shared=trust_shared, **options)
+                                       trust_shared=trust_shared, hash_mode=hash_mode, **options)
         report_cache(outcome)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)

@@ -194,6 +194,18 @@ def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
     return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), *_code(plan)]), b"".join(data)
 
 
+def artifact_from_parts(model_cache, data) -> bytes:
+    """The artifact ``serialize`` writes, assembled from the two parts ``serialize_parts``
+    made (verified ones, from the cache): the same bytes, without the plan."""
+    producer, sections = read_sections(model_cache)
+    return _assemble(producer, [
+        (b"PROG", bytes(sections[b"PROG"])),
+        (b"INLN", bytes(sections.get(b"INLN", b""))),
+        (b"DATA", bytes(data)),
+        *([(b"CODE", bytes(sections[b"CODE"]))] if b"CODE" in sections else []),
+    ])
+
+
 def _code(plan: Plan) -> list:
     return [(b"CODE", plan.code)] if plan.native and plan.code is not None else []
 

@@ -75,12 +75,14 @@ def _access_error(path, exc: OSError) -> FileAccessError:
     return FileAccessError(f"cannot read {path}: {exc.strerror or exc}")
 
 
-def read_source(path: str | os.PathLike, what: str = "model", map_artifact: bool = True):
+def read_source(path: str | os.PathLike, what: str = "model", map_artifact: bool = True, lazy_model: bool = False):
     """A model or artifact named by the user, read once: ``(buffer, is_artifact)``.
 
     A regular file is read up to its size, or memory-mapped when it is an artifact (its
     constants are used in place) and ``map_artifact``; a pipe is read up to PIPE_LIMIT.
-    Anything else (a directory, a device) is refused with FileAccessError."""
+    Anything else (a directory, a device) is refused with FileAccessError. With
+    ``lazy_model``, a regular file that is not an artifact is not read: ``(None, False)``
+    (the cache may find its entry without reading it)."""
     try:
         fd, st = open_file(path)
     except OSError as exc:
@@ -97,6 +99,8 @@ def read_source(path: str | os.PathLike, what: str = "model", map_artifact: bool
         artifact = os.pread(fd, len(ARTIFACT_MAGIC), 0) == ARTIFACT_MAGIC
         if artifact and map_artifact and st.st_size:
             return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ), True
+        if lazy_model and not artifact:
+            return None, False
         return read_at_most(fd, st.st_size), artifact
     except OSError as exc:
         raise _access_error(path, exc) from None
