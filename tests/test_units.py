@@ -9,3 +9,35 @@ from nncc.util.units import format_bytes
 ])
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
+
+
+def test_kernel_catalog_names_the_family_of_every_builtin_op():
+    """catalog.FAMILY_OF (what a cache hit imports by) is what the families register:
+    regenerate it with `python -m nncc.kernels.catalog` after adding a kernel."""
+    import subprocess
+    import sys
+
+    script = ("import nncc.kernels, nncc.kernels.registry as r\n"
+              "nncc.kernels.load_all()\n"
+              "print(sorted(f'{d}::{op}={defs[0].fn.__module__}' for (d, op), defs in r._REGISTRY.items()))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    from nncc.kernels.catalog import FAMILY_OF
+
+    assert done.stdout.strip() == str(sorted(f"{k}=nncc.kernels.{v}" for k, v in FAMILY_OF.items()))
+
+
+def test_a_cached_plan_imports_only_the_families_it_uses(tmp_path):
+    """A hit on the MLP fixture (MatMul/Gemm and Relu) loads a few families, not all."""
+    import subprocess
+    import sys
+
+    from tests.conftest import FIXTURES
+
+    script = ("import sys, nncc\n"
+              "nncc.prepare(sys.argv[1], cache_dir=sys.argv[2])\n"
+              "from nncc.kernels import FAMILIES\n"
+              "print(sum(f'nncc.kernels.{f}' in sys.modules for f in FAMILIES), len(FAMILIES))\n")
+    args = [sys.executable, "-c", script, str(FIXTURES / "mlp.onnx"), str(tmp_path / "c")]
+    subprocess.run(args, check=True, capture_output=True)  # the miss compiles: every family
+    loaded, total = map(int, subprocess.run(args, check=True, capture_output=True, text=True).stdout.split())
+    assert 0 < loaded <= 4 < total

@@ -1,34 +1,51 @@
-"""Built-in kernels, one module per op family. Importing this package registers them."""
+"""Built-in kernels, one module per op family; each module registers its kernels when
+imported. ``load_all`` imports every family (compiling needs them all); a plan loaded
+from the cache imports only the families it names (registry.by_key, catalog.py)."""
 
-from nncc.kernels import (  # noqa: F401
-    activation,
-    affine,
-    arithmetic,
-    attention,
-    bitwise,
-    control_flow,
-    conv,
-    detection,
-    fused,
-    generators,
-    image,
-    indexing,
-    linalg,
-    logic,
-    loss,
-    ml,
-    normalization,
-    optional,
-    pool,
-    quantize,
-    recurrent,
-    reduce,
-    resize,
-    sampling,
-    sequence,
-    signal,
-    strings,
-    tensor,
-    training,
-    trig,
+FAMILIES = (
+    "activation",
+    "affine",
+    "arithmetic",
+    "attention",
+    "bitwise",
+    "control_flow",
+    "conv",
+    "detection",
+    "fused",
+    "generators",
+    "image",
+    "indexing",
+    "linalg",
+    "logic",
+    "loss",
+    "ml",
+    "normalization",
+    "optional",
+    "pool",
+    "quantize",
+    "recurrent",
+    "reduce",
+    "resize",
+    "sampling",
+    "sequence",
+    "signal",
+    "strings",
+    "tensor",
+    "training",
+    "trig",
 )
+
+
+def load_all() -> None:
+    import importlib
+
+    for name in FAMILIES:
+        importlib.import_module(f"nncc.kernels.{name}")
+
+
+def load_family(name: str) -> None:
+    """Import one built-in family, by a name from FAMILIES only."""
+    import importlib
+
+    if name in FAMILIES:
+        importlib.import_module(f"nncc.kernels.{name}")

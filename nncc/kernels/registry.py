@@ -149,16 +149,34 @@ def resolve(op_type: str, domain: str, opset: int) -> KernelDef:
 
 
 def by_key(key: str) -> KernelDef | None:
-    """The kernel a serialized plan names, or None. Never imports anything by name."""
-    _ensure_loaded()
+    """The kernel a serialized plan names, or None. Imports nothing a plan could name
+    but the built-in family that registers the op (from catalog.FAMILY_OF), so that a
+    cache hit loads only the families its plan uses."""
     try:
         domain, op_type, since = key.split("::")
         domain = normalize_domain(domain)
-        for definition in _REGISTRY.get((domain, op_type), []):
-            if definition.since == int(since):
-                return definition
+        version = int(since)
     except ValueError:
         return None
+    found = _find(domain, op_type, version)
+    if found is None and not _loaded:
+        from nncc.kernels import load_family
+        from nncc.kernels.catalog import FAMILY_OF
+
+        family = FAMILY_OF.get(f"{domain}::{op_type}")
+        if family is not None:
+            load_family(family)
+            found = _find(domain, op_type, version)
+        if found is None:
+            _ensure_loaded()
+            found = _find(domain, op_type, version)
+    return found
+
+
+def _find(domain: str, op_type: str, since: int) -> KernelDef | None:
+    for definition in _REGISTRY.get((domain, op_type), []):
+        if definition.since == since:
+            return definition
     return None
 
 
@@ -174,4 +192,6 @@ def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        import nncc.kernels  # noqa: F401  (registers the built-in op families)
+        from nncc.kernels import load_all
+
+        load_all()  # registers the built-in op families
