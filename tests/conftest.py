@@ -15,8 +15,10 @@ def light_models_dir() -> pathlib.Path:
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # No test may touch the user's real nncc cache.
+    # No test may touch the user's real nncc cache, nor sign with (or create) their key.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
+    monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
 
 
 @pytest.fixture

@@ -707,13 +707,16 @@ def _compile(path, data: bytes, opts):
 
 
 def artifact_bytes(model) -> bytes:
-    """The single-file artifact (``nncc compile -o``) of a prepared model. For a model
-    prepared from the cache it is assembled from the verified model and data caches, so it
-    is byte-identical to what an uncached compile writes."""
+    """The single-file artifact (``nncc compile -o``) of a prepared model, signed with the
+    user's key when it carries native code. For a model prepared from the cache it is
+    assembled from the verified model and data caches, so it is byte-identical to what an
+    uncached compile writes."""
     parts = getattr(model, "_cache_parts", None)
     if parts is None:
         return model.to_bytes()
     from nncc.plan import format as plan_format
+
+    from nncc.trust.seal import sign  # trust hook: native code from our own cache is signed as ours
 
     model_bytes, data = parts
     producer, sections = plan_format.read_sections(model_bytes)
@@ -722,7 +725,7 @@ def artifact_bytes(model) -> bytes:
         (b"INLN", bytes(sections.get(b"INLN", b""))),
         (b"DATA", bytes(data)),
         *([(b"CODE", bytes(sections[b"CODE"]))] if b"CODE" in sections else []),
-    ])
+    ], seal=sign)
 
 
 # -- file helpers ------------------------------------------------------------------------

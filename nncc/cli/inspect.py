@@ -44,6 +44,12 @@ def inspect(path, preference, opt_level, backends, plugins, target, as_json):
         size = len(serialize(plan))
     report = describe_plan(plan, size)
     report["path"] = path
+    if artifact:  # who signed it, and whether that key's signature lets its native code run
+        from nncc.trust.seal import describe
+
+        report["signature"] = describe(plan.seal)
+    else:
+        report["signature"] = None  # compiled here: nothing signed it yet
     if as_json:
         emit_json(report)
     else:
