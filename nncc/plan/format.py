@@ -104,6 +104,7 @@ _ENTRY = struct.Struct("<4sIQQ32s")
 _TAGS = (b"PROG", b"INLN", b"DATA", b"CODE", b"SIGN")
 _SEAL = struct.Struct("<I8s32s")  # scheme, key fingerprint, MAC
 SEAL_SCHEME = 1
+SEAL_BYTES = _SEAL.size
 _SEAL_DOMAIN = b"nncc artifact seal 1\n"
 MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
 MAX_SECTIONS = 8  # five tags, each at most once
