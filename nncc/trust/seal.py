@@ -9,6 +9,7 @@ unchanged since; it says nothing about whether that holder is benign.
 from __future__ import annotations
 
 import hmac
+import os
 from dataclasses import dataclass
 
 from blake3 import blake3
@@ -61,11 +62,11 @@ def check(seal: ArtifactSeal | None) -> Verdict:
         return Verdict(False, True, hexprint, f"it is signed by another key {hexprint}, not yours"
                        + (f" nor the {ENV_KEY_FILE} key" if _team_set() else ""),
                        f"to trust that key, point {ENV_KEY_FILE} at a private copy of it; or {_FORCE}")
-    key = keys[0]
-    if not hmac.compare_digest(mac(key.secret, seal.message), seal.mac):
-        return Verdict(False, True, hexprint, f"its MAC does not verify under {key.whose} {hexprint}: "
-                       "it was changed after it was signed", "recompile it from the model")
-    return Verdict(True, True, hexprint, f"signed by {key.whose} {hexprint}", whose=key.whose)
+    for key in keys:  # one, unless two trusted keys share a fingerprint
+        if hmac.compare_digest(mac(key.secret, seal.message), seal.mac):
+            return Verdict(True, True, hexprint, f"signed by {key.whose} {hexprint}", whose=key.whose)
+    return Verdict(False, True, hexprint, f"its MAC does not verify under {keys[0].whose} {hexprint}: "
+                   "it was changed after it was signed", "recompile it from the model")
 
 
 def describe(seal: ArtifactSeal | None) -> dict:
@@ -80,6 +81,4 @@ def describe(seal: ArtifactSeal | None) -> dict:
 
 
 def _team_set() -> bool:
-    import os
-
     return bool(os.environ.get(ENV_KEY_FILE))
