@@ -69,3 +69,9 @@ class MissingDependencyError(NnccError):
     """The model needs an optional package that is not installed."""
 
     exit_code = 2
+
+
+class TrustKeyError(NnccError):
+    """The key that signs and verifies artifacts is missing, malformed, or not private."""
+
+    exit_code = 2

@@ -17,9 +17,11 @@ class CompiledModel:
     """A prepared model: a verified Plan bound to an executor."""
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
-                 origin: str = "the artifact", cache_parts: tuple | None = None):
-        """``trust_native``: run the plan's native code (when it has any and this CPU can);
-        otherwise its portable plan runs, with one warning if native code was skipped.
+                 origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None):
+        """``trust_native``: run the plan's native code (when it has any and this CPU can)
+        even if the plan's artifact is not signed by a trusted key; otherwise its portable
+        plan runs, with one warning if native code was skipped. ``foreign``: the plan was
+        read from an artifact, so its code is not this user's to sign when saved.
         ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
         from, from which its artifact is assembled without serializing again."""
         from nncc.native.activate import activate
@@ -27,6 +29,7 @@ class CompiledModel:
 
         self.plan = plan
         self._raw = raw
+        self._foreign = foreign
         self.cache_parts = cache_parts
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
@@ -63,16 +66,34 @@ class CompiledModel:
         return self._executor.allocate(roles, shape, dtype)
 
     def to_bytes(self) -> bytes:
+        """The artifact. Native code built here (or read from nncc's own cache) is signed
+        with the user's key; a loaded artifact keeps its own signature, if its bytes are
+        unchanged, and is never signed by this user."""
         if self._raw is None:
             from nncc.plan.format import serialize
 
-            self._raw = serialize(self.plan)
+            if self._foreign:
+                seal = self.plan.seal
+                self._raw = serialize(self.plan, seal=lambda message: _same_seal(seal, message))
+            else:
+                from nncc.trust.seal import sign
+
+                self._raw = serialize(self.plan, seal=sign)
         return self._raw
 
     def save(self, path: str | os.PathLike) -> None:
         from nncc.util.atomic import write_atomic
 
         write_atomic(path, self.to_bytes())
+
+
+def _same_seal(seal, message: bytes) -> bytes | None:
+    """The artifact's own SIGN section, when it still signs what is being written."""
+    from nncc.plan.format import SEAL_SCHEME, seal_payload
+
+    if seal is None or seal.scheme != SEAL_SCHEME or seal.message != message:
+        return None
+    return seal_payload(seal.fingerprint, seal.mac)
 
 
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
@@ -113,10 +134,11 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
          trust_native: bool = False) -> CompiledModel:
     """Load a compiled artifact from a path (memory-mapped) or from bytes (or a mapping).
-    Its native code runs only with ``trust_native=True``: running it is running whoever
+    Its native code runs only when the file is signed by the user's key (or the
+    NNCC_TRUST_KEY_FILE key), or with ``trust_native=True``: running it is running whoever
     built the file."""
     origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)) else os.fspath(source)
-    return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin)
+    return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin, foreign=True)
 
 
 def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap) -> Plan:

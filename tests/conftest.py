@@ -13,10 +13,21 @@ def light_models_dir() -> pathlib.Path:
     return pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
+def pytest_configure(config):
+    # Code that runs before any fixture (module-level compiles, module-scoped fixtures)
+    # must not sign with, nor create, the user's real key either.
+    import tempfile
+
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nncc-test-config-")
+    os.environ.pop("NNCC_TRUST_KEY_FILE", None)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # No test may touch the user's real nncc cache.
+    # No test may touch the user's real nncc cache, nor sign with (or create) their key.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
+    monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
 
 
 @pytest.fixture

@@ -364,9 +364,11 @@ def test_compiler_that_hangs_times_out(tmp_path, monkeypatch, capfd, static_mlp)
     assert model.native_partitions == 0
 
 
-def test_untrusted_artifact_runs_portable_with_one_warning(tmp_path, capfd, static_mlp):
+def test_untrusted_artifact_runs_portable_with_one_warning(tmp_path, capfd, monkeypatch, static_mlp):
     path = tmp_path / "mlp.nncc"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "builder"))  # signed by someone else's key
     nncc.compile_model(static_mlp).save(path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "runner"))
     capfd.readouterr()
     untrusted = nncc.load(path)
     err = capfd.readouterr().err
@@ -495,8 +497,9 @@ def test_sigkill_during_a_native_build_leaves_the_cache_consistent(tmp_path, sta
 def test_cli_trust_native_flag(tmp_path, static_mlp):
     artifact = tmp_path / "mlp.nncc"
     env = dict(os.environ, NNCC_CACHE_DIR=str(tmp_path / "cache"))
-    subprocess.run([sys.executable, "-m", "nncc", "compile", str(static_mlp), "-o",
-                    str(artifact)], env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "nncc", "compile", str(static_mlp), "-o", str(artifact)],
+                   env=dict(env, XDG_CONFIG_HOME=str(tmp_path / "builder")), check=True, capture_output=True)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "runner")  # another user: the builder's signature is not theirs
     plain = subprocess.run([sys.executable, "-m", "nncc", "run", str(artifact), "--random-inputs", "--json"],
                            env=env, capture_output=True, text=True)
     trusted = subprocess.run([sys.executable, "-m", "nncc", "run", str(artifact), "--random-inputs",

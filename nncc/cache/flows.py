@@ -299,11 +299,13 @@ def _compile(source: ModelSource, opts):
 
 
 def artifact_bytes(model) -> bytes:
-    """The single-file artifact (``nncc compile -o``) of a prepared model. For a model
-    prepared from the cache it is assembled from the verified model and data caches, so it
-    is byte-identical to what an uncached compile writes."""
+    """The single-file artifact (``nncc compile -o``) of a prepared model, signed with the
+    user's key when it carries native code. For a model prepared from the cache it is
+    assembled from the verified model and data caches, so it is byte-identical to what an
+    uncached compile writes."""
     if model.cache_parts is None:
         return model.to_bytes()
     from nncc.plan.format import artifact_from_parts
+    from nncc.trust.seal import sign  # native code from our own cache is signed as ours
 
-    return artifact_from_parts(*model.cache_parts)
+    return artifact_from_parts(*model.cache_parts, seal=sign)

@@ -39,11 +39,18 @@ def inspect(path, preference, opt_level, backends, plugins, target, as_json):
 
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
             plan = compile_plan(path, source, options_dict(preference, opt_level, backends, plugins, target))
-        from nncc.plan.format import serialize
+        from nncc.plan.format import SEAL_BYTES, serialize
 
-        size = len(serialize(plan))
+        # the size nncc compile writes, room for its signature included (no key is read)
+        size = len(serialize(plan, seal=lambda message: bytes(SEAL_BYTES)))
     report = describe_plan(plan, size)
     report["path"] = path
+    if artifact:  # who signed it, and whether that key's signature lets its native code run
+        from nncc.trust.seal import describe
+
+        report["signature"] = describe(plan.seal)
+    else:
+        report["signature"] = None  # compiled here: nothing signed it yet
     if as_json:
         emit_json(report)
     else:

@@ -36,8 +36,9 @@ def options_dict(preference, opt_level, backends, plugins, target="native") -> d
 
 def trust_native_option(command):
     return click.option("--trust-native", is_flag=True,
-                        help="Run an artifact's native code (it runs whoever built the file); "
-                             "without it the artifact's portable plan runs.")(command)
+                        help="Run an artifact's native code even when it is not signed by your key "
+                             "(it runs whoever built the file); without it such an artifact's "
+                             "portable plan runs.")(command)
 
 
 def _set_verbosity(level: int):

@@ -43,6 +43,20 @@ def print_report(report: dict) -> None:
                  f"({built.get('version', '?')}, target {built.get('target', '?')})")
     elif opts.get("native_error"):
         tree.add(f"[yellow]native code: none ({opts['native_error']})[/]")
+    signature = report.get("signature")
+    if signature is not None:
+        tree.add(_signature_line(signature, bool(report.get("native_code_bytes"))))
     if report.get("artifact_bytes") is not None:
         tree.add(f"artifact size: {format_bytes(report['artifact_bytes'])}")
     console().print(tree)
+
+
+def _signature_line(signature: dict, has_code: bool) -> str:
+    from rich.markup import escape
+
+    reason = escape(signature["reason"])
+    if signature["trusted"]:
+        return f"[green]signature: {reason}, trusted[/]"
+    if not signature["signed"] and not has_code:
+        return "signature: none (no native code to trust)"
+    return f"[yellow]signature: not trusted, {reason}[/]"

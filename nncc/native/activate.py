@@ -2,8 +2,9 @@
 
 Native code is executable: it runs only when it was verified and comes from someone the
 user trusts. Code nncc just built, or read from its own cache after the hash check, is
-trusted; an artifact's code is the artifact maker's, so it runs only when the caller says
-so (``--trust-native``). Code built for CPU features this machine lacks is never loaded.
+trusted; an artifact's code is the artifact maker's, so it runs only when the artifact is
+signed by a key the user trusts (nncc.trust) or the caller says so (``--trust-native``).
+Code built for CPU features this machine lacks is never loaded.
 Whenever native code does not run, the plan's portable instructions do, after one
 warning line that says why.
 """
@@ -21,9 +22,13 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
     if not plan.native or plan.code is None:
         return None
     if not trusted:
-        warn(f"{origin} carries native code, which runs only when trusted; running its portable plan "
-             "(pass --trust-native, or trust_native=True, if you trust whoever built it)")
-        return None
+        from nncc.trust.seal import check
+
+        verdict = check(plan.seal)
+        if not verdict.trusted:
+            warn(f"{origin} carries native code, but {verdict.reason}; running its portable plan "
+                 f"({verdict.remedy})")
+            return None
     from nncc.native.toolchain import missing_features
 
     info = plan.options.get("native")

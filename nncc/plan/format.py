@@ -58,6 +58,17 @@ Sections (each at most once, tags ASCII):
     "DATA"  large constants, each at a 64-byte aligned offset within the section
     "CODE"  (optional) an ELF shared object holding the native entry points; model cache:
             verified with PROG and loaded from the verified bytes in memory
+    "SIGN"  (optional; written only with CODE, never in the model cache)
+            scheme:u32 (1)  key_fingerprint:u8[8]  mac:u8[32]
+            mac: keyed blake3 of the seal message under the signer's 32-byte key, where
+            seal message := "nncc artifact seal 1" 0x0A  magic  format_version:u32
+                            producer:u8[16]  n:u32  (tag flags:u32 length:u64 blake3){n}
+            over every other section's table entry in table order. Each entry's blake3 is
+            checked against its section's bytes, so the MAC covers every byte that decides
+            what runs (program, native code, constants) and the producer; offsets only
+            place those bytes. An nncc without this tag refuses the file as having an
+            unknown section. Whether a seal is trusted is nncc.trust's decision, not the
+            format's.
 
 Loading never evaluates code: JSON only, kernels are looked up in the registry by key and
 never imported by name, and every index, offset, length, dtype and shape is checked
@@ -69,7 +80,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from blake3 import blake3
@@ -79,7 +90,7 @@ from nncc.ir import low_precision
 from nncc.kernels.attributes import attribute_problem
 from nncc.plan.memory import aligned_constant, is_splat
 from nncc.ir.graph import KINDS
-from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.plan import ArtifactSeal, NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.plan.subgraph import GraphChecker
 from nncc.util.files import ARTIFACT_MAGIC
 from nncc.util.limits import MAX_RANK, check_bytes, check_shape, element_count
@@ -90,9 +101,13 @@ ALIGN = 64
 INLINE_LIMIT = 1024  # constants up to this many bytes travel inline (CONSTANT_COPY)
 _HEADER = struct.Struct("<8sII16s")
 _ENTRY = struct.Struct("<4sIQQ32s")
-_TAGS = (b"PROG", b"INLN", b"DATA", b"CODE")
+_TAGS = (b"PROG", b"INLN", b"DATA", b"CODE", b"SIGN")
+_SEAL = struct.Struct("<I8s32s")  # scheme, key fingerprint, MAC
+SEAL_SCHEME = 1
+SEAL_BYTES = _SEAL.size
+_SEAL_DOMAIN = b"nncc artifact seal 1\n"
 MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
-MAX_SECTIONS = 8
+MAX_SECTIONS = 8  # five tags, each at most once
 MAX_CONSTANT_BYTES = 2**48  # a declared constant larger than this is surely hostile
 ALLOWED_DTYPES = {
     np.dtype(t).str: np.dtype(t)
@@ -180,11 +195,14 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
     return plan.producer, prog, inline, data
 
 
-def serialize(plan: Plan) -> bytes:
+Sealer = Callable[[bytes], "bytes | None"]  # seal message -> SIGN payload, or None for none (nncc.trust.seal)
+
+
+def serialize(plan: Plan, seal: Sealer | None = None) -> bytes:
     """One self-contained artifact: program, inline constants, the data section, and any
-    native code."""
+    native code; with ``seal``, an artifact with native code is signed (a SIGN section)."""
     producer, prog, inline, data = _encode(plan)
-    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data), *_code(plan)])
+    return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data), *_code(plan)], seal)
 
 
 def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
@@ -194,7 +212,7 @@ def serialize_parts(plan: Plan) -> tuple[bytes, bytes]:
     return _assemble(producer, [(b"PROG", prog), (b"INLN", inline), *_code(plan)]), b"".join(data)
 
 
-def artifact_from_parts(model_cache, data) -> bytes:
+def artifact_from_parts(model_cache, data, seal: Sealer | None = None) -> bytes:
     """The artifact ``serialize`` writes, assembled from the two parts ``serialize_parts``
     made (verified ones, from the cache): the same bytes, without the plan."""
     producer, sections = read_sections(model_cache)
@@ -203,7 +221,7 @@ def artifact_from_parts(model_cache, data) -> bytes:
         (b"INLN", bytes(sections.get(b"INLN", b""))),
         (b"DATA", bytes(data)),
         *([(b"CODE", bytes(sections[b"CODE"]))] if b"CODE" in sections else []),
-    ])
+    ], seal)
 
 
 def _code(plan: Plan) -> list:
@@ -220,28 +238,53 @@ def _compact(array: np.ndarray) -> np.ndarray:
                        for st, d in zip(array.strides, array.shape))]
 
 
-def _assemble(producer: str, sections: list[tuple[bytes, Any]]) -> bytes:
+def _assemble(producer: str, sections: list[tuple[bytes, Any]], seal: Sealer | None = None) -> bytes:
     """Header, section table and sections; a payload is bytes or a list of pieces. Every
-    byte is copied exactly once, into the result (large artifacts: copies dominate)."""
-    head_size = _HEADER.size + _ENTRY.size * len(sections)
-    offset = head_size + len(_pad(head_size))
-    entries = []
-    body: Pieces = []
-    for index, (tag, payload) in enumerate(sections):
+    byte is copied exactly once, into the result (large artifacts: copies dominate).
+    ``seal`` signs the table when a CODE section is among them: only native code needs a
+    signature, and an artifact without one stays readable by an nncc that knows no SIGN."""
+    laid = []  # (tag, pieces, length, digest)
+    for tag, payload in sections:
         pieces = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
         digest = blake3()
         length = 0
         for piece in pieces:
             digest.update(piece)
             length += memoryview(piece).nbytes
-        entries.append(_ENTRY.pack(tag, 0, offset, length, digest.digest()))
+        laid.append((tag, pieces, length, digest.digest()))
+    encoded = producer.encode()[:16]
+    if seal is not None and any(tag == b"CODE" for tag, *_ in laid):
+        message = seal_message(FORMAT_VERSION, encoded.ljust(16, b"\0"),
+                               [(tag, 0, length, digest) for tag, _, length, digest in laid])
+        signature = seal(message)
+        if signature is not None:
+            laid.append((b"SIGN", [signature], len(signature), blake3(signature).digest()))
+    head_size = _HEADER.size + _ENTRY.size * len(laid)
+    offset = head_size + len(_pad(head_size))
+    entries = []
+    body: Pieces = []
+    for index, (tag, pieces, length, digest) in enumerate(laid):
+        entries.append(_ENTRY.pack(tag, 0, offset, length, digest))
         body += pieces
-        if index + 1 < len(sections):  # no padding after the last: a cut file always cuts a section
+        if index + 1 < len(laid):  # no padding after the last: a cut file always cuts a section
             body.append(_pad(length))
             offset += length + len(_pad(length))
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections), producer.encode()[:16])
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, len(laid), encoded)
     head = header + b"".join(entries)
     return b"".join([head, _pad(len(head)), *body])
+
+
+def seal_message(version: int, producer: bytes, entries: list[tuple[bytes, int, int, bytes]]) -> bytes:
+    """What an artifact's MAC covers: the header and the (tag, flags, length, blake3) of
+    every section but SIGN, in table order (see the grammar above)."""
+    parts = [_SEAL_DOMAIN, MAGIC, struct.pack("<I", version), producer, struct.pack("<I", len(entries))]
+    parts += [struct.pack("<4sIQ32s", tag, flags, length, digest) for tag, flags, length, digest in entries]
+    return b"".join(parts)
+
+
+def seal_payload(fingerprint: bytes, mac: bytes) -> bytes:
+    """The SIGN section's bytes."""
+    return _SEAL.pack(SEAL_SCHEME, fingerprint, mac)
 
 
 def _strings_out(name: str, array: np.ndarray) -> bytes:
@@ -293,6 +336,13 @@ def slot_from_entry(entry: Any) -> Slot:
 
 def read_sections(buffer) -> tuple[str, dict[bytes, memoryview]]:
     """Check the header and every section checksum; return (producer, sections)."""
+    producer, sections, _seal = read_sealed(buffer)
+    return producer, sections
+
+
+def read_sealed(buffer) -> tuple[str, dict[bytes, memoryview], ArtifactSeal | None]:
+    """read_sections, and the artifact's seal (its SIGN section and the message it signs,
+    both from the same in-memory copy of the header the sections were checked against)."""
     view = memoryview(buffer)
     if len(view) < _HEADER.size:
         raise PlanFormatError("too short to be an nncc artifact")
@@ -303,9 +353,11 @@ def read_sections(buffer) -> tuple[str, dict[bytes, memoryview]]:
         raise PlanFormatError(f"artifact format version {version}; this nncc reads version {FORMAT_VERSION}")
     if not 0 < count <= MAX_SECTIONS or _HEADER.size + count * _ENTRY.size > len(view):
         raise PlanFormatError(f"bad section count {count}")
+    head = bytes(view[: _HEADER.size + count * _ENTRY.size])  # one copy: checked and signed alike
     sections: dict[bytes, memoryview] = {}
+    signed = []
     for i in range(count):
-        tag, _flags, offset, length, digest = _ENTRY.unpack_from(view, _HEADER.size + i * _ENTRY.size)
+        tag, flags, offset, length, digest = _ENTRY.unpack_from(head, _HEADER.size + i * _ENTRY.size)
         if tag not in _TAGS or tag in sections:
             raise PlanFormatError(f"unknown or repeated section {tag!r}")
         if offset % ALIGN or offset + length > len(view):
@@ -319,28 +371,40 @@ def read_sections(buffer) -> tuple[str, dict[bytes, memoryview]]:
         if blake3(payload).digest() != digest:
             raise PlanFormatError(f"section {tag.decode()} fails its checksum")
         sections[tag] = payload
+        if tag != b"SIGN":
+            signed.append((tag, flags, length, digest))
     if b"PROG" not in sections:
         raise PlanFormatError("artifact has no program section")
     try:
         producer_text = producer.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError:
         raise PlanFormatError("producer version is not ASCII") from None
-    return producer_text, sections
+    seal = None
+    if b"SIGN" in sections:
+        raw = bytes(sections[b"SIGN"])
+        if len(raw) != _SEAL.size:
+            raise PlanFormatError(f"signature section has {len(raw)} bytes, not {_SEAL.size}")
+        scheme, fingerprint, mac = _SEAL.unpack(raw)
+        seal = ArtifactSeal(scheme, fingerprint, mac, seal_message(version, producer, signed))
+    return producer_text, sections, seal
 
 
 def deserialize(buffer, data=None) -> Plan:
     """Parse a verified artifact. ``data`` supplies the data section when it is stored
     apart (the data cache); the caller has checked its hash against the index."""
-    producer, sections = read_sections(buffer)
+    producer, sections, seal = read_sealed(buffer)
     if data is not None:
         if b"DATA" in sections:
             raise PlanFormatError("artifact carries its own data section")
         sections[b"DATA"] = memoryview(data)
+        seal = None  # a model cache is trusted by its hash in the index, never by a seal
     try:
         program = json.loads(bytes(sections[b"PROG"]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise PlanFormatError(f"program section is not valid JSON: {exc}") from None
-    return _Validator(program, sections).plan(producer)
+    plan = _Validator(program, sections).plan(producer)
+    plan.seal = seal
+    return plan
 
 
 class _Validator:

@@ -53,6 +53,17 @@ class NativeCall:
     workspace: int
 
 
+@dataclass(frozen=True)
+class ArtifactSeal:
+    """An artifact's signature as read (not yet checked): which key signed it, the MAC,
+    and the message the MAC must cover, made from the artifact's own section table."""
+
+    scheme: int
+    fingerprint: bytes
+    mac: bytes
+    message: bytes
+
+
 @dataclass
 class Plan:
     producer: str
@@ -69,6 +80,7 @@ class Plan:
     fallbacks: list[dict[str, str]] = field(default_factory=list)
     native: list[NativeCall] = field(default_factory=list)
     code: bytes | None = None  # the shared object the native calls live in
+    seal: ArtifactSeal | None = None  # the artifact's signature, when it was read from a signed one
 
     def slot_names(self, indices: list[int]) -> list[str]:
         return [self.slots[i].name for i in indices]

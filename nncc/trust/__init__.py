@@ -1,0 +1,1 @@
+"""Keyed trust: which artifacts' native code runs without --trust-native."""
