@@ -866,3 +866,21 @@ def test_fish_completion_end_to_end(tmp_path):
     assert [line.split("\t")[0] for line in commands.splitlines()] == ["cache"]
     [token] = [line.split("\t")[0] for line in tokens.splitlines()]
     assert re.fullmatch(r"[0-9a-f]{12}", token), token
+
+
+def test_fast_exit_still_runs_what_plugins_left_to_finish(tmp_path):
+    """nncc skips the interpreter's finalization, not a normal exit's duties: a plugin's
+    atexit handler runs and its non-daemon thread is waited for."""
+    (tmp_path / "finishing_plugin.py").write_text(
+        "import atexit, os, threading, time\n"
+        "def _late():\n"
+        "    time.sleep(0.3)\n"
+        "    open(os.environ['THREAD_FILE'], 'w').write('thread done')\n"
+        "threading.Thread(target=_late).start()\n"
+        "atexit.register(lambda: open(os.environ['ATEXIT_FILE'], 'w').write('atexit ran'))\n")
+    done = nncc_process("run", FIXTURES / "mlp.onnx", "--random-inputs", "-q", "--plugin", "finishing_plugin",
+                        "--cache-dir", tmp_path / "cache", PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+                        THREAD_FILE=str(tmp_path / "thread.txt"), ATEXIT_FILE=str(tmp_path / "atexit.txt"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "thread.txt").read_text() == "thread done"
+    assert (tmp_path / "atexit.txt").read_text() == "atexit ran"
