@@ -736,7 +736,9 @@ def test_index_with_other_schema_is_recreated(cache_dir):
     _, outcome = prepare(MLP, cache_dir=cache_dir)
     assert outcome.outcome == "miss"
     conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    from nncc.cache.index import SCHEMA_VERSION
+
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
 

@@ -29,6 +29,7 @@ from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, 
                                folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, try_lock
+from nncc.cache import stats as cache_stats
 from nncc.util.notice import warn
 from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.files import kind, open_file, read_at_most, read_model_file
@@ -578,11 +579,12 @@ def _try_hit(cache: Cache, token: str):
     entry = cache.index.get(token)
     if entry is None:
         return None, None
+    started = time.perf_counter()
     try:
         model = cache.load(entry)
     except CacheEntryError as exc:
         return None, exc
-    _record_hit(cache, token)
+    cache_stats.record_hit(cache, entry, time.perf_counter() - started)  # statistics hook
     return model, None
 
 
@@ -616,6 +618,7 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
                    counter="recompiles" if rejected else "misses")
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
+        cache_stats.record_miss(cache, token, data, opts, rejected is not None, compile_seconds)  # statistics hook
     outcome = "recompiled" if rejected else "miss"
     try:
         from nncc.cache.gc import auto_collect
@@ -641,15 +644,6 @@ class _locked:
 
     def __exit__(self, *exc) -> None:
         self.lock.release()
-
-
-def _record_hit(cache: Cache, token: str) -> None:
-    if cache.read_only:
-        return  # statistics cannot be written there
-    try:
-        cache.index.record_hit(token)
-    except IndexUnavailable:
-        pass  # statistics only: a read-only index still serves verified hits
 
 
 def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seconds: float,

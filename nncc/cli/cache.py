@@ -170,9 +170,10 @@ def ls(sort, cache_dir, trust_shared, as_json):
 @json_option
 @verbosity_options
 def info(cache_dir, trust_shared, as_json):
-    """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
+    """Location, size, counters, and whether the cache pays off (like `ccache -s`)."""
     from nncc.cache.gc import default_max_size
-    from nncc.cache.index import COUNTERS, INDEX_NAME
+    from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME
+    from nncc.cache.stats import summary
     from nncc.util.units import format_bytes
 
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
@@ -183,13 +184,14 @@ def info(cache_dir, trust_shared, as_json):
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
+                       "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
                        "read_only": False, "disk_full": False})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
     with c:
         count, size = c.index.totals()
-        counters = c.index.counters()
+        counters = c.index.counters(ALL_COUNTERS)
         meta = c.index.meta()
         stale = len(c.index.stale())
         payload = {
@@ -200,7 +202,9 @@ def info(cache_dir, trust_shared, as_json):
             "total_bytes": size,
             "max_bytes": default_max_size(),
             "stale_entries": stale,
-            "counters": counters,
+            "counters": {name: counters[name] for name in COUNTERS},
+            "stats": summary(counters),
+            "stats_since": _float(meta.get("stats_zeroed") or meta.get("created")),
             "read_only": c.read_only,
             "disk_full": c.disk_full,
             "exists": True,
@@ -218,12 +222,11 @@ def info(cache_dir, trust_shared, as_json):
         ("Entries", str(count)),
         ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
-        ("Hits", str(counters["hits"])),
-        ("Misses", str(counters["misses"])),
+        *_worth_rows(counters, payload["stats"], payload["hit_rate"]),
         ("Corruptions", str(counters["corruptions"])),
         ("Recompiles", str(counters["recompiles"])),
         ("Evictions", str(counters["evictions"])),
-        ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
+        ("Counted since", _when(payload["stats_since"]) + " (`nncc cache zero-stats` resets the counters)"),
     ]
     if payload["disk_full"]:
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
@@ -232,6 +235,50 @@ def info(cache_dir, trust_shared, as_json):
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
+
+
+def _float(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _worth_rows(counters: dict, stats: dict, hit_rate) -> list[tuple[str, str]]:
+    """Hits, misses and their reasons, and the time the cache saved, one line each."""
+    from nncc.util.units import format_seconds
+
+    def average(seconds, what):
+        return "" if seconds is None else f", {format_seconds(seconds)} {what} on average"
+
+    hits = counters["hits"]
+    reasons = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in stats["miss_reasons"].items() if n)
+    saved = format_seconds(stats["time_saved_seconds"])
+    return [
+        ("Hits", f"{hits}{average(stats['average_hit_seconds'], 'to load')}"),
+        ("Misses", f"{counters['misses']}{average(stats['average_compile_seconds'], 'to compile')}"),
+        ("Miss reasons", reasons or "-"),
+        ("Hit rate", "-" if hit_rate is None else f"{hit_rate * 100:.1f} %"),
+        ("Time saved", f"{saved} (compiles avoided {format_seconds(stats['compile_seconds_avoided'])}, "
+                       f"hits took {format_seconds(stats['hit_seconds'])})"),
+    ]
+
+
+@cache.command("zero-stats")
+@cache_dir_option
+@json_option
+@verbosity_options
+def zero_stats(cache_dir, trust_shared, as_json):
+    """Reset the counters `nncc cache info` shows (entries stay)."""
+    c, directory = _open(cache_dir, trust_shared)
+    if c is not None:
+        with c:
+            c.index.zero_counters()
+    if as_json:
+        emit_json({"directory": directory, "zeroed": c is not None})
+    else:
+        click.echo(f"zeroed the statistics of {directory}" if c is not None else
+                   f"no cache at {directory}: nothing to zero")
 
 
 @cache.command("verify")
