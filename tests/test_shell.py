@@ -759,11 +759,15 @@ def test_cache_rm_completes_tokens_from_the_index(tmp_path, monkeypatch):
     _, first = nncc.prepare(MLP)
     _, second = nncc.prepare(FIXTURES / "resnet_block.onnx")
     items = dict(complete(["cache", "rm"], ""))
-    assert set(items) == {first.token[:12], second.token[:12]}
+    # tokens with the model name beside them, and the model names themselves (rm takes both)
+    assert set(items) == {first.token[:12], second.token[:12], "mlp.onnx", "resnet_block.onnx"}
     assert re.fullmatch(r"mlp\.onnx, [0-9.]+ KiB", items[first.token[:12]])
     assert re.fullmatch(r"resnet_block\.onnx, [0-9.]+ KiB", items[second.token[:12]])
+    assert re.fullmatch(r"1 entry, [0-9.]+ KiB", items["mlp.onnx"])
     assert first.token[:12] in dict(complete(["cache", "rm"], first.token[:3]))
     assert complete(["cache", "rm"], first.token[:20]) == [(first.token, items[first.token[:12]])]
+    assert complete(["cache", "rm"], "res") == [("resnet_block.onnx", items["resnet_block.onnx"])]
+    assert complete(["cache", "ls"], "ml") == [("mlp.onnx", items["mlp.onnx"])]
     assert complete(["cache", "rm"], "xyz") == []
     # --cache-dir given before the tokens is honoured
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / "elsewhere"))
@@ -820,7 +824,7 @@ def test_bash_completion_end_to_end(tmp_path):
                           "complete -o nosort -F _nncc_completion nncc"]
     assert "words: cache" in result.stdout
     [tokens] = [line for line in result.stdout.splitlines() if line.startswith("tokens: ")]
-    assert re.fullmatch(r"tokens: [0-9a-f]{12}", tokens), tokens
+    assert re.fullmatch(r"tokens: [0-9a-f]{12} mlp\.onnx", tokens), tokens  # the model's name beside its token
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed (apt-get install zsh)")
@@ -861,5 +865,6 @@ def test_fish_completion_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     commands, tokens = result.stdout.split("---\n")
     assert [line.split("\t")[0] for line in commands.splitlines()] == ["cache"]
-    [token] = [line.split("\t")[0] for line in tokens.splitlines()]
-    assert re.fullmatch(r"[0-9a-f]{12}", token), token
+    token, name = [line.split("\t") for line in tokens.splitlines()]
+    assert re.fullmatch(r"[0-9a-f]{12}", token[0]) and token[1].startswith("mlp.onnx, "), token
+    assert name[0] == "mlp.onnx", name

@@ -119,13 +119,18 @@ def cache():
 
 
 @cache.command("ls")
+@click.argument("patterns", nargs=-1, metavar="[TOKEN|PATTERN]...", shell_complete=complete_tokens)
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="last-used", show_default=True,
               help="Order of the entries.")
+@click.option("--wide", is_flag=True, help="Show every column, whatever the terminal's width.")
 @cache_dir_option
 @json_option
 @verbosity_options
-def ls(sort, cache_dir, trust_shared, as_json):
-    """List cache entries."""
+def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
+    """List cache entries: all, or those whose token starts with TOKEN or whose model's
+    name matches PATTERN (a glob: 'resnet*', 'mlp')."""
+    from nncc.cache.select import matches
+
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
     if c is None:
         if as_json:
@@ -135,6 +140,8 @@ def ls(sort, cache_dir, trust_shared, as_json):
     with c:
         entries = c.index.entries(order=SORTS[sort])
         malformed = c.index.malformed()
+    if patterns:
+        entries = [e for e in entries if any(matches(e.token, e.source_path, p) for p in patterns)]
     if malformed:  # someone edited the index: such rows are never used
         from nncc.cache.store import warn
 
@@ -143,26 +150,50 @@ def ls(sort, cache_dir, trust_shared, as_json):
     if as_json:
         emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
         return
-    from rich.console import Console
-    from rich.table import Table
+    click.echo(f"nncc cache at {c.directory}")
+    if entries:
+        click.echo(_entry_table(entries, wide))
+    else:
+        status(f"nncc: no entries{' match ' + ', '.join(map(repr, patterns)) if patterns else ''}")
 
+
+def _entry_table(entries, wide: bool) -> str:
+    """The listing: token prefix and model name always whole; at the terminal's width the
+    least useful columns go first (created, version, last used, hits, preference, size);
+    ``wide`` shows every column, the two cache files' sizes too, with full timestamps."""
+    from nncc.cli.fit_table import Column, render, terminal_width
     from nncc.util.units import format_bytes
 
-    out = Console()
-    if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
-        out = Console(width=200)
-    table = Table(title=f"nncc cache at {c.directory}", title_justify="left")
-    for col in ("token", "model", "model cache", "data cache", "preference", "created", "last used",
-                "hits", "version"):
-        table.add_column(col, justify="right" if col in ("model cache", "data cache", "hits") else "left",
-                         no_wrap=True)
-    for e in entries:
-        table.add_row(e.token[:12], _model_name(e.source_path), format_bytes(e.plan_size),
-                      format_bytes(e.data_size), e.preference or "-", _when(e.created), _when(e.last_used),
-                      str(e.hits), e.nncc_version)
-    out.print(table)
-    if not entries:
-        status("(empty)")
+    columns = [Column("token", keep=True), Column("model", keep=True)]
+    rows = [[e.token[:12], _model_name(e.source_path)] for e in entries]
+
+    def add(column, values):
+        columns.append(column)
+        for row, value in zip(rows, values):
+            row.append(value)
+
+    if wide:
+        add(Column("model cache", right=True), [format_bytes(e.plan_size) for e in entries])
+        add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
+    add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
+    add(Column("preference", 5), [e.preference or "-" for e in entries])
+    add(Column("hits", 4, right=True), [str(e.hits) for e in entries])
+    used = _when if wide else _ago
+    add(Column("last used", 3), [used(e.last_used) for e in entries])
+    add(Column("version", 2), [e.nncc_version for e in entries])
+    add(Column("created", 1), [used(e.created) for e in entries])
+    return render(columns, rows, None if wide else terminal_width())
+
+
+def _ago(ts) -> str:
+    """How long ago, in at most 10 characters: '12 min ago', '3 d ago'."""
+    if not ts:
+        return "-"
+    seconds = max(0.0, time.time() - ts)
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return "just now"
 
 
 @cache.command("info")
@@ -362,30 +393,24 @@ def _report_failed(report) -> None:
 
 
 @cache.command("rm")
-@click.argument("tokens", nargs=-1, required=True, shell_complete=complete_tokens)
+@click.argument("tokens", nargs=-1, required=True, metavar="TOKEN|PATTERN...", shell_complete=complete_tokens)
 @cache_dir_option
 @json_option
 @verbosity_options
 def rm(tokens, cache_dir, trust_shared, as_json):
-    """Remove entries by token (unambiguous prefixes accepted)."""
+    """Remove entries by token (an unambiguous prefix) or by model name (a glob such as
+    'resnet*' or 'mlp': every entry of the models it matches)."""
     removed, busy = [], []
     c, directory = _open(cache_dir, trust_shared)
     if c is None:
         raise CacheCommandError(f"no cache entry matches {tokens[0]!r}: there is no cache at {directory}")
     with c:
         resolved = []
-        for prefix in tokens:
-            p = prefix.lower()
-            if not p or any(ch not in "0123456789abcdef" for ch in p):
-                raise CacheCommandError(f"{prefix!r} is not a token (hex digits)")
-            on_disk, _ = c.scan()
-            matches = sorted(set(c.index.tokens_with_prefix(p)) | {t for t in on_disk if t.startswith(p)})
-            if not matches:
-                raise CacheCommandError(f"no cache entry matches {prefix!r}")
-            if len(matches) > 1:
-                shown = ", ".join(m[:12] for m in matches[:5])
-                raise CacheCommandError(f"{prefix!r} is ambiguous: it matches {len(matches)} entries ({shown})")
-            resolved.append(matches[0])
+        for argument in tokens:
+            for token in _resolve(c, argument):
+                if token not in resolved:
+                    resolved.append(token)
+        known = _known(c)
         for token in resolved:
             if c.remove(token):
                 removed.append(token)
@@ -396,12 +421,49 @@ def rm(tokens, cache_dir, trust_shared, as_json):
     if as_json:
         emit_json({"removed": removed, "busy": busy})
     else:
+        from nncc.util.units import format_bytes
+
         for token in removed:
-            click.echo(f"removed {token}")
+            source, size = known.get(token, (None, None))
+            click.echo(f"removed {token[:12]}  {_model_name(source)}" + (f"  {format_bytes(size)}" if size else ""))
         for token in busy:
             click.echo(f"nncc: {token[:12]} is in use; not removed", err=True)
     if busy:
         sys.exit(1)
+
+
+def _known(c) -> dict:
+    """token -> (model path, size) of every entry and retired row."""
+    known = {t: (row["source_path"], (row["plan_size"] or 0) + (row["data_size"] or 0))
+             for t, row in c.index.stale().items()}
+    known.update({e.token: (e.source_path, e.size) for e in c.index.entries()})
+    return known
+
+
+def _resolve(c, argument: str) -> list[str]:
+    """The tokens ``argument`` names: one entry by unambiguous token prefix (also an
+    orphan's files on disk), or every entry and retired row whose model name matches it."""
+    from nncc.cache.select import is_token_prefix, name_matches
+
+    by_name = sorted(t for t, (source, _) in _known(c).items() if name_matches(source, argument))
+    by_token = []
+    if is_token_prefix(argument):
+        p = argument.lower()
+        on_disk, _ = c.scan()
+        by_token = sorted(set(c.index.tokens_with_prefix(p)) | {t for t in on_disk if t.startswith(p)})
+    if by_token and by_name:
+        raise CacheCommandError(f"{argument!r} is both a token prefix and a model name; give more digits "
+                                f"of the token or a pattern such as '{argument}.onnx'")
+    if by_name:
+        return by_name
+    if not by_token:
+        what = "" if is_token_prefix(argument) else " (not a token: no model name matches it either)"
+        raise CacheCommandError(f"no cache entry matches {argument!r}{what}",
+                                hint="`nncc cache ls` lists the tokens and model names")
+    if len(by_token) > 1:
+        shown = ", ".join(m[:12] for m in by_token[:5])
+        raise CacheCommandError(f"{argument!r} is ambiguous: it matches {len(by_token)} entries ({shown})")
+    return by_token
 
 
 @cache.command("clear")
