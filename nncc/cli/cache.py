@@ -112,7 +112,18 @@ def complete_tokens(ctx, param, incomplete):
             cached_tokens(ctx.params.get("cache_dir"), incomplete)]
 
 
-@click.group()
+class WholeSummaries(click.Group):
+    """A group whose --help shows each subcommand's first sentence whole (wrapped), where
+    click would cut it to fit one line ("LRU...")."""
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, self.commands[name].get_short_help_str(limit=1000)) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=WholeSummaries)
 @verbosity_options
 def cache():
     """Inspect, verify and garbage-collect the compilation cache."""
@@ -127,8 +138,10 @@ def cache():
 @json_option
 @verbosity_options
 def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
-    """List cache entries: all, or those whose token starts with TOKEN or whose model's
-    name matches PATTERN (a glob: 'resnet*', 'mlp')."""
+    """List cache entries (all, or those TOKEN or PATTERN names).
+
+    TOKEN is a token prefix; PATTERN a glob on the model's file name ('resnet*', 'mlp').
+    The table fits the terminal: the least useful columns go first; --wide shows all."""
     from nncc.cache.select import matches
 
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
@@ -398,8 +411,10 @@ def _report_failed(report) -> None:
 @json_option
 @verbosity_options
 def rm(tokens, cache_dir, trust_shared, as_json):
-    """Remove entries by token (an unambiguous prefix) or by model name (a glob such as
-    'resnet*' or 'mlp': every entry of the models it matches)."""
+    """Remove entries by token prefix or model-name pattern.
+
+    A TOKEN prefix must name one entry; a PATTERN (a glob on the model's file name, such
+    as 'resnet*' or 'mlp') removes every entry of the models it matches."""
     removed, busy = [], []
     c, directory = _open(cache_dir, trust_shared)
     if c is None:

@@ -36,7 +36,8 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
     written only when its content changes, so `make` does not redo what depends on it.
-    Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input."""
+    Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input, 130
+    interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from nncc.cache.store import artifact_bytes
     from nncc.cli.progress import live_progress
     from nncc.cli.sources import read_onnx_source
