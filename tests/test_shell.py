@@ -169,6 +169,12 @@ SCHEMAS = {
         "max_bytes": (int, null), "stale_entries": int,
         "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
         "hit_rate": (number, null), "read_only": bool, "disk_full": bool,
+        "stats": {"time_saved_seconds": number, "compile_seconds_avoided": number, "hit_seconds": number,
+                  "average_hit_seconds": (number, null), "compile_seconds": number,
+                  "average_compile_seconds": (number, null),
+                  "miss_reasons": {"new_model": int, "changed_options": int, "version_change": int,
+                                   "tamper": int, "evicted": int}},
+        "stats_since": (number, null),
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},
@@ -183,6 +189,7 @@ SCHEMAS = {
     },
     ("cache", "rm"): {"removed": [str], "busy": [str]},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
+    ("cache", "zero-stats"): {"directory": str, "zeroed": bool},
     # the bench schema is the bench command's own (docs/bench.md); these keys are its core
     ("bench",): {
         "schema": str, "model": str, "model_kind": str, "nncc_version": str, "settings": dict,
@@ -276,6 +283,7 @@ def test_json_schemas(cli, populated, tmp_path):
     token = outputs[("cache", "ls")]["entries"][0]["token"]
     outputs[("cache", "rm")] = json_of(cli, "cache", "rm", token[:10], "--json")
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
+    outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")
     for path, payload in outputs.items():
         check_schema(payload, SCHEMAS[path], "nncc " + " ".join(path))
@@ -336,7 +344,7 @@ def test_verbose_adds_detail_and_the_last_flag_wins(cli, tmp_path):
     code, out, err = cli("cache", "verify", "-v")
     assert code == 0 and out.startswith("OK ")  # -v lists the entries that are fine too
     code, out, err = cli("cache", "verify")
-    assert code == 0 and out == "" and "ok: 1 OK" in err
+    assert code == 0 and out == "1 entry verified: all OK\n" and err == ""  # the report is on stdout
 
 
 def test_warnings_and_errors_survive_quiet(cli, tmp_path):
@@ -530,7 +538,7 @@ def test_progress_is_drawn_on_a_terminal_only(tmp_path):
                              NNCC_PROGRESS_DELAY="0")
     assert result.returncode == 0
     assert b"verifying cache entries" in tty and b"\x1b[" in tty  # drawn, then erased
-    assert b"ok: 1 OK" in tty
+    assert result.stdout == "1 entry verified: all OK\n"  # the report, on stdout
     # the same with -q, and with stderr piped: no progress, no escape codes
     result, tty = run_on_tty("cache", "verify", "-q", stream="stderr", NNCC_CACHE_DIR=str(cache),
                              NNCC_PROGRESS_DELAY="0")

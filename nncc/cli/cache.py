@@ -355,11 +355,33 @@ def verify(fix, cache_dir, trust_shared, as_json):
             if f.status in DEBRIS and not f.fixed and not f.not_fixed:
                 action += " (debris: `nncc cache gc` removes it)"
             click.echo(f"{f.status:<11} {token:<12} {f.detail}{action}  {' '.join(f.paths)}")
-        counts = report.counts()
-        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "empty cache"
-        status(f"{'ok' if report.ok else 'problems found'}: {summary}")
+        click.echo(_verify_summary(report))
     if not report.ok:
         sys.exit(1)
+
+
+def _verify_summary(report) -> str:
+    """One line that says what was found and what was done: '4 entries verified: all OK',
+    'problems fixed: 1 CORRUPT removed, 3 OK', 'problems found: 1 MISSING, 3 OK'."""
+    from nncc.cache.verify import PROBLEMS
+
+    counts = report.counts()
+    if not counts:
+        return "nothing to verify: the cache is empty"
+    if set(counts) == {"OK"}:
+        return f"{counts['OK']} {'entry' if counts['OK'] == 1 else 'entries'} verified: all OK"
+    parts = []
+    for status_name, n in sorted(counts.items(), key=lambda item: (item[0] == "OK", item[0])):
+        fixed = sum(1 for f in report.findings if f.status == status_name and f.fixed)
+        parts.append(f"{n} {status_name}" + (" removed" if fixed == n else f" ({fixed} removed)" if fixed else ""))
+    problems = [f for f in report.findings if f.status in PROBLEMS]
+    if not problems:
+        verdict = "no problems"
+    elif report.ok:
+        verdict = "problems fixed"
+    else:
+        verdict = "problems found"
+    return f"{verdict}: {', '.join(parts)}"
 
 
 @cache.command("gc")
@@ -394,10 +416,14 @@ def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
         for token in report.skipped_busy:
             click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
         _report_failed(report)
-        status(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
-               f"{format_bytes(report.freed)}")
+        click.echo(f"dry run: {_items(len(report.removed))} would go, freeing {format_bytes(report.freed)}" if dry_run
+                   else f"removed {_items(len(report.removed))}, freed {format_bytes(report.freed)}")
     if report.failed:
         sys.exit(1)
+
+
+def _items(n: int) -> str:
+    return f"{n} item" if n == 1 else f"{n} items"
 
 
 def _report_failed(report) -> None:
@@ -510,7 +536,6 @@ def clear(cache_dir, trust_shared, as_json):
                    "busy": report.skipped_busy, "failed": report.failed})
     else:
         _report_failed(report)
-        status(f"cleared {directory}: removed {len(report.removed)} item(s), "
-               f"freed {format_bytes(report.freed)}")
+        click.echo(f"cleared {directory}: removed {_items(len(report.removed))}, freed {format_bytes(report.freed)}")
     if remaining or report.failed:
         sys.exit(1)
