@@ -27,13 +27,13 @@ def cache_dir(tmp_path, monkeypatch) -> pathlib.Path:
     return path
 
 
-def nncc(*args, **env) -> subprocess.CompletedProcess:
+def nncc(*args, cwd=None, **env) -> subprocess.CompletedProcess:
     """A real `nncc` process with stdout piped (not a terminal)."""
     environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NNCC_DEBUG")}
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
     environ.update({k: str(v) for k, v in env.items()})
     return subprocess.run([sys.executable, "-m", "nncc", *map(str, args)], capture_output=True, text=True,
-                          env=environ, timeout=300)
+                          env=environ, timeout=300, cwd=cwd)
 
 
 def listed(cli) -> list[dict]:
@@ -208,3 +208,39 @@ def test_verify_wording_says_what_was_found_and_done(cli, cache_dir):
     code, out, _ = cli("cache", "verify")
     assert code == 0 and out == "1 entry verified: all OK\n"
     assert "ok:" not in out
+
+
+# -- docs/cache.md -------------------------------------------------------------------------------
+
+
+def test_docs_cache_examples_run_as_shown(tmp_path):
+    """Every `$ nncc ...` line of docs/cache.md's console blocks runs, in order, in a folder
+    with model.onnx and a fresh cache, and exits 0; every output line shown there starts
+    like a line nncc printed, up to its first number or path (timings, tokens and folders
+    differ from run to run)."""
+    import shlex
+
+    text = (ROOT / "docs" / "cache.md").read_text()
+    blocks = re.findall(r"^```console\n(.*?)^```$", text, flags=re.M | re.S)
+    assert len(blocks) >= 3
+    shutil.copy(MLP, tmp_path / "model.onnx")
+    ran = 0
+    for block in blocks:
+        command, shown, actual = None, [], []
+        for line in block.splitlines() + ["$ end"]:
+            if not line.startswith("$ "):
+                shown.append(line)
+                continue
+            if command is not None:
+                stable = [" ".join(re.split(r"[0-9/]", s, maxsplit=1)[0].split()) for s in shown]
+                for want, full in zip(stable, shown):
+                    assert any(" ".join(a.split()).startswith(want) for a in actual), (command, full, actual)
+            if line == "$ end":
+                break
+            command = shlex.split(line[2:])
+            assert command[0] == "nncc", line
+            result = nncc(*command[1:], NNCC_CACHE_DIR=tmp_path / "cache", COLUMNS=80, cwd=tmp_path)
+            assert result.returncode == 0, (line, result.stderr)
+            shown, actual = [], (result.stdout + result.stderr).splitlines()
+            ran += 1
+    assert ran >= 8
