@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS history (
     at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS history_model ON history (model_hash);
+CREATE INDEX IF NOT EXISTS history_at ON history (at);
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
     nncc_version TEXT,
@@ -279,9 +280,10 @@ class Index:
                 conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
 
     def _migrate(self, current: int) -> None:
-        """Bring a schema-1 index to this schema without losing its entries: the new tables
-        (CREATE ... IF NOT EXISTS) and counters. The compile time its hits already avoided
-        is taken from the entries (their compile time times their hits)."""
+        """Bring an index of schema ``current`` (1, the only older one) to this schema
+        without losing its entries: schema 1 lacks ``history`` and the statistics counters,
+        which are added. The compile time its hits already avoided is taken from the
+        entries (their compile time times their hits)."""
         self._create_tables()
         for name in ALL_COUNTERS:
             self.conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
