@@ -321,29 +321,50 @@ def onnxruntime_session(model: str, threads: int | None):
 def max_abs_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[float | None, int]:
     """Largest |a - b| over the outputs both have (NaN where both are NaN counts as equal;
     a shape mismatch is infinite). Returns (value or None when nothing compared, count)."""
+    diffs = _output_diffs(ours, theirs)
+    return (max((d for d, _ in diffs), default=0.0) if diffs else None), len(diffs)
+
+
+def max_rel_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> float | None:
+    """Largest |a - b| of each output relative to that output's largest |b| (the reference's
+    scale, so that values near zero do not blow it up), worst over the outputs: 0.156 on
+    logits of magnitude 3e5 is 5e-7. None when nothing was compared."""
+    diffs = _output_diffs(ours, theirs)
+    if not diffs:
+        return None
+    worst = 0.0
+    for diff, scale in diffs:
+        worst = max(worst, 0.0 if diff == 0 else diff / scale if 0 < scale < math.inf else math.inf)
+    return worst
+
+
+def _output_diffs(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """(largest |a - b|, largest finite |b|) of each output both have."""
     import numpy as np
 
-    worst, compared = 0.0, 0
+    found = []
     for name, a in ours.items():
         if name not in theirs:
             continue
         a, b = np.asarray(a), np.asarray(theirs[name])
-        compared += 1
         if a.shape != b.shape:
-            worst = math.inf
+            found.append((math.inf, 0.0))
             continue
         if a.size == 0:
+            found.append((0.0, 0.0))
             continue
         if a.dtype.kind not in "fiub" or b.dtype.kind not in "fiub":
-            worst = max(worst, 0.0 if np.array_equal(a, b) else math.inf)
+            found.append((0.0 if np.array_equal(a, b) else math.inf, 0.0))
             continue
         x, y = a.astype(np.float64), b.astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: handled below
             diff = np.abs(x - y)
         diff[np.isnan(x) & np.isnan(y)] = 0.0
         diff[(x == y)] = 0.0  # equal infinities
-        worst = max(worst, float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))))
-    return (worst if compared else None), compared
+        finite = np.abs(y[np.isfinite(y)])
+        found.append((float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))),
+                      float(finite.max()) if finite.size else 0.0))
+    return found
 
 
 # -- the benchmark -------------------------------------------------------------------------------------
@@ -389,7 +410,8 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     options = dict(settings.compile_options)
     compile_info: dict[str, Any] = {
         "cold_first_seconds": None, "cold_seconds": None, "cold_runs": 0, "cache_store_outcome": None,
-        "cache_hit_seconds": None, "cache_hit_min_seconds": None, "cache_hits": 0, "cache_dir": None,
+        "cache_hit_seconds": None, "cache_hit_min_seconds": None, "cache_hits": 0, "cache_hit_slower": None,
+        "cache_dir": None,
         "cache_dir_temporary": settings.cache_dir is None and not artifact, "load_seconds": None,
     }
 
@@ -523,6 +545,8 @@ def _cache_hits(model, settings, options, info, prepare):
                 hits.append(seconds)
                 task.advance()
         info["cache_hit_seconds"] = statistics.median(hits)
+        if info["cold_seconds"] is not None:  # a cache that costs more than it saves, for this model
+            info["cache_hit_slower"] = info["cache_hit_seconds"] > info["cold_seconds"]
         info["cache_hit_min_seconds"] = min(hits)
         info["cache_hits"] = len(hits)
         return compiled
@@ -536,7 +560,7 @@ def _start_onnxruntime(model, settings, feeds, nncc_outputs, notice):
                                "threads": settings.threads, "session_seconds": None,
                                "first_inference_seconds": None, "latency_seconds": None,
                                "iterations": 0, "throughput_per_second": None, "ratios": None,
-                               "max_abs_diff": None, "outputs_compared": 0}
+                               "max_abs_diff": None, "max_rel_diff": None, "outputs_compared": 0}
     try:
         import onnxruntime
     except ImportError as exc:
@@ -565,9 +589,11 @@ def _start_onnxruntime(model, settings, feeds, nncc_outputs, notice):
             if notice:
                 notice(f"{compare['reason'][:200]}; measuring nncc alone")
             return compare, None
-        diff, compared = max_abs_diff(nncc_outputs, dict(zip(output_names, values)))
+        theirs = dict(zip(output_names, values))
+        diff, compared = max_abs_diff(nncc_outputs, theirs)
         compare.update(available=True, session_seconds=session_seconds, first_inference_seconds=first,
-                       max_abs_diff=diff, outputs_compared=compared)
+                       max_abs_diff=diff, max_rel_diff=max_rel_diff(nncc_outputs, theirs),
+                       outputs_compared=compared)
         for _ in range(settings.warmup):
             session.run(output_names, ort_feeds)
             task.advance()

@@ -129,6 +129,7 @@ def test_json_figures_are_consistent(mlp_report):
     assert c["cold_runs"] == 4 and c["cold_seconds"] > 0 and c["cold_first_seconds"] > 0
     assert c["cache_store_outcome"] == "miss" and c["cache_hits"] == 5
     assert 0 < c["cache_hit_min_seconds"] <= c["cache_hit_seconds"]
+    assert c["cache_hit_slower"] is (c["cache_hit_seconds"] > c["cold_seconds"])  # the flag says what was measured
     assert c["cache_dir_temporary"] and not os.path.exists(c["cache_dir"])  # cleaned up
     assert c["load_seconds"] is None
     assert payload["first_inference_seconds"] > 0
@@ -355,3 +356,43 @@ def test_max_abs_diff():
     assert max_abs_diff(a, b) == (0.5, 2)
     assert max_abs_diff({"y": np.zeros(2)}, {"y": np.zeros(3)})[0] == math.inf
     assert max_abs_diff({"y": np.zeros(2)}, {}) == (None, 0)
+
+
+def test_max_rel_diff_is_relative_to_each_outputs_scale():
+    from nncc.bench import max_rel_diff
+
+    # logits in the hundreds of thousands: an absolute 0.156 is a relative 0.156 / 346000
+    big = np.array([346000.0, -12.0, 3.0])
+    assert max_rel_diff({"logits": big + [0.156, 0, 0]}, {"logits": big}) == pytest.approx(0.156 / 346000)
+    # the worst output wins; a value near zero does not blow it up (the scale is the output's)
+    ours = {"a": np.array([1.0, 1e-9]), "b": np.array([10.0, 0.0])}
+    theirs = {"a": np.array([1.0, 2e-9]), "b": np.array([8.0, 0.0])}
+    assert max_rel_diff(ours, theirs) == pytest.approx(2.0 / 8.0)
+    assert max_rel_diff({"z": np.zeros(3)}, {"z": np.zeros(3)}) == 0.0
+    assert max_rel_diff({"z": np.ones(3)}, {"z": np.zeros(3)}) == math.inf  # becomes null in --json
+    assert max_rel_diff({"y": np.zeros(2)}, {}) is None
+
+
+def test_table_flags_a_cache_hit_slower_than_a_cold_compile(mlp_report, capsys):
+    from nncc.cli.bench import render
+
+    payload = json.loads(json.dumps(mlp_report[0]))
+    c = payload["compile"]
+    c["cold_seconds"], c["cache_hit_seconds"], c["cache_hit_slower"] = 0.00069, 0.00090, True  # the mlp case
+    render(payload)
+    out = capsys.readouterr().out
+    assert "0.900 ms (slower!)" in out
+    assert "a cache hit (0.900 ms) is slower than a cold compile (0.690 ms)" in out
+    c["cache_hit_slower"] = False
+    render(payload)
+    assert "slower" not in capsys.readouterr().out
+
+
+def test_piped_table_title_is_one_line():
+    """A title longer than 80 columns stays on one line when stdout is a pipe (it used to
+    break before "threads")."""
+    model = FIXTURES / "mlp.onnx"  # an absolute path: the title is longer than 80 columns
+    result = bench(model, "-n", 2, "--warmup", 0, env=_env(COLUMNS="80"))
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert len(first) > 80 and first.startswith(f"{model}: ") and first.endswith("threads, 2 iterations")

@@ -204,7 +204,7 @@ def test_a_directory_that_cannot_go_is_reported_not_claimed(tmp_path):
     report = json.loads(gc.stdout)
     assert gc.returncode == 1 and report["removed"] == [] and "not empty" in report["failed"][0]["reason"]
     clear = nncc("cache", "clear", cache_dir=cache_dir)
-    assert clear.returncode == 1 and "removed 0 item(s)" in clear.stderr and "not empty" in clear.stderr
+    assert clear.returncode == 1 and "removed 0 items" in clear.stdout and "not empty" in clear.stderr
     assert (plan / "work.txt").read_text() == "someone's"
 
 

@@ -172,6 +172,12 @@ SCHEMAS = {
         "max_bytes": (int, null), "stale_entries": int,
         "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
         "hit_rate": (number, null), "read_only": bool, "disk_full": bool,
+        "stats": {"time_saved_seconds": number, "compile_seconds_avoided": number, "hit_seconds": number,
+                  "average_hit_seconds": (number, null), "compile_seconds": number,
+                  "average_compile_seconds": (number, null),
+                  "miss_reasons": {"new_model": int, "changed_options": int, "version_change": int,
+                                   "tamper": int, "evicted": int}},
+        "stats_since": (number, null),
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},
@@ -186,6 +192,7 @@ SCHEMAS = {
     },
     ("cache", "rm"): {"removed": [str], "busy": [str]},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
+    ("cache", "zero-stats"): {"directory": str, "zeroed": bool},
     # the bench schema is the bench command's own (docs/bench.md); these keys are its core
     ("bench",): {
         "schema": str, "model": str, "model_kind": str, "nncc_version": str, "settings": dict,
@@ -279,6 +286,7 @@ def test_json_schemas(cli, populated, tmp_path):
     token = outputs[("cache", "ls")]["entries"][0]["token"]
     outputs[("cache", "rm")] = json_of(cli, "cache", "rm", token[:10], "--json")
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
+    outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")
     for path, payload in outputs.items():
         check_schema(payload, SCHEMAS[path], "nncc " + " ".join(path))
@@ -339,7 +347,7 @@ def test_verbose_adds_detail_and_the_last_flag_wins(cli, tmp_path):
     code, out, err = cli("cache", "verify", "-v")
     assert code == 0 and out.startswith("OK ")  # -v lists the entries that are fine too
     code, out, err = cli("cache", "verify")
-    assert code == 0 and out == "" and "ok: 1 OK" in err
+    assert code == 0 and out == "1 entry verified: all OK\n" and err == ""  # the report is on stdout
 
 
 def test_warnings_and_errors_survive_quiet(cli, tmp_path):
@@ -533,7 +541,7 @@ def test_progress_is_drawn_on_a_terminal_only(tmp_path):
                              NNCC_PROGRESS_DELAY="0")
     assert result.returncode == 0
     assert b"verifying cache entries" in tty and b"\x1b[" in tty  # drawn, then erased
-    assert b"ok: 1 OK" in tty
+    assert result.stdout == "1 entry verified: all OK\n"  # the report, on stdout
     # the same with -q, and with stderr piped: no progress, no escape codes
     result, tty = run_on_tty("cache", "verify", "-q", stream="stderr", NNCC_CACHE_DIR=str(cache),
                              NNCC_PROGRESS_DELAY="0")
@@ -762,11 +770,15 @@ def test_cache_rm_completes_tokens_from_the_index(tmp_path, monkeypatch):
     _, first = nncc.prepare(MLP)
     _, second = nncc.prepare(FIXTURES / "resnet_block.onnx")
     items = dict(complete(["cache", "rm"], ""))
-    assert set(items) == {first.token[:12], second.token[:12]}
+    # tokens with the model name beside them, and the model names themselves (rm takes both)
+    assert set(items) == {first.token[:12], second.token[:12], "mlp.onnx", "resnet_block.onnx"}
     assert re.fullmatch(r"mlp\.onnx, [0-9.]+ KiB", items[first.token[:12]])
     assert re.fullmatch(r"resnet_block\.onnx, [0-9.]+ KiB", items[second.token[:12]])
+    assert re.fullmatch(r"1 entry, [0-9.]+ KiB", items["mlp.onnx"])
     assert first.token[:12] in dict(complete(["cache", "rm"], first.token[:3]))
     assert complete(["cache", "rm"], first.token[:20]) == [(first.token, items[first.token[:12]])]
+    assert complete(["cache", "rm"], "res") == [("resnet_block.onnx", items["resnet_block.onnx"])]
+    assert complete(["cache", "ls"], "ml") == [("mlp.onnx", items["mlp.onnx"])]
     assert complete(["cache", "rm"], "xyz") == []
     # --cache-dir given before the tokens is honoured
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / "elsewhere"))
@@ -823,7 +835,7 @@ def test_bash_completion_end_to_end(tmp_path):
                           "complete -o nosort -F _nncc_completion nncc"]
     assert "words: cache" in result.stdout
     [tokens] = [line for line in result.stdout.splitlines() if line.startswith("tokens: ")]
-    assert re.fullmatch(r"tokens: [0-9a-f]{12}", tokens), tokens
+    assert re.fullmatch(r"tokens: [0-9a-f]{12} mlp\.onnx", tokens), tokens  # the model's name beside its token
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed (apt-get install zsh)")
@@ -864,8 +876,9 @@ def test_fish_completion_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     commands, tokens = result.stdout.split("---\n")
     assert [line.split("\t")[0] for line in commands.splitlines()] == ["cache"]
-    [token] = [line.split("\t")[0] for line in tokens.splitlines()]
-    assert re.fullmatch(r"[0-9a-f]{12}", token), token
+    token, name = [line.split("\t") for line in tokens.splitlines()]
+    assert re.fullmatch(r"[0-9a-f]{12}", token[0]) and token[1].startswith("mlp.onnx, "), token
+    assert name[0] == "mlp.onnx", name
 
 
 def test_fast_exit_still_runs_what_plugins_left_to_finish(tmp_path):

@@ -41,3 +41,13 @@ def test_a_cached_plan_imports_only_the_families_it_uses(tmp_path):
     subprocess.run(args, check=True, capture_output=True)  # the miss compiles: every family
     loaded, total = map(int, subprocess.run(args, check=True, capture_output=True, text=True).stdout.split())
     assert 0 < loaded <= 4 < total
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (None, "-"), (0.00042, "0.42 ms"), (0.0512, "51.2 ms"), (0.1234, "123 ms"), (2.5, "2.5 s"),
+    (75, "1 min 15 s"), (7500, "2 h 5 min"), (-0.0123, "-12.3 ms"),
+])
+def test_format_seconds(seconds, text):
+    from nncc.util.units import format_seconds
+
+    assert format_seconds(seconds) == text

@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from nncc.cache import stats as cache_stats
 from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import Entry, IndexCorrupt, IndexUnavailable
@@ -192,11 +193,12 @@ def _try_hit(cache: Cache, token: str):
     entry = cache.index.get(token)
     if entry is None:
         return None, None
+    started = time.perf_counter()
     try:
         model = load_entry(cache, entry)
     except CacheEntryError as exc:
         return None, exc
-    _record_hit(cache, token)
+    cache_stats.record_hit(cache, entry, time.perf_counter() - started)
     return model, None
 
 
@@ -230,6 +232,7 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: 
                    counter="recompiles" if rejected else "misses")
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(source, opts, token, directory, f"cannot store: {exc}", start, model)
+        cache_stats.record_miss(cache, token, source.bytes, opts, rejected is not None, compile_seconds)
     outcome = "recompiled" if rejected else "miss"
     try:
         from nncc.cache.gc import auto_collect
@@ -255,15 +258,6 @@ class _locked:
 
     def __exit__(self, *exc) -> None:
         self.lock.release()
-
-
-def _record_hit(cache: Cache, token: str) -> None:
-    if cache.read_only:
-        return  # statistics cannot be written there
-    try:
-        cache.index.record_hit(token)
-    except IndexUnavailable:
-        pass  # statistics only: a read-only index still serves verified hits
 
 
 def _store(cache: Cache, token: str, plan, source: ModelSource, opts, compile_seconds: float,

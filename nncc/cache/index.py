@@ -8,8 +8,12 @@ and the counters shown by ``nncc cache info``, and the direct-mode manifest: a m
 file's identity (path, size, times, inode) -> the token its bytes hashed to.
 
 * WAL journal, a busy timeout, and retries on "database is locked".
-* The schema version lives in ``PRAGMA user_version``; another schema is dropped and
-  recreated (this is a cache: losing rows only costs recompiles).
+* The schema version lives in ``PRAGMA user_version``. Schema 1 (no statistics tables) is
+  migrated in place; any other schema is dropped and recreated (this is a cache: losing
+  rows only costs recompiles).
+* Statistics: the counters table also keeps the time hits and compiles took, the compile
+  time hits avoided, and why each miss happened; ``history`` remembers entries that left
+  (evicted, removed, retired by a version change) so that a later miss can say why.
 * A file that is not a database, or a malformed one, is deleted and rebuilt empty; the
   entry files it described become orphans for gc/verify (files are never re-adopted
   without their recorded hashes).
@@ -25,9 +29,17 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+MIGRATABLE = (1, 2)  # older schemas whose rows are kept: only tables and counters are added
+READABLE = (1, 2, 3)  # schemas a read-only open can serve from (the entries table is the same)
 INDEX_NAME = "index.sqlite3"
 COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
+# Why a model was compiled: each miss and recompile counts once under one of these.
+MISS_REASONS = ("new_model", "changed_options", "version_change", "tamper", "evicted")
+# Time statistics, in microseconds (the counters are integers).
+TIMINGS = ("hit_microseconds", "timed_hits", "compile_microseconds", "timed_compiles", "saved_microseconds")
+ALL_COUNTERS = COUNTERS + tuple(f"miss_{r}" for r in MISS_REASONS) + TIMINGS
+HISTORY_LIMIT = 10000  # rows kept in ``history``, newest first
 _RETRIES = 50
 
 _SCHEMA = """
@@ -62,6 +74,16 @@ CREATE TABLE IF NOT EXISTS manifest (
     recorded REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS manifest_token ON manifest (token);
+CREATE TABLE IF NOT EXISTS history (
+    token TEXT PRIMARY KEY,
+    model_hash TEXT,
+    options TEXT,
+    nncc_version TEXT,
+    why TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS history_model ON history (model_hash);
+CREATE INDEX IF NOT EXISTS history_at ON history (at);
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
     nncc_version TEXT,
@@ -182,7 +204,7 @@ class Index:
                 conn = sqlite3.connect(uri + query, uri=True, timeout=self.timeout, isolation_level=None,
                                        check_same_thread=False)
                 self.conn = conn
-                if self._guard(lambda: conn.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
+                if self._guard(lambda: conn.execute("PRAGMA user_version").fetchone()[0]) not in READABLE:
                     raise IndexUnavailable(f"{self.path} has another schema version")
                 if self._guard(lambda: self._meta("nncc_version")) != self.version:
                     raise IndexUnavailable(f"{self.path} was written by another nncc version")
@@ -245,7 +267,9 @@ class Index:
             return
         with self._transaction():
             current = conn.execute("PRAGMA user_version").fetchone()[0]
-            if current != SCHEMA_VERSION:
+            if current in MIGRATABLE:
+                self._migrate(current)
+            elif current != SCHEMA_VERSION:
                 for (name,) in conn.execute(
                         "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'").fetchall():
                     conn.execute(f'DROP TABLE IF EXISTS "{name}"')
@@ -261,13 +285,38 @@ class Index:
                 conn.execute(
                     "INSERT OR REPLACE INTO stale SELECT token, nncc_version, plan_size, data_size,"
                     " source_path, ? FROM entries", (time.time(),))
+                self._remember_leaving("retired", None)
                 conn.execute("DELETE FROM entries")
                 conn.execute("DELETE FROM chunks")
                 conn.execute("DELETE FROM manifest")
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'nncc_version'", (self.version,))
                 self.reinitialized = True
-            for name in COUNTERS:
+            for name in ALL_COUNTERS:
                 conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
+
+    def _migrate(self, current: int) -> None:
+        """Bring an index of an older schema (MIGRATABLE) to this one without losing its
+        entries: the tables it lacks (``history``, ``chunks``, ``manifest``) and the
+        statistics counters are added. Entries without chunk hashes get them on their next
+        hit, after their data cache matches its whole-file hash. The compile time its hits already avoided is taken from the
+        entries (their compile time times their hits)."""
+        self._create_tables()
+        for name in ALL_COUNTERS:
+            self.conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
+        self.conn.execute(
+            "UPDATE counters SET value = (SELECT coalesce(CAST(sum(hits * compile_seconds) * 1e6 AS INTEGER), 0)"
+            " FROM entries) WHERE name = 'saved_microseconds'")
+        self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _remember_leaving(self, why: str, token: str | None) -> None:
+        """Record entries about to leave ``entries`` (one token, or all of them) in
+        ``history``, so that a later miss of the same model can say why it missed. Inside
+        the caller's transaction; the oldest rows beyond HISTORY_LIMIT go."""
+        where, args = ("WHERE token = ?", (token,)) if token is not None else ("", ())
+        self.conn.execute("INSERT OR REPLACE INTO history SELECT token, model_hash, options, nncc_version, ?, ?"
+                          f" FROM entries {where}", (why, time.time(), *args))
+        self.conn.execute("DELETE FROM history WHERE token IN (SELECT token FROM history ORDER BY at DESC"
+                          " LIMIT -1 OFFSET ?)", (HISTORY_LIMIT,))
 
     def _create_tables(self) -> None:
         # executescript would COMMIT the open transaction; run the statements one by one.
@@ -403,7 +452,7 @@ class Index:
 
         self._write(fn)
 
-    def record_hit(self, token: str) -> None:
+    def record_hit(self, token: str, seconds: float | None = None, saved: float | None = None) -> None:
         """Count a hit. Hit counts and last-used times are statistics: this connection stops
         fsyncing from here on (the commit and the checkpoint at close), which takes a hit
         from ~15 ms to well under 1 ms on a journaling filesystem. An OS crash may then lose
@@ -415,11 +464,16 @@ class Index:
         def fn(c):
             c.execute("UPDATE entries SET hits = hits + 1, last_used = ? WHERE token = ?", (now, token))
             c.execute("UPDATE counters SET value = value + 1 WHERE name = 'hits'")
+            if seconds is not None:  # how long the hit took, and the compile it avoided
+                self._add(c, {"hit_microseconds": seconds, "saved_microseconds": saved or 0.0}, timed="timed_hits")
 
         self._write(fn)
 
     def delete(self, token: str, counter: str | None = None) -> bool:
+        why = {"evictions": "evicted", "corruptions": "corrupt"}.get(counter, "removed")
+
         def fn(c):
+            self._remember_leaving(why, token)
             n = c.execute("DELETE FROM entries WHERE token = ?", (token,)).rowcount
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
             c.execute("DELETE FROM chunks WHERE token = ?", (token,))
@@ -431,13 +485,31 @@ class Index:
         return self._write(fn)
 
     def chunks(self, token: str) -> bytes | None:
-        """The data cache's chunk hashes as recorded with the entry (None: no row)."""
-        row = self._read(lambda c: c.execute("SELECT hashes FROM chunks WHERE token = ?", (token,)).fetchone())
+        """The data cache's chunk hashes as recorded with the entry (None: no row, or an
+        older index read in place that has no such table)."""
+        try:
+            row = self._read(lambda c: c.execute("SELECT hashes FROM chunks WHERE token = ?", (token,)).fetchone())
+        except IndexUnavailable as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
         return None if row is None or not isinstance(row[0], bytes) else row[0]
+
+    def set_chunks(self, token: str, hashes: bytes) -> None:
+        """Record chunk hashes for an entry that has none (one from an older index, after
+        its data cache matched its whole-file hash)."""
+        self._write(lambda c: c.execute("INSERT OR IGNORE INTO chunks SELECT token, ? FROM entries WHERE token = ?",
+                                        (hashes, token)))
 
     def manifest_get(self, key: str) -> tuple[str, str] | None:
         """(token, files JSON) recorded for a direct-mode key, or None."""
-        row = self._read(lambda c: c.execute("SELECT token, files FROM manifest WHERE key = ?", (key,)).fetchone())
+        try:
+            row = self._read(lambda c: c.execute("SELECT token, files FROM manifest WHERE key = ?",
+                                                 (key,)).fetchone())
+        except IndexUnavailable as exc:
+            if "no such table" in str(exc):
+                return None  # an older index read in place
+            raise
         if row is None or not all(isinstance(v, str) for v in row):
             return None
         return row[0], row[1]
@@ -447,12 +519,40 @@ class Index:
         self._write(lambda c: c.execute("INSERT OR REPLACE INTO manifest VALUES (?, ?, ?, ?)",
                                         (key, token, files, now)))
 
+    @staticmethod
+    def _add(conn, seconds_by_counter: dict[str, float], timed: str | None = None) -> None:
+        for name, seconds in seconds_by_counter.items():
+            conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (round(seconds * 1e6), name))
+        if timed:
+            conn.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (timed,))
+
+    def record_miss(self, classify, compile_seconds: float) -> str:
+        """Count why a model was compiled (``classify(conn)`` names one of MISS_REASONS,
+        reading the index in the same transaction) and how long the compile took."""
+        def fn(c):
+            reason = classify(c)
+            c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (f"miss_{reason}",))
+            self._add(c, {"compile_microseconds": compile_seconds}, timed="timed_compiles")
+            return reason
+
+        return self._write(fn)
+
+    def zero_counters(self) -> None:
+        """Reset every counter (``nncc cache zero-stats``); entries and their own hit counts stay."""
+        def fn(c):
+            c.execute("UPDATE counters SET value = 0")
+            c.execute("INSERT OR REPLACE INTO meta VALUES ('stats_zeroed', ?)", (repr(time.time()),))
+
+        self._write(fn)
+
     def bump(self, counter: str, by: int = 1) -> None:
         self._write(lambda c: c.execute("UPDATE counters SET value = value + ? WHERE name = ?", (by, counter)))
 
-    def counters(self) -> dict[str, int]:
+    def counters(self, names=COUNTERS) -> dict[str, int]:
+        """The counters ``names`` (default: the lookup counters; ALL_COUNTERS adds the
+        statistics); a counter an older index lacks reads 0."""
         rows = dict(self._read(lambda c: c.execute("SELECT name, value FROM counters").fetchall()))
-        return {name: int(rows.get(name, 0)) for name in COUNTERS}
+        return {name: int(rows.get(name, 0)) for name in names}
 
     def totals(self) -> tuple[int, int]:
         """(entry count, total bytes of entry files) as recorded."""

@@ -108,7 +108,7 @@ def render(result: dict) -> None:
     title = (f"{result['model']}: {settings['preference']}, -O{settings['opt_level']}, "
              f"{settings['threads']} threads, {result['iterations']} iterations"
              f"{' interleaved with onnxruntime ' + cmp['version'] if cmp else ''}")
-    table = Table(title=title, title_justify="left")
+    table = Table()
     table.add_column("measurement")
     table.add_column("nncc", justify="right")
     if cmp:
@@ -127,7 +127,7 @@ def render(result: dict) -> None:
             _ms(cmp["session_seconds"]) + " (session)" if cmp else None, ratios.get("compile"))
         hit = _ms(c["cache_hit_seconds"]) if c["cache_hit_seconds"] is not None else \
             f"- (cache {c['cache_store_outcome']})"
-        row(f"cache-hit load (median of {c['cache_hits']})", hit)
+        row(f"cache-hit load (median of {c['cache_hits']})", hit + (" (slower!)" if c.get("cache_hit_slower") else ""))
     row("first inference", _ms(result["first_inference_seconds"]),
         _ms(cmp["first_inference_seconds"]) if cmp else None, ratios.get("first_inference"))
     for key in ("min", "p50", "p90", "p99", "mean"):
@@ -145,14 +145,23 @@ def render(result: dict) -> None:
     row("peak RSS (process)", format_bytes(mem["peak_rss_bytes"]))
     row("peak RSS before onnxruntime" if cmp else "peak RSS after warm-up", format_bytes(mem["peak_rss_nncc_bytes"]))
     out = console()
+    if not out.is_terminal:  # piped: lines as long as they are, never wrapped at 80 columns
+        from rich.console import Console
+
+        out = Console(width=10_000)
+    out.print(title, style="italic", soft_wrap=True)  # soft_wrap: the title is one line, never broken
     out.print(table)
     blas = result["blas"]
     notes = [f"BLAS: {blas['corename'] or 'unknown'} kernel, {blas['threads'] or '?'} threads"
              + ("" if blas["threads_applied"] else " (thread count not applied: no known BLAS)")]
+    if c.get("cache_hit_slower"):
+        notes.append(f"a cache hit ({_ms(c['cache_hit_seconds'])}) is slower than a cold compile "
+                     f"({_ms(c['cold_seconds'])}) for this model: the cache does not pay here (--no-cache)")
     if cmp:
-        diff = cmp["max_abs_diff"]
+        diff, rel = cmp["max_abs_diff"], cmp.get("max_rel_diff")
         notes.append(f"largest |nncc - onnxruntime| over {cmp['outputs_compared']} outputs: "
-                     + ("-" if diff is None else f"{diff:.3g}"))
+                     + ("-" if diff is None else f"{diff:.3g}")
+                     + ("" if rel is None or diff is None else f" (relative to the output's scale: {rel:.2g})"))
         notes.append("ratios are nncc / onnxruntime: below 1 nncc is faster (throughput: above 1)")
     elif result["compare"]:
         notes.append(f"no comparison: {result['compare']['reason']}")

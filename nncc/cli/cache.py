@@ -117,20 +117,38 @@ def complete_tokens(ctx, param, incomplete):
             cached_tokens(ctx.params.get("cache_dir"), incomplete)]
 
 
-@click.group()
+class WholeSummaries(click.Group):
+    """A group whose --help shows each subcommand's first sentence whole (wrapped), where
+    click would cut it to fit one line ("LRU...")."""
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, self.commands[name].get_short_help_str(limit=1000)) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=WholeSummaries)
 @verbosity_options
 def cache():
     """Inspect, verify and garbage-collect the compilation cache."""
 
 
 @cache.command("ls")
+@click.argument("patterns", nargs=-1, metavar="[TOKEN|PATTERN]...", shell_complete=complete_tokens)
 @click.option("--sort", type=click.Choice(sorted(SORTS)), default="last-used", show_default=True,
               help="Order of the entries.")
+@click.option("--wide", is_flag=True, help="Show every column, whatever the terminal's width.")
 @cache_dir_option
 @json_option
 @verbosity_options
-def ls(sort, cache_dir, trust_shared, as_json):
-    """List cache entries."""
+def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
+    """List cache entries (all, or those TOKEN or PATTERN names).
+
+    TOKEN is a token prefix; PATTERN a glob on the model's file name ('resnet*', 'mlp').
+    The table fits the terminal: the least useful columns go first; --wide shows all."""
+    from nncc.cache.select import matches
+
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
     if c is None:
         if as_json:
@@ -140,6 +158,8 @@ def ls(sort, cache_dir, trust_shared, as_json):
     with c:
         entries = c.index.entries(order=SORTS[sort])
         malformed = c.index.malformed()
+    if patterns:
+        entries = [e for e in entries if any(matches(e.token, e.source_path, p) for p in patterns)]
     if malformed:  # someone edited the index: such rows are never used
         from nncc.util.notice import warn
 
@@ -148,26 +168,50 @@ def ls(sort, cache_dir, trust_shared, as_json):
     if as_json:
         emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
         return
-    from rich.console import Console
-    from rich.table import Table
+    click.echo(f"nncc cache at {c.directory}")
+    if entries:
+        click.echo(_entry_table(entries, wide))
+    else:
+        status(f"nncc: no entries{' match ' + ', '.join(map(repr, patterns)) if patterns else ''}")
 
+
+def _entry_table(entries, wide: bool) -> str:
+    """The listing: token prefix and model name always whole; at the terminal's width the
+    least useful columns go first (created, version, last used, hits, preference, size);
+    ``wide`` shows every column, the two cache files' sizes too, with full timestamps."""
+    from nncc.cli.fit_table import Column, render, terminal_width
     from nncc.util.units import format_bytes
 
-    out = Console()
-    if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
-        out = Console(width=200)
-    table = Table(title=f"nncc cache at {c.directory}", title_justify="left")
-    for col in ("token", "model", "model cache", "data cache", "preference", "created", "last used",
-                "hits", "version"):
-        table.add_column(col, justify="right" if col in ("model cache", "data cache", "hits") else "left",
-                         no_wrap=True)
-    for e in entries:
-        table.add_row(e.token[:12], _model_name(e.source_path), format_bytes(e.plan_size),
-                      format_bytes(e.data_size), e.preference or "-", _when(e.created), _when(e.last_used),
-                      str(e.hits), e.nncc_version)
-    out.print(table)
-    if not entries:
-        status("(empty)")
+    columns = [Column("token", keep=True), Column("model", keep=True)]
+    rows = [[e.token[:12], _model_name(e.source_path)] for e in entries]
+
+    def add(column, values):
+        columns.append(column)
+        for row, value in zip(rows, values):
+            row.append(value)
+
+    if wide:
+        add(Column("model cache", right=True), [format_bytes(e.plan_size) for e in entries])
+        add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
+    add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
+    add(Column("preference", 5), [e.preference or "-" for e in entries])
+    add(Column("hits", 4, right=True), [str(e.hits) for e in entries])
+    used = _when if wide else _ago
+    add(Column("last used", 3), [used(e.last_used) for e in entries])
+    add(Column("version", 2), [e.nncc_version for e in entries])
+    add(Column("created", 1), [used(e.created) for e in entries])
+    return render(columns, rows, None if wide else terminal_width())
+
+
+def _ago(ts) -> str:
+    """How long ago, in at most 10 characters: '12 min ago', '3 d ago'."""
+    if not ts:
+        return "-"
+    seconds = max(0.0, time.time() - ts)
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return "just now"
 
 
 @cache.command("info")
@@ -175,9 +219,10 @@ def ls(sort, cache_dir, trust_shared, as_json):
 @json_option
 @verbosity_options
 def info(cache_dir, trust_shared, as_json):
-    """Location, size and hit/miss/corruption counters (like `ccache -s`)."""
+    """Location, size, counters, and whether the cache pays off (like `ccache -s`)."""
     from nncc.cache.gc import default_max_size
-    from nncc.cache.index import COUNTERS, INDEX_NAME
+    from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME
+    from nncc.cache.stats import summary
     from nncc.util.units import format_bytes
 
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
@@ -188,13 +233,14 @@ def info(cache_dir, trust_shared, as_json):
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
+                       "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
                        "read_only": False, "disk_full": False})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
     with c:
         count, size = c.index.totals()
-        counters = c.index.counters()
+        counters = c.index.counters(ALL_COUNTERS)
         meta = c.index.meta()
         stale = len(c.index.stale())
         payload = {
@@ -205,7 +251,9 @@ def info(cache_dir, trust_shared, as_json):
             "total_bytes": size,
             "max_bytes": default_max_size(),
             "stale_entries": stale,
-            "counters": counters,
+            "counters": {name: counters[name] for name in COUNTERS},
+            "stats": summary(counters),
+            "stats_since": _float(meta.get("stats_zeroed") or meta.get("created")),
             "read_only": c.read_only,
             "disk_full": c.disk_full,
             "exists": True,
@@ -223,12 +271,11 @@ def info(cache_dir, trust_shared, as_json):
         ("Entries", str(count)),
         ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
-        ("Hits", str(counters["hits"])),
-        ("Misses", str(counters["misses"])),
+        *_worth_rows(counters, payload["stats"], payload["hit_rate"]),
         ("Corruptions", str(counters["corruptions"])),
         ("Recompiles", str(counters["recompiles"])),
         ("Evictions", str(counters["evictions"])),
-        ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
+        ("Counted since", _when(payload["stats_since"]) + " (`nncc cache zero-stats` resets the counters)"),
     ]
     if payload["disk_full"]:
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
@@ -237,6 +284,50 @@ def info(cache_dir, trust_shared, as_json):
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")
+
+
+def _float(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _worth_rows(counters: dict, stats: dict, hit_rate) -> list[tuple[str, str]]:
+    """Hits, misses and their reasons, and the time the cache saved, one line each."""
+    from nncc.util.units import format_seconds
+
+    def average(seconds, what):
+        return "" if seconds is None else f", {format_seconds(seconds)} {what} on average"
+
+    hits = counters["hits"]
+    reasons = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in stats["miss_reasons"].items() if n)
+    saved = format_seconds(stats["time_saved_seconds"])
+    return [
+        ("Hits", f"{hits}{average(stats['average_hit_seconds'], 'to load')}"),
+        ("Misses", f"{counters['misses']}{average(stats['average_compile_seconds'], 'to compile')}"),
+        ("Miss reasons", reasons or "-"),
+        ("Hit rate", "-" if hit_rate is None else f"{hit_rate * 100:.1f} %"),
+        ("Time saved", f"{saved} (compiles avoided {format_seconds(stats['compile_seconds_avoided'])}, "
+                       f"hits took {format_seconds(stats['hit_seconds'])})"),
+    ]
+
+
+@cache.command("zero-stats")
+@cache_dir_option
+@json_option
+@verbosity_options
+def zero_stats(cache_dir, trust_shared, as_json):
+    """Reset the counters `nncc cache info` shows (entries stay)."""
+    c, directory = _open(cache_dir, trust_shared)
+    if c is not None:
+        with c:
+            c.index.zero_counters()
+    if as_json:
+        emit_json({"directory": directory, "zeroed": c is not None})
+    else:
+        click.echo(f"zeroed the statistics of {directory}" if c is not None else
+                   f"no cache at {directory}: nothing to zero")
 
 
 @cache.command("verify")
@@ -269,11 +360,33 @@ def verify(fix, cache_dir, trust_shared, as_json):
             if f.status in DEBRIS and not f.fixed and not f.not_fixed:
                 action += " (debris: `nncc cache gc` removes it)"
             click.echo(f"{f.status:<11} {token:<12} {f.detail}{action}  {' '.join(f.paths)}")
-        counts = report.counts()
-        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "empty cache"
-        status(f"{'ok' if report.ok else 'problems found'}: {summary}")
+        click.echo(_verify_summary(report))
     if not report.ok:
         sys.exit(1)
+
+
+def _verify_summary(report) -> str:
+    """One line that says what was found and what was done: '4 entries verified: all OK',
+    'problems fixed: 1 CORRUPT removed, 3 OK', 'problems found: 1 MISSING, 3 OK'."""
+    from nncc.cache.verify import PROBLEMS
+
+    counts = report.counts()
+    if not counts:
+        return "nothing to verify: the cache is empty"
+    if set(counts) == {"OK"}:
+        return f"{counts['OK']} {'entry' if counts['OK'] == 1 else 'entries'} verified: all OK"
+    parts = []
+    for status_name, n in sorted(counts.items(), key=lambda item: (item[0] == "OK", item[0])):
+        fixed = sum(1 for f in report.findings if f.status == status_name and f.fixed)
+        parts.append(f"{n} {status_name}" + (" removed" if fixed == n else f" ({fixed} removed)" if fixed else ""))
+    problems = [f for f in report.findings if f.status in PROBLEMS]
+    if not problems:
+        verdict = "no problems"
+    elif report.ok:
+        verdict = "problems fixed"
+    else:
+        verdict = "problems found"
+    return f"{verdict}: {', '.join(parts)}"
 
 
 @cache.command("gc")
@@ -308,10 +421,14 @@ def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
         for token in report.skipped_busy:
             click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
         _report_failed(report)
-        status(f"{verb} {len(report.removed)} item(s), {'would free' if dry_run else 'freed'} "
-               f"{format_bytes(report.freed)}")
+        click.echo(f"dry run: {_items(len(report.removed))} would go, freeing {format_bytes(report.freed)}" if dry_run
+                   else f"removed {_items(len(report.removed))}, freed {format_bytes(report.freed)}")
     if report.failed:
         sys.exit(1)
+
+
+def _items(n: int) -> str:
+    return f"{n} item" if n == 1 else f"{n} items"
 
 
 def _report_failed(report) -> None:
@@ -320,30 +437,26 @@ def _report_failed(report) -> None:
 
 
 @cache.command("rm")
-@click.argument("tokens", nargs=-1, required=True, shell_complete=complete_tokens)
+@click.argument("tokens", nargs=-1, required=True, metavar="TOKEN|PATTERN...", shell_complete=complete_tokens)
 @cache_dir_option
 @json_option
 @verbosity_options
 def rm(tokens, cache_dir, trust_shared, as_json):
-    """Remove entries by token (unambiguous prefixes accepted)."""
+    """Remove entries by token prefix or model-name pattern.
+
+    A TOKEN prefix must name one entry; a PATTERN (a glob on the model's file name, such
+    as 'resnet*' or 'mlp') removes every entry of the models it matches."""
     removed, busy = [], []
     c, directory = _open(cache_dir, trust_shared)
     if c is None:
         raise CacheCommandError(f"no cache entry matches {tokens[0]!r}: there is no cache at {directory}")
     with c:
         resolved = []
-        for prefix in tokens:
-            p = prefix.lower()
-            if not p or any(ch not in "0123456789abcdef" for ch in p):
-                raise CacheCommandError(f"{prefix!r} is not a token (hex digits)")
-            on_disk, _ = c.scan()
-            matches = sorted(set(c.index.tokens_with_prefix(p)) | {t for t in on_disk if t.startswith(p)})
-            if not matches:
-                raise CacheCommandError(f"no cache entry matches {prefix!r}")
-            if len(matches) > 1:
-                shown = ", ".join(m[:12] for m in matches[:5])
-                raise CacheCommandError(f"{prefix!r} is ambiguous: it matches {len(matches)} entries ({shown})")
-            resolved.append(matches[0])
+        for argument in tokens:
+            for token in _resolve(c, argument):
+                if token not in resolved:
+                    resolved.append(token)
+        known = _known(c)
         for token in resolved:
             if c.remove(token):
                 removed.append(token)
@@ -354,12 +467,49 @@ def rm(tokens, cache_dir, trust_shared, as_json):
     if as_json:
         emit_json({"removed": removed, "busy": busy})
     else:
+        from nncc.util.units import format_bytes
+
         for token in removed:
-            click.echo(f"removed {token}")
+            source, size = known.get(token, (None, None))
+            click.echo(f"removed {token[:12]}  {_model_name(source)}" + (f"  {format_bytes(size)}" if size else ""))
         for token in busy:
             click.echo(f"nncc: {token[:12]} is in use; not removed", err=True)
     if busy:
         sys.exit(1)
+
+
+def _known(c) -> dict:
+    """token -> (model path, size) of every entry and retired row."""
+    known = {t: (row["source_path"], (row["plan_size"] or 0) + (row["data_size"] or 0))
+             for t, row in c.index.stale().items()}
+    known.update({e.token: (e.source_path, e.size) for e in c.index.entries()})
+    return known
+
+
+def _resolve(c, argument: str) -> list[str]:
+    """The tokens ``argument`` names: one entry by unambiguous token prefix (also an
+    orphan's files on disk), or every entry and retired row whose model name matches it."""
+    from nncc.cache.select import is_token_prefix, name_matches
+
+    by_name = sorted(t for t, (source, _) in _known(c).items() if name_matches(source, argument))
+    by_token = []
+    if is_token_prefix(argument):
+        p = argument.lower()
+        on_disk, _ = c.scan()
+        by_token = sorted(set(c.index.tokens_with_prefix(p)) | {t for t in on_disk if t.startswith(p)})
+    if by_token and by_name:
+        raise CacheCommandError(f"{argument!r} is both a token prefix and a model name; give more digits "
+                                f"of the token or a pattern such as '{argument}.onnx'")
+    if by_name:
+        return by_name
+    if not by_token:
+        what = "" if is_token_prefix(argument) else " (not a token: no model name matches it either)"
+        raise CacheCommandError(f"no cache entry matches {argument!r}{what}",
+                                hint="`nncc cache ls` lists the tokens and model names")
+    if len(by_token) > 1:
+        shown = ", ".join(m[:12] for m in by_token[:5])
+        raise CacheCommandError(f"{argument!r} is ambiguous: it matches {len(by_token)} entries ({shown})")
+    return by_token
 
 
 @cache.command("clear")
@@ -391,7 +541,6 @@ def clear(cache_dir, trust_shared, as_json):
                    "busy": report.skipped_busy, "failed": report.failed})
     else:
         _report_failed(report)
-        status(f"cleared {directory}: removed {len(report.removed)} item(s), "
-               f"freed {format_bytes(report.freed)}")
+        click.echo(f"cleared {directory}: removed {_items(len(report.removed))}, freed {format_bytes(report.freed)}")
     if remaining or report.failed:
         sys.exit(1)

@@ -15,6 +15,7 @@ import click
 from nncc.cli.cache import cache_options, report_cache
 from nncc.cli.options import compile_options, options_dict, verbosity_options
 from nncc.cli.output import detail, emit_json, status
+from nncc.util.units import format_bytes
 
 
 @click.command()
@@ -36,7 +37,8 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
     written only when its content changes, so `make` does not redo what depends on it.
-    Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input."""
+    Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input, 130
+    interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from nncc.cache.flows import artifact_bytes
     from nncc.cli.progress import live_progress
     from nncc.cli.sources import read_onnx_source
@@ -66,9 +68,9 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
         emit_json({"model": model, "output": output, "bytes": len(data), "written": written,
                    "depfile": depfile, "compile_seconds": seconds, "cache": outcome.as_dict()})
     elif written:
-        status(f"compiled {model} -> {output} ({len(data):,} bytes) in {seconds * 1000:.0f} ms")
+        status(f"nncc: compiled {model} -> {output} ({format_bytes(len(data))}) in {seconds * 1000:.0f} ms")
     else:
-        status(f"{output} is up to date ({len(data):,} bytes, unchanged; not rewritten)")
+        status(f"nncc: {output} is up to date ({format_bytes(len(data))}, unchanged; not rewritten)")
 
 
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:

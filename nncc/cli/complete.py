@@ -31,13 +31,12 @@ def cache_directory(cache_dir: str | None = None) -> str:
 
 
 def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str]]:
-    """(value, help) pairs for cache tokens starting with ``incomplete``: the 12-digit
-    prefix (the whole token once more than 12 digits are typed), with the model's file name
-    and the entry's size as help. Retired (stale) entries are offered too, marked so."""
+    """(value, help) pairs for what `nncc cache rm`/`ls` accept, starting with ``incomplete``:
+    cache tokens (the 12-digit prefix, the whole token once more than 12 digits are typed)
+    with the model's file name and the entry's size as help, and the models' file names with
+    their entry count and size (so that a shell that shows no help still shows the names).
+    Retired (stale) entries are offered too, marked so."""
     try:
-        prefix = incomplete.lower()
-        if any(ch not in "0123456789abcdef" for ch in prefix):
-            return []
         path = os.path.join(cache_directory(cache_dir), INDEX_NAME)
         if not os.path.isfile(path):
             return []
@@ -46,18 +45,27 @@ def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str
 
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.5)
         try:
-            pattern = prefix + "%"
             rows = conn.execute(
-                "SELECT token, source_path, plan_size + data_size, 0 FROM entries WHERE token LIKE ? "
+                "SELECT token, source_path, plan_size + data_size, 0 FROM entries "
                 "UNION ALL SELECT token, source_path, plan_size + data_size, 1 FROM stale "
-                "WHERE token LIKE ? ORDER BY 1 LIMIT ?", (pattern, pattern, LIMIT)).fetchall()
+                "ORDER BY 1").fetchall()
         finally:
             conn.close()
-        items: dict[str, str] = {}
+        prefix = incomplete.lower()
+        hex_prefix = all(ch in "0123456789abcdef" for ch in prefix)
+        tokens: dict[str, str] = {}
+        models: dict[str, list[int]] = {}
         for token, source, size, stale in rows:
-            value = token[:SHORT] if len(prefix) <= SHORT else token
-            name = os.path.basename(source) if source else "?"
-            items.setdefault(value, f"{name}, {format_bytes(size or 0)}" + (" (stale)" if stale else ""))
-        return sorted(items.items())
+            name = os.path.basename(source) if isinstance(source, str) and source else "?"
+            if hex_prefix and isinstance(token, str) and token.startswith(prefix):
+                value = token[:SHORT] if len(prefix) <= SHORT else token
+                tokens.setdefault(value, f"{name}, {format_bytes(size or 0)}" + (" (stale)" if stale else ""))
+            if name != "?" and name.startswith(incomplete):
+                count_size = models.setdefault(name, [0, 0])
+                count_size[0] += 1
+                count_size[1] += size or 0
+        names = {name: f"{n} {'entry' if n == 1 else 'entries'}, {format_bytes(size)}"
+                 for name, (n, size) in models.items()}
+        return (sorted(tokens.items()) + sorted(names.items()))[:LIMIT]
     except Exception:  # a broken, locked or foreign index: no suggestions, never an error
         return []

@@ -34,6 +34,20 @@ COMMANDS = {
 }
 
 
+EXIT_CODES = ("Exit codes: 0 success, 1 failure, 2 usage error or bad input, 130 interrupted (Ctrl-C), "
+              "143 terminated (SIGTERM).")
+
+
+def _with_exit_codes(command):
+    """Every command's --help ends with the exit codes (its own text may say more about 1
+    and 2), so that 130 and 143 are documented where people look."""
+    if command.epilog is None and "130" not in (command.help or ""):
+        command.epilog = EXIT_CODES
+    for sub in getattr(command, "commands", {}).values():
+        _with_exit_codes(sub)
+    return command
+
+
 # click >= 8.2 raises this for a group called without a command; it shows the help.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
@@ -52,7 +66,7 @@ class LazyGroup(click.Group):
             if exc.name == module:  # listed but not part of this installation
                 return None
             raise
-        return getattr(loaded, attr)
+        return _with_exit_codes(getattr(loaded, attr))
 
     def shell_complete(self, ctx, incomplete):
         """Complete command names from the table (importing no command), then options."""
