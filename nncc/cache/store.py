@@ -363,7 +363,15 @@ class Cache:
         data = map_entry_file(data_path, "data cache", entry.data_size)
         hashes = self.index.chunks(entry.token)
         if hashes is None:
-            raise CacheEntryError("corrupt", "the index holds no chunk hashes for the data cache")
+            # an entry from an older index: checked whole this once, then by chunks
+            if content_hash(data) != entry.data_hash:
+                raise CacheEntryError("corrupt", "data cache does not match its recorded hash")
+            if not self.read_only:
+                try:
+                    self.index.set_chunks(entry.token, chunk_hashes(data))
+                except IndexUnavailable:
+                    pass  # checked whole again next time
+            return model_bytes, data
         bad = spot_check(data, hashes, count=spot_checks)
         if bad is not None:
             raise CacheEntryError("corrupt", f"data cache chunk {bad} does not match its recorded hash")
