@@ -12,7 +12,8 @@ import pytest
 
 import nncc
 from nncc.cache.index import ALL_COUNTERS, Index
-from nncc.cache.store import Cache, prepare
+from nncc.cache.flows import prepare
+from nncc.cache.store import Cache
 from nncc.plan.format import FORMAT_VERSION
 from tests.conftest import FIXTURES
 

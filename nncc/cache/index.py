@@ -471,9 +471,11 @@ class Index:
 
     def delete(self, token: str, counter: str | None = None) -> bool:
         why = {"evictions": "evicted", "corruptions": "corrupt"}.get(counter, "removed")
+        remember = True
 
         def fn(c):
-            self._remember_leaving(why, token)
+            if remember:
+                self._remember_leaving(why, token)
             n = c.execute("DELETE FROM entries WHERE token = ?", (token,)).rowcount
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
             c.execute("DELETE FROM chunks WHERE token = ?", (token,))
@@ -482,7 +484,13 @@ class Index:
                 c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
             return n > 0
 
-        return self._write(fn)
+        try:
+            return self._write(fn)
+        except IndexUnavailable as exc:
+            if not disk_full(exc):
+                raise
+            remember = False  # a full disk: the row goes without its history (statistics only)
+            return self._write(fn)
 
     def chunks(self, token: str) -> bytes | None:
         """The data cache's chunk hashes as recorded with the entry (None: no row, or an
