@@ -105,23 +105,52 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
-         trust_native: bool = False) -> CompiledModel:
+         trust_native: bool = False, name: str | None = None) -> CompiledModel:
     """Load a compiled artifact from a path (memory-mapped) or from bytes (or a mapping).
     Its native code runs only with ``trust_native=True``: running it is running whoever
-    built the file."""
-    origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)) else os.fspath(source)
-    return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin)
+    built the file. ``name``: the file the bytes came from, for messages."""
+    if name is None and not isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
+        name = os.fspath(source)
+    return CompiledModel(read_artifact(source, name), trust_native=trust_native, origin=name or "the artifact")
 
 
-def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap) -> Plan:
-    """The verified Plan of an artifact, without preparing it to run."""
+def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
+                  name: str | None = None) -> Plan:
+    """The verified Plan of an artifact, without preparing it to run. A malformed or
+    damaged artifact raises PlanFormatError naming the file (``name``, or the path)."""
     from nncc.plan.format import deserialize
 
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
-        return deserialize(source)
+        with naming_the_artifact(name):
+            return deserialize(source)
     from nncc.util.files import read_source
 
+    name = name or os.fspath(source)
     buffer, _ = read_source(source, "artifact")  # mapped when a regular file; never blocks on a FIFO
     if len(buffer) == 0:
-        raise PlanFormatError(f"{source} is empty, not an nncc artifact")
-    return deserialize(buffer)
+        raise PlanFormatError(f"{name} is empty, not an nncc artifact")
+    with naming_the_artifact(name):
+        return deserialize(buffer)
+
+
+class naming_the_artifact:
+    """Put the artifact's file name in front of a PlanFormatError raised inside, with a hint
+    on what to do: a failed checksum means the file changed after nncc wrote it."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if not isinstance(exc, PlanFormatError) or self.name is None:
+            return False
+        message = str(exc)
+        if "checksum" in message:
+            hint = f"{self.name} was damaged or modified after it was written: compile the model again"
+        elif "format version" in message:
+            hint = "compile the model again with this nncc"
+        else:
+            hint = exc.hint or f"{self.name} is not an artifact this nncc wrote: compile the model again"
+        raise PlanFormatError(f"{self.name}: {message}", hint=hint) from None
