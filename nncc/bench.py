@@ -88,6 +88,15 @@ class BenchSettings:
                 raise BenchError(f"dimension {name!r} must be a non-negative integer, not {value!r}")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which containers and taskset
+    narrow), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 # -- statistics ---------------------------------------------------------------------------------------
 
 
@@ -380,6 +389,11 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 
     settings = settings or BenchSettings()
     settings.check()
+    if settings.threads is not None and settings.threads > usable_cpus():
+        from nncc.util.notice import warn
+
+        warn(f"--threads {settings.threads} is more than the {usable_cpus()} CPU(s) this process may use: "
+             "the extra threads share those CPUs and the figures measure their contention")
     model = os.fspath(model)
     baseline_rss = current_rss_bytes()
     artifact = is_artifact(model)
@@ -420,6 +434,10 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
             if compiled is None:  # no usable cache here: a model compiled in memory
                 compiled, _ = prepare(model, use_cache=False, **options)
 
+        if settings.dims:  # a misspelt --dim must not leave its dimension at 1 unnoticed
+            from nncc.ir.dims import check_dim_names
+
+            check_dim_names(settings.dims, compiled.input_infos, os.fspath(model))
         feeds = random_feeds(compiled.input_infos, settings.seed, settings.dims)
         dims = bind_dims(compiled.input_infos, feeds)
         flops = count_flops(compiled.plan, dims)

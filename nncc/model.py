@@ -20,9 +20,11 @@ class CompiledModel:
                  origin: str = "the artifact"):
         """``trust_native``: run the plan's native code (when it has any and this CPU can);
         otherwise its portable plan runs, with one warning if native code was skipped."""
+        from nncc.frontend.opsets import warn_newer_opsets
         from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
 
+        warn_newer_opsets(plan.options.get("opsets") or {})  # on every path: compiled, cached, loaded
         self.plan = plan
         self._raw = raw
         self._native = activate(plan, trust_native, origin)
