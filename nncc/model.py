@@ -20,7 +20,7 @@ class CompiledModel:
                  origin: str = "the artifact"):
         """``trust_native``: run the plan's native code (when it has any and this CPU can);
         otherwise its portable plan runs, with one warning if native code was skipped."""
-        from nncc.frontend.opsets import warn_newer_opsets
+        from nncc.ir.opsets import warn_newer_opsets
         from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
 
@@ -154,5 +154,5 @@ class naming_the_artifact:
         elif "format version" in message:
             hint = "compile the model again with this nncc"
         else:
-            hint = exc.hint or f"{self.name} is not an artifact this nncc wrote: compile the model again"
+            hint = exc.hint
         raise PlanFormatError(f"{self.name}: {message}", hint=hint) from None

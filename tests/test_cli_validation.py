@@ -198,7 +198,7 @@ def test_compile_options_on_an_artifact_are_named_in_a_warning(work):
 
 
 def test_a_newer_opset_than_nncc_knows_is_a_warning(work):
-    from nncc.frontend.opsets import KNOWN_OPSETS
+    from nncc.ir.opsets import KNOWN_OPSETS
 
     newest = KNOWN_OPSETS[""]
     dynamic_model(work / "newer.onnx", opset=newest + 1)
@@ -218,7 +218,7 @@ def test_known_opsets_match_the_onnx_release_that_tests_them():
     are the reference they are kept in step with."""
     import onnx.defs
 
-    from nncc.frontend.opsets import KNOWN_OPSETS
+    from nncc.ir.opsets import KNOWN_OPSETS
 
     newest: dict[str, int] = {}
     for schema in onnx.defs.get_all_schemas_with_history():

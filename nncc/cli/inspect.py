@@ -50,7 +50,7 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, a
         from nncc.plan.format import serialize
 
         size = len(serialize(plan))
-    from nncc.frontend.opsets import warn_newer_opsets
+    from nncc.ir.opsets import warn_newer_opsets
 
     warn_newer_opsets(plan.options.get("opsets") or {})
     report = describe_plan(plan, size)
