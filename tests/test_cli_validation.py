@@ -133,6 +133,7 @@ def test_compile_dim_makes_a_static_artifact(work):
     report = json.loads(nncc("inspect", "dyn2.nncc", "--json", cwd=work).stdout)
     assert report["inputs"][0]["shape"] == [2, 4] and report["outputs"][0]["shape"] == [2, 3]
     assert report["options"]["dims"] == {"N": 2}
+    assert_usage_error(nncc("inspect", "dyn2.nncc", "--dim", "N=3", cwd=work), "--dim", "dyn2.nncc")
     x = np.array([[1, -2, 3, -4], [0.5, 0.25, -1, 2]], np.float32)
     np.save(work / "x2.npy", x)
     result = nncc("run", "dyn2.nncc", "-i", "x=x2.npy", "-o", "out.npz", cwd=work)

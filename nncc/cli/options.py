@@ -63,14 +63,15 @@ _COMPILE_ONLY = {"preference": "--preference", "opt_level": "-O", "backends": "-
 
 def warn_compile_options_on_artifact(path: str) -> None:
     """One warning naming the compile options given on the command line for an artifact,
-    which ignores them (they were fixed when it was compiled)."""
+    which ignores them (they were fixed when it was compiled). Defaults, wherever they
+    come from, are not the user asking for anything."""
     from click.core import ParameterSource
 
     from nncc.util.notice import warn
 
     ctx = click.get_current_context()
     given = [flag for name, flag in _COMPILE_ONLY.items()
-             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
     if given:
         warn(f"{', '.join(given)} ignored: {path} is a compiled artifact, its options were fixed "
              "when it was compiled; pass them to `nncc compile` with the .onnx model instead")
