@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from typing import Mapping
@@ -135,24 +136,21 @@ def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | m
         return deserialize(buffer)
 
 
-class naming_the_artifact:
+@contextlib.contextmanager
+def naming_the_artifact(name: str | None):
     """Put the artifact's file name in front of a PlanFormatError raised inside, with a hint
-    on what to do: a failed checksum means the file changed after nncc wrote it."""
-
-    def __init__(self, name: str | None):
-        self.name = name
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if not isinstance(exc, PlanFormatError) or self.name is None:
-            return False
+    where nncc knows what to do: a failed checksum means the file changed after it was
+    written, another format version needs a recompile."""
+    try:
+        yield
+    except PlanFormatError as exc:
+        if name is None:
+            raise
         message = str(exc)
         if "checksum" in message:
-            hint = f"{self.name} was damaged or modified after it was written: compile the model again"
+            hint = f"{name} was damaged or modified after it was written: compile the model again"
         elif "format version" in message:
             hint = "compile the model again with this nncc"
         else:
             hint = exc.hint
-        raise PlanFormatError(f"{self.name}: {message}", hint=hint) from None
+        raise PlanFormatError(f"{name}: {message}", hint=hint) from None

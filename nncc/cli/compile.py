@@ -32,8 +32,8 @@ from nncc.cli.output import detail, emit_json, status
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, cache_dir, no_cache,
-            trust_shared, as_json):
+def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, cache_dir,
+            no_cache, trust_shared, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
@@ -45,7 +45,6 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     from nncc.model import prepare
     from nncc.util import progress
     from nncc.util.buildfiles import write_if_changed
-
     from nncc.util.writable import check_writable
 
     start = time.perf_counter()

@@ -51,7 +51,3 @@ def specialize(graph, dims: Mapping[str, int]):
         values[name] = info
     return replace(graph, values=values)
 
-
-def unbound(infos: Mapping[str, object], dims: Mapping[str, int]) -> list[str]:
-    """The symbolic dimensions of ``infos`` that ``dims`` leaves at their default."""
-    return [d for d in symbolic_dims(infos) if d not in dims]
