@@ -88,15 +88,6 @@ class BenchSettings:
                 raise BenchError(f"dimension {name!r} must be a non-negative integer, not {value!r}")
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, which containers and taskset
-    narrow), else the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 # -- statistics ---------------------------------------------------------------------------------------
 
 

@@ -68,7 +68,8 @@ def _check_magic(fd: int, path: str, kind: str) -> None:
     if what == "it holds text" and kind == ".npy":
         hint = f"convert it first, e.g. numpy.save('x.npy', numpy.loadtxt('{path}'))"
     else:
-        hint = "write it with " + ("numpy.save(path, array)" if kind == ".npy" else "numpy.savez(path, NAME=array, ...)")
+        hint = "write it with " + ("numpy.save(path, array)" if kind == ".npy"
+                                   else "numpy.savez(path, NAME=array, ...)")
     raise InputError(f"{path} is not a {kind} file: {what}", hint=hint)
 
 
