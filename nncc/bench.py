@@ -402,6 +402,11 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 
     settings = settings or BenchSettings()
     settings.check()
+    if settings.threads is not None and settings.threads > usable_cpus():
+        from nncc.util.notice import warn
+
+        warn(f"--threads {settings.threads} is more than the {usable_cpus()} CPU(s) this process may use: "
+             "the extra threads share those CPUs and the figures measure their contention")
     model = os.fspath(model)
     baseline_rss = current_rss_bytes()
     artifact = is_artifact(model)
@@ -443,6 +448,10 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
             if compiled is None:  # no usable cache here: a model compiled in memory
                 compiled, _ = prepare(model, use_cache=False, **options)
 
+        if settings.dims:  # a misspelt --dim must not leave its dimension at 1 unnoticed
+            from nncc.ir.dims import check_dim_names
+
+            check_dim_names(settings.dims, compiled.input_infos, os.fspath(model))
         feeds = random_feeds(compiled.input_infos, settings.seed, settings.dims)
         dims = bind_dims(compiled.input_infos, feeds)
         flops = count_flops(compiled.plan, dims)

@@ -23,9 +23,16 @@ class CompileOptions:
     backends: tuple[str, ...] = ("native", "numpy")
     plugins: tuple[str, ...] = field(default_factory=tuple)
     target: str = "native"  # the ISA native code is built for (nncc.native.toolchain.TARGETS)
+    dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
 
     def __post_init__(self):
         from nncc.native.toolchain import TARGETS
+
+        pairs = self.dims.items() if isinstance(self.dims, dict) else self.dims
+        object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in pairs)))
+        for name, size in self.dims:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise OptionError(f"dimension {name!r} must be a non-negative integer, not {size!r}")
 
         if self.target not in TARGETS:
             raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
@@ -55,6 +62,8 @@ class CompileOptions:
             "plugins": list(self.plugins),
             "threads": self.threads,
         }
+        if self.dims:  # only when given: the tokens of every other compile stay as they were
+            options["dims"] = dict(self.dims)
         if "native" in self.backends:  # a compiler update or another ISA must miss the cache
             toolchain = self.toolchain()
             options["toolchain"] = None if toolchain is None else toolchain.key()
@@ -74,6 +83,10 @@ def compile_graph(graph: Graph, options: CompileOptions):
 
     for module in options.plugins:
         load_plugin(module)
+    if options.dims:
+        from nncc.ir.dims import specialize
+
+        graph = specialize(graph, dict(options.dims))
     toolchain = options.toolchain()
     backends = [_native(toolchain) if name == "native" else get_backend(name)
                 for name in options.backends if name != "cpu"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from typing import Mapping
@@ -24,9 +25,11 @@ class CompiledModel:
         read from an artifact, so its code is not this user's to sign when saved.
         ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
         from, from which its artifact is assembled without serializing again."""
+        from nncc.ir.opsets import warn_newer_opsets
         from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
 
+        warn_newer_opsets(plan.options.get("opsets") or {})  # on every path: compiled, cached, loaded
         self.plan = plan
         self._raw = raw
         self._foreign = foreign
@@ -132,24 +135,51 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
-         trust_native: bool = False) -> CompiledModel:
+         trust_native: bool = False, name: str | None = None) -> CompiledModel:
     """Load a compiled artifact from a path (memory-mapped) or from bytes (or a mapping).
     Its native code runs only when the file is signed by the user's key (or the
     NNCC_TRUST_KEY_FILE key), or with ``trust_native=True``: running it is running whoever
-    built the file."""
-    origin = "the artifact" if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)) else os.fspath(source)
-    return CompiledModel(read_artifact(source), trust_native=trust_native, origin=origin, foreign=True)
+    built the file. ``name``: the file the bytes came from, for messages."""
+    if name is None and not isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
+        name = os.fspath(source)
+    return CompiledModel(read_artifact(source, name), trust_native=trust_native, origin=name or "the artifact",
+                         foreign=True)
 
 
-def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap) -> Plan:
-    """The verified Plan of an artifact, without preparing it to run."""
+def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
+                  name: str | None = None) -> Plan:
+    """The verified Plan of an artifact, without preparing it to run. A malformed or
+    damaged artifact raises PlanFormatError naming the file (``name``, or the path)."""
     from nncc.plan.format import deserialize
 
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
-        return deserialize(source)
+        with naming_the_artifact(name):
+            return deserialize(source)
     from nncc.util.files import read_source
 
+    name = name or os.fspath(source)
     buffer, _ = read_source(source, "artifact")  # mapped when a regular file; never blocks on a FIFO
     if len(buffer) == 0:
-        raise PlanFormatError(f"{source} is empty, not an nncc artifact")
-    return deserialize(buffer)
+        raise PlanFormatError(f"{name} is empty, not an nncc artifact")
+    with naming_the_artifact(name):
+        return deserialize(buffer)
+
+
+@contextlib.contextmanager
+def naming_the_artifact(name: str | None):
+    """Put the artifact's file name in front of a PlanFormatError raised inside, with a hint
+    where nncc knows what to do: a failed checksum means the file changed after it was
+    written, another format version needs a recompile."""
+    try:
+        yield
+    except PlanFormatError as exc:
+        if name is None:
+            raise
+        message = str(exc)
+        if "checksum" in message:
+            hint = f"{name} was damaged or modified after it was written: compile the model again"
+        elif "format version" in message:
+            hint = "compile the model again with this nncc"
+        else:
+            hint = exc.hint
+        raise PlanFormatError(f"{name}: {message}", hint=hint) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from nncc.plan.format import FORMAT_VERSION, INLINE_LIMIT
@@ -40,8 +41,10 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "instructions": len(plan.instructions),
         "partitions": partitions,
         "fallbacks": plan.fallbacks,
+        "fallback_groups": group_fallbacks(plan.fallbacks),
         "native_code_bytes": len(plan.code) if plan.native and plan.code is not None else 0,
         "peak_activation_bytes": plan.arena_bytes,
+        "dynamic_values": dynamic_values(plan),
         "constants": {
             "inline": {"count": len(inline), "bytes": int(sum(a.nbytes for a in inline))},
             "referenced": {"count": len(referenced), "bytes": int(sum(a.nbytes for a in referenced))},
@@ -50,6 +53,27 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         },
         "artifact_bytes": artifact_bytes,
     }
+
+
+_VALUE_NAME = re.compile(r"""value (?:'[^']*'|"[^"]*") (?:is |has )?""")
+
+
+def group_fallbacks(fallbacks: list[dict]) -> list[dict]:
+    """Fallback nodes grouped by their reason with the value names taken out, most nodes
+    first: a dynamic model has one reason for dozens of nodes ("no static shape")."""
+    groups: dict[str, Counter] = {}
+    for entry in fallbacks:
+        groups.setdefault(_VALUE_NAME.sub("", entry["reason"]), Counter())[entry["op"]] += 1
+    return [{"reason": reason, "nodes": sum(ops.values()), "ops": dict(sorted(ops.items()))}
+            for reason, ops in sorted(groups.items(), key=lambda item: -sum(item[1].values()))]
+
+
+def dynamic_values(plan: Plan) -> int:
+    """How many values the plan computes without a static shape: they are allocated at run
+    time, so the planned arena is not the peak activation memory."""
+    fixed = set(plan.inputs) | set(plan.constants)
+    return sum(1 for index, slot in enumerate(plan.slots)
+               if index not in fixed and (slot.shape is None or not all(isinstance(d, int) for d in slot.shape)))
 
 
 def _slot(plan: Plan, index: int) -> dict:

@@ -37,7 +37,8 @@ FIXTURE_MODELS = ["mlp", "resnet_block", "mobilenet", "transformer", "shape_ops"
 SYMBOLIC_DIMS = {"N": 3, "S": 16}
 LIGHT_MODELS = sorted(p.name[len("light_"):-len(".onnx")] for p in light_models_dir().glob("light_*.onnx"))
 REPORT_KEYS = {"format_version", "producer", "options", "inputs", "outputs", "instructions", "partitions",
-               "fallbacks", "peak_activation_bytes", "constants", "artifact_bytes", "signature"}
+               "fallbacks", "fallback_groups", "peak_activation_bytes", "dynamic_values", "constants",
+               "artifact_bytes", "signature"}
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -496,7 +496,7 @@ def test_artifact_never_imports_the_plugin_it_names(mixed_model, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                             timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stderr
-    assert "refused: plan uses kernel 'test.mulsub::Mul::1', which is not registered" in result.stdout
+    assert f"refused: {out}: plan uses kernel 'test.mulsub::Mul::1', which is not registered" in result.stdout
     assert "--plugin" in result.stdout
     # the CLI says the same, in one line, exit code 2
     failed = nncc_cli("inspect", out, "--json", check=False)

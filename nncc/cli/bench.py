@@ -62,6 +62,12 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
         compile_options=options_dict(preference, opt_level, backends, plugins, target),
     )
     settings.check()  # bad settings fail before any progress bar appears
+    from nncc.util.files import is_artifact
+
+    if is_artifact(model):
+        from nncc.cli.options import warn_compile_options_on_artifact
+
+        warn_compile_options_on_artifact(model)
     with live_progress():  # a bar on stderr when it is a terminal (not with --quiet)
         result = run_benchmark(model, settings)
     if as_json:

@@ -13,7 +13,7 @@ import time
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.util.units import format_bytes
 
@@ -25,14 +25,16 @@ from nncc.util.units import format_bytes
 @click.option("--depfile", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a Make dependency file: OUT.nncc depends on MODEL and the external "
                    "data files it may read.")
+@dim_option("Fix a symbolic input dimension to SIZE: the artifact is compiled for that size "
+            "(static shapes plan ahead and run faster). Repeatable.")
 @click.option("--force", is_flag=True,
               help="Rewrite OUT.nncc even when its content is unchanged (gives it a new mtime).")
 @compile_options
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, preference, opt_level, backends, plugins, target, cache_dir, no_cache,
-            trust_shared, hash_mode, as_json):
+def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, cache_dir,
+            no_cache, trust_shared, hash_mode, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
@@ -45,16 +47,22 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
     from nncc.model import prepare
     from nncc.util import progress
     from nncc.util.buildfiles import write_if_changed
+    from nncc.util.writable import check_writable
 
     start = time.perf_counter()
+    dims = parse_dims(dim_specs)
+    check_writable(output, "the artifact")  # before any compile: a typo costs no time
+    if depfile:
+        check_writable(depfile, "the depfile")
     source = read_onnx_source(model)  # read once: MODEL may be a pipe
     _refuse_clobbering(model, source, output, depfile, cache_dir)
-    options = options_dict(preference, opt_level, backends, plugins, target)
+    options = options_dict(preference, opt_level, backends, plugins, target, dims)
     from nncc.compiler import CompileOptions
 
     detail(f"nncc: options: preference={preference} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
-           + (f" plugins={','.join(plugins)}" if plugins else ""))
+           + (f" plugins={','.join(plugins)}" if plugins else "")
+           + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                     trust_shared=trust_shared, hash_mode=hash_mode, **options)

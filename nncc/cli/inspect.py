@@ -4,32 +4,40 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, verbosity_options,
+                              warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json
 
 
 @click.command()
 @click.argument("path", type=click.Path(dir_okay=False))
+@dim_option("Fix a symbolic input dimension to SIZE before compiling, to see the plan "
+            "(and its memory) for that size. Repeatable.")
 @compile_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def inspect(path, preference, opt_level, backends, plugins, target, as_json):
+def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
     from nncc.report import describe_plan
     from nncc.util.files import read_source
 
+    dims = parse_dims(dim_specs)
     source, artifact = read_source(path)  # read once: PATH may be a pipe
     if artifact:
+        warn_compile_options_on_artifact(path)
+        if dims:
+            raise click.BadParameter(f"{path} is a compiled artifact: its shapes were fixed when it was "
+                                     "compiled; inspect the .onnx model with --dim instead", param_hint="--dim")
         # the artifact may name plugin kernels: only the plugins the user names are loaded
         from nncc.backends.registry import load_plugin
 
         for module in plugins:
             load_plugin(module)
-        from nncc.plan.format import deserialize
+        from nncc.model import read_artifact
 
         # the plan alone: inspect describes constants, memory and native code; it never
         # expands, allocates or loads them
-        plan, size = deserialize(source), len(source)
+        plan, size = read_artifact(source, path), len(source)
     else:
         import os
 
@@ -38,11 +46,14 @@ def inspect(path, preference, opt_level, backends, plugins, target, as_json):
         from nncc.util import progress
 
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
-            plan = compile_plan(path, source, options_dict(preference, opt_level, backends, plugins, target))
+            plan = compile_plan(path, source, options_dict(preference, opt_level, backends, plugins, target, dims))
         from nncc.plan.format import SEAL_BYTES, serialize
 
         # the size nncc compile writes, room for its signature included (no key is read)
         size = len(serialize(plan, seal=lambda message: bytes(SEAL_BYTES)))
+    from nncc.ir.opsets import warn_newer_opsets
+
+    warn_newer_opsets(plan.options.get("opsets") or {})
     report = describe_plan(plan, size)
     report["path"] = path
     if artifact:  # who signed it, and whether that key's signature lets its native code run

@@ -27,11 +27,54 @@ def compile_options(command):
     return command
 
 
-def options_dict(preference, opt_level, backends, plugins, target="native") -> dict:
+def options_dict(preference, opt_level, backends, plugins, target="native", dims=None) -> dict:
     options = {"preference": preference, "opt_level": opt_level, "plugins": tuple(plugins), "target": target}
     if backends:  # else the library's default: native where a compiler is found, then numpy
         options["backends"] = tuple(backends)
+    if dims:  # fixed symbolic input dimensions: a different compile (and cache entry)
+        options["dims"] = dict(dims)
     return options
+
+
+def dim_option(help_text: str):
+    return click.option("--dim", "dim_specs", multiple=True, metavar="NAME=SIZE", help=help_text)
+
+
+def parse_dims(specs) -> dict[str, int]:
+    """--dim NAME=SIZE options as a dict; a malformed one is a usage error."""
+    dims = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        try:
+            size = int(value)
+        except ValueError:
+            size = -1
+        if not sep or not name or size < 0:
+            raise click.BadParameter(f"expected NAME=SIZE with a non-negative SIZE, got {spec!r}",
+                                     param_hint="--dim")
+        dims[name] = size
+    return dims
+
+
+# the compile options an artifact cannot honour: it is compiled already (--plugin still
+# loads the modules its kernels may come from)
+_COMPILE_ONLY = {"preference": "--preference", "opt_level": "-O", "backends": "--backend", "target": "--target"}
+
+
+def warn_compile_options_on_artifact(path: str) -> None:
+    """One warning naming the compile options given on the command line for an artifact,
+    which ignores them (they were fixed when it was compiled). Defaults, wherever they
+    come from, are not the user asking for anything."""
+    from click.core import ParameterSource
+
+    from nncc.util.notice import warn
+
+    ctx = click.get_current_context()
+    given = [flag for name, flag in _COMPILE_ONLY.items()
+             if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+    if given:
+        warn(f"{', '.join(given)} ignored: {path} is a compiled artifact, its options were fixed "
+             "when it was compiled; pass them to `nncc compile` with the .onnx model instead")
 
 
 def trust_native_option(command):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.tree import Tree
 
-from nncc.cli.output import console
+from nncc.cli.output import console, verbosity
 from nncc.util.units import format_bytes
 
 
 def print_report(report: dict) -> None:
     tree = Tree(f"[bold]{report['path']}[/]  (format {report['format_version']}, nncc {report['producer']})")
     opts = report["options"]
+    dims = "".join(f" --dim {k}={v}" for k, v in (opts.get("dims") or {}).items())
     tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
-             f"backends={','.join(opts.get('backends', []))}")
+             f"backends={','.join(opts.get('backends', []))}{dims}")
     io = tree.add("inputs / outputs")
     for kind in ("inputs", "outputs"):
         for v in report[kind]:
@@ -27,8 +29,14 @@ def print_report(report: dict) -> None:
         parts.add(f"#{p['index']} [cyan]{p['backend']}[/] {p['entry']}{how}: {p['nodes']} nodes ({ops})")
     if report["fallbacks"]:
         fb = tree.add(f"[yellow]{len(report['fallbacks'])} fallback node(s)[/]")
-        for f in report["fallbacks"]:
-            fb.add(f"{f['op']} {f['node']!r}: {f['reason']}")
+        for group in report["fallback_groups"]:  # each node: -v, or --json
+            ops = ", ".join(f"{op}×{n}" for op, n in group["ops"].items())
+            fb.add(f"{group['nodes']} node{'s' if group['nodes'] > 1 else ''}: {escape(group['reason'])} ({ops})")
+        if verbosity() > 0:
+            for f in report["fallbacks"]:
+                fb.add(f"{f['op']} {f['node']!r}: {escape(f['reason'])}")
+        if any("static" in g["reason"] for g in report["fallback_groups"]) and _symbolic(report):
+            fb.add(f"[dim]fixing {', '.join(_symbolic(report))} with --dim NAME=SIZE gives static shapes[/]")
     c = report["constants"]
     line = (f"constants: {c['inline']['count']} inline ({format_bytes(c['inline']['bytes'])}), "
             f"{c['referenced']['count']} referenced ({format_bytes(c['referenced']['bytes'])})")
@@ -36,7 +44,11 @@ def print_report(report: dict) -> None:
     if splat and splat["count"]:
         line += f", {splat['count']} splat ({format_bytes(splat['bytes'])} for {format_bytes(splat['expanded_bytes'])})"
     tree.add(line)
-    tree.add(f"peak activation memory: {format_bytes(report['peak_activation_bytes'])}")
+    if report.get("dynamic_values"):
+        tree.add(f"peak activation memory: unknown for dynamic shapes ({report['dynamic_values']} values are "
+                 f"sized at run time; {format_bytes(report['peak_activation_bytes'])} planned ahead)")
+    else:
+        tree.add(f"peak activation memory: {format_bytes(report['peak_activation_bytes'])}")
     if report.get("native_code_bytes"):
         built = opts.get("native") or {}
         tree.add(f"native code: {format_bytes(report['native_code_bytes'])} "
@@ -60,3 +72,13 @@ def _signature_line(signature: dict, has_code: bool) -> str:
     if not signature["signed"] and not has_code:
         return "signature: none (no native code to trust)"
     return f"[yellow]signature: not trusted, {reason}[/]"
+
+
+def _symbolic(report: dict) -> list[str]:
+    """The symbolic dimension names of the inputs, in order."""
+    names: list[str] = []
+    for entry in report["inputs"]:
+        for dim in entry.get("shape") or ():
+            if isinstance(dim, str) and dim not in names:
+                names.append(dim)
+    return names

@@ -8,7 +8,8 @@ import time
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, options_dict, trust_native_option, verbosity_options
+from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, trust_native_option,
+                              verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import detail, emit_json, print_outputs
 
 
@@ -30,14 +31,16 @@ from nncc.cli.output import detail, emit_json, print_outputs
               help="How many steps to run (with --bind).")
 @click.option("--inputs-per-step", "per_step_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="A folder with one .npz of inputs per step, in name order (step_000.npz, ...).")
+@dim_option("Fix a symbolic input dimension: the model is compiled for that size, and "
+            "--random-inputs makes inputs of it (default 1). Repeatable.")
 @compile_options
 @trust_native_option
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared, hash_mode,
-        as_json):
+        dim_specs, preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared,
+        hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -48,6 +51,18 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
     start = time.perf_counter()
     outcome = None
+    # every argument is checked, and every input file read, before anything is compiled
+    named_inputs = _parse_input_specs(input_specs)
+    bound = _parse_binds(binds)
+    dims = parse_dims(dim_specs)
+    if steps > 1 and not bound and per_step_dir is None:
+        raise click.BadParameter(f"{steps} steps without --bind would run the same inputs {steps} times; "
+                                 "add --bind OUT=IN to carry state from step to step "
+                                 "(or --inputs-per-step DIR)", param_hint="--steps")
+    if output_path:
+        from nncc.util.writable import check_writable
+
+        check_writable(output_path, "the --output file")
     # read once (MODEL may be a pipe), and a model file not at all when the cache knows it
     source, artifact = read_source(model, lazy_model=True)
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
@@ -55,20 +70,34 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         source, artifact = read_source(model)
     inputs = _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
     _refuse_clobbering(inputs, output_path, output_dir, None)
+    feeds = load_npz(npz) if npz else {}
+    for name, path in named_inputs:
+        feeds[name] = load_npy(path)
+    per_step = None
+    if per_step_dir is not None:
+        from nncc.runtime.stepping import step_files
+
+        files = step_files(per_step_dir)
+        per_step = (load_npz(path) for path in files)
     if artifact:
+        warn_compile_options_on_artifact(model)
         # an artifact may name plugin kernels: only the plugins the user names are loaded
         from nncc.backends.registry import load_plugin
 
         for module in plugins:
             load_plugin(module)
-        session = nncc.load(source, trust_native=trust_native)
+        session = nncc.load(source, trust_native=trust_native, name=model)
+        if dims:  # the artifact is compiled: --dim sizes its symbolic inputs (random ones)
+            from nncc.ir.dims import check_dim_names
+
+            check_dim_names(dims, session.input_infos, model)
     else:
         from nncc.model import prepare
 
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
-        options = options_dict(preference, opt_level, backends, plugins, target)
+        options = options_dict(preference, opt_level, backends, plugins, target, dims)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
             session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                        trust_shared=trust_shared, hash_mode=hash_mode, **options)
@@ -76,27 +105,15 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
     prepared = time.perf_counter()
-    feeds = load_npz(npz) if npz else {}
-    for spec in input_specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise click.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="--input")
-        feeds[name] = load_npy(path)
-    bound = _parse_binds(binds)
     stateful = bool(bound) or steps > 1 or per_step_dir is not None
-    per_step = None
-    if per_step_dir is not None:
-        from nncc.runtime.stepping import step_files
-
-        files = step_files(per_step_dir)
-        per_step = (load_npz(path) for path in files)
     if random_inputs:
         declared = session.input_infos
         state_inputs = set(bound.values())  # states start at zeros unless given
         missing = {k: v for k, v in declared.items() if k not in feeds and k not in state_inputs}
         if per_step is not None:
             missing = {}  # the step files provide them
-        feeds.update(random_feeds(missing, seed))
+        _report_default_dims(missing, dims)
+        feeds.update(random_feeds(missing, seed, dims))
     for name, value in feeds.items():
         detail(f"nncc: input {name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}")
     if stateful:
@@ -161,6 +178,29 @@ def _refuse_clobbering(inputs, output_path, output_dir, output_names) -> None:
         outputs += [(f"the --output-dir file for {name}", path)
                     for name, path in output_paths(output_dir, output_names).items()]
     refuse_clobbering(inputs, outputs)
+
+
+def _parse_input_specs(specs) -> list[tuple[str, str]]:
+    named = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"expected NAME=FILE.npy, got {spec!r}", param_hint="--input")
+        named.append((name, path))
+    return named
+
+
+def _report_default_dims(missing, dims) -> None:
+    """Say which symbolic dimensions the random inputs take at their default size 1."""
+    from nncc.ir.dims import symbolic_dims
+
+    from nncc.cli.output import status
+
+    defaulted = [d for d in symbolic_dims(missing) if d not in dims]
+    if defaulted:
+        names = ", ".join(defaulted)
+        status(f"nncc: random inputs: symbolic dimension{'s' if len(defaulted) > 1 else ''} {names} "
+               f"set to 1 (choose with --dim NAME=SIZE)")
 
 
 def _parse_binds(binds) -> dict[str, str]:

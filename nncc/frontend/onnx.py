@@ -411,6 +411,11 @@ class _Reader:
             raise ModelFormatError(f"{label}: external data offset/length is not a number") from None
         try:
             fd, info = open_file(path)  # never blocks, even on a FIFO
+        except FileNotFoundError:
+            raise FileAccessError(
+                f"{label}: its external data file {path} does not exist",
+                hint=f"external data is looked up relative to the model's folder, not the working "
+                     f"directory: put {location} in {self.base_dir}") from None
         except OSError as exc:
             raise FileAccessError(f"{label}: cannot read external data {path}: {exc.strerror}") from None
         try:

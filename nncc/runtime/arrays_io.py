@@ -46,12 +46,48 @@ def _open_regular(path: str, kind: str) -> int:
     return fd
 
 
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_magic(fd: int, path: str, kind: str) -> None:
+    """Refuse a file that is neither .npy nor .npz by its first bytes. np.load takes any
+    other file for a pickle and says only that pickles are not allowed, which misleads
+    when the file is text or something else entirely."""
+    import os
+
+    head = os.pread(fd, 64, 0)
+    if head.startswith(NPY_MAGIC) or head.startswith(ZIP_MAGIC):
+        return  # which of the two it is, the callers say
+    if not head:
+        what = "it is empty"
+    elif _looks_like_text(head):
+        what = "it holds text"
+    else:
+        what = f"it does not start with the {kind} signature"
+    if what == "it holds text" and kind == ".npy":
+        hint = f"convert it first, e.g. numpy.save('x.npy', numpy.loadtxt('{path}'))"
+    else:
+        hint = "write it with " + ("numpy.save(path, array)" if kind == ".npy"
+                                   else "numpy.savez(path, NAME=array, ...)")
+    raise InputError(f"{path} is not a {kind} file: {what}", hint=hint)
+
+
+def _looks_like_text(head: bytes) -> bool:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\t\r\n" for c in text)
+
+
 def load_npy(path: str) -> np.ndarray:
     """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
     import os
 
     fd = _open_regular(path, ".npy")
     try:
+        _check_magic(fd, path, ".npy")
         # np.load maps by name: on Linux the name of the checked descriptor, so a file
         # swapped for a FIFO after the check is never opened
         own = f"/proc/self/fd/{fd}"
@@ -74,6 +110,7 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
     from nncc.util.limits import check_bytes, check_shape
 
     with os.fdopen(_open_regular(path, ".npz"), "rb") as f, _reading(path, ".npz"):
+        _check_magic(f.fileno(), path, ".npz")
         archive = np.load(f, allow_pickle=False)
         if not isinstance(archive, np.lib.npyio.NpzFile):  # a plain array has no close()
             raise InputError(f"{path} is a .npy file; pass it with --input NAME={path}")

@@ -189,7 +189,7 @@ class Executor:
                 else:
                     outputs[name] = target
                     domain_outputs[name] = value
-        targets = self._output_targets(outputs)
+        targets = self._output_targets(outputs, arrays)
         with self._lock:
             results = self._run(arrays, targets)
         for name, buffer in domain_outputs.items():
@@ -216,16 +216,18 @@ class Executor:
                 names = list(self.input_infos) if kind == "input" else list(outputs)
                 raise InputError(f"the model has no {kind} {name!r}; its {kind}s are: {', '.join(names)}")
             infos.append((role, info))
+        if shape is not None or dtype is not None:  # the caller's request is one more role to agree with
+            infos.append((("requested", "buffer"), TensorInfo(
+                None if dtype is None else np.dtype(dtype),
+                None if shape is None else tuple(None if d is None else int(d) for d in shape))))
         dtypes = {info.dtype for _, info in infos if info.dtype is not None}
-        if dtype is not None:
-            dtypes.add(np.dtype(dtype))
-        if len(dtypes) != 1:
-            raise InputError(f"the roles disagree on the dtype: {', '.join(sorted(map(str, dtypes)))}")
+        if len(dtypes) > 1:
+            raise InputError(f"{_roles(infos)} disagree on the dtype; one buffer has one dtype")
+        if not dtypes:
+            raise InputError(f"{_roles(infos)}: no dtype is known; pass one")
         ranks = {len(info.shape) for _, info in infos if info.shape is not None}
-        if shape is not None:
-            ranks.add(len(shape))
         if len(ranks) > 1:
-            raise InputError("the roles disagree on the rank")
+            raise InputError(f"{_roles(infos)} disagree on the rank; one buffer has one shape")
         rank = ranks.pop() if ranks else None
         dims = None
         if rank is not None:
@@ -233,10 +235,9 @@ class Executor:
             for axis in range(rank):
                 known = {info.shape[axis] for _, info in infos
                          if info.shape is not None and isinstance(info.shape[axis], int)}
-                if shape is not None and shape[axis] is not None:
-                    known.add(int(shape[axis]))
                 if len(known) > 1:
-                    raise InputError(f"the roles disagree on dimension {axis}: {sorted(known)}")
+                    raise InputError(f"{_roles(infos)} differ in dimension {axis} "
+                                     f"({' vs '.join(map(str, sorted(known)))}); one buffer has one shape")
                 dims.append(known.pop() if known else None)
         return DomainBuffer(self, roles, dtypes.pop(), None if dims is None else tuple(dims))
 
@@ -310,14 +311,19 @@ class Executor:
                 np.copyto(out[i], value)  # a kernel that could not write in place
                 value = out[i]
             elif slot in targets and value is not targets[slot]:
+                if np.shape(value) != targets[slot].shape:  # copyto would broadcast, or fail in numpy's words
+                    raise _wrong_buffer(self.plan.slots[slot].name, targets[slot].shape, list(np.shape(value)))
                 np.copyto(targets[slot], value)
                 value = targets[slot]
             env[slot] = as_value(value)
 
-    def _output_targets(self, outputs: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
-        """Validate caller-provided output arrays before anything runs."""
+    def _output_targets(self, outputs: Mapping[str, np.ndarray], arrays) -> dict[int, np.ndarray]:
+        """Validate caller-provided output arrays before anything runs: a static output's
+        shape exactly; a dynamic one's rank, fixed sizes, and the sizes of symbolic
+        dimensions the inputs bind (an output [N, 3] fed an input [N, 3] of [2, 3] is [2, 3])."""
         by_name = self._output_slot
         targets = {}
+        bound = None
         for name, array in outputs.items():
             if name not in by_name:
                 raise InputError(f"unknown output {name!r}; the model's outputs are: {', '.join(by_name)}")
@@ -327,7 +333,14 @@ class Executor:
             if info.dtype is not None and array.dtype != info.dtype:
                 raise InputError(f"output buffer {name!r} has dtype {array.dtype}, expected {info.dtype}")
             if self._static(by_name[name]) and tuple(array.shape) != tuple(info.shape):
-                raise InputError(f"output buffer {name!r} has shape {list(array.shape)}, expected {list(info.shape)}")
+                raise _wrong_buffer(name, array.shape, list(info.shape))
+            if not self._static(by_name[name]) and info.shape is not None:
+                if bound is None:
+                    bound = _bound_dims(self.input_infos, arrays)
+                expected = [bound.get(d, d) if isinstance(d, str) else d for d in info.shape]
+                if len(array.shape) != len(expected) or any(
+                        isinstance(e, int) and e != n for e, n in zip(expected, array.shape)):
+                    raise _wrong_buffer(name, array.shape, expected)
             if not array.flags.writeable:
                 raise InputError(f"output buffer {name!r} is read-only")
             if not array.flags.c_contiguous:
@@ -360,3 +373,41 @@ def _concatenated(ctx, *inputs, out):
     """An in-place Concat (nncc.plan.memory.in_place_concats): its inputs' producers
     wrote them into their places in ``out`` already."""
     return out[0]
+
+
+def _roles(infos) -> str:
+    """The roles of a buffer with their types, for messages: "output 'h' float32[1, 16]
+    and input 'x' float32[1, 8]"."""
+    described = [f"{kind} {name!r} {_type(info)}" if kind != "requested" else f"the requested {_type(info)}"
+                 for (kind, name), info in infos]
+    return ", ".join(described[:-1]) + " and " + described[-1] if len(described) > 1 else described[0]
+
+
+def _type(info) -> str:
+    dtype = "?" if info.dtype is None else str(info.dtype)
+    if info.shape is None:
+        return f"{dtype}[?]"
+    return f"{dtype}[{', '.join('?' if d is None else str(d) for d in info.shape)}]"
+
+
+def _bound_dims(declared, arrays) -> dict[str, int]:
+    """Symbolic dimension name -> the size this run's inputs give it."""
+    bound: dict[str, int] = {}
+    for name, info in declared.items():
+        value = arrays.get(name)
+        if info.shape is None or not isinstance(value, np.ndarray) or value.ndim != len(info.shape):
+            continue
+        for dim, size in zip(info.shape, value.shape):
+            if isinstance(dim, str):
+                bound.setdefault(dim, int(size))
+    return bound
+
+
+def _wrong_buffer(name: str, shape, expected) -> InputError:
+    """A caller's output buffer of the wrong shape. ``expected``: sizes, with the names of
+    symbolic dimensions this run does not fix."""
+    want = "[" + ", ".join(str(d) for d in expected) + "]"
+    return InputError(f"output buffer {name!r} has shape {list(shape)}, but this run's output {name!r} "
+                      f"has shape {want}",
+                      hint=f"pass an array of shape {want} for {name!r}, or leave it out of outputs= "
+                           "to receive a new array")

@@ -31,7 +31,10 @@ def run_steps(model, binds: Mapping[str, str], steps: int, initial: Mapping[str,
             raise InputError(f"--bind {out}={inp}: the model has no output {out!r}")
         if inp not in declared:
             raise InputError(f"--bind {out}={inp}: the model has no input {inp!r}")
-        buffer = model.allocate([("output", out), ("input", inp)])
+        try:
+            buffer = model.allocate([("output", out), ("input", inp)])
+        except InputError as exc:
+            raise InputError(f"--bind {out}={inp}: {exc}", hint=_matching_inputs(model, out)) from None
         if inp in initial:
             buffer.copy_from(initial[inp])
         elif buffer.shape is None:
@@ -50,6 +53,16 @@ def run_steps(model, binds: Mapping[str, str], steps: int, initial: Mapping[str,
             feeds[inp] = buffer
         results = model.run(feeds, outputs={out: buffer for out, (_, buffer) in buffers.items()})
     return {name: (buffers[name][1].copy_to() if name in buffers else value) for name, value in results.items()}
+
+
+def _matching_inputs(model, output: str) -> str:
+    """A hint naming the inputs that could take ``output`` back: same dtype and shape."""
+    info = model.output_infos[output]
+    same = [name for name, declared in model.input_infos.items()
+            if declared.dtype == info.dtype and declared.shape == info.shape]
+    if same:
+        return f"inputs of the same dtype and shape as {output!r}: {', '.join(same)}"
+    return f"bind {output!r} to an input of its dtype and shape; the model has none"
 
 
 def step_files(directory: str) -> list[str]:
