@@ -15,8 +15,9 @@ def light_models_dir() -> pathlib.Path:
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # No test may touch the user's real nncc cache.
+    # No test may touch the user's real nncc cache, nor read or write the user's config file.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
+    monkeypatch.setenv("NNCC_CONFIG_FILE", str(tmp_path_factory.mktemp("nncc-config") / "config.toml"))
 
 
 @pytest.fixture

@@ -69,10 +69,12 @@ class CacheOutcome:
     seconds: float
     directory: str | None = None
     detail: str | None = None  # why an entry was rejected or the cache was unavailable
+    evicted: "Evicted | None" = None  # what the size and age bounds removed after this store
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
-                "directory": self.directory, "detail": self.detail}
+                "directory": self.directory, "detail": self.detail,
+                "evicted": self.evicted.as_dict() if self.evicted else None}
 
 
 def default_cache_dir() -> str:
@@ -82,11 +84,11 @@ def default_cache_dir() -> str:
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
-    """--cache-dir, else $NNCC_CACHE_DIR, else the platform's user cache directory."""
-    if cache_dir:
-        return os.path.abspath(os.fspath(cache_dir))
-    env = os.environ.get(ENV_DIR)
-    return os.path.abspath(env) if env else default_cache_dir()
+    """--cache-dir, else $NNCC_CACHE_DIR, else the config file's cache.dir, else the
+    platform's user cache directory (nncc.settings; a bad value is a SettingError)."""
+    from nncc.settings import cache_dir as setting
+
+    return setting(cache_dir)
 
 
 def _hash(buffer) -> str:
@@ -531,7 +533,10 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
     from nncc.cache.token import compute_token
 
-    directory = resolve_cache_dir(cache_dir)
+    from nncc.settings import cache_settings
+
+    limits = cache_settings(cache_dir)  # hook: every cache setting, checked, once
+    directory = limits.directory
     token = compute_token(path, data, opts, skip_dirs=(directory,)).hex()
     try:
         cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
@@ -543,7 +548,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
             return _prepare_read_only(cache, token, path, data, opts, start)
         for attempt in (0, 1):
             try:
-                return _prepare_cached(cache, token, path, data, opts, start)
+                return _prepare_cached(cache, token, path, data, opts, start, limits)
             except IndexCorrupt as exc:
                 if attempt:
                     raise CacheUnavailable(str(exc)) from None
@@ -586,7 +591,7 @@ def _try_hit(cache: Cache, token: str):
     return model, None
 
 
-def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: float):
+def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: float, limits=None):
     directory = cache.directory
     rejected: CacheEntryError | None = None
     if cache.index.get(token) is not None:
@@ -611,20 +616,24 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
         from nncc.model import CompiledModel
 
         model = CompiledModel(plan, trust_native=True)  # native code built just now
+        from nncc.cache.limits import EntryTooLarge, after_store
+
         try:
             _store(cache, token, plan, path, data, opts, compile_seconds,
-                   counter="recompiles" if rejected else "misses")
+                   counter="recompiles" if rejected else "misses", limits=limits)
+        except EntryTooLarge as exc:  # hook: an entry that cannot fit is not stored
+            warn(str(exc))
+            return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
     outcome = "recompiled" if rejected else "miss"
+    evicted = None
     try:
-        from nncc.cache.gc import auto_collect
-
-        auto_collect(cache, keep={token})
+        evicted = after_store(cache, limits, keep={token})  # hook: size and age bounds
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # gc is housekeeping: it never fails a run
     detail = rejected.detail if rejected else None
-    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail)
+    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted)
 
 
 class _locked:
@@ -653,7 +662,7 @@ def _record_hit(cache: Cache, token: str) -> None:
 
 
 def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seconds: float,
-           counter: str) -> Entry:
+           counter: str, limits=None) -> Entry:
     import json
 
     import nncc
@@ -662,6 +671,9 @@ def _store(cache: Cache, token: str, plan, path, data: bytes, opts, compile_seco
     from nncc.util.interrupts import held_signals
 
     model_bytes, data_bytes = serialize_parts(plan)
+    from nncc.cache.limits import refuse_oversized
+
+    refuse_oversized(len(model_bytes) + len(data_bytes), limits)  # hook: before any file is written
     committed = False
     try:
         # TOCTOU on save: the hashes are of the in-memory buffers that are then written out.

@@ -46,7 +46,14 @@ def report_cache(outcome) -> None:
         "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
+        "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (larger than the cache size limit)",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
+    evicted = getattr(outcome, "evicted", None)
+    if evicted:
+        from nncc.util.units import format_bytes
+
+        text += (f"; evicted {evicted.entries} {'entry' if evicted.entries == 1 else 'entries'} "
+                 f"({format_bytes(evicted.bytes)})")
     status(f"nncc: {text}")
     if outcome.token:
         detail(f"nncc: cache token {outcome.token}" + (f" in {outcome.directory}" if outcome.directory else ""))
