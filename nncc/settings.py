@@ -63,14 +63,13 @@ def parse_age(text) -> float:
     return float(m.group(1)) * _AGE_UNITS[m.group(2)]
 
 
-def _limit(parse: Callable, help_text: str) -> Callable:
+def _limit(parse: Callable) -> Callable:
+    """A bound that ``off`` (or 0) disables; a bad one gets the message gc's option gets."""
+
     def check(raw):
         if str(raw).strip().lower() in OFF:
             return None
-        try:
-            return parse(raw)
-        except ValueError:
-            raise ValueError(f"{help_text}, or off") from None
+        return parse(raw)
 
     return check
 
@@ -165,9 +164,9 @@ class Setting:
 SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("cache.dir", "cache directory", "NNCC_CACHE_DIR", None, _directory,
             "where compiled models are cached (default: the user cache directory)"),
-    Setting("cache.max_size", "size", "NNCC_CACHE_MAX_SIZE", "2G", _limit(parse_size, SIZE_HELP),
+    Setting("cache.max_size", "size", "NNCC_CACHE_MAX_SIZE", "2G", _limit(parse_size),
             "size bound applied after every store; least recently used entries go first (off: none)"),
-    Setting("cache.max_age", "age", "NNCC_CACHE_MAX_AGE", "off", _limit(parse_age, AGE_HELP),
+    Setting("cache.max_age", "age", "NNCC_CACHE_MAX_AGE", "off", _limit(parse_age),
             "entries unused this long are evicted after a store (off: never)"),
     Setting("cache.hash_mode", "hash mode", "NNCC_CACHE_HASH_MODE", "direct", _choice(HASH_MODES),
             "how a model is looked up: direct (by file identity, then content) or content (always hash)"),

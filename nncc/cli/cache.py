@@ -7,7 +7,7 @@ import time
 
 import click
 
-from nncc.cli.options import verbosity_options
+from nncc.cli.options import command_cache_dir, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.errors import NnccError
 
@@ -31,9 +31,10 @@ def cache_options(command):
     command = trust_option(command)
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
-    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
-                        help="Compilation cache directory (default: $NNCC_CACHE_DIR, else the user "
-                             "cache directory).")(command)
+    # checked by nncc.settings, with the same message as $NNCC_CACHE_DIR or cache.dir
+    return click.option("--cache-dir", metavar="DIR", callback=command_cache_dir,
+                        help="Compilation cache directory (default: $NNCC_CACHE_DIR, else cache.dir "
+                             "in the config file, else the user cache directory).")(command)
 
 
 def report_cache(outcome) -> None:
@@ -61,8 +62,9 @@ def report_cache(outcome) -> None:
 
 def cache_dir_option(command):
     command = trust_option(command)
-    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
-                        help="Cache directory (default: $NNCC_CACHE_DIR, else the user cache dir).")(command)
+    return click.option("--cache-dir", metavar="DIR", callback=command_cache_dir,
+                        help="Cache directory (default: $NNCC_CACHE_DIR, else cache.dir in the config "
+                             "file, else the user cache dir).")(command)
 
 
 def json_option(command):
@@ -292,8 +294,8 @@ def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
-    size = parse_size(max_size) if max_size is not None else None
-    age = parse_age(max_age) if max_age is not None else None
+    size = parse_size(max_size, "--max-size") if max_size is not None else None
+    age = parse_age(max_age, "--max-age") if max_age is not None else None
     c, directory = _open(cache_dir, trust_shared)
     if c is None:
         report = GcReport(dry_run=dry_run)

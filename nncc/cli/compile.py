@@ -50,7 +50,7 @@ def compile(model, output, depfile, force, preference, opt_level, backends, plug
     options = options_dict(preference, opt_level, backends, plugins, target)
     from nncc.compiler import CompileOptions
 
-    detail(f"nncc: options: preference={preference} -O{opt_level} "
+    detail(f"nncc: options: preference={options['preference']} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
