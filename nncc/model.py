@@ -27,6 +27,7 @@ class CompiledModel:
         self._raw = raw
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
+        self._blas_threads = _recorded_threads(plan)
 
     @property
     def native_partitions(self) -> int:
@@ -51,7 +52,14 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run one inference. Inputs that are already C-contiguous with the right dtype
-        are used in place; ``outputs`` (name -> array) receives results in caller memory."""
+        are used in place; ``outputs`` (name -> array) receives results in caller memory.
+        A plan compiled with a thread count (low-power: 1) runs BLAS at that count, and the
+        count before is restored afterwards (the native pool was sized at activation)."""
+        if self._blas_threads:
+            from nncc.runtime.threads import limit_blas_threads
+
+            with limit_blas_threads(self._blas_threads):
+                return self._executor.run(feeds, outputs)
         return self._executor.run(feeds, outputs)
 
     def allocate(self, roles, shape=None, dtype=None):
@@ -70,6 +78,14 @@ class CompiledModel:
         from nncc.util.atomic import write_atomic
 
         write_atomic(path, self.to_bytes())
+
+
+def _recorded_threads(plan: Plan) -> int | None:
+    """The thread count the plan was compiled for (CompileOptions.threads), if any."""
+    chosen = plan.options.get("threads") if isinstance(plan.options, dict) else None
+    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
+        return chosen
+    return None
 
 
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:

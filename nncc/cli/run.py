@@ -31,12 +31,15 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--inputs-per-step", "per_step_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="A folder with one .npz of inputs per step, in name order (step_000.npz, ...).")
 @compile_options
+@click.option("--threads", metavar="N",
+              help="BLAS and native threads (default: run.threads in the config, else auto: the BLAS "
+                   "library's own count). --preference low-power always runs on one.")
 @trust_native_option
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared,
+        preference, opt_level, backends, plugins, target, threads, trust_native, cache_dir, no_cache, trust_shared,
         as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
@@ -48,6 +51,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
     start = time.perf_counter()
     outcome = None
+    _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
     source, artifact = read_source(model)  # read once: MODEL may be a pipe
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
     inputs = _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
@@ -124,6 +128,17 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
                    "cache": outcome.as_dict() if outcome else None, "steps": steps})
     else:
         print_outputs(model, summarize(outputs), timing)
+
+
+def _apply_threads(flag) -> None:
+    """--threads, else $NNCC_THREADS, else run.threads: BLAS's count for this process."""
+    from nncc.settings import value
+
+    count = value("run.threads", flag, "--threads")
+    if count:
+        from nncc.runtime.threads import set_blas_threads
+
+        set_blas_threads(count)
 
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
