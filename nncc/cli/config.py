@@ -40,8 +40,7 @@ def show(as_json):
     path = config_path()
     tables = read_config(path)
     resolved = [resolve(key) for key in SETTINGS]
-    unknown = [f"{t}.{k}" if isinstance(v, dict) else t for t, v in tables.items()
-               for k in (v if isinstance(v, dict) else [None]) if (f"{t}.{k}" if k else t) not in SETTINGS]
+    unknown = [key for key in _keys(tables) if key not in SETTINGS]
     if as_json:
         emit_json({"config_file": path, "exists": bool(tables) or _exists(path),
                    "settings": {r.key: {"value": r.value, "raw": r.raw, "source": r.source, "where": r.where,
@@ -57,6 +56,12 @@ def show(as_json):
         from nncc.util.notice import warn
 
         warn(f"{path} has keys nncc does not know, ignored: {', '.join(unknown)}")
+
+
+def _keys(tables: dict) -> list[str]:
+    """The file's keys, dotted: "cache.max_size", or "name" for a value outside a table."""
+    return [f"{name}.{key}" for name, group in tables.items() if isinstance(group, dict) for key in group] + \
+        [name for name, group in tables.items() if not isinstance(group, dict)]
 
 
 def _exists(path: str) -> bool:
