@@ -42,7 +42,7 @@ def show(as_json):
     resolved = [resolve(key) for key in SETTINGS]
     unknown = [key for key in _keys(tables) if key not in SETTINGS]
     if as_json:
-        emit_json({"config_file": path, "exists": bool(tables) or _exists(path),
+        emit_json({"config_file": path, "exists": _exists(path),
                    "settings": {r.key: {"value": r.value, "raw": r.raw, "source": r.source, "where": r.where,
                                         "env": SETTINGS[r.key].env} for r in resolved},
                    "unknown_keys": unknown})
@@ -78,43 +78,60 @@ def _complete_keys(ctx, param, incomplete):
     return [CompletionItem(key, help=s.help) for key, s in SETTINGS.items() if key.startswith(incomplete)]
 
 
+def json_option(command):
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(command)
+
+
 @config.command("set")
 @click.argument("key", shell_complete=_complete_keys)
 @click.argument("value")
+@json_option
 @verbosity_options
-def set_(key, value):
+def set_(key, value, as_json):
     """Set KEY to VALUE in the config file (checked first; written atomically)."""
     from nncc.settings import config_path, file_value, read_config, resolve
     from nncc.settings_file import set_value
 
     path = config_path()
-    set_value(key, value, path)
+    checked = set_value(key, value, path)
     _, stored = file_value(read_config(path), key)
-    status(f"nncc: set {key} = {stored} in {path}")
     effective = resolve(key)
+    if as_json:
+        emit_json({"config_file": path, "key": key, "value": checked, "raw": stored,
+                   "effective_source": effective.source})
+    status(f"nncc: set {key} = {stored} in {path}")
     if effective.source == "env":
         status(f"nncc: note: {effective.where} is set, and wins over the config file")
 
 
 @config.command("unset")
 @click.argument("key", shell_complete=_complete_keys)
+@json_option
 @verbosity_options
-def unset(key):
+def unset(key, as_json):
     """Remove KEY from the config file (its default, or the environment, applies again)."""
     from nncc.settings import config_path
     from nncc.settings_file import unset_value
 
     path = config_path()
-    if unset_value(key, path):
+    removed = unset_value(key, path)
+    if as_json:
+        emit_json({"config_file": path, "key": key, "removed": removed})
+    if removed:
         status(f"nncc: removed {key} from {path}")
     else:
         status(f"nncc: {key} is not set in {path}; nothing to do")
 
 
 @config.command("path")
+@json_option
 @verbosity_options
-def path():
+def path(as_json):
     """Print the config file's path (it need not exist yet)."""
     from nncc.settings import config_path
 
-    click.echo(config_path())
+    where = config_path()
+    if as_json:
+        emit_json({"config_file": where, "exists": _exists(where)})
+    else:
+        click.echo(where)
