@@ -440,3 +440,24 @@ def test_a_config_file_costs_a_cache_hit_only_tomllib(tmp_path):
     extra = {m.split(".")[0] for m in configured - plain}
     assert "tomllib" in extra and extra <= set(sys.stdlib_module_names) and not plain - configured
     assert not {"click", "rich"} & configured
+
+
+def test_the_native_pool_follows_low_power_and_the_thread_setting(tmp_path):
+    """The native code's own thread pool: one thread for low-power, else as many as BLAS
+    runs (so `run --threads N`, which sets BLAS's count first, sizes it too)."""
+    import nncc
+    from nncc.native.toolchain import find_toolchain
+    from nncc.runtime.threads import blas_threads, limit_blas_threads
+
+    if find_toolchain() is None:
+        pytest.skip("no C compiler on this machine: no native code, no native pool")
+    if blas_threads() is None:
+        pytest.skip("numpy's BLAS here has no known thread-count entry point")
+    with limit_blas_threads(2):
+        fast, _ = nncc.prepare(RESNET, cache_dir=tmp_path / "c")
+        low, _ = nncc.prepare(RESNET, cache_dir=tmp_path / "c", preference="low-power")
+    with limit_blas_threads(1):
+        one, _ = nncc.prepare(RESNET, cache_dir=tmp_path / "c")  # a cache hit, activated anew
+    if fast.native_partitions == 0:
+        pytest.skip("the native backend took no partition of this model here")
+    assert (fast._native.threads, low._native.threads, one._native.threads) == (2, 1, 1)

@@ -47,7 +47,7 @@ def report_cache(outcome) -> None:
         "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
-        "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (larger than the cache size limit)",
+        "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (over the size limit)",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
     evicted = getattr(outcome, "evicted", None)
     if evicted:
