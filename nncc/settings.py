@@ -222,7 +222,7 @@ def read_config(path: str | None = None) -> dict:
             tables = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"the config file {path} is not valid TOML: {exc}",
-                           hint=f"fix or remove it; `nncc config path` names it") from None
+                           hint="fix or remove it; `nncc config path` names it") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingError(f"cannot read the config file {path}: {getattr(exc, 'strerror', None) or exc}") \
             from None
@@ -249,10 +249,6 @@ class Resolved:
     raw: Any  # as given
     source: str  # "flag" | "env" | "file" | "default"
     where: str  # the flag, the variable, "cache.max_size in PATH", or "default"
-
-    def as_dict(self) -> dict:
-        return {"key": self.key, "value": self.value, "raw": self.raw, "source": self.source,
-                "where": self.where}
 
 
 def check(setting: Setting | str, raw, where: str):
@@ -308,11 +304,6 @@ def _relative_to(path: str, raw):
 
 def value(key: str, flag=None, flag_name: str | None = None):
     return resolve(key, flag, flag_name).value
-
-
-def resolve_all() -> list[Resolved]:
-    """Every setting's effective value (no flags): what `nncc config show` prints."""
-    return [resolve(key) for key in SETTINGS]
 
 
 # -- the groups the core asks for --------------------------------------------------------------

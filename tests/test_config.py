@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import sqlite3
 import stat
 import subprocess

@@ -22,6 +22,7 @@ import re
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
@@ -32,6 +33,9 @@ from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.util.notice import warn
 from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.files import kind, open_file, read_at_most, read_model_file
+
+if TYPE_CHECKING:
+    from nncc.cache.limits import Evicted
 
 ENTRIES = "entries"
 LOCKS = "locks"
@@ -69,7 +73,7 @@ class CacheOutcome:
     seconds: float
     directory: str | None = None
     detail: str | None = None  # why an entry was rejected or the cache was unavailable
-    evicted: "Evicted | None" = None  # what the size and age bounds removed after this store
+    evicted: Evicted | None = None  # what the size and age bounds removed after this store
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
