@@ -32,7 +32,7 @@ def cache_options(command):
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
     # checked by nncc.settings, with the same message as $NNCC_CACHE_DIR or cache.dir
-    return click.option("--cache-dir", metavar="DIR", callback=command_cache_dir,
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", callback=command_cache_dir,
                         help="Compilation cache directory (default: $NNCC_CACHE_DIR, else cache.dir "
                              "in the config file, else the user cache directory).")(command)
 
@@ -62,7 +62,7 @@ def report_cache(outcome) -> None:
 
 def cache_dir_option(command):
     command = trust_option(command)
-    return click.option("--cache-dir", metavar="DIR", callback=command_cache_dir,
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", callback=command_cache_dir,
                         help="Cache directory (default: $NNCC_CACHE_DIR, else cache.dir in the config "
                              "file, else the user cache dir).")(command)
 

@@ -68,7 +68,7 @@ def root_cache_dir_option(command):
             ctx.meta[CACHE_DIR_KEY] = value
         return value
 
-    return click.option("--cache-dir", metavar="DIR", expose_value=False, callback=remember,
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", expose_value=False, callback=remember,
                         help="Compilation cache directory for the command (as its own --cache-dir).")(command)
 
 
