@@ -119,6 +119,21 @@ def _threads(raw):
     return value
 
 
+_TRUE = ("1", "yes", "on", "true")
+_FALSE = ("0", "no", "off", "false")
+
+
+def _switch(raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("use 1, yes, on or true, or 0, no, off or false")
+
+
 def _seconds(raw) -> float:
     if isinstance(raw, bool):
         raise ValueError("use a number of seconds greater than 0")
@@ -168,6 +183,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "size bound applied after every store; least recently used entries go first (off: none)"),
     Setting("cache.max_age", "age", "NNCC_CACHE_MAX_AGE", "off", _limit(parse_age),
             "entries unused this long are evicted after a store (off: never)"),
+    Setting("cache.trust_shared", "switch", "NNCC_CACHE_TRUST_SHARED", "off", _switch,
+            "use a cache folder another user owns or others can write (whoever can write there "
+            "chooses the code nncc runs)"),
     Setting("cache.hash_mode", "hash mode", "NNCC_CACHE_HASH_MODE", "direct", _choice(HASH_MODES),
             "how a model is looked up: direct (by file identity, then content) or content (always hash)"),
     Setting("run.threads", "thread count", "NNCC_THREADS", "auto", _threads,

@@ -460,3 +460,23 @@ def test_the_native_pool_follows_low_power_and_the_thread_setting(tmp_path):
     if fast.native_partitions == 0:
         pytest.skip("the native backend took no partition of this model here")
     assert (fast._native.threads, low._native.threads, one._native.threads) == (2, 1, 1)
+
+
+def test_trusting_a_shared_cache_is_a_setting_and_a_vague_value_is_refused(cli, cache_dir, config_file,
+                                                                            monkeypatch):
+    monkeypatch.delenv("NNCC_CACHE_TRUST_SHARED", raising=False)
+    assert cli("run", MLP, "--random-inputs")[0] == 0
+    cache_dir.chmod(0o777)  # others can write: not used unless trusted
+    code, out, err = cli("run", MLP, "--random-inputs", "--json")
+    assert code == 0 and json.loads(out)["cache"]["outcome"] == "unavailable"
+    assert cli("config", "set", "cache.trust_shared", "yes")[0] == 0
+    code, out, err = cli("run", MLP, "--random-inputs", "--json")
+    assert code == 0 and json.loads(out)["cache"]["outcome"] == "hit", err
+    monkeypatch.setenv("NNCC_CACHE_TRUST_SHARED", "0")  # the environment wins over the file
+    code, out, err = cli("run", MLP, "--random-inputs", "--json")
+    assert json.loads(out)["cache"]["outcome"] == "unavailable"
+    monkeypatch.setenv("NNCC_CACHE_TRUST_SHARED", "maybe")  # once read as "trust"
+    code, out, err = cli("run", MLP, "--random-inputs", "--json")
+    assert code == 2 and error_line(err).startswith(
+        "nncc: error: bad switch 'maybe' in NNCC_CACHE_TRUST_SHARED: use 1, yes, on or true, or 0, no, off or false")
+    cache_dir.chmod(0o700)
