@@ -8,9 +8,6 @@ import click
 from nncc.cli.options import verbosity_options
 from nncc.cli.output import emit_json, status
 
-SOURCES = {"flag": "flag", "env": "environment", "file": "config file", "default": "default"}
-
-
 @click.group()
 @verbosity_options
 def config():
