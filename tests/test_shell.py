@@ -185,12 +185,13 @@ SCHEMAS = {
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
     ("config", "show"): {
         "config_file": str, "exists": bool,
-        "settings": {"*": {"value": (str, int, float, null), "raw": (str, int, float, null), "source": str,
+        "settings": {"*": {"value": (str, int, float, bool, null), "raw": (str, int, float, bool, null),
+                           "source": str,
                            "where": str, "env": (str, null)}},
         "unknown_keys": [str],
     },
-    ("config", "set"): {"config_file": str, "key": str, "value": (str, int, float, null),
-                        "raw": (str, int, float), "effective_source": str},
+    ("config", "set"): {"config_file": str, "key": str, "value": (str, int, float, bool, null),
+                        "raw": (str, int, float, bool), "effective_source": str},
     ("config", "unset"): {"config_file": str, "key": str, "removed": bool},
     ("config", "path"): {"config_file": str, "exists": bool},
     # the bench schema is the bench command's own (docs/bench.md); these keys are its core
