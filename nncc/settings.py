@@ -225,7 +225,7 @@ def read_config(path: str | None = None) -> dict:
     path = path or config_path()
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no file there: nothing configured
         return {}
     except OSError as exc:
         raise SettingError(f"cannot read the config file {path}: {exc.strerror or exc}") from None

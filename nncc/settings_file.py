@@ -67,7 +67,10 @@ def write(path: str, tables: dict) -> None:
     from nncc.util.atomic import write_atomic
 
     text = dumps(tables)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    except OSError as exc:
+        raise SettingError(f"cannot create the folder of the config file {path}: {exc.strerror or exc}") from None
     try:
         mode = os.stat(path).st_mode & 0o777
     except OSError:

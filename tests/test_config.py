@@ -480,3 +480,12 @@ def test_trusting_a_shared_cache_is_a_setting_and_a_vague_value_is_refused(cli, 
     assert code == 2 and error_line(err).startswith(
         "nncc: error: bad switch 'maybe' in NNCC_CACHE_TRUST_SHARED: use 1, yes, on or true, or 0, no, off or false")
     cache_dir.chmod(0o700)
+
+
+def test_config_set_where_the_file_cannot_be_written_is_one_line(cli, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("NNCC_CONFIG_FILE", str(blocker / "config.toml"))  # its folder is a file
+    code, out, err = cli("config", "set", "cache.max_size", "1G")
+    assert code == 2 and error_line(err).startswith("nncc: error: cannot create the folder of the config file")
+    assert blocker.read_text() == "x"
