@@ -489,3 +489,10 @@ def test_config_set_where_the_file_cannot_be_written_is_one_line(cli, tmp_path, 
     code, out, err = cli("config", "set", "cache.max_size", "1G")
     assert code == 2 and error_line(err).startswith("nncc: error: cannot create the folder of the config file")
     assert blocker.read_text() == "x"
+
+
+def test_a_bad_memory_bound_is_worded_like_every_bad_setting(cli, monkeypatch):
+    monkeypatch.setenv("NNCC_MAX_MEMORY", "plenty")
+    code, out, err = cli("run", MLP, "--random-inputs", "--no-cache")
+    assert code == 2
+    assert error_line(err).startswith(f"nncc: error: bad size 'plenty' in NNCC_MAX_MEMORY: {SIZE_WHY}")
