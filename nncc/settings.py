@@ -192,6 +192,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "BLAS and native threads for `nncc run` (auto: the BLAS library's own count)"),
     Setting("run.preference", "preference", "NNCC_PREFERENCE", "fast-single-answer", _choice(PREFERENCES),
             "the --preference used when none is given"),
+    Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,
+            "seconds one native build (a C compiler run) may take"),
     Setting("remote.url", "remote URL", "NNCC_REMOTE", None, _url,
             "shared remote cache tier (file://, redis:// or s3:// URL; unset: none)"),
     Setting("remote.key_file", "remote key file", "NNCC_REMOTE_KEY_FILE", None, _file,
