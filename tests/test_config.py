@@ -498,12 +498,14 @@ def test_a_bad_memory_bound_is_worded_like_every_bad_setting(cli, monkeypatch):
     assert error_line(err).startswith(f"nncc: error: bad size 'plenty' in NNCC_MAX_MEMORY: {SIZE_WHY}")
 
 
-def test_a_bad_compiler_timeout_is_refused_like_any_setting(cli, monkeypatch):
+def test_a_bad_compiler_timeout_is_refused_like_any_setting(tmp_path):
     from nncc.native.toolchain import find_toolchain
 
     if find_toolchain() is None:
         pytest.skip("no C compiler on this machine: no native build reads the timeout")
-    monkeypatch.setenv("NNCC_CC_TIMEOUT", "soon")  # once an internal error (a float() at import)
-    code, out, err = cli("run", RESNET, "--random-inputs", "--no-cache")
-    assert code == 2 and error_line(err).startswith(
+    # a fresh process: this one may hold the native code built already, and build nothing
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NNCC_CC_TIMEOUT="soon")  # once a float() at import
+    result = subprocess.run([sys.executable, "-m", "nncc", "run", str(RESNET), "--random-inputs", "--no-cache"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and error_line(result.stderr).startswith(
         "nncc: error: bad timeout 'soon' in NNCC_CC_TIMEOUT: use a number of seconds greater than 0")
