@@ -36,6 +36,7 @@ class CompiledModel:
         self.cache_parts = cache_parts
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
+        self._blas_threads = _recorded_threads(plan)
 
     @property
     def native_partitions(self) -> int:
@@ -60,7 +61,14 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, np.ndarray],
             outputs: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run one inference. Inputs that are already C-contiguous with the right dtype
-        are used in place; ``outputs`` (name -> array) receives results in caller memory."""
+        are used in place; ``outputs`` (name -> array) receives results in caller memory.
+        A plan compiled with a thread count (low-power: 1) runs BLAS at that count, and the
+        count before is restored afterwards (the native pool was sized at activation)."""
+        if self._blas_threads:
+            from nncc.runtime.threads import limit_blas_threads
+
+            with limit_blas_threads(self._blas_threads):
+                return self._executor.run(feeds, outputs)
         return self._executor.run(feeds, outputs)
 
     def allocate(self, roles, shape=None, dtype=None):
@@ -99,6 +107,14 @@ def _same_seal(seal, message: bytes) -> bytes | None:
     return seal_payload(seal.fingerprint, seal.mac)
 
 
+def _recorded_threads(plan: Plan) -> int | None:
+    """The thread count the plan was compiled for (CompileOptions.threads), if any."""
+    chosen = plan.options.get("threads") if isinstance(plan.options, dict) else None
+    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
+        return chosen
+    return None
+
+
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
     """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins.
     ``model_bytes``: the file's bytes when already read (external data is found next to
@@ -124,7 +140,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     defaults to $NNCC_CACHE_DIR, else the user cache directory. Options and ``model_bytes``
     as compile_model. ``trust_shared`` (default $NNCC_CACHE_TRUST_SHARED) uses a cache
     folder that another user owns or others can write; without it such a cache is left
-    alone (one warning). ``hash_mode``: "direct" (default, $NNCC_HASH_MODE) finds an
+    alone (one warning). ``hash_mode``: "direct" (default, $NNCC_CACHE_HASH_MODE) finds an
     unchanged model's entry by the file's identity without reading it; "content" always
     hashes the model (docs/cache.md).
     """

@@ -24,10 +24,12 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # No test may touch the user's real nncc cache, nor sign with (or create) their key.
+    # No test may touch the user's real nncc cache, nor sign with (or create) their key, nor
+    # read or write the user's config file.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
     monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
+    monkeypatch.setenv("NNCC_CONFIG_FILE", str(tmp_path_factory.mktemp("nncc-config-file") / "config.toml"))
 
 
 @pytest.fixture

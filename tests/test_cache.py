@@ -588,10 +588,12 @@ def test_unwritable_location_compiles_in_memory(tmp_path, capsys):
     assert outcome.outcome == "unavailable"
     assert_correct(model, MLP)
     assert len(warnings_in(capsys.readouterr().err)) == 1
-    # the cache directory itself is a file: the warning says so in those words
-    model, outcome = prepare(MLP, cache_dir=blocker)
-    assert outcome.outcome == "unavailable" and outcome.detail == f"{blocker} is not a directory"
-    assert_correct(model, MLP)
+    # the cache directory itself is a file: a bad setting, refused as from any source
+    from nncc.settings import SettingError
+
+    with pytest.raises(SettingError, match=f"bad cache directory '{blocker}' in --cache-dir: "
+                                           "it exists and is not a directory"):
+        prepare(MLP, cache_dir=blocker)
 
 
 def chmod_is_effective(tmp_path) -> bool:

@@ -126,7 +126,13 @@ def test_content_mode_always_reads_the_model(tmp_path, cache_dir, monkeypatch):
     prepare(path, cache_dir=cache_dir)
     (_, hit), opened = opened_during(lambda: prepare(path, cache_dir=cache_dir, hash_mode="content"), path)
     assert hit.outcome == "hit" and opened == [str(path)]
-    monkeypatch.setenv("NNCC_HASH_MODE", "content")
+    monkeypatch.setenv("NNCC_CACHE_HASH_MODE", "content")
+    (_, hit), opened = opened_during(lambda: prepare(path, cache_dir=cache_dir), path)
+    assert hit.outcome == "hit" and opened == [str(path)]
+    monkeypatch.delenv("NNCC_CACHE_HASH_MODE")
+    config = tmp_path / "config.toml"
+    config.write_text('[cache]\nhash_mode = "content"\n')
+    monkeypatch.setenv("NNCC_CONFIG_FILE", str(config))
     (_, hit), opened = opened_during(lambda: prepare(path, cache_dir=cache_dir), path)
     assert hit.outcome == "hit" and opened == [str(path)]
 
@@ -230,11 +236,11 @@ def test_cli_run_hit_does_not_read_the_model(tmp_path, cache_dir):
 def test_bad_hash_mode_is_a_usage_error(tmp_path):
     path = matmul_model(tmp_path, 8, 4)
     done = subprocess.run([sys.executable, "-m", "nncc", "run", str(path), "--random-inputs"],
-                          env=dict(os.environ, NNCC_HASH_MODE="sometimes", NNCC_CACHE_DIR=str(tmp_path / "c")),
+                          env=dict(os.environ, NNCC_CACHE_HASH_MODE="sometimes", NNCC_CACHE_DIR=str(tmp_path / "c")),
                           capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines() == ["nncc: error: NNCC_HASH_MODE must be direct or content, not "
-                                                "'sometimes'"]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("nncc: error: bad hash mode 'sometimes' in NNCC_CACHE_HASH_MODE")
 
 
 # -- the data cache: checked by chunks on a hit, whole by `cache verify` ---------------------

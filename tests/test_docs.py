@@ -85,7 +85,10 @@ def newcomer(tmp_path) -> tuple[pathlib.Path, dict[str, str]]:
     env = dict(os.environ)
     for key in ("NNCC_DEBUG", "MAKEFLAGS", "MAKELEVEL", "PYTHONPATH"):
         env.pop(key, None)
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    for key in [k for k in env if k.startswith("NNCC_")]:
+        env.pop(key)  # no setting of the test's own environment leaks into the examples
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", NNCC_CACHE_DIR=str(tmp_path / "cache"),
+               NNCC_CONFIG_FILE=str(tmp_path / "config" / "config.toml"))
     return work, env
 
 
@@ -111,6 +114,25 @@ def test_readme_examples_run(newcomer):
     assert "example" in outputs["Plugins"][0].stdout  # inspect shows the example backend's partitions
     assert "Nothing to be done" in outputs["Using nncc from make"][0].stdout
     assert "{'probs': (3, 10), 'logits': (3, 10)}" in outputs["Python API"][0].stdout
+    config = outputs["nncc config"][0]
+    assert "run.preference" in config.stdout and "NNCC_CACHE_MAX_SIZE" in config.stdout
+    assert config.stdout.rstrip().endswith(env["NNCC_CONFIG_FILE"])
+    assert not pathlib.Path(env["NNCC_CONFIG_FILE"]).read_text().strip()  # everything unset again
+
+
+CACHE_DOC = ROOT / "docs" / "cache.md"
+
+
+def test_cache_doc_examples_run(newcomer):
+    """docs/cache.md's ```sh blocks run, in order, like the README's."""
+    work, env = newcomer
+    examples = [(section, code) for section, lang, code in blocks(CACHE_DOC.read_text()) if lang == "sh"]
+    assert any(section == "Configuration" for section, _ in examples)
+    for section, code in examples:
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=work, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"docs/cache.md section {section!r}:\n{code}\n{result.stdout}\n{result.stderr}"
+        assert "Traceback" not in result.stderr, (section, result.stderr)
 
 
 def test_readme_plugin_api_excerpt_names_real_things():

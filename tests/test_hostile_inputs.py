@@ -95,7 +95,7 @@ def test_a_huge_arena_is_refused(tmp_path):
 def test_a_bad_memory_bound_is_a_usage_error(tmp_path):
     path = _artifact(tmp_path / "mlp.nncc", lambda p: None)
     assert_error(nncc("run", path, "--random-inputs", cwd=tmp_path, env={"NNCC_MAX_MEMORY": "lots"}),
-                 "NNCC_MAX_MEMORY", "not a size")
+                 "bad size 'lots' in NNCC_MAX_MEMORY", "use a number")
 
 
 # -- ONNX models --------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def command_paths() -> list[tuple[str, ...]]:
     return paths
 
 
-LEAVES = [p for p in command_paths() if p != ("cache",)]
+LEAVES = [p for p in command_paths() if p not in (("cache",), ("config",))]
 REPORTING = [p for p in LEAVES if p != ("bench",)] + [("bench",)]  # every leaf reports
 
 
@@ -195,6 +195,17 @@ SCHEMAS = {
     ("cache", "rm"): {"removed": [str], "busy": [str]},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
     ("cache", "zero-stats"): {"directory": str, "zeroed": bool},
+    ("config", "show"): {
+        "config_file": str, "exists": bool,
+        "settings": {"*": {"value": (str, int, float, bool, null), "raw": (str, int, float, bool, null),
+                           "source": str,
+                           "where": str, "env": (str, null)}},
+        "unknown_keys": [str],
+    },
+    ("config", "set"): {"config_file": str, "key": str, "value": (str, int, float, bool, null),
+                        "raw": (str, int, float, bool), "effective_source": str},
+    ("config", "unset"): {"config_file": str, "key": str, "removed": bool},
+    ("config", "path"): {"config_file": str, "exists": bool},
     # the bench schema is the bench command's own (docs/bench.md); these keys are its core
     ("bench",): {
         "schema": str, "model": str, "model_kind": str, "nncc_version": str, "settings": dict,
@@ -290,6 +301,10 @@ def test_json_schemas(cli, populated, tmp_path):
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
     outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")
+    outputs[("config", "path")] = json_of(cli, "config", "path", "--json")
+    outputs[("config", "set")] = json_of(cli, "config", "set", "cache.max_age", "30d", "--json")
+    outputs[("config", "show")] = json_of(cli, "config", "show", "--json")
+    outputs[("config", "unset")] = json_of(cli, "config", "unset", "cache.max_age", "--json")
     for path, payload in outputs.items():
         check_schema(payload, SCHEMAS[path], "nncc " + " ".join(path))
     # and the values behind a few keys
@@ -746,7 +761,8 @@ def complete(args: list[str], incomplete: str) -> list[tuple[str, str | None]]:
 
 
 def test_completion_of_commands_and_options():
-    assert [v for v, _ in complete([], "c")] == ["cache", "compile"]
+    assert [v for v, _ in complete([], "c")] == ["cache", "compile", "config"]
+    assert [v for v, _ in complete(["config", "set"], "cache.max_")] == ["cache.max_size", "cache.max_age"]
     assert {"ls", "info", "verify", "gc", "rm", "clear"} <= {v for v, _ in complete(["cache"], "")}
     assert "--depfile" in {v for v, _ in complete(["compile"], "--d")}
     assert [v for v, _ in complete(["run", "--preference"], "s")] == ["sustained-speed"]

@@ -12,7 +12,7 @@ the same inode would be taken for the old one. Times are in nanoseconds and ctim
 be set by a user, so that takes a file system with coarse timestamps and a write within
 one tick of the hashing. Identities of files changed in the last ``TOO_NEW`` seconds
 before the hashing started are therefore never recorded (ccache's guard), and
-``--hash-mode content`` (or ``NNCC_HASH_MODE=content``) always hashes.
+``--hash-mode content`` (``NNCC_CACHE_HASH_MODE``, ``cache.hash_mode``) always hashes.
 """
 
 from __future__ import annotations
@@ -22,22 +22,8 @@ import os
 
 from blake3 import blake3
 
-MODES = ("direct", "content")
-ENV_MODE = "NNCC_HASH_MODE"
 TOO_NEW = 2.0  # seconds
 _SCHEME = b"nncc-direct/1"
-
-
-def hash_mode(requested: str | None = None) -> str:
-    """``requested``, else $NNCC_HASH_MODE, else "direct". Raises OptionError (exit 2)
-    for anything but "direct" or "content"."""
-    mode = requested or os.environ.get(ENV_MODE) or "direct"
-    if mode not in MODES:
-        source = "--hash-mode" if requested else ENV_MODE
-        from nncc.compiler import OptionError
-
-        raise OptionError(f"{source} must be direct or content, not {mode!r}")
-    return mode
 
 
 def identity(st) -> list[int]:

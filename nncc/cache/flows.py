@@ -11,15 +11,19 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nncc.cache import stats as cache_stats
 from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import Entry, IndexCorrupt, IndexUnavailable
 from nncc.cache.locking import FileLock
-from nncc.cache.store import Cache, resolve_cache_dir
+from nncc.cache.store import Cache
 from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.notice import warn
+
+if TYPE_CHECKING:
+    from nncc.cache.limits import Evicted
 
 
 @dataclass
@@ -31,10 +35,12 @@ class CacheOutcome:
     seconds: float
     directory: str | None = None
     detail: str | None = None  # why an entry was rejected or the cache was unavailable
+    evicted: Evicted | None = None  # what the size and age bounds removed after this store
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
-                "directory": self.directory, "detail": self.detail}
+                "directory": self.directory, "detail": self.detail,
+                "evicted": self.evicted.as_dict() if self.evicted else None}
 
 
 class ModelSource:
@@ -67,23 +73,24 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     default $NNCC_CACHE_TRUST_SHARED, trusts a shared one).
     ``model_bytes``: the model file's bytes when the caller has read them already (a model
     read from a pipe can be read only once); external data is still found next to ``path``.
-    ``hash_mode``: "direct" (default; $NNCC_HASH_MODE) finds the token of an unchanged
+    ``hash_mode``: "direct" (default; the cache.hash_mode setting) finds the token of an unchanged
     model file from its identity without reading it (nncc/cache/direct.py); "content"
     always hashes.
     """
-    from nncc.cache import direct
     from nncc.compiler import CompileOptions
 
     start = time.perf_counter()
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    mode = direct.hash_mode(hash_mode)
     source = ModelSource(path, model_bytes)
     if not use_cache:
         model = _compile(source, opts)
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
     from nncc.cache.token import token_context
+    from nncc.settings import cache_settings, value
 
-    directory = resolve_cache_dir(cache_dir)
+    limits = cache_settings(cache_dir)  # every cache setting, checked, once
+    directory = limits.directory
+    mode = value("cache.hash_mode", hash_mode, "--hash-mode")
     context = token_context(opts)
     try:
         cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
@@ -102,7 +109,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                     token = _content_token(source, context, directory, cache if mode == "direct" else None)
                 if cache.read_only:
                     return _prepare_read_only(cache, token, source, opts, start)
-                return _prepare_cached(cache, token, source, opts, start)
+                return _prepare_cached(cache, token, source, opts, start, limits)
             except IndexCorrupt as exc:
                 if attempt or cache.read_only:
                     raise CacheUnavailable(str(exc)) from None
@@ -202,7 +209,7 @@ def _try_hit(cache: Cache, token: str):
     return model, None
 
 
-def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: float):
+def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: float, limits=None):
     directory = cache.directory
     rejected: CacheEntryError | None = None
     if cache.index.get(token) is not None:
@@ -227,21 +234,25 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: 
         from nncc.model import CompiledModel
 
         model = CompiledModel(plan, trust_native=True)  # native code built just now
+        from nncc.cache.limits import EntryTooLarge, after_store
+
         try:
             _store(cache, token, plan, source, opts, compile_seconds,
-                   counter="recompiles" if rejected else "misses")
+                   counter="recompiles" if rejected else "misses", limits=limits)
+        except EntryTooLarge as exc:  # an entry that cannot fit is not stored
+            warn(str(exc))
+            return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(source, opts, token, directory, f"cannot store: {exc}", start, model)
         cache_stats.record_miss(cache, token, source.bytes, opts, rejected is not None, compile_seconds)
     outcome = "recompiled" if rejected else "miss"
+    evicted = None
     try:
-        from nncc.cache.gc import auto_collect
-
-        auto_collect(cache, keep={token})
+        evicted = after_store(cache, limits, keep={token})  # size and age bounds
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # gc is housekeeping: it never fails a run
     detail = rejected.detail if rejected else None
-    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail)
+    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted)
 
 
 class _locked:
@@ -261,12 +272,14 @@ class _locked:
 
 
 def _store(cache: Cache, token: str, plan, source: ModelSource, opts, compile_seconds: float,
-           counter: str) -> Entry:
+           counter: str, limits=None) -> Entry:
     from blake3 import blake3
 
+    from nncc.cache.limits import refuse_oversized
     from nncc.plan.format import serialize_parts
 
     model_bytes, data_bytes = serialize_parts(plan)
+    refuse_oversized(len(model_bytes) + len(data_bytes), limits)  # before any file is written
     return cache.put(token, model_bytes, data_bytes, counter=counter,
                      source_path=os.path.abspath(os.fspath(source.path)),
                      model_hash=blake3(source.bytes).hexdigest(), preference=opts.preference,

@@ -49,7 +49,11 @@ class CacheRefused(CacheUnavailable):
 
 
 def trust_shared_from_env() -> bool:
-    return os.environ.get(ENV_TRUST, "").strip().lower() not in ("", "0", "no", "false", "off")
+    """The cache.trust_shared setting: $NNCC_CACHE_TRUST_SHARED, else the config file, else
+    off; a value that is not a clear yes or no is refused rather than taken as trust."""
+    from nncc.settings import value
+
+    return value("cache.trust_shared")
 
 
 def _lstat(path: str):

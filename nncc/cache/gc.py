@@ -9,48 +9,46 @@ cache) or in a mapping (data cache); unlinking the files under it is harmless on
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
 from nncc.errors import NnccError
 
 
-DEFAULT_MAX_SIZE = "2G"
-ENV_MAX_SIZE = "NNCC_CACHE_MAX_SIZE"
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+ENV_MAX_SIZE = "NNCC_CACHE_MAX_SIZE"  # = the cache.max_size setting's variable (nncc.settings)
 
 
 class SizeError(NnccError):
     exit_code = 2
 
 
-def parse_size(text: str) -> int:
-    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
-    if not m:
-        raise SizeError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix (e.g. 500M, 2G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+def parse_size(text: str, where: str = "the size") -> int:
+    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units); ``where`` names the
+    value's source in the error, worded as for a bad setting."""
+    from nncc.settings import bad_value, parse_size as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise SizeError(str(bad_value("size", text, where, str(exc)))) from None
 
 
-def parse_age(text: str) -> float:
+def parse_age(text: str, where: str = "the age") -> float:
     """'7d', '12h', '30m', '45s', '2w' -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text).lower())
-    if not m:
-        raise SizeError(f"bad age {text!r}: use a number with s, m, h, d or w (e.g. 7d, 12h)")
-    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+    from nncc.settings import bad_value, parse_age as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise SizeError(str(bad_value("age", text, where, str(exc)))) from None
 
 
 def default_max_size() -> int | None:
-    """The bound applied after every write: $NNCC_CACHE_MAX_SIZE (0/off/none disables)."""
-    text = os.environ.get(ENV_MAX_SIZE, DEFAULT_MAX_SIZE).strip().lower()
-    if text in ("", "0", "off", "none", "unlimited"):
-        return None
-    try:
-        return parse_size(text)
-    except SizeError:
-        return parse_size(DEFAULT_MAX_SIZE)
+    """The bound applied after every write: the cache.max_size setting ($NNCC_CACHE_MAX_SIZE,
+    else the config file, else 2G; off disables it)."""
+    from nncc.settings import value
+
+    return value("cache.max_size")
 
 
 @dataclass
@@ -123,11 +121,14 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
 
 
 def auto_collect(cache, keep=()) -> GcReport | None:
-    """The size bound applied after each write (LRU only; cheap when under the bound)."""
-    limit = default_max_size()
-    if limit is None or cache.index.totals()[1] <= limit:
+    """The size and age bounds of the settings, as applied after each write (LRU only;
+    cheap when under the bounds). nncc.cache.limits.after_store is what the flows call."""
+    from nncc.settings import value
+
+    limit, age = value("cache.max_size"), value("cache.max_age")
+    if (limit is None or cache.index.totals()[1] <= limit) and age is None:
         return None
-    return collect(cache, max_size=limit, keep=keep, scan=False)
+    return collect(cache, max_size=limit, max_age=age, keep=keep, scan=False)
 
 
 def _evict(cache, entry, reason: str, report: GcReport, dry_run: bool) -> bool:

@@ -50,11 +50,11 @@ def default_cache_dir() -> str:
 
 
 def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
-    """--cache-dir, else $NNCC_CACHE_DIR, else the platform's user cache directory."""
-    if cache_dir:
-        return os.path.abspath(os.fspath(cache_dir))
-    env = os.environ.get(ENV_DIR)
-    return os.path.abspath(env) if env else default_cache_dir()
+    """--cache-dir, else $NNCC_CACHE_DIR, else the config file's cache.dir, else the
+    platform's user cache directory (nncc.settings; a bad value is a SettingError)."""
+    from nncc.settings import cache_dir as setting
+
+    return setting(cache_dir)
 
 
 

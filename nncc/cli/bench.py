@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.options import compile_options, options_dict, verbosity_options
+from nncc.cli.options import command_cache_dir, compile_options, options_dict, verbosity_options
 from nncc.util.units import format_bytes
 
 
@@ -44,7 +44,7 @@ def _dims(specs: tuple[str, ...]) -> dict[str, int]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--dim", "dim_specs", multiple=True, metavar="NAME=SIZE",
               help="Size of a symbolic input dimension (default 1). Repeatable.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR", callback=command_cache_dir,
               help="Cache directory for the cache-hit measurement (default: a temporary one, removed after).")
 @click.option("--json", "as_json", is_flag=True, help="Print every figure as JSON on stdout (schema: docs/bench.md).")
 @verbosity_options

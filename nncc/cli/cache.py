@@ -7,7 +7,7 @@ import time
 
 import click
 
-from nncc.cli.options import verbosity_options
+from nncc.cli.options import command_cache_dir, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.errors import NnccError
 
@@ -30,15 +30,16 @@ def cache_options(command):
     """Decorate ``command`` with --cache-dir, --no-cache, --trust-shared-cache and
     --hash-mode."""
     command = click.option("--hash-mode", type=click.Choice(["direct", "content"]), default=None,
-                           help="How a model's cache entry is found: direct (default, $NNCC_HASH_MODE) "
+                           help="How a model's cache entry is found: direct (default, $NNCC_CACHE_HASH_MODE) "
                                 "trusts an unchanged file's identity (path, size, times, inode) and "
                                 "reads nothing; content always hashes the model.")(command)
     command = trust_option(command)
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
-    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
-                        help="Compilation cache directory (default: $NNCC_CACHE_DIR, else the user "
-                             "cache directory).")(command)
+    # checked by nncc.settings, with the same message as $NNCC_CACHE_DIR or cache.dir
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", callback=command_cache_dir,
+                        help="Compilation cache directory (default: $NNCC_CACHE_DIR, else cache.dir "
+                             "in the config file, else the user cache directory).")(command)
 
 
 def report_cache(outcome) -> None:
@@ -51,7 +52,14 @@ def report_cache(outcome) -> None:
         "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
+        "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (over the size limit)",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
+    evicted = getattr(outcome, "evicted", None)
+    if evicted:
+        from nncc.util.units import format_bytes
+
+        text += (f"; evicted {evicted.entries} {'entry' if evicted.entries == 1 else 'entries'} "
+                 f"({format_bytes(evicted.bytes)})")
     status(f"nncc: {text}")
     if outcome.token:
         detail(f"nncc: cache token {outcome.token}" + (f" in {outcome.directory}" if outcome.directory else ""))
@@ -59,8 +67,9 @@ def report_cache(outcome) -> None:
 
 def cache_dir_option(command):
     command = trust_option(command)
-    return click.option("--cache-dir", type=click.Path(file_okay=False), metavar="DIR",
-                        help="Cache directory (default: $NNCC_CACHE_DIR, else the user cache dir).")(command)
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", callback=command_cache_dir,
+                        help="Cache directory (default: $NNCC_CACHE_DIR, else cache.dir in the config "
+                             "file, else the user cache dir).")(command)
 
 
 def json_option(command):
@@ -403,8 +412,8 @@ def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
-    size = parse_size(max_size) if max_size is not None else None
-    age = parse_age(max_age) if max_age is not None else None
+    size = parse_size(max_size, "--max-size") if max_size is not None else None
+    age = parse_age(max_age, "--max-age") if max_age is not None else None
     c, directory = _open(cache_dir, trust_shared)
     if c is None:
         report = GcReport(dry_run=dry_run)

@@ -59,7 +59,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     options = options_dict(preference, opt_level, backends, plugins, target, dims)
     from nncc.compiler import CompileOptions
 
-    detail(f"nncc: options: preference={preference} -O{opt_level} "
+    detail(f"nncc: options: preference={options['preference']} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else "")
            + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))

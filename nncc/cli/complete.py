@@ -19,15 +19,11 @@ LIMIT = 200
 
 
 def cache_directory(cache_dir: str | None = None) -> str:
-    """Like nncc.cache.store.resolve_cache_dir, without importing the cache package."""
-    if cache_dir:
-        return os.path.abspath(cache_dir)
-    env = os.environ.get(ENV_DIR)
-    if env:
-        return os.path.abspath(env)
-    import platformdirs
+    """nncc.cache.store.resolve_cache_dir (through nncc.settings, which the cache package's
+    import is not needed for)."""
+    from nncc.settings import cache_dir as setting
 
-    return platformdirs.user_cache_dir("nncc", appauthor=False)
+    return setting(cache_dir)
 
 
 def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str]]:

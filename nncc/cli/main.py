@@ -23,12 +23,13 @@ import sys
 import click
 
 from nncc import __version__
-from nncc.cli.options import verbosity_options
+from nncc.cli.options import root_cache_dir_option, verbosity_options
 
 COMMANDS = {
     "bench": ("nncc.cli.bench", "bench", "Measure compile, cache-hit load and steady-state speed."),
     "cache": ("nncc.cli.cache", "cache", "Inspect, verify and garbage-collect the compilation cache."),
     "compile": ("nncc.cli.compile", "compile", "Compile an ONNX model ahead of time into an artifact."),
+    "config": ("nncc.cli.config", "config", "Show and edit settings (config.toml, environment, defaults)."),
     "inspect": ("nncc.cli.inspect", "inspect", "Show partitions, fallbacks, memory and constants."),
     "run": ("nncc.cli.run", "run", "Run a model or artifact on the numpy CPU backend."),
 }
@@ -85,11 +86,12 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nncc")
 @verbosity_options
+@root_cache_dir_option
 def cli():
     """nncc compiles ONNX models ahead of time, caches the results and runs them.
 
-    -q/--quiet and -v/--verbose work before the command name (for every command) or
-    after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input, 130
+    -q/--quiet, -v/--verbose and --cache-dir work before the command name (for every
+    command) or after it. Exit codes: 0 success, 1 failure, 2 usage error or bad input, 130
     interrupted (Ctrl-C), 143 terminated (SIGTERM).
     """
 

@@ -11,8 +11,9 @@ TARGETS = ("native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")  # as nncc
 def compile_options(command):
     """Decorate ``command`` with --preference, -O, --backend and --plugin."""
     for decorator in reversed([
-        click.option("--preference", type=click.Choice(PREFERENCES), default="fast-single-answer",
-                     show_default=True, help="NNAPI-style execution preference; it changes what is compiled."),
+        click.option("--preference", type=click.Choice(PREFERENCES), default=None,
+                     help="NNAPI-style execution preference; it changes what is compiled. "
+                          "[default: run.preference in the config, else fast-single-answer]"),
         click.option("-O", "opt_level", type=click.IntRange(0, 2), default=2, show_default=True,
                      help="Optimization level: 0 none, 1 folding and cleanup, 2 fusions too."),
         click.option("--backend", "backends", multiple=True, metavar="NAME",
@@ -28,6 +29,11 @@ def compile_options(command):
 
 
 def options_dict(preference, opt_level, backends, plugins, target="native", dims=None) -> dict:
+    """The compile options; a --preference not given comes from the settings
+    ($NNCC_PREFERENCE, else run.preference in the config file, else fast-single-answer)."""
+    from nncc.settings import value
+
+    preference = value("run.preference", preference, "--preference")
     options = {"preference": preference, "opt_level": opt_level, "plugins": tuple(plugins), "target": target}
     if backends:  # else the library's default: native where a compiler is found, then numpy
         options["backends"] = tuple(backends)
@@ -93,6 +99,26 @@ def _set_verbosity(level: int):
         return value
 
     return callback
+
+
+CACHE_DIR_KEY = "nncc.cache_dir"  # in ctx.meta: `nncc --cache-dir DIR COMMAND ...`
+
+
+def root_cache_dir_option(command):
+    """--cache-dir before the command name: the default of every command's --cache-dir."""
+
+    def remember(ctx, param, value):
+        if value is not None:
+            ctx.meta[CACHE_DIR_KEY] = value
+        return value
+
+    return click.option("--cache-dir", type=click.Path(), metavar="DIR", expose_value=False, callback=remember,
+                        help="Compilation cache directory for the command (as its own --cache-dir).")(command)
+
+
+def command_cache_dir(ctx, param, value):
+    """A command's --cache-dir, else the one given before the command name."""
+    return value if value is not None else ctx.meta.get(CACHE_DIR_KEY)
 
 
 def verbosity_options(command):

@@ -34,13 +34,16 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @dim_option("Fix a symbolic input dimension: the model is compiled for that size, and "
             "--random-inputs makes inputs of it (default 1). Repeatable.")
 @compile_options
+@click.option("--threads", metavar="N",
+              help="BLAS and native threads (default: run.threads in the config, else auto: the BLAS "
+                   "library's own count). --preference low-power always runs on one.")
 @trust_native_option
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        dim_specs, preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared,
-        hash_mode, as_json):
+        dim_specs, preference, opt_level, backends, plugins, target, threads, trust_native, cache_dir, no_cache,
+        trust_shared, hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -63,6 +66,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         from nncc.util.writable import check_writable
 
         check_writable(output_path, "the --output file")
+    _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
     # read once (MODEL may be a pipe), and a model file not at all when the cache knows it
     source, artifact = read_source(model, lazy_model=True)
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
@@ -144,6 +148,17 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
                    "cache": outcome.as_dict() if outcome else None, "steps": steps})
     else:
         print_outputs(model, summarize(outputs), timing)
+
+
+def _apply_threads(flag) -> None:
+    """--threads, else $NNCC_THREADS, else run.threads: BLAS's count for this process."""
+    from nncc.settings import value
+
+    count = value("run.threads", flag, "--threads")
+    if count:
+        from nncc.runtime.threads import set_blas_threads
+
+        set_blas_threads(count)
 
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:

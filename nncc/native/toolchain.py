@@ -39,7 +39,7 @@ _RELEVANT = ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma"
              "amx_tile", "asimd", "sve")
 BASE_FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
               "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
-BUILD_TIMEOUT = float(os.environ.get("NNCC_CC_TIMEOUT", "300"))
+BUILD_TIMEOUT: float | None = None  # seconds; None: the native.cc_timeout setting ($NNCC_CC_TIMEOUT, 300)
 
 
 class NativeBuildError(NnccError):
@@ -88,12 +88,13 @@ class Toolchain:
             with open(src, "w") as f:
                 f.write(source)
             cmd = [self.path, *self.flags, src, "-o", out, "-lm"]
+            timeout = _build_timeout()
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                       stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired:
-                raise NativeBuildError(f"the C compiler {self.path} timed out after {BUILD_TIMEOUT:g} s "
-                                       "(NNCC_CC_TIMEOUT)") from None
+                raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
+                                       "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
             except OSError as exc:
                 raise NativeBuildError(f"cannot run the C compiler {self.path}: {exc.strerror or exc}") from None
             if done.returncode != 0:
@@ -168,3 +169,11 @@ def find_toolchain(target: str = "native") -> Toolchain | None:
         if path is not None:
             return Toolchain(path, target)
     return None
+
+
+def _build_timeout() -> float:
+    if BUILD_TIMEOUT is not None:
+        return BUILD_TIMEOUT
+    from nncc.settings import value
+
+    return value("native.cc_timeout")

@@ -13,14 +13,12 @@ physical memory, or the process's address-space limit (``ulimit -v``) when that 
 from __future__ import annotations
 
 import os
-import re
 
-from nncc.errors import InputError, NnccError
+from nncc.errors import NnccError
 
 ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"
 MAX_RANK = 32  # numpy's limit before numpy 2 (64 since): no ONNX model needs more dims
 PIPE_LIMIT = 2 << 30  # a model or artifact read from a pipe (ONNX's own protobuf limit is 2 GiB)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 class LimitError(NnccError):
@@ -33,13 +31,14 @@ class LimitError(NnccError):
 def memory_limit() -> int:
     """The most bytes one model may allocate: $NNCC_MAX_MEMORY, else physical memory
     (or the address-space limit when lower)."""
-    text = os.environ.get(ENV_MAX_MEMORY, "").strip().lower()
+    text = os.environ.get(ENV_MAX_MEMORY, "").strip()
     if text:
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text)
-        if not m:
-            raise InputError(f"{ENV_MAX_MEMORY}={text!r} is not a size: use a number with an optional "
-                             "K, M, G or T suffix (e.g. 8G)")
-        return int(float(m.group(1)) * _UNITS[m.group(2)])
+        from nncc.settings import bad_value, parse_size
+
+        try:
+            return parse_size(text)
+        except ValueError as exc:  # worded as every bad setting
+            raise bad_value("size", text, ENV_MAX_MEMORY, str(exc)) from None
     return _machine_limit()
 
 

@@ -1,0 +1,356 @@
+"""The user's settings: each one comes from a flag, else the environment, else the config
+file, else its default, and is checked the same way, with the same message, whatever its
+source ("bad size 'banana' in NNCC_CACHE_MAX_SIZE: ...", "... in --max-size: ...").
+
+The config file is TOML, ``config.toml`` in platformdirs' user config directory (or the
+file ``$NNCC_CONFIG_FILE`` names), one table per group::
+
+    [cache]
+    dir = "/srv/nncc-cache"
+    max_size = "5G"
+
+    [run]
+    preference = "low-power"
+
+Reading it costs one stat when there is no file, and one parse per process otherwise
+(kept while the file's size and mtime stay the same). This module imports neither click
+nor rich, and nothing a cache hit does not need; ``nncc.settings_file`` writes the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from nncc.errors import NnccError
+
+ENV_CONFIG_FILE = "NNCC_CONFIG_FILE"
+CONFIG_NAME = "config.toml"
+OFF = ("0", "off", "none", "unlimited")  # a limit that is disabled
+
+SIZE_HELP = "use a number with an optional K, M, G or T suffix (e.g. 500M, 2G)"
+AGE_HELP = "use a number with s, m, h, d or w (e.g. 7d, 12h)"
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")  # = nncc.compiler.PREFERENCES
+HASH_MODES = ("content", "direct")
+
+
+class SettingError(NnccError):
+    """A setting's value is not valid, or the config file cannot be read."""
+
+    exit_code = 2
+
+
+# -- checks: raw value -> value, or ValueError(why) ------------------------------------------
+
+
+def parse_size(text) -> int:
+    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    if not m or isinstance(text, bool):
+        raise ValueError(SIZE_HELP)
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+
+
+def parse_age(text) -> float:
+    """'7d', '12h', '30m', '45s', '2w' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text).lower())
+    if not m:
+        raise ValueError(AGE_HELP)
+    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+
+
+def _limit(parse: Callable) -> Callable:
+    """A bound that ``off`` (or 0) disables; a bad one gets the message gc's option gets."""
+
+    def check(raw):
+        if str(raw).strip().lower() in OFF:
+            return None
+        return parse(raw)
+
+    return check
+
+
+def _directory(raw) -> str:
+    text = str(raw).strip()
+    if not text:
+        raise ValueError("name a folder")
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError("it exists and is not a directory")
+    return path
+
+
+def _file(raw) -> str:
+    text = str(raw).strip()
+    if not text:
+        raise ValueError("name a file")
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(path):
+        raise ValueError("it is a directory, not a file")
+    return path
+
+
+def _choice(choices: tuple[str, ...]) -> Callable:
+    def check(raw):
+        if raw not in choices:
+            raise ValueError(f"choose from {', '.join(choices)}")
+        return raw
+
+    return check
+
+
+def _threads(raw):
+    if isinstance(raw, str) and raw.strip().lower() in ("auto", "0", ""):
+        return None
+    if isinstance(raw, bool):
+        raise ValueError("use a whole number of threads, at least 1, or auto")
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ValueError("use a whole number of threads, at least 1, or auto") from None
+    if value == 0:
+        return None
+    if value < 1:
+        raise ValueError("use a whole number of threads, at least 1, or auto")
+    return value
+
+
+_TRUE = ("1", "yes", "on", "true")
+_FALSE = ("0", "no", "off", "false")
+
+
+def _switch(raw) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("use 1, yes, on or true, or 0, no, off or false")
+
+
+def _seconds(raw) -> float:
+    if isinstance(raw, bool):
+        raise ValueError("use a number of seconds greater than 0")
+    try:
+        value = float(str(raw).strip().lower().removesuffix("s"))
+    except ValueError:
+        raise ValueError("use a number of seconds greater than 0") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("use a number of seconds greater than 0")
+    return value
+
+
+def _url(raw) -> str | None:
+    text = str(raw).strip()
+    if text.lower() in ("", "off", "none"):
+        return None
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", text, re.I):
+        raise ValueError("use a URL such as file:///shared/nncc, redis://host:6379/0 or s3://bucket/prefix")
+    return text
+
+
+# -- the table of settings -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str  # "<table>.<name>" in config.toml
+    what: str  # the noun in messages: "bad <what> 'x' in <source>: <why>"
+    env: str | None
+    default: Any  # the raw default (checked like any other value); None: unset
+    check: Callable[[Any], Any]
+    help: str
+
+    @property
+    def table(self) -> str:
+        return self.key.split(".", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.key.split(".", 1)[1]
+
+
+SETTINGS: dict[str, Setting] = {s.key: s for s in (
+    Setting("cache.dir", "cache directory", "NNCC_CACHE_DIR", None, _directory,
+            "where compiled models are cached (default: the user cache directory)"),
+    Setting("cache.max_size", "size", "NNCC_CACHE_MAX_SIZE", "2G", _limit(parse_size),
+            "size bound applied after every store; least recently used entries go first (off: none)"),
+    Setting("cache.max_age", "age", "NNCC_CACHE_MAX_AGE", "off", _limit(parse_age),
+            "entries unused this long are evicted after a store (off: never)"),
+    Setting("cache.trust_shared", "switch", "NNCC_CACHE_TRUST_SHARED", "off", _switch,
+            "use a cache folder another user owns or others can write (whoever can write there "
+            "chooses the code nncc runs)"),
+    Setting("cache.hash_mode", "hash mode", "NNCC_CACHE_HASH_MODE", "direct", _choice(HASH_MODES),
+            "how a model is looked up: direct (by file identity, then content) or content (always hash)"),
+    Setting("run.threads", "thread count", "NNCC_THREADS", "auto", _threads,
+            "BLAS and native threads for `nncc run` (auto: the BLAS library's own count)"),
+    Setting("run.preference", "preference", "NNCC_PREFERENCE", "fast-single-answer", _choice(PREFERENCES),
+            "the --preference used when none is given"),
+    Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,
+            "seconds one native build (a C compiler run) may take"),
+    Setting("remote.url", "remote URL", "NNCC_REMOTE", None, _url,
+            "shared remote cache tier (file://, redis:// or s3:// URL; unset: none)"),
+    Setting("remote.key_file", "remote key file", "NNCC_REMOTE_KEY_FILE", None, _file,
+            "file holding the remote tier's shared secret key"),
+    Setting("remote.connect_timeout", "timeout", "NNCC_REMOTE_CONNECT_TIMEOUT", "2", _seconds,
+            "seconds to wait for the remote tier to answer a connection"),
+    Setting("remote.timeout", "timeout", "NNCC_REMOTE_TIMEOUT", "30", _seconds,
+            "seconds one remote transfer may take"),
+)}
+
+
+# -- the config file ---------------------------------------------------------------------------
+
+
+def config_path() -> str:
+    """$NNCC_CONFIG_FILE, else config.toml in the user config directory."""
+    named = os.environ.get(ENV_CONFIG_FILE)
+    if named:
+        return os.path.abspath(os.path.expanduser(named))
+    import platformdirs
+
+    return os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), CONFIG_NAME)
+
+
+_parsed: dict[str, tuple[tuple, dict]] = {}  # path -> (stat signature, tables)
+
+
+def read_config(path: str | None = None) -> dict:
+    """The config file's tables ({} when there is none); SettingError when unreadable or
+    not TOML. Parsed once per process while the file stays the same."""
+    path = path or config_path()
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # no file there: nothing configured
+        return {}
+    except OSError as exc:
+        raise SettingError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+    cached = _parsed.get(path)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            tables = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingError(f"the config file {path} is not valid TOML: {exc}",
+                           hint="fix or remove it; `nncc config path` names it") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingError(f"cannot read the config file {path}: {getattr(exc, 'strerror', None) or exc}") \
+            from None
+    _parsed[path] = (signature, tables)
+    return tables
+
+
+def file_value(tables: dict, key: str) -> tuple[bool, Any]:
+    """(present, raw value) of ``key`` ("table.name") in the parsed file."""
+    table, name = key.split(".", 1)
+    group = tables.get(table)
+    if isinstance(group, dict) and name in group:
+        return True, group[name]
+    return False, None
+
+
+# -- resolution --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resolved:
+    key: str
+    value: Any  # checked; None for an unset or disabled setting
+    raw: Any  # as given
+    source: str  # "flag" | "env" | "file" | "default"
+    where: str  # the flag, the variable, "cache.max_size in PATH", or "default"
+
+
+def check(setting: Setting | str, raw, where: str):
+    """``raw`` checked as ``setting``; SettingError naming ``where`` when it is not valid."""
+    setting = SETTINGS[setting] if isinstance(setting, str) else setting
+    try:
+        return setting.check(raw)
+    except ValueError as exc:
+        raise bad_value(setting.what, raw, where, str(exc)) from None
+
+
+def bad_value(what: str, raw, where: str, why: str) -> SettingError:
+    """The one message for a bad value, whatever its source."""
+    return SettingError(f"bad {what} {raw!r} in {where}: {why}", hint=_fix_hint(where))
+
+
+def _fix_hint(where: str) -> str | None:
+    if " in " in where:  # the config file
+        key = where.split(" in ", 1)[0]
+        return f"`nncc config set {key} VALUE` or `nncc config unset {key}`"
+    if where.startswith("NNCC_"):
+        return f"fix or unset {where}"
+    return None
+
+
+def resolve(key: str, flag=None, flag_name: str | None = None) -> Resolved:
+    """The effective value of ``key``: ``flag`` (when not None), else its environment
+    variable (when set and not empty), else the config file, else the default."""
+    setting = SETTINGS[key]
+    if flag is not None:
+        where = flag_name or f"--{setting.name.replace('_', '-')}"
+        return Resolved(key, check(setting, flag, where), flag, "flag", where)
+    if setting.env:
+        raw = os.environ.get(setting.env)
+        if raw is not None and raw.strip():
+            return Resolved(key, check(setting, raw, setting.env), raw, "env", setting.env)
+    path = config_path()
+    present, raw = file_value(read_config(path), key)
+    if present:
+        where = f"{key} in {path}"
+        value = check(setting, _relative_to(path, raw) if setting.check in (_directory, _file) else raw, where)
+        return Resolved(key, value, raw, "file", where)
+    value = None if setting.default is None else check(setting, setting.default, "the default")
+    return Resolved(key, value, setting.default, "default", "default")
+
+
+def _relative_to(path: str, raw):
+    """A relative path in the config file is relative to the file's folder."""
+    if isinstance(raw, str) and raw.strip() and not os.path.isabs(os.path.expanduser(raw.strip())):
+        return os.path.join(os.path.dirname(path), raw.strip())
+    return raw
+
+
+def value(key: str, flag=None, flag_name: str | None = None):
+    return resolve(key, flag, flag_name).value
+
+
+# -- the groups the core asks for --------------------------------------------------------------
+
+
+def cache_dir(flag=None) -> str:
+    """--cache-dir (``flag``), else $NNCC_CACHE_DIR, else cache.dir, else the platform's
+    user cache directory; an existing non-directory is a bad value wherever it came from."""
+    chosen = value("cache.dir", None if flag in (None, "") else os.fspath(flag), "--cache-dir")
+    if chosen is None:
+        import platformdirs
+
+        chosen = platformdirs.user_cache_dir("nncc", appauthor=False)
+    return chosen
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    directory: str
+    max_size: int | None  # bytes; None: no bound
+    max_age: float | None  # seconds; None: no bound
+    hash_mode: str  # "content" | "direct"
+    max_size_where: str = "default"  # where the size bound came from, for messages
+
+
+def cache_settings(cache_dir_flag=None) -> CacheSettings:
+    """Everything the cache's flows need, resolved and checked once per prepare."""
+    size = resolve("cache.max_size")
+    return CacheSettings(cache_dir(cache_dir_flag), size.value, value("cache.max_age"),
+                         value("cache.hash_mode"), size.where)
