@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 SCHEMA_VERSION = 1
 INDEX_NAME = "index.sqlite3"
-COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
+COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions",
+            "remote_hits", "remote_misses", "remote_rejected", "remote_errors")  # the remote tier's, per machine
 _RETRIES = 50
 
 _SCHEMA = """

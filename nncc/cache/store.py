@@ -605,6 +605,12 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
         if rejected is not None:
             warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
             cache.remove(token, counter="corruptions", lock=held)
+        # Remote tier hook 1 of 2: read-through on a local miss (nncc/cache/remote/flow.py).
+        from nncc.cache.remote.flow import on_local_miss
+
+        model = on_local_miss(cache, token, path, data, opts)
+        if model is not None:
+            return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
         compile_start = time.perf_counter()
         plan = _compile_plan(path, data, opts)
         compile_seconds = time.perf_counter() - compile_start
@@ -616,6 +622,10 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
                    counter="recompiles" if rejected else "misses")
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
+        # Remote tier hook 2 of 2: write-back after the local commit (nncc/cache/remote/flow.py).
+        from nncc.cache.remote.flow import after_local_commit
+
+        after_local_commit(cache, token)
     outcome = "recompiled" if rejected else "miss"
     try:
         from nncc.cache.gc import auto_collect

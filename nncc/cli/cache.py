@@ -26,8 +26,23 @@ def trust_option(command):
                              "(as NNCC_CACHE_TRUST_SHARED=1): trust whoever can write there.")(command)
 
 
+def _use_remote(ctx, param, value):
+    if value:
+        from nncc.cache.remote.settings import use_remote
+
+        use_remote(value)
+
+
+def remote_option(command):
+    """--remote URL: the team's remote cache tier (overrides $NNCC_REMOTE)."""
+    return click.option("--remote", metavar="URL", expose_value=False, callback=_use_remote,
+                        help="Remote cache tier behind the local one: redis://host:port/db, "
+                             "s3://bucket/prefix or file:///path (default: $NNCC_REMOTE).")(command)
+
+
 def cache_options(command):
-    """Decorate ``command`` with --cache-dir, --no-cache and --trust-shared-cache."""
+    """Decorate ``command`` with --cache-dir, --no-cache, --trust-shared-cache and --remote."""
+    command = remote_option(command)
     command = trust_option(command)
     command = click.option("--no-cache", "no_cache", is_flag=True,
                            help="Compile without reading or writing the compilation cache.")(command)
@@ -42,6 +57,8 @@ def report_cache(outcome) -> None:
     token = f" {outcome.token[:12]}" if outcome.token else ""
     text = {
         "hit": f"cache hit{token}: prepared from the cache in {ms:.1f} ms",
+        "remote hit": f"remote hit{token}: fetched from the remote cache, verified, stored and prepared "
+                      f"in {ms:.1f} ms",
         "miss": f"cache miss{token}: compiled and stored in {ms:.1f} ms",
         "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",

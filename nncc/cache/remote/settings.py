@@ -1,0 +1,85 @@
+"""Where the remote tier's settings come from: one function, so that a config file can be
+put in front of the environment later without touching the tier itself.
+
+Precedence: an explicit URL (the ``--remote`` flag, via ``use_remote``), then the
+environment. Without a URL there is no remote tier at all.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV_URL = "NNCC_REMOTE"
+ENV_KEY_FILE = "NNCC_REMOTE_KEY_FILE"
+ENV_KEY = "NNCC_REMOTE_KEY"
+ENV_S3_ENDPOINT = "NNCC_S3_ENDPOINT"
+ENV_TIMEOUT = "NNCC_REMOTE_TIMEOUT"  # seconds, for a connect and for each request
+ENV_LEASE = "NNCC_REMOTE_LEASE"  # seconds a compile lease lives unless renewed
+ENV_WAIT = "NNCC_REMOTE_WAIT"  # seconds a machine waits for another's compile
+
+_flag_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    url: str | None
+    key: bytes | None  # the team secret, raw; None when none is configured
+    key_problem: str | None  # why there is no key (for the one warning)
+    timeout: float = 2.0
+    lease_seconds: float = 60.0
+    wait_seconds: float = 300.0
+    poll_seconds: float = 0.25
+    s3_endpoint: str | None = None
+
+
+def use_remote(url: str | None) -> None:
+    """The command line's ``--remote URL``: overrides $NNCC_REMOTE for this process."""
+    global _flag_url
+    _flag_url = url or None
+
+
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        from nncc.cache.remote.errors import RemoteConfigError
+
+        raise RemoteConfigError(f"${name} must be a positive number of seconds, not {raw!r}")
+    return value
+
+
+def _key() -> tuple[bytes | None, str | None]:
+    path = os.environ.get(ENV_KEY_FILE)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            return None, f"cannot read the key file ${ENV_KEY_FILE}={path}: {exc.strerror or exc}"
+        if not secret:
+            return None, f"the key file ${ENV_KEY_FILE}={path} is empty"
+        return secret, None
+    secret = os.environ.get(ENV_KEY, "").strip().encode()
+    if secret:
+        return secret, None
+    return None, f"no key: set ${ENV_KEY_FILE} or ${ENV_KEY} to the team's secret"
+
+
+def remote_settings() -> RemoteSettings:
+    url = _flag_url or os.environ.get(ENV_URL) or None
+    if url is None:
+        return RemoteSettings(None, None, None)
+    key, problem = _key()
+    return RemoteSettings(
+        url=url, key=key, key_problem=problem,
+        timeout=_seconds(ENV_TIMEOUT, 2.0),
+        lease_seconds=_seconds(ENV_LEASE, 60.0),
+        wait_seconds=_seconds(ENV_WAIT, 300.0),
+        s3_endpoint=os.environ.get(ENV_S3_ENDPOINT) or None,
+    )
