@@ -27,6 +27,7 @@ from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
 _warned: set[str] = set()
+_rejected: set[tuple[str, str]] = set()  # (url, token) already reported this run
 _leases: dict[str, tuple[object, object, "_Heartbeat"]] = {}  # token -> (tier, lease, heartbeat)
 
 
@@ -76,7 +77,10 @@ def _bump(cache, counter: str) -> None:
 
 
 def reject(tier, cache, token: str, exc: PoisonedEntry) -> None:
-    """A remote entry that does not verify: reported, counted, never used."""
+    """A remote entry that does not verify: reported, counted (once per run), never used."""
+    if (tier.url, token) in _rejected:
+        return
+    _rejected.add((tier.url, token))
     _bump(cache, "remote_rejected")
     warn(f"remote cache entry {token[:12]} at {tier.url} rejected: {exc}; not used")
 
