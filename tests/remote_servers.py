@@ -170,3 +170,19 @@ def remote(request, tmp_path, monkeypatch):
     for name, value in r.env.items():
         monkeypatch.setenv(name, value)
     return r
+
+
+@pytest.fixture(autouse=True)
+def fresh_remote_state():
+    """Each test is a new run: no remote remembered as failed, no warning already given."""
+    from nncc.cache.remote import flow, settings
+
+    def reset():
+        for state in (flow._tiers, flow._warned, flow._rejected):
+            state.clear()
+        settings.use_remote(None)
+
+    reset()
+    yield
+    flow._release_all()
+    reset()

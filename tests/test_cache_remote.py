@@ -9,25 +9,12 @@ import json
 
 import pytest
 
-from nncc.cache.remote import flow, settings
+from nncc.cache.remote import flow
 from nncc.cache.store import Cache, prepare
 from nncc.cache.verify import verify
 from nncc.native.toolchain import find_toolchain
-from tests.remote_servers import KEY, RedisServer, black_hole, redis_server, remote  # noqa: F401
+from tests.remote_servers import KEY, fresh_remote_state, remote  # noqa: F401
 from tests.test_cache import MLP, RESNET, assert_correct, warnings_in
-
-
-@pytest.fixture(autouse=True)
-def _fresh_process_state():
-    """Each test is a new run: no remote remembered as failed, no warning already given."""
-    for state in (flow._tiers, flow._warned, flow._rejected):
-        state.clear()
-    settings.use_remote(None)
-    yield
-    flow._release_all()
-    for state in (flow._tiers, flow._warned, flow._rejected):
-        state.clear()
-    settings.use_remote(None)
 
 
 def counters(cache_dir) -> dict[str, int]:
