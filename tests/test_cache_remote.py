@@ -173,3 +173,33 @@ def test_unknown_scheme_and_missing_client_are_one_clear_error(tmp_path, monkeyp
     code, _, err = cli("run", MLP, "--random-inputs", "--remote", "redis://127.0.0.1:1/0",
                        "--cache-dir", tmp_path / "b")
     assert code == 2 and "Redis client" in err and "nncc[redis]" in err
+
+
+def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
+    """The remote is asked only on a local miss: a hit loads neither a store nor its client."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    script = ("import sys; from nncc.cache.store import prepare; "
+              f"_, o = prepare({str(MLP)!r}, cache_dir={str(tmp_path / 'a')!r}); "
+              "print(o.outcome, sorted(m for m in sys.modules if m.startswith(('redis', 'nncc.cache.remote', "
+              "'http.client', 'xml'))))")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split(" ", 1) == ["hit", "[]\n"], done.stdout
+
+
+def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("redis", reason="the redis client is part of the test extra")
+    from tests.remote_servers import free_port
+
+    monkeypatch.setenv("NNCC_REMOTE", f"redis://:hunter2@127.0.0.1:{free_port()}/0")  # nothing listens there
+    monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    err = capfd.readouterr().err
+    assert outcome.outcome == "miss" and "failed" in err and "hunter2" not in err

@@ -167,8 +167,10 @@ SCHEMAS = {
     ("cache", "info"): {
         "directory": str, "index": str, "nncc_version": (str, null), "entries": int, "total_bytes": int,
         "max_bytes": (int, null), "stale_entries": int,
-        "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
+        "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int,
+                     "remote_hits": int, "remote_misses": int, "remote_rejected": int, "remote_errors": int},
         "hit_rate": (number, null), "read_only": bool, "disk_full": bool,
+        "remote": ({"url": str, "state": str}, null),
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},
@@ -182,6 +184,8 @@ SCHEMAS = {
         "freed_bytes": int, "skipped_busy": [str],
     },
     ("cache", "rm"): {"removed": [str], "busy": [str]},
+    ("cache", "push"): {"remote": str, "pushed": [str], "failed": [{"token": str, "reason": str}]},
+    ("cache", "pull"): {"remote": str, "pulled": [str], "failed": [{"token": str, "reason": str}]},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
     # the bench schema is the bench command's own (docs/bench.md); these keys are its core
     ("bench",): {
@@ -262,7 +266,10 @@ def json_of(cli, *args) -> dict:
     return json.loads(out)
 
 
-def test_json_schemas(cli, populated, tmp_path):
+def test_json_schemas(cli, populated, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"  # a remote tier on a shared folder, for push and pull
+    shared.mkdir()
+    monkeypatch.setenv("NNCC_REMOTE_KEY", "a team secret")
     outputs = {
         ("run",): json_of(cli, "run", MLP, "--random-inputs", "--json"),
         ("compile",): json_of(cli, "compile", MLP, "-o", tmp_path / "again.nncc", "--json",
@@ -274,6 +281,8 @@ def test_json_schemas(cli, populated, tmp_path):
         ("cache", "gc"): json_of(cli, "cache", "gc", "--max-size", "0", "--dry-run", "--json"),
     }
     token = outputs[("cache", "ls")]["entries"][0]["token"]
+    outputs[("cache", "push")] = json_of(cli, "cache", "push", "--remote", f"file://{shared}", "--json")
+    outputs[("cache", "pull")] = json_of(cli, "cache", "pull", token, "--remote", f"file://{shared}", "--json")
     outputs[("cache", "rm")] = json_of(cli, "cache", "rm", token[:10], "--json")
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")
@@ -284,6 +293,7 @@ def test_json_schemas(cli, populated, tmp_path):
     assert outputs[("compile",)]["written"] is True
     assert outputs[("inspect",)]["inputs"][0]["shape"] == ["N", 64]
     assert outputs[("cache", "rm")]["removed"] == [token]
+    assert outputs[("cache", "push")]["pushed"] == outputs[("cache", "pull")]["pulled"] == [token]
     assert outputs[("cache", "clear")]["removed"] >= 1
     artifact_run = json_of(cli, "run", populated, "--random-inputs", "--json")
     check_schema(artifact_run, SCHEMAS[("run",)])

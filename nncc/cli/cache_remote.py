@@ -16,14 +16,14 @@ class RemoteCommandError(NnccError):
 def open_tier():
     """The configured remote tier, for a command that asked for it: an error when there is
     none, or no key (a run would only warn; a command that asked must not pretend)."""
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.cache.remote.settings import remote_settings, shown
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()
     if settings.url is None:
         raise RemoteCommandError("no remote cache: give --remote URL or set NNCC_REMOTE")
     if settings.key is None:
-        raise RemoteCommandError(f"remote cache {settings.url} is off: {settings.key_problem}")
+        raise RemoteCommandError(f"remote cache {shown(settings.url)} is off: {settings.key_problem}")
     return RemoteTier.open(settings)
 
 
@@ -101,18 +101,18 @@ def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
 def remote_info() -> dict | None:
     """The remote's own figures for `cache info`, or None when no remote is configured."""
     from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.cache.remote.settings import remote_settings, shown
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()
     if settings.url is None:
         return None
     if settings.key is None:
-        return {"url": settings.url, "state": f"off: {settings.key_problem}"}
+        return {"url": shown(settings.url), "state": f"off: {settings.key_problem}"}
     tier = RemoteTier.open(settings)
     try:
         return {"state": "on"} | tier.stats()
     except RemoteFault as exc:
-        return {"url": settings.url, "state": f"unreachable: {exc}"}
+        return {"url": shown(settings.url), "state": f"unreachable: {exc}"}
     finally:
         tier.close()

@@ -22,7 +22,7 @@ import threading
 import time
 
 from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-from nncc.cache.remote.settings import remote_settings
+from nncc.cache.remote.settings import remote_settings, shown
 from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
@@ -48,7 +48,7 @@ def active_tier():
         return None if isinstance(known, str) else known
     if settings.key is None:
         _tiers[settings.url] = settings.key_problem
-        _warn_once(settings.url, f"remote cache {settings.url} is off: {settings.key_problem} "
+        _warn_once(settings.url, f"remote cache {shown(settings.url)} is off: {settings.key_problem} "
                                  "(entries are trusted only under the team key)")
         return None
     from nncc.cache.remote.tier import RemoteTier
@@ -60,9 +60,9 @@ def active_tier():
 
 def turn_off(tier, exc: BaseException, cache=None) -> None:
     """A fault: count it, say so once, and use only the local cache for the rest of the run."""
-    _tiers[tier.url] = str(exc)
+    _tiers[tier.settings.url] = str(exc)
     _bump(cache, "remote_errors")
-    _warn_once(tier.url, f"remote cache {tier.url} failed ({exc}); going on with the local cache only")
+    _warn_once(tier.settings.url, f"remote cache {tier.url} failed ({exc}); going on with the local cache only")
 
 
 def _bump(cache, counter: str) -> None:
@@ -202,10 +202,9 @@ def after_local_commit(cache, token: str) -> None:
     tier = active_tier() if held is None else held[0]
     if held is not None:
         held[2].stop()
-    if tier is None or isinstance(_tiers.get(tier.url), str):
-        return
     try:
-        push_entry(tier, cache, token)
+        if tier is not None and not isinstance(_tiers.get(tier.settings.url), str):  # not turned off meanwhile
+            push_entry(tier, cache, token)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
     finally:

@@ -13,6 +13,7 @@ import time
 
 from nncc.cache.remote.backend import Listed, RemoteStore
 from nncc.cache.remote.errors import RemoteConfigError, RemoteFault
+from nncc.cache.remote.settings import shown
 
 PREFIX = "nncc:"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -27,16 +28,16 @@ class RedisStore(RemoteStore):
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError:
-            raise RemoteConfigError(f"{url} needs the Redis client, which is not installed",
+            raise RemoteConfigError(f"{shown(url)} needs the Redis client, which is not installed",
                                     hint="pip install 'nncc[redis]'") from None
-        self.url = url
+        self.url = shown(url)  # for messages: never the password
         self._errors = (redis.exceptions.RedisError, OSError)
         try:
             # no retries: one short time-out, then the run goes on without the remote
             self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
         except ValueError as exc:
-            raise RemoteConfigError(f"cannot use the Redis URL {url}: {exc}") from None
+            raise RemoteConfigError(f"cannot use the Redis URL {shown(url)}: {exc}") from None
 
     def _call(self, what: str, fn):
         try:

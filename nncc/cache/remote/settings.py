@@ -83,3 +83,16 @@ def remote_settings() -> RemoteSettings:
         wait_seconds=_seconds(ENV_WAIT, 300.0),
         s3_endpoint=os.environ.get(ENV_S3_ENDPOINT) or None,
     )
+
+
+def shown(url: str) -> str:
+    """The URL as messages show it: without a password (redis://:secret@host)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
