@@ -203,3 +203,26 @@ def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
     err = capfd.readouterr().err
     assert outcome.outcome == "miss" and "failed" in err and "hunter2" not in err
+
+
+def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote):
+    import time
+
+    from nncc.cache.remote.settings import remote_settings
+    from nncc.cache.remote.tier import open_store
+
+    store = open_store(remote_settings())
+    key = "leases/" + "ef" * 32
+    try:
+        assert store.acquire_lease(key, "machine-a", 30)
+        assert not store.acquire_lease(key, "machine-b", 30)  # held: one compile at a time
+        store.release_lease(key, "machine-b")  # not b's to release
+        assert not store.acquire_lease(key, "machine-b", 30)
+        assert store.renew_lease(key, "machine-a", 0.5) and not store.renew_lease(key, "machine-b", 30)
+        time.sleep(1.0)  # machine-a died: its lease expires and b takes over
+        assert store.acquire_lease(key, "machine-b", 30)
+        assert not store.renew_lease(key, "machine-a", 30)
+        store.release_lease(key, "machine-b")
+        assert store.acquire_lease(key, "machine-c", 30)
+    finally:
+        store.close()

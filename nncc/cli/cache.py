@@ -27,7 +27,9 @@ def trust_option(command):
 
 
 def _use_remote(ctx, param, value):
-    if value:
+    # every command that takes --remote sets it, to None when absent: a flag given to one
+    # command never carries over to the next one run in the same process
+    if value or "nncc.cache.remote.settings" in sys.modules:
         from nncc.cache.remote.settings import use_remote
 
         use_remote(value)
