@@ -195,3 +195,17 @@ def test_sigv4_signature_matches_botocore():
         ours = sign(method, "127.0.0.1:9000", path, query, headers, access_key="AKID", secret_key="SECRET",
                     region="eu-west-1", session_token="TOKEN", now=when)
         assert ours["authorization"] == request.headers["Authorization"]
+
+
+def test_pull_rejects_a_poisoned_entry(remote, tmp_path, cli):
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    mac, body = remote.get(f"manifests/{outcome.token}").split(b"\n", 1)
+    doc = json.loads(body)
+    plan = next(p for p in doc["parts"] if p["role"] == "plan")
+    original = remote.get(f"parts/{plan['hash']}")
+    remote.put(f"parts/{plan['hash']}", original[:-1] + bytes([original[-1] ^ 1]))  # one bit flipped
+    code, _, err = cli("cache", "pull", outcome.token, "--cache-dir", tmp_path / "b")
+    assert code == 1 and "rejected" in err and "hash" in err
+    with Cache.open(tmp_path / "b") as c:
+        assert c.index.entries() == [] and c.index.counters()["remote_rejected"] == 1
+        assert c.scan()[0] == {}  # no file of the rejected entry stayed behind

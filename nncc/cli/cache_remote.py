@@ -64,16 +64,16 @@ def pull(cache, tokens, as_json: bool) -> None:
                 pulled.append(token)  # already here, verified on its next use as always
                 continue
             try:
-                found = tier.fetch(token)
+                found = tier.fetch(token, check_hashes=False)  # hashed as they are stored
+                if found is None:
+                    failed.append({"token": token, "reason": "not in the remote cache"})
+                    continue
+                with cache.lock(token):
+                    model = adopt(cache, token, *found, counter="remote_hits")
             except PoisonedEntry as exc:
                 cache.index.bump("remote_rejected")
                 failed.append({"token": token, "reason": f"rejected: {exc}"})
                 continue
-            if found is None:
-                failed.append({"token": token, "reason": "not in the remote cache"})
-                continue
-            with cache.lock(token):
-                model = adopt(cache, token, *found, counter="remote_hits")
             (pulled.append(token) if model is not None
              else failed.append({"token": token, "reason": "could not be stored locally"}))
     except RemoteFault as exc:

@@ -136,16 +136,17 @@ def _try_remote(tier, cache, token, path, data, opts):
     from nncc.cache.remote.tier import MissingPart
 
     try:
-        found = tier.fetch(token)
+        # sizes are checked here; the hashes when the local write takes them (one hash, not two)
+        found = tier.fetch(token, check_hashes=False)
+        if found is None:
+            return None
+        manifest, plan, payload = found
+        return adopt(cache, token, manifest, plan, payload, path=path, model_data=data, opts=opts)
     except MissingPart:
         return None  # evicted or collected remotely: a plain miss
     except PoisonedEntry as exc:
         reject(tier, cache, token, exc)
         return None
-    if found is None:
-        return None
-    manifest, plan, payload = found
-    return adopt(cache, token, manifest, plan, payload, path=path, model_data=data, opts=opts)
 
 
 def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
@@ -153,19 +154,24 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     """Store a verified remote entry in the local cache through its atomic write and index
     commit, then prepare it from there (verified once more, as every local hit is). Native
     code in it runs because the manifest's MAC verified under the team key and the plan's
-    bytes matched the hash it names. None when the local cache cannot store it."""
+    bytes matched the hash it names, checked on the hashes the local write takes, before
+    the index row that makes the entry usable is committed: PoisonedEntry otherwise (the
+    files are removed). None when the local cache cannot store it."""
     import json
     import os
 
     from blake3 import blake3
 
     from nncc.cache.index import Entry, IndexUnavailable
+    from nncc.cache.remote.manifest import check_hash_of
     from nncc.cache.store import CacheEntryError, CacheWriteError
     from nncc.util.interrupts import held_signals
 
     committed = False
     try:
         plan_hash, data_hash = cache.write(token, plan, payload)
+        check_hash_of(manifest.part("plan"), plan_hash)
+        check_hash_of(manifest.part("data"), data_hash)
         with held_signals():
             now = time.time()
             entry = Entry(

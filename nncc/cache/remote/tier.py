@@ -83,20 +83,22 @@ class RemoteTier:
         raw = self.store.get(f"manifests/{token}")
         return None if raw is None else mf.decode(raw, self.key, token)
 
-    def part(self, part: mf.Part) -> bytes:
-        """A part's bytes, checked against the verified manifest's hash and size."""
+    def part(self, part: mf.Part, check_hash: bool = True) -> bytes:
+        """A part's bytes, checked against the verified manifest's size and hash (without
+        ``check_hash`` the caller compares the hash it takes anyway, before any use)."""
         data = self.store.get(f"parts/{part.hash}")
         if data is None:
             raise MissingPart(f"{part.role} part {part.hash[:12]} is gone from the remote")
-        mf.check_part(part, data)
+        mf.check_part(part, data, check_hash)
         return data
 
-    def fetch(self, token: str) -> tuple[mf.Manifest, bytes, bytes] | None:
-        """(manifest, model cache bytes, data cache bytes), all verified, or None."""
+    def fetch(self, token: str, check_hashes: bool = True) -> tuple[mf.Manifest, bytes, bytes] | None:
+        """(manifest, model cache bytes, data cache bytes), verified, or None."""
         manifest = self.manifest(token)
         if manifest is None:
             return None
-        return manifest, self.part(manifest.part("plan")), self.part(manifest.part("data"))
+        return (manifest, self.part(manifest.part("plan"), check_hashes),
+                self.part(manifest.part("data"), check_hashes))
 
     # -- writing ---------------------------------------------------------------------
 
