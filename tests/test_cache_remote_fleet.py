@@ -25,42 +25,71 @@ def fleet_env(server, cache_dir, **extra) -> dict:
                 NNCC_REMOTE_KEY=KEY, **extra)
 
 
-def run_cmd(tmp_path, i, feeds):
-    return ["run", str(RESNET), "--inputs", str(feeds), "-o", str(tmp_path / f"out{i}.npz"), "--json"]
-
-
-def test_eight_machines_compile_once(redis_server, tmp_path):
+def start_fleet(tmp_path, count: int, env_for) -> list[subprocess.Popen]:
+    """``count`` processes, each with its own cold cache, released at the same moment."""
+    tmp_path.mkdir(exist_ok=True)
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, **feeds_for(RESNET))
     go = tmp_path / "go"
     procs = []
-    for i in range(8):
+    for i in range(count):
         cmd = [sys.executable, "-c", BARRIER_DRIVER, str(tmp_path / f"ready{i}"), str(go), *run_cmd(tmp_path, i, feeds)]
-        procs.append(subprocess.Popen(cmd, env=fleet_env(redis_server, tmp_path / f"machine{i}"), cwd=ROOT,
+        procs.append(subprocess.Popen(cmd, env=env_for(tmp_path / f"machine{i}"), cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + 240
-    while not all((tmp_path / f"ready{i}").exists() for i in range(8)):
+    while not all((tmp_path / f"ready{i}").exists() for i in range(count)):
         assert time.monotonic() < deadline, "the processes did not get ready"
         assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
         time.sleep(0.01)
     go.write_text("go")
-    results = [p.communicate(timeout=600) for p in procs]
+    return procs
+
+
+def check_fleet(tmp_path, procs) -> None:
+    """Exactly one compiled; the others got its entry from the remote; all outputs are
+    right (onnxruntime) and bit-identical."""
     outcomes = []
-    for proc, (out, err) in zip(procs, results):
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err
         assert "warning" not in err, err
         outcome = json.loads(out)["cache"]["outcome"]
         outcomes.append(outcome)
         assert ("compiled" if outcome == "miss" else "remote hit") in err, err
-    assert sorted(outcomes) == ["miss"] + ["remote hit"] * 7
+    assert sorted(outcomes) == ["miss"] + ["remote hit"] * (len(procs) - 1)
     first = dict(np.load(tmp_path / "out0.npz"))
-    for i in range(8):
-        check_outputs(tmp_path / f"out{i}.npz", RESNET)  # against onnxruntime
+    for i in range(len(procs)):
+        check_outputs(tmp_path / f"out{i}.npz", RESNET)
         got = dict(np.load(tmp_path / f"out{i}.npz"))
-        assert all(np.array_equal(got[name], first[name]) for name in first)  # and the same bits everywhere
+        assert all(np.array_equal(got[name], first[name]) for name in first)
+
+
+def run_cmd(tmp_path, i, feeds):
+    return ["run", str(RESNET), "--inputs", str(feeds), "-o", str(tmp_path / f"out{i}.npz"), "--json"]
+
+
+def test_eight_machines_compile_once(redis_server, tmp_path):
+    check_fleet(tmp_path, start_fleet(tmp_path, 8, lambda cache: fleet_env(redis_server, cache)))
     client = redis_server.client
     assert len(list(client.scan_iter(match="nncc:manifests/*"))) == 1
     assert list(client.scan_iter(match="nncc:leases/*")) == []
+
+
+def test_four_machines_on_s3_and_on_a_shared_folder_compile_once(tmp_path):
+    """The other stores' leases under real contention: S3's conditional put, O_EXCL files."""
+    from tests.remote_servers import ACCESS, MotoServer
+
+    server = MotoServer()
+    try:
+        s3 = dict(ACCESS, NNCC_S3_ENDPOINT=server.endpoint)
+        check_fleet(tmp_path / "s3", start_fleet(tmp_path / "s3", 4, lambda cache: fleet_env(server, cache, **s3)))
+    finally:
+        server.stop()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    folder = type("Folder", (), {"url": f"file://{shared}"})
+    check_fleet(tmp_path / "file", start_fleet(tmp_path / "file", 4, lambda cache: fleet_env(folder, cache)))
+    assert os.listdir(shared / "leases") == []
 
 
 def _lease_holder(client, deadline: float) -> tuple[str, bytes]:
