@@ -100,16 +100,24 @@ def on_local_miss(cache, token: str, path, data: bytes, opts):
             return model
         lease = tier.acquire(token)
         if lease is not None:
-            return _compile_here(tier, cache, token, lease, path, data, opts)
+            return _compile_here(tier, cache, token, lease)
+        from nncc.util import progress
+
+        progress.describe(f"waiting for another machine compiling {token[:12]}")
         deadline = time.monotonic() + tier.settings.wait_seconds
         while time.monotonic() < deadline:  # another machine compiles it: wait for its entry
             time.sleep(tier.settings.poll_seconds)
             model = _try_remote(tier, cache, token, path, data, opts)
             if model is not None:
                 return model
-            lease = tier.acquire(token)  # its holder gave up or died (the lease expired)
+            lease = tier.acquire(token)  # its holder released it or died (the lease expired)
             if lease is not None:
-                return _compile_here(tier, cache, token, lease, path, data, opts)
+                # it may have uploaded just before releasing: look once more before compiling
+                model = _try_remote(tier, cache, token, path, data, opts)
+                if model is not None:
+                    tier.release(lease)
+                    return model
+                return _compile_here(tier, cache, token, lease)
         warn(f"waited {tier.settings.wait_seconds:g} s for another machine to compile {token[:12]}; "
              "compiling here")
         _bump(cache, "remote_misses")
@@ -119,12 +127,8 @@ def on_local_miss(cache, token: str, path, data: bytes, opts):
         return None
 
 
-def _compile_here(tier, cache, token, lease, path, data, opts):
-    # The holder before us may have published just before releasing: look once more.
-    model = _try_remote(tier, cache, token, path, data, opts)
-    if model is not None:
-        tier.release(lease)
-        return model
+def _compile_here(tier, cache, token, lease):
+    """This machine compiles ``token``: keep its lease alive until the upload is done."""
     beat = _Heartbeat(tier, lease)
     _leases[token] = (tier, lease, beat)
     beat.start()
