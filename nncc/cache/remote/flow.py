@@ -171,6 +171,13 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     from nncc.cache.store import CacheEntryError, CacheWriteError
     from nncc.util.interrupts import held_signals
 
+    import nncc
+    from nncc.plan.format import FORMAT_VERSION
+
+    if (manifest.nncc_version, manifest.format_version) != (nncc.__version__, FORMAT_VERSION):
+        warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
+             f"(format {manifest.format_version}); not used")
+        return None
     committed = False
     try:
         plan_hash, data_hash = cache.write(token, plan, payload)
@@ -183,7 +190,8 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                 data_size=len(payload), nncc_version=manifest.nncc_version,
                 format_version=manifest.format_version,
                 source_path=os.path.abspath(os.fspath(path)) if path is not None else None,
-                model_hash=blake3(model_data).hexdigest() if model_data is not None else None,
+                model_hash=blake3(model_data, max_threads=blake3.AUTO).hexdigest() if model_data is not None
+                else None,
                 preference=opts.preference if opts is not None else None,
                 options=json.dumps(opts.as_dict(), sort_keys=True) if opts is not None else None,
                 created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds)
@@ -191,7 +199,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
             committed = True
         return cache.load(entry)
     except (CacheWriteError, IndexUnavailable, CacheEntryError) as exc:
-        warn(f"cannot store remote entry {token[:12]} locally ({exc}); compiling")
+        warn(f"cannot store remote entry {token[:12]} in the local cache ({exc}); not used")
         return None
     finally:
         if not committed:
