@@ -26,7 +26,7 @@ def _two_models_in_one_run(tmp_path, capfd):
     for model, folder in ((RESNET, "a"), (MLP, "b")):
         compiled, outcome = prepare(model, cache_dir=tmp_path / folder)
         assert outcome.outcome == "miss"
-        assert_correct(compiled, model) if model is RESNET else None
+        assert_correct(compiled, model)
     return warnings_in(capfd.readouterr().err)
 
 
@@ -163,15 +163,14 @@ def test_gc_remote_applies_size_and_age(remote, tmp_path, monkeypatch, cli):
 
 
 def _manifest_parts(remote, token):
-    from nncc.cache.remote import manifest as mf
+    from nncc.cache.remote.manifest import decode, mac_key
 
-    from nncc.cache.remote.manifest import decode
-    return decode(remote.get(f"manifests/{token}"), mf.mac_key(KEY.encode()), token).parts
+    return decode(remote.get(f"manifests/{token}"), mac_key(KEY.encode()), token).parts
 
 
 def test_sigv4_signature_matches_botocore():
     """nncc's own S3 signing against botocore's, for the same request at the same time."""
-    botocore = pytest.importorskip("botocore", reason="botocore comes with moto[server]")
+    pytest.importorskip("botocore", reason="botocore comes with moto[server]")
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.config import Config
