@@ -10,7 +10,7 @@ import json
 import pytest
 
 from nncc.cache.remote import flow
-from nncc.cache.store import Cache, prepare
+from nncc.cache.store import Cache, artifact_bytes, prepare
 from nncc.cache.verify import verify
 from nncc.native.toolchain import find_toolchain
 from tests.remote_servers import KEY, fresh_remote_state, remote  # noqa: F401
@@ -30,6 +30,7 @@ def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd):
     model, second = prepare(RESNET, cache_dir=tmp_path / "b")
     assert (second.outcome, second.token) == ("remote hit", first.token)
     assert_correct(model, RESNET)
+    assert artifact_bytes(model) == artifact_bytes(compiled)  # `nncc compile -o` writes the same file
     if find_toolchain() is not None:  # the native code came from the remote and verified: it runs
         assert compiled.native_partitions >= 1 and model.native_partitions == compiled.native_partitions
     # stored through the local atomic path: the next run is a plain local hit
