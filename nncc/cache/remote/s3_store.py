@@ -1,8 +1,9 @@
 """s3://bucket/prefix: a remote tier on any S3-compatible object store.
 
 The client is nncc's own: SigV4-signed requests over ``http.client`` from the standard
-library. It needs no extra package and imports in a few milliseconds, where boto3 takes
-about a quarter of a second and 30 MB of botocore; a local hit never imports even this.
+library. It needs no extra package and imports in about 20 ms (http.client and ssl),
+where boto3 takes about a quarter of a second and 30 MB of botocore; a local hit never
+imports even this.
 Requests are path-style (``endpoint/bucket/key``), which every S3-compatible server
 accepts. Endpoint: $NNCC_S3_ENDPOINT, else AWS's regional one; credentials and region from
 the usual AWS variables.
