@@ -198,10 +198,12 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "shared remote cache tier (file://, redis:// or s3:// URL; unset: none)"),
     Setting("remote.key_file", "remote key file", "NNCC_REMOTE_KEY_FILE", None, _file,
             "file holding the remote tier's shared secret key"),
-    Setting("remote.connect_timeout", "timeout", "NNCC_REMOTE_CONNECT_TIMEOUT", "2", _seconds,
-            "seconds to wait for the remote tier to answer a connection"),
-    Setting("remote.timeout", "timeout", "NNCC_REMOTE_TIMEOUT", "30", _seconds,
-            "seconds one remote transfer may take"),
+    Setting("remote.timeout", "timeout", "NNCC_REMOTE_TIMEOUT", "2", _seconds,
+            "seconds the remote tier may take to connect and to answer each request"),
+    Setting("remote.lease", "timeout", "NNCC_REMOTE_LEASE", "60", _seconds,
+            "seconds a compile lease lives unless its holder renews it"),
+    Setting("remote.wait", "timeout", "NNCC_REMOTE_WAIT", "300", _seconds,
+            "seconds a machine waits for another one's compile of the same model"),
 )}
 
 

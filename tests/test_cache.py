@@ -118,7 +118,7 @@ def test_miss_then_hit(cache_dir, capsys):
     plan, data = Cache(str(cache_dir)).paths(entry.token)
     assert os.path.getsize(plan) == entry.plan_size and os.path.getsize(data) == entry.data_size
     assert pathlib.Path(plan).parent.name == entry.token[:2]
-    assert counters(cache_dir) == {"hits": 1, "misses": 1, "corruptions": 0, "recompiles": 0, "evictions": 0}
+    assert counters(cache_dir) == {"hits": 1, "misses": 1, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0}
     assert warnings_in(capsys.readouterr().err) == []
 
 
@@ -867,7 +867,7 @@ def test_file_lock_exclusion_and_safe_unlink(tmp_path):
 
 def test_index_counters_and_rows(tmp_path):
     index = Index(str(tmp_path), "1.2.3", 1).open()
-    assert index.counters() == {"hits": 0, "misses": 0, "corruptions": 0, "recompiles": 0, "evictions": 0}
+    assert index.counters() == {"hits": 0, "misses": 0, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0}
     assert index.meta()["nncc_version"] == "1.2.3"
     index.close()
     again = Index(str(tmp_path), "1.2.4", 1).open()

@@ -172,7 +172,8 @@ SCHEMAS = {
     ("cache", "info"): {
         "directory": str, "index": str, "nncc_version": (str, null), "entries": int, "total_bytes": int,
         "max_bytes": (int, null), "stale_entries": int,
-        "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int},
+        "counters": {"hits": int, "misses": int, "corruptions": int, "recompiles": int, "evictions": int,
+                     "remote_hits": int, "remote_misses": int, "remote_rejected": int, "remote_errors": int},
         "hit_rate": (number, null), "read_only": bool, "disk_full": bool,
         "stats": {"time_saved_seconds": number, "compile_seconds_avoided": number, "hit_seconds": number,
                   "average_hit_seconds": (number, null), "compile_seconds": number,
@@ -180,6 +181,7 @@ SCHEMAS = {
                   "miss_reasons": {"new_model": int, "changed_options": int, "version_change": int,
                                    "tamper": int, "evicted": int}},
         "stats_since": (number, null),
+        "remote": ({"url": str, "state": str}, null),
     },
     ("cache", "verify"): {
         "directory": str, "ok": bool, "fix": bool, "counts": {"*": int},
@@ -193,6 +195,8 @@ SCHEMAS = {
         "freed_bytes": int, "skipped_busy": [str],
     },
     ("cache", "rm"): {"removed": [str], "busy": [str]},
+    ("cache", "push"): {"remote": str, "pushed": [str], "failed": [{"token": str, "reason": str}]},
+    ("cache", "pull"): {"remote": str, "pulled": [str], "failed": [{"token": str, "reason": str}]},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
     ("cache", "zero-stats"): {"directory": str, "zeroed": bool},
     ("config", "show"): {
@@ -285,7 +289,10 @@ def json_of(cli, *args) -> dict:
     return json.loads(out)
 
 
-def test_json_schemas(cli, populated, tmp_path):
+def test_json_schemas(cli, populated, tmp_path, monkeypatch):
+    shared = tmp_path / "shared"  # a remote tier on a shared folder, for push and pull
+    shared.mkdir()
+    monkeypatch.setenv("NNCC_REMOTE_KEY", "a team secret")
     outputs = {
         ("run",): json_of(cli, "run", MLP, "--random-inputs", "--json"),
         ("compile",): json_of(cli, "compile", MLP, "-o", tmp_path / "again.nncc", "--json",
@@ -297,6 +304,8 @@ def test_json_schemas(cli, populated, tmp_path):
         ("cache", "gc"): json_of(cli, "cache", "gc", "--max-size", "0", "--dry-run", "--json"),
     }
     token = outputs[("cache", "ls")]["entries"][0]["token"]
+    outputs[("cache", "push")] = json_of(cli, "cache", "push", "--remote", f"file://{shared}", "--json")
+    outputs[("cache", "pull")] = json_of(cli, "cache", "pull", token, "--remote", f"file://{shared}", "--json")
     outputs[("cache", "rm")] = json_of(cli, "cache", "rm", token[:10], "--json")
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
     outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
@@ -312,6 +321,7 @@ def test_json_schemas(cli, populated, tmp_path):
     assert outputs[("compile",)]["written"] is True
     assert outputs[("inspect",)]["inputs"][0]["shape"] == ["N", 64]
     assert outputs[("cache", "rm")]["removed"] == [token]
+    assert outputs[("cache", "push")]["pushed"] == outputs[("cache", "pull")]["pulled"] == [token]
     assert outputs[("cache", "clear")]["removed"] >= 1
     artifact_run = json_of(cli, "run", populated, "--random-inputs", "--json")
     check_schema(artifact_run, SCHEMAS[("run",)])

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class CacheOutcome:
     """What the cache did for one prepare: reported by ``nncc run``/``compile --json``."""
 
-    outcome: str  # "hit" | "miss" | "disabled" | "unavailable" | "recompiled"
+    outcome: str  # "hit" | "remote hit" | "miss" | "disabled" | "unavailable" | "recompiled" | "not-stored"
     token: str | None
     seconds: float
     directory: str | None = None
@@ -228,6 +228,11 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: 
         if rejected is not None:
             warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
             cache.remove(token, counter="corruptions", lock=held)
+        from nncc.cache.remote.flow import after_local_commit, on_local_miss
+
+        model = on_local_miss(cache, token, source.path, source.bytes, opts)  # the remote tier, if any
+        if model is not None:
+            return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
         compile_start = time.perf_counter()
         plan = _compile_plan(source, opts)
         compile_seconds = time.perf_counter() - compile_start
@@ -245,6 +250,7 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: 
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(source, opts, token, directory, f"cannot store: {exc}", start, model)
         cache_stats.record_miss(cache, token, source.bytes, opts, rejected is not None, compile_seconds)
+        after_local_commit(cache, token)  # write-back to the remote tier, if any
     outcome = "recompiled" if rejected else "miss"
     evicted = None
     try:

@@ -33,7 +33,8 @@ SCHEMA_VERSION = 3
 MIGRATABLE = (1, 2)  # older schemas whose rows are kept: only tables and counters are added
 READABLE = (1, 2, 3)  # schemas a read-only open can serve from (the entries table is the same)
 INDEX_NAME = "index.sqlite3"
-COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
+COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions",
+            "remote_hits", "remote_misses", "remote_rejected", "remote_errors")  # the remote tier's, per machine
 # Why a model was compiled: each miss and recompile counts once under one of these.
 MISS_REASONS = ("new_model", "changed_options", "version_change", "tamper", "evicted")
 # Time statistics, in microseconds (the counters are integers).

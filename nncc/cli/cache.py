@@ -26,9 +26,26 @@ def trust_option(command):
                              "(as NNCC_CACHE_TRUST_SHARED=1): trust whoever can write there.")(command)
 
 
+def _use_remote(ctx, param, value):
+    # every command that takes --remote sets it, to None when absent: a flag given to one
+    # command never carries over to the next one run in the same process
+    if value or "nncc.cache.remote.settings" in sys.modules:
+        from nncc.cache.remote.settings import use_remote
+
+        use_remote(value)
+
+
+def remote_option(command):
+    """--remote URL: the team's remote cache tier (overrides $NNCC_REMOTE)."""
+    return click.option("--remote", metavar="URL", expose_value=False, callback=_use_remote,
+                        help="Remote cache tier behind the local one: redis://host:port/db, "
+                             "s3://bucket/prefix or file:///path (default: $NNCC_REMOTE).")(command)
+
+
 def cache_options(command):
-    """Decorate ``command`` with --cache-dir, --no-cache, --trust-shared-cache and
-    --hash-mode."""
+    """Decorate ``command`` with --cache-dir, --no-cache, --trust-shared-cache, --hash-mode
+    and --remote."""
+    command = remote_option(command)
     command = click.option("--hash-mode", type=click.Choice(["direct", "content"]), default=None,
                            help="How a model's cache entry is found: direct (default, $NNCC_CACHE_HASH_MODE) "
                                 "trusts an unchanged file's identity (path, size, times, inode) and "
@@ -48,6 +65,8 @@ def report_cache(outcome) -> None:
     token = f" {outcome.token[:12]}" if outcome.token else ""
     text = {
         "hit": f"cache hit{token}: prepared from the cache in {ms:.1f} ms",
+        "remote hit": f"remote hit{token}: fetched from the remote cache, verified, stored and prepared "
+                      f"in {ms:.1f} ms",
         "miss": f"cache miss{token}: compiled and stored in {ms:.1f} ms",
         "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
@@ -225,10 +244,14 @@ def _ago(ts) -> str:
 
 @cache.command("info")
 @cache_dir_option
+@remote_option
 @json_option
 @verbosity_options
 def info(cache_dir, trust_shared, as_json):
-    """Location, size, counters, and whether the cache pays off (like `ccache -s`)."""
+    """Location, size, counters, and whether the cache pays off (like `ccache -s`), with the
+    remote tier's counters and, when one is configured, its own size."""
+    from nncc.cli.cache_remote import remote_info
+
     from nncc.cache.gc import default_max_size
     from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME
     from nncc.cache.stats import summary
@@ -243,7 +266,7 @@ def info(cache_dir, trust_shared, as_json):
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
-                       "read_only": False, "disk_full": False})
+                       "read_only": False, "disk_full": False, "remote": remote_info()})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
@@ -269,6 +292,7 @@ def info(cache_dir, trust_shared, as_json):
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
+    payload["remote"] = remote_info()
     if as_json:
         emit_json(payload)
         return
@@ -285,7 +309,19 @@ def info(cache_dir, trust_shared, as_json):
         ("Recompiles", str(counters["recompiles"])),
         ("Evictions", str(counters["evictions"])),
         ("Counted since", _when(payload["stats_since"]) + " (`nncc cache zero-stats` resets the counters)"),
+        ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
+        ("Remote hits", str(counters["remote_hits"])),
+        ("Remote misses", str(counters["remote_misses"])),
+        ("Remote rejected", str(counters["remote_rejected"])),
+        ("Remote errors", str(counters["remote_errors"])),
     ]
+    remote = payload["remote"]
+    if remote is not None:
+        rows.append(("Remote", f"{remote['url']} ({remote['state']})"))
+        if remote["state"] == "on":
+            rows.append(("Remote entries", f"{remote['entries']} in {format_bytes(remote['bytes'])}"
+                         + (f", {remote['rejected_entries']} that do not verify" if remote["rejected_entries"]
+                            else "")))
     if payload["disk_full"]:
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
     elif payload["read_only"]:
@@ -402,18 +438,25 @@ def _verify_summary(report) -> str:
 @click.option("--max-size", metavar="SIZE", help="Evict least recently used entries until under SIZE (500M, 2G).")
 @click.option("--max-age", metavar="AGE", help="Evict entries not used for AGE (7d, 12h).")
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
+@click.option("--remote", "on_remote", is_flag=True,
+              help="Apply the limits to the remote tier instead (age: since upload).")
+@click.option("--remote-url", metavar="URL", expose_value=False, callback=_use_remote,
+              help="The remote for --remote (default: $NNCC_REMOTE).")
 @cache_dir_option
 @json_option
 @verbosity_options
-def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
+def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
     """Remove stale, orphan and leftover files, old entries, and LRU entries above a size.
-    Exit 1 when something could not be removed (other than being in use)."""
+    Exit 1 when something could not be removed (other than being in use). With --remote,
+    apply --max-size and --max-age to the remote tier (the local cache is left alone)."""
     from nncc.cache.gc import GcReport, collect, parse_age, parse_size
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
     size = parse_size(max_size, "--max-size") if max_size is not None else None
     age = parse_age(max_age, "--max-age") if max_age is not None else None
+    if on_remote:
+        return _gc_remote(size, age, dry_run, as_json)
     c, directory = _open(cache_dir, trust_shared)
     if c is None:
         report = GcReport(dry_run=dry_run)
@@ -438,6 +481,84 @@ def gc(max_size, max_age, dry_run, cache_dir, trust_shared, as_json):
 
 def _items(n: int) -> str:
     return f"{n} item" if n == 1 else f"{n} items"
+
+
+def _gc_remote(size, age, dry_run, as_json) -> None:
+    from nncc.cache.remote.errors import RemoteFault
+    from nncc.cache.remote.gc import collect_remote
+    from nncc.cli.cache_remote import open_tier, remote_fault
+    from nncc.util.units import format_bytes
+
+    tier = open_tier()
+    try:
+        report = collect_remote(tier, max_size=size, max_age=age, dry_run=dry_run)
+    except RemoteFault as exc:
+        raise remote_fault(tier, exc) from None
+    finally:
+        tier.close()
+    if as_json:
+        emit_json({"remote": tier.url} | report.as_dict())
+        return
+    verb = "would remove" if dry_run else "removed"
+    for r in report.entries:
+        size_text = format_bytes(r["size"]) if r["size"] is not None else "-"
+        click.echo(f"{verb} {r['token'][:12]:<12} {r['reason']:<8} {size_text:>10}")
+    status(f"{verb} {len(report.entries)} remote entr{'y' if len(report.entries) == 1 else 'ies'} and "
+           f"{len(report.parts)} part(s), {'would free' if dry_run else 'freed'} {format_bytes(report.freed)}; "
+           f"{report.kept_entries} entries ({format_bytes(report.kept_bytes)}) kept at {tier.url}")
+
+
+@cache.command("push")
+@click.argument("tokens", nargs=-1, shell_complete=complete_tokens)
+@cache_dir_option
+@remote_option
+@json_option
+@verbosity_options
+def push(tokens, cache_dir, trust_shared, as_json):
+    """Upload local entries (all of them, or the TOKENs: unambiguous prefixes) to the remote."""
+    from nncc.cli import cache_remote
+
+    c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
+    if c is None:
+        raise CacheCommandError(f"nothing to push: there is no cache at {directory}")
+    with c:
+        cache_remote.push(c, [_resolve_prefix(c, t) for t in tokens], as_json)
+
+
+@cache.command("pull")
+@click.argument("tokens", nargs=-1, required=True)
+@cache_dir_option
+@remote_option
+@json_option
+@verbosity_options
+def pull(tokens, cache_dir, trust_shared, as_json):
+    """Fetch entries by full token from the remote, verify them and store them locally."""
+    from nncc.cache.store import TOKEN_RE
+    from nncc.cli import cache_remote
+
+    for token in tokens:
+        if not TOKEN_RE.match(token):
+            raise CacheCommandError(f"{token!r} is not a full token (64 hex digits)")
+    c, directory = _open(cache_dir, trust_shared)
+    if c is None:
+        from nncc.cache.store import Cache, CacheUnavailable
+
+        try:
+            c = Cache.open(directory, trust_shared=trust_shared)
+        except CacheUnavailable as exc:
+            raise NnccError(f"cannot open the cache: {exc}") from None
+    with c:
+        cache_remote.pull(c, list(tokens), as_json)
+
+
+def _resolve_prefix(c, prefix: str) -> str:
+    p = prefix.lower()
+    if not p or any(ch not in "0123456789abcdef" for ch in p):
+        raise CacheCommandError(f"{prefix!r} is not a token (hex digits)")
+    matches = sorted(set(c.index.tokens_with_prefix(p)))
+    if len(matches) != 1:
+        raise CacheCommandError(f"{prefix!r} matches {len(matches)} local entries; give an unambiguous prefix")
+    return matches[0]
 
 
 def _report_failed(report) -> None:

@@ -1,0 +1,8 @@
+"""The remote tier: a team's shared cache behind the local one (docs/cache.md).
+
+Modules: settings (URL, key, time-outs from flags and the environment), manifest (the
+authenticated entry format), backend (what a store does), file_store / redis_store /
+s3_store (+ sigv4) the three stores, tier (entries and leases on a store), flow (the two
+hooks the local cache calls, and the fault policy), gc (size and age limits remotely).
+Nothing here is imported on a local hit.
+"""

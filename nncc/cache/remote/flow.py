@@ -1,0 +1,287 @@
+"""The remote tier in the cache's flows: read-through on a local miss, write-back after a
+local commit, one compile across the fleet, and faults that never fail a run.
+
+Two calls are all the local cache makes into this module:
+
+* ``on_local_miss(cache, token, path, data, opts)`` under the token's exclusive local
+  lock, before compiling: returns a model prepared from the local cache after a verified
+  remote entry was stored there through the normal atomic path, or None to compile. When
+  another machine holds the token's lease it waits (polling) for that machine's entry, up
+  to a bound; otherwise it takes the lease and the caller compiles.
+* ``after_local_commit(cache, token)`` once the compiled entry is committed locally:
+  uploads it (parts, then the manifest) and releases the lease.
+
+Any fault of the remote (down, slow, black-holed, full) turns the tier off for the rest of
+the process with one warning line; the local path goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
+from nncc.cache.remote.settings import remote_settings, shown
+from nncc.util.notice import warn
+
+_tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
+_warned: set[str] = set()
+_rejected: set[tuple[str, str]] = set()  # (url, token) already reported this run
+_leases: dict[str, tuple[object, object, "_Heartbeat"]] = {}  # token -> (tier, lease, heartbeat)
+
+
+def _warn_once(url: str, message: str) -> None:
+    if url not in _warned:
+        _warned.add(url)
+        warn(message)
+
+
+def active_tier():
+    """The configured RemoteTier, or None (none configured, no key, or off after a fault).
+    A URL nncc cannot use raises RemoteConfigError (one clear error)."""
+    settings = remote_settings()
+    if settings.url is None:
+        return None
+    known = _tiers.get(settings.url)
+    if known is not None:
+        return None if isinstance(known, str) else known
+    if settings.key is None:
+        _tiers[settings.url] = settings.key_problem
+        _warn_once(settings.url, f"remote cache {shown(settings.url)} is off: {settings.key_problem} "
+                                 "(entries are trusted only under the team key)")
+        return None
+    from nncc.cache.remote.tier import RemoteTier
+
+    tier = RemoteTier.open(settings)
+    _tiers[settings.url] = tier
+    return tier
+
+
+def turn_off(tier, exc: BaseException, cache=None) -> None:
+    """A fault: count it, say so once, and use only the local cache for the rest of the run."""
+    _tiers[tier.settings.url] = str(exc)
+    _bump(cache, "remote_errors")
+    _warn_once(tier.settings.url, f"remote cache {tier.url} failed ({exc}); going on with the local cache only")
+
+
+def _bump(cache, counter: str) -> None:
+    from nncc.cache.index import IndexUnavailable
+
+    if cache is None or cache.read_only:
+        return
+    try:
+        cache.index.bump(counter)
+    except IndexUnavailable:
+        pass  # statistics only
+
+
+def reject(tier, cache, token: str, exc: PoisonedEntry) -> None:
+    """A remote entry that does not verify: reported, counted (once per run), never used."""
+    if (tier.url, token) in _rejected:
+        return
+    _rejected.add((tier.url, token))
+    _bump(cache, "remote_rejected")
+    warn(f"remote cache entry {token[:12]} at {tier.url} rejected: {exc}; not used")
+
+
+# -- read-through ------------------------------------------------------------------------
+
+
+def on_local_miss(cache, token: str, path, data: bytes, opts):
+    """A model prepared from the local cache after a remote hit, or None: compile (holding
+    the fleet's lease on ``token`` when this machine got it)."""
+    tier = active_tier()
+    if tier is None:
+        return None
+    try:
+        model = _try_remote(tier, cache, token, path, data, opts)
+        if model is not None:
+            return model
+        lease = tier.acquire(token)
+        if lease is not None:
+            return _compile_here(tier, cache, token, lease)
+        from nncc.util import progress
+
+        progress.describe(f"waiting for another machine compiling {token[:12]}")
+        deadline = time.monotonic() + tier.settings.wait_seconds
+        while time.monotonic() < deadline:  # another machine compiles it: wait for its entry
+            time.sleep(tier.settings.poll_seconds)
+            model = _try_remote(tier, cache, token, path, data, opts)
+            if model is not None:
+                return model
+            lease = tier.acquire(token)  # its holder released it or died (the lease expired)
+            if lease is not None:
+                # it may have uploaded just before releasing: look once more before compiling
+                model = _try_remote(tier, cache, token, path, data, opts)
+                if model is not None:
+                    tier.release(lease)
+                    return model
+                return _compile_here(tier, cache, token, lease)
+        warn(f"waited {tier.settings.wait_seconds:g} s for another machine to compile {token[:12]}; "
+             "compiling here")
+        _bump(cache, "remote_misses")
+        return None
+    except RemoteFault as exc:
+        turn_off(tier, exc, cache)
+        return None
+
+
+def _compile_here(tier, cache, token, lease):
+    """This machine compiles ``token``: keep its lease alive until the upload is done."""
+    beat = _Heartbeat(tier, lease)
+    _leases[token] = (tier, lease, beat)
+    beat.start()
+    _bump(cache, "remote_misses")
+    return None
+
+
+def _try_remote(tier, cache, token, path, data, opts):
+    from nncc.cache.remote.tier import MissingPart
+
+    try:
+        # sizes are checked here; the hashes when the local write takes them (one hash, not two)
+        found = tier.fetch(token, check_hashes=False)
+        if found is None:
+            return None
+        manifest, plan, payload = found
+        return adopt(cache, token, manifest, plan, payload, path=path, model_data=data, opts=opts)
+    except MissingPart:
+        return None  # evicted or collected remotely: a plain miss
+    except PoisonedEntry as exc:
+        reject(tier, cache, token, exc)
+        return None
+
+
+def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
+          counter: str = "remote_hits"):
+    """Store a verified remote entry in the local cache through its atomic write and index
+    commit, then prepare it from there (verified once more, as every local hit is). Native
+    code in it runs because the manifest's MAC verified under the team key and the plan's
+    bytes matched the hash it names, checked on the hashes the local write takes, before
+    the index row that makes the entry usable is committed: PoisonedEntry otherwise (the
+    files are removed). None when the local cache cannot store it."""
+    import json
+    import os
+
+    from blake3 import blake3
+
+    from nncc._version import __version__
+    from nncc.cache.files import CacheEntryError, CacheWriteError, chunk_hashes
+    from nncc.cache.flows import load_entry
+    from nncc.cache.index import Entry, IndexUnavailable
+    from nncc.cache.remote.manifest import check_hash_of
+    from nncc.plan.format import FORMAT_VERSION
+    from nncc.util.interrupts import held_signals
+
+    if (manifest.nncc_version, manifest.format_version) != (__version__, FORMAT_VERSION):
+        warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
+             f"(format {manifest.format_version}); not used")
+        return None
+    committed = False
+    try:
+        plan_hash, data_hash = cache.write(token, plan, payload)
+        check_hash_of(manifest.part("plan"), plan_hash)
+        check_hash_of(manifest.part("data"), data_hash)
+        with held_signals():
+            now = time.time()
+            entry = Entry(
+                token=token, plan_hash=plan_hash, data_hash=data_hash, plan_size=len(plan),
+                data_size=len(payload), nncc_version=manifest.nncc_version,
+                format_version=manifest.format_version,
+                source_path=os.path.abspath(os.fspath(path)) if path is not None else None,
+                model_hash=blake3(model_data, max_threads=blake3.AUTO).hexdigest() if model_data is not None
+                else None,
+                preference=opts.preference if opts is not None else None,
+                options=json.dumps(opts.as_dict(), sort_keys=True) if opts is not None else None,
+                created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds)
+            cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
+            committed = True
+        return load_entry(cache, entry)
+    except (CacheWriteError, IndexUnavailable, CacheEntryError) as exc:
+        warn(f"cannot store remote entry {token[:12]} in the local cache ({exc}); not used")
+        return None
+    finally:
+        if not committed:
+            for p in cache.paths(token):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+
+
+# -- write-back --------------------------------------------------------------------------
+
+
+def after_local_commit(cache, token: str) -> None:
+    """Upload the entry just committed locally, then release the lease (if this machine
+    held one). A fault is counted and warned about once; the run goes on."""
+    held = _leases.pop(token, None)
+    tier = active_tier() if held is None else held[0]
+    if held is not None:
+        held[2].stop()
+    try:
+        if tier is not None and not isinstance(_tiers.get(tier.settings.url), str):  # not turned off meanwhile
+            push_entry(tier, cache, token)
+    except RemoteFault as exc:
+        turn_off(tier, exc, cache)
+    finally:
+        if held is not None:
+            _release(tier, held[1])
+
+
+def push_entry(tier, cache, token: str):
+    """Upload one committed local entry, read back and checked against its index row."""
+    from nncc.cache.files import CacheEntryError, read_entry_file
+    from nncc.cache.remote.manifest import part_hash
+    from nncc.plan.format import read_sections
+
+    entry = cache.index.get(token)
+    if entry is None:
+        raise CacheEntryError("missing", "no such entry")
+    plan_path, data_path = cache.paths(token)
+    plan = read_entry_file(plan_path, "model cache", entry.plan_size)
+    payload = read_entry_file(data_path, "data cache", entry.data_size)
+    if part_hash(plan) != entry.plan_hash or part_hash(payload) != entry.data_hash:
+        raise CacheEntryError("corrupt", "does not match its recorded hashes")
+    _, sections = read_sections(plan)
+    return tier.publish(token, plan, payload, native=b"CODE" in sections, nncc_version=entry.nncc_version,
+                        format_version=entry.format_version, compile_seconds=entry.compile_seconds)
+
+
+def _release(tier, lease) -> None:
+    try:
+        tier.release(lease)
+    except RemoteFault:
+        pass  # it expires by itself
+
+
+@atexit.register
+def _release_all() -> None:
+    """A compile that failed, or a run that stored nothing, still frees its leases."""
+    for token in list(_leases):
+        tier, lease, beat = _leases.pop(token)
+        beat.stop()
+        _release(tier, lease)
+
+
+class _Heartbeat(threading.Thread):
+    """Keeps a lease alive while this process compiles; if the process dies, the lease
+    expires within one lease time and another machine takes over."""
+
+    def __init__(self, tier, lease):
+        super().__init__(name=f"nncc-lease-{lease.token[:8]}", daemon=True)
+        self.tier, self.lease = tier, lease
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        interval = self.tier.settings.lease_seconds / 3
+        while not self._done.wait(interval):
+            try:
+                if not self.tier.renew(self.lease):
+                    return
+            except RemoteFault:
+                return
+
+    def stop(self) -> None:
+        self._done.set()

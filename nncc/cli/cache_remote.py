@@ -1,0 +1,118 @@
+"""`nncc cache push` and `nncc cache pull`: move entries between the local cache and the
+remote tier by hand; and the remote parts of `cache info` and `cache gc --remote`."""
+
+from __future__ import annotations
+
+import click
+
+from nncc.cli.output import emit_json, status
+from nncc.errors import NnccError
+
+
+class RemoteCommandError(NnccError):
+    exit_code = 2
+
+
+def open_tier():
+    """The configured remote tier, for a command that asked for it: an error when there is
+    none, or no key (a run would only warn; a command that asked must not pretend)."""
+    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.tier import RemoteTier
+
+    settings = remote_settings()
+    if settings.url is None:
+        raise RemoteCommandError("no remote cache: give --remote URL or set NNCC_REMOTE")
+    if settings.key is None:
+        raise RemoteCommandError(f"remote cache {shown(settings.url)} is off: {settings.key_problem}")
+    return RemoteTier.open(settings)
+
+
+def remote_fault(tier, exc) -> NnccError:
+    return NnccError(f"remote cache {tier.url} failed: {exc}")
+
+
+def push(cache, tokens, as_json: bool) -> None:
+    from nncc.cache.remote.errors import RemoteFault
+    from nncc.cache.remote.flow import push_entry
+    from nncc.cache.files import CacheEntryError
+
+    tier = open_tier()
+    pushed, failed = [], []
+    try:
+        for token in tokens or [e.token for e in cache.index.entries()]:
+            try:
+                push_entry(tier, cache, token)
+                pushed.append(token)
+            except CacheEntryError as exc:
+                failed.append({"token": token, "reason": exc.detail})
+    except RemoteFault as exc:
+        raise remote_fault(tier, exc) from None
+    finally:
+        tier.close()
+    _report("pushed", pushed, failed, tier.url, as_json)
+
+
+def pull(cache, tokens, as_json: bool) -> None:
+    from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
+    from nncc.cache.remote.flow import adopt
+
+    tier = open_tier()
+    pulled, failed = [], []
+    try:
+        for token in tokens:
+            if cache.index.get(token) is not None:
+                pulled.append(token)  # already here, verified on its next use as always
+                continue
+            try:
+                found = tier.fetch(token, check_hashes=False)  # hashed as they are stored
+                if found is None:
+                    failed.append({"token": token, "reason": "not in the remote cache"})
+                    continue
+                with cache.lock(token):
+                    model = adopt(cache, token, *found, counter="remote_hits")
+            except PoisonedEntry as exc:
+                cache.index.bump("remote_rejected")
+                failed.append({"token": token, "reason": f"rejected: {exc}"})
+                continue
+            (pulled.append(token) if model is not None
+             else failed.append({"token": token, "reason": "could not be stored locally"}))
+    except RemoteFault as exc:
+        raise remote_fault(tier, exc) from None
+    finally:
+        tier.close()
+    _report("pulled", pulled, failed, tier.url, as_json)
+
+
+def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
+    import sys
+
+    if as_json:
+        emit_json({"remote": url, verb: done, "failed": failed})
+    else:
+        for token in done:
+            click.echo(f"{verb} {token}")
+        for f in failed:
+            click.echo(f"nncc: not {verb} {f['token'][:12]}: {f['reason']}", err=True)
+        status(f"{verb} {len(done)} entr{'y' if len(done) == 1 else 'ies'} ({url})")
+    if failed:
+        sys.exit(1)
+
+
+def remote_info() -> dict | None:
+    """The remote's own figures for `cache info`, or None when no remote is configured."""
+    from nncc.cache.remote.errors import RemoteFault
+    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.tier import RemoteTier
+
+    settings = remote_settings()
+    if settings.url is None:
+        return None
+    if settings.key is None:
+        return {"url": shown(settings.url), "state": f"off: {settings.key_problem}"}
+    tier = RemoteTier.open(settings)
+    try:
+        return {"state": "on"} | tier.stats()
+    except RemoteFault as exc:
+        return {"url": shown(settings.url), "state": f"unreachable: {exc}"}
+    finally:
+        tier.close()

@@ -1,0 +1,229 @@
+"""The remote cache tier against real stores on loopback: a shared folder, a real
+redis-server and moto's S3 server reached over HTTP by nncc's own client. Outputs are
+checked against onnxruntime; remote objects are planted and inspected through clients
+independent of nncc (files, redis-py, boto3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nncc.cache.remote import flow
+from nncc.cache.store import Cache, artifact_bytes, prepare
+from nncc.cache.verify import verify
+from nncc.native.toolchain import find_toolchain
+from tests.remote_servers import KEY, fresh_remote_state, remote  # noqa: F401
+from tests.test_cache import MLP, RESNET, assert_correct, warnings_in
+
+
+def counters(cache_dir) -> dict[str, int]:
+    with Cache.open(cache_dir) as c:
+        return c.index.counters()
+
+
+def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd):
+    compiled, first = prepare(RESNET, cache_dir=tmp_path / "a")
+    assert first.outcome == "miss"
+    assert remote.keys("manifests/") == [f"manifests/{first.token}"]
+    assert len(remote.keys("parts/")) == 2  # model cache and data cache, content-addressed
+    model, second = prepare(RESNET, cache_dir=tmp_path / "b")
+    assert (second.outcome, second.token) == ("remote hit", first.token)
+    assert_correct(model, RESNET)
+    assert artifact_bytes(model) == artifact_bytes(compiled)  # `nncc compile -o` writes the same file
+    if find_toolchain() is not None:  # the native code came from the remote and verified: it runs
+        assert compiled.native_partitions >= 1 and model.native_partitions == compiled.native_partitions
+    # stored through the local atomic path: the next run is a plain local hit
+    again, third = prepare(RESNET, cache_dir=tmp_path / "b")
+    assert third.outcome == "hit"
+    assert_correct(again, RESNET)
+    stats = counters(tmp_path / "b")
+    assert (stats["remote_hits"], stats["remote_misses"], stats["hits"]) == (1, 0, 1)
+    assert counters(tmp_path / "a")["remote_misses"] == 1
+    with Cache.open(tmp_path / "b") as c:
+        assert verify(c).ok
+    assert warnings_in(capfd.readouterr().err) == []
+    assert remote.keys("leases/") == []  # released after the upload
+
+
+def test_manifest_is_uploaded_last_and_names_its_parts(remote, tmp_path):
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    raw = remote.get(f"manifests/{outcome.token}")
+    mac, body = raw.split(b"\n", 1)
+    doc = json.loads(body)
+    assert doc["token"] == outcome.token and len(mac) == 64
+    from blake3 import blake3
+
+    for part in doc["parts"]:  # each part is stored under the blake3 of its own bytes
+        data = remote.get(f"parts/{part['hash']}")
+        assert blake3(data).hexdigest() == part["hash"] and len(data) == part["size"]
+
+
+# -- poisoned entries: never used, reported, counted -------------------------------------
+
+
+def _publish(tmp_path, model):
+    """Machine A compiles ``model`` and uploads it; returns the token and its manifest doc."""
+    _, outcome = prepare(model, cache_dir=tmp_path / f"a-{model.stem}")
+    assert outcome.outcome == "miss"
+    return outcome.token
+
+
+def _manifest(remote, token):
+    mac, body = remote.get(f"manifests/{token}").split(b"\n", 1)
+    return mac, json.loads(body)
+
+
+def _parts(remote, token):
+    return {p["role"]: p for p in _manifest(remote, token)[1]["parts"]}
+
+
+def poison_wrong_mac(remote, token, tmp_path):
+    # an entry made by someone with write access to the store but not the team key
+    from nncc.cache.remote import manifest as mf
+
+    mac, doc = _manifest(remote, token)
+    forged = mf.Manifest(token, tuple(mf.Part(p["role"], p["hash"], p["size"]) for p in doc["parts"]),
+                         doc["native"], doc["nncc_version"], doc["format_version"], doc["created"], None)
+    remote.put(f"manifests/{token}", mf.encode(forged, mf.mac_key(b"not the team key")))
+    return "MAC"
+
+
+def poison_swapped_parts(remote, token, tmp_path):
+    parts = _parts(remote, token)
+    plan, data = (remote.get(f"parts/{parts[r]['hash']}") for r in ("plan", "data"))
+    remote.put(f"parts/{parts['plan']['hash']}", data)
+    remote.put(f"parts/{parts['data']['hash']}", plan)
+    return "part"
+
+
+def poison_truncated_data(remote, token, tmp_path):
+    data = _parts(remote, token)["data"]
+    remote.put(f"parts/{data['hash']}", remote.get(f"parts/{data['hash']}")[: data["size"] // 2])
+    return "data part has"
+
+
+def poison_replaced_plan(remote, token, tmp_path):
+    # a plan (with native code) of another model under this entry's plan hash
+    other = _publish(tmp_path, MLP)
+    plan = _parts(remote, token)["plan"]
+    remote.put(f"parts/{plan['hash']}", remote.get(f"parts/{_parts(remote, other)['plan']['hash']}"))
+    return "plan part"
+
+
+def poison_other_token(remote, token, tmp_path):
+    # a genuine, correctly signed entry, but for another model, copied under this token
+    other = _publish(tmp_path, MLP)
+    remote.put(f"manifests/{token}", remote.get(f"manifests/{other}"))
+    return "another token"
+
+
+@pytest.mark.parametrize("poison", [poison_wrong_mac, poison_swapped_parts, poison_truncated_data,
+                                    poison_replaced_plan, poison_other_token])
+def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
+    token = _publish(tmp_path, RESNET)
+    why = poison(remote, token, tmp_path)
+    capfd.readouterr()
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "b")
+    assert outcome.outcome == "miss"  # compiled here, not taken from the remote
+    assert_correct(model, RESNET)
+    warned = warnings_in(capfd.readouterr().err)
+    assert len(warned) == 1 and "rejected" in warned[0] and why in warned[0], warned
+    stats = counters(tmp_path / "b")
+    assert (stats["remote_rejected"], stats["remote_hits"]) == (1, 0)
+    # the honest compile replaced the planted entry: the next cold machine gets a good hit
+    healed, outcome = prepare(RESNET, cache_dir=tmp_path / "c")
+    assert outcome.outcome == "remote hit"
+    assert_correct(healed, RESNET)
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_without_a_key_the_tier_is_off_with_one_warning(remote, tmp_path, monkeypatch, capfd):
+    monkeypatch.delenv("NNCC_REMOTE_KEY")
+    for folder in ("a", "b"):
+        _, outcome = prepare(MLP, cache_dir=tmp_path / folder)
+        assert outcome.outcome == "miss"
+    warned = warnings_in(capfd.readouterr().err)
+    assert len(warned) == 1 and "no key" in warned[0] and "off" in warned[0]
+    assert remote.keys("manifests/") == []  # nothing was uploaded without the key
+
+
+def test_key_file(remote, tmp_path, monkeypatch):
+    key_file = tmp_path / "team.key"
+    key_file.write_text(KEY + "\n")
+    monkeypatch.delenv("NNCC_REMOTE_KEY")
+    monkeypatch.setenv("NNCC_REMOTE_KEY_FILE", str(key_file))
+    _publish(tmp_path, MLP)
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "b")
+    assert outcome.outcome == "remote hit"
+    key_file.write_text("another team\n")  # entries signed by one team are not another's
+    flow._tiers.clear()
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "c")
+    assert outcome.outcome == "miss"
+
+
+def test_unknown_scheme_and_missing_client_are_one_clear_error(tmp_path, monkeypatch, cli):
+    monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
+    code, _, err = cli("run", MLP, "--random-inputs", "--remote", "ftp://somewhere/cache",
+                       "--cache-dir", tmp_path / "a")
+    assert code == 2 and err.count("\n") == 1 and "unknown remote" in err
+    monkeypatch.setitem(__import__("sys").modules, "redis", None)  # as if nncc[redis] were not installed
+    flow._tiers.clear()
+    code, _, err = cli("run", MLP, "--random-inputs", "--remote", "redis://127.0.0.1:1/0",
+                       "--cache-dir", tmp_path / "b")
+    assert code == 2 and "Redis client" in err and "nncc[redis]" in err
+
+
+def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
+    """The remote is asked only on a local miss: a hit loads neither a store nor its client."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    script = ("import sys; from nncc.cache.store import prepare; "
+              f"_, o = prepare({str(MLP)!r}, cache_dir={str(tmp_path / 'a')!r}); "
+              "print(o.outcome, sorted(m for m in sys.modules if m.startswith(('redis', 'nncc.cache.remote', "
+              "'http.client', 'xml'))))")
+    import os
+
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split(" ", 1) == ["hit", "[]\n"], done.stdout
+
+
+def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
+    pytest.importorskip("redis", reason="the redis client is part of the test extra")
+    from tests.remote_servers import free_port
+
+    monkeypatch.setenv("NNCC_REMOTE", f"redis://:hunter2@127.0.0.1:{free_port()}/0")  # nothing listens there
+    monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    err = capfd.readouterr().err
+    assert outcome.outcome == "miss" and "failed" in err and "hunter2" not in err
+
+
+def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote):
+    import time
+
+    from nncc.cache.remote.settings import remote_settings
+    from nncc.cache.remote.tier import open_store
+
+    store = open_store(remote_settings())
+    key = "leases/" + "ef" * 32
+    try:
+        assert store.acquire_lease(key, "machine-a", 30)
+        assert not store.acquire_lease(key, "machine-b", 30)  # held: one compile at a time
+        store.release_lease(key, "machine-b")  # not b's to release
+        assert not store.acquire_lease(key, "machine-b", 30)
+        assert store.renew_lease(key, "machine-a", 0.5) and not store.renew_lease(key, "machine-b", 30)
+        time.sleep(1.0)  # machine-a died: its lease expires and b takes over
+        assert store.acquire_lease(key, "machine-b", 30)
+        assert not store.renew_lease(key, "machine-a", 30)
+        store.release_lease(key, "machine-b")
+        assert store.acquire_lease(key, "machine-c", 30)
+    finally:
+        store.close()
