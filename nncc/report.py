@@ -6,7 +6,7 @@ import re
 from collections import Counter
 
 from nncc.plan.format import FORMAT_VERSION, INLINE_LIMIT
-from nncc.plan.memory import is_splat
+from nncc.ir.splats import stores_as_splat
 from nncc.plan.plan import Plan
 
 
@@ -28,8 +28,8 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
             "ops": dict(sorted(ops.items())),
         })
     # classified as serialize() stores them: a splat is one element, whatever its shape
-    splats = [a for a in plan.constants.values() if is_splat(a)]
-    dense = [a for a in plan.constants.values() if not is_splat(a)]
+    splats = [a for a in plan.constants.values() if stores_as_splat(a)]
+    dense = [a for a in plan.constants.values() if not stores_as_splat(a)]
     inline = [a for a in dense if a.nbytes <= INLINE_LIMIT]
     referenced = [a for a in dense if a.nbytes > INLINE_LIMIT]
     return {

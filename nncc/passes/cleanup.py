@@ -79,22 +79,6 @@ def fresh_name(base: str, taken: set[str]) -> str:
     return name
 
 
-def is_splat(array: np.ndarray) -> bool:
-    """True for a non-empty array whose elements all share one memory location."""
-    return array.size > 0 and all(s == 0 for s, d in zip(array.strides, array.shape) if d != 1)
-
-
-def storage_elements(array: np.ndarray) -> int:
-    """Elements actually stored behind ``array`` (zero-stride axes count once)."""
-    if array.size == 0:
-        return 0
-    count = 1
-    for stride, dim in zip(array.strides, array.shape):
-        if stride != 0:
-            count *= dim
-    return count
-
-
 def frozen(array) -> np.ndarray:
     """``array`` as a read-only ndarray, never changing the flags of the caller's object."""
     array = np.asarray(array)

@@ -25,12 +25,11 @@ import numpy as np
 from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node, TensorInfo, topological_order
 from nncc.kernels.registry import Ctx, resolve
+from nncc.ir.splats import is_splat, stored_elements
 from nncc.passes.cleanup import (
     frozen,
-    is_splat,
     node_subgraphs,
     rebuild,
-    storage_elements,
     subgraph_references,
 )
 from nncc.passes.shape_inference import infer_shapes
@@ -130,7 +129,7 @@ def _try_fold(graph: Graph, node: Node, consts: dict, infos: dict) -> list[np.nd
         if predicted is None and node.op_type in _GROWING:
             return None
         if predicted is not None:
-            stored = sum(storage_elements(a) for a in args if a is not None)
+            stored = sum(stored_elements(a) for a in args if a is not None)
             limit = max(SMALL_ELEMENTS, GROWTH * stored)
             if any(size is None or size > limit for size in predicted):
                 return None
@@ -230,7 +229,7 @@ def _fold_splat(node: Node, definition, ctx: Ctx, args, shape: tuple[int, ...]) 
     varying = [any(a.shape[i] > 1 and a.strides[i] != 0 for a in aligned if a is not None)
                for i in range(rank)]
     compact = int(np.prod([d for d, v in zip(shape, varying) if v], dtype=np.int64))
-    stored = sum(storage_elements(a) for a in present)
+    stored = sum(stored_elements(a) for a in present)
     if compact == size or compact > max(SMALL_ELEMENTS, GROWTH * stored):
         return None  # nothing to gain: the ordinary path decides
     index = tuple(slice(None) if v else slice(0, 1) for v in varying)

@@ -88,7 +88,8 @@ from blake3 import blake3
 from nncc.errors import PlanFormatError
 from nncc.ir import low_precision
 from nncc.kernels.attributes import attribute_problem
-from nncc.plan.memory import aligned_constant, is_splat
+from nncc.ir.splats import compact, stores_as_splat
+from nncc.plan.memory import aligned_constant
 from nncc.ir.graph import KINDS
 from nncc.plan.plan import ArtifactSeal, NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.plan.subgraph import GraphChecker
@@ -156,15 +157,15 @@ def _encode(plan: Plan) -> tuple[str, bytes, Pieces, Pieces]:
             continue
         if _allowed_dtype(_dtype_key(array.dtype)) != array.dtype:
             raise PlanFormatError(f"constant {plan.slots[slot].name!r} has unsupported dtype {array.dtype}")
-        if is_splat(array):
+        if stores_as_splat(array):
             raw = np.asarray(array[(0,) * array.ndim], dtype=array.dtype).tobytes()  # no reshape: it would copy
             table.append([slot, "splat", inline_size, len(raw)])
             inline.append(raw)
             inline_size += len(raw)
             continue
-        compact = _compact(array)
-        extra = [] if compact is array else [list(compact.shape)]
-        raw = np.ascontiguousarray(compact).reshape(-1).view(np.uint8)  # a view when contiguous
+        distinct = compact(array)  # a partial broadcast: its distinct values; the loader broadcasts
+        extra = [] if distinct is array else [list(distinct.shape)]
+        raw = np.ascontiguousarray(distinct).reshape(-1).view(np.uint8)  # a view when contiguous
         if raw.nbytes <= INLINE_LIMIT:
             table.append([slot, "inline", inline_size, raw.nbytes, *extra])
             inline.append(raw.tobytes())
@@ -226,16 +227,6 @@ def artifact_from_parts(model_cache, data, seal: Sealer | None = None) -> bytes:
 
 def _code(plan: Plan) -> list:
     return [(b"CODE", plan.code)] if plan.native and plan.code is not None else []
-
-
-def _compact(array: np.ndarray) -> np.ndarray:
-    """A partial broadcast (zero strides on some axes, e.g. a splat weight scaled per
-    channel by BatchNormalization folding) shrinks to its distinct values; the loader
-    broadcasts it back."""
-    if all(st != 0 for st, d in zip(array.strides, array.shape) if d > 1):
-        return array
-    return array[tuple(slice(0, 1) if st == 0 and d > 1 else slice(None)
-                       for st, d in zip(array.strides, array.shape))]
 
 
 def _assemble(producer: str, sections: list[tuple[bytes, Any]], seal: Sealer | None = None) -> bytes:

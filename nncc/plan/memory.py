@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.plan.plan import PlanInstruction, Slot
+from nncc.ir.splats import compact, is_broadcast, stores_as_splat
 
 ALIGN = 64
 
@@ -184,12 +185,6 @@ def _aligned(n: int) -> int:
     return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
 
 
-def is_splat(array: np.ndarray) -> bool:
-    """More than one element, all in one memory location (a zero-copy broadcast): stored as
-    one element ("splat" storage). Strides of length-1 axes do not matter."""
-    return array.size > 1 and all(s == 0 for s, d in zip(array.strides, array.shape) if d != 1)
-
-
 def aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
@@ -202,7 +197,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 
 def aligned_constant(array: np.ndarray) -> np.ndarray:
-    """``array`` itself if it is a splat (see is_splat) or C-contiguous and aligned for its
+    """``array`` itself if it is a splat (see nncc.ir.splats) or C-contiguous and aligned for its
     dtype; otherwise a C-contiguous copy on a 64-byte boundary.
 
     Constants then have the same layout whether a model was compiled in this process,
@@ -212,15 +207,13 @@ def aligned_constant(array: np.ndarray) -> np.ndarray:
     differently rounded loop; and a strided view computes differently from the contiguous
     copy an artifact stores.
     """
-    if is_splat(array):
+    if stores_as_splat(array):
         if array.flags.aligned:
             return array
         return np.broadcast_to(np.array(array[(0,) * array.ndim], dtype=array.dtype), array.shape)
-    if any(st == 0 for st, d in zip(array.strides, array.shape) if d > 1):
+    if is_broadcast(array):
         # a partial broadcast stays one: its distinct values, aligned, viewed to the shape
-        index = tuple(slice(0, 1) if st == 0 and d > 1 else slice(None)
-                      for st, d in zip(array.strides, array.shape))
-        return np.broadcast_to(aligned_constant(array[index]), array.shape)
+        return np.broadcast_to(aligned_constant(compact(array)), array.shape)
     if (array.flags.c_contiguous and array.flags.aligned) or array.dtype.hasobject:
         return array  # (object arrays cannot be placed in raw memory; no artifact holds them)
     out = aligned_empty(array.shape, array.dtype)

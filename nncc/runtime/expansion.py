@@ -18,15 +18,12 @@ import threading
 
 import numpy as np
 
+from nncc.ir.splats import is_broadcast
 from nncc.plan.memory import ALIGN, aligned_empty
 
 # Below this many bytes a helper thread costs more than it saves (its start-up is about
 # 0.1 ms on a loaded 2-core VM; copying 4 MB of fresh pages takes about as long).
 THREADED_MIN_BYTES = 4 << 20
-
-
-def is_broadcast(array: np.ndarray) -> bool:
-    return array.size > 1 and any(st == 0 for st, d in zip(array.strides, array.shape) if d > 1)
 
 
 def _cpus() -> int:
