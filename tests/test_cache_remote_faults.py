@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from nncc.cache.store import Cache, prepare
+from nncc.cache.flows import prepare
+from nncc.cache.store import Cache
 from tests.remote_servers import (ACCESS, KEY, MotoServer, RedisServer, black_hole, fresh_remote_state,  # noqa: F401
                                   remote)
 from tests.test_cache import MLP, RESNET, assert_correct, warnings_in
