@@ -278,7 +278,8 @@ class Executor:
                 raise LimitError(f"{label}: {exc}") from None
             except NnccError:
                 raise
-            except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
+            except (ValueError, FloatingPointError) as exc:  # numpy refusing these values
+                # (a TypeError or IndexError is a bug in the kernel: it keeps its traceback)
                 raise KernelError(f"{label} failed: {exc}") from exc
             except MemoryError:  # numpy refused an allocation before touching it: too big for this machine
                 raise LimitError(f"{label} needs more memory than this machine can give") from None
