@@ -46,6 +46,17 @@ def get_backend(name: str) -> Backend:
     return _BACKENDS[name]
 
 
+def loaded_backend(name: str) -> Backend | None:
+    """The backend registered as ``name`` in this process, or None; nothing is imported
+    (a plan names the backend of each partition, and a plan never makes nncc import)."""
+    _ensure_builtins()
+    if name == "native":  # built in, but made per compile with its toolchain: none needed here
+        from nncc.backends.native import NativeBackend
+
+        return NativeBackend()
+    return _BACKENDS.get(name)
+
+
 def available_backends() -> list[Backend]:
     _ensure_builtins()
     load_entry_points()

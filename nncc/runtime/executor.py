@@ -14,16 +14,16 @@ from typing import Mapping
 
 import numpy as np
 
-from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
+from nncc.errors import InputError, KernelError, NnccError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import Ctx, by_key
+from nncc.backends.unit import Call, Unit, instruction_calls, instruction_unit, sources
+from nncc.kernels.registry import Ctx
 from nncc.plan.memory import aligned_empty, plan_arena
-from nncc.plan.plan import Plan, PlanInstruction
+from nncc.plan.plan import Plan
 from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded, is_broadcast
 from nncc.runtime.feeds import as_value, check_feeds
-from nncc.runtime.native_step import NativeStep
 from nncc.util.limits import LimitError, check_bytes
 
 
@@ -32,10 +32,8 @@ class Executor:
         """``native``: a loaded nncc.native.loader.Library holding the plan's verified native
         code, whose partitions then run as one call each; None runs the portable plan."""
         self.plan = plan
-        opsets = plan.options.get("opsets", {})
-        program, definitions = self._program(native)
-        writes_out = [d.writes_out for d in definitions]
-        self.buffers = self._arena(program, writes_out, [d.op_type for d in definitions])
+        program = self._program(native)
+        self.buffers = self._arena(program, [c.writes_out for c in program], [c.op_type for c in program])
         self.output_slots = set(plan.outputs)
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
@@ -43,19 +41,18 @@ class Executor:
         # Lists (sequences) exist only in plans with a kernel that makes them; there, a step
         # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
         # were changed cannot hand a list to a tensor kernel.
-        makes_lists = any(d.op_type in LIST_MAKERS for d in definitions)
-        for ins, definition, freed in zip(program, definitions, release):
-            attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
-            opset = int(opsets.get(definition.domain, definition.since))
-            ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
+        makes_lists = any(c.op_type in LIST_MAKERS for c in program)
+        for call, freed in zip(program, release):
+            attrs = {k: self._attr(v) for k, v in call.attrs.items()}
+            ctx = Ctx(attrs, call.opset, len(call.outputs), call.label)
             ctx.workspace = workspace
-            ctx.constant_inputs = frozenset(i for i, s in enumerate(ins.inputs) if s in plan.constants)
-            outs = tuple(ins.outputs)
-            fn = definition.fn
+            ctx.constant_inputs = frozenset(i for i, s in enumerate(call.inputs) if s in plan.constants)
+            outs = tuple(call.outputs)
+            fn = call.fn
             if len(self.steps) in self.concats:  # its inputs were written in place
                 fn = _concatenated
             # preallocated outputs for this step, when every output can have one
-            planned = (definition.writes_out or fn is _concatenated) and all(
+            planned = (call.writes_out or fn is _concatenated) and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
                 for s in outs)
             # an arena-only step gets the same output arrays every run: built once here
@@ -64,11 +61,10 @@ class Executor:
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
-            tensor_only = makes_lists and definition.op_type not in LIST_TAKERS
-            self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
-                               ins.node or definition.op_type, planned, fixed, single, tuple(freed),
-                               tensor_only))
-        self.native_partitions = sum(1 for d in definitions if d.op_type == _NATIVE_OP)
+            tensor_only = makes_lists and call.op_type not in LIST_TAKERS
+            self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in call.inputs), outs,
+                               call.label, planned, fixed, single, tuple(freed), tensor_only))
+        self.native_partitions = sum(1 for unit in self.units if unit.kind == "native")
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape, kind=plan.slots[s].kind)
             for s in plan.inputs
@@ -86,35 +82,18 @@ class Executor:
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
 
-    def _program(self, native) -> tuple[list[PlanInstruction], list]:
-        """The instructions this executor runs, with their kernel definitions: the portable
-        plan, where each native partition's range is one call when native code is loaded."""
+    def _program(self, native) -> list[Call]:
+        """The calls this executor runs: each partition's unit, made by the backend that
+        compiled it (nncc.backends.unit), in the plan's order. ``self.units`` keeps them."""
         plan = self.plan
         ends = [p.first + p.count for p in plan.partitions]
         tiled = [p.first for p in plan.partitions] == [0, *ends[:-1]] and (ends[-1] if ends else 0) == len(
             plan.instructions)
         if not tiled:  # a plan built in memory without partitions: its instructions as they are
-            return list(plan.instructions), [self._definition(ins) for ins in plan.instructions]
-        calls = {c.partition: c for c in plan.native} if native is not None else {}
-        program, definitions = [], []
-        for index, part in enumerate(plan.partitions):
-            call = calls.get(index)
-            if call is not None:
-                ins = PlanInstruction(-1, call.args[:call.n_inputs], call.args[call.n_inputs:], {}, call.symbol)
-                program.append(ins)
-                definitions.append(_NativeDef(NativeStep(native.function(call.symbol), call, part.entry,
-                                                         pooled=native.threads > 1)))
-                continue
-            for ins in plan.instructions[part.first : part.first + part.count]:
-                program.append(ins)
-                definitions.append(self._definition(ins))
-        return program, definitions
-
-    def _definition(self, ins):
-        definition = by_key(self.plan.kernels[ins.kernel])
-        if definition is None:  # deserialize already checked; a Plan built in memory may not be
-            raise PlanFormatError(f"kernel {self.plan.kernels[ins.kernel]!r} is not registered")
-        return definition
+            self.units = [Unit("", instruction_calls(plan, plan.instructions))]
+        else:
+            self.units = [_unit(source) for source in sources(plan, native)]
+        return [call for unit in self.units for call in unit.calls]
 
     def _static(self, slot: int) -> bool:
         info = self.plan.slots[slot]
@@ -337,7 +316,6 @@ class Executor:
         return targets
 
 
-_NATIVE_OP = "NativeCall"
 # Kernels that can produce a list (a sequence value), and those that may be given one.
 LIST_MAKERS = {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SplitToSequence",
                "SequenceMap", "Optional", "OptionalGetElement", "If", "Loop", "Scan"}
@@ -345,16 +323,13 @@ LIST_TAKERS = LIST_MAKERS | {"SequenceAt", "SequenceLength", "ConcatFromSequence
                              "Identity"}
 
 
-class _NativeDef:
-    """What the executor needs of a kernel definition, for a native call."""
+def _unit(source):
+    """A partition's unit, made by its backend when that backend is loaded in this process
+    (nothing is imported because a plan names it); its instructions otherwise."""
+    from nncc.backends.registry import loaded_backend
 
-    op_type = _NATIVE_OP
-    domain = "nncc"
-    since = 1
-    writes_out = True
-
-    def __init__(self, step: NativeStep):
-        self.fn = step
+    backend = loaded_backend(source.partition.backend)
+    return instruction_unit(source) if backend is None else backend.load_unit(source)
 
 
 def _concatenated(ctx, *inputs, out):
