@@ -1,6 +1,8 @@
 """The executor's dispatch of compiled partitions and its treatment of kernel bugs.
 
-A TypeError or IndexError raised inside a kernel is a bug, not bad input: it propagates
+Each partition runs as the unit its backend makes of it (nncc.backends.unit): the example
+plugin (examples/plugin_example.py) runs its partitions as one call of its own each. A
+TypeError or IndexError raised inside a kernel is a bug, not bad input: it propagates
 with its traceback (tests/plugins/buggy_plugin.py has such kernels). Values are checked
 against onnxruntime.
 """
@@ -15,6 +17,7 @@ import traceback
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -24,21 +27,93 @@ from nncc.errors import KernelError
 from tests.conftest import ROOT
 
 BUGGY = "tests.plugins.buggy_plugin"
+EXAMPLE = "plugin_example"  # examples/plugin_example.py
 F = TensorProto.FLOAT
 
 
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     """Plugins are process-wide (and part of the cache key): unloaded afterwards."""
+    sys.path.insert(0, str(ROOT / "examples"))
     load_plugin(BUGGY)
-    yield
+    load_plugin(EXAMPLE)
+    yield sys.modules[EXAMPLE]
+    sys.path.remove(str(ROOT / "examples"))
     from nncc.backends import registry as backends
     from nncc.kernels import registry as kernels
 
-    backends._PLUGINS.pop(BUGGY, None)
-    for key in [k for k in kernels._REGISTRY if k[0] == "test.buggy"]:
-        del kernels._REGISTRY[key]
-    sys.modules.pop(BUGGY, None)
+    backends._BACKENDS.pop("example", None)
+    for module, domain in ((BUGGY, "test.buggy"), (EXAMPLE, "example")):
+        backends._PLUGINS.pop(module, None)
+        for key in [k for k in kernels._REGISTRY if k[0] == domain]:
+            del kernels._REGISTRY[key]
+        sys.modules.pop(module, None)
+
+
+# -- a backend that runs its partitions its own way ------------------------------------------
+
+
+def chain_model(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Mul and Add around a Relu: the example backend takes the two Mul/Add pairs (two
+    partitions, the Relu between them), and ``mid`` is both a graph output and read later."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", F, [8], rng.standard_normal(8).astype(np.float32).tolist())
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m1"], name="mul1"),
+             helper.make_node("Add", ["m1", "y"], ["mid"], name="add1"),
+             helper.make_node("Relu", ["mid"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "x"], ["m2"], name="mul2"),
+             helper.make_node("Add", ["m2", "mid"], ["out"], name="add2")]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", F, [3, 8]),
+                                               helper.make_tensor_value_info("y", F, [1, 8])],
+                              [helper.make_tensor_value_info("out", F, [3, 8]),
+                               helper.make_tensor_value_info("mid", F, [3, 8])], [w])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins):
+    path = chain_model(tmp_path)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32),
+             "y": rng.standard_normal((1, 8)).astype(np.float32)}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    compiled = nncc.compile_model(path, backends=["example", "numpy"], plugins=[EXAMPLE])
+    saved = tmp_path / "chain.nncc"
+    compiled.save(saved)
+    for model in (compiled, nncc.load(saved)):  # in memory, and read back from its artifact
+        executor = model._executor
+        assert [(u.entry, u.kind) for u in executor.units] == [
+            ("example_0", "example"), ("numpy_partition_1", "instructions"), ("example_2", "example")]
+        assert len(executor.steps) == 3  # one call per example partition, one for the Relu
+        before = plugins.ExampleUnit.runs
+        for _ in range(3):  # the units' buffers are reused from run to run
+            got = model.run(feeds)
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
+        assert plugins.ExampleUnit.runs - before == 3 * 2
+
+
+def test_a_partition_whose_backend_is_not_loaded_runs_its_instructions(tmp_path, plugins):
+    """The plan names its backend, but a plan never makes nncc import anything: without the
+    backend, its partitions run their instructions (the plugin's kernels, still registered)."""
+    from nncc.backends import registry
+
+    path = chain_model(tmp_path)
+    compiled = nncc.compile_model(path, backends=["example", "numpy"], plugins=[EXAMPLE])
+    backend = registry._BACKENDS.pop("example")
+    try:
+        model = nncc.load(compiled.to_bytes())
+    finally:
+        registry._BACKENDS["example"] = backend
+    assert [u.kind for u in model._executor.units] == ["instructions"] * 3
+    assert len(model._executor.steps) == 5
+    feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
+    before = plugins.ExampleUnit.runs
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(model.run(feeds)[name], value, rtol=1e-6)
+    assert plugins.ExampleUnit.runs - before == 2  # the compiled model's run only
 
 
 def buggy_model(tmp_path: pathlib.Path, op: str) -> pathlib.Path:
