@@ -168,3 +168,46 @@ def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
     debug = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "in add_nothing" in debug.stderr
+
+
+# -- two-phase kernels: prepared once with static shapes, then run ---------------------------
+
+
+def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
+    """MatMul + bias + Relu (fused by the passes), a Gemm with transB and alpha, a MatMul."""
+    rng = np.random.default_rng(2)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["g"], transB=1, alpha=0.5, beta=2.0),
+             helper.make_node("MatMul", ["g", "w3"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", F, [batch, 16])],
+                              [helper.make_tensor_value_info("y", F, [batch, 5])],
+                              [weight("w1", 16, 24), weight("b1", 24), weight("w2", 8, 24), weight("b2", 1, 8),
+                               weight("w3", 8, 5)])
+    path = tmp_path / f"mlp_{batch}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("batch, prepared", [(3, True), ("N", False)])
+def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
+    """Static operands: FusedMatMul, Gemm and MatMul run their prepared form (the plan
+    made once); a dynamic batch keeps the general kernels. Both agree with onnxruntime."""
+    from nncc.kernels.registry import by_key
+
+    path = mlp_model(tmp_path, batch)
+    model = nncc.compile_model(path, backends=["numpy"])
+    plan = model._executor.plan
+    general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
+    ran = [step[0] for step in model._executor.steps]
+    assert [by_key(k).op_type for k in plan.kernels] == ["FusedMatMul", "Gemm", "MatMul"]
+    assert [fn is not g for fn, g in zip(ran, general)] == [prepared] * 3
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+    want = session.run(None, {"x": x})[0]
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)

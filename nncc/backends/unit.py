@@ -22,7 +22,10 @@ inference at a time, so a call may keep scratch state between runs; the arrays i
 given may change from one run to the next. ``ctx`` (nncc.kernels.registry.Ctx) carries the
 call's ``attrs`` (decoded: tensor references become arrays), its opset and a workspace
 shared by all calls. A TypeError or IndexError escaping a call is a bug and propagates as
-such; bad values are reported by raising an NnccError (KernelError).
+such; bad values are reported by raising an NnccError (KernelError). A call may have a
+first phase, ``prepare(ctx, *infos)``, that the executor runs once where every input's
+dtype and shape are certain, and that returns the function to run instead (the contract
+is ``nncc.kernels.registry.kernel``'s).
 
 A partition whose backend is not loaded in this process runs its instructions (they are
 always the portable form): nothing is ever imported because a plan names it.
@@ -50,6 +53,8 @@ class Call:
     writes_out: bool = True  # accepts out= (then its outputs can live in the arena)
     op_type: str = ""  # what memory planning and list checks know calls by ("Concat", ...)
     domain: str = ""
+    # a first phase, run once with static input infos (nncc.kernels.registry.kernel)
+    prepare: Callable | None = None
 
 
 @dataclass
@@ -123,7 +128,8 @@ def instruction_calls(plan: Plan, instructions: list[PlanInstruction]) -> list[C
             raise PlanFormatError(f"kernel {plan.kernels[ins.kernel]!r} is not registered")
         calls.append(Call(definition.fn, ins.inputs, ins.outputs, ins.node or definition.op_type,
                           int(opsets.get(definition.domain, definition.since)), ins.attrs,
-                          definition.writes_out, definition.op_type, definition.domain))
+                          definition.writes_out, definition.op_type, definition.domain,
+                          definition.prepare))
     return calls
 
 

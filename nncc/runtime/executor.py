@@ -42,6 +42,8 @@ class Executor:
         # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
         # were changed cannot hand a list to a tensor kernel.
         makes_lists = any(c.op_type in LIST_MAKERS for c in program)
+        # values that arrive with exactly their declared dtype and shape on every run
+        certain = set(plan.constants) | set(self.buffers) | {s for s in plan.inputs if self._static(s)}
         for call, freed in zip(program, release):
             attrs = {k: self._attr(v) for k, v in call.attrs.items()}
             ctx = Ctx(attrs, call.opset, len(call.outputs), call.label)
@@ -51,6 +53,8 @@ class Executor:
             fn = call.fn
             if len(self.steps) in self.concats:  # its inputs were written in place
                 fn = _concatenated
+            elif call.prepare is not None and all(s < 0 or s in certain for s in call.inputs):
+                fn = self._prepared(call, ctx) or fn
             # preallocated outputs for this step, when every output can have one
             planned = (call.writes_out or fn is _concatenated) and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
@@ -94,6 +98,15 @@ class Executor:
         else:
             self.units = [_unit(source) for source in sources(plan, native)]
         return [call for unit in self.units for call in unit.calls]
+
+    def _prepared(self, call: Call, ctx: Ctx):
+        """The call's first phase, run now: its specialized kernel, or None."""
+        slots = self.plan.slots
+        infos = [None if s < 0 else TensorInfo(slots[s].dtype, slots[s].shape) for s in call.inputs]
+        try:
+            return call.prepare(ctx, *infos)
+        except NnccError:  # the kernel itself reports it, should the node ever run
+            return None
 
     def _static(self, slot: int) -> bool:
         info = self.plan.slots[slot]
