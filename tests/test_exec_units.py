@@ -174,7 +174,8 @@ def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
 
 
 def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
-    """MatMul + bias + Relu (fused by the passes), a Gemm with transB and alpha, a MatMul."""
+    """MatMul + bias + Relu (fused by the passes), a Gemm with transB, alpha and beta,
+    LayerNormalization, a MatMul and a LogSoftmax."""
     rng = np.random.default_rng(2)
 
     def weight(name, *shape):
@@ -183,11 +184,13 @@ def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
              helper.make_node("Relu", ["hb"], ["r"]),
              helper.make_node("Gemm", ["r", "w2", "b2"], ["g"], transB=1, alpha=0.5, beta=2.0),
-             helper.make_node("MatMul", ["g", "w3"], ["y"])]
+             helper.make_node("LayerNormalization", ["g", "scale", "shift"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w3"], ["m"]),
+             helper.make_node("LogSoftmax", ["m"], ["y"], axis=-1)]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", F, [batch, 16])],
                               [helper.make_tensor_value_info("y", F, [batch, 5])],
                               [weight("w1", 16, 24), weight("b1", 24), weight("w2", 8, 24), weight("b2", 1, 8),
-                               weight("w3", 8, 5)])
+                               weight("scale", 8), weight("shift", 8), weight("w3", 8, 5)])
     path = tmp_path / f"mlp_{batch}.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
@@ -195,8 +198,9 @@ def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
 
 @pytest.mark.parametrize("batch, prepared", [(3, True), ("N", False)])
 def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
-    """Static operands: FusedMatMul, Gemm and MatMul run their prepared form (the plan
-    made once); a dynamic batch keeps the general kernels. Both agree with onnxruntime."""
+    """Static operands: the matrix products, LayerNormalization and LogSoftmax run their
+    prepared form (their plan made once); a dynamic batch keeps the general kernels. Both
+    agree with onnxruntime."""
     from nncc.kernels.registry import by_key
 
     path = mlp_model(tmp_path, batch)
@@ -204,8 +208,9 @@ def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batc
     plan = model._executor.plan
     general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
     ran = [step[0] for step in model._executor.steps]
-    assert [by_key(k).op_type for k in plan.kernels] == ["FusedMatMul", "Gemm", "MatMul"]
-    assert [fn is not g for fn, g in zip(ran, general)] == [prepared] * 3
+    assert [by_key(k).op_type for k in plan.kernels] == [
+        "FusedMatMul", "Gemm", "LayerNormalization", "MatMul", "LogSoftmax"]
+    assert [fn is not g for fn, g in zip(ran, general)] == [prepared] * 5
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
     want = session.run(None, {"x": x})[0]
