@@ -1,9 +1,12 @@
-"""Runs a Plan: a flat instruction list over slots, with no access to the source model.
+"""Runs a Plan over its slots, with no access to the source model.
 
-Intermediates whose kernels accept preallocated outputs live in one arena, allocated once
-and reused by liveness (nncc.plan.memory), so a steady-state run allocates nothing for
-them; graph outputs go into arrays the caller provides, or fresh ones. One inference runs
-at a time per executor (kernels keep scratch buffers between runs).
+Each partition runs as the unit its backend makes of it (nncc.backends.unit): the
+executor runs the units' calls in order, knowing nothing else of backends. A call with a
+first phase (a kernel's ``prepare``) is prepared here, once, where its inputs' dtypes and
+shapes are certain. Intermediates whose calls accept preallocated outputs live in one
+arena, allocated once and reused by liveness (nncc.plan.memory), so a steady-state run
+allocates nothing for them; graph outputs go into arrays the caller provides, or fresh
+ones. One inference runs at a time per executor (calls keep scratch state between runs).
 """
 
 from __future__ import annotations
