@@ -107,12 +107,16 @@ class ExampleBackend(Backend):
         return CompiledPartition(partition.index, self.name, f"example_{partition.index}", instructions)
 
     def load_unit(self, source: UnitSource) -> Unit:
-        """Each partition as one call of this backend's own, when every value it touches
-        has a static shape (so all its buffers can be made now); else its instructions."""
-        slots = source.plan.slots
+        """Each partition as one call of this backend's own, when it holds only this
+        backend's Mul and Add and every value it touches has a static shape (so all its
+        buffers can be made now); else its instructions."""
+        plan, slots = source.plan, source.plan.slots
+        # a plan is input like any file: take only what this backend's compile makes
+        ours = all(plan.kernels[ins.kernel] in ExampleUnit.UFUNCS and len(ins.inputs) == 2
+                   and len(ins.outputs) == 1 for ins in source.instructions)
         touched = {s for ins in source.instructions for s in [*ins.inputs, *ins.outputs]}
-        if not all(s >= 0 and isinstance(slots[s].shape, tuple) and all(type(d) is int for d in slots[s].shape)
-                   for s in touched):
+        if not ours or not all(s >= 0 and isinstance(slots[s].shape, tuple)
+                               and all(type(d) is int for d in slots[s].shape) for s in touched):
             return super().load_unit(source)
         inputs, outputs = source.boundary()
         unit = ExampleUnit(source, inputs, outputs)

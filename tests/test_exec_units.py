@@ -216,3 +216,20 @@ def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batc
     want = session.run(None, {"x": x})[0]
     for _ in range(2):
         np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_partition_that_is_not_what_its_backend_makes_runs_its_instructions(tmp_path):
+    """A plan is input: one naming the example backend for the Relu partition (which that
+    backend never takes) gets the instructions there, not a unit built on a wrong guess."""
+    import dataclasses
+
+    from nncc.runtime.executor import Executor
+
+    compiled = nncc.compile_model(chain_model(tmp_path), backends=["example", "numpy"], plugins=[EXAMPLE])
+    plan = dataclasses.replace(compiled._executor.plan)
+    plan.partitions = [dataclasses.replace(p, backend="example") for p in plan.partitions]
+    executor = Executor(plan)
+    assert [u.kind for u in executor.units] == ["example", "instructions", "example"]
+    feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_array_equal(executor.run(feeds)[name], value)

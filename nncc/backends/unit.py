@@ -28,7 +28,10 @@ dtype and shape are certain, and that returns the function to run instead (the c
 is ``nncc.kernels.registry.kernel``'s).
 
 A partition whose backend is not loaded in this process runs its instructions (they are
-always the portable form): nothing is ever imported because a plan names it.
+always the portable form): nothing is ever imported because a plan names it. A plan is
+input like any file: the reader checked its instructions against the kernels they name,
+not against what a backend's own compile would have made, so ``load_unit`` checks what it
+relies on and, where the partition is not what it expects, returns ``instruction_unit``.
 """
 
 from __future__ import annotations
