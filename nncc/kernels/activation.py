@@ -22,7 +22,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.arithmetic import is_float, row_sums
 from nncc.kernels.bounds import DTYPES as BOUND_DTYPES, bound
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import same_as
 
 
@@ -721,10 +721,10 @@ def _softmax_prepare(log: bool, coerce_2d: bool):
     the fast path alone (or None: the general kernel)."""
 
     def prepare(ctx, x):
-        if x.dtype is None or x.shape is None:
+        like = stand_ins(x)
+        if like is None:
             return None
-        like = np.broadcast_to(np.zeros((), x.dtype), x.shape)
-        plan = _SoftmaxPlan(ctx, (x.shape, x.dtype), like, log, coerce_2d)
+        plan = _SoftmaxPlan(ctx, (x.shape, x.dtype), like[0], log, coerce_2d)
         if plan.rows is None:
             return None
 

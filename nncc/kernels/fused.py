@@ -25,7 +25,7 @@ import numpy as np
 
 from nncc.errors import KernelError
 from nncc.kernels.bounds import bound
-from nncc.kernels.registry import Ctx, kernel, resolve
+from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
 DEFAULT_ONNX_OPSET = 22
@@ -180,7 +180,7 @@ def _fused_matmul_shape(ctx, a, b, bias=None):
 def _fused_matmul_prepare(ctx, a, b, bias=None):
     """FusedMatMul's first phase, for matrices (rank >= 2) of one BLAS dtype: operands and
     bias checked once, so a run is the product, the bias and the activation alone."""
-    from nncc.kernels.linalg import _BLAS, _matmul_route, stand_ins
+    from nncc.kernels.linalg import _BLAS, _matmul_route
 
     like = stand_ins(a, b, bias)
     if like is None or a.dtype not in _BLAS or b.dtype != a.dtype or len(a.shape) < 2 or len(b.shape) < 2 \

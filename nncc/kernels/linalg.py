@@ -17,7 +17,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import broadcast
 
 
@@ -66,15 +66,6 @@ def _matmul(a, b, out=None):
     except ValueError as e:
         raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}") from e
     return y
-
-
-def stand_ins(*infos):
-    """Arrays of the infos' dtypes and shapes that take no memory (broadcast views of one
-    zero), for a first phase to check and plan with as it would with the real operands;
-    None where an info is None or not static."""
-    if any(i is not None and (i.dtype is None or i.shape is None) for i in infos):
-        return None
-    return [None if i is None else np.broadcast_to(np.zeros((), i.dtype), i.shape) for i in infos]
 
 
 def _matmul_prepare(ctx, a, b):
@@ -215,8 +206,7 @@ def _gemm_prepare(ctx, a, b, c=None):
     like = stand_ins(a, b, c)
     if like is None:
         return None
-    key = tuple(None if x is None else (x.shape, x.dtype) for x in like)
-    plan = _GemmPlan(ctx, key, *like)
+    plan = _GemmPlan(ctx, None, *like)
     if not plan.fast:
         return None
     dtype, trans_a, trans_b, alpha, beta = a.dtype, plan.trans_a, plan.trans_b, plan.alpha, plan.beta

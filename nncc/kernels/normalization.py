@@ -19,7 +19,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import normalize_axis
 from nncc.kernels.workspace import shared
 
@@ -181,10 +181,10 @@ class _LayerNormPlan:
 def _layernorm_prepare(ctx, x, scale, b=None):
     """LayerNormalization's first phase: with static inputs, the plan made once; a run is
     then the fast path alone (or None: the general kernel)."""
-    infos = (x, scale, b)
-    if any(i is not None and (i.dtype is None or i.shape is None) for i in infos):
+    like = stand_ins(x, scale, b)
+    if like is None:
         return None
-    x, scale, b = (None if i is None else np.broadcast_to(np.zeros((), i.dtype), i.shape) for i in infos)
+    x, scale, b = like
     key = (x.shape, x.dtype, scale.shape, scale.dtype, None if b is None else (b.shape, b.dtype))
     plan = _LayerNormPlan(ctx, key, x, scale, b)
     if not plan.fast:

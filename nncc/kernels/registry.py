@@ -139,6 +139,17 @@ def kernel(op_type: str, since: int = 1, domain: str = "", *, shape: ShapeFn,
     return register
 
 
+def stand_ins(*infos) -> list | None:
+    """For a first phase: arrays of the infos' dtypes and shapes that take no memory
+    (broadcast views of one zero), to check and plan with as with the real operands (None
+    for a None info); None when an info is not static."""
+    import numpy as np
+
+    if any(i is not None and (i.dtype is None or i.shape is None) for i in infos):
+        return None
+    return [None if i is None else np.broadcast_to(np.zeros((), i.dtype), i.shape) for i in infos]
+
+
 def add(definition: KernelDef) -> None:
     versions = _REGISTRY.setdefault((definition.domain, definition.op_type), [])
     for i, existing in enumerate(versions):
