@@ -233,3 +233,33 @@ def test_a_partition_that_is_not_what_its_backend_makes_runs_its_instructions(tm
     feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
     for name, value in compiled.run(feeds).items():
         np.testing.assert_array_equal(executor.run(feeds)[name], value)
+
+
+@pytest.mark.parametrize("batch, prepared", [(2, True), ("N", False)])
+def test_convolutions_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
+    """A Conv with bias and Relu (fused by the passes) and a strided, padded, grouped Conv:
+    their geometry is worked out once with static shapes. Checked against onnxruntime."""
+    from nncc.kernels.registry import by_key
+
+    rng = np.random.default_rng(4)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2], pads=[0, 1, 1, 0], group=2)]
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", F, [batch, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [weight("w1", 4, 3, 3, 3), weight("b1", 4), weight("w2", 6, 2, 3, 3)])
+    path = tmp_path / "convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    model = nncc.compile_model(path, backends=["numpy"])
+    plan = model._executor.plan
+    assert [by_key(k).op_type for k in plan.kernels] == ["FusedConv", "Conv"]
+    general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
+    assert [step[0] is not g for step, g in zip(model._executor.steps, general)] == [prepared] * 2
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
