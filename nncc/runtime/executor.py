@@ -45,8 +45,9 @@ class Executor:
         # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
         # were changed cannot hand a list to a tensor kernel.
         makes_lists = any(c.op_type in LIST_MAKERS for c in program)
-        # values that arrive with exactly their declared dtype and shape on every run
-        certain = set(plan.constants) | set(self.buffers) | {s for s in plan.inputs if self._static(s)}
+        # values that hold exactly their declared dtype and shape on every run: constants,
+        # checked inputs, and the outputs of steps given planned buffers (grown below)
+        certain = set(plan.constants) | {s for s in plan.inputs if self._static(s)}
         for call, freed in zip(program, release):
             attrs = {k: self._attr(v) for k, v in call.attrs.items()}
             ctx = Ctx(attrs, call.opset, len(call.outputs), call.label)
@@ -65,6 +66,8 @@ class Executor:
             # an arena-only step gets the same output arrays every run: built once here
             fixed = (tuple(None if s < 0 else self.buffers[s] for s in outs)
                      if planned and all(s < 0 or s in self.buffers for s in outs) else None)
+            if planned:  # its results are stored in (or copied into) those buffers
+                certain.update(outs)
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
