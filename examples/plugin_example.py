@@ -16,6 +16,12 @@ fallback. An installed package can instead declare an entry point in the group
 the cache key, and an artifact that uses the plugin's kernels needs ``--plugin`` to load:
 nncc never imports a module because a model or an artifact names it.
 
+The backend also shows how a backend runs its partitions its own way: ``load_unit``
+turns each of its partitions into one call (``ExampleUnit``) that evaluates the
+partition's Mul and Add nodes itself, each into a buffer of its own made once, so the
+executor makes one call per partition instead of one per node. nncc.backends.unit
+describes the contract.
+
 A fuller plugin, with a typed custom-op interface (named inputs, typed attributes with
 defaults), is tests/plugins/mulsub_plugin.py.
 """
@@ -26,6 +32,7 @@ import numpy as np
 
 from nncc.backends.base import Backend, CompiledPartition, Instruction
 from nncc.backends.registry import register_backend
+from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, kernel, resolve
@@ -98,6 +105,62 @@ class ExampleBackend(Backend):
             for node in partition.nodes
         ]
         return CompiledPartition(partition.index, self.name, f"example_{partition.index}", instructions)
+
+    def load_unit(self, source: UnitSource) -> Unit:
+        """Each partition as one call of this backend's own, when it holds only this
+        backend's Mul and Add and every value it touches has a static shape (so all its
+        buffers can be made now); else its instructions."""
+        plan, slots = source.plan, source.plan.slots
+        # a plan is input like any file: take only what this backend's compile makes
+        ours = all(plan.kernels[ins.kernel] in ExampleUnit.UFUNCS and len(ins.inputs) == 2
+                   and len(ins.outputs) == 1 for ins in source.instructions)
+        touched = {s for ins in source.instructions for s in [*ins.inputs, *ins.outputs]}
+        if not ours or not all(s >= 0 and isinstance(slots[s].shape, tuple)
+                               and all(type(d) is int for d in slots[s].shape) for s in touched):
+            return super().load_unit(source)
+        inputs, outputs = source.boundary()
+        unit = ExampleUnit(source, inputs, outputs)
+        return Unit(source.partition.entry, [Call(unit, inputs, outputs, source.partition.entry, 1)],
+                    kind="example")
+
+
+class ExampleUnit:
+    """A whole partition as one call: ``unit(ctx, *inputs, out=outputs)``.
+
+    Its program is a list of (ufunc, operand register, operand register, result register)
+    over registers that hold the partition's inputs, then its outputs (the buffers the
+    executor planned for them), then its intermediates, which live in arrays made once
+    here: a run evaluates the nodes in order and allocates nothing.
+    """
+
+    runs = 0  # calls made, over every unit: shows the unit, not the kernels, ran
+
+    UFUNCS = {f"{DOMAIN}::Mul::1": np.multiply, f"{DOMAIN}::Add::1": np.add}
+
+    def __init__(self, source: UnitSource, inputs: list[int], outputs: list[int]):
+        plan = source.plan
+        register = {slot: i for i, slot in enumerate([*inputs, *outputs])}
+        self.n_inputs = len(inputs)
+        self.registers: list = [None] * len(register)
+        self.program = []
+        for ins in source.instructions:
+            ufunc = self.UFUNCS[plan.kernels[ins.kernel]]  # compile bound every node to these
+            (result,) = ins.outputs
+            if result not in register:  # an intermediate: its buffer, made once
+                register[result] = len(self.registers)
+                info = plan.slots[result]
+                self.registers.append(np.empty(info.shape, info.dtype))
+            a, b = (register[s] for s in ins.inputs)
+            self.program.append((ufunc, a, b, register[result]))
+
+    def __call__(self, ctx: Ctx, *arrays, out):
+        registers = self.registers
+        registers[: self.n_inputs] = arrays
+        registers[self.n_inputs : self.n_inputs + len(out)] = out
+        for ufunc, a, b, result in self.program:
+            ufunc(registers[a], registers[b], out=registers[result])
+        ExampleUnit.runs += 1
+        return out
 
 
 def register() -> None:

@@ -300,6 +300,17 @@ def test_a_mistyped_attribute_in_an_artifact_is_refused(tmp_path):
     assert_error(nncc("run", path, "--random-inputs", cwd=tmp_path), "Concat", "'axis'", "an int")
 
 
+def test_a_mistyped_attribute_of_a_fused_kernel_is_refused(tmp_path):
+    """Found by fuzzing: a list as FusedGemm's transB reached int() inside the Gemm kernel
+    (a TypeError, which the executor rightly lets through as a bug)."""
+    def edit(program):
+        fused = next(i for i, key in enumerate(program["kernels"]) if "FusedGemm" in key)
+        next(i for i in program["instructions"] if i[0] == fused)[3]["transB"] = [1]
+
+    assert_error(nncc("run", _edited_mlp(tmp_path, edit), "--random-inputs", cwd=tmp_path),
+                 "FusedGemm", "'transB'", "an int")
+
+
 def test_an_omitted_required_operand_of_a_fused_kernel_is_refused(tmp_path):
     """Found by fuzzing: a FusedGemm instruction reading slot -1 (omitted) for its A operand."""
     def edit(program):

@@ -559,16 +559,29 @@ def test_entry_point_plugin_is_found_without_plugin_flag(mixed_model, tmp_path):
     assert bare.returncode != 0 and "mulsub" in bare.stderr
 
 
-def test_entry_point_prefilter_reads_only_metadata(tmp_path, monkeypatch):
-    from nncc.backends.registry import _may_declare
+def _imported(stderr: str) -> set[str]:
+    """The modules a ``python -X importtime`` process imported."""
+    return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
-    other = _fake_distribution(tmp_path / "other", group="console_scripts")
-    monkeypatch.setattr(sys, "path", [str(other), str(tmp_path / "missing")])
-    assert not _may_declare("nncc.backends")
-    ours = _fake_distribution(tmp_path / "ours")
-    monkeypatch.setattr(sys, "path", [str(other), str(ours)])
-    assert _may_declare("nncc.backends")
-    archive = tmp_path / "eggs.zip"  # a zip on sys.path cannot be scanned cheaply: say maybe
-    archive.write_bytes(b"PK\x05\x06" + bytes(18))
-    monkeypatch.setattr(sys, "path", [str(archive)])
-    assert _may_declare("nncc.backends")
+
+def test_entry_points_are_read_only_for_a_backend_not_built_in(mixed_model, tmp_path):
+    """With a plugin installed, a run on the built-in backends (a miss, then a hit) never
+    reads the installed packages' metadata (importlib.metadata is not even imported);
+    naming the installed backend reads it (the test above shows it is then found)."""
+    path, _ = mixed_model
+    site = _fake_distribution(tmp_path / "site")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(site)]),
+               NNCC_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*flags):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nncc", "run", path, "--random-inputs",
+                               *flags], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        return _imported(done.stderr), done.stderr
+
+    for outcome in ("cache miss", "cache hit"):
+        imported, stderr = run()
+        assert outcome in stderr
+        assert "importlib.metadata" not in imported
+    imported, _ = run("--backend", "mulsub", "--backend", "numpy")
+    assert "importlib.metadata" in imported

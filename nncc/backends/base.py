@@ -1,9 +1,11 @@
 """The backend plugin interface, after LiteRT's compiler plugins.
 
 A backend has an identity, a ``partition`` step that selects the nodes it supports
-(optionally tagging a node with an index to force a finer split) and a ``compile`` step
+(optionally tagging a node with an index to force a finer split), a ``compile`` step
 that turns each outlined partition into bytecode: here, a list of instructions naming
-registered kernels, plus the entry point that implements the partition.
+registered kernels, plus the entry point that implements the partition, and a
+``load_unit`` step that turns a compiled partition of a plan into the executable unit the
+executor runs (nncc.backends.unit).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nncc.backends.unit import Unit, UnitSource, instruction_unit
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.kernels.registry import resolve
 
@@ -71,6 +74,12 @@ class Backend:
                 Instruction(definition.key, list(node.inputs), list(node.outputs), dict(node.attrs), node.name)
             )
         return CompiledPartition(partition.index, self.name, f"{self.name}_partition_{partition.index}", instructions)
+
+    def load_unit(self, source: UnitSource) -> Unit:
+        """The executable unit for one partition of a plan about to run. The default runs
+        the partition's instructions, one registered kernel each; override it to run the
+        partition another way (see nncc.backends.unit for the contract)."""
+        return instruction_unit(source)
 
     def identity(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version, "maker": self.maker, "targets": self.targets}

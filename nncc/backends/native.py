@@ -5,6 +5,8 @@ compiler into a shared object that travels in the artifact's CODE section.
 backend would run, kept in every plan so a machine without the ISA, or an untrusted
 artifact, still runs) and the C unit that replaces them when the native code may be
 loaded. Without a compiler the backend selects nothing and every node stays portable.
+``load_unit`` makes a partition one call into its entry point when the plan's native code
+was verified and loaded, and its instructions otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import re
 
 from nncc.backends.base import Backend, CompiledPartition, Partition
+from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.ir.graph import Graph, TensorInfo
 
 
@@ -65,6 +68,30 @@ class NativeBackend(Backend):
         portable.entry = symbol
         portable.native = generate(partition, graph, infos, symbol)
         return portable
+
+    def load_unit(self, source: UnitSource) -> Unit:
+        call = native_call(source)
+        if call is None:
+            return super().load_unit(source)
+        from nncc.runtime.native_step import NativeStep
+
+        step = NativeStep(source.native.function(call.symbol), call, source.partition.entry,
+                          pooled=source.native.threads > 1)
+        args = call.args
+        return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
+                                                  call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],
+                    kind="native")
+
+
+NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
+
+
+def native_call(source: UnitSource):
+    """The plan's native call (nncc.plan.plan.NativeCall) for this partition, when its
+    native code is loaded; else None."""
+    if source.native is None:
+        return None
+    return next((c for c in source.plan.native if c.partition == source.index), None)
 
 
 def safe_symbol(name: str) -> bool:

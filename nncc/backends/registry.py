@@ -8,8 +8,6 @@ or a compiled plan names it.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 from nncc.backends.base import Backend
 from nncc.errors import NnccError
@@ -38,11 +36,25 @@ def _ensure_builtins() -> None:
 
 
 def get_backend(name: str) -> Backend:
+    """A registered backend; installed packages' entry points are read only for a name
+    that is not registered yet."""
     _ensure_builtins()
-    load_entry_points()
+    if name not in _BACKENDS:
+        load_entry_points()
     if name not in _BACKENDS:
         raise PluginError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))}")
     return _BACKENDS[name]
+
+
+def loaded_backend(name: str) -> Backend | None:
+    """The backend registered as ``name`` in this process, or None; nothing is imported
+    (a plan names the backend of each partition, and a plan never makes nncc import)."""
+    _ensure_builtins()
+    if name == "native":  # built in, but made per compile with its toolchain: none needed here
+        from nncc.backends.native import NativeBackend
+
+        return NativeBackend()
+    return _BACKENDS.get(name)
 
 
 def available_backends() -> list[Backend]:
@@ -69,41 +81,17 @@ def load_plugin(module_name: str) -> None:
 ENTRY_POINT_GROUP = "nncc.backends"
 
 
-def _may_declare(group: str) -> bool:
-    """Whether any installed distribution might declare entry points in ``group``: a scan
-    of the metadata files on sys.path, about 2 ms, where importing importlib.metadata
-    and resolving the group take 20-80 ms of every start-up. Conservative: anything on
-    sys.path that is not a plain directory (a zip, an unreadable entry) answers yes."""
-    needle = group.encode()
-    for entry in sys.path:
-        try:
-            scan = os.scandir(entry or ".")
-        except NotADirectoryError:
-            return True
-        except OSError:
-            continue  # a missing directory provides nothing
-        with scan:
-            for item in scan:
-                if not item.name.endswith((".dist-info", ".egg-info")):
-                    continue
-                try:
-                    with open(os.path.join(item.path, "entry_points.txt"), "rb") as f:
-                        if needle in f.read():
-                            return True
-                except FileNotFoundError:
-                    continue
-                except OSError:
-                    return True
-    return False
-
-
 def load_entry_points() -> None:
+    """Register the backends installed packages declare in the entry-point group
+    ``nncc.backends`` (an entry names a Backend class, or a callable that registers
+    backends and kernels). Lazy: importing importlib.metadata and reading every installed
+    distribution's metadata costs 20-30 ms, so this runs only when a backend that is not
+    built in is asked for, or all are listed; a command on the built-in backends (a cache
+    hit, a run) never pays it."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    if not _may_declare(ENTRY_POINT_GROUP):
-        return
     from importlib.metadata import entry_points
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):

@@ -14,7 +14,7 @@ import sys
 
 from blake3 import blake3
 
-TOKEN_SCHEME = "nncc-cache-token/3"  # bump when the list of ingredients changes
+TOKEN_SCHEME = "nncc-cache-token/4"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nncc/
 EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
@@ -34,8 +34,11 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
        marker ``b"location"`` (the model then cannot reference external data).
     4. nncc's version (``__version__``): passes, lowering and kernels change with it.
     5. The artifact format version (``nncc.plan.format.FORMAT_VERSION``).
-    6. The identity (name, version, maker, targets) of every registered backend, built-in,
-       entry-point or plugin, after the options' plugins are loaded.
+    6. The identity (name, version, maker, targets) of every backend the options name (the
+       built-in native backend aside: ingredient 7 covers its compiler) and of the CPU
+       fallback, after the options' plugins are loaded. Installed packages' entry points
+       are read only to find a named backend that is not built in, so a run on the
+       built-in backends never pays for reading every installed package's metadata.
     7. The compile options: ``CompileOptions.as_dict()`` (preference, opt level, backend
        order, plugins, threads).
     8. The loaded plugins and their versions (``loaded_plugins()``).
@@ -72,12 +75,14 @@ def token_context(options) -> bytes:
     import numpy as np
 
     from nncc._version import __version__
-    from nncc.backends.registry import available_backends, load_plugin, loaded_plugins
+    from nncc.backends.registry import get_backend, load_plugin, loaded_plugins
     from nncc.plan.format import FORMAT_VERSION
 
     for module in options.plugins:
         load_plugin(module)
-    backends = [b.identity() for b in available_backends()]
+    names = dict.fromkeys(n for n in (*options.backends, "cpu") if n != "native")
+    backends = [get_backend(name).identity() for name in names]
+
     h = blake3()
     _put(h, "nncc", __version__)
     _put(h, "format", str(FORMAT_VERSION))

@@ -22,7 +22,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.arithmetic import is_float, row_sums
 from nncc.kernels.bounds import DTYPES as BOUND_DTYPES, bound
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import same_as
 
 
@@ -648,6 +648,11 @@ def _softmax(ctx, x, log: bool, coerce_2d: bool, out=None):
         plan = ctx.scratch["softmax plan"] = _SoftmaxPlan(ctx, key, x, log, coerce_2d)
     if plan.rows is None:
         return _softmax_general(ctx, x, log, coerce_2d)
+    return _softmax_rows_planned(plan, x, log, out)
+
+
+def _softmax_rows_planned(plan: _SoftmaxPlan, x, log: bool, out):
+    """The fast path: ``x`` as the plan's rows x cols matrix, each row normalized."""
     x2 = x.reshape(plan.rows, plan.cols)
     target = out[0] if out is not None else None
     # fmax.reduce skips NaN, but a NaN then reaches the row's sum, so the row is still NaN.
@@ -711,22 +716,42 @@ def _softmax_general(ctx, x, log: bool, coerce_2d: bool):
     return _done(y, x)
 
 
-@kernel("Softmax", since=1, shape=_softmax_shape, writes_out=True)
+def _softmax_prepare(log: bool, coerce_2d: bool):
+    """(Log)Softmax's first phase: with a static input, the plan made once; a run is then
+    the fast path alone (or None: the general kernel)."""
+
+    def prepare(ctx, x):
+        like = stand_ins(x)
+        if like is None:
+            return None
+        plan = _SoftmaxPlan(ctx, (x.shape, x.dtype), like[0], log, coerce_2d)
+        if plan.rows is None:
+            return None
+
+        def softmax_prepared(ctx, x, out=None):
+            return _softmax_rows_planned(plan, x, log, out)
+
+        return softmax_prepared
+
+    return prepare
+
+
+@kernel("Softmax", since=1, shape=_softmax_shape, writes_out=True, prepare=_softmax_prepare(False, True))
 def softmax_v1(ctx, x, out=None):
     return _softmax(ctx, x, False, True, out)
 
 
-@kernel("Softmax", since=13, shape=_softmax_shape, writes_out=True)
+@kernel("Softmax", since=13, shape=_softmax_shape, writes_out=True, prepare=_softmax_prepare(False, False))
 def softmax_v13(ctx, x, out=None):
     return _softmax(ctx, x, False, False, out)
 
 
-@kernel("LogSoftmax", since=1, shape=_softmax_shape, writes_out=True)
+@kernel("LogSoftmax", since=1, shape=_softmax_shape, writes_out=True, prepare=_softmax_prepare(True, True))
 def log_softmax_v1(ctx, x, out=None):
     return _softmax(ctx, x, True, True, out)
 
 
-@kernel("LogSoftmax", since=13, shape=_softmax_shape, writes_out=True)
+@kernel("LogSoftmax", since=13, shape=_softmax_shape, writes_out=True, prepare=_softmax_prepare(True, False))
 def log_softmax_v13(ctx, x, out=None):
     return _softmax(ctx, x, True, False, out)
 

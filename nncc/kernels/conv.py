@@ -24,7 +24,7 @@ import numpy as np
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.depthwise import depthwise_conv
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.workspace import kept, shared
 from nncc.util.limits import check_shape
 
@@ -475,23 +475,56 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
     return finish(y.reshape(n, m, p), out)
 
 
-@kernel("Conv", since=1, shape=_conv_shape, writes_out=True)
+def _conv_plan(ctx, x_shape, w_shape):
+    """What a Conv node derives from its attributes and operand shapes: (spatial rank,
+    kernel shape, strides, dilations, pads begin, pads end, group, output sizes)."""
+    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
+        ctx, x_shape, w_shape, KernelError)
+    if list(kernel_shape) != list(w_shape[2:]):
+        raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w_shape}")
+    if x_shape[1] != w_shape[1] * group or w_shape[0] % group:
+        raise KernelError(f"Conv: input channels {x_shape[1]}, weight {w_shape} and group {group} "
+                          "are inconsistent")
+    out_sizes, pb, pe = _conv_geometry(x_shape[2:], kernel_shape, strides, dilations, pb, pe,
+                                       auto_pad, what="Conv", err=KernelError)
+    return nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes
+
+
+def _conv_prepare(ctx, x, w, b=None):
+    """Conv's first phase, for operands of one float dtype whose im2col fits one batch:
+    the geometry worked out once, so a run is the convolution and the bias alone."""
+    like = stand_ins(x, w, b)
+    if like is None or len(x.shape) < 3 or len(w.shape) != len(x.shape):
+        return None
+    dtype = x.dtype
+    if _compute_dtype(dtype) != dtype or w.dtype != dtype or (b is not None and b.dtype != dtype):
+        return None
+    nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes = _conv_plan(ctx, x.shape, w.shape)
+    ntaps = math.prod(kernel_shape)
+    per_sample = x.shape[1] * ntaps * math.prod(out_sizes) * dtype.itemsize if ntaps > 1 else 0
+    if per_sample and _IM2COL_BYTES // per_sample < x.shape[0]:
+        return None  # batches in chunks: the general kernel
+    bias_shape = (w.shape[0],) + (1,) * nd
+
+    def conv_prepared(ctx, x, w, b=None, out=None):
+        target = out[0] if out is not None and out[0].dtype == dtype else None
+        y = _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes, ctx.workspace,
+                        target)
+        if b is not None:
+            y += b.reshape(bias_shape)
+        return y
+
+    return conv_prepared
+
+
+@kernel("Conv", since=1, shape=_conv_shape, writes_out=True, prepare=_conv_prepare)
 def conv(ctx, x, w, b=None, out=None):
     if x.ndim < 3 or w.ndim != x.ndim:
         raise KernelError(f"Conv: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
     key = ("conv geometry", x.shape, w.shape)
     geometry = ctx.scratch.get(key)  # attributes and shapes are fixed: work it out once
     if geometry is None:
-        nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
-            ctx, x.shape, w.shape, KernelError)
-        if list(kernel_shape) != list(w.shape[2:]):
-            raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w.shape}")
-        if x.shape[1] != w.shape[1] * group or w.shape[0] % group:
-            raise KernelError(f"Conv: input channels {x.shape[1]}, weight {w.shape} and group {group} "
-                              "are inconsistent")
-        out_sizes, pb, pe = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
-                                           auto_pad, what="Conv", err=KernelError)
-        geometry = ctx.scratch[key] = (nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes)
+        geometry = ctx.scratch[key] = _conv_plan(ctx, x.shape, w.shape)
     nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes = geometry
     n, c = x.shape[:2]
     m, cg = w.shape[:2]

@@ -19,12 +19,13 @@ Attributes: those of the underlying ONNX op, plus
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
 from nncc.errors import KernelError
 from nncc.kernels.bounds import bound
-from nncc.kernels.registry import Ctx, kernel, resolve
+from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
 DEFAULT_ONNX_OPSET = 22
@@ -142,9 +143,25 @@ def _fused_onnx(op_type: str):
             y = _fresh(y, args)
         return apply_activation(ctx, y)
 
+    def prepare(ctx, *infos):
+        """The ONNX kernel's first phase, when it has one, then the activation."""
+        inner = _inner_ctx(ctx)
+        first = _onnx(op_type, inner.opset).prepare
+        run_inner = None if first is None else first(inner, *infos)
+        if run_inner is None:
+            return None
+
+        def run_prepared(ctx, *args, out=None):
+            y = run_inner(inner, *args, out=out)
+            if out is None or y is not out[0]:
+                y = _fresh(y, args)
+            return apply_activation(ctx, y)
+
+        return run_prepared
+
     run.__name__ = f"fused_{op_type.lower()}"
     run.arity = (2, 3)  # (required, most) inputs, as the wrapped Conv and Gemm take (KernelDef.arity)
-    kernel(f"Fused{op_type}", since=1, domain="nncc", shape=shape, writes_out=True)(run)
+    kernel(f"Fused{op_type}", since=1, domain="nncc", shape=shape, writes_out=True, prepare=prepare)(run)
     return run
 
 
@@ -160,7 +177,31 @@ def _fused_matmul_shape(ctx, a, b, bias=None):
     return _onnx("MatMul", inner.opset).shape(inner, a, b)
 
 
-@kernel("FusedMatMul", since=1, domain="nncc", shape=_fused_matmul_shape, writes_out=True)
+def _fused_matmul_prepare(ctx, a, b, bias=None):
+    """FusedMatMul's first phase, for matrices (rank >= 2) of one BLAS dtype: operands and
+    bias checked once, so a run is the product, the bias and the activation alone."""
+    from nncc.kernels.linalg import _BLAS, _matmul_route
+
+    like = stand_ins(a, b, bias)
+    if like is None or a.dtype not in _BLAS or b.dtype != a.dtype or len(a.shape) < 2 or len(b.shape) < 2 \
+            or (bias is not None and bias.dtype != a.dtype):
+        return None
+    _matmul_route(like[0], like[1])  # a KernelError for operands that do not multiply
+    if bias is not None and (len(bias.shape) > 1 or math.prod(bias.shape) not in (1, b.shape[-1])):
+        return None  # the kernel reports it when it runs
+    dtype = a.dtype
+
+    def fused_matmul_prepared(ctx, a, b, bias=None, out=None):
+        y = np.matmul(a, b, out=out[0] if out is not None and out[0].dtype == dtype else None)
+        if bias is not None:
+            np.add(y, bias, out=y)
+        return apply_activation(ctx, y)
+
+    return fused_matmul_prepared
+
+
+@kernel("FusedMatMul", since=1, domain="nncc", shape=_fused_matmul_shape, writes_out=True,
+        prepare=_fused_matmul_prepare)
 def fused_matmul(ctx, a, b, bias=None, out=None):
     target = out[0] if out is not None and out[0].dtype == a.dtype else None
     try:

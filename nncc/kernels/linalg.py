@@ -17,7 +17,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import broadcast
 
 
@@ -68,7 +68,28 @@ def _matmul(a, b, out=None):
     return y
 
 
-@kernel("MatMul", since=1, shape=_matmul_shape, writes_out=True)
+def _matmul_prepare(ctx, a, b):
+    """MatMul's first phase: the route for these static operands, chosen once."""
+    like = stand_ins(a, b)
+    if like is None:
+        return None
+    route, dtype = _matmul_route(*like), a.dtype
+    if route == _DOT:
+        def matmul_dot(ctx, a, b, out=None):
+            if out is not None and out[0].flags.c_contiguous and out[0].dtype == dtype:
+                return np.dot(a, b, out=out[0])
+            return np.dot(a, b)
+
+        return matmul_dot
+    if route == _MATMUL:
+        def matmul_batched(ctx, a, b, out=None):
+            return np.matmul(a, b) if out is None else np.matmul(a, b, out=out[0])
+
+        return matmul_batched
+    return None
+
+
+@kernel("MatMul", since=1, shape=_matmul_shape, writes_out=True, prepare=_matmul_prepare)
 def matmul(ctx, a, b, out=None):
     # Hot path: operands already validated for these shapes/dtypes by an earlier call.
     key = (a.shape, b.shape, a.dtype, b.dtype)
@@ -179,7 +200,36 @@ class _GemmPlan:
         self.beta = None if c is None or beta == 0.0 else (1.0 if beta == 1.0 else dt.type(beta))
 
 
-@kernel("Gemm", since=1, shape=_gemm_shape, writes_out=True)
+def _gemm_prepare(ctx, a, b, c=None):
+    """Gemm's first phase, given static operand infos: the plan, made once, and a run that
+    is the BLAS call and its epilogue alone (no per-call checks or lookups)."""
+    like = stand_ins(a, b, c)
+    if like is None:
+        return None
+    plan = _GemmPlan(ctx, None, *like)
+    if not plan.fast:
+        return None
+    dtype, trans_a, trans_b, alpha, beta = a.dtype, plan.trans_a, plan.trans_b, plan.alpha, plan.beta
+
+    def gemm_prepared(ctx, a, b, c=None, out=None):
+        if trans_a:
+            a = a.T
+        if trans_b:
+            b = b.T
+        if out is not None and out[0].flags.c_contiguous and out[0].dtype == dtype:
+            y = np.dot(a, b, out=out[0])
+        else:
+            y = np.dot(a, b)
+        if alpha is not None:
+            y *= alpha
+        if beta is not None:
+            np.add(y, c if beta == 1.0 else beta * c, out=y)
+        return y
+
+    return gemm_prepared
+
+
+@kernel("Gemm", since=1, shape=_gemm_shape, writes_out=True, prepare=_gemm_prepare)
 def gemm(ctx, a, b, c=None, out=None):
     key = (a.shape, b.shape, a.dtype, b.dtype, None if c is None else (c.shape, c.dtype))
     plan = ctx.scratch.get("gemm plan")

@@ -19,7 +19,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import kernel
+from nncc.kernels.registry import kernel, stand_ins
 from nncc.kernels.shapes import normalize_axis
 from nncc.kernels.workspace import shared
 
@@ -178,7 +178,25 @@ class _LayerNormPlan:
         self.flat = len(trailing) == 1  # Scale/B broadcast over the rows as they are
 
 
-@kernel("LayerNormalization", since=17, shape=_layernorm_shape, writes_out=True)
+def _layernorm_prepare(ctx, x, scale, b=None):
+    """LayerNormalization's first phase: with static inputs, the plan made once; a run is
+    then the fast path alone (or None: the general kernel)."""
+    like = stand_ins(x, scale, b)
+    if like is None:
+        return None
+    x, scale, b = like
+    key = (x.shape, x.dtype, scale.shape, scale.dtype, None if b is None else (b.shape, b.dtype))
+    plan = _LayerNormPlan(ctx, key, x, scale, b)
+    if not plan.fast:
+        return None
+
+    def layer_normalization_prepared(ctx, x, scale, b=None, out=None):
+        return _layer_norm_fast(ctx, plan, x, scale, b, out)
+
+    return layer_normalization_prepared
+
+
+@kernel("LayerNormalization", since=17, shape=_layernorm_shape, writes_out=True, prepare=_layernorm_prepare)
 def layer_normalization(ctx, x, scale, b=None, out=None):
     key = (x.shape, x.dtype, scale.shape, scale.dtype, None if b is None else (b.shape, b.dtype))
     plan = ctx.scratch.get("layernorm plan")
@@ -186,6 +204,11 @@ def layer_normalization(ctx, x, scale, b=None, out=None):
         plan = ctx.scratch["layernorm plan"] = _LayerNormPlan(ctx, key, x, scale, b)
     if not plan.fast:
         return _layer_normalization(ctx, plan, x, scale, b)
+    return _layer_norm_fast(ctx, plan, x, scale, b, out)
+
+
+def _layer_norm_fast(ctx, plan: _LayerNormPlan, x, scale, b, out):
+    """The hot path: float32/float64, Scale and B covering exactly the normalized axes."""
     rows, cols = plan.rows, plan.cols
     x2 = x.reshape(rows, cols)
     mean = np.dot(x2, plan.inv_n)  # (rows, 1)

@@ -62,6 +62,8 @@ class KernelDef:
     deterministic: bool = True
     # The kernel accepts ``out=(array, ...)``: preallocated outputs it fills and returns.
     writes_out: bool = False
+    # The kernel's first phase (see ``kernel``): ``prepare(ctx, *infos) -> run | None``.
+    prepare: Callable | None = None
 
     @functools.cached_property
     def arity(self) -> tuple[int, int | None]:
@@ -112,18 +114,40 @@ _REGISTRY: dict[tuple[str, str], list[KernelDef]] = {}
 
 
 def kernel(op_type: str, since: int = 1, domain: str = "", *, shape: ShapeFn,
-           deterministic: bool = True, writes_out: bool = False) -> Callable[[KernelFn], KernelFn]:
+           deterministic: bool = True, writes_out: bool = False,
+           prepare: Callable | None = None) -> Callable[[KernelFn], KernelFn]:
     """Register ``fn`` as the kernel of ``op_type`` from opset ``since`` on.
 
     With ``writes_out``, ``fn(ctx, *inputs, out=None)`` must, when ``out`` is given, write
     every output into the matching preallocated array (of the inferred dtype and shape).
+
+    ``prepare`` is an optional first phase: ``prepare(ctx, *infos)``, given the node's
+    attributes and a TensorInfo (static dtype and shape) per input (None where omitted),
+    does the work that depends on those alone, once, and returns ``run(ctx, *inputs,
+    out=None)``, a kernel specialized to them, or None to keep ``fn``. The executor calls
+    it once per node when it is prepared, only where every input is certain to arrive
+    with exactly its declared dtype and shape (a graph input, a constant or a planned
+    buffer), and runs ``run`` from then on. A problem it finds is left to ``fn`` to report
+    when the node runs: it returns None.
     """
 
     def register(fn: KernelFn) -> KernelFn:
-        add(KernelDef(op_type, normalize_domain(domain), since, fn, shape, deterministic, writes_out))
+        add(KernelDef(op_type, normalize_domain(domain), since, fn, shape, deterministic, writes_out,
+                      prepare))
         return fn
 
     return register
+
+
+def stand_ins(*infos) -> list | None:
+    """For a first phase: arrays of the infos' dtypes and shapes that take no memory
+    (broadcast views of one zero), to check and plan with as with the real operands (None
+    for a None info); None when an info is not static."""
+    import numpy as np
+
+    if any(i is not None and (i.dtype is None or i.shape is None) for i in infos):
+        return None
+    return [None if i is None else np.broadcast_to(np.zeros((), i.dtype), i.shape) for i in infos]
 
 
 def add(definition: KernelDef) -> None:

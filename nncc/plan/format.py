@@ -45,6 +45,9 @@ Sections (each at most once, tags ASCII):
                            ...] names the outer values the subgraphs read, bound to the
                            instruction's (or node's) last inputs in that order
               partitions   [[backend, backend version, entry, first, count], ...]
+                           instructions [first, first + count) are the partition's portable
+                           form; it runs as the unit its backend makes of them when that
+                           backend is loaded (never imported because a plan names it)
               arena        [[slot, offset], ...]   arena_bytes: int
               options      object (preference, opt_level, threads, ...; "native": the
                            compiler, flags and CPU features the CODE section was built with)

@@ -1,9 +1,12 @@
-"""Runs a Plan: a flat instruction list over slots, with no access to the source model.
+"""Runs a Plan over its slots, with no access to the source model.
 
-Intermediates whose kernels accept preallocated outputs live in one arena, allocated once
-and reused by liveness (nncc.plan.memory), so a steady-state run allocates nothing for
-them; graph outputs go into arrays the caller provides, or fresh ones. One inference runs
-at a time per executor (kernels keep scratch buffers between runs).
+Each partition runs as the unit its backend makes of it (nncc.backends.unit): the
+executor runs the units' calls in order, knowing nothing else of backends. A call with a
+first phase (a kernel's ``prepare``) is prepared here, once, where its inputs' dtypes and
+shapes are certain. Intermediates whose calls accept preallocated outputs live in one
+arena, allocated once and reused by liveness (nncc.plan.memory), so a steady-state run
+allocates nothing for them; graph outputs go into arrays the caller provides, or fresh
+ones. One inference runs at a time per executor (calls keep scratch state between runs).
 """
 
 from __future__ import annotations
@@ -14,16 +17,16 @@ from typing import Mapping
 
 import numpy as np
 
-from nncc.errors import InputError, KernelError, NnccError, PlanFormatError
+from nncc.errors import InputError, KernelError, NnccError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import Ctx, by_key
+from nncc.backends.unit import Call, Unit, instruction_calls, instruction_unit, sources
+from nncc.kernels.registry import Ctx
 from nncc.plan.memory import aligned_empty, plan_arena
-from nncc.plan.plan import Plan, PlanInstruction
+from nncc.plan.plan import Plan
 from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded, is_broadcast
 from nncc.runtime.feeds import as_value, check_feeds
-from nncc.runtime.native_step import NativeStep
 from nncc.util.limits import LimitError, check_bytes
 
 
@@ -32,10 +35,8 @@ class Executor:
         """``native``: a loaded nncc.native.loader.Library holding the plan's verified native
         code, whose partitions then run as one call each; None runs the portable plan."""
         self.plan = plan
-        opsets = plan.options.get("opsets", {})
-        program, definitions = self._program(native)
-        writes_out = [d.writes_out for d in definitions]
-        self.buffers = self._arena(program, writes_out, [d.op_type for d in definitions])
+        program = self._program(native)
+        self.buffers = self._arena(program, [c.writes_out for c in program], [c.op_type for c in program])
         self.output_slots = set(plan.outputs)
         self.steps = []
         workspace: dict = {}  # temporary buffers shared by all kernels (one runs at a time)
@@ -43,32 +44,37 @@ class Executor:
         # Lists (sequences) exist only in plans with a kernel that makes them; there, a step
         # whose kernel takes tensors only checks its arguments, so a plan whose kernel ids
         # were changed cannot hand a list to a tensor kernel.
-        makes_lists = any(d.op_type in LIST_MAKERS for d in definitions)
-        for ins, definition, freed in zip(program, definitions, release):
-            attrs = {k: self._attr(v) for k, v in ins.attrs.items()}
-            opset = int(opsets.get(definition.domain, definition.since))
-            ctx = Ctx(attrs, opset, len(ins.outputs), ins.node)
+        makes_lists = any(c.op_type in LIST_MAKERS for c in program)
+        # values that hold exactly their declared dtype and shape on every run: constants,
+        # checked inputs, and the outputs of steps given planned buffers (grown below)
+        certain = set(plan.constants) | {s for s in plan.inputs if self._static(s)}
+        for call, freed in zip(program, release):
+            attrs = {k: self._attr(v) for k, v in call.attrs.items()}
+            ctx = Ctx(attrs, call.opset, len(call.outputs), call.label)
             ctx.workspace = workspace
-            ctx.constant_inputs = frozenset(i for i, s in enumerate(ins.inputs) if s in plan.constants)
-            outs = tuple(ins.outputs)
-            fn = definition.fn
+            ctx.constant_inputs = frozenset(i for i, s in enumerate(call.inputs) if s in plan.constants)
+            outs = tuple(call.outputs)
+            fn = call.fn
             if len(self.steps) in self.concats:  # its inputs were written in place
                 fn = _concatenated
+            elif call.prepare is not None and all(s < 0 or s in certain for s in call.inputs):
+                fn = self._prepared(call, ctx) or fn
             # preallocated outputs for this step, when every output can have one
-            planned = (definition.writes_out or fn is _concatenated) and all(
+            planned = (call.writes_out or fn is _concatenated) and all(
                 s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
                 for s in outs)
             # an arena-only step gets the same output arrays every run: built once here
             fixed = (tuple(None if s < 0 else self.buffers[s] for s in outs)
                      if planned and all(s < 0 or s in self.buffers for s in outs) else None)
+            if planned:  # its results are stored in (or copied into) those buffers
+                certain.update(outs)
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
-            tensor_only = makes_lists and definition.op_type not in LIST_TAKERS
-            self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in ins.inputs), outs,
-                               ins.node or definition.op_type, planned, fixed, single, tuple(freed),
-                               tensor_only))
-        self.native_partitions = sum(1 for d in definitions if d.op_type == _NATIVE_OP)
+            tensor_only = makes_lists and call.op_type not in LIST_TAKERS
+            self.steps.append((fn, ctx, tuple(s if s >= 0 else -1 for s in call.inputs), outs,
+                               call.label, planned, fixed, single, tuple(freed), tensor_only))
+        self.native_partitions = sum(1 for unit in self.units if unit.kind == "native")
         self.input_infos = {
             plan.slots[s].name: TensorInfo(plan.slots[s].dtype, plan.slots[s].shape, kind=plan.slots[s].kind)
             for s in plan.inputs
@@ -86,35 +92,27 @@ class Executor:
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
 
-    def _program(self, native) -> tuple[list[PlanInstruction], list]:
-        """The instructions this executor runs, with their kernel definitions: the portable
-        plan, where each native partition's range is one call when native code is loaded."""
+    def _program(self, native) -> list[Call]:
+        """The calls this executor runs: each partition's unit, made by the backend that
+        compiled it (nncc.backends.unit), in the plan's order. ``self.units`` keeps them."""
         plan = self.plan
         ends = [p.first + p.count for p in plan.partitions]
         tiled = [p.first for p in plan.partitions] == [0, *ends[:-1]] and (ends[-1] if ends else 0) == len(
             plan.instructions)
         if not tiled:  # a plan built in memory without partitions: its instructions as they are
-            return list(plan.instructions), [self._definition(ins) for ins in plan.instructions]
-        calls = {c.partition: c for c in plan.native} if native is not None else {}
-        program, definitions = [], []
-        for index, part in enumerate(plan.partitions):
-            call = calls.get(index)
-            if call is not None:
-                ins = PlanInstruction(-1, call.args[:call.n_inputs], call.args[call.n_inputs:], {}, call.symbol)
-                program.append(ins)
-                definitions.append(_NativeDef(NativeStep(native.function(call.symbol), call, part.entry,
-                                                         pooled=native.threads > 1)))
-                continue
-            for ins in plan.instructions[part.first : part.first + part.count]:
-                program.append(ins)
-                definitions.append(self._definition(ins))
-        return program, definitions
+            self.units = [Unit("", instruction_calls(plan, plan.instructions))]
+        else:
+            self.units = [_unit(source) for source in sources(plan, native)]
+        return [call for unit in self.units for call in unit.calls]
 
-    def _definition(self, ins):
-        definition = by_key(self.plan.kernels[ins.kernel])
-        if definition is None:  # deserialize already checked; a Plan built in memory may not be
-            raise PlanFormatError(f"kernel {self.plan.kernels[ins.kernel]!r} is not registered")
-        return definition
+    def _prepared(self, call: Call, ctx: Ctx):
+        """The call's first phase, run now: its specialized kernel, or None."""
+        slots = self.plan.slots
+        infos = [None if s < 0 else TensorInfo(slots[s].dtype, slots[s].shape) for s in call.inputs]
+        try:
+            return call.prepare(ctx, *infos)
+        except NnccError:  # the kernel itself reports it, should the node ever run
+            return None
 
     def _static(self, slot: int) -> bool:
         info = self.plan.slots[slot]
@@ -279,7 +277,8 @@ class Executor:
                 raise LimitError(f"{label}: {exc}") from None
             except NnccError:
                 raise
-            except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
+            except (ValueError, FloatingPointError) as exc:  # numpy refusing these values
+                # (a TypeError or IndexError is a bug in the kernel: it keeps its traceback)
                 raise KernelError(f"{label} failed: {exc}") from exc
             except MemoryError:  # numpy refused an allocation before touching it: too big for this machine
                 raise LimitError(f"{label} needs more memory than this machine can give") from None
@@ -349,7 +348,6 @@ class Executor:
         return targets
 
 
-_NATIVE_OP = "NativeCall"
 # Kernels that can produce a list (a sequence value), and those that may be given one.
 LIST_MAKERS = {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SplitToSequence",
                "SequenceMap", "Optional", "OptionalGetElement", "If", "Loop", "Scan"}
@@ -357,16 +355,13 @@ LIST_TAKERS = LIST_MAKERS | {"SequenceAt", "SequenceLength", "ConcatFromSequence
                              "Identity"}
 
 
-class _NativeDef:
-    """What the executor needs of a kernel definition, for a native call."""
+def _unit(source):
+    """A partition's unit, made by its backend when that backend is loaded in this process
+    (nothing is imported because a plan names it); its instructions otherwise."""
+    from nncc.backends.registry import loaded_backend
 
-    op_type = _NATIVE_OP
-    domain = "nncc"
-    since = 1
-    writes_out = True
-
-    def __init__(self, step: NativeStep):
-        self.fn = step
+    backend = loaded_backend(source.partition.backend)
+    return instruction_unit(source) if backend is None else backend.load_unit(source)
 
 
 def _concatenated(ctx, *inputs, out):

@@ -68,7 +68,8 @@ class Interpreter:
                 raise LimitError(f"{node.label()}: {exc}") from None
             except NnccError:
                 raise
-            except (ValueError, IndexError, TypeError, FloatingPointError) as exc:
+            except (ValueError, FloatingPointError) as exc:  # numpy refusing these values
+                # (a TypeError or IndexError is a bug in the kernel: it keeps its traceback)
                 raise KernelError(f"{node.label()} failed: {exc}") from exc
             except MemoryError:  # numpy refused an allocation before touching it
                 raise LimitError(f"{node.label()} needs more memory than this machine can give") from None

@@ -1,0 +1,265 @@
+"""The executor's dispatch of compiled partitions and its treatment of kernel bugs.
+
+Each partition runs as the unit its backend makes of it (nncc.backends.unit): the example
+plugin (examples/plugin_example.py) runs its partitions as one call of its own each. A
+TypeError or IndexError raised inside a kernel is a bug, not bad input: it propagates
+with its traceback (tests/plugins/buggy_plugin.py has such kernels). Values are checked
+against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import nncc
+from nncc.backends.registry import load_plugin
+from nncc.errors import KernelError
+from tests.conftest import ROOT
+
+BUGGY = "tests.plugins.buggy_plugin"
+EXAMPLE = "plugin_example"  # examples/plugin_example.py
+F = TensorProto.FLOAT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugins():
+    """Plugins are process-wide (and part of the cache key): unloaded afterwards."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    load_plugin(BUGGY)
+    load_plugin(EXAMPLE)
+    yield sys.modules[EXAMPLE]
+    sys.path.remove(str(ROOT / "examples"))
+    from nncc.backends import registry as backends
+    from nncc.kernels import registry as kernels
+
+    backends._BACKENDS.pop("example", None)
+    for module, domain in ((BUGGY, "test.buggy"), (EXAMPLE, "example")):
+        backends._PLUGINS.pop(module, None)
+        for key in [k for k in kernels._REGISTRY if k[0] == domain]:
+            del kernels._REGISTRY[key]
+        sys.modules.pop(module, None)
+
+
+# -- a backend that runs its partitions its own way ------------------------------------------
+
+
+def chain_model(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Mul and Add around a Relu: the example backend takes the two Mul/Add pairs (two
+    partitions, the Relu between them), and ``mid`` is both a graph output and read later."""
+    rng = np.random.default_rng(0)
+    w = helper.make_tensor("w", F, [8], rng.standard_normal(8).astype(np.float32).tolist())
+    nodes = [helper.make_node("Mul", ["x", "w"], ["m1"], name="mul1"),
+             helper.make_node("Add", ["m1", "y"], ["mid"], name="add1"),
+             helper.make_node("Relu", ["mid"], ["r"], name="relu"),
+             helper.make_node("Mul", ["r", "x"], ["m2"], name="mul2"),
+             helper.make_node("Add", ["m2", "mid"], ["out"], name="add2")]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", F, [3, 8]),
+                                               helper.make_tensor_value_info("y", F, [1, 8])],
+                              [helper.make_tensor_value_info("out", F, [3, 8]),
+                               helper.make_tensor_value_info("mid", F, [3, 8])], [w])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins):
+    path = chain_model(tmp_path)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32),
+             "y": rng.standard_normal((1, 8)).astype(np.float32)}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    compiled = nncc.compile_model(path, backends=["example", "numpy"], plugins=[EXAMPLE])
+    saved = tmp_path / "chain.nncc"
+    compiled.save(saved)
+    for model in (compiled, nncc.load(saved)):  # in memory, and read back from its artifact
+        executor = model._executor
+        assert [(u.entry, u.kind) for u in executor.units] == [
+            ("example_0", "example"), ("numpy_partition_1", "instructions"), ("example_2", "example")]
+        assert len(executor.steps) == 3  # one call per example partition, one for the Relu
+        before = plugins.ExampleUnit.runs
+        for _ in range(3):  # the units' buffers are reused from run to run
+            got = model.run(feeds)
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
+        assert plugins.ExampleUnit.runs - before == 3 * 2
+
+
+def test_a_partition_whose_backend_is_not_loaded_runs_its_instructions(tmp_path, plugins):
+    """The plan names its backend, but a plan never makes nncc import anything: without the
+    backend, its partitions run their instructions (the plugin's kernels, still registered)."""
+    from nncc.backends import registry
+
+    path = chain_model(tmp_path)
+    compiled = nncc.compile_model(path, backends=["example", "numpy"], plugins=[EXAMPLE])
+    backend = registry._BACKENDS.pop("example")
+    try:
+        model = nncc.load(compiled.to_bytes())
+    finally:
+        registry._BACKENDS["example"] = backend
+    assert [u.kind for u in model._executor.units] == ["instructions"] * 3
+    assert len(model._executor.steps) == 5
+    feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
+    before = plugins.ExampleUnit.runs
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(model.run(feeds)[name], value, rtol=1e-6)
+    assert plugins.ExampleUnit.runs - before == 2  # the compiled model's run only
+
+
+def buggy_model(tmp_path: pathlib.Path, op: str) -> pathlib.Path:
+    """x -> Relu -> test.buggy::op -> Neg -> y: the bug sits between two ordinary kernels."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node(op, ["r"], ["b"], name="the_buggy_node", domain="test.buggy"),
+             helper.make_node("Neg", ["b"], ["y"], name="neg")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3])],
+                              [helper.make_tensor_value_info("y", F, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("test.buggy", 1)])
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def frames(exc: BaseException) -> list[str]:
+    return [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
+
+
+@pytest.mark.parametrize("op, error, where", [("Broken", TypeError, "add_nothing"),
+                                              ("OutOfRange", IndexError, "one_past_the_end")])
+def test_a_kernel_bug_keeps_its_type_and_traceback(tmp_path, op, error, where):
+    model = nncc.compile_model(buggy_model(tmp_path, op), backends=["numpy"], plugins=[BUGGY])
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(error) as caught:
+        model.run({"x": x})
+    assert not isinstance(caught.value, KernelError)
+    # the traceback reaches down into the kernel's own helper, where the bug is
+    assert frames(caught.value)[-1] == where
+    assert caught.value.__cause__ is None  # raised as is, not re-raised from a wrapper
+
+
+@pytest.mark.parametrize("op, error, where", [("Broken", TypeError, "add_nothing"),
+                                              ("OutOfRange", IndexError, "one_past_the_end")])
+def test_a_kernel_bug_keeps_its_type_in_the_interpreter(tmp_path, op, error, where):
+    with pytest.raises(error) as caught:
+        nncc.load_onnx(buggy_model(tmp_path, op)).run({"x": np.ones((2, 3), np.float32)})
+    assert frames(caught.value)[-1] == where
+
+
+def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
+    """One line that says it is nncc's fault (exit 1), and the full traceback on request."""
+    path = buggy_model(tmp_path, "Broken")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    command = [sys.executable, "-m", "nncc", "run", str(path), "--plugin", BUGGY, "--backend", "numpy",
+               "--random-inputs"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 1
+    assert "internal error: TypeError" in done.stderr and "the_buggy_node failed" not in done.stderr
+    env["NNCC_DEBUG"] = "1"
+    debug = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert debug.returncode != 0
+    assert "Traceback" in debug.stderr and "in add_nothing" in debug.stderr
+
+
+# -- two-phase kernels: prepared once with static shapes, then run ---------------------------
+
+
+def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
+    """MatMul + bias + Relu (fused by the passes), a Gemm with transB, alpha and beta,
+    LayerNormalization, a MatMul and a LogSoftmax."""
+    rng = np.random.default_rng(2)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("Gemm", ["r", "w2", "b2"], ["g"], transB=1, alpha=0.5, beta=2.0),
+             helper.make_node("LayerNormalization", ["g", "scale", "shift"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w3"], ["m"]),
+             helper.make_node("LogSoftmax", ["m"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", F, [batch, 16])],
+                              [helper.make_tensor_value_info("y", F, [batch, 5])],
+                              [weight("w1", 16, 24), weight("b1", 24), weight("w2", 8, 24), weight("b2", 1, 8),
+                               weight("scale", 8), weight("shift", 8), weight("w3", 8, 5)])
+    path = tmp_path / f"mlp_{batch}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("batch, prepared", [(3, True), ("N", False)])
+def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
+    """Static operands: the matrix products, LayerNormalization and LogSoftmax run their
+    prepared form (their plan made once); a dynamic batch keeps the general kernels. Both
+    agree with onnxruntime."""
+    from nncc.kernels.registry import by_key
+
+    path = mlp_model(tmp_path, batch)
+    model = nncc.compile_model(path, backends=["numpy"])
+    plan = model._executor.plan
+    general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
+    ran = [step[0] for step in model._executor.steps]
+    assert [by_key(k).op_type for k in plan.kernels] == [
+        "FusedMatMul", "Gemm", "LayerNormalization", "MatMul", "LogSoftmax"]
+    assert [fn is not g for fn, g in zip(ran, general)] == [prepared] * 5
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+    want = session.run(None, {"x": x})[0]
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_partition_that_is_not_what_its_backend_makes_runs_its_instructions(tmp_path):
+    """A plan is input: one naming the example backend for the Relu partition (which that
+    backend never takes) gets the instructions there, not a unit built on a wrong guess."""
+    import dataclasses
+
+    from nncc.runtime.executor import Executor
+
+    compiled = nncc.compile_model(chain_model(tmp_path), backends=["example", "numpy"], plugins=[EXAMPLE])
+    plan = dataclasses.replace(compiled._executor.plan)
+    plan.partitions = [dataclasses.replace(p, backend="example") for p in plan.partitions]
+    executor = Executor(plan)
+    assert [u.kind for u in executor.units] == ["example", "instructions", "example"]
+    feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_array_equal(executor.run(feeds)[name], value)
+
+
+@pytest.mark.parametrize("batch, prepared", [(2, True), ("N", False)])
+def test_convolutions_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
+    """A Conv with bias and Relu (fused by the passes) and a strided, padded, grouped Conv:
+    their geometry is worked out once with static shapes. Checked against onnxruntime."""
+    from nncc.kernels.registry import by_key
+
+    rng = np.random.default_rng(4)
+
+    def weight(name, *shape):
+        return onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2], pads=[0, 1, 1, 0], group=2)]
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", F, [batch, 3, 9, 9])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [weight("w1", 4, 3, 3, 3), weight("b1", 4), weight("w2", 6, 2, 3, 3)])
+    path = tmp_path / "convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    model = nncc.compile_model(path, backends=["numpy"])
+    plan = model._executor.plan
+    assert [by_key(k).op_type for k in plan.kernels] == ["FusedConv", "Conv"]
+    general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
+    assert [step[0] is not g for step, g in zip(model._executor.steps, general)] == [prepared] * 2
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(2):
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
