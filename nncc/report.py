@@ -9,6 +9,15 @@ from nncc.plan.memory import is_splat
 from nncc.plan.plan import Plan
 
 
+def plan_stage(plan: Plan) -> str | None:
+    """The cache stage a plan was compiled as (recorded by the cache), else what its code
+    says: native code is the optimized stage; a plan without it names no stage."""
+    stage = plan.options.get("stage")
+    if stage in ("quick", "optimized"):
+        return stage
+    return "optimized" if plan.native and plan.code is not None else None
+
+
 def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
     partitions = []
     native = {c.partition for c in plan.native} if plan.code is not None else set()
@@ -35,6 +44,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "format_version": FORMAT_VERSION,
         "producer": plan.producer,
         "options": plan.options,
+        "stage": plan_stage(plan),
         "inputs": [_slot(plan, s) for s in plan.inputs],
         "outputs": [_slot(plan, s) for s in plan.outputs],
         "instructions": len(plan.instructions),

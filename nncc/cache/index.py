@@ -25,9 +25,10 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 INDEX_NAME = "index.sqlite3"
-COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions")
+COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions", "upgrades")
+STAGES = ("quick", "optimized")  # an entry's stage (nncc/cache/stages.py)
 _RETRIES = 50
 
 _SCHEMA = """
@@ -48,7 +49,8 @@ CREATE TABLE IF NOT EXISTS entries (
     created REAL NOT NULL,
     last_used REAL NOT NULL,
     hits INTEGER NOT NULL DEFAULT 0,
-    compile_seconds REAL
+    compile_seconds REAL,
+    stage TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -62,6 +64,12 @@ CREATE TABLE IF NOT EXISTS manifest (
     recorded REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS manifest_token ON manifest (token);
+CREATE TABLE IF NOT EXISTS native_failures (
+    token TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    recorded REAL NOT NULL,
+    compiler TEXT
+);
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
     nncc_version TEXT,
@@ -74,7 +82,7 @@ CREATE TABLE IF NOT EXISTS stale (
 
 ENTRY_COLUMNS = ("token", "plan_hash", "data_hash", "plan_size", "data_size", "nncc_version",
                  "format_version", "source_path", "model_hash", "preference", "options",
-                 "created", "last_used", "hits", "compile_seconds")
+                 "created", "last_used", "hits", "compile_seconds", "stage")
 
 
 class IndexCorrupt(Exception):
@@ -107,6 +115,7 @@ class Entry:
     last_used: float
     hits: int
     compile_seconds: float | None
+    stage: str | None = None  # "quick" (portable plan, native stage to come) or "optimized"
 
     @property
     def size(self) -> int:
@@ -136,6 +145,8 @@ class Entry:
                 return f"{name} is not a time: {getattr(self, name)!r:.40}"
         if self.compile_seconds is not None and not number(self.compile_seconds, (int, float)):
             return f"compile_seconds is not a number: {self.compile_seconds!r:.40}"
+        if self.stage is not None and self.stage not in STAGES:
+            return f"stage is not one of {', '.join(STAGES)}: {self.stage!r:.40}"
         for name in ("source_path", "model_hash", "preference", "options"):
             if getattr(self, name) is not None and type(getattr(self, name)) is not str:
                 return f"{name} is not text"
@@ -264,6 +275,7 @@ class Index:
                 conn.execute("DELETE FROM entries")
                 conn.execute("DELETE FROM chunks")
                 conn.execute("DELETE FROM manifest")
+                conn.execute("DELETE FROM native_failures")
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'nncc_version'", (self.version,))
                 self.reinitialized = True
             for name in COUNTERS:
@@ -399,6 +411,7 @@ class Index:
                       f"({', '.join('?' * len(ENTRY_COLUMNS))})", values)
             c.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?)", (entry.token, chunks))
             c.execute("DELETE FROM stale WHERE token = ?", (entry.token,))
+            c.execute("DELETE FROM native_failures WHERE token = ?", (entry.token,))  # a new build: its own record
             c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
 
         self._write(fn)
@@ -424,11 +437,30 @@ class Index:
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
             c.execute("DELETE FROM chunks WHERE token = ?", (token,))
             c.execute("DELETE FROM manifest WHERE token = ?", (token,))
+            c.execute("DELETE FROM native_failures WHERE token = ?", (token,))
             if counter:
                 c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
             return n > 0
 
         return self._write(fn)
+
+    # -- native-stage failures: a compile that failed is not retried on every run --------
+
+    def record_failure(self, token: str, reason: str, compiler: str | None) -> None:
+        now = time.time()
+        self._write(lambda c: c.execute("INSERT OR REPLACE INTO native_failures VALUES (?, ?, ?, ?)",
+                                        (token, reason, now, compiler)))
+
+    def failure(self, token: str) -> dict | None:
+        """{reason, recorded, compiler} of the token's failed native compile, or None."""
+        row = self._read(lambda c: c.execute(
+            "SELECT reason, recorded, compiler FROM native_failures WHERE token = ?", (token,)).fetchone())
+        return None if row is None else dict(zip(("reason", "recorded", "compiler"), row))
+
+    def failures(self) -> dict[str, dict]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT token, reason, recorded, compiler FROM native_failures ORDER BY recorded").fetchall())
+        return {r[0]: dict(zip(("reason", "recorded", "compiler"), r[1:])) for r in rows}
 
     def chunks(self, token: str) -> bytes | None:
         """The data cache's chunk hashes as recorded with the entry (None: no row)."""

@@ -52,7 +52,11 @@ def report_cache(outcome) -> None:
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
+    if getattr(outcome, "stage", None):
+        text += f" ({outcome.stage} stage)"
     status(f"nncc: {text}")
+    if getattr(outcome, "upgrade", None):
+        detail(f"nncc: building the optimized stage in the background ({outcome.upgrade})")
     if outcome.token:
         detail(f"nncc: cache token {outcome.token}" + (f" in {outcome.directory}" if outcome.directory else ""))
 
@@ -157,12 +161,12 @@ def ls(sort, cache_dir, trust_shared, as_json):
     if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
         out = Console(width=200)
     table = Table(title=f"nncc cache at {c.directory}", title_justify="left")
-    for col in ("token", "model", "model cache", "data cache", "preference", "created", "last used",
+    for col in ("token", "model", "stage", "model cache", "data cache", "preference", "created", "last used",
                 "hits", "version"):
         table.add_column(col, justify="right" if col in ("model cache", "data cache", "hits") else "left",
                          no_wrap=True)
     for e in entries:
-        table.add_row(e.token[:12], _model_name(e.source_path), format_bytes(e.plan_size),
+        table.add_row(e.token[:12], _model_name(e.source_path), e.stage or "-", format_bytes(e.plan_size),
                       format_bytes(e.data_size), e.preference or "-", _when(e.created), _when(e.last_used),
                       str(e.hits), e.nncc_version)
     out.print(table)
@@ -188,7 +192,7 @@ def info(cache_dir, trust_shared, as_json):
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
-                       "read_only": False, "disk_full": False})
+                       "read_only": False, "disk_full": False, "native_failures": {}})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
@@ -197,6 +201,7 @@ def info(cache_dir, trust_shared, as_json):
         counters = c.index.counters()
         meta = c.index.meta()
         stale = len(c.index.stale())
+        failures = c.index.failures()
         payload = {
             "directory": c.directory,
             "index": c.index.path,
@@ -209,6 +214,7 @@ def info(cache_dir, trust_shared, as_json):
             "read_only": c.read_only,
             "disk_full": c.disk_full,
             "exists": True,
+            "native_failures": failures,  # token -> why its native stage failed to build
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -228,12 +234,15 @@ def info(cache_dir, trust_shared, as_json):
         ("Corruptions", str(counters["corruptions"])),
         ("Recompiles", str(counters["recompiles"])),
         ("Evictions", str(counters["evictions"])),
+        ("Upgrades", str(counters["upgrades"])),
         ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
     ]
     if payload["disk_full"]:
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
     elif payload["read_only"]:
         rows.insert(1, ("Read-only", "yes: serves verified hits, stores nothing"))
+    for token, failure in failures.items():  # not retried until the compiler or the model changes
+        rows.append(("Native build failed", f"{token[:12]} at {_when(failure['recorded'])}: {failure['reason']}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")

@@ -34,6 +34,15 @@ def options_dict(preference, opt_level, backends, plugins, target="native") -> d
     return options
 
 
+def stage_option(default=None, help_default="quick on a miss, optimized in the background once used often"):
+    """--stage quick|optimized: force a cache entry's stage (nncc/cache/stages.py)."""
+    def decorate(command):
+        return click.option("--stage", type=click.Choice(["quick", "optimized"]), default=default,
+                            help=f"Cache entry stage: quick (portable plan, no C compiler) or optimized "
+                                 f"(native code, built now). Default: {help_default}.")(command)
+    return decorate
+
+
 def trust_native_option(command):
     return click.option("--trust-native", is_flag=True,
                         help="Run an artifact's native code (it runs whoever built the file); "

@@ -13,6 +13,8 @@ def print_report(report: dict) -> None:
     opts = report["options"]
     tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
              f"backends={','.join(opts.get('backends', []))}")
+    if report.get("stage"):
+        tree.add(f"stage: {report['stage']}")
     io = tree.add("inputs / outputs")
     for kind in ("inputs", "outputs"):
         for v in report[kind]:

@@ -8,7 +8,7 @@ import time
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, options_dict, trust_native_option, verbosity_options
+from nncc.cli.options import compile_options, options_dict, stage_option, trust_native_option, verbosity_options
 from nncc.cli.output import detail, emit_json, print_outputs
 
 
@@ -31,13 +31,14 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--inputs-per-step", "per_step_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="A folder with one .npz of inputs per step, in name order (step_000.npz, ...).")
 @compile_options
+@stage_option()
 @trust_native_option
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        preference, opt_level, backends, plugins, target, trust_native, cache_dir, no_cache, trust_shared, hash_mode,
-        as_json):
+        preference, opt_level, backends, plugins, target, stage, trust_native, cache_dir, no_cache, trust_shared,
+        hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -63,15 +64,16 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
             load_plugin(module)
         session = nncc.load(source, trust_native=trust_native)
     else:
-        from nncc.model import prepare
-
+        from nncc.cache.flows import prepare as cached_prepare
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
         options = options_dict(preference, opt_level, backends, plugins, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
-            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                       trust_shared=trust_shared, hash_mode=hash_mode, **options)
+            # the native stage, when due, is built by a detached worker that outlives this command
+            session, outcome = cached_prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
+                                              trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
+                                              background="process", **options)
         report_cache(outcome)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
