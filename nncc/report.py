@@ -9,13 +9,10 @@ from nncc.plan.memory import is_splat
 from nncc.plan.plan import Plan
 
 
-def plan_stage(plan: Plan) -> str | None:
-    """The cache stage a plan was compiled as (recorded by the cache), else what its code
-    says: native code is the optimized stage; a plan without it names no stage."""
-    stage = plan.options.get("stage")
-    if stage in ("quick", "optimized"):
-        return stage
-    return "optimized" if plan.native and plan.code is not None else None
+def plan_stage(plan: Plan) -> str:
+    """The cache stage a plan was compiled as: a quick plan is marked so; any other is a
+    full compile (nncc/cache/stages.py)."""
+    return "quick" if plan.options.get("stage") == "quick" else "optimized"
 
 
 def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:

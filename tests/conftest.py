@@ -17,6 +17,9 @@ def light_models_dir() -> pathlib.Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # No test may touch the user's real nncc cache.
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
+    # No background build of a native stage behind a test's back (a detached worker would
+    # outlive the test); tests of the stages turn it on themselves.
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import Entry, IndexCorrupt, IndexUnavailable
 from nncc.cache.locking import FileLock
-from nncc.cache.stages import StagePolicy
+from nncc.cache.stages import OPTIMIZED, StagePolicy, mark_stage
 from nncc.cache.store import Cache, resolve_cache_dir
 from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.notice import warn
@@ -85,7 +85,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     source = ModelSource(path, model_bytes)
     policy = StagePolicy(opts, stage, background)
     if not use_cache:
-        model = _compile(source, policy.uncached_options())
+        model = _compile(source, *policy.uncached())
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
     from nncc.cache.token import token_context
 
@@ -95,7 +95,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
     except CacheUnavailable as exc:
         reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
-        return _degraded(source, policy.uncached_options(), _content_token(source, context, directory),
+        return _degraded(source, policy.uncached(), _content_token(source, context, directory),
                          directory, reason, start)
     token = None
     try:
@@ -117,7 +117,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     except (CacheUnavailable, IndexUnavailable, IndexCorrupt, OSError) as exc:
         if token is None:
             token = _content_token(source, context, directory)
-        return _degraded(source, policy.uncached_options(), token, directory, str(exc), start)
+        return _degraded(source, policy.uncached(), token, directory, str(exc), start)
     finally:
         cache.close()
 
@@ -157,10 +157,11 @@ def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float,
     return policy.after_hit(cache, token, source, model, start)
 
 
-def _degraded(source: ModelSource, opts, token, directory, reason, start, model=None):
+def _degraded(source: ModelSource, compiling, token, directory, reason, start, model=None):
+    """``compiling``: (options, stage) to compile with when ``model`` is None."""
     warn(f"compilation cache at {directory} is unavailable ({reason}); compiling in memory")
     if model is None:
-        model = _compile(source, opts)
+        model = _compile(source, *compiling)
     return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
 
 
@@ -172,7 +173,7 @@ def _prepare_read_only(cache: Cache, token: str, source: ModelSource, policy: "S
         return policy.after_hit(cache, token, source, model, start)
     reason = (("disk full, " if cache.disk_full else "read-only, ")
               + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model"))
-    return _degraded(source, policy.uncached_options(), token, cache.directory, reason, start)
+    return _degraded(source, policy.uncached(), token, cache.directory, reason, start)
 
 
 def load_entry(cache: Cache, entry: Entry):
@@ -233,7 +234,7 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
             compile_start = time.perf_counter()
             plan = _compile_plan(source, opts)
             compile_seconds = time.perf_counter() - compile_start
-            plan.options["stage"] = stage
+            mark_stage(plan, stage)
             from nncc.model import CompiledModel
 
             model = CompiledModel(plan, trust_native=True)  # native code built just now
@@ -242,7 +243,7 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
                        counter="recompiles" if rejected else "misses", stage=stage)
                 policy.record_build(cache, token, plan)
             except (CacheWriteError, IndexUnavailable) as exc:
-                return _degraded(source, opts, token, directory, f"cannot store: {exc}", start, model)
+                return _degraded(source, None, token, directory, f"cannot store: {exc}", start, model)
     if hit:
         return policy.after_hit(cache, token, source, model, start)  # outside the lock: it may take it
     outcome = "recompiled" if rejected else "miss"
@@ -308,10 +309,12 @@ def _compile_plan(source: ModelSource, opts):
     return compile_graph(graph, opts)
 
 
-def _compile(source: ModelSource, opts):
+def _compile(source: ModelSource, opts, stage: str = OPTIMIZED):
     from nncc.model import CompiledModel
 
-    return CompiledModel(_compile_plan(source, opts), trust_native=True)  # built just now
+    plan = _compile_plan(source, opts)
+    mark_stage(plan, stage)
+    return CompiledModel(plan, trust_native=True)  # built just now
 
 
 def artifact_bytes(model) -> bytes:

@@ -54,6 +54,13 @@ def stage_options(opts, stage: str):
     return opts
 
 
+def mark_stage(plan, stage: str) -> None:
+    """A quick plan says so in its options (``nncc inspect`` shows it); an optimized one is
+    what a plain compile produces, byte for byte, so it carries no mark."""
+    if stage == QUICK:
+        plan.options["stage"] = QUICK
+
+
 def compiler_key(opts) -> str | None:
     toolchain = opts.toolchain()
     return None if toolchain is None else json.dumps(toolchain.key(), sort_keys=True)
@@ -131,9 +138,11 @@ class StagePolicy:
         self.forced = forced
         self.background = background
 
-    def uncached_options(self):
-        """Without a cache there is no later stage: compile the forced one, else everything."""
-        return stage_options(self.opts, self.forced) if self.forced == QUICK else self.opts
+    def uncached(self):
+        """(options, stage) without a cache, where there is no later stage: the forced
+        stage, else everything now."""
+        stage = QUICK if self.forced == QUICK else OPTIMIZED
+        return stage_options(self.opts, stage), stage
 
     def miss_stage(self) -> str:
         return miss_stage(self.opts, self.forced)
@@ -197,5 +206,6 @@ def portable_only(model):
     plan = copy.copy(model.plan)
     plan.native = []
     plan.code = None
-    plan.options = dict(plan.options, stage=QUICK)
+    plan.options = dict(plan.options)
+    mark_stage(plan, QUICK)
     return CompiledModel(plan, trust_native=False)

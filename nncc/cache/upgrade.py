@@ -72,7 +72,6 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
     if error:
         cache.index.record_failure(token, str(error), compiler_key(opts))
         return FAILED
-    plan.options["stage"] = OPTIMIZED
     with _locked(cache, token, shared=False):
         entry = cache.index.get(token)
         if entry is None or entry.stage != QUICK:

@@ -45,7 +45,8 @@ def inspect(path, preference, opt_level, backends, plugins, target, stage, as_js
             options["backends"] = tuple(b for b in options.get("backends", CompileOptions.backends) if b != "native")
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
             plan = compile_plan(path, source, options)
-        plan.options["stage"] = stage
+        if stage == "quick":
+            plan.options["stage"] = stage
         from nncc.plan.format import serialize
 
         size = len(serialize(plan))
