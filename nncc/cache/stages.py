@@ -100,8 +100,8 @@ def start_upgrade(cache, token: str, source, opts, background: str) -> str | Non
                                   args=(cache.directory, token, source, opts))
         thread.start()  # not a daemon: exiting waits for the build rather than tearing its write
         return "thread"
-    if source.given or not os.path.isfile(source.path):
-        return None  # the worker reads the model file itself
+    if not os.path.isfile(source.path):
+        return None  # the worker reads the model file itself (and checks it still hashes to the token)
     spawn_worker(cache.directory, token, os.path.abspath(os.fspath(source.path)), opts)
     return "process"
 
