@@ -83,7 +83,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
     mode = direct.hash_mode(hash_mode)
     source = ModelSource(path, model_bytes)
-    policy = StagePolicy(opts, stage, background)
+    policy = StagePolicy(opts, stage, background, trust_shared)
     if not use_cache:
         model = _compile(source, *policy.uncached())
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
@@ -241,9 +241,9 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
             try:
                 _store(cache, token, plan, source, policy.opts, compile_seconds,
                        counter="recompiles" if rejected else "misses", stage=stage)
-                policy.record_build(cache, token, plan)
             except (CacheWriteError, IndexUnavailable) as exc:
                 return _degraded(source, None, token, directory, f"cannot store: {exc}", start, model)
+            policy.record_build(cache, token, plan)
     if hit:
         return policy.after_hit(cache, token, source, model, start)  # outside the lock: it may take it
     outcome = "recompiled" if rejected else "miss"

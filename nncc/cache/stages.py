@@ -13,9 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
-import threading
 
 QUICK = "quick"
 OPTIMIZED = "optimized"
@@ -85,7 +82,7 @@ def upgrade_lock_path(directory: str, token: str) -> str:
     return os.path.join(directory, "locks", token + ".upgrade")
 
 
-def start_upgrade(cache, token: str, source, opts, background: str) -> str | None:
+def start_upgrade(cache, token: str, source, opts, background: str, trust_shared: bool | None = None) -> str | None:
     """Start building the optimized stage in the background: "process" (a detached worker
     that outlives this command) or "thread". Returns what was started, or None when a
     builder already runs (or the model cannot be read again, e.g. from a pipe)."""
@@ -96,30 +93,35 @@ def start_upgrade(cache, token: str, source, opts, background: str) -> str | Non
         return None  # a builder holds it
     held.release()  # the builder takes it itself; a second one that races us exits at once
     if background == "thread":
+        import threading
+
         thread = threading.Thread(target=_upgrade_in_thread, name=f"nncc-upgrade-{token[:12]}",
-                                  args=(cache.directory, token, source, opts))
+                                  args=(cache.directory, token, source, opts, trust_shared))
         thread.start()  # not a daemon: exiting waits for the build rather than tearing its write
         return "thread"
     if not os.path.isfile(source.path):
         return None  # the worker reads the model file itself (and checks it still hashes to the token)
-    spawn_worker(cache.directory, token, os.path.abspath(os.fspath(source.path)), opts)
+    spawn_worker(cache.directory, token, os.path.abspath(os.fspath(source.path)), opts, trust_shared)
     return "process"
 
 
-def spawn_worker(directory: str, token: str, model_path: str, opts) -> subprocess.Popen:
+def spawn_worker(directory: str, token: str, model_path: str, opts, trust_shared: bool | None = None):
     """``python -m nncc.cache.upgrade``, in its own session, detached from this terminal."""
+    import subprocess
+    import sys
+
     options = json.dumps(dataclasses.asdict(opts))
     cmd = [sys.executable, "-m", "nncc.cache.upgrade", "--cache-dir", directory, "--token", token,
-           "--model", model_path, "--options", options]
+           "--model", model_path, "--options", options] + (["--trust-shared"] if trust_shared else [])
     with open(os.devnull, "r+b") as null:
         return subprocess.Popen(cmd, stdin=null, stdout=null, stderr=null, start_new_session=True,
                                 close_fds=True)
 
 
-def _upgrade_in_thread(directory: str, token: str, source, opts) -> None:
+def _upgrade_in_thread(directory: str, token: str, source, opts, trust_shared: bool | None) -> None:
     from nncc.cache.upgrade import upgrade_token
 
-    upgrade_token(directory, token, source, opts)
+    upgrade_token(directory, token, source, opts, trust_shared=trust_shared)
 
 
 class StagePolicy:
@@ -127,7 +129,7 @@ class StagePolicy:
     does (start a background upgrade, build the forced optimized stage now, or serve only
     the portable plan of an optimized entry when the quick stage is forced)."""
 
-    def __init__(self, opts, forced: str | None, background: str | None):
+    def __init__(self, opts, forced: str | None, background: str | None, trust_shared: bool | None = None):
         from nncc.compiler import OptionError
 
         if forced not in (None, QUICK, OPTIMIZED):
@@ -137,6 +139,7 @@ class StagePolicy:
         self.opts = opts
         self.forced = forced
         self.background = background
+        self.trust_shared = trust_shared  # the worker opens the cache as this prepare did
 
     def uncached(self):
         """(options, stage) without a cache, where there is no later stage: the forced
@@ -170,7 +173,7 @@ class StagePolicy:
         elif self.forced == QUICK and stage == OPTIMIZED:
             model = portable_only(model)
         elif self.forced is None and self.background and entry is not None and upgrade_due(cache, entry, self.opts):
-            started = start_upgrade(cache, token, source, self.opts, self.background)
+            started = start_upgrade(cache, token, source, self.opts, self.background, self.trust_shared)
         return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory,
                                    stage=stage, upgrade=started)
 
@@ -182,7 +185,8 @@ class StagePolicy:
         from nncc.cache.locking import FileLock
         from nncc.cache.upgrade import BUSY, upgrade_token
 
-        while upgrade_token(cache.directory, token, source, self.opts, force=True) == BUSY:
+        while upgrade_token(cache.directory, token, source, self.opts, force=True,
+                            trust_shared=self.trust_shared) == BUSY:
             with FileLock(upgrade_lock_path(cache.directory, token)):
                 pass  # wait for the builder, then look again
         with _locked(cache, token, shared=True):

@@ -28,7 +28,8 @@ from nncc.cache.stages import OPTIMIZED, QUICK, compiler_key, upgrade_lock_path
 UPGRADED, FAILED, SKIPPED, BUSY, CHANGED = "upgraded", "failed", "skipped", "busy", "changed"
 
 
-def upgrade_token(directory: str, token: str, source, opts, force: bool = False) -> str:
+def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
+                  trust_shared: bool | None = None) -> str:
     """Build and commit the optimized stage of ``token``; returns one of UPGRADED, FAILED,
     SKIPPED (nothing to do), BUSY (another builder runs) or CHANGED (the model's bytes no
     longer hash to the token). Never raises for cache trouble: this is background work."""
@@ -42,7 +43,7 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False)
     if held is None:
         return BUSY
     try:
-        with Cache.open(directory) as cache:
+        with Cache.open(directory, trust_shared=trust_shared) as cache:
             return _upgrade(cache, token, source, opts, force)
     except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
         warn(f"cannot build the optimized stage of cache entry {token[:12]}: {exc}")
@@ -54,6 +55,7 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False)
 
 def _upgrade(cache, token: str, source, opts, force: bool) -> str:
     from nncc.cache.flows import _compile_plan, _locked, _store
+    from nncc.cache.index import IndexCorrupt, IndexUnavailable
     from nncc.errors import NnccError
 
     entry = cache.index.get(token)
@@ -77,6 +79,12 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
         if entry is None or entry.stage != QUICK:
             return SKIPPED  # removed, or upgraded by `nncc compile` meanwhile
         _store(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
+    try:
+        from nncc.cache.gc import auto_collect
+
+        auto_collect(cache, keep={token})  # native code makes the entry bigger
+    except (IndexUnavailable, IndexCorrupt, OSError):
+        pass  # housekeeping never fails the upgrade
     return UPGRADED
 
 
@@ -97,9 +105,11 @@ def main(argv=None) -> int:
     parser.add_argument("--token", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
+    parser.add_argument("--trust-shared", action="store_true", help="the cache folder may be shared")
     args = parser.parse_args(argv)
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.options).items()}
-    outcome = upgrade_token(args.cache_dir, args.token, ModelSource(args.model), CompileOptions(**fields))
+    outcome = upgrade_token(args.cache_dir, args.token, ModelSource(args.model), CompileOptions(**fields),
+                            trust_shared=True if args.trust_shared else None)
     return 0 if outcome in (UPGRADED, SKIPPED, BUSY) else 1
 
 
