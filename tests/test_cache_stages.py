@@ -301,3 +301,27 @@ def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
     assert (outcome.stage, model.native_partitions) == ("optimized", 1)
     np.testing.assert_allclose(model.run({"x": x})["probs"], s.want, rtol=1e-4, atol=1e-5)
     assert s.builds() == 1
+
+
+def test_worker_aborts_when_the_model_no_longer_hashes_to_the_token(tmp_path):
+    s = Setup(tmp_path)
+    first, _ = s.run("--stage", "quick")
+    options = {"preference": "fast-single-answer", "opt_level": 2, "backends": ["native", "numpy"],
+               "plugins": [], "target": "native"}
+    original = s.model.read_bytes()
+    edited = onnx.load(str(s.model))
+    edited.doc_string = "edited after the entry was made"
+    onnx.save(edited, str(s.model))
+
+    def worker():
+        return subprocess.run([sys.executable, "-m", "nncc.cache.upgrade", "--cache-dir", str(s.cache),
+                               "--token", first["token"], "--model", str(s.model), "--options",
+                               json.dumps(options)], env=s.env, capture_output=True, text=True)
+
+    aborted = worker()
+    assert aborted.returncode == 1, aborted.stderr
+    assert s.stage() == "quick" and s.calls() == 0 and s.failures() == []  # nothing built, nothing recorded
+    s.model.write_bytes(original)  # the same worker on the model the entry was made from upgrades it
+    done = worker()
+    assert done.returncode == 0, done.stderr
+    assert s.stage() == "optimized" and s.builds() == 1
