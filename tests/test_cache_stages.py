@@ -139,6 +139,7 @@ def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
     assert [e["stage"] for e in listing["entries"]] == ["optimized"]
     info = json.loads(s.cli("cache", "info", "--json").stdout)
     assert info["counters"]["upgrades"] == 1 and info["native_failures"] == {}
+    assert info["stages"] == {"quick": 0, "optimized": 1}
     assert s.builds() == 1  # hits on the optimized entry build nothing
 
 
@@ -234,6 +235,7 @@ def test_a_hanging_compiler_is_recorded_and_not_retried(tmp_path):
     assert s.stage() == "quick"
     info = s.cli("cache", "info")
     assert "Native build failed" in info.stdout and "timed out" in info.stdout
+    assert "1 quick, 0 optimized" in info.stdout
     assert json.loads(s.cli("cache", "info", "--json").stdout)["native_failures"][token]["reason"] == reason
     for _ in range(2):
         served, native = s.run()

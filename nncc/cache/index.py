@@ -457,6 +457,11 @@ class Index:
             "SELECT reason, recorded, compiler FROM native_failures WHERE token = ?", (token,)).fetchone())
         return None if row is None else dict(zip(("reason", "recorded", "compiler"), row))
 
+    def stage_counts(self) -> dict[str, int]:
+        """How many entries hold each stage (rows written before stages count as neither)."""
+        rows = dict(self._read(lambda c: c.execute("SELECT stage, count(*) FROM entries GROUP BY stage").fetchall()))
+        return {stage: int(rows.get(stage, 0)) for stage in STAGES}
+
     def failures(self) -> dict[str, dict]:
         rows = self._read(lambda c: c.execute(
             "SELECT token, reason, recorded, compiler FROM native_failures ORDER BY recorded").fetchall())

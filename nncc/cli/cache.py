@@ -192,7 +192,8 @@ def info(cache_dir, trust_shared, as_json):
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
-                       "read_only": False, "disk_full": False, "native_failures": {}})
+                       "read_only": False, "disk_full": False, "stages": {"quick": 0, "optimized": 0},
+                       "native_failures": {}})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
@@ -202,6 +203,7 @@ def info(cache_dir, trust_shared, as_json):
         meta = c.index.meta()
         stale = len(c.index.stale())
         failures = c.index.failures()
+        stages = c.index.stage_counts()
         payload = {
             "directory": c.directory,
             "index": c.index.path,
@@ -214,6 +216,7 @@ def info(cache_dir, trust_shared, as_json):
             "read_only": c.read_only,
             "disk_full": c.disk_full,
             "exists": True,
+            "stages": stages,  # entries per stage: quick (native stage to come) or optimized
             "native_failures": failures,  # token -> why its native stage failed to build
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
@@ -227,6 +230,7 @@ def info(cache_dir, trust_shared, as_json):
         ("Index", payload["index"]),
         ("nncc version", str(payload["nncc_version"])),
         ("Entries", str(count)),
+        ("Stages", f"{stages['quick']} quick, {stages['optimized']} optimized"),
         ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
         ("Hits", str(counters["hits"])),
