@@ -200,6 +200,10 @@ def test_sigkill_of_the_worker_mid_build_keeps_stage_one(tmp_path):
     slow_flag.unlink()
     s.wait_for(lambda: not _alive(worker), "the killed worker to go")
     assert s.stage() == "quick" and s.failures() == []  # stage 1 intact, nothing recorded
+    left = s.cache / "locks" / f"{third['token']}.upgrade"
+    assert left.exists()  # the killed worker's lock file: gc removes it, as nobody holds it
+    gc = s.cli("cache", "gc")
+    assert gc.returncode == 0 and not left.exists(), gc.stderr
     verify = s.cli("cache", "verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     served, native = s.run()
@@ -327,3 +331,14 @@ def test_worker_aborts_when_the_model_no_longer_hashes_to_the_token(tmp_path):
     done = worker()
     assert done.returncode == 0, done.stderr
     assert s.stage() == "optimized" and s.builds() == 1
+
+
+def test_gc_leaves_the_upgrade_lock_of_a_running_builder(tmp_path):
+    from nncc.cache.locking import FileLock
+
+    s = Setup(tmp_path)
+    first, _ = s.run("--stage", "quick")
+    path = s.cache / "locks" / f"{first['token']}.upgrade"
+    with FileLock(str(path)):  # a builder at work
+        gc = s.cli("cache", "gc")
+        assert gc.returncode == 0 and path.exists(), gc.stderr
