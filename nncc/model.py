@@ -132,7 +132,7 @@ def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: di
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
             trust_shared: bool | None = None, model_bytes: bytes | None = None, hash_mode: str | None = None,
-            **options):
+            stage: str | None = None, **options):
     """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
 
     A hit prepares from the cache files after checking them against the hash index; a miss
@@ -143,11 +143,17 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     alone (one warning). ``hash_mode``: "direct" (default, $NNCC_CACHE_HASH_MODE) finds an
     unchanged model's entry by the file's identity without reading it; "content" always
     hashes the model (docs/cache.md).
+
+    Stages: a miss stores the quick portable plan and returns at once; once the entry has
+    been hit $NNCC_UPGRADE_AFTER times (default 2) a background thread builds its native
+    stage, which the next prepare() picks up. ``stage="quick"`` or ``"optimized"`` forces
+    one (optimized: the native code is built now).
     """
     from nncc.cache.flows import prepare as cached_prepare
 
     return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
-                          model_bytes=model_bytes, hash_mode=hash_mode, **options)
+                          model_bytes=model_bytes, hash_mode=hash_mode, stage=stage, background="thread",
+                          **options)
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,

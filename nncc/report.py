@@ -10,6 +10,12 @@ from nncc.ir.splats import stores_as_splat
 from nncc.plan.plan import Plan
 
 
+def plan_stage(plan: Plan) -> str:
+    """The cache stage a plan was compiled as: a quick plan is marked so; any other is a
+    full compile (nncc/cache/stages.py)."""
+    return "quick" if plan.options.get("stage") == "quick" else "optimized"
+
+
 def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
     partitions = []
     native = {c.partition for c in plan.native} if plan.code is not None else set()
@@ -36,6 +42,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "format_version": FORMAT_VERSION,
         "producer": plan.producer,
         "options": plan.options,
+        "stage": plan_stage(plan),
         "inputs": [_slot(plan, s) for s in plan.inputs],
         "outputs": [_slot(plan, s) for s in plan.outputs],
         "instructions": len(plan.instructions),

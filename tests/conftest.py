@@ -30,6 +30,9 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
     monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
     monkeypatch.setenv("NNCC_CONFIG_FILE", str(tmp_path_factory.mktemp("nncc-config-file") / "config.toml"))
+    # No background build of a native stage behind a test's back (a detached worker would
+    # outlive the test); tests of the stages turn it on themselves.
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
 
 
 @pytest.fixture

@@ -118,7 +118,8 @@ def test_miss_then_hit(cache_dir, capsys):
     plan, data = Cache(str(cache_dir)).paths(entry.token)
     assert os.path.getsize(plan) == entry.plan_size and os.path.getsize(data) == entry.data_size
     assert pathlib.Path(plan).parent.name == entry.token[:2]
-    assert counters(cache_dir) == {"hits": 1, "misses": 1, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0}
+    assert counters(cache_dir) == {"hits": 1, "misses": 1, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0,
+                                   "upgrades": 0}
     assert warnings_in(capsys.readouterr().err) == []
 
 
@@ -175,8 +176,8 @@ def test_nncc_model_prepare_and_options_in_key(cache_dir):
 
 def test_artifact_from_cache_is_byte_identical(cache_dir):
     fresh = nncc.compile_model(RESNET).to_bytes()
-    m1, o1 = prepare(RESNET, cache_dir=cache_dir)
-    m2, o2 = prepare(RESNET, cache_dir=cache_dir)
+    m1, o1 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")  # what `nncc compile` stores
+    m2, o2 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     assert (o1.outcome, o2.outcome) == ("miss", "hit")
     assert flows_mod.artifact_bytes(m1) == fresh
     assert flows_mod.artifact_bytes(m2) == fresh
@@ -185,7 +186,7 @@ def test_artifact_from_cache_is_byte_identical(cache_dir):
 def test_cached_entry_is_what_compile_produces(cache_dir):
     from nncc.plan.format import serialize_parts
 
-    prepare(RESNET, cache_dir=cache_dir)
+    prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     entry = only_entry(cache_dir)
     plan, data = Cache(str(cache_dir)).paths(entry.token)
     want_plan, want_data = serialize_parts(nncc.compile_model(RESNET).plan)
@@ -565,7 +566,7 @@ def test_other_nncc_version_reinitializes_the_index(cache_dir, capsys):
 
 
 def test_file_of_other_version_without_row_is_stale(cache_dir):
-    prepare(RESNET, cache_dir=cache_dir)
+    prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     entry = only_entry(cache_dir)
     plan_path = _entries(cache_dir)[str(RESNET)][0]
     raw = bytearray(pathlib.Path(plan_path).read_bytes())
@@ -867,7 +868,8 @@ def test_file_lock_exclusion_and_safe_unlink(tmp_path):
 
 def test_index_counters_and_rows(tmp_path):
     index = Index(str(tmp_path), "1.2.3", 1).open()
-    assert index.counters() == {"hits": 0, "misses": 0, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0}
+    assert index.counters() == {"hits": 0, "misses": 0, "corruptions": 0, "recompiles": 0, "evictions": 0, "remote_hits": 0, "remote_misses": 0, "remote_rejected": 0, "remote_errors": 0,
+                                   "upgrades": 0}
     assert index.meta()["nncc_version"] == "1.2.3"
     index.close()
     again = Index(str(tmp_path), "1.2.4", 1).open()

@@ -58,7 +58,8 @@ def test_run_miss_hit_and_no_cache(cli, cache_dir, tmp_path):
     code, out, err = cli("run", RESNET, "--inputs", feeds, "--no-cache", "--json")
     assert code == 0 and json.loads(out)["cache"] == {"outcome": "disabled", "token": None,
                                                        "seconds": json.loads(out)["cache"]["seconds"],
-                                                       "directory": None, "detail": None, "evicted": None}
+                                                       "directory": None, "detail": None, "evicted": None,
+                                                       "stage": None, "upgrade": None}
     assert "cache disabled" in err
     assert [e.hits for e in entries(cache_dir)] == [1]
 

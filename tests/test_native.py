@@ -417,7 +417,7 @@ def test_tampered_code_in_the_cache_is_never_loaded(tmp_path, capfd, static_mlp)
     from nncc.cache.store import Cache
 
     cache_dir = tmp_path / "cache"
-    model, first = nncc.prepare(static_mlp, cache_dir=cache_dir)
+    model, first = nncc.prepare(static_mlp, cache_dir=cache_dir, stage="optimized")
     assert first.outcome == "miss" and model.native_partitions == 1
     plan_path = Cache(str(cache_dir)).paths(first.token)[0]
     raw = bytearray(pathlib.Path(plan_path).read_bytes())
@@ -425,7 +425,7 @@ def test_tampered_code_in_the_cache_is_never_loaded(tmp_path, capfd, static_mlp)
     raw[offset + 100] ^= 0xFF
     pathlib.Path(plan_path).write_bytes(bytes(raw))
     capfd.readouterr()
-    again, second = nncc.prepare(static_mlp, cache_dir=cache_dir)
+    again, second = nncc.prepare(static_mlp, cache_dir=cache_dir, stage="optimized")
     assert second.outcome == "recompiled"
     assert "does not match its recorded hash" in capfd.readouterr().err
     assert again.native_partitions == 1  # rebuilt, from fresh and verified bytes
@@ -459,7 +459,7 @@ def test_token_covers_the_compiler_and_target(tmp_path, monkeypatch, static_mlp)
     wrapper.write_text(f"#!/bin/sh\nexec {find_toolchain().path} \"$@\"\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("CC", str(wrapper))
-    model, c = prepare(static_mlp, cache_dir=cache_dir)
+    model, c = prepare(static_mlp, cache_dir=cache_dir, stage="optimized")
     assert (a.outcome, b.outcome, c.outcome) == ("miss", "miss", "miss")
     assert len({a.token, b.token, c.token}) == 3
     assert model.native_partitions == 1
@@ -473,7 +473,7 @@ def test_sigkill_during_a_native_build_leaves_the_cache_consistent(tmp_path, sta
     slow.chmod(0o755)
     cache_dir = tmp_path / "cache"
     env = dict(os.environ, CC=str(slow), NNCC_CACHE_DIR=str(cache_dir))
-    proc = subprocess.Popen([sys.executable, "-m", "nncc", "run", str(static_mlp),
+    proc = subprocess.Popen([sys.executable, "-m", "nncc", "run", str(static_mlp), "--stage", "optimized",
                              "--random-inputs"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:

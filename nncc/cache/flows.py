@@ -18,6 +18,7 @@ from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import Entry, IndexCorrupt, IndexUnavailable
 from nncc.cache.locking import FileLock
+from nncc.cache.stages import OPTIMIZED, StagePolicy, mark_stage
 from nncc.cache.store import Cache
 from nncc.errors import ModelFormatError, PlanFormatError
 from nncc.util.notice import warn
@@ -36,11 +37,14 @@ class CacheOutcome:
     directory: str | None = None
     detail: str | None = None  # why an entry was rejected or the cache was unavailable
     evicted: Evicted | None = None  # what the size and age bounds removed after this store
+    stage: str | None = None  # the cache entry's stage: "quick" or "optimized" (stages.py)
+    upgrade: str | None = None  # a background build of the optimized stage started: "process" | "thread"
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
                 "directory": self.directory, "detail": self.detail,
-                "evicted": self.evicted.as_dict() if self.evicted else None}
+                "evicted": self.evicted.as_dict() if self.evicted else None, "stage": self.stage,
+                "upgrade": self.upgrade}
 
 
 class ModelSource:
@@ -63,7 +67,7 @@ class ModelSource:
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
             use_cache: bool = True, trust_shared: bool | None = None, model_bytes: bytes | None = None,
-            hash_mode: str | None = None, **options):
+            hash_mode: str | None = None, stage: str | None = None, background: str = "thread", **options):
     """Compile ``path`` through the cache: returns ``(CompiledModel, CacheOutcome)``.
 
     Hit: prepare from the verified cache files. Miss: compile, store, return. use_cache
@@ -76,14 +80,17 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     ``hash_mode``: "direct" (default; the cache.hash_mode setting) finds the token of an unchanged
     model file from its identity without reading it (nncc/cache/direct.py); "content"
     always hashes.
+    ``stage``: None (a miss stores the quick stage; hits upgrade it in the ``background``,
+    "thread" or "process", see nncc/cache/stages.py), or "quick"/"optimized" to force one.
     """
     from nncc.compiler import CompileOptions
 
     start = time.perf_counter()
     opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
     source = ModelSource(path, model_bytes)
+    policy = StagePolicy(opts, stage, background, trust_shared)
     if not use_cache:
-        model = _compile(source, opts)
+        model = _compile(source, *policy.uncached())
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
     from nncc.cache.token import token_context
     from nncc.settings import cache_settings, value
@@ -96,20 +103,21 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
     except CacheUnavailable as exc:
         reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
-        return _degraded(source, opts, _content_token(source, context, directory), directory, reason, start)
+        return _degraded(source, policy.uncached(), _content_token(source, context, directory),
+                         directory, reason, start)
     token = None
     try:
         for attempt in (0, 1):
             try:
                 if mode == "direct" and not source.given:
-                    found = _direct_hit(cache, source, context, start)
+                    found = _direct_hit(cache, source, context, start, policy)
                     if found is not None:
                         return found
                 if token is None:
                     token = _content_token(source, context, directory, cache if mode == "direct" else None)
                 if cache.read_only:
-                    return _prepare_read_only(cache, token, source, opts, start)
-                return _prepare_cached(cache, token, source, opts, start, limits)
+                    return _prepare_read_only(cache, token, source, policy, start)
+                return _prepare_cached(cache, token, source, policy, start, limits)
             except IndexCorrupt as exc:
                 if attempt or cache.read_only:
                     raise CacheUnavailable(str(exc)) from None
@@ -117,7 +125,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     except (CacheUnavailable, IndexUnavailable, IndexCorrupt, OSError) as exc:
         if token is None:
             token = _content_token(source, context, directory)
-        return _degraded(source, opts, token, directory, str(exc), start)
+        return _degraded(source, policy.uncached(), token, directory, str(exc), start)
     finally:
         cache.close()
 
@@ -140,7 +148,7 @@ def _content_token(source: ModelSource, context: bytes, directory: str, cache: C
     return token
 
 
-def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float):
+def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float, policy: "StagePolicy"):
     """A verified hit found by the model file's identity, or None (then hash the bytes)."""
     from nncc.cache import direct
 
@@ -154,25 +162,26 @@ def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float)
             model, _ = _try_hit(cache, token)
     if model is None:
         return None  # rejected: the content flow finds it again, reports it and recompiles
-    return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory)
+    return policy.after_hit(cache, token, source, model, start)
 
 
-def _degraded(source: ModelSource, opts, token, directory, reason, start, model=None):
+def _degraded(source: ModelSource, compiling, token, directory, reason, start, model=None):
+    """``compiling``: (options, stage) to compile with when ``model`` is None."""
     warn(f"compilation cache at {directory} is unavailable ({reason}); compiling in memory")
     if model is None:
-        model = _compile(source, opts)
+        model = _compile(source, *compiling)
     return model, CacheOutcome("unavailable", token, time.perf_counter() - start, directory, reason)
 
 
-def _prepare_read_only(cache: Cache, token: str, source: ModelSource, opts, start: float):
+def _prepare_read_only(cache: Cache, token: str, source: ModelSource, policy: "StagePolicy", start: float):
     """A cache on read-only storage serves verified hits (no lock: nothing here can
     remove an entry, and the files are verified in memory as always) and stores nothing."""
     model, rejected = _try_hit(cache, token)
     if model is not None:
-        return model, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory)
+        return policy.after_hit(cache, token, source, model, start)
     reason = (("disk full, " if cache.disk_full else "read-only, ")
               + (f"entry rejected: {rejected.detail}" if rejected else "no entry for this model"))
-    return _degraded(source, opts, token, cache.directory, reason, start)
+    return _degraded(source, policy.uncached(), token, cache.directory, reason, start)
 
 
 def load_entry(cache: Cache, entry: Entry):
@@ -209,48 +218,56 @@ def _try_hit(cache: Cache, token: str):
     return model, None
 
 
-def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: float, limits=None):
+def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "StagePolicy", start: float,
+                    limits=None):
     directory = cache.directory
     rejected: CacheEntryError | None = None
+    model = None
     if cache.index.get(token) is not None:
         # Hit path: a shared lock keeps gc from deleting the entry while it is verified.
         with _locked(cache, token, shared=True):
             model, rejected = _try_hit(cache, token)
-            if model is not None:
-                return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
+        if model is not None:
+            return policy.after_hit(cache, token, source, model, start)
     with _locked(cache, token, shared=False) as held:
         # Re-check under the exclusive lock: another process may have compiled it while we
         # waited (make -j), or already replaced the entry we rejected.
         model, again = _try_hit(cache, token)
-        if model is not None:
-            return model, CacheOutcome("hit", token, time.perf_counter() - start, directory)
-        rejected = again or rejected
-        if rejected is not None:
-            warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
-            cache.remove(token, counter="corruptions", lock=held)
-        from nncc.cache.remote.flow import after_local_commit, on_local_miss
+        hit = model is not None  # made by another process while we waited
+        if not hit:
+            rejected = again or rejected
+            if rejected is not None:
+                warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
+                cache.remove(token, counter="corruptions", lock=held)
+            from nncc.cache.remote.flow import after_local_commit, on_local_miss
 
-        model = on_local_miss(cache, token, source.path, source.bytes, opts)  # the remote tier, if any
-        if model is not None:
-            return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
-        compile_start = time.perf_counter()
-        plan = _compile_plan(source, opts)
-        compile_seconds = time.perf_counter() - compile_start
-        from nncc.model import CompiledModel
+            model = on_local_miss(cache, token, source.path, source.bytes, policy.opts)  # the remote tier
+            if model is not None:
+                return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
+            stage = policy.miss_stage()
+            opts = policy.options_for(stage)
+            compile_start = time.perf_counter()
+            plan = _compile_plan(source, opts)
+            compile_seconds = time.perf_counter() - compile_start
+            mark_stage(plan, stage)
+            from nncc.model import CompiledModel
 
-        model = CompiledModel(plan, trust_native=True)  # native code built just now
-        from nncc.cache.limits import EntryTooLarge, after_store
+            model = CompiledModel(plan, trust_native=True)  # native code built just now
+            from nncc.cache.limits import EntryTooLarge, after_store
 
-        try:
-            _store(cache, token, plan, source, opts, compile_seconds,
-                   counter="recompiles" if rejected else "misses", limits=limits)
-        except EntryTooLarge as exc:  # an entry that cannot fit is not stored
-            warn(str(exc))
-            return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
-        except (CacheWriteError, IndexUnavailable) as exc:
-            return _degraded(source, opts, token, directory, f"cannot store: {exc}", start, model)
-        cache_stats.record_miss(cache, token, source.bytes, opts, rejected is not None, compile_seconds)
-        after_local_commit(cache, token)  # write-back to the remote tier, if any
+            try:
+                _store(cache, token, plan, source, policy.opts, compile_seconds,
+                       counter="recompiles" if rejected else "misses", stage=stage, limits=limits)
+            except EntryTooLarge as exc:  # an entry that cannot fit is not stored
+                warn(str(exc))
+                return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
+            except (CacheWriteError, IndexUnavailable) as exc:
+                return _degraded(source, None, token, directory, f"cannot store: {exc}", start, model)
+            cache_stats.record_miss(cache, token, source.bytes, policy.opts, rejected is not None, compile_seconds)
+            policy.record_build(cache, token, plan)
+            after_local_commit(cache, token)  # write-back to the remote tier, if any
+    if hit:
+        return policy.after_hit(cache, token, source, model, start)  # outside the lock: it may take it
     outcome = "recompiled" if rejected else "miss"
     evicted = None
     try:
@@ -258,7 +275,8 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, opts, start: 
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # gc is housekeeping: it never fails a run
     detail = rejected.detail if rejected else None
-    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted)
+    return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted,
+                               stage=stage)
 
 
 class _locked:
@@ -278,7 +296,7 @@ class _locked:
 
 
 def _store(cache: Cache, token: str, plan, source: ModelSource, opts, compile_seconds: float,
-           counter: str, limits=None) -> Entry:
+           counter: str, stage: str | None = None, limits=None) -> Entry:
     from blake3 import blake3
 
     from nncc.cache.limits import refuse_oversized
@@ -289,7 +307,8 @@ def _store(cache: Cache, token: str, plan, source: ModelSource, opts, compile_se
     return cache.put(token, model_bytes, data_bytes, counter=counter,
                      source_path=os.path.abspath(os.fspath(source.path)),
                      model_hash=blake3(source.bytes).hexdigest(), preference=opts.preference,
-                     options=json.dumps(opts.as_dict(), sort_keys=True), compile_seconds=compile_seconds)
+                     options=json.dumps(opts.as_dict(), sort_keys=True), compile_seconds=compile_seconds,
+                     stage=stage)
 
 
 def _compile_plan(source: ModelSource, opts):
@@ -305,10 +324,12 @@ def _compile_plan(source: ModelSource, opts):
     return compile_graph(graph, opts)
 
 
-def _compile(source: ModelSource, opts):
+def _compile(source: ModelSource, opts, stage: str = OPTIMIZED):
     from nncc.model import CompiledModel
 
-    return CompiledModel(_compile_plan(source, opts), trust_native=True)  # built just now
+    plan = _compile_plan(source, opts)
+    mark_stage(plan, stage)
+    return CompiledModel(plan, trust_native=True)  # built just now
 
 
 def artifact_bytes(model) -> bytes:

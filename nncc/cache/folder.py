@@ -32,6 +32,7 @@ ENV_TRUST = "NNCC_CACHE_TRUST_SHARED"
 ENTRY_NAME = re.compile(r"^([0-9a-f]{64})\.(plan|data)$")
 TEMP_NAME = re.compile(r"^\.([0-9a-f]{64})\.(plan|data)\.[0-9]+-[0-9a-f]{8}\.tmp$")
 LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.lock$")
+UPGRADE_LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.upgrade$")  # held by the builder of an optimized stage
 SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
 # The tag being written by another nncc that is creating the cache right now.
 TAG_TEMP_NAME = re.compile(r"^\.CACHEDIR\.TAG\.[0-9]+-[0-9a-f]{8}\.tmp$")

@@ -168,7 +168,7 @@ def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
 
 
 def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
-    from nncc.cache.folder import LOCK_NAME
+    from nncc.cache.folder import LOCK_NAME, UPGRADE_LOCK_NAME
     from nncc.cache.locking import try_lock
 
     if os.path.islink(cache.locks_dir):
@@ -178,6 +178,9 @@ def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
     except OSError:
         return
     for name in names:
+        if UPGRADE_LOCK_NAME.match(name):
+            _collect_upgrade_lock(os.path.join(cache.locks_dir, name))
+            continue
         if not LOCK_NAME.match(name):
             continue  # index.lock, or not a name nncc writes
         token = name[: -len(".lock")]
@@ -189,5 +192,17 @@ def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
         try:
             if cache.index.get(token) is None and not any(os.path.exists(p) for p in cache.paths(token)):
                 held.unlink()
+        finally:
+            held.release()
+
+
+def _collect_upgrade_lock(path: str) -> None:
+    """An upgrade lock nobody holds was left by a killed builder (a live one holds it)."""
+    from nncc.cache.locking import try_lock
+
+    held = try_lock(path)
+    if held is not None:
+        try:
+            held.unlink()
         finally:
             held.release()

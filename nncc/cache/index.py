@@ -29,11 +29,11 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 3
-MIGRATABLE = (1, 2)  # older schemas whose rows are kept: only tables and counters are added
-READABLE = (1, 2, 3)  # schemas a read-only open can serve from (the entries table is the same)
+SCHEMA_VERSION = 4
+MIGRATABLE = (1, 2, 3)  # older schemas whose rows are kept: only tables, columns and counters are added
+READABLE = (1, 2, 3, 4)  # schemas a read-only open can serve from (a missing column reads as NULL)
 INDEX_NAME = "index.sqlite3"
-COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions",
+COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions", "upgrades",
             "remote_hits", "remote_misses", "remote_rejected", "remote_errors")  # the remote tier's, per machine
 # Why a model was compiled: each miss and recompile counts once under one of these.
 MISS_REASONS = ("new_model", "changed_options", "version_change", "tamper", "evicted")
@@ -41,6 +41,7 @@ MISS_REASONS = ("new_model", "changed_options", "version_change", "tamper", "evi
 TIMINGS = ("hit_microseconds", "timed_hits", "compile_microseconds", "timed_compiles", "saved_microseconds")
 ALL_COUNTERS = COUNTERS + tuple(f"miss_{r}" for r in MISS_REASONS) + TIMINGS
 HISTORY_LIMIT = 10000  # rows kept in ``history``, newest first
+STAGES = ("quick", "optimized")  # an entry's stage (nncc/cache/stages.py)
 _RETRIES = 50
 
 _SCHEMA = """
@@ -61,7 +62,8 @@ CREATE TABLE IF NOT EXISTS entries (
     created REAL NOT NULL,
     last_used REAL NOT NULL,
     hits INTEGER NOT NULL DEFAULT 0,
-    compile_seconds REAL
+    compile_seconds REAL,
+    stage TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -85,6 +87,12 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE INDEX IF NOT EXISTS history_model ON history (model_hash);
 CREATE INDEX IF NOT EXISTS history_at ON history (at);
+CREATE TABLE IF NOT EXISTS native_failures (
+    token TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    recorded REAL NOT NULL,
+    compiler TEXT
+);
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
     nncc_version TEXT,
@@ -97,7 +105,7 @@ CREATE TABLE IF NOT EXISTS stale (
 
 ENTRY_COLUMNS = ("token", "plan_hash", "data_hash", "plan_size", "data_size", "nncc_version",
                  "format_version", "source_path", "model_hash", "preference", "options",
-                 "created", "last_used", "hits", "compile_seconds")
+                 "created", "last_used", "hits", "compile_seconds", "stage")
 
 
 class IndexCorrupt(Exception):
@@ -130,6 +138,7 @@ class Entry:
     last_used: float
     hits: int
     compile_seconds: float | None
+    stage: str | None = None  # "quick" (portable plan, native stage to come) or "optimized"
 
     @property
     def size(self) -> int:
@@ -159,6 +168,8 @@ class Entry:
                 return f"{name} is not a time: {getattr(self, name)!r:.40}"
         if self.compile_seconds is not None and not number(self.compile_seconds, (int, float)):
             return f"compile_seconds is not a number: {self.compile_seconds!r:.40}"
+        if self.stage is not None and self.stage not in STAGES:
+            return f"stage is not one of {', '.join(STAGES)}: {self.stage!r:.40}"
         for name in ("source_path", "model_hash", "preference", "options"):
             if getattr(self, name) is not None and type(getattr(self, name)) is not str:
                 return f"{name} is not text"
@@ -186,6 +197,7 @@ class Index:
         self.timeout = timeout
         self.conn: sqlite3.Connection | None = None
         self.reinitialized = False  # True when this open retired another version's rows
+        self._selected: str | None = None  # the entry columns this index has (see _entry_columns)
         self.read_only = False
 
     # -- opening ---------------------------------------------------------------------
@@ -290,6 +302,7 @@ class Index:
                 conn.execute("DELETE FROM entries")
                 conn.execute("DELETE FROM chunks")
                 conn.execute("DELETE FROM manifest")
+                conn.execute("DELETE FROM native_failures")
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'nncc_version'", (self.version,))
                 self.reinitialized = True
             for name in ALL_COUNTERS:
@@ -302,6 +315,10 @@ class Index:
         hit, after their data cache matches its whole-file hash. The compile time its hits already avoided is taken from the
         entries (their compile time times their hits)."""
         self._create_tables()
+        present = {row[1] for row in self.conn.execute("PRAGMA table_info(entries)")}
+        for column in ENTRY_COLUMNS:
+            if column not in present:  # e.g. stage: NULL for rows written before it existed
+                self.conn.execute(f"ALTER TABLE entries ADD COLUMN {column}")
         for name in ALL_COUNTERS:
             self.conn.execute("INSERT OR IGNORE INTO counters VALUES (?, 0)", (name,))
         self.conn.execute(
@@ -407,11 +424,19 @@ class Index:
 
     # -- entries -----------------------------------------------------------------------
 
+    def _entry_columns(self, conn) -> str:
+        """ENTRY_COLUMNS for a SELECT; a column an older index (read in place) lacks reads
+        as NULL."""
+        if self._selected is None:
+            present = {row[1] for row in conn.execute("PRAGMA table_info(entries)")}
+            self._selected = ", ".join(c if c in present else f"NULL AS {c}" for c in ENTRY_COLUMNS)
+        return self._selected
+
     def get(self, token: str) -> Entry | None:
         """The token's entry; None when there is none or its row is malformed (see
         Entry.problem): a compile then replaces the row."""
         row = self._read(lambda c: c.execute(
-            f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries WHERE token = ?", (token,)).fetchone())
+            f"SELECT {self._entry_columns(c)} FROM entries WHERE token = ?", (token,)).fetchone())
         entry = None if row is None else Entry(*row)
         return None if entry is None or entry.problem else entry
 
@@ -425,7 +450,7 @@ class Index:
 
     def _all_entries(self, order: str) -> list[Entry]:
         rows = self._read(lambda c: c.execute(
-            f"SELECT {', '.join(ENTRY_COLUMNS)} FROM entries ORDER BY {order}").fetchall())
+            f"SELECT {self._entry_columns(c)} FROM entries ORDER BY {order}").fetchall())
         return [Entry(*r) for r in rows]
 
     def tokens_with_prefix(self, prefix: str) -> list[str]:
@@ -449,6 +474,7 @@ class Index:
                       f"({', '.join('?' * len(ENTRY_COLUMNS))})", values)
             c.execute("INSERT OR REPLACE INTO chunks VALUES (?, ?)", (entry.token, chunks))
             c.execute("DELETE FROM stale WHERE token = ?", (entry.token,))
+            c.execute("DELETE FROM native_failures WHERE token = ?", (entry.token,))  # a new build: its own record
             c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
 
         self._write(fn)
@@ -481,6 +507,7 @@ class Index:
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
             c.execute("DELETE FROM chunks WHERE token = ?", (token,))
             c.execute("DELETE FROM manifest WHERE token = ?", (token,))
+            c.execute("DELETE FROM native_failures WHERE token = ?", (token,))
             if counter:
                 c.execute("UPDATE counters SET value = value + 1 WHERE name = ?", (counter,))
             return n > 0
@@ -492,6 +519,29 @@ class Index:
                 raise
             remember = False  # a full disk: the row goes without its history (statistics only)
             return self._write(fn)
+
+    # -- native-stage failures: a compile that failed is not retried on every run --------
+
+    def record_failure(self, token: str, reason: str, compiler: str | None) -> None:
+        now = time.time()
+        self._write(lambda c: c.execute("INSERT OR REPLACE INTO native_failures VALUES (?, ?, ?, ?)",
+                                        (token, reason, now, compiler)))
+
+    def failure(self, token: str) -> dict | None:
+        """{reason, recorded, compiler} of the token's failed native compile, or None."""
+        row = self._read(lambda c: c.execute(
+            "SELECT reason, recorded, compiler FROM native_failures WHERE token = ?", (token,)).fetchone())
+        return None if row is None else dict(zip(("reason", "recorded", "compiler"), row))
+
+    def stage_counts(self) -> dict[str, int]:
+        """How many entries hold each stage (rows written before stages count as neither)."""
+        rows = dict(self._read(lambda c: c.execute("SELECT stage, count(*) FROM entries GROUP BY stage").fetchall()))
+        return {stage: int(rows.get(stage, 0)) for stage in STAGES}
+
+    def failures(self) -> dict[str, dict]:
+        rows = self._read(lambda c: c.execute(
+            "SELECT token, reason, recorded, compiler FROM native_failures ORDER BY recorded").fetchall())
+        return {r[0]: dict(zip(("reason", "recorded", "compiler"), r[1:])) for r in rows}
 
     def chunks(self, token: str) -> bytes | None:
         """The data cache's chunk hashes as recorded with the entry (None: no row, or an

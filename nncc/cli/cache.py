@@ -73,6 +73,8 @@ def report_cache(outcome) -> None:
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
         "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (over the size limit)",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
+    if getattr(outcome, "stage", None):
+        text += f" ({outcome.stage} stage)"
     evicted = getattr(outcome, "evicted", None)
     if evicted:
         from nncc.util.units import format_bytes
@@ -80,6 +82,8 @@ def report_cache(outcome) -> None:
         text += (f"; evicted {evicted.entries} {'entry' if evicted.entries == 1 else 'entries'} "
                  f"({format_bytes(evicted.bytes)})")
     status(f"nncc: {text}")
+    if getattr(outcome, "upgrade", None):
+        detail(f"nncc: building the optimized stage in the background ({outcome.upgrade})")
     if outcome.token:
         detail(f"nncc: cache token {outcome.token}" + (f" in {outcome.directory}" if outcome.directory else ""))
 
@@ -221,6 +225,7 @@ def _entry_table(entries, wide: bool) -> str:
     if wide:
         add(Column("model cache", right=True), [format_bytes(e.plan_size) for e in entries])
         add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
+    add(Column("stage", 5), [e.stage or "-" for e in entries])
     add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
     add(Column("preference", 5), [e.preference or "-" for e in entries])
     add(Column("hits", 4, right=True), [str(e.hits) for e in entries])
@@ -266,7 +271,8 @@ def info(cache_dir, trust_shared, as_json):
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
                        "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
-                       "read_only": False, "disk_full": False, "remote": remote_info()})
+                       "read_only": False, "disk_full": False, "remote": remote_info(),
+                       "stages": {"quick": 0, "optimized": 0}, "native_failures": {}})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
@@ -275,6 +281,8 @@ def info(cache_dir, trust_shared, as_json):
         counters = c.index.counters(ALL_COUNTERS)
         meta = c.index.meta()
         stale = len(c.index.stale())
+        failures = c.index.failures()
+        stages = c.index.stage_counts()
         payload = {
             "directory": c.directory,
             "index": c.index.path,
@@ -289,6 +297,8 @@ def info(cache_dir, trust_shared, as_json):
             "read_only": c.read_only,
             "disk_full": c.disk_full,
             "exists": True,
+            "stages": stages,  # entries per stage: quick (native stage to come) or optimized
+            "native_failures": failures,  # token -> why its native stage failed to build
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -302,6 +312,7 @@ def info(cache_dir, trust_shared, as_json):
         ("Index", payload["index"]),
         ("nncc version", str(payload["nncc_version"])),
         ("Entries", str(count)),
+        ("Stages", f"{stages['quick']} quick, {stages['optimized']} optimized"),
         ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
         *_worth_rows(counters, payload["stats"], payload["hit_rate"]),
@@ -309,6 +320,7 @@ def info(cache_dir, trust_shared, as_json):
         ("Recompiles", str(counters["recompiles"])),
         ("Evictions", str(counters["evictions"])),
         ("Counted since", _when(payload["stats_since"]) + " (`nncc cache zero-stats` resets the counters)"),
+        ("Upgrades", str(counters["upgrades"])),
         ("Hit rate", "-" if payload["hit_rate"] is None else f"{payload['hit_rate'] * 100:.1f} %"),
         ("Remote hits", str(counters["remote_hits"])),
         ("Remote misses", str(counters["remote_misses"])),
@@ -326,6 +338,8 @@ def info(cache_dir, trust_shared, as_json):
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
     elif payload["read_only"]:
         rows.insert(1, ("Read-only", "yes: serves verified hits, stores nothing"))
+    for token, failure in failures.items():  # not retried until the compiler or the model changes
+        rows.append(("Native build failed", f"{token[:12]} at {_when(failure['recorded'])}: {failure['reason']}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key:<{width}}  {value}")

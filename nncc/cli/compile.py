@@ -13,7 +13,7 @@ import time
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, verbosity_options
+from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, stage_option, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.util.units import format_bytes
 
@@ -30,10 +30,11 @@ from nncc.util.units import format_bytes
 @click.option("--force", is_flag=True,
               help="Rewrite OUT.nncc even when its content is unchanged (gives it a new mtime).")
 @compile_options
+@stage_option(default="optimized", help_default="optimized")
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, cache_dir,
+def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, stage, cache_dir,
             no_cache, trust_shared, hash_mode, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
@@ -65,7 +66,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
            + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                    trust_shared=trust_shared, hash_mode=hash_mode, **options)
+                                    trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)
         data = artifact_bytes(compiled)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, verbosity_options,
-                              warn_compile_options_on_artifact)
+from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
+                              verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json
 
 
@@ -14,9 +14,10 @@ from nncc.cli.output import emit_json
 @dim_option("Fix a symbolic input dimension to SIZE before compiling, to see the plan "
             "(and its memory) for that size. Repeatable.")
 @compile_options
+@stage_option(default="optimized", help_default="optimized, as nncc compile builds")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, as_json):
+def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, stage, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
     from nncc.report import describe_plan
     from nncc.util.files import read_source
@@ -45,8 +46,15 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, a
         from nncc.model import compile_plan
         from nncc.util import progress
 
+        options = options_dict(preference, opt_level, backends, plugins, target, dims)
+        from nncc.compiler import CompileOptions
+
+        if stage == "quick":  # the portable plan a cache miss stores first
+            options["backends"] = tuple(b for b in options.get("backends", CompileOptions.backends) if b != "native")
         with live_progress(), progress.task(f"compiling {os.path.basename(path)}"):
-            plan = compile_plan(path, source, options_dict(preference, opt_level, backends, plugins, target, dims))
+            plan = compile_plan(path, source, options)
+        if stage == "quick":
+            plan.options["stage"] = stage
         from nncc.plan.format import SEAL_BYTES, serialize
 
         # the size nncc compile writes, room for its signature included (no key is read)

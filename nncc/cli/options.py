@@ -83,6 +83,15 @@ def warn_compile_options_on_artifact(path: str) -> None:
              "when it was compiled; pass them to `nncc compile` with the .onnx model instead")
 
 
+def stage_option(default=None, help_default="quick on a miss, optimized in the background once used often"):
+    """--stage quick|optimized: force a cache entry's stage (nncc/cache/stages.py)."""
+    def decorate(command):
+        return click.option("--stage", type=click.Choice(["quick", "optimized"]), default=default,
+                            help=f"Cache entry stage: quick (portable plan, no C compiler) or optimized "
+                                 f"(native code, built now). Default: {help_default}.")(command)
+    return decorate
+
+
 def trust_native_option(command):
     return click.option("--trust-native", is_flag=True,
                         help="Run an artifact's native code even when it is not signed by your key "

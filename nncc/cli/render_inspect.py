@@ -15,6 +15,8 @@ def print_report(report: dict) -> None:
     dims = "".join(f" --dim {k}={v}" for k, v in (opts.get("dims") or {}).items())
     tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
              f"backends={','.join(opts.get('backends', []))}{dims}")
+    if report.get("stage"):
+        tree.add(f"stage: {report['stage']}")
     io = tree.add("inputs / outputs")
     for kind in ("inputs", "outputs"):
         for v in report[kind]:

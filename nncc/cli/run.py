@@ -8,8 +8,8 @@ import time
 import click
 
 from nncc.cli.cache import cache_options, report_cache
-from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, trust_native_option,
-                              verbosity_options, warn_compile_options_on_artifact)
+from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
+                              trust_native_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import detail, emit_json, print_outputs
 
 
@@ -37,13 +37,14 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--threads", metavar="N",
               help="BLAS and native threads (default: run.threads in the config, else auto: the BLAS "
                    "library's own count). --preference low-power always runs on one.")
+@stage_option()
 @trust_native_option
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        dim_specs, preference, opt_level, backends, plugins, target, threads, trust_native, cache_dir, no_cache,
-        trust_shared, hash_mode, as_json):
+        dim_specs, preference, opt_level, backends, plugins, target, threads, stage, trust_native, cache_dir,
+        no_cache, trust_shared, hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     import nncc
@@ -96,15 +97,16 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
             check_dim_names(dims, session.input_infos, model)
     else:
-        from nncc.model import prepare
-
+        from nncc.cache.flows import prepare as cached_prepare
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
         options = options_dict(preference, opt_level, backends, plugins, target, dims)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
-            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                       trust_shared=trust_shared, hash_mode=hash_mode, **options)
+            # the native stage, when due, is built by a detached worker that outlives this command
+            session, outcome = cached_prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
+                                              trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
+                                              background="process", **options)
         report_cache(outcome)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
@@ -145,7 +147,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
     if as_json:
         emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
-                   "cache": outcome.as_dict() if outcome else None, "steps": steps})
+                   "cache": outcome.as_dict() if outcome else None, "steps": steps,
+                   "native_partitions": session.native_partitions})
     else:
         print_outputs(model, summarize(outputs), timing)
 
