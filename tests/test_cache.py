@@ -19,7 +19,7 @@ import pytest
 import nncc
 from nncc.cache import store as store_mod
 from nncc.cache.gc import auto_collect, collect, parse_age, parse_size
-from nncc.cache.index import Index
+from nncc.cache.index import SCHEMA_VERSION, Index
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.cache.store import Cache, prepare
 from nncc.cache.token import compute_token, external_files
@@ -548,10 +548,19 @@ def test_other_nncc_version_reinitializes_the_index(cache_dir, capsys):
         report = verify(c)
         stale = [f for f in report.findings if f.status == "STALE"]
         assert [f.source for f in stale] == [str(RESNET)] and not report.ok
+        mlp_objects = set(c.index.entry_objects(only_token_of(c, MLP)))
         gc_report = collect(c)
-        assert [r.reason for r in gc_report.removed] == ["stale"]
+        assert [r.reason for r in gc_report.removed if r.reason != "object"] == ["stale"]
+        # the retired entry's kernel objects go with it, except those the live entry needs
+        assert not mlp_objects & {r.token for r in gc_report.removed if r.reason == "object"}
+        assert all(o["users"] for o in c.index.objects())
         assert verify(c).ok and c.index.stale() == {}
     assert warnings_in(capsys.readouterr().err) == []
+
+
+def only_token_of(cache, model) -> str:
+    (token,) = [e.token for e in cache.index.entries() if e.source_path == str(model)]
+    return token
 
 
 def test_file_of_other_version_without_row_is_stale(cache_dir):
@@ -736,7 +745,7 @@ def test_index_with_other_schema_is_recreated(cache_dir):
     _, outcome = prepare(MLP, cache_dir=cache_dir)
     assert outcome.outcome == "miss"
     conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
 

@@ -606,7 +606,10 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
             warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
             cache.remove(token, counter="corruptions", lock=held)
         compile_start = time.perf_counter()
-        plan = _compile_plan(path, data, opts)
+        from nncc.cache.objects import objects_in
+
+        with objects_in(cache):  # kernel object cache: objects built once, linked from here
+            plan = _compile_plan(path, data, opts)
         compile_seconds = time.perf_counter() - compile_start
         from nncc.model import CompiledModel
 
@@ -616,6 +619,9 @@ def _prepare_cached(cache: Cache, token: str, path, data: bytes, opts, start: fl
                    counter="recompiles" if rejected else "misses")
         except (CacheWriteError, IndexUnavailable) as exc:
             return _degraded(path, data, opts, token, directory, f"cannot store: {exc}", start, model)
+        from nncc.cache.objects import record_entry_objects
+
+        record_entry_objects(cache, token, plan)  # gc keeps the objects this entry was linked from
     outcome = "recompiled" if rejected else "miss"
     try:
         from nncc.cache.gc import auto_collect

@@ -135,13 +135,17 @@ def ls(sort, cache_dir, trust_shared, as_json):
     with c:
         entries = c.index.entries(order=SORTS[sort])
         malformed = c.index.malformed()
+        linked = {e.token: c.index.entry_objects(e.token) for e in entries}
+        objects = c.index.objects()
     if malformed:  # someone edited the index: such rows are never used
         from nncc.cache.store import warn
 
         warn(f"skipped {len(malformed)} malformed index row(s) ({malformed[0][1]}); "
              "`nncc cache verify --fix` removes them")
     if as_json:
-        emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
+        emit_json({"directory": c.directory,
+                   "entries": [e.as_dict() | {"objects": linked[e.token]} for e in entries],
+                   "objects": objects})
         return
     from rich.console import Console
     from rich.table import Table
@@ -152,17 +156,21 @@ def ls(sort, cache_dir, trust_shared, as_json):
     if not out.is_terminal:  # piped: do not squeeze the table into 80 columns
         out = Console(width=200)
     table = Table(title=f"nncc cache at {c.directory}", title_justify="left")
-    for col in ("token", "model", "model cache", "data cache", "preference", "created", "last used",
+    for col in ("token", "model", "model cache", "data cache", "objects", "preference", "created", "last used",
                 "hits", "version"):
-        table.add_column(col, justify="right" if col in ("model cache", "data cache", "hits") else "left",
+        table.add_column(col, justify="right" if col in ("model cache", "data cache", "objects", "hits") else "left",
                          no_wrap=True)
     for e in entries:
         table.add_row(e.token[:12], _model_name(e.source_path), format_bytes(e.plan_size),
-                      format_bytes(e.data_size), e.preference or "-", _when(e.created), _when(e.last_used),
-                      str(e.hits), e.nncc_version)
+                      format_bytes(e.data_size), str(len(linked[e.token])), e.preference or "-", _when(e.created),
+                      _when(e.last_used), str(e.hits), e.nncc_version)
     out.print(table)
     if not entries:
         status("(empty)")
+    if objects:
+        unused = sum(1 for o in objects if not o["users"])
+        status(f"{len(objects)} kernel object(s), {format_bytes(sum(o['size'] for o in objects))}; "
+               f"{unused} needed by no entry")
 
 
 @cache.command("info")
@@ -182,13 +190,14 @@ def info(cache_dir, trust_shared, as_json):
         if as_json:
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
-                       "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
+                       "stale_entries": 0, "objects": 0, "object_bytes": 0, "unused_objects": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "read_only": False, "disk_full": False})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
         return
     with c:
         count, size = c.index.totals()
+        objects = c.index.objects()
         counters = c.index.counters()
         meta = c.index.meta()
         stale = len(c.index.stale())
@@ -200,6 +209,9 @@ def info(cache_dir, trust_shared, as_json):
             "total_bytes": size,
             "max_bytes": default_max_size(),
             "stale_entries": stale,
+            "objects": len(objects),
+            "object_bytes": sum(o["size"] for o in objects),
+            "unused_objects": sum(1 for o in objects if not o["users"]),
             "counters": counters,
             "read_only": c.read_only,
             "disk_full": c.disk_full,
@@ -215,8 +227,11 @@ def info(cache_dir, trust_shared, as_json):
         ("Cache directory", payload["directory"]),
         ("Index", payload["index"]),
         ("nncc version", str(payload["nncc_version"])),
-        ("Entries", str(count)),
-        ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
+        ("Entries", f"{count} ({format_bytes(size)})"),
+        ("Kernel objects", f"{payload['objects']} ({format_bytes(payload['object_bytes'])}), "
+                           f"{payload['unused_objects']} needed by no entry"),
+        ("Total size", f"{format_bytes(size + payload['object_bytes'])}"
+                       + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
         ("Hits", str(counters["hits"])),
         ("Misses", str(counters["misses"])),
