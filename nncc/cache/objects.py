@@ -20,7 +20,7 @@ import time
 from blake3 import blake3
 
 from nncc.cache.folder import OBJECT_NAME, OBJECT_TEMP_NAME, SHARD_NAME, make_private, remove_name
-from nncc.cache.index import IndexCorrupt, IndexUnavailable
+from nncc.cache.index import IndexCorrupt, IndexUnavailable, disk_full
 from nncc.util.notice import warn
 
 OBJECTS = "objects"
@@ -125,7 +125,7 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
             if why is not None:
                 report.failed.append({"token": row["key"], "paths": [path], "reason": why})
                 continue
-            cache.index.delete_object(row["key"])
+            _forget(cache, row["key"])
         report.removed.append(removal)
         freed += row["size"]
     if scan:
@@ -168,8 +168,18 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
     if not dry_run:  # rows whose file is gone describe nothing
         for key in recorded:
             if not os.path.lexists(store.path(key)):
-                cache.index.delete_object(key)
+                _forget(cache, key)
     return freed
+
+
+def _forget(cache, key: str) -> None:
+    """Drop an object's row once its file is gone. On a full disk the row may have to stay:
+    it then names a missing file, which a compile replaces and the next gc drops."""
+    try:
+        cache.index.delete_object(key)
+    except IndexUnavailable as exc:
+        if not disk_full(exc):
+            raise
 
 
 def _remove(cache, path: str) -> str | None:
