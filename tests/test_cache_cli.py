@@ -231,12 +231,15 @@ def test_verify_and_fix(cli, cache_dir, tmp_path):
 def test_gc_commands(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     total = sum(e.size for e in entries(cache_dir))
+    objects = json.loads(cli("cache", "info", "--json")[1])["objects"]  # kernel objects count too
+    object_bytes = json.loads(cli("cache", "info", "--json")[1])["object_bytes"]
     code, out, err = cli("cache", "gc", "--max-size", "0", "--dry-run", "--json")
     report = json.loads(out)
-    assert code == 0 and report["dry_run"] and len(report["removed"]) == 3 and report["freed_bytes"] == total
+    assert code == 0 and report["dry_run"] and len(report["removed"]) == 3 + objects
+    assert report["freed_bytes"] == total + object_bytes
     assert len(entries(cache_dir)) == 3
     code, out, err = cli("cache", "gc", "--max-size", "0", "--dry-run")
-    assert code == 0 and out.count("would remove") == 3 and "would free" in err
+    assert code == 0 and out.count("would remove") == 3 + objects and "would free" in err
     conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
     conn.execute("UPDATE entries SET last_used = last_used - 3 * 86400 WHERE preference = 'low-power'")
     conn.commit()

@@ -69,11 +69,11 @@ class Setup:
         self.a = _conv_model(tmp_path / "a.onnx", 1, "conv3x3")
         self.b = _conv_model(tmp_path / "b.onnx", 2, "conv1x1")
 
-    def nncc(self, *args, cache=None):
+    def nncc(self, *args, cache=None, expect: int = 0):
         env = dict(os.environ, CC=str(self.cc), PYTHONPATH=str(ROOT), NNCC_CACHE_DIR=str(cache or self.cache))
         done = subprocess.run([sys.executable, "-m", "nncc", *map(str, args)], capture_output=True, text=True,
                               env=env, timeout=600)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == expect, done.stderr
         return done
 
     def run(self, model, cache=None) -> tuple[list[str], str]:
@@ -179,3 +179,23 @@ def test_gc_keeps_the_objects_live_entries_need(setup):
     setup.nncc("cache", "rm", entries["b.onnx"]["token"])
     calls, _ = setup.run(setup.b)
     assert len(calls) == 1 and _links(calls) == calls
+
+
+def test_verify_reports_and_fixes_a_corrupt_object(setup):
+    setup.run(setup.a)
+    entry = setup.entries()["a.onnx"]
+    assert json.loads(setup.nncc("cache", "verify", "--json").stdout)["ok"]
+    key = entry["objects"][0]
+    path = setup.object_path(key)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = json.loads(setup.nncc("cache", "verify", "--json", expect=1).stdout)
+    assert [(f["status"], f["token"]) for f in report["findings"] if f["status"] != "OK"] == [("CORRUPT", key)]
+    fixed = json.loads(setup.nncc("cache", "verify", "--fix", "--json").stdout)
+    assert [f["fixed"] for f in fixed["findings"] if f["status"] == "CORRUPT"] == [True]
+    assert not path.exists() and key not in setup.object_rows()
+    assert json.loads(setup.nncc("cache", "verify", "--json").stdout)["ok"]
+    setup.nncc("cache", "rm", entry["token"])
+    calls, _ = setup.run(setup.a)  # that object again, and the link
+    assert len(calls) == 2 and len(_links(calls)) == 1

@@ -98,7 +98,7 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
     entries until the recorded total is at most ``max_size`` bytes."""
     from nncc.util import progress
 
-    from nncc.cache.objects import collect_objects, object_bytes
+    from nncc.cache.objects import collect_objects, dry_release, object_bytes
 
     report = GcReport(dry_run=dry_run)
     keep = set(keep)
@@ -121,6 +121,7 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
             total = sum(e.size for e in alive) + object_bytes(cache)
             if total > max_size and not scan:
                 total -= collect_objects(cache, report, dry_run, scan=False, over=total - max_size)
+            remaining = {e.token for e in alive}
             for entry in alive:  # oldest use first
                 if total <= max_size:
                     break
@@ -128,7 +129,10 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
                     continue
                 if _evict(cache, entry, "size", report, dry_run):
                     total -= entry.size
-                    if not dry_run:  # the objects only that entry needed
+                    remaining.discard(entry.token)
+                    if dry_run:  # the objects only that entry needed would go with it
+                        total -= dry_release(cache, report, entry.token, remaining)
+                    else:
                         total -= collect_objects(cache, report, dry_run, scan=False,
                                                  over=None if scan else total - max_size)
     return report

@@ -133,6 +133,23 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
     return freed
 
 
+def dry_release(cache, report, token: str, remaining: set[str]) -> int:
+    """For a dry run: report the objects ``token``'s entry needed that no entry in
+    ``remaining`` needs (what evicting it would remove); returns their bytes."""
+    from nncc.cache.gc import Removal
+
+    mine = set(cache.index.entry_objects(token))
+    for other in remaining:
+        mine -= set(cache.index.entry_objects(other))
+    already = {r.token for r in report.removed if r.reason == "object"}
+    store, freed = CacheObjects(cache), 0
+    for row in cache.index.objects():
+        if row["key"] in mine and row["key"] not in already:
+            report.removed.append(Removal(row["key"], "object", row["size"], None, [store.path(row["key"])]))
+            freed += row["size"]
+    return freed
+
+
 def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
     from nncc.cache.gc import Removal
 
@@ -170,6 +187,80 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
             if not os.path.lexists(store.path(key)):
                 _forget(cache, key)
     return freed
+
+
+def verify_objects(cache, fix: bool) -> list:
+    """``nncc cache verify`` findings for kernel objects that are not as recorded: CORRUPT
+    (size or hash differs), MISSING (a row whose file is gone), ORPHAN and LEFTOVER (files
+    with no row, temp files), IN-PROGRESS (such a file younger than GRACE_SECONDS: another
+    process may be writing it). An object that is as recorded is not listed. ``fix``
+    removes each file and row (a compile that needs one builds it again)."""
+    from nncc.cache.store import CacheEntryError, _read_bytes
+    from nncc.cache.verify import Finding
+
+    store = CacheObjects(cache)
+    findings = []
+    rows = cache.index.objects()
+    for row in rows:
+        key, path = row["key"], store.path(row["key"])
+        try:
+            data = _read_bytes(path, "kernel object", expected_size=row["size"])
+            status, detail = ("OK", "") if blake3(data).hexdigest() == row["hash"] else \
+                ("CORRUPT", "kernel object does not match its recorded hash")
+        except CacheEntryError as exc:
+            status = "MISSING" if exc.kind == "missing" else "CORRUPT"
+            detail = exc.detail
+        if status == "OK":
+            continue
+        finding = Finding(status, key, detail, [path], row["size"])
+        if fix:
+            why = _remove(cache, path)
+            if why is None:
+                _forget(cache, key)
+            finding.fixed, finding.not_fixed = why is None, why
+        findings.append(finding)
+    recorded = {row["key"] for row in rows}
+    if not os.path.isdir(store.directory) or os.path.islink(store.directory):
+        return findings
+    now = time.time()
+    for shard in sorted(os.listdir(store.directory)):
+        folder = os.path.join(store.directory, shard)
+        if not SHARD_NAME.match(shard) or os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            found = OBJECT_NAME.match(name)
+            if found and found.group(1) in recorded:
+                continue
+            temp = OBJECT_TEMP_NAME.match(name)
+            if not found and not temp:
+                findings.append(Finding("FOREIGN", None, "not a name nncc writes; left alone", [path],
+                                        _size(path)))
+                continue
+            size = _size(path)
+            young = now - _mtime(path) < GRACE_SECONDS
+            status = "IN-PROGRESS" if young else ("ORPHAN" if found else "LEFTOVER")
+            detail = "kernel object with no index row" if found else "temp file of an interrupted write"
+            finding = Finding(status, (found or temp).group(1), detail, [path], size)
+            if fix and not young:
+                why = _remove(cache, path)
+                finding.fixed, finding.not_fixed = why is None, why
+            findings.append(finding)
+    return findings
+
+
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _forget(cache, key: str) -> None:
