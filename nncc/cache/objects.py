@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 from blake3 import blake3
 
@@ -24,9 +23,9 @@ from nncc.cache.index import IndexCorrupt, IndexUnavailable, disk_full
 from nncc.util.notice import warn
 
 OBJECTS = "objects"
-# A file with no index row, or a temp file, younger than this may be another process's
-# write in progress (the row follows the rename): gc leaves it for a later run.
-GRACE_SECONDS = 600
+# No lock guards an object's write: removing a file another process is writing (or has
+# just renamed, before its row) only makes that write fail or the row name a missing
+# file, and either costs one compile later, never a wrong object.
 
 
 class CacheObjects:
@@ -156,7 +155,7 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
     if not os.path.isdir(store.directory) or os.path.islink(store.directory):
         return 0
     recorded = {row["key"] for row in cache.index.objects()}
-    now, freed = time.time(), 0
+    freed = 0
     for shard in sorted(os.listdir(store.directory)):
         folder = os.path.join(store.directory, shard)
         if not SHARD_NAME.match(shard) or os.path.islink(folder) or not os.path.isdir(folder):
@@ -171,8 +170,6 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
-                continue
-            if now - st.st_mtime < GRACE_SECONDS:
                 continue
             removal = Removal(None, "leftover", st.st_size, None, [path])
             if not dry_run:
@@ -192,9 +189,8 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
 def verify_objects(cache, fix: bool) -> list:
     """``nncc cache verify`` findings for kernel objects that are not as recorded: CORRUPT
     (size or hash differs), MISSING (a row whose file is gone), ORPHAN and LEFTOVER (files
-    with no row, temp files), IN-PROGRESS (such a file younger than GRACE_SECONDS: another
-    process may be writing it). An object that is as recorded is not listed. ``fix``
-    removes each file and row (a compile that needs one builds it again)."""
+    with no row, temp files). An object that is as recorded is not listed. ``fix`` removes
+    each file and row (a compile that needs one builds it again)."""
     from nncc.cache.store import CacheEntryError, _read_bytes
     from nncc.cache.verify import Finding
 
@@ -222,7 +218,6 @@ def verify_objects(cache, fix: bool) -> list:
     recorded = {row["key"] for row in rows}
     if not os.path.isdir(store.directory) or os.path.islink(store.directory):
         return findings
-    now = time.time()
     for shard in sorted(os.listdir(store.directory)):
         folder = os.path.join(store.directory, shard)
         if not SHARD_NAME.match(shard) or os.path.islink(folder) or not os.path.isdir(folder):
@@ -237,12 +232,10 @@ def verify_objects(cache, fix: bool) -> list:
                 findings.append(Finding("FOREIGN", None, "not a name nncc writes; left alone", [path],
                                         _size(path)))
                 continue
-            size = _size(path)
-            young = now - _mtime(path) < GRACE_SECONDS
-            status = "IN-PROGRESS" if young else ("ORPHAN" if found else "LEFTOVER")
-            detail = "kernel object with no index row" if found else "temp file of an interrupted write"
-            finding = Finding(status, (found or temp).group(1), detail, [path], size)
-            if fix and not young:
+            status, detail = ("ORPHAN", "kernel object with no index row") if found else \
+                ("LEFTOVER", "temp file of an interrupted write")
+            finding = Finding(status, (found or temp).group(1), detail, [path], _size(path))
+            if fix:
                 why = _remove(cache, path)
                 finding.fixed, finding.not_fixed = why is None, why
             findings.append(finding)
@@ -254,13 +247,6 @@ def _size(path: str) -> int:
         return os.lstat(path).st_size
     except OSError:
         return 0
-
-
-def _mtime(path: str) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return 0.0
 
 
 def _forget(cache, key: str) -> None:
