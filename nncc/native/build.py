@@ -19,7 +19,8 @@ ENV_JOBS = "NNCC_CC_JOBS"
 
 
 class MemoryObjects:
-    """Objects and linked libraries kept for the life of the process."""
+    """Objects and linked libraries kept for the life of the process (linking is skipped
+    only here: with a cache, the link is what turns verified objects into code)."""
 
     def __init__(self):
         self.objects: dict[str, bytes] = {}
@@ -71,7 +72,7 @@ def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, l
             objects[key] = data
     if missing:
         objects.update(_compile_all(toolchain, missing, store))
-    link_key = (toolchain.object_key(""), tuple(keys))
+    link_key = tuple(keys)  # each key covers the compiler already
     if store is _MEMORY and link_key in _MEMORY.linked:
         return _MEMORY.linked[link_key], keys
     code = toolchain.link([objects[k] for k in dict.fromkeys(keys)])

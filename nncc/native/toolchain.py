@@ -3,7 +3,9 @@
 nncc works without a compiler: ``find_toolchain()`` returns None and every partition stays
 on the portable numpy plan. The compiler's identity, the flags and the ISA go into the
 cache token, so a compiler update or another ``--target`` misses the cache, as a driver
-update does for a device's compilation cache.
+update does for a device's compilation cache. Each translation unit is compiled to an
+object on its own and the objects are linked into one shared object (nncc/native/build.py
+decides which units need compiling).
 """
 
 from __future__ import annotations
