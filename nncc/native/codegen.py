@@ -588,8 +588,9 @@ class _Writer:
 @dataclass
 class Kernel:
     """One step's code as a C function of its buffers (``float *p0, ...``, then ``char
-    *scratch`` when it needs per-step scratch): shapes and attributes are literals in it,
-    buffer addresses and constant values are arguments, so the same layer in another
+    *scratch`` when it needs per-step scratch): shapes, attributes and the scalars that
+    shape the code (a Clip bound, an exponent) are literals in it; every tensor, weights
+    included, and every workspace offset is an argument. So the same layer in another
     model, partition or compile is the same function. Named by the hash of its text."""
 
     name: str
