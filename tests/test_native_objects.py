@@ -199,3 +199,25 @@ def test_verify_reports_and_fixes_a_corrupt_object(setup):
     setup.nncc("cache", "rm", entry["token"])
     calls, _ = setup.run(setup.a)  # that object again, and the link
     assert len(calls) == 2 and len(_links(calls)) == 1
+
+
+def test_two_processes_filling_one_object_cache_at_once(setup):
+    """Both build the runtime and the shared kernel at the same time: each writes its
+    objects atomically, and whichever row lands last matches the file that is there."""
+    env = dict(os.environ, CC=str(setup.cc), PYTHONPATH=str(ROOT), NNCC_CACHE_DIR=str(setup.cache))
+    outs = {m: setup.tmp / f"{m.stem}-out.npz" for m in (setup.a, setup.b)}
+    procs = [subprocess.Popen([sys.executable, "-m", "nncc", "run", str(m), "--input", f"x={setup.x}",
+                               "--output", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+             for m, out in outs.items()]
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    x = np.load(setup.x)
+    for model, out in outs.items():
+        want = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+        np.testing.assert_allclose(np.load(out)["y"], want, rtol=1e-4, atol=1e-4)
+    assert json.loads(setup.nncc("cache", "verify", "--json").stdout)["ok"]
+    entries = setup.entries()
+    rows = setup.object_rows()
+    for key in set(entries["a.onnx"]["objects"]) | set(entries["b.onnx"]["objects"]):
+        assert blake3(setup.object_path(key).read_bytes()).hexdigest() == rows[key]["hash"]
