@@ -13,6 +13,8 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
                    of hidden states in, Erf GELU, 12.6M parameters
 - gpt2.onnx        4-layer pre-LN decoder, hidden 512, 8 heads, causal mask, Tanh GELU,
                    1x128 tokens of hidden states in
+- resnet50.onnx    (resnet50(), made by benchmarks/bench_native_compile.py) ResNet-50
+                   layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
 - large.onnx       (with --large) an MLP of 8 layers of 4096x4096: 537M bytes of weights,
                    for cache-hit cost against model size
 """
@@ -56,6 +58,36 @@ def resnet18():
     b.op("Gemm", [x, b.lecun((1000, 512), 512), b.small((1000,))], out="logits", transB=1)
     return b.model("resnet18", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
                    "ResNet-18 layout with BatchNorm folded, real random weights")
+
+
+def resnet50():
+    """ResNet-50 (v1.5: stride on the 3x3 convolution of each bottleneck), BatchNorm folded,
+    1x3x224x224, 25.6M parameters. Not in MODELS: bench_native_compile.py makes it on use."""
+    b = Builder(seed=2005)
+
+    def conv(x, cin, cout, k, stride=1, relu=True):
+        y = b.conv(x, cin, cout, k, stride=stride, bias=True)
+        return b.op("Relu", [y]) if relu else y
+
+    def bottleneck(x, cin, width, stride):
+        cout = width * 4
+        y = conv(x, cin, width, 1)
+        y = conv(y, width, width, 3, stride)
+        y = conv(y, width, cout, 1, relu=False)
+        short = conv(x, cin, cout, 1, stride, relu=False) if (stride != 1 or cin != cout) else x
+        return b.op("Relu", [b.op("Add", [y, short])])
+
+    x = conv("input", 3, 64, 7, 2)
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for i in range(blocks):
+            x = bottleneck(x, cin, width, stride if i == 0 else 1)
+            cin = width * 4
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    b.op("Gemm", [x, b.lecun((1000, 2048), 2048), b.small((1000,))], out="logits", transB=1)
+    return b.model("resnet50", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
+                   "ResNet-50 layout with BatchNorm folded, real random weights")
 
 
 def mobilenetv2():

@@ -131,17 +131,20 @@ def _native(toolchain):
 
 
 def _build_native(plan, toolchain, units) -> None:
-    """One shared object for all native partitions. A compiler failure keeps the plan
-    portable and is recorded in it, so a cached entry does not retry on every run."""
-    from nncc.native.codegen import translation_unit
+    """One shared object for all native partitions, linked from an object per translation
+    unit (the keys are recorded, so a cache entry knows which objects it was built from).
+    A compiler failure keeps the plan portable and is recorded in it, so a cached entry
+    does not retry on every run."""
+    from nncc.native.build import build
+    from nncc.native.codegen import translation_units
     from nncc.native.toolchain import NativeBuildError
     from nncc.util.notice import warn
 
     try:
-        plan.code = toolchain.build(translation_unit(units))
+        plan.code, objects = build(toolchain, translation_units(units))
     except NativeBuildError as exc:
         warn(f"{exc}; running the portable plan")
         plan.native = []
         plan.options["native_error"] = str(exc)
         return
-    plan.options["native"] = toolchain.identity()
+    plan.options["native"] = dict(toolchain.identity(), objects=objects)

@@ -559,10 +559,19 @@ def test_other_nncc_version_reinitializes_the_index(cache_dir, capsys):
         report = verify(c)
         stale = [f for f in report.findings if f.status == "STALE"]
         assert [f.source for f in stale] == [str(RESNET)] and not report.ok
+        mlp_objects = set(c.index.entry_objects(only_token_of(c, MLP)))
         gc_report = collect(c)
-        assert [r.reason for r in gc_report.removed] == ["stale"]
+        assert [r.reason for r in gc_report.removed if r.reason != "object"] == ["stale"]
+        # the retired entry's kernel objects go with it, except those the live entry needs
+        assert not mlp_objects & {r.token for r in gc_report.removed if r.reason == "object"}
+        assert all(o["users"] for o in c.index.objects())
         assert verify(c).ok and c.index.stale() == {}
     assert warnings_in(capsys.readouterr().err) == []
+
+
+def only_token_of(cache, model) -> str:
+    (token,) = [e.token for e in cache.index.entries() if e.source_path == str(model)]
+    return token
 
 
 def test_file_of_other_version_without_row_is_stale(cache_dir):
@@ -775,10 +784,14 @@ def test_gc_lru_size_and_age(cache_dir):
         entries = {(e.source_path, e.preference): e for e in c.index.entries()}
         newest = entries[(str(MLP), "fast-single-answer")]
         total = sum(e.size for e in entries.values())
+        # the bound counts kernel objects too: resnet_block's (the MLP has no native code)
+        objects = sum(o["size"] for o in c.index.objects())
         dry = collect(c, max_size=newest.size, dry_run=True)
-        assert len(dry.removed) == 2 and len(c.index.entries()) == 3
+        assert len([r for r in dry.removed if r.reason == "size"]) == 2 and len(c.index.entries()) == 3
+        assert dry.freed == total - newest.size + objects
         report = collect(c, max_size=newest.size)
-        assert {r.reason for r in report.removed} == {"size"} and report.freed == total - newest.size
+        assert {r.reason for r in report.removed} == {"size"} | ({"object"} if objects else set())
+        assert report.freed == total - newest.size + objects and c.index.objects() == []
         assert [e.token for e in c.index.entries()] == [newest.token]
         assert all(not os.path.exists(p) for r in report.removed for p in r.paths)
         _sql(cache_dir, "UPDATE entries SET last_used = last_used - 8 * 86400")

@@ -232,12 +232,15 @@ def test_verify_and_fix(cli, cache_dir, tmp_path):
 def test_gc_commands(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     total = sum(e.size for e in entries(cache_dir))
+    objects = json.loads(cli("cache", "info", "--json")[1])["objects"]  # kernel objects count too
+    object_bytes = json.loads(cli("cache", "info", "--json")[1])["object_bytes"]
     code, out, err = cli("cache", "gc", "--max-size", "0", "--dry-run", "--json")
     report = json.loads(out)
-    assert code == 0 and report["dry_run"] and len(report["removed"]) == 3 and report["freed_bytes"] == total
+    assert code == 0 and report["dry_run"] and len(report["removed"]) == 3 + objects
+    assert report["freed_bytes"] == total + object_bytes
     assert len(entries(cache_dir)) == 3
     code, out, err = cli("cache", "gc", "--max-size", "0", "--dry-run")
-    assert code == 0 and out.count("would remove") == 3 and "dry run: 3 items would go, freeing" in out
+    assert code == 0 and out.count("would remove") == 3 + objects and "dry run: " in out
     conn = sqlite3.connect(str(cache_dir / "index.sqlite3"))
     conn.execute("UPDATE entries SET last_used = last_used - 3 * 86400 WHERE preference = 'low-power'")
     conn.commit()
@@ -248,9 +251,14 @@ def test_gc_commands(cli, cache_dir, tmp_path):
     code, out, err = cli("cache", "gc", "--max-size", "1G", "--json")
     assert code == 0 and json.loads(out)["removed"] == []
     newest = max(entries(cache_dir), key=lambda e: e.last_used)  # resnet_block, run last
-    code, out, err = cli("cache", "gc", "--max-size", str(newest.size), "--json")
+    with Cache.open(cache_dir) as c:  # the size bound counts the kernel objects an entry needs
+        needed = set(c.index.entry_objects(newest.token))
+        needed_bytes = sum(o["size"] for o in c.index.objects() if o["key"] in needed)
+    code, out, err = cli("cache", "gc", "--max-size", str(newest.size + needed_bytes), "--json")
     removed = json.loads(out)["removed"]
-    assert code == 0 and [(r["reason"], r["source"]) for r in removed] == [("size", str(MLP))]
+    assert code == 0 and [(r["reason"], r["source"]) for r in removed if r["reason"] != "object"] == \
+        [("size", str(MLP))]
+    assert not needed & {r["token"] for r in removed if r["reason"] == "object"}
     assert [e.token for e in entries(cache_dir)] == [newest.token]
     assert cli("cache", "gc", "--max-size", "lots")[0] == 2
     assert cli("cache", "gc", "--max-age", "soon")[0] == 2
@@ -281,15 +289,18 @@ def test_rm_with_prefixes(cli, cache_dir, tmp_path):
 
 def test_clear(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
+    objects = json.loads(cli("cache", "info", "--json")[1])["objects"]
+    assert objects > 0  # the entries' native code was linked from kernel objects kept there
     code, out, err = cli("cache", "clear", "--json")
     report = json.loads(out)
-    assert code == 0 and report["removed"] == 3 and report["freed_bytes"] > 0
+    assert code == 0 and report["removed"] == 3 + objects and report["freed_bytes"] > 0
     assert entries(cache_dir) == []
     assert Cache.open(cache_dir).scan() == ({}, [])
+    assert not list((cache_dir / "objects").rglob("*.o"))
     code, out, err = cli("cache", "clear")
     assert code == 0 and "removed 0 items" in out
     code, out, err = cli("cache", "info", "--json")
-    assert json.loads(out)["entries"] == 0
+    assert json.loads(out)["entries"] == 0 and json.loads(out)["objects"] == 0
 
 
 def test_cache_commands_take_cache_dir(cli, tmp_path):

@@ -122,7 +122,11 @@ def test_ls_and_info_read_a_cache_on_a_full_disk(full_cache, tmp_path):
 def test_gc_frees_space_on_a_full_disk_and_the_cache_works_again(full_cache, tmp_path):
     cache, junk = full_cache
     before = tokens(cache)
-    gc = nncc("cache", "gc", "--max-size", "150K", "--json", cache=cache, cwd=tmp_path)  # one of the two fits
+    with Cache.open(cache, read_only_ok=True) as c:  # the newest entry and the kernel objects it needs fit
+        newest = max(c.index.entries(), key=lambda e: e.last_used)
+        needed = set(c.index.entry_objects(newest.token))
+        bound = newest.size + sum(o["size"] for o in c.index.objects() if o["key"] in needed)
+    gc = nncc("cache", "gc", "--max-size", bound, "--json", cache=cache, cwd=tmp_path)  # one of the two fits
     assert gc.returncode == 0, gc.stderr
     report = json.loads(gc.stdout)
     evicted = {r["token"] for r in report["removed"] if r["reason"] == "size"}
@@ -151,9 +155,12 @@ def test_rm_and_clear_work_on_a_full_disk(full_cache, tmp_path):
     assert rm.returncode == 0, rm.stderr
     assert tokens(cache) == {second}
     fill(cache.parent)  # full again
+    objects = len(list((cache / "objects").rglob("*.o")))
     clear = nncc("cache", "clear", "--json", cache=cache, cwd=tmp_path)
     assert clear.returncode == 0, clear.stderr
-    assert json.loads(clear.stdout)["removed"] == 1
+    # the entry, and every kernel object (none is needed any more)
+    assert json.loads(clear.stdout)["removed"] == 1 + objects
+    assert not any((cache / "objects").rglob("*.o"))
     assert tokens(cache) == set()
     assert not any((cache / "entries").rglob("*.plan")) and not any((cache / "entries").rglob("*.data"))
 

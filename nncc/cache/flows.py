@@ -246,8 +246,11 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
                 return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
             stage = policy.miss_stage()
             opts = policy.options_for(stage)
+            from nncc.cache.objects import objects_in, record_entry_objects
+
             compile_start = time.perf_counter()
-            plan = _compile_plan(source, opts)
+            with objects_in(cache):  # native code is linked from the cache's kernel objects
+                plan = _compile_plan(source, opts)
             compile_seconds = time.perf_counter() - compile_start
             mark_stage(plan, stage)
             from nncc.model import CompiledModel
@@ -263,6 +266,7 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
                 return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
             except (CacheWriteError, IndexUnavailable) as exc:
                 return _degraded(source, None, token, directory, f"cannot store: {exc}", start, model)
+            record_entry_objects(cache, token, plan)  # gc keeps the objects a live entry needs
             cache_stats.record_miss(cache, token, source.bytes, policy.opts, rejected is not None, compile_seconds)
             policy.record_build(cache, token, plan)
             after_local_commit(cache, token)  # write-back to the remote tier, if any

@@ -4,13 +4,13 @@
   signature: a ``CACHEDIR.TAG`` holding nncc's line, or an ``index.sqlite3``. Any other
   folder that holds something is someone else's: it is refused, never written into.
 * **Trust.** The index is the trust anchor, so the folder, its index (and the index's WAL
-  files), ``entries/`` and ``locks/`` must be owned by the user running nncc and writable
-  by no one else, unless trusting a shared cache is asked for explicitly
+  files), ``entries/``, ``locks/`` and ``objects/`` must be owned by the user running nncc
+  and writable by no one else, unless trusting a shared cache is asked for explicitly
   (``NNCC_CACHE_TRUST_SHARED=1``, ``--trust-shared-cache``, ``trust_shared=True``). A
-  symlinked index, ``entries/`` or ``locks/`` is refused whatever the setting: SQLite and
-  removals must never write through to another file or folder.
-* **Removal.** Only names nncc itself writes are ever deleted (entry files, their temp
-  files, lock files), and only through folders opened without following symlinks.
+  symlinked index, ``entries/``, ``locks/`` or ``objects/`` is refused whatever the
+  setting: SQLite and removals must never write through to another file or folder.
+* **Removal.** Only names nncc itself writes are ever deleted (entry files, kernel objects,
+  their temp files, lock files), and only through folders opened without following symlinks.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ TEMP_NAME = re.compile(r"^\.([0-9a-f]{64})\.(plan|data)\.[0-9]+-[0-9a-f]{8}\.tmp
 LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.lock$")
 UPGRADE_LOCK_NAME = re.compile(r"^[0-9a-f]{64}\.upgrade$")  # held by the builder of an optimized stage
 SHARD_NAME = re.compile(r"^[0-9a-f]{2}$")
+# Kernel objects under objects/<k[:2]>/ (nncc/cache/objects.py makes them), and their temps.
+OBJECT_NAME = re.compile(r"^([0-9a-f]{64})\.o$")
+OBJECT_TEMP_NAME = re.compile(r"^\.([0-9a-f]{64})\.o\.[0-9]+-[0-9a-f]{8}\.tmp$")
 # The tag being written by another nncc that is creating the cache right now.
 TAG_TEMP_NAME = re.compile(r"^\.CACHEDIR\.TAG\.[0-9]+-[0-9a-f]{8}\.tmp$")
 
@@ -137,7 +140,7 @@ def check_trusted(directory: str, trust_shared: bool | None) -> None:
     if trust_shared is None:
         trust_shared = trust_shared_from_env()
     me = os.geteuid()
-    for name in ("", INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", "entries", "locks"):
+    for name in ("", INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", "entries", "locks", "objects"):
         path = os.path.join(directory, name) if name else directory
         try:
             st = os.lstat(path) if name else os.stat(path)

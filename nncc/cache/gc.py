@@ -1,5 +1,8 @@
 """Garbage collection: stale versions, orphans, leftovers, old entries, and LRU down to a size.
 
+The size bound counts kernel objects (nncc/cache/objects.py) with the entries; an object
+goes only when no entry that is left was linked from it.
+
 Every removal takes the token's lock exclusively *without waiting* and skips tokens that
 are busy: a process that is reading (shared lock) or writing (exclusive lock) an entry is
 never disturbed. A run that has already verified an entry holds its bytes in memory (model
@@ -93,6 +96,8 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
     entries until the recorded total is at most ``max_size`` bytes."""
     from nncc.util import progress
 
+    from nncc.cache.objects import collect_objects, dry_release, object_bytes
+
     report = GcReport(dry_run=dry_run)
     keep = set(keep)
     with progress.task("collecting cache garbage") as task:
@@ -108,8 +113,13 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
                 _evict(cache, entry, "age", report, dry_run)
             else:
                 alive.append(entry)
-        if max_size is not None:
-            total = sum(e.size for e in alive)
+        if scan:  # kernel objects no entry needs (any more)
+            collect_objects(cache, report, dry_run)
+        if max_size is not None:  # objects count too; those no entry needs go first
+            total = sum(e.size for e in alive) + object_bytes(cache)
+            if total > max_size and not scan:
+                total -= collect_objects(cache, report, dry_run, scan=False, over=total - max_size)
+            remaining = {e.token for e in alive}
             for entry in alive:  # oldest use first
                 if total <= max_size:
                     break
@@ -117,16 +127,24 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
                     continue
                 if _evict(cache, entry, "size", report, dry_run):
                     total -= entry.size
+                    remaining.discard(entry.token)
+                    if dry_run:  # the objects only that entry needed would go with it
+                        total -= dry_release(cache, report, entry.token, remaining)
+                    else:
+                        total -= collect_objects(cache, report, dry_run, scan=False,
+                                                 over=None if scan else total - max_size)
     return report
 
 
 def auto_collect(cache, keep=()) -> GcReport | None:
     """The size and age bounds of the settings, as applied after each write (LRU only;
-    cheap when under the bounds). nncc.cache.limits.after_store is what the flows call."""
+    cheap when under the bounds; kernel objects count toward the size).
+    nncc.cache.limits.after_store is what the flows call."""
+    from nncc.cache.objects import object_bytes
     from nncc.settings import value
 
     limit, age = value("cache.max_size"), value("cache.max_age")
-    if (limit is None or cache.index.totals()[1] <= limit) and age is None:
+    if (limit is None or cache.index.totals()[1] + object_bytes(cache) <= limit) and age is None:
         return None
     return collect(cache, max_size=limit, max_age=age, keep=keep, scan=False)
 

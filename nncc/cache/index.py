@@ -29,9 +29,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 4
-MIGRATABLE = (1, 2, 3)  # older schemas whose rows are kept: only tables, columns and counters are added
-READABLE = (1, 2, 3, 4)  # schemas a read-only open can serve from (a missing column reads as NULL)
+SCHEMA_VERSION = 5
+MIGRATABLE = (1, 2, 3, 4)  # older schemas whose rows are kept: only tables, columns and counters are added
+READABLE = (1, 2, 3, 4, 5)  # schemas a read-only open can serve from (a missing column reads as NULL)
 INDEX_NAME = "index.sqlite3"
 COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions", "upgrades",
             "remote_hits", "remote_misses", "remote_rejected", "remote_errors")  # the remote tier's, per machine
@@ -92,6 +92,17 @@ CREATE TABLE IF NOT EXISTS native_failures (
     reason TEXT NOT NULL,
     recorded REAL NOT NULL,
     compiler TEXT
+CREATE TABLE IF NOT EXISTS objects (
+    key TEXT PRIMARY KEY,
+    hash TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS entry_objects (
+    token TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (token, key)
 );
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
@@ -503,6 +514,7 @@ class Index:
         def fn(c):
             if remember:
                 self._remember_leaving(why, token)
+            c.execute("DELETE FROM entry_objects WHERE token = ?", (token,))
             n = c.execute("DELETE FROM entries WHERE token = ?", (token,)).rowcount
             n += c.execute("DELETE FROM stale WHERE token = ?", (token,)).rowcount
             c.execute("DELETE FROM chunks WHERE token = ?", (token,))
@@ -621,3 +633,55 @@ class Index:
 
     def meta(self) -> dict[str, str]:
         return dict(self._read(lambda c: c.execute("SELECT key, value FROM meta").fetchall()))
+
+    # -- kernel objects ----------------------------------------------------------------
+    # key (the object's name: blake3 of its source, compiler and flags) -> blake3 of the
+    # object file's bytes, checked whenever the file is read back; and which objects each
+    # entry's code was linked from, so that gc keeps those.
+
+    def object_hash(self, key: str) -> tuple[str, int] | None:
+        """(hash, size) recorded for an object, or None."""
+        return self._read(lambda c: c.execute("SELECT hash, size FROM objects WHERE key = ?", (key,)).fetchone())
+
+    def put_object(self, key: str, digest: str, size: int) -> None:
+        now = time.time()
+        self._write(lambda c: c.execute(
+            "INSERT OR REPLACE INTO objects (key, hash, size, created, last_used) VALUES (?, ?, ?, ?, ?)",
+            (key, digest, size, now, now)))
+
+    def touch_objects(self, keys) -> None:
+        now = time.time()
+        self._write(lambda c: c.executemany("UPDATE objects SET last_used = ? WHERE key = ?",
+                                            [(now, k) for k in keys]))
+
+    def link_objects(self, token: str, keys) -> None:
+        """Record that ``token``'s entry was linked from ``keys`` (replacing any record)."""
+        def fn(c):
+            c.execute("DELETE FROM entry_objects WHERE token = ?", (token,))
+            c.executemany("INSERT OR IGNORE INTO entry_objects (token, key) VALUES (?, ?)",
+                          [(token, k) for k in keys])
+
+        self._write(fn)
+
+    def objects(self) -> list[dict]:
+        """Every recorded object, least recently used first, with the number of entries
+        that need it (``users``)."""
+        rows = self._read(lambda c: c.execute(
+            "SELECT o.key, o.hash, o.size, o.created, o.last_used, "
+            "(SELECT count(*) FROM entry_objects l JOIN entries e ON e.token = l.token WHERE l.key = o.key) "
+            "FROM objects o ORDER BY o.last_used ASC").fetchall())
+        names = ("key", "hash", "size", "created", "last_used", "users")
+        return [dict(zip(names, r)) for r in rows]
+
+    def entry_objects(self, token: str) -> list[str]:
+        return [r[0] for r in self._read(lambda c: c.execute(
+            "SELECT key FROM entry_objects WHERE token = ? ORDER BY key", (token,)).fetchall())]
+
+    def delete_object(self, key: str) -> None:
+        self._write(lambda c: c.execute("DELETE FROM objects WHERE key = ?", (key,)))
+
+    def object_totals(self) -> tuple[int, int]:
+        """(object count, total bytes of object files) as recorded."""
+        count, size = self._read(lambda c: c.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM objects").fetchone())
+        return int(count), int(size)

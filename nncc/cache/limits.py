@@ -43,7 +43,9 @@ def after_store(cache, limits: CacheSettings | None, keep=()) -> Evicted | None:
     busy entry. None when nothing had to go."""
     if limits is None or (limits.max_size is None and limits.max_age is None):
         return None
-    if limits.max_age is None and cache.index.totals()[1] <= limits.max_size:
+    from nncc.cache.objects import object_bytes
+
+    if limits.max_age is None and cache.index.totals()[1] + object_bytes(cache) <= limits.max_size:
         return None  # the usual case: one query
     from nncc.cache.gc import collect
 

@@ -63,9 +63,12 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
         return SKIPPED
     if _token_of(cache, source, opts) != token:
         return CHANGED
+    from nncc.cache.objects import objects_in, record_entry_objects
+
     start = time.perf_counter()
     try:
-        plan = _compile_plan(source, opts)
+        with objects_in(cache):  # linked from the cache's kernel objects, like a miss
+            plan = _compile_plan(source, opts)
     except NnccError as exc:
         cache.index.record_failure(token, str(exc), compiler_key(opts))
         return FAILED
@@ -79,10 +82,12 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
         if entry is None or entry.stage != QUICK:
             return SKIPPED  # removed, or upgraded by `nncc compile` meanwhile
         _store(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
+        record_entry_objects(cache, token, plan)
     try:
-        from nncc.cache.gc import auto_collect
+        from nncc.cache.limits import after_store
+        from nncc.settings import cache_settings
 
-        auto_collect(cache, keep={token})  # native code makes the entry bigger
+        after_store(cache, cache_settings(cache.directory), keep={token})  # native code makes it bigger
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # housekeeping never fails the upgrade
     return UPGRADED

@@ -15,6 +15,9 @@ Statuses:
     FOREIGN      a name in entries/ that nncc never writes (or a symlinked folder there):
                  reported, never removed, never followed
 
+Kernel objects (objects/, nncc/cache/objects.py) are rehashed too; only those that are not
+as recorded are listed, with the same statuses (the token is then the object's key).
+
 CORRUPT, MISSING and STALE are problems (verify fails); debris is not. ``fix=True``
 removes problems and debris (under the token's exclusive lock, skipping busy tokens, and
 only names nncc writes). Checking never parses a plan beyond its fixed header: nothing is
@@ -198,6 +201,10 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             for token in cache.index.stale():
                 if token not in tokens:
                     cache.delete_row(token)
+        from nncc.cache.objects import verify_objects
+
+        task.describe("rehashing kernel objects")
+        findings.extend(verify_objects(cache, fix))  # only those that are not as recorded
     return VerifyReport(findings, fix)
 
 

@@ -190,6 +190,8 @@ def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
     with c:
         entries = c.index.entries(order=SORTS[sort])
         malformed = c.index.malformed()
+        linked = {e.token: c.index.entry_objects(e.token) for e in entries}
+        objects = c.index.objects()
     if patterns:
         entries = [e for e in entries if any(matches(e.token, e.source_path, p) for p in patterns)]
     if malformed:  # someone edited the index: such rows are never used
@@ -198,19 +200,22 @@ def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
         warn(f"skipped {len(malformed)} malformed index row(s) ({malformed[0][1]}); "
              "`nncc cache verify --fix` removes them")
     if as_json:
-        emit_json({"directory": c.directory, "entries": [e.as_dict() for e in entries]})
+        emit_json({"directory": c.directory,
+                   "entries": [e.as_dict() | {"objects": linked[e.token]} for e in entries],
+                   "objects": objects})
         return
     click.echo(f"nncc cache at {c.directory}")
     if entries:
-        click.echo(_entry_table(entries, wide))
+        click.echo(_entry_table(entries, wide, linked))
     else:
         status(f"nncc: no entries{' match ' + ', '.join(map(repr, patterns)) if patterns else ''}")
 
 
-def _entry_table(entries, wide: bool) -> str:
+def _entry_table(entries, wide: bool, linked: dict) -> str:
     """The listing: token prefix and model name always whole; at the terminal's width the
     least useful columns go first (created, version, last used, hits, preference, size);
-    ``wide`` shows every column, the two cache files' sizes too, with full timestamps."""
+    ``wide`` shows every column, the two cache files' sizes and the kernel objects each
+    entry was linked from too, with full timestamps."""
     from nncc.cli.fit_table import Column, render, terminal_width
     from nncc.util.units import format_bytes
 
@@ -226,6 +231,8 @@ def _entry_table(entries, wide: bool) -> str:
         add(Column("model cache", right=True), [format_bytes(e.plan_size) for e in entries])
         add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
     add(Column("stage", 5), [e.stage or "-" for e in entries])
+    if wide:
+        add(Column("objects", right=True), [str(len(linked[e.token])) for e in entries])
     add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
     add(Column("preference", 5), [e.preference or "-" for e in entries])
     add(Column("hits", 4, right=True), [str(e.hits) for e in entries])
@@ -269,7 +276,8 @@ def info(cache_dir, trust_shared, as_json):
         if as_json:
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
-                       "stale_entries": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
+                       "stale_entries": 0, "objects": 0, "object_bytes": 0,
+                       "unused_objects": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
                        "read_only": False, "disk_full": False, "remote": remote_info(),
                        "stages": {"quick": 0, "optimized": 0}, "native_failures": {}})
@@ -278,6 +286,7 @@ def info(cache_dir, trust_shared, as_json):
         return
     with c:
         count, size = c.index.totals()
+        objects = c.index.objects()
         counters = c.index.counters(ALL_COUNTERS)
         meta = c.index.meta()
         stale = len(c.index.stale())
@@ -291,6 +300,9 @@ def info(cache_dir, trust_shared, as_json):
             "total_bytes": size,
             "max_bytes": default_max_size(),
             "stale_entries": stale,
+            "objects": len(objects),
+            "object_bytes": sum(o["size"] for o in objects),
+            "unused_objects": sum(1 for o in objects if not o["users"]),
             "counters": {name: counters[name] for name in COUNTERS},
             "stats": summary(counters),
             "stats_since": _float(meta.get("stats_zeroed") or meta.get("created")),
@@ -313,7 +325,10 @@ def info(cache_dir, trust_shared, as_json):
         ("nncc version", str(payload["nncc_version"])),
         ("Entries", str(count)),
         ("Stages", f"{stages['quick']} quick, {stages['optimized']} optimized"),
-        ("Total size", f"{format_bytes(size)}" + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
+        ("Kernel objects", f"{payload['objects']} ({format_bytes(payload['object_bytes'])}), "
+                           f"{payload['unused_objects']} needed by no entry"),
+        ("Total size", f"{format_bytes(size + payload['object_bytes'])}"
+                       + (f" (limit {format_bytes(limit)})" if limit else " (no limit)")),
         ("Stale entries", str(stale)),
         *_worth_rows(counters, payload["stats"], payload["hit_rate"]),
         ("Corruptions", str(counters["corruptions"])),

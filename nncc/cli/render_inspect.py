@@ -54,7 +54,8 @@ def print_report(report: dict) -> None:
     if report.get("native_code_bytes"):
         built = opts.get("native") or {}
         tree.add(f"native code: {format_bytes(report['native_code_bytes'])} "
-                 f"({built.get('version', '?')}, target {built.get('target', '?')})")
+                 f"({built.get('version', '?')}, target {built.get('target', '?')}, "
+                 f"linked from {len(built.get('objects') or [])} objects)")
     elif opts.get("native_error"):
         tree.add(f"[yellow]native code: none ({opts['native_error']})[/]")
     signature = report.get("signature")

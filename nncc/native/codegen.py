@@ -3,9 +3,14 @@
 ``args`` holds a pointer per partition input, then per partition output (the planned
 buffers the executor passes); ``ws`` is the partition's workspace, where intermediates
 live at offsets planned here by liveness, with im2col columns as per-step scratch. Every
-shape is a literal, so the C compiler specialises each helper call. Reshape-like nodes
+shape is a literal, so the C compiler specialises each step's loops. Reshape-like nodes
 alias their input instead of copying, and a Conv whose only consumer is an Add (a residual
 connection) writes through that Add and the activation after it in one epilogue pass.
+
+Each step is a kernel, a C function of its buffers in its own translation unit, named by
+the hash of its text: the same layer (op, shapes, attributes) in another model, partition
+or compile is the same unit, built once into the kernel object cache. The entry point
+only calls kernels over its arguments and workspace offsets.
 
 ``check(node, graph, infos)`` says why a node cannot be generated (None: it can).
 """
@@ -13,9 +18,11 @@ connection) writes through that Add and the activation after it in one epilogue 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
+from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 
@@ -158,12 +165,13 @@ class Unit:
     """One partition's C function and how to call it."""
 
     symbol: str
-    source: str
+    source: str  # the entry point, calling its kernels
     args: list[str]  # value names: partition inputs, then outputs
     n_inputs: int
     workspace: int
     ops: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # one per step, for profiles
+    kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
 
 
 class _Writer:
@@ -512,10 +520,9 @@ class _Writer:
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         out_shape = [shape[p] for p in perm]
         out_strides = [strides[p] for p in perm]
-        n = self.index_of(y)
-        self.step(f"{{ static const int64_t sh{n}[] = {{{', '.join(map(str, out_shape))}}}; "
-                  f"static const int64_t st{n}[] = {{{', '.join(map(str, out_strides))}}}; "
-                  f"nn_transpose({self.ptr(x)}, {self.ptr(y)}, {len(shape)}, sh{n}, st{n}); }}", [x], [y])
+        self.step(f"static const int64_t sh[] = {{{', '.join(map(str, out_shape))}}}; "
+                  f"static const int64_t st[] = {{{', '.join(map(str, out_strides))}}}; "
+                  f"nn_transpose({self.ptr(x)}, {self.ptr(y)}, {len(shape)}, sh, st);", [x], [y])
 
     # -- memory and text --------------------------------------------------------------
 
@@ -551,39 +558,96 @@ class _Writer:
                     offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
             if step.scratch:
                 scratch_at[index] = allocate(step.scratch, index, index)
+        kernels: dict[str, Kernel] = {}
         lines = []
         if PROFILE_STEPS:
             lines.append(f"static int64_t {self.symbol}_ns[{len(self.steps)}];")
             lines.append(f"NN_EXPORT int {self.symbol}_profile(int64_t *out) {{ memcpy(out, {self.symbol}_ns, "
                          f"sizeof {self.symbol}_ns); return {len(self.steps)}; }}")
         lines.append(f"NN_EXPORT int {self.symbol}(void **args, char *ws) {{")
-        declared = set()
         for name, i in args.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
-            declared.add(name)
         for name, offset in offsets.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
         for index, step in enumerate(self.steps):
-            body = step.code.replace("SCRATCH", f"(ws + {scratch_at.get(index, 0)})")
+            kernel, pointers = make_kernel(step.code)
+            kernels.setdefault(kernel.name, kernel)
+            if kernel.scratch:
+                pointers.append(f"ws + {scratch_at.get(index, 0)}")
+            call = f"{kernel.name}({', '.join(pointers)});"
             if PROFILE_STEPS:
-                body = f"{{ int64_t t0 = nn_now();\n{body}\n{self.symbol}_ns[{index}] += nn_now() - t0; }}"
-            lines.append("  " + body.replace("\n", "\n  "))
+                call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
+            lines.append("  " + call)
         lines.append("  return 0;\n}\n")
+        declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
-        return Unit(self.symbol, "\n".join(lines), self.args, self.n_inputs, _align(size_total), ops,
-                    [s.label for s in self.steps])
+        return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
+                    ops, [s.label for s in self.steps], list(kernels.values()))
+
+
+@dataclass
+class Kernel:
+    """One step's code as a C function of its buffers (``float *p0, ...``, then ``char
+    *scratch`` when it needs per-step scratch): shapes, attributes and the scalars that
+    shape the code (a Clip bound, an exponent) are literals in it; every tensor, weights
+    included, and every workspace offset is an argument. So the same layer in another
+    model, partition or compile is the same function. Named by the hash of its text."""
+
+    name: str
+    definition: str
+    declaration: str
+    scratch: bool
+
+
+_POINTER = re.compile(r"\bv_[0-9]+\b")
+
+
+def make_kernel(code: str) -> tuple[Kernel, list[str]]:
+    """The kernel for a step's code, and the entry point's pointers to call it with."""
+    pointers: list[str] = []
+    for found in _POINTER.findall(code):
+        if found not in pointers:
+            pointers.append(found)
+    body = _POINTER.sub(lambda m: f"p{pointers.index(m.group(0))}", code)
+    params = [f"float *p{i}" for i in range(len(pointers))]
+    scratch = "SCRATCH" in body
+    if scratch:
+        body = body.replace("SCRATCH", "scratch")
+        params.append("char *scratch")
+    signature = f"({', '.join(params) or 'void'})"
+    text = f"void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
+    name = "nnk_" + blake3(text.encode()).hexdigest()[:24]
+    return Kernel(name, text.replace("NN_KERNEL", name, 1), f"void {name}{signature};", scratch), pointers
 
 
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str) -> Unit:
     return _Writer(partition, graph, infos, symbol).build()
 
 
-def translation_unit(units: list[Unit]) -> str:
-    """The prelude and every partition's entry point, as one C file."""
+def prelude() -> str:
+    return _source("prelude.h")
+
+
+def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
+    """(label, C source) of every translation unit the partitions link from: the runtime,
+    each distinct kernel, and one small unit of entry points per partition. Each starts
+    with the prelude, so each compiles on its own."""
+    head = prelude()
+    out = [("runtime", head + "\n" + _source("runtime.c"))]
+    seen: set[str] = set()
+    for unit in units:
+        for kernel in unit.kernels:
+            if kernel.name not in seen:
+                seen.add(kernel.name)
+                out.append((kernel.name, head + "\n" + kernel.definition))
+    out.extend((unit.symbol, head + "\n" + unit.source) for unit in units)
+    return out
+
+
+def _source(name: str) -> str:
     import importlib.resources
 
-    prelude = importlib.resources.files("nncc.native").joinpath("prelude.h").read_text()
-    return "\n".join([prelude, *(u.source for u in units)])
+    return importlib.resources.files("nncc.native").joinpath(name).read_text()
 
 
 def _is_pair_sum(node: Node) -> bool:

@@ -3,7 +3,9 @@
 nncc works without a compiler: ``find_toolchain()`` returns None and every partition stays
 on the portable numpy plan. The compiler's identity, the flags and the ISA go into the
 cache token, so a compiler update or another ``--target`` misses the cache, as a driver
-update does for a device's compilation cache.
+update does for a device's compilation cache. Each translation unit is compiled to an
+object on its own and the objects are linked into one shared object (nncc/native/build.py
+decides which units need compiling).
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ _LEVEL_FEATURES = {
 _RELEVANT = ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2",
              "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
              "amx_tile", "asimd", "sve")
-BASE_FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
               "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
+LINK_FLAGS = ("-shared",)
 BUILD_TIMEOUT: float | None = None  # seconds; None: the native.cc_timeout setting ($NNCC_CC_TIMEOUT, 300)
 
 
@@ -59,53 +62,64 @@ class Toolchain:
 
     @property
     def flags(self) -> tuple[str, ...]:
+        """What every translation unit is compiled with (``-c``: linking is separate)."""
         return BASE_FLAGS + TARGETS[self.target]
 
     def key(self) -> dict:
         """What the cache token covers: compiler file, flags and the ISA the code needs."""
         return {"compiler": self.path, "stamp": list(self.stamp), "target": self.target,
-                "flags": list(self.flags), "features": list(required_features(self.target))}
+                "flags": list(self.flags), "link": list(LINK_FLAGS),
+                "features": list(required_features(self.target))}
 
     def identity(self) -> dict:
         """What an artifact records of its code's origin (runs the compiler once)."""
         return dict(self.key(), version=_banner(self.path))
 
-    def build(self, source: str) -> bytes:
-        """Compile one translation unit to a shared object and return its bytes. The same
-        source with the same compiler, flags and target is built once per process."""
+    def object_key(self, source: str) -> str:
+        """The name of ``source``'s object file: the source, the compiler's file and its
+        version banner, the flags and the target. Equal keys mean interchangeable objects."""
         from blake3 import blake3
 
-        key = blake3(repr((self.key(), source)).encode()).digest()
-        built = _BUILT.get(key)
-        if built is None:
-            built = _BUILT[key] = self._compile(source)
-        return built
+        return blake3(repr((self.identity(), source)).encode()).hexdigest()
 
-    def _compile(self, source: str) -> bytes:
+    def compile_object(self, source: str) -> bytes:
+        """Compile one translation unit to an object file and return its bytes."""
         with tempfile.TemporaryDirectory(prefix="nncc-cc-") as tmp:
             src = os.path.join(tmp, "unit.c")
-            out = os.path.join(tmp, "unit.so")
+            out = os.path.join(tmp, "unit.o")
             with open(src, "w") as f:
                 f.write(source)
-            cmd = [self.path, *self.flags, src, "-o", out, "-lm"]
-            timeout = _build_timeout()
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                      stdin=subprocess.DEVNULL)
-            except subprocess.TimeoutExpired:
-                raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
-                                       "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
-            except OSError as exc:
-                raise NativeBuildError(f"cannot run the C compiler {self.path}: {exc.strerror or exc}") from None
-            if done.returncode != 0:
-                lines = done.stderr.splitlines()
-                first = next((line for line in lines if "error" in line), lines[0] if lines else "no message")
-                raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
+            self._run([self.path, *self.flags, "-c", src, "-o", out])
             with open(out, "rb") as f:
                 return f.read()
 
+    def link(self, objects: list[bytes]) -> bytes:
+        """Link object files (given as bytes, already verified) into one shared object."""
+        with tempfile.TemporaryDirectory(prefix="nncc-ld-") as tmp:
+            paths = []
+            for i, data in enumerate(objects):
+                paths.append(os.path.join(tmp, f"u{i}.o"))
+                with open(paths[-1], "wb") as f:
+                    f.write(data)
+            out = os.path.join(tmp, "code.so")
+            self._run([self.path, *LINK_FLAGS, *paths, "-o", out, "-lm"])
+            with open(out, "rb") as f:
+                return f.read()
 
-_BUILT: dict[bytes, bytes] = {}  # blake3(toolchain key, source) -> shared object, this process
+    def _run(self, cmd: list[str]) -> None:
+        try:
+            timeout = _build_timeout()
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
+                                   "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
+        except OSError as exc:
+            raise NativeBuildError(f"cannot run the C compiler {self.path}: {exc.strerror or exc}") from None
+        if done.returncode != 0:
+            lines = done.stderr.splitlines()
+            first = next((line for line in lines if "error" in line), lines[0] if lines else "no message")
+            raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
 
 
 @functools.lru_cache(maxsize=8)

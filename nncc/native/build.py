@@ -1,0 +1,101 @@
+"""Building a plan's native code: compile the translation units no store holds yet, in
+parallel, then link the shared object from every unit's object.
+
+Objects are named by ``Toolchain.object_key`` (source, compiler, version, flags), so a unit
+that is the same text under the same compiler is compiled once: by this process without a
+cache directory (``MemoryObjects``), for good with one (the cache's kernel object store,
+nncc/cache/objects.py, chosen for a compile with ``using(store)``). A store hands back
+only bytes it has verified, and the link reads those bytes, never a file in the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+ENV_JOBS = "NNCC_CC_JOBS"
+
+
+class MemoryObjects:
+    """Objects and linked libraries kept for the life of the process (linking is skipped
+    only here: with a cache, the link is what turns verified objects into code)."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+        self.linked: dict[tuple, bytes] = {}
+
+    def load(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+    def save(self, key: str, data: bytes) -> None:
+        self.objects[key] = data
+
+
+_MEMORY = MemoryObjects()
+_STORE: contextvars.ContextVar = contextvars.ContextVar("nncc_object_store", default=None)
+
+
+@contextlib.contextmanager
+def using(store):
+    """Compiles in this context keep and find their objects in ``store``."""
+    token = _STORE.set(store)
+    try:
+        yield store
+    finally:
+        _STORE.reset(token)
+
+
+def jobs() -> int:
+    """Compiler processes run at once: $NNCC_CC_JOBS, else one per core this process may use."""
+    try:
+        chosen = int(os.environ.get(ENV_JOBS, "0"))
+    except ValueError:
+        chosen = 0
+    return chosen if chosen > 0 else max(1, len(os.sched_getaffinity(0)))
+
+
+def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, list[str]]:
+    """(shared object, object keys in link order) for ``units`` (label, C source)."""
+    store = store or _STORE.get() or _MEMORY
+    keys = [toolchain.object_key(source) for _, source in units]
+    objects: dict[str, bytes] = {}
+    missing: dict[str, str] = {}
+    for (_, source), key in zip(units, keys):
+        if key in objects or key in missing:
+            continue
+        data = store.load(key)
+        if data is None:
+            missing[key] = source
+        else:
+            objects[key] = data
+    if missing:
+        objects.update(_compile_all(toolchain, missing, store))
+    link_key = tuple(keys)  # each key covers the compiler already
+    if store is _MEMORY and link_key in _MEMORY.linked:
+        return _MEMORY.linked[link_key], keys
+    code = toolchain.link([objects[k] for k in dict.fromkeys(keys)])
+    if store is _MEMORY:
+        _MEMORY.linked[link_key] = code
+    return code, keys
+
+
+def _compile_all(toolchain, sources: dict[str, str], store) -> dict[str, bytes]:
+    """Compile every source, ``jobs()`` at a time; each object is stored as soon as it is
+    built, so a failure later on keeps the work done. The first failure cancels the rest."""
+    built: dict[str, bytes] = {}
+    with ThreadPoolExecutor(max_workers=min(jobs(), len(sources))) as pool:
+        futures = {pool.submit(toolchain.compile_object, source): key for key, source in sources.items()}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise future.exception()
+                key = futures[future]
+                built[key] = future.result()
+                store.save(key, built[key])
+    return built

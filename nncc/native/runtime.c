@@ -1,0 +1,598 @@
+/* nncc native runtime, compiled after prelude.h into one object that every library links:
+ * the BLAS hook and the thread pool (both set once when the library is loaded), and the
+ * helpers kernels call. GEMM goes to the BLAS numpy has loaded (OpenBLAS), reached through
+ * a function pointer set at load time; without one a plain loop nest is used. */
+
+typedef void (*nn_sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                             const float *, int64_t, float, float *, int64_t);
+typedef void (*nn_sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const float *, int32_t,
+                             const float *, int32_t, float, float *, int32_t);
+static void *nn_sgemm_fn = 0;
+static int nn_sgemm_ilp64 = 0;
+
+NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
+    nn_sgemm_fn = fn;
+    nn_sgemm_ilp64 = ilp64;
+    return 0;
+}
+
+/* One thread pool for everything the native code does (GEMMs included: the caller keeps
+ * BLAS at one thread during a native call, so no other pool's threads spin against this
+ * one). After a job a worker spins briefly for the next one (a partition issues hundreds
+ * of short parallel loops, and waking a sleeping thread costs tens of microseconds), then
+ * sleeps on a condition variable, so between native calls it takes no core from anyone.
+ * Every worker takes a share of every job (possibly empty), and the caller waits for all
+ * of them, so a job's fields are never rewritten while a worker may still read them. */
+typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+#define NN_MAX_THREADS 16
+#define NN_SPIN 4096
+static int nn_threads = 1;
+static pthread_mutex_t nn_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
+static nn_task nn_job_fn;
+static void *nn_job_ctx;
+static int64_t nn_job_n;
+static int nn_job_gen, nn_job_left;
+
+static inline void nn_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+static void *nn_worker(void *arg) {
+    int id = (int)(intptr_t)arg, seen = 0;
+    for (;;) {
+        int spins = 0;
+        while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
+            if (++spins < NN_SPIN) { nn_relax(); continue; }
+            pthread_mutex_lock(&nn_mu);
+            while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
+            pthread_mutex_unlock(&nn_mu);
+        }
+        seen++;
+        int64_t n = nn_job_n, t = nn_threads;
+        nn_job_fn(nn_job_ctx, n * id / t, n * (id + 1) / t);
+        __atomic_sub_fetch(&nn_job_left, 1, __ATOMIC_RELEASE);
+    }
+    return 0;
+}
+
+/* Set once, when the library is loaded (before any job): the pool's size. */
+NN_EXPORT int nncc_set_threads(int want) {
+    static int started = 1;
+    if (want < 1) want = 1;
+    if (want > NN_MAX_THREADS) want = NN_MAX_THREADS;
+    if (started > 1) return nn_threads;  /* the pool is made once */
+    while (started < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, nn_worker, (void *)(intptr_t)started) != 0) break;
+        started++;
+    }
+    nn_threads = started;
+    return nn_threads;
+}
+
+/* fn over [0, n) split among the pool; small jobs run inline. */
+static void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
+    int t = nn_threads;
+    if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
+    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
+    __atomic_store_n(&nn_job_left, t - 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&nn_mu);
+    __atomic_add_fetch(&nn_job_gen, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&nn_go);
+    pthread_mutex_unlock(&nn_mu);
+    fn(ctx, 0, n / t);
+    while (__atomic_load_n(&nn_job_left, __ATOMIC_ACQUIRE)) nn_relax();
+}
+
+/* C = alpha * op(A) @ op(B) + beta * C, row-major, in the calling thread. */
+static void nn_gemm_serial(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (nn_sgemm_fn) {
+        if (nn_sgemm_ilp64)
+            ((nn_sgemm64_t)nn_sgemm_fn)(101, ta ? 112 : 111, tb ? 112 : 111, M, N, K, alpha, A, lda, B, ldb,
+                                        beta, C, ldc);
+        else
+            ((nn_sgemm32_t)nn_sgemm_fn)(101, ta ? 112 : 111, tb ? 112 : 111, (int32_t)M, (int32_t)N,
+                                        (int32_t)K, alpha, A, (int32_t)lda, B, (int32_t)ldb, beta, C,
+                                        (int32_t)ldc);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        float *c = C + i * ldc;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < N; j++) c[j] = 0.0f;
+        else if (beta != 1.0f)
+            for (int64_t j = 0; j < N; j++) c[j] *= beta;
+        for (int64_t k = 0; k < K; k++) {
+            float a = alpha * (ta ? A[k * lda + i] : A[i * lda + k]);
+            if (tb)
+                for (int64_t j = 0; j < N; j++) c[j] += a * B[j * ldb + k];
+            else
+                for (int64_t j = 0; j < N; j++) c[j] += a * B[k * ldb + j];
+        }
+    }
+}
+
+/* GEMMs run on this pool too, BLAS single-threaded inside each share (the caller sets
+ * BLAS to one thread around a native call): split into blocks of rows of C, or of columns
+ * when there are few rows, so no thread of another pool spins between our loops. */
+typedef struct { int ta, tb; int64_t M, N, K, lda, ldb, ldc, block; float alpha, beta; const float *A, *B; float *C;
+                 int by_rows; } nn_gemm_job;
+
+static void nn_gemm_task(void *p, int64_t lo, int64_t hi) {
+    nn_gemm_job *g = p;
+    int64_t a = lo * g->block, b = hi * g->block;
+    if (g->by_rows) {
+        if (b > g->M) b = g->M;
+        if (a >= b) return;
+        nn_gemm_serial(g->ta, g->tb, b - a, g->N, g->K, g->alpha, g->ta ? g->A + a : g->A + a * g->lda, g->lda,
+                       g->B, g->ldb, g->beta, g->C + a * g->ldc, g->ldc);
+    } else {
+        if (b > g->N) b = g->N;
+        if (a >= b) return;
+        nn_gemm_serial(g->ta, g->tb, g->M, b - a, g->K, g->alpha, g->A, g->lda, g->tb ? g->B + a * g->ldb : g->B + a,
+                       g->ldb, g->beta, g->C + a, g->ldc);
+    }
+}
+
+/* One row times a matrix (a fully connected layer at batch 1): memory-bound, so a plain
+ * loop is as fast as BLAS, and every column is summed in the same order, so equal
+ * columns give equal results (BLAS's edge kernels round some columns differently). */
+typedef struct { int ta, tb; int64_t N, K, lda, ldb; float alpha, beta; const float *A, *B; float *C; } nn_gemv_job;
+
+static void nn_gemv_task(void *p, int64_t lo, int64_t hi) {
+    nn_gemv_job *g = p;
+    for (int64_t j = lo; j < hi; j++) {
+        float s = 0.0f;
+        if (g->tb) {
+            const float *b = g->B + j * g->ldb;
+            if (g->ta) for (int64_t k = 0; k < g->K; k++) s += g->A[k * g->lda] * b[k];
+            else for (int64_t k = 0; k < g->K; k++) s += g->A[k] * b[k];
+        } else {
+            if (g->ta) for (int64_t k = 0; k < g->K; k++) s += g->A[k * g->lda] * g->B[k * g->ldb + j];
+            else for (int64_t k = 0; k < g->K; k++) s += g->A[k] * g->B[k * g->ldb + j];
+        }
+        g->C[j] = g->alpha * s + (g->beta == 0.0f ? 0.0f : g->beta * g->C[j]);
+    }
+}
+
+void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int64_t work = M * N * K;
+    if (M == 1 && tb) {  /* rows of B contiguous: each column a unit-stride dot product */
+        nn_gemv_job g = {ta, tb, N, K, lda, ldb, alpha, beta, A, B, C};
+        nn_parallel(N, work, nn_gemv_task, &g);
+        return;
+    }
+    if (nn_threads <= 1 || work < 262144) {
+        nn_gemm_serial(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* rows in blocks of 16 when there are enough of them, else columns in blocks of 64 */
+    int by_rows = M >= 16 * nn_threads;
+    int64_t block = by_rows ? 16 : 64, total = by_rows ? M : N;
+    int64_t chunks = (total + block - 1) / block;
+    nn_gemm_job g = {ta, tb, M, N, K, lda, ldb, ldc, block, alpha, beta, A, B, C, by_rows};
+    nn_parallel(chunks, work, nn_gemm_task, &g);
+}
+
+/* y[c, i] = act(y[c, i] + bias[c] (+ res[c, i])) over C rows of n: one pass after a GEMM. */
+static inline void nn_epilogue_serial(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act,
+                               float p0, float p1) {
+    for (int64_t c = 0; c < C; c++) {
+        float b = bias ? bias[c] : 0.0f;
+        float *row = y + c * n;
+        const float *r = res ? res + c * n : 0;
+        if (act == NN_RELU) {
+            if (r) for (int64_t i = 0; i < n; i++) { float v = row[i] + b + r[i]; row[i] = v > 0.0f ? v : 0.0f; }
+            else for (int64_t i = 0; i < n; i++) { float v = row[i] + b; row[i] = v > 0.0f ? v : 0.0f; }
+        } else if (act == NN_CLIP) {
+            for (int64_t i = 0; i < n; i++) {
+                float v = row[i] + b + (r ? r[i] : 0.0f);
+                row[i] = v < p0 ? p0 : (v > p1 ? p1 : v);
+            }
+        } else if (act == NN_NONE) {
+            if (r) for (int64_t i = 0; i < n; i++) row[i] += b + r[i];
+            else if (bias) for (int64_t i = 0; i < n; i++) row[i] += b;
+        } else {
+            for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i] + b + (r ? r[i] : 0.0f), p0, p1);
+        }
+    }
+}
+
+/* Columns for one group of a 2-D convolution: col[(c*kh + i)*kw + j][oh*OW + ow]. */
+static void nn_im2col_serial(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH,
+                      int64_t OW) {
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t i = 0; i < kh; i++)
+            for (int64_t j = 0; j < kw; j++) {
+                float *dst = col + ((c * kh + i) * kw + j) * OH * OW;
+                const float *src = x + c * H * W;
+                for (int64_t oh = 0; oh < OH; oh++) {
+                    int64_t ih = oh * sh - ph + i * dh;
+                    float *d = dst + oh * OW;
+                    if (ih < 0 || ih >= H) { memset(d, 0, OW * sizeof(float)); continue; }
+                    const float *s = src + ih * W;
+                    if (sw == 1) {
+                        int64_t off = j * dw - pw;
+                        int64_t lo = off < 0 ? -off : 0, hi = W - off < OW ? W - off : OW;
+                        if (hi < lo) hi = lo;
+                        for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0.0f;
+                        memcpy(d + lo, s + lo + off, (hi - lo) * sizeof(float));
+                        for (int64_t ow = hi; ow < OW; ow++) d[ow] = 0.0f;
+                    } else {
+                        for (int64_t ow = 0; ow < OW; ow++) {
+                            int64_t iw = ow * sw - pw + j * dw;
+                            d[ow] = (iw >= 0 && iw < W) ? s[iw] : 0.0f;
+                        }
+                    }
+                }
+            }
+}
+
+/* The output columns [lo, hi) whose input column ow*sw + off lies inside a row of W. */
+static inline void nn_cols(int64_t off, int64_t sw, int64_t W, int64_t OW, int64_t *lo, int64_t *hi) {
+    int64_t a = off >= 0 ? 0 : (-off + sw - 1) / sw;
+    int64_t b = (W - 1 - off) >= 0 ? (W - 1 - off) / sw + 1 : 0;
+    *lo = a;
+    *hi = b < OW ? b : OW;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* Activation over a row, one loop per kind so each loop vectorizes. */
+static void nn_act_row(float *row, const float *res, int64_t n, int act, float p0, float p1) {
+    if (res) for (int64_t i = 0; i < n; i++) row[i] += res[i];
+    if (act == NN_RELU) for (int64_t i = 0; i < n; i++) row[i] = row[i] > 0.0f ? row[i] : 0.0f;
+    else if (act == NN_CLIP) for (int64_t i = 0; i < n; i++) row[i] = row[i] < p0 ? p0 : (row[i] > p1 ? p1 : row[i]);
+    else if (act != NN_NONE) for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i], p0, p1);
+}
+
+/* A per-thread scratch buffer that grows (never shrinks) for the life of the thread. */
+static float *nn_scratch(int which, int64_t floats) {
+    static _Thread_local float *buf[2];
+    static _Thread_local int64_t cap[2];
+    if (floats > cap[which]) {
+        free(buf[which]);
+        buf[which] = (float *)malloc(sizeof(float) * floats);
+        cap[which] = buf[which] ? floats : 0;
+    }
+    return buf[which];
+}
+
+/* Depthwise convolution (group == C == K). Each channel is copied into a zero-padded plane,
+ * so no tap needs a bounds check. With stride 1 the output is accumulated in the padded
+ * plane's row width: every tap is then one contiguous loop over the whole plane (a few
+ * spare columns per row are computed and dropped), instead of a loop per row and tap. */
+static void nn_depthwise_serial(const float *x, const float *w, const float *bias, const float *res, float *y,
+                                int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act,
+                                float p0, float p1) {
+    int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
+    float *xp = nn_scratch(0, Hp * Wp);
+    float *acc = nn_scratch(1, OH * Wp);
+    if (!xp || !acc) return;
+    for (int64_t c = 0; c < C; c++) {
+        const float *xc = x + c * H * W;
+        const float *wc = w + c * kh * kw;
+        float *yc = y + c * OH * OW;
+        for (int64_t r = 0; r < Hp; r++) {
+            float *dst = xp + r * Wp;
+            int64_t ih = r - ph;
+            if (ih < 0 || ih >= H) { memset(dst, 0, Wp * sizeof(float)); continue; }
+            int64_t lo = pw < Wp ? pw : Wp, hi = pw + W < Wp ? pw + W : Wp;
+            memset(dst, 0, lo * sizeof(float));
+            if (hi > lo) memcpy(dst + lo, xc + ih * W, (hi - lo) * sizeof(float));
+            if (hi < Wp) memset(dst + (hi > lo ? hi : lo), 0, (Wp - (hi > lo ? hi : lo)) * sizeof(float));
+        }
+        float b = bias ? bias[c] : 0.0f;
+        if (sh == 1 && sw == 1) {
+            int64_t span = (OH - 1) * Wp + OW;  /* last output element, in padded-row coordinates */
+            for (int64_t t = 0; t < span; t++) acc[t] = b;
+            for (int64_t i = 0; i < kh; i++)
+                for (int64_t j = 0; j < kw; j++) {
+                    const float *src = xp + i * dh * Wp + j * dw;
+                    float wv = wc[i * kw + j];
+                    for (int64_t t = 0; t < span; t++) acc[t] += wv * src[t];
+                }
+            for (int64_t oh = 0; oh < OH; oh++) memcpy(yc + oh * OW, acc + oh * Wp, OW * sizeof(float));
+        } else {
+            for (int64_t oh = 0; oh < OH; oh++) {
+                float *row = yc + oh * OW;
+                for (int64_t ow = 0; ow < OW; ow++) row[ow] = b;
+                for (int64_t i = 0; i < kh; i++) {
+                    const float *xr = xp + (oh * sh + i * dh) * Wp;
+                    for (int64_t j = 0; j < kw; j++) {
+                        const float *src = xr + j * dw;
+                        float wv = wc[i * kw + j];
+                        if (sw == 2)
+                            for (int64_t ow = 0; ow < OW; ow++) row[ow] += wv * src[2 * ow];
+                        else
+                            for (int64_t ow = 0; ow < OW; ow++) row[ow] += wv * src[ow * sw];
+                    }
+                }
+            }
+        }
+        nn_act_row(yc, res ? res + c * OH * OW : 0, OH * OW, act, p0, p1);
+    }
+}
+
+/* Parallel front-ends: each splits its outer loop (channels or rows) over the pool. */
+static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                                int64_t dw);
+static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+typedef struct { const float *x, *w, *bias, *res; float *y; int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
+                 int act; float p0, p1; int include_pad; } nn_args;
+
+static void nn_depthwise_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    int64_t hw = a->H * a->W, ohw = a->OH * a->OW;
+    nn_depthwise_serial(a->x + lo * hw, a->w + lo * a->kh * a->kw, a->bias ? a->bias + lo : 0,
+                        a->res ? a->res + lo * ohw : 0, a->y + lo * ohw, hi - lo, a->H, a->W, a->kh, a->kw, a->sh,
+                        a->sw, a->ph, a->pw, a->dh, a->dw, a->OH, a->OW, a->act, a->p0, a->p1);
+}
+
+static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
+                         int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                         int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
+    nn_args a = {x, w, bias, res, y, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1, 0};
+    nn_parallel(C, C * OH * OW * kh * kw, nn_depthwise_task, &a);
+}
+
+static void nn_maxpool_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_maxpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw);
+}
+
+void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                         int64_t dw) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_parallel(NC, NC * OH * OW * kh * kw, nn_maxpool_task, &a);
+}
+
+static void nn_avgpool_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_avgpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->include_pad);
+}
+
+void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad};
+    nn_parallel(NC, NC * OH * OW * kh * kw, nn_avgpool_task, &a);
+}
+
+static void nn_epilogue_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    int64_t n = a->OW;
+    nn_epilogue_serial(a->y + lo * n, a->bias ? a->bias + lo : 0, a->res ? a->res + lo * n : 0, hi - lo, n, a->act,
+                       a->p0, a->p1);
+}
+
+void nn_epilogue(float *y, const float *bias, const float *res, int64_t C, int64_t n, int act, float p0,
+                        float p1) {
+    if (!bias && !res && act == NN_NONE) return;
+    if (C == 1 && n >= 65536) { /* one long row (a flat activation): split it as rows of 4096 */
+        int64_t rows = n / 4096, tail = n - rows * 4096;
+        nn_args a = {0, 0, 0, res, y, rows, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4096, act, p0, p1, 0};
+        if (bias) { nn_epilogue_serial(y, bias, res, C, n, act, p0, p1); return; }
+        nn_parallel(rows, n, nn_epilogue_task, &a);
+        if (tail) nn_epilogue_serial(y + rows * 4096, 0, res ? res + rows * 4096 : 0, 1, tail, act, p0, p1);
+        return;
+    }
+    nn_args a = {0, 0, bias, res, y, C, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n, act, p0, p1, 0};
+    nn_parallel(C, C * n, nn_epilogue_task, &a);
+}
+
+static void nn_im2col_task(void *p, int64_t lo, int64_t hi) {
+    nn_args *a = p;
+    nn_im2col_serial(a->x + lo * a->H * a->W, (float *)a->w + lo * a->kh * a->kw * a->OH * a->OW, hi - lo, a->H,
+                     a->W, a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->dh, a->dw, a->OH, a->OW);
+}
+
+static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW) {
+    nn_args a = {x, col, 0, 0, 0, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_parallel(C, C * kh * kw * OH * OW, nn_im2col_task, &a);
+}
+
+/* 2-D convolution of one image, NCHW, any groups: depthwise loop, direct GEMM for 1x1
+ * stride-1 unpadded, else im2col (in `ws`) and GEMM per group; bias, residual and the
+ * activation in one epilogue pass. */
+void nn_conv2d(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t N,
+                      int64_t C, int64_t H, int64_t W, int64_t K, int64_t OH, int64_t OW, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group, int act,
+                      float p0, float p1, float *ws) {
+    int64_t cg = C / group, kg = K / group, n = OH * OW, kdim = cg * kh * kw;
+    for (int64_t b = 0; b < N; b++) {
+        const float *xb = x + b * C * H * W;
+        float *yb = y + b * K * n;
+        const float *rb = res ? res + b * K * n : 0;
+        if (group == C && group == K) {
+            nn_depthwise(xb, w, bias, rb, yb, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1);
+            continue;
+        }
+        for (int64_t g = 0; g < group; g++) {
+            const float *xg = xb + g * cg * H * W;
+            const float *src = xg;
+            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0)) {
+                nn_im2col(xg, ws, cg, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW);
+                src = ws;
+            }
+            nn_gemm(0, 0, kg, n, kdim, 1.0f, w + g * kg * kdim, kdim, src, n, 0.0f, yb + g * kg * n, n);
+        }
+        nn_epilogue(yb, bias, rb, K, n, act, p0, p1);
+    }
+}
+
+/* Max pooling row by row: each tap is a max over the output columns it reaches, so the
+ * inner loops are plain (strided) vector maxima; NaN propagates as in the spec. */
+static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                         int64_t dw) {
+    for (int64_t c = 0; c < NC; c++) {
+        const float *xc = x + c * H * W;
+        float *yc = y + c * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            float *row = yc + oh * OW;
+            for (int64_t ow = 0; ow < OW; ow++) row[ow] = -INFINITY;
+            for (int64_t i = 0; i < kh; i++) {
+                int64_t ih = oh * sh - ph + i * dh;
+                if (ih < 0 || ih >= H) continue;
+                const float *xr = xc + ih * W;
+                for (int64_t j = 0; j < kw; j++) {
+                    int64_t off = j * dw - pw, lo, hi;
+                    nn_cols(off, sw, W, OW, &lo, &hi);
+                    const float *xs = xr + off;
+                    if (sw == 1)
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                    else if (sw == 2)
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[2 * ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow * sw]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                }
+            }
+        }
+    }
+}
+
+static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+    for (int64_t c = 0; c < NC; c++) {
+        const float *xc = x + c * H * W;
+        float *yc = y + c * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                float s = 0.0f;
+                int64_t count = 0;
+                for (int64_t i = 0; i < kh; i++) {
+                    int64_t ih = oh * sh - ph + i;
+                    for (int64_t j = 0; j < kw; j++) {
+                        int64_t iw = ow * sw - pw + j;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
+                            /* padding counts only where it lies inside the padded input */
+                            if (include_pad && ih >= -ph && ih < H + ph && iw >= -pw && iw < W + pw) count++;
+                            continue;
+                        }
+                        s += xc[ih * W + iw];
+                        count++;
+                    }
+                }
+                yc[oh * OW + ow] = count ? s / (float)count : 0.0f;
+            }
+    }
+}
+
+static void nn_mean_rows_serial(const float *x, float *y, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) s += xr[i];
+        y[r] = (float)(s / (double)n);
+    }
+}
+
+static void nn_softmax_rows_serial(const float *x, float *y, int64_t rows, int64_t n, int log) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float m = -INFINITY;
+        for (int64_t i = 0; i < n; i++) m = xr[i] > m ? xr[i] : m;
+        float s = 0.0f;
+        if (log) {
+            for (int64_t i = 0; i < n; i++) s += nn_exp(xr[i] - m);
+            float l = logf(s);
+            for (int64_t i = 0; i < n; i++) yr[i] = xr[i] - m - l;
+        } else {
+            for (int64_t i = 0; i < n; i++) { float e = nn_exp(xr[i] - m); yr[i] = e; s += e; }
+            float inv = 1.0f / s;
+            for (int64_t i = 0; i < n; i++) yr[i] *= inv;
+        }
+    }
+}
+
+static void nn_layernorm_rows_serial(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+                              int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        float mean = 0.0f;
+        for (int64_t i = 0; i < n; i++) mean += xr[i];
+        mean /= (float)n;
+        float var = 0.0f;
+        for (int64_t i = 0; i < n; i++) { float d = xr[i] - mean; var += d * d; }
+        var /= (float)n;
+        float inv = 1.0f / sqrtf(var + eps);
+        if (bias)
+            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i] + bias[i];
+        else
+            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i];
+    }
+}
+
+/* y = x transposed: `shape` and `strides` (in elements, of x) are given in y's axis order. */
+void nn_transpose(const float *x, float *y, int rank, const int64_t *shape, const int64_t *strides) {
+    int64_t idx[8] = {0};
+    int64_t total = 1;
+    for (int d = 0; d < rank; d++) total *= shape[d];
+    int64_t inner = shape[rank - 1], inner_stride = strides[rank - 1];
+    int64_t off = 0;
+    for (int64_t o = 0; o < total; o += inner) {
+        const float *src = x + off;
+        if (inner_stride == 1) memcpy(y + o, src, inner * sizeof(float));
+        else for (int64_t i = 0; i < inner; i++) y[o + i] = src[i * inner_stride];
+        for (int d = rank - 2; d >= 0; d--) {
+            idx[d]++;
+            off += strides[d];
+            if (idx[d] < shape[d]) break;
+            off -= strides[d] * shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/* Row-wise front-ends. */
+typedef struct { const float *x, *scale, *bias; float *y; int64_t n; float eps; int log; } nn_rows;
+
+static void nn_softmax_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_softmax_rows_serial(a->x + lo * a->n, a->y + lo * a->n, hi - lo, a->n, a->log);
+}
+
+void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log) {
+    nn_rows a = {x, 0, 0, y, n, 0.0f, log};
+    nn_parallel(rows, rows * n * 4, nn_softmax_task, &a);
+}
+
+static void nn_layernorm_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_layernorm_rows_serial(a->x + lo * a->n, a->scale, a->bias, a->y + lo * a->n, hi - lo, a->n, a->eps);
+}
+
+void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
+                              int64_t n, float eps) {
+    nn_rows a = {x, scale, bias, y, n, eps, 0};
+    nn_parallel(rows, rows * n * 3, nn_layernorm_task, &a);
+}
+
+static void nn_mean_task(void *p, int64_t lo, int64_t hi) {
+    nn_rows *a = p;
+    nn_mean_rows_serial(a->x + lo * a->n, a->y + lo, hi - lo, a->n);
+}
+
+void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
+    nn_rows a = {x, 0, 0, y, n, 0.0f, 0};
+    nn_parallel(rows, rows * n, nn_mean_task, &a);
+}
