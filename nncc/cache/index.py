@@ -92,6 +92,7 @@ CREATE TABLE IF NOT EXISTS native_failures (
     reason TEXT NOT NULL,
     recorded REAL NOT NULL,
     compiler TEXT
+);
 CREATE TABLE IF NOT EXISTS objects (
     key TEXT PRIMARY KEY,
     hash TEXT NOT NULL,
