@@ -157,7 +157,7 @@ def test_tampered_entry_through_the_cli(cli, cache_dir, tmp_path):
 
 def populate(cli, tmp_path):
     cli("run", MLP, "--random-inputs")
-    cli("run", RESNET, "--random-inputs")
+    cli("run", RESNET, "--random-inputs", "--stage", "optimized")  # native code: kernel objects
     cli("run", RESNET, "--random-inputs")
     cli("run", RESNET, "--random-inputs", "--preference", "low-power")
 

@@ -24,7 +24,7 @@ def counters(cache_dir) -> dict[str, int]:
 
 
 def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd):
-    compiled, first = prepare(RESNET, cache_dir=tmp_path / "a")
+    compiled, first = prepare(RESNET, cache_dir=tmp_path / "a", stage="optimized")  # with native code
     assert first.outcome == "miss"
     assert remote.keys("manifests/") == [f"manifests/{first.token}"]
     assert len(remote.keys("parts/")) == 2  # model cache and data cache, content-addressed

@@ -230,8 +230,8 @@ def _entry_table(entries, wide: bool, linked: dict) -> str:
     if wide:
         add(Column("model cache", right=True), [format_bytes(e.plan_size) for e in entries])
         add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
-    add(Column("stage", 5), [e.stage or "-" for e in entries])
     if wide:
+        add(Column("stage"), [e.stage or "-" for e in entries])
         add(Column("objects", right=True), [str(len(linked[e.token])) for e in entries])
     add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
     add(Column("preference", 5), [e.preference or "-" for e in entries])
