@@ -156,29 +156,21 @@ def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
         return 0
     recorded = {row["key"] for row in cache.index.objects()}
     freed = 0
-    for shard in sorted(os.listdir(store.directory)):
-        folder = os.path.join(store.directory, shard)
-        if not SHARD_NAME.match(shard) or os.path.islink(folder) or not os.path.isdir(folder):
+    for path, found, temp in _unrecorded(store, recorded):
+        if not found and not temp:
+            continue  # not a name nncc writes: never removed
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
             continue
-        for name in sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
-            found = OBJECT_NAME.match(name)
-            if found and found.group(1) in recorded:
+        removal = Removal(None, "leftover", st.st_size, None, [path])
+        if not dry_run:
+            why = _remove(cache, path)
+            if why is not None:
+                report.failed.append({"token": None, "paths": [path], "reason": why})
                 continue
-            if not found and not OBJECT_TEMP_NAME.match(name):
-                continue  # not a name nncc writes: never removed
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            removal = Removal(None, "leftover", st.st_size, None, [path])
-            if not dry_run:
-                why = _remove(cache, path)
-                if why is not None:
-                    report.failed.append({"token": None, "paths": [path], "reason": why})
-                    continue
-            report.removed.append(removal)
-            freed += st.st_size
+        report.removed.append(removal)
+        freed += st.st_size
     if not dry_run:  # rows whose file is gone describe nothing
         for key in recorded:
             if not os.path.lexists(store.path(key)):
@@ -218,28 +210,32 @@ def verify_objects(cache, fix: bool) -> list:
     recorded = {row["key"] for row in rows}
     if not os.path.isdir(store.directory) or os.path.islink(store.directory):
         return findings
+    for path, found, temp in _unrecorded(store, recorded):
+        if not found and not temp:
+            findings.append(Finding("FOREIGN", None, "not a name nncc writes; left alone", [path], _size(path)))
+            continue
+        status, detail = ("ORPHAN", "kernel object with no index row") if found else \
+            ("LEFTOVER", "temp file of an interrupted write")
+        finding = Finding(status, (found or temp).group(1), detail, [path], _size(path))
+        if fix:
+            why = _remove(cache, path)
+            finding.fixed, finding.not_fixed = why is None, why
+        findings.append(finding)
+    return findings
+
+
+def _unrecorded(store, recorded: set):
+    """(path, object-name match, temp-name match) of every file in the objects folder's
+    shards that is not a recorded object; symlinked or misnamed shards are not entered."""
     for shard in sorted(os.listdir(store.directory)):
         folder = os.path.join(store.directory, shard)
         if not SHARD_NAME.match(shard) or os.path.islink(folder) or not os.path.isdir(folder):
             continue
         for name in sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
             found = OBJECT_NAME.match(name)
             if found and found.group(1) in recorded:
                 continue
-            temp = OBJECT_TEMP_NAME.match(name)
-            if not found and not temp:
-                findings.append(Finding("FOREIGN", None, "not a name nncc writes; left alone", [path],
-                                        _size(path)))
-                continue
-            status, detail = ("ORPHAN", "kernel object with no index row") if found else \
-                ("LEFTOVER", "temp file of an interrupted write")
-            finding = Finding(status, (found or temp).group(1), detail, [path], _size(path))
-            if fix:
-                why = _remove(cache, path)
-                finding.fixed, finding.not_fixed = why is None, why
-            findings.append(finding)
-    return findings
+            yield os.path.join(folder, name), found, OBJECT_TEMP_NAME.match(name)
 
 
 def _size(path: str) -> int:

@@ -9,23 +9,8 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.options import command_cache_dir, compile_options, options_dict, verbosity_options
+from nncc.cli.options import command_cache_dir, compile_options, options_dict, parse_dims, verbosity_options
 from nncc.util.units import format_bytes
-
-
-def _dims(specs: tuple[str, ...]) -> dict[str, int]:
-    dims = {}
-    for spec in specs:
-        name, sep, value = spec.partition("=")
-        try:
-            size = int(value)
-        except ValueError:
-            size = -1
-        if not sep or not name or size < 0:
-            raise click.BadParameter(f"expected NAME=SIZE with a non-negative SIZE, got {spec!r}",
-                                     param_hint="--dim")
-        dims[name] = size
-    return dims
 
 
 @click.command()
@@ -58,7 +43,7 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
 
     settings = BenchSettings(
         warmup=warmup, iterations=iterations, duration=duration, threads=threads, compare=compare, seed=seed,
-        dims=_dims(dim_specs), cache_dir=cache_dir,
+        dims=parse_dims(dim_specs), cache_dir=cache_dir,
         compile_options=options_dict(preference, opt_level, backends, plugins, target),
     )
     settings.check()  # bad settings fail before any progress bar appears

@@ -58,3 +58,22 @@ def parse_lease(raw: bytes | None) -> tuple[str, float] | None:
         return owner, float(expires)
     except (AttributeError, ValueError, UnicodeDecodeError):
         return None
+
+
+class RecordedLeases:
+    """Renewing and releasing a lease kept as a record (lease_record) by a store without
+    expiring keys: only the lease's owner may do either."""
+
+    def renew_lease(self, key: str, owner: str, seconds: float) -> bool:
+        import time
+
+        record = parse_lease(self.get(key))
+        if record is None or record[0] != owner:
+            return False
+        self.put(key, lease_record(owner, time.time() + seconds))
+        return True
+
+    def release_lease(self, key: str, owner: str) -> None:
+        record = parse_lease(self.get(key))
+        if record is not None and record[0] == owner:
+            self.delete(key)

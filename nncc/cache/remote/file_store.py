@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import time
 
-from nncc.cache.remote.backend import Listed, RemoteStore, lease_record, parse_lease
+from nncc.cache.remote.backend import Listed, RecordedLeases, RemoteStore, lease_record, parse_lease
 from nncc.cache.remote.errors import RemoteFault
 
 
-class FileStore(RemoteStore):
+class FileStore(RecordedLeases, RemoteStore):
     def __init__(self, url: str, root: str):
         self.url = url
         self.root = root
@@ -136,14 +136,3 @@ class FileStore(RemoteStore):
         os.unlink(aside)
         return True
 
-    def renew_lease(self, key: str, owner: str, seconds: float) -> bool:
-        record = parse_lease(self.get(key))
-        if record is None or record[0] != owner:
-            return False
-        self.put(key, lease_record(owner, time.time() + seconds))
-        return True
-
-    def release_lease(self, key: str, owner: str) -> None:
-        record = parse_lease(self.get(key))
-        if record is not None and record[0] == owner:
-            self.delete(key)

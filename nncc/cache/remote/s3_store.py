@@ -23,14 +23,14 @@ import threading
 import time
 import urllib.parse
 
-from nncc.cache.remote.backend import Listed, RemoteStore, lease_record, parse_lease
+from nncc.cache.remote.backend import Listed, RecordedLeases, RemoteStore, lease_record, parse_lease
 from nncc.cache.remote.errors import RemoteConfigError, RemoteFault
 from nncc.cache.remote.sigv4 import quote, sign
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
-class S3Store(RemoteStore):
+class S3Store(RecordedLeases, RemoteStore):
     def __init__(self, url: str, bucket: str, prefix: str, endpoint: str | None, timeout: float):
         self.url = url
         self.bucket = bucket
@@ -162,17 +162,6 @@ class S3Store(RemoteStore):
             self.delete(key)  # expired (or unreadable): its holder died
         return False
 
-    def renew_lease(self, key: str, owner: str, seconds: float) -> bool:
-        record = parse_lease(self.get(key))
-        if record is None or record[0] != owner:
-            return False
-        self.put(key, lease_record(owner, time.time() + seconds))
-        return True
-
-    def release_lease(self, key: str, owner: str) -> None:
-        record = parse_lease(self.get(key))
-        if record is not None and record[0] == owner:
-            self.delete(key)
 
     def close(self) -> None:
         self._drop()
