@@ -103,6 +103,24 @@ def _choice(choices: tuple[str, ...]) -> Callable:
     return check
 
 
+def _upgrade_after(raw):
+    """Hits before a quick entry's native stage is built: a whole number, at least 1, or
+    off (0, never): only on request."""
+    if isinstance(raw, str) and raw.strip().lower() in ("off", "0", "never", "none"):
+        return None
+    if isinstance(raw, bool):
+        raise ValueError("use a whole number of hits, at least 1, or off")
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ValueError("use a whole number of hits, at least 1, or off") from None
+    if value == 0:
+        return None
+    if value < 0:
+        raise ValueError("use a whole number of hits, at least 1, or off")
+    return value
+
+
 def _threads(raw):
     if isinstance(raw, str) and raw.strip().lower() in ("auto", "0", ""):
         return None
@@ -188,6 +206,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "chooses the code nncc runs)"),
     Setting("cache.hash_mode", "hash mode", "NNCC_CACHE_HASH_MODE", "direct", _choice(HASH_MODES),
             "how a model is looked up: direct (by file identity, then content) or content (always hash)"),
+    Setting("cache.upgrade_after", "hit count", "NNCC_UPGRADE_AFTER", "2", _upgrade_after,
+            "hits after which a quick (portable) entry gets its native stage in the background (off: never)"),
     Setting("run.threads", "thread count", "NNCC_THREADS", "auto", _threads,
             "BLAS and native threads for `nncc run` (auto: the BLAS library's own count)"),
     Setting("run.preference", "preference", "NNCC_PREFERENCE", "fast-single-answer", _choice(PREFERENCES),

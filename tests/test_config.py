@@ -509,3 +509,28 @@ def test_a_bad_compiler_timeout_is_refused_like_any_setting(tmp_path):
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and error_line(result.stderr).startswith(
         "nncc: error: bad timeout 'soon' in NNCC_CC_TIMEOUT: use a number of seconds greater than 0")
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_upgrade_after_is_a_checked_setting(config_file, cache_dir, monkeypatch, source):
+    """The hits before a native stage is built: a bad value is refused before anything is
+    compiled, with the settings' wording, wherever it comes from."""
+    from nncc import settings
+
+    monkeypatch.delenv("NNCC_UPGRADE_AFTER", raising=False)
+    assert settings.resolve("cache.upgrade_after").value == 2
+    env = dict(os.environ)
+    if source == "env":
+        env["NNCC_UPGRADE_AFTER"] = "soon"
+    else:
+        config_file.parent.mkdir()
+        config_file.write_text('[cache]\nupgrade_after = "soon"\n')
+    result = subprocess.run([sys.executable, "-m", "nncc", "run", str(RESNET), "--random-inputs"],
+                            env=env, capture_output=True, text=True)
+    assert result.returncode == 2
+    line = error_line(result.stderr)
+    assert line.startswith("nncc: error: bad hit count 'soon' in ") and ("NNCC_UPGRADE_AFTER" in line
+                                                                        or "cache.upgrade_after" in line)
+    assert not cache_dir.exists()  # refused before the cache was touched
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
+    assert settings.resolve("cache.upgrade_after").value is None  # only on request

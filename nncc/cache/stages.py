@@ -16,20 +16,15 @@ import os
 
 QUICK = "quick"
 OPTIMIZED = "optimized"
-ENV_UPGRADE_AFTER = "NNCC_UPGRADE_AFTER"
-DEFAULT_UPGRADE_AFTER = 2
 
 
 def upgrade_after() -> int | None:
-    """Hits after which a quick entry is upgraded: $NNCC_UPGRADE_AFTER (default 2); 0, off
-    or never: only on request (``nncc compile``, ``--stage optimized``)."""
-    text = os.environ.get(ENV_UPGRADE_AFTER, "").strip().lower()
-    if text in ("0", "off", "never", "none"):
-        return None
-    try:
-        return max(1, int(text)) if text else DEFAULT_UPGRADE_AFTER
-    except ValueError:
-        return DEFAULT_UPGRADE_AFTER
+    """Hits after which a quick entry is upgraded: the cache.upgrade_after setting
+    ($NNCC_UPGRADE_AFTER, default 2); None (0, off): only on request (``nncc compile``,
+    ``--stage optimized``). A bad value is a SettingError, as for every setting."""
+    from nncc.settings import value
+
+    return value("cache.upgrade_after")
 
 
 def wants_native(opts) -> bool:
@@ -140,6 +135,8 @@ class StagePolicy:
         self.forced = forced
         self.background = background
         self.trust_shared = trust_shared  # the worker opens the cache as this prepare did
+        if forced is None:
+            upgrade_after()  # a bad setting is a usage error now, not on the entry's first hit
 
     def uncached(self):
         """(options, stage) without a cache, where there is no later stage: the forced
