@@ -103,38 +103,29 @@ def _choice(choices: tuple[str, ...]) -> Callable:
     return check
 
 
-def _upgrade_after(raw):
-    """Hits before a quick entry's native stage is built: a whole number, at least 1, or
-    off (0, never): only on request."""
-    if isinstance(raw, str) and raw.strip().lower() in ("off", "0", "never", "none"):
-        return None
-    if isinstance(raw, bool):
-        raise ValueError("use a whole number of hits, at least 1, or off")
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ValueError("use a whole number of hits, at least 1, or off") from None
-    if value == 0:
-        return None
-    if value < 0:
-        raise ValueError("use a whole number of hits, at least 1, or off")
-    return value
+def _count(noun: str, none_word: str, none_spellings: tuple[str, ...]) -> Callable:
+    """A whole number, at least 1; 0 or one of ``none_spellings`` means None."""
+    why = f"use a whole number of {noun}, at least 1, or {none_word}"
+
+    def check(raw):
+        if isinstance(raw, str) and raw.strip().lower() in none_spellings:
+            return None
+        if isinstance(raw, bool):
+            raise ValueError(why)
+        try:
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise ValueError(why) from None
+        if value < 0:
+            raise ValueError(why)
+        return value or None
+
+    return check
 
 
-def _threads(raw):
-    if isinstance(raw, str) and raw.strip().lower() in ("auto", "0", ""):
-        return None
-    if isinstance(raw, bool):
-        raise ValueError("use a whole number of threads, at least 1, or auto")
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ValueError("use a whole number of threads, at least 1, or auto") from None
-    if value == 0:
-        return None
-    if value < 1:
-        raise ValueError("use a whole number of threads, at least 1, or auto")
-    return value
+# hits before a quick entry's native stage is built (off: only on request)
+_upgrade_after = _count("hits", "off", ("off", "0", "never", "none"))
+_threads = _count("threads", "auto", ("auto", "0", ""))
 
 
 _TRUE = ("1", "yes", "on", "true")
