@@ -37,6 +37,7 @@ class CompiledModel:
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
         self._blas_threads = _recorded_threads(plan)
+        self._shape_plans = _shape_plans(self._executor)
 
     @property
     def native_partitions(self) -> int:
@@ -64,12 +65,22 @@ class CompiledModel:
         are used in place; ``outputs`` (name -> array) receives results in caller memory.
         A plan compiled with a thread count (low-power: 1) runs BLAS at that count, and the
         count before is restored afterwards (the native pool was sized at activation)."""
+        executor = self._executor
+        if self._shape_plans is not None and isinstance(feeds, Mapping):
+            executor = self._shape_plans.executor_for(feeds)
         if self._blas_threads:
             from nncc.runtime.threads import limit_blas_threads
 
             with limit_blas_threads(self._blas_threads):
-                return self._executor.run(feeds, outputs)
-        return self._executor.run(feeds, outputs)
+                return executor.run(feeds, outputs)
+        return executor.run(feeds, outputs)
+
+    @property
+    def shape_plans(self) -> list[tuple]:
+        """The input shapes (of the inputs with dynamic dimensions, in order) that have a
+        plan of their own, least recently used first: a shape gets one on its second run,
+        and at most the ``run.shape_plans`` setting are kept."""
+        return [] if self._shape_plans is None else self._shape_plans.shapes()
 
     def allocate(self, roles, shape=None, dtype=None):
         """An executor-managed buffer (a memory domain) for the given roles of this model,
@@ -105,6 +116,19 @@ def _same_seal(seal, message: bytes) -> bytes | None:
     if seal is None or seal.scheme != SEAL_SCHEME or seal.message != message:
         return None
     return seal_payload(seal.fingerprint, seal.mac)
+
+
+def _shape_plans(executor):
+    """The per-shape plans of a model with dynamic input dimensions, or None."""
+    from nncc.runtime.specialize import ShapePlans
+
+    plans = ShapePlans(executor, 0)
+    if not plans._dynamic:
+        return None
+    from nncc.settings import value
+
+    plans.limit = value("run.shape_plans") or 0
+    return plans if plans.active else None
 
 
 def _recorded_threads(plan: Plan) -> int | None:
@@ -148,12 +172,22 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     been hit $NNCC_UPGRADE_AFTER times (default 2) a background thread builds its native
     stage, which the next prepare() picks up. ``stage="quick"`` or ``"optimized"`` forces
     one (optimized: the native code is built now).
+
+    Dynamic input dimensions: each input shape run twice gets a plan of its own
+    (nncc.runtime.specialize), and, where a stage upgrade would happen, a native plan for
+    those sizes built in a background thread through the cache (nncc.cache.shapes).
     """
     from nncc.cache.flows import prepare as cached_prepare
 
-    return cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
-                          model_bytes=model_bytes, hash_mode=hash_mode, stage=stage, background="thread",
-                          **options)
+    model, outcome = cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
+                                    model_bytes=model_bytes, hash_mode=hash_mode, stage=stage,
+                                    background="thread", **options)
+    if model._shape_plans is not None and use_cache and model_bytes is None and stage is None:
+        from nncc.cache.shapes import native_builder
+
+        model._shape_plans.native_builder = native_builder(
+            path, {"cache_dir": cache_dir, "trust_shared": trust_shared, "hash_mode": hash_mode}, options)
+    return model, outcome
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,

@@ -126,6 +126,7 @@ def _count(noun: str, none_word: str, none_spellings: tuple[str, ...]) -> Callab
 # hits before a quick entry's native stage is built (off: only on request)
 _upgrade_after = _count("hits", "off", ("off", "0", "never", "none"))
 _threads = _count("threads", "auto", ("auto", "0", ""))
+_shape_plans = _count("plans", "off", ("off", "0", "none"))
 
 
 _TRUE = ("1", "yes", "on", "true")
@@ -201,6 +202,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "hits after which a quick (portable) entry gets its native stage in the background (off: never)"),
     Setting("run.threads", "thread count", "NNCC_THREADS", "auto", _threads,
             "BLAS and native threads for `nncc run` (auto: the BLAS library's own count)"),
+    Setting("run.shape_plans", "plan count", "NNCC_SHAPE_PLANS", "8", _shape_plans,
+            "plans kept per model for the input shapes a model with dynamic dimensions runs with "
+            "(off: every run uses the general plan)"),
     Setting("run.preference", "preference", "NNCC_PREFERENCE", "fast-single-answer", _choice(PREFERENCES),
             "the --preference used when none is given"),
     Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,

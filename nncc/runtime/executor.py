@@ -31,11 +31,19 @@ from nncc.util.limits import LimitError, check_bytes
 
 
 class Executor:
-    def __init__(self, plan: Plan, native=None):
+    def __init__(self, plan: Plan, native=None, shared: "Executor | None" = None):
         """``native``: a loaded nncc.native.loader.Library holding the plan's verified native
-        code, whose partitions then run as one call each; None runs the portable plan."""
+        code, whose partitions then run as one call each; None runs the portable plan.
+        ``shared``: an executor of the same program (a plan differing only in its slots'
+        shapes, nncc.runtime.specialize) whose units, expanded constants and lock this one
+        uses too: the calls may keep scratch state, so both never run at once."""
         self.plan = plan
-        program = self._program(native)
+        self.native = native
+        if shared is not None:
+            self.units = shared.units
+            program = [call for unit in self.units for call in unit.calls]
+        else:
+            program = self._program(native)
         self.buffers = self._arena(program, [c.writes_out for c in program], [c.op_type for c in program])
         self.output_slots = set(plan.outputs)
         self.steps = []
@@ -81,6 +89,11 @@ class Executor:
         }
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
         self.output_names = plan.slot_names(plan.outputs)
+        self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
+        self._output_slot = {name: s for s, name in self._output_names_by_slot}
+        if shared is not None:
+            self.template, self._lock = shared.template, shared._lock
+            return
         self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
         try:
             dense = expanded(plan.constants)
@@ -88,8 +101,6 @@ class Executor:
             raise LimitError("expanding this model's constants needs more memory than is available") from None
         for slot, array in dense.items():
             self.template[slot] = array
-        self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
-        self._output_slot = {name: s for s, name in self._output_names_by_slot}
         self._lock = threading.Lock()
 
     def _program(self, native) -> list[Call]:

@@ -1,0 +1,190 @@
+"""Plans for the concrete input shapes of a model with dynamic dimensions.
+
+A model exported with dynamic axes (batch, sequence length) compiles to a plan whose
+intermediates have symbolic or unknown shapes: the executor cannot place them in its arena,
+so every run allocates them, and two-phase kernels never get to prepare. Once the input
+shapes are known, though, most shapes follow from them. ``specialize`` re-runs the
+kernels' own shape functions over the plan's instructions with the concrete input shapes
+(evaluating small shape arithmetic, Shape -> Gather -> Concat -> Reshape, on the way) and
+returns a copy of the plan in which every value whose shape and dtype that determines is
+static. Values whose shape depends on data (NonZero, a Loop's outputs, a Reshape target
+read from an input tensor) stay dynamic and are allocated per run, as before.
+
+``ShapePlans`` keeps one executor per input shape, least recently used first out, with a
+bound: a shape is specialised on its second run (a shape seen once costs nothing extra),
+and a shape whose specialisation fails (a shape function refusing these sizes) runs the
+general plan, which reports any real error itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+
+import numpy as np
+
+from nncc.errors import NnccError
+from nncc.ir.graph import TensorInfo
+from nncc.plan.plan import Plan, Slot
+
+SEEN_BEFORE_SPECIALIZING = 2  # runs of one input shape before it gets its own plan
+
+
+def specialize(plan: Plan, shapes: dict[int, tuple[int, ...]], decode_attr) -> Plan | None:
+    """The plan with every value static that the input shapes ``shapes`` (input slot ->
+    shape) determine, or None when nothing more becomes static or a shape function refuses
+    these sizes. ``decode_attr`` turns a plan attribute into what kernels take (tensor
+    references into arrays, subgraphs into graphs): the executor's."""
+    from nncc.kernels.registry import Ctx, by_key
+    from nncc.passes.shape_inference import infer_outputs
+
+    slots = plan.slots
+    infos: dict[int, TensorInfo] = {slot: TensorInfo.of(array) for slot, array in plan.constants.items()}
+    for slot, shape in shapes.items():
+        infos[slot] = TensorInfo(slots[slot].dtype, tuple(shape), kind=slots[slot].kind)
+    opsets = plan.options.get("opsets", {})
+    try:
+        for ins in plan.instructions:
+            definition = by_key(plan.kernels[ins.kernel])
+            if definition is None:
+                return None
+            opset = int(opsets.get(definition.domain, definition.since))
+            ctx = Ctx({k: decode_attr(v) for k, v in ins.attrs.items()}, opset, len(ins.outputs),
+                      ins.node)
+            args = [None if s < 0 else infos.get(s, _declared(slots[s])) for s in ins.inputs]
+            names = [slots[s].name if s >= 0 else "" for s in ins.outputs]
+            label = f"{definition.op_type} node {ins.node!r}" if ins.node else definition.op_type
+            for slot, info in zip(ins.outputs, infer_outputs(definition, ctx, args, label, names)):
+                if slot >= 0:
+                    infos[slot] = info
+    except (NnccError, ValueError, TypeError, IndexError, ArithmeticError):
+        return None  # these sizes are refused: the general plan runs, and says so if it is an error
+    specialized = [_narrowed(slot, infos.get(i)) for i, slot in enumerate(slots)]
+    if all(new is old for new, old in zip(specialized, slots)):
+        return None
+    return replace(plan, slots=specialized, arena={}, arena_bytes=0)
+
+
+def _declared(slot: Slot) -> TensorInfo:
+    return TensorInfo(slot.dtype, slot.shape, kind=slot.kind)
+
+
+def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
+    """The slot with the inferred static shape, where the plan's own is not static and the
+    inference agrees with everything the plan declares (dtype, rank, fixed sizes)."""
+    if info is None or slot.kind != "tensor" or info.kind != "tensor" or not info.is_static:
+        return slot
+    if slot.shape is not None and all(isinstance(d, int) for d in slot.shape):
+        return slot
+    if slot.dtype is not None and info.dtype != slot.dtype:
+        return slot
+    if slot.shape is not None and (len(slot.shape) != len(info.shape) or any(
+            isinstance(d, int) and d != n for d, n in zip(slot.shape, info.shape))):
+        return slot
+    return Slot(slot.name, np.dtype(info.dtype), tuple(int(d) for d in info.shape), slot.kind)
+
+
+class ShapePlans:
+    """Executors for the concrete input shapes a dynamic model runs with, at most
+    ``limit`` kept (least recently used out)."""
+
+    def __init__(self, executor, limit: int):
+        self.general = executor
+        self.limit = limit
+        plan = executor.plan
+        self._dynamic = [(s, plan.slots[s].name) for s in plan.inputs
+                         if plan.slots[s].kind == "tensor" and not executor._static(s)]
+        self._plans: OrderedDict[tuple, object] = OrderedDict()
+        self._seen: OrderedDict[tuple, int] = OrderedDict()  # shapes not specialised yet: runs
+        # builds a shape's native plan in the background: (dims, deliver) -> None
+        # (nncc.cache.shapes; set for a model prepared through the cache)
+        self.native_builder = None
+        self._native_requests = 0
+        self._lock = threading.Lock()  # a background build delivers while runs look up
+
+    @property
+    def active(self) -> bool:
+        return bool(self._dynamic) and self.limit > 0
+
+    def __len__(self) -> int:
+        return sum(1 for executor in self._plans.values() if executor is not None)
+
+    def shapes(self) -> list[tuple]:
+        """The input shapes that have a plan of their own, least recently used first."""
+        return [key for key, executor in self._plans.items() if executor is not None]
+
+    def executor_for(self, feeds) -> object:
+        """The executor for these feeds: a specialised one when their shapes have (or now
+        get) one, the general one otherwise (and for anything but plain arrays)."""
+        key = []
+        for _, name in self._dynamic:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray:
+                return self.general
+            key.append(value.shape)
+        key = tuple(key)
+        plans = self._plans
+        with self._lock:
+            if key in plans:
+                plans.move_to_end(key)
+                return plans[key] or self.general
+            seen = self._seen.pop(key, 0) + 1
+            if seen < SEEN_BEFORE_SPECIALIZING:
+                self._seen[key] = seen
+                if len(self._seen) > 4 * self.limit:  # remember a bounded number of one-off shapes
+                    self._seen.popitem(last=False)
+                return self.general
+        executor = self._build(key)
+        with self._lock:
+            plans[key] = executor  # None too: a shape that cannot be specialised is not retried
+            while len(plans) > self.limit:
+                plans.popitem(last=False)
+        if executor is not None:
+            self._request_native(key)
+        return executor or self.general
+
+    def dims(self, key: tuple) -> dict[str, int] | None:
+        """The sizes these input shapes give the inputs' symbolic dimension names, or None
+        when a dynamic dimension has no name or one name gets two sizes."""
+        dims: dict[str, int] = {}
+        for (slot, _), shape in zip(self._dynamic, key):
+            for dim, size in zip(self.general.plan.slots[slot].shape or (), shape):
+                if isinstance(dim, int):
+                    continue
+                if not isinstance(dim, str) or dims.setdefault(dim, int(size)) != size:
+                    return None
+        return dims
+
+    def _request_native(self, key: tuple) -> None:
+        """Ask for the shape's native plan, at most ``limit`` times per model: each is a
+        compile, and a workload of ever-new shapes must not turn into a compile per run."""
+        dims = self.dims(key) if self.native_builder is not None else None
+        if dims is None or self._native_requests >= self.limit:
+            return
+        self._native_requests += 1
+        self.native_builder(dims, lambda model: self._deliver(key, model))
+
+    def _deliver(self, key: tuple, model) -> None:
+        """A shape's native plan is ready: it replaces the portable one, if still kept."""
+        if model is None or not model.native_partitions:
+            return
+        with self._lock:
+            if self._plans.get(key) is not None:
+                self._plans[key] = model._executor  # which holds its native code loaded
+
+    def _build(self, key: tuple):
+        from nncc.runtime.executor import Executor
+        from nncc.util.limits import LimitError
+
+        general = self.general
+        shapes = {slot: shape for (slot, _), shape in zip(self._dynamic, key)}
+        if any(len(shape) != len(general.plan.slots[slot].shape or shape) for slot, shape in shapes.items()):
+            return None  # a wrong rank: the general plan's input check says so
+        plan = specialize(general.plan, shapes, general._attr)
+        if plan is None:
+            return None
+        try:
+            return Executor(plan, native=general.native, shared=general)
+        except LimitError:  # this shape's arena does not fit: run it the general way
+            return None
