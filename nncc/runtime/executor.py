@@ -318,6 +318,8 @@ class Executor:
             if slot < 0:
                 continue
             if out is not None and out[i] is not None and value is not out[i]:
+                if np.shape(value) != out[i].shape:  # copyto would broadcast it silently
+                    raise ValueError(f"shape {list(np.shape(value))} where {list(out[i].shape)} was planned")
                 np.copyto(out[i], value)  # a kernel that could not write in place
                 value = out[i]
             elif slot in targets and value is not targets[slot]:
