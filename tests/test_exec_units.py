@@ -155,6 +155,14 @@ def test_a_kernel_bug_keeps_its_type_in_the_interpreter(tmp_path, op, error, whe
     assert frames(caught.value)[-1] == where
 
 
+def test_a_result_of_another_shape_than_its_planned_buffer_is_an_error(tmp_path):
+    """Copied into the buffer it would broadcast: [[15]] would become [[15, 15, 15], ...]."""
+    model = nncc.compile_model(buggy_model(tmp_path, "WrongShape"), backends=["numpy"], plugins=[BUGGY])
+    with pytest.raises(KernelError, match=r"the_buggy_node gave a result that does not fit its output.*"
+                                          r"shape \[1, 1\] where \[2, 3\] was planned"):
+        model.run({"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+
+
 def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
     """One line that says it is nncc's fault (exit 1), and the full traceback on request."""
     path = buggy_model(tmp_path, "Broken")

@@ -1,5 +1,7 @@
 """A plugin whose kernels have bugs: ``test.buggy::Broken`` raises a TypeError and
-``test.buggy::OutOfRange`` an IndexError, each from a helper inside the kernel.
+``test.buggy::OutOfRange`` an IndexError, each from a helper inside the kernel;
+``test.buggy::WrongShape`` ignores its planned output buffer and returns a [1, 1] result
+where its shape function promised its input's shape.
 
 A TypeError or IndexError raised inside a kernel is a bug in that kernel, not bad input:
 the executor must let it propagate with its traceback, not turn it into a one-line
@@ -38,3 +40,8 @@ def out_of_range(ctx: Ctx, x: np.ndarray) -> np.ndarray:
 
 def one_past_the_end(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1)[[x.size]]  # the bug: IndexError (index out of bounds)
+
+
+@kernel("WrongShape", since=1, domain=DOMAIN, shape=_same_as_input, writes_out=True)
+def wrong_shape(ctx: Ctx, x: np.ndarray, out=None) -> np.ndarray:
+    return x.sum(keepdims=True)  # the bug: a [1, 1] result, which would broadcast into any buffer
