@@ -63,7 +63,12 @@ def test_readme_links_point_at_files():
     for target in re.findall(r"\]\(((?!https?:|#)[^)]+)\)", text):
         if target == "benchmarks/RESULTS.md":
             continue  # written with the benchmark results, by another change
-        assert (ROOT / target).exists(), target
+        path, _, anchor = target.partition("#")
+        assert (ROOT / path).exists(), target
+        if anchor:  # a section of that document, by GitHub's heading anchor
+            headings = re.findall(r"^#+ (.*)$", (ROOT / path).read_text(), re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, target
 
 
 @pytest.fixture
@@ -156,3 +161,26 @@ def test_changelog_keeps_a_changelog():
     unreleased = text.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
     for mention in ("--depfile", "completions/", "--quiet", "docs/json.md", "NO_COLOR"):
         assert mention in unreleased, mention
+
+
+def test_readme_settings_table_lists_every_setting_with_its_variable_and_default():
+    """The configuration table is the user's reference: each key nncc reads, with the
+    environment variable and default that nncc.settings really uses."""
+    from nncc.settings import SETTINGS
+
+    rows = [line.split("|")[1:-1] for line in README.read_text().splitlines()
+            if line.startswith("| `") and "`NNCC_" in line]
+    listed = {}
+    for cells in rows:
+        keys = re.findall(r"`([a-z_]+\.[a-z_]+)`", cells[0])
+        envs = re.findall(r"`(NNCC_[A-Z_]+)`", cells[1])
+        assert len(keys) == len(envs), cells
+        listed.update(zip(keys, envs))
+    assert set(listed) == set(SETTINGS)
+    for key, env in listed.items():
+        assert SETTINGS[key].env == env, key
+    for cells in rows:
+        keys = re.findall(r"`([a-z_]+\.[a-z_]+)`", cells[0])
+        defaults = re.findall(r"`([^`]+)`", cells[2])
+        if len(keys) == 1 and defaults:  # one key: its default as the settings module has it
+            assert defaults == [SETTINGS[keys[0]].default], keys
