@@ -55,20 +55,25 @@ def feeds_for(session) -> dict:
             for i in session.get_inputs()}
 
 
-def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int, runner: str) -> dict:
-    """One process: nncc's ``runner`` ("native" or "numpy") against onnxruntime."""
+def ort_session(path: pathlib.Path, threads: int):
+    """The onnxruntime peer: ``threads`` intra-op threads that do not spin when idle."""
     import onnxruntime as ort
 
-    import nncc
-    from nncc.runtime.threads import set_blas_threads
-
-    set_blas_threads(threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def measure(path: pathlib.Path, threads: int, blocks: int, iterations: int, runner: str) -> dict:
+    """One process: nncc's ``runner`` ("native" or "numpy") against onnxruntime."""
+    import nncc
+    from nncc.runtime.threads import set_blas_threads
+
+    set_blas_threads(threads)
+    session = ort_session(path, threads)
     feeds = feeds_for(session)
     start = time.perf_counter()
     model = nncc.compile_model(path) if runner == "native" else nncc.compile_model(path, backends=["numpy"])

@@ -13,6 +13,9 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
                    of hidden states in, Erf GELU, 12.6M parameters
 - gpt2.onnx        4-layer pre-LN decoder, hidden 512, 8 heads, causal mask, Tanh GELU,
                    1x128 tokens of hidden states in
+- bert_dynamic.onnx, gpt2_dynamic.onnx  the same weights with symbolic batch and sequence
+                   axes, reshapes computed from the runtime shape (Shape, Gather,
+                   Concat) as an export with dynamic axes writes them
 - resnet50.onnx    (resnet50(), made by benchmarks/bench_native_compile.py) ResNet-50
                    layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
 - large.onnx       (with --large) an MLP of 8 layers of 4096x4096: 537M bytes of weights,
@@ -32,6 +35,8 @@ from onnx import TensorProto, helper
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fixtures"))
 from make_fixtures import Builder, f32_input  # noqa: E402
+
+MAX_SEQ = 512  # the longest sequence the dynamic decoder's causal mask covers
 
 
 def resnet18():
@@ -116,9 +121,22 @@ def mobilenetv2():
                    "MobileNetV2 layout, depthwise convolutions, ReLU6 as Clip, real random weights")
 
 
-def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4):
+def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4, dynamic=False):
+    """``dynamic``: batch and sequence length are symbolic input dimensions, and every
+    reshape target and the causal mask are computed from the runtime shape, as
+    torch.onnx.export writes a model exported with dynamic axes."""
     b = Builder(seed=seed)
     dh = d // heads
+
+    def runtime_dims(t, *axes):  # [t.shape[a] for a in axes] as 1-element int64 tensors
+        shape = b.op("Shape", [t])
+        return [b.op("Unsqueeze", [b.op("Gather", [shape, b.i64(a, "axis")], axis=0), b.i64([0], "axes")])
+                for a in axes]
+
+    def reshape(t, tail):  # keep t's first two dimensions, then ``tail``
+        if not dynamic:
+            return b.op("Reshape", [t, b.i64([0, 0, *tail])])
+        return b.op("Reshape", [t, b.op("Concat", [*runtime_dims(t, 0, 1), b.i64(tail)], axis=0)])
 
     def linear(x, fin, fout):
         return b.op("Add", [b.op("MatMul", [x, b.lecun((fin, fout), fin)]), b.small((fout,))])
@@ -128,17 +146,24 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4)
         return b.op("LayerNormalization", [x, scale, b.small((d,), 0.05, "ln_bias")], axis=-1, epsilon=1e-5)
 
     def split_heads(t, perm):
-        return b.op("Transpose", [b.op("Reshape", [t, b.i64([0, 0, heads, dh])])], perm=perm)
+        return b.op("Transpose", [reshape(t, [heads, dh])], perm=perm)
 
     def attention(x):
         q, k, v = (linear(x, d, d) for _ in range(3))
         scores = b.op("MatMul", [split_heads(q, [0, 2, 1, 3]), split_heads(k, [0, 2, 3, 1])])
         scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
-        if causal:
+        if causal and not dynamic:
             mask = np.triu(np.full((seq, seq), -1e9, np.float32), 1)
             scores = b.op("Add", [scores, b.const(mask, "causal_mask")])
+        elif causal:  # the top-left [seq, seq] corner of a mask for the longest sequence
+            mask = b.const(np.triu(np.full((MAX_SEQ, MAX_SEQ), -1e9, np.float32), 1), "causal_mask")
+            length = runtime_dims(x, 1)[0]
+            zero = b.i64([0], "start")
+            mask = b.op("Slice", [mask, b.op("Concat", [zero, zero], axis=0),
+                                  b.op("Concat", [length, length], axis=0)])
+            scores = b.op("Add", [scores, mask])
         ctx = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), split_heads(v, [0, 2, 1, 3])])
-        ctx = b.op("Reshape", [b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), b.i64([0, 0, d])])
+        ctx = reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [d])
         return linear(ctx, d, d)
 
     def gelu_erf(x):
@@ -161,8 +186,10 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4)
     if causal:
         x = layer_norm(x)
     b.op("Identity", [x], out="hidden_out")
-    return b.model(name, [f32_input("hidden_in", [1, seq, d])], [f32_input("hidden_out", [1, seq, d])],
-                   f"{layers}-layer {'decoder' if causal else 'encoder'}, hidden {d}, real random weights")
+    shape = ["batch", "seq", d] if dynamic else [1, seq, d]
+    return b.model(name, [f32_input("hidden_in", shape)], [f32_input("hidden_out", shape)],
+                   f"{layers}-layer {'decoder' if causal else 'encoder'}, hidden {d}, real random weights"
+                   + (", dynamic batch and sequence axes" if dynamic else ""))
 
 
 def bert():
@@ -171,6 +198,14 @@ def bert():
 
 def gpt2():
     return _transformer("gpt2", 2004, causal=True)
+
+
+def bert_dynamic():
+    return _transformer("bert_dynamic", 2003, causal=False, dynamic=True)
+
+
+def gpt2_dynamic():
+    return _transformer("gpt2_dynamic", 2004, causal=True, dynamic=True)
 
 
 def large():
@@ -185,7 +220,8 @@ def large():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2}
+MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2,
+          "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic}
 
 
 def write_all(out_dir: str, with_large: bool = False) -> list[str]:
