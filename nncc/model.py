@@ -28,6 +28,7 @@ class CompiledModel:
         from nncc.ir.opsets import warn_newer_opsets
         from nncc.native.activate import activate
         from nncc.runtime.executor import Executor
+        from nncc.runtime.specialize import shape_plans
 
         warn_newer_opsets(plan.options.get("opsets") or {})  # on every path: compiled, cached, loaded
         self.plan = plan
@@ -37,7 +38,7 @@ class CompiledModel:
         self._native = activate(plan, trust_native, origin)
         self._executor = Executor(plan, native=self._native)
         self._blas_threads = _recorded_threads(plan)
-        self._shape_plans = _shape_plans(self._executor)
+        self._shape_plans = shape_plans(self._executor)
 
     @property
     def native_partitions(self) -> int:
@@ -116,19 +117,6 @@ def _same_seal(seal, message: bytes) -> bytes | None:
     if seal is None or seal.scheme != SEAL_SCHEME or seal.message != message:
         return None
     return seal_payload(seal.fingerprint, seal.mac)
-
-
-def _shape_plans(executor):
-    """The per-shape plans of a model with dynamic input dimensions, or None."""
-    from nncc.runtime.specialize import ShapePlans
-
-    plans = ShapePlans(executor, 0)
-    if not plans._dynamic:
-        return None
-    from nncc.settings import value
-
-    plans.limit = value("run.shape_plans") or 0
-    return plans if plans.active else None
 
 
 def _recorded_threads(plan: Plan) -> int | None:

@@ -85,16 +85,29 @@ def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
     return Slot(slot.name, np.dtype(info.dtype), tuple(int(d) for d in info.shape), slot.kind)
 
 
+def shape_plans(executor) -> "ShapePlans | None":
+    """The per-shape plans of a model with dynamic input dimensions, or None (static
+    inputs, or the run.shape_plans setting off)."""
+    plan = executor.plan
+    dynamic = [(s, plan.slots[s].name) for s in plan.inputs
+               if plan.slots[s].kind == "tensor" and not executor._static(s)]
+    if not dynamic:
+        return None
+    from nncc.settings import value
+
+    limit = value("run.shape_plans")
+    return ShapePlans(executor, dynamic, limit) if limit else None
+
+
 class ShapePlans:
     """Executors for the concrete input shapes a dynamic model runs with, at most
-    ``limit`` kept (least recently used out)."""
+    ``limit`` kept (least recently used out). ``dynamic``: (slot, name) of each input
+    with a dynamic dimension, in the order the shape keys list them."""
 
-    def __init__(self, executor, limit: int):
+    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int):
         self.general = executor
         self.limit = limit
-        plan = executor.plan
-        self._dynamic = [(s, plan.slots[s].name) for s in plan.inputs
-                         if plan.slots[s].kind == "tensor" and not executor._static(s)]
+        self._dynamic = dynamic
         self._plans: OrderedDict[tuple, object] = OrderedDict()
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # shapes not specialised yet: runs
         # builds a shape's native plan in the background: (dims, deliver) -> None
@@ -102,10 +115,6 @@ class ShapePlans:
         self.native_builder = None
         self._native_requests = 0
         self._lock = threading.Lock()  # a background build delivers while runs look up
-
-    @property
-    def active(self) -> bool:
-        return bool(self._dynamic) and self.limit > 0
 
     def __len__(self) -> int:
         return sum(1 for executor in self._plans.values() if executor is not None)
