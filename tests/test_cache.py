@@ -249,33 +249,71 @@ def test_token_covers_loaded_plugins(tmp_path, monkeypatch):
     assert compute_token(MLP, data, CompileOptions()) not in (base, with_plugin)
 
 
-def test_code_fingerprint_follows_the_source_files(tmp_path):
-    from nncc.cache.token import code_fingerprint
+def test_code_fingerprint_follows_the_source_contents(tmp_path):
+    from nncc.cache.token import code_fingerprint, forget_fingerprints
 
     package = tmp_path / "pkg"
     (package / "sub" / "__pycache__").mkdir(parents=True)
     (package / "a.py").write_text("A = 1\n")
     (package / "sub" / "b.py").write_text("B = 2\n")
+    (package / "sub" / "kernel.c").write_text("int f(void) { return 1; }\n")
     (package / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"compiled")
 
-    def fingerprint():
-        code_fingerprint.cache_clear()  # once per process in nncc; here after each edit
-        return code_fingerprint(str(package))
+    def fingerprint(folder=package):
+        forget_fingerprints()  # once per process in nncc; here after each edit
+        return code_fingerprint(str(folder))
 
     base = fingerprint()
     assert fingerprint() == base
     (package / "sub" / "__pycache__" / "b.cpython-311.pyc").write_bytes(b"recompiled")
     (package / "notes.txt").write_text("not code")
     assert fingerprint() == base  # byte code and data files are not the source
-    (package / "a.py").write_text("A = 10\n")
+    stat = (package / "sub" / "b.py").stat()
+    os.utime(package / "sub" / "b.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+    assert fingerprint() == base  # touched, not changed: the contents decide
+    copy = tmp_path / "elsewhere" / "pkg"
+    shutil.copytree(package, copy)  # a byte-identical copy in another folder, with new times
+    assert fingerprint(copy) == base
+    (package / "a.py").write_text("A = 2\n")  # same size, one byte changed
     edited = fingerprint()
     assert edited != base
-    stat = (package / "sub" / "b.py").stat()
-    os.utime(package / "sub" / "b.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
-    touched = fingerprint()
-    assert touched != edited  # same size, new mtime: a rewrite with equal length
+    (package / "sub" / "kernel.c").write_text("int f(void) { return 2; }\n")  # the C the native backend builds
+    assert fingerprint() not in (base, edited)
     (package / "c.py").write_text("")
-    assert fingerprint() != touched
+    assert fingerprint() not in (base, edited)
+
+
+def test_code_hashes_are_remembered_by_path_size_and_mtime(tmp_path):
+    """An editable checkout is hashed once; later processes read the hashes from the index
+    and only re-read a file whose size or mtime changed."""
+    from nncc.cache.index import Index
+    from nncc.cache.token import code_fingerprint, forget_fingerprints
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    old = 1_600_000_000_000_000_000  # long ago: the hashes may be remembered
+    for name, text in (("a.py", "A = 1\n"), ("b.py", "B = 2\n")):
+        (package / name).write_text(text)
+        os.utime(package / name, ns=(old, old))
+    index = Index(str(tmp_path), "test", 1).open()
+    try:
+        forget_fingerprints()
+        base = code_fingerprint(str(package), index)
+        remembered = index.code_hashes()
+        assert sorted(remembered) == [str(package / "a.py"), str(package / "b.py")]
+        import hashlib
+
+        assert remembered[str(package / "a.py")][2] == hashlib.sha256(b"A = 1\n").hexdigest()
+        (package / "a.py").write_text("A = 3\n")  # same size, new mtime: read again
+        os.utime(package / "a.py", ns=(old + 1, old + 1))
+        forget_fingerprints()
+        changed = code_fingerprint(str(package), index)
+        assert changed != base
+        forget_fingerprints()
+        assert code_fingerprint(str(package)) == changed  # the memo agrees with hashing afresh
+    finally:
+        index.close()
+        forget_fingerprints()
 
 
 def test_changed_nncc_code_misses_instead_of_serving_old_plans(cache_dir, monkeypatch, capsys):
@@ -286,7 +324,7 @@ def test_changed_nncc_code_misses_instead_of_serving_old_plans(cache_dir, monkey
     _, first = prepare(MLP, cache_dir=cache_dir)
     _, again = prepare(MLP, cache_dir=cache_dir)
     assert (first.outcome, again.outcome) == ("miss", "hit")
-    monkeypatch.setattr(token, "code_fingerprint", lambda package_dir: b"other code")
+    monkeypatch.setattr(token, "code_fingerprint", lambda package_dir, memo=None: b"other code")
     model, changed = prepare(MLP, cache_dir=cache_dir)
     assert changed.outcome == "miss" and changed.token != first.token
     assert_correct(model, MLP)

@@ -98,13 +98,17 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     limits = cache_settings(cache_dir)  # every cache setting, checked, once
     directory = limits.directory
     mode = value("cache.hash_mode", hash_mode, "--hash-mode")
-    context = token_context(opts)
     try:
         cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
     except CacheUnavailable as exc:
         reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
-        return _degraded(source, policy.uncached(), _content_token(source, context, directory),
+        return _degraded(source, policy.uncached(), _content_token(source, token_context(opts), directory),
                          directory, reason, start)
+    try:
+        context = token_context(opts, cache.index)  # the index remembers nncc's own file hashes
+    except BaseException:
+        cache.close()
+        raise
     token = None
     try:
         for attempt in (0, 1):

@@ -29,9 +29,9 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 5
-MIGRATABLE = (1, 2, 3, 4)  # older schemas whose rows are kept: only tables, columns and counters are added
-READABLE = (1, 2, 3, 4, 5)  # schemas a read-only open can serve from (a missing column reads as NULL)
+SCHEMA_VERSION = 6
+MIGRATABLE = (1, 2, 3, 4, 5)  # older schemas whose rows are kept: only tables, columns and counters are added
+READABLE = (1, 2, 3, 4, 5, 6)  # schemas a read-only open can serve from (a missing column reads as NULL)
 INDEX_NAME = "index.sqlite3"
 COUNTERS = ("hits", "misses", "corruptions", "recompiles", "evictions", "upgrades",
             "remote_hits", "remote_misses", "remote_rejected", "remote_errors")  # the remote tier's, per machine
@@ -104,6 +104,12 @@ CREATE TABLE IF NOT EXISTS entry_objects (
     token TEXT NOT NULL,
     key TEXT NOT NULL,
     PRIMARY KEY (token, key)
+);
+CREATE TABLE IF NOT EXISTS code_hashes (
+    path TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    digest TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS stale (
     token TEXT PRIMARY KEY,
@@ -634,6 +640,26 @@ class Index:
 
     def meta(self) -> dict[str, str]:
         return dict(self._read(lambda c: c.execute("SELECT key, value FROM meta").fetchall()))
+
+    # -- nncc's own source files: their hashes by (path, size, mtime), for the token -----
+
+    def code_hashes(self) -> dict[str, tuple[int, int, str]]:
+        """{path: (size, mtime_ns, sha256 hex)} remembered; {} when they cannot be read
+        (the token then hashes the files: slower, never wrong)."""
+        try:
+            rows = self._read(lambda c: c.execute("SELECT path, size, mtime_ns, digest FROM code_hashes").fetchall())
+        except (IndexUnavailable, IndexCorrupt):
+            return {}
+        return {r[0]: (r[1], r[2], r[3]) for r in rows if isinstance(r[3], str)}
+
+    def put_code_hashes(self, rows) -> None:
+        """Remember (path, size, mtime_ns, sha256 hex) rows; a failure only costs time."""
+        if self.read_only:
+            return
+        try:
+            self._write(lambda c: c.executemany("INSERT OR REPLACE INTO code_hashes VALUES (?, ?, ?, ?)", rows))
+        except (IndexUnavailable, IndexCorrupt):
+            pass
 
     # -- kernel objects ----------------------------------------------------------------
     # key (the object's name: blake3 of its source, compiler and flags) -> blake3 of the

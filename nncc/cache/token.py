@@ -7,14 +7,13 @@ place, ``compute_token``. Hashing never parses the model: a cache hit must not p
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 
 from blake3 import blake3
 
-TOKEN_SCHEME = "nncc-cache-token/4"  # bump when the list of ingredients changes
+TOKEN_SCHEME = "nncc-cache-token/5"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # nncc/
 EXTERNAL_MARKER = b"location"  # the key of every ONNX external-data entry
@@ -44,10 +43,13 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
     8. The loaded plugins and their versions (``loaded_plugins()``).
     9. numpy's version and the byte order: compile-time constant folding runs numpy, and
        constants are stored in native byte order.
-    10. nncc's own code (``code_fingerprint``): the path, size and modification time of
-        every source file of the installed package. A source checkout (an editable
-        install) changes its code without changing ``__version__``; an entry compiled by
-        other code must then miss, not be served. About 1 ms per process.
+    10. nncc's own code (``code_fingerprint``): the path relative to the package and the
+        sha256 of the contents of every source file of the installed package. A source
+        checkout (an editable install) changes its code without changing
+        ``__version__``; an entry compiled by other code must then miss, not be served.
+        Two installs of the same code (other folders, other times, other machines) agree,
+        so a fleet shares entries. About 1 ms per process (a wheel's RECORD, or hashes
+        remembered in the cache index).
 
     4-10 are hashed first, into ``token_context``, which direct mode reuses.
     The model's own path is *not* an ingredient: the same bytes in two places share an
@@ -69,9 +71,10 @@ def token_from(context: bytes, model_path, model_bytes, skip_dirs=(), seen: list
     return h.digest()
 
 
-def token_context(options) -> bytes:
+def token_context(options, memo=None) -> bytes:
     """The digest of every ingredient but the model's own bytes and files (3-10 above):
-    what a direct-mode lookup must match as well as the file's identity."""
+    what a direct-mode lookup must match as well as the file's identity. ``memo``: the
+    cache index, which remembers the hashes of nncc's source files (``code_fingerprint``)."""
     import numpy as np
 
     from nncc._version import __version__
@@ -91,7 +94,7 @@ def token_context(options) -> bytes:
     _put(h, "plugins", _json(loaded_plugins()))
     _put(h, "numpy", np.__version__)
     _put(h, "byteorder", sys.byteorder)
-    _put(h, "code", code_fingerprint(PACKAGE_DIR))
+    _put(h, "code", code_fingerprint(PACKAGE_DIR, memo))
     return h.digest()
 
 
@@ -103,26 +106,123 @@ def _put(h, label: str, value: bytes | str) -> None:
     h.update(raw)
 
 
-@functools.lru_cache(maxsize=4)
-def code_fingerprint(package_dir: str) -> bytes:
-    """blake3 over (relative path, size, mtime) of every ``.py`` file below
-    ``package_dir``, in a fixed order; byte-code caches are not part of it. Stat data
-    rather than contents: one stat per file costs well under a millisecond for the whole
-    package, and a file touched without a change only costs one extra compile."""
+SOURCE_SUFFIXES = (".py", ".c", ".h")  # the package's code: Python, and the C the native backend builds
+_fingerprints: dict[str, bytes] = {}  # package folder -> fingerprint, once per process
+TOO_NEW = 2.0  # seconds: a file changed this recently may change again within its mtime's tick
+
+
+def code_fingerprint(package_dir: str, memo=None) -> bytes:
+    """blake3 over (path relative to ``package_dir``, sha256 of the contents) of every
+    source file below it (``SOURCE_SUFFIXES``), in a fixed order: never an absolute path or
+    a time, so two installs of the same code agree wherever and whenever they were made,
+    and any changed byte changes it. Byte-code caches are not part of it.
+
+    Kept near a millisecond per process: an installed wheel's ``RECORD`` already holds
+    the sha256 of each file (used when every source file on disk is listed there with its
+    size); otherwise (a source checkout, an editable install) each file is hashed, unless
+    ``memo`` (the cache index) remembers its hash under the same (path, size, mtime).
+    Computed once per process per folder."""
+    known = _fingerprints.get(package_dir)
+    if known is not None:
+        return known
+    files = source_files(package_dir)
+    digests = _record_digests(package_dir, files)
+    if digests is None:
+        digests = _content_digests(files, memo)
     h = blake3()
-    for folder, subfolders, files in os.walk(package_dir):
+    for rel in sorted(files):
+        h.update(f"{rel}\0{digests[rel]}\n".encode("utf-8", "surrogateescape"))
+    _fingerprints[package_dir] = digest = h.digest()
+    return digest
+
+
+def forget_fingerprints() -> None:
+    """Compute the fingerprint afresh on the next call (tests that edit a package)."""
+    _fingerprints.clear()
+
+
+def source_files(package_dir: str) -> dict[str, tuple[str, os.stat_result]]:
+    """{path relative to the package, with "/": (absolute path, stat)} of every source file."""
+    found = {}
+    for folder, subfolders, names in os.walk(package_dir):
         subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
-        for name in sorted(files):
-            if not name.endswith(".py"):
+        for name in names:
+            if not name.endswith(SOURCE_SUFFIXES):
                 continue
             path = os.path.join(folder, name)
             try:
                 st = os.stat(path)
             except OSError:
                 continue
-            rel = os.path.relpath(path, package_dir)
-            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return h.digest()
+            found[os.path.relpath(path, package_dir).replace(os.sep, "/")] = (path, st)
+    return found
+
+
+def _record_digests(package_dir: str, files: dict) -> dict[str, str] | None:
+    """sha256 (hex) of each source file from the installed wheel's RECORD, or None when
+    there is no RECORD naming exactly these files with these sizes (an editable install,
+    a checkout, or a file edited or added after installing: then the contents are hashed)."""
+    import base64
+    import csv
+
+    parent, name = os.path.split(os.path.abspath(package_dir))
+    try:
+        infos = [d for d in os.listdir(parent) if d.startswith(name + "-") and d.endswith(".dist-info")]
+    except OSError:
+        return None
+    for info in infos:
+        try:
+            with open(os.path.join(parent, info, "RECORD"), newline="", encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        digests = {}
+        for row in rows:
+            if len(row) < 3 or not row[0].startswith(name + "/"):
+                continue
+            rel = row[0][len(name) + 1:]
+            if rel not in files:
+                if rel.endswith(SOURCE_SUFFIXES) and "__pycache__" not in rel:
+                    break  # a listed source file is gone
+                continue
+            algo, _, value = row[1].partition("=")
+            if algo != "sha256" or not row[2].isdigit() or int(row[2]) != files[rel][1].st_size:
+                break
+            try:
+                digests[rel] = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+            except ValueError:
+                break
+        else:
+            if digests.keys() == files.keys():
+                return digests
+    return None
+
+
+def _content_digests(files: dict, memo=None) -> dict[str, str]:
+    """sha256 (hex) of each file's contents; ``memo`` (``code_hashes``/``put_code_hashes``)
+    spares reading a file whose (path, size, mtime) it has seen, and learns the others."""
+    import hashlib
+    import time
+
+    remembered = memo.code_hashes() if memo is not None else {}
+    digests, learned = {}, []
+    recent = time.time() - TOO_NEW
+    for rel, (path, st) in files.items():
+        seen = remembered.get(path)
+        if seen is not None and seen[:2] == (st.st_size, st.st_mtime_ns):
+            digests[rel] = seen[2]
+            continue
+        try:
+            with open(path, "rb") as f:
+                digests[rel] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            digests[rel] = "unreadable"
+            continue
+        if st.st_mtime_ns / 1e9 < recent:  # an edit within the same tick would go unseen
+            learned.append((path, st.st_size, st.st_mtime_ns, digests[rel]))
+    if learned and memo is not None:
+        memo.put_code_hashes(learned)
+    return digests
 
 
 def external_files(model_path, model_bytes, skip_dirs=(), seen: list | None = None) -> list[tuple[str, bytes]]:

@@ -97,7 +97,7 @@ def _token_of(cache, source, opts) -> str:
     """The token of the model's bytes as they are now (read here, for the worker)."""
     from nncc.cache.token import token_context, token_from
 
-    return token_from(token_context(opts), source.path, source.bytes, (cache.directory,)).hex()
+    return token_from(token_context(opts, cache.index), source.path, source.bytes, (cache.directory,)).hex()
 
 
 def main(argv=None) -> int:
