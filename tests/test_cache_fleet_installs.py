@@ -92,3 +92,89 @@ def test_two_installs_compute_the_same_token(two_installs, tmp_path):
     c, _ = nncc_json(sys.executable, "run", MLP, "--random-inputs", "--cache-dir", tmp_path / "c",
                      PYTHONPATH=ROOT)
     assert c["cache"]["token"] == a["cache"]["token"]
+
+
+# -- a fleet on one remote: the quick stage shared, native code built once per target --------
+
+
+def _counting_compiler(folder):
+    """A C compiler that logs every compile or link to $CC_LOG, then runs the real one.
+    Both machines use this one file, so they are of one target (same compiler identity)."""
+    real = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if real is None:
+        pytest.skip("no C compiler: the native stage cannot be built")
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "cc"
+    script.write_text(f'#!/bin/sh\ncase " $* " in *" -o "*) echo "$*" >> "$CC_LOG";; esac\nexec {real} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def _compiles(log) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _entry(python, cache) -> dict:
+    listing, _ = nncc_json(python, "cache", "ls", "--cache-dir", cache)
+    (entry,) = listing["entries"]
+    return entry
+
+
+def _wait_until(check, what: str, limit: float = 300.0):
+    """Poll for a background build's result; the limit only turns a hang into a failure."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen"
+        time.sleep(0.2)
+
+
+def test_a_second_install_takes_both_stages_from_the_remote(two_installs, tmp_path):
+    import numpy as np
+
+    from tests.remote_servers import KEY
+    from tests.test_cache import RESNET, check_outputs, feeds_for
+
+    first, second = two_installs
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    cc = _counting_compiler(tmp_path / "bin")
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, **feeds_for(RESNET))
+    fleet = dict(NNCC_REMOTE=f"file://{shared}", NNCC_REMOTE_KEY=KEY, NNCC_UPGRADE_AFTER=2, CC=cc,
+                 NNCC_REMOTE_TRUST_NATIVE="yes")
+    logs = {first: tmp_path / "a.log", second: tmp_path / "b.log"}
+    caches = {first: tmp_path / "a-cache", second: tmp_path / "b-cache"}
+
+    def run(python, out):
+        report, err = nncc_json(python, "run", RESNET, "--inputs", feeds, "-o", tmp_path / out,
+                                "--cache-dir", caches[python], CC_LOG=logs[python], **fleet)
+        check_outputs(tmp_path / out, RESNET)  # against onnxruntime
+        return report["cache"], report["native_partitions"], err
+
+    outcome, _, _ = run(first, "a1.npz")
+    assert (outcome["outcome"], outcome["stage"]) == ("miss", "quick")
+    assert len(os.listdir(shared / "manifests")) == 1  # the portable stage, shared
+
+    outcome, native, err = run(second, "b1.npz")
+    assert (outcome["outcome"], outcome["stage"]) == ("remote hit", "quick"), err
+    assert native == 0 and _compiles(logs[second]) == 0
+
+    for i in (2, 3):  # the first machine's second hit builds the native stage, and shares it
+        outcome, _, _ = run(first, f"a{i}.npz")
+    assert outcome["upgrade"] == "process"
+    _wait_until(lambda: len(os.listdir(shared / "manifests")) == 2, "the optimized entry's upload")
+    assert _compiles(logs[first]) > 0
+    outcome, native, _ = run(first, "a4.npz")
+    assert outcome["stage"] == "optimized" and native >= 1
+
+    for i in (2, 3):  # the second machine's upgrade takes it from the remote
+        outcome, _, _ = run(second, f"b{i}.npz")
+    assert outcome["upgrade"] == "process"
+    _wait_until(lambda: _entry(second, caches[second])["stage"] == "optimized", "the second machine's upgrade")
+    outcome, native, _ = run(second, "b4.npz")
+    assert (outcome["outcome"], outcome["stage"]) == ("hit", "optimized") and native >= 1
+    assert _compiles(logs[second]) == 0  # the C compiler never ran on the second machine
+    a, b = (dict(np.load(tmp_path / name)) for name in ("a4.npz", "b4.npz"))
+    assert all(np.array_equal(a[k], b[k]) for k in a)  # the very same native code

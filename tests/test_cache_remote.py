@@ -47,12 +47,17 @@ def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd):
     assert remote.keys("leases/") == []  # released after the upload
 
 
+def shared_names(remote) -> set[str]:
+    return {key.split("/", 1)[1] for key in remote.keys("manifests/")}
+
+
 def test_manifest_is_uploaded_last_and_names_its_parts(remote, tmp_path):
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
-    raw = remote.get(f"manifests/{outcome.token}")
+    (name,) = shared_names(remote)  # the quick stage: under its portable name
+    raw = remote.get(f"manifests/{name}")
     mac, body = raw.split(b"\n", 1)
     doc = json.loads(body)
-    assert doc["token"] == outcome.token and len(mac) == 64
+    assert doc["token"] == name and len(mac) == 64 and not doc["native"]
     from blake3 import blake3
 
     for part in doc["parts"]:  # each part is stored under the blake3 of its own bytes
@@ -63,11 +68,13 @@ def test_manifest_is_uploaded_last_and_names_its_parts(remote, tmp_path):
 # -- poisoned entries: never used, reported, counted -------------------------------------
 
 
-def _publish(tmp_path, model):
-    """Machine A compiles ``model`` and uploads it; returns the token and its manifest doc."""
+def _publish(tmp_path, model, remote):
+    """Machine A compiles ``model`` and uploads it; returns the name it is shared under."""
+    before = shared_names(remote)
     _, outcome = prepare(model, cache_dir=tmp_path / f"a-{model.stem}")
     assert outcome.outcome == "miss"
-    return outcome.token
+    (name,) = shared_names(remote) - before
+    return name
 
 
 def _manifest(remote, token):
@@ -106,7 +113,7 @@ def poison_truncated_data(remote, token, tmp_path):
 
 def poison_replaced_plan(remote, token, tmp_path):
     # a plan (with native code) of another model under this entry's plan hash
-    other = _publish(tmp_path, MLP)
+    other = _publish(tmp_path, MLP, remote)
     plan = _parts(remote, token)["plan"]
     remote.put(f"parts/{plan['hash']}", remote.get(f"parts/{_parts(remote, other)['plan']['hash']}"))
     return "plan part"
@@ -114,7 +121,7 @@ def poison_replaced_plan(remote, token, tmp_path):
 
 def poison_other_token(remote, token, tmp_path):
     # a genuine, correctly signed entry, but for another model, copied under this token
-    other = _publish(tmp_path, MLP)
+    other = _publish(tmp_path, MLP, remote)
     remote.put(f"manifests/{token}", remote.get(f"manifests/{other}"))
     return "another token"
 
@@ -122,7 +129,7 @@ def poison_other_token(remote, token, tmp_path):
 @pytest.mark.parametrize("poison", [poison_wrong_mac, poison_swapped_parts, poison_truncated_data,
                                     poison_replaced_plan, poison_other_token])
 def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
-    token = _publish(tmp_path, RESNET)
+    token = _publish(tmp_path, RESNET, remote)
     why = poison(remote, token, tmp_path)
     capfd.readouterr()
     model, outcome = prepare(RESNET, cache_dir=tmp_path / "b")
@@ -156,7 +163,7 @@ def test_key_file(remote, tmp_path, monkeypatch):
     key_file.write_text(KEY + "\n")
     monkeypatch.delenv("NNCC_REMOTE_KEY")
     monkeypatch.setenv("NNCC_REMOTE_KEY_FILE", str(key_file))
-    _publish(tmp_path, MLP)
+    _publish(tmp_path, MLP, remote)
     _, outcome = prepare(MLP, cache_dir=tmp_path / "b")
     assert outcome.outcome == "remote hit"
     key_file.write_text("another team\n")  # entries signed by one team are not another's

@@ -108,7 +108,7 @@ def test_full_redis_never_fails_a_run_and_shows_no_partial_entry(tmp_path, monke
 
 def test_push_pull_info(remote, tmp_path, monkeypatch, cli):
     monkeypatch.delenv("NNCC_REMOTE")  # given by --remote below
-    code, _, err = cli("run", MLP, "--random-inputs", "--cache-dir", tmp_path / "a")
+    code, _, err = cli("run", MLP, "--random-inputs", "--stage", "optimized", "--cache-dir", tmp_path / "a")
     assert code == 0 and "cache miss" in err
     code, out, _ = cli("cache", "ls", "--json", "--cache-dir", tmp_path / "a")
     token = json.loads(out)["entries"][0]["token"]
@@ -117,7 +117,7 @@ def test_push_pull_info(remote, tmp_path, monkeypatch, cli):
     assert remote.keys("manifests/") == [f"manifests/{token}"]
     code, out, err = cli("cache", "pull", token, "--remote", remote.url, "--cache-dir", tmp_path / "b")
     assert code == 0 and out.strip() == f"pulled {token}", err
-    code, out, err = cli("run", MLP, "--random-inputs", "--cache-dir", tmp_path / "b")
+    code, out, err = cli("run", MLP, "--random-inputs", "--stage", "optimized", "--cache-dir", tmp_path / "b")
     assert code == 0 and "cache hit" in err  # pulled entries serve local hits
     code, out, _ = cli("cache", "info", "--json", "--remote", remote.url, "--cache-dir", tmp_path / "b")
     info = json.loads(out)
@@ -141,7 +141,7 @@ def test_push_and_pull_need_a_keyed_remote(tmp_path, monkeypatch, cli):
 def test_gc_remote_applies_size_and_age(remote, tmp_path, monkeypatch, cli):
     tokens = {}
     for model in (MLP, RESNET):
-        _, outcome = prepare(model, cache_dir=tmp_path / "a")
+        _, outcome = prepare(model, cache_dir=tmp_path / "a", backends=["numpy"])  # portable: shared by token
         tokens[model.name] = outcome.token
     planted = "cd" * 32
     remote.put(f"manifests/{planted}", b"0" * 64 + b"\n{}")  # an entry nobody with the key wrote
@@ -157,7 +157,7 @@ def test_gc_remote_applies_size_and_age(remote, tmp_path, monkeypatch, cli):
     assert gone == {(tokens["mlp.onnx"], "size"), (planted, "rejected")}
     assert remote.keys("manifests/") == [f"manifests/{tokens['resnet_block.onnx']}"]
     assert len(remote.keys("parts/")) == 2 and report["kept_bytes"] == resnet_bytes
-    _, outcome = prepare(RESNET, cache_dir=tmp_path / "b")
+    _, outcome = prepare(RESNET, cache_dir=tmp_path / "b", backends=["numpy"])
     assert outcome.outcome == "remote hit"
     code, out, _ = cli("cache", "gc", "--remote", "--max-age", "0s", "--json")
     assert code == 0 and remote.keys("manifests/") == [] and remote.keys("parts/") == []
@@ -198,7 +198,7 @@ def test_sigv4_signature_matches_botocore():
 
 
 def test_pull_rejects_a_poisoned_entry(remote, tmp_path, cli):
-    _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
+    _, outcome = prepare(MLP, cache_dir=tmp_path / "a", backends=["numpy"])
     mac, body = remote.get(f"manifests/{outcome.token}").split(b"\n", 1)
     doc = json.loads(body)
     plan = next(p for p in doc["parts"] if p["role"] == "plan")

@@ -55,6 +55,7 @@ class ModelSource:
         self.path = path
         self._bytes = model_bytes
         self.given = model_bytes is not None  # read by the caller (a pipe): no direct mode
+        self.subject: bytes | None = None  # the model's half of the token, once hashed (token.model_subject)
 
     @property
     def bytes(self):
@@ -138,12 +139,13 @@ def _content_token(source: ModelSource, context: bytes, directory: str, cache: C
     """The token of the model's bytes (read now). With ``cache``, remember it in the
     direct-mode manifest against the identities stat'ed before the bytes were read."""
     from nncc.cache import direct
-    from nncc.cache.token import token_from
+    from nncc.cache.token import model_subject, token_of
 
     started = time.time()
     st = direct.stat_model(source.path) if cache is not None and not source.given else None
     seen: list | None = [] if st is not None else None
-    token = token_from(context, source.path, source.bytes, (directory,), seen).hex()
+    source.subject = model_subject(source.path, source.bytes, (directory,), seen)
+    token = token_of(source.subject, context).hex()
     if st is not None and not cache.read_only:
         try:
             direct.record(cache.index, source.path, st, context, token, seen, started)
@@ -245,10 +247,12 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
                 cache.remove(token, counter="corruptions", lock=held)
             from nncc.cache.remote.flow import after_local_commit, on_local_miss
 
-            model = on_local_miss(cache, token, source.path, source.bytes, policy.opts)  # the remote tier
-            if model is not None:
-                return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory)
             stage = policy.miss_stage()
+            found = on_local_miss(cache, token, source, policy.opts, stage)  # the remote tier
+            if found is not None:
+                model, adopted = found
+                return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory,
+                                           stage=adopted)
             opts = policy.options_for(stage)
             from nncc.cache.objects import objects_in, record_entry_objects
 

@@ -62,11 +62,24 @@ def compute_token(model_path: str | os.PathLike, model_bytes: bytes | memoryview
 def token_from(context: bytes, model_path, model_bytes, skip_dirs=(), seen: list | None = None) -> bytes:
     """compute_token, given ``token_context(options)``. ``seen`` (a list) receives the
     identity of every file and folder the external-data search looked at."""
+    return token_of(model_subject(model_path, model_bytes, skip_dirs, seen), context)
+
+
+def model_subject(model_path, model_bytes, skip_dirs=(), seen: list | None = None) -> bytes:
+    """The digest of ingredients 2 and 3: the model's bytes and the external data it may
+    read. With another context it names the same model compiled otherwise (the remote
+    tier's portable entry) without hashing the model again."""
     h = blake3()
-    _put(h, "scheme", TOKEN_SCHEME)
     _put(h, "model", blake3(model_bytes, max_threads=_threads(len(model_bytes))).digest())
     for rel, digest in external_files(model_path, model_bytes, skip_dirs, seen):
         _put(h, "external", rel.encode("utf-8", "surrogateescape") + b"\0" + digest)
+    return h.digest()
+
+
+def token_of(subject: bytes, context: bytes) -> bytes:
+    h = blake3()
+    _put(h, "scheme", TOKEN_SCHEME)
+    _put(h, "subject", subject)
     _put(h, "context", context)
     return h.digest()
 

@@ -9,7 +9,10 @@ the worker ``nncc run`` detaches (nncc/cache/stages.py); the Python API runs
    that record).
 3. The worker reads the model file and recomputes the token: bytes that no longer hash to
    it abort the build (the file changed since the entry was made).
-4. Compile with the native backend, outside the token lock: readers keep stage 1.
+4. Ask the remote tier for this target's optimized entry (a machine with the same C
+   compiler, flags and ISA may have built it); adopted, it is the upgrade. Otherwise
+   compile with the native backend, outside the token lock: readers keep stage 1, and
+   share the result on the remote.
 5. A failed native compile (compiler error, time-out) is recorded in the index and the
    entry stays quick. Otherwise, under the token's exclusive lock, the entry is replaced
    (files by rename, then the row): readers that mapped stage 1 keep it, the next
@@ -63,6 +66,14 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
         return SKIPPED
     if _token_of(cache, source, opts) != token:
         return CHANGED
+    from nncc.cache.remote.flow import fetch_optimized, publish_optimized
+
+    with _locked(cache, token, shared=False):  # a machine of this target may have built it already
+        entry = cache.index.get(token)
+        if entry is None or entry.stage != QUICK:
+            return SKIPPED
+        if fetch_optimized(cache, token, opts):
+            return UPGRADED
     from nncc.cache.objects import objects_in, record_entry_objects
 
     start = time.perf_counter()
@@ -83,6 +94,7 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
             return SKIPPED  # removed, or upgraded by `nncc compile` meanwhile
         _store(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
         record_entry_objects(cache, token, plan)
+    publish_optimized(cache, token)  # the other machines of this target take it from the remote
     try:
         from nncc.cache.limits import after_store
         from nncc.settings import cache_settings

@@ -38,9 +38,14 @@ def push(cache, tokens, as_json: bool) -> None:
 
     tier = open_tier()
     pushed, failed = [], []
+    chosen = tokens or [e.token for e in cache.index.entries() if not _portable_stage(e)]
     try:
-        for token in tokens or [e.token for e in cache.index.entries()]:
+        for token in chosen:
             try:
+                entry = cache.index.get(token)
+                if entry is not None and _portable_stage(entry):
+                    raise CacheEntryError("quick", "a quick stage is shared under its portable name by the run "
+                                                   "that compiles it; push it once it is optimized")
                 push_entry(tier, cache, token)
                 pushed.append(token)
             except CacheEntryError as exc:
@@ -50,6 +55,18 @@ def push(cache, tokens, as_json: bool) -> None:
     finally:
         tier.close()
     _report("pushed", pushed, failed, tier.url, as_json)
+
+
+def _portable_stage(entry) -> bool:
+    """A quick entry of options that name the native backend: its remote name is the
+    portable one, which only the compiling run knows (it hashes the model)."""
+    import json
+
+    try:
+        backends = json.loads(entry.options or "{}").get("backends") or []
+    except (ValueError, AttributeError):
+        backends = []
+    return entry.stage == "quick" and "native" in backends
 
 
 def pull(cache, tokens, as_json: bool) -> None:

@@ -3,13 +3,16 @@ local commit, one compile across the fleet, and faults that never fail a run.
 
 Two calls are all the local cache makes into this module:
 
-* ``on_local_miss(cache, token, path, data, opts)`` under the token's exclusive local
-  lock, before compiling: returns a model prepared from the local cache after a verified
-  remote entry was stored there through the normal atomic path, or None to compile. When
+* ``on_local_miss(cache, token, source, opts, stage)`` under the token's exclusive local
+  lock, before compiling: returns (model, stage) prepared from the local cache after a
+  verified remote entry was stored there through the normal atomic path, or None to compile. When
   another machine holds the token's lease it waits (polling) for that machine's entry, up
   to a bound; otherwise it takes the lease and the caller compiles.
 * ``after_local_commit(cache, token)`` once the compiled entry is committed locally:
   uploads it (parts, then the manifest) and releases the lease.
+
+The upgrade to the optimized stage asks the remote first (``fetch_optimized``) and shares
+what it builds (``publish_optimized``), so a fleet builds native code once per target.
 
 Any fault of the remote (down, slow, black-holed, full) turns the tier off for the rest of
 the process with one warning line; the local path goes on.
@@ -86,19 +89,55 @@ def reject(tier, cache, token: str, exc: PoisonedEntry) -> None:
 
 
 # -- read-through ------------------------------------------------------------------------
+# Remote names: an entry with native code is shared under its token, which covers the C
+# compiler, its flags and the ISA (machines of one target share it); the quick stage, a
+# portable plan, is shared under the token of the same model compiled without the native
+# backend (its "portable name"), which every target shares.
 
 
-def on_local_miss(cache, token: str, path, data: bytes, opts):
-    """A model prepared from the local cache after a remote hit, or None: compile (holding
-    the fleet's lease on ``token`` when this machine got it)."""
+def portable_name(cache, token: str, source, opts) -> str:
+    """The token the quick stage of ``token`` is shared under remotely."""
+    from nncc.cache.stages import QUICK, stage_options
+    from nncc.cache.token import model_subject, token_context, token_of
+
+    quick = stage_options(opts, QUICK)
+    if quick == opts:
+        return token
+    subject = source.subject
+    if subject is None:
+        subject = source.subject = model_subject(source.path, source.bytes, (cache.directory,))
+    return token_of(subject, token_context(quick, cache.index)).hex()
+
+
+def remote_names(cache, token: str, source, opts, stage: str) -> tuple[list[tuple[str, str]], str]:
+    """([(remote name, the stage it is adopted as)] to look up, in order; the name this
+    machine publishes what it compiles under)."""
+    from nncc.cache.stages import OPTIMIZED, QUICK
+
+    if stage != QUICK:
+        return [(token, stage)], token
+    portable = portable_name(cache, token, source, opts)
+    if portable == token:
+        return [(token, QUICK)], token
+    return [(token, OPTIMIZED), (portable, QUICK)], portable  # this target's native entry first
+
+
+_publish_as: dict[str, str] = {}  # local token -> the remote name its entry is published under
+
+
+def on_local_miss(cache, token: str, source, opts, stage: str):
+    """``(model, stage)`` prepared from the local cache after a remote hit, or None:
+    compile ``stage`` (holding the fleet's lease on it when this machine got it)."""
     tier = active_tier()
     if tier is None:
         return None
     try:
-        model = _try_remote(tier, cache, token, path, data, opts)
-        if model is not None:
-            return model
-        lease = tier.acquire(token)
+        lookups, publish = remote_names(cache, token, source, opts, stage)
+        _publish_as[token] = publish
+        found = _try_all(tier, cache, token, lookups, source, opts)
+        if found is not None:
+            return found
+        lease = tier.acquire(publish)
         if lease is not None:
             return _compile_here(tier, cache, token, lease)
         from nncc.util import progress
@@ -107,16 +146,16 @@ def on_local_miss(cache, token: str, path, data: bytes, opts):
         deadline = time.monotonic() + tier.settings.wait_seconds
         while time.monotonic() < deadline:  # another machine compiles it: wait for its entry
             time.sleep(tier.settings.poll_seconds)
-            model = _try_remote(tier, cache, token, path, data, opts)
-            if model is not None:
-                return model
-            lease = tier.acquire(token)  # its holder released it or died (the lease expired)
+            found = _try_all(tier, cache, token, lookups, source, opts)
+            if found is not None:
+                return found
+            lease = tier.acquire(publish)  # its holder released it or died (the lease expired)
             if lease is not None:
                 # it may have uploaded just before releasing: look once more before compiling
-                model = _try_remote(tier, cache, token, path, data, opts)
-                if model is not None:
+                found = _try_all(tier, cache, token, lookups, source, opts)
+                if found is not None:
                     tier.release(lease)
-                    return model
+                    return found
                 return _compile_here(tier, cache, token, lease)
         warn(f"waited {tier.settings.wait_seconds:g} s for another machine to compile {token[:12]}; "
              "compiling here")
@@ -136,31 +175,44 @@ def _compile_here(tier, cache, token, lease):
     return None
 
 
-def _try_remote(tier, cache, token, path, data, opts):
+def _try_all(tier, cache, token, lookups, source, opts):
+    for name, stage in lookups:
+        model = _try_remote(tier, cache, token, name, stage, source, opts)
+        if model is not None:
+            return model, stage
+    return None
+
+
+def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter="remote_hits",
+                check_hashes=False):
     from nncc.cache.remote.tier import MissingPart
 
     try:
         # sizes are checked here; the hashes when the local write takes them (one hash, not two)
-        found = tier.fetch(token, check_hashes=False)
+        found = tier.fetch(name, check_hashes=check_hashes)
         if found is None:
             return None
         manifest, plan, payload = found
-        return adopt(cache, token, manifest, plan, payload, path=path, model_data=data, opts=opts)
+        return adopt(cache, token, manifest, plan, payload, path=None if source is None else source.path,
+                     model_data=None if source is None else source.bytes, opts=opts, counter=counter,
+                     stage=stage)
     except MissingPart:
         return None  # evicted or collected remotely: a plain miss
     except PoisonedEntry as exc:
-        reject(tier, cache, token, exc)
+        reject(tier, cache, name, exc)
         return None
 
 
 def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
-          counter: str = "remote_hits"):
-    """Store a verified remote entry in the local cache through its atomic write and index
-    commit, then prepare it from there (verified once more, as every local hit is). Native
-    code in it runs because the manifest's MAC verified under the team key and the plan's
-    bytes matched the hash it names, checked on the hashes the local write takes, before
-    the index row that makes the entry usable is committed: PoisonedEntry otherwise (the
-    files are removed). None when the local cache cannot store it."""
+          counter: str = "remote_hits", stage: str | None = None):
+    """Store a verified remote entry in the local cache under ``token`` (its remote name
+    may be another: a portable entry's), as ``stage`` (default: optimized when it carries
+    native code), through its atomic write and index commit, then prepare it from there
+    (verified once more, as every local hit is). Native code in it runs because the
+    manifest's MAC verified under the team key and the plan's bytes matched the hash it
+    names, checked on the hashes the local write takes, before the index row that makes
+    the entry usable is committed: PoisonedEntry otherwise (the files are removed). None
+    when the local cache cannot store it."""
     import json
     import os
 
@@ -171,6 +223,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     from nncc.cache.flows import load_entry
     from nncc.cache.index import Entry, IndexUnavailable
     from nncc.cache.remote.manifest import check_hash_of
+    from nncc.cache.stages import OPTIMIZED
     from nncc.plan.format import FORMAT_VERSION
     from nncc.util.interrupts import held_signals
 
@@ -178,6 +231,8 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
         warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
              f"(format {manifest.format_version}); not used")
         return None
+    if stage is None:
+        stage = OPTIMIZED if manifest.native else None
     committed = False
     try:
         plan_hash, data_hash = cache.write(token, plan, payload)
@@ -194,7 +249,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                 else None,
                 preference=opts.preference if opts is not None else None,
                 options=json.dumps(opts.as_dict(), sort_keys=True) if opts is not None else None,
-                created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds)
+                created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds, stage=stage)
             cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
             committed = True
         return load_entry(cache, entry)
@@ -210,6 +265,45 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                     pass
 
 
+# -- the optimized stage across the fleet ------------------------------------------------
+
+
+def fetch_optimized(cache, token: str, opts) -> bool:
+    """Before building ``token``'s native stage here: take this target's optimized entry
+    from the remote instead, if a machine of the same target published one. The caller
+    holds the token's exclusive local lock; True when the entry is now optimized."""
+    from nncc.cache.stages import OPTIMIZED
+
+    tier = active_tier()
+    if tier is None:
+        return False
+    try:
+        # hashes checked before the write: the quick entry's files are replaced only by verified ones
+        model = _try_remote(tier, cache, token, token, OPTIMIZED, opts=opts, counter="upgrades", check_hashes=True)
+    except RemoteFault as exc:
+        turn_off(tier, exc, cache)
+        return False
+    if model is None:
+        return False
+    _bump(cache, "remote_hits")
+    return True
+
+
+def publish_optimized(cache, token: str) -> None:
+    """After this machine built ``token``'s native stage: share it with its target."""
+    from nncc.cache.files import CacheEntryError
+
+    tier = active_tier()
+    if tier is None:
+        return
+    try:
+        push_entry(tier, cache, token)
+    except RemoteFault as exc:
+        turn_off(tier, exc, cache)
+    except CacheEntryError:
+        pass  # removed or replaced meanwhile: nothing to share
+
+
 # -- write-back --------------------------------------------------------------------------
 
 
@@ -217,12 +311,13 @@ def after_local_commit(cache, token: str) -> None:
     """Upload the entry just committed locally, then release the lease (if this machine
     held one). A fault is counted and warned about once; the run goes on."""
     held = _leases.pop(token, None)
+    name = _publish_as.pop(token, token)
     tier = active_tier() if held is None else held[0]
     if held is not None:
         held[2].stop()
     try:
         if tier is not None and not isinstance(_tiers.get(tier.settings.url), str):  # not turned off meanwhile
-            push_entry(tier, cache, token)
+            push_entry(tier, cache, token, name)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
     finally:
@@ -230,8 +325,9 @@ def after_local_commit(cache, token: str) -> None:
             _release(tier, held[1])
 
 
-def push_entry(tier, cache, token: str):
-    """Upload one committed local entry, read back and checked against its index row."""
+def push_entry(tier, cache, token: str, name: str | None = None):
+    """Upload one committed local entry, read back and checked against its index row,
+    under ``name`` (default: its token)."""
     from nncc.cache.files import CacheEntryError, read_entry_file
     from nncc.cache.remote.manifest import part_hash
     from nncc.plan.format import read_sections
@@ -245,7 +341,7 @@ def push_entry(tier, cache, token: str):
     if part_hash(plan) != entry.plan_hash or part_hash(payload) != entry.data_hash:
         raise CacheEntryError("corrupt", "does not match its recorded hashes")
     _, sections = read_sections(plan)
-    return tier.publish(token, plan, payload, native=b"CODE" in sections, nncc_version=entry.nncc_version,
+    return tier.publish(name or token, plan, payload, native=b"CODE" in sections, nncc_version=entry.nncc_version,
                         format_version=entry.format_version, compile_seconds=entry.compile_seconds)
 
 
