@@ -139,10 +139,59 @@ def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
     assert len(warned) == 1 and "rejected" in warned[0] and why in warned[0], warned
     stats = counters(tmp_path / "b")
     assert (stats["remote_rejected"], stats["remote_hits"]) == (1, 0)
-    # the honest compile replaced the planted entry: the next cold machine gets a good hit
-    healed, outcome = prepare(RESNET, cache_dir=tmp_path / "c")
+    if poison in (poison_wrong_mac, poison_other_token):
+        # a manifest this machine cannot verify is never replaced (it may be the team's, and
+        # this machine's key the wrong one): gc --remote, run with the team key, removes it
+        planted = remote.get(f"manifests/{token}")
+        _, outcome = prepare(RESNET, cache_dir=tmp_path / "c")
+        assert outcome.outcome == "miss" and remote.get(f"manifests/{token}") == planted
+        from nncc.cache.remote.gc import collect_remote
+        from nncc.cache.remote.settings import remote_settings
+        from nncc.cache.remote.tier import RemoteTier
+
+        tier = RemoteTier.open(remote_settings())
+        try:
+            collect_remote(tier)
+        finally:
+            tier.close()
+        _, outcome = prepare(RESNET, cache_dir=tmp_path / "d")
+        assert outcome.outcome == "miss"  # compiled, and this time shared
+    # a damaged part was written again by the honest compile (same bytes under the same hash)
+    healed, outcome = prepare(RESNET, cache_dir=tmp_path / "e")
     assert outcome.outcome == "remote hit"
     assert_correct(healed, RESNET)
+
+
+def test_a_machine_with_the_wrong_key_leaves_the_good_entry_intact(remote, tmp_path, monkeypatch, capfd):
+    token = _publish(tmp_path, RESNET, remote)
+    good = remote.get(f"manifests/{token}")
+    monkeypatch.setenv("NNCC_REMOTE_KEY", "another team's secret, 32 bytes or more")
+    flow._tiers.clear()  # a new run
+    capfd.readouterr()
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "wrong")
+    assert outcome.outcome == "miss"  # compiled for itself
+    assert_correct(model, RESNET)
+    warned = warnings_in(capfd.readouterr().err)
+    assert len(warned) == 1 and "does not verify" in warned[0] and "key" in warned[0], warned
+    assert remote.get(f"manifests/{token}") == good  # not uploaded over
+    monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
+    flow._tiers.clear()
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "right")
+    assert outcome.outcome == "remote hit"
+    assert_correct(model, RESNET)
+
+
+def test_entries_are_created_once_and_never_replaced(remote):
+    from nncc.cache.remote.settings import remote_settings
+    from nncc.cache.remote.tier import open_store
+
+    store = open_store(remote_settings())
+    try:
+        assert store.create("manifests/x", b"first") and not store.create("manifests/x", b"second")
+        assert remote.get("manifests/x") == b"first" and store.exists("manifests/x")
+        assert not store.exists("manifests/y")
+    finally:
+        store.close()
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -158,18 +207,40 @@ def test_without_a_key_the_tier_is_off_with_one_warning(remote, tmp_path, monkey
     assert remote.keys("manifests/") == []  # nothing was uploaded without the key
 
 
-def test_key_file(remote, tmp_path, monkeypatch):
+def test_key_file(remote, tmp_path, monkeypatch, cli):
     key_file = tmp_path / "team.key"
-    key_file.write_text(KEY + "\n")
+    code, out, _ = cli("cache", "remote", "keygen", key_file)
+    assert code == 0 and out.strip() == str(key_file)
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_text().strip()) == 64
+    code, _, err = cli("cache", "remote", "keygen", key_file)  # a key is never replaced
+    assert code == 2 and "exists" in err
     monkeypatch.delenv("NNCC_REMOTE_KEY")
     monkeypatch.setenv("NNCC_REMOTE_KEY_FILE", str(key_file))
     _publish(tmp_path, MLP, remote)
     _, outcome = prepare(MLP, cache_dir=tmp_path / "b")
     assert outcome.outcome == "remote hit"
-    key_file.write_text("another team\n")  # entries signed by one team are not another's
+    other = tmp_path / "other.key"  # entries signed by one team are not another's
+    cli("cache", "remote", "keygen", other)
+    monkeypatch.setenv("NNCC_REMOTE_KEY_FILE", str(other))
     flow._tiers.clear()
     _, outcome = prepare(MLP, cache_dir=tmp_path / "c")
     assert outcome.outcome == "miss"
+
+
+@pytest.mark.parametrize("how", ["short key", "short key file", "readable key file"])
+def test_weak_keys_and_readable_key_files_are_refused(tmp_path, monkeypatch, cli, how):
+    monkeypatch.setenv("NNCC_REMOTE", f"file://{tmp_path}")
+    key_file = tmp_path / "team.key"
+    if how == "short key":
+        monkeypatch.setenv("NNCC_REMOTE_KEY", "a")
+    else:
+        key_file.write_text("a" * 31 + "\n" if how == "short key file" else KEY + "\n")
+        key_file.chmod(0o600 if how == "short key file" else 0o644)
+        monkeypatch.setenv("NNCC_REMOTE_KEY_FILE", str(key_file))
+    code, _, err = cli("run", MLP, "--random-inputs", "--cache-dir", tmp_path / "a")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("nncc: error:"), err
+    assert ("chmod 600" in err) if how == "readable key file" else ("at least 32" in err and "keygen" in err)
+    assert not (tmp_path / "manifests").exists()  # nothing was shared under a key others may know
 
 
 def test_unknown_scheme_and_missing_client_are_one_clear_error(tmp_path, monkeypatch, cli):

@@ -554,6 +554,23 @@ def push(tokens, cache_dir, trust_shared, as_json):
         cache_remote.push(c, [_resolve_prefix(c, t) for t in tokens], as_json)
 
 
+@cache.group("remote", cls=WholeSummaries)
+def remote():
+    """Set up the remote tier a fleet shares (docs/cache.md)."""
+
+
+@remote.command("keygen")
+@click.argument("path", type=click.Path(dir_okay=False), required=False)
+@json_option
+@verbosity_options
+def keygen(path, as_json):
+    """Write a fresh random team key to PATH (default: remote.key in the user config
+    folder), mode 600; an existing file is never replaced."""
+    from nncc.cli import cache_remote
+
+    cache_remote.keygen(path, as_json)
+
+
 @cache.command("pull")
 @click.argument("tokens", nargs=-1, required=True)
 @cache_dir_option

@@ -1,5 +1,6 @@
 """`nncc cache push` and `nncc cache pull`: move entries between the local cache and the
-remote tier by hand; and the remote parts of `cache info` and `cache gc --remote`."""
+remote tier by hand; `nncc cache remote keygen`; and the remote parts of `cache info` and
+`cache gc --remote`."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def remote_fault(tier, exc) -> NnccError:
 
 
 def push(cache, tokens, as_json: bool) -> None:
-    from nncc.cache.remote.errors import RemoteFault
+    from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
     from nncc.cache.remote.flow import push_entry
     from nncc.cache.files import CacheEntryError
 
@@ -50,6 +51,9 @@ def push(cache, tokens, as_json: bool) -> None:
                 pushed.append(token)
             except CacheEntryError as exc:
                 failed.append({"token": token, "reason": exc.detail})
+            except PoisonedEntry as exc:
+                failed.append({"token": token, "reason": f"the remote holds an entry that does not verify "
+                                                         f"under your key ({exc}); left as it is"})
     except RemoteFault as exc:
         raise remote_fault(tier, exc) from None
     finally:
@@ -133,3 +137,28 @@ def remote_info() -> dict | None:
         return {"url": shown(settings.url), "state": f"unreachable: {exc}"}
     finally:
         tier.close()
+
+
+def keygen(path: str | None, as_json: bool) -> None:
+    import os
+
+    from nncc.cache.remote.settings import write_key_file
+
+    if path is None:
+        import platformdirs
+
+        path = os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), "remote.key")
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        write_key_file(path)
+    except FileExistsError:
+        raise RemoteCommandError(f"{path} exists; a key file is never replaced (remove it first, "
+                                 "or name another file)") from None
+    except OSError as exc:
+        raise RemoteCommandError(f"cannot write the key file {path}: {exc.strerror or exc}") from None
+    if as_json:
+        emit_json({"key_file": path})
+    else:
+        click.echo(path)
+    status(f"nncc: wrote a new remote key to {path} (mode 600). Use it with `nncc config set remote.key_file "
+           f"{path}` and give the fleet's machines a copy over a secure channel")

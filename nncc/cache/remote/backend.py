@@ -1,5 +1,5 @@
-"""What a remote store must do: whole objects by key, create-only leases that expire, and
-listing. Each store (file, Redis, S3) maps these onto its engine; the tier above never
+"""What a remote store must do: whole objects by key (replaced, or created only where there
+is none), create-only leases that expire, and listing. Each store (file, Redis, S3) maps these onto its engine; the tier above never
 knows which one it talks to. Every failure of the engine is raised as RemoteFault."""
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ class RemoteStore:
     def put(self, key: str, data) -> None:
         """Store a whole object; readers see the old one or all of the new one, never part."""
         raise NotImplementedError
+
+    def create(self, key: str, data) -> bool:
+        """Store a whole object only if there is none under ``key`` (one atomic step: a
+        file linked into place, SET NX, a PUT with If-None-Match). False when one is there:
+        it is never replaced."""
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        return self.get(key) is not None
 
     def delete(self, key: str) -> None:
         raise NotImplementedError

@@ -58,6 +58,37 @@ class FileStore(RecordedLeases, RemoteStore):
                 pass
             raise self._fault(exc, f"cannot write {key}") from None
 
+    def create(self, key: str, data) -> bool:
+        """The complete file is linked into place (link fails where a name exists), so a
+        reader sees no object or the whole one, and an existing one is never replaced."""
+        self._check_root()
+        path = self._path(key)
+        tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        except OSError as exc:
+            raise self._fault(exc, f"cannot create {key}") from None
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def exists(self, key: str) -> bool:
+        if os.path.exists(self._path(key)):
+            return True
+        self._check_root()
+        return False
+
     def delete(self, key: str) -> None:
         try:
             os.unlink(self._path(key))

@@ -79,13 +79,15 @@ def _bump(cache, counter: str) -> None:
         pass  # statistics only
 
 
-def reject(tier, cache, token: str, exc: PoisonedEntry) -> None:
-    """A remote entry that does not verify: reported, counted (once per run), never used."""
+def reject(tier, cache, token: str, exc: PoisonedEntry, kept: bool = False) -> None:
+    """A remote entry that does not verify: reported, counted (once per run), never used,
+    never replaced."""
     if (tier.url, token) in _rejected:
         return
     _rejected.add((tier.url, token))
     _bump(cache, "remote_rejected")
-    warn(f"remote cache entry {token[:12]} at {tier.url} rejected: {exc}; not used")
+    warn(f"remote cache entry {token[:12]} at {tier.url} rejected: {exc}; not used"
+         + (", and not replaced" if kept else "") + " (check that your remote key is the team's)")
 
 
 # -- read-through ------------------------------------------------------------------------
@@ -137,30 +139,30 @@ def on_local_miss(cache, token: str, source, opts, stage: str):
         found = _try_all(tier, cache, token, lookups, source, opts)
         if found is not None:
             return found
-        lease = tier.acquire(publish)
-        if lease is not None:
-            return _compile_here(tier, cache, token, lease)
-        from nncc.util import progress
-
-        progress.describe(f"waiting for another machine compiling {token[:12]}")
-        deadline = time.monotonic() + tier.settings.wait_seconds
-        while time.monotonic() < deadline:  # another machine compiles it: wait for its entry
-            time.sleep(tier.settings.poll_seconds)
-            found = _try_all(tier, cache, token, lookups, source, opts)
-            if found is not None:
-                return found
-            lease = tier.acquire(publish)  # its holder released it or died (the lease expired)
+        deadline = None
+        while True:
+            lease = tier.acquire(publish)  # free: nobody compiles it, or its holder released it or died
             if lease is not None:
-                # it may have uploaded just before releasing: look once more before compiling
+                # its holder may have uploaded just before releasing: look once more before compiling
                 found = _try_all(tier, cache, token, lookups, source, opts)
                 if found is not None:
                     tier.release(lease)
                     return found
                 return _compile_here(tier, cache, token, lease)
-        warn(f"waited {tier.settings.wait_seconds:g} s for another machine to compile {token[:12]}; "
-             "compiling here")
-        _bump(cache, "remote_misses")
-        return None
+            if deadline is None:
+                from nncc.util import progress
+
+                progress.describe(f"waiting for another machine compiling {token[:12]}")
+                deadline = time.monotonic() + tier.settings.wait_seconds
+            if time.monotonic() >= deadline:
+                warn(f"waited {tier.settings.wait_seconds:g} s for another machine to compile {token[:12]}; "
+                     "compiling here")
+                _bump(cache, "remote_misses")
+                return None
+            time.sleep(tier.settings.poll_seconds)  # another machine compiles it: wait for its entry
+            found = _try_all(tier, cache, token, lookups, source, opts)
+            if found is not None:
+                return found
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
         return None
@@ -300,6 +302,8 @@ def publish_optimized(cache, token: str) -> None:
         push_entry(tier, cache, token)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
+    except PoisonedEntry as exc:
+        reject(tier, cache, token, exc, kept=True)
     except CacheEntryError:
         pass  # removed or replaced meanwhile: nothing to share
 
@@ -320,6 +324,8 @@ def after_local_commit(cache, token: str) -> None:
             push_entry(tier, cache, token, name)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
+    except PoisonedEntry as exc:  # an entry this machine cannot verify stays as it is
+        reject(tier, cache, name, exc, kept=True)
     finally:
         if held is not None:
             _release(tier, held[1])

@@ -51,6 +51,12 @@ class RedisStore(RemoteStore):
     def put(self, key: str, data) -> None:
         self._call("SET", lambda r: r.set(PREFIX + key, bytes(data)))
 
+    def create(self, key: str, data) -> bool:
+        return bool(self._call("SET NX", lambda r: r.set(PREFIX + key, bytes(data), nx=True)))
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call("EXISTS", lambda r: r.exists(PREFIX + key)))
+
     def delete(self, key: str) -> None:
         self._call("DEL", lambda r: r.delete(PREFIX + key))
 

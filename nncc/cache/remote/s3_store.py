@@ -118,6 +118,14 @@ class S3Store(RecordedLeases, RemoteStore):
         if status not in (200, 201):
             raise self._fail("PUT", key, status, body)
 
+    def create(self, key: str, data) -> bool:
+        status, _, body = self._request("PUT", key, body=bytes(data), headers={"If-None-Match": "*"})
+        if status in (409, 412):
+            return False
+        if status not in (200, 201):
+            raise self._fail("PUT", key, status, body)
+        return True
+
     def delete(self, key: str) -> None:
         status, _, body = self._request("DELETE", key)
         if status not in (200, 204, 404):

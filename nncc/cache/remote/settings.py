@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from nncc.cache.remote.errors import RemoteConfigError
+
 ENV_URL = "NNCC_REMOTE"
 ENV_KEY_FILE = "NNCC_REMOTE_KEY_FILE"
 ENV_KEY = "NNCC_REMOTE_KEY"
@@ -38,23 +40,75 @@ def use_remote(url: str | None) -> None:
     _flag_url = url or None
 
 
+MIN_KEY_BYTES = 32  # manifests and their MACs sit in the store: a short key is guessed offline
+
+
 def _key() -> tuple[bytes | None, str | None]:
+    """(the team secret, None), or (None, why there is none: the tier is then off with one
+    warning). A weak key, or a key file others can read, is refused: RemoteConfigError."""
     from nncc.settings import value
 
     path = value("remote.key_file")
     if path:
-        try:
-            with open(path, "rb") as f:
-                secret = f.read().strip()
-        except OSError as exc:
-            return None, f"cannot read the key file ${ENV_KEY_FILE}={path}: {exc.strerror or exc}"
+        secret, problem = read_key_file(path)
+        where = f"the key file {path}"
+        if problem:
+            return None, problem
+    else:
+        secret = os.environ.get(ENV_KEY, "").strip().encode()
+        where = f"${ENV_KEY}"
         if not secret:
-            return None, f"the key file ${ENV_KEY_FILE}={path} is empty"
-        return secret, None
-    secret = os.environ.get(ENV_KEY, "").strip().encode()
-    if secret:
-        return secret, None
-    return None, f"no key: set ${ENV_KEY_FILE} or ${ENV_KEY} to the team's secret"
+            return None, f"no key: set ${ENV_KEY_FILE} or ${ENV_KEY} to the team's secret"
+    if len(secret) < MIN_KEY_BYTES:
+        raise RemoteConfigError(f"the remote key in {where} is {len(secret)} bytes, too short to keep the "
+                                f"fleet's entries safe: use at least {MIN_KEY_BYTES} random bytes "
+                                "(`nncc cache remote keygen` writes a key file)")
+    return secret, None
+
+
+def read_key_file(path: str) -> tuple[bytes | None, str | None]:
+    """(secret, None), or (None, why it cannot be read). A file that is not the user's own
+    regular file, or that group or others may read or write, is refused (RemoteConfigError):
+    whoever reads it can publish native code the fleet runs."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f"cannot read the key file ${ENV_KEY_FILE}={path}: {exc.strerror or exc}"
+    try:
+        st = os.fstat(fd)  # of the file opened: a rename after the check changes nothing
+        if not stat.S_ISREG(st.st_mode):
+            raise RemoteConfigError(f"the remote key file {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise RemoteConfigError(f"the remote key file {path} is owned by user id {st.st_uid}, not by you; "
+                                    "keep your own copy of the key, mode 600")
+        if st.st_mode & 0o077:
+            raise RemoteConfigError(f"the remote key file {path} is readable or writable by others (mode "
+                                    f"{stat.S_IMODE(st.st_mode):04o}): run chmod 600 {path}, and make a new "
+                                    "team key if others could read it")
+        secret = os.read(fd, 1 << 16).strip()
+    finally:
+        os.close(fd)
+    if not secret:
+        return None, f"the key file ${ENV_KEY_FILE}={path} is empty"
+    return secret, None
+
+
+def write_key_file(path: str) -> None:
+    """A fresh random key (32 bytes, as 64 hex digits) in a new file of mode 0600; an
+    existing file is never replaced (FileExistsError)."""
+    import secrets
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.write(fd, secrets.token_hex(MIN_KEY_BYTES).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remote_settings() -> RemoteSettings:

@@ -7,8 +7,9 @@ Layout (keys in the store)::
     manifests/<token>               MAC line + JSON body naming the parts (manifest.py)
     leases/<token>                  who is compiling this token right now
 
-Writers upload the parts first and the manifest last: a reader finds no manifest, or a
-manifest whose parts are all there. Parts are named by their content, so two machines
+Writers upload the parts first and the manifest last, create-only: a reader finds no
+manifest, or a manifest whose parts are all there, and no writer replaces a manifest it
+cannot verify (``publish``). Parts are named by their content, so two machines
 uploading the same part write the same bytes.
 """
 
@@ -104,11 +105,32 @@ class RemoteTier:
 
     def publish(self, token: str, plan: bytes, data, *, native: bool, nncc_version: str,
                 format_version: int, compile_seconds: float | None) -> mf.Manifest:
+        """Share an entry under ``token`` without ever spoiling one that is there:
+
+        * a manifest that does not verify under this machine's key is left alone
+          (PoisonedEntry): it may be the team's, and this machine's key the wrong one;
+          ``nncc cache gc --remote`` run with the team key removes a planted one;
+        * a manifest that verifies and names these very parts stands; the parts are
+          written again (content-addressed: the same bytes), which heals a part that was
+          damaged or lost;
+        * one that verifies but names other parts stands too, unless one of its parts is
+          gone: then it is removed and this one created in its place;
+        * the manifest is written create-only, so of two writers racing one wins whole.
+        """
         parts = (mf.Part("plan", mf.part_hash(plan), len(plan)), mf.Part("data", mf.part_hash(data), len(data)))
+        existing = self.manifest(token)  # PoisonedEntry: not ours to replace
+        if existing is not None and set(existing.parts) != set(parts):
+            if all(self.store.exists(f"parts/{p.hash}") for p in existing.parts):
+                return existing
+            self.store.delete(f"manifests/{token}")  # its parts are gone: an entry nobody can use
+            existing = None
         for part, payload in zip(parts, (plan, data)):
             self.store.put(f"parts/{part.hash}", payload)
+        if existing is not None:
+            return existing
         manifest = mf.Manifest(token, parts, native, nncc_version, format_version, time.time(), compile_seconds)
-        self.store.put(f"manifests/{token}", mf.encode(manifest, self.key))  # last: the entry appears whole
+        if not self.store.create(f"manifests/{token}", mf.encode(manifest, self.key)):  # last: it appears whole
+            return self.manifest(token)  # another writer's won
         return manifest
 
     def remove(self, token: str) -> None:
