@@ -104,6 +104,49 @@ def black_hole():
         s.close()
 
 
+@contextlib.contextmanager
+def slow_drip(reply: bytes):
+    """A port that answers every connection with ``reply`` one byte a second, forever: a
+    socket read never waits long enough to trip a per-read time-out. Yields (port, the
+    number of connections the client closed)."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+    closed = []
+
+    def drip(conn):
+        with conn:
+            for i in range(10_000):
+                if stop.wait(1.0 if i else 0.0):
+                    return
+                try:
+                    conn.sendall(reply[i % len(reply):i % len(reply) + 1])
+                except OSError:
+                    closed.append(1)  # the client hung up: it gave up waiting
+                    return
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], closed
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
 class Remote:
     """One remote store for a test: its URL, the environment that selects it, and raw
     access to its objects through a client independent of nncc."""

@@ -39,12 +39,14 @@ class CacheOutcome:
     evicted: Evicted | None = None  # what the size and age bounds removed after this store
     stage: str | None = None  # the cache entry's stage: "quick" or "optimized" (stages.py)
     upgrade: str | None = None  # a background build of the optimized stage started: "process" | "thread"
+    remote_seconds: float | None = None  # of ``seconds``, the time spent on the remote tier (None: none asked)
+    remote_note: str | None = None  # why the remote tier went off during this prepare ("timed out", "failed")
 
     def as_dict(self) -> dict:
         return {"outcome": self.outcome, "token": self.token, "seconds": self.seconds,
                 "directory": self.directory, "detail": self.detail,
                 "evicted": self.evicted.as_dict() if self.evicted else None, "stage": self.stage,
-                "upgrade": self.upgrade}
+                "upgrade": self.upgrade, "remote_seconds": self.remote_seconds, "remote_note": self.remote_note}
 
 
 class ModelSource:
@@ -245,14 +247,16 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
             if rejected is not None:
                 warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
                 cache.remove(token, counter="corruptions", lock=held)
-            from nncc.cache.remote.flow import after_local_commit, on_local_miss
+            from nncc.cache.remote.flow import after_local_commit, on_local_miss, remote_state
 
             stage = policy.miss_stage()
+            remote_started = time.perf_counter()
             found = on_local_miss(cache, token, source, policy.opts, stage)  # the remote tier
+            remote_seconds = time.perf_counter() - remote_started
             if found is not None:
                 model, adopted = found
                 return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory,
-                                           stage=adopted)
+                                           stage=adopted, remote_seconds=remote_seconds)
             opts = policy.options_for(stage)
             from nncc.cache.objects import objects_in, record_entry_objects
 
@@ -277,7 +281,10 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
             record_entry_objects(cache, token, plan)  # gc keeps the objects a live entry needs
             cache_stats.record_miss(cache, token, source.bytes, policy.opts, rejected is not None, compile_seconds)
             policy.record_build(cache, token, plan)
+            remote_started = time.perf_counter()
             after_local_commit(cache, token)  # write-back to the remote tier, if any
+            remote_seconds += time.perf_counter() - remote_started
+            remote_note = remote_state()
     if hit:
         return policy.after_hit(cache, token, source, model, start)  # outside the lock: it may take it
     outcome = "recompiled" if rejected else "miss"
@@ -288,7 +295,8 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
         pass  # gc is housekeeping: it never fails a run
     detail = rejected.detail if rejected else None
     return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted,
-                               stage=stage)
+                               stage=stage, remote_seconds=None if remote_note is None else remote_seconds,
+                               remote_note=remote_note or None)
 
 
 class _locked:

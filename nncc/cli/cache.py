@@ -63,15 +63,22 @@ def report_cache(outcome) -> None:
     """One line on stderr: what the cache did and how long preparing took."""
     ms = outcome.seconds * 1000
     token = f" {outcome.token[:12]}" if outcome.token else ""
+    remote = getattr(outcome, "remote_seconds", None)
+    wait = ""
+    if remote is not None and outcome.outcome != "remote hit":
+        # the remote's wait is not compile time: "remote wait 2.0 s (timed out); compiled ..."
+        note = getattr(outcome, "remote_note", None)
+        wait = f"remote wait {remote:.1f} s" + (f" ({note})" if note else "") + "; "
+        ms = max(0.0, ms - remote * 1000)
     text = {
         "hit": f"cache hit{token}: prepared from the cache in {ms:.1f} ms",
         "remote hit": f"remote hit{token}: fetched from the remote cache, verified, stored and prepared "
                       f"in {ms:.1f} ms",
-        "miss": f"cache miss{token}: compiled and stored in {ms:.1f} ms",
-        "recompiled": f"cache entry{token} was rejected: recompiled and stored in {ms:.1f} ms",
+        "miss": f"cache miss{token}: {wait}compiled and stored in {ms:.1f} ms",
+        "recompiled": f"cache entry{token} was rejected: {wait}recompiled and stored in {ms:.1f} ms",
         "unavailable": f"cache unavailable: compiled in memory in {ms:.1f} ms",
         "disabled": f"cache disabled: compiled in {ms:.1f} ms",
-        "not-stored": f"cache miss{token}: compiled in {ms:.1f} ms, not stored (over the size limit)",
+        "not-stored": f"cache miss{token}: {wait}compiled in {ms:.1f} ms, not stored (over the size limit)",
     }.get(outcome.outcome, f"cache {outcome.outcome}{token} in {ms:.1f} ms")
     if getattr(outcome, "stage", None):
         text += f" ({outcome.stage} stage)"

@@ -18,3 +18,7 @@ class RemoteFault(Exception):
 
 class PoisonedEntry(Exception):
     """A remote entry that does not verify: never used; reported and counted."""
+
+
+class RemoteTimeout(RemoteFault):
+    """A remote operation did not finish within its deadline."""

@@ -30,6 +30,7 @@ from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
 _warned: set[str] = set()
+_faults: dict[str, str] = {}  # url -> "timed out" | "failed", for the status line
 _rejected: set[tuple[str, str]] = set()  # (url, token) already reported this run
 _leases: dict[str, tuple[object, object, "_Heartbeat"]] = {}  # token -> (tier, lease, heartbeat)
 
@@ -62,8 +63,13 @@ def active_tier():
 
 
 def turn_off(tier, exc: BaseException, cache=None) -> None:
-    """A fault: count it, say so once, and use only the local cache for the rest of the run."""
+    """A fault: count it, say so once, and use only the local cache for the rest of the run
+    (nothing more is asked of that remote: not even a lease's release, which would only
+    wait for it again)."""
+    from nncc.cache.remote.errors import RemoteTimeout
+
     _tiers[tier.settings.url] = str(exc)
+    _faults[tier.settings.url] = "timed out" if isinstance(exc, RemoteTimeout) else "failed"
     _bump(cache, "remote_errors")
     _warn_once(tier.settings.url, f"remote cache {tier.url} failed ({exc}); going on with the local cache only")
 
@@ -352,10 +358,26 @@ def push_entry(tier, cache, token: str, name: str | None = None):
 
 
 def _release(tier, lease) -> None:
+    if isinstance(_tiers.get(tier.settings.url), str):
+        return  # the remote failed: it expires by itself, and asking would wait again
     try:
         tier.release(lease)
     except RemoteFault:
         pass  # it expires by itself
+
+
+def remote_state() -> str | None:
+    """For the status line: None when no remote tier is configured, else "" (working), or
+    why it is off ("timed out", "failed", "off")."""
+    from nncc.cache.remote.settings import configured_url
+
+    url = configured_url()
+    if url is None:
+        return None
+    known = _tiers.get(url)
+    if isinstance(known, str):
+        return _faults.get(url, "off")
+    return ""
 
 
 @atexit.register

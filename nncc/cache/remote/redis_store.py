@@ -42,8 +42,8 @@ class RedisStore(RemoteStore):
     def _call(self, what: str, fn):
         try:
             return fn(self._client)
-        except self._errors as exc:
-            raise RemoteFault(f"Redis {what} failed: {exc}") from None
+        except Exception as exc:  # the client's own errors, and any other it lets out
+            raise RemoteFault(f"Redis {what} failed: {exc or type(exc).__name__}") from None
 
     def get(self, key: str) -> bytes | None:
         return self._call("GET", lambda r: r.get(PREFIX + key))

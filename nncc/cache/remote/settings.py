@@ -111,6 +111,12 @@ def write_key_file(path: str) -> None:
         os.close(fd)
 
 
+def configured_url() -> str | None:
+    from nncc.settings import value
+
+    return value("remote.url", _flag_url, "--remote")
+
+
 def remote_settings() -> RemoteSettings:
     from nncc.settings import value
 

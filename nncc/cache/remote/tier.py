@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from nncc.cache.remote import manifest as mf
 from nncc.cache.remote.backend import RemoteStore
+from nncc.cache.remote.deadline import allowance, bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError
 from nncc.cache.remote.settings import RemoteSettings
 
@@ -94,17 +95,27 @@ class RemoteTier:
         return data
 
     def fetch(self, token: str, check_hashes: bool = True) -> tuple[mf.Manifest, bytes, bytes] | None:
-        """(manifest, model cache bytes, data cache bytes), verified, or None."""
-        manifest = self.manifest(token)
+        """(manifest, model cache bytes, data cache bytes), verified, or None. Within one
+        deadline: ``remote.timeout``, plus time to move the parts (deadline.py)."""
+        timeout = self.settings.timeout
+        started = time.monotonic()
+        manifest = bounded(f"reading remote entry {token[:12]}", timeout, lambda: self.manifest(token))
         if manifest is None:
             return None
-        return (manifest, self.part(manifest.part("plan"), check_hashes),
-                self.part(manifest.part("data"), check_hashes))
+        left = max(0.0, timeout - (time.monotonic() - started)) + allowance(0.0, manifest.size)
+        return (manifest, *bounded(f"reading remote entry {token[:12]}", left, lambda: (
+            self.part(manifest.part("plan"), check_hashes), self.part(manifest.part("data"), check_hashes))))
 
     # -- writing ---------------------------------------------------------------------
 
-    def publish(self, token: str, plan: bytes, data, *, native: bool, nncc_version: str,
-                format_version: int, compile_seconds: float | None) -> mf.Manifest:
+    def publish(self, token: str, plan: bytes, data, **about) -> mf.Manifest:
+        """``write_entry`` within one deadline: ``remote.timeout`` plus time to move the parts."""
+        return bounded(f"writing remote entry {token[:12]}",
+                       allowance(self.settings.timeout, len(plan) + len(data)),
+                       lambda: self.write_entry(token, plan, data, **about))
+
+    def write_entry(self, token: str, plan: bytes, data, *, native: bool, nncc_version: str,
+                    format_version: int, compile_seconds: float | None) -> mf.Manifest:
         """Share an entry under ``token`` without ever spoiling one that is there:
 
         * a manifest that does not verify under this machine's key is left alone
@@ -140,15 +151,18 @@ class RemoteTier:
     # -- leases: one compile across the fleet ----------------------------------------
 
     def acquire(self, token: str) -> Lease | None:
-        if self.store.acquire_lease(f"leases/{token}", self.owner, self.settings.lease_seconds):
+        if bounded("taking a compile lease", self.settings.timeout, lambda: self.store.acquire_lease(
+                f"leases/{token}", self.owner, self.settings.lease_seconds)):
             return Lease(token, self.owner)
         return None
 
     def renew(self, lease: Lease) -> bool:
-        return self.store.renew_lease(f"leases/{lease.token}", lease.owner, self.settings.lease_seconds)
+        return bounded("renewing a compile lease", self.settings.timeout, lambda: self.store.renew_lease(
+            f"leases/{lease.token}", lease.owner, self.settings.lease_seconds))
 
     def release(self, lease: Lease) -> None:
-        self.store.release_lease(f"leases/{lease.token}", lease.owner)
+        bounded("releasing a compile lease", self.settings.timeout,
+                lambda: self.store.release_lease(f"leases/{lease.token}", lease.owner))
 
     # -- listing ---------------------------------------------------------------------
 
