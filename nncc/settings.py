@@ -156,13 +156,65 @@ def _seconds(raw) -> float:
     return value
 
 
+REMOTE_URL_HELP = "use a URL such as file:///shared/nncc, redis://host:6379/0 or s3://bucket/prefix"
+
+
 def _url(raw) -> str | None:
+    """A remote tier's URL, checked as far as it can be without connecting: a scheme nncc
+    has a store for, and what that store needs (a host and a db number, a bucket, an
+    absolute path)."""
+    import urllib.parse
+
     text = str(raw).strip()
     if text.lower() in ("", "off", "none"):
         return None
     if not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", text, re.I):
-        raise ValueError("use a URL such as file:///shared/nncc, redis://host:6379/0 or s3://bucket/prefix")
+        raise ValueError(REMOTE_URL_HELP)
+    parts = urllib.parse.urlsplit(text)
+    scheme = parts.scheme.lower()
+    try:
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError:
+        raise ValueError("its port is not a number from 0 to 65535") from None
+    if scheme in ("redis", "rediss"):
+        if not parts.hostname:
+            raise ValueError("a Redis remote is redis://host:port/db: name the host")
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"the Redis db {db!r} is not a number (redis://host:port/0)")
+    elif scheme == "s3":
+        if not parts.netloc:
+            raise ValueError("an S3 remote is s3://bucket/prefix: name the bucket")
+    elif scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ValueError("a shared-folder remote is file:///absolute/path")
+    else:
+        raise ValueError(f"unknown scheme {scheme!r}: {REMOTE_URL_HELP}")
     return text
+
+
+def _seconds_between(low: float, high: float) -> Callable:
+    """A number of seconds from ``low`` to ``high``."""
+    why = f"use a number of seconds from {low:g} to {high:g}"
+
+    def check(raw):
+        try:
+            value = _seconds(raw)
+        except ValueError:
+            raise ValueError(why) from None
+        if not low <= value <= high:
+            raise ValueError(why)
+        return value
+
+    return check
+
+
+def masked(text):
+    """``text`` with the password of any URL in it replaced by ``***``
+    (redis://:secret@host -> redis://:***@host): for every output, JSON included."""
+    if not isinstance(text, str) or "@" not in text:
+        return text
+    return re.sub(r"(\b[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text, flags=re.I)
 
 
 # -- the table of settings -------------------------------------------------------------------
@@ -213,11 +265,14 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "shared remote cache tier (file://, redis:// or s3:// URL; unset: none)"),
     Setting("remote.key_file", "remote key file", "NNCC_REMOTE_KEY_FILE", None, _file,
             "file holding the remote tier's shared secret key"),
-    Setting("remote.timeout", "timeout", "NNCC_REMOTE_TIMEOUT", "2", _seconds,
-            "seconds the remote tier may take to connect and to answer each request"),
-    Setting("remote.lease", "timeout", "NNCC_REMOTE_LEASE", "60", _seconds,
+    Setting("remote.trust_native", "switch", "NNCC_REMOTE_TRUST_NATIVE", "no", _switch,
+            "run native code from the remote tier (built by any holder of the team key); "
+            "off: its portable plans run and native code is built here"),
+    Setting("remote.timeout", "timeout", "NNCC_REMOTE_TIMEOUT", "2", _seconds_between(0.1, 600),
+            "seconds one remote operation may take in all (plus a second per 10 MiB it moves)"),
+    Setting("remote.lease", "timeout", "NNCC_REMOTE_LEASE", "60", _seconds_between(1, 86400),
             "seconds a compile lease lives unless its holder renews it"),
-    Setting("remote.wait", "timeout", "NNCC_REMOTE_WAIT", "300", _seconds,
+    Setting("remote.wait", "timeout", "NNCC_REMOTE_WAIT", "300", _seconds_between(0.1, 86400),
             "seconds a machine waits for another one's compile of the same model"),
 )}
 
@@ -298,8 +353,8 @@ def check(setting: Setting | str, raw, where: str):
 
 
 def bad_value(what: str, raw, where: str, why: str) -> SettingError:
-    """The one message for a bad value, whatever its source."""
-    return SettingError(f"bad {what} {raw!r} in {where}: {why}", hint=_fix_hint(where))
+    """The one message for a bad value, whatever its source (a URL's password masked)."""
+    return SettingError(f"bad {what} {masked(raw)!r} in {where}: {why}", hint=_fix_hint(where))
 
 
 def _fix_hint(where: str) -> str | None:
@@ -371,3 +426,14 @@ def cache_settings(cache_dir_flag=None) -> CacheSettings:
     size = resolve("cache.max_size")
     return CacheSettings(cache_dir(cache_dir_flag), size.value, value("cache.max_age"),
                          value("cache.hash_mode"), size.where)
+
+
+REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",
+               "remote.wait")
+
+
+def check_remote_settings() -> None:
+    """Every remote setting, checked when a command starts rather than on its first
+    local miss: a bad one is a SettingError (one line, exit 2) before anything runs."""
+    for key in REMOTE_KEYS:
+        resolve(key)

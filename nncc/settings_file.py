@@ -63,7 +63,7 @@ def _copy(tables: dict) -> dict:
 
 
 def write(path: str, tables: dict) -> None:
-    """Write ``tables`` as TOML to ``path`` atomically, keeping the file's mode."""
+    """Write ``tables`` as TOML to ``path`` atomically, mode 0600."""
     from nncc.util.atomic import write_atomic
 
     text = dumps(tables)
@@ -71,11 +71,7 @@ def write(path: str, tables: dict) -> None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     except OSError as exc:
         raise SettingError(f"cannot create the folder of the config file {path}: {exc.strerror or exc}") from None
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except OSError:
-        mode = None
-    write_atomic(path, text.encode("utf-8"), mode)
+    write_atomic(path, text.encode("utf-8"), 0o600)  # it may name a remote with its password
 
 
 def dumps(tables: dict) -> str:

@@ -59,7 +59,8 @@ def test_run_miss_hit_and_no_cache(cli, cache_dir, tmp_path):
     assert code == 0 and json.loads(out)["cache"] == {"outcome": "disabled", "token": None,
                                                        "seconds": json.loads(out)["cache"]["seconds"],
                                                        "directory": None, "detail": None, "evicted": None,
-                                                       "stage": None, "upgrade": None}
+                                                       "stage": None, "upgrade": None,
+                                                       "remote_seconds": None, "remote_note": None}
     assert "cache disabled" in err
     assert [e.hits for e in entries(cache_dir)] == [1]
 

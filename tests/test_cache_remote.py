@@ -23,15 +23,15 @@ def counters(cache_dir) -> dict[str, int]:
         return c.index.counters()
 
 
-def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd):
+def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("NNCC_REMOTE_TRUST_NATIVE", "yes")  # the fleet runs the team key's native code
     compiled, first = prepare(RESNET, cache_dir=tmp_path / "a", stage="optimized")  # with native code
     assert first.outcome == "miss"
     assert remote.keys("manifests/") == [f"manifests/{first.token}"]
     assert len(remote.keys("parts/")) == 2  # model cache and data cache, content-addressed
     model, second = prepare(RESNET, cache_dir=tmp_path / "b")
-    assert (second.outcome, second.token) == ("remote hit", first.token)
+    assert (second.outcome, second.token, second.stage) == ("remote hit", first.token, "optimized")
     assert_correct(model, RESNET)
-    assert artifact_bytes(model) == artifact_bytes(compiled)  # `nncc compile -o` writes the same file
     if find_toolchain() is not None:  # the native code came from the remote and verified: it runs
         assert compiled.native_partitions >= 1 and model.native_partitions == compiled.native_partitions
     # stored through the local atomic path: the next run is a plain local hit
@@ -306,3 +306,43 @@ def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote
         assert store.acquire_lease(key, "machine-c", 30)
     finally:
         store.close()
+
+
+def test_remote_native_code_runs_only_when_trusted(remote, tmp_path, monkeypatch, capsys, cli):
+    if find_toolchain() is None:
+        pytest.skip("no C compiler: no native code to trust or not")
+    from nncc.model import load, read_artifact
+
+    _, first = prepare(RESNET, cache_dir=tmp_path / "a", stage="optimized")  # the team's native entry
+    capsys.readouterr()
+    # without remote.trust_native (the default) it is not even looked up: built here
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "b", stage="optimized")
+    assert outcome.outcome == "miss" and model.native_partitions >= 1
+    with Cache.open(tmp_path / "b") as c:
+        assert c.index.get(first.token).origin == "local"
+    # and taken by hand, it is refused with one line saying why
+    code, _, err = cli("cache", "pull", first.token, "--cache-dir", tmp_path / "c")
+    assert code == 1 and "remote.trust_native is off" in err
+    with Cache.open(tmp_path / "c") as c:
+        assert c.index.entries() == []
+    # trusted: it runs, is recorded as the remote's, and is never signed as the user's
+    monkeypatch.setenv("NNCC_REMOTE_TRUST_NATIVE", "yes")
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "d", stage="optimized")
+    assert outcome.outcome == "remote hit" and model.native_partitions >= 1
+    assert_correct(model, RESNET)
+    capsys.readouterr()
+    artifact = artifact_bytes(model)
+    assert "not signed" in capsys.readouterr().err
+    assert read_artifact(artifact, "out.nncc").seal is None
+    assert load(artifact).native_partitions == 0  # the user's nncc does not run it unasked
+    code, out, _ = cli("cache", "ls", "--wide", "--cache-dir", tmp_path / "d")
+    assert code == 0 and "origin" in out and "remote" in out
+    code, out, _ = cli("cache", "ls", "--json", "--cache-dir", tmp_path / "d")
+    assert json.loads(out)["entries"][0]["origin"] == f"remote {remote.url}"
+    # trust withdrawn: the adopted entry's portable plan runs, with one line saying why
+    monkeypatch.setenv("NNCC_REMOTE_TRUST_NATIVE", "no")
+    model, outcome = prepare(RESNET, cache_dir=tmp_path / "d", stage="optimized")
+    assert outcome.outcome == "hit" and model.native_partitions == 0
+    assert_correct(model, RESNET)
+    warned = warnings_in(capsys.readouterr().err)
+    assert len(warned) == 1 and "remote.trust_native is off" in warned[0]

@@ -96,9 +96,10 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         model = _compile(source, *policy.uncached())
         return model, CacheOutcome("disabled", None, time.perf_counter() - start)
     from nncc.cache.token import token_context
-    from nncc.settings import cache_settings, value
+    from nncc.settings import cache_settings, check_remote_settings, value
 
     limits = cache_settings(cache_dir)  # every cache setting, checked, once
+    check_remote_settings()  # and the remote tier's, now rather than on the first local miss
     directory = limits.directory
     mode = value("cache.hash_mode", hash_mode, "--hash-mode")
     try:
@@ -206,9 +207,23 @@ def load_entry(cache: Cache, entry: Entry):
         raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
     if plan.producer != __version__:
         raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
-    # the native code was hashed with the plan and is loaded from those bytes
+    if entry.from_remote and plan.native and not _remote_native_trusted():
+        # adopted while remote.trust_native was on, which it is no longer
+        from nncc.cache.stages import portable_plan
+
+        warn(f"cache entry {entry.token[:12]} holds native code from the remote tier and remote.trust_native is "
+             "off: its portable plan runs (`nncc cache rm` it to build native code here)")
+        return CompiledModel(portable_plan(plan), trust_native=False)
+    # the native code was hashed with the plan and is loaded from those bytes; code nncc did
+    # not build here (a remote entry's) is never signed as the user's own (artifact_bytes)
     return CompiledModel(plan, trust_native=True, origin=f"cache entry {entry.token[:12]}",
-                         cache_parts=(model_bytes, data))
+                         cache_parts=(model_bytes, data), foreign=entry.from_remote)
+
+
+def _remote_native_trusted() -> bool:
+    from nncc.settings import value
+
+    return bool(value("remote.trust_native"))
 
 
 def _try_hit(cache: Cache, token: str):
@@ -324,7 +339,7 @@ def _store(cache: Cache, token: str, plan, source: ModelSource, opts, compile_se
 
     model_bytes, data_bytes = serialize_parts(plan)
     refuse_oversized(len(model_bytes) + len(data_bytes), limits)  # before any file is written
-    return cache.put(token, model_bytes, data_bytes, counter=counter,
+    return cache.put(token, model_bytes, data_bytes, counter=counter, origin="local",
                      source_path=os.path.abspath(os.fspath(source.path)),
                      model_hash=blake3(source.bytes).hexdigest(), preference=opts.preference,
                      options=json.dumps(opts.as_dict(), sort_keys=True), compile_seconds=compile_seconds,
@@ -362,4 +377,9 @@ def artifact_bytes(model) -> bytes:
     from nncc.plan.format import artifact_from_parts
     from nncc.trust.seal import sign  # native code from our own cache is signed as ours
 
+    if model._foreign:  # another machine's code (the remote tier's): never signed as the user's
+        if model.plan.native:
+            warn("the artifact is not signed: its native code came from the remote cache, built by another "
+                 "machine (`nncc compile --no-cache` builds and signs it here)")
+        return artifact_from_parts(*model.cache_parts)
     return artifact_from_parts(*model.cache_parts, seal=sign)

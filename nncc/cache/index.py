@@ -63,7 +63,8 @@ CREATE TABLE IF NOT EXISTS entries (
     last_used REAL NOT NULL,
     hits INTEGER NOT NULL DEFAULT 0,
     compile_seconds REAL,
-    stage TEXT
+    stage TEXT,
+    origin TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -123,7 +124,7 @@ CREATE TABLE IF NOT EXISTS stale (
 
 ENTRY_COLUMNS = ("token", "plan_hash", "data_hash", "plan_size", "data_size", "nncc_version",
                  "format_version", "source_path", "model_hash", "preference", "options",
-                 "created", "last_used", "hits", "compile_seconds", "stage")
+                 "created", "last_used", "hits", "compile_seconds", "stage", "origin")
 
 
 class IndexCorrupt(Exception):
@@ -157,10 +158,15 @@ class Entry:
     hits: int
     compile_seconds: float | None
     stage: str | None = None  # "quick" (portable plan, native stage to come) or "optimized"
+    origin: str | None = None  # "local" (compiled here) or "remote <url>" (adopted from the remote tier)
 
     @property
     def size(self) -> int:
         return self.plan_size + self.data_size
+
+    @property
+    def from_remote(self) -> bool:
+        return bool(self.origin) and self.origin.startswith("remote")
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in ENTRY_COLUMNS} | {"size": self.size}
@@ -188,7 +194,7 @@ class Entry:
             return f"compile_seconds is not a number: {self.compile_seconds!r:.40}"
         if self.stage is not None and self.stage not in STAGES:
             return f"stage is not one of {', '.join(STAGES)}: {self.stage!r:.40}"
-        for name in ("source_path", "model_hash", "preference", "options"):
+        for name in ("source_path", "model_hash", "preference", "options", "origin"):
             if getattr(self, name) is not None and type(getattr(self, name)) is not str:
                 return f"{name} is not text"
         return None

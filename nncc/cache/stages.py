@@ -198,15 +198,20 @@ class StagePolicy:
 
 def portable_only(model):
     """``model`` without its native code: the quick stage of an optimized entry."""
-    import copy
-
     from nncc.model import CompiledModel
 
     if not model.plan.native:
         return model
-    plan = copy.copy(model.plan)
+    return CompiledModel(portable_plan(model.plan), trust_native=False)
+
+
+def portable_plan(plan):
+    """A copy of ``plan`` without its native code (it runs its portable partitions)."""
+    import copy
+
+    plan = copy.copy(plan)
     plan.native = []
     plan.code = None
     plan.options = dict(plan.options)
     mark_stage(plan, QUICK)
-    return CompiledModel(plan, trust_native=False)
+    return plan

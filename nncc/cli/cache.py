@@ -29,6 +29,10 @@ def trust_option(command):
 def _use_remote(ctx, param, value):
     # every command that takes --remote sets it, to None when absent: a flag given to one
     # command never carries over to the next one run in the same process
+    if value:
+        from nncc.settings import check
+
+        check("remote.url", value, "--remote")  # a bad URL is one line before the command runs
     if value or "nncc.cache.remote.settings" in sys.modules:
         from nncc.cache.remote.settings import use_remote
 
@@ -239,6 +243,7 @@ def _entry_table(entries, wide: bool, linked: dict) -> str:
         add(Column("data cache", right=True), [format_bytes(e.data_size) for e in entries])
     if wide:
         add(Column("stage"), [e.stage or "-" for e in entries])
+        add(Column("origin"), [(e.origin or "-").split(" ", 1)[0] for e in entries])
         add(Column("objects", right=True), [str(len(linked[e.token])) for e in entries])
     add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
     add(Column("preference", 5), [e.preference or "-" for e in entries])

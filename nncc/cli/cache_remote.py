@@ -90,7 +90,7 @@ def pull(cache, tokens, as_json: bool) -> None:
                     failed.append({"token": token, "reason": "not in the remote cache"})
                     continue
                 with cache.lock(token):
-                    model = adopt(cache, token, *found, counter="remote_hits")
+                    model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
             except PoisonedEntry as exc:
                 cache.index.bump("remote_rejected")
                 failed.append({"token": token, "reason": f"rejected: {exc}"})

@@ -24,7 +24,9 @@ def _shown(resolved) -> str:
         return cache_dir() if resolved.value is None else resolved.value
     if resolved.raw is None:
         return "-"
-    return str(resolved.raw)
+    from nncc.settings import masked
+
+    return masked(str(resolved.raw))
 
 
 @config.command("show")
@@ -32,7 +34,7 @@ def _shown(resolved) -> str:
 @verbosity_options
 def show(as_json):
     """Each setting's effective value and where it came from."""
-    from nncc.settings import SETTINGS, config_path, read_config, resolve
+    from nncc.settings import SETTINGS, config_path, masked, read_config, resolve
 
     path = config_path()
     tables = read_config(path)
@@ -40,7 +42,8 @@ def show(as_json):
     unknown = [key for key in _keys(tables) if key not in SETTINGS]
     if as_json:
         emit_json({"config_file": path, "exists": _exists(path),
-                   "settings": {r.key: {"value": r.value, "raw": r.raw, "source": r.source, "where": r.where,
+                   "settings": {r.key: {"value": masked(r.value), "raw": masked(r.raw), "source": r.source,
+                                        "where": r.where,
                                         "env": SETTINGS[r.key].env} for r in resolved},
                    "unknown_keys": unknown})
         return
@@ -86,7 +89,7 @@ def json_option(command):
 @verbosity_options
 def set_(key, value, as_json):
     """Set KEY to VALUE in the config file (checked first; written atomically)."""
-    from nncc.settings import config_path, file_value, read_config, resolve
+    from nncc.settings import config_path, file_value, masked, read_config, resolve
     from nncc.settings_file import set_value
 
     path = config_path()
@@ -94,9 +97,9 @@ def set_(key, value, as_json):
     _, stored = file_value(read_config(path), key)
     effective = resolve(key)
     if as_json:
-        emit_json({"config_file": path, "key": key, "value": checked, "raw": stored,
+        emit_json({"config_file": path, "key": key, "value": masked(checked), "raw": masked(stored),
                    "effective_source": effective.source})
-    status(f"nncc: set {key} = {stored} in {path}")
+    status(f"nncc: set {key} = {masked(stored)} in {path} (mode 600)")
     if effective.source == "env":
         status(f"nncc: note: {effective.where} is set, and wins over the config file")
 

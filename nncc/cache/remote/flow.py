@@ -24,6 +24,7 @@ import atexit
 import threading
 import time
 
+from nncc.cache.remote.deadline import bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
 from nncc.cache.remote.settings import remote_settings, shown
 from nncc.util.notice import warn
@@ -119,15 +120,26 @@ def portable_name(cache, token: str, source, opts) -> str:
 
 def remote_names(cache, token: str, source, opts, stage: str) -> tuple[list[tuple[str, str]], str]:
     """([(remote name, the stage it is adopted as)] to look up, in order; the name this
-    machine publishes what it compiles under)."""
-    from nncc.cache.stages import OPTIMIZED, QUICK
+    machine publishes what it compiles under). An entry shared under its token holds
+    native code when the options name the native backend: it is looked up only when
+    remote.trust_native is on."""
+    from nncc.cache.stages import OPTIMIZED, QUICK, wants_native
 
+    native = wants_native(opts)
     if stage != QUICK:
-        return [(token, stage)], token
+        return ([(token, stage)] if not native or trust_native() else []), token
     portable = portable_name(cache, token, source, opts)
     if portable == token:
         return [(token, QUICK)], token
+    if not trust_native():
+        return [(portable, QUICK)], portable
     return [(token, OPTIMIZED), (portable, QUICK)], portable  # this target's native entry first
+
+
+def trust_native() -> bool:
+    from nncc.settings import value
+
+    return bool(value("remote.trust_native"))
 
 
 _publish_as: dict[str, str] = {}  # local token -> the remote name its entry is published under
@@ -144,6 +156,8 @@ def on_local_miss(cache, token: str, source, opts, stage: str):
         _publish_as[token] = publish
         found = _try_all(tier, cache, token, lookups, source, opts)
         if found is not None:
+            if publish != token and not trust_native():
+                _say_untrusted(tier, token)
             return found
         deadline = None
         while True:
@@ -172,6 +186,16 @@ def on_local_miss(cache, token: str, source, opts, stage: str):
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
         return None
+
+
+def _say_untrusted(tier, token: str) -> None:
+    """Once per run: the remote has this target's native code, which is not run here."""
+    key = f"{tier.settings.url} untrusted native"
+    if key in _warned or not bounded("looking up a remote entry", tier.settings.timeout,
+                                     lambda: tier.store.exists(f"manifests/{token}")):
+        return
+    _warn_once(key, f"remote cache {tier.url} has native code for this machine's target; remote.trust_native "
+                    "is off, so the portable plan runs and native code is built here")
 
 
 def _compile_here(tier, cache, token, lease):
@@ -203,7 +227,7 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
         manifest, plan, payload = found
         return adopt(cache, token, manifest, plan, payload, path=None if source is None else source.path,
                      model_data=None if source is None else source.bytes, opts=opts, counter=counter,
-                     stage=stage)
+                     stage=stage, origin=f"remote {tier.url}")
     except MissingPart:
         return None  # evicted or collected remotely: a plain miss
     except PoisonedEntry as exc:
@@ -212,7 +236,7 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
 
 
 def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
-          counter: str = "remote_hits", stage: str | None = None):
+          counter: str = "remote_hits", stage: str | None = None, origin: str = "remote"):
     """Store a verified remote entry in the local cache under ``token`` (its remote name
     may be another: a portable entry's), as ``stage`` (default: optimized when it carries
     native code), through its atomic write and index commit, then prepare it from there
@@ -220,7 +244,8 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     manifest's MAC verified under the team key and the plan's bytes matched the hash it
     names, checked on the hashes the local write takes, before the index row that makes
     the entry usable is committed: PoisonedEntry otherwise (the files are removed). None
-    when the local cache cannot store it."""
+    when the local cache cannot store it, or when it carries native code and
+    remote.trust_native is off (then this machine compiles, and builds its own)."""
     import json
     import os
 
@@ -238,6 +263,10 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     if (manifest.nncc_version, manifest.format_version) != (__version__, FORMAT_VERSION):
         warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
              f"(format {manifest.format_version}); not used")
+        return None
+    if _carries_code(plan) and not trust_native():
+        warn(f"remote entry {token[:12]} carries native code and remote.trust_native is off: not used "
+             "(compiling here; set remote.trust_native to run the team's native code)")
         return None
     if stage is None:
         stage = OPTIMIZED if manifest.native else None
@@ -257,7 +286,8 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                 else None,
                 preference=opts.preference if opts is not None else None,
                 options=json.dumps(opts.as_dict(), sort_keys=True) if opts is not None else None,
-                created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds, stage=stage)
+                created=now, last_used=now, hits=0, compile_seconds=manifest.compile_seconds, stage=stage,
+                origin=origin)
             cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
             committed = True
         return load_entry(cache, entry)
@@ -273,6 +303,17 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                     pass
 
 
+def _carries_code(plan: bytes) -> bool:
+    """Whether a model cache holds native code (its CODE section), whatever its manifest says."""
+    from nncc.errors import PlanFormatError
+    from nncc.plan.format import read_sections
+
+    try:
+        return b"CODE" in read_sections(plan)[1]
+    except PlanFormatError:
+        return False  # not a plan at all: its hash check (or the local load) rejects it
+
+
 # -- the optimized stage across the fleet ------------------------------------------------
 
 
@@ -283,8 +324,8 @@ def fetch_optimized(cache, token: str, opts) -> bool:
     from nncc.cache.stages import OPTIMIZED
 
     tier = active_tier()
-    if tier is None:
-        return False
+    if tier is None or not trust_native():
+        return False  # built here: only the team key's native code may run, and only when trusted
     try:
         # hashes checked before the write: the quick entry's files are replaced only by verified ones
         model = _try_remote(tier, cache, token, token, OPTIMIZED, opts=opts, counter="upgrades", check_hashes=True)
