@@ -169,34 +169,6 @@ def _manifest_parts(remote, token):
     return decode(remote.get(f"manifests/{token}"), mac_key(KEY.encode()), token).parts
 
 
-def test_sigv4_signature_matches_botocore():
-    """nncc's own S3 signing against botocore's, for the same request at the same time."""
-    pytest.importorskip("botocore", reason="botocore comes with moto[server]")
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.config import Config
-    from botocore.credentials import Credentials
-
-    from nncc.cache.remote.sigv4 import sign
-
-    for method, path, query, headers in [("PUT", "/team-cache/nncc/leases/ab%20c", {}, {"If-None-Match": "*"}),
-                                         ("GET", "/team-cache", {"list-type": "2", "prefix": "nncc/parts/"}, {})]:
-        import urllib.parse
-
-        encoded = "&".join(f"{k}={urllib.parse.quote(v, safe='-_.~')}" for k, v in query.items())
-        url = "http://127.0.0.1:9000" + path + ("?" + encoded if query else "")
-        request = AWSRequest(method=method, url=url, headers=dict(headers), data=b"payload")
-        request.context["client_config"] = Config(s3={"payload_signing_enabled": False})
-        S3SigV4Auth(Credentials("AKID", "SECRET", "TOKEN"), "s3", "eu-west-1").add_auth(request)
-        import calendar
-        import time
-
-        when = calendar.timegm(time.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
-        ours = sign(method, "127.0.0.1:9000", path, query, headers, access_key="AKID", secret_key="SECRET",
-                    region="eu-west-1", session_token="TOKEN", now=when)
-        assert ours["authorization"] == request.headers["Authorization"]
-
-
 def test_pull_rejects_a_poisoned_entry(remote, tmp_path, cli):
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a", backends=["numpy"])
     mac, body = remote.get(f"manifests/{outcome.token}").split(b"\n", 1)

@@ -2,7 +2,8 @@
 
 Modules: settings (URL, key, time-outs from flags and the environment), manifest (the
 authenticated entry format), backend (what a store does), file_store / redis_store /
-s3_store (+ sigv4) the three stores, tier (entries and leases on a store), flow (the two
-hooks the local cache calls, and the fault policy), gc (size and age limits remotely).
+s3_store the three stores, deadline (one bound per remote operation), tier (entries and
+leases on a store), flow (the hooks the local cache calls, and the fault policy), gc
+(size and age limits remotely).
 Nothing here is imported on a local hit.
 """
