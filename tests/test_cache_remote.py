@@ -247,7 +247,7 @@ def test_unknown_scheme_and_missing_client_are_one_clear_error(tmp_path, monkeyp
     monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
     code, _, err = cli("run", MLP, "--random-inputs", "--remote", "ftp://somewhere/cache",
                        "--cache-dir", tmp_path / "a")
-    assert code == 2 and err.count("\n") == 1 and "unknown remote" in err
+    assert code == 2 and err.count("\n") == 1 and "unknown scheme 'ftp'" in err
     monkeypatch.setitem(__import__("sys").modules, "redis", None)  # as if nncc[redis] were not installed
     flow._tiers.clear()
     code, _, err = cli("run", MLP, "--random-inputs", "--remote", "redis://127.0.0.1:1/0",
@@ -346,3 +346,12 @@ def test_remote_native_code_runs_only_when_trusted(remote, tmp_path, monkeypatch
     assert_correct(model, RESNET)
     warned = warnings_in(capsys.readouterr().err)
     assert len(warned) == 1 and "remote.trust_native is off" in warned[0]
+
+
+def test_gc_with_the_wrong_key_removes_nothing(remote, tmp_path, monkeypatch, cli):
+    token = _publish(tmp_path, MLP, remote)
+    good = remote.get(f"manifests/{token}")
+    monkeypatch.setenv("NNCC_REMOTE_KEY", "another team's secret, 32 bytes or more")
+    code, _, err = cli("cache", "gc", "--remote", "--max-age", "0s")
+    assert code == 2 and "none of the 1 remote entries verifies" in err, err
+    assert remote.get(f"manifests/{token}") == good

@@ -526,8 +526,8 @@ def _items(n: int) -> str:
 
 def _gc_remote(size, age, dry_run, as_json) -> None:
     from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.gc import collect_remote
-    from nncc.cli.cache_remote import open_tier, remote_fault
+    from nncc.cache.remote.gc import WrongKey, collect_remote
+    from nncc.cli.cache_remote import RemoteCommandError, open_tier, remote_fault
     from nncc.util.units import format_bytes
 
     tier = open_tier()
@@ -535,6 +535,8 @@ def _gc_remote(size, age, dry_run, as_json) -> None:
         report = collect_remote(tier, max_size=size, max_age=age, dry_run=dry_run)
     except RemoteFault as exc:
         raise remote_fault(tier, exc) from None
+    except WrongKey as exc:
+        raise RemoteCommandError(str(exc)) from None
     finally:
         tier.close()
     if as_json:

@@ -25,7 +25,7 @@ import threading
 import time
 
 from nncc.cache.remote.deadline import bounded
-from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
+from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault
 from nncc.cache.remote.settings import remote_settings, shown
 from nncc.util.notice import warn
 
@@ -323,7 +323,10 @@ def fetch_optimized(cache, token: str, opts) -> bool:
     holds the token's exclusive local lock; True when the entry is now optimized."""
     from nncc.cache.stages import OPTIMIZED
 
-    tier = active_tier()
+    try:
+        tier = active_tier()
+    except RemoteConfigError:
+        return False  # reported by the run that stored the entry; background work goes on
     if tier is None or not trust_native():
         return False  # built here: only the team key's native code may run, and only when trusted
     try:
@@ -342,7 +345,10 @@ def publish_optimized(cache, token: str) -> None:
     """After this machine built ``token``'s native stage: share it with its target."""
     from nncc.cache.files import CacheEntryError
 
-    tier = active_tier()
+    try:
+        tier = active_tier()
+    except RemoteConfigError:
+        return
     if tier is None:
         return
     try:

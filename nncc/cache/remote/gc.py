@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 UPLOAD_GRACE = 3600.0
 
 
+class WrongKey(Exception):
+    """gc --remote found no entry that verifies: it removes nothing."""
+
+
 @dataclass
 class RemoteGcReport:
     dry_run: bool = False
@@ -42,7 +46,13 @@ def collect_remote(tier, max_size: int | None = None, max_age: float | None = No
     report = RemoteGcReport(dry_run=dry_run)
     found, parts = tier.entries()
     now = time.time()
-    drop = [(token, None, "rejected") for token, m, _ in found if m is None]
+    rejected = [(token, None, "rejected") for token, m, _ in found if m is None]
+    if rejected and len(rejected) == len(found):
+        # not one entry verifies: more likely this key is not the team's than that every
+        # entry was planted; removing them would spoil the fleet's cache
+        raise WrongKey(f"none of the {len(found)} remote entries verifies under your key; is it the team's? "
+                       "Nothing was removed")
+    drop = rejected
     kept = []
     for token, m in sorted(((t, m) for t, m, _ in found if m is not None), key=lambda tm: tm[1].created):
         if max_age is not None and now - m.created > max_age:
