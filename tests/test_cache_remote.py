@@ -149,6 +149,8 @@ def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
         from nncc.cache.remote.settings import remote_settings
         from nncc.cache.remote.tier import RemoteTier
 
+        if poison is poison_wrong_mac:  # a genuine entry too (the other poison made one): gc --remote
+            _publish(tmp_path, MLP, remote)  # then knows the key is the team's
         tier = RemoteTier.open(remote_settings())
         try:
             collect_remote(tier)

@@ -53,18 +53,24 @@ def command_paths() -> list[tuple[str, ...]]:
 
     paths = []
     ctx = click.Context(root)
+
+    def walk(path, command):
+        paths.append(path)
+        if isinstance(command, click.Group):
+            GROUPS.add(path)
+            for sub in command.list_commands(ctx):
+                walk(path + (sub,), command.get_command(ctx, sub))
+
     for name in sorted(COMMANDS):
         if name == "bench" and not HAS_BENCH:
             paths.append((name,))
             continue
-        command = root.get_command(ctx, name)
-        paths.append((name,))
-        if isinstance(command, click.Group):
-            paths.extend((name, sub) for sub in command.list_commands(ctx))
+        walk((name,), root.get_command(ctx, name))
     return paths
 
 
-LEAVES = [p for p in command_paths() if p not in (("cache",), ("config",))]
+GROUPS: set[tuple[str, ...]] = set()  # filled by command_paths: commands that hold others
+LEAVES = [p for p in command_paths() if p not in GROUPS]
 REPORTING = [p for p in LEAVES if p != ("bench",)] + [("bench",)]  # every leaf reports
 
 
@@ -200,6 +206,7 @@ SCHEMAS = {
     ("cache", "rm"): {"removed": [str], "busy": [str]},
     ("cache", "push"): {"remote": str, "pushed": [str], "failed": [{"token": str, "reason": str}]},
     ("cache", "pull"): {"remote": str, "pulled": [str], "failed": [{"token": str, "reason": str}]},
+    ("cache", "remote", "keygen"): {"key_file": str},
     ("cache", "clear"): {"directory": str, "removed": int, "freed_bytes": int, "busy": [str]},
     ("cache", "zero-stats"): {"directory": str, "zeroed": bool},
     ("config", "show"): {
@@ -295,7 +302,7 @@ def json_of(cli, *args) -> dict:
 def test_json_schemas(cli, populated, tmp_path, monkeypatch):
     shared = tmp_path / "shared"  # a remote tier on a shared folder, for push and pull
     shared.mkdir()
-    monkeypatch.setenv("NNCC_REMOTE_KEY", "a team secret")
+    monkeypatch.setenv("NNCC_REMOTE_KEY", "a team secret of 32 bytes or more")
     outputs = {
         ("run",): json_of(cli, "run", MLP, "--random-inputs", "--json"),
         ("compile",): json_of(cli, "compile", MLP, "-o", tmp_path / "again.nncc", "--json",
@@ -310,6 +317,7 @@ def test_json_schemas(cli, populated, tmp_path, monkeypatch):
     outputs[("cache", "push")] = json_of(cli, "cache", "push", "--remote", f"file://{shared}", "--json")
     outputs[("cache", "pull")] = json_of(cli, "cache", "pull", token, "--remote", f"file://{shared}", "--json")
     outputs[("cache", "rm")] = json_of(cli, "cache", "rm", token[:10], "--json")
+    outputs[("cache", "remote", "keygen")] = json_of(cli, "cache", "remote", "keygen", tmp_path / "team.key", "--json")
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
     outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from nncc.cache.remote.backend import Listed, RemoteStore
-from nncc.cache.remote.errors import RemoteConfigError, RemoteFault
+from nncc.cache.remote.errors import RemoteConfigError, RemoteFault, RemoteTimeout
 from nncc.cache.remote.settings import shown
 
 PREFIX = "nncc:"
@@ -32,6 +32,7 @@ class RedisStore(RemoteStore):
                                     hint="pip install 'nncc[redis]'") from None
         self.url = shown(url)  # for messages: never the password
         self._errors = (redis.exceptions.RedisError, OSError)
+        self._timeouts = (redis.exceptions.TimeoutError, TimeoutError)
         try:
             # no retries: one short time-out, then the run goes on without the remote
             self._client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
@@ -43,7 +44,8 @@ class RedisStore(RemoteStore):
         try:
             return fn(self._client)
         except Exception as exc:  # the client's own errors, and any other it lets out
-            raise RemoteFault(f"Redis {what} failed: {exc or type(exc).__name__}") from None
+            kind = RemoteTimeout if isinstance(exc, self._timeouts) else RemoteFault
+            raise kind(f"Redis {what} failed: {exc or type(exc).__name__}") from None
 
     def get(self, key: str) -> bytes | None:
         return self._call("GET", lambda r: r.get(PREFIX + key))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from nncc.cache.remote.backend import Listed, RecordedLeases, RemoteStore, lease_record, parse_lease
-from nncc.cache.remote.errors import RemoteConfigError, RemoteFault
+from nncc.cache.remote.errors import RemoteConfigError, RemoteFault, RemoteTimeout
 
 MULTIPART_THRESHOLD = 64 << 20  # objects larger than this go up in parts
 PART_SIZE = 64 << 20  # S3 takes 5 MiB to 5 GiB per part, up to 10,000 parts
@@ -77,7 +77,8 @@ class S3Store(RecordedLeases, RemoteStore):
                 return False
             raise RemoteFault(f"S3 {what} {key or self.bucket} answered {status} {code}".rstrip()) from None
         except Exception as exc:  # no credentials, connection errors, anything else botocore raises
-            raise RemoteFault(f"S3 {what} {key or self.bucket} failed: {exc or type(exc).__name__}") from None
+            timeouts = (self._errors.ReadTimeoutError, self._errors.ConnectTimeoutError, TimeoutError)
+            raise (RemoteTimeout if isinstance(exc, timeouts) else RemoteFault)(f"S3 {what} {key or self.bucket} failed: {exc or type(exc).__name__}") from None
 
     # -- the store -------------------------------------------------------------------
 
