@@ -62,11 +62,12 @@ class NativeBackend(Backend):
 
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
         from nncc.native.codegen import generate
+        from nncc.native.isa import vector_floats
 
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
         portable.entry = symbol
-        portable.native = generate(partition, graph, infos, symbol)
+        portable.native = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target))
         return portable
 
     def load_unit(self, source: UnitSource) -> Unit:

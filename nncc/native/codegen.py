@@ -158,6 +158,7 @@ class _Step:
     writes: list[str]
     scratch: int = 0  # bytes of per-step workspace
     label: str = ""
+    support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
 
 
 @dataclass
@@ -172,12 +173,16 @@ class Unit:
     ops: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # one per step, for profiles
     kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
 
 
 class _Writer:
-    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str):
-        self.graph, self.infos, self.symbol = graph, infos, symbol
+    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4):
+        self.graph, self.symbol = graph, symbol
+        self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
+        self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
+        self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
         # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
         # are not passed: every argument is a float32 tensor the code touches
         read = [n for n in partition.inputs if _static_f32(infos.get(n))]
@@ -220,6 +225,16 @@ class _Writer:
         if len(users) == 1 and name not in self.outputs:
             return users[0]
         return None
+
+    def pack(self, source: str, form: str, array: np.ndarray) -> str:
+        """A constant derived at compile time from ``source`` (weights in a kernel's
+        layout): stored in the plan next to the original, which the portable plan keeps
+        reading, and passed to the entry point as one more input."""
+        name = f"{source}#{form}"
+        if name not in self.packed:
+            self.packed[name] = np.ascontiguousarray(array, dtype=F32)
+            self.infos[name] = TensorInfo(F32, tuple(self.packed[name].shape))
+        return name
 
     # -- ops ----------------------------------------------------------------------------
 
@@ -278,8 +293,9 @@ class _Writer:
             return self.transpose(node)
         raise AssertionError(f"no generator for {op}")  # check() passed it: a bug
 
-    def step(self, code: str, reads, writes, scratch: int = 0) -> None:
-        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch))
+    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "") -> None:
+        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,
+                                support=support))
 
     def _activation(self, attrs) -> tuple[int, float, float]:
         act = attrs.get("activation", "") or ""
@@ -529,6 +545,8 @@ class _Writer:
     def finish(self) -> Unit:
         if self.deferred:  # a deferred Conv whose Add was not emitted: cannot happen
             raise AssertionError("a residual Conv was never written")
+        self.args = self.args[:self.n_inputs] + list(self.packed) + self.args[self.n_inputs:]
+        self.n_inputs += len(self.packed)
         args = {name: i for i, name in enumerate(self.args)}
         last_use: dict[str, int] = {}
         for index, step in enumerate(self.steps):
@@ -569,8 +587,9 @@ class _Writer:
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
         for name, offset in offsets.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
+        lines.append("  nn_call_begin();")
         for index, step in enumerate(self.steps):
-            kernel, pointers = make_kernel(step.code)
+            kernel, pointers = make_kernel(step.code, step.support)
             kernels.setdefault(kernel.name, kernel)
             if kernel.scratch:
                 pointers.append(f"ws + {scratch_at.get(index, 0)}")
@@ -578,11 +597,11 @@ class _Writer:
             if PROFILE_STEPS:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + call)
-        lines.append("  return 0;\n}\n")
+        lines.append("  nn_call_end();\n  return 0;\n}\n")
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
-                    ops, [s.label for s in self.steps], list(kernels.values()))
+                    ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed))
 
 
 @dataclass
@@ -602,8 +621,9 @@ class Kernel:
 _POINTER = re.compile(r"\bv_[0-9]+\b")
 
 
-def make_kernel(code: str) -> tuple[Kernel, list[str]]:
-    """The kernel for a step's code, and the entry point's pointers to call it with."""
+def make_kernel(code: str, support: str = "") -> tuple[Kernel, list[str]]:
+    """The kernel for a step's code (with the file-scope ``support`` it calls), and the
+    entry point's pointers to call it with."""
     pointers: list[str] = []
     for found in _POINTER.findall(code):
         if found not in pointers:
@@ -615,13 +635,14 @@ def make_kernel(code: str) -> tuple[Kernel, list[str]]:
         body = body.replace("SCRATCH", "scratch")
         params.append("char *scratch")
     signature = f"({', '.join(params) or 'void'})"
-    text = f"void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
+    text = f"{support}void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
     name = "nnk_" + blake3(text.encode()).hexdigest()[:24]
     return Kernel(name, text.replace("NN_KERNEL", name, 1), f"void {name}{signature};", scratch), pointers
 
 
-def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str) -> Unit:
-    return _Writer(partition, graph, infos, symbol).build()
+def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4) -> Unit:
+    """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa)."""
+    return _Writer(partition, graph, infos, symbol, vl).build()
 
 
 def prelude() -> str:

@@ -87,6 +87,13 @@ static inline float nn_act(int act, float v, float p0, float p1) {
     }
 }
 
+/* The runtime's thread pool (runtime.c): fn over [0, n) split statically among its threads. */
+typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx);
+int nn_thread_count(void);
+void nn_call_begin(void);
+void nn_call_end(void);
+
 /* The runtime (runtime.c): GEMM through the BLAS numpy has loaded, convolution, pooling,
  * row-wise ops, each parallel over the runtime's one thread pool. */
 void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

@@ -16,14 +16,13 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     return 0;
 }
 
-/* One thread pool for everything the native code does (GEMMs included: the caller keeps
- * BLAS at one thread during a native call, so no other pool's threads spin against this
- * one). After a job a worker spins briefly for the next one (a partition issues hundreds
- * of short parallel loops, and waking a sleeping thread costs tens of microseconds), then
- * sleeps on a condition variable, so between native calls it takes no core from anyone.
- * Every worker takes a share of every job (possibly empty), and the caller waits for all
- * of them, so a job's fields are never rewritten while a worker may still read them. */
-typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+/* One thread pool for everything the native code does. Jobs are split statically: worker
+ * i of t takes [n*i/t, n*(i+1)/t) of every job (possibly empty), and the caller waits for
+ * all of them, so a job's fields are never rewritten while a worker may still read them.
+ * Within a native call a worker spins briefly for the next job (a partition issues many
+ * short parallel loops, and waking a sleeping thread costs tens of microseconds); when
+ * the call returns (nn_call_end) spinning stops at once and the workers sleep on a
+ * condition variable, so between calls they take no core from the user's other work. */
 #define NN_MAX_THREADS 16
 #define NN_SPIN 4096
 static int nn_threads = 1;
@@ -32,7 +31,7 @@ static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
 static nn_task nn_job_fn;
 static void *nn_job_ctx;
 static int64_t nn_job_n;
-static int nn_job_gen, nn_job_left;
+static int nn_job_gen, nn_job_left, nn_in_call;
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -47,7 +46,7 @@ static void *nn_worker(void *arg) {
     for (;;) {
         int spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
-            if (++spins < NN_SPIN) { nn_relax(); continue; }
+            if (__atomic_load_n(&nn_in_call, __ATOMIC_RELAXED) && ++spins < NN_SPIN) { nn_relax(); continue; }
             pthread_mutex_lock(&nn_mu);
             while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
             pthread_mutex_unlock(&nn_mu);
@@ -78,8 +77,16 @@ NN_EXPORT int nncc_set_threads(int want) {
     return nn_threads;
 }
 
-/* fn over [0, n) split among the pool; small jobs run inline. */
-static void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
+int nn_thread_count(void) { return nn_threads; }
+
+/* An entry point brackets its steps with these: workers spin between the jobs of a call,
+ * never after it. */
+void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
+void nn_call_end(void) { __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED); }
+
+/* fn over [0, n) split statically among the pool; small jobs (work: a rough count of
+ * operations) run inline. */
+void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
     nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
