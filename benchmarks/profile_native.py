@@ -35,8 +35,8 @@ def main() -> None:
     labels = {}
     generate = codegen.generate
 
-    def keep_labels(partition, graph, infos, symbol):
-        unit = generate(partition, graph, infos, symbol)
+    def keep_labels(partition, graph, infos, symbol, *rest):
+        unit = generate(partition, graph, infos, symbol, *rest)
         labels[symbol] = unit.labels
         return unit
 

@@ -25,6 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native.layout import BlockedLayout
 
 F32 = np.dtype(np.float32)
 ALIGN = 64
@@ -176,7 +177,7 @@ class Unit:
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
 
 
-class _Writer:
+class _Writer(BlockedLayout):
     def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4):
         self.graph, self.symbol = graph, symbol
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
@@ -200,6 +201,8 @@ class _Writer:
         self.consumers = consumers
         self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
+        self.init_layout()
+        self.simd = _source("simd.h") + "\n"
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -253,6 +256,10 @@ class _Writer:
         op = node.op_type
         if key in CONV_OPS:
             return self.conv(node)
+        if self.emit_blocked(node):
+            return
+        if not (_is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
+            self.plain_inputs(node)
         if key in MATMUL_OPS:
             return self.matmul(node)
         if key in GEMM_OPS:
@@ -293,6 +300,27 @@ class _Writer:
             return self.transpose(node)
         raise AssertionError(f"no generator for {op}")  # check() passed it: a bug
 
+    def emit_blocked(self, node: Node) -> bool:
+        """Write ``node`` over the blocked layout when its data input is blocked."""
+        op = node.op_type
+        if node.domain or not any(i in self.blocked for i in node.inputs if i):
+            return False
+        if _is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
+            return False  # the residual Add of a deferred convolution: written by it
+        if op in POOL_OPS:
+            return self.blocked_pool(node)
+        if op == "Sum":
+            return self.blocked_sum(node)
+        if op == "Concat":
+            return self.blocked_concat(node)
+        if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
+            return self.blocked_unary(node, POW_BY[self._scalar_const(node.inputs[1])])
+        if op in BINARY:
+            return self.blocked_binary(node, BINARY[op], self._broadcast_loop)
+        if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
+            return self.blocked_unary(node, self._unary_expr(node))
+        return False
+
     def step(self, code: str, reads, writes, scratch: int = 0, support: str = "") -> None:
         self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,
                                 support=support))
@@ -332,6 +360,12 @@ class _Writer:
             pads = [0, 0, 0, 0]
         bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         code, p0, p1 = act if act is not None else self._activation(a)
+        target = target or out
+        if self.blocked_conv(node, pads, bias, residual, target, (code, p0, p1), _f):
+            return
+        for name in (node.inputs[0], residual):
+            if name:
+                self.as_plain(name)
         depthwise = group == c == k
         direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
         scratch = 0 if depthwise or direct else cg * kh * kw * oh * ow * 4
@@ -472,6 +506,11 @@ class _Writer:
         out = self.shape(y)
         sa = _broadcast_strides(self.shape(a), out)
         sb = _broadcast_strides(self.shape(b), out)
+        self._broadcast_loop(list(out), sa, sb, a, b, y, expr)
+
+    def _broadcast_loop(self, out, sa, sb, a: str, b: str, y: str, expr: str) -> None:
+        """One step ``y[i] = expr(a[...], b[...])`` over ``out`` (dense), reading a and b
+        with the element strides ``sa`` and ``sb`` (0 where broadcast)."""
         dims, sa, sb = _collapse(list(out), sa, sb)
         pa, pb, py = self.ptr(a), self.ptr(b), self.ptr(y)
         lines = []
