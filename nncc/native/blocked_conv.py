@@ -169,38 +169,59 @@ def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: 
     return lines
 
 
+L2_WEIGHTS = 384 * 1024  # bytes of packed weights a task keeps hot while it sweeps its rows
+TASKS = 8  # at least this many tasks per convolution, so two to four threads share evenly
+
+
 def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | None],
-                act: int, p0: str, p1: str, threads_hint: int = 32) -> tuple[str, str]:
+                act: int, p0: str, p1: str) -> tuple[str, str]:
     """(support C, call statement) for a direct convolution writing the blocked layout.
     ``ptrs``: C expressions for x (input), w (packed weights), b (packed bias), r (the
-    blocked residual) and y; b and r may be None."""
+    blocked residual) and y; b and r may be None.
+
+    A task is (image, channel group, chunk of output rows). It sweeps its rows once per
+    chunk of input channels, the chunk sized so its packed weights stay in L2 while every
+    row reuses them; partial sums wait in the output, and the bias, residual and
+    activation are applied by the last chunk's store."""
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
     ocb, rw = choose_tiling(g, vl)
     flat = _flat(g)
     a = _input_addressing(g, vl, plain_input)
     kb = blocks(g.k, vl)
     ocg = kb // ocb
-    oh, ow = (1, g.oh * g.ow) if flat else (g.oh, g.ow)
-    h, w = (1, g.h * g.w) if flat else (g.h, g.w)
-    ah = a.w * w if flat else a.h  # row stride (only row 0 exists when flat)
+    per_block = g.kh * g.kw * a.lanes * ocb * vl  # packed floats per input block and group
+    kc = max(1, min(a.blocks, L2_WEIGHTS // (per_block * 4)))
+    nkc = -(-a.blocks // kc)
     plane = g.oh * g.ow * vl  # floats per output channel block
-    lo, hi = (0, ow) if flat else g.interior()
-    wg = a.blocks * g.kh * g.kw * a.lanes * ocb * vl  # packed floats per channel group
+    full_blocks = a.blocks if a.last == a.lanes else a.blocks - 1
+    if flat:  # one long row per image, cut into rows of whole tiles
+        pixels = g.oh * g.ow
+        roww = rw * max(1, min(16, -(-pixels // rw) // 4 or 1))
+        rows, last_w = -(-pixels // roww), pixels - (-(-pixels // roww) - 1) * roww
+        lo, hi, width = 0, roww, roww
+    else:
+        rows, width = g.oh, g.ow
+        lo, hi = g.interior()
+    row_chunks = min(rows, max(1, -(-TASKS // (g.n * ocg))))
+    rows_per = -(-rows // row_chunks)
+    row_chunks = -(-rows // rows_per)
 
     def tile(r_count: int) -> str:
-        """The micro-kernel for ``r_count`` pixels starting at column ow0; ``inner``
-        (a literal at each call) says every tap is inside the row."""
+        """The micro-kernel for ``r_count`` pixels starting at column ow0 (pixel ow0 of a
+        flat row); ``inner`` (a literal at each call) says every tap is inside the row."""
         out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
                "const float *restrict wg, const float *restrict bias, const float *restrict res, "
-               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {"]
+               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner, "
+               "int cb0, int cb1, int first, int last) {"]
         for o in range(ocb):
             init = f"nn_vload(bias + {o * vl})" if has_bias else "nn_vzero()"
-            out.append(f"  const nn_v b{o} = {init};")
-            out.append("  nn_v " + ", ".join(f"a{r}_{o} = b{o}" for r in range(r_count)) + ";")
+            out.append(f"  const nn_v b{o} = first ? {init} : nn_vzero();")
+            out.append("  nn_v " + ", ".join(f"a{r}_{o} = first ? b{o} : nn_vload(y + {o * plane} + (ow0 + {r}) * {vl})"
+                                            for r in range(r_count)) + ";")
 
         def block(lanes: int, icb: str) -> list[str]:
-            body = [f"    for (int i = i0; i < i1; i++) {{",
-                    f"      const float *xi = x + xrow + ({icb}) * {a.c} + i * {g.dh * ah};",
+            body = ["    for (int i = i0; i < i1; i++) {",
+                    f"      const float *xi = x + xrow + ({icb}) * {a.c} + i * {g.dh * a.h};",
                     f"      const float *wi = wg + (({icb}) * {g.kh} + i) * {g.kw * a.lanes * ocb * vl};",
                     "      #pragma GCC unroll 4",
                     f"      for (int l = 0; l < {lanes}; l++) {{"]
@@ -209,71 +230,90 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
                     body.append(f"        const nn_v w{j}_{o} = nn_vload(wi + ({j * a.lanes} + l) * {ocb * vl} + {o * vl});")
                 for r in range(r_count):
                     col = f"((ow0 + {r}) * {g.sw} + {j * g.dw - g.pl})"
-                    guard = f"inner || (uint64_t){col} < {w}"
                     fmas = " ".join(f"a{r}_{o} = nn_vfma(xv, w{j}_{o}, a{r}_{o});" for o in range(ocb))
-                    body.append(f"        if ({guard}) {{ const nn_v xv = nn_vset1(xi[{col} * {a.w} + l * {a.lane}]); "
-                                f"{fmas} }}")
+                    load = f"const nn_v xv = nn_vset1(xi[{col} * {a.w} + l * {a.lane}]);"
+                    if flat:
+                        body.append(f"        {{ {load} {fmas} }}")
+                    else:
+                        body.append(f"        if (inner || (uint64_t){col} < {g.w}) {{ {load} {fmas} }}")
             body += ["      }", "    }"]
             return body
 
-        full = a.blocks if a.last == a.lanes else a.blocks - 1
-        if full:
-            out.append(f"  for (int icb = 0; icb < {full}; icb++) {{")
+        if full_blocks:
+            out.append(f"  for (int icb = cb0; icb < (cb1 < {full_blocks} ? cb1 : {full_blocks}); icb++) {{")
             out += block(a.lanes, "icb")
             out.append("  }")
-        if full < a.blocks:
-            out.append("  {")
+        if full_blocks < a.blocks:
+            out.append(f"  if (cb1 == {a.blocks}) {{")
             out += block(a.last, str(a.blocks - 1))
             out.append("  }")
+        out.append("  if (!last) {")
+        out += [f"    nn_vstore(y + {o * plane} + (ow0 + {r}) * {vl}, a{r}_{o});"
+                for o in range(ocb) for r in range(r_count)]
+        out.append("    return;")
+        out.append("  }")
         out += ["  " + line for line in _epilogue(ocb, r_count, vl, has_res, act, p0, p1, plane)]
         out.append("}")
         return "\n".join(out)
 
-    # columns: tiles at multiples of rw; those wholly inside [lo, hi) run in a loop
-    starts = list(range(0, ow, rw))
+    starts = list(range(0, width, rw))
     inner = [s for s in starts if s >= lo and s + rw <= hi]
-    left = [s for s in starts if inner and s < inner[0] or not inner]
+    left = [s for s in starts if not inner or s < inner[0]]
     right = [s for s in starts if inner and s > inner[-1]]
-    n_inner = len(inner)
-    tasks_per_row = max(1, -(-threads_hint // max(1, g.n * ocg * oh)))
-    chunk = -(-n_inner // tasks_per_row) if n_inner else 1
-    chunks = -(-n_inner // chunk) if n_inner else 1
-    widths = sorted({min(rw, ow - s) for s in starts})
-    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths]
-    row = [f"static void conv_task(void *p, int64_t lo, int64_t hi) {{",
-           "  const float *const *a = p;",
-           "  const float *x = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
-           "  float *yp = (float *)a[4];",
-           "  for (int64_t t = lo; t < hi; t++) {",
-           f"    const int64_t ch = t % {chunks}, oh = (t / {chunks}) % {oh}, "
-           f"g = (t / {chunks * oh}) % {ocg}, n = t / {chunks * oh * ocg};",
-           f"    const int64_t ih0 = oh * {g.sh} - {g.pt};",
-           f"    const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
-           f"    const int64_t top = {h - 1} - ih0;",
-           f"    const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
-           f"    const float *wg = wp + g * {wg};",
-           f"    const float *bias = bp ? bp + g * {ocb * vl} : 0;",
-           f"    const int64_t yo = ((n * {kb} + g * {ocb}) * {oh} + oh) * {ow * vl};",
-           f"    float *y = yp + yo;",
-           f"    const float *res = rp ? rp + yo : 0;",
-           f"    const int64_t xrow = n * {a.n} + ih0 * {ah};"]
+    widths = {min(rw, width - s) for s in starts}
+    if flat and last_w % rw:
+        widths.add(last_w % rw)
+    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in sorted(widths)]
 
-    def call(s: int, inner_flag: int, pos: str | None = None) -> str:
+    def call(s: int, inner_flag: int, pos: str | None = None, w: int | None = None) -> str:
         """Edge tiles get literal positions, so their out-of-row taps vanish at compile time."""
-        return f"tile{min(rw, ow - s)}(x, wg, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag});"
+        return (f"tile{w or min(rw, width - s)}(x, wg, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag}, "
+                "cb0, cb1, kc == 0, kc == NKC - 1);")
 
-    row.append("    if (ch == 0) {")
-    row += [f"      {call(s, 0)}" for s in left]
-    row.append("    }")
-    if n_inner:
-        row.append(f"    for (int64_t q = ch * {chunk}; q < (ch + 1) * {chunk} && q < {n_inner}; q++)")
-        row.append(f"      {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
-    row.append(f"    if (ch == {chunks - 1}) {{")
-    row += [f"      {call(s, 0)}" for s in right]
-    row.append("    }")
-    row += ["  }", "}"]
-    support.append("\n".join(row))
-    total = g.n * ocg * oh * chunks
+    body = [f"#define NKC {nkc}",
+            "static void conv_task(void *p, int64_t lo, int64_t hi) {",
+            "  const float *const *a = p;",
+            "  const float *x = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
+            "  float *yp = (float *)a[4];",
+            "  for (int64_t t = lo; t < hi; t++) {",
+            f"    const int64_t rc = t % {row_chunks}, g = (t / {row_chunks}) % {ocg}, n = t / {row_chunks * ocg};",
+            f"    const float *wg0 = wp + g * {a.blocks * per_block};",
+            f"    const float *bias = bp ? bp + g * {ocb * vl} : 0;",
+            f"    const int64_t r1 = (rc + 1) * {rows_per} < {rows} ? (rc + 1) * {rows_per} : {rows};",
+            "    for (int kc = 0; kc < NKC; kc++) {",
+            f"      const int cb0 = kc * {kc}, cb1 = cb0 + {kc} < {a.blocks} ? cb0 + {kc} : {a.blocks};",
+            "      const float *wg = wg0;",
+            f"      for (int64_t oh = rc * {rows_per}; oh < r1; oh++) {{"]
+    if flat:
+        body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {roww * vl};",
+                 "        float *y = yp + yo;",
+                 "        const float *res = rp ? rp + yo : 0;",
+                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w};",
+                 "        const int i0 = 0, i1 = 1;",
+                 f"        if (oh < {rows - 1}) {{",
+                 f"          for (int64_t q = 0; q < {roww // rw}; q++) {call(0, 1, f'q * {rw}', rw)}",
+                 "        } else {"]
+        if last_w // rw:
+            body.append(f"          for (int64_t q = 0; q < {last_w // rw}; q++) {call(0, 1, f'q * {rw}', rw)}")
+        if last_w % rw:
+            body.append(f"          {call(0, 1, str(last_w // rw * rw), last_w % rw)}")
+        body.append("        }")
+    else:
+        body += [f"        const int64_t ih0 = oh * {g.sh} - {g.pt};",
+                 f"        const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
+                 f"        const int64_t top = {g.h - 1} - ih0;",
+                 f"        const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
+                 f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
+                 "        float *y = yp + yo;",
+                 "        const float *res = rp ? rp + yo : 0;",
+                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h};"]
+        body += [f"        {call(s, 0)}" for s in left]
+        if inner:
+            body.append(f"        for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
+        body += [f"        {call(s, 0)}" for s in right]
+    body += ["      }", "    }", "  }", "}"]
+    support.append("\n".join(body))
+    total = g.n * ocg * row_chunks
     flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
     return "\n".join(support) + "\n", _parallel_call(ptrs, total, flops, "conv_task")
 

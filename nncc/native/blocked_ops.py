@@ -175,3 +175,31 @@ def concat_channels(shapes, vl: int, xs: list[str], y: str) -> tuple[str, str]:
         offset += c
     lines.append("}")
     return "", "\n".join(lines)
+
+
+def scale_shift(shape, vl: int, x: str, scale: str, shift: str, y: str, act: int, p0: str,
+                p1: str) -> tuple[str, str]:
+    """y = act(x * scale[c] + shift[c]) over a blocked [N, C, H, W] (scale, shift packed to
+    whole blocks): one vector multiply-add per pixel."""
+    n, c, h, w = shape
+    cb, hw = blocks(c, vl), h * w
+    vact = f"nn_vact({act}, v, {p0}, {p1})" if act not in (3, 4) else "v"
+    scalar = (f"for (int64_t i = 0; i < {hw * vl}; i++) yb[i] = nn_act({act}, yb[i], {p0}, {p1});"
+              if act in (3, 4) else "")
+    support = f"""NN_REQUIRE_VL({vl});
+static void affine_task(void *p, int64_t lo, int64_t hi) {{
+  const float *const *a = p;
+  for (int64_t t = lo; t < hi; t++) {{
+    const int64_t cb = t % {cb};
+    const nn_v s = nn_vload(a[1] + cb * {vl}), b = nn_vload(a[2] + cb * {vl});
+    const float *xb = a[0] + t * {hw * vl};
+    float *yb = (float *)a[3] + t * {hw * vl};
+    for (int64_t i = 0; i < {hw}; i++) {{
+      nn_v v = nn_vfma(nn_vload(xb + i * {vl}), s, b);
+      nn_vstore(yb + i * {vl}, {vact});
+    }}
+    {scalar}
+  }}
+}}
+"""
+    return support, _call([x, scale, shift, f"(const float *){y}"], n * cb, n * cb * hw * vl, "affine_task")

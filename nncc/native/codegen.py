@@ -45,6 +45,7 @@ POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
+AFFINE_OPS = {("nncc", "ScaleShift")}
 MATMUL_OPS = {("", "MatMul"), ("nncc", "FusedMatMul")}
 GEMM_OPS = {("", "Gemm"), ("nncc", "FusedGemm")}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -89,6 +90,13 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             return "auto_pad"
         if attrs.get("activation", "") not in ACT_CODES:
             return f"activation {attrs.get('activation')!r}"
+        return None
+    if key in AFFINE_OPS:
+        if attrs.get("activation", "") not in ACT_CODES:
+            return f"activation {attrs.get('activation')!r}"
+        c = infos[node.inputs[0]].shape[1]
+        if any(not n or infos[n].shape != (c,) for n in node.inputs[1:3]):
+            return "scale and shift are not per-channel vectors"
         return None
     if key in GEMM_OPS or key in MATMUL_OPS:
         if attrs.get("activation", "") not in ACT_CODES:
@@ -256,6 +264,8 @@ class _Writer(BlockedLayout):
         op = node.op_type
         if key in CONV_OPS:
             return self.conv(node)
+        if key in AFFINE_OPS:
+            return self.scale_shift(node)
         if self.emit_blocked(node):
             return
         if not (_is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
@@ -376,6 +386,24 @@ class _Writer(BlockedLayout):
             f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
             f"{group}, {code}, {_f(p0)}, {_f(p1)}, (float *)SCRATCH);",
             [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
+
+    def scale_shift(self, node: Node) -> None:
+        """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""
+        act = self._activation(node.attrs)
+        if self.blocked_scale_shift(node, act, _f):
+            return
+        self.plain_inputs(node)
+        x, scale, shift = node.inputs[:3]
+        y = node.outputs[0]
+        shape = self.shape(x)
+        outer, c, inner = shape[0], shape[1], math.prod(shape[2:])
+        code, p0, p1 = act
+        self.step(f"for (int64_t n = 0; n < {outer}; n++) for (int64_t c = 0; c < {c}; c++) {{\n"
+                  f"  const float s = {self.ptr(scale)}[c], b = {self.ptr(shift)}[c];\n"
+                  f"  const float *x = {self.ptr(x)} + (n * {c} + c) * {inner};\n"
+                  f"  float *y = {self.ptr(y)} + (n * {c} + c) * {inner};\n"
+                  f"  for (int64_t i = 0; i < {inner}; i++) y[i] = nn_act({code}, x[i] * s + b, {_f(p0)}, {_f(p1)});\n"
+                  "}", [x, scale, shift], [y])
 
     def residual(self, add: Node) -> None:
         conv_out = next(i for i in add.inputs if i in self.deferred)

@@ -167,6 +167,22 @@ class BlockedLayout:
         self.finish_blocked_output(y)
         return True
 
+    def blocked_scale_shift(self, node: Node, act, fmt) -> bool:
+        x, scale, shift = node.inputs[:3]
+        y = node.outputs[0]
+        values = [self.constant_value(scale), self.constant_value(shift)]
+        if x not in self.blocked or len(self.shape(x)) != 4 or any(v is None for v in values):
+            return False
+        c = self.shape(x)[1]
+        s_name = self.pack(scale, f"c{self.vl}", bc.pack_channels(values[0], c, self.vl))
+        b_name = self.pack(shift, f"c{self.vl}", bc.pack_channels(values[1], c, self.vl))
+        src, dst = self.blocked[x], self.blocked_buffer(y)
+        support, code = bo.scale_shift(self.shape(x), self.vl, self.ptr(src), self.ptr(s_name), self.ptr(b_name),
+                                       self.ptr(dst), act[0], fmt(act[1]), fmt(act[2]))
+        self.step(code, [src, s_name, b_name], [dst], support=self.simd + support)
+        self.finish_blocked_output(y)
+        return True
+
     def blocked_unary(self, node: Node, expr: str) -> bool:
         x, y = node.inputs[0], node.outputs[0]
         if x not in self.blocked or len(self.shape(y)) != 4:
