@@ -119,7 +119,7 @@ class Toolchain:
         try:
             timeout = _build_timeout()
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env=_compiler_env())
         except subprocess.TimeoutExpired:
             raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
                                    "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
@@ -129,6 +129,14 @@ class Toolchain:
             lines = done.stderr.splitlines()
             first = next((line for line in lines if "error" in line), lines[0] if lines else "no message")
             raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
+
+
+def _compiler_env() -> dict | None:
+    """The compiler runs without the sanitizer runtimes a sanitize-mode process preloads
+    (they would only slow every compiler process down)."""
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        return None
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
 @functools.lru_cache(maxsize=8)
