@@ -207,6 +207,28 @@ def find_toolchain(target: str = "native", sanitize: bool | None = None) -> Tool
     return None
 
 
+def why_no_native(target: str = "native") -> str | None:
+    """Why this machine builds or runs no native code for ``target`` (one clause), or None.
+    The native backend then takes nothing, or its code runs nowhere but on other CPUs."""
+    cc = os.environ.get("CC")
+    if cc is not None and not cc.strip():
+        return "no C compiler: $CC is set but empty"
+    if cc is not None and _resolve(cc) is None:
+        return f"no C compiler: $CC is {cc!r}, which is not an executable file"
+    if cc is None and not any(_resolve(name) for name in _candidates()):
+        return "no C compiler: none of cc, gcc or clang is on PATH (set $CC to one)"
+    missing = missing_features(required_features(target)) if target in TARGETS else []
+    if missing:
+        return f"this CPU lacks {', '.join(missing[:4])}, which --target {target} needs: its code cannot run here"
+    return None
+
+
+def explicit_compiler_missing() -> bool:
+    """$CC names a compiler that is not there: the user's own choice, so worth a warning."""
+    cc = os.environ.get("CC")
+    return bool(cc and cc.strip()) and _resolve(cc) is None
+
+
 def is_sanitized(identity) -> bool:
     """Whether code with this recorded identity (``Toolchain.identity()``) was built in
     the sanitize mode."""
