@@ -3,8 +3,9 @@
 A case is one op (or a short chain) with its own inputs and outputs; case ``index`` of
 ``seed`` is drawn from its own generator (``default_rng([seed, index])``), so it can be
 rebuilt alone. Kinds take turns by index, so any run of consecutive indices covers them
-all. ``batch_model(cases)`` puts many cases side by side into one model, so one compile
-builds all their kernels in parallel.
+all; one round in four is compiled at -O0 (nothing fused), the others at -O2.
+``batch_model(cases)`` puts many cases side by side into one model, so one compile builds
+all their kernels in parallel.
 
 ``compare`` judges a case: nncc against onnxruntime, and where those disagree beyond the
 tolerance, against the onnx reference evaluator (nncc passes only if it matches that).
@@ -51,13 +52,14 @@ class Case:
     inits: dict = field(default_factory=dict)  # initializer name -> array
     outputs: list = field(default_factory=list)
     terms: int = 1  # the longest sum behind an output element
+    opt_level: int = 2  # -O2 fuses activations and biases into Conv, Gemm and MatMul; -O0 leaves them apart
 
     @property
     def reproduce(self) -> str:
         return f"PYTHONPATH=. python -m tests.native_fuzz_cases {self.seed} {self.index}"
 
     def describe(self) -> str:
-        return f"case {self.seed}:{self.index} {self.kind} {self.geometry}"
+        return f"case {self.seed}:{self.index} {self.kind} -O{self.opt_level} {self.geometry}"
 
 
 class _Builder:
@@ -432,7 +434,7 @@ ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm",
 def make_case(seed: int, index: int) -> Case:
     rng = np.random.default_rng([seed, index])
     kind = ROUND[index % len(ROUND)]
-    case = Case(seed, index, kind, {})
+    case = Case(seed, index, kind, {}, opt_level=0 if index // len(ROUND) % 4 == 3 else 2)  # a round in 4 at -O0
     KINDS[kind](case, rng)
     return case
 
@@ -463,12 +465,18 @@ def feeds(cases: list[Case]) -> dict:
 
 
 def run_nncc(cases: list[Case], path) -> tuple[dict, set]:
-    """(outputs, names of the outputs a native partition wrote) of the batch, by nncc."""
+    """(outputs, names of the outputs a native partition wrote) of the batch, by nncc:
+    one model per optimization level among the cases."""
     import nncc
 
-    onnx.save(batch_model(cases), str(path))
-    model = nncc.compile_model(path)
-    return model.run(feeds(cases)), native_outputs(model)
+    got, native = {}, set()
+    for level in sorted({case.opt_level for case in cases}):
+        group = [case for case in cases if case.opt_level == level]
+        onnx.save(batch_model(group), str(path))
+        model = nncc.compile_model(path, opt_level=level)
+        got.update(model.run(feeds(group)))
+        native |= native_outputs(model)
+    return got, native
 
 
 def native_outputs(model) -> set:
