@@ -149,8 +149,6 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             return "MaxPool indices"
         if op == "AveragePool" and (attrs.get("dilations") and any(d != 1 for d in attrs["dilations"])):
             return "dilated average pooling"
-        if op == "AveragePool" and attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
-            return "ceil_mode with count_include_pad"
         return None
     if op == "Transpose":
         return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
@@ -599,7 +597,8 @@ class _Writer(BlockedLayout):
                       f"{sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw});", [x], [y])
         else:
             self.step(f"nn_avgpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
-                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {int(a.get('count_include_pad', 0))});", [x], [y])
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {pads[2]}, {pads[3]}, "
+                      f"{int(a.get('count_include_pad', 0))});", [x], [y])
 
     def transpose(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]

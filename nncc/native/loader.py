@@ -52,6 +52,7 @@ class Library:
             raise
         self.fd = fd  # never closed: see the module's docstring
         self.threads = 1  # the size of the code's own thread pool, once set
+        self.sanitized = False  # built in the sanitize mode: calls get exactly-sized buffers
         _OPEN.append(fd)
 
     def function(self, name: str):

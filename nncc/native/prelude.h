@@ -109,7 +109,7 @@ void nn_conv2d(const float *x, const float *w, const float *bias, const float *r
 void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
                   int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw);
 void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
-                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh, int64_t ew, int include_pad);
 void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n);
 void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log);
 void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t n,

@@ -337,9 +337,10 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
                                 int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                                 int64_t dw);
 static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                                int64_t ew, int include_pad);
 typedef struct { const float *x, *w, *bias, *res; float *y; int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
-                 int act; float p0, p1; int include_pad; } nn_args;
+                 int act; float p0, p1; int include_pad; int64_t eh, ew; } nn_args;
 
 static void nn_depthwise_task(void *p, int64_t lo, int64_t hi) {
     nn_args *a = p;
@@ -372,12 +373,13 @@ void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, in
 static void nn_avgpool_task(void *p, int64_t lo, int64_t hi) {
     nn_args *a = p;
     nn_avgpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
-                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->include_pad);
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->eh, a->ew, a->include_pad);
 }
 
 void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
-    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad};
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                         int64_t ew, int include_pad) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad, eh, ew};
     nn_parallel(NC, NC * OH * OW * kh * kw, nn_avgpool_task, &a);
 }
 
@@ -434,7 +436,9 @@ void nn_conv2d(const float *x, const float *w, const float *bias, const float *r
         for (int64_t g = 0; g < group; g++) {
             const float *xg = xb + g * cg * H * W;
             const float *src = xg;
-            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0)) {
+            /* direct only when the output is the input itself: with end-only padding a 1x1
+             * stride-1 output is larger than the input, and the GEMM would read past it */
+            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W)) {
                 nn_im2col(xg, ws, cg, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW);
                 src = ws;
             }
@@ -476,7 +480,8 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
 }
 
 static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                         int64_t ew, int include_pad) {
     for (int64_t c = 0; c < NC; c++) {
         const float *xc = x + c * H * W;
         float *yc = y + c * OH * OW;
@@ -489,8 +494,9 @@ static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
                     for (int64_t j = 0; j < kw; j++) {
                         int64_t iw = ow * sw - pw + j;
                         if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
-                            /* padding counts only where it lies inside the padded input */
-                            if (include_pad && ih >= -ph && ih < H + ph && iw >= -pw && iw < W + pw) count++;
+                            /* padding counts only where it lies inside the padded input,
+                             * begin pads before it and end pads (eh, ew) after it */
+                            if (include_pad && ih >= -ph && ih < H + eh && iw >= -pw && iw < W + ew) count++;
                             continue;
                         }
                         s += xc[ih * W + iw];
