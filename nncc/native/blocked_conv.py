@@ -174,7 +174,7 @@ TASKS = 8  # at least this many tasks per convolution, so two to four threads sh
 
 
 def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | None],
-                act: int, p0: str, p1: str) -> tuple[str, str]:
+                act: int, p0: str, p1: str, weights_per_image: bool = False) -> tuple[str, str]:
     """(support C, call statement) for a direct convolution writing the blocked layout.
     ``ptrs``: C expressions for x (input), w (packed weights), b (packed bias), r (the
     blocked residual) and y; b and r may be None.
@@ -182,7 +182,8 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     A task is (image, channel group, chunk of output rows). It sweeps its rows once per
     chunk of input channels, the chunk sized so its packed weights stay in L2 while every
     row reuses them; partial sums wait in the output, and the bias, residual and
-    activation are applied by the last chunk's store."""
+    activation are applied by the last chunk's store. ``weights_per_image``: each image
+    has weights of its own (Winograd's 36 products)."""
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
     ocb, rw = choose_tiling(g, vl)
     flat = _flat(g)
@@ -277,7 +278,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
             "  float *yp = (float *)a[4];",
             "  for (int64_t t = lo; t < hi; t++) {",
             f"    const int64_t rc = t % {row_chunks}, g = (t / {row_chunks}) % {ocg}, n = t / {row_chunks * ocg};",
-            f"    const float *wg0 = wp + g * {a.blocks * per_block};",
+            f"    const float *wg0 = wp + ({'n * %d + ' % ocg if weights_per_image else ''}g) * {a.blocks * per_block};",
             f"    const float *bias = bp ? bp + g * {ocb * vl} : 0;",
             f"    const int64_t r1 = (rc + 1) * {rows_per} < {rows} ? (rc + 1) * {rows_per} : {rows};",
             "    for (int kc = 0; kc < NKC; kc++) {",

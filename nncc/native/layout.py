@@ -21,6 +21,7 @@ import numpy as np
 from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
+from nncc.native import winograd
 
 F32 = np.dtype(np.float32)
 
@@ -109,9 +110,15 @@ class BlockedLayout:
         code_act, p0, p1 = act
         ptrs = {"y": self.ptr(self.blocked_buffer(target))}
         reads = []
+        use_winograd = False
         if g.depthwise:
             x = self.as_blocked(node.inputs[0])
             wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
+        elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl):
+            use_winograd = True
+            x = self.as_blocked(node.inputs[0])
+            packed, ocb = winograd.pack_weights(weights, g, vl)
+            wname = self.pack(node.inputs[1], f"wino{vl}x{ocb}", packed)
         else:
             plain_input = node.inputs[0] not in self.blocked and g.c < vl
             x = node.inputs[0] if plain_input else self.as_blocked(node.inputs[0])
@@ -128,11 +135,14 @@ class BlockedLayout:
             rname = self.as_blocked(residual)
             ptrs["r"] = self.ptr(rname)
             reads.append(rname)
+        scratch = 0
         if g.depthwise:
             support, code = bc.depthwise_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1))
+        elif use_winograd:
+            support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), "SCRATCH")
         else:
             support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1))
-        self.step(code, reads, [self.blocked[target]], support=self.simd + support)
+        self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)
         self.finish_blocked_output(target)
         return True
 
