@@ -42,11 +42,25 @@ AT = [[1, 1, 1, 1, 1, 0],
       [0, 1, -1, 8, -8, 1]]
 
 
+# What decides whether it pays (rough figures of a current x86 core pair): the products
+# run at about the direct kernel's rate, but the transformed filters are four times the
+# size, and a small plane (few tiles) reads each of them only a few times, so a 512-channel
+# 7x7 layer reads 38 MB of filters instead of 9 MB.
+DIRECT_FLOPS = 190e9  # dense multiply-adds per second of the direct kernel, two threads
+SPEEDUP = 3.5  # the products' saving over a direct convolution, transforms included
+MEMORY = 37e9  # bytes per second of filters streamed from memory (measured in ResNet-18)
+
+
 def applies(g: Conv2d, vl: int) -> bool:
     """Where Winograd pays: 3x3, stride 1, undilated, ungrouped, enough channels for the
-    products to be real GEMMs and a plane of at least one whole tile."""
-    return (g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.group == 1
-            and g.c >= 2 * vl and g.k >= 2 * vl and g.oh >= 4 and g.ow >= 4)
+    products to be real GEMMs, a plane of at least one whole tile, and filters that its
+    saving outweighs reading four times larger."""
+    if not (g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.group == 1
+            and g.c >= 2 * vl and g.k >= 2 * vl and g.oh >= 4 and g.ow >= 4):
+        return False
+    flops = 2 * g.n * g.k * g.c * 9 * g.oh * g.ow
+    direct = flops / DIRECT_FLOPS + 9 * g.c * g.k * 4 / MEMORY
+    return flops / (DIRECT_FLOPS * SPEEDUP) + 36 * g.c * g.k * 4 / MEMORY < direct
 
 
 def _products(g: Conv2d) -> Conv2d:
