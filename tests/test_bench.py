@@ -164,6 +164,31 @@ def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
                                                         / cmp["throughput_per_second"])
     assert cmp["ratios"]["compile"] == pytest.approx(payload["compile"]["cold_seconds"] / cmp["session_seconds"])
     assert cmp["threads"] == 2
+    assert cmp["session_options"] == {"intra_op_num_threads": 2}
+
+
+def test_compare_runs_onnxruntime_at_its_defaults():
+    """Every session option is onnxruntime's own default (a fresh SessionOptions says what
+    that is) except the thread count, and no session config entry (spinning, say) is set."""
+    ort = pytest.importorskip("onnxruntime")
+    from nncc.bench import onnxruntime_session
+
+    ours = onnxruntime_session(str(FIXTURES / "mlp.onnx"), 3).get_session_options()
+    default = ort.SessionOptions()
+    differ = {name for name in dir(default) if not name.startswith("_") and not callable(getattr(default, name))
+              and getattr(ours, name) != getattr(default, name)}
+    assert differ == {"intra_op_num_threads", "log_severity_level"}  # the log level prints nothing else
+    assert ours.intra_op_num_threads == 3
+    for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+        with pytest.raises(Exception, match="does not have configuration"):
+            ours.get_session_config_entry(key)
+
+
+def test_compare_table_says_what_differs_from_onnxruntimes_defaults():
+    pytest.importorskip("onnxruntime")
+    result = bench(FIXTURES / "mlp.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime", "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    assert "onnxruntime at its defaults except intra_op_num_threads=1" in result.stdout
 
 
 def test_compare_on_a_convnet_agrees_with_onnxruntime():
