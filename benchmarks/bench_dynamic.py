@@ -8,7 +8,8 @@ shape's native plan built through the cache.
 Models (real weights, benchmarks/real_models.py): bert_dynamic and gpt2_dynamic (symbolic
 batch and sequence axes, reshapes computed from the runtime shape as an export with dynamic
 axes writes them), and mobilenetv2 with a symbolic batch axis. Each (model, shape, runner)
-is measured in a process of its own against an onnxruntime session in that process, in
+is measured in a process of its own against an onnxruntime session in that process (at
+its defaults, only the intra-op thread count set: bench_peers.ort_session), in
 blocks of mirrored order (A B, B A, ...), each block --iterations calls after one untimed
 call; a figure is the median of the per-block means, and its ratio is taken against the
 onnxruntime figure of the same process. Runners:
@@ -65,7 +66,7 @@ def models() -> dict[str, pathlib.Path]:
 
 def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks: int, iterations: int) -> dict:
     """One process: nncc's ``runner`` at input ``shape`` against onnxruntime."""
-    from bench_native import ort_session
+    from bench_peers import ort_session
 
     if runner == "general":
         os.environ["NNCC_SHAPE_PLANS"] = "off"
