@@ -154,7 +154,7 @@ def child_measure(job: dict) -> dict:
         start = clock()
         run(feeds)
         times.append(clock() - start)
-    return {**info, "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
+    return {**info, "pid": os.getpid(), "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
             "p50_s": statistics.median(times), "min_s": min(times)}
 
 
@@ -181,14 +181,23 @@ def child_setup(job: dict) -> dict:
 
 def child_sgemm(job: dict) -> dict:
     """numpy float32 matmul of squares at the run's thread count: the best size's rate."""
-    from nncc.bench import machine_info, matmul_peak
+    from nncc.bench import matmul_peak
     from nncc.runtime.threads import set_blas_threads
 
     set_blas_threads(job["threads"])
     rates = {n: matmul_peak(n, runs=7, threads=job["threads"])["gflops_per_second"]
              for n in (256, 512, 1024, 2048, 3072)}
     best = max(rates, key=rates.get)
-    return {"gflop_per_second": rates[best], "n": best, "by_size": rates, "machine": machine_info()}
+    return {"gflop_per_second": rates[best], "n": best, "by_size": rates}
+
+
+def child_machine(job: dict) -> dict:
+    """The CPU, and the BLAS numpy (and so nncc's native code) runs on at the run's threads."""
+    from nncc.bench import machine_info
+    from nncc.runtime.threads import set_blas_threads
+
+    set_blas_threads(job["threads"])
+    return machine_info()
 
 
 def child_profile(job: dict) -> dict:
@@ -198,7 +207,8 @@ def child_profile(job: dict) -> dict:
     return profile_classes(job["path"], job["threads"], job["runs"], job["dims"])
 
 
-CHILD_JOBS = {"measure": child_measure, "setup": child_setup, "sgemm": child_sgemm, "profile": child_profile}
+CHILD_JOBS = {"measure": child_measure, "setup": child_setup, "sgemm": child_sgemm, "profile": child_profile,
+              "machine": child_machine}
 
 
 def child(job: dict) -> None:
@@ -389,7 +399,7 @@ def render(report: dict, markdown: bool) -> str:
         for name, s in r.get("runtimes", {}).items():
             if s.get("version"):
                 versions.setdefault(name, s["version"])
-    machine = report.get("sgemm", {}).get("machine", {})
+    machine = report.get("machine", {})
     blas = machine.get("blas", {}) or {}
     out.append(f"Steady state, {report['threads']} threads, median over {report['rounds']} rounds of per-process "
                f"p50 ({report['iterations']} timed runs after {report['warmup']} warm-up runs); "
@@ -415,7 +425,8 @@ def render(report: dict, markdown: bool) -> str:
         s = r["runtimes"]
         nn = s.get("nncc", {})
         diffs = r.get("max_rel_diff", {})
-        body.append([r["model"]] + [_ms(s[k].get("p50_s")) if not s[k].get("error") else "error" for k in runtimes]
+        body.append([r["model"]] + [_ms(s[k].get("p50_s")) if not s[k].get("error") else
+                                    "not installed" if k in report["missing"] else "failed" for k in runtimes]
                     + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-"),
                        f"{nn.get('native_partitions', '-')}/{nn.get('partitions', '-')}",
                        _x(r["setup"].get("compile_s")),
@@ -539,6 +550,7 @@ def main(argv=None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="nncc-bench-peers-") as work:
         cache = os.path.join(work, "cache")
+        report["machine"], _ = spawn({"job": "machine", "threads": args.threads})
         if args.profile_runs > 0:
             report["sgemm"], _ = spawn({"job": "sgemm", "threads": args.threads})
             print(f"bench_peers: sgemm peak {report['sgemm'].get('gflop_per_second', 0):.0f} GFLOP/s", file=sys.stderr)
@@ -551,7 +563,7 @@ def main(argv=None) -> None:
             if batch_of:
                 row.update(batch_of=batch_of, batch=args.batch)
             report["models"].append(row)
-            figures = ", ".join(f"{k} {_ms(v.get('p50_s'))} ms" if not v.get("error") else f"{k} error"
+            figures = ", ".join(f"{k} {_ms(v.get('p50_s'))} ms" if not v.get("error") else f"{k} -"
                                 for k, v in row.get("runtimes", {}).items())
             print(f"bench_peers: {label}: {row.get('error') or figures}; nncc / best peer "
                   f"{_x(row.get('nncc_over_best_peer'))} ({time.perf_counter() - began:.0f} s)", file=sys.stderr)
