@@ -232,18 +232,43 @@ def child_env() -> dict:
     return env
 
 
+def _busy_seconds() -> float:
+    """CPU time the whole machine has spent busy (/proc/stat), in seconds; 0 if unknown."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def spawn(job: dict) -> tuple[dict, float]:
-    """Run one child job; (its result, the wall-clock time it was started at)."""
+    """Run one child job; (its result, the wall-clock time it was started at). The result
+    also says how many cores other processes kept busy meanwhile (``other_load``)."""
     import subprocess
 
+    busy, ours, began = _busy_seconds(), _children_cpu(), time.perf_counter()
     started = time.time()
     done = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(job)],
                           capture_output=True, text=True, env=child_env(), timeout=1800)
+    wall = time.perf_counter() - began
+    other = max(0.0, (_busy_seconds() - busy) - (_children_cpu() - ours)) / wall
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"the child process failed (exit {done.returncode}): {tail[:300]}"}, started
-    return json.loads(lines[-1]), started
+    result = json.loads(lines[-1])
+    if isinstance(result, dict):
+        result["other_load"] = other
+    return result, started
 
 
 def light_dir() -> pathlib.Path | None:
@@ -332,6 +357,7 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
             summary.update({k: ok[0][k] for k in ("version", "precision", "cache", "stage", "partitions",
                                                   "native_partitions") if k in ok[0]})
         row["runtimes"][runtime] = summary
+    row["other_load"] = _median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
     peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS if row["runtimes"].get(p, {}).get("p50_s")}
     nncc = row["runtimes"].get("nncc", {}).get("p50_s")
     if peers:
@@ -401,6 +427,8 @@ def render(report: dict, markdown: bool) -> str:
                 versions.setdefault(name, s["version"])
     machine = report.get("machine", {})
     blas = machine.get("blas", {}) or {}
+    if report.get("command"):
+        out.append(f"`{report['command']}`, {report['date']}.")
     out.append(f"Steady state, {report['threads']} threads, median over {report['rounds']} rounds of per-process "
                f"p50 ({report['iterations']} timed runs after {report['warmup']} warm-up runs); "
                f"{machine.get('cpu_model') or 'unknown CPU'}, {machine.get('cpus', '?')} CPUs usable; "
@@ -410,11 +438,14 @@ def render(report: dict, markdown: bool) -> str:
                          if r.get("runtimes", {}).get("openvino", {}).get("precision")})
     if precisions:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(precisions)}.")
+    out.append("Other load: the cores other processes kept busy while the row was measured, median over its "
+               "processes (/proc/stat less this benchmark's own children).")
     for runtime, why in report["missing"].items():
         out.append(f"{runtime}: {why}; left out ({INSTALL_HINT}).")
     out.append("")
-    header = ["model"] + [f"{r} ms" for r in runtimes] + ["nncc / best peer", "best peer", "nncc native partitions",
-                                                          "nncc compile s",
+    header = ["model"] + [f"{r} ms" for r in runtimes] + ["nncc / best peer", "best peer"] + \
+        [f"nncc / {p}" for p in peers if p != "openvino"] + ["nncc native partitions",
+                                                          "nncc compile s", "other load",
                                                           "nncc max rel diff (" + ", ".join(f"vs {p}" for p in peers)
                                                           + ")"]
     body = []
@@ -427,9 +458,11 @@ def render(report: dict, markdown: bool) -> str:
         diffs = r.get("max_rel_diff", {})
         body.append([r["model"]] + [_ms(s[k].get("p50_s")) if not s[k].get("error") else
                                     "not installed" if k in report["missing"] else "failed" for k in runtimes]
-                    + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-"),
-                       f"{nn.get('native_partitions', '-')}/{nn.get('partitions', '-')}",
-                       _x(r["setup"].get("compile_s")),
+                    + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-")]
+                    + [_x(nn["p50_s"] / s[p]["p50_s"] if nn.get("p50_s") and s[p].get("p50_s") else None)
+                       for p in peers if p != "openvino"]
+                    + [f"{nn.get('native_partitions', '-')}/{nn.get('partitions', '-')}",
+                       _x(r["setup"].get("compile_s")), _x(r.get("other_load")),
                        ", ".join("-" if diffs.get(f"nncc vs {p}") is None else f"{diffs[f'nncc vs {p}']:.1e}"
                                  for p in peers)])
     out.append(table(header, body, markdown))
@@ -518,6 +551,8 @@ def parse_args(argv=None):
     parser.add_argument("--profile-runs", type=int, default=20, help="runs of the per-class profile (0: no profile)")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                         help="size of a symbolic input dimension (default 1)")
+    parser.add_argument("--render", metavar="FILE", help="print the tables of a report saved with --json, "
+                                                         "measuring nothing")
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--markdown", action="store_true", help="markdown tables")
     out.add_argument("--json", action="store_true", help="every figure as JSON")
@@ -538,14 +573,22 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if args.render:
+        with open(args.render) as f:
+            print(render(json.load(f), args.markdown))
+        return
     names = args.model or default_models()
     plan = [(n, resolve(n), None) for n in names]
     if args.batch > 1:
         plan += [(f"{n}_batch{args.batch}", resolve(n, args.batch), n) for n in names if n in CONV_REAL]
     missing: dict[str, str] = {}
-    report = {"threads": args.threads, "rounds": args.rounds, "warmup": args.warmup, "iterations": args.iterations,
+    import shlex
+
+    command = "python benchmarks/bench_peers.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    report = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "threads": args.threads, "rounds": args.rounds, "warmup": args.warmup, "iterations": args.iterations,
               "runtimes": args.runtimes, "missing": missing, "models": []}
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="nncc-bench-peers-") as work:
