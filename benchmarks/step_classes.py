@@ -132,18 +132,14 @@ def classify(nodes, infos, labels: list[str], step_ns: list[int]) -> dict[str, A
     return {"classes": classes, "unmatched_ns": unmatched, "unplaced_flops": unplaced}
 
 
-def profile_classes(path: str, threads: int, runs: int = 20, dims: dict | None = None) -> dict[str, Any]:
-    """Compile ``path`` with timed steps, run it ``runs`` times after one untimed run, and
-    return {"classes": {class: {"ms", "gflops", "gflop_per_second", "steps", "nodes"}},
-    "native_ms", "unmatched_ms", "unplaced_gflop", "partitions", "native_partitions"} per run."""
+def compile_profiled(path: str, **options):
+    """``nncc.compile_model`` with every native step timed from inside the generated code:
+    (the model, [(symbol, partition nodes, value infos, step labels)] per native unit)."""
     import nncc
     from nncc.native import codegen
-    from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import set_blas_threads
 
-    set_blas_threads(threads)
     codegen.PROFILE_STEPS = True
-    units: list[tuple[str, Any, Any, Any]] = []
+    units: list[tuple[str, list, Any, list[str]]] = []
     generate = codegen.generate
 
     def keep(partition, graph, infos, symbol):
@@ -153,25 +149,40 @@ def profile_classes(path: str, threads: int, runs: int = 20, dims: dict | None =
 
     codegen.generate = keep
     try:
-        model = nncc.compile_model(path)
+        return nncc.compile_model(path, **options), units
     finally:
         codegen.generate, codegen.PROFILE_STEPS = generate, False
-    feeds = random_feeds(model.input_infos, 0, dims or {})
-    model.run(feeds)
-    native = model._native  # the loaded library of the generated code
-    before: dict[str, list[int]] = {}  # the untimed run's times, taken off at the end
+
+
+def step_times(model, units) -> dict[str, list[int]]:
+    """Each unit's steps' nanoseconds so far, summed over every run since the load."""
+    times = {}
     for symbol, _, _, labels in units:
         table = (ctypes.c_int64 * max(1, len(labels)))()
-        getattr(native.handle, f"{symbol}_profile")(table)
-        before[symbol] = list(table)
+        getattr(model._native.handle, f"{symbol}_profile")(table)
+        times[symbol] = list(table)[:len(labels)]
+    return times
+
+
+def profile_classes(path: str, threads: int, runs: int = 20, dims: dict | None = None) -> dict[str, Any]:
+    """Compile ``path`` with timed steps, run it ``runs`` times after one untimed run, and
+    return {"classes": {class: {"ms", "gflops", "gflop_per_second", "steps", "nodes"}},
+    "native_ms", "unmatched_ms", "unplaced_gflop", "partitions", "native_partitions"} per run."""
+    from nncc.runtime.random_inputs import random_feeds
+    from nncc.runtime.threads import set_blas_threads
+
+    set_blas_threads(threads)
+    model, units = compile_profiled(path)
+    feeds = random_feeds(model.input_infos, 0, dims or {})
+    model.run(feeds)
+    before = step_times(model, units) if units else {}  # the untimed run's, taken off below
     for _ in range(runs):
         model.run(feeds)
+    after = step_times(model, units) if units else {}
     total: dict[str, dict[str, Any]] = {}
     unmatched = unplaced = native_ns = 0
     for symbol, nodes, infos, labels in units:
-        table = (ctypes.c_int64 * max(1, len(labels)))()
-        getattr(native.handle, f"{symbol}_profile")(table)
-        step_ns = [after - b for after, b in zip(table, before[symbol])][:len(labels)]
+        step_ns = [a - b for a, b in zip(after[symbol], before[symbol])]
         native_ns += sum(step_ns)
         found = classify(nodes, infos, labels, step_ns)
         unmatched += found["unmatched_ns"]
@@ -185,8 +196,8 @@ def profile_classes(path: str, threads: int, runs: int = 20, dims: dict | None =
         if name not in total:
             continue
         entry = total[name]
-        ms = entry["ns"] / 1e6 / runs
-        classes[name] = {"ms": ms, "gflops": entry["flops"] / 1e9, "steps": entry["steps"], "nodes": entry["nodes"],
+        classes[name] = {"ms": entry["ns"] / 1e6 / runs, "gflops": entry["flops"] / 1e9, "steps": entry["steps"],
+                         "nodes": entry["nodes"],
                          "gflop_per_second": entry["flops"] / (entry["ns"] / runs) if entry["ns"] and
                          entry["flops"] else None}
     return {"classes": classes, "native_ms": native_ns / 1e6 / runs, "unmatched_ms": unmatched / 1e6 / runs,
