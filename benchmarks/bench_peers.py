@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -60,6 +59,15 @@ CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")
 LIGHT = ("light_resnet50", "light_squeezenet", "light_shufflenet", "light_densenet121", "light_inception_v1",
          "light_inception_v2")
 INSTALL_HINT = "pip install 'nncc[bench]'"
+
+
+def _median(values):
+    """The median of the values that are not None (None if there are none)."""
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 # -- the runtimes, as their users run them (used in the child processes) -------------------------------
@@ -155,7 +163,7 @@ def child_measure(job: dict) -> dict:
         run(feeds)
         times.append(clock() - start)
     return {**info, "pid": os.getpid(), "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
-            "p50_s": statistics.median(times), "min_s": min(times)}
+            "p50_s": _median(times), "min_s": min(times)}
 
 
 def child_setup(job: dict) -> dict:
@@ -228,8 +236,12 @@ def child(job: dict) -> None:
 def child_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # byte code written and reused, as installed
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), env.get("PYTHONPATH")]))
     return env
+
+
+# A child imports this module (so its byte code is cached too) and runs one job.
+CHILD = "import json, sys, bench_peers; bench_peers.child(json.loads(sys.argv[1]))"
 
 
 def _busy_seconds() -> float:
@@ -257,8 +269,8 @@ def spawn(job: dict) -> tuple[dict, float]:
 
     busy, ours, began = _busy_seconds(), _children_cpu(), time.perf_counter()
     started = time.time()
-    done = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--one", json.dumps(job)],
-                          capture_output=True, text=True, env=child_env(), timeout=1800)
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(job)], capture_output=True, text=True,
+                          env=child_env(), timeout=1800)
     wall = time.perf_counter() - began
     other = max(0.0, (_busy_seconds() - busy) - (_children_cpu() - ours)) / wall
     lines = done.stdout.strip().splitlines()
@@ -306,9 +318,6 @@ def default_models() -> list[str]:
     return names
 
 
-def _median(values):
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cache: str, work: str,
