@@ -108,8 +108,7 @@ def open_onnxruntime(path, threads: int, cache: str):
 
     session = ort_session(path, threads)
     names = [o.name for o in session.get_outputs()]
-    inputs = [i.name for i in session.get_inputs()]
-    return (lambda feeds: session.run(None, {n: feeds[n] for n in inputs}), {"version": onnxruntime.__version__},
+    return (lambda feeds: session.run(None, feeds), {"version": onnxruntime.__version__},
             lambda outputs: dict(zip(names, outputs)))
 
 
@@ -120,7 +119,7 @@ def open_openvino(path, threads: int, cache: str):
     request = compiled.create_infer_request()
     ports = compiled.outputs
     info = {"version": openvino.__version__,
-            "precision": str(compiled.get_property("INFERENCE_PRECISION_HINT")).removeprefix("<Type: '").rstrip("'>"),
+            "precision": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),  # f32, bf16, f16
             "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))}
     return (request.infer, info, lambda outputs: {p.get_any_name(): outputs[p] for p in ports})
 
