@@ -446,8 +446,10 @@ def render(report: dict, markdown: bool) -> str:
                          if r.get("runtimes", {}).get("openvino", {}).get("precision")})
     if precisions:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(precisions)}.")
-    out.append("Other load: the cores other processes kept busy while the row was measured, median over its "
-               "processes (/proc/stat less this benchmark's own children).")
+    out.append("nncc compile s: the native compile, a prepare into an empty cache. Max rel diff: the largest "
+               "|nncc - peer| of an output over that output's largest |peer| value, worst output. Other load: the "
+               "cores other processes kept busy while the row was measured, median over its processes (/proc/stat "
+               "less this benchmark's own children).")
     for runtime, why in report["missing"].items():
         out.append(f"{runtime}: {why}; left out ({INSTALL_HINT}).")
     out.append("")
@@ -600,7 +602,6 @@ def main(argv=None) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="nncc-bench-peers-") as work:
-        cache = os.path.join(work, "cache")
         report["machine"], _ = spawn({"job": "machine", "threads": args.threads})
         if args.profile_runs > 0:
             report["sgemm"], _ = spawn({"job": "sgemm", "threads": args.threads})
@@ -609,6 +610,7 @@ def main(argv=None) -> None:
             report["sgemm"] = {}
         for label, path, batch_of in plan:
             began = time.perf_counter()
+            cache = os.path.join(work, f"cache-{label}")  # a cold compile per model
             row = measure_model(label, path, args, args.runtimes, cache, work, missing,
                                 profile=args.profile_runs > 0 and batch_of is None)
             if batch_of:
