@@ -4,6 +4,7 @@ process of its own.
     python benchmarks/bench_peers.py                                   # every model, 2 threads
     python benchmarks/bench_peers.py --model resnet18 --model bert --markdown
     python benchmarks/bench_peers.py --model light_squeezenet --rounds 5 --json > peers.json
+    python benchmarks/bench_peers.py --render peers.json --markdown    # its tables, measuring nothing
 
 The rules:
 
