@@ -74,10 +74,22 @@ def _median(values):
 # -- the runtimes, as their users run them (used in the child processes) -------------------------------
 
 
+class PeerMissing(Exception):
+    """A runtime this benchmark compares with is not installed."""
+
+
+def _peer(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise PeerMissing(f"{module} is not installed ({exc})") from None
+
+
 def ort_session(path, threads: int):
     """onnxruntime's CPU session at its defaults, only the intra-op thread count set."""
-    import onnxruntime as ort
-
+    ort = _peer("onnxruntime")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -86,8 +98,7 @@ def ort_session(path, threads: int):
 def openvino_model(path, threads: int):
     """OpenVINO's CPU device at its defaults, compiled from the .onnx file, only
     INFERENCE_NUM_THREADS set."""
-    import openvino as ov
-
+    ov = _peer("openvino")
     return ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
 
 
@@ -105,21 +116,17 @@ def open_nncc(path, threads: int, cache: str, backends=None):
 
 
 def open_onnxruntime(path, threads: int, cache: str):
-    import onnxruntime
-
     session = ort_session(path, threads)
     names = [o.name for o in session.get_outputs()]
-    return (lambda feeds: session.run(None, feeds), {"version": onnxruntime.__version__},
+    return (lambda feeds: session.run(None, feeds), {"version": _peer("onnxruntime").__version__},
             lambda outputs: dict(zip(names, outputs)))
 
 
 def open_openvino(path, threads: int, cache: str):
-    import openvino
-
     compiled = openvino_model(path, threads)
     request = compiled.create_infer_request()
     ports = compiled.outputs
-    info = {"version": openvino.__version__,
+    info = {"version": _peer("openvino").__version__,
             "precision": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),  # f32, bf16, f16
             "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))}
     return (request.infer, info, lambda outputs: {p.get_any_name(): outputs[p] for p in ports})
@@ -222,8 +229,8 @@ CHILD_JOBS = {"measure": child_measure, "setup": child_setup, "sgemm": child_sge
 def child(job: dict) -> None:
     try:
         result = CHILD_JOBS[job["job"]](job)
-    except ImportError as exc:
-        result = {"error": f"not installed ({exc})", "missing": True}
+    except PeerMissing as exc:
+        result = {"error": str(exc), "missing": True}
     except Exception as exc:  # a runtime that refuses the model: say so, the others go on
         text = str(exc).strip().splitlines()
         result = {"error": f"{type(exc).__name__}: {text[0][:300] if text else ''}"}
@@ -316,8 +323,6 @@ def default_models() -> list[str]:
     names += [n for n in LIGHT if light is not None and (light / f"{n}.onnx").exists()]
     names += sorted(p.stem for p in (ROOT / "fixtures").glob("*.onnx"))
     return names
-
-
 
 
 def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cache: str, work: str,
@@ -451,8 +456,8 @@ def render(report: dict, markdown: bool) -> str:
                "|nncc - peer| of an output over that output's largest |peer| value, worst output. Other load: the "
                "cores other processes kept busy while the row was measured, median over its processes (/proc/stat "
                "less this benchmark's own children).")
-    for runtime, why in report["missing"].items():
-        out.append(f"{runtime}: {why}; left out ({INSTALL_HINT}).")
+    for why in report["missing"].values():
+        out.append(f"{why}: left out ({INSTALL_HINT}).")
     out.append("")
     header = ["model"] + [f"{r} ms" for r in runtimes] + ["nncc / best peer", "best peer"] + \
         [f"nncc / {p}" for p in peers if p != "openvino"] + ["nncc native partitions",
