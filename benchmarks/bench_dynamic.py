@@ -9,7 +9,7 @@ Models (real weights, benchmarks/real_models.py): bert_dynamic and gpt2_dynamic 
 batch and sequence axes, reshapes computed from the runtime shape as an export with dynamic
 axes writes them), and mobilenetv2 with a symbolic batch axis. Each (model, shape) is
 measured by each runner and by onnxruntime (at its defaults, only the intra-op thread
-count set: bench_peers.ort_session), each alone in a process of its own, in an order
+count set: peer_runtimes.ort_session), each alone in a process of its own, in an order
 reversed every round (--rounds); a process times --blocks blocks of --iterations calls,
 each block after one untimed call, and reports the median block mean; a figure is the
 median over rounds, and ratios are against onnxruntime's. Runners:
@@ -70,7 +70,7 @@ def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks:
     if runner == "general":
         os.environ["NNCC_SHAPE_PLANS"] = "off"
     os.environ["NNCC_UPGRADE_AFTER"] = "2" if runner == "native shape plan" else "off"
-    from bench_peers import ort_session
+    from peer_runtimes import ort_session
 
     feeds = None
     if runner == "onnxruntime":

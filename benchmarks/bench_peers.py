@@ -52,6 +52,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peer_runtimes import median, child  # noqa: E402
 RUNTIMES = ("nncc", "onnxruntime", "openvino")
 EXTRA_RUNTIMES = ("nncc-numpy",)  # nncc's portable backend alone, on request
 PEERS = ("onnxruntime", "openvino")
@@ -60,181 +62,6 @@ CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")
 LIGHT = ("light_resnet50", "light_squeezenet", "light_shufflenet", "light_densenet121", "light_inception_v1",
          "light_inception_v2")
 INSTALL_HINT = "pip install 'nncc[bench]'"
-
-
-def _median(values):
-    """The median of the values that are not None (None if there are none)."""
-    ordered = sorted(v for v in values if v is not None)
-    if not ordered:
-        return None
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-# -- the runtimes, as their users run them (used in the child processes) -------------------------------
-
-
-class PeerMissing(Exception):
-    """A runtime this benchmark compares with is not installed."""
-
-
-def _peer(module: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise PeerMissing(f"{module} is not installed ({exc})") from None
-
-
-def ort_session(path, threads: int):
-    """onnxruntime's CPU session at its defaults, only the intra-op thread count set."""
-    ort = _peer("onnxruntime")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def openvino_model(path, threads: int):
-    """OpenVINO's CPU device at its defaults, compiled from the .onnx file, only
-    INFERENCE_NUM_THREADS set."""
-    ov = _peer("openvino")
-    return ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
-
-
-def open_nncc(path, threads: int, cache: str, backends=None):
-    """What a user does: the thread count, then prepare through the cache."""
-    import nncc
-    from nncc.runtime.threads import set_blas_threads
-
-    set_blas_threads(threads)
-    options = {"backends": backends} if backends else {}
-    model, outcome = nncc.prepare(path, cache_dir=cache, **options)
-    info = {"version": nncc.__version__, "cache": outcome.outcome, "stage": outcome.stage,
-            "partitions": len(model.plan.partitions), "native_partitions": model.native_partitions}
-    return model.run, info, lambda outputs: dict(outputs)
-
-
-def open_onnxruntime(path, threads: int, cache: str):
-    session = ort_session(path, threads)
-    names = [o.name for o in session.get_outputs()]
-    return (lambda feeds: session.run(None, feeds), {"version": _peer("onnxruntime").__version__},
-            lambda outputs: dict(zip(names, outputs)))
-
-
-def open_openvino(path, threads: int, cache: str):
-    compiled = openvino_model(path, threads)
-    request = compiled.create_infer_request()
-    ports = compiled.outputs
-    info = {"version": _peer("openvino").__version__,
-            "precision": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),  # f32, bf16, f16
-            "threads": int(compiled.get_property("INFERENCE_NUM_THREADS"))}
-    return (request.infer, info, lambda outputs: {p.get_any_name(): outputs[p] for p in ports})
-
-
-OPENERS = {"nncc": open_nncc, "onnxruntime": open_onnxruntime, "openvino": open_openvino,
-           "nncc-numpy": lambda path, threads, cache: open_nncc(path, threads, cache, ["numpy"])}
-
-
-# -- child processes ------------------------------------------------------------------------------------
-
-
-def child_measure(job: dict) -> dict:
-    """One runtime in this fresh process: first answer, first run, steady state."""
-    import numpy as np
-
-    with np.load(job["feeds"]) as saved:
-        feeds = {k: saved[k] for k in saved.files}
-    clock = time.perf_counter
-    t0 = clock()
-    run, info, named = OPENERS[job["runtime"]](job["path"], job["threads"], job["cache"])
-    t1 = clock()
-    first = run(feeds)
-    t2 = clock()
-    answered = time.time()
-    if job.get("outputs"):
-        np.savez(job["outputs"], **{k: np.asarray(v) for k, v in named(first).items()})
-    del first
-    for _ in range(job["warmup"]):
-        run(feeds)
-    if job["runtime"].startswith("nncc"):  # a shape's own native plan builds in the background: wait
-        import threading
-
-        for thread in threading.enumerate():
-            if thread.name.startswith("nncc-shape-"):
-                thread.join()
-                run(feeds)
-    times = []
-    for _ in range(job["iterations"]):
-        start = clock()
-        run(feeds)
-        times.append(clock() - start)
-    return {**info, "pid": os.getpid(), "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
-            "p50_s": _median(times), "min_s": min(times)}
-
-
-def child_setup(job: dict) -> dict:
-    """Fill the cache with the model's optimized (native) stage, timed, and write the feeds."""
-    import numpy as np
-
-    import nncc
-    from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import set_blas_threads
-
-    set_blas_threads(job["threads"])
-    start = time.perf_counter()
-    model, outcome = nncc.prepare(job["path"], cache_dir=job["cache"], stage="optimized")
-    compile_s = time.perf_counter() - start
-    if "nncc-numpy" in job["runtimes"]:
-        nncc.prepare(job["path"], cache_dir=job["cache"], stage="optimized", backends=["numpy"])
-    feeds = random_feeds(model.input_infos, 0, job["dims"])
-    np.savez(job["feeds"], **feeds)
-    return {"compile_s": compile_s, "cache": outcome.outcome, "partitions": len(model.plan.partitions),
-            "native_partitions": model.native_partitions,
-            "inputs": {k: list(v.shape) for k, v in feeds.items()}}
-
-
-def child_sgemm(job: dict) -> dict:
-    """numpy float32 matmul of squares at the run's thread count: the best size's rate."""
-    from nncc.bench import matmul_peak
-    from nncc.runtime.threads import set_blas_threads
-
-    set_blas_threads(job["threads"])
-    rates = {n: matmul_peak(n, runs=7, threads=job["threads"])["gflops_per_second"]
-             for n in (256, 512, 1024, 2048, 3072)}
-    best = max(rates, key=rates.get)
-    return {"gflop_per_second": rates[best], "n": best, "by_size": rates}
-
-
-def child_machine(job: dict) -> dict:
-    """The CPU, and the BLAS numpy (and so nncc's native code) runs on at the run's threads."""
-    from nncc.bench import machine_info
-    from nncc.runtime.threads import set_blas_threads
-
-    set_blas_threads(job["threads"])
-    return machine_info()
-
-
-def child_profile(job: dict) -> dict:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from step_classes import profile_classes
-
-    return profile_classes(job["path"], job["threads"], job["runs"], job["dims"])
-
-
-CHILD_JOBS = {"measure": child_measure, "setup": child_setup, "sgemm": child_sgemm, "profile": child_profile,
-              "machine": child_machine}
-
-
-def child(job: dict) -> None:
-    try:
-        result = CHILD_JOBS[job["job"]](job)
-    except PeerMissing as exc:
-        result = {"error": str(exc), "missing": True}
-    except Exception as exc:  # a runtime that refuses the model: say so, the others go on
-        text = str(exc).strip().splitlines()
-        result = {"error": f"{type(exc).__name__}: {text[0][:300] if text else ''}"}
-    print(json.dumps(result))
 
 
 # -- the parent ------------------------------------------------------------------------------------------
@@ -247,8 +74,8 @@ def child_env() -> dict:
     return env
 
 
-# A child imports this module (so its byte code is cached too) and runs one job.
-CHILD = "import json, sys, bench_peers; bench_peers.child(json.loads(sys.argv[1]))"
+# A child imports peer_runtimes (so its byte code is cached too) and runs one job.
+CHILD = "import json, sys, peer_runtimes; peer_runtimes.child(json.loads(sys.argv[1]))"
 
 
 def _busy_seconds() -> float:
@@ -364,14 +191,14 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
             (p["error"] for p in per if "error" in p), None)
         summary = {"error": error if not ok else None}
         if ok:
-            summary.update({k: _median(p.get(k) for p in ok)
+            summary.update({k: median(p.get(k) for p in ok)
                             for k in ("p50_s", "min_s", "first_s", "open_s", "to_first_answer_s")})
-            summary["first_over_p50"] = _median(p["first_s"] / p["p50_s"] for p in ok)
+            summary["first_over_p50"] = median(p["first_s"] / p["p50_s"] for p in ok)
             summary["rounds"] = len(ok)
             summary.update({k: ok[0][k] for k in ("version", "precision", "cache", "stage", "partitions",
                                                   "native_partitions") if k in ok[0]})
         row["runtimes"][runtime] = summary
-    row["other_load"] = _median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
+    row["other_load"] = median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
     peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS if row["runtimes"].get(p, {}).get("p50_s")}
     nncc = row["runtimes"].get("nncc", {}).get("p50_s")
     if peers:
@@ -633,7 +460,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--one":  # a child process: one job, its JSON on stdout
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":  # one child job here, its JSON on stdout
         child(json.loads(sys.argv[2]))
     else:
         main()

@@ -433,18 +433,18 @@ def test_piped_table_title_is_one_line(tmp_path):
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def _bench_peers():
+def _peer_runtimes():
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        import bench_peers
+        import peer_runtimes
     finally:
         sys.path.remove(str(BENCHMARKS))
-    return bench_peers
+    return peer_runtimes
 
 
 def test_bench_peers_onnxruntime_is_at_its_defaults():
     ort = pytest.importorskip("onnxruntime")
-    ours = _bench_peers().ort_session(FIXTURES / "mlp.onnx", 1).get_session_options()
+    ours = _peer_runtimes().ort_session(FIXTURES / "mlp.onnx", 1).get_session_options()
     default = ort.SessionOptions()
     differ = {name for name in dir(default) if not name.startswith("_") and not callable(getattr(default, name))
               and getattr(ours, name) != getattr(default, name)}
@@ -457,7 +457,7 @@ def test_bench_peers_openvino_is_at_its_defaults():
     """Every property of the compiled model is what a plain compile_model gives, except the
     thread count."""
     ov = pytest.importorskip("openvino")
-    ours = _bench_peers().openvino_model(FIXTURES / "mlp.onnx", 1)
+    ours = _peer_runtimes().openvino_model(FIXTURES / "mlp.onnx", 1)
     default = ov.Core().compile_model(str(FIXTURES / "mlp.onnx"), "CPU")
     differ = {name for name in default.get_property("SUPPORTED_PROPERTIES")
               if str(ours.get_property(name)) != str(default.get_property(name))}
