@@ -49,6 +49,9 @@ AT = [[1, 1, 1, 1, 1, 0],
 DIRECT_FLOPS = 190e9  # dense multiply-adds per second of the direct kernel, two threads
 SPEEDUP = 3.5  # the products' saving over a direct convolution, transforms included
 MEMORY = 37e9  # bytes per second of filters streamed from memory (measured in ResNet-18)
+# Fewer tiles than this read each transformed filter too few times to pay for holding it
+# four times larger (a 7x7 plane has 4; ResNet-50's three such layers would add 113 MB).
+MIN_TILES = 16
 
 
 def applies(g: Conv2d, vl: int) -> bool:
@@ -57,6 +60,8 @@ def applies(g: Conv2d, vl: int) -> bool:
     saving outweighs reading four times larger."""
     if not (g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.group == 1
             and g.c >= 2 * vl and g.k >= 2 * vl and g.oh >= 4 and g.ow >= 4):
+        return False
+    if g.n * -(-g.oh // 4) * -(-g.ow // 4) < MIN_TILES:
         return False
     flops = 2 * g.n * g.k * g.c * 9 * g.oh * g.ow
     direct = flops / DIRECT_FLOPS + 9 * g.c * g.k * 4 / MEMORY
