@@ -682,9 +682,16 @@ def reduce_code(op: str, shape, axes, x: str, y: str) -> tuple[str, str]:
     xi = " + ".join([f"i{d} * {in_strides[d]}" for d in range(loops)]) or "0"
     yi = " + ".join([f"i{d} * {out_strides[d]}" for d in range(loops) if out_strides[d]]) or "0"
     pad = "  " * loops
-    if last_reduced:
-        body.append(f"{pad}{{ const float *xr = xt + {xi}; float a = yt[{yi}];")
-        body.append(f"{pad}  for (int64_t j = 0; j < {inner[-1][0]}; j++) {{ const float v = xr[j]; a = {acc}; }}")
+    if last_reduced:  # eight independent partial results, so the loop vectorizes
+        n = inner[-1][0]
+        combine = acc if op in ("ReduceMax", "ReduceMin", "ReduceProd") else "a + v"
+        body.append(f"{pad}{{ const float *xr = xt + {xi}; float l[8]; int64_t j = 0;")
+        body.append(f"{pad}  for (int k = 0; k < 8; k++) l[k] = {init};")
+        body.append(f"{pad}  for (; j + 8 <= {n}; j += 8) for (int k = 0; k < 8; k++) "
+                    f"{{ const float a = l[k], v = xr[j + k]; l[k] = {acc}; }}")
+        body.append(f"{pad}  float a = yt[{yi}];")
+        body.append(f"{pad}  for (; j < {n}; j++) {{ const float v = xr[j]; a = {acc}; }}")
+        body.append(f"{pad}  for (int k = 0; k < 8; k++) {{ const float v = l[k]; a = {combine}; }}")
         body.append(f"{pad}  yt[{yi}] = a; }}")
     else:
         body.append(f"{pad}{{ const float v = xt[{xi}]; const float a = yt[{yi}]; yt[{yi}] = {acc}; }}")
