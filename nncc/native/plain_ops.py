@@ -423,8 +423,8 @@ def _resize(node: Node, view: _View):
         raise Refused("Resize of a scalar")
     ins = list(node.inputs) + [""] * 4
     if node.op_type == "Upsample":
-        scales = np.asarray(ctx.get("scales"), np.float32) if ctx.opset < 9 else view.const(ins[1], "scales")
-        if scales is None or np.any(scales < 1):
+        scales = ctx.get("scales") if ctx.opset < 9 else view.const(ins[1], "scales")
+        if scales is None or np.any(np.asarray(scales, np.float32) < 1):
             raise Refused("Upsample scales below 1")
         ctx = Ctx(node.attrs, 10)  # Upsample is Resize-10 with scales >= 1
         roi, sizes = None, None
