@@ -25,6 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native import plain_ops
 from nncc.native.layout import BlockedLayout
 from nncc.plan.memory import aligned_empty
 
@@ -67,6 +68,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     """None when the node can become C, else why not."""
     key = (node.domain, node.op_type)
     op = node.op_type
+    if plain_ops.handles(node, graph, infos):
+        return plain_ops.check(node, graph, infos)
     data_inputs = list(node.inputs)
     if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
         data_inputs = node.inputs[:1]
@@ -273,6 +276,8 @@ class _Writer(BlockedLayout):
             return
         if not (_is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
             self.plain_inputs(node)
+        if plain_ops.handles(node, self.graph, self.infos):
+            return plain_ops.emit(self, node)
         if key in MATMUL_OPS:
             return self.matmul(node)
         if key in GEMM_OPS:
