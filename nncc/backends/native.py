@@ -77,7 +77,8 @@ class NativeBackend(Backend):
         from nncc.runtime.native_step import NativeStep
 
         step = NativeStep(source.native.function(call.symbol), call, source.partition.entry,
-                          pooled=source.native.threads > 1, sanitized=source.native.sanitized)
+                          pooled=source.native.threads > 1 and source.native.blas,
+                          sanitized=source.native.sanitized)
         args = call.args
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],

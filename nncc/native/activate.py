@@ -65,6 +65,9 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
         warn(f"{origin}'s native code cannot be loaded ({exc}); running its portable plan")
         return None
     library.sanitized = sanitized
+    # code that never calls BLAS runs without BLAS's thread count being touched (plans
+    # from before this was recorded are taken to call it)
+    library.blas = not isinstance(info, dict) or info.get("blas") is not False
     return library
 
 

@@ -185,6 +185,7 @@ class Unit:
     labels: list[str] = field(default_factory=list)  # one per step, for profiles
     kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
+    blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
 
 
 class _Writer(BlockedLayout):
@@ -677,7 +678,8 @@ class _Writer(BlockedLayout):
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
-                    ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed))
+                    ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
+                    any(_calls_blas(s.code) for s in self.steps))
 
 
 @dataclass
@@ -745,6 +747,11 @@ def _source(name: str) -> str:
     import importlib.resources
 
     return importlib.resources.files("nncc.native").joinpath(name).read_text()
+
+
+def _calls_blas(code: str) -> bool:
+    """The runtime helpers that reach BLAS: its GEMM, and the grouped convolution on it."""
+    return "nn_gemm(" in code or "nn_conv2d(" in code
 
 
 def _is_pair_sum(node: Node) -> bool:
