@@ -12,6 +12,15 @@ per-run overhead is not timed. numpy's ``matmul`` alone (no bias, no activation)
 the same number of BLAS threads, and the sgemm peak is numpy's 2048 x 2048 product. The
 three runners are timed in alternating blocks; each figure is the median of the blocks.
 
+With --models, whole models instead: build/real-models/bert.onnx and gpt2.onnx (generated
+on first use) and mlp3 (3 x Linear 1024x1024 + ReLU, batch 64), nncc native against
+onnxruntime at its defaults but for intra_op_num_threads, each runtime in a process of its
+own, the processes alternated --rounds times; per round the median of --runs calls after
+--warmup, and the median over rounds is quoted. --before DIR adds the nncc checkout at DIR
+(e.g. the main branch, before this GEMM) as a third runtime.
+
+    python benchmarks/bench_gemm.py --models --before /work/main --rounds 5
+
 A script, not a test: it asserts nothing about speed.
 """
 
@@ -109,6 +118,90 @@ def peak(threads: int, blocks: int) -> float:
     return 2 * 2048 ** 3 / statistics.median(times) / 1e9
 
 
+def write_mlp3(path: str) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    for i in range(3):
+        inits += [numpy_helper.from_array((rng.standard_normal((1024, 1024)) / 32).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array((rng.standard_normal(1024) * 0.1).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], ["y" if i == 2 else f"h{i}"])]
+        x = f"h{i}"
+    graph = helper.make_graph(nodes, "mlp3", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 1024])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 1024])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def model_paths() -> list[str]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from real_models import write_all
+
+    out = ROOT / "build" / "real-models"
+    write_all(str(out))
+    mlp3 = out / "mlp3.onnx"
+    if not mlp3.exists():
+        write_mlp3(str(mlp3))
+    return [str(out / "bert.onnx"), str(out / "gpt2.onnx"), str(mlp3)]
+
+
+def one_model(runtime: str, path: str, threads: int, warmup: int, runs: int) -> float:
+    """Median ms per call of ``path`` in this process: "nncc" (native) or "onnxruntime"."""
+    if runtime == "onnxruntime":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        shapes = {i.name: i.shape for i in session.get_inputs()}
+        feeds = {n: np.random.default_rng(0).standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+        run = lambda: session.run(None, feeds)  # noqa: E731
+    else:
+        import nncc
+        from nncc.runtime.threads import set_blas_threads
+
+        set_blas_threads(threads)
+        model = nncc.compile_model(path)
+        feeds = {n: np.random.default_rng(0).standard_normal(i.shape).astype(np.float32)
+                 for n, i in model.input_infos.items()}
+        run = lambda: model.run(feeds)  # noqa: E731
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def models(args) -> None:
+    import json
+    import subprocess
+
+    runtimes = {"nncc": str(ROOT), "onnxruntime": str(ROOT)}
+    if args.before:
+        runtimes["nncc before"] = str(pathlib.Path(args.before).resolve())
+    for path in model_paths():
+        figures: dict[str, list[float]] = {name: [] for name in runtimes}
+        order = list(runtimes)
+        for round_ in range(args.rounds):
+            for name in (order if round_ % 2 == 0 else order[::-1]):
+                env = dict(os.environ, PYTHONPATH=runtimes[name])
+                done = subprocess.run([sys.executable, __file__, "--one-model", json.dumps(
+                    [name.split()[0], path, args.threads, args.warmup, args.runs])], env=env, capture_output=True,
+                    text=True, check=True)
+                figures[name].append(float(done.stdout.strip().splitlines()[-1]))
+        med = {name: statistics.median(v) for name, v in figures.items()}
+        print(f"{pathlib.Path(path).stem:6s} " + "   ".join(
+            f"{name} {med[name]:6.2f} ms [{min(figures[name]):.2f}-{max(figures[name]):.2f}]" for name in runtimes),
+            flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--m", type=int, action="append", help="rows of A (repeatable); default 1 64 128 256 512")
@@ -117,7 +210,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--block-seconds", type=float, default=0.1)
+    parser.add_argument("--models", action="store_true", help="time whole models against onnxruntime")
+    parser.add_argument("--before", help="an nncc checkout to time as well (--models)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--one-model", help=argparse.SUPPRESS)  # a child: [runtime, path, threads, warmup, runs]
     args = parser.parse_args()
+    if args.one_model:
+        import json
+
+        print(one_model(*json.loads(args.one_model)))
+        return
+    if args.models:
+        return models(args)
     from nncc.native import codegen  # noqa: F401  (imports before the threads are set)
     from nncc.runtime.threads import limit_blas_threads, set_blas_threads
 
