@@ -97,7 +97,7 @@ class _Builder:
         return compiled
 
 
-# (M, K, N, activation): one row; sizes below, at and above the AVX-512 tile (12 x 32) and
+# (M, K, N, activation): one row; sizes below, at and above the AVX-512 tile (6 x 64) and
 # each vector width; K long enough to be cut into blocks (with M above the tile)
 MATMULS = [
     (1, 7, 5, ""), (1, 300, 65, "Relu"), (1, 1, 1, "Sigmoid"), (2, 33, 17, "Tanh"), (3, 17, 65, "LeakyRelu"),

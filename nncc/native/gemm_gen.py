@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # (MR, NV) per vector width: the accumulator tile. Measured on Zen 4 (benchmarks/bench_gemm.py).
-TILES = {16: (12, 2), 8: (6, 2), 4: (6, 2)}
-KC_MAX = 384  # K per block when K is long: MR rows of A (18 KB) stay in L1 while a block runs
+TILES = {16: (6, 4), 8: (6, 2), 4: (6, 2)}
+KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while a block runs
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
 
 VECTOR_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 5, "HardSigmoid": 6, "HardSwish": 7}
