@@ -17,9 +17,10 @@ the (row sliver x panel) grid each (nn_parallel), chosen at run time for the poo
 One or two rows (a decoder's next token) use a kernel that splits K over several
 accumulators instead: that product is a pass over the packed B, bound by memory.
 
-Nothing is touched outside A's rows, the packed B and bias, and C, P, R's [M, N]: partial
-vectors at the end of a row are stored (and P, R loaded) with masks on AVX-512, through a
-small buffer elsewhere and under AddressSanitizer (which checks that copy exactly).
+Nothing is touched outside A's rows, the packed B and bias, and C, P, R's [M, N]: a partial
+vector at the end of a row is stored (and P, R loaded) through a small buffer, copying only
+its valid floats (the same code under AddressSanitizer, which checks that copy exactly).
+The code uses only nncc/native/simd.h's operations, no ISA intrinsics.
 """
 
 from __future__ import annotations
@@ -127,10 +128,8 @@ def _f(value: float) -> str:
 
 
 _HELPERS = """
-#if NN_VL == 16 && !defined(__SANITIZE_ADDRESS__)
-static inline nn_v g_loadn(const float *p, int n) { return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p); }
-static inline void g_storen(float *p, nn_v v, int n) { _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), v); }
-#else
+/* the first n floats of a vector: through a small buffer (n is a literal, so this is a few
+ * moves), never touching memory past them; AddressSanitizer checks the copy exactly */
 static inline nn_v g_loadn(const float *p, int n) {
     float t[NN_VL] = {0};
     memcpy(t, p, (size_t)n * sizeof(float));
@@ -141,7 +140,6 @@ static inline void g_storen(float *p, nn_v v, int n) {
     nn_vstore(t, v);
     memcpy(p, t, (size_t)n * sizeof(float));
 }
-#endif
 """
 
 
