@@ -25,7 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import plain_ops
+from nncc.native import gemm_gen, plain_ops
 from nncc.native.layout import BlockedLayout
 from nncc.plan.memory import aligned_empty
 
@@ -103,7 +103,7 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             return "scale and shift are not per-channel vectors"
         return None
     if key in GEMM_OPS or key in MATMUL_OPS:
-        if attrs.get("activation", "") not in ACT_CODES:
+        if attrs.get("activation", "") not in ACT_CODES and not gemm_gen.takes(node, graph, infos):
             return f"activation {attrs.get('activation')!r}"
         if key in MATMUL_OPS:
             a, b = (infos[n].shape for n in node.inputs[:2])
@@ -443,6 +443,8 @@ class _Writer(BlockedLayout):
         return lo, hi
 
     def matmul(self, node: Node) -> None:
+        if gemm_gen.emit_matmul(self, node):  # by constant weights: nncc's packed GEMM
+            return
         a, b = node.inputs[:2]
         bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         sa, sb, so = self.shape(a), self.shape(b), self.shape(node.outputs[0])
@@ -479,6 +481,8 @@ class _Writer(BlockedLayout):
         self.step("\n".join(lines), [a, b, bias], node.outputs[:1])
 
     def gemm(self, node: Node) -> None:
+        if gemm_gen.emit_gemm(self, node):  # by constant weights: nncc's packed GEMM
+            return
         a, b = node.inputs[:2]
         c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         at = node.attrs
