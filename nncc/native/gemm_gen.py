@@ -337,6 +337,7 @@ def _with_residual(w, node, out: str):
         return out, None
     add, other = found
     w.absorbed.add(id(add))
+    w.as_plain(other)  # the residual is read row-major, whatever layout it was made in
     return add.outputs[0], other
 
 
