@@ -16,8 +16,8 @@ peers in mirrored blocks (see blocked_ms):
                  (SessionOptions.optimized_model_filepath), reloaded with graph optimizations
                  disabled: onnxruntime's nearest equivalent of "prepare from the cache".
     OpenVINO     core.compile_model(model, "CPU", {"CACHE_DIR": dir}) on a cache hit, when
-                 `import openvino` works (`pip install openvino`: not a project extra, the
-                 dependency policy names only onnx and onnxruntime); otherwise "not installed".
+                 `import openvino` works (`pip install 'nncc[bench]'`, the benchmarks' extra);
+                 otherwise "not installed".
     (context)    a cold compile: nncc without the cache vs onnxruntime creating a session from
                  the original model with all graph optimizations.
 

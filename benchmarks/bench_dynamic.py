@@ -7,11 +7,12 @@ shape's native plan built through the cache.
 
 Models (real weights, benchmarks/real_models.py): bert_dynamic and gpt2_dynamic (symbolic
 batch and sequence axes, reshapes computed from the runtime shape as an export with dynamic
-axes writes them), and mobilenetv2 with a symbolic batch axis. Each (model, shape, runner)
-is measured in a process of its own against an onnxruntime session in that process, in
-blocks of mirrored order (A B, B A, ...), each block --iterations calls after one untimed
-call; a figure is the median of the per-block means, and its ratio is taken against the
-onnxruntime figure of the same process. Runners:
+axes writes them), and mobilenetv2 with a symbolic batch axis. Each (model, shape) is
+measured by each runner and by onnxruntime (at its defaults, only the intra-op thread
+count set: peer_runtimes.ort_session), each alone in a process of its own, in an order
+reversed every round (--rounds); a process times --blocks blocks of --iterations calls,
+each block after one untimed call, and reports the median block mean; a figure is the
+median over rounds, and ratios are against onnxruntime's. Runners:
 
 - general: ``run.shape_plans`` off, so every run uses the plan compiled for any shape;
 - shape plan: the default, a shape run twice gets its own portable plan;
@@ -64,53 +65,58 @@ def models() -> dict[str, pathlib.Path]:
 
 
 def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks: int, iterations: int) -> dict:
-    """One process: nncc's ``runner`` at input ``shape`` against onnxruntime."""
-    from bench_native import ort_session
-
+    """One process, one runner (an nncc runner or onnxruntime) at input ``shape``: the median
+    of ``blocks`` block means of ``iterations`` calls, each block after one untimed call."""
     if runner == "general":
         os.environ["NNCC_SHAPE_PLANS"] = "off"
     os.environ["NNCC_UPGRADE_AFTER"] = "2" if runner == "native shape plan" else "off"
-    import nncc
-    from nncc.runtime.threads import set_blas_threads
+    from peer_runtimes import ort_session
 
-    set_blas_threads(threads)
-    session = ort_session(path, threads)
-    name = session.get_inputs()[0].name
-    feeds = {name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    if runner == "native shape plan":
-        model, _ = nncc.prepare(path, cache_dir=tempfile.mkdtemp(prefix="nncc-bench-dynamic-"))
+    feeds = None
+    if runner == "onnxruntime":
+        session = ort_session(path, threads)
+        feeds = {session.get_inputs()[0].name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        run = lambda: session.run(None, feeds)  # noqa: E731
     else:
-        model = nncc.compile_model(path)
-    for _ in range(2):  # a shape's second run specialises it
-        got = model.run(feeds)
-    for thread in threading.enumerate():
-        if thread.name.startswith("nncc-shape-"):
-            thread.join()
-    got = model.run(feeds)
-    want = session.run(None, feeds)
-    error = max(float(np.max(np.abs(got[n] - w))) / max(1.0, float(np.max(np.abs(w))))
-                for n, w in zip(model.output_names, want))
-    runners = {runner: lambda: model.run(feeds), "onnxruntime": lambda: session.run(None, feeds)}
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    order = list(runners)
-    for block in range(blocks):
-        for key in (order if block % 2 == 0 else order[::-1]):
-            run = runners[key]
+        import nncc
+        from nncc.runtime.threads import set_blas_threads
+
+        set_blas_threads(threads)
+        if runner == "native shape plan":
+            model, _ = nncc.prepare(path, cache_dir=tempfile.mkdtemp(prefix="nncc-bench-dynamic-"))
+        else:
+            model = nncc.compile_model(path)
+        name = next(iter(model.input_infos))
+        feeds = {name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        for _ in range(2):  # a shape's second run specialises it
+            model.run(feeds)
+        for thread in threading.enumerate():
+            if thread.name.startswith("nncc-shape-"):
+                thread.join()
+        run = lambda: model.run(feeds)  # noqa: E731
+    times = []
+    for _ in range(blocks):
+        run()
+        t0 = time.perf_counter()
+        for _ in range(iterations):
             run()
-            t0 = time.perf_counter()
-            for _ in range(iterations):
-                run()
-            times[key].append((time.perf_counter() - t0) / iterations * 1000)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    plans = model._shape_plans
-    executor = plans._plans.get(tuple([shape])) if plans is not None else None
-    return {"ms": med[runner], "ort_ms": med["onnxruntime"], "ratio": med[runner] / med["onnxruntime"],
-            "native": 0 if executor is None else executor.native_partitions, "max_rel_error": error}
+        times.append((time.perf_counter() - t0) / iterations * 1000)
+    result = {"ms": statistics.median(times)}
+    if runner != "onnxruntime":  # checked against onnxruntime once the timing is done
+        got = model.run(feeds)
+        want = ort_session(path, threads).run(None, feeds)
+        result["max_rel_error"] = max(float(np.max(np.abs(got[n] - w))) / max(1.0, float(np.max(np.abs(w))))
+                                      for n, w in zip(model.output_names, want))
+        plans = model._shape_plans
+        executor = plans._plans.get(tuple([shape])) if plans is not None else None
+        result["native"] = 0 if executor is None else executor.native_partitions
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--markdown", action="store_true")
@@ -122,20 +128,29 @@ def main() -> None:
                                  args.blocks, args.iterations)))
         return
     rows = []
+    order = list(RUNNERS) + ["onnxruntime"]
     for name, path in models().items():
         for shape in SHAPES[name]:
             row = {"model": name, "shape": "x".join(map(str, shape))}
+            runs: dict[str, list[dict]] = {r: [] for r in order}
+            for rnd in range(args.rounds):  # each runner alone in its process, the order reversed each round
+                for runner in (order if rnd % 2 == 0 else order[::-1]):
+                    job = json.dumps({"path": str(path), "shape": shape, "runner": runner})
+                    done = subprocess.run([sys.executable, __file__, "--one", job, "--threads", str(args.threads),
+                                           "--blocks", str(args.blocks), "--iterations", str(args.iterations)],
+                                          capture_output=True, text=True, check=True)
+                    runs[runner].append(json.loads(done.stdout))
+            ort_ms = statistics.median(r["ms"] for r in runs["onnxruntime"])
             for runner in RUNNERS:
-                job = json.dumps({"path": str(path), "shape": shape, "runner": runner})
-                done = subprocess.run([sys.executable, __file__, "--one", job, "--threads", str(args.threads),
-                                       "--blocks", str(args.blocks), "--iterations", str(args.iterations)],
-                                      capture_output=True, text=True, check=True)
-                row[runner] = json.loads(done.stdout)
+                ms = statistics.median(r["ms"] for r in runs[runner])
+                row[runner] = {"ms": ms, "ort_ms": ort_ms, "ratio": ms / ort_ms, "native": runs[runner][0]["native"],
+                               "max_rel_error": max(r["max_rel_error"] for r in runs[runner])}
             rows.append(row)
             if not args.markdown:
                 print(f"{name:18s} {row['shape']:12s} " + "   ".join(
-                    f"{r} {row[r]['ms']:7.2f} ms (ort {row[r]['ort_ms']:6.2f}) {row[r]['ratio']:.2f}"
-                    for r in RUNNERS) + f"   native partitions {row['native shape plan']['native']}", flush=True)
+                    f"{r} {row[r]['ms']:7.2f} ms {row[r]['ratio']:.2f}" for r in RUNNERS)
+                    + f"   onnxruntime {ort_ms:6.2f} ms   native partitions {row['native shape plan']['native']}",
+                    flush=True)
     if args.markdown:
         print("| model | input | general / ort | shape plan / ort | native shape plan / ort | nncc ms: general, "
               "shape, native (ort) |")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import pathlib
 import sys
 
@@ -19,8 +18,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import nncc  # noqa: E402
-from nncc.native import codegen  # noqa: E402
+from step_classes import compile_profiled, step_times  # noqa: E402
+
 from nncc.runtime.threads import set_blas_threads  # noqa: E402
 
 
@@ -31,17 +30,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     set_blas_threads(args.threads)
-    codegen.PROFILE_STEPS = True
-    labels = {}
-    generate = codegen.generate
-
-    def keep_labels(partition, graph, infos, symbol):
-        unit = generate(partition, graph, infos, symbol)
-        labels[symbol] = unit.labels
-        return unit
-
-    codegen.generate = keep_labels
-    model = nncc.compile_model(args.model)
+    model, units = compile_profiled(args.model)
     feeds = {name: np.random.default_rng(0).standard_normal(info.shape).astype(np.float32)
              for name, info in model.input_infos.items()}
     model.run(feeds)
@@ -49,10 +38,9 @@ def main() -> None:
         model.run(feeds)
     by_op: collections.Counter = collections.Counter()
     steps = []
-    for symbol, names in labels.items():
-        table = (ctypes.c_int64 * len(names))()
-        getattr(model._native.handle, f"{symbol}_profile")(table)
-        for name, ns in zip(names, table):
+    times = step_times(model, units)
+    for symbol, _, _, names in units:
+        for name, ns in zip(names, times[symbol]):
             ms = ns / 1e6 / (args.runs + 1)
             by_op[name.split()[0]] += ms
             steps.append((ms, name))
@@ -63,6 +51,7 @@ def main() -> None:
     print("slowest steps:")
     for ms, name in sorted(steps, reverse=True)[:12]:
         print(f"  {ms:8.3f} ms  {name}")
+    print("per convolution class: benchmarks/bench_peers.py (benchmarks/step_classes.py)")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
 - bert_dynamic.onnx, gpt2_dynamic.onnx  the same weights with symbolic batch and sequence
                    axes, reshapes computed from the runtime shape (Shape, Gather,
                    Concat) as an export with dynamic axes writes them
-- resnet50.onnx    (resnet50(), made by benchmarks/bench_native_compile.py) ResNet-50
-                   layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
+- resnet50.onnx    (resnet50(), made on use by bench_native_compile.py and bench_peers.py)
+                   ResNet-50 layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
+- NAME_batchN.onnx (write_one(out, NAME, batch=N), NAME one of the conv models) the same
+                   model and weights with a batch of N images
 - large.onnx       (with --large) an MLP of 8 layers of 4096x4096: 537M bytes of weights,
                    for cache-hit cost against model size
 """
@@ -39,7 +41,12 @@ from make_fixtures import Builder, f32_input  # noqa: E402
 MAX_SEQ = 512  # the longest sequence the dynamic decoder's causal mask covers
 
 
-def resnet18():
+def _batched(name: str, batch: int) -> str:
+    """The graph's name: a batch-1 model keeps its plain name, so its file stays byte-identical."""
+    return name if batch == 1 else f"{name}_batch{batch}"
+
+
+def resnet18(batch: int = 1):
     b = Builder(seed=2001)
 
     def conv(x, cin, cout, k, stride=1, relu=True):
@@ -61,13 +68,14 @@ def resnet18():
         cin = cout
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
     b.op("Gemm", [x, b.lecun((1000, 512), 512), b.small((1000,))], out="logits", transB=1)
-    return b.model("resnet18", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
-                   "ResNet-18 layout with BatchNorm folded, real random weights")
+    return b.model(_batched("resnet18", batch), [f32_input("input", [batch, 3, 224, 224])],
+                   [f32_input("logits", [batch, 1000])], "ResNet-18 layout with BatchNorm folded, real random weights")
 
 
-def resnet50():
+def resnet50(batch: int = 1):
     """ResNet-50 (v1.5: stride on the 3x3 convolution of each bottleneck), BatchNorm folded,
-    1x3x224x224, 25.6M parameters. Not in MODELS: bench_native_compile.py makes it on use."""
+    1x3x224x224, 25.6M parameters. Not in MODELS: bench_native_compile.py and
+    bench_peers.py make it on use."""
     b = Builder(seed=2005)
 
     def conv(x, cin, cout, k, stride=1, relu=True):
@@ -91,11 +99,11 @@ def resnet50():
             cin = width * 4
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
     b.op("Gemm", [x, b.lecun((1000, 2048), 2048), b.small((1000,))], out="logits", transB=1)
-    return b.model("resnet50", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
-                   "ResNet-50 layout with BatchNorm folded, real random weights")
+    return b.model(_batched("resnet50", batch), [f32_input("input", [batch, 3, 224, 224])],
+                   [f32_input("logits", [batch, 1000])], "ResNet-50 layout with BatchNorm folded, real random weights")
 
 
-def mobilenetv2():
+def mobilenetv2(batch: int = 1):
     b = Builder(seed=2002)
 
     def conv(x, cin, cout, k, stride=1, group=1, act=True):
@@ -117,7 +125,8 @@ def mobilenetv2():
     x = conv(x, cin, 1280, 1)
     x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
     b.op("Gemm", [x, b.lecun((1000, 1280), 1280), b.small((1000,))], out="logits", transB=1)
-    return b.model("mobilenetv2", [f32_input("input", [1, 3, 224, 224])], [f32_input("logits", [1, 1000])],
+    return b.model(_batched("mobilenetv2", batch), [f32_input("input", [batch, 3, 224, 224])],
+                   [f32_input("logits", [batch, 1000])],
                    "MobileNetV2 layout, depthwise convolutions, ReLU6 as Clip, real random weights")
 
 
@@ -220,6 +229,8 @@ def large():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+CONV_MODELS = {"resnet18": resnet18, "resnet50": resnet50, "mobilenetv2": mobilenetv2}  # take batch=N
+
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2,
           "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic}
 
@@ -236,6 +247,18 @@ def write_all(out_dir: str, with_large: bool = False) -> list[str]:
             onnx.save(make(), path)
         paths.append(path)
     return paths
+
+
+def write_one(out_dir: str, name: str, batch: int = 1) -> str:
+    """One model of CONV_MODELS or MODELS (``batch``: conv models only) as OUT_DIR/NAME.onnx,
+    or NAME_batchN.onnx; written on first use."""
+    import onnx
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{_batched(name, batch)}.onnx")
+    if not os.path.exists(path):
+        onnx.save(CONV_MODELS[name](batch) if name in CONV_MODELS else MODELS[name](), path)
+    return path
 
 
 if __name__ == "__main__":

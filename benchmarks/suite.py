@@ -7,8 +7,10 @@
 For each model (fixtures/*.onnx with symbolic dims bound to 1, then
 onnx/backend/test/data/light/*.onnx) it runs nncc.bench.run_benchmark with
 --compare onnxruntime: both runtimes on the same seeded inputs, 2 intra-op/BLAS threads,
-onnxruntime's spinning off, the timed runs interleaved, so each ratio comes from one run
-in which machine noise hit both sides alike. FLOPs are 2 x MACs of Conv/Gemm/MatMul from
+onnxruntime at its defaults otherwise, the timed runs interleaved in one process, so each
+ratio comes from one run in which machine noise hit both sides alike (and onnxruntime's
+idle threads spin on the cores nncc runs on next). benchmarks/bench_peers.py measures
+each runtime, OpenVINO too, in a process of its own: quote its ratios. FLOPs are 2 x MACs of Conv/Gemm/MatMul from
 the nncc plan; "% of peak" relates the achieved rate to numpy's float32
 1024 x 1024 @ 1024 x 1024 matmul rate measured in the same process (the better of a
 measurement before and after the models).
@@ -298,7 +300,7 @@ def render(results, machine, peaks, args, ort_version, nncc_version, seconds) ->
         "",
         f"Each model: {args.warmup} warm-up runs per runtime, then nncc and onnxruntime interleaved for "
         f"{args.duration:g} s (at least {args.min_iterations} runs each); {args.threads} BLAS threads for nncc, "
-        f"intra_op_num_threads={args.threads} and allow_spinning=0 for onnxruntime; seeded random inputs, "
+        f"onnxruntime at its defaults with intra_op_num_threads={args.threads}; seeded random inputs, "
         "symbolic dims = 1. Latencies in ms. Ratios are nncc / onnxruntime (below 1: nncc faster); "
         "GFLOP = 2 x MACs of Conv/Gemm/MatMul per inference; % of peak = nncc GFLOP/s / matmul peak. "
         "Other load = CPU time other processes took while the model was measured, in cores (from "
@@ -429,11 +431,12 @@ def nncc_kernel_times(compiled, feeds, runs: int):
 def ort_kernel_times(model: str, feeds, runs: int, threads: int) -> tuple[dict[str, float], dict[str, int], float]:
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    from nncc.bench import onnxruntime_settings
+
+    options = ort.SessionOptions()  # its defaults, the thread count as --compare sets it, and profiling
     options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for name, value in onnxruntime_settings(threads).items():
+        setattr(options, name, value)
     options.enable_profiling = True
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="nncc-ort-prof-"), "ort")
     session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])

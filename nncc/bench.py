@@ -12,10 +12,11 @@ a JSON-ready dict (the schema is in docs/bench.md):
 5. peak resident memory: getrusage's ru_maxrss (on Linux /proc/self/status VmHWM, the same
    figure without a parent's peak carried over fork + exec); no tracemalloc, which would
    slow every allocation the timings include;
-6. with ``compare="onnxruntime"``: an onnxruntime session on the same inputs, with the same
-   thread count and spinning off, timed INTERLEAVED with nncc (the order alternates every
-   iteration, so machine noise and cache effects hit both alike); ratios nncc / ort and
-   the largest absolute difference between their outputs.
+6. with ``compare="onnxruntime"``: an onnxruntime session on the same inputs, at its
+   defaults with the same thread count, timed INTERLEAVED with nncc in this process (the
+   order alternates every iteration, so machine noise and cache effects hit both alike);
+   ratios nncc / ort and the largest absolute difference between their outputs.
+   benchmarks/bench_peers.py runs each runtime in a process of its own instead.
 
 ``count_flops(plan, dims)`` counts 2 x MACs of Conv, ConvTranspose, Gemm and MatMul
 (fused variants included) from the plan's slot shapes; ``matmul_peak()`` measures the
@@ -304,18 +305,22 @@ def current_rss_bytes() -> int | None:
 
 
 def onnxruntime_session(model: str, threads: int | None):
-    """An onnxruntime CPU session with intra-op threads = ``threads`` and spinning off: its
-    idle workers would otherwise spin after every run and steal the cores numpy's BLAS
-    threads need. Raises ImportError when onnxruntime is not installed."""
+    """An onnxruntime CPU session as its users create one: its defaults (every graph
+    optimisation; idle intra-op threads spin), with only ``intra_op_num_threads`` set, to
+    ``threads`` (None: onnxruntime's own choice). Raises ImportError when onnxruntime is
+    not installed."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # models with unused initializers: no warnings
-    options.intra_op_num_threads = threads or 0
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    for name, value in onnxruntime_settings(threads).items():
+        setattr(options, name, value)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def onnxruntime_settings(threads: int | None) -> dict[str, int]:
+    """The session options --compare sets, every other one left at onnxruntime's default."""
+    return {"intra_op_num_threads": threads} if threads else {}
 
 
 def max_abs_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[float | None, int]:
@@ -566,7 +571,8 @@ def _cache_hits(model, settings, options, info, prepare):
 
 def _start_onnxruntime(model, settings, feeds, nncc_outputs, notice):
     compare: dict[str, Any] = {"runtime": settings.compare, "available": False, "reason": None, "version": None,
-                               "threads": settings.threads, "session_seconds": None,
+                               "threads": settings.threads,
+                               "session_options": onnxruntime_settings(settings.threads), "session_seconds": None,
                                "first_inference_seconds": None, "latency_seconds": None,
                                "iterations": 0, "throughput_per_second": None, "ratios": None,
                                "max_abs_diff": None, "max_rel_diff": None, "outputs_compared": 0}

@@ -147,4 +147,5 @@ def _build_native(plan, toolchain, units) -> None:
         plan.native = []
         plan.options["native_error"] = str(exc)
         return
-    plan.options["native"] = dict(toolchain.identity(), objects=objects)
+    # "blas": whether the code calls BLAS, which must then keep to one thread during a call
+    plan.options["native"] = dict(toolchain.identity(), objects=objects, blas=any(u.blas for u in units))

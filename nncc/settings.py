@@ -261,6 +261,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "the --preference used when none is given"),
     Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,
             "seconds one native build (a C compiler run) may take"),
+    Setting("native.sanitize", "switch", "NNCC_NATIVE_SANITIZE", "off", _switch,
+            "build native code with AddressSanitizer and UBSan (runs only with their runtimes "
+            "preloaded; see docs/native.md)"),
     Setting("remote.url", "remote URL", "NNCC_REMOTE", None, _url,
             "shared remote cache tier (file://, redis:// or s3:// URL; unset: none)"),
     Setting("remote.key_file", "remote key file", "NNCC_REMOTE_KEY_FILE", None, _file,

@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -164,6 +165,31 @@ def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
                                                         / cmp["throughput_per_second"])
     assert cmp["ratios"]["compile"] == pytest.approx(payload["compile"]["cold_seconds"] / cmp["session_seconds"])
     assert cmp["threads"] == 2
+    assert cmp["session_options"] == {"intra_op_num_threads": 2}
+
+
+def test_compare_runs_onnxruntime_at_its_defaults():
+    """Every session option is onnxruntime's own default (a fresh SessionOptions says what
+    that is) except the thread count, and no session config entry (spinning, say) is set."""
+    ort = pytest.importorskip("onnxruntime")
+    from nncc.bench import onnxruntime_session
+
+    ours = onnxruntime_session(str(FIXTURES / "mlp.onnx"), 3).get_session_options()
+    default = ort.SessionOptions()
+    differ = {name for name in dir(default) if not name.startswith("_") and not callable(getattr(default, name))
+              and getattr(ours, name) != getattr(default, name)}
+    assert differ == {"intra_op_num_threads", "log_severity_level"}  # the log level prints nothing else
+    assert ours.intra_op_num_threads == 3
+    for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+        with pytest.raises(Exception, match="does not have configuration"):
+            ours.get_session_config_entry(key)
+
+
+def test_compare_table_says_what_differs_from_onnxruntimes_defaults():
+    pytest.importorskip("onnxruntime")
+    result = bench(FIXTURES / "mlp.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime", "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    assert "onnxruntime at its defaults except intra_op_num_threads=1" in result.stdout
 
 
 def test_compare_on_a_convnet_agrees_with_onnxruntime():
@@ -400,3 +426,125 @@ def test_piped_table_title_is_one_line(tmp_path):
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     assert len(first) > 80 and first.startswith(f"{model}: ") and first.endswith("threads, 2 iterations")
+
+
+# -- benchmarks/bench_peers.py: the peers as their users run them, each in its own process ----------------
+
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def _peer_runtimes():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import peer_runtimes
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return peer_runtimes
+
+
+def test_bench_peers_onnxruntime_is_at_its_defaults():
+    ort = pytest.importorskip("onnxruntime")
+    ours = _peer_runtimes().ort_session(FIXTURES / "mlp.onnx", 1).get_session_options()
+    default = ort.SessionOptions()
+    differ = {name for name in dir(default) if not name.startswith("_") and not callable(getattr(default, name))
+              and getattr(ours, name) != getattr(default, name)}
+    assert differ == {"intra_op_num_threads"} and ours.intra_op_num_threads == 1
+    with pytest.raises(Exception, match="does not have configuration"):
+        ours.get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_bench_peers_openvino_is_at_its_defaults():
+    """Every property of the compiled model is what a plain compile_model gives, except the
+    thread count."""
+    ov = pytest.importorskip("openvino")
+    ours = _peer_runtimes().openvino_model(FIXTURES / "mlp.onnx", 1)
+    default = ov.Core().compile_model(str(FIXTURES / "mlp.onnx"), "CPU")
+    differ = {name for name in default.get_property("SUPPORTED_PROPERTIES")
+              if str(ours.get_property(name)) != str(default.get_property(name))}
+    assert ours.get_property("INFERENCE_NUM_THREADS") == 1
+    assert differ <= {"INFERENCE_NUM_THREADS"}
+
+
+def _onnx_conv_classes(path) -> dict[str, tuple[int, int]]:
+    """class -> (nodes, FLOPs) from the ONNX graph itself: onnx's shape inference, the
+    weights' dims and each Conv's group (an independent count for step_classes.py)."""
+    import onnx
+    from onnx import shape_inference
+
+    model = shape_inference.infer_shapes(onnx.load(str(path)))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    shapes.update({t.name: list(t.dims) for t in model.graph.initializer})
+    found: dict[str, tuple[int, int]] = {}
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Conv":
+            w, x = shapes[node.input[1]], shapes[node.input[0]]
+            group = attrs.get("group", 1)
+            kind = ("depthwise" if group > 1 and group == x[1] else "1x1" if w[2:] == [1, 1] else
+                    "3x3" if w[2:] == [3, 3] else "7x7 stem" if w[2:] == [7, 7] and x[1] <= 4 else "other conv")
+            flops = 2 * math.prod(shapes[node.output[0]]) * math.prod(w[1:])
+        elif node.op_type in ("Gemm", "MatMul"):
+            a = shapes[node.input[0]]
+            kind, flops = "GEMM", 2 * math.prod(shapes[node.output[0]]) * (
+                a[0] if attrs.get("transA", 0) else a[-1])
+        else:
+            continue
+        nodes, total = found.get(kind, (0, 0))
+        found[kind] = (nodes + 1, total + flops)
+    return found
+
+
+@pytest.mark.parametrize("name", ["resnet_block", "mobilenet"])
+def test_step_classes_account_for_every_convolution(name):
+    """The profile's classes hold every Conv/Gemm of the model, in the class the ONNX graph
+    says, with its FLOPs, and time for each: whatever steps the native code splits or fuses
+    them into (resnet_block's residual convolutions are written by their Add)."""
+    job = {"job": "profile", "path": str(FIXTURES / f"{name}.onnx"), "threads": 1, "runs": 2, "dims": {}}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_peers.py"), "--one", json.dumps(job)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    profile = json.loads(done.stdout)
+    assert "error" not in profile, profile
+    assert profile["native_partitions"] == profile["partitions"] == 1
+    assert profile["unplaced_gflop"] == 0 and profile["unmatched_ms"] == 0
+    classes = profile["classes"]
+    got = {k: (v["nodes"], round(v["gflops"] * 1e9)) for k, v in classes.items() if k != "no FLOPs"}
+    assert got == _onnx_conv_classes(FIXTURES / f"{name}.onnx")
+    assert all(v["ms"] > 0 for v in classes.values())
+    assert sum(v["ms"] for v in classes.values()) == pytest.approx(profile["native_ms"])
+
+
+def test_bench_peers_runs_each_runtime_alone_in_alternating_rounds(tmp_path):
+    """Two rounds on the mlp fixture, OpenVINO hidden: every measurement in a process of its
+    own, the order reversed in round 2, the ratio against the peer that ran, and the
+    missing peer named."""
+    pytest.importorskip("onnxruntime")
+    shadow = tmp_path / "shadow" / "openvino"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('openvino hidden by the test')\n")
+    env = _env(pythonpath=[str(tmp_path / "shadow")])  # ahead of site-packages
+    args = ["--model", "mlp", "--rounds", "2", "--iterations", "3", "--warmup", "1", "--profile-runs", "0",
+            "--batch", "0"]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bench_peers.py"), *args, "--json"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "openvino hidden by the test" in report["missing"]["openvino"]
+    (row,) = report["models"]
+    orders = [r["order"] for r in row["rounds"]]
+    assert orders == [["nncc", "onnxruntime"], ["onnxruntime", "nncc"]]
+    pids = [res["pid"] for r in row["rounds"] for res in r["results"].values()]
+    assert len(set(pids)) == len(pids) == 4 and os.getpid() not in pids
+    nncc, ort = row["runtimes"]["nncc"], row["runtimes"]["onnxruntime"]
+    assert nncc["p50_s"] == statistics.median(r["results"]["nncc"]["p50_s"] for r in row["rounds"])
+    assert row["best_peer"] == "onnxruntime"
+    assert row["nncc_over_best_peer"] == pytest.approx(nncc["p50_s"] / ort["p50_s"])
+    assert nncc["cache"] == "hit"  # prepared through the cache, as its users run it
+    assert row["max_rel_diff"]["nncc vs onnxruntime"] < 1e-5
+    assert row["runtimes"]["openvino"]["error"]
+    table = subprocess.run([sys.executable, str(BENCHMARKS / "bench_peers.py"), *args[:2], "--rounds", "1",
+                            "--iterations", "2", "--warmup", "0", "--profile-runs", "0", "--batch", "0"],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert "openvino is not installed (openvino hidden by the test): left out" in table.stdout
+    row_line = next(line for line in table.stdout.splitlines() if line.startswith("mlp "))
+    assert row_line.split()[3:5] == ["not", "installed"]  # nncc ms, onnxruntime ms, then openvino's cell

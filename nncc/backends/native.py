@@ -62,11 +62,12 @@ class NativeBackend(Backend):
 
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
         from nncc.native.codegen import generate
+        from nncc.native.isa import vector_floats
 
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
         portable.entry = symbol
-        portable.native = generate(partition, graph, infos, symbol)
+        portable.native = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target))
         return portable
 
     def load_unit(self, source: UnitSource) -> Unit:
@@ -76,7 +77,8 @@ class NativeBackend(Backend):
         from nncc.runtime.native_step import NativeStep
 
         step = NativeStep(source.native.function(call.symbol), call, source.partition.entry,
-                          pooled=source.native.threads > 1)
+                          pooled=source.native.threads > 1 and source.native.blas,
+                          sanitized=source.native.sanitized)
         args = call.args
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],

@@ -25,7 +25,8 @@ from nncc.util.units import format_bytes
 @click.option("--threads", type=int, default=2, show_default=True, metavar="N",
               help="BLAS threads for nncc and intra-op threads for onnxruntime.")
 @click.option("--compare", type=click.Choice(["onnxruntime"]), default=None,
-              help="Also run onnxruntime on the same inputs, interleaved, and print ratios nncc / ort.")
+              help="Also run onnxruntime (at its defaults, --threads intra-op threads) on the same inputs, "
+                   "interleaved, and print ratios nncc / ort.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--dim", "dim_specs", multiple=True, metavar="NAME=SIZE",
               help="Size of a symbolic input dimension (default 1). Repeatable.")
@@ -154,6 +155,9 @@ def render(result: dict) -> None:
                      + ("-" if diff is None else f"{diff:.3g}")
                      + ("" if rel is None or diff is None else f" (relative to the output's scale: {rel:.2g})"))
         notes.append("ratios are nncc / onnxruntime: below 1 nncc is faster (throughput: above 1)")
+        set_options = ", ".join(f"{k}={v}" for k, v in cmp.get("session_options", {}).items())
+        notes.append("onnxruntime at its defaults" + (f" except {set_options}" if set_options else "")
+                     + "; it runs in this process, interleaved with nncc")
     elif result["compare"]:
         notes.append(f"no comparison: {result['compare']['reason']}")
     for note in notes:

@@ -281,6 +281,9 @@ def info(cache_dir, trust_shared, as_json):
     from nncc.cache.stats import summary
     from nncc.util.units import format_bytes
 
+    from nncc.cli.native_note import native_off
+
+    off = native_off((), "native")  # why this machine builds no native stage, if it builds none
     c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
     if c is None:
         import os
@@ -292,9 +295,11 @@ def info(cache_dir, trust_shared, as_json):
                        "unused_objects": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
                        "read_only": False, "disk_full": False, "remote": remote_info(),
-                       "stages": {"quick": 0, "optimized": 0}, "native_failures": {}})
+                       "stages": {"quick": 0, "optimized": 0}, "native_failures": {}, "native_off": off})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
+        if off:
+            click.echo(f"Native code      off: {off}")
         return
     with c:
         count, size = c.index.totals()
@@ -323,6 +328,7 @@ def info(cache_dir, trust_shared, as_json):
             "exists": True,
             "stages": stages,  # entries per stage: quick (native stage to come) or optimized
             "native_failures": failures,  # token -> why its native stage failed to build
+            "native_off": off,
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
@@ -365,6 +371,8 @@ def info(cache_dir, trust_shared, as_json):
         rows.insert(1, ("Disk full", "yes: serves verified hits, stores nothing (`nncc cache gc` frees space)"))
     elif payload["read_only"]:
         rows.insert(1, ("Read-only", "yes: serves verified hits, stores nothing"))
+    if off:
+        rows.append(("Native code", f"off: {off}"))
     for token, failure in failures.items():  # not retried until the compiler or the model changes
         rows.append(("Native build failed", f"{token[:12]} at {_when(failure['recorded'])}: {failure['reason']}"))
     width = max(len(k) for k, _ in rows)

@@ -64,6 +64,9 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" plugins={','.join(plugins)}" if plugins else "")
            + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))
+    from nncc.cli.native_note import say_why_native_is_off
+
+    say_why_native_is_off(backends, target)
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                     trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)

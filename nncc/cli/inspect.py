@@ -64,6 +64,9 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
     warn_newer_opsets(plan.options.get("opsets") or {})
     report = describe_plan(plan, size)
     report["path"] = path
+    from nncc.cli.native_note import artifact_native_off, native_off
+
+    report["native_off"] = artifact_native_off(plan) if artifact else native_off(options.get("backends"), target)
     if artifact:  # who signed it, and whether that key's signature lets its native code run
         from nncc.trust.seal import describe
 

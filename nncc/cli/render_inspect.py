@@ -57,7 +57,9 @@ def print_report(report: dict) -> None:
                  f"({built.get('version', '?')}, target {built.get('target', '?')}, "
                  f"linked from {len(built.get('objects') or [])} objects)")
     elif opts.get("native_error"):
-        tree.add(f"[yellow]native code: none ({opts['native_error']})[/]")
+        tree.add(f"[yellow]native code: none ({escape(opts['native_error'])})[/]")
+    if report.get("native_off"):
+        tree.add(f"[yellow]native code: off here ({escape(report['native_off'])})[/]")
     signature = report.get("signature")
     if signature is not None:
         tree.add(_signature_line(signature, bool(report.get("native_code_bytes"))))

@@ -101,7 +101,10 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
+        from nncc.cli.native_note import say_why_native_is_off
+
         options = options_dict(preference, opt_level, backends, plugins, target, dims)
+        say_why_native_is_off(backends, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
             # the native stage, when due, is built by a detached worker that outlives this command
             session, outcome = cached_prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,

@@ -7,8 +7,9 @@
 
 Attributes: those of the underlying ONNX op, plus
 
-* ``activation`` (str, optional): Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid or
-  HardSwish; absent or "" for none;
+* ``activation`` (str, optional): Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid,
+  HardSwish or Gelu (``activation_approximate``: "none", the erf form, or "tanh"); absent
+  or "" for none;
 * its parameters as floats: ``activation_alpha`` (LeakyRelu, HardSigmoid),
   ``activation_beta`` (HardSigmoid), ``activation_min`` / ``activation_max`` (Clip; absent
   means unbounded). They are prefixed because Gemm has alpha and beta attributes of its own;
@@ -27,7 +28,7 @@ from nncc.errors import KernelError
 from nncc.kernels.bounds import bound
 from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
 
-ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish")
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
 DEFAULT_ONNX_OPSET = 22
 
 
@@ -64,7 +65,7 @@ def apply_activation(ctx, y: np.ndarray) -> np.ndarray:
         return y
     if name not in ACTIVATIONS:
         raise KernelError(f"{ctx.name or 'fused node'}: unknown fused activation {name!r}")
-    if y.dtype not in (np.float32, np.float64):
+    if y.dtype not in (np.float32, np.float64) or name == "Gelu":
         return _delegate(ctx, name, y)  # float16 etc.: the ONNX kernel's exact rounding
     t = y.dtype.type
     contiguous = y.flags.c_contiguous
@@ -117,6 +118,9 @@ def _delegate(ctx, name: str, y: np.ndarray) -> np.ndarray:
         attrs["alpha"] = ctx.get("activation_alpha")
     if name == "HardSigmoid" and ctx.get("activation_beta") is not None:
         attrs["beta"] = ctx.get("activation_beta")
+    if name == "Gelu":
+        opset = 20
+        attrs["approximate"] = ctx.get("activation_approximate", "none")
     if name == "Clip":
         opset = 6  # min/max as attributes
         for key in ("min", "max"):

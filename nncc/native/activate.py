@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 
+from nncc.errors import NnccError
 from nncc.plan.plan import Plan
 from nncc.util.notice import warn
 
@@ -38,12 +39,19 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
         warn(f"{origin}'s native code needs CPU features this machine lacks ({', '.join(missing[:4])}); "
              "running its portable plan")
         return None
+    from nncc.native.toolchain import is_sanitized
+
+    sanitized = is_sanitized(info)
+    if sanitized:
+        _require_sanitizer_runtime(origin)
     from nncc.native.blas import sgemm
     from nncc.native.loader import Library, NativeLoadError
 
     try:
         library = Library(plan.code)
-        blas = sgemm()
+        # sanitized code keeps its own GEMM loops: BLAS is not instrumented, so an
+        # overrun inside it would go unseen
+        blas = None if sanitized else sgemm()
         if blas is not None:
             setter = library.handle.nncc_set_blas
             setter.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -56,7 +64,32 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
     except (NativeLoadError, AttributeError) as exc:
         warn(f"{origin}'s native code cannot be loaded ({exc}); running its portable plan")
         return None
+    library.sanitized = sanitized
+    # code that never calls BLAS runs without BLAS's thread count being touched (plans
+    # from before this was recorded are taken to call it)
+    library.blas = not isinstance(info, dict) or info.get("blas") is not False
     return library
+
+
+class SanitizerRuntimeMissing(NnccError):
+    """Sanitized native code, in a process started without the sanitizer runtime."""
+
+    exit_code = 2
+
+
+def _require_sanitizer_runtime(origin: str) -> None:
+    """Sanitized code loaded into a process without the ASan runtime aborts the process, so
+    it is refused first: the sanitize mode is asked for to check the code, and running the
+    portable plan instead would check nothing."""
+    from nncc.native.toolchain import sanitizer_loaded, sanitizer_preload
+
+    if sanitizer_loaded():
+        return
+    raise SanitizerRuntimeMissing(
+        f"{origin}'s native code was built in the sanitize mode (NNCC_NATIVE_SANITIZE) and loads only into "
+        "a process started with the sanitizer runtime",
+        hint=f"run with LD_PRELOAD=\"{sanitizer_preload()}\" ASAN_OPTIONS=detect_leaks=0, or without "
+             "NNCC_NATIVE_SANITIZE")
 
 
 def _threads(plan: Plan) -> int:

@@ -25,6 +25,9 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native import gemm_gen, plain_ops
+from nncc.native.layout import BlockedLayout
+from nncc.plan.memory import aligned_empty
 
 F32 = np.dtype(np.float32)
 ALIGN = 64
@@ -44,6 +47,7 @@ POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
+AFFINE_OPS = {("nncc", "ScaleShift")}
 MATMUL_OPS = {("", "MatMul"), ("nncc", "FusedMatMul")}
 GEMM_OPS = {("", "Gemm"), ("nncc", "FusedGemm")}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -64,6 +68,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     """None when the node can become C, else why not."""
     key = (node.domain, node.op_type)
     op = node.op_type
+    if plain_ops.handles(node, graph, infos):
+        return plain_ops.check(node, graph, infos)
     data_inputs = list(node.inputs)
     if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
         data_inputs = node.inputs[:1]
@@ -89,8 +95,15 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if attrs.get("activation", "") not in ACT_CODES:
             return f"activation {attrs.get('activation')!r}"
         return None
-    if key in GEMM_OPS or key in MATMUL_OPS:
+    if key in AFFINE_OPS:
         if attrs.get("activation", "") not in ACT_CODES:
+            return f"activation {attrs.get('activation')!r}"
+        c = infos[node.inputs[0]].shape[1]
+        if any(not n or infos[n].shape != (c,) for n in node.inputs[1:3]):
+            return "scale and shift are not per-channel vectors"
+        return None
+    if key in GEMM_OPS or key in MATMUL_OPS:
+        if attrs.get("activation", "") not in ACT_CODES and not gemm_gen.takes(node, graph, infos):
             return f"activation {attrs.get('activation')!r}"
         if key in MATMUL_OPS:
             a, b = (infos[n].shape for n in node.inputs[:2])
@@ -139,8 +152,6 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             return "MaxPool indices"
         if op == "AveragePool" and (attrs.get("dilations") and any(d != 1 for d in attrs["dilations"])):
             return "dilated average pooling"
-        if op == "AveragePool" and attrs.get("ceil_mode", 0) and attrs.get("count_include_pad", 0):
-            return "ceil_mode with count_include_pad"
         return None
     if op == "Transpose":
         return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
@@ -158,6 +169,7 @@ class _Step:
     writes: list[str]
     scratch: int = 0  # bytes of per-step workspace
     label: str = ""
+    support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
 
 
 @dataclass
@@ -172,12 +184,17 @@ class Unit:
     ops: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # one per step, for profiles
     kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
+    blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
 
 
-class _Writer:
-    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str):
-        self.graph, self.infos, self.symbol = graph, infos, symbol
+class _Writer(BlockedLayout):
+    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4):
+        self.graph, self.symbol = graph, symbol
+        self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
+        self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
+        self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
         # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
         # are not passed: every argument is a float32 tensor the code touches
         read = [n for n in partition.inputs if _static_f32(infos.get(n))]
@@ -195,6 +212,8 @@ class _Writer:
         self.consumers = consumers
         self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
+        self.init_layout()
+        self.simd = _source("simd.h") + "\n"
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -221,6 +240,20 @@ class _Writer:
             return users[0]
         return None
 
+    def pack(self, source: str, form: str, array: np.ndarray) -> str:
+        """A constant derived at compile time from ``source`` (weights in a kernel's
+        layout): stored in the plan next to the original, which the portable plan keeps
+        reading, and passed to the entry point as one more input."""
+        name = f"{source}#{form}"
+        if name not in self.packed:
+            # on a 64-byte boundary, as the data cache maps it: a vector load that
+            # straddles two cache lines costs the micro-kernels a third of their speed
+            packed = aligned_empty(np.shape(array), F32)
+            packed[...] = array
+            self.packed[name] = packed
+            self.infos[name] = TensorInfo(F32, tuple(self.packed[name].shape))
+        return name
+
     # -- ops ----------------------------------------------------------------------------
 
     def build(self) -> Unit:
@@ -238,6 +271,14 @@ class _Writer:
         op = node.op_type
         if key in CONV_OPS:
             return self.conv(node)
+        if key in AFFINE_OPS:
+            return self.scale_shift(node)
+        if self.emit_blocked(node):
+            return
+        if not (_is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
+            self.plain_inputs(node)
+        if plain_ops.handles(node, self.graph, self.infos):
+            return plain_ops.emit(self, node)
         if key in MATMUL_OPS:
             return self.matmul(node)
         if key in GEMM_OPS:
@@ -278,8 +319,30 @@ class _Writer:
             return self.transpose(node)
         raise AssertionError(f"no generator for {op}")  # check() passed it: a bug
 
-    def step(self, code: str, reads, writes, scratch: int = 0) -> None:
-        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch))
+    def emit_blocked(self, node: Node) -> bool:
+        """Write ``node`` over the blocked layout when its data input is blocked."""
+        op = node.op_type
+        if node.domain or not any(i in self.blocked for i in node.inputs if i):
+            return False
+        if _is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
+            return False  # the residual Add of a deferred convolution: written by it
+        if op in POOL_OPS:
+            return self.blocked_pool(node)
+        if op == "Sum":
+            return self.blocked_sum(node)
+        if op == "Concat":
+            return self.blocked_concat(node)
+        if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
+            return self.blocked_unary(node, POW_BY[self._scalar_const(node.inputs[1])])
+        if op in BINARY:
+            return self.blocked_binary(node, BINARY[op], self._broadcast_loop)
+        if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
+            return self.blocked_unary(node, self._unary_expr(node))
+        return False
+
+    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "") -> None:
+        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,
+                                support=support))
 
     def _activation(self, attrs) -> tuple[int, float, float]:
         act = attrs.get("activation", "") or ""
@@ -316,6 +379,12 @@ class _Writer:
             pads = [0, 0, 0, 0]
         bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         code, p0, p1 = act if act is not None else self._activation(a)
+        target = target or out
+        if self.blocked_conv(node, pads, bias, residual, target, (code, p0, p1), _f):
+            return
+        for name in (node.inputs[0], residual):
+            if name:
+                self.as_plain(name)
         depthwise = group == c == k
         direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
         scratch = 0 if depthwise or direct else cg * kh * kw * oh * ow * 4
@@ -326,6 +395,24 @@ class _Writer:
             f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
             f"{group}, {code}, {_f(p0)}, {_f(p1)}, (float *)SCRATCH);",
             [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
+
+    def scale_shift(self, node: Node) -> None:
+        """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""
+        act = self._activation(node.attrs)
+        if self.blocked_scale_shift(node, act, _f):
+            return
+        self.plain_inputs(node)
+        x, scale, shift = node.inputs[:3]
+        y = node.outputs[0]
+        shape = self.shape(x)
+        outer, c, inner = shape[0], shape[1], math.prod(shape[2:])
+        code, p0, p1 = act
+        self.step(f"for (int64_t n = 0; n < {outer}; n++) for (int64_t c = 0; c < {c}; c++) {{\n"
+                  f"  const float s = {self.ptr(scale)}[c], b = {self.ptr(shift)}[c];\n"
+                  f"  const float *x = {self.ptr(x)} + (n * {c} + c) * {inner};\n"
+                  f"  float *y = {self.ptr(y)} + (n * {c} + c) * {inner};\n"
+                  f"  for (int64_t i = 0; i < {inner}; i++) y[i] = nn_act({code}, x[i] * s + b, {_f(p0)}, {_f(p1)});\n"
+                  "}", [x, scale, shift], [y])
 
     def residual(self, add: Node) -> None:
         conv_out = next(i for i in add.inputs if i in self.deferred)
@@ -356,6 +443,8 @@ class _Writer:
         return lo, hi
 
     def matmul(self, node: Node) -> None:
+        if gemm_gen.emit_matmul(self, node):  # by constant weights: nncc's packed GEMM
+            return
         a, b = node.inputs[:2]
         bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         sa, sb, so = self.shape(a), self.shape(b), self.shape(node.outputs[0])
@@ -392,6 +481,8 @@ class _Writer:
         self.step("\n".join(lines), [a, b, bias], node.outputs[:1])
 
     def gemm(self, node: Node) -> None:
+        if gemm_gen.emit_gemm(self, node):  # by constant weights: nncc's packed GEMM
+            return
         a, b = node.inputs[:2]
         c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
         at = node.attrs
@@ -456,6 +547,11 @@ class _Writer:
         out = self.shape(y)
         sa = _broadcast_strides(self.shape(a), out)
         sb = _broadcast_strides(self.shape(b), out)
+        self._broadcast_loop(list(out), sa, sb, a, b, y, expr)
+
+    def _broadcast_loop(self, out, sa, sb, a: str, b: str, y: str, expr: str) -> None:
+        """One step ``y[i] = expr(a[...], b[...])`` over ``out`` (dense), reading a and b
+        with the element strides ``sa`` and ``sb`` (0 where broadcast)."""
         dims, sa, sb = _collapse(list(out), sa, sb)
         pa, pb, py = self.ptr(a), self.ptr(b), self.ptr(y)
         lines = []
@@ -511,7 +607,8 @@ class _Writer:
                       f"{sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw});", [x], [y])
         else:
             self.step(f"nn_avgpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
-                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {int(a.get('count_include_pad', 0))});", [x], [y])
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {pads[2]}, {pads[3]}, "
+                      f"{int(a.get('count_include_pad', 0))});", [x], [y])
 
     def transpose(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]
@@ -529,6 +626,8 @@ class _Writer:
     def finish(self) -> Unit:
         if self.deferred:  # a deferred Conv whose Add was not emitted: cannot happen
             raise AssertionError("a residual Conv was never written")
+        self.args = self.args[:self.n_inputs] + list(self.packed) + self.args[self.n_inputs:]
+        self.n_inputs += len(self.packed)
         args = {name: i for i, name in enumerate(self.args)}
         last_use: dict[str, int] = {}
         for index, step in enumerate(self.steps):
@@ -569,8 +668,9 @@ class _Writer:
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
         for name, offset in offsets.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
+        lines.append("  nn_call_begin();")
         for index, step in enumerate(self.steps):
-            kernel, pointers = make_kernel(step.code)
+            kernel, pointers = make_kernel(step.code, step.support)
             kernels.setdefault(kernel.name, kernel)
             if kernel.scratch:
                 pointers.append(f"ws + {scratch_at.get(index, 0)}")
@@ -578,11 +678,12 @@ class _Writer:
             if PROFILE_STEPS:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + call)
-        lines.append("  return 0;\n}\n")
+        lines.append("  nn_call_end();\n  return 0;\n}\n")
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
-                    ops, [s.label for s in self.steps], list(kernels.values()))
+                    ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
+                    any(_calls_blas(s.code) for s in self.steps))
 
 
 @dataclass
@@ -602,8 +703,9 @@ class Kernel:
 _POINTER = re.compile(r"\bv_[0-9]+\b")
 
 
-def make_kernel(code: str) -> tuple[Kernel, list[str]]:
-    """The kernel for a step's code, and the entry point's pointers to call it with."""
+def make_kernel(code: str, support: str = "") -> tuple[Kernel, list[str]]:
+    """The kernel for a step's code (with the file-scope ``support`` it calls), and the
+    entry point's pointers to call it with."""
     pointers: list[str] = []
     for found in _POINTER.findall(code):
         if found not in pointers:
@@ -615,13 +717,14 @@ def make_kernel(code: str) -> tuple[Kernel, list[str]]:
         body = body.replace("SCRATCH", "scratch")
         params.append("char *scratch")
     signature = f"({', '.join(params) or 'void'})"
-    text = f"void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
+    text = f"{support}void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
     name = "nnk_" + blake3(text.encode()).hexdigest()[:24]
     return Kernel(name, text.replace("NN_KERNEL", name, 1), f"void {name}{signature};", scratch), pointers
 
 
-def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str) -> Unit:
-    return _Writer(partition, graph, infos, symbol).build()
+def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4) -> Unit:
+    """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa)."""
+    return _Writer(partition, graph, infos, symbol, vl).build()
 
 
 def prelude() -> str:
@@ -648,6 +751,11 @@ def _source(name: str) -> str:
     import importlib.resources
 
     return importlib.resources.files("nncc.native").joinpath(name).read_text()
+
+
+def _calls_blas(code: str) -> bool:
+    """The runtime helpers that reach BLAS: its GEMM, and the grouped convolution on it."""
+    return "nn_gemm(" in code or "nn_conv2d(" in code
 
 
 def _is_pair_sum(node: Node) -> bool:

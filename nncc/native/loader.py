@@ -52,6 +52,8 @@ class Library:
             raise
         self.fd = fd  # never closed: see the module's docstring
         self.threads = 1  # the size of the code's own thread pool, once set
+        self.sanitized = False  # built in the sanitize mode: calls get exactly-sized buffers
+        self.blas = True  # the code calls BLAS (held at one thread during a call, then)
         _OPEN.append(fd)
 
     def function(self, name: str):

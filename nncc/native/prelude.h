@@ -12,9 +12,12 @@
 #define NN_EXPORT __attribute__((visibility("default")))
 
 #include <time.h>
-static inline int64_t nn_now(void) { /* for step profiles (a benchmark aid) */
+/* For step profiles (a benchmark aid): the calling thread's CPU time, so a profile stays
+ * true on a busy machine (the caller waits for the pool by spinning, so a parallel step
+ * still counts its whole span). */
+static inline int64_t nn_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
@@ -87,6 +90,13 @@ static inline float nn_act(int act, float v, float p0, float p1) {
     }
 }
 
+/* The runtime's thread pool (runtime.c): fn over [0, n) split statically among its threads. */
+typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx);
+int nn_thread_count(void);
+void nn_call_begin(void);
+void nn_call_end(void);
+
 /* The runtime (runtime.c): GEMM through the BLAS numpy has loaded, convolution, pooling,
  * row-wise ops, each parallel over the runtime's one thread pool. */
 void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -99,7 +109,7 @@ void nn_conv2d(const float *x, const float *w, const float *bias, const float *r
 void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
                   int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw);
 void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t kh,
-                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh, int64_t ew, int include_pad);
 void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n);
 void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log);
 void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t n,

@@ -16,14 +16,13 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     return 0;
 }
 
-/* One thread pool for everything the native code does (GEMMs included: the caller keeps
- * BLAS at one thread during a native call, so no other pool's threads spin against this
- * one). After a job a worker spins briefly for the next one (a partition issues hundreds
- * of short parallel loops, and waking a sleeping thread costs tens of microseconds), then
- * sleeps on a condition variable, so between native calls it takes no core from anyone.
- * Every worker takes a share of every job (possibly empty), and the caller waits for all
- * of them, so a job's fields are never rewritten while a worker may still read them. */
-typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
+/* One thread pool for everything the native code does. Jobs are split statically: worker
+ * i of t takes [n*i/t, n*(i+1)/t) of every job (possibly empty), and the caller waits for
+ * all of them, so a job's fields are never rewritten while a worker may still read them.
+ * Within a native call a worker spins briefly for the next job (a partition issues many
+ * short parallel loops, and waking a sleeping thread costs tens of microseconds); when
+ * the call returns (nn_call_end) spinning stops at once and the workers sleep on a
+ * condition variable, so between calls they take no core from the user's other work. */
 #define NN_MAX_THREADS 16
 #define NN_SPIN 4096
 static int nn_threads = 1;
@@ -32,7 +31,7 @@ static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
 static nn_task nn_job_fn;
 static void *nn_job_ctx;
 static int64_t nn_job_n;
-static int nn_job_gen, nn_job_left;
+static int nn_job_gen, nn_job_left, nn_in_call;
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -47,7 +46,7 @@ static void *nn_worker(void *arg) {
     for (;;) {
         int spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
-            if (++spins < NN_SPIN) { nn_relax(); continue; }
+            if (__atomic_load_n(&nn_in_call, __ATOMIC_RELAXED) && ++spins < NN_SPIN) { nn_relax(); continue; }
             pthread_mutex_lock(&nn_mu);
             while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
             pthread_mutex_unlock(&nn_mu);
@@ -78,8 +77,16 @@ NN_EXPORT int nncc_set_threads(int want) {
     return nn_threads;
 }
 
-/* fn over [0, n) split among the pool; small jobs run inline. */
-static void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
+int nn_thread_count(void) { return nn_threads; }
+
+/* An entry point brackets its steps with these: workers spin between the jobs of a call,
+ * never after it. */
+void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
+void nn_call_end(void) { __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED); }
+
+/* fn over [0, n) split statically among the pool; small jobs (work: a rough count of
+ * operations) run inline. */
+void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
     nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
@@ -330,9 +337,10 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
                                 int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                                 int64_t dw);
 static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad);
+                                int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                                int64_t ew, int include_pad);
 typedef struct { const float *x, *w, *bias, *res; float *y; int64_t C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW;
-                 int act; float p0, p1; int include_pad; } nn_args;
+                 int act; float p0, p1; int include_pad; int64_t eh, ew; } nn_args;
 
 static void nn_depthwise_task(void *p, int64_t lo, int64_t hi) {
     nn_args *a = p;
@@ -365,12 +373,13 @@ void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, in
 static void nn_avgpool_task(void *p, int64_t lo, int64_t hi) {
     nn_args *a = p;
     nn_avgpool2d_serial(a->x + lo * a->H * a->W, a->y + lo * a->OH * a->OW, hi - lo, a->H, a->W, a->OH, a->OW,
-                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->include_pad);
+                        a->kh, a->kw, a->sh, a->sw, a->ph, a->pw, a->eh, a->ew, a->include_pad);
 }
 
 void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
-    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad};
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                         int64_t ew, int include_pad) {
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, 1, 1, OH, OW, 0, 0.0f, 0.0f, include_pad, eh, ew};
     nn_parallel(NC, NC * OH * OW * kh * kw, nn_avgpool_task, &a);
 }
 
@@ -427,7 +436,9 @@ void nn_conv2d(const float *x, const float *w, const float *bias, const float *r
         for (int64_t g = 0; g < group; g++) {
             const float *xg = xb + g * cg * H * W;
             const float *src = xg;
-            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0)) {
+            /* direct only when the output is the input itself: with end-only padding a 1x1
+             * stride-1 output is larger than the input, and the GEMM would read past it */
+            if (!(kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0 && OH == H && OW == W)) {
                 nn_im2col(xg, ws, cg, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW);
                 src = ws;
             }
@@ -469,7 +480,8 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
 }
 
 static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
-                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int include_pad) {
+                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh,
+                         int64_t ew, int include_pad) {
     for (int64_t c = 0; c < NC; c++) {
         const float *xc = x + c * H * W;
         float *yc = y + c * OH * OW;
@@ -482,8 +494,9 @@ static void nn_avgpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
                     for (int64_t j = 0; j < kw; j++) {
                         int64_t iw = ow * sw - pw + j;
                         if (ih < 0 || ih >= H || iw < 0 || iw >= W) {
-                            /* padding counts only where it lies inside the padded input */
-                            if (include_pad && ih >= -ph && ih < H + ph && iw >= -pw && iw < W + pw) count++;
+                            /* padding counts only where it lies inside the padded input,
+                             * begin pads before it and end pads (eh, ew) after it */
+                            if (include_pad && ih >= -ph && ih < H + eh && iw >= -pw && iw < W + ew) count++;
                             continue;
                         }
                         s += xc[ih * W + iw];

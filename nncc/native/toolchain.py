@@ -39,9 +39,12 @@ _LEVEL_FEATURES = {
 _RELEVANT = ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2",
              "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
              "amx_tile", "asimd", "sve")
-BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast",
               "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
 LINK_FLAGS = ("-shared",)
+# The sanitize mode (native.sanitize, $NNCC_NATIVE_SANITIZE): the same -O3 code, checked for
+# out-of-bounds accesses and undefined behaviour, stopping at the first one.
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer")
 BUILD_TIMEOUT: float | None = None  # seconds; None: the native.cc_timeout setting ($NNCC_CC_TIMEOUT, 300)
 
 
@@ -54,21 +57,27 @@ class Toolchain:
     not a run, so the cache token stays cheap on every hit (ccache's default compiler
     check). Updating the compiler package changes the file and so the token."""
 
-    def __init__(self, path: str, target: str):
+    def __init__(self, path: str, target: str, sanitize: bool = False):
         self.path = path
         self.target = target
+        self.sanitize = sanitize
         st = os.stat(path)
         self.stamp = (st.st_size, st.st_mtime_ns)
 
     @property
     def flags(self) -> tuple[str, ...]:
         """What every translation unit is compiled with (``-c``: linking is separate)."""
-        return BASE_FLAGS + TARGETS[self.target]
+        return BASE_FLAGS + TARGETS[self.target] + (SANITIZE_FLAGS if self.sanitize else ())
+
+    @property
+    def link_flags(self) -> tuple[str, ...]:
+        return LINK_FLAGS + (SANITIZE_FLAGS if self.sanitize else ())
 
     def key(self) -> dict:
-        """What the cache token covers: compiler file, flags and the ISA the code needs."""
+        """What the cache token covers: compiler file, flags and the ISA the code needs
+        (so sanitized code never stands in for plain code, nor the other way round)."""
         return {"compiler": self.path, "stamp": list(self.stamp), "target": self.target,
-                "flags": list(self.flags), "link": list(LINK_FLAGS),
+                "flags": list(self.flags), "link": list(self.link_flags),
                 "features": list(required_features(self.target))}
 
     def identity(self) -> dict:
@@ -102,7 +111,7 @@ class Toolchain:
                 with open(paths[-1], "wb") as f:
                     f.write(data)
             out = os.path.join(tmp, "code.so")
-            self._run([self.path, *LINK_FLAGS, *paths, "-o", out, "-lm"])
+            self._run([self.path, *self.link_flags, *paths, "-o", out, "-lm"])
             with open(out, "rb") as f:
                 return f.read()
 
@@ -110,7 +119,7 @@ class Toolchain:
         try:
             timeout = _build_timeout()
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env=_compiler_env())
         except subprocess.TimeoutExpired:
             raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
                                    "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
@@ -120,6 +129,14 @@ class Toolchain:
             lines = done.stderr.splitlines()
             first = next((line for line in lines if "error" in line), lines[0] if lines else "no message")
             raise NativeBuildError(f"the C compiler {self.path} failed: {first[:300]}")
+
+
+def _compiler_env() -> dict | None:
+    """The compiler runs without the sanitizer runtimes a sanitize-mode process preloads
+    (they would only slow every compiler process down)."""
+    if "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        return None
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
 @functools.lru_cache(maxsize=8)
@@ -174,15 +191,73 @@ def _resolve(name: str) -> str | None:
     return os.path.realpath(path)
 
 
-def find_toolchain(target: str = "native") -> Toolchain | None:
-    """The first working compiler of $CC, cc, gcc, clang; None when there is none."""
+def find_toolchain(target: str = "native", sanitize: bool | None = None) -> Toolchain | None:
+    """The first working compiler of $CC, cc, gcc, clang; None when there is none.
+    ``sanitize``: build in the sanitize mode (None: the native.sanitize setting)."""
     if target not in TARGETS:
         raise NativeBuildError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
+    if sanitize is None:
+        from nncc.settings import value
+
+        sanitize = value("native.sanitize")
     for name in _candidates():
         path = _resolve(name)
         if path is not None:
-            return Toolchain(path, target)
+            return Toolchain(path, target, sanitize)
     return None
+
+
+def why_no_native(target: str = "native") -> str | None:
+    """Why this machine builds or runs no native code for ``target`` (one clause), or None.
+    The native backend then takes nothing, or its code runs nowhere but on other CPUs."""
+    cc = os.environ.get("CC")
+    if cc is not None and not cc.strip():
+        return "no C compiler: $CC is set but empty"
+    if cc is not None and _resolve(cc) is None:
+        return f"no C compiler: $CC is {cc!r}, which is not an executable file"
+    if cc is None and not any(_resolve(name) for name in _candidates()):
+        return "no C compiler: none of cc, gcc or clang is on PATH (set $CC to one)"
+    missing = missing_features(required_features(target)) if target in TARGETS else []
+    if missing:
+        return f"this CPU lacks {', '.join(missing[:4])}, which --target {target} needs: its code cannot run here"
+    return None
+
+
+def explicit_compiler_missing() -> bool:
+    """$CC names a compiler that is not there: the user's own choice, so worth a warning."""
+    cc = os.environ.get("CC")
+    return bool(cc and cc.strip()) and _resolve(cc) is None
+
+
+def is_sanitized(identity) -> bool:
+    """Whether code with this recorded identity (``Toolchain.identity()``) was built in
+    the sanitize mode."""
+    flags = identity.get("flags") if isinstance(identity, dict) else None
+    return isinstance(flags, list) and SANITIZE_FLAGS[0] in flags
+
+
+def sanitizer_loaded() -> bool:
+    """Whether this process started with the AddressSanitizer runtime. Sanitized code
+    only loads into such a process: dlopen'ed on its own, the runtime aborts the process
+    ("ASan runtime does not come first in initial library list")."""
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def sanitizer_preload(compiler: str | None = None) -> str:
+    """The LD_PRELOAD value that loads the compiler's ASan and UBSan runtimes first."""
+    compiler = compiler or next((p for p in map(_resolve, _candidates()) if p), "cc")
+    found = []
+    for lib in ("libasan.so", "libubsan.so"):
+        try:
+            done = subprocess.run([compiler, f"-print-file-name={lib}"], capture_output=True, text=True,
+                                  timeout=20, stdin=subprocess.DEVNULL)
+            path = done.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            path = ""
+        found.append(path if os.path.isabs(path) and os.path.exists(path) else lib)
+    return " ".join(found)
 
 
 def _build_timeout() -> float:

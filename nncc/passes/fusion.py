@@ -12,7 +12,9 @@
 * ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul / ScaleShift -> Relu, LeakyRelu,
   Clip (constant bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes
   ``nncc::FusedConv`` / ``FusedGemm`` / ``FusedMatMul`` / ``ScaleShift`` with an
-  ``activation`` attribute (see nncc.kernels.fused).
+  ``activation`` attribute (see nncc.kernels.fused). A Gemm or MatMul by a constant matrix
+  also takes a GELU: the ONNX Gelu op, or GELU spelled out in elementwise ops as exporters
+  write it (erf or tanh form), recognised by what it computes rather than by its spelling.
 
 A pattern only fuses when the intermediate value has exactly one consumer (the second op),
 is not a graph output and is not captured by a subgraph. Each pass builds its producer and
@@ -428,16 +430,30 @@ def fuse_activation(graph: Graph) -> Graph:
     fused node in the "nncc" domain carrying the activation as attributes."""
     rw = _Rewriter(graph)
     onnx_opset = graph.opset("")
+    position = {id(node): i for i, node in enumerate(graph.nodes)}
     for producer in graph.nodes:
         fused_op = _FUSED_NAME.get((producer.domain, producer.op_type))
         if fused_op is None or len(producer.outputs) != 1 or not producer.outputs[0]:
             continue
         if producer.attrs.get("activation"):
             continue
+        weights = rw.constant(producer.inputs[1]) if len(producer.inputs) > 1 else None
+        gelu = (producer.domain, producer.op_type) in _GELU_PRODUCERS and weights is not None and weights.ndim >= 2
         act = rw.sole_consumer(producer.outputs[0])
+        absorbed = [act]
         if act is None or not act.inputs or act.inputs[0] != producer.outputs[0]:
-            continue
-        attrs = _activation_attrs(graph, act, rw)
+            attrs = None
+        elif act.op_type == "Gelu" and not act.domain:
+            attrs = {"activation": "Gelu", "activation_approximate": str(act.attrs.get("approximate", "none"))}
+            attrs = attrs if gelu and len(act.inputs) == 1 and len(act.outputs) == 1 else None
+        else:
+            attrs = _activation_attrs(graph, act, rw)
+        if attrs is None and gelu:
+            found = _spelled_gelu(graph, rw, producer.outputs[0], position[id(producer)])
+            if found is not None:
+                absorbed, approximate = found
+                act = absorbed[-1]
+                attrs = {"activation": "Gelu", "activation_approximate": approximate}
         if attrs is None:
             continue
         new_attrs = dict(producer.attrs)
@@ -446,8 +462,109 @@ def fuse_activation(graph: Graph) -> Graph:
         new_attrs.update(attrs)
         fused = Node(fused_op, list(producer.inputs), [act.outputs[0]], new_attrs, NNCC,
                      producer.name or act.name)
-        rw.fuse(producer, act, fused)
+        rw.replace[id(producer)] = fused
+        rw.drop.update(id(node) for node in absorbed)
     return rw.result()
+
+
+# --------------------------------------------------------------------------- GELU
+
+_GELU_PRODUCERS = {("", "Gemm"), ("", "MatMul"), (NNCC, "FusedMatMul")}
+_GELU_OPS = {"Mul", "Div", "Add", "Sub", "Erf", "Tanh", "Pow", "Sqrt"}
+_GELU_WINDOW = 24  # nodes after the product searched for its spelling
+_GELU_SIZE = 12  # nodes at most in a spelled-out GELU
+
+
+def _spelled_gelu(graph: Graph, rw: _Rewriter, x: str, start: int) -> tuple[list[Node], str] | None:
+    """The nodes after ``x``'s producer that compute GELU(x) (erf form: "none", or tanh form)
+    and nothing else, and which form; None if there are none. Candidates are the elementwise
+    ops after the product whose other operands are scalar constants; a candidate region (all
+    of them up to one result) is accepted when every value it computes is read only inside
+    it, it reads all of ``x``'s uses, and it evaluates to one of the two GELUs on sample
+    points: any order of operands and any spelling of the constants fuse alike."""
+    if x in rw.pinned:
+        return None
+    values, region = {x}, []
+    for node in graph.nodes[start + 1:start + 1 + _GELU_WINDOW]:
+        if node.domain or node.op_type not in _GELU_OPS or len(node.outputs) != 1 or not node.outputs[0]:
+            continue
+        if id(node) in rw.drop or id(node) in rw.replace or not any(name in values for name in node.inputs):
+            continue
+        if all(name in values or _scalar(rw.constant(name)) for name in node.inputs):
+            region.append(node)
+            values.add(node.outputs[0])
+            if len(region) == _GELU_SIZE:
+                break
+    for end in range(len(region) - 1, 0, -1):
+        nodes = _ancestors(region[:end + 1], x)
+        if nodes is None or not _closed(rw, nodes, x):
+            continue
+        approximate = _which_gelu(rw, nodes, x)
+        if approximate is not None:
+            return nodes, approximate
+    return None
+
+
+def _scalar(value: np.ndarray | None) -> bool:
+    """A constant that broadcasts against the product (rank >= 1) without changing its shape."""
+    return value is not None and value.size == 1 and value.dtype.kind == "f" and value.ndim <= 1
+
+
+def _ancestors(candidates: list[Node], x: str) -> list[Node] | None:
+    """The candidates the last one depends on, in order; None if it does not read ``x``."""
+    by_output = {node.outputs[0]: node for node in candidates}
+    keep, stack, reads_x = set(), [candidates[-1]], False
+    while stack:
+        node = stack.pop()
+        if id(node) in keep:
+            continue
+        keep.add(id(node))
+        for name in node.inputs:
+            reads_x |= name == x
+            if name in by_output:
+                stack.append(by_output[name])
+    return [node for node in candidates if id(node) in keep] if reads_x else None
+
+
+def _closed(rw: _Rewriter, nodes: list[Node], x: str) -> bool:
+    """Only the last node's value leaves the region, and every reader of ``x`` is in it."""
+    inside = {id(node) for node in nodes}
+    if any(id(user) not in inside for user in rw.consumers.get(x, [])):
+        return False
+    for node in nodes[:-1]:
+        out = node.outputs[0]
+        if out in rw.pinned or any(id(user) not in inside for user in rw.consumers.get(out, [])):
+            return False
+    return True
+
+
+_GELU_SAMPLES = np.linspace(-6.0, 6.0, 97)
+
+
+def _which_gelu(rw: _Rewriter, nodes: list[Node], x: str) -> str | None:
+    import math
+
+    env = {x: _GELU_SAMPLES}
+    erf = np.vectorize(math.erf)
+    unary = {"Erf": erf, "Tanh": np.tanh, "Sqrt": np.sqrt}
+    binary = {"Mul": np.multiply, "Div": np.divide, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
+    with np.errstate(all="ignore"):
+        for node in nodes:
+            args = [env[name] if name in env else float(rw.constant(name).reshape(-1)[0]) for name in node.inputs]
+            if node.op_type in unary and len(args) == 1:
+                result = unary[node.op_type](args[0])
+            elif node.op_type in binary and len(args) == 2:
+                result = binary[node.op_type](*args)
+            else:
+                return None
+            env[node.outputs[0]] = np.broadcast_to(result, _GELU_SAMPLES.shape)
+    got, t = env[nodes[-1].outputs[0]], _GELU_SAMPLES
+    forms = {"none": 0.5 * t * (1.0 + erf(t / math.sqrt(2.0))),
+             "tanh": 0.5 * t * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (t + 0.044715 * t ** 3)))}
+    for name, want in forms.items():
+        if np.all(np.abs(got - want) <= 1e-5 * (1.0 + np.abs(want))):
+            return name
+    return None
 
 
 __all__ = ["fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift",

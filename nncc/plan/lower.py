@@ -41,6 +41,10 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
     for part in compiled:
         if part.native is not None:
             unit = part.native
+            for name, array in unit.constants.items():  # packed weights: read by native code only
+                index[name] = len(slots)
+                slots.append(Slot(name, array.dtype, tuple(array.shape)))
+                constants[index[name]] = aligned_constant(array)
             native.append(NativeCall(len(partitions), unit.symbol, [slot_of(n) for n in unit.args],
                                      unit.n_inputs, unit.workspace))
         first = len(instructions)

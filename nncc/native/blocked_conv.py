@@ -1,0 +1,391 @@
+"""Convolutions over the channel-blocked layout, as C with every size a literal.
+
+The blocked layout (NCHWc) stores an activation [N, C, H, W] as [N, C/VL, H, W, VL]: VL
+channels (the vector width, nncc/native/isa.py) side by side, so one vector load reads one
+pixel of VL channels, the channel count is rounded up to a whole block, and the extra lanes
+of the last block hold values no real lane ever depends on (every kernel here skips them).
+
+A direct convolution computes a tile of RW output pixels x OCB channel blocks in registers
+(the micro-kernel): for each input channel it loads OCB weight vectors and broadcasts RW
+input values, so each loaded value feeds several multiply-adds. Weights are packed at
+compile time into the order the micro-kernel streams them, [OCG][ICB][KH][KW][LB][OCB*VL],
+and bias, the residual add and the activation are applied in the tile's store. Output rows
+are split into tiles at fixed columns; the tiles that touch the left or right padding are
+calls with literal positions, so the compiler drops the taps that fall outside the input
+at compile time, and the interior runs a loop with no checks at all. Rows' taps are
+clipped at run time (once per row). The work is shared over the pool as (image, channel
+group, output row, column chunk) tasks, so a batch is part of the same tiling.
+
+A depthwise convolution is the same tiling with one vector of channels per pixel and no
+broadcast: every tap is a vector multiply-add of input and weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """One 2-D convolution's geometry: input [n, c, h, w], output [n, k, oh, ow]."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int  # pads: top, left, bottom, right
+    pl: int
+    pb: int
+    pr: int
+    group: int = 1
+
+    @property
+    def depthwise(self) -> bool:
+        return self.group == self.c == self.k
+
+    def interior(self) -> tuple[int, int]:
+        """Output columns [lo, hi) whose every tap lies inside the input row."""
+        lo = -(-self.pl // self.sw)
+        hi = (self.w - 1 + self.pl - (self.kw - 1) * self.dw) // self.sw + 1
+        hi = min(max(hi, lo), self.ow)
+        return min(lo, self.ow), hi
+
+
+def blocks(channels: int, vl: int) -> int:
+    return -(-channels // vl)
+
+
+# ---------------------------------------------------------------------------- packing
+
+
+def pack_direct_weights(w: np.ndarray, vl: int, ocb: int, plain_input: bool) -> np.ndarray:
+    """[K, C, KH, KW] -> [OCG][ICB][KH][KW][LB][OCB*VL], zero where channels are padding.
+    LB (lanes per input block) is VL for a blocked input, C for a plain (NCHW) one."""
+    k, c, kh, kw = w.shape
+    kb = blocks(k, vl)
+    lb = c if plain_input else vl
+    icb = blocks(c, lb)
+    full = np.zeros((kb * vl, icb * lb, kh, kw), np.float32)
+    full[:k, :c] = w
+    # [OCG, OCB*VL, ICB, LB, KH, KW] -> [OCG, ICB, KH, KW, LB, OCB*VL]
+    grouped = full.reshape(kb // ocb, ocb * vl, icb, lb, kh, kw)
+    return np.ascontiguousarray(grouped.transpose(0, 2, 4, 5, 3, 1))
+
+
+def pack_depthwise_weights(w: np.ndarray, vl: int) -> np.ndarray:
+    """[C, 1, KH, KW] -> [CB][KH][KW][VL]."""
+    c, _, kh, kw = w.shape
+    full = np.zeros((blocks(c, vl) * vl, kh, kw), np.float32)
+    full[:c] = w[:, 0]
+    return np.ascontiguousarray(full.reshape(-1, vl, kh, kw).transpose(0, 2, 3, 1))
+
+
+def pack_channels(v: np.ndarray, channels: int, vl: int) -> np.ndarray:
+    """A per-channel vector (bias), zero-padded to whole blocks."""
+    out = np.zeros(blocks(channels, vl) * vl, np.float32)
+    out[:channels] = np.asarray(v, np.float32).reshape(-1)
+    return out
+
+
+# ---------------------------------------------------------------------------- choices
+
+
+def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
+    """(OCB, RW): channel blocks and pixels per micro-kernel tile. The accumulators
+    (OCB x RW vectors) plus the OCB weight vectors and a broadcast must fit the register
+    file: 32 vectors with AVX-512, 16 otherwise."""
+    budget = 24 if vl == 16 else 12
+    kb = blocks(g.k, vl)
+    ocb = max(d for d in range(1, (4 if vl == 16 else 3) + 1) if kb % d == 0)
+    widest = budget // ocb
+    width = _row_width(g)
+    if width <= widest:
+        return ocb, width
+    # the widest tile that wastes least in the last, partial tile of a row
+    best = min(range(max(1, widest // 2), widest + 1), key=lambda r: (-(-width // r) * r - width, -r))
+    return ocb, best
+
+
+def _flat(g: Conv2d) -> bool:
+    """A 1x1, stride-1, unpadded convolution reads its input as one long row per image."""
+    return g.kh == g.kw == 1 and g.sh == g.sw == 1 and not (g.pt or g.pl or g.pb or g.pr)
+
+
+def _row_width(g: Conv2d) -> int:
+    return g.oh * g.ow if _flat(g) else g.ow
+
+
+# ---------------------------------------------------------------------------- C text
+
+
+@dataclass(frozen=True)
+class _Addressing:
+    """Element strides (in floats) of the input as the micro-kernel reads it."""
+
+    n: int  # per image
+    c: int  # per input channel block
+    h: int  # per input row
+    w: int  # per input column
+    lane: int  # per channel within a block
+    lanes: int  # LB: channels per block
+    blocks: int  # ICB
+    last: int  # channels in the last block
+
+
+def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
+    if plain:
+        return _Addressing(g.c * g.h * g.w, g.c * g.h * g.w, g.w, 1, g.h * g.w, g.c, 1, g.c)
+    icb = blocks(g.c, vl)
+    return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
+
+
+def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
+    """Stores of the accumulators ``a{r}_{o}`` to y (+ residual r), activation applied."""
+    lines = []
+    for o in range(ocb):
+        for r in range(rw):
+            off = f"{o * plane} + (ow0 + {r}) * {vl}"
+            v = f"a{r}_{o}"
+            if has_res:
+                v = f"nn_vadd({v}, nn_vload(res + {off}))"
+            if act and act not in (3, 4):
+                v = f"nn_vact({act}, {v}, {p0}, {p1})"
+            lines.append(f"nn_vstore(y + {off}, {v});")
+    if act in (3, 4):  # sigmoid, tanh: lane by lane after the store (the loop vectorizes)
+        for o in range(ocb):
+            lines.append(f"for (int q = 0; q < {rw * vl}; q++) {{ float *e = y + {o * plane} + ow0 * {vl} + q; "
+                         f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
+    return lines
+
+
+L2_WEIGHTS = 384 * 1024  # bytes of packed weights a task keeps hot while it sweeps its rows
+TASKS = 8  # at least this many tasks per convolution, so two to four threads share evenly
+
+
+def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | None],
+                act: int, p0: str, p1: str, weights_per_image: bool = False) -> tuple[str, str]:
+    """(support C, call statement) for a direct convolution writing the blocked layout.
+    ``ptrs``: C expressions for x (input), w (packed weights), b (packed bias), r (the
+    blocked residual) and y; b and r may be None.
+
+    A task is (image, channel group, chunk of output rows). It sweeps its rows once per
+    chunk of input channels, the chunk sized so its packed weights stay in L2 while every
+    row reuses them; partial sums wait in the output, and the bias, residual and
+    activation are applied by the last chunk's store. ``weights_per_image``: each image
+    has weights of its own (Winograd's 36 products)."""
+    has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
+    ocb, rw = choose_tiling(g, vl)
+    flat = _flat(g)
+    a = _input_addressing(g, vl, plain_input)
+    kb = blocks(g.k, vl)
+    ocg = kb // ocb
+    per_block = g.kh * g.kw * a.lanes * ocb * vl  # packed floats per input block and group
+    kc = max(1, min(a.blocks, L2_WEIGHTS // (per_block * 4)))
+    nkc = -(-a.blocks // kc)
+    plane = g.oh * g.ow * vl  # floats per output channel block
+    full_blocks = a.blocks if a.last == a.lanes else a.blocks - 1
+    if flat:  # one long row per image, cut into rows of whole tiles
+        pixels = g.oh * g.ow
+        roww = rw * max(1, min(16, -(-pixels // rw) // 4 or 1))
+        rows, last_w = -(-pixels // roww), pixels - (-(-pixels // roww) - 1) * roww
+        lo, hi, width = 0, roww, roww
+    else:
+        rows, width = g.oh, g.ow
+        lo, hi = g.interior()
+    row_chunks = min(rows, max(1, -(-TASKS // (g.n * ocg))))
+    rows_per = -(-rows // row_chunks)
+    row_chunks = -(-rows // rows_per)
+
+    def tile(r_count: int) -> str:
+        """The micro-kernel for ``r_count`` pixels starting at column ow0 (pixel ow0 of a
+        flat row); ``inner`` (a literal at each call) says every tap is inside the row."""
+        out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
+               "const float *restrict wg, const float *restrict bias, const float *restrict res, "
+               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner, "
+               "int cb0, int cb1, int first, int last) {"]
+        for o in range(ocb):
+            init = f"nn_vload(bias + {o * vl})" if has_bias else "nn_vzero()"
+            out.append(f"  const nn_v b{o} = first ? {init} : nn_vzero();")
+            out.append("  nn_v " + ", ".join(f"a{r}_{o} = first ? b{o} : nn_vload(y + {o * plane} + (ow0 + {r}) * {vl})"
+                                            for r in range(r_count)) + ";")
+
+        def block(lanes: int, icb: str) -> list[str]:
+            body = ["    for (int i = i0; i < i1; i++) {",
+                    f"      const float *xi = x + xrow + ({icb}) * {a.c} + i * {g.dh * a.h};",
+                    f"      const float *wi = wg + (({icb}) * {g.kh} + i) * {g.kw * a.lanes * ocb * vl};",
+                    "      #pragma GCC unroll 4",
+                    f"      for (int l = 0; l < {lanes}; l++) {{"]
+            for j in range(g.kw):
+                for o in range(ocb):
+                    body.append(f"        const nn_v w{j}_{o} = nn_vload(wi + ({j * a.lanes} + l) * {ocb * vl} + {o * vl});")
+                for r in range(r_count):
+                    col = f"((ow0 + {r}) * {g.sw} + {j * g.dw - g.pl})"
+                    fmas = " ".join(f"a{r}_{o} = nn_vfma(xv, w{j}_{o}, a{r}_{o});" for o in range(ocb))
+                    load = f"const nn_v xv = nn_vset1(xi[{col} * {a.w} + l * {a.lane}]);"
+                    if flat:
+                        body.append(f"        {{ {load} {fmas} }}")
+                    else:
+                        body.append(f"        if (inner || (uint64_t){col} < {g.w}) {{ {load} {fmas} }}")
+            body += ["      }", "    }"]
+            return body
+
+        if full_blocks:
+            out.append(f"  for (int icb = cb0; icb < (cb1 < {full_blocks} ? cb1 : {full_blocks}); icb++) {{")
+            out += block(a.lanes, "icb")
+            out.append("  }")
+        if full_blocks < a.blocks:
+            out.append(f"  if (cb1 == {a.blocks}) {{")
+            out += block(a.last, str(a.blocks - 1))
+            out.append("  }")
+        out.append("  if (!last) {")
+        out += [f"    nn_vstore(y + {o * plane} + (ow0 + {r}) * {vl}, a{r}_{o});"
+                for o in range(ocb) for r in range(r_count)]
+        out.append("    return;")
+        out.append("  }")
+        out += ["  " + line for line in _epilogue(ocb, r_count, vl, has_res, act, p0, p1, plane)]
+        out.append("}")
+        return "\n".join(out)
+
+    starts = list(range(0, width, rw))
+    inner = [s for s in starts if s >= lo and s + rw <= hi]
+    left = [s for s in starts if not inner or s < inner[0]]
+    right = [s for s in starts if inner and s > inner[-1]]
+    widths = {min(rw, width - s) for s in starts}
+    if flat and last_w % rw:
+        widths.add(last_w % rw)
+    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in sorted(widths)]
+
+    def call(s: int, inner_flag: int, pos: str | None = None, w: int | None = None) -> str:
+        """Edge tiles get literal positions, so their out-of-row taps vanish at compile time."""
+        return (f"tile{w or min(rw, width - s)}(x, wg, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag}, "
+                "cb0, cb1, kc == 0, kc == NKC - 1);")
+
+    body = [f"#define NKC {nkc}",
+            "static void conv_task(void *p, int64_t lo, int64_t hi) {",
+            "  const float *const *a = p;",
+            "  const float *x = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
+            "  float *yp = (float *)a[4];",
+            "  for (int64_t t = lo; t < hi; t++) {",
+            f"    const int64_t rc = t % {row_chunks}, g = (t / {row_chunks}) % {ocg}, n = t / {row_chunks * ocg};",
+            f"    const float *wg0 = wp + ({'n * %d + ' % ocg if weights_per_image else ''}g) * {a.blocks * per_block};",
+            f"    const float *bias = bp ? bp + g * {ocb * vl} : 0;",
+            f"    const int64_t r1 = (rc + 1) * {rows_per} < {rows} ? (rc + 1) * {rows_per} : {rows};",
+            "    for (int kc = 0; kc < NKC; kc++) {",
+            f"      const int cb0 = kc * {kc}, cb1 = cb0 + {kc} < {a.blocks} ? cb0 + {kc} : {a.blocks};",
+            "      const float *wg = wg0;",
+            f"      for (int64_t oh = rc * {rows_per}; oh < r1; oh++) {{"]
+    if flat:
+        body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {roww * vl};",
+                 "        float *y = yp + yo;",
+                 "        const float *res = rp ? rp + yo : 0;",
+                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w};",
+                 "        const int i0 = 0, i1 = 1;",
+                 f"        if (oh < {rows - 1}) {{",
+                 f"          for (int64_t q = 0; q < {roww // rw}; q++) {call(0, 1, f'q * {rw}', rw)}",
+                 "        } else {"]
+        if last_w // rw:
+            body.append(f"          for (int64_t q = 0; q < {last_w // rw}; q++) {call(0, 1, f'q * {rw}', rw)}")
+        if last_w % rw:
+            body.append(f"          {call(0, 1, str(last_w // rw * rw), last_w % rw)}")
+        body.append("        }")
+    else:
+        body += [f"        const int64_t ih0 = oh * {g.sh} - {g.pt};",
+                 f"        const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
+                 f"        const int64_t top = {g.h - 1} - ih0;",
+                 f"        const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
+                 f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
+                 "        float *y = yp + yo;",
+                 "        const float *res = rp ? rp + yo : 0;",
+                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h};"]
+        body += [f"        {call(s, 0)}" for s in left]
+        if inner:
+            body.append(f"        for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
+        body += [f"        {call(s, 0)}" for s in right]
+    body += ["      }", "    }", "  }", "}"]
+    support.append("\n".join(body))
+    total = g.n * ocg * row_chunks
+    flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
+    return "\n".join(support) + "\n", _parallel_call(ptrs, total, flops, "conv_task")
+
+
+def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str) -> tuple[str, str]:
+    """(support C, call statement) for a depthwise convolution, blocked in and out."""
+    has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
+    cb = blocks(g.c, vl)
+    rw = min(g.ow, 12 if vl == 16 else 8)
+    plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
+    lo, hi = g.interior()
+
+    def tile(r_count: int) -> str:
+        out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
+               "const float *restrict wc, const float *restrict bias, const float *restrict res, "
+               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {",
+               f"  const nn_v b = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
+               "  nn_v " + ", ".join(f"a{r}_0 = b" for r in range(r_count)) + ";",
+               "  for (int i = i0; i < i1; i++) {",
+               f"    const float *xi = x + xrow + i * {g.dh * g.w * vl};"]
+        for j in range(g.kw):
+            out.append(f"    const nn_v w{j} = nn_vload(wc + (i * {g.kw} + {j}) * {vl});")
+            for r in range(r_count):
+                col = f"((ow0 + {r}) * {g.sw} + {j * g.dw - g.pl})"
+                out.append(f"    if (inner || (uint64_t){col} < {g.w}) "
+                           f"a{r}_0 = nn_vfma(nn_vload(xi + {col} * {vl}), w{j}, a{r}_0);")
+        out.append("  }")
+        out += ["  " + line for line in _epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
+        out.append("}")
+        return "\n".join(out)
+
+    starts = list(range(0, g.ow, rw))
+    inner = [s for s in starts if s >= lo and s + rw <= hi]
+    left = [s for s in starts if not inner or s < inner[0]]
+    right = [s for s in starts if inner and s > inner[-1]]
+    widths = sorted({min(rw, g.ow - s) for s in starts})
+    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths]
+
+    def call(s: int, inner_flag: int, pos: str | None = None) -> str:
+        return f"tile{min(rw, g.ow - s)}(x, wc, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag});"
+
+    body = ["static void dw_task(void *p, int64_t lo, int64_t hi) {",
+            "  const float *const *a = p;",
+            "  const float *xp = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
+            "  float *yp = (float *)a[4];",
+            "  for (int64_t t = lo; t < hi; t++) {",
+            f"    const int64_t oh = t % {g.oh}, c = (t / {g.oh}) % {cb}, n = t / {g.oh * cb};",
+            f"    const int64_t ih0 = oh * {g.sh} - {g.pt};",
+            f"    const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
+            f"    const int64_t top = {g.h - 1} - ih0;",
+            f"    const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
+            f"    const float *x = xp + (n * {cb} + c) * {plane_in};",
+            f"    const float *wc = wp + c * {g.kh * g.kw * vl};",
+            f"    const float *bias = bp ? bp + c * {vl} : 0;",
+            f"    const int64_t yo = (n * {cb} + c) * {plane_out} + oh * {g.ow * vl};",
+            "    float *y = yp + yo;",
+            "    const float *res = rp ? rp + yo : 0;",
+            f"    const int64_t xrow = ih0 * {g.w * vl};"]
+    body += [f"    {call(s, 0)}" for s in left]
+    if inner:
+        body.append(f"    for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
+    body += [f"    {call(s, 0)}" for s in right]
+    body += ["  }", "}"]
+    support.append("\n".join(body))
+    total = g.n * cb * g.oh
+    work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw
+    return "\n".join(support) + "\n", _parallel_call(ptrs, total, work, "dw_task")
+
+
+def _parallel_call(ptrs: dict[str, str | None], tasks: int, work: int, task: str) -> str:
+    """The step's statement: the pointers packed for the task, then the pool runs it."""
+    args = ", ".join(ptrs.get(k) or "0" for k in ("x", "w", "b", "r"))
+    return (f"{{ const float *a[5] = {{{args}, (const float *){ptrs['y']}}}; "
+            f"nn_parallel({tasks}, {work}, {task}, (void *)a); }}")

@@ -1,0 +1,20 @@
+"""The vector width native code is laid out for: what the blocked activation layout, the
+packed weights and the micro-kernels of nncc/native/simd.h agree on.
+
+Chosen from the CPU features the target may use (for "native", the host's own; they are
+in the cache token already), so a plan's packed constants always match its code: AVX-512
+gives 16 floats, AVX2 with FMA 8, anything else 4 (GCC's generic vectors).
+"""
+
+from __future__ import annotations
+
+
+def vector_floats(target: str) -> int:
+    from nncc.native.toolchain import required_features
+
+    features = set(required_features(target))
+    if "avx512f" in features:
+        return 16
+    if {"avx2", "fma"} <= features:
+        return 8
+    return 4

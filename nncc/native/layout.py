@@ -1,0 +1,280 @@
+"""Where a native partition keeps its activations in the channel-blocked layout.
+
+Decided node by node, in the partition's order: a convolution always writes the blocked
+layout; pooling, global average pooling, elementwise ops, Sum and channel Concat stay
+blocked when their data input is; every other op reads NCHW. A value lives in one layout
+or both: ``as_plain`` and ``as_blocked`` give the name of the buffer holding the layout
+asked for, adding a reorder step the first time it is needed, so reorders happen only
+where a blocked value meets an op (or a partition edge) that needs NCHW, and the other
+way round. A partition's outputs are always handed back in NCHW.
+
+This is a mixin of the partition writer (nncc/native/codegen.py): it uses its ``step``,
+``ptr``, ``shape``, ``pack`` and ``alias`` members.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nncc.ir.graph import Node, TensorInfo
+from nncc.native import blocked_conv as bc
+from nncc.native import blocked_ops as bo
+from nncc.native import winograd
+
+F32 = np.dtype(np.float32)
+
+
+class BlockedLayout:
+    vl: int
+    blocked: dict[str, str]  # value -> the name of its blocked buffer
+    plain_ready: set[str]  # blocked values whose NCHW form has been written too
+
+    def init_layout(self) -> None:
+        self.blocked = {}
+        self.plain_ready = set()
+
+    # -- the two layouts of a value ---------------------------------------------------
+
+    def is_blocked(self, name: str) -> bool:
+        return name in self.blocked
+
+    def blocked_buffer(self, name: str) -> str:
+        """A new blocked buffer for value ``name`` (4-D), which is produced blocked."""
+        n, c, h, w = self.shape(name)
+        buf = f"{name}#nchw{self.vl}c"
+        self.infos[buf] = TensorInfo(F32, (n, bc.blocks(c, self.vl), h, w, self.vl))
+        self.blocked[name] = buf
+        return buf
+
+    def as_blocked(self, name: str) -> str:
+        if name in self.blocked:
+            return self.blocked[name]
+        shape = self.shape(name)
+        buf = self.blocked_buffer(name)
+        self.plain_ready.add(name)
+        support, code = bo.to_blocked(shape, self.vl, self.ptr(name), self.ptr(buf))
+        self.step(code, [name], [buf], support=support)
+        self.steps[-1].label = f"reorder {name} to NCHW{self.vl}c"
+        return buf
+
+    def as_plain(self, name: str) -> str:
+        if name not in self.blocked or name in self.plain_ready:
+            return name
+        self.plain_ready.add(name)
+        buf = self.blocked[name]
+        n, c, h, w = self.shape(name)
+        if h * w == 1 and c % self.vl == 0 and name not in self.outputs:
+            self.alias[name] = buf  # [N, C, 1, 1] with whole blocks: the same bytes
+            return name
+        support, code = bo.to_plain((n, c, h, w), self.vl, self.ptr(buf), self.ptr(name))
+        self.step(code, [buf], [name], support=support)
+        self.steps[-1].label = f"reorder {name} to NCHW"
+        return name
+
+    def plain_inputs(self, node: Node) -> None:
+        for name in node.inputs:
+            if name:
+                self.as_plain(name)
+
+    def finish_blocked_output(self, name: str) -> None:
+        """A partition output produced blocked is written back in NCHW at once."""
+        if name in self.outputs:
+            self.as_plain(name)
+
+    # -- convolution --------------------------------------------------------------------
+
+    def geometry(self, node: Node, pads) -> bc.Conv2d:
+        n, c, h, w = self.shape(node.inputs[0])
+        k, _, kh, kw = self.shape(node.inputs[1])
+        _, _, oh, ow = self.shape(node.outputs[0])
+        a = node.attrs
+        sh, sw = a.get("strides") or [1, 1]
+        dh, dw = a.get("dilations") or [1, 1]
+        return bc.Conv2d(n, c, h, w, k, oh, ow, kh, kw, sh, sw, dh, dw, pads[0], pads[1], pads[2], pads[3],
+                         int(a.get("group", 1)))
+
+    def blocked_conv(self, node: Node, pads, bias: str | None, residual: str | None, target: str,
+                     act: tuple[int, float, float], fmt) -> bool:
+        """Write ``node`` as a blocked convolution; False when it cannot be (grouped
+        convolutions other than depthwise, or weights that are not constants)."""
+        g = self.geometry(node, pads)
+        weights = self.constant_value(node.inputs[1])
+        bias_value = self.constant_value(bias) if bias else None
+        if weights is None or (bias and bias_value is None):
+            return False
+        if g.group != 1 and not g.depthwise:
+            return False
+        vl = self.vl
+        code_act, p0, p1 = act
+        ptrs = {"y": self.ptr(self.blocked_buffer(target))}
+        reads = []
+        use_winograd = False
+        if g.depthwise:
+            x = self.as_blocked(node.inputs[0])
+            wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
+        elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl):
+            use_winograd = True
+            x = self.as_blocked(node.inputs[0])
+            packed, ocb = winograd.pack_weights(weights, g, vl)
+            wname = self.pack(node.inputs[1], f"wino{vl}x{ocb}", packed)
+        else:
+            plain_input = node.inputs[0] not in self.blocked and g.c < vl
+            x = node.inputs[0] if plain_input else self.as_blocked(node.inputs[0])
+            ocb, _ = bc.choose_tiling(g, vl)
+            wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}{'p' if plain_input else ''}",
+                              bc.pack_direct_weights(weights, vl, ocb, plain_input))
+        ptrs.update(x=self.ptr(x), w=self.ptr(wname))
+        reads += [x, wname]
+        if bias:
+            bname = self.pack(bias, f"c{vl}", bc.pack_channels(bias_value, g.k, vl))
+            ptrs["b"] = self.ptr(bname)
+            reads.append(bname)
+        if residual:
+            rname = self.as_blocked(residual)
+            ptrs["r"] = self.ptr(rname)
+            reads.append(rname)
+        scratch = 0
+        if g.depthwise:
+            support, code = bc.depthwise_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1))
+        elif use_winograd:
+            support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), "SCRATCH")
+        else:
+            support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1))
+        self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)
+        self.finish_blocked_output(target)
+        return True
+
+    def constant_value(self, name: str):
+        if name in self.graph.initializers:
+            return np.asarray(self.graph.initializers[name], np.float32)
+        info = self.infos.get(name)
+        return None if info is None or info.value is None else np.asarray(info.value, np.float32)
+
+    # -- ops that keep the layout -------------------------------------------------------
+
+    def blocked_pool(self, node: Node) -> bool:
+        x, y = node.inputs[0], node.outputs[0]
+        if x not in self.blocked:
+            return False
+        shape = self.shape(x)
+        if node.op_type == "GlobalAveragePool":
+            support, code = bo.global_average(shape, self.vl, self.ptr(self.blocked[x]),
+                                              self.ptr(self.blocked_buffer(y)))
+        else:
+            a = node.attrs
+            pads = a.get("pads") or [0, 0, 0, 0]
+            if a.get("auto_pad", "NOTSET") == "VALID":
+                pads = [0, 0, 0, 0]
+            pads = [pads[0], pads[1], pads[2], pads[3]]
+            kind = "max" if node.op_type == "MaxPool" else "avg"
+            dil = (a.get("dilations") or [1, 1]) if kind == "max" else [1, 1]
+            support, code = bo.pool(kind, shape, self.shape(y)[2:], a["kernel_shape"], a.get("strides") or [1, 1],
+                                    pads, dil, bool(a.get("count_include_pad", 0)), self.vl,
+                                    self.ptr(self.blocked[x]), self.ptr(self.blocked_buffer(y)))
+        self.step(code, [self.blocked[x]], [self.blocked[y]], support=self.simd + support)
+        self.finish_blocked_output(y)
+        return True
+
+    def blocked_scale_shift(self, node: Node, act, fmt) -> bool:
+        x, scale, shift = node.inputs[:3]
+        y = node.outputs[0]
+        values = [self.constant_value(scale), self.constant_value(shift)]
+        if x not in self.blocked or len(self.shape(x)) != 4 or any(v is None for v in values):
+            return False
+        c = self.shape(x)[1]
+        s_name = self.pack(scale, f"c{self.vl}", bc.pack_channels(values[0], c, self.vl))
+        b_name = self.pack(shift, f"c{self.vl}", bc.pack_channels(values[1], c, self.vl))
+        src, dst = self.blocked[x], self.blocked_buffer(y)
+        support, code = bo.scale_shift(self.shape(x), self.vl, self.ptr(src), self.ptr(s_name), self.ptr(b_name),
+                                       self.ptr(dst), act[0], fmt(act[1]), fmt(act[2]))
+        self.step(code, [src, s_name, b_name], [dst], support=self.simd + support)
+        self.finish_blocked_output(y)
+        return True
+
+    def blocked_unary(self, node: Node, expr: str) -> bool:
+        x, y = node.inputs[0], node.outputs[0]
+        if x not in self.blocked or len(self.shape(y)) != 4:
+            return False
+        src, dst = self.blocked[x], self.blocked_buffer(y)
+        size = math.prod(self.shape(dst))
+        self.step(f"for (int64_t i = 0; i < {size}; i++) {{ float v = {self.ptr(src)}[i]; "
+                  f"{self.ptr(dst)}[i] = {expr}; }}", [src], [dst])
+        self.finish_blocked_output(y)
+        return True
+
+    def blocked_operand(self, name: str, out) -> tuple[str, list[int]] | None:
+        """(buffer, 5-D strides over [N, CB, H, W, VL]) to read ``name`` broadcast to the
+        blocked output ``out``; None when it cannot be read that way."""
+        vl = self.vl
+        shape = [1] * (4 - len(self.shape(name))) + list(self.shape(name))
+        n, c, h, w = shape
+        if name in self.blocked or (c == out[1] and c > 1):
+            if name in self.blocked:
+                buf = self.blocked[name]
+            else:
+                value = self.constant_value(name)
+                if value is not None:
+                    blocked = np.zeros((n, bc.blocks(c, vl) * vl, h, w), np.float32)
+                    blocked[:, :c] = value.reshape(shape)
+                    blocked = blocked.reshape(n, -1, vl, h, w).transpose(0, 1, 3, 4, 2)
+                    buf = self.pack(name, f"nchw{vl}c", blocked)
+                elif shape == list(out):
+                    buf = self.as_blocked(name)
+                else:
+                    return None
+            cb = bc.blocks(c, vl)
+            strides = [cb * h * w * vl, h * w * vl, w * vl, vl, 1]
+            dims = [n, cb, h, w, vl]
+        elif c == 1:  # the same value for every channel: plain memory, lanes stride 0
+            buf = self.as_plain(name)
+            strides = [h * w, 0, w, 1, 0]
+            dims = [n, 1, h, w, 1]
+        else:
+            return None
+        out5 = [out[0], bc.blocks(out[1], vl), out[2], out[3], vl]
+        return buf, [0 if d == 1 and o != 1 else s for d, o, s in zip(dims, out5, strides)]
+
+    def blocked_binary(self, node: Node, expr: str, emit_loop) -> bool:
+        a, b = node.inputs
+        y = node.outputs[0]
+        out = self.shape(y)
+        if len(out) != 4 or not (a in self.blocked or b in self.blocked):
+            return False
+        if not any(n in self.blocked and tuple(self.shape(n)) == tuple(out) for n in (a, b)):
+            return False
+        ra, rb = self.blocked_operand(a, out), self.blocked_operand(b, out)
+        if ra is None or rb is None:
+            return False
+        dst = self.blocked_buffer(y)
+        emit_loop(list(self.shape(dst)), ra[1], rb[1], ra[0], rb[0], dst, expr)
+        self.finish_blocked_output(y)
+        return True
+
+    def blocked_sum(self, node: Node) -> bool:
+        y = node.outputs[0]
+        if len(self.shape(y)) != 4 or not any(n in self.blocked for n in node.inputs):
+            return False
+        srcs = [self.as_blocked(n) for n in node.inputs]
+        dst = self.blocked_buffer(y)
+        size = math.prod(self.shape(dst))
+        terms = " + ".join(f"{self.ptr(s)}[i]" for s in srcs)
+        self.step(f"for (int64_t i = 0; i < {size}; i++) {self.ptr(dst)}[i] = {terms};", srcs, [dst])
+        self.finish_blocked_output(y)
+        return True
+
+    def blocked_concat(self, node: Node) -> bool:
+        y = node.outputs[0]
+        out = self.shape(y)
+        if len(out) != 4 or int(node.attrs.get("axis", 1)) % 4 != 1:
+            return False
+        if not all(n in self.blocked for n in node.inputs):
+            return False
+        srcs = [self.blocked[n] for n in node.inputs]
+        dst = self.blocked_buffer(y)
+        support, code = bo.concat_channels([self.shape(n) for n in node.inputs], self.vl,
+                                           [self.ptr(s) for s in srcs], self.ptr(dst))
+        self.step(code, srcs, [dst], support=support)
+        self.finish_blocked_output(y)
+        return True

@@ -1,0 +1,52 @@
+/* One vector type and its operations, for the ISA the code is built for: 16 floats with
+ * AVX-512, 8 with AVX2 and FMA, else 4 (SSE, NEON, or scalar code on anything else). The code generator picks the same width (nncc/native/isa.py)
+ * for the blocked layout and the packed weights, and each kernel checks it with
+ * NN_REQUIRE_VL, so a kernel never runs with a width it was not laid out for. */
+#if defined(__AVX512F__)
+#define NN_VL 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define NN_VL 8
+#else
+#define NN_VL 4
+#endif
+/* GCC's generic vectors rather than intrinsics: no header to parse (immintrin.h costs
+ * about 0.1 s of compiler time in every translation unit), and the same text serves every
+ * width. Multiply-adds contract to FMA instructions (-ffp-contract=fast). */
+typedef float nn_v __attribute__((vector_size(NN_VL * 4)));
+typedef int32_t nn_vi __attribute__((vector_size(NN_VL * 4)));
+static inline nn_v nn_vload(const float *p) { nn_v v; memcpy(&v, p, sizeof v); return v; }
+static inline void nn_vstore(float *p, nn_v v) { memcpy(p, &v, sizeof v); }
+static inline nn_v nn_vset1(float s) { return (nn_v){0} + s; }
+#define nn_vzero() ((nn_v){0})
+#define nn_vfma(a, b, c) ((a) * (b) + (c))
+#define nn_vadd(a, b) ((a) + (b))
+#define nn_vsub(a, b) ((a) - (b))
+#define nn_vmul(a, b) ((a) * (b))
+static inline nn_v nn_vselect(nn_vi m, nn_v a, nn_v b) { /* m ? a : b, lane by lane */
+    return (nn_v)((m & (nn_vi)a) | (~m & (nn_vi)b));
+}
+static inline nn_v nn_vmax(nn_v a, nn_v b) { return nn_vselect(a > b, a, b); }
+static inline nn_v nn_vmin(nn_v a, nn_v b) { return nn_vselect(a < b, a, b); }
+/* max that propagates a NaN from either side */
+static inline nn_v nn_vmaxnan(nn_v acc, nn_v x) { return nn_vselect((x > acc) | (x != x), x, acc); }
+static inline nn_v nn_vneg_select(nn_v v, nn_v when_negative) { /* v < 0 ? when_negative : v */
+    return nn_vselect(v < nn_vzero(), when_negative, v);
+}
+#define NN_REQUIRE_VL(n) _Static_assert(NN_VL == (n), "built for another vector width than it was laid out for")
+
+/* The epilogue activations (prelude.h's NN_* codes) on a vector; sigmoid and tanh are
+ * applied lane by lane after the store (see nn_vact_needs_scalar). */
+static inline nn_v nn_vact(int act, nn_v v, float p0, float p1) {
+    switch (act) {
+    case NN_RELU: return nn_vmax(v, nn_vzero());
+    case NN_CLIP: return nn_vmin(nn_vmax(v, nn_vset1(p0)), nn_vset1(p1));
+    case NN_LEAKY: return nn_vneg_select(v, nn_vmul(v, nn_vset1(p0)));
+    case NN_HSIGMOID: return nn_vmin(nn_vmax(nn_vfma(v, nn_vset1(p0), nn_vset1(p1)), nn_vzero()), nn_vset1(1.0f));
+    case NN_HSWISH: {
+        nn_v t = nn_vmin(nn_vmax(nn_vfma(v, nn_vset1(1.0f / 6.0f), nn_vset1(0.5f)), nn_vzero()), nn_vset1(1.0f));
+        return nn_vmul(v, t);
+    }
+    default: return v;
+    }
+}
+#define nn_vact_needs_scalar(act) ((act) == NN_SIGMOID || (act) == NN_TANH)

@@ -1,0 +1,583 @@
+"""Random geometries for every op the native backend takes, as small real ONNX models.
+
+A case is one op (or a short chain) with its own inputs and outputs; case ``index`` of
+``seed`` is drawn from its own generator (``default_rng([seed, index])``), so it can be
+rebuilt alone. Kinds take turns by index, so any run of consecutive indices covers them
+all; one round in four is compiled at -O0 (nothing fused), the others at -O2.
+``batch_model(cases)`` puts many cases side by side into one model, so one compile builds
+all their kernels in parallel.
+
+``compare`` judges a case: nncc against onnxruntime, and where those disagree beyond the
+tolerance, against the onnx reference evaluator (nncc passes only if it matches that).
+Tolerance per output element: ``|nncc - oracle| <= ATOL_PER_TERM * terms * scale + RTOL *
+|oracle|``, where ``terms`` is the length of the longest sum behind an element (Conv:
+C/group * kh * kw; Gemm/MatMul: K; pooling: the window; Softmax/LayerNormalization: the
+row; elementwise ops: 1) and ``scale`` is max(1, max |oracle|) over the output: float32
+rounding grows with both, and any real mistake (a wrong tap, a missed pad, garbage read
+past a buffer) is off by the order of the values themselves.
+
+Reproduce one case (prints its geometry and the differences)::
+
+    PYTHONPATH=. python -m tests.native_fuzz_cases SEED INDEX
+
+``--run SEED OUT.npz INDEX...`` runs cases through nncc only, ``BATCH`` to a model, and
+saves their outputs (the sanitized run of tests/test_native_fuzz.py does this in a process
+with the sanitizer runtimes preloaded, and compares in the parent).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+BATCH = 120  # cases per model: one compile builds all their kernels in parallel
+ATOL_PER_TERM = 1e-6
+RTOL = 1e-5
+
+
+@dataclass
+class Case:
+    seed: int
+    index: int
+    kind: str
+    geometry: dict
+    nodes: list = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)  # graph input name -> array
+    inits: dict = field(default_factory=dict)  # initializer name -> array
+    outputs: list = field(default_factory=list)
+    terms: int = 1  # the longest sum behind an output element
+    opt_level: int = 2  # -O2 fuses activations and biases into Conv, Gemm and MatMul; -O0 leaves them apart
+
+    @property
+    def reproduce(self) -> str:
+        return f"PYTHONPATH=. python -m tests.native_fuzz_cases {self.seed} {self.index}"
+
+    def describe(self) -> str:
+        return f"case {self.seed}:{self.index} {self.kind} -O{self.opt_level} {self.geometry}"
+
+
+class _Builder:
+    """Names prefixed by the case, random tensors from the case's generator."""
+
+    def __init__(self, case: Case, rng):
+        self.case, self.rng = case, rng
+        self.prefix = f"c{case.index}_"
+
+    def name(self, short: str) -> str:
+        return self.prefix + short
+
+    def input(self, short, shape, low=None, high=None) -> str:
+        name = self.name(short)
+        self.case.inputs[name] = self._values(shape, low, high)
+        return name
+
+    def init(self, short, shape_or_value, low=None, high=None) -> str:
+        name = self.name(short)
+        if isinstance(shape_or_value, np.ndarray):
+            self.case.inits[name] = shape_or_value.astype(np.float32)
+        else:
+            self.case.inits[name] = self._values(shape_or_value, low, high)
+        return name
+
+    def node(self, op, inputs, outputs, **attrs) -> list[str]:
+        outs = [self.name(o) for o in outputs]
+        self.case.nodes.append(helper.make_node(op, list(inputs), outs, name=self.name(f"{op}{len(self.case.nodes)}"),
+                                                **attrs))
+        return outs
+
+    def output(self, name: str) -> None:
+        self.case.outputs.append(name)
+
+    def _values(self, shape, low, high) -> np.ndarray:
+        if low is None:
+            return self.rng.standard_normal(shape).astype(np.float32)
+        return self.rng.uniform(low, high, shape).astype(np.float32)
+
+
+def _choice(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+ODD = [1, 2, 3, 5, 7, 17]
+
+
+# -- convolution ---------------------------------------------------------------------------
+
+
+def _conv_geometry(rng, c, depthwise=False, pointwise=False):
+    """Attributes and the weight shape of a random 2-D Conv over ``c`` channels;
+    ``pointwise``: a 1x1 kernel, mostly stride 1 (a GEMM over the input when unpadded)."""
+    if depthwise:
+        group, k = c, c
+    else:
+        group = _choice(rng, [1, 1, 1] + [g for g in (2, 3) if c % g == 0])
+        k = group * int(rng.integers(1, 4))
+    kh, kw = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+    if pointwise or rng.random() < 0.25:
+        kh = kw = 1
+    strides = [int(rng.integers(1, 4)), int(rng.integers(1, 4))]
+    if pointwise and rng.random() < 0.8:
+        strides = [1, 1]
+    dil = [int(rng.integers(1, 4)), int(rng.integers(1, 4))] if rng.random() < 0.35 else [1, 1]
+    eh, ew = (kh - 1) * dil[0] + 1, (kw - 1) * dil[1] + 1
+    pads = [int(rng.integers(0, max(eh - 1, 2) + 1)), int(rng.integers(0, max(ew - 1, 2) + 1)),
+            int(rng.integers(0, max(eh - 1, 2) + 1)), int(rng.integers(0, max(ew - 1, 2) + 1))]
+    style = rng.random()
+    if style < (0.4 if pointwise else 0.2):
+        pads[0] = pads[1] = 0  # end pads only
+        if pointwise and not any(pads):
+            pads[2 + int(rng.integers(0, 2))] = 1
+    elif style < (0.8 if pointwise else 0.3):
+        pads = [0, 0, 0, 0]
+    attrs = dict(kernel_shape=[kh, kw], strides=strides, pads=pads, dilations=dil, group=group)
+    return attrs, (k, c // group, kh, kw), (eh, ew)
+
+
+def _spatial(rng, eh, ew, pads):
+    """An input size the (dilated) kernel fits into once padded."""
+    h = max(1, eh - pads[0] - pads[2]) + int(rng.integers(0, 9))
+    w = max(1, ew - pads[1] - pads[3]) + int(rng.integers(0, 9))
+    return h, w
+
+
+def _out(size, pb, pe, extent, stride, ceil=False):
+    span = size + pb + pe - extent
+    if ceil:
+        o = -(-span // stride) + 1
+        return o - 1 if (o - 1) * stride >= size + pb else o
+    return span // stride + 1
+
+
+def conv(case, rng, pointwise=False):
+    b = _Builder(case, rng)
+    depthwise = not pointwise and rng.random() < 0.3
+    c = _choice(rng, [1, 2, 3, 4, 5, 6, 7, 9]) if not depthwise else _choice(rng, [1, 2, 3, 5, 8, 16])
+    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise)
+    n = _choice(rng, [1, 1, 2, 3])
+    h, w = _spatial(rng, eh, ew, attrs["pads"])
+    x = b.input("x", (n, c, h, w))
+    ins = [x, b.init("w", wshape)]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (wshape[0],)))
+    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
+    ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue.startswith("residual"):
+        (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    b.output(y)
+    case.terms = wshape[1] * wshape[2] * wshape[3] + 2
+    case.geometry = dict(x=[n, c, h, w], w=list(wshape), bias=bias, epilogue=epilogue or None,
+                         **{k: v for k, v in attrs.items() if k != "kernel_shape"})
+
+
+def conv_chain(case, rng):
+    """Conv -> Conv, or Conv -> MaxPool -> Conv: intermediates in the workspace."""
+    b = _Builder(case, rng)
+    c = _choice(rng, [1, 2, 3, 4, 5])
+    a1, w1, (eh1, ew1) = _conv_geometry(rng, c)
+    n = _choice(rng, [1, 2])
+    h, w = _spatial(rng, eh1, ew1, a1["pads"])
+    h, w = h + 6, w + 6  # room for what follows
+    (y,) = b.node("Conv", [b.input("x", (n, c, h, w)), b.init("w1", w1), b.init("b1", (w1[0],))], ["conv1"], **a1)
+    oh = _out(h, a1["pads"][0], a1["pads"][2], eh1, a1["strides"][0])
+    ow = _out(w, a1["pads"][1], a1["pads"][3], ew1, a1["strides"][1])
+    chain = ["Conv"]
+    if rng.random() < 0.5 and oh >= 2 and ow >= 2:
+        stride, ph, pw = 1 + int(rng.integers(0, 2)), int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        (y,) = b.node("MaxPool", [y], ["pool"], kernel_shape=[2, 2], strides=[stride] * 2, pads=[0, 0, ph, pw])
+        oh, ow = _out(oh, 0, ph, 2, stride), _out(ow, 0, pw, 2, stride)
+        chain.append("MaxPool")
+    (y,) = b.node("Relu", [y], ["relu"])
+    a2, w2, (eh2, ew2) = _conv_geometry(rng, w1[0])
+    a2["pads"] = [min(p, 1) for p in a2["pads"]]
+    if rng.random() < 0.5 or eh2 > oh + a2["pads"][0] + a2["pads"][2] or ew2 > ow + a2["pads"][1] + a2["pads"][3]:
+        a2.update(kernel_shape=[1, 1], dilations=[1, 1], strides=[1, 1])  # pointwise, which always fits
+    w2 = (w2[0], w2[1], *a2["kernel_shape"])
+    (y,) = b.node("Conv", [y, b.init("w2", w2)], ["conv2"], **a2)
+    chain.append("Conv")
+    b.output(y)
+    case.terms = (w1[1] * w1[2] * w1[3] + 1) * w2[1] * w2[2] * w2[3]
+    case.geometry = dict(x=[n, c, h, w], chain=chain, w1=list(w1), w2=list(w2), conv1=a1, conv2=a2)
+
+
+# -- pooling -------------------------------------------------------------------------------
+
+
+def pool(case, rng):
+    b = _Builder(case, rng)
+    op = _choice(rng, ["MaxPool", "MaxPool", "AveragePool", "AveragePool", "GlobalAveragePool"])
+    n, c = _choice(rng, [1, 2, 3]), _choice(rng, [1, 2, 3, 5])
+    if op == "GlobalAveragePool":
+        h, w = int(rng.integers(1, 12)), int(rng.integers(1, 12))
+        b.output(b.node(op, [b.input("x", (n, c, h, w))], ["y"])[0])
+        case.terms = h * w
+        case.geometry = dict(op=op, x=[n, c, h, w])
+        return
+    kh, kw = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+    dil = [int(rng.integers(1, 3)), int(rng.integers(1, 3))] if op == "MaxPool" and rng.random() < 0.4 else [1, 1]
+    pads = [int(rng.integers(0, kh)), int(rng.integers(0, kw)), int(rng.integers(0, kh)), int(rng.integers(0, kw))]
+    if rng.random() < 0.3:
+        pads = [0, 0, 0, 0]
+    strides = [int(rng.integers(1, 4)), int(rng.integers(1, 4))]
+    eh, ew = (kh - 1) * dil[0] + 1, (kw - 1) * dil[1] + 1
+    h, w = _spatial(rng, eh, ew, pads)
+    attrs = dict(kernel_shape=[kh, kw], strides=strides, pads=pads, ceil_mode=int(rng.random() < 0.4))
+    if op == "MaxPool" and not all(_windows_see_input(size, pads[i], pads[i + 2], k, st, d, attrs["ceil_mode"])
+                                   for i, (size, k, st, d) in enumerate(zip((h, w), (kh, kw), strides, dil))):
+        # a window of padding only has no defined maximum (onnxruntime gives -FLT_MAX, the
+        # reference evaluator 0, nncc -inf): unpadded, every window starts on the input
+        attrs["pads"] = [0, 0, 0, 0]
+        h, w = max(h, eh), max(w, ew)
+    if op == "MaxPool":
+        attrs["dilations"] = dil
+    else:
+        attrs["count_include_pad"] = int(rng.random() < 0.5)
+    x = b.input("x", (n, c, h, w))
+    b.output(b.node(op, [x], ["y"], **attrs)[0])
+    case.terms = kh * kw
+    case.geometry = dict(op=op, x=[n, c, h, w], **attrs)
+
+
+def _windows_see_input(size, pb, pe, k, stride, dil, ceil) -> bool:
+    """Whether every pooling window along an axis has a tap on the input itself."""
+    out = _out(size, pb, pe, (k - 1) * dil + 1, stride, bool(ceil))
+    return all(any(0 <= o * stride - pb + t * dil < size for t in range(k)) for o in range(out))
+
+
+# -- Gemm and MatMul -----------------------------------------------------------------------
+
+
+def gemm(case, rng):
+    b = _Builder(case, rng)
+    m, k, nn = (_choice(rng, ODD + [4, 8, 33]) for _ in range(3))
+    ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+    alpha = float(_choice(rng, [1.0, 1.0, 0.5, -1.25]))
+    beta = float(_choice(rng, [1.0, 1.0, 0.0, 2.0]))
+    c_form = _choice(rng, [None, "scalar", "row", "col", "full", "1x1"])
+    a = b.input("a", (k, m) if ta else (m, k))
+    bmat = b.init("b", (nn, k) if tb else (k, nn)) if rng.random() < 0.7 else b.input("b", (nn, k) if tb else (k, nn))
+    ins = [a, bmat]
+    if c_form is not None:
+        shape = {"scalar": (), "row": (nn,), "col": (m, 1), "full": (m, nn), "1x1": (1, 1)}[c_form]
+        ins.append(b.init("c", shape) if rng.random() < 0.7 else b.input("c", shape))
+    act = _choice(rng, ["", "", "Relu", "Sigmoid", "Tanh"])
+    (y,) = b.node("Gemm", ins, ["gemm"], transA=ta, transB=tb, alpha=alpha, beta=beta)
+    if act:
+        (y,) = b.node(act, [y], ["act"])
+    b.output(y)
+    case.terms = k + 1
+    case.geometry = dict(M=m, K=k, N=nn, transA=ta, transB=tb, alpha=alpha, beta=beta, C=c_form, act=act or None)
+
+
+def matmul(case, rng):
+    b = _Builder(case, rng)
+    m, k, nn = (_choice(rng, ODD + [4, 16]) for _ in range(3))
+    batch_a = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 3)))]
+    weights = rng.random() < 0.5
+    if weights:
+        batch_b = []
+    else:  # broadcast batches: each of B's dims is A's, or 1, or A has none there
+        batch_b = [d if rng.random() < 0.6 else 1 for d in batch_a]
+        if rng.random() < 0.3:
+            batch_b = [_choice(rng, [2, 3])] + batch_b
+        for i in range(len(batch_a)):
+            if rng.random() < 0.2:
+                batch_a[i] = 1
+    a = b.input("a", (*batch_a, m, k))
+    bm = b.init("b", (*batch_b, k, nn)) if weights else b.input("b", (*batch_b, k, nn))
+    (y,) = b.node("MatMul", [a, bm], ["mm"])
+    bias = rng.random() < 0.4
+    if bias:
+        (y,) = b.node("Add", [y, b.init("bias", (nn,))], ["add"])
+    act = _choice(rng, ["", "", "Relu", "Sigmoid", "Tanh"])
+    if act:
+        (y,) = b.node(act, [y], ["act"])
+    b.output(y)
+    case.terms = k + 1
+    case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
+
+
+# -- elementwise and row-wise ops -----------------------------------------------------------
+
+UNARY = {  # op -> input range (None: standard normal)
+    "Relu": None, "Sigmoid": (-12, 12), "Tanh": (-6, 6), "Erf": (-4, 4), "Exp": (-20, 20), "Log": (0.01, 50),
+    "Sqrt": (0, 50), "Neg": None, "Abs": None, "Reciprocal": (0.1, 10), "Softsign": None,
+    "LeakyRelu": None, "HardSigmoid": (-6, 6), "HardSwish": (-6, 6), "Clip": None,
+}
+BINARY = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]
+
+
+def _shape(rng, rank):
+    return [_choice(rng, [1, 2, 3, 4, 5, 7, 17]) for _ in range(rank)]
+
+
+def _broadcast_pair(rng):
+    out = _shape(rng, int(rng.integers(1, 5)))
+    a = [d if rng.random() < 0.75 else 1 for d in out]
+    bshape = [d if rng.random() < 0.6 else 1 for d in out]
+    bshape = bshape[int(rng.integers(0, len(out) + 1)):]  # B may have fewer dims
+    return a, bshape
+
+
+def elementwise(case, rng):
+    b = _Builder(case, rng)
+    pick = rng.random()
+    if pick < 0.45:
+        op = _choice(rng, list(UNARY))
+        shape = _shape(rng, int(rng.integers(1, 5)))
+        low, high = UNARY[op] or (None, None)
+        x = b.input("x", shape, low, high)
+        attrs, ins = {}, [x]
+        if op == "LeakyRelu":
+            attrs["alpha"] = float(rng.uniform(0.01, 0.5))
+        elif op == "HardSigmoid":
+            attrs.update(alpha=float(rng.uniform(0.1, 0.5)), beta=float(rng.uniform(0.2, 0.8)))
+        elif op == "Clip":
+            lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+            ins += [b.init("lo", np.array(lo)), b.init("hi", np.array(hi))] if rng.random() < 0.7 else \
+                [b.init("lo", np.array(lo))]
+        b.output(b.node(op, ins, ["y"], **attrs)[0])
+        case.geometry = dict(op=op, x=shape, **attrs)
+    elif pick < 0.85:
+        op = _choice(rng, BINARY)
+        sa, sb = _broadcast_pair(rng)
+        if rng.random() < 0.5:
+            sa, sb = sb, sa
+        positive = (0.5, 3.0) if op in ("Pow", "Div") else (None, None)
+        a = b.input("a", sa, *positive)
+        if op == "Pow" and rng.random() < 0.5:
+            bb = b.init("e", np.array(float(_choice(rng, [2.0, 3.0, 0.5, 1.0, -1.0, 1.5]))))
+            sb = []
+        else:
+            bb = b.input("b", sb, *((-2.0, 2.0) if op == "Pow" else positive))
+        b.output(b.node(op, [a, bb], ["y"])[0])
+        case.geometry = dict(op=op, a=sa, b=sb)
+    else:
+        shape = _shape(rng, int(rng.integers(1, 4)))
+        count = int(rng.integers(1, 4))
+        ins = [b.input(f"x{i}", shape) for i in range(count)]
+        b.output(b.node("Sum", ins, ["y"])[0])
+        case.geometry = dict(op="Sum", shape=shape, operands=count)
+    case.terms = 3
+
+
+def rows(case, rng):
+    b = _Builder(case, rng)
+    op = _choice(rng, ["Softmax", "LogSoftmax", "LayerNormalization", "LayerNormalization"])
+    shape = _shape(rng, int(rng.integers(1, 5)))
+    shape[-1] = _choice(rng, [1, 2, 3, 7, 17, 64, 129])
+    x = b.input("x", shape, -8.0, 8.0) if op != "LayerNormalization" else b.input("x", shape)
+    if op == "LayerNormalization":
+        axis = int(rng.integers(-len(shape), len(shape)))
+        norm = shape[axis % len(shape):]
+        ins = [x, b.init("scale", norm)]
+        if rng.random() < 0.6:
+            ins.append(b.init("bias", norm))
+        eps = float(_choice(rng, [1e-5, 1e-3]))
+        b.output(b.node(op, ins, ["y"], axis=axis, epsilon=eps)[0])
+        case.terms = math.prod(norm) + 1
+        case.geometry = dict(op=op, x=shape, axis=axis, bias=len(ins) == 3, epsilon=eps)
+    else:
+        b.output(b.node(op, [x], ["y"], axis=-1)[0])
+        case.terms = shape[-1] + 1
+        case.geometry = dict(op=op, x=shape)
+
+
+def shuffle(case, rng):
+    b = _Builder(case, rng)
+    if rng.random() < 0.5:
+        rank = int(rng.integers(1, 6))
+        shape = _shape(rng, rank)
+        perm = [int(p) for p in rng.permutation(rank)]
+        b.output(b.node("Transpose", [b.input("x", shape)], ["y"], perm=perm)[0])
+        case.geometry = dict(op="Transpose", x=shape, perm=perm)
+    else:
+        rank = int(rng.integers(1, 5))
+        base = _shape(rng, rank)
+        axis = int(rng.integers(-rank, rank))
+        shapes = []
+        for i in range(int(rng.integers(1, 5))):
+            s = list(base)
+            s[axis % rank] = _choice(rng, [1, 2, 3, 5])
+            shapes.append(s)
+        ins = [b.input(f"x{i}", s) for i, s in enumerate(shapes)]
+        b.output(b.node("Concat", ins, ["y"], axis=axis)[0])
+        case.geometry = dict(op="Concat", inputs=shapes, axis=axis)
+
+
+def pointwise_conv(case, rng):
+    conv(case, rng, pointwise=True)
+
+
+KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
+         "elementwise": elementwise, "rows": rows, "shuffle": shuffle}
+# how often each kind comes up in a round: convolution has the most geometry to cover
+ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
+         "rows", "shuffle"]
+
+
+def make_case(seed: int, index: int) -> Case:
+    rng = np.random.default_rng([seed, index])
+    kind = ROUND[index % len(ROUND)]
+    case = Case(seed, index, kind, {}, opt_level=0 if index // len(ROUND) % 4 == 3 else 2)  # a round in 4 at -O0
+    KINDS[kind](case, rng)
+    return case
+
+
+def make_cases(seed: int, start: int, count: int) -> list[Case]:
+    return [make_case(seed, i) for i in range(start, start + count)]
+
+
+# -- models and judging ------------------------------------------------------------------------
+
+
+def batch_model(cases: list[Case]) -> onnx.ModelProto:
+    """One model holding every case side by side (each its own inputs and outputs)."""
+    nodes, inputs, outputs, inits = [], [], [], []
+    for case in cases:
+        nodes += case.nodes
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in case.inputs.items()]
+        outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
+        inits += [numpy_helper.from_array(a, n) for n, a in case.inits.items()]
+    graph = helper.make_graph(nodes, "native_fuzz", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    return model
+
+
+def feeds(cases: list[Case]) -> dict:
+    return {n: a for case in cases for n, a in case.inputs.items()}
+
+
+def run_nncc(cases: list[Case], path) -> tuple[dict, set]:
+    """(outputs, names of the outputs a native partition wrote) of the batch, by nncc:
+    one model per optimization level among the cases."""
+    import nncc
+
+    got, native = {}, set()
+    for level in sorted({case.opt_level for case in cases}):
+        group = [case for case in cases if case.opt_level == level]
+        onnx.save(batch_model(group), str(path))
+        model = nncc.compile_model(path, opt_level=level)
+        got.update(model.run(feeds(group)))
+        native |= native_outputs(model)
+    return got, native
+
+
+def native_outputs(model) -> set:
+    """The values written by an instruction of a partition that runs as native code."""
+    plan = model.plan
+    if not model.native_partitions:
+        return set()
+    written = set()
+    for part in plan.partitions:
+        if part.backend == "native":
+            for ins in plan.instructions[part.first:part.first + part.count]:
+                written.update(plan.slots[s].name for s in ins.outputs if s >= 0)
+    return written
+
+
+def run_onnxruntime(cases: list[Case]) -> dict:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3  # its own output-shape warnings would drown a failure
+    session = ort.InferenceSession(batch_model(cases).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feeds(cases))))
+
+
+def run_reference(case: Case) -> dict:
+    from onnx.reference import ReferenceEvaluator
+
+    return dict(zip(case.outputs, ReferenceEvaluator(batch_model([case])).run(None, case.inputs)))
+
+
+def worst(case: Case, got, want) -> tuple[float, float] | None:
+    """(largest difference, its tolerance) where ``got`` exceeds the tolerance, else None."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf"), 0.0
+    scale = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0.0)))
+    tol = ATOL_PER_TERM * case.terms * scale + RTOL * np.abs(want)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    bad = ~same & ~(diff <= tol)
+    if not bad.any():
+        return None
+    at = np.unravel_index(int(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf), -1.0))), got.shape)
+    return float(diff[at]), float(tol[at])
+
+
+def judge(case: Case, got: dict, ort_out: dict, native: set) -> str | None:
+    """None when the case passes, else a report: geometry, difference, reproduction."""
+    problems = [f"{name} was not computed by native code" for name in case.outputs if name not in native]
+    off = {name: worst(case, got[name], ort_out[name]) for name in case.outputs}
+    if not problems and not any(off.values()):
+        return None
+    if not problems:
+        ref = run_reference(case)
+        ref_off = {name: worst(case, got[name], ref[name]) for name in case.outputs}
+        if not any(ref_off.values()):
+            return None  # onnxruntime disagrees, the reference evaluator agrees with nncc
+        problems += [f"{name}: off by {d:.3g} (tolerance {t:.3g}) from onnxruntime, and by "
+                     f"{ref_off[name][0]:.3g} from the onnx reference evaluator"
+                     for name, (d, t) in ((n, v) for n, v in off.items() if v)]
+        if not any(off.values()):
+            problems.append("matches onnxruntime, not the reference evaluator?")
+    return f"{case.describe()}: {'; '.join(problems)}\n    reproduce: {case.reproduce}"
+
+
+def _main(argv: list[str]) -> int:
+    import tempfile
+
+    if argv[:1] == ["--run"]:  # SEED OUT.npz INDEX...: nncc only, in batches, outputs saved
+        seed, out, indices = int(argv[1]), argv[2], [int(i) for i in argv[3:]]
+        saved, written = {}, set()
+        with tempfile.TemporaryDirectory() as tmp:
+            for at in range(0, len(indices), BATCH):
+                cases = [make_case(seed, i) for i in indices[at:at + BATCH]]
+                got, native = run_nncc(cases, f"{tmp}/batch.onnx")
+                saved.update(got)
+                written |= native
+        np.savez(out, **saved, __native__=np.array(sorted(written)))
+        return 0
+    seed, index = int(argv[0]), int(argv[1])
+    case = make_case(seed, index)
+    print(case.describe())
+    with tempfile.TemporaryDirectory() as tmp:
+        got, native = run_nncc([case], f"{tmp}/case.onnx")
+    want, ref = run_onnxruntime([case]), run_reference(case)
+    for name in case.outputs:
+        g = np.asarray(got[name])
+        print(f"{name}: nncc {g.shape} native={name in native}; onnxruntime {want[name].shape} "
+              f"max diff {_maxdiff(g, want[name])}; reference {ref[name].shape} max diff {_maxdiff(g, ref[name])}")
+    verdict = judge(case, got, want, native)
+    print(verdict or "pass")
+    return 1 if verdict else 0
+
+
+def _maxdiff(a, b):
+    return "shape differs" if a.shape != b.shape else f"{float(np.max(np.abs(a - b), initial=0.0)):.3g}"
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

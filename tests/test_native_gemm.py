@@ -1,0 +1,249 @@
+"""nncc's packed GEMM (nncc/native/gemm_gen.py): products by constant weights with their
+bias, Gemm's C, activation (GELU included) and residual Add, checked against onnxruntime
+at every shape class the generator distinguishes (one row, odd sizes below and above the
+register tile and the vector width, K long enough to be blocked, transposes, batches).
+Several independent products share one model, so one compile covers a whole table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import nncc  # noqa: E402
+from nncc.native import gemm_gen  # noqa: E402
+from nncc.native.toolchain import find_toolchain  # noqa: E402
+
+pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
+                                "backend selects nothing, which tests/test_native.py covers with CC set")
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+class _Builder:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.inputs, self.outputs, self.feeds = [], [], [], [], {}
+
+    def input(self, name, shape):
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        self.feeds[name] = self.rng.standard_normal(shape).astype(np.float32)
+        return name
+
+    def const(self, name, shape, scale=1.0):
+        value = (self.rng.standard_normal(shape) * scale).astype(np.float32)
+        self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def scalar(self, name, value):
+        self.inits.append(numpy_helper.from_array(np.array(value, np.float32), name))
+        return name
+
+    def op(self, op, inputs, out, **attrs):
+        self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def output(self, name, shape):
+        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+
+    def check(self, tmp_path, opset=17, packed=None):
+        """Compile natively, compare every output with onnxruntime; ``packed``: how many
+        products the packed GEMM must have generated."""
+        graph = helper.make_graph(self.nodes, "t", self.inputs, self.outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 9
+        path = str(tmp_path / "m.onnx")
+        onnx.save(model, path)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        want = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]).run(None, self.feeds)
+        taken, self.residuals = [], []
+        emit_matmul, emit_gemm, residual = gemm_gen.emit_matmul, gemm_gen.emit_gemm, gemm_gen._residual
+
+        def spy(emit):
+            def call(w, node):
+                done = emit(w, node)
+                if done:
+                    taken.append(node.name)
+                return done
+            return call
+
+        def spy_residual(w, node, out):
+            found = residual(w, node, out)
+            if found is not None:
+                self.residuals.append(found[0].outputs[0])
+            return found
+
+        try:
+            gemm_gen.emit_matmul, gemm_gen.emit_gemm = spy(emit_matmul), spy(emit_gemm)
+            gemm_gen._residual = spy_residual
+            compiled = nncc.compile_model(path)
+        finally:
+            gemm_gen.emit_matmul, gemm_gen.emit_gemm, gemm_gen._residual = emit_matmul, emit_gemm, residual
+        assert compiled.native_partitions == len(compiled.plan.partitions), "a partition stayed portable"
+        if packed is not None:
+            assert len(taken) == packed, f"the packed GEMM generated {len(taken)} products, not {packed}"
+        got = compiled.run(self.feeds)
+        for name, w in zip([o.name for o in self.outputs], want):
+            assert got[name].shape == w.shape, name
+            np.testing.assert_allclose(got[name], w, rtol=RTOL, atol=ATOL * max(1.0, float(np.abs(w).max())),
+                                       err_msg=name)
+        return compiled
+
+
+# (M, K, N, activation): one row; sizes below, at and above the AVX-512 tile (6 x 64) and
+# each vector width; K long enough to be cut into blocks (with M above the tile)
+MATMULS = [
+    (1, 7, 5, ""), (1, 300, 65, "Relu"), (1, 1, 1, "Sigmoid"), (2, 33, 17, "Tanh"), (3, 17, 65, "LeakyRelu"),
+    (17, 65, 3, "Clip"), (65, 3, 17, "HardSigmoid"), (12, 16, 32, "HardSwish"), (13, 800, 33, "Relu"),
+    (130, 40, 100, ""), (25, 1000, 49, "Tanh"),
+]
+
+
+def _activation(b: _Builder, act: str, x: str, out: str) -> str:
+    if act == "Clip":
+        return b.op("Clip", [x, b.scalar(f"{out}_lo", -0.5), b.scalar(f"{out}_hi", 0.75)], out)
+    if act == "LeakyRelu":
+        return b.op("LeakyRelu", [x], out, alpha=0.2)
+    if act == "HardSigmoid":
+        return b.op("HardSigmoid", [x], out, alpha=0.3, beta=0.4)
+    return b.op(act, [x], out)
+
+
+def test_matmul_bias_activation_shapes(tmp_path):
+    b = _Builder(1)
+    for i, (m, k, n, act) in enumerate(MATMULS):
+        x = b.input(f"x{i}", (m, k))
+        z = b.op("Add", [b.op("MatMul", [x, b.const(f"w{i}", (k, n), 1 / math.sqrt(k))], f"p{i}"),
+                         b.const(f"b{i}", (n,))], f"z{i}" if act else f"y{i}")
+        if act:
+            _activation(b, act, z, f"y{i}")
+        b.output(f"y{i}", (m, n))
+    b.check(tmp_path, packed=len(MATMULS))
+
+
+def _gelu(b: _Builder, x: str, form: str, i: int) -> str:
+    """GELU as exporters spell it, in a few operand orders."""
+    if form == "op":
+        return b.op("Gelu", [x], f"g{i}")
+    if form == "erf":  # 0.5x * (1 + erf(x / sqrt 2))
+        e = b.op("Erf", [b.op("Div", [x, b.scalar(f"s{i}", math.sqrt(2))], f"d{i}")], f"e{i}")
+        return b.op("Mul", [b.op("Mul", [x, b.scalar(f"h{i}", 0.5)], f"xh{i}"),
+                            b.op("Add", [e, b.scalar(f"o{i}", 1.0)], f"a{i}")], f"g{i}")
+    if form == "erf2":  # x * (0.5 * (1 + erf(x * (1 / sqrt 2)))), constants first
+        e = b.op("Erf", [b.op("Mul", [b.scalar(f"s{i}", 1 / math.sqrt(2)), x], f"d{i}")], f"e{i}")
+        half = b.op("Mul", [b.scalar(f"h{i}", 0.5), b.op("Add", [b.scalar(f"o{i}", 1.0), e], f"a{i}")], f"q{i}")
+        return b.op("Mul", [x, half], f"g{i}")
+    # tanh: 0.5x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+    cube = b.op("Mul", [b.op("Pow", [x, b.scalar(f"three{i}", 3.0)], f"c{i}"), b.scalar(f"k{i}", 0.044715)], f"ck{i}")
+    inner = b.op("Mul", [b.op("Add", [x, cube], f"in{i}"), b.scalar(f"r{i}", math.sqrt(2 / math.pi))], f"ir{i}")
+    t = b.op("Add", [b.op("Tanh", [inner], f"t{i}"), b.scalar(f"o{i}", 1.0)], f"to{i}")
+    return b.op("Mul", [b.op("Mul", [x, b.scalar(f"h{i}", 0.5)], f"xh{i}"), t], f"g{i}")
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 40), (20, 48, 70)])
+def test_gelu_forms_fuse_and_run_natively(tmp_path, shape):
+    m, k, n = shape
+    b = _Builder(2)
+    forms = ["erf", "erf2", "tanh", "op"]
+    for i, form in enumerate(forms):
+        x = b.input(f"x{i}", (m, k))
+        p = b.op("Add", [b.op("MatMul", [x, b.const(f"w{i}", (k, n), 0.5)], f"p{i}"), b.const(f"b{i}", (n,))], f"z{i}")
+        b.op("Identity", [_gelu(b, p, form, i)], f"y{i}")
+        b.output(f"y{i}", (m, n))
+    model = b.check(tmp_path, opset=20, packed=len(forms))
+    kernels = {model.plan.kernels[i.kernel].split("::")[1] for i in model.plan.instructions}
+    assert kernels == {"FusedMatMul"}, f"GELU did not fuse: {kernels}"
+
+
+def test_gelu_shared_input_is_not_fused(tmp_path):
+    """A GELU whose input is read elsewhere too stays as it is written (and right)."""
+    b = _Builder(3)
+    x = b.input("x", (4, 8))
+    p = b.op("MatMul", [x, b.const("w", (8, 8))], "p")
+    g = _gelu(b, p, "erf", 0)
+    b.op("Add", [g, p], "y")
+    b.output("y", (4, 8))
+    model = b.check(tmp_path)
+    assert any("Erf" in model.plan.kernels[i.kernel] for i in model.plan.instructions)
+
+
+def test_residual_add_in_the_store(tmp_path):
+    """The Add of a residual connection is done by the product's store: after the bias and
+    the activation, with the shortcut an input, an earlier value, or the product's own A."""
+    b = _Builder(4)
+    m, k, n = 19, 40, 40
+    x = b.input("x", (m, k))
+    h = b.op("Relu", [x], "h")
+    p1 = b.op("Add", [b.op("MatMul", [h, b.const("w1", (k, n))], "m1"), b.const("b1", (n,))], "p1")
+    r1 = b.op("Add", [h, p1], "r1")  # shortcut computed earlier; product on the right
+    p2 = b.op("Relu", [b.op("MatMul", [r1, b.const("w2", (n, n))], "m2")], "p2")
+    r2 = b.op("Add", [p2, r1], "r2")  # activation before the residual; shortcut = the product's A
+    p3 = b.op("MatMul", [r2, b.const("w3", (n, n))], "m3")
+    b.op("Add", [p3, x], "y")  # the graph's input as the shortcut, written to a graph output
+    b.output("y", (m, n))
+    b.check(tmp_path, packed=3)
+    assert sorted(b.residuals) == ["r1", "r2", "y"]
+
+
+def test_residual_computed_later_is_a_separate_add(tmp_path):
+    """An Add whose other operand is computed after the product cannot be folded into it."""
+    b = _Builder(5)
+    x = b.input("x", (6, 10))
+    p = b.op("MatMul", [x, b.const("w", (10, 10))], "p")
+    late = b.op("Tanh", [x], "late")
+    b.op("Add", [p, late], "y")
+    b.output("y", (6, 10))
+    b.check(tmp_path, packed=1)
+    assert b.residuals == []
+
+
+# (M, K, N, transA, transB, alpha, beta, C: shape or "input" for a run-time [M, N] matrix)
+GEMMS = [
+    (5, 7, 3, 0, 0, 1.0, 1.0, (3,)), (5, 7, 3, 1, 0, 0.5, 2.0, (1, 3)), (5, 7, 3, 0, 1, 1.0, 0.25, (5, 1)),
+    (4, 6, 9, 1, 1, 2.0, 1.0, (1,)), (4, 6, 9, 0, 1, 1.0, 1.0, None), (1, 50, 70, 0, 1, 1.0, 1.0, (70,)),
+    (33, 20, 17, 1, 1, 1.5, -0.5, "input"), (14, 500, 40, 0, 0, 1.0, 1.0, (14, 40)),
+]
+
+
+def test_gemm_transposes_scales_and_c(tmp_path):
+    b = _Builder(6)
+    for i, (m, k, n, ta, tb, alpha, beta, c) in enumerate(GEMMS):
+        ins = [b.input(f"a{i}", (k, m) if ta else (m, k)), b.const(f"w{i}", (n, k) if tb else (k, n))]
+        if c == "input":
+            ins.append(b.input(f"c{i}", (m, n)))
+        elif c is not None:
+            ins.append(b.const(f"c{i}", c))
+        out = b.op("Gemm", ins, f"g{i}", transA=ta, transB=tb, alpha=alpha, beta=beta)
+        b.op("Relu" if i % 2 else "Sigmoid", [out], f"y{i}")
+        b.output(f"y{i}", (m, n))
+    b.check(tmp_path, packed=len(GEMMS))
+
+
+# (A shape, constant B shape): B with batch axes, broadcast either way; A's batch folded
+BATCHED = [((2, 3, 5), (5, 4)), ((2, 3, 4, 5), (3, 5, 6)), ((2, 1, 4, 5), (3, 5, 6)), ((4, 5), (2, 5, 3)),
+           ((1, 3, 4, 5), (2, 1, 5, 2)), ((3, 1, 17), (3, 17, 33))]
+
+
+def test_batched_matmul_by_constant_b(tmp_path):
+    b = _Builder(7)
+    for i, (sa, sb) in enumerate(BATCHED):
+        out = np.matmul(np.zeros(sa, np.float32), np.zeros(sb, np.float32)).shape
+        b.op("MatMul", [b.input(f"a{i}", sa), b.const(f"w{i}", sb)], f"y{i}")
+        b.output(f"y{i}", out)
+    b.check(tmp_path, packed=len(BATCHED))
+
+
+def test_product_of_two_activations_stays_on_blas(tmp_path):
+    """Attention's Q·Kᵀ: B is computed at run time, so the packed GEMM does not take it."""
+    b = _Builder(8)
+    q, kt = b.input("q", (2, 4, 6, 8)), b.input("kt", (2, 4, 8, 6))
+    b.op("Relu", [b.op("MatMul", [q, kt], "s")], "y")
+    b.output("y", (2, 4, 6, 6))
+    b.check(tmp_path, packed=0)
