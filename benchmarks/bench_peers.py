@@ -53,6 +53,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
 from peer_runtimes import median, child  # noqa: E402
 RUNTIMES = ("nncc", "onnxruntime", "openvino")
 EXTRA_RUNTIMES = ("nncc-numpy",)  # nncc's portable backend alone, on request
@@ -78,35 +79,17 @@ def child_env() -> dict:
 CHILD = "import json, sys, peer_runtimes; peer_runtimes.child(json.loads(sys.argv[1]))"
 
 
-def _busy_seconds() -> float:
-    """CPU time the whole machine has spent busy (/proc/stat), in seconds; 0 if unknown."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def spawn(job: dict) -> tuple[dict, float]:
     """Run one child job; (its result, the wall-clock time it was started at). The result
     also says how many cores other processes kept busy meanwhile (``other_load``)."""
     import subprocess
 
-    busy, ours, began = _busy_seconds(), _children_cpu(), time.perf_counter()
+    busy, ours, began = busy_seconds(), children_cpu(), time.perf_counter()
     started = time.time()
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(job)], capture_output=True, text=True,
                           env=child_env(), timeout=1800)
     wall = time.perf_counter() - began
-    other = max(0.0, (_busy_seconds() - busy) - (_children_cpu() - ours)) / wall
+    other = other_load(busy, ours, wall)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]

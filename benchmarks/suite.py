@@ -45,6 +45,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 UNSET_MARK = "NNCC_SUITE_UNSET"  # tells the child which variables its parent unset (name=value,...)
@@ -206,24 +209,6 @@ def child(args) -> None:
         print(f"suite: wrote {args.output}", file=sys.stderr)
 
 
-def _busy_seconds() -> float:
-    """CPU time the whole machine has spent busy (/proc/stat), in seconds; 0 if unknown."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def measure(model: pathlib.Path, args, peaks: list) -> dict:
     """One model in a fresh process (its own peak RSS, nothing left over from the last one),
     with the CPU time other processes took meanwhile, and the matmul rate right after."""
@@ -232,10 +217,10 @@ def measure(model: pathlib.Path, args, peaks: list) -> dict:
     command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--one", str(model),
                "--duration", str(args.duration), "--min-iterations", str(args.min_iterations),
                "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    t, busy, ours = time.perf_counter(), _busy_seconds(), _children_cpu()
+    t, busy, ours = time.perf_counter(), busy_seconds(), children_cpu()
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t
-    other = max(0.0, (_busy_seconds() - busy) - (_children_cpu() - ours)) / wall
+    other = other_load(busy, ours, wall)
     if done.returncode:
         raise SystemExit(f"suite: {shlex.join(command)} failed with exit code {done.returncode}")
     result = json.loads(done.stdout)

@@ -150,23 +150,47 @@ def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
     return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
 
 
+def stored(v: str, residual: str | None, act: int, p0: str, p1: str) -> str:
+    """The vector a store writes: ``v`` plus the residual vector at ``residual`` (a C
+    pointer expression), activated (sigmoid and tanh are applied after the store)."""
+    if residual:
+        v = f"nn_vadd({v}, nn_vload({residual}))"
+    if act and act not in (3, 4):
+        v = f"nn_vact({act}, {v}, {p0}, {p1})"
+    return v
+
+
 def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
     """Stores of the accumulators ``a{r}_{o}`` to y (+ residual r), activation applied."""
     lines = []
     for o in range(ocb):
         for r in range(rw):
             off = f"{o * plane} + (ow0 + {r}) * {vl}"
-            v = f"a{r}_{o}"
-            if has_res:
-                v = f"nn_vadd({v}, nn_vload(res + {off}))"
-            if act and act not in (3, 4):
-                v = f"nn_vact({act}, {v}, {p0}, {p1})"
-            lines.append(f"nn_vstore(y + {off}, {v});")
+            lines.append(f"nn_vstore(y + {off}, {stored(f'a{r}_{o}', f'res + {off}' if has_res else None, act, p0, p1)});")
     if act in (3, 4):  # sigmoid, tanh: lane by lane after the store (the loop vectorizes)
         for o in range(ocb):
             lines.append(f"for (int q = 0; q < {rw * vl}; q++) {{ float *e = y + {o * plane} + ow0 * {vl} + q; "
                          f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
     return lines
+
+
+def _row_taps(g: Conv2d, indent: str) -> list[str]:
+    """C computing, for output row ``oh``, its first input row ``ih0`` and the taps
+    [i0, i1) that fall inside the input."""
+    return [f"{indent}const int64_t ih0 = oh * {g.sh} - {g.pt};",
+            f"{indent}const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
+            f"{indent}const int64_t top = {g.h - 1} - ih0;",
+            f"{indent}const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});"]
+
+
+def _column_tiles(width: int, rw: int, lo: int, hi: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Tiles of ``rw`` columns at multiples of rw: (all starts, those wholly inside the
+    interior [lo, hi), those left of them, those right of them)."""
+    starts = list(range(0, width, rw))
+    inner = [s for s in starts if s >= lo and s + rw <= hi]
+    left = [s for s in starts if not inner or s < inner[0]]
+    right = [s for s in starts if inner and s > inner[-1]]
+    return starts, inner, left, right
 
 
 L2_WEIGHTS = 384 * 1024  # bytes of packed weights a task keeps hot while it sweeps its rows
@@ -257,10 +281,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
         out.append("}")
         return "\n".join(out)
 
-    starts = list(range(0, width, rw))
-    inner = [s for s in starts if s >= lo and s + rw <= hi]
-    left = [s for s in starts if not inner or s < inner[0]]
-    right = [s for s in starts if inner and s > inner[-1]]
+    starts, inner, left, right = _column_tiles(width, rw, lo, hi)
     widths = {min(rw, width - s) for s in starts}
     if flat and last_w % rw:
         widths.add(last_w % rw)
@@ -300,11 +321,8 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
             body.append(f"          {call(0, 1, str(last_w // rw * rw), last_w % rw)}")
         body.append("        }")
     else:
-        body += [f"        const int64_t ih0 = oh * {g.sh} - {g.pt};",
-                 f"        const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
-                 f"        const int64_t top = {g.h - 1} - ih0;",
-                 f"        const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
-                 f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
+        body += _row_taps(g, "        ")
+        body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
                  "        float *y = yp + yo;",
                  "        const float *res = rp ? rp + yo : 0;",
                  f"        const int64_t xrow = n * {a.n} + ih0 * {a.h};"]
@@ -346,10 +364,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
         out.append("}")
         return "\n".join(out)
 
-    starts = list(range(0, g.ow, rw))
-    inner = [s for s in starts if s >= lo and s + rw <= hi]
-    left = [s for s in starts if not inner or s < inner[0]]
-    right = [s for s in starts if inner and s > inner[-1]]
+    starts, inner, left, right = _column_tiles(g.ow, rw, lo, hi)
     widths = sorted({min(rw, g.ow - s) for s in starts})
     support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths]
 
@@ -362,10 +377,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
             "  float *yp = (float *)a[4];",
             "  for (int64_t t = lo; t < hi; t++) {",
             f"    const int64_t oh = t % {g.oh}, c = (t / {g.oh}) % {cb}, n = t / {g.oh * cb};",
-            f"    const int64_t ih0 = oh * {g.sh} - {g.pt};",
-            f"    const int i0 = ih0 >= 0 ? 0 : (int)((-ih0 + {g.dh - 1}) / {g.dh});",
-            f"    const int64_t top = {g.h - 1} - ih0;",
-            f"    const int i1 = top < 0 ? 0 : (top / {g.dh} + 1 < {g.kh} ? (int)(top / {g.dh} + 1) : {g.kh});",
+            *_row_taps(g, "    "),
             f"    const float *x = xp + (n * {cb} + c) * {plane_in};",
             f"    const float *wc = wp + c * {g.kh * g.kw * vl};",
             f"    const float *bias = bp ? bp + c * {vl} : 0;",

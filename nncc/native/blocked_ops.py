@@ -17,34 +17,34 @@ def _call(args: list[str], tasks: int, work: int, task: str) -> str:
 def to_blocked(shape, vl: int, x: str, y: str) -> tuple[str, str]:
     """NCHW -> blocked; the padding lanes of the last block are written as zeros."""
     n, c, h, w = shape
-    cb, hw = blocks(c, vl), h * w
-    support = f"""
-static void reorder_task(void *p, int64_t lo, int64_t hi) {{
-  const float *const *a = p;
-  const float *x = a[0];
-  float *y = (float *)a[1];
-  for (int64_t t = lo; t < hi; t++) {{
-    const int64_t n = t / {cb}, cb = t % {cb};
-    float *yb = y + t * {hw * vl};
+    return _reorder(shape, vl, x, y, f"""
     for (int l = 0; l < {vl}; l++) {{
       const int64_t ch = cb * {vl} + l;
       if (ch < {c}) {{
-        const float *xc = x + (n * {c} + ch) * {hw};
-        for (int64_t i = 0; i < {hw}; i++) yb[i * {vl} + l] = xc[i];
+        const float *xc = x + (n * {c} + ch) * {h * w};
+        for (int64_t i = 0; i < {h * w}; i++) yb[i * {vl} + l] = xc[i];
       }} else {{
-        for (int64_t i = 0; i < {hw}; i++) yb[i * {vl} + l] = 0.0f;
+        for (int64_t i = 0; i < {h * w}; i++) yb[i * {vl} + l] = 0.0f;
       }}
-    }}
-  }}
-}}
-"""
-    return support, _call([x, f"(const float *){y}"], n * cb, n * cb * hw * vl, "reorder_task")
+    }}""", out_blocked=True)
 
 
 def to_plain(shape, vl: int, x: str, y: str) -> tuple[str, str]:
     """blocked -> NCHW (the padding lanes are dropped)."""
     n, c, h, w = shape
+    return _reorder(shape, vl, x, y, f"""
+    for (int l = 0; l < {vl} && cb * {vl} + l < {c}; l++) {{
+      float *yc = y + (n * {c} + cb * {vl} + l) * {h * w};
+      for (int64_t i = 0; i < {h * w}; i++) yc[i] = xb[i * {vl} + l];
+    }}""", out_blocked=False)
+
+
+def _reorder(shape, vl: int, x: str, y: str, body: str, out_blocked: bool) -> tuple[str, str]:
+    """A reorder task per (image, channel block): ``body`` moves block ``cb`` of image
+    ``n`` between x and y, with ``xb`` or ``yb`` the block's start on the blocked side."""
+    n, c, h, w = shape
     cb, hw = blocks(c, vl), h * w
+    side = (f"float *yb = y + t * {hw * vl};" if out_blocked else f"const float *xb = x + t * {hw * vl};")
     support = f"""
 static void reorder_task(void *p, int64_t lo, int64_t hi) {{
   const float *const *a = p;
@@ -52,11 +52,7 @@ static void reorder_task(void *p, int64_t lo, int64_t hi) {{
   float *y = (float *)a[1];
   for (int64_t t = lo; t < hi; t++) {{
     const int64_t n = t / {cb}, cb = t % {cb};
-    const float *xb = x + t * {hw * vl};
-    for (int l = 0; l < {vl} && cb * {vl} + l < {c}; l++) {{
-      float *yc = y + (n * {c} + cb * {vl} + l) * {hw};
-      for (int64_t i = 0; i < {hw}; i++) yc[i] = xb[i * {vl} + l];
-    }}
+    {side}{body}
   }}
 }}
 """

@@ -22,7 +22,7 @@ from fractions import Fraction as Fr
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, _parallel_call, blocks, direct_conv, pack_direct_weights
+from nncc.native.blocked_conv import Conv2d, _parallel_call, blocks, direct_conv, pack_direct_weights, stored
 
 BT = [[4, 0, -5, 0, 1, 0],
       [0, -4, -4, 1, 1, 0],
@@ -160,12 +160,7 @@ def winograd_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0:
         for j, e in enumerate(_combine(AT, [f"s{i}{c}" for c in range(6)])):
             out.append(f"    if (ty * 4 + {i} < {g.oh} && tx * 4 + {j} < {g.ow}) {{")
             out.append(f"      const int64_t o = base + ((ty * 4 + {i}) * {g.ow} + tx * 4 + {j}) * {vl};")
-            v = f"nn_vadd({e}, bias)"
-            if has_res:
-                v = f"nn_vadd({v}, nn_vload(rp + o))"
-            if act and act not in (3, 4):
-                v = f"nn_vact({act}, {v}, {p0}, {p1})"
-            out.append(f"      nn_v v = {v};")
+            out.append(f"      nn_v v = {stored(f'nn_vadd({e}, bias)', 'rp + o' if has_res else None, act, p0, p1)};")
             out.append("      nn_vstore(yp + o, v);")
             if act in (3, 4):
                 out.append(f"      for (int q = 0; q < {vl}; q++) yp[o + q] = nn_act({act}, yp[o + q], {p0}, {p1});")

@@ -43,19 +43,12 @@ class FileStore(RecordedLeases, RemoteStore):
     def put(self, key: str, data) -> None:
         self._check_root()
         path = self._path(key)
-        tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+        tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "xb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _written_beside(path, data)
             os.replace(tmp, path)
         except OSError as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _remove(tmp)
             raise self._fault(exc, f"cannot write {key}") from None
 
     def create(self, key: str, data) -> bool:
@@ -63,13 +56,9 @@ class FileStore(RecordedLeases, RemoteStore):
         reader sees no object or the whole one, and an existing one is never replaced."""
         self._check_root()
         path = self._path(key)
-        tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+        tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "xb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _written_beside(path, data)
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -78,10 +67,7 @@ class FileStore(RecordedLeases, RemoteStore):
         except OSError as exc:
             raise self._fault(exc, f"cannot create {key}") from None
         finally:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _remove(tmp)
 
     def exists(self, key: str) -> bool:
         if os.path.exists(self._path(key)):
@@ -167,3 +153,26 @@ class FileStore(RecordedLeases, RemoteStore):
         os.unlink(aside)
         return True
 
+
+def _written_beside(path: str, data) -> str:
+    """A complete, synced temporary file next to ``path`` holding ``data``: its name."""
+    tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        _remove(tmp)
+        raise
+    return tmp
+
+
+def _remove(path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
