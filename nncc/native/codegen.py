@@ -26,6 +26,8 @@ from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import gemm_gen, plain_ops
+from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, batch_strides, const_value,
+                                     is_pair_sum, source)
 from nncc.native.layout import BlockedLayout
 from nncc.plan.memory import aligned_empty
 
@@ -46,10 +48,6 @@ ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "(1.0f / v)"}  # constant exponents
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
-CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
-AFFINE_OPS = {("nncc", "ScaleShift")}
-MATMUL_OPS = {("", "MatMul"), ("nncc", "FusedMatMul")}
-GEMM_OPS = {("", "Gemm"), ("nncc", "FusedGemm")}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 
 
@@ -57,11 +55,7 @@ def _static_f32(info: TensorInfo | None) -> bool:
     return info is not None and info.dtype == F32 and info.is_static
 
 
-def _const(graph: Graph, infos, name: str):
-    if name in graph.initializers:
-        return graph.initializers[name]
-    info = infos.get(name)
-    return None if info is None else info.value
+_const = const_value
 
 
 def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
@@ -747,10 +741,7 @@ def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
     return out
 
 
-def _source(name: str) -> str:
-    import importlib.resources
-
-    return importlib.resources.files("nncc.native").joinpath(name).read_text()
+_source = source
 
 
 def _calls_blas(code: str) -> bool:
@@ -758,9 +749,7 @@ def _calls_blas(code: str) -> bool:
     return "nn_gemm(" in code or "nn_conv2d(" in code
 
 
-def _is_pair_sum(node: Node) -> bool:
-    """Add, or a Sum of two: what a residual connection is exported as."""
-    return not node.domain and (node.op_type == "Add" or (node.op_type == "Sum" and len(node.inputs) == 2))
+_is_pair_sum = is_pair_sum
 
 
 def _align(n: int) -> int:
@@ -804,11 +793,4 @@ def _row_stride(dims, d) -> int:
     return math.prod(dims[d + 1:])
 
 
-def _batch_strides(shape, batch, matrix: int) -> list[int]:
-    """Offsets (in elements) per batch index of an operand whose batch dims broadcast."""
-    shape = [1] * (len(batch) - len(shape)) + list(shape)
-    strides, step = [0] * len(batch), matrix
-    for d in range(len(batch) - 1, -1, -1):
-        strides[d] = 0 if shape[d] == 1 and batch[d] != 1 else step
-        step *= shape[d]
-    return strides
+_batch_strides = batch_strides

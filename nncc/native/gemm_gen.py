@@ -308,7 +308,7 @@ ENTRY = "g_gemm"
 
 
 def _support(s: Shape, epi: Epilogue) -> str:
-    from nncc.native.codegen import _source
+    from nncc.native.graph_query import source as _source
 
     return _source("simd.h") + "\n" + source(s, epi, ENTRY)
 
@@ -317,7 +317,7 @@ def _residual(w, node, out: str):
     """(Add, its other operand) when ``out`` is read only by an Add of the same shape whose
     other operand is computed before ``node``: the product's store adds it (a residual
     connection), and the Add is not emitted."""
-    from nncc.native.codegen import _is_pair_sum
+    from nncc.native.graph_query import is_pair_sum as _is_pair_sum
 
     add = w.only_consumer(out)
     if add is None or not _is_pair_sum(add) or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
@@ -343,7 +343,7 @@ def _with_residual(w, node, out: str):
 
 def emit_matmul(w, node) -> bool:
     """MatMul / FusedMatMul by a constant B as a packed GEMM step; False: not handled here."""
-    from nncc.native.codegen import _batch_strides, _const
+    from nncc.native.graph_query import batch_strides as _batch_strides, const_value as _const
 
     a, b = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
@@ -383,7 +383,7 @@ def emit_matmul(w, node) -> bool:
 
 def emit_gemm(w, node) -> bool:
     """Gemm / FusedGemm by a constant B as a packed GEMM step; False: not handled here."""
-    from nncc.native.codegen import _const
+    from nncc.native.graph_query import const_value as _const
 
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
@@ -430,7 +430,7 @@ def emit_gemm(w, node) -> bool:
 
 def takes(node, graph, infos) -> bool:
     """Whether emit_matmul / emit_gemm generate ``node`` (for activations only they apply)."""
-    from nncc.native.codegen import MATMUL_OPS, _const
+    from nncc.native.graph_query import MATMUL_OPS, const_value as _const
 
     if activation(node.attrs) is None or _const(graph, infos, node.inputs[1]) is None:
         return False
