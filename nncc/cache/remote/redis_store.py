@@ -44,8 +44,9 @@ class RedisStore(RemoteStore):
         try:
             return fn(self._client)
         except Exception as exc:  # the client's own errors, and any other it lets out
-            kind = RemoteTimeout if isinstance(exc, self._timeouts) else RemoteFault
-            raise kind(f"Redis {what} failed: {exc or type(exc).__name__}") from None
+            timed_out = isinstance(exc, self._timeouts)
+            kind, verb = (RemoteTimeout, "timed out") if timed_out else (RemoteFault, "failed")
+            raise kind(f"Redis {what} {verb}: {exc or type(exc).__name__}") from None
 
     def get(self, key: str) -> bytes | None:
         return self._call("GET", lambda r: r.get(PREFIX + key))

@@ -78,7 +78,9 @@ class S3Store(RecordedLeases, RemoteStore):
             raise RemoteFault(f"S3 {what} {key or self.bucket} answered {status} {code}".rstrip()) from None
         except Exception as exc:  # no credentials, connection errors, anything else botocore raises
             timeouts = (self._errors.ReadTimeoutError, self._errors.ConnectTimeoutError, TimeoutError)
-            raise (RemoteTimeout if isinstance(exc, timeouts) else RemoteFault)(f"S3 {what} {key or self.bucket} failed: {exc or type(exc).__name__}") from None
+            timed_out = isinstance(exc, timeouts)
+            kind, verb = (RemoteTimeout, "timed out") if timed_out else (RemoteFault, "failed")
+            raise kind(f"S3 {what} {key or self.bucket} {verb}: {exc or type(exc).__name__}") from None
 
     # -- the store -------------------------------------------------------------------
 
