@@ -49,6 +49,10 @@ POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+# Generated loops are unrolled per tile of a row: an output beyond these (only a damaged or
+# hostile model has one) stays portable, whose kernels refuse it with a clear error.
+MAX_ELEMENTS = 1 << 31
+MAX_EXTENT = 1 << 20
 
 
 def _static_f32(info: TensorInfo | None) -> bool:
@@ -81,9 +85,18 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if not _static_f32(infos.get(name)):
             return f"value {name!r} is not a static float32 tensor"
     attrs = node.attrs
+    if key in CONV_OPS or op in POOL_OPS:
+        out = infos[node.outputs[0]].shape
+        if math.prod(out) > MAX_ELEMENTS or any(d > MAX_EXTENT for d in out[2:]):
+            return "an output too large for generated code"  # the portable kernel reports it
     if key in CONV_OPS:
         if len(infos[node.inputs[0]].shape) != 4:
             return "only 2-D convolutions"
+        k, cg = infos[node.inputs[1]].shape[:2]
+        if cg * int(attrs.get("group", 1)) != infos[node.inputs[0]].shape[1]:
+            return "weights that do not match the input's channels"
+        if len(node.inputs) > 2 and node.inputs[2] and infos[node.inputs[2]].shape != (k,):
+            return "a bias that is not one value per output channel"  # the portable kernel says why
         if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             return "auto_pad"
         if attrs.get("activation", "") not in ACT_CODES:
