@@ -56,7 +56,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
 from peer_runtimes import median, child  # noqa: E402
 RUNTIMES = ("nncc", "onnxruntime", "openvino")
-EXTRA_RUNTIMES = ("nncc-numpy",)  # nncc's portable backend alone, on request
+# on request: nncc's portable backend alone, and OpenVINO told to compute in float32 (not
+# its default on a CPU with bfloat16, so never counted as a peer)
+EXTRA_RUNTIMES = ("nncc-numpy", "openvino-f32")
 PEERS = ("onnxruntime", "openvino")
 REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2")
 CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")

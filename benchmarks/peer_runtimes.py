@@ -58,11 +58,15 @@ def ort_session(path, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def openvino_model(path, threads: int):
+def openvino_model(path, threads: int, precision: str | None = None):
     """OpenVINO's CPU device at its defaults, compiled from the .onnx file, only
-    INFERENCE_NUM_THREADS set."""
+    INFERENCE_NUM_THREADS set; ``precision`` (not a default: the "openvino-f32" runtime,
+    on request) sets INFERENCE_PRECISION_HINT, which on a CPU with bfloat16 is bf16."""
     ov = _peer("openvino")
-    return ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    config = {"INFERENCE_NUM_THREADS": threads}
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return ov.Core().compile_model(str(path), "CPU", config)
 
 
 def open_nncc(path, threads: int, cache: str, backends=None):
@@ -85,8 +89,8 @@ def open_onnxruntime(path, threads: int, cache: str):
             lambda outputs: dict(zip(names, outputs)))
 
 
-def open_openvino(path, threads: int, cache: str):
-    compiled = openvino_model(path, threads)
+def open_openvino(path, threads: int, cache: str, precision: str | None = None):
+    compiled = openvino_model(path, threads, precision)
     request = compiled.create_infer_request()
     ports = compiled.outputs
     info = {"version": _peer("openvino").__version__,
@@ -96,7 +100,8 @@ def open_openvino(path, threads: int, cache: str):
 
 
 OPENERS = {"nncc": open_nncc, "onnxruntime": open_onnxruntime, "openvino": open_openvino,
-           "nncc-numpy": lambda path, threads, cache: open_nncc(path, threads, cache, ["numpy"])}
+           "nncc-numpy": lambda path, threads, cache: open_nncc(path, threads, cache, ["numpy"]),
+           "openvino-f32": lambda path, threads, cache: open_openvino(path, threads, cache, "f32")}
 
 
 # -- child processes ------------------------------------------------------------------------------------
