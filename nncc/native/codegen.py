@@ -49,10 +49,11 @@ POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
-# Generated loops are unrolled per tile of a row: an output beyond these (only a damaged or
-# hostile model has one) stays portable, whose kernels refuse it with a clear error.
+# Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
+# an output beyond these (only a damaged or hostile model has one) stays portable, whose
+# kernels refuse it with a clear error.
 MAX_ELEMENTS = 1 << 31
-MAX_EXTENT = 1 << 20
+MAX_EXTENT = 1 << 24
 
 
 def _static_f32(info: TensorInfo | None) -> bool:
@@ -66,6 +67,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     """None when the node can become C, else why not."""
     key = (node.domain, node.op_type)
     op = node.op_type
+    if _too_large(node, infos):
+        return "an output too large for generated code"  # the portable plan reports it
     if plain_ops.handles(node, graph, infos):
         return plain_ops.check(node, graph, infos)
     data_inputs = list(node.inputs)
@@ -85,10 +88,6 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if not _static_f32(infos.get(name)):
             return f"value {name!r} is not a static float32 tensor"
     attrs = node.attrs
-    if key in CONV_OPS or op in POOL_OPS:
-        out = infos[node.outputs[0]].shape
-        if math.prod(out) > MAX_ELEMENTS or any(d > MAX_EXTENT for d in out[2:]):
-            return "an output too large for generated code"  # the portable kernel reports it
     if key in CONV_OPS:
         if len(infos[node.inputs[0]].shape) != 4:
             return "only 2-D convolutions"
@@ -163,6 +162,17 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     if op == "Transpose":
         return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
     return f"no C generator for {op}"
+
+
+def _too_large(node: Node, infos: dict[str, TensorInfo]) -> bool:
+    """An output beyond MAX_ELEMENTS, or an axis beyond MAX_EXTENT (generated code unrolls
+    tiles and tables along an axis): only a damaged or hostile model has one."""
+    for name in [o for o in node.outputs if o]:
+        info = infos.get(name)
+        if info is not None and info.is_static and info.shape and (
+                math.prod(info.shape) > MAX_ELEMENTS or max(info.shape) > MAX_EXTENT):
+            return True
+    return False
 
 
 def node_opset(graph: Graph, node: Node) -> int:
