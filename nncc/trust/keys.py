@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import tempfile
 from dataclasses import dataclass
 
@@ -77,26 +76,16 @@ def read_key(path: str, whose: str, env: bool = False) -> TrustKey:
     """The key in ``path``, after checking the opened file is the user's, private and a
     key; any problem is one TrustKeyError line saying what to do."""
     named = f"the {ENV_KEY_FILE} file {path}" if env else f"the key file {path}"
+    from nncc.util.files import PrivateFileError, read_private_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        raw = read_private_file(path, named, _MAX_FILE + 1)
     except FileNotFoundError:
         raise TrustKeyError(f"{named} does not exist") from None
+    except PrivateFileError as exc:
+        raise TrustKeyError(str(exc)) from None
     except OSError as exc:
         raise TrustKeyError(f"cannot read {named}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)  # of the file opened: a rename after the check changes nothing
-        if not stat.S_ISREG(st.st_mode):
-            raise TrustKeyError(f"{named} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise TrustKeyError(f"{named} is owned by user id {st.st_uid}, not by you: "
-                                "a key must be your own")
-        if st.st_mode & 0o077:
-            raise TrustKeyError(f"{named} is readable or writable by others (mode "
-                                f"{stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}, and treat "
-                                "the key as leaked if others could read it")
-        raw = os.read(fd, _MAX_FILE + 1)
-    finally:
-        os.close(fd)
     text = raw.strip()
     try:
         secret = bytes.fromhex(text.decode("ascii")) if len(text) == 2 * KEY_BYTES else b""

@@ -149,3 +149,29 @@ def external_data_path(base_dir: str, location: str) -> str:
     if not inside:
         raise ValueError("leaves the model folder")
     return path
+
+
+def read_private_file(path: str, named: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a secret's file, after checking the file opened (a rename
+    after the check changes nothing) is a regular file, the user's own, and neither
+    readable nor writable by group or others: whoever reads a key can act as its owner.
+    Raises OSError when it cannot be opened, PrivateFileError naming ``named`` otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PrivateFileError(f"{named} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise PrivateFileError(f"{named} is owned by user id {st.st_uid}, not by you: keep your own copy, "
+                                   "mode 600")
+        if st.st_mode & 0o077:
+            raise PrivateFileError(f"{named} is readable or writable by others (mode "
+                                   f"{stat.S_IMODE(st.st_mode):04o}); run chmod 600 {path}, and treat the "
+                                   "key as leaked if others could read it")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+class PrivateFileError(ValueError):
+    """A secret's file that is not private to the user (its message says what to fix)."""

@@ -70,26 +70,14 @@ def read_key_file(path: str) -> tuple[bytes | None, str | None]:
     """(secret, None), or (None, why it cannot be read). A file that is not the user's own
     regular file, or that group or others may read or write, is refused (RemoteConfigError):
     whoever reads it can publish native code the fleet runs."""
-    import stat
+    from nncc.util.files import PrivateFileError, read_private_file
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        secret = read_private_file(path, f"the remote key file {path}", 1 << 16).strip()
+    except PrivateFileError as exc:
+        raise RemoteConfigError(str(exc)) from None
     except OSError as exc:
         return None, f"cannot read the key file ${ENV_KEY_FILE}={path}: {exc.strerror or exc}"
-    try:
-        st = os.fstat(fd)  # of the file opened: a rename after the check changes nothing
-        if not stat.S_ISREG(st.st_mode):
-            raise RemoteConfigError(f"the remote key file {path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise RemoteConfigError(f"the remote key file {path} is owned by user id {st.st_uid}, not by you; "
-                                    "keep your own copy of the key, mode 600")
-        if st.st_mode & 0o077:
-            raise RemoteConfigError(f"the remote key file {path} is readable or writable by others (mode "
-                                    f"{stat.S_IMODE(st.st_mode):04o}): run chmod 600 {path}, and make a new "
-                                    "team key if others could read it")
-        secret = os.read(fd, 1 << 16).strip()
-    finally:
-        os.close(fd)
     if not secret:
         return None, f"the key file ${ENV_KEY_FILE}={path} is empty"
     return secret, None
