@@ -60,9 +60,6 @@ def _static_f32(info: TensorInfo | None) -> bool:
     return info is not None and info.dtype == F32 and info.is_static
 
 
-_const = const_value
-
-
 def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     """None when the node can become C, else why not."""
     key = (node.domain, node.op_type)
@@ -77,7 +74,7 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     elif op == "Clip":
         data_inputs = node.inputs[:1]
         for bound in node.inputs[1:]:
-            value = _const(graph, infos, bound) if bound else 0.0
+            value = const_value(graph, infos, bound) if bound else 0.0
             if value is None or np.size(value) != 1 or np.asarray(value).dtype.kind != "f":
                 return "Clip bounds are not float constant scalars"
     elif op == "Dropout":
@@ -230,7 +227,7 @@ class _Writer(BlockedLayout):
         self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
         self.init_layout()
-        self.simd = _source("simd.h") + "\n"
+        self.simd = source("simd.h") + "\n"
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -292,7 +289,7 @@ class _Writer(BlockedLayout):
             return self.scale_shift(node)
         if self.emit_blocked(node):
             return
-        if not (_is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
+        if not (is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
             self.plain_inputs(node)
         if plain_ops.handles(node, self.graph, self.infos):
             return plain_ops.emit(self, node)
@@ -300,7 +297,7 @@ class _Writer(BlockedLayout):
             return self.matmul(node)
         if key in GEMM_OPS:
             return self.gemm(node)
-        if _is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
+        if is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
             return self.residual(node)
         if op == "Sum":
             return self.sum(node)
@@ -341,7 +338,7 @@ class _Writer(BlockedLayout):
         op = node.op_type
         if node.domain or not any(i in self.blocked for i in node.inputs if i):
             return False
-        if _is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
+        if is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
             return False  # the residual Add of a deferred convolution: written by it
         if op in POOL_OPS:
             return self.blocked_pool(node)
@@ -379,7 +376,7 @@ class _Writer(BlockedLayout):
         out = node.outputs[0]
         if defer and residual is None and not node.attrs.get("activation"):
             user = self.only_consumer(out)
-            if user is not None and _is_pair_sum(user) and \
+            if user is not None and is_pair_sum(user) and \
                     self.shape(user.outputs[0]) == self.shape(out) and \
                     all(self.shape(i) == self.shape(out) for i in user.inputs):
                 self.deferred[out] = node  # written by the Add, with the residual
@@ -454,9 +451,9 @@ class _Writer(BlockedLayout):
         if node_opset(self.graph, node) < 11:
             return float(node.attrs.get("min", lo)), float(node.attrs.get("max", hi))
         if len(node.inputs) > 1 and node.inputs[1]:
-            lo = float(np.asarray(_const(self.graph, self.infos, node.inputs[1])).reshape(()))
+            lo = float(np.asarray(const_value(self.graph, self.infos, node.inputs[1])).reshape(()))
         if len(node.inputs) > 2 and node.inputs[2]:
-            hi = float(np.asarray(_const(self.graph, self.infos, node.inputs[2])).reshape(()))
+            hi = float(np.asarray(const_value(self.graph, self.infos, node.inputs[2])).reshape(()))
         return lo, hi
 
     def matmul(self, node: Node) -> None:
@@ -478,8 +475,8 @@ class _Writer(BlockedLayout):
                          f"{'1.0f' if bias else '0.0f'}, {y}, {nn});")
         else:
             batch = so[:-2]
-            ea = _batch_strides(sa[:-2], batch, m * k)
-            eb = _batch_strides(sb[:-2], batch, k * nn)
+            ea = batch_strides(sa[:-2], batch, m * k)
+            eb = batch_strides(sb[:-2], batch, k * nn)
             total = math.prod(batch)
             lines.append(f"for (int64_t t = 0; t < {total}; t++) {{")
             lines.append("  int64_t rem = t, oa = 0, ob = 0;")
@@ -532,7 +529,7 @@ class _Writer(BlockedLayout):
             self.alias[out] = src
 
     def _scalar_const(self, name: str):
-        value = _const(self.graph, self.infos, name)
+        value = const_value(self.graph, self.infos, name)
         if value is None or np.size(value) != 1:
             return None
         return float(np.asarray(value).reshape(()))
@@ -745,7 +742,7 @@ def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str,
 
 
 def prelude() -> str:
-    return _source("prelude.h")
+    return source("prelude.h")
 
 
 def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
@@ -753,7 +750,7 @@ def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
     each distinct kernel, and one small unit of entry points per partition. Each starts
     with the prelude, so each compiles on its own."""
     head = prelude()
-    out = [("runtime", head + "\n" + _source("runtime.c"))]
+    out = [("runtime", head + "\n" + source("runtime.c"))]
     seen: set[str] = set()
     for unit in units:
         for kernel in unit.kernels:
@@ -764,15 +761,9 @@ def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
     return out
 
 
-_source = source
-
-
 def _calls_blas(code: str) -> bool:
     """The runtime helpers that reach BLAS: its GEMM, and the grouped convolution on it."""
     return "nn_gemm(" in code or "nn_conv2d(" in code
-
-
-_is_pair_sum = is_pair_sum
 
 
 def _align(n: int) -> int:
@@ -791,7 +782,7 @@ def _f(value: float) -> str:
 
 def _broadcast_strides(shape, out) -> list[int]:
     """Element strides of ``shape`` read in ``out``'s index space (0 where broadcast)."""
-    return _batch_strides(shape, out, 1)
+    return batch_strides(shape, out, 1)
 
 
 def _collapse(dims, sa, sb):
@@ -816,4 +807,3 @@ def _row_stride(dims, d) -> int:
     return math.prod(dims[d + 1:])
 
 
-_batch_strides = batch_strides
