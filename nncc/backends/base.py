@@ -58,6 +58,9 @@ class Backend:
     version: str = "0"
     maker: str = ""
     targets: str = ""
+    # A backend whose compile is slow (a C compiler run, say) is deferred by the cache's
+    # stages: a miss runs the plan of the other backends at once, and this one's later.
+    slow_to_build: bool = False
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         """Map the index (in ``graph.nodes``) of each node this backend takes to a group

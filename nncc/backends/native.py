@@ -23,6 +23,7 @@ class NativeBackend(Backend):
     version = "1"
     maker = "nncc"
     targets = "cpu (generated C, system compiler, BLAS)"
+    slow_to_build = True
 
     def __init__(self, toolchain=None):
         self.toolchain = toolchain

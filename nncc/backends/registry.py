@@ -57,6 +57,13 @@ def loaded_backend(name: str) -> Backend | None:
     return _BACKENDS.get(name)
 
 
+def slow_backends(names) -> tuple[str, ...]:
+    """The backends among ``names`` that declare themselves slow to build (registered in
+    this process; a name nothing registers is not slow)."""
+    return tuple(name for name in names
+                 if getattr(loaded_backend(name), "slow_to_build", False))
+
+
 def available_backends() -> list[Backend]:
     _ensure_builtins()
     load_entry_points()
