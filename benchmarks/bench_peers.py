@@ -34,7 +34,9 @@ in the same run (benchmarks/step_classes.py; --profile-runs 0 leaves it out).
 
 Models (--model NAME, repeatable; or a path to an .onnx file): the real-weight models of
 benchmarks/real_models.py (resnet18, resnet50, mobilenetv2, bert, gpt2; generated on first
-use into build/real-models), the light models that ship with onnx (light_resnet50,
+use into build/real-models), their quantized forms made with onnxruntime's quantization tool
+(bert_int8_dynamic, mobilenetv2_int8_qdq, resnet18_int8_qop: benchmarks/quantized_models.py;
+not in the default list), the light models that ship with onnx (light_resnet50,
 light_squeezenet, light_shufflenet, light_densenet121, light_inception_v1,
 light_inception_v2, where present), and the fixtures (symbolic dimensions 1 unless --dim).
 
@@ -61,6 +63,7 @@ RUNTIMES = ("nncc", "onnxruntime", "openvino")
 EXTRA_RUNTIMES = ("nncc-numpy", "openvino-f32")
 PEERS = ("onnxruntime", "openvino")
 REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2")
+QUANTIZED = ("bert_int8_dynamic", "mobilenetv2_int8_qdq", "resnet18_int8_qop")  # quantized_models.py
 CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")
 LIGHT = ("light_resnet50", "light_squeezenet", "light_shufflenet", "light_densenet121", "light_inception_v1",
          "light_inception_v2")
@@ -117,6 +120,11 @@ def resolve(name: str, batch: int = 1) -> pathlib.Path:
         from real_models import write_one
 
         return pathlib.Path(write_one(str(ROOT / "build" / "real-models"), name, batch))
+    if name in QUANTIZED:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from quantized_models import quantize
+
+        return pathlib.Path(quantize(str(ROOT / "build" / "real-models"), name))
     light = light_dir()
     if light is not None and (light / f"{name}.onnx").exists():
         return light / f"{name}.onnx"
