@@ -114,3 +114,39 @@ def test_an_artifact_does_not_involve_the_cache(cli, tmp_path):
     assert report["cache"] is None
     code, text, _ = cli("inspect", artifact, "--cache-dir", tmp_path / "cache")
     assert code == 0 and "cache:" not in text
+
+
+def snapshot(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes, SQLite's own reader files aside: the
+    shared-memory file, where a reader of a WAL database keeps its read marks, and the
+    empty write-ahead log a reader opens."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.endswith("-shm") and not (p.name.endswith("-wal") and not p.stat().st_size)}
+
+
+def test_a_look_writes_nothing_in_the_cache(cli, tmp_path):
+    import sqlite3
+
+    cache_dir = tmp_path / "cache"
+    json_of(cli, "run", MLP, "--random-inputs", "--json", "--cache-dir", cache_dir)
+    before = snapshot(cache_dir)
+    assert inspected(cli, "--cache-dir", cache_dir)["cached"] is True
+    assert snapshot(cache_dir) == before  # no hit counted, no statistics, no code hashes learned
+    # an index another nncc version wrote: a run would retire its rows; a look leaves them
+    with sqlite3.connect(cache_dir / "index.sqlite3") as db:
+        db.execute("UPDATE meta SET value = '0.0.1' WHERE key = 'nncc_version'")
+    db.close()
+    before = snapshot(cache_dir)
+    found = inspected(cli, "--cache-dir", cache_dir)
+    assert found["cached"] is None and "another nncc version" in found["detail"]
+    assert snapshot(cache_dir) == before
+
+
+def test_a_shared_cache_is_read_only_when_trusted(cli, tmp_path):
+    cache_dir = tmp_path / "cache"
+    run = json_of(cli, "run", MLP, "--random-inputs", "--json", "--cache-dir", cache_dir)["cache"]
+    cache_dir.chmod(0o770)  # writable by the group: whoever is in it could plant entries
+    found = inspected(cli, "--cache-dir", cache_dir)
+    assert found["cached"] is None and "writable by group" in found["detail"] and found["token"] == run["token"]
+    trusted = inspected(cli, "--cache-dir", cache_dir, "--trust-shared-cache")
+    assert trusted["cached"] is True and trusted["token"] == run["token"]
