@@ -429,6 +429,7 @@ def test_inspect_onnx_and_artifact_agree(inspected):
     a, b = (json.loads(outputs[(kind, "json")]) for kind in ("onnx", "nncc"))
     a.pop("path"), b.pop("path")
     assert a.pop("signature") is None and b.pop("signature")["signed"]  # only a file has a signer
+    assert a.pop("cache")["cached"] is False and b.pop("cache") is None  # compiled with --no-cache; a file runs as it is
     assert a == b
 
 

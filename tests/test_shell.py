@@ -167,6 +167,8 @@ SCHEMAS = {
         "constants": {"inline": CONSTANTS, "referenced": CONSTANTS,
                       "splat": {"count": int, "bytes": int, "expanded_bytes": int}},
         "artifact_bytes": int,
+        "cache": ({"directory": str, "token": str, "cached": (bool, null), "stage": (str, null),
+                   "origin": (str, null), "detail": (str, null)}, null),
     },
     ("cache", "ls"): {
         "directory": str,

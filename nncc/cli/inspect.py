@@ -1,11 +1,13 @@
-"""`nncc inspect`: partitions, fallbacks, memory and constants of a model or artifact."""
+"""`nncc inspect`: partitions, fallbacks, memory and constants of a model or artifact, and
+whether the model, with these options, has a compilation cache entry (nncc/cli/inspect_cache.py)."""
 
 from __future__ import annotations
 
 import click
 
-from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
-                              verbosity_options, warn_compile_options_on_artifact)
+from nncc.cli.cache import trust_option
+from nncc.cli.options import (command_cache_dir, compile_options, dim_option, options_dict, parse_dims,
+                              stage_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json
 
 
@@ -15,10 +17,18 @@ from nncc.cli.output import emit_json
             "(and its memory) for that size. Repeatable.")
 @compile_options
 @stage_option(default="optimized", help_default="optimized, as nncc compile builds")
+@click.option("--cache-dir", type=click.Path(), metavar="DIR", callback=command_cache_dir,
+              help="The compilation cache to look the model up in (default: $NNCC_CACHE_DIR, else "
+                   "cache.dir in the config file, else the user cache directory). Nothing is stored there.")
+@trust_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, stage, as_json):
-    """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out."""
+def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, stage, cache_dir, trust_shared,
+            as_json):
+    """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out.
+
+    For an .onnx model, also whether the compilation cache holds an entry for it with these
+    options (the one `nncc run` would use): its token, stage and origin."""
     from nncc.report import describe_plan
     from nncc.util.files import read_source
 
@@ -47,6 +57,7 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
         from nncc.util import progress
 
         options = options_dict(preference, opt_level, backends, plugins, target, dims)
+        cache_options = dict(options)  # the stage is not part of the token: the entry is found whatever it holds
         from nncc.compiler import CompileOptions
 
         if stage == "quick":  # the portable plan a cache miss stores first
@@ -73,6 +84,12 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
         report["signature"] = describe(plan.seal)
     else:
         report["signature"] = None  # compiled here: nothing signed it yet
+    if artifact:
+        report["cache"] = None  # an artifact is run as it is: the cache is not involved
+    else:
+        from nncc.cli.inspect_cache import cache_report
+
+        report["cache"] = cache_report(path, source, cache_options, cache_dir, trust_shared)
     if as_json:
         emit_json(report)
     else:

@@ -65,7 +65,25 @@ def print_report(report: dict) -> None:
         tree.add(_signature_line(signature, bool(report.get("native_code_bytes"))))
     if report.get("artifact_bytes") is not None:
         tree.add(f"artifact size: {format_bytes(report['artifact_bytes'])}")
+    if report.get("cache") is not None:
+        _add_cache(tree, report["cache"])
     console().print(tree)
+
+
+def _add_cache(tree: Tree, cache: dict) -> None:
+    """Whether the model, with these options, has a cache entry; its token either way (the
+    one `nncc run` stores under and `nncc cache pull` takes)."""
+    where = escape(cache["directory"])
+    if cache["cached"]:
+        hits = f"{cache['hits']} hit{'' if cache['hits'] == 1 else 's'}"
+        node = tree.add(f"[green]cache: cached[/] ({cache['stage'] or '-'} stage, origin "
+                        f"{escape(cache['origin'] or '-')}, {hits}, {format_bytes(cache['size'])})")
+    elif cache["cached"] is None:
+        node = tree.add(f"[yellow]cache: not checked ({escape(cache['detail'] or '')})[/]")
+    else:
+        node = tree.add("cache: not cached" + (f" ({escape(cache['detail'])})" if cache["detail"] else ""))
+    node.add(f"token {cache['token']}")
+    node.add(f"in {where}")
 
 
 def _signature_line(signature: dict, has_code: bool) -> str:
