@@ -216,6 +216,7 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "ai.onnx.preview.training::Momentum": "training",
     "com.microsoft::QGemm": "quantize",
     "com.microsoft::QLinearAdd": "quantize",
+    "nncc::FusedAttention": "fused_attention",
     "nncc::FusedConv": "fused",
     "nncc::FusedGemm": "fused",
     "nncc::FusedMatMul": "fused",
