@@ -25,7 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import gemm_gen, plain_ops
+from nncc.native import attention_gen, gemm_gen, plain_ops
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, batch_strides, const_value,
                                      is_pair_sum, source)
 from nncc.native.layout import BlockedLayout
@@ -115,6 +115,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             if len(node.inputs) > 2 and node.inputs[2] and len(infos[node.inputs[2]].shape) > 1:
                 return "bias of rank > 1"
         return None
+    if attention_gen.handles(node):
+        return attention_gen.check(node, graph, infos)
     if node.domain:
         return f"no C generator for {node.domain}::{op}"
     if op in UNARY or op in BINARY or op in ALIASES or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
@@ -293,6 +295,8 @@ class _Writer(BlockedLayout):
             self.plain_inputs(node)
         if plain_ops.handles(node, self.graph, self.infos):
             return plain_ops.emit(self, node)
+        if attention_gen.handles(node):
+            return attention_gen.emit(self, node)
         if key in MATMUL_OPS:
             return self.matmul(node)
         if key in GEMM_OPS:
