@@ -447,6 +447,12 @@ def rows(case, rng):
     shape = _shape(rng, int(rng.integers(1, 5)))
     shape[-1] = _choice(rng, [1, 2, 3, 7, 17, 64, 129])
     x = b.input("x", shape, -8.0, 8.0) if op != "LayerNormalization" else b.input("x", shape)
+    residual = op == "LayerNormalization" and rng.random() < 0.5  # Add -> LayerNormalization: one step
+    keep_sum = residual and rng.random() < 0.5  # the sum read by something else too
+    if residual:
+        (x,) = b.node("Add", [x, b.input("skip", shape)], ["sum"])
+        if keep_sum:
+            b.output(x)
     if op == "LayerNormalization":
         axis = int(rng.integers(-len(shape), len(shape)))
         norm = shape[axis % len(shape):]
@@ -456,7 +462,8 @@ def rows(case, rng):
         eps = float(_choice(rng, [1e-5, 1e-3]))
         b.output(b.node(op, ins, ["y"], axis=axis, epsilon=eps)[0])
         case.terms = math.prod(norm) + 1
-        case.geometry = dict(op=op, x=shape, axis=axis, bias=len(ins) == 3, epsilon=eps)
+        case.geometry = dict(op=op, x=shape, axis=axis, bias=len(ins) == 3, epsilon=eps, residual=residual,
+                             keep_sum=keep_sum)
     else:
         b.output(b.node(op, [x], ["y"], axis=-1)[0])
         case.terms = shape[-1] + 1
