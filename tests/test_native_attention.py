@@ -127,3 +127,66 @@ def test_the_pattern_itself_fuses():
     after = fuse_attention(parse_model(model.SerializeToString()))
     assert [n.op_type for n in after.nodes] == ["FusedAttention"]
     assert after.nodes[0].attrs["scale"] == 0.5
+
+
+# -- the ONNX Attention op ------------------------------------------------------------------------
+
+ATTENTION_OPS = [  # (name, Q, K, V shapes, mask (shape, kind) or None, attributes)
+    ("4-D causal", [2, 3, 5, 8], [2, 3, 7, 8], [2, 3, 7, 4], None, dict(is_causal=1)),
+    ("4-D float mask fed at run time", [1, 2, 65, 16], [1, 2, 65, 16], [1, 2, 65, 16], ([1, 1, 65, 65], "float"),
+     dict(scale=0.3)),
+    ("4-D one key head, constant boolean mask, a row with no key", [2, 4, 3, 8], [2, 1, 9, 8], [2, 1, 9, 5],
+     ([3, 9], "bool"), {}),
+    ("3-D heads in the hidden axis, causal and a constant mask", [2, 33, 15], [2, 33, 15], [2, 33, 10],
+     ([33, 33], "constant"), dict(q_num_heads=5, kv_num_heads=5, is_causal=1)),
+]
+
+
+def _attention_op_model(q, k, v, mask, attrs, rng):
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("q", q), ("k", k), ("v", v))]
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in (("q", q), ("k", k), ("v", v))}
+    inits, names = [], ["q", "k", "v"]
+    if mask is not None:
+        shape, kind = mask
+        names.append("mask")
+        if kind == "float":
+            inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, shape))
+            feeds["mask"] = np.where(rng.random(shape) < 0.3, -np.inf, rng.standard_normal(shape)).astype(np.float32)
+            feeds["mask"][..., 0] = 0.0
+        elif kind == "bool":
+            keep = rng.random(shape) < 0.6
+            keep[0, :] = False  # the first query sees no key: zeros, as the op defines
+            inits.append(numpy_helper.from_array(keep, "mask"))
+        else:
+            inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), "mask"))
+    node = helper.make_node("Attention", names, ["y"], **attrs)
+    graph = helper.make_graph([node], "attention_op", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                              None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model, feeds
+
+
+@pytest.mark.parametrize("backend", ["native", "numpy"])
+@pytest.mark.parametrize("case", ATTENTION_OPS, ids=[c[0] for c in ATTENTION_OPS])
+def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
+    if backend == "native" and find_toolchain() is None:
+        pytest.skip("no C compiler: the native backend takes nothing")
+    _, q, k, v, mask, attrs = case
+    model, feeds = _attention_op_model(q, k, v, mask, attrs, np.random.default_rng(3))
+    path = tmp_path / "attention_op.onnx"
+    onnx.save(model, str(path))
+    assert _fused_count(path) == 1
+    compiled = nncc.compile_model(path, backends=(backend,) if backend == "numpy" else ("native", "numpy"))
+    assert FUSED in compiled.plan.kernels
+    if backend == "native":
+        assert "y" in F.native_outputs(compiled)
+    got = compiled.run(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_attention_op_with_grouped_heads_is_left_to_its_kernel():
+    model, _ = _attention_op_model([1, 4, 3, 8], [1, 2, 5, 8], [1, 2, 5, 8], None, {}, np.random.default_rng(0))
+    after = fuse_attention(parse_model(model.SerializeToString()))
+    assert [n.op_type for n in after.nodes] == ["Attention"]

@@ -11,7 +11,9 @@ heads (and the one that merges them back) are absorbed rather than copied:
 * ``out_perm`` (ints, default identity): the stored output is ``transpose(Y, out_perm)``
   of the logical ``Y = [*batch, Sq, Dv]``;
 * ``scale`` (float): the scores' multiplier;
-* ``bias`` (optional input): added to the scaled scores, broadcast as the Add it came from.
+* ``bias`` (optional input): added to the scaled scores, broadcast as the Add it came from;
+* ``zero_hidden_rows`` (int, default 0): a query row whose every score is -inf gives zeros,
+  as the ONNX Attention op defines it, rather than Softmax's NaN.
 
 Batch axes broadcast as MatMul's do. The kernel computes exactly what the unfused ops did,
 in the same order (scores, scale, bias, softmax, product), so the two agree to rounding.
@@ -79,11 +81,16 @@ def _shape(ctx, q, k, v, bias=None):
     return [TensorInfo(q.dtype, tuple(y))]
 
 
-def _softmax_last(x: np.ndarray) -> np.ndarray:
+def _softmax_last(x: np.ndarray, zero_hidden_rows: bool) -> np.ndarray:
     top = np.max(x, axis=-1, keepdims=True)
+    if zero_hidden_rows:
+        top[np.isneginf(top)] = 0  # exp(-inf - 0) = 0: the row sums to 0
     np.subtract(x, top, out=x)
     np.exp(x, out=x)
-    x /= np.sum(x, axis=-1, keepdims=True)
+    total = np.sum(x, axis=-1, keepdims=True)
+    if zero_hidden_rows:
+        total[total == 0] = 1
+    x /= total
     return x
 
 
@@ -104,7 +111,7 @@ def fused_attention(ctx, q, k, v, bias=None):
         if bias is not None:
             scores = scores + bias.astype(scores.dtype, copy=False)
         with np.errstate(invalid="ignore", over="ignore"):  # as Softmax: an all -inf row is NaN
-            y = np.matmul(_softmax_last(scores), v)
+            y = np.matmul(_softmax_last(scores, bool(ctx.get("zero_hidden_rows", 0))), v)
     except ValueError as exc:  # batch axes or the bias that do not broadcast
         raise KernelError(f"FusedAttention: {exc}") from None
     out_perm = ctx.get("out_perm")

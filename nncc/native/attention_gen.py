@@ -245,6 +245,8 @@ def emit(w, node: Node) -> None:
                     f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] = sr[jj] * {_f(scale)} + br[jj * {bj}];")
     else:
         add_bias = f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] *= {_f(scale)};"
+    # a row that saw no key: 0/0, NaN as Softmax gives, or zeros as ONNX Attention defines
+    inverse = "l[r] == 0.0f ? 0.0f : 1.0f / l[r]" if node.attrs.get("zero_hidden_rows") else "1.0f / l[r]"
     body = f"""
 typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 
@@ -302,7 +304,7 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
       else if (rows - r == 1) att_pv1(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
     }}
     for (int64_t r = 0; r < rows; r++) {{
-      const float inv = 1.0f / l[r];
+      const float inv = {inverse};
       float *y = a->out + oo + (i0 + r) * {os_};
       for (int64_t c = 0; c < {geo.dv}; c++) y[c * {od}] = o[r * {dvp} + c] * inv;
     }}

@@ -12,7 +12,8 @@ A Transpose feeding Q, Kᵀ or V, or reading the result, is absorbed as the node
 attribute when the fused node is its only reader. Every intermediate (scores, scaled,
 biased, probabilities) must be read by the next op alone and be no graph output; anything
 else leaves the graph as it was. Only float32 attention is fused (what the native kernel
-computes; other dtypes keep their exact unfused rounding).
+computes; other dtypes keep their exact unfused rounding). The ONNX Attention op becomes
+the same node where it can (nncc.passes.attention_op).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node
+from nncc.passes.attention_op import attention_op_to_fused
 from nncc.passes.fusion import NNCC, _Rewriter
 from nncc.passes.shape_inference import infer_shapes
 
@@ -169,15 +171,17 @@ def _fuse_one(m: _Match, softmax: Node) -> tuple[Node, list[Node]] | None:
 
 
 def fuse_attention(graph: Graph) -> Graph:
-    """Each attention pattern (module docstring) becomes one ``nncc::FusedAttention``."""
-    rw = _Rewriter(graph)
-    softmaxes = [n for n in graph.nodes if _plain(n, "Softmax", 1)]
-    if not softmaxes:
-        return rw.result()
+    """Each attention pattern (module docstring), and each ONNX Attention op that
+    nncc.passes.attention_op takes, becomes one ``nncc::FusedAttention``."""
+    if not any(_plain(n, "Softmax", 1) or (n.op_type == "Attention" and not n.domain) for n in graph.nodes):
+        return _Rewriter(graph).result()
     try:
         infos = infer_shapes(graph)
     except NnccError:
-        return rw.result()  # shapes unknown: leave everything as it is
+        return _Rewriter(graph).result()  # shapes unknown: leave everything as it is
+    graph = attention_op_to_fused(graph, infos)
+    rw = _Rewriter(graph)
+    softmaxes = [n for n in graph.nodes if _plain(n, "Softmax", 1)]
     m = _Match(graph, rw, infos)
     position = {id(node): i for i, node in enumerate(graph.nodes)}
     for softmax in softmaxes:
