@@ -186,7 +186,14 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
-def test_attention_op_with_grouped_heads_is_left_to_its_kernel():
-    model, _ = _attention_op_model([1, 4, 3, 8], [1, 2, 5, 8], [1, 2, 5, 8], None, {}, np.random.default_rng(0))
+@pytest.mark.parametrize("q, k, attrs, opset", [
+    ([1, 4, 3, 8], [1, 2, 5, 8], {}, 23),  # grouped-query heads
+    ([1, 2, 3, 8], [1, 2, 5, 8], {"softcap": 5.0}, 23),
+    ([1, 2, 3, 8], [1, 2, 5, 8], {"is_causal": 1, "left_window_size": 2}, 25),
+    ([1, 2, 3, 8], [1, 2, 5, 8], {"softmax_precision": 11}, 23),  # double
+], ids=["grouped heads", "softcap", "sliding window", "double softmax"])
+def test_attention_op_forms_left_to_its_kernel(q, k, attrs, opset):
+    model, _ = _attention_op_model(q, k, k, None, attrs, np.random.default_rng(0))
+    model.opset_import[0].version = opset
     after = fuse_attention(parse_model(model.SerializeToString()))
     assert [n.op_type for n in after.nodes] == ["Attention"]

@@ -5,7 +5,8 @@ exporters spell out.
 Taken: float32 Q, K, V, 4-D (``[batch, heads, seq, head]``) or 3-D (``[batch, seq, heads x
 head]``, split by a Reshape to 4-D that the fused node reads through a permutation, and
 merged back by one after it); K and V with the query's head count or one head; no past
-key or value, no ``nonpad_kv_seqlen``, no softcap; only Y read. The mask: a float one
+key or value, no ``nonpad_kv_seqlen``, no softcap, no sliding window, a float32 softmax;
+only Y read. The mask: a float one
 (added, as the op adds it), or a constant boolean one (made a constant 0 / -inf bias);
 ``is_causal`` (keys after the query hidden, the op's upper-left alignment) becomes a
 constant bias when the sizes are static, added to a constant mask. A query row whose keys
@@ -50,10 +51,23 @@ def _static(info: TensorInfo | None) -> bool:
     return info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
 
 
+_KNOWN = {"is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode", "scale", "softcap",
+          "softmax_precision", "left_window_size", "right_window_size"}
+
+
+def _plain_attributes(attrs) -> bool:
+    """No softcap, no sliding window, a float32 softmax, nothing this rewrite does not know."""
+    if set(attrs) - _KNOWN or float(attrs.get("softcap", 0.0)) != 0.0:
+        return False
+    if int(attrs.get("left_window_size", -1)) != -1 or int(attrs.get("right_window_size", -1)) != -1:
+        return False
+    return int(attrs.get("softmax_precision", 1) or 1) == 1  # 0 (unset) or FLOAT
+
+
 def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[Node] | None:
     ins = list(node.inputs) + [""] * 7
     q, k, v, mask = ins[:4]
-    if not (q and k and v) or any(ins[4:7]) or float(node.attrs.get("softcap", 0.0)) != 0.0:
+    if not (q and k and v) or any(ins[4:7]) or not _plain_attributes(node.attrs):
         return None
     if any(_used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
         return None
@@ -63,6 +77,8 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
     rank = len(qi.shape)
     if rank != len(ki.shape) or rank != len(vi.shape) or rank not in (3, 4):
         return None
+    if rank == 4 and (node.attrs.get("q_num_heads") is not None or node.attrs.get("kv_num_heads") is not None):
+        return None  # the op's own kernel says whether that is allowed
     if rank == 3:
         hq, hkv = node.attrs.get("q_num_heads"), node.attrs.get("kv_num_heads")
         if not hq or not hkv or qi.shape[2] % hq or ki.shape[2] % hkv or vi.shape[2] % hkv:
