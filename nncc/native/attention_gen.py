@@ -180,12 +180,12 @@ def _score_rows(name: str, rows: int, geo: _Geometry, nv: int) -> str:
     return "\n".join(body)
 
 
-def _pv_code(vl: int, dvp: int) -> str:
+def _pv_code(vl: int, dvp: int, most: int) -> str:
     """``_pv(o, p, vb, al, cols)``: R rows of o = o * alpha + p·V over the block's keys, R
     and a chunk of output vectors at a time, so each load of V feeds R multiply-adds."""
     nvec = dvp // vl
     out = []
-    for rows in (1, 2, 3):
+    for rows in range(1, most + 1):
         lines = [f"static inline void att_pv{rows}(float *o, const float *p, const float *vb, const float *al, "
                  "int64_t cols) {"]
         for c in range(0, nvec, 4):
@@ -227,11 +227,14 @@ def emit(w, node: Node) -> None:
     tasks = geo.groups * qblocks
     scale = float(node.attrs.get("scale", 1.0))
     ranges = _hidden_ranges(node, w.graph, w.infos, geo)
-    group = max(1, min(4, 16 // nv))  # rows per score tile: about 16 accumulators
+    # rows per register tile: 24 accumulators of the 32 AVX-512 registers, 12 of 16 otherwise
+    budget = 24 if vl == 16 else 12
+    group = max(1, min(6, budget // nv))
+    pv_rows = max(1, min(6, budget // min(4, dvp // vl)))
     ks, kd, vs, vd = geo.k[1], geo.k[2], geo.v[1], geo.v[2]
     os_, od = geo.o[1], geo.o[2]
     support = [w.simd, f"NN_REQUIRE_VL({vl});",
-               _score_rows("att_rows_n", group, geo, nv), _score_rows("att_rows_1", 1, geo, nv), _pv_code(vl, dvp)]
+               _score_rows("att_rows_n", group, geo, nv), _score_rows("att_rows_1", 1, geo, nv), _pv_code(vl, dvp, pv_rows)]
     if ranges is not None:
         support.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
         support.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
@@ -299,9 +302,8 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
         m[r] = mx;
         al[r] = alpha;
       }}
-      for (r = 0; r + 3 <= rows; r += 3) att_pv3(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
-      if (rows - r == 2) att_pv2(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
-      else if (rows - r == 1) att_pv1(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
+      for (r = 0; r + {pv_rows} <= rows; r += {pv_rows}) att_pv{pv_rows}(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
+      switch (rows - r) {{ {' '.join(f"case {i}: att_pv{i}(o + r * {dvp}, s + r * {BK}, vb, al + r, cols); break;" for i in range(1, pv_rows))} default: break; }}
     }}
     for (int64_t r = 0; r < rows; r++) {{
       const float inv = {inverse};
