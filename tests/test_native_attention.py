@@ -197,3 +197,48 @@ def test_attention_op_forms_left_to_its_kernel(q, k, attrs, opset):
     model.opset_import[0].version = opset
     after = fuse_attention(parse_model(model.SerializeToString()))
     assert [n.op_type for n in after.nodes] == ["Attention"]
+
+
+# -- com.microsoft MultiHeadAttention ---------------------------------------------------------------
+
+
+def _mha_model(attention_bias: bool, packed_bias: bool = False):
+    b, s, length, n, h, hv = 2, 7, 9, 3, 8, 5
+    shapes = {"q": [b, s, n * h], "k": [b, length, n * h], "v": [b, length, n * hv], "ab": [1, n, s, length],
+              "pb": [n * (2 * h + hv)]}
+    names = ["q", "k", "v", "pb" if packed_bias else "", "", "ab" if attention_bias else ""]
+    used = [x for x in names if x]
+    node = helper.make_node("MultiHeadAttention", names, ["y"], domain="com.microsoft", num_heads=n)
+    graph = helper.make_graph([node], "mha", [helper.make_tensor_value_info(x, TensorProto.FLOAT, shapes[x])
+                                              for x in used],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    rng = np.random.default_rng(5)
+    return model, {x: rng.standard_normal(shapes[x]).astype(np.float32) for x in used}
+
+
+@pytest.mark.parametrize("opt_level", [2, 0])
+@pytest.mark.parametrize("attention_bias", [True, False])
+def test_multi_head_attention_matches_onnxruntime(tmp_path, attention_bias, opt_level):
+    model, feeds = _mha_model(attention_bias)
+    path = tmp_path / "mha.onnx"
+    onnx.save(model, str(path))
+    assert _fused_count(path) == 1
+    compiled = nncc.compile_model(path, opt_level=opt_level)
+    assert (FUSED in compiled.plan.kernels) == (opt_level == 2)  # -O0: its own kernel
+    got = compiled.run(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_multi_head_attention_forms_not_supported_are_clear_errors(tmp_path):
+    from nncc.errors import NnccError
+
+    model, feeds = _mha_model(False, packed_bias=True)
+    path = tmp_path / "mha.onnx"
+    onnx.save(model, str(path))
+    assert _fused_count(path) == 0
+    with pytest.raises(NnccError, match="MultiHeadAttention: only separate query, key and value"):
+        nncc.compile_model(path).run(feeds)

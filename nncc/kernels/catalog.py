@@ -214,6 +214,7 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "ai.onnx.preview.training::Adagrad": "training",
     "ai.onnx.preview.training::Adam": "training",
     "ai.onnx.preview.training::Momentum": "training",
+    "com.microsoft::MultiHeadAttention": "fused_attention",
     "com.microsoft::QGemm": "quantize",
     "com.microsoft::QLinearAdd": "quantize",
     "nncc::FusedAttention": "fused_attention",

@@ -118,3 +118,48 @@ def fused_attention(ctx, q, k, v, bias=None):
     if out_perm is not None:
         y = np.transpose(y, [int(p) for p in out_perm])
     return np.ascontiguousarray(y)
+
+
+# -- com.microsoft MultiHeadAttention ------------------------------------------------------------
+# The plain form only (separate 3-D query, key and value; an optional float attention_bias),
+# which the attention fusion turns into FusedAttention; this kernel runs it where the fusion
+# is off (-O0 / -O1). Packed inputs, a packed bias, key padding masks, past keys and
+# unidirectional attention are refused with a clear error.
+
+
+def _mha_plain(ctx, inputs) -> None:
+    extra = [i for i, x in enumerate(inputs) if i not in (0, 1, 2, 5) and x is not None]
+    if extra or any(inputs[i] is None for i in (1, 2)) or int(ctx.get("unidirectional", 0)):
+        raise KernelError("com.microsoft MultiHeadAttention: only separate query, key and value (with an optional "
+                          "attention_bias) are supported, not packed inputs, a bias, a key padding mask, past "
+                          "keys or unidirectional attention")
+    if not ctx.get("num_heads"):
+        raise KernelError("com.microsoft MultiHeadAttention: the num_heads attribute is required")
+
+
+def _mha_shape(ctx, query, key=None, value=None, *rest):
+    if query.shape is None or value is None or value.shape is None or len(query.shape) != 3:
+        return [TensorInfo(query.dtype, None)]
+    return [TensorInfo(query.dtype, (query.shape[0], query.shape[1], value.shape[2]))]
+
+
+@kernel("MultiHeadAttention", since=1, domain="com.microsoft", shape=_mha_shape)
+def multi_head_attention(ctx, query, key=None, value=None, bias=None, key_padding_mask=None, attention_bias=None,
+                         past_key=None, past_value=None, past_sequence_length=None, cache_indirection=None):
+    inputs = [query, key, value, bias, key_padding_mask, attention_bias, past_key, past_value, past_sequence_length,
+              cache_indirection]
+    _mha_plain(ctx, inputs)
+    heads = int(ctx.get("num_heads"))
+    if query.ndim != 3 or key.ndim != 3 or value.ndim != 3 or query.shape[2] % heads or value.shape[2] % heads:
+        raise KernelError(f"com.microsoft MultiHeadAttention: query, key and value must be 3-D with a hidden "
+                          f"size that splits into {heads} heads")
+    split = [x.reshape(x.shape[0], x.shape[1], heads, -1).transpose(0, 2, 1, 3) for x in (query, key, value)]
+    scale = ctx.get("scale") or 1.0 / np.sqrt(split[0].shape[-1])
+    try:
+        scores = np.matmul(split[0], np.swapaxes(split[1], -1, -2)) * query.dtype.type(scale)
+        if attention_bias is not None:
+            scores = scores + attention_bias
+        y = np.matmul(_softmax_last(scores, False), split[2])
+    except ValueError as exc:
+        raise KernelError(f"com.microsoft MultiHeadAttention: {exc}") from None
+    return np.ascontiguousarray(y.transpose(0, 2, 1, 3).reshape(query.shape[0], query.shape[1], -1))

@@ -173,7 +173,7 @@ def _fuse_one(m: _Match, softmax: Node) -> tuple[Node, list[Node]] | None:
 def fuse_attention(graph: Graph) -> Graph:
     """Each attention pattern (module docstring), and each ONNX Attention op that
     nncc.passes.attention_op takes, becomes one ``nncc::FusedAttention``."""
-    if not any(_plain(n, "Softmax", 1) or (n.op_type == "Attention" and not n.domain) for n in graph.nodes):
+    if not any(_plain(n, "Softmax", 1) or n.op_type in ("Attention", "MultiHeadAttention") for n in graph.nodes):
         return _Rewriter(graph).result()
     try:
         infos = infer_shapes(graph)

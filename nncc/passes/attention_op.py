@@ -12,6 +12,10 @@ only Y read. The mask: a float one
 constant bias when the sizes are static, added to a constant mask. A query row whose keys
 are all hidden gives zeros, as the op defines (``zero_hidden_rows``). Anything else stays
 the op it was, run by its own kernel.
+
+com.microsoft ``MultiHeadAttention`` (what onnxruntime's transformer optimizer writes)
+becomes the same node in its plain form: separate 3-D query, key and value, an optional
+float ``attention_bias``, no packed bias, key padding mask or past, not unidirectional.
 """
 
 from __future__ import annotations
@@ -134,37 +138,75 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     attrs = {"scale": float(np.float32(scale)), "zero_hidden_rows": 1}
-    nodes: list[Node] = []
+    return _fused(b, node, [q, k, v], bias, attrs, rank, hq, hkv)
+
+
+def _fused(b: _Builder, node: Node, qkv: list[str], bias: str, attrs: dict, rank: int, hq: int, hkv: int):
+    """The FusedAttention (for 3-D operands: between Reshapes that split and merge heads)."""
     out = node.outputs[0]
-    if rank == 3:
-        split = []
-        for name, heads in ((q, hq), (k, hkv), (v, hkv)):
-            shape = b.constant(f"{name}/heads_shape", np.array([0, 0, heads, -1], np.int64))
-            split.append(b.value(f"{name}/heads"))
-            nodes.append(Node("Reshape", [name, shape], [split[-1]], {}, "", ""))
-        q, k, v = split
-        for key in ("q_perm", "k_perm", "v_perm", "out_perm"):
-            attrs[key] = [0, 2, 1, 3]
-        merged = b.value(f"{out}/heads")
-        shape = b.constant(f"{out}/merged_shape", np.array([0, 0, -1], np.int64))
-        nodes.append(Node("FusedAttention", [q, k, v] + ([bias] if bias else []), [merged], attrs, NNCC,
-                          node.name))
-        nodes.append(Node("Reshape", [merged, shape], [out], {}, "", ""))
-    else:
-        nodes.append(Node("FusedAttention", [q, k, v] + ([bias] if bias else []), [out], attrs, NNCC, node.name))
+    if rank == 4:
+        return [Node("FusedAttention", qkv + ([bias] if bias else []), [out], attrs, NNCC, node.name)]
+    nodes, split = [], []
+    for name, heads in zip(qkv, (hq, hkv, hkv)):
+        shape = b.constant(f"{name}/heads_shape", np.array([0, 0, heads, -1], np.int64))
+        split.append(b.value(f"{name}/heads"))
+        nodes.append(Node("Reshape", [name, shape], [split[-1]], {}, "", ""))
+    attrs = dict(attrs, q_perm=[0, 2, 1, 3], k_perm=[0, 2, 1, 3], v_perm=[0, 2, 1, 3], out_perm=[0, 2, 1, 3])
+    merged = b.value(f"{out}/heads")
+    shape = b.constant(f"{out}/merged_shape", np.array([0, 0, -1], np.int64))
+    nodes.append(Node("FusedAttention", split + ([bias] if bias else []), [merged], attrs, NNCC, node.name))
+    nodes.append(Node("Reshape", [merged, shape], [out], {}, "", ""))
     return nodes
+
+
+_MHA_KNOWN = {"num_heads", "scale", "mask_filter_value", "unidirectional"}
+
+
+def _rewrite_mha(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[Node] | None:
+    """com.microsoft MultiHeadAttention with separate 3-D query, key and value, no packed
+    bias, no key padding mask, no past, not unidirectional; a float attention_bias added."""
+    ins = list(node.inputs) + [""] * 8
+    q, k, v, packed_bias, padding, bias = ins[:6]
+    heads = node.attrs.get("num_heads")
+    if not (q and k and v) or packed_bias or padding or any(ins[6:]) or set(node.attrs) - _MHA_KNOWN:
+        return None
+    if not heads or int(node.attrs.get("unidirectional", 0)):
+        return None
+    if any(_used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
+        return None
+    qi, ki, vi = (infos.get(n) for n in (q, k, v))
+    if not all(_static(i) and i.dtype == F32 and len(i.shape) == 3 for i in (qi, ki, vi)):
+        return None
+    heads = int(heads)
+    if qi.shape[2] % heads or ki.shape[2] != qi.shape[2] or vi.shape[2] % heads or ki.shape[1] != vi.shape[1]:
+        return None
+    batch, sq, skv = qi.shape[0], qi.shape[1], ki.shape[1]
+    if ki.shape[0] != batch or vi.shape[0] != batch:
+        return None
+    if bias:
+        bi = infos.get(bias)
+        if not _static(bi) or bi.dtype != F32 or len(bi.shape) != 4 or \
+                np.broadcast_shapes(bi.shape, (batch, heads, sq, skv)) != (batch, heads, sq, skv):
+            return None
+    scale = node.attrs.get("scale")
+    scale = 1.0 / math.sqrt(qi.shape[2] // heads) if not scale else float(scale)  # 0: the default
+    attrs = {"scale": float(np.float32(scale))}
+    return _fused(b, node, [q, k, v], bias, attrs, 3, heads, heads)
+
+
+_REWRITES = {("", "Attention"): _rewrite, ("com.microsoft", "MultiHeadAttention"): _rewrite_mha}
 
 
 def attention_op_to_fused(graph: Graph, infos) -> Graph:
     """Each ONNX Attention the module docstring describes becomes ``nncc::FusedAttention``."""
-    ops = [n for n in graph.nodes if n.op_type == "Attention" and n.domain == ""]
+    ops = [n for n in graph.nodes if (n.domain, n.op_type) in _REWRITES]
     if not ops:
         return graph
     consumers = graph.consumers()
     b = _Builder(graph)
     replaced: dict[int, list[Node]] = {}
     for node in ops:
-        nodes = _rewrite(graph, node, infos, consumers, b)
+        nodes = _REWRITES[(node.domain, node.op_type)](graph, node, infos, consumers, b)
         if nodes is not None:
             replaced[id(node)] = nodes
     if not replaced:
