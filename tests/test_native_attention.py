@@ -242,3 +242,26 @@ def test_multi_head_attention_forms_not_supported_are_clear_errors(tmp_path):
     assert _fused_count(path) == 0
     with pytest.raises(NnccError, match="MultiHeadAttention: only separate query, key and value"):
         nncc.compile_model(path).run(feeds)
+
+
+@pytest.mark.parametrize("attrs, k_shape", [
+    ({"q_perm": [0, 0, 1, 2]}, [1, 2, 5, 4]),  # not a permutation
+    ({"out_perm": [0, 1, 2]}, [1, 2, 5, 4]),  # the wrong rank
+    ({}, [1, 2, 5, 3]),  # Q and K heads of different sizes
+])
+def test_a_fused_attention_node_in_a_model_that_makes_no_attention_is_a_clear_error(tmp_path, attrs, k_shape):
+    """The nncc domain is open to any model: a FusedAttention nncc's pass did not write is
+    checked like any op, never trusted by the native generator."""
+    from nncc.errors import NnccError
+
+    shapes = {"q": [1, 2, 3, 4], "k": k_shape, "v": [1, 2, 5, 6]}
+    node = helper.make_node("FusedAttention", ["q", "k", "v"], ["y"], domain="nncc", scale=0.5, **attrs)
+    graph = helper.make_graph([node], "hostile", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                  for n, s in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("nncc", 1)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "hostile.onnx"))
+    feeds = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
+    with pytest.raises(NnccError, match="FusedAttention"):
+        nncc.compile_model(tmp_path / "hostile.onnx").run(feeds)

@@ -75,9 +75,10 @@ def _shape(ctx, q, k, v, bias=None):
         dims = [s[len(s) - rank + axis] if len(s) - rank + axis >= 0 else 1 for s in shapes]
         batch.append(_broadcast(*dims))
     y = batch + [ql[-2], vl[-1]]
-    out_perm = ctx.get("out_perm")
-    if out_perm is not None:
-        y = [y[int(p)] for p in out_perm]
+    try:
+        y = [y[p] for p in _perm(ctx, "out_perm", len(y))]
+    except KernelError as exc:
+        raise ShapeInferenceError(str(exc)) from None
     return [TensorInfo(q.dtype, tuple(y))]
 
 
@@ -114,10 +115,7 @@ def fused_attention(ctx, q, k, v, bias=None):
             y = np.matmul(_softmax_last(scores, bool(ctx.get("zero_hidden_rows", 0))), v)
     except ValueError as exc:  # batch axes or the bias that do not broadcast
         raise KernelError(f"FusedAttention: {exc}") from None
-    out_perm = ctx.get("out_perm")
-    if out_perm is not None:
-        y = np.transpose(y, [int(p) for p in out_perm])
-    return np.ascontiguousarray(y)
+    return np.ascontiguousarray(np.transpose(y, _perm(ctx, "out_perm", y.ndim)))
 
 
 # -- com.microsoft MultiHeadAttention ------------------------------------------------------------

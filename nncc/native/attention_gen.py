@@ -100,6 +100,37 @@ class _Geometry:
         return keys * (self.d + dvp) + BQ * BK + BQ * dvp + 3 * BQ
 
 
+def _inconsistent(node: Node, infos) -> str | None:
+    """Why the operands do not make one attention (a node nncc's pass did not write), or None."""
+    logical = []
+    for key, name in zip(("q_perm", "k_perm", "v_perm"), node.inputs[:3]):
+        shape = infos[name].shape
+        perm = _perm(node, key, len(shape))
+        if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
+            return f"{key} {perm} is not a permutation of the operand's axes"
+        logical.append([shape[p] for p in perm])
+    (q, k, v), out = logical, infos[node.outputs[0]].shape
+    rank = max(len(q), len(k), len(v))
+    out_perm = _perm(node, "out_perm", len(out))
+    if len(out) != rank or sorted(out_perm) != list(range(rank)):
+        return "out_perm does not match the output"
+    y = [0] * rank
+    for j, axis in enumerate(out_perm):
+        y[axis] = out[j]
+    if q[-1] != k[-1] or k[-2] != v[-2] or y[-2] != q[-2] or y[-1] != v[-1]:
+        return "Q, K and V that do not make an attention"
+    operands = [q, k, v]
+    if len(node.inputs) > 3 and node.inputs[3]:
+        operands.append(list(infos[node.inputs[3]].shape[:-2]) + [0, 0])
+        bias = infos[node.inputs[3]].shape
+        if len(bias) > rank or any(b not in (1, want) for b, want in zip(bias[::-1], [k[-2], q[-2]])):
+            return "a bias that does not broadcast to the scores"
+    for shape in operands:
+        if len(shape) > rank or any(d not in (1, want) for d, want in zip(shape[-3::-1], y[-3::-1])):
+            return "batch axes that do not broadcast to the output's"
+    return None
+
+
 def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     names = [n for n in node.inputs if n] + [o for o in node.outputs if o]
     for name in names:
@@ -108,6 +139,9 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             return f"value {name!r} is not a static float32 tensor"
     if len(node.inputs) < 3 or any(not n for n in node.inputs[:3]) or len(node.outputs) != 1:
         return "FusedAttention without Q, K and V"
+    why = _inconsistent(node, infos)
+    if why:
+        return why  # the portable kernel reports it
     geo = _Geometry(node, lambda name: infos[name].shape)
     if geo.skv == 0:
         return "attention over no keys"
