@@ -123,7 +123,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 # -- FLOPs ---------------------------------------------------------------------------------------------
 
-FLOP_OPS = ("Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul", "FusedMatMul")
+FLOP_OPS = ("Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul", "FusedMatMul", "FusedAttention")
 
 
 def bind_dims(declared: Mapping[str, Any], feeds: Mapping[str, Any]) -> dict[str, int]:
@@ -187,11 +187,20 @@ def instruction_flops(plan, ins, dims: Mapping[str, int] | None = None) -> tuple
         macs = _prod(y) * k
     elif op in ("MatMul", "FusedMatMul") and a is not None and y is not None and a:
         macs = _prod(y) * a[-1]
+    elif op == "FusedAttention":  # its two products: Q·Kᵀ (D per score), then P·V (Skv per output)
+        k, v = shape(1), shape(2)
+        if k is not None and v is not None and y is not None and min(len(k), len(v)) >= 2:
+            k_perm, v_perm = ins.attrs.get("k_perm") or range(len(k)), ins.attrs.get("v_perm") or range(len(v))
+            k, v = [k[int(i)] for i in k_perm], [v[int(i)] for i in v_perm]
+            skv, d, dv = k[-2], k[-1], v[-1]
+            macs = _prod(y) * skv + (_prod(y) // dv if dv else 0) * skv * d
+        return "MatMul", None if macs is None else 2 * macs
     return op.replace("Fused", ""), None if macs is None else 2 * macs
 
 
 def count_flops(plan, dims: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """2 x multiply-accumulates of the plan's Conv/ConvTranspose/Gemm/MatMul instructions.
+    """2 x multiply-accumulates of the plan's Conv/ConvTranspose/Gemm/MatMul instructions (a
+    fused attention counts as the two matrix products it computes).
 
     Returns {"total": int | None, "by_op": {op: flops}, "unresolved": [node names]}; total
     is None when some counted instruction has a shape the plan leaves unknown.

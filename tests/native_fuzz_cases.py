@@ -312,6 +312,71 @@ def matmul(case, rng):
     case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
 
 
+# -- attention ---------------------------------------------------------------------------------
+
+
+def attention(case, rng, **given):
+    """Scaled dot-product attention as exporters write it (the attention fusion makes it one
+    nncc FusedAttention at -O2): heads split by Transposes or given already split, a scale
+    by Mul or Div, an optional mask (a padding mask fed at run time, a constant causal or
+    random one, -1e9 or -inf), Softmax, the product with V, heads merged back or not.
+    ``given`` fixes any of the geometry's keys (tests/test_native_attention.py)."""
+    b = _Builder(case, rng)
+    g = dict(batch=_choice(rng, [1, 1, 2, 3]), heads=_choice(rng, [1, 2, 3, 5, 8]),
+             d=_choice(rng, [1, 3, 8, 17, 32, 64, 80]), sq=_choice(rng, [1, 2, 7, 33, 64, 128, 200]),
+             split=_choice(rng, ["transpose", "transpose", "given", "rank3"]),
+             mask=_choice(rng, ["", "padding", "causal", "causal_inf", "random"]),
+             scale=_choice(rng, ["mul", "mul_first", "div", ""]), merge=rng.random() < 0.6)
+    g["dv"] = g["d"] if rng.random() < 0.7 else _choice(rng, [1, 5, 16, 33])
+    g["skv"] = g["sq"] if rng.random() < 0.6 else _choice(rng, [1, 5, 64, 65, 130])
+    if rng.random() < 0.05:
+        g["sq"] = g["skv"] = 512
+    g.update(given)
+    batch, heads, d, dv, sq, skv = (g[k] for k in ("batch", "heads", "d", "dv", "sq", "skv"))
+    if g["split"] == "rank3" and g["mask"] == "padding":
+        g["mask"] = "random"
+    if g["split"] == "transpose":  # [B, S, H, D] as a projection's Reshape leaves it
+        q = b.node("Transpose", [b.input("q", (batch, sq, heads, d))], ["qt"], perm=[0, 2, 1, 3])[0]
+        kt = b.node("Transpose", [b.input("k", (batch, skv, heads, d))], ["kt"], perm=[0, 2, 3, 1])[0]
+        v = b.node("Transpose", [b.input("v", (batch, skv, heads, dv))], ["vt"], perm=[0, 2, 1, 3])[0]
+        lead = (batch, heads)
+    elif g["split"] == "given":  # already [B, H, S, D], K already transposed
+        q, kt, v = b.input("q", (batch, heads, sq, d)), b.input("k", (batch, heads, d, skv)), \
+            b.input("v", (batch, heads, skv, dv))
+        lead = (batch, heads)
+    else:  # [B * H, S, D], as older exporters flatten heads
+        q, kt, v = b.input("q", (batch * heads, sq, d)), b.input("k", (batch * heads, d, skv)), \
+            b.input("v", (batch * heads, skv, dv))
+        lead = (batch * heads,)
+    y = b.node("MatMul", [q, kt], ["scores"])[0]
+    factor = 1.0 / math.sqrt(d)
+    if g["scale"] == "mul":
+        y = b.node("Mul", [y, b.init("scale", np.array(factor))], ["scaled"])[0]
+    elif g["scale"] == "mul_first":
+        y = b.node("Mul", [b.init("scale", np.array([factor])), y], ["scaled"])[0]
+    elif g["scale"] == "div":
+        y = b.node("Div", [y, b.init("scale", np.array(math.sqrt(d)))], ["scaled"])[0]
+    if g["mask"] == "padding":  # keys past a random length hidden, per batch
+        keep = np.arange(skv)[None, :] < rng.integers(1, skv + 1, size=(batch, 1))
+        name = b.name("mask")
+        case.inputs[name] = np.where(keep, 0.0, -10000.0).astype(np.float32).reshape(batch, 1, 1, skv)
+        y = b.node("Add", [y, name], ["masked"])[0]
+    elif g["mask"] in ("causal", "causal_inf"):  # query i sees keys up to i + (skv - sq), at least key 0
+        offset = max(skv - sq, 0)
+        hidden = np.arange(skv)[None, :] > np.arange(sq)[:, None] + offset
+        fill = -1e9 if g["mask"] == "causal" else -np.inf
+        y = b.node("Add", [b.init("mask", np.where(hidden, fill, 0.0)), y], ["masked"])[0]
+    elif g["mask"] == "random":
+        y = b.node("Add", [y, b.init("mask", (lead[-1], sq, skv))], ["masked"])[0]
+    y = b.node("Softmax", [y], ["probs"], axis=-1)[0]
+    y = b.node("MatMul", [y, v], ["context"])[0]
+    if g["merge"] and len(lead) == 2:
+        y = b.node("Transpose", [y], ["merged"], perm=[0, 2, 1, 3])[0]
+    b.output(y)
+    case.terms = d + skv + 1
+    case.geometry = g
+
+
 # -- elementwise and row-wise ops -----------------------------------------------------------
 
 UNARY = {  # op -> input range (None: standard normal)
@@ -382,6 +447,12 @@ def rows(case, rng):
     shape = _shape(rng, int(rng.integers(1, 5)))
     shape[-1] = _choice(rng, [1, 2, 3, 7, 17, 64, 129])
     x = b.input("x", shape, -8.0, 8.0) if op != "LayerNormalization" else b.input("x", shape)
+    residual = op == "LayerNormalization" and rng.random() < 0.5  # Add -> LayerNormalization: one step
+    keep_sum = residual and rng.random() < 0.5  # the sum read by something else too
+    if residual:
+        (x,) = b.node("Add", [x, b.input("skip", shape)], ["sum"])
+        if keep_sum:
+            b.output(x)
     if op == "LayerNormalization":
         axis = int(rng.integers(-len(shape), len(shape)))
         norm = shape[axis % len(shape):]
@@ -391,7 +462,8 @@ def rows(case, rng):
         eps = float(_choice(rng, [1e-5, 1e-3]))
         b.output(b.node(op, ins, ["y"], axis=axis, epsilon=eps)[0])
         case.terms = math.prod(norm) + 1
-        case.geometry = dict(op=op, x=shape, axis=axis, bias=len(ins) == 3, epsilon=eps)
+        case.geometry = dict(op=op, x=shape, axis=axis, bias=len(ins) == 3, epsilon=eps, residual=residual,
+                             keep_sum=keep_sum)
     else:
         b.output(b.node(op, [x], ["y"], axis=-1)[0])
         case.terms = shape[-1] + 1
@@ -425,10 +497,10 @@ def pointwise_conv(case, rng):
 
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
-         "elementwise": elementwise, "rows": rows, "shuffle": shuffle}
+         "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle"]
+         "rows", "shuffle", "attention"]
 
 
 def make_case(seed: int, index: int) -> Case:

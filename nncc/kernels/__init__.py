@@ -12,6 +12,7 @@ FAMILIES = (
     "conv",
     "detection",
     "fused",
+    "fused_attention",
     "generators",
     "image",
     "indexing",

@@ -25,7 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import gemm_gen, plain_ops
+from nncc.native import attention_gen, gemm_gen, norm_gen, plain_ops
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, batch_strides, const_value,
                                      is_pair_sum, source)
 from nncc.native.layout import BlockedLayout
@@ -115,6 +115,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
             if len(node.inputs) > 2 and node.inputs[2] and len(infos[node.inputs[2]].shape) > 1:
                 return "bias of rank > 1"
         return None
+    if attention_gen.handles(node):
+        return attention_gen.check(node, graph, infos)
     if node.domain:
         return f"no C generator for {node.domain}::{op}"
     if op in UNARY or op in BINARY or op in ALIASES or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
@@ -293,6 +295,10 @@ class _Writer(BlockedLayout):
             self.plain_inputs(node)
         if plain_ops.handles(node, self.graph, self.infos):
             return plain_ops.emit(self, node)
+        if attention_gen.handles(node):
+            return attention_gen.emit(self, node)
+        if norm_gen.emit_add_layernorm(self, node):
+            return
         if key in MATMUL_OPS:
             return self.matmul(node)
         if key in GEMM_OPS:
@@ -319,14 +325,7 @@ class _Writer(BlockedLayout):
             return self.step(f"nn_softmax_rows({self.ptr(node.inputs[0])}, {self.ptr(node.outputs[0])}, "
                              f"{rows}, {n}, {int(op == 'LogSoftmax')});", node.inputs[:1], node.outputs[:1])
         if op == "LayerNormalization":
-            shape = self.shape(node.inputs[0])
-            axis = node.attrs.get("axis", -1) % len(shape)
-            rows, n = math.prod(shape[:axis]), math.prod(shape[axis:])
-            bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-            eps = float(node.attrs.get("epsilon", 1e-5))
-            return self.step(f"nn_layernorm_rows({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
-                             f"{self.ptr(bias) if bias else '0'}, {self.ptr(node.outputs[0])}, {rows}, {n}, "
-                             f"{_f(eps)});", [i for i in node.inputs[:3] if i], node.outputs[:1])
+            return norm_gen.emit_layernorm(self, node)
         if op in POOL_OPS:
             return self.pool(node)
         if op == "Transpose":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from nncc.ir.graph import Graph
+from nncc.passes.attention import fuse_attention
 from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
@@ -47,6 +48,9 @@ PASSES: list[PassInfo] = [
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
              "HardSigmoid or HardSwish -> one nncc fused node"),
+    PassInfo("fuse_attention", 2,
+             "MatMul(Q, Kᵀ) -> scale -> [Add bias] -> Softmax -> MatMul(., V), with the head "
+             "Transposes around it, and the ONNX Attention op -> one nncc FusedAttention"),
     PassInfo("eliminate_dead_code", 2, "drop what the fusions left unused"),
 ]
 
@@ -59,6 +63,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
+    "fuse_attention": fuse_attention,
 }
 
 

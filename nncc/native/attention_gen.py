@@ -1,0 +1,356 @@
+"""Native C for ``nncc::FusedAttention`` (nncc.kernels.fused_attention): one kernel per
+geometry that computes softmax(Q·Kᵀ·scale + bias)·V without ever writing the score matrix.
+
+Flash-attention style: each task takes one (batch, head) and a block of BQ query rows, and
+walks the keys in blocks of BK. Per key block it packs K transposed (so the scores of a row
+are vectors over keys), computes the BQ x BK scores in registers, scales them and adds the
+bias, then folds them into a running softmax (online: a row's maximum and sum so far, its
+output rescaled when the maximum grows) and adds probabilities·V into the output rows. The
+scores of a block live in L1; a row is divided by its sum once, at the end. Tasks are
+(batch x heads x query blocks), shared statically by the thread pool.
+
+Every operand is read through the strides its permutation gives (nncc.kernels.fused_attention),
+so the Transposes that split and merge heads cost nothing. A constant bias that hides whole
+key blocks from a query block (a causal mask, a window) is read at compile time: those blocks
+are skipped. A key is hidden when its bias is at most ``HIDDEN`` (exporters write -1e4, -1e9,
+float32's lowest or -inf): its probability is exp(score + bias - max), which is 0 in float32
+unless scores reach a magnitude near the bias. Skipping is only used when every query row
+keeps at least one key, so a row never loses all its terms.
+
+Per-task buffers (the packed block of K and V, the scores, the output rows) come from one
+allocation per worker and call: any head size runs, and the sanitizers check them exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native.graph_query import const_value
+
+F32 = np.dtype(np.float32)
+BQ = 32  # query rows per task
+BK = 64  # keys per block (a multiple of every vector width)
+HIDDEN = -1e8  # a bias at or below this hides its key (see the module docstring)
+MAX_TILE_FLOATS = 1 << 24  # per-task buffers beyond this (only absurd head sizes) stay portable
+
+
+def handles(node: Node) -> bool:
+    return node.domain == "nncc" and node.op_type == "FusedAttention"
+
+
+def _perm(node: Node, key: str, rank: int) -> list[int]:
+    perm = node.attrs.get(key)
+    return list(range(rank)) if perm is None else [int(p) for p in perm]
+
+
+def _strides(shape) -> list[int]:
+    return [math.prod(shape[i + 1:]) for i in range(len(shape))]
+
+
+class _Geometry:
+    """Sizes and element strides of every operand in logical (batch..., row, column) order."""
+
+    def __init__(self, node: Node, shape_of):
+        q, k, v = node.inputs[:3]
+        bias = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+        logical = {}
+        for key, name in (("q_perm", q), ("k_perm", k), ("v_perm", v)):
+            shape = list(shape_of(name))
+            perm = _perm(node, key, len(shape))
+            st = _strides(shape)
+            logical[key] = ([shape[p] for p in perm], [st[p] for p in perm])
+        out_shape = list(shape_of(node.outputs[0]))
+        out_perm = _perm(node, "out_perm", len(out_shape))
+        ost = _strides(out_shape)
+        o_sizes, o_strides = [0] * len(out_shape), [0] * len(out_shape)
+        for j, axis in enumerate(out_perm):
+            o_sizes[axis], o_strides[axis] = out_shape[j], ost[j]
+        self.rank = len(o_sizes)
+        self.batch = o_sizes[:-2]
+        self.sq, self.dv = o_sizes[-2], o_sizes[-1]
+        (qs, qst), (ks, kst), (vs, vst) = logical["q_perm"], logical["k_perm"], logical["v_perm"]
+        self.skv, self.d = ks[-2], ks[-1]
+        self.q = self._fit(qs, qst)
+        self.k = self._fit(ks, kst)
+        self.v = self._fit(vs, vst)
+        self.o = (o_strides[:-2], o_strides[-2], o_strides[-1])
+        self.bias = None
+        if bias is not None:
+            bshape = list(shape_of(bias))
+            self.bias = self._fit(bshape, _strides(bshape))
+
+    def _fit(self, sizes, strides):
+        """(batch strides against the output's batch, row stride, column stride); an axis
+        of size 1 (or missing) is broadcast: stride 0."""
+        pad = self.rank - len(sizes)
+        sizes, strides = [1] * pad + list(sizes), [0] * pad + list(strides)
+        fitted = [0 if s == 1 else st for s, st in zip(sizes, strides)]
+        return fitted[:-2], fitted[-2], fitted[-1]
+
+    @property
+    def groups(self) -> int:
+        return math.prod(self.batch)
+
+    def tile_floats(self, vl: int) -> int:
+        dvp = -(-self.dv // vl) * vl
+        keys = -(-self.skv // BK) * BK
+        return keys * (self.d + dvp) + BQ * BK + BQ * dvp + 3 * BQ
+
+
+def _inconsistent(node: Node, infos) -> str | None:
+    """Why the operands do not make one attention (a node nncc's pass did not write), or None."""
+    logical = []
+    for key, name in zip(("q_perm", "k_perm", "v_perm"), node.inputs[:3]):
+        shape = infos[name].shape
+        perm = _perm(node, key, len(shape))
+        if len(shape) < 2 or sorted(perm) != list(range(len(shape))):
+            return f"{key} {perm} is not a permutation of the operand's axes"
+        logical.append([shape[p] for p in perm])
+    (q, k, v), out = logical, infos[node.outputs[0]].shape
+    rank = max(len(q), len(k), len(v))
+    out_perm = _perm(node, "out_perm", len(out))
+    if len(out) != rank or sorted(out_perm) != list(range(rank)):
+        return "out_perm does not match the output"
+    y = [0] * rank
+    for j, axis in enumerate(out_perm):
+        y[axis] = out[j]
+    if q[-1] != k[-1] or k[-2] != v[-2] or y[-2] != q[-2] or y[-1] != v[-1]:
+        return "Q, K and V that do not make an attention"
+    operands = [q, k, v]
+    if len(node.inputs) > 3 and node.inputs[3]:
+        operands.append(list(infos[node.inputs[3]].shape[:-2]) + [0, 0])
+        bias = infos[node.inputs[3]].shape
+        if len(bias) > rank or any(b not in (1, want) for b, want in zip(bias[::-1], [k[-2], q[-2]])):
+            return "a bias that does not broadcast to the scores"
+    for shape in operands:
+        if len(shape) > rank or any(d not in (1, want) for d, want in zip(shape[-3::-1], y[-3::-1])):
+            return "batch axes that do not broadcast to the output's"
+    return None
+
+
+def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+    names = [n for n in node.inputs if n] + [o for o in node.outputs if o]
+    for name in names:
+        info = infos.get(name)
+        if info is None or info.dtype != F32 or not info.is_static:
+            return f"value {name!r} is not a static float32 tensor"
+    if len(node.inputs) < 3 or any(not n for n in node.inputs[:3]) or len(node.outputs) != 1:
+        return "FusedAttention without Q, K and V"
+    why = _inconsistent(node, infos)
+    if why:
+        return why  # the portable kernel reports it
+    geo = _Geometry(node, lambda name: infos[name].shape)
+    if geo.skv == 0:
+        return "attention over no keys"
+    if geo.tile_floats(16) > MAX_TILE_FLOATS:
+        return "head sizes too large for one task's buffers"
+    return None
+
+
+def _hidden_ranges(node: Node, graph: Graph, infos, geo: _Geometry) -> tuple[list[int], list[int]] | None:
+    """Per query block, the key blocks [lo, hi) a constant bias leaves visible; None when
+    the bias is not a constant, hides nothing, or hides every key of some row."""
+    if len(node.inputs) < 4 or not node.inputs[3]:
+        return None
+    value = const_value(graph, infos, node.inputs[3])
+    if value is None:
+        return None
+    bias = np.asarray(value, np.float32)
+    lead = bias.shape[:-2] if bias.ndim > 2 else ()
+    visible = np.broadcast_to(bias, lead + (geo.sq, geo.skv)) > HIDDEN
+    visible = visible.reshape(-1, geo.sq, geo.skv).any(axis=0)  # visible for any batch or head
+    if not visible.any(axis=1).all() or visible.all():
+        return None
+    blocks = -(-geo.skv // BK)
+    lo, hi = [], []
+    for i0 in range(0, geo.sq, BQ):
+        cols = np.flatnonzero(visible[i0:i0 + BQ].any(axis=0))
+        lo.append(int(cols[0]) // BK)
+        hi.append(min(blocks, int(cols[-1]) // BK + 1))
+    return lo, hi
+
+
+def _f(value: float) -> str:
+    value = float(np.float32(value))
+    if value != value:
+        return "NAN"
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    return f"{value!r}f"
+
+
+def _offsets(geo: _Geometry) -> list[str]:
+    """C computing each operand's offset (oq, ok, ov, oo, ob) for the batch index g."""
+    lines = ["int64_t rem = g, oq = 0, ok = 0, ov = 0, oo = 0, ob = 0; (void)ob;"]
+    bias = geo.bias[0] if geo.bias else [0] * len(geo.batch)
+    for a in range(len(geo.batch) - 1, -1, -1):
+        terms = [f"{var} += i * {st[a]};" for var, st in
+                 (("oq", geo.q[0]), ("ok", geo.k[0]), ("ov", geo.v[0]), ("oo", geo.o[0]), ("ob", bias)) if st[a]]
+        lines.append(f"{{ int64_t i = rem % {geo.batch[a]}; rem /= {geo.batch[a]}; (void)i; {' '.join(terms)} }}")
+    return lines
+
+
+def _score_rows(name: str, rows: int, geo: _Geometry, nv: int) -> str:
+    """A register tile: ``rows`` query rows against the packed key block, stored to s."""
+    qs, qd = geo.q[1], geo.q[2]
+    body = [f"static inline void {name}(const float *qp, const float *kt, float *s) {{"]
+    body.append(f"  nn_v acc[{rows}][{nv}];")
+    body.append(f"  for (int u = 0; u < {rows}; u++) for (int w = 0; w < {nv}; w++) acc[u][w] = nn_vzero();")
+    body.append(f"  for (int64_t d = 0; d < {geo.d}; d++) {{")
+    body.append(f"    const float *kr = kt + d * {BK};")
+    body.append(f"    nn_v kv[{nv}];")
+    body.append(f"    for (int w = 0; w < {nv}; w++) kv[w] = nn_vload(kr + w * NN_VL);")
+    body.append(f"    for (int u = 0; u < {rows}; u++) {{")
+    body.append(f"      const nn_v qv = nn_vset1(qp[u * {qs} + d * {qd}]);")
+    body.append(f"      for (int w = 0; w < {nv}; w++) acc[u][w] = nn_vfma(qv, kv[w], acc[u][w]);")
+    body.append("    }")
+    body.append("  }")
+    body.append(f"  for (int u = 0; u < {rows}; u++) for (int w = 0; w < {nv}; w++) "
+                f"nn_vstore(s + u * {BK} + w * NN_VL, acc[u][w]);")
+    body.append("}")
+    return "\n".join(body)
+
+
+def _pv_code(vl: int, dvp: int, most: int) -> str:
+    """``_pv(o, p, vb, al, cols)``: R rows of o = o * alpha + p·V over the block's keys, R
+    and a chunk of output vectors at a time, so each load of V feeds R multiply-adds."""
+    nvec = dvp // vl
+    out = []
+    for rows in range(1, most + 1):
+        lines = [f"static inline void att_pv{rows}(float *o, const float *p, const float *vb, const float *al, "
+                 "int64_t cols) {"]
+        for c in range(0, nvec, 4):
+            u = min(4, nvec - c)
+            base = c * vl
+            lines.append("  {")
+            lines.append(f"    nn_v a[{rows}][{u}];")
+            lines.append(f"    for (int r = 0; r < {rows}; r++) for (int x = 0; x < {u}; x++) "
+                         f"a[r][x] = nn_vmul(nn_vload(o + r * {dvp} + {base} + x * NN_VL), nn_vset1(al[r]));")
+            lines.append("    for (int64_t jj = 0; jj < cols; jj++) {")
+            lines.append(f"      const float *vr = vb + jj * {dvp} + {base};")
+            lines.append(f"      nn_v v[{u}];")
+            lines.append(f"      for (int x = 0; x < {u}; x++) v[x] = nn_vload(vr + x * NN_VL);")
+            lines.append(f"      for (int r = 0; r < {rows}; r++) {{")
+            lines.append(f"        const nn_v pv = nn_vset1(p[r * {BK} + jj]);")
+            lines.append(f"        for (int x = 0; x < {u}; x++) a[r][x] = nn_vfma(pv, v[x], a[r][x]);")
+            lines.append("      }")
+            lines.append("    }")
+            lines.append(f"    for (int r = 0; r < {rows}; r++) for (int x = 0; x < {u}; x++) "
+                         f"nn_vstore(o + r * {dvp} + {base} + x * NN_VL, a[r][x]);")
+            lines.append("  }")
+        lines.append("}")
+        out.append("\n".join(lines))
+    return "\n".join(out)
+
+
+def emit(w, node: Node) -> None:
+    geo = _Geometry(node, w.shape)
+    q, k, v = node.inputs[:3]
+    bias = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3] else None
+    out = node.outputs[0]
+    reads = [q, k, v] + ([bias] if bias else [])
+    if geo.groups * geo.sq * geo.dv == 0:
+        return w.step(";", reads, [out])
+    vl = w.vl
+    nv = BK // vl
+    dvp = -(-geo.dv // vl) * vl
+    qblocks, kblocks = -(-geo.sq // BQ), -(-geo.skv // BK)
+    tasks = geo.groups * qblocks
+    scale = float(node.attrs.get("scale", 1.0))
+    ranges = _hidden_ranges(node, w.graph, w.infos, geo)
+    # rows per register tile: 24 accumulators of the 32 AVX-512 registers, 12 of 16 otherwise
+    budget = 24 if vl == 16 else 12
+    group = max(1, min(6, budget // nv))
+    pv_rows = max(1, min(6, budget // min(4, dvp // vl)))
+    ks, kd, vs, vd = geo.k[1], geo.k[2], geo.v[1], geo.v[2]
+    os_, od = geo.o[1], geo.o[2]
+    support = [w.simd, f"NN_REQUIRE_VL({vl});",
+               _score_rows("att_rows_n", group, geo, nv), _score_rows("att_rows_1", 1, geo, nv), _pv_code(vl, dvp, pv_rows)]
+    if ranges is not None:
+        support.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
+        support.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
+    lo, hi = ("att_lo[qb]", "att_hi[qb]") if ranges is not None else ("0", str(kblocks))
+    kfloats, vfloats = kblocks * BK * geo.d, kblocks * BK * dvp
+    floats = kfloats + vfloats + BQ * BK + BQ * dvp + 3 * BQ
+    floats = -(-floats // 16) * 16
+    if geo.bias is not None:
+        bs, bj = geo.bias[1], geo.bias[2]
+        add_bias = (f"const float *br = bias + ob + (i0 + r) * {bs} + j0 * {bj}; "
+                    f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] = sr[jj] * {_f(scale)} + br[jj * {bj}];")
+    else:
+        add_bias = f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] *= {_f(scale)};"
+    # a row that saw no key: 0/0, NaN as Softmax gives, or zeros as ONNX Attention defines
+    inverse = "l[r] == 0.0f ? 0.0f : 1.0f / l[r]" if node.attrs.get("zero_hidden_rows") else "1.0f / l[r]"
+    body = f"""
+typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
+
+static void att_task(void *p, int64_t lo, int64_t hi) {{
+  const att_args *a = p;
+  const float *bias = a->bias; (void)bias;
+  float *buf = aligned_alloc(64, {floats} * sizeof(float));
+  if (!buf) return;
+  memset(buf, 0, {floats} * sizeof(float));
+  float *kall = buf, *vall = kall + {kfloats}, *s = vall + {vfloats}, *o = s + {BQ * BK}, *m = o + {BQ * dvp};
+  float *l = m + {BQ}, *al = l + {BQ};
+  int64_t packed = -1;  /* the batch index whose K and V are packed */
+  for (uint64_t t = (uint64_t)lo; t < (uint64_t)hi; t++) {{
+    const int64_t g = (int64_t)(t / {qblocks}), qb = (int64_t)(t % {qblocks}), i0 = qb * {BQ};
+    const int64_t rows = {geo.sq} - i0 < {BQ} ? {geo.sq} - i0 : {BQ};
+    {' '.join(_offsets(geo))}
+    const float *qp = a->q + oq + i0 * {geo.q[1]}, *kp = a->k + ok, *vp = a->v + ov;
+    for (int64_t r = 0; r < rows; r++) {{ m[r] = -INFINITY; l[r] = 0.0f; }}
+    memset(o, 0, {BQ * dvp} * sizeof(float));
+    if (g != packed) {{  /* K transposed per block of keys, V as rows of whole vectors */
+      for (int64_t j = 0; j < {geo.skv}; j++) {{
+        float *kc = kall + (j / {BK}) * {BK * geo.d} + j % {BK};
+        for (int64_t d = 0; d < {geo.d}; d++) kc[d * {BK}] = kp[j * {ks} + d * {kd}];
+        for (int64_t c = 0; c < {geo.dv}; c++) vall[j * {dvp} + c] = vp[j * {vs} + c * {vd}];
+      }}
+      packed = g;
+    }}
+    for (int64_t jb = {lo}; jb < {hi}; jb++) {{
+      const int64_t j0 = jb * {BK}, cols = {geo.skv} - j0 < {BK} ? {geo.skv} - j0 : {BK};
+      const float *kt = kall + jb * {BK * geo.d}, *vb = vall + j0 * {dvp};
+      int64_t r = 0;
+      for (; r + {group} <= rows; r += {group}) att_rows_n(qp + r * {geo.q[1]}, kt, s + r * {BK});
+      for (; r < rows; r++) att_rows_1(qp + r * {geo.q[1]}, kt, s + r * {BK});
+      for (r = 0; r < rows; r++) {{
+        float *sr = s + r * {BK};
+        {add_bias}
+        for (int64_t jj = cols; jj < {BK}; jj++) sr[jj] = -INFINITY;
+        nn_v mv = nn_vload(sr);
+        for (int x = 1; x < {nv}; x++) mv = nn_vmax(mv, nn_vload(sr + x * NN_VL));
+        float mx = m[r];
+        for (int x = 0; x < NN_VL; x++) mx = mv[x] > mx ? mv[x] : mx;
+        if (mx == -INFINITY) {{ for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = 0.0f; al[r] = 1.0f; continue; }}
+        for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = nn_exp(sr[jj] - mx);
+        nn_v sv = nn_vload(sr);
+        for (int x = 1; x < {nv}; x++) sv = nn_vadd(sv, nn_vload(sr + x * NN_VL));
+        float sum = 0.0f;
+        for (int x = 0; x < NN_VL; x++) sum += sv[x];
+        const float alpha = nn_exp(m[r] - mx);
+        l[r] = l[r] * alpha + sum;
+        m[r] = mx;
+        al[r] = alpha;
+      }}
+      for (r = 0; r + {pv_rows} <= rows; r += {pv_rows}) att_pv{pv_rows}(o + r * {dvp}, s + r * {BK}, vb, al + r, cols);
+      switch (rows - r) {{ {' '.join(f"case {i}: att_pv{i}(o + r * {dvp}, s + r * {BK}, vb, al + r, cols); break;" for i in range(1, pv_rows))} default: break; }}
+    }}
+    for (int64_t r = 0; r < rows; r++) {{
+      const float inv = {inverse};
+      float *y = a->out + oo + (i0 + r) * {os_};
+      for (int64_t c = 0; c < {geo.dv}; c++) y[c * {od}] = o[r * {dvp} + c] * inv;
+    }}
+  }}
+  free(buf);
+}}
+"""
+    support.append(body)
+    pointers = [w.ptr(q), w.ptr(k), w.ptr(v), w.ptr(bias) if bias else "0", w.ptr(out)]
+    work = geo.groups * geo.sq * geo.skv * (geo.d + geo.dv) * 2
+    code = (f"att_args a = {{{', '.join(pointers)}}}; "
+            f"nn_parallel({tasks}, {work}, att_task, &a);")
+    w.step(code, reads, [out], support="\n".join(support))
