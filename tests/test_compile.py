@@ -405,7 +405,7 @@ def test_inspect_json_has_the_documented_keys(inspected, kind):
     report = json.loads(outputs[(kind, "json")])
     assert REPORT_KEYS <= set(report)
     assert report["path"] == str(sources[kind])
-    assert report["format_version"] == 1 and report["producer"] == nncc.__version__
+    assert report["format_version"] == 2 and report["producer"] == nncc.__version__
     assert report["options"]["preference"] == "fast-single-answer" and report["options"]["opt_level"] == 2
     assert report["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 32, 32]}]
     assert report["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [1, 10]}]
