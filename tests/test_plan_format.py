@@ -283,7 +283,7 @@ def test_other_format_version(resnet_raw):
     struct.pack_into("<I", raw, 8, 3)
     refuses(bytes(raw), "artifact format version 3; this nncc reads version 2")
     struct.pack_into("<I", raw, 8, 1)  # an artifact from before backends stored payloads
-    refuses(bytes(raw), r"artifact format version 1; this nncc reads version 2 \(compile the model again")
+    refuses(bytes(raw), "artifact format version 1; this nncc reads version 2")
     struct.pack_into("<I", raw, 8, 0)
     refuses(bytes(raw), "format version 0")
 

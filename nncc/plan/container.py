@@ -85,8 +85,7 @@ def read_sealed(buffer) -> tuple[str, dict[bytes, memoryview], ArtifactSeal | No
     if magic != MAGIC:
         raise PlanFormatError("not an nncc artifact (bad magic)")
     if version != FORMAT_VERSION:
-        raise PlanFormatError(f"artifact format version {version}; this nncc reads version {FORMAT_VERSION}"
-                              + (" (compile the model again with this nncc)" if version < FORMAT_VERSION else ""))
+        raise PlanFormatError(f"artifact format version {version}; this nncc reads version {FORMAT_VERSION}")
     if not 0 < count <= MAX_SECTIONS or HEADER.size + count * ENTRY.size > len(view):
         raise PlanFormatError(f"bad section count {count}")
     head = bytes(view[: HEADER.size + count * ENTRY.size])  # one copy: checked and signed alike
