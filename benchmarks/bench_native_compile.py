@@ -43,7 +43,7 @@ if drop:
 start = time.perf_counter()
 model, outcome = prepare(path, cache_dir=cache_dir)
 seconds = time.perf_counter() - start
-print(json.dumps({{"seconds": seconds, "outcome": outcome.outcome, "native": model._native is not None}}))
+print(json.dumps({{"seconds": seconds, "outcome": outcome.outcome, "native": "native" in model._executor.loaded}}))
 """
 
 

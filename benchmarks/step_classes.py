@@ -159,7 +159,7 @@ def step_times(model, units) -> dict[str, list[int]]:
     times = {}
     for symbol, _, _, labels in units:
         table = (ctypes.c_int64 * max(1, len(labels)))()
-        getattr(model._native.handle, f"{symbol}_profile")(table)
+        getattr(model._executor.loaded["native"].handle, f"{symbol}_profile")(table)
         times[symbol] = list(table)[:len(labels)]
     return times
 

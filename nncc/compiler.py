@@ -47,7 +47,8 @@ class CompileOptions:
         return 1 if self.preference == "low-power" else 0  # 0: library default
 
     def toolchain(self):
-        """The C compiler for the native backend, or None (no compiler, or not asked for)."""
+        """The C compiler for the native backend, or None (no compiler, or not asked for):
+        what the cache's stages ask before deferring a native build."""
         if "native" not in self.backends:
             return None
         from nncc.native.toolchain import find_toolchain
@@ -64,15 +65,18 @@ class CompileOptions:
         }
         if self.dims:  # only when given: the tokens of every other compile stay as they were
             options["dims"] = dict(self.dims)
-        if "native" in self.backends:  # a compiler update or another ISA must miss the cache
-            toolchain = self.toolchain()
-            options["toolchain"] = None if toolchain is None else toolchain.key()
+        from nncc.backends.registry import loaded_backend
+
+        for name in self.backends:  # what outside nncc changes a backend's output (a compiler)
+            backend = loaded_backend(name)
+            if backend is not None:
+                options.update(backend.compile_facts(self))
         return options
 
 
 def compile_graph(graph: Graph, options: CompileOptions):
     """Graph -> Plan."""
-    from nncc.backends.registry import get_backend, load_plugin
+    from nncc.backends.registry import get_backend, load_plugin, portable_backend
     from nncc.partition import partition_graph
     from nncc.passes.pipeline import run_passes
     from nncc.passes.pack import pack_constants
@@ -87,10 +91,8 @@ def compile_graph(graph: Graph, options: CompileOptions):
         from nncc.ir.dims import specialize
 
         graph = specialize(graph, dict(options.dims))
-    toolchain = options.toolchain()
-    backends = [_native(toolchain) if name == "native" else get_backend(name)
-                for name in options.backends if name != "cpu"]
-    fallback = get_backend("cpu")
+    fallback = portable_backend()
+    backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
     try:
         topological_order(graph)  # a cyclic graph, or one reading values nobody produces
     except ValueError as exc:  # (also from inside a subgraph), fails before any pass runs
@@ -107,7 +109,7 @@ def compile_graph(graph: Graph, options: CompileOptions):
     infos = infer_shapes(graph)
     progress.describe("partitioning")
     result = partition_graph(graph, infos, backends, fallback)
-    owners = {b.name: b for b in backends + [fallback]}
+    owners = {b.name: b for b in [fallback, *backends]}
     compiled = []
     for i, p in enumerate(result.partitions):
         progress.describe(f"compiling partition {i + 1}/{len(result.partitions)} ({p.backend})")
@@ -117,35 +119,10 @@ def compile_graph(graph: Graph, options: CompileOptions):
     plan_options = options.as_dict()
     plan_options["opsets"] = dict(sorted(graph.opsets.items()))
     fallbacks = [{"node": n, "op": op, "reason": why} for n, op, why in result.fallbacks]
-    plan = lower(graph, infos, compiled, versions, plan_options, fallbacks)
-    if plan.native:
-        progress.describe(f"building native code for {len(plan.native)} partition(s)")
-        _build_native(plan, toolchain, [p.native for p in compiled if p.native is not None])
+    plan, slots = lower(graph, infos, compiled, versions, plan_options, fallbacks)
+    for name, backend in owners.items():  # each backend's payload, after every partition is lowered
+        mine = [(i, part) for i, part in enumerate(compiled) if part.backend == name]
+        payload = backend.link(plan, mine, slots) if mine else None
+        if payload is not None:
+            plan.payloads[name] = payload
     return plan
-
-
-def _native(toolchain):
-    from nncc.backends.native import NativeBackend
-
-    return NativeBackend(toolchain)
-
-
-def _build_native(plan, toolchain, units) -> None:
-    """One shared object for all native partitions, linked from an object per translation
-    unit (the keys are recorded, so a cache entry knows which objects it was built from).
-    A compiler failure keeps the plan portable and is recorded in it, so a cached entry
-    does not retry on every run."""
-    from nncc.native.build import build
-    from nncc.native.codegen import translation_units
-    from nncc.native.toolchain import NativeBuildError
-    from nncc.util.notice import warn
-
-    try:
-        plan.code, objects = build(toolchain, translation_units(units))
-    except NativeBuildError as exc:
-        warn(f"{exc}; running the portable plan")
-        plan.native = []
-        plan.options["native_error"] = str(exc)
-        return
-    # "blas": whether the code calls BLAS, which must then keep to one thread during a call
-    plan.options["native"] = dict(toolchain.identity(), objects=objects, blas=any(u.blas for u in units))

@@ -26,7 +26,7 @@ class CompiledModel:
         ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
         from, from which its artifact is assembled without serializing again."""
         from nncc.ir.opsets import warn_newer_opsets
-        from nncc.native.activate import activate
+        from nncc.backends.payloads import activate_payloads
         from nncc.runtime.executor import Executor
         from nncc.runtime.specialize import shape_plans
 
@@ -35,8 +35,7 @@ class CompiledModel:
         self._raw = raw
         self._foreign = foreign
         self.cache_parts = cache_parts
-        self._native = activate(plan, trust_native, origin)
-        self._executor = Executor(plan, native=self._native)
+        self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
         self._blas_threads = _recorded_threads(plan)
         self._shape_plans = shape_plans(self._executor)
 

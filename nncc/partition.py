@@ -1,7 +1,8 @@
 """Assign nodes to backends and group them into maximal acyclic sub-DAGs (partitions).
 
-Backends are asked in priority order; the first that selects a node gets it, and the CPU
-fallback takes every node nobody selected. Nodes are then grouped greedily in topological
+Backends are asked in priority order; the first that selects a node gets it, and the
+fallback (the portable backend) takes every node nobody selected, with the reason each
+backend gave. Nodes are then grouped greedily in topological
 order: a node joins an existing partition of the same backend and group index unless
 that would make the contracted graph cyclic, i.e. unless a partition the node reads from
 already depends (in the contracted graph) on that partition.

@@ -18,7 +18,7 @@ def plan_stage(plan: Plan) -> str:
 
 def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
     partitions = []
-    native = {c.partition for c in plan.native} if plan.code is not None else set()
+    native = plan.code_partitions()
     for index, part in enumerate(plan.partitions):
         ops = Counter(
             plan.kernels[ins.kernel].split("::")[1]
@@ -29,7 +29,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
             "backend": part.backend,
             "backend_version": part.backend_version,
             "entry": part.entry,
-            "native": index in native,  # runs as one call into the CODE section, when allowed
+            "native": index in native,  # runs as one call into compiled code, when allowed
             "nodes": part.count,
             "ops": dict(sorted(ops.items())),
         })
@@ -49,7 +49,7 @@ def describe_plan(plan: Plan, artifact_bytes: int | None = None) -> dict:
         "partitions": partitions,
         "fallbacks": plan.fallbacks,
         "fallback_groups": group_fallbacks(plan.fallbacks),
-        "native_code_bytes": len(plan.code) if plan.native and plan.code is not None else 0,
+        "native_code_bytes": sum(len(p.data) for p in plan.payloads.values() if p.code),
         "peak_activation_bytes": plan.arena_bytes,
         "dynamic_values": dynamic_values(plan),
         "constants": {

@@ -221,7 +221,7 @@ def test_token_ingredients(tmp_path, monkeypatch):
     monkeypatch.setattr(fmt, "FORMAT_VERSION", fmt.FORMAT_VERSION + 1)
     assert compute_token(MLP, data, opts) != base
     monkeypatch.undo()
-    from nncc.backends.builtin import NumpyBackend
+    from nncc.backends.portable import PortableBackend as NumpyBackend
 
     monkeypatch.setattr(NumpyBackend, "version", "2")
     assert compute_token(MLP, data, opts) != base

@@ -459,7 +459,8 @@ def test_the_native_pool_follows_low_power_and_the_thread_setting(tmp_path):
         one, _ = nncc.prepare(RESNET, cache_dir=tmp_path / "c")  # a cache hit, activated anew
     if fast.native_partitions == 0:
         pytest.skip("the native backend took no partition of this model here")
-    assert (fast._native.threads, low._native.threads, one._native.threads) == (2, 1, 1)
+    threads = [m._executor.loaded["native"].threads for m in (fast, low, one)]  # the native pool each loaded
+    assert threads == [2, 1, 1]
 
 
 def test_trusting_a_shared_cache_is_a_setting_and_a_vague_value_is_refused(cli, cache_dir, config_file,

@@ -9,6 +9,7 @@ against onnxruntime.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -93,6 +94,62 @@ def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins
             for name in want:
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
         assert plugins.ExampleUnit.runs - before == 3 * 2
+
+
+def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(tmp_path, plugins):
+    """Compiled by `nncc compile --plugin plugin_example` in another process: the example
+    backend's bytecode is its payload, in the artifact's PAYL section and byte for byte in
+    the cache entry; loaded here, each of its partitions runs that bytecode (one call,
+    ExampleUnit), with onnxruntime's results."""
+    from nncc.plan.format import read_sections
+
+    path = chain_model(tmp_path)
+    out, cache = tmp_path / "chain.nncc", tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+               NNCC_CACHE_DIR=str(cache))
+    done = subprocess.run([sys.executable, "-m", "nncc", "compile", str(path), "-o", str(out), "--plugin", EXAMPLE,
+                           "--backend", "example", "--backend", "numpy"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    _, sections = read_sections(out.read_bytes())
+    program = json.loads(bytes(sections[b"PROG"]))
+    (backend, section, offset, length, partitions, meta), = program["payloads"]
+    assert (backend, section, partitions) == ("example", "PAYL", [0, 2]) and b"CODE" not in sections
+    payload = bytes(sections[b"PAYL"])[offset:offset + length]
+    assert len(payload) == 4 * 7  # two Mul/Add pairs, one 7-byte instruction each
+    assert [entry[0] for entry in meta["programs"]] == [0, 2]
+    entries = list(cache.rglob("*.plan"))
+    assert len(entries) == 1
+    assert bytes(read_sections(entries[0].read_bytes())[1][b"PAYL"]) == bytes(sections[b"PAYL"])
+
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32),
+             "y": rng.standard_normal((1, 8)).astype(np.float32)}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    model = nncc.load(out)
+    assert [u.kind for u in model._executor.units] == ["example", "instructions", "example"]
+    before = plugins.ExampleUnit.runs
+    got = model.run(feeds)
+    assert plugins.ExampleUnit.runs - before == 2
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6)
+
+
+def test_a_damaged_payload_is_refused_when_read(tmp_path, plugins):
+    """The backend checks its payload when the plan is read: bytecode naming a register
+    that does not exist is a clear format error, not a crash at run time."""
+    from nncc.errors import PlanFormatError
+    from nncc.plan import format as F
+
+    compiled = nncc.compile_model(chain_model(tmp_path), backends=["example", "numpy"], plugins=[EXAMPLE])
+    producer, sections = F.read_sections(compiled.to_bytes())
+    blob = bytearray(sections[b"PAYL"])
+    blob[1:3] = (999).to_bytes(2, "little")  # the first instruction's first operand
+    damaged = F.assemble(producer, [(tag, bytes(blob) if tag == b"PAYL" else bytes(body))
+                                    for tag, body in sections.items()])
+    with pytest.raises(PlanFormatError, match="bad example bytecode for partition 0"):
+        nncc.load(damaged)
 
 
 def test_a_partition_whose_backend_is_not_loaded_runs_its_instructions(tmp_path, plugins):
@@ -231,12 +288,13 @@ def test_a_partition_that_is_not_what_its_backend_makes_runs_its_instructions(tm
     backend never takes) gets the instructions there, not a unit built on a wrong guess."""
     import dataclasses
 
+    from nncc.backends.payloads import activate_payloads
     from nncc.runtime.executor import Executor
 
     compiled = nncc.compile_model(chain_model(tmp_path), backends=["example", "numpy"], plugins=[EXAMPLE])
     plan = dataclasses.replace(compiled._executor.plan)
     plan.partitions = [dataclasses.replace(p, backend="example") for p in plan.partitions]
-    executor = Executor(plan)
+    executor = Executor(plan, loaded=activate_payloads(plan, trusted=True))
     assert [u.kind for u in executor.units] == ["example", "instructions", "example"]
     feeds = {"x": np.full((3, 8), 0.5, np.float32), "y": np.ones((1, 8), np.float32)}
     for name, value in compiled.run(feeds).items():

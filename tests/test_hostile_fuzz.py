@@ -200,7 +200,7 @@ def mutate_program(rng: random.Random, raw: bytes) -> tuple[str, bytes]:
             parent[path[-1]] = rng.choice(INTERESTING + [old + 1, old - 1, 2 * old])
             changed.append("/".join(map(str, path)))
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
-    return " ".join(changed), F._assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
+    return " ".join(changed), F.assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
                                                       (b"DATA", bytes(sections[b"DATA"]))])
 
 

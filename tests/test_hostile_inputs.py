@@ -45,7 +45,7 @@ def _artifact(path: pathlib.Path, edit) -> pathlib.Path:
     producer, program, inline, data = _mlp_program()
     edit(program)
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
-    path.write_bytes(F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)]))
+    path.write_bytes(F.assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)]))
     return path
 
 
@@ -295,7 +295,7 @@ def test_a_mistyped_attribute_in_an_artifact_is_refused(tmp_path):
     ins[3]["axis"] = [0, 1]
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
     path = tmp_path / "edited.nncc"
-    path.write_bytes(F._assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
+    path.write_bytes(F.assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
                                             (b"DATA", bytes(sections[b"DATA"]))]))
     assert_error(nncc("run", path, "--random-inputs", cwd=tmp_path), "Concat", "'axis'", "an int")
 
@@ -345,7 +345,7 @@ def test_a_kernel_swapped_for_another_is_a_kernel_error_not_a_crash(tmp_path):
     edit(program)
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
     path = tmp_path / "swapped.nncc"
-    path.write_bytes(F._assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
+    path.write_bytes(F.assemble(producer, [(b"PROG", prog), (b"INLN", bytes(sections[b"INLN"])),
                                             (b"DATA", bytes(sections[b"DATA"]))]))
     assert_error(nncc("run", path, "--random-inputs", cwd=tmp_path), "does not fit its output", code=1)
 

@@ -335,7 +335,7 @@ def _mlp_feeds():
 def test_no_compiler_runs_the_portable_plan(monkeypatch, static_mlp):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     model = nncc.compile_model(static_mlp)
-    assert model.plan.code is None and model.native_partitions == 0
+    assert not model.plan.payloads and model.native_partitions == 0
     reference = nncc.compile_model(static_mlp, backends=["numpy"])
     np.testing.assert_array_equal(model.run(_mlp_feeds())["probs"], reference.run(_mlp_feeds())["probs"])
 
@@ -539,7 +539,7 @@ def test_sum(tmp_path, shapes, taken):
     path = _save(tmp_path, _model(nodes, [_f32(n, list(s)) for n, s in zip(names, shapes)], [_f32("y", [2, 3, 4])]))
     model = _check(path, {n: _rand(rng, s) for n, s in zip(names, shapes)})
     kernels = [model.plan.kernels[i.kernel] for i in model.plan.instructions]
-    native = [model.plan.partitions[c.partition] for c in model.plan.native]
+    native = [model.plan.partitions[i] for i in model.plan.code_partitions()]
     summed = any("Sum" in kernels[i] for p in native for i in range(p.first, p.first + p.count))
     assert summed == taken
 

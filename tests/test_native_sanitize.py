@@ -94,7 +94,7 @@ PROBE = textwrap.dedent("""
     from nncc.native.codegen import prelude
     from nncc.native.loader import Library
     from nncc.native.toolchain import find_toolchain
-    from nncc.plan.plan import NativeCall
+    from nncc.backends.native import NativeCall
     from nncc.runtime.native_step import NativeStep
 
     toolchain = find_toolchain(sanitize=True)

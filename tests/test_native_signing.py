@@ -303,7 +303,7 @@ def test_any_change_after_signing_fails_the_mac(alice, feeds, tmp_path, edit):
         changed = replace(raw, b"CODE", flip_bit(parts[b"CODE"], len(parts[b"CODE"]) // 2))
     elif edit == "prog workspace":  # another scratch size: a smaller one would make the code overrun it
         program = json.loads(parts[b"PROG"])
-        program["native"][0][4] ^= 64
+        program["payloads"][0][5]["calls"][0][4] ^= 64
         changed = replace(raw, b"PROG", json.dumps(program, sort_keys=True, separators=(",", ":")).encode())
     elif edit == "data bit":
         changed = replace(raw, b"DATA", flip_bit(parts[b"DATA"], 0))

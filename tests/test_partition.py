@@ -317,16 +317,16 @@ def test_group_indices_force_a_split(tmp_path, plugin):
 # -- fallback ------------------------------------------------------------------------------
 
 
-def test_dynamic_shapes_fall_back_to_cpu_with_reasons(tmp_path):
+def test_dynamic_shapes_fall_back_to_the_portable_backend_with_reasons(tmp_path):
     nodes = [
         node("Mul", ["x", "x"], ["m"], "m"),  # float32: mulsub takes it, shape or not
-        node("Relu", ["m"], ["r"], "r"),  # dynamic shape: numpy refuses -> cpu
-        node("Mul", ["i", "i"], ["ii"], "ii"),  # int64 and dynamic: nobody -> cpu
+        node("Relu", ["m"], ["r"], "r"),  # dynamic shape: numpy does not select it, but runs it
+        node("Mul", ["i", "i"], ["ii"], "ii"),  # int64 and dynamic: nobody selects it -> numpy
     ]
     path = make_model(tmp_path / "m.onnx", nodes, [("x", F, ["N", 3]), ("i", I64, ["N"])],
                       [("r", F, ["N", 3]), ("ii", I64, ["N"])])
     compiled = nncc.compile_model(path, backends=MULSUB, plugins=(PLUGIN,), opt_level=0)
-    assert partitions_of(compiled) == [("mulsub", ["Mul"]), ("cpu", ["Relu", "Mul"])]
+    assert partitions_of(compiled) == [("mulsub", ["Mul"]), ("numpy", ["Relu", "Mul"])]
     assert compiled.plan.fallbacks == [
         {"node": "r", "op": "Relu",
          "reason": "mulsub: takes only Mul and Sub; numpy: value 'm' has no static shape"},
@@ -345,7 +345,20 @@ def test_fixture_fallbacks_name_the_node_and_reason():
     for entry in compiled.plan.fallbacks:
         assert set(entry) == {"node", "op", "reason"}
         assert entry["node"] and entry["op"] and "no static shape" in entry["reason"]
-    assert {p.backend for p in compiled.plan.partitions} == {"cpu"}
+    assert {p.backend for p in compiled.plan.partitions} == {"numpy"}  # the fallback is the portable backend
+
+
+def test_cpu_is_another_name_for_the_portable_backend(tmp_path):
+    """`--backend cpu` selects the portable backend: the same partitions, recorded under
+    its name, as `--backend numpy` makes."""
+    path = FIXTURES / "mlp.onnx"
+    by_alias = nncc.compile_model(path, backends=("cpu",))
+    by_name = nncc.compile_model(path, backends=("numpy",))
+    assert {p.backend for p in by_alias.plan.partitions} == {"numpy"}
+    assert [(p.backend, p.first, p.count) for p in by_alias.plan.partitions] == \
+        [(p.backend, p.first, p.count) for p in by_name.plan.partitions]
+    both = nncc.compile_model(path, backends=("native", "cpu", "numpy"))  # named twice: asked once
+    assert len({p.backend for p in both.plan.partitions} - {"native"}) == 1
 
 
 def test_plugin_on_a_fixture(tmp_path):
@@ -478,7 +491,7 @@ def test_cli_plugin_inspect_and_compile(mixed_model, tmp_path):
 def test_cli_fallbacks_reported(tmp_path):
     report = json.loads(nncc_cli("inspect", FIXTURES / "mlp.onnx", "--json").stdout)
     assert report["fallbacks"] and all("no static shape" in f["reason"] for f in report["fallbacks"])
-    assert {p["backend"] for p in report["partitions"]} == {"cpu"}
+    assert {p["backend"] for p in report["partitions"]} == {"numpy"}
 
 
 def test_artifact_never_imports_the_plugin_it_names(mixed_model, tmp_path):

@@ -55,7 +55,7 @@ def code_of(raw: bytes) -> bytes | None:
 
 def assemble(producer: str, program: dict, inline: bytes, data: bytes, code: bytes | None = None) -> bytes:
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
-    return F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data),
+    return F.assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data),
                                   *([(b"CODE", code)] if code is not None else [])])
 
 
@@ -144,7 +144,7 @@ def test_identical_bytes_across_fresh_processes(tmp_path):
 
 def test_header_and_sections_follow_the_grammar(resnet_raw):
     magic, version, count, producer = struct.unpack_from("<8sII16s", resnet_raw, 0)
-    assert (magic, version, count) == (b"NNCCPLAN", 1, 5)
+    assert (magic, version, count) == (b"NNCCPLAN", 2, 5)
     assert producer.rstrip(b"\0").decode() == nncc.__version__
     table = entries(resnet_raw)
     assert list(table) == [b"PROG", b"INLN", b"DATA", b"CODE", b"SIGN"]  # native code is signed
@@ -159,8 +159,10 @@ def test_header_and_sections_follow_the_grammar(resnet_raw):
     assert resnet_raw[table[b"PROG"][0]:sum(table[b"PROG"])] == json.dumps(
         program, sort_keys=True, separators=(",", ":")).encode()  # keys sorted, no whitespace
     assert set(program) == {"kernels", "slots", "inputs", "outputs", "constants", "instructions",
-                            "partitions", "arena", "arena_bytes", "options", "fallbacks", "native"}
-    (partition, symbol, args, n_inputs, workspace), = program["native"]
+                            "partitions", "arena", "arena_bytes", "options", "fallbacks", "payloads"}
+    (backend, section, offset, length, partitions, meta), = program["payloads"]
+    assert (backend, section, offset, length, partitions) == ("native", "CODE", 0, code_length, [0])
+    (partition, symbol, args, n_inputs, workspace), = meta["calls"]
     assert (partition, symbol) == (0, "nncc_partition_0") and 0 < n_inputs < len(args) and workspace >= 0
 
 
@@ -278,8 +280,10 @@ def test_too_short_and_empty(resnet_raw, tmp_path):
 
 def test_other_format_version(resnet_raw):
     raw = bytearray(resnet_raw)
-    struct.pack_into("<I", raw, 8, 2)
-    refuses(bytes(raw), "artifact format version 2; this nncc reads version 1")
+    struct.pack_into("<I", raw, 8, 3)
+    refuses(bytes(raw), "artifact format version 3; this nncc reads version 2")
+    struct.pack_into("<I", raw, 8, 1)  # an artifact from before backends stored payloads
+    refuses(bytes(raw), "artifact format version 1; this nncc reads version 2")
     struct.pack_into("<I", raw, 8, 0)
     refuses(bytes(raw), "format version 0")
 
@@ -315,7 +319,7 @@ def test_unknown_or_repeated_section(resnet_raw):
 
 def test_missing_program_section(resnet_raw):
     producer, _, inline, data = parts(resnet_raw)
-    raw = F._assemble(producer, [(b"INLN", inline), (b"DATA", data)])
+    raw = F.assemble(producer, [(b"INLN", inline), (b"DATA", data)])
     refuses(raw, "artifact has no program section")
 
 
@@ -335,7 +339,7 @@ def test_program_not_json_or_not_an_object(resnet_raw):
     for prog, message in ((b"\xff\xfe", "not valid JSON"), (b"{'a': 1}", "not valid JSON"),
                           (b"[" * 100000, "not valid JSON"), (b"[1, 2]", "not an object"),
                           (b"{}", "program field 'kernels' is missing")):
-        raw = F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)])
+        raw = F.assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", data)])
         refuses(raw, message)
 
 
@@ -588,3 +592,43 @@ def test_string_constant_past_the_section(strings_raw):
 def test_string_constant_as_a_broadcast(strings_raw):
     edit = lambda p, s: _strings_entry(p).append([1])  # noqa: E731
     refuses(hostile(strings_raw, edit), "strings need the strings storage")
+
+
+# -- one slot codec --------------------------------------------------------------------------
+
+
+def test_a_bfloat16_subgraph_input_survives_the_artifact(tmp_path):
+    """A Loop carrying a bfloat16 value: its body's inputs are written by the same slot
+    codec as the program's slots, so the artifact is read back and runs, with
+    onnxruntime's results (a dtype written as numpy's str, "<V2", would be refused)."""
+    import onnxruntime as ort
+
+    BF16 = TensorProto.BFLOAT16
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Cast", ["v"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["f", "one"], ["g"]),
+         helper.make_node("Cast", ["g"], ["v_out"], to=BF16)],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", BF16, [4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", BF16, [4])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    nodes = [helper.make_node("Cast", ["x"], ["v0"], to=BF16),
+             helper.make_node("Loop", ["n", "", "v0"], ["v_final"], body=body),
+             helper.make_node("Cast", ["v_final"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "bf16_loop",  # float32 outside: onnxruntime's Python takes no bfloat16
+                              [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    path = tmp_path / "bf16_loop.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    compiled = nncc.compile_model(path)
+    raw = compiled.to_bytes()
+    loop_attrs = [i.attrs for i in F.deserialize(raw).instructions if "body" in i.attrs]
+    assert loop_attrs[0]["body"]["$graph"]["inputs"][2][:2] == ["v", "bfloat16"]
+    feeds = {"n": np.array(3, np.int64), "x": np.array([0.5, -2, 300.5, 1.25], np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(nncc.load(raw).run(feeds)["y"], want)

@@ -200,7 +200,7 @@ def test_program_edits_with_valid_checksums(name, data):
     else:
         parent[data.draw(st.text(max_size=6))] = data.draw(json_values)
     prog = json.dumps(program, sort_keys=True, separators=(",", ":")).encode()
-    damaged = F._assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", blob)])
+    damaged = F.assemble(producer, [(b"PROG", prog), (b"INLN", inline), (b"DATA", blob)])
     load_or_refuse(damaged)  # PlanFormatError or a model: nothing else
 
 

@@ -1,11 +1,28 @@
 """The backend plugin interface, after LiteRT's compiler plugins.
 
-A backend has an identity, a ``partition`` step that selects the nodes it supports
-(optionally tagging a node with an index to force a finer split), a ``compile`` step
-that turns each outlined partition into bytecode: here, a list of instructions naming
-registered kernels, plus the entry point that implements the partition, and a
-``load_unit`` step that turns a compiled partition of a plan into the executable unit the
-executor runs (nncc.backends.unit).
+A backend is named once (``name``, plus ``aliases`` users may type) and is asked, in the
+order the user lists backends, through these hooks:
+
+* ``for_compile(options)``: the backend as configured for one compile (the native backend
+  finds its C compiler here); ``compile_facts(options)``: what outside nncc changes its
+  output (a compiler's version), merged into the options a cache key covers.
+* ``partition(graph, infos)``: the nodes it takes, each with an optional group index.
+* ``compile(partition, graph, infos)``: one outlined partition -> ``CompiledPartition``:
+  portable instructions naming registered kernels (always kept: they run wherever the
+  backend's own form cannot), an entry point, and optionally the backend's own in-memory
+  form (``payload``) with extra constants it reads (``constants``).
+* ``link(plan, compiled, slots)``: after every partition is lowered into the plan, the
+  backend's compiled partitions -> one ``BackendPayload`` stored in the artifact (and so in
+  the cache entry): its bytes, JSON ``meta`` describing them, the partitions it covers,
+  and whether the bytes are machine code (``payload_is_code``: then they are signed and
+  trusted like native code). None: nothing to store (the partitions run portably).
+* ``check_payload(payload, plan)``: when a plan is read, its payload's meta checked
+  against the plan (a plan is input like any file); raises PlanFormatError.
+* ``activate(payload, plan, origin)``: when a plan is loaded and the payload may run (a
+  code payload only when trusted; nncc.backends.payloads decides), the loaded form handed
+  to ``load_unit`` as ``source.loaded``, or None to run the partitions' instructions.
+* ``load_unit(source)``: one partition of a plan about to run -> the executable unit the
+  executor runs (nncc.backends.unit).
 """
 
 from __future__ import annotations
@@ -13,9 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from nncc.backends.unit import Unit, UnitSource, instruction_unit
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.kernels.registry import resolve
+from nncc.plan.plan import BackendPayload, Plan
 
 
 @dataclass
@@ -46,21 +66,36 @@ class CompiledPartition:
     backend: str
     entry: str
     instructions: list[Instruction]
-    # A native unit (nncc.native.codegen.Unit) that runs the whole partition as one call in
-    # place of ``instructions``, which stay as its portable form.
-    native: Any = None
+    # The backend's own form of the partition, in memory, for its ``link`` (the native
+    # backend's C unit): it replaces ``instructions`` at run time when it may.
+    payload: Any = None
+    # Constants only the payload reads (packed weights), by value name: lowering gives
+    # them slots, so they travel with the plan's other constants.
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class Backend:
     """Subclass and register to add a backend. Identity is part of the cache key."""
 
     name: str = "abstract"
+    aliases: tuple[str, ...] = ()  # other names that select this backend
     version: str = "0"
     maker: str = ""
     targets: str = ""
     # A backend whose compile is slow (a C compiler run, say) is deferred by the cache's
     # stages: a miss runs the plan of the other backends at once, and this one's later.
     slow_to_build: bool = False
+    # Its payload is machine code: it runs only when trusted (signed, or nncc's own cache).
+    payload_is_code: bool = False
+    code_noun: str = "compiled code"  # what warnings call its payload
+
+    def for_compile(self, options) -> "Backend":
+        """This backend set up for one compile with ``options`` (nncc.compiler.CompileOptions)."""
+        return self
+
+    def compile_facts(self, options) -> dict[str, Any]:
+        """JSON facts, beyond the options, that change what this backend compiles."""
+        return {}
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         """Map the index (in ``graph.nodes``) of each node this backend takes to a group
@@ -77,6 +112,20 @@ class Backend:
                 Instruction(definition.key, list(node.inputs), list(node.outputs), dict(node.attrs), node.name)
             )
         return CompiledPartition(partition.index, self.name, f"{self.name}_partition_{partition.index}", instructions)
+
+    def link(self, plan: Plan, compiled: list[tuple[int, CompiledPartition]],
+             slots: dict[str, int]) -> BackendPayload | None:
+        """The payload of this backend's partitions (``compiled``: (partition index in the
+        plan, compiled partition)); ``slots`` maps value names to the plan's slots."""
+        return None
+
+    def check_payload(self, payload: BackendPayload, plan: Plan) -> None:
+        """Raise PlanFormatError when ``payload`` does not fit ``plan``."""
+
+    def activate(self, payload: BackendPayload, plan: Plan, origin: str) -> Any:
+        """The payload made ready to run (given to ``load_unit`` as ``source.loaded``), or
+        None: the partitions run their instructions."""
+        return None
 
     def load_unit(self, source: UnitSource) -> Unit:
         """The executable unit for one partition of a plan about to run. The default runs

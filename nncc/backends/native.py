@@ -1,21 +1,47 @@
 """The native backend: each partition becomes one C entry point, built with the system C
-compiler into a shared object that travels in the artifact's CODE section.
+compiler into a shared object that travels as this backend's payload (machine code, so in
+the artifact's CODE section, signed and trusted as code).
 
-``compile`` returns both forms of a partition: the portable instructions (what the numpy
-backend would run, kept in every plan so a machine without the ISA, or an untrusted
-artifact, still runs) and the C unit that replaces them when the native code may be
-loaded. Without a compiler the backend selects nothing and every node stays portable.
-``load_unit`` makes a partition one call into its entry point when the plan's native code
-was verified and loaded, and its instructions otherwise.
+``compile`` returns both forms of a partition: the portable instructions (what the
+portable backend would run, kept in every plan so a machine without the ISA, or an
+untrusted artifact, still runs) and the C unit that replaces them when the native code may
+be loaded. ``link`` builds every unit into one shared object. Without a compiler the
+backend selects nothing and every node stays portable. ``activate`` loads the verified
+code (nncc.native.activate); ``load_unit`` makes a partition one call into its entry
+point when it was loaded, and its instructions otherwise.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+import numpy as np
 
 from nncc.backends.base import Backend, CompiledPartition, Partition
 from nncc.backends.unit import Call, Unit, UnitSource
+from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
+from nncc.plan.plan import BackendPayload, Plan
+
+MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
+NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
+
+
+@dataclass
+class NativeCall:
+    """A partition that runs as one C entry point of the payload, in place of its portable
+    instructions: ``args`` are the slots whose buffers it receives (the partition's inputs,
+    then its outputs), ``workspace`` the bytes of scratch it needs."""
+
+    partition: int
+    symbol: str
+    args: list[int]
+    n_inputs: int
+    workspace: int
+
+    def entry(self) -> list:
+        return [self.partition, self.symbol, self.args, self.n_inputs, self.workspace]
 
 
 class NativeBackend(Backend):
@@ -24,9 +50,21 @@ class NativeBackend(Backend):
     maker = "nncc"
     targets = "cpu (generated C, system compiler, BLAS)"
     slow_to_build = True
+    payload_is_code = True
+    code_noun = "native code"
 
     def __init__(self, toolchain=None):
         self.toolchain = toolchain
+
+    def for_compile(self, options) -> "NativeBackend":
+        from nncc.native.toolchain import find_toolchain
+
+        return NativeBackend(find_toolchain(options.target))
+
+    def compile_facts(self, options) -> dict:
+        """A compiler update or another ISA must miss the cache."""
+        toolchain = self.for_compile(options).toolchain
+        return {"toolchain": None if toolchain is None else toolchain.key()}
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         """Every node C can be generated for, except reshape-like nodes with no generated
@@ -68,33 +106,95 @@ class NativeBackend(Backend):
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
         portable.entry = symbol
-        portable.native = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target))
+        unit = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target))
+        portable.payload = unit
+        portable.constants = dict(unit.constants)  # packed weights: read by native code only
         return portable
 
+    def link(self, plan: Plan, compiled: list[tuple[int, CompiledPartition]],
+             slots: dict[str, int]) -> BackendPayload | None:
+        """One shared object for all native partitions, linked from an object per
+        translation unit (the keys are recorded, so a cache entry knows which objects it was
+        built from). A compiler failure keeps the plan portable and is recorded in it, so a
+        cached entry does not retry on every run."""
+        from nncc.native.build import build
+        from nncc.native.codegen import translation_units
+        from nncc.native.toolchain import NativeBuildError
+        from nncc.util import progress
+        from nncc.util.notice import warn
+
+        units = [(index, part.payload) for index, part in compiled if part.payload is not None]
+        if not units:
+            return None
+        progress.describe(f"building native code for {len(units)} partition(s)")
+        try:
+            code, objects = build(self.toolchain, translation_units([u for _, u in units]))
+        except NativeBuildError as exc:
+            warn(f"{exc}; running the portable plan")
+            plan.options["native_error"] = str(exc)
+            return None
+        # "blas": whether the code calls BLAS, which must then keep to one thread during a call
+        plan.options["native"] = dict(self.toolchain.identity(), objects=objects,
+                                      blas=any(u.blas for _, u in units))
+        calls = [NativeCall(index, unit.symbol, [slots[n] for n in unit.args], unit.n_inputs, unit.workspace)
+                 for index, unit in units]
+        return BackendPayload(self.name, [c.partition for c in calls], {"calls": [c.entry() for c in calls]},
+                              code, code=True)
+
+    def check_payload(self, payload: BackendPayload, plan: Plan) -> None:
+        native_calls(payload, plan)
+
+    def activate(self, payload: BackendPayload, plan: Plan, origin: str):
+        from nncc.native.activate import load_native
+
+        return load_native(plan, payload, native_calls(payload, plan), origin)
+
     def load_unit(self, source: UnitSource) -> Unit:
-        call = native_call(source)
+        call = None if source.loaded is None else source.loaded.calls.get(source.index)
         if call is None:
             return super().load_unit(source)
         from nncc.runtime.native_step import NativeStep
 
-        step = NativeStep(source.native.function(call.symbol), call, source.partition.entry,
-                          pooled=source.native.threads > 1 and source.native.blas,
-                          sanitized=source.native.sanitized)
+        library = source.loaded
+        step = NativeStep(library.function(call.symbol), call, source.partition.entry,
+                          pooled=library.threads > 1 and library.blas, sanitized=library.sanitized)
         args = call.args
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],
                     kind="native")
 
 
-NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
-
-
-def native_call(source: UnitSource):
-    """The plan's native call (nncc.plan.plan.NativeCall) for this partition, when its
-    native code is loaded; else None."""
-    if source.native is None:
-        return None
-    return next((c for c in source.plan.native if c.partition == source.index), None)
+def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:
+    """The payload's call table, checked: each call names one of the payload's partitions
+    once, an entry point of our own naming, and arguments that are that partition's static
+    float32 slots; outputs are never constants or graph inputs. The code itself is checked
+    by whoever loads it."""
+    meta = payload.meta
+    entries = meta.get("calls") if type(meta) is dict and set(meta) == {"calls"} else None
+    if type(entries) is not list:
+        raise PlanFormatError("the native payload has no call table")
+    slots, calls = plan.slots, {}
+    inputs = set(plan.inputs)
+    for entry in entries:
+        if not (type(entry) is list and len(entry) == 5 and type(entry[1]) is str and type(entry[2]) is list
+                and all(type(x) is int for x in (entry[0], entry[3], entry[4], *entry[2]))):
+            raise PlanFormatError("bad native call entry")
+        part, symbol, args, n_inputs, workspace = entry
+        if part not in payload.partitions or part in calls or not safe_symbol(symbol):
+            raise PlanFormatError(f"bad native call for partition {part}")
+        if not all(0 <= s < len(slots) for s in args) or not 0 <= n_inputs <= len(args):
+            raise PlanFormatError(f"native call for partition {part} names slots out of range")
+        if not 0 <= workspace <= MAX_WORKSPACE:
+            raise PlanFormatError("bad native workspace size")
+        for s in args:
+            info = slots[s]
+            if (info.kind != "tensor" or info.dtype != np.float32 or info.shape is None
+                    or not all(type(d) is int for d in info.shape)):
+                raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor")
+        if any(s in plan.constants or s in inputs for s in args[n_inputs:]):
+            raise PlanFormatError(f"native call for partition {part} writes a constant or an input")
+        calls[part] = NativeCall(part, symbol, list(args), n_inputs, workspace)
+    return calls
 
 
 def safe_symbol(name: str) -> bool:

@@ -21,24 +21,35 @@ class PluginError(NnccError):
     exit_code = 2
 
 
+PORTABLE = "numpy"  # the built-in portable backend, also every compile's fallback
+
+
 def register_backend(backend: Backend | type[Backend]) -> Backend:
+    """Register a backend under its name and its aliases."""
     instance = backend() if isinstance(backend, type) else backend
-    _BACKENDS[instance.name] = instance
+    for name in (instance.name, *instance.aliases):
+        _BACKENDS[name] = instance
     return instance
 
 
-def _ensure_builtins() -> None:
-    if "numpy" not in _BACKENDS:
-        from nncc.backends.builtin import CpuFallback, NumpyBackend
+def ensure_builtins() -> None:
+    if PORTABLE not in _BACKENDS:
+        from nncc.backends.native import NativeBackend
+        from nncc.backends.portable import PortableBackend
 
-        register_backend(NumpyBackend)
-        register_backend(CpuFallback)
+        register_backend(PortableBackend)
+        register_backend(NativeBackend)  # its toolchain is found per compile (for_compile)
+
+
+def portable_backend() -> Backend:
+    """The backend that runs whatever no other backend takes."""
+    return get_backend(PORTABLE)
 
 
 def get_backend(name: str) -> Backend:
-    """A registered backend; installed packages' entry points are read only for a name
-    that is not registered yet."""
-    _ensure_builtins()
+    """A registered backend (by name or alias); installed packages' entry points are read
+    only for a name that is not registered yet."""
+    ensure_builtins()
     if name not in _BACKENDS:
         load_entry_points()
     if name not in _BACKENDS:
@@ -49,11 +60,7 @@ def get_backend(name: str) -> Backend:
 def loaded_backend(name: str) -> Backend | None:
     """The backend registered as ``name`` in this process, or None; nothing is imported
     (a plan names the backend of each partition, and a plan never makes nncc import)."""
-    _ensure_builtins()
-    if name == "native":  # built in, but made per compile with its toolchain: none needed here
-        from nncc.backends.native import NativeBackend
-
-        return NativeBackend()
+    ensure_builtins()
     return _BACKENDS.get(name)
 
 
@@ -65,9 +72,10 @@ def slow_backends(names) -> tuple[str, ...]:
 
 
 def available_backends() -> list[Backend]:
-    _ensure_builtins()
+    """Every registered backend once (an alias is not another backend)."""
+    ensure_builtins()
     load_entry_points()
-    return [_BACKENDS[name] for name in sorted(_BACKENDS)]
+    return [_BACKENDS[name] for name in sorted(_BACKENDS) if _BACKENDS[name].name == name]
 
 
 def load_plugin(module_name: str) -> None:
@@ -78,7 +86,7 @@ def load_plugin(module_name: str) -> None:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise PluginError(f"cannot load plugin {module_name!r}: {exc}") from None
-    _ensure_builtins()
+    ensure_builtins()
     hook = getattr(module, "register", None)
     if callable(hook):
         hook()

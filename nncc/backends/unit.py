@@ -1,13 +1,13 @@
 """Executable units: what a compiled partition becomes when a plan is prepared to run.
 
 A backend's ``compile`` turns a partition into its stored form: portable instructions, an
-entry point's name, and any code of its own (the native backend's C entry in the CODE
-section). When a plan is prepared, the backend that compiled each partition turns it into
+entry point's name, and any form of its own, stored as the backend's payload (the native
+backend's shared object in the CODE section) and made ready by its ``activate``. When a plan is prepared, the backend that compiled each partition turns it into
 a ``Unit`` (``Backend.load_unit``), and the executor runs the units in order over the
 plan's buffers. It knows nothing else of backends, so a third-party backend that executes
 differently needs no change to it:
 
-* the numpy and CPU backends: one call per instruction, each a registered kernel (the
+* the portable backend (numpy): one call per instruction, each a registered kernel (the
   default, ``instruction_unit``);
 * the native backend: one call into the partition's verified C entry point;
 * anything else: any calls that read the partition's inputs and write its outputs
@@ -76,7 +76,7 @@ class UnitSource:
     plan: Plan
     index: int  # the partition's index in plan.partitions
     partition: PartitionInfo
-    native: Any = None  # the plan's loaded native code (nncc.native.loader.Library), or None
+    loaded: Any = None  # what the backend's ``activate`` made of its payload, or None
     _readers: dict[int, set[int]] | None = field(default=None, repr=False)  # slot -> partitions
 
     @property
@@ -113,10 +113,13 @@ def _readers(plan: Plan) -> dict[int, set[int]]:
     return readers
 
 
-def sources(plan: Plan, native=None) -> list[UnitSource]:
-    """One source per partition, sharing one map of which partitions read each slot."""
+def sources(plan: Plan, loaded: dict[str, Any] | None = None) -> list[UnitSource]:
+    """One source per partition, sharing one map of which partitions read each slot.
+    ``loaded``: backend name -> its activated payload."""
     readers = _readers(plan)
-    return [UnitSource(plan, i, part, native, readers) for i, part in enumerate(plan.partitions)]
+    loaded = loaded or {}
+    return [UnitSource(plan, i, part, loaded.get(part.backend), readers)
+            for i, part in enumerate(plan.partitions)]
 
 
 def instruction_calls(plan: Plan, instructions: list[PlanInstruction]) -> list[Call]:

@@ -207,7 +207,7 @@ def load_entry(cache: Cache, entry: Entry):
         raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
     if plan.producer != __version__:
         raise CacheEntryError("stale", f"model cache was produced by nncc {plan.producer}")
-    if entry.from_remote and plan.native and not _remote_native_trusted():
+    if entry.from_remote and plan.carries_code and not _remote_native_trusted():
         # adopted while remote.trust_native was on, which it is no longer
         from nncc.cache.stages import portable_plan
 
@@ -378,7 +378,7 @@ def artifact_bytes(model) -> bytes:
     from nncc.trust.seal import sign  # native code from our own cache is signed as ours
 
     if model._foreign:  # another machine's code (the remote tier's): never signed as the user's
-        if model.plan.native:
+        if model.plan.carries_code:
             warn("the artifact is not signed: its native code came from the remote cache, built by another "
                  "machine (`nncc compile --no-cache` builds and signs it here)")
         return artifact_from_parts(*model.cache_parts)

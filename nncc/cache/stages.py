@@ -200,18 +200,13 @@ def portable_only(model):
     """``model`` without its native code: the quick stage of an optimized entry."""
     from nncc.model import CompiledModel
 
-    if not model.plan.native:
+    if not model.plan.carries_code:
         return model
     return CompiledModel(portable_plan(model.plan), trust_native=False)
 
 
 def portable_plan(plan):
     """A copy of ``plan`` without its native code (it runs its portable partitions)."""
-    import copy
-
-    plan = copy.copy(plan)
-    plan.native = []
-    plan.code = None
-    plan.options = dict(plan.options)
+    plan = plan.without_code()
     mark_stage(plan, QUICK)
     return plan

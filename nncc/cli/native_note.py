@@ -36,7 +36,7 @@ def say_why_native_is_off(backends, target: str) -> None:
 def artifact_native_off(plan) -> str | None:
     """Why an artifact's native code cannot run on this CPU (a compiler is not needed)."""
     info = plan.options.get("native")
-    if not plan.native or not isinstance(info, dict):
+    if not plan.carries_code or not isinstance(info, dict):
         return None
     from nncc.native.toolchain import missing_features
 

@@ -1,10 +1,8 @@
 """Whether a plan's native code runs here, and loading it when it does.
 
 Native code is executable: it runs only when it was verified and comes from someone the
-user trusts. Code nncc just built, or read from its own cache after the hash check, is
-trusted; an artifact's code is the artifact maker's, so it runs only when the artifact is
-signed by a key the user trusts (nncc.trust) or the caller says so (``--trust-native``).
-Code built for CPU features this machine lacks is never loaded.
+user trusts (decided for every code payload alike by nncc.backends.payloads). Code built
+for CPU features this machine lacks is never loaded.
 Whenever native code does not run, the plan's portable instructions do, after one
 warning line that says why.
 """
@@ -18,18 +16,10 @@ from nncc.plan.plan import Plan
 from nncc.util.notice import warn
 
 
-def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
-    """A loaded nncc.native.loader.Library for ``plan``, or None (run the portable plan)."""
-    if not plan.native or plan.code is None:
-        return None
-    if not trusted:
-        from nncc.trust.seal import check
-
-        verdict = check(plan.seal)
-        if not verdict.trusted:
-            warn(f"{origin} carries native code, but {verdict.reason}; running its portable plan "
-                 f"({verdict.remedy})")
-            return None
+def load_native(plan: Plan, payload, calls: dict, origin: str = "the artifact"):
+    """A loaded nncc.native.loader.Library of the payload's code, its checked ``calls``
+    (partition -> nncc.backends.native.NativeCall) attached, or None (run the portable
+    plan). The caller has decided the code may run (nncc.backends.payloads)."""
     from nncc.native.toolchain import missing_features
 
     info = plan.options.get("native")
@@ -48,7 +38,7 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
     from nncc.native.loader import Library, NativeLoadError
 
     try:
-        library = Library(plan.code)
+        library = Library(payload.data)
         # sanitized code keeps its own GEMM loops: BLAS is not instrumented, so an
         # overrun inside it would go unseen
         blas = None if sanitized else sgemm()
@@ -59,7 +49,7 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
         set_threads = library.handle.nncc_set_threads
         set_threads.argtypes = [ctypes.c_int]
         library.threads = set_threads(_threads(plan))
-        for call in plan.native:
+        for call in calls.values():
             library.function(call.symbol)  # every entry point resolves, or none runs
     except (NativeLoadError, AttributeError) as exc:
         warn(f"{origin}'s native code cannot be loaded ({exc}); running its portable plan")
@@ -68,6 +58,7 @@ def activate(plan: Plan, trusted: bool, origin: str = "the artifact"):
     # code that never calls BLAS runs without BLAS's thread count being touched (plans
     # from before this was recorded are taken to call it)
     library.blas = not isinstance(info, dict) or info.get("blas") is not False
+    library.calls = calls
     return library
 
 

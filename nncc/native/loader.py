@@ -54,6 +54,7 @@ class Library:
         self.threads = 1  # the size of the code's own thread pool, once set
         self.sanitized = False  # built in the sanitize mode: calls get exactly-sized buffers
         self.blas = True  # the code calls BLAS (held at one thread during a call, then)
+        self.calls: dict = {}  # partition -> its checked nncc.backends.native.NativeCall
         _OPEN.append(fd)
 
     def function(self, name: str):

@@ -12,13 +12,14 @@ from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import by_key
 from nncc.plan.memory import aligned_constant, plan_arena
-from nncc.plan.plan import NativeCall, PartitionInfo, Plan, PlanInstruction, Slot
+from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.plan.subgraph import encode_graph
 
 
 def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],
           versions: dict[str, str], options: dict[str, Any],
-          fallbacks: list[dict[str, str]]) -> Plan:
+          fallbacks: list[dict[str, str]]) -> tuple[Plan, dict[str, int]]:
+    """The plan, and the slot of each value name (what backends' ``link`` refers to)."""
     slots: list[Slot] = []
     index: dict[str, int] = {}
 
@@ -37,16 +38,11 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
     kernel_index: dict[str, int] = {}
     instructions: list[PlanInstruction] = []
     partitions: list[PartitionInfo] = []
-    native: list[NativeCall] = []
     for part in compiled:
-        if part.native is not None:
-            unit = part.native
-            for name, array in unit.constants.items():  # packed weights: read by native code only
-                index[name] = len(slots)
-                slots.append(Slot(name, array.dtype, tuple(array.shape)))
-                constants[index[name]] = aligned_constant(array)
-            native.append(NativeCall(len(partitions), unit.symbol, [slot_of(n) for n in unit.args],
-                                     unit.n_inputs, unit.workspace))
+        for name, array in part.constants.items():  # read by the backend's payload only
+            index[name] = len(slots)
+            slots.append(Slot(name, array.dtype, tuple(array.shape)))
+            constants[index[name]] = aligned_constant(array)
         first = len(instructions)
         for ins in part.instructions:
             if ins.kernel not in kernel_index:
@@ -83,8 +79,7 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         arena_bytes=arena_bytes,
         options=dict(options),
         fallbacks=fallbacks,
-        native=native,
-    )
+    ), index
 
 
 def _attr(value, ins, slots, index, constants):

@@ -41,16 +41,19 @@ class PartitionInfo:
 
 
 @dataclass
-class NativeCall:
-    """A partition that runs as one C entry point of the plan's native code, in place of
-    its portable instructions: ``args`` are the slots whose buffers it receives (the
-    partition's inputs, then its outputs), ``workspace`` the bytes of scratch it needs."""
+class BackendPayload:
+    """What one backend stores beside its partitions' portable instructions, made by its
+    ``link`` and read back by its ``activate``: ``data`` (the native backend's shared
+    object, another backend's bytecode), ``meta`` (JSON the backend describes it with, e.g.
+    its table of entry points) and the partitions it implements. ``code``: the data is
+    machine code, so it runs only from someone the user trusts (a signed artifact, or
+    nncc's own cache), exactly as the trust rules say."""
 
-    partition: int
-    symbol: str
-    args: list[int]
-    n_inputs: int
-    workspace: int
+    backend: str
+    partitions: list[int]
+    meta: Any
+    data: bytes
+    code: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,27 @@ class Plan:
     arena_bytes: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     fallbacks: list[dict[str, str]] = field(default_factory=list)
-    native: list[NativeCall] = field(default_factory=list)
-    code: bytes | None = None  # the shared object the native calls live in
+    payloads: dict[str, BackendPayload] = field(default_factory=dict)  # by backend name
     seal: ArtifactSeal | None = None  # the artifact's signature, when it was read from a signed one
+
+    @property
+    def carries_code(self) -> bool:
+        """Whether any backend's payload is machine code (then it is signed and trusted
+        like native code always was)."""
+        return any(p.code for p in self.payloads.values())
+
+    def code_partitions(self) -> set[int]:
+        """The partitions a code payload implements (they run as one call each, when allowed)."""
+        return {i for p in self.payloads.values() if p.code for i in p.partitions}
+
+    def without_code(self) -> "Plan":
+        """A copy without its code payloads: every partition of theirs runs its instructions."""
+        import copy
+
+        plan = copy.copy(self)
+        plan.payloads = {name: p for name, p in self.payloads.items() if not p.code}
+        plan.options = dict(self.options)
+        return plan
 
     def slot_names(self, indices: list[int]) -> list[str]:
         return [self.slots[i].name for i in indices]

@@ -7,7 +7,7 @@ that the control-flow kernel runs. Nothing in it is ever evaluated as code.
                 "initializers": [[name, {"$tensor": constant slot}], ...],
                 "nodes": [[op_type, domain, [input name|"", ...], [output name|"", ...],
                            attrs, node name], ...]}}
-    value := [name, dtype|null, shape|null(, kind)]   as a slot-table entry
+    value := [name, dtype|null, shape|null(, kind)]   a slot-table entry (nncc.plan.slot_codec)
 
 Nodes are listed in an order where every input is defined before use: by a subgraph
 input, an initializer, an earlier node, or an outer value named in the holding node's
@@ -23,7 +23,6 @@ from nncc.errors import PlanFormatError, UnsupportedOpError
 from nncc.ir.graph import (
     CAPTURES,
     MAX_GRAPH_DEPTH,
-    TENSOR,
     Graph,
     Node,
     TensorInfo,
@@ -32,19 +31,16 @@ from nncc.ir.graph import (
     normalize_domain,
     topological_order,
 )
+from nncc.plan.slot_codec import decode_slot, encode_slot
 
 GRAPH_KEY = "$graph"
 _FIELDS = {"name", "inputs", "outputs", "initializers", "nodes"}
 
 
 def value_entry(name: str, info: TensorInfo | None) -> list:
-    """A slot-table entry: [name, dtype|null, shape|null], plus the kind when not a tensor."""
+    """A subgraph input's or output's slot-table entry."""
     info = info or TensorInfo(None, None)
-    entry = [name, None if info.dtype is None or info.dtype.hasobject else info.dtype.str,
-             None if info.shape is None else list(info.shape)]
-    if info.kind != TENSOR:
-        entry.append(info.kind)
-    return entry
+    return encode_slot(name, info.dtype, info.shape, info.kind)
 
 
 def encode_graph(graph: Graph, attr: Callable[[Any], Any]) -> dict:
@@ -67,12 +63,10 @@ def is_graph(value: Any) -> bool:
 
 def decode_graph(value: dict, constants: dict, opsets: dict, attr: Callable[[Any], Any]) -> Graph:
     """The Graph a checked description stands for; ``attr`` decodes attribute values."""
-    from nncc.plan.format import slot_from_entry
-
     desc = value[GRAPH_KEY]
     values = {}
     for entry in desc["inputs"] + desc["outputs"]:
-        slot = slot_from_entry(entry)
+        slot = decode_slot(entry)
         values[slot.name] = TensorInfo(slot.dtype, slot.shape, kind=slot.kind)
     initializers = {name: constants[ref["$tensor"]] for name, ref in desc["initializers"]}
     nodes = [Node(op, list(ins), list(outs), {k: attr(v) for k, v in attrs.items()},

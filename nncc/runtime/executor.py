@@ -31,19 +31,20 @@ from nncc.util.limits import LimitError, check_bytes
 
 
 class Executor:
-    def __init__(self, plan: Plan, native=None, shared: "Executor | None" = None):
-        """``native``: a loaded nncc.native.loader.Library holding the plan's verified native
-        code, whose partitions then run as one call each; None runs the portable plan.
+    def __init__(self, plan: Plan, loaded: dict | None = None, shared: "Executor | None" = None):
+        """``loaded``: backend name -> its activated payload (nncc.backends.payloads), whose
+        partitions then run the backend's own way (native code: one call each); without
+        one, a partition runs its portable instructions.
         ``shared``: an executor of the same program (a plan differing only in its slots'
         shapes, nncc.runtime.specialize) whose units, expanded constants and lock this one
         uses too: the calls may keep scratch state, so both never run at once."""
         self.plan = plan
-        self.native = native
+        self.loaded = loaded or {}
         if shared is not None:
             self.units = shared.units
             program = [call for unit in self.units for call in unit.calls]
         else:
-            program = self._program(native)
+            program = self._program(self.loaded)
         self.buffers = self._arena(program, [c.writes_out for c in program], [c.op_type for c in program])
         self.output_slots = set(plan.outputs)
         self.steps = []
@@ -55,9 +56,9 @@ class Executor:
         makes_lists = any(c.op_type in LIST_MAKERS for c in program)
         # values that hold exactly their declared dtype and shape on every run: constants,
         # checked inputs, and the outputs of steps given planned buffers (grown below)
-        certain = set(plan.constants) | {s for s in plan.inputs if self._static(s)}
+        certain = set(plan.constants) | {s for s in plan.inputs if self.is_static(s)}
         for call, freed in zip(program, release):
-            attrs = {k: self._attr(v) for k, v in call.attrs.items()}
+            attrs = {k: self.decode_attr(v) for k, v in call.attrs.items()}
             ctx = Ctx(attrs, call.opset, len(call.outputs), call.label)
             ctx.workspace = workspace
             ctx.constant_inputs = frozenset(i for i, s in enumerate(call.inputs) if s in plan.constants)
@@ -69,7 +70,7 @@ class Executor:
                 fn = self._prepared(call, ctx) or fn
             # preallocated outputs for this step, when every output can have one
             planned = (call.writes_out or fn is _concatenated) and all(
-                s < 0 or s in self.buffers or (s in self.output_slots and self._static(s))
+                s < 0 or s in self.buffers or (s in self.output_slots and self.is_static(s))
                 for s in outs)
             # an arena-only step gets the same output arrays every run: built once here
             fixed = (tuple(None if s < 0 else self.buffers[s] for s in outs)
@@ -103,7 +104,7 @@ class Executor:
             self.template[slot] = array
         self._lock = threading.Lock()
 
-    def _program(self, native) -> list[Call]:
+    def _program(self, loaded) -> list[Call]:
         """The calls this executor runs: each partition's unit, made by the backend that
         compiled it (nncc.backends.unit), in the plan's order. ``self.units`` keeps them."""
         plan = self.plan
@@ -113,7 +114,7 @@ class Executor:
         if not tiled:  # a plan built in memory without partitions: its instructions as they are
             self.units = [Unit("", instruction_calls(plan, plan.instructions))]
         else:
-            self.units = [_unit(source) for source in sources(plan, native)]
+            self.units = [_unit(source) for source in sources(plan, loaded)]
         return [call for unit in self.units for call in unit.calls]
 
     def _prepared(self, call: Call, ctx: Ctx):
@@ -125,7 +126,8 @@ class Executor:
         except NnccError:  # the kernel itself reports it, should the node ever run
             return None
 
-    def _static(self, slot: int) -> bool:
+    def is_static(self, slot: int) -> bool:
+        """Whether the slot's dtype and every dimension are known ahead of the run."""
         info = self.plan.slots[slot]
         return info.dtype is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
 
@@ -152,14 +154,16 @@ class Executor:
             views[slot] = self.arena[offset : offset + nbytes].view(info.dtype).reshape(info.shape)
         return views
 
-    def _attr(self, value):
+    def decode_attr(self, value):
+        """A plan attribute as kernels take it: tensor references as arrays, subgraphs as
+        Graphs."""
         if isinstance(value, dict):
             if is_graph(value):  # a subgraph, rebuilt for its control-flow kernel to run
                 return decode_graph(value, self.plan.constants, self.plan.options.get("opsets", {}),
-                                    self._attr)
+                                    self.decode_attr)
             return self.plan.constants[value["$tensor"]]
         if isinstance(value, list):
-            return [self._attr(v) for v in value]
+            return [self.decode_attr(v) for v in value]
         return value
 
     def _release_plan(self, program) -> list[list[int]]:
@@ -262,7 +266,7 @@ class Executor:
         if not buffer.allows(self, "output", name):
             raise InputError(f"buffer passed as output {name!r} was not allocated for that role of this model")
         slot = self._output_slot[name]
-        shape = self.plan.slots[slot].shape if self._static(slot) else buffer.shape
+        shape = self.plan.slots[slot].shape if self.is_static(slot) else buffer.shape
         if shape is None:
             return None
         return buffer.target(tuple(shape), also_read)
@@ -344,9 +348,9 @@ class Executor:
                 raise InputError(f"output buffer {name!r} must be a numpy array, not {type(array).__name__}")
             if info.dtype is not None and array.dtype != info.dtype:
                 raise InputError(f"output buffer {name!r} has dtype {array.dtype}, expected {info.dtype}")
-            if self._static(by_name[name]) and tuple(array.shape) != tuple(info.shape):
+            if self.is_static(by_name[name]) and tuple(array.shape) != tuple(info.shape):
                 raise _wrong_buffer(name, array.shape, list(info.shape))
-            if not self._static(by_name[name]) and info.shape is not None:
+            if not self.is_static(by_name[name]) and info.shape is not None:
                 if bound is None:
                     bound = _bound_dims(self.input_infos, arrays)
                 expected = [bound.get(d, d) if isinstance(d, str) else d for d in info.shape]

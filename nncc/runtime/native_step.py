@@ -22,15 +22,14 @@ import numpy as np
 from nncc.errors import KernelError
 from nncc.runtime.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
-from nncc.plan.plan import NativeCall
 
 
 class NativeStep:
     __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "label", "pooled", "sanitized",
                  "__weakref__")
 
-    def __init__(self, fn, call: NativeCall, label: str, pooled: bool = False, sanitized: bool = False):
-        """``pooled``: the code runs its GEMMs on its own thread pool, so BLAS keeps to one
+    def __init__(self, fn, call, label: str, pooled: bool = False, sanitized: bool = False):
+        """``call``: the nncc.backends.native.NativeCall it makes. ``pooled``: the code runs its GEMMs on its own thread pool, so BLAS keeps to one
         thread during the call (its idle workers would spin against the pool's).
         ``sanitized``: the code was built in the sanitize mode (see the module's docstring)."""
         self.fn = fn

@@ -90,7 +90,7 @@ def shape_plans(executor) -> "ShapePlans | None":
     inputs, or the run.shape_plans setting off)."""
     plan = executor.plan
     dynamic = [(s, plan.slots[s].name) for s in plan.inputs
-               if plan.slots[s].kind == "tensor" and not executor._static(s)]
+               if plan.slots[s].kind == "tensor" and not executor.is_static(s)]
     if not dynamic:
         return None
     from nncc.settings import value
@@ -190,10 +190,10 @@ class ShapePlans:
         shapes = {slot: shape for (slot, _), shape in zip(self._dynamic, key)}
         if any(len(shape) != len(general.plan.slots[slot].shape or shape) for slot, shape in shapes.items()):
             return None  # a wrong rank: the general plan's input check says so
-        plan = specialize(general.plan, shapes, general._attr)
+        plan = specialize(general.plan, shapes, general.decode_attr)
         if plan is None:
             return None
         try:
-            return Executor(plan, native=general.native, shared=general)
+            return Executor(plan, loaded=general.loaded, shared=general)
         except LimitError:  # this shape's arena does not fit: run it the general way
             return None

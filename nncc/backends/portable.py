@@ -1,27 +1,33 @@
-"""The built-in backends: the vectorized numpy fast path and the always-complete CPU fallback."""
+"""The portable backend: every node runs as its registered (numpy) kernel.
+
+It is one backend under two names: ``numpy`` (its name, recorded in plans) and ``cpu``
+(an alias). It is also the fallback: the nodes no backend takes, itself included, run
+here. What it *selects* are the nodes its buffers can be planned for ahead of time (static
+shapes, plain numeric dtypes); the rest it runs too, and the plan records why each was
+not selected (``nncc inspect`` shows those fallbacks), since they run without planned
+memory.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from nncc.backends.base import Backend
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import resolve
-from nncc.backends.base import Backend
 
-# dtypes the fast path plans memory for; anything else (strings, complex) falls back.
+# dtypes whose buffers are planned; anything else (strings, complex) falls back.
 FAST_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int64, np.int32,
                                      np.int8, np.uint8, np.int16, np.uint16, np.bool_)}
 
 
-class NumpyBackend(Backend):
-    """Takes every node whose values all have static shapes and plain numeric dtypes, so
-    its buffers can be planned ahead of time; fused kernels run here."""
-
+class PortableBackend(Backend):
     name = "numpy"
+    aliases = ("cpu",)
     version = "1"
     maker = "nncc"
-    targets = "cpu (numpy, BLAS)"
+    targets = "cpu (numpy kernels, BLAS; dynamic shapes)"
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         selected = {}
@@ -46,15 +52,3 @@ class NumpyBackend(Backend):
             if info.dtype not in FAST_DTYPES:
                 return f"value {name!r} has dtype {info.dtype}, not planned by the fast path"
         return None
-
-
-class CpuFallback(Backend):
-    """Runs whatever no other backend took, with dynamic shapes, on the reference kernels."""
-
-    name = "cpu"
-    version = "1"
-    maker = "nncc"
-    targets = "cpu (reference kernels, dynamic shapes)"
-
-    def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
-        return {index: None for index in range(len(graph.nodes))}
