@@ -22,6 +22,7 @@ FAMILIES = (
     "normalization",
     "optional",
     "pool",
+    "qlinear_contrib",
     "quantize",
     "recurrent",
     "reduce",
