@@ -327,10 +327,27 @@ def _integer_matmul(op: str, a, b, a_zero, b_zero) -> np.ndarray:
     acc = _accumulator(a.shape[-1], a, b)
     left = _centered(a, _row_param(a_zero, a.ndim), acc)
     right = _centered(b, _column_param(b_zero), acc)
+    # numpy has no fast integer matmul; a float one is exact while every partial sum is
+    # an integer the float holds (below 2**24 in float32, 2**53 in float64)
+    exact = _float_exact(a.shape[-1], a, b)
     try:
-        return np.matmul(left, right)
+        if exact is None:
+            return np.matmul(left, right)
+        return np.matmul(left.astype(exact), right.astype(exact)).astype(acc)
     except ValueError as error:
         raise KernelError(f"{op}: incompatible shapes {a.shape} x {b.shape}") from error
+
+
+def _float_exact(terms: int, *operands: np.ndarray):
+    """The narrowest float type whose matmul of ``terms``-long rows of the centred operands
+    is exact, or None."""
+    bound = terms
+    for operand in operands:
+        lo, hi = low_precision.integer_range(operand.dtype)
+        bound *= hi - lo
+    if bound < 2**24:
+        return np.float32
+    return np.float64 if bound < 2**53 else None
 
 
 def _requantize(acc: np.ndarray, multiplier, zero, dtype: np.dtype) -> np.ndarray:
