@@ -461,7 +461,11 @@ def _integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) ->
     cols = cols.transpose((0, 1) + tuple(a + 1 for a in spatial) + (2,) + tuple(a + 1 for a in taps_axes))
     cols = cols.reshape(n, group, p, cg * taps)
     weights = wi.reshape(group, m // group, cg * taps).transpose(0, 2, 1)
-    y = np.matmul(cols, weights)  # (N, group, P, M / group)
+    exact = _float_exact(cg * taps, x, w)
+    if exact is None:
+        y = np.matmul(cols, weights)  # (N, group, P, M / group)
+    else:  # the same integers, by the fast float matmul (see _float_exact)
+        y = np.matmul(cols.astype(exact), weights.astype(exact)).astype(acc)
     return y.transpose(0, 1, 3, 2).reshape((n, m) + tuple(out_sizes))
 
 
