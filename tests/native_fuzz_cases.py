@@ -331,7 +331,8 @@ def dynamic_int8(case, rng):
     weights = b.name("b")
     case.inits[weights] = rng.integers(-128, 128, (k, nn)).astype(np.int8)
     scale = b.name("b_scale")
-    case.inits[scale] = (rng.uniform(0.005, 0.05, nn) if per_column else np.array(rng.uniform(0.005, 0.05))).astype(np.float32)
+    scales = rng.uniform(0.005, 0.05, nn) if per_column else np.array(rng.uniform(0.005, 0.05))
+    case.inits[scale] = scales.astype(np.float32)
     b_zero = ""
     if zero_form is not None:
         b_zero = b.name("b_zero")

@@ -41,7 +41,8 @@ def _model(rng, shape, n, b_zero, bias, per_column):
     node = helper.make_node("DynamicQuantizeMatMul", names, ["y"], domain="com.microsoft")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 1, shape)],
                               [helper.make_tensor_value_info("y", 1, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
 
 
 @pytest.mark.parametrize("target", TARGETS)

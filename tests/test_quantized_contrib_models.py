@@ -99,8 +99,10 @@ def test_missing_quantized_op_is_one_clear_line(tmp_path):
     node = helper.make_node("QLinearSoftmax", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, (2, 4))],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, (2, 4))],
-                              [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(3), "z")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+                              [numpy_helper.from_array(np.float32(0.1), "s"),
+                               numpy_helper.from_array(np.uint8(3), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     path = tmp_path / "softmax.onnx"
     onnx.save(model, path)
     result = subprocess.run([sys.executable, "-m", "nncc", "compile", str(path), "-o", str(tmp_path / "out")],
