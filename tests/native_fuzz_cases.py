@@ -377,6 +377,52 @@ def attention(case, rng, **given):
     case.geometry = g
 
 
+# -- dynamic quantization -------------------------------------------------------------------
+
+
+def dynamic_int8(case, rng):
+    """A product by an int8 weight matrix as quantize_dynamic writes it (DynamicQuantizeLinear,
+    MatMulInteger, Cast, Mul by the scales, maybe Add of a bias), which -O2 makes one
+    DynamicQuantizeMatMul; at -O0 that node itself, as onnxruntime's optimizer writes it."""
+    b = _Builder(case, rng)
+    m = int(rng.integers(1, 201)) if rng.random() < 0.7 else _choice(rng, [1, 2, 6, 7, 12, 64, 128])
+    k, nn = (_choice(rng, ODD + [16, 48, 64, 128, 65, 200]) for _ in range(2))
+    batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 3)))]
+    if math.prod(batch) * m > 256:
+        batch = []
+    per_column = rng.random() < 0.4
+    zero_form = _choice(rng, [None, "zero", "scalar", "column"])
+    a = b.input("a", (*batch, m, k), -3.0, float(_choice(rng, [3.0, 0.5, 10.0])))
+    weights = b.name("b")
+    case.inits[weights] = rng.integers(-128, 128, (k, nn)).astype(np.int8)
+    scale = b.name("b_scale")
+    scales = rng.uniform(0.005, 0.05, nn) if per_column else np.array(rng.uniform(0.005, 0.05))
+    case.inits[scale] = scales.astype(np.float32)
+    b_zero = ""
+    if zero_form is not None:
+        b_zero = b.name("b_zero")
+        value = {"zero": np.zeros(()), "scalar": np.array(rng.integers(-20, 21)),
+                 "column": rng.integers(-20, 21, nn)}[zero_form]
+        case.inits[b_zero] = value.astype(np.int8)
+    bias = b.init("bias", (nn,)) if rng.random() < 0.6 else ""
+    if case.opt_level == 0:
+        ins = [a, weights, scale, b_zero, bias]
+        while not ins[-1]:
+            ins.pop()
+        (y,) = b.node("DynamicQuantizeMatMul", ins, ["dqmm"], domain="com.microsoft")
+    else:
+        aq, a_scale, a_zero = b.node("DynamicQuantizeLinear", [a], ["aq", "as", "az"])
+        (scales,) = b.node("Mul", [a_scale, scale], ["scales"])
+        (product,) = b.node("MatMulInteger", [aq, weights, a_zero] + ([b_zero] if b_zero else []), ["mmi"])
+        (y,) = b.node("Cast", [product], ["cast"], to=TensorProto.FLOAT)
+        (y,) = b.node("Mul", [y, scales], ["scaled"])
+        if bias:
+            (y,) = b.node("Add", [y, bias], ["biased"])
+    b.output(y)
+    case.terms = k + 1
+    case.geometry = dict(a=[*batch, m, k], N=nn, per_column=per_column, b_zero=zero_form, bias=bool(bias))
+
+
 # -- elementwise and row-wise ops -----------------------------------------------------------
 
 UNARY = {  # op -> input range (None: standard normal)
@@ -497,10 +543,11 @@ def pointwise_conv(case, rng):
 
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
-         "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention}
+         "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
+         "dynamic_int8": dynamic_int8}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention"]
+         "rows", "shuffle", "attention", "dynamic_int8"]
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -527,7 +574,8 @@ def batch_model(cases: list[Case]) -> onnx.ModelProto:
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
         inits += [numpy_helper.from_array(a, n) for n, a in case.inits.items()]
     graph = helper.make_graph(nodes, "native_fuzz", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
 

@@ -292,6 +292,21 @@ def test_matmul_integer_per_row_zero_point():
         same(got, expected)
 
 
+def test_integer_products_in_float32_chunks_are_exact():
+    # reductions of 1000 and 576 products whose sums pass 2**24, where float32 stops holding
+    # every integer: nncc multiplies in float32 chunks short enough to stay exact
+    a = RNG.integers(0, 256, (4, 1000)).astype(np.uint8)
+    a[0] = 255
+    b = RNG.integers(-128, 128, (1000, 6)).astype(np.int8)
+    b[:, 0] = -127  # odd products: sums past 2**24 that float32 would round
+    check("MatMulInteger", {"a": a, "b": b}, {"az": np.uint8(0), "bz": np.int8(0)}, opset=10)
+    x = RNG.integers(0, 256, (1, 64, 6, 6)).astype(np.uint8)
+    x[0, :, :3] = 255
+    w = RNG.integers(-128, 128, (5, 64, 3, 3)).astype(np.int8)
+    w[0] = 127
+    check("ConvInteger", {"x": x, "w": w}, {"xz": np.uint8(0)}, {"pads": [1, 1, 1, 1]}, opset=10)
+
+
 def test_matmul_integer_long_reduction_is_exact():
     # 70000 products of up to 255 * 255: beyond what int32 can accumulate without overflow
     # in general, so nncc accumulates in int64; these sums still fit int32, and must match.

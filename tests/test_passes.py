@@ -546,7 +546,7 @@ def test_pass_list_describes_every_level():
     assert [p.name for p in passes_for(1)] == ["remove_noops", "fold_constants", "eliminate_dead_code"]
     assert [p.name for p in passes_for(2)][3:] == [
         "fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift", "matmul_add_to_gemm",
-        "fuse_activation", "fuse_attention",
+        "fuse_dynamic_quantization", "fuse_activation", "fuse_attention",
         "eliminate_dead_code"]
     for name, level, description in PASSES:
         assert name and level in (1, 2) and description

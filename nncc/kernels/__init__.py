@@ -23,6 +23,7 @@ FAMILIES = (
     "normalization",
     "optional",
     "pool",
+    "qlinear_contrib",
     "quantize",
     "recurrent",
     "reduce",

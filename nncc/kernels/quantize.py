@@ -327,10 +327,40 @@ def _integer_matmul(op: str, a, b, a_zero, b_zero) -> np.ndarray:
     acc = _accumulator(a.shape[-1], a, b)
     left = _centered(a, _row_param(a_zero, a.ndim), acc)
     right = _centered(b, _column_param(b_zero), acc)
+    # numpy has no fast integer matmul; a float one is exact while every partial sum is
+    # an integer the float holds (below 2**24 in float32, 2**53 in float64)
     try:
-        return np.matmul(left, right)
+        return _exact_matmul(left, right, acc, a, b)
     except ValueError as error:
         raise KernelError(f"{op}: incompatible shapes {a.shape} x {b.shape}") from error
+
+
+_FLOAT32_CHUNKS = 32  # beyond this many float32 products, one float64 product is faster
+
+
+def _exact_matmul(left: np.ndarray, right: np.ndarray, acc, *operands: np.ndarray) -> np.ndarray:
+    """``left @ right`` of centred integers (in ``acc``), exactly, by float matmuls: numpy
+    has no fast integer one, and a float matmul is exact while every partial sum is an
+    integer the float holds (below 2**24 in float32, 2**53 in float64). float32 takes the
+    reduction in chunks short enough for that, summed in ``acc``."""
+    per_term = 1
+    for operand in operands:
+        lo, hi = low_precision.integer_range(operand.dtype)
+        per_term *= hi - lo
+    terms = left.shape[-1]
+    chunk = (2**24 - 1) // per_term
+    if chunk >= 1 and -(-terms // chunk) <= _FLOAT32_CHUNKS:
+        lf, rf = left.astype(np.float32), right.astype(np.float32)
+        if terms <= chunk:
+            return np.matmul(lf, rf).astype(acc)
+        out = None
+        for start in range(0, terms, chunk):
+            part = np.matmul(lf[..., start:start + chunk], rf[..., start:start + chunk, :]).astype(acc)
+            out = part if out is None else np.add(out, part, out=out)
+        return out
+    if terms * per_term < 2**53:
+        return np.matmul(left.astype(np.float64), right.astype(np.float64)).astype(acc)
+    return np.matmul(left, right)
 
 
 def _requantize(acc: np.ndarray, multiplier, zero, dtype: np.dtype) -> np.ndarray:
@@ -444,7 +474,7 @@ def _integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) ->
     cols = cols.transpose((0, 1) + tuple(a + 1 for a in spatial) + (2,) + tuple(a + 1 for a in taps_axes))
     cols = cols.reshape(n, group, p, cg * taps)
     weights = wi.reshape(group, m // group, cg * taps).transpose(0, 2, 1)
-    y = np.matmul(cols, weights)  # (N, group, P, M / group)
+    y = _exact_matmul(cols, weights, acc, x, w)  # (N, group, P, M / group)
     return y.transpose(0, 1, 3, 2).reshape((n, m) + tuple(out_sizes))
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import attention_gen, gemm_gen, norm_gen, plain_ops
+from nncc.native import attention_gen, gemm_gen, int8_gemm_gen, norm_gen, plain_ops
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, batch_strides, const_value,
                                      is_pair_sum, source)
 from nncc.native.layout import BlockedLayout
@@ -49,6 +49,7 @@ POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "
 ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
              "HardSwish": 7}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+INT8_MATMUL = ("com.microsoft", "DynamicQuantizeMatMul")  # one int8 GEMM step (int8_gemm_gen)
 # Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
 # an output beyond these (only a damaged or hostile model has one) stays portable, whose
 # kernels refuse it with a clear error.
@@ -68,6 +69,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         return "an output too large for generated code"  # the portable plan reports it
     if plain_ops.handles(node, graph, infos):
         return plain_ops.check(node, graph, infos)
+    if key == INT8_MATMUL:
+        return int8_gemm_gen.check(node, graph, infos)
     data_inputs = list(node.inputs)
     if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
         data_inputs = node.inputs[:1]
@@ -289,6 +292,8 @@ class _Writer(BlockedLayout):
             return self.conv(node)
         if key in AFFINE_OPS:
             return self.scale_shift(node)
+        if key == INT8_MATMUL:
+            return int8_gemm_gen.emit(self, node)
         if self.emit_blocked(node):
             return
         if not (is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):

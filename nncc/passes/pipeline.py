@@ -13,6 +13,7 @@ from nncc.passes.attention import fuse_attention
 from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
+from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.passes.fusion import (
     batchnorm_to_scale_shift,
     fold_batchnorm_into_conv,
@@ -45,6 +46,9 @@ PASSES: list[PassInfo] = [
              "Mul/Add/Sub after it -> one nncc ScaleShift"),
     PassInfo("matmul_add_to_gemm", 2,
              "MatMul by a constant 2-D matrix + constant bias -> nncc FusedMatMul"),
+    PassInfo("fuse_dynamic_quantization", 2,
+             "DynamicQuantizeLinear -> MatMulInteger by a constant matrix -> Cast -> Mul(scales) "
+             "[-> Add(bias)] -> one com.microsoft DynamicQuantizeMatMul"),
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
              "HardSigmoid or HardSwish -> one nncc fused node"),
@@ -64,6 +68,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
     "fuse_attention": fuse_attention,
+    "fuse_dynamic_quantization": fuse_dynamic_quantization,
 }
 
 

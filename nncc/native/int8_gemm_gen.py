@@ -1,0 +1,270 @@
+"""com.microsoft DynamicQuantizeMatMul as one native int8 GEMM step, C code generated per layer.
+
+``Y = float(int32 (Aq - a_zero)(B - b_zero)) * (a_scale * b_scale) + bias``, where A
+(float32, any batch dims folded into M rows) is quantized in the step itself exactly as
+DynamicQuantizeLinear does: one range for the whole tensor (always including 0), scale =
+(max - min) / 255, zero point = round(-min / scale), u8 = saturate(round(x / scale) + zero),
+rounding half to even. B is a constant int8 matrix, packed at compile time (below) with its
+column sums, so the zero points cost nothing in the inner loop:
+
+    sum_k (a - za)(b - zb) = sum_k a*b - zb * rowsum(a) - za * colsum(b) + K * za * zb
+
+The product accumulates u8 x s8 in int32: on AVX-512 VNNI with ``vpdpbusd`` (four products
+summed into each int32 lane, no saturation), elsewhere with plain C over the same layout
+that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the
+int32 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
+are the epilogue, written once per output element, each rounded as the unfused graph rounds
+it (no fused multiply-add): the result is the portable kernel's (nncc/kernels/
+qlinear_contrib.py), bit for bit.
+
+Layout of the packed B (bytes): panels of NR = 64 columns; in a panel, for each group of
+four rows of K (K zero-padded to a multiple of 4), 64 columns of four consecutive int8
+values: byte ((panel * G + group) * 64 + column) * 4 + t holds B[4 * group + t, 64 * panel
++ column], zero beyond B. A second constant holds, per padded column, the column sum and
+zero point of B (int32) and its scale and bias (float32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
+MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
+MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
+ENTRY = "q_dynamic_matmul"
+
+
+def check(node, graph, infos) -> str | None:
+    """None when the node can become C, else why not."""
+    from nncc.native.graph_query import const_value
+
+    inputs = list(node.inputs) + [""] * (5 - len(node.inputs))
+    a, b, b_scale, b_zero, bias = inputs[:5]
+    out = node.outputs[0] if node.outputs else ""
+    ia, io = infos.get(a), infos.get(out)
+    if ia is None or io is None or not ia.is_static or not io.is_static:
+        return "a dynamically shaped input or output"
+    if ia.dtype != np.float32 or io.dtype != np.float32 or len(ia.shape) < 2:
+        return "A is not a float32 matrix"
+    bv = const_value(graph, infos, b)
+    if bv is None or bv.dtype != np.int8 or bv.ndim != 2:
+        return "B is not a constant int8 matrix"
+    k, n = bv.shape
+    if ia.shape[-1] != k or tuple(io.shape) != tuple(ia.shape[:-1]) + (n,):
+        return "shapes that do not match"  # the portable kernel says which
+    if 0 in ia.shape or n == 0 or k > MAX_K:
+        return "an empty product or K above the exact int32 range"
+    for name, dtype in ((b_scale, np.float32), (b_zero, np.int8), (bias, np.float32)):
+        if not name:
+            continue
+        value = const_value(graph, infos, name)
+        if value is None or value.dtype != dtype or value.size not in ((1, n) if name != bias else (n,)):
+            return "scales, zero points or bias that are not constants of the expected shape"
+    if not b_scale:
+        return "no b_scale"
+    return None
+
+
+def pack_b(b: np.ndarray) -> np.ndarray:
+    """The int8 matrix [K, N] in the micro-kernel's layout, as bytes."""
+    k, n = b.shape
+    groups, panels = -(-k // 4), -(-n // NR)
+    padded = np.zeros((groups * 4, panels * NR), np.int8)
+    padded[:k, :n] = b
+    # [G, 4, P, NR] -> [P, G, NR, 4]
+    return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
+
+
+def column_table(b: np.ndarray, b_scale: np.ndarray, b_zero, bias) -> np.ndarray:
+    """[4, NP] per padded column: colsum and zero point of B (int32 bits), its scale and
+    the bias (float32)."""
+    k, n = b.shape
+    np_ = -(-n // NR) * NR
+    table = np.zeros((4, np_), np.float32)
+    ints = table[:2].view(np.int32)
+    ints[0, :n] = b.astype(np.int32).sum(axis=0)
+    if b_zero is not None:
+        ints[1, :n] = np.broadcast_to(np.asarray(b_zero, np.int32).reshape(-1), (n,))
+    table[2, :n] = np.broadcast_to(np.asarray(b_scale, np.float32).reshape(-1), (n,))
+    if bias is not None:
+        table[3, :n] = np.asarray(bias, np.float32).reshape(-1)
+    return table
+
+
+def _as_floats(data: np.ndarray) -> np.ndarray:
+    """Bytes carried in a float32 array (every constant the entry point takes is one)."""
+    raw = np.zeros(-(-data.nbytes // 4) * 4, np.uint8)
+    raw[:data.nbytes] = data.view(np.uint8).reshape(-1)
+    return raw.view(np.float32)
+
+
+def source(m: int, n: int, k: int, name: str) -> str:
+    """File-scope C defining ``void name(A, Bp, table, Y, scratch)``."""
+    kp = -(-k // 4) * 4
+    groups = kp // 4
+    panels = -(-n // NR)
+    slivers = -(-m // MR)
+    rowsum_bytes = -(-m * 4 // 64) * 64
+    tail = m - (slivers - 1) * MR
+    last = n - (panels - 1) * NR
+    tail_range = "" if (m * k) % 16 == 0 else f"""    for (; i < {m * k}; i++) {{
+        float v = A[i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }}
+"""
+    return f"""
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define Q_VNNI 1
+#endif
+typedef struct {{ const float *a; uint8_t *aq; int32_t *rowsum; const int8_t *b; const int32_t *colsum, *bzero;
+                  const float *bscale, *bias; float *y; float scale, zero; int32_t azero; }} q_job;
+
+/* rows [lo, hi) of A quantized with the tensor's scale and zero point, K padded with zeros */
+static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
+    const q_job *j = ctx;
+    const float scale = j->scale, zero = j->zero;  /* locals: the stores below cannot change them */
+    for (int64_t i = lo; i < hi; i++) {{
+        const float *restrict a = j->a + i * {k};
+        uint8_t *restrict q = j->aq + i * {kp};
+        int32_t sum = 0;
+        for (int64_t p = 0; p < {k}; p++) {{
+            float v = rintf(a[p] / scale) + zero;  /* half to even, the default rounding mode */
+            v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+            q[p] = (uint8_t)(int32_t)v;
+        }}
+        for (int64_t p = 0; p < {k}; p++) sum += q[p];  /* apart: each loop vectorises alone */
+        for (int64_t p = {k}; p < {kp}; p++) q[p] = 0;
+        j->rowsum[i] = sum;
+    }}
+}}
+
+/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR] */
+static inline __attribute__((always_inline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
+                                                         int32_t acc[{MR}][{NR}]) {{
+#ifdef Q_VNNI
+    __m512i c[{MR}][4];
+    for (int r = 0; r < {MR}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < {groups}; g++) {{
+        const int8_t *bg = bp + g * {NR * 4};
+        __m512i b0 = _mm512_loadu_si512(bg), b1 = _mm512_loadu_si512(bg + 64);
+        __m512i b2 = _mm512_loadu_si512(bg + 128), b3 = _mm512_loadu_si512(bg + 192);
+        for (int r = 0; r < {MR}; r++) {{
+            if (r >= rows) break;
+            int32_t four;
+            memcpy(&four, a + r * {kp} + g * 4, 4);
+            __m512i x = _mm512_set1_epi32(four);
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
+            c[r][2] = _mm512_dpbusd_epi32(c[r][2], x, b2);
+            c[r][3] = _mm512_dpbusd_epi32(c[r][3], x, b3);
+        }}
+    }}
+    for (int r = 0; r < {MR}; r++) {{
+        if (r >= rows) break;
+        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
+    }}
+#else
+    for (int r = 0; r < rows; r++) {{
+        int32_t *c = acc[r];
+        for (int col = 0; col < {NR}; col++) c[col] = 0;
+        const uint8_t *ar = a + r * {kp};
+        for (int64_t g = 0; g < {groups}; g++) {{
+            const int8_t *bg = bp + g * {NR * 4};
+            int32_t a0 = ar[4 * g], a1 = ar[4 * g + 1], a2 = ar[4 * g + 2], a3 = ar[4 * g + 3];
+            for (int col = 0; col < {NR}; col++)
+                c[col] += a0 * bg[4 * col] + a1 * bg[4 * col + 1] + a2 * bg[4 * col + 2] + a3 * bg[4 * col + 3];
+        }}
+    }}
+#endif
+}}
+
+/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
+static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
+    const q_job *j = ctx;
+    int32_t acc[{MR}][{NR}];
+    for (int64_t w = lo; w < hi; w++) {{
+        /* panel by panel: a panel of B stays in L2 while every sliver of A passes it */
+        int64_t q = w / {slivers}, s = w % {slivers};
+        int64_t i0 = s * {MR};
+        int rows = s == {slivers - 1} ? {tail} : {MR};
+        int width = q == {panels - 1} ? {last} : {NR};
+        const uint8_t *a = j->aq + i0 * {kp};
+        const int8_t *bp = j->b + q * {groups * NR * 4};
+        q_dots(a, bp, rows, acc);
+        const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
+        const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
+        int32_t za = j->azero, kza = {k} * za;
+        for (int r = 0; r < rows; r++) {{
+            int32_t rs = j->rowsum[i0 + r];
+            float *y = j->y + (i0 + r) * {n} + q * {NR};
+            float t[{NR}];
+            for (int col = 0; col < {NR}; col++) {{
+                int32_t exact = acc[r][col] - zb[col] * rs - za * cs[col] + kza * zb[col];
+                t[col] = (float)exact * (j->scale * bs[col]);
+            }}
+            /* the product rounded on its own, then the bias added, as the unfused graph
+             * computes it: the compiler may not contract the two into one multiply-add */
+            __asm__ volatile("" : : "r"(t) : "memory");
+            for (int col = 0; col < width; col++) y[col] = t[col] + bias[col];
+        }}
+    }}
+}}
+
+static void {name}(const float *A, const float *Bp, const float *table, float *Y, char *scratch) {{
+    /* the range of the whole tensor, always including 0 (so 0 is exact) */
+    /* sixteen lanes at a time (the compiler does not vectorise a float min reduction) */
+    typedef float q_vf __attribute__((vector_size(64)));
+    typedef int32_t q_vi __attribute__((vector_size(64)));
+    q_vf los = {{0}}, his = {{0}};
+    int64_t i = 0;
+    for (; i + 16 <= {m * k}; i += 16) {{
+        q_vf v;
+        memcpy(&v, A + i, sizeof v);
+        q_vi below = v < los, above = v > his;
+        los = (q_vf)((below & (q_vi)v) | (~below & (q_vi)los));
+        his = (q_vf)((above & (q_vi)v) | (~above & (q_vi)his));
+    }}
+    float lo = 0.0f, hi = 0.0f;
+    for (int t = 0; t < 16; t++) {{
+        lo = los[t] < lo ? los[t] : lo;
+        hi = his[t] > hi ? his[t] : hi;
+    }}
+{tail_range}
+    float scale = (hi - lo) / 255.0f;
+    if (scale == 0.0f) scale = 1.0f;  /* all zeros: any scale, zero point 0 */
+    float zero = 0.0f - lo / scale;
+    zero = nearbyintf(zero < 0.0f ? 0.0f : (zero > 255.0f ? 255.0f : zero));
+    q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, (const int8_t *)Bp,
+               (const int32_t *)table, (const int32_t *)(table + {panels * NR}), table + {2 * panels * NR},
+               table + {3 * panels * NR}, Y, scale, zero, (int32_t)zero}};
+    nn_parallel({m}, {m * k}, q_quantize, &j);
+    nn_parallel({slivers * panels}, {m * n * k}, q_tiles, &j);
+}}
+"""
+
+
+def scratch_bytes(m: int, k: int) -> int:
+    return -(-m * 4 // 64) * 64 + m * (-(-k // 4) * 4)
+
+
+def emit(w, node) -> None:
+    """The step of the native code generator (nncc/native/codegen.py) for the node."""
+    from nncc.native.graph_query import const_value
+
+    inputs = list(node.inputs) + [""] * (5 - len(node.inputs))
+    a, b, b_scale, b_zero, bias = inputs[:5]
+    w.as_plain(a)
+    bv = np.asarray(const_value(w.graph, w.infos, b))
+    k, n = bv.shape
+    value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
+    bp = w.pack(b, "int8 panels", _as_floats(pack_b(bv)))
+    table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
+                   column_table(bv, value(b_scale), value(b_zero), value(bias)))
+    out = node.outputs[0]
+    m = math.prod(w.shape(a)[:-1])
+    code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, SCRATCH);"
+    w.step(code, [a, bp, table], [out], scratch_bytes(m, k), support=source(m, n, k, ENTRY))
