@@ -35,6 +35,11 @@ class CompiledModel:
         self._raw = raw
         self._foreign = foreign
         self.cache_parts = cache_parts
+        if foreign:  # an artifact from outside: its shapes agree before they size anything
+            from nncc.runtime.plan_shapes import check_plan_shapes
+
+            with naming_the_artifact(None if origin == "the artifact" else origin):
+                check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
         self._blas_threads = _recorded_threads(plan)
         self._shape_plans = shape_plans(self._executor)

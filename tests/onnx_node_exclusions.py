@@ -3,8 +3,6 @@
 This is the one place exclusions live; tests/test_onnx_node.py reads it.
 """
 
-NEEDS_IMAGE_CODEC = "the stream is JPEG 2000 or (lossy) WebP, which needs a full image codec (wavelet or VP8 decoding); nncc takes no image library dependency and refuses such streams with a clear error (it decodes PNG, BMP, PNM, TIFF and JPEG itself)"
-
 RANDOM_DRAW = "the stored output is a draw from numpy's global generator (np.random.binomial, seeded 0 by ONNX's case builder, whatever the node's seed attribute), so a correct Bernoulli matches it only by chance; ONNX's case itself says it is informational and that implementations may draw other values even with a seed; tests/test_kernels_math.py checks dtype, shape, the 0/1 values, their frequency and the seed"
 
 EXCLUDED: dict[str, str] = {
@@ -17,6 +15,4 @@ EXCLUDED: dict[str, str] = {
     "test_bernoulli_expanded": RANDOM_DRAW,
     "test_bernoulli_seed": RANDOM_DRAW,
     "test_bernoulli_seed_expanded": RANDOM_DRAW,
-    "test_image_decoder_decode_jpeg2k_rgb": NEEDS_IMAGE_CODEC,
-    "test_image_decoder_decode_webp_rgb": NEEDS_IMAGE_CODEC,
 }

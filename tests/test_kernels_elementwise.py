@@ -238,6 +238,9 @@ def test_integer_div_truncates_toward_zero():
         assert got.tolist() == [math.trunc(x / y) for x, y in zip(a.tolist(), b.tolist())]
     got = run("Div", np.array([7, 200], np.uint8), np.array([2, 3], np.uint8), opset=14)
     assert got.dtype == np.uint8 and got.tolist() == [3, 66]
+    # two 0-d operands (shape arithmetic: a size from Shape -> Gather over a constant)
+    got = run("Div", np.array(-30, np.int64), np.array(7, np.int64), opset=14)
+    assert got.shape == () and got.dtype == np.int64 and int(got) == -4
 
 
 def test_mod_signs():

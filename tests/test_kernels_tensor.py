@@ -3,6 +3,8 @@ unknown contents), error handling, and onnxruntime as an oracle on realistic sha
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,18 @@ def test_symbolic_batch_flows_through_shape_chain():
     assert one("Reshape", x, c).shape == ("N", 12)
     cast = one("Cast", c, to=7)
     assert one("Reshape", x, cast).shape == ("N", 12)
+
+
+def test_partly_symbolic_contents_are_a_field_copies_keep():
+    """Shape's partly symbolic contents are TensorInfo.symbolic, a dataclass field: a copy
+    (as passes and dimension binding make with dataclasses.replace) still carries them."""
+    x = sym(np.float32, "N", 3, 4)
+    s = one("Shape", x)
+    assert s.value is None and s.symbolic.tolist() == ["N", 3, 4]
+    copied = dataclasses.replace(s)
+    batch = one("Slice", copied, const([0]), const([1]))
+    assert batch.symbolic.tolist() == ["N"]
+    assert one("Reshape", x, one("Concat", batch, const([-1]), axis=0)).shape == ("N", 12)
 
 
 def test_symbolic_dims_through_reshape_flatten_transpose_concat():

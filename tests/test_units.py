@@ -13,7 +13,7 @@ def test_format_bytes(n, text):
 
 def test_kernel_catalog_names_the_family_of_every_builtin_op():
     """catalog.FAMILY_OF (what a cache hit imports by) is what the families register:
-    regenerate it with `python -m nncc.kernels.catalog` after adding a kernel."""
+    regenerate it with `python -m nncc.kernels.write_catalog` after adding a kernel."""
     import subprocess
     import sys
 

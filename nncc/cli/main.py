@@ -31,7 +31,7 @@ COMMANDS = {
     "compile": ("nncc.cli.compile", "compile", "Compile an ONNX model ahead of time into an artifact."),
     "config": ("nncc.cli.config", "config", "Show and edit settings (config.toml, environment, defaults)."),
     "inspect": ("nncc.cli.inspect", "inspect", "Show partitions, fallbacks, memory and constants."),
-    "run": ("nncc.cli.run", "run", "Run a model or artifact on the numpy CPU backend."),
+    "run": ("nncc.cli.run", "run", "Run a model or artifact on the native and numpy backends."),
 }
 
 

@@ -38,6 +38,9 @@ class TensorInfo:
     shape: tuple[Dim, ...] | None  # None: rank unknown
     value: np.ndarray | None = None  # known at compile time (constants, folded shapes)
     kind: str = TENSOR  # one of KINDS
+    # partly known contents of a shape-like value, where `value` is unknown: an object
+    # array of int (static), str (a symbolic dim) or None (unknown); nncc.kernels.symbolic
+    symbolic: np.ndarray | None = None
 
     @property
     def rank(self) -> int | None:

@@ -174,7 +174,7 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         # C-style truncation: r = fmod(a, b) has a's sign, so (a - r) / b is exact.
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             r = np.fmod(a, b)
-            q = np.subtract(a, r)
+            q = np.asarray(np.subtract(a, r))  # 0-d operands give a numpy scalar: not writable
             np.floor_divide(q, b, out=q)
         return q
     if a.dtype.kind in "ub":

@@ -1,8 +1,9 @@
 """Which built-in family module registers each op: the cache-hit path imports only the
 families its plan names, not all thirty (see registry.by_key).
 
-Generated from the registry by ``python -m nncc.kernels.catalog``, which rewrites this
-file; tests/test_units.py checks that it matches what the families register.
+Data only, so that the registry can read it without a cycle: ``python -m
+nncc.kernels.write_catalog`` rewrites it from what the families register, and
+tests/test_units.py checks that the two match.
 """
 
 FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
@@ -232,24 +233,3 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "nncc::ScaleShift": "affine",
 }
 
-
-def _generate() -> None:
-    import pathlib
-
-    from nncc.kernels import load_all
-    from nncc.kernels.registry import _REGISTRY
-
-    load_all()
-    rows = "\n".join(f'    "{domain}::{op}": "{defs[0].fn.__module__.rsplit(".", 1)[1]}",'
-                     for (domain, op), defs in sorted(_REGISTRY.items())
-                     if defs[0].fn.__module__.startswith("nncc.kernels."))
-    path = pathlib.Path(__file__)
-    text = path.read_text()
-    start = text.index("FAMILY_OF = {")
-    end = text.index("\n}\n", start) + 3
-    path.write_text(text[:start] + "FAMILY_OF = {  # \"domain::op_type\" -> module in nncc/kernels/\n" + rows
-                    + "\n}\n" + text[end:])
-
-
-if __name__ == "__main__":
-    _generate()

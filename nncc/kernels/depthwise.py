@@ -105,174 +105,221 @@ def _ranges(flags):
     return runs
 
 
-class _Plan:
-    """Buffers and precomputed views for one geometry (shape, dtype, attributes)."""
+class _Layout:
+    """The staging layout of one geometry: sizes of the output grid, the stride phases and
+    the channel blocks, and where each tap's first read starts (see the module docstring)."""
 
-    def __init__(self, x_shape, dtype, m, kernel_shape, strides, dilations, pb, pe, out_sizes, scratch):
-        n, c = x_shape[:2]
-        nc = n * c
-        spatial = list(x_shape[2:])
-        nd = len(spatial)
-        dtype = np.dtype(dtype)
-        isz = dtype.itemsize
-        mult = m // c
-        ntaps = math.prod(kernel_shape)
+    def __init__(self, x_shape, dtype, m, kernel_shape, strides, dilations, pb, pe, out_sizes):
+        self.n, self.c = x_shape[:2]
+        self.nc = self.n * self.c
+        self.spatial = spatial = list(x_shape[2:])
+        self.nd = nd = len(spatial)
+        self.isz = np.dtype(dtype).itemsize
+        self.mult = m // self.c
+        self.ntaps = math.prod(kernel_shape)
+        self.kernel_shape, self.strides, self.dilations, self.pb = kernel_shape, strides, dilations, pb
         # last axis: row pitch wst = sl * wg, wg = columns of the output grid
-        width, sl, dl, kw, pl, wo = spatial[-1], strides[-1], dilations[-1], kernel_shape[-1], pb[-1], out_sizes[-1]
-        wg = max(wo, -(-width // sl))
-        wst = sl * wg
+        self.width, self.sl, self.dl, self.kw, self.pl, self.wo = (
+            spatial[-1], strides[-1], dilations[-1], kernel_shape[-1], pb[-1], out_sizes[-1])
+        self.wg = max(self.wo, -(-self.width // self.sl))
+        self.wst = self.sl * self.wg
         # first axis (when there is another one): stride phases, channels separated by zero rows
         if nd > 1:
-            s0, d0, p0, k0, h0, o0 = strides[0], dilations[0], pb[0], kernel_shape[0], spatial[0], out_sizes[0]
-            used = [len(range(a, h0, s0)) for a in range(s0)]
-            deltas = [(k * d0 - p0) // s0 for k in range(k0)]
-            rows = max(o0 + max(0, max(deltas)), max(used) + max(0, -min(deltas)))
+            s0, self.d0, self.p0, self.k0, h0, o0 = (strides[0], dilations[0], pb[0], kernel_shape[0],
+                                                     spatial[0], out_sizes[0])
+            self.used = [len(range(a, h0, s0)) for a in range(s0)]
+            deltas = [(k * self.d0 - self.p0) // s0 for k in range(self.k0)]
+            self.rows = max(o0 + max(0, max(deltas)), max(self.used) + max(0, -min(deltas)))
         else:
-            s0, o0, rows, used = 1, 1, 1, [1]
-        mid = list(range(1, nd - 1))
-        qm = [-(-(spatial[i] + pb[i] + pe[i]) // strides[i]) for i in mid]
-        slab = math.prod(qm) * wst                   # staging elements per row of the first axis
-        chan = rows * slab                           # ... per channel of one phase
-        gchan = chan // sl                           # output grid positions per channel
-        pv = o0 * math.prod(qm) * wg                 # ... of which the product computes these
-        phase_shape = (s0,) + tuple(strides[i] for i in mid)
-        nph = math.prod(phase_shape)
-        pblock = nc * chan
-        msuffix = [math.prod(qm[j + 1:]) * wst for j in range(len(mid))]
+            s0, o0, self.rows, self.used = 1, 1, 1, [1]
+        self.s0, self.o0 = s0, o0
+        self.mid = mid = list(range(1, nd - 1))
+        self.qm = qm = [-(-(spatial[i] + pb[i] + pe[i]) // strides[i]) for i in mid]
+        self.slab = math.prod(qm) * self.wst         # staging elements per row of the first axis
+        self.chan = self.rows * self.slab            # ... per channel of one phase
+        self.gchan = self.chan // self.sl            # output grid positions per channel
+        self.pv = o0 * math.prod(qm) * self.wg       # ... of which the product computes these
+        self.phase_shape = (s0,) + tuple(strides[i] for i in mid)
+        self.nph = math.prod(self.phase_shape)
+        self.pblock = self.nc * self.chan
+        self.msuffix = [math.prod(qm[j + 1:]) * self.wst for j in range(len(mid))]
+        self.starts = [self._start(offs) for offs in itertools.product(*(range(k) for k in kernel_shape))]
 
-        def start(offs):
-            """Flat offset of a tap's first read (channel 0, output position 0)."""
-            phase, at = [0], 0
-            if nd > 1:
-                h = offs[0] * d0 - p0
-                phase, at = [h % s0], (h // s0) * slab
-            for j, i in enumerate(mid):
-                v = offs[i] * dilations[i]
-                phase.append(v % strides[i])
-                at += (v // strides[i]) * msuffix[j]
-            return int(np.ravel_multi_index(phase, phase_shape)) * pblock + at + offs[-1] * dl - pl
+    def _start(self, offs) -> int:
+        """Flat offset of a tap's first read (channel 0, output position 0)."""
+        phase, at = [0], 0
+        if self.nd > 1:
+            h = offs[0] * self.d0 - self.p0
+            phase, at = [h % self.s0], (h // self.s0) * self.slab
+        for j, i in enumerate(self.mid):
+            v = offs[i] * self.dilations[i]
+            phase.append(v % self.strides[i])
+            at += (v // self.strides[i]) * self.msuffix[j]
+        return (int(np.ravel_multi_index(phase, self.phase_shape)) * self.pblock + at
+                + offs[-1] * self.dl - self.pl)
 
-        starts = [start(offs) for offs in itertools.product(*(range(k) for k in kernel_shape))]
-        total = nph * pblock
-        slack = max(0, -min(starts))
-        # a stride-2 float32 read is done as int64 reads (pairs) cast to int32: numpy's
-        # strided element copy is several times slower than that contiguous cast
-        pairs = sl == 2 and isz == 4 and sys.byteorder == "little"
-        tail = max(0, max(starts) + sl * (nc * gchan - 1) + 1 + pairs - total)
-        self.buf = buf = carve(scratch, (slack + total + tail,), dtype, zero=True)
-        body = buf[slack:slack + total].reshape((nph, nc, rows) + tuple(qm) + (wst,))
+    def phases(self):
+        return itertools.product(*(range(s) for s in self.phase_shape))
 
-        # interior copies, one per phase: (destination, source index into x as (N*C, *spatial))
-        self.copies = []
-        whole = wst == width and s0 == 1 and not mid  # each channel's rows are one contiguous run
-        for ph, rs in enumerate(itertools.product(*(range(s) for s in phase_shape))):
+    def interior_copies(self, body) -> list:
+        """Per stride phase: (destination in the staging body, its rows or None, source
+        index into x seen as (N*C, *spatial))."""
+        copies = []
+        whole = self.wst == self.width and self.s0 == 1 and not self.mid  # channels' rows contiguous
+        for ph, rs in enumerate(self.phases()):
             src, dst = [slice(None)], [ph, slice(None)]
-            if nd > 1:
-                src.append(slice(rs[0], None, s0))
-                dst.append(slice(0, used[rs[0]]))
+            if self.nd > 1:
+                src.append(slice(rs[0], None, self.s0))
+                dst.append(slice(0, self.used[rs[0]]))
             else:
                 dst.append(0)
-            for j, i in enumerate(mid):
-                j0 = (rs[1 + j] - pb[i]) % strides[i]
-                cnt = len(range(j0, spatial[i], strides[i]))
-                first = (j0 + pb[i]) // strides[i]
-                src.append(slice(j0, None, strides[i]))
+            for j, i in enumerate(self.mid):
+                stride = self.strides[i]
+                j0 = (rs[1 + j] - self.pb[i]) % stride
+                cnt = len(range(j0, self.spatial[i], stride))
+                first = (j0 + self.pb[i]) // stride
+                src.append(slice(j0, None, stride))
                 dst.append(slice(first, first + cnt))
-            view = body[tuple(dst) + (slice(0, width),)]
+            view = body[tuple(dst) + (slice(0, self.width),)]
             if view.size:
-                rows_view = None if whole else _rows(view)
-                self.copies.append((view, rows_view, tuple(src)))
+                copies.append((view, None if whole else _rows(view), tuple(src)))
+        return copies
 
-        # taps of one phase form an evenly spaced grid along every axis: one copy per phase
+    def tap_groups(self) -> list:
+        """The taps of one phase form an evenly spaced grid along every axis, so one copy
+        per phase: (kernel selection, count and element step per axis, first read)."""
         groups = []
-        for rs in itertools.product(*(range(s) for s in phase_shape)):
+        for rs in self.phases():
             sel, count, step = [], [], []
-            for i in range(nd):
-                if i == nd - 1:
-                    members = list(range(kw))
+            for i in range(self.nd):
+                if i == self.nd - 1:
+                    members = list(range(self.kw))
                 elif i == 0:
-                    members = [k for k in range(k0) if (k * d0 - p0) % s0 == rs[0]]
+                    members = [k for k in range(self.k0) if (k * self.d0 - self.p0) % self.s0 == rs[0]]
                 else:
-                    r = rs[1 + mid.index(i)]
-                    members = [k for k in range(kernel_shape[i]) if (k * dilations[i]) % strides[i] == r]
+                    r = rs[1 + self.mid.index(i)]
+                    members = [k for k in range(self.kernel_shape[i])
+                               if (k * self.dilations[i]) % self.strides[i] == r]
                 if not members:
                     break
                 gap = members[1] - members[0] if len(members) > 1 else 1
-                if i == nd - 1:
-                    delta = gap * dl
+                if i == self.nd - 1:
+                    delta = gap * self.dl
                 elif i == 0:
-                    delta = (gap * d0 // s0) * slab
+                    delta = (gap * self.d0 // self.s0) * self.slab
                 else:
-                    delta = (gap * dilations[i] // strides[i]) * msuffix[mid.index(i)]
+                    delta = (gap * self.dilations[i] // self.strides[i]) * self.msuffix[self.mid.index(i)]
                 sel.append(slice(members[0], members[-1] + 1, gap))
                 count.append(len(members))
                 step.append(delta)
             else:
-                first = int(np.ravel_multi_index(tuple(s.start for s in sel), kernel_shape))
-                groups.append((tuple(sel), tuple(count), tuple(step), starts[first]))
+                first = int(np.ravel_multi_index(tuple(s.start for s in sel), self.kernel_shape))
+                groups.append((tuple(sel), tuple(count), tuple(step), self.starts[first]))
+        return groups
 
-        # wrap fix: output columns whose read lands on data of a neighbouring row
+    def wrap_regions(self) -> list:
+        """(kernel column, first, stop) output columns whose read lands on data of a
+        neighbouring row: zeroed after the tap copies (the wrap fix)."""
         regions = []
-        for kj in range(kw):
-            e = kj * dl - pl
-            bad = [not 0 <= sl * j + e < wst and (sl * j + e) % wst < width for j in range(wo)]
+        for kj in range(self.kw):
+            e = kj * self.dl - self.pl
+            bad = [not 0 <= self.sl * j + e < self.wst and (self.sl * j + e) % self.wst < self.width
+                   for j in range(self.wo)]
             regions += [(kj, a, b) for a, b in _ranges(bad)]
+        return regions
 
-        # channel chunks bounding the column buffer; a chunk is a run of channels of one
-        # sample, or every channel of every sample at once when they fit
-        per = ntaps * gchan * isz
-        cb = max(1, _CHUNK_BYTES // per)
-        if cb >= nc:
-            spans = [(None, 0, c)]
-        else:
-            cb = min(cb, c)
-            cb = -(-c // -(-c // cb))  # even chunks
-            spans = [(i, b0, min(c, b0 + cb)) for i in range(n) for b0 in range(0, c, cb)]
-        most = max((b1 - b0) * (n if i is None else 1) for i, b0, b1 in spans)
-        cols_all = kept(scratch, "depthwise cols", ntaps * most * gchan, dtype)
-        self.grid = (o0,) + tuple(qm) + (wg,)
-        self.exact = (o0,) + tuple(out_sizes[1:-1]) + (wo,) if nd > 1 else (1, wo)
+    def channel_spans(self) -> list:
+        """Channel chunks bounding the column buffer, (sample or None, first, stop): a run
+        of channels of one sample, or every channel of every sample at once when they fit."""
+        n, c = self.n, self.c
+        cb = max(1, _CHUNK_BYTES // (self.ntaps * self.gchan * self.isz))
+        if cb >= self.nc:
+            return [(None, 0, c)]
+        cb = min(cb, c)
+        cb = -(-c // -(-c // cb))  # even chunks
+        return [(i, b0, min(c, b0 + cb)) for i in range(n) for b0 in range(0, c, cb)]
+
+
+def _wrap_fixes(cols, regions, layout: _Layout, nb: int) -> list:
+    """Views of ``cols`` to zero for the wrap regions: one view for evenly spaced regions
+    of one width, else one per region."""
+    if not regions:
+        return []
+    kh = layout.ntaps // layout.kw
+    grid_rows = cols.reshape(kh, layout.kw, nb * layout.gchan // layout.wg, layout.wg)
+    widths = {b - a for _, a, b in regions}
+    offsets = [kj * nb * layout.gchan + a for kj, a, _ in regions]
+    gaps = {offsets[k + 1] - offsets[k] for k in range(len(offsets) - 1)}
+    if len(regions) > 1 and len(widths) == 1 and len(gaps) == 1:
+        # all regions as one view: (kernel rows, region, grid rows, width)
+        kj, a, _ = regions[0]
+        st = grid_rows.strides
+        return [as_strided(grid_rows[:, kj, :, a:], (kh, len(regions)) + grid_rows.shape[2:3]
+                           + (widths.pop(),), (st[0], gaps.pop() * layout.isz, st[2], st[3]))]
+    return [grid_rows[:, kj, :, a:b] for kj, a, b in regions]
+
+
+class _Plan:
+    """Buffers and precomputed views for one geometry (shape, dtype, attributes)."""
+
+    def __init__(self, x_shape, dtype, m, kernel_shape, strides, dilations, pb, pe, out_sizes, scratch):
+        dtype = np.dtype(dtype)
+        layout = _Layout(x_shape, dtype, m, kernel_shape, strides, dilations, pb, pe, out_sizes)
+        body = self._staging(layout, dtype, scratch)
+        self.copies = layout.interior_copies(body)
+        spans = layout.channel_spans()
+        most = max((b1 - b0) * (layout.n if i is None else 1) for i, b0, b1 in spans)
+        self.grid = (layout.o0,) + tuple(layout.qm) + (layout.wg,)
+        self.exact = (layout.o0,) + tuple(out_sizes[1:-1]) + (layout.wo,) if layout.nd > 1 else (1, layout.wo)
         self.direct = self.grid == self.exact
-        prod_all = None if self.direct else kept(scratch, "depthwise product", most * mult * pv, dtype)
         self.crop = (Ellipsis,) + tuple(slice(0, o) for o in self.exact[1:])
-        kh = ntaps // kw
-        self.chunks = []
-        for i, b0, b1 in spans:
-            nn = n if i is None else 1
-            nb = (b1 - b0) * nn
-            first = 0 if i is None else i * c + b0
-            cols = cols_all[:ntaps * nb * gchan].reshape(ntaps, nb * gchan)
-            per_tap = cols.reshape(tuple(kernel_shape) + (nb * gchan,))
-            copies = []
-            for sel, count, step, base in groups:
-                at = slack + first * chan + base
-                if pairs:
-                    # every other float32: the low halves of int64 pairs, by an integer cast
-                    src = np.ndarray(count + (nb * gchan,), np.int64, buf, at * isz,
-                                     tuple(s * isz for s in step) + (2 * isz,))
-                    copies.append((per_tap[sel].view(np.int32), src))
-                else:
-                    src = as_strided(buf[at:], count + (nb * gchan,),
-                                     tuple(s * isz for s in step) + (sl * isz,), writeable=False)
-                    copies.append((per_tap[sel], src))
-            fixes = []
-            if regions:
-                grid_rows = cols.reshape(kh, kw, nb * gchan // wg, wg)
-                widths = {b - a for _, a, b in regions}
-                offsets = [kj * nb * gchan + a for kj, a, _ in regions]
-                gaps = {offsets[k + 1] - offsets[k] for k in range(len(offsets) - 1)}
-                if len(regions) > 1 and len(widths) == 1 and len(gaps) == 1:
-                    # all regions as one view: (kernel rows, region, grid rows, width)
-                    kj, a, _ = regions[0]
-                    st = grid_rows.strides
-                    fixes.append(as_strided(grid_rows[:, kj, :, a:], (kh, len(regions)) + grid_rows.shape[2:3]
-                                            + (widths.pop(),), (st[0], gaps.pop() * isz, st[2], st[3])))
-                else:
-                    fixes.extend(grid_rows[:, kj, :, a:b] for kj, a, b in regions)
-            mat = cols.reshape(ntaps, nn, b1 - b0, gchan)[..., :pv].transpose(1, 2, 0, 3)
-            prod = None if self.direct else prod_all[:nb * mult * pv].reshape(nn, b1 - b0, mult, pv)
-            self.chunks.append((slice(None) if i is None else slice(i, i + 1), b0, b1, copies, fixes, mat, prod))
-        self.dims = (n, c, m, mult, ntaps) + tuple(out_sizes)
+        cols_all = kept(scratch, "depthwise cols", layout.ntaps * most * layout.gchan, dtype)
+        prod_all = None if self.direct else kept(scratch, "depthwise product", most * layout.mult * layout.pv,
+                                                 dtype)
+        groups, regions = layout.tap_groups(), layout.wrap_regions()
+        self.chunks = [self._chunk(layout, span, groups, regions, cols_all, prod_all) for span in spans]
+        self.dims = (layout.n, layout.c, m, layout.mult, layout.ntaps) + tuple(out_sizes)
+
+    def _staging(self, layout: _Layout, dtype, scratch):
+        """The zeroed staging buffer (kept, with room before and after for the taps' first
+        and last reads) and its body, (phase, N*C, rows, *middle, row pitch)."""
+        starts = layout.starts
+        total = layout.nph * layout.pblock
+        self.slack = max(0, -min(starts))
+        # a stride-2 float32 read is done as int64 reads (pairs) cast to int32: numpy's
+        # strided element copy is several times slower than that contiguous cast
+        self.pairs = layout.sl == 2 and layout.isz == 4 and sys.byteorder == "little"
+        tail = max(0, max(starts) + layout.sl * (layout.nc * layout.gchan - 1) + 1 + self.pairs - total)
+        self.buf = carve(scratch, (self.slack + total + tail,), dtype, zero=True)
+        return self.buf[self.slack:self.slack + total].reshape(
+            (layout.nph, layout.nc, layout.rows) + tuple(layout.qm) + (layout.wst,))
+
+    def _chunk(self, layout: _Layout, span, groups, regions, cols_all, prod_all) -> tuple:
+        """One channel chunk's tap copies (into its columns), wrap fixes, product operands."""
+        i, b0, b1 = span
+        n, c, gchan, isz, buf = layout.n, layout.c, layout.gchan, layout.isz, self.buf
+        nn = n if i is None else 1
+        nb = (b1 - b0) * nn
+        first = 0 if i is None else i * c + b0
+        cols = cols_all[:layout.ntaps * nb * gchan].reshape(layout.ntaps, nb * gchan)
+        per_tap = cols.reshape(tuple(layout.kernel_shape) + (nb * gchan,))
+        copies = []
+        for sel, count, step, base in groups:
+            at = self.slack + first * layout.chan + base
+            if self.pairs:
+                # every other float32: the low halves of int64 pairs, by an integer cast
+                src = np.ndarray(count + (nb * gchan,), np.int64, buf, at * isz,
+                                 tuple(s * isz for s in step) + (2 * isz,))
+                copies.append((per_tap[sel].view(np.int32), src))
+            else:
+                src = as_strided(buf[at:], count + (nb * gchan,),
+                                 tuple(s * isz for s in step) + (layout.sl * isz,), writeable=False)
+                copies.append((per_tap[sel], src))
+        fixes = _wrap_fixes(cols, regions, layout, nb)
+        mat = cols.reshape(layout.ntaps, nn, b1 - b0, gchan)[..., :layout.pv].transpose(1, 2, 0, 3)
+        prod = None if self.direct else prod_all[:nb * layout.mult * layout.pv].reshape(
+            nn, b1 - b0, layout.mult, layout.pv)
+        return (slice(None) if i is None else slice(i, i + 1), b0, b1, copies, fixes, mat, prod)
 
     def run(self, x, w, out=None):
         n, c, m, mult, ntaps = self.dims[:5]

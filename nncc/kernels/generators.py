@@ -2,8 +2,8 @@
 EyeLike, and the random generators (RandomUniform(Like), RandomNormal(Like), Bernoulli).
 
 Shape functions here are the source of compile-time values: Shape sets ``value`` when the
-requested slice of the input shape is static, and a partly symbolic ``sym_value`` (see
-nncc.kernels.tensor) otherwise; Constant always knows its value; the rest fold small outputs.
+requested slice of the input shape is static, and partly symbolic contents (``symbolic``,
+see nncc.kernels.symbolic) otherwise; Constant always knows its value; the rest fold small outputs.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
 from nncc.util.limits import check_bytes, check_shape
-from nncc.kernels.tensor import (
-    SYM, _fold, _freeze, _operand_length, _out, _set_contents, _shape_operand, _sym,
-    _symbolic_array,
+from nncc.kernels.symbolic import (
+    fold, freeze, operand_length, set_contents, shape_operand, symbolic_array, symbolic_contents,
 )
+from nncc.kernels.tensor import _out
 
 # --------------------------------------------------------------------------------------
 # Shape, Size
@@ -41,7 +41,7 @@ def _shape_shape(ctx, x):
         return [_out(np.int64, (None,))]
     dims = tuple(x.shape)[_shape_slice(ctx, len(x.shape))]
     out = _out(np.int64, (len(dims),))
-    return [_set_contents(out, _symbolic_array(dims))]
+    return [set_contents(out, symbolic_array(dims))]
 
 
 @kernel("Shape", since=1, shape=_shape_shape)
@@ -52,7 +52,7 @@ def shape(ctx, x):
 def _size_shape(ctx, x):
     out = _out(np.int64, ())
     if x is not None and x.is_static:
-        out.value = _freeze(np.array(math.prod(x.shape), dtype=np.int64))
+        out.value = freeze(np.array(math.prod(x.shape), dtype=np.int64))
     return [out]
 
 
@@ -126,13 +126,13 @@ def _cast_info(ctx, x, dtype):
     out = _out(dtype, None if x is None else x.shape)
     if x is None:
         return [out]
-    sym = _sym(x)
+    sym = symbolic_contents(x)
     if sym is not None and x.value is None:
         if dtype.kind in "iu" and x.dtype is not None and x.dtype.kind in "iu":
-            setattr(out, SYM, sym)  # shape entries keep their meaning in any integer type
+            out.symbolic = sym  # shape entries keep their meaning in any integer type
         return [out]
     rules = _cast_rules(ctx, ShapeInferenceError)
-    return _fold(ctx, lambda c, v: _cast_array(v, dtype, *rules), [x], [out])
+    return fold(ctx, lambda c, v: _cast_array(v, dtype, *rules), [x], [out])
 
 
 def _cast_shape(ctx, x):
@@ -171,13 +171,13 @@ def _fill_value(ctx) -> np.ndarray:
 
 def _constant_of_shape_shape(ctx, shape_in):
     dtype = _fill_value(ctx).dtype
-    dims = _shape_operand(shape_in)
+    dims = shape_operand(shape_in)
     if dims is None:
-        length = _operand_length(shape_in)
+        length = operand_length(shape_in)
         return [_out(dtype, None if length is None else (None,) * length)]
     if any(isinstance(d, int) and d < 0 for d in dims):
         raise ShapeInferenceError(f"ConstantOfShape shape {dims} has negative dims")
-    return _fold(ctx, constant_of_shape, [shape_in], [_out(dtype, dims)])
+    return fold(ctx, constant_of_shape, [shape_in], [_out(dtype, dims)])
 
 
 @kernel("ConstantOfShape", since=9, shape=_constant_of_shape_shape)
@@ -218,7 +218,7 @@ def _constant_array(ctx, err) -> np.ndarray:
 
 
 def _constant_shape(ctx):
-    array = _freeze(_constant_array(ctx, ShapeInferenceError).view())
+    array = freeze(_constant_array(ctx, ShapeInferenceError).view())
     return [TensorInfo(array.dtype, tuple(array.shape), array)]
 
 
@@ -259,10 +259,10 @@ def _range_shape(ctx, start, limit, delta):
         s, l, d = (_scalar(v, n, ShapeInferenceError)
                    for v, n in zip(values, ("start", "limit", "delta")))
         count = _range_count(s, l, d, np.dtype(dtype), ShapeInferenceError)
-        return _fold(ctx, range_kernel, [start, limit, delta], [_out(dtype, (count,))])
+        return fold(ctx, range_kernel, [start, limit, delta], [_out(dtype, (count,))])
     if values[0] is not None and values[2] is not None:
         # Range(0, n, 1) with n a (symbolic) dim: length n.
-        limit_entries = _shape_operand(limit)
+        limit_entries = shape_operand(limit)
         s, d = (_scalar(v, n, ShapeInferenceError) for v, n in zip(
             (values[0], values[2]), ("start", "delta")))
         if limit_entries is not None and len(limit_entries) == 1 and s == 0 and d == 1:
@@ -303,7 +303,7 @@ def _eyelike_shape(ctx, x):
     out = _out(dtype, x.shape if x.shape is not None else (None, None))
     if x.is_static and math.prod(x.shape) <= 1024:
         probe = np.empty(x.shape, dtype=np.float32 if x.dtype is None else x.dtype)
-        out.value = _freeze(eyelike(ctx, probe))
+        out.value = freeze(eyelike(ctx, probe))
     return [out]
 
 

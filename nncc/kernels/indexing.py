@@ -24,7 +24,8 @@ from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
-from nncc.kernels.tensor import FOLD_LIMIT, _freeze, _out
+from nncc.kernels.symbolic import FOLD_LIMIT, freeze
+from nncc.kernels.tensor import _out
 
 
 def _axis(axis, rank, what, err=KernelError, extra=0):
@@ -67,7 +68,7 @@ def _from_contents(ctx, fn, infos, dtypes):
     results = results if isinstance(results, tuple) else (results,)
     outs = []
     for result, dtype in zip(results, dtypes):
-        value = _freeze(np.array(result, copy=True)) if result.size <= FOLD_LIMIT else None
+        value = freeze(np.array(result, copy=True)) if result.size <= FOLD_LIMIT else None
         outs.append(TensorInfo(np.dtype(dtype) if dtype is not None else result.dtype, tuple(result.shape), value))
     return outs
 

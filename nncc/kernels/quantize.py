@@ -22,7 +22,7 @@ from nncc.kernels.conv import _conv_geometry, _conv_params, _conv_shape
 from nncc.kernels.linalg import _gemm_shape, _matmul_shape
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast
-from nncc.kernels.tensor import _fold
+from nncc.kernels.symbolic import fold
 
 _INTEGER_TARGETS = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)}
 
@@ -179,7 +179,7 @@ def _quantize_compute_dtype(ctx, x_dtype, scale_dtype) -> np.dtype:
 def _quantize_shape(ctx, x, scale, zero=None):
     target = _quantize_target(ctx, None if zero is None else zero.dtype, ShapeInferenceError)
     _check_param_shapes(ctx, x, scale, zero)
-    return _fold(ctx, quantize_linear, [x, scale, zero], [TensorInfo(target, x.shape)])
+    return fold(ctx, quantize_linear, [x, scale, zero], [TensorInfo(target, x.shape)])
 
 
 def quantize_linear(ctx, x, scale, zero=None):
@@ -222,7 +222,7 @@ def _dequantize_shape(ctx, x, scale, zero=None):
     if zero is not None and x.dtype is not None and zero.dtype is not None and zero.dtype != x.dtype:
         raise ShapeInferenceError(f"DequantizeLinear zero point type {zero.dtype} differs from input type {x.dtype}")
     _check_param_shapes(ctx, x, scale, zero)
-    return _fold(ctx, dequantize_linear, [x, scale, zero], [TensorInfo(out, x.shape)])
+    return fold(ctx, dequantize_linear, [x, scale, zero], [TensorInfo(out, x.shape)])
 
 
 def dequantize_linear(ctx, x, scale, zero=None):
@@ -257,7 +257,7 @@ def _dynamic_quantize_shape(ctx, x):
         raise ShapeInferenceError(f"DynamicQuantizeLinear expects float32 input, got {x.dtype}")
     outs = [TensorInfo(np.dtype(np.uint8), x.shape), TensorInfo(np.dtype(np.float32), ()),
             TensorInfo(np.dtype(np.uint8), ())]
-    return _fold(ctx, dynamic_quantize_linear, [x], outs)
+    return fold(ctx, dynamic_quantize_linear, [x], outs)
 
 
 @kernel("DynamicQuantizeLinear", since=11, shape=_dynamic_quantize_shape)
@@ -377,7 +377,7 @@ def _requantize(acc: np.ndarray, multiplier, zero, dtype: np.dtype) -> np.ndarra
 
 def _matmul_integer_shape(ctx, a, b, a_zero=None, b_zero=None):
     info = _matmul_shape(ctx, a, b)[0]
-    return _fold(ctx, matmul_integer, [a, b, a_zero, b_zero], [TensorInfo(np.dtype(np.int32), info.shape)])
+    return fold(ctx, matmul_integer, [a, b, a_zero, b_zero], [TensorInfo(np.dtype(np.int32), info.shape)])
 
 
 @kernel("MatMulInteger", since=10, shape=_matmul_integer_shape)
@@ -397,7 +397,7 @@ def _output_type(y_zero, default) -> np.dtype:
 def _qlinear_matmul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None):
     info = _matmul_shape(ctx, a, b)[0]
     out = TensorInfo(_output_type(y_zero, a.dtype), info.shape)
-    return _fold(ctx, qlinear_matmul, [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], [out])
+    return fold(ctx, qlinear_matmul, [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], [out])
 
 
 def qlinear_matmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None):
@@ -523,7 +523,7 @@ def qlinear_conv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=No
 
 def _qlinear_add_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
     out = TensorInfo(_output_type(c_zero, a.dtype), broadcast(a.shape, b.shape))
-    return _fold(ctx, qlinear_add, [a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero], [out])
+    return fold(ctx, qlinear_add, [a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero], [out])
 
 
 @kernel("QLinearAdd", since=1, domain="com.microsoft", shape=_qlinear_add_shape)

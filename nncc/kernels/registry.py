@@ -204,6 +204,14 @@ def _find(domain: str, op_type: str, since: int) -> KernelDef | None:
     return None
 
 
+def builtin_families() -> dict[str, str]:
+    """"domain::op_type" -> the built-in family module (in nncc/kernels/) registering it."""
+    _ensure_loaded()
+    return {f"{domain}::{op}": defs[0].fn.__module__.rsplit(".", 1)[1]
+            for (domain, op), defs in sorted(_REGISTRY.items())
+            if defs[0].fn.__module__.startswith("nncc.kernels.")}
+
+
 def registered_ops() -> list[tuple[str, str, int]]:
     _ensure_loaded()
     return sorted((d, op, k.since) for (d, op), defs in _REGISTRY.items() for k in defs)

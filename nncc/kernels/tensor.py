@@ -2,19 +2,8 @@
 Transpose, Squeeze, Unsqueeze, Expand, Tile, Pad, Identity, Dropout, DepthToSpace, SpaceToDepth.
 
 Their shape functions matter as much as the kernels: exported models compute shapes at run
-time with chains such as Shape -> Gather -> Unsqueeze -> Concat -> Reshape, and compile-time
-shape inference must predict those values. Two mechanisms carry them:
-
-* ``TensorInfo.value``: the exact contents, set when every input's contents are known and
-  the output is small (<= ``FOLD_LIMIT`` elements). It is computed by running the kernel
-  itself on the known inputs, so shape function and kernel cannot disagree.
-* a private ``sym_value`` attribute on TensorInfo (an object ndarray whose entries are int,
-  str for a symbolic dim, or None for an unknown dim), set by Shape when the input shape is
-  only partly static and carried by the ops that merely move shape entries around (Gather,
-  Slice, Concat, Squeeze, Unsqueeze, Reshape, Flatten, Identity, integer Cast). When such a
-  chain selects only static entries the result becomes a real ``value`` again; Reshape,
-  Expand, Tile and ConstantOfShape read symbolic entries as output dims. Anything that drops
-  the attribute (e.g. a pass copying TensorInfos) merely loses precision, never correctness.
+time with chains such as Shape -> Gather -> Unsqueeze -> Concat -> Reshape, and the ops
+here carry those values, exact or partly symbolic, through nncc.kernels.symbolic.
 
 At run time the kernels keep what they derive from attributes, input shapes and small
 integer operands (Reshape's shape, Slice's starts/ends, Pad's pads, Split's sizes ...) in a
@@ -33,109 +22,14 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import Dim, TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast, known_value
+from nncc.kernels.symbolic import dim_product, fold, merge_dim, operand_length, shape_operand, static_numel
 from nncc.util.limits import check_shape
 
-FOLD_LIMIT = 1024  # outputs up to this many elements get their value computed at compile time
-SYM = "sym_value"  # private TensorInfo attribute: partly symbolic contents (object ndarray)
 _BIG = 2**31 - 1  # slice bounds at or beyond this mean "to the end" whatever the dim
 
 
 # --------------------------------------------------------------------------------------
 # shared private helpers (also used by nncc.kernels.generators)
-
-
-def _static_numel(shape) -> int | None:
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return math.prod(shape)
-
-
-def _freeze(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
-
-
-def _sym(info: TensorInfo | None) -> np.ndarray | None:
-    return None if info is None else getattr(info, SYM, None)
-
-
-def _set_contents(info: TensorInfo, contents: np.ndarray) -> TensorInfo:
-    """Attach computed contents: a real value if every entry is an int, else symbolic."""
-    contents = np.asarray(contents)
-    if contents.dtype == object:
-        if all(isinstance(v, (int, np.integer)) for v in contents.flat):
-            dtype = info.dtype if info.dtype is not None else np.dtype(np.int64)
-            info.value = _freeze(np.array(contents.tolist(), dtype=dtype).reshape(contents.shape))
-        else:
-            setattr(info, SYM, contents)
-    else:
-        dtype = info.dtype if info.dtype is not None else contents.dtype
-        info.value = _freeze(np.array(contents, dtype=dtype, copy=True))
-    info.shape = tuple(contents.shape)
-    return info
-
-
-def _symbolic_array(dims) -> np.ndarray:
-    out = np.empty(len(dims), dtype=object)
-    out[:] = list(dims)
-    return out
-
-
-def _fold(ctx, fn, infos, outs: list[TensorInfo], symbolic: bool = False) -> list[TensorInfo]:
-    """Compute the outputs' contents with the kernel ``fn`` when every input is known.
-
-    ``symbolic`` allows partly symbolic inputs (object arrays), for kernels that only move
-    entries around. Only small outputs of known static shape are computed.
-    """
-    for out in outs:
-        size = _static_numel(out.shape)
-        if size is None or size > FOLD_LIMIT:
-            return outs
-    args, partial = [], False
-    for info in infos:
-        if info is None:
-            args.append(None)
-        elif info.value is not None:
-            args.append(info.value)
-        elif symbolic and _sym(info) is not None:
-            args.append(_sym(info))
-            partial = True
-        else:
-            return outs
-    if partial:
-        try:
-            results = fn(ctx, *args)
-        except Exception:  # symbolic evaluation is best effort only
-            return outs
-    else:
-        try:
-            results = fn(ctx, *args)
-        except KernelError as error:
-            raise ShapeInferenceError(str(error)) from None
-    results = results if isinstance(results, tuple) else (results,)
-    for out, result in zip(outs, results):
-        if result is not None:
-            # indexing an object array may hand back a bare entry: keep it an object array
-            _set_contents(out, np.asarray(result, dtype=object) if partial else result)
-    return outs
-
-
-def _shape_operand(info: TensorInfo | None) -> list[Dim] | None:
-    """Entries of a 1-D shape-like input: ints, str (symbolic dims), None (unknown)."""
-    value = known_value(info)
-    if value is not None:
-        return [int(v) for v in np.asarray(value).reshape(-1)]
-    sym = _sym(info)
-    if sym is not None:
-        return [v if isinstance(v, str) or v is None else int(v) for v in sym.reshape(-1)]
-    return None
-
-
-def _operand_length(info: TensorInfo | None) -> int | None:
-    """Static length of a 1-D input whose contents are unknown."""
-    if info is None or info.shape is None or len(info.shape) != 1:
-        return None
-    return info.shape[0] if isinstance(info.shape[0], int) else None
 
 
 def _ints(array, what: str, err=KernelError) -> list[int]:
@@ -178,32 +72,6 @@ def _axes(axes, rank: int, err=KernelError, extra: int = 0) -> list[int]:
     return out
 
 
-def _dim_product(dims) -> Dim:
-    """Product of possibly symbolic dims: an int, a lone symbol, or None."""
-    if 0 in [d for d in dims if isinstance(d, int)]:
-        return 0
-    if any(d is None for d in dims):
-        return None
-    static = math.prod(d for d in dims if isinstance(d, int))
-    symbols = [d for d in dims if isinstance(d, str)]
-    if not symbols:
-        return static
-    return symbols[0] if len(symbols) == 1 and static == 1 else None
-
-
-def _merge_dim(dims) -> Dim:
-    """The one dim several inputs must share: a static one wins, then a common symbol."""
-    static = {d for d in dims if isinstance(d, int)}
-    if len(static) > 1:
-        raise ShapeInferenceError(f"dimensions {sorted(static)} should be equal")
-    if static:
-        return static.pop()
-    symbols = {d for d in dims if isinstance(d, str)}
-    if len(symbols) == 1 and None not in dims:
-        return symbols.pop()
-    return None
-
-
 def _out(dtype, shape) -> TensorInfo:
     return TensorInfo(None if dtype is None else np.dtype(dtype),
                       None if shape is None else tuple(shape))
@@ -242,12 +110,12 @@ def _concat_shape(ctx, *infos):
     out: list[Dim] = []
     for a in range(rank):
         if a != axis:
-            out.append(_merge_dim([s[a] for s in known]))
+            out.append(merge_dim([s[a] for s in known]))
         elif len(known) != len(shapes):
             out.append(None)
         else:
             out.append(_concat_dim([s[a] for s in known]))
-    return _fold(ctx, concat, infos, [_out(dtype, out)], symbolic=True)
+    return fold(ctx, concat, infos, [_out(dtype, out)], symbolic=True)
 
 
 def _concat_dim(dims) -> Dim:
@@ -357,7 +225,7 @@ def _split_shape(ctx, x, split=None):
     axis = _axis(ctx.get("axis", 0), len(x.shape), ShapeInferenceError)
     sizes = _split_sizes(ctx, x.shape[axis], listed, ShapeInferenceError)
     outs = [_out(dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in sizes]
-    return _fold(ctx, split_kernel, [x, split], outs, symbolic=True)
+    return fold(ctx, split_kernel, [x, split], outs, symbolic=True)
 
 
 def split_kernel(ctx, x, split=None):
@@ -459,7 +327,7 @@ def _slice_shape(ctx, data, starts=None, ends=None, axes=None, steps=None):
                 touched = set(_axes(_ints(extra[0], "Slice axes", ShapeInferenceError),
                                     rank, ShapeInferenceError))
             else:
-                count = _operand_length(starts)
+                count = operand_length(starts)
                 if count is None:
                     return [_out(dtype, (None,) * rank)]
                 touched = set(range(count))
@@ -481,7 +349,7 @@ def _slice_shape(ctx, data, starts=None, ends=None, axes=None, steps=None):
             pass  # the whole axis reversed
         else:
             out[axis] = None
-    return _fold(ctx, slice_kernel, [data, starts, ends, axes, steps], [_out(dtype, out)],
+    return fold(ctx, slice_kernel, [data, starts, ends, axes, steps], [_out(dtype, out)],
                  symbolic=True)
 
 
@@ -521,7 +389,7 @@ def _gather_shape(ctx, data, indices):
         return [_out(data.dtype, None)]
     axis = _axis(ctx.get("axis", 0), len(data.shape), ShapeInferenceError)
     shape = data.shape[:axis] + indices.shape + data.shape[axis + 1:]
-    return _fold(ctx, gather, [data, indices], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, gather, [data, indices], [_out(data.dtype, shape)], symbolic=True)
 
 
 @kernel("Gather", since=1, shape=_gather_shape)
@@ -563,7 +431,7 @@ def _gather_elements_shape(ctx, data, indices):
             raise ShapeInferenceError("GatherElements data and indices must have the same rank")
         _axis(ctx.get("axis", 0), len(data.shape), ShapeInferenceError)
     out = _out(data.dtype, indices.shape)
-    return _fold(ctx, gather_elements, [data, indices], [out])
+    return fold(ctx, gather_elements, [data, indices], [out])
 
 
 @kernel("GatherElements", since=11, shape=_gather_elements_shape)
@@ -623,7 +491,7 @@ def _reshape_target(in_shape, target, allowzero: bool, err) -> tuple[Dim, ...]:
         return tuple(None if d == -1 else d for d in out)
     known_out = [d for d in out if d != -1]
     if -1 not in out:
-        total_in, total_out = _static_numel(in_shape), _static_numel(known_out)
+        total_in, total_out = static_numel(in_shape), static_numel(known_out)
         if total_in is not None and total_out is not None and total_in != total_out:
             raise err(f"cannot reshape {tuple(in_shape)} to {tuple(target)}")
         return tuple(out)
@@ -664,12 +532,12 @@ def _reshape_shape(ctx, data, shape=None):
     else:
         if shape is None:
             raise ShapeInferenceError("Reshape requires its 'shape' input")
-        target = _shape_operand(shape)
+        target = shape_operand(shape)
         if target is None:
-            length = _operand_length(shape)
+            length = operand_length(shape)
             return [_out(data.dtype, None if length is None else (None,) * length)]
     dims = _reshape_target(data.shape, target, allowzero, ShapeInferenceError)
-    return _fold(ctx, reshape, [data, shape], [_out(data.dtype, dims)], symbolic=True)
+    return fold(ctx, reshape, [data, shape], [_out(data.dtype, dims)], symbolic=True)
 
 
 def _reshape_dims(ctx, data, shape):
@@ -711,8 +579,8 @@ def _flatten_shape(ctx, x):
     if x.shape is None:
         return [_out(x.dtype, (None, None))]
     axis = _flatten_axis(ctx, len(x.shape), ShapeInferenceError)
-    dims = (_dim_product(x.shape[:axis]), _dim_product(x.shape[axis:]))
-    return _fold(ctx, flatten, [x], [_out(x.dtype, dims)], symbolic=True)
+    dims = (dim_product(x.shape[:axis]), dim_product(x.shape[axis:]))
+    return fold(ctx, flatten, [x], [_out(x.dtype, dims)], symbolic=True)
 
 
 @kernel("Flatten", since=1, shape=_flatten_shape)
@@ -740,7 +608,7 @@ def _transpose_shape(ctx, x):
         perm = ctx.get("perm")
         return [_out(x.dtype, None if perm is None else (None,) * len(perm))]
     perm = _perm(ctx, len(x.shape), ShapeInferenceError)
-    return _fold(ctx, transpose, [x], [_out(x.dtype, tuple(x.shape[p] for p in perm))])
+    return fold(ctx, transpose, [x], [_out(x.dtype, tuple(x.shape[p] for p in perm))])
 
 
 @kernel("Transpose", since=1, shape=_transpose_shape)
@@ -783,7 +651,7 @@ def _squeeze_shape(ctx, data, axes=None):
             if isinstance(data.shape[a], int) and data.shape[a] != 1:
                 raise ShapeInferenceError(f"Squeeze axis {a} has size {data.shape[a]}, not 1")
     shape = tuple(d for a, d in enumerate(data.shape) if a not in drop)
-    return _fold(ctx, squeeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, squeeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
 
 
 def squeeze(ctx, data, axes=None):
@@ -829,10 +697,10 @@ def _unsqueeze_shape(ctx, data, axes=None):
     if data.shape is None:
         return [_out(data.dtype, None)]
     if not known:
-        length = _operand_length(axes)
+        length = operand_length(axes)
         return [_out(data.dtype, None if length is None else (None,) * (len(data.shape) + length))]
     shape = _unsqueeze_dims(data.shape, listed, ShapeInferenceError)
-    return _fold(ctx, unsqueeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, unsqueeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
 
 
 def unsqueeze(ctx, data, axes=None):
@@ -856,9 +724,9 @@ for _since in (1, 13):
 
 
 def _expand_shape(ctx, x, shape):
-    target = _shape_operand(shape)
+    target = shape_operand(shape)
     if target is None:
-        length = _operand_length(shape)
+        length = operand_length(shape)
         if length is None or x.shape is None:
             return [_out(x.dtype, None)]
         rank = max(length, len(x.shape))
@@ -875,7 +743,7 @@ def _expand_shape(ctx, x, shape):
         dims = broadcast(tuple(x.shape), tuple(target))
     except ShapeInferenceError:
         raise ShapeInferenceError(f"Expand cannot broadcast {x.shape} to {tuple(target)}") from None
-    return _fold(ctx, expand, [x, shape], [_out(x.dtype, dims)])
+    return fold(ctx, expand, [x, shape], [_out(x.dtype, dims)])
 
 
 @kernel("Expand", since=8, shape=_expand_shape)
@@ -928,7 +796,7 @@ def _tile_shape(ctx, x, repeats, axis=None):
     reps = _tile_repeats(ctx, rank, reps_value, known_value(axis), ShapeInferenceError)
     dims = [d * r if isinstance(d, int) else (d if r == 1 else (0 if r == 0 else None))
             for d, r in zip(x.shape, reps)]
-    return _fold(ctx, tile, [x, repeats, axis], [_out(x.dtype, dims)])
+    return fold(ctx, tile, [x, repeats, axis], [_out(x.dtype, dims)])
 
 
 @kernel("Tile", since=1, shape=_tile_shape)
@@ -1017,7 +885,7 @@ def _pad_shape(ctx, data, pads=None, constant_value=None, axes=None):
             dims.append(d + b + e)
         else:
             dims.append(d if b == e == 0 else None)
-    return _fold(ctx, pad, [data, pads, constant_value, axes], [_out(data.dtype, dims)])
+    return fold(ctx, pad, [data, pads, constant_value, axes], [_out(data.dtype, dims)])
 
 
 class _PadPlan:
@@ -1167,7 +1035,7 @@ def _identity_shape(ctx, x):
     if x.kind != "tensor":  # a sequence or optional passes through as it is
         return [TensorInfo(x.dtype, x.shape, kind=x.kind)]
     out = _out(x.dtype, x.shape)
-    return _fold(ctx, identity, [x], [out], symbolic=True)
+    return fold(ctx, identity, [x], [out], symbolic=True)
 
 
 @kernel("Identity", since=1, shape=_identity_shape)
@@ -1183,7 +1051,7 @@ def _dropout_shape(ctx, data, ratio=None, training_mode=None):
         training = known_value(training_mode)
         if training is None or bool(np.asarray(training).reshape(-1)[0]):
             return outs  # may be random: never folded
-    return _fold(ctx, dropout, [data], outs)
+    return fold(ctx, dropout, [data], outs)
 
 
 @kernel("Dropout", since=1, shape=_dropout_shape)
@@ -1236,7 +1104,7 @@ def _depth_to_space_shape(ctx, x):
         raise ShapeInferenceError(f"DepthToSpace channels {c} not divisible by blocksize^2")
     scale = lambda d, f: d * f if isinstance(d, int) else (d if f == 1 else None)  # noqa: E731
     c_out = c // (bs * bs) if isinstance(c, int) else (c if bs == 1 else None)
-    return _fold(ctx, depth_to_space, [x], [_out(x.dtype, (b, c_out, scale(h, bs), scale(w, bs)))])
+    return fold(ctx, depth_to_space, [x], [_out(x.dtype, (b, c_out, scale(h, bs), scale(w, bs)))])
 
 
 @kernel("DepthToSpace", since=1, shape=_depth_to_space_shape)
@@ -1265,7 +1133,7 @@ def _space_to_depth_shape(ctx, x):
             raise ShapeInferenceError(f"SpaceToDepth spatial dim {d} not divisible by {bs}")
     shrink = lambda d: d // bs if isinstance(d, int) else (d if bs == 1 else None)  # noqa: E731
     c_out = c * bs * bs if isinstance(c, int) else (c if bs == 1 else None)
-    return _fold(ctx, space_to_depth, [x], [_out(x.dtype, (b, c_out, shrink(h), shrink(w)))])
+    return fold(ctx, space_to_depth, [x], [_out(x.dtype, (b, c_out, shrink(h), shrink(w)))])
 
 
 @kernel("SpaceToDepth", since=1, shape=_space_to_depth_shape)

@@ -17,7 +17,7 @@ from blake3 import blake3
 from nncc.errors import InputError
 from nncc.ir import low_precision
 from nncc.ir.graph import TensorInfo
-from nncc.util.limits import check_bytes, check_shape
+from nncc.util.limits import LimitError, check_bytes, check_shape
 
 
 CHUNK = 1 << 20  # values made at a time: the peak stays near the input's own size
@@ -76,22 +76,30 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
             d if isinstance(d, int) else (dims or {}).get(d, 1) if isinstance(d, str) else 1
             for d in info.shape
         )
-        total += check_shape(shape, info.dtype.itemsize, f"random input {name!r} of shape {list(shape)}")
+        what = f"random input {name!r} of shape {list(shape)}"
+        total += check_shape(shape, info.dtype.itemsize, what)
         check_bytes(total, "the random inputs together")
-        count = math.prod(shape)
-        kind = info.dtype.kind
-        if low_precision.is_integer(info.dtype):  # int4, uint4, int2, uint2: 0, 1, 2... as room allows
-            top = min(low_precision.integer_range(info.dtype)[1] + 1, 10)
-            value = low_precision.convert(random_bits(seed, name, count) % np.uint64(top), info.dtype)
-        elif low_precision.is_float(info.dtype):  # bfloat16, float8, float4: rounded normals
-            value = low_precision.convert(standard_normal(seed, name, count, np.float32), info.dtype)
-        elif kind == "f":
-            value = standard_normal(seed, name, count, info.dtype)
-        elif kind == "b":
-            value = _words(seed, name, count, bool, lambda w: w & np.uint64(1))
-        elif kind in "iu":
-            value = _words(seed, name, count, info.dtype, lambda w: w % np.uint64(10))
-        else:
-            raise InputError(f"cannot make random values for input {name!r} of dtype {info.dtype}")
-        feeds[name] = value.reshape(shape)
+        try:
+            feeds[name] = _random_value(seed, name, info.dtype, shape)
+        except MemoryError:  # within the bound, but not available right now
+            raise LimitError(f"the {what} needs more memory than is available") from None
     return feeds
+
+
+def _random_value(seed: int, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    count = math.prod(shape)
+    kind = dtype.kind
+    if low_precision.is_integer(dtype):  # int4, uint4, int2, uint2: 0, 1, 2... as room allows
+        top = min(low_precision.integer_range(dtype)[1] + 1, 10)
+        value = low_precision.convert(random_bits(seed, name, count) % np.uint64(top), dtype)
+    elif low_precision.is_float(dtype):  # bfloat16, float8, float4: rounded normals
+        value = low_precision.convert(standard_normal(seed, name, count, np.float32), dtype)
+    elif kind == "f":
+        value = standard_normal(seed, name, count, dtype)
+    elif kind == "b":
+        value = _words(seed, name, count, bool, lambda w: w & np.uint64(1))
+    elif kind in "iu":
+        value = _words(seed, name, count, dtype, lambda w: w % np.uint64(10))
+    else:
+        raise InputError(f"cannot make random values for input {name!r} of dtype {dtype}")
+    return value.reshape(shape)
