@@ -25,7 +25,7 @@ from nncc.kernels.quantize import (_accumulator, _centered, _check_integer_input
 from nncc.kernels.registry import Ctx, kernel, resolve
 from nncc.kernels.linalg import _matmul_shape
 from nncc.kernels.shapes import broadcast
-from nncc.kernels.tensor import _fold
+from nncc.kernels.symbolic import fold
 
 F32 = np.dtype(np.float32)
 MS = "com.microsoft"
@@ -76,7 +76,7 @@ def _dequantize(x: np.ndarray, scale: np.float32, zero: int) -> np.ndarray:
 
 def _qlinear_mul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
     out = TensorInfo(_out_dtype(c_zero, a.dtype), broadcast(a.shape, b.shape))
-    return _fold(ctx, qlinear_mul, [a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero], [out])
+    return fold(ctx, qlinear_mul, [a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero], [out])
 
 
 @kernel("QLinearMul", since=1, domain=MS, shape=_qlinear_mul_shape)
