@@ -417,18 +417,27 @@ def cache_dir(flag=None) -> str:
 
 @dataclass(frozen=True)
 class CacheSettings:
+    """Every setting a prepare through the cache uses, resolved and checked once: the core
+    receives this record, never this module."""
+
     directory: str
     max_size: int | None  # bytes; None: no bound
     max_age: float | None  # seconds; None: no bound
     hash_mode: str  # "content" | "direct"
     max_size_where: str = "default"  # where the size bound came from, for messages
+    upgrade_after: int | None = 2  # hits before a quick entry's optimized stage is built; None: never
+    trust_remote_native: bool = False  # remote.trust_native
+    shape_plans: int | None = 8  # run.shape_plans; None: off
 
 
-def cache_settings(cache_dir_flag=None) -> CacheSettings:
-    """Everything the cache's flows need, resolved and checked once per prepare."""
+def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
+    """Everything the cache's flows need, resolved and checked once per command."""
     size = resolve("cache.max_size")
     return CacheSettings(cache_dir(cache_dir_flag), size.value, value("cache.max_age"),
-                         value("cache.hash_mode"), size.where)
+                         value("cache.hash_mode", hash_mode_flag, "--hash-mode"), size.where,
+                         upgrade_after=value("cache.upgrade_after"),
+                         trust_remote_native=bool(value("remote.trust_native")),
+                         shape_plans=value("run.shape_plans"))
 
 
 REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",

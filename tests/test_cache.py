@@ -19,12 +19,12 @@ import pytest
 import nncc
 import nncc._version
 from nncc.cache import files as files_mod
-from nncc.cache import flows as flows_mod
+import nncc.model as model_mod
 from nncc.cache import store as store_mod
 from nncc.cache.gc import auto_collect, collect, parse_age, parse_size
 from nncc.cache.index import SCHEMA_VERSION, Index
 from nncc.cache.locking import FileLock, LockBusy, try_lock
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.token import compute_token, external_files
 from nncc.cache.verify import verify
@@ -179,8 +179,8 @@ def test_artifact_from_cache_is_byte_identical(cache_dir):
     m1, o1 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")  # what `nncc compile` stores
     m2, o2 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     assert (o1.outcome, o2.outcome) == ("miss", "hit")
-    assert flows_mod.artifact_bytes(m1) == fresh
-    assert flows_mod.artifact_bytes(m2) == fresh
+    assert model_mod.artifact_bytes(m1) == fresh
+    assert model_mod.artifact_bytes(m2) == fresh
 
 
 def test_cached_entry_is_what_compile_produces(cache_dir):

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from nncc.cache.remote import flow
-from nncc.cache.flows import artifact_bytes, prepare
+from nncc.preparing import remote as flow
+from nncc.model import artifact_bytes, prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from nncc.native.toolchain import find_toolchain
@@ -265,7 +265,7 @@ def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
     from tests.conftest import ROOT
 
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
-    script = ("import sys; from nncc.cache.flows import prepare; "
+    script = ("import sys; from nncc.model import prepare; "
               f"_, o = prepare({str(MLP)!r}, cache_dir={str(tmp_path / 'a')!r}); "
               "print(o.outcome, sorted(m for m in sys.modules if m.startswith(('redis', 'nncc.cache.remote', "
               "'http.client', 'xml'))))")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 
 from nncc.errors import NnccError
 
@@ -54,40 +53,8 @@ def default_max_size() -> int | None:
     return value("cache.max_size")
 
 
-@dataclass
-class Removal:
-    token: str | None
-    reason: str  # "stale" | "orphan" | "leftover" | "age" | "size"
-    bytes: int
-    source: str | None = None
-    paths: list[str] = field(default_factory=list)
+from nncc.cache.reports import GcReport, Removal  # noqa: F401 (their home)
 
-    def as_dict(self) -> dict:
-        return {"token": self.token, "reason": self.reason, "bytes": self.bytes,
-                "source": self.source, "paths": self.paths}
-
-
-@dataclass
-class GcReport:
-    removed: list[Removal] = field(default_factory=list)
-    skipped_busy: list[str] = field(default_factory=list)
-    failed: list[dict] = field(default_factory=list)  # {"token", "paths", "reason"}: could not be removed
-    dry_run: bool = False
-
-    @property
-    def freed(self) -> int:
-        return sum(r.bytes for r in self.removed)
-
-    def as_dict(self) -> dict:
-        return {"dry_run": self.dry_run, "removed": [r.as_dict() for r in self.removed],
-                "freed_bytes": self.freed, "skipped_busy": self.skipped_busy, "failed": self.failed}
-
-    def not_removed(self, cache, removal: Removal) -> None:
-        """Account for a removal that did not happen: busy, or a file that could not go."""
-        if cache.last_failure:
-            self.failed.append({"token": removal.token, "paths": removal.paths, "reason": cache.last_failure})
-        elif removal.token:
-            self.skipped_busy.append(removal.token)
 
 
 def collect(cache, max_size: int | None = None, max_age: float | None = None, dry_run: bool = False,

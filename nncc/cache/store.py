@@ -2,7 +2,7 @@
 
 The store does not know what an entry means: it puts, gets (verified), lists, removes
 and collects an entry's two parts. Compiling on a miss and preparing a model on a hit are
-nncc/cache/flows.py's.
+nncc.preparing's (flows.py).
 
 Layout of a cache directory (docs/cache.md has the full story)::
 

@@ -28,55 +28,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
-PROBLEMS = ("CORRUPT", "MISSING", "STALE")
-DEBRIS = ("ORPHAN", "LEFTOVER")
+from nncc.cache.reports import DEBRIS, PROBLEMS, Finding, VerifyReport  # noqa: F401 (their home)
 
-
-@dataclass
-class Finding:
-    status: str
-    token: str | None
-    detail: str = ""
-    paths: list[str] = field(default_factory=list)
-    bytes: int = 0
-    source: str | None = None
-    fixed: bool = False
-    not_fixed: str | None = None  # with fix: why it could not be removed ("busy", or the reason)
-
-    def as_dict(self) -> dict:
-        return {"status": self.status, "token": self.token, "detail": self.detail, "paths": self.paths,
-                "bytes": self.bytes, "source": self.source, "fixed": self.fixed, "not_fixed": self.not_fixed}
-
-
-@dataclass
-class VerifyReport:
-    findings: list[Finding]
-    fix: bool
-
-    @property
-    def problems(self) -> list[Finding]:
-        return [f for f in self.findings if f.status in PROBLEMS]
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is wrong, or (with fix) everything wrong was removed and no
-        debris failed to go for another reason than being busy. Debris alone is not wrong."""
-        if not self.fix:
-            return not self.problems
-        return (all(f.fixed for f in self.problems)
-                and not any(f.not_fixed not in (None, "busy") for f in self.findings))
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for f in self.findings:
-            out[f.status] = out.get(f.status, 0) + 1
-        return out
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "fix": self.fix, "counts": self.counts(),
-                "findings": [f.as_dict() for f in self.findings]}
 
 
 def _producer(path: str) -> str | None:

@@ -34,7 +34,7 @@ def remote_fault(tier, exc) -> NnccError:
 
 def push(cache, tokens, as_json: bool) -> None:
     from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.cache.remote.flow import push_entry
+    from nncc.preparing.remote import push_entry
     from nncc.cache.files import CacheEntryError
 
     tier = open_tier()
@@ -75,7 +75,7 @@ def _portable_stage(entry) -> bool:
 
 def pull(cache, tokens, as_json: bool) -> None:
     from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.cache.remote.flow import adopt
+    from nncc.preparing.remote import adopt
 
     tier = open_tier()
     pulled, failed = [], []

@@ -162,6 +162,8 @@ class Executor:
             return [self._attr(v) for v in value]
         return value
 
+    decode_attr = _attr  # public: the per-shape plans (runtime/specialize.py) decode attributes alike
+
     def _release_plan(self, program) -> list[list[int]]:
         keep = set(self.plan.outputs) | set(self.plan.constants)
         last: dict[int, int] = {}

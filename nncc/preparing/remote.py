@@ -106,7 +106,7 @@ def reject(tier, cache, token: str, exc: PoisonedEntry, kept: bool = False) -> N
 
 def portable_name(cache, token: str, source, opts) -> str:
     """The token the quick stage of ``token`` is shared under remotely."""
-    from nncc.cache.stages import QUICK, stage_options
+    from nncc.preparing.stages import QUICK, stage_options
     from nncc.cache.token import model_subject, token_context, token_of
 
     quick = stage_options(opts, QUICK)
@@ -123,9 +123,9 @@ def remote_names(cache, token: str, source, opts, stage: str) -> tuple[list[tupl
     machine publishes what it compiles under). An entry shared under its token holds
     native code when the options name the native backend: it is looked up only when
     remote.trust_native is on."""
-    from nncc.cache.stages import OPTIMIZED, QUICK, wants_native
+    from nncc.preparing.stages import OPTIMIZED, QUICK, has_later_stage
 
-    native = wants_native(opts)
+    native = has_later_stage(opts)  # a slow backend (native code) is asked for
     if stage != QUICK:
         return ([(token, stage)] if not native or trust_native() else []), token
     portable = portable_name(cache, token, source, opts)
@@ -253,10 +253,10 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
 
     from nncc._version import __version__
     from nncc.cache.files import CacheEntryError, CacheWriteError, chunk_hashes
-    from nncc.cache.flows import load_entry
+    from nncc.preparing.entries import read_entry
     from nncc.cache.index import Entry, IndexUnavailable
     from nncc.cache.remote.manifest import check_hash_of
-    from nncc.cache.stages import OPTIMIZED
+    from nncc.preparing.stages import OPTIMIZED
     from nncc.plan.format import FORMAT_VERSION
     from nncc.util.interrupts import held_signals
 
@@ -290,7 +290,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                 origin=origin)
             cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
             committed = True
-        return load_entry(cache, entry)
+        return read_entry(cache, entry, trust_native())
     except (CacheWriteError, IndexUnavailable, CacheEntryError) as exc:
         warn(f"cannot store remote entry {token[:12]} in the local cache ({exc}); not used")
         return None
@@ -321,7 +321,7 @@ def fetch_optimized(cache, token: str, opts) -> bool:
     """Before building ``token``'s native stage here: take this target's optimized entry
     from the remote instead, if a machine of the same target published one. The caller
     holds the token's exclusive local lock; True when the entry is now optimized."""
-    from nncc.cache.stages import OPTIMIZED
+    from nncc.preparing.stages import OPTIMIZED
 
     try:
         tier = active_tier()
