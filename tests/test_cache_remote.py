@@ -146,7 +146,7 @@ def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
         _, outcome = prepare(RESNET, cache_dir=tmp_path / "c")
         assert outcome.outcome == "miss" and remote.get(f"manifests/{token}") == planted
         from nncc.cache.remote.gc import collect_remote
-        from nncc.cache.remote.settings import remote_settings
+        from nncc.settings import remote_settings
         from nncc.cache.remote.tier import RemoteTier
 
         if poison is poison_wrong_mac:  # a genuine entry too (the other poison made one): gc --remote
@@ -184,7 +184,7 @@ def test_a_machine_with_the_wrong_key_leaves_the_good_entry_intact(remote, tmp_p
 
 
 def test_entries_are_created_once_and_never_replaced(remote):
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import open_store
 
     store = open_store(remote_settings())
@@ -290,7 +290,7 @@ def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
 def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote):
     import time
 
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import open_store
 
     store = open_store(remote_settings())

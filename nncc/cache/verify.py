@@ -103,11 +103,15 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 
 def verify(cache, fix: bool = False) -> VerifyReport:
-    from nncc.cache.locking import LockBusy
+    from nncc.cache.locking import LockBusy, lock_problem
     from nncc.cache.store import TOKEN_RE
     from nncc.util import progress
 
     findings: list[Finding] = []
+    if cache.index_rebuilt:  # damaged: what it listed is lost (its files are orphans now)
+        findings.append(Finding("CORRUPT", None, f"the index was damaged ({cache.index_rebuilt}) and was rebuilt "
+                                "empty: the entries it listed are orphans now", [cache.index.path],
+                                not_fixed="rebuilt empty: what it listed is lost"))
     entries = cache.index.entries(order="token ASC")
     with progress.task("verifying cache entries", total=len(entries)) as task:
         for entry in entries:
@@ -129,6 +133,14 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             except LockBusy:
                 findings.append(Finding("IN-PROGRESS", token, "being written", paths, entry.size,
                                         entry.source_path))
+                continue
+            except OSError as exc:  # its lock file replaced (a symlink): nothing is read through it
+                finding = Finding("CORRUPT", token, lock_problem(cache.lock_path(token), exc), paths, entry.size,
+                                  entry.source_path)
+                if fix:
+                    finding.fixed = cache.remove(token, counter="corruptions")
+                    finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
+                findings.append(finding)
                 continue
             finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
             if fix and status != "OK":

@@ -17,7 +17,8 @@ class RemoteCommandError(NnccError):
 def open_tier():
     """The configured remote tier, for a command that asked for it: an error when there is
     none, or no key (a run would only warn; a command that asked must not pretend)."""
-    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.settings import shown
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()
@@ -122,7 +123,8 @@ def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
 def remote_info() -> dict | None:
     """The remote's own figures for `cache info`, or None when no remote is configured."""
     from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.settings import shown
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()

@@ -88,7 +88,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:
     """Before any work: neither output may be the model, one of its external data files,
     or the other output."""
-    from nncc.cache.store import resolve_cache_dir
+    from nncc.settings import cache_dir as resolve_cache_dir
     from nncc.cache.token import external_files
     from nncc.util.clobber import refuse_clobbering
 

@@ -169,7 +169,7 @@ def _apply_threads(flag) -> None:
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
     """Every file the run reads: the model (and its external data), the feeds."""
-    from nncc.cache.store import resolve_cache_dir
+    from nncc.settings import cache_dir as resolve_cache_dir
     from nncc.cache.token import external_files
 
     files = [("the model", model)]

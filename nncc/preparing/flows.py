@@ -51,6 +51,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     source = ModelSource(path, model_bytes)
     if settings is None:
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
+    if trust_shared is None:
+        trust_shared = settings.trust_shared
     policy = StagePolicy(opts, stage, background, settings, trust_shared)
     if not use_cache:
         prepared = _compile(source, *policy.uncached())
@@ -61,7 +63,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     directory = settings.directory
     mode = settings.hash_mode
     try:
-        cache = Cache.open(directory, read_only_ok=True, trust_shared=trust_shared)
+        cache = Cache.open(directory, read_only_ok=True, trust_shared=policy.trust_shared)
     except CacheUnavailable as exc:
         reason = f"{exc}; {exc.hint}" if exc.hint else str(exc)
         return _degraded(source, policy.uncached(), _content_token(source, token_context(opts), directory),
@@ -103,7 +105,7 @@ def resolve_settings(cache_dir, hash_mode, use_cache: bool):
 
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
-                             shape_plans=value("run.shape_plans"))
+                             shape_plans=value("run.shape_plans"))  # trust_shared: no folder is used
     settings = cache_settings(cache_dir, hash_mode)
     check_remote_settings()  # and the remote tier's, now rather than on the first local miss
     return settings

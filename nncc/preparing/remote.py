@@ -26,7 +26,7 @@ import time
 
 from nncc.cache.remote.deadline import bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault
-from nncc.cache.remote.settings import remote_settings, shown
+from nncc.cache.remote.settings import shown
 from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
@@ -45,6 +45,8 @@ def _warn_once(url: str, message: str) -> None:
 def active_tier():
     """The configured RemoteTier, or None (none configured, no key, or off after a fault).
     A URL nncc cannot use raises RemoteConfigError (one clear error)."""
+    from nncc.settings import remote_settings
+
     settings = remote_settings()
     if settings.url is None:
         return None
@@ -416,7 +418,7 @@ def _release(tier, lease) -> None:
 def remote_state() -> str | None:
     """For the status line: None when no remote tier is configured, else "" (working), or
     why it is off ("timed out", "failed", "off")."""
-    from nncc.cache.remote.settings import configured_url
+    from nncc.settings import configured_url
 
     url = configured_url()
     if url is None:

@@ -47,6 +47,10 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
     if held is None:
         return BUSY
     try:
+        if trust_shared is None:
+            from nncc.settings import value
+
+            trust_shared = value("cache.trust_shared")
         with Cache.open(directory, trust_shared=trust_shared) as cache:
             return _upgrade(cache, token, source, opts, force, settings)
     except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
