@@ -339,12 +339,11 @@ class Cache:
         of its chunks hashed (see files.spot_check): the cost stays flat in the size of
         the weights, and over successive hits every chunk is checked. ``verify_data``
         (``nncc cache verify``) hashes it whole. Raises CacheEntryError."""
-        from nncc._version import __version__
-        from nncc.plan.format import FORMAT_VERSION
+        from nncc.cache.versions import stale_writer
 
-        if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
-            raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
-                                           f"(format {entry.format_version})")
+        stale = stale_writer(entry.nncc_version, entry.format_version)
+        if stale:
+            raise CacheEntryError("stale", f"was {stale}")
         plan_path, data_path = self.paths(entry.token)
         model_bytes = read_entry_file(plan_path, "model cache", entry.plan_size)
         if content_hash(model_bytes) != entry.plan_hash:

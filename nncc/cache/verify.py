@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 
+from nncc.cache.versions import stale_writer
 from nncc.cache.reports import DEBRIS, PROBLEMS, Finding, VerifyReport  # noqa: F401 (their home)
 
 
@@ -67,8 +68,6 @@ def _busy(cache, token: str) -> bool:
 
 def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
     """Findings for files that have no live index row (tokens in ``skip`` excluded)."""
-    from nncc._version import __version__
-
     rows = {e.token for e in cache.index.entries()}
     stale = cache.index.stale()
     tokens, foreign = cache.scan()
@@ -93,8 +92,8 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
                                     paths, size, stale[token]["source_path"]))
             continue
         producer = _producer(files.plan) if files.plan else None
-        if producer is not None and producer != __version__:
-            findings.append(Finding("STALE", token, f"written by nncc {producer}", paths, size))
+        if producer is not None and stale_writer(producer):
+            findings.append(Finding("STALE", token, stale_writer(producer), paths, size))
         elif busy:
             findings.append(Finding("IN-PROGRESS", token, "being written", paths, size))
         else:
@@ -180,12 +179,11 @@ def _drop_row(cache, token) -> bool:
 
 
 def _check(cache, entry) -> tuple[str, str]:
-    from nncc._version import __version__
     from nncc.cache.files import CacheEntryError, content_hash, read_entry_file
-    from nncc.plan.format import FORMAT_VERSION
 
-    if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
-        return "STALE", f"written by nncc {entry.nncc_version}"
+    stale = stale_writer(entry.nncc_version, entry.format_version)
+    if stale:
+        return "STALE", stale
     plan_path, data_path = cache.paths(entry.token)
     for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
                                      (data_path, entry.data_size, entry.data_hash, "data cache")):
@@ -200,8 +198,9 @@ def _check(cache, entry) -> tuple[str, str]:
     producer = _producer(plan_path)
     if producer is None:
         return "CORRUPT", "model cache header is unreadable"
-    if producer != __version__:
-        return "STALE", f"model cache was produced by nncc {producer}"
+    stale = stale_writer(producer)
+    if stale:
+        return "STALE", f"model cache {stale}"
     return "OK", ""
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
+from nncc.settings import PREFERENCES  # the one list the settings check too
 TARGETS = ("native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")  # as nncc.native.toolchain
 
 

@@ -12,16 +12,10 @@ import os
 from nncc.cache.files import CacheEntryError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.locking import FileLock
+from nncc.cache.versions import stale_writer
 from nncc.errors import PlanFormatError
 from nncc.preparing.outcome import Prepared
 from nncc.util.notice import warn
-
-
-def stale_producer(producer: str) -> str | None:
-    """Why an entry written by nncc ``producer`` cannot be used by this one, or None."""
-    from nncc._version import __version__
-
-    return None if producer == __version__ else f"model cache was produced by nncc {producer}"
 
 
 def read_entry(cache, entry, trust_remote_native: bool) -> Prepared:
@@ -35,9 +29,9 @@ def read_entry(cache, entry, trust_remote_native: bool) -> Prepared:
         plan = deserialize(model_bytes, data=data)
     except PlanFormatError as exc:
         raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
-    stale = stale_producer(plan.producer)
+    stale = stale_writer(plan.producer)
     if stale:
-        raise CacheEntryError("stale", stale)
+        raise CacheEntryError("stale", f"model cache {stale}")
     prepared = Prepared(plan, trust_native=True, origin=f"cache entry {entry.token[:12]}",
                         cache_parts=(model_bytes, data), foreign=entry.from_remote)
     if entry.from_remote and plan.native and not trust_remote_native:

@@ -253,18 +253,17 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
 
     from blake3 import blake3
 
-    from nncc._version import __version__
     from nncc.cache.files import CacheEntryError, CacheWriteError, chunk_hashes
-    from nncc.preparing.entries import read_entry
     from nncc.cache.index import Entry, IndexUnavailable
     from nncc.cache.remote.manifest import check_hash_of
+    from nncc.cache.versions import stale_writer
+    from nncc.preparing.entries import read_entry
     from nncc.preparing.stages import OPTIMIZED
-    from nncc.plan.format import FORMAT_VERSION
     from nncc.util.interrupts import held_signals
 
-    if (manifest.nncc_version, manifest.format_version) != (__version__, FORMAT_VERSION):
-        warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
-             f"(format {manifest.format_version}); not used")
+    stale = stale_writer(manifest.nncc_version, manifest.format_version)
+    if stale:
+        warn(f"remote entry {token[:12]} was {stale}; not used")
         return None
     if _carries_code(plan) and not trust_native():
         warn(f"remote entry {token[:12]} carries native code and remote.trust_native is off: not used "
