@@ -90,8 +90,8 @@ def pull(cache, tokens, as_json: bool) -> None:
                 if found is None:
                     failed.append({"token": token, "reason": "not in the remote cache"})
                     continue
-                with cache.lock(token):
-                    model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
+                # a put into the local cache, under the token's lock while it writes
+                model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
             except PoisonedEntry as exc:
                 cache.index.bump("remote_rejected")
                 failed.append({"token": token, "reason": f"rejected: {exc}"})

@@ -16,9 +16,10 @@ from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import IndexCorrupt, IndexUnavailable
 from nncc.cache.store import Cache
 from nncc.preparing.compiling import compile_options, compile_source
-from nncc.preparing.entries import locked, read_entry, store_plan
+from nncc.preparing.entries import locked, store_plan
 from nncc.preparing.outcome import CacheOutcome, ModelSource, Prepared
 from nncc.preparing.policy import StagePolicy
+from nncc.preparing.storage import Storage
 from nncc.preparing.stages import OPTIMIZED, mark_stage
 from nncc.util.notice import warn
 
@@ -137,11 +138,7 @@ def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float,
     token = direct.find(cache.index, source.path, context)
     if token is None or cache.index.get(token) is None:
         return None
-    if cache.read_only:
-        model, _ = _try_hit(cache, token, policy.settings)
-    else:
-        with locked(cache, token, shared=True):
-            model, _ = _try_hit(cache, token, policy.settings)
+    model, _ = Storage(cache, policy.settings).get(token)
     if model is None:
         return None  # rejected: the content flow finds it again, reports it and recompiles
     return policy.after_hit(cache, token, source, model, start)
@@ -158,7 +155,7 @@ def _degraded(source: ModelSource, compiling, token, directory, reason, start, m
 def _prepare_read_only(cache: Cache, token: str, source: ModelSource, policy: "StagePolicy", start: float):
     """A cache on read-only storage serves verified hits (no lock: nothing here can
     remove an entry, and the files are verified in memory as always) and stores nothing."""
-    model, rejected = _try_hit(cache, token, policy.settings)
+    model, rejected = Storage(cache, policy.settings).get(token)
     if model is not None:
         return policy.after_hit(cache, token, source, model, start)
     reason = (("disk full, " if cache.disk_full else "read-only, ")
@@ -166,52 +163,43 @@ def _prepare_read_only(cache: Cache, token: str, source: ModelSource, policy: "S
     return _degraded(source, policy.uncached(), token, cache.directory, reason, start)
 
 
-def _try_hit(cache: Cache, token: str, settings):
-    """(prepared, None) for a verified entry, (None, why) for a rejected one, (None, None)
-    when there is no entry."""
-    entry = cache.index.get(token)
-    if entry is None:
-        return None, None
-    started = time.perf_counter()
-    try:
-        model = read_entry(cache, entry, settings.trust_remote_native)
-    except CacheEntryError as exc:
-        return None, exc
-    cache_stats.record_hit(cache, entry, time.perf_counter() - started)
-    return model, None
-
-
 def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "StagePolicy", start: float,
                     limits=None):
+    storage = Storage(cache, policy.settings)
     directory = cache.directory
     rejected: CacheEntryError | None = None
     model = None
     if cache.index.get(token) is not None:
-        # Hit path: a shared lock keeps gc from deleting the entry while it is verified.
-        with locked(cache, token, shared=True):
-            model, rejected = _try_hit(cache, token, policy.settings)
+        model, rejected = storage.get(token)
         if model is not None:
             return policy.after_hit(cache, token, source, model, start)
+        if rejected is not None:
+            with locked(cache, token, shared=False) as held:
+                model, again = storage.read(token)  # replaced meanwhile by another process?
+                if model is None:
+                    rejected = again or rejected
+                    warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
+                    cache.remove(token, counter="corruptions", lock=held)
+            if model is not None:
+                return policy.after_hit(cache, token, source, model, start)
+    stage = policy.miss_stage()
+    remote_started = time.perf_counter()
+    found = storage.read_through(token, source, policy.opts, stage)  # the remote tier: no local lock held
+    remote_seconds = time.perf_counter() - remote_started
+    if found is not None:
+        model, adopted = found
+        return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory,
+                                   stage=adopted, remote_seconds=remote_seconds)
     with locked(cache, token, shared=False) as held:
         # Re-check under the exclusive lock: another process may have compiled it while we
         # waited (make -j), or already replaced the entry we rejected.
-        model, again = _try_hit(cache, token, policy.settings)
+        model, again = storage.read(token)
         hit = model is not None  # made by another process while we waited
         if not hit:
-            rejected = again or rejected
-            if rejected is not None:
-                warn(f"cache entry {token[:12]} rejected: {rejected.detail}; recompiling")
+            if again is not None:
+                rejected = again
+                warn(f"cache entry {token[:12]} rejected: {again.detail}; recompiling")
                 cache.remove(token, counter="corruptions", lock=held)
-            from nncc.preparing.remote import after_local_commit, on_local_miss, remote_state
-
-            stage = policy.miss_stage()
-            remote_started = time.perf_counter()
-            found = on_local_miss(cache, token, source, policy.opts, stage)  # the remote tier
-            remote_seconds = time.perf_counter() - remote_started
-            if found is not None:
-                model, adopted = found
-                return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory,
-                                           stage=adopted, remote_seconds=remote_seconds)
             opts = policy.options_for(stage)
             from nncc.cache.objects import record_entry_objects
 
@@ -224,21 +212,24 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
 
             try:
                 store_plan(cache, token, plan, source, policy.opts, compile_seconds,
-                       counter="recompiles" if rejected else "misses", stage=stage, limits=limits)
+                           counter="recompiles" if rejected else "misses", stage=stage, limits=limits)
             except EntryTooLarge as exc:  # an entry that cannot fit is not stored
                 warn(str(exc))
+                storage.abandon(token)
                 return model, CacheOutcome("not-stored", token, time.perf_counter() - start, directory, str(exc))
             except (CacheWriteError, IndexUnavailable) as exc:
+                storage.abandon(token)
                 return _degraded(source, None, token, directory, f"cannot store: {exc}", start, model)
             record_entry_objects(cache, token, plan)  # gc keeps the objects a live entry needs
             cache_stats.record_miss(cache, token, source.bytes, policy.opts, rejected is not None, compile_seconds)
             policy.record_build(cache, token, plan)
-            remote_started = time.perf_counter()
-            after_local_commit(cache, token)  # write-back to the remote tier, if any
-            remote_seconds += time.perf_counter() - remote_started
-            remote_note = remote_state()
     if hit:
+        storage.abandon(token)  # stored here by another process: it shares it
         return policy.after_hit(cache, token, source, model, start)  # outside the lock: it may take it
+    remote_started = time.perf_counter()
+    storage.write_back(token)  # to the remote tier, if any, outside the lock
+    remote_seconds += time.perf_counter() - remote_started
+    remote_note = storage.remote_state()
     outcome = "recompiled" if rejected else "miss"
     evicted = None
     try:

@@ -74,12 +74,8 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
         return CHANGED
     from nncc.preparing.remote import fetch_optimized, publish_optimized
 
-    with locked(cache, token, shared=False):  # a machine of this target may have built it already
-        entry = cache.index.get(token)
-        if entry is None or entry.stage != QUICK:
-            return SKIPPED
-        if fetch_optimized(cache, token, opts):
-            return UPGRADED
+    if fetch_optimized(cache, token, opts):  # a machine of this target built it already
+        return UPGRADED
     from nncc.cache.objects import record_entry_objects
 
     start = time.perf_counter()
