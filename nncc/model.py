@@ -228,6 +228,19 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
     return prepare_through_cache(path, **kwargs)
 
 
+def refuse_unloadable(prepared, origin: str) -> None:
+    """What building the runnable model would refuse here, checked without loading
+    anything: native code built in the sanitize mode, in a process without the sanitizer
+    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike)."""
+    info = prepared.plan.options.get("native") if prepared.plan.native else None
+    if prepared.trust_native and info:
+        from nncc.native.activate import require_sanitizer_runtime
+        from nncc.native.toolchain import is_sanitized
+
+        if is_sanitized(info):
+            require_sanitizer_runtime(origin)
+
+
 def artifact_bytes(prepared) -> bytes:
     """The single-file artifact (``nncc compile -o``) of a prepared model (a CompiledModel,
     or what nncc.preparing returned, which is never built to run only to be written),

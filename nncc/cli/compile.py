@@ -44,7 +44,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from nncc.cli.progress import live_progress
     from nncc.cli.sources import read_onnx_source
-    from nncc.model import artifact_bytes, prepare_plan
+    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable
     from nncc.util import progress
     from nncc.util.buildfiles import write_if_changed
     from nncc.util.writable import check_writable
@@ -70,6 +70,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
         # the plan is written, never built to run: no native code is loaded, nothing allocated
         prepared, outcome = prepare_plan(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                          trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)
+        refuse_unloadable(prepared, prepared.origin)
         data = artifact_bytes(prepared)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)

@@ -92,6 +92,9 @@ def _require_sanitizer_runtime(origin: str) -> None:
              "NNCC_NATIVE_SANITIZE")
 
 
+require_sanitizer_runtime = _require_sanitizer_runtime  # public: nncc compile checks it without loading
+
+
 def _threads(plan: Plan) -> int:
     """The pool size for the code's own loops: the plan's setting (low-power: 1), else as
     many as BLAS uses, so the two pools take the same cores."""
