@@ -164,3 +164,56 @@ def test_verify_reports_an_index_it_had_to_rebuild(cli, cache_dir):
     assert [f["status"] for f in report["findings"] if f["token"]] == ["ORPHAN"]  # the entry it listed
     code, out, err = cli("cache", "verify")  # rebuilt now: healthy, and says so
     assert code == 0 and "index was damaged" not in out
+
+
+# -- the remote tier is asked outside every local lock ----------------------------------------------
+
+
+def test_a_local_miss_asks_the_remote_without_holding_the_token_lock(tmp_path):
+    """While a run is inside its remote read-through (connected to the remote, waiting for
+    an answer), the token's local lock is free: another process on this machine is not held
+    up by a slow remote."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("redis", reason="the redis client is part of the test extra")
+    from nncc.cache.locking import try_lock
+    from tests.remote_servers import KEY
+
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNCC_REMOTE")}
+    env.update(NNCC_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    run = [sys.executable, "-m", "nncc", "run", str(MLP), "--random-inputs", "--json"]
+    first = subprocess.run(run, env=env, capture_output=True, text=True, check=True)  # learn the token
+    token = json.loads(first.stdout)["cache"]["token"]
+    subprocess.run([sys.executable, "-m", "nncc", "cache", "clear"], env=env, capture_output=True, check=True)
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    env.update(NNCC_REMOTE=f"redis://127.0.0.1:{server.getsockname()[1]}/0", NNCC_REMOTE_KEY=KEY,
+               NNCC_REMOTE_TIMEOUT="600")  # it waits for our answer until we hang up
+    proc = subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        conn = None
+        while conn is None and proc.poll() is None:
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                pass
+        assert conn is not None, proc.communicate()
+        held = try_lock(str(cache / "locks" / f"{token}.lock"))  # the run is inside the remote call now
+        assert held is not None, "the token's lock is held while the remote is asked"
+        held.unlink()
+        held.release()
+        conn.close()  # the remote fails: the run goes on with the local cache
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.close()
+    assert proc.returncode == 0, err
+    report = json.loads(out)["cache"]
+    assert report["outcome"] == "miss" and report["token"] == token and report["remote_note"] == "failed"
