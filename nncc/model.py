@@ -224,8 +224,12 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
     code is loaded and no memory planned; no background upgrade is started."""
     from nncc.preparing.flows import prepare as prepare_through_cache
 
+    from nncc.ir.opsets import warn_newer_opsets
+
     kwargs.setdefault("background", None)
-    return prepare_through_cache(path, **kwargs)
+    prepared, outcome = prepare_through_cache(path, **kwargs)
+    warn_newer_opsets(prepared.plan.options.get("opsets") or {})  # as building the model would
+    return prepared, outcome
 
 
 def refuse_unloadable(prepared, origin: str) -> None:
