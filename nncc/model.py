@@ -9,7 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
-from nncc.compiler import CompileOptions, compile_graph
+from nncc.compiler import compile_graph
 from nncc.errors import PlanFormatError
 from nncc.plan.plan import Plan
 
@@ -18,7 +18,8 @@ class CompiledModel:
     """A prepared model: a verified Plan bound to an executor."""
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
-                 origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None):
+                 origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None,
+                 native_builder=None, shape_plans_limit: int | None | str = "setting"):
         """``trust_native``: run the plan's native code (when it has any and this CPU can)
         even if the plan's artifact is not signed by a trusted key; otherwise its portable
         plan runs, with one warning if native code was skipped. ``foreign``: the plan was
@@ -42,7 +43,29 @@ class CompiledModel:
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
         self._blas_threads = _recorded_threads(plan)
-        self._shape_plans = shape_plans(self._executor)
+        if shape_plans_limit == "setting":
+            from nncc.settings import value
+
+            shape_plans_limit = value("run.shape_plans")
+        self._shape_plans = shape_plans(self._executor, shape_plans_limit, native_builder)
+
+    @classmethod
+    def from_prepared(cls, prepared, native_builder=None, shape_plans_limit: int | None | str = "setting"):
+        """The runnable model of what nncc.preparing returned: built here, outside every
+        cache lock (native code is loaded, the arena allocated)."""
+        return cls(prepared.plan, trust_native=prepared.trust_native, origin=prepared.origin,
+                   foreign=prepared.foreign, cache_parts=prepared.cache_parts, native_builder=native_builder,
+                   shape_plans_limit=shape_plans_limit)
+
+    @property
+    def foreign(self) -> bool:
+        """Read from an artifact or built by another machine: never signed as this user's."""
+        return self._foreign
+
+    @property
+    def executor(self):
+        """The executor that runs the general plan (its native code loaded)."""
+        return self._executor
 
     @property
     def native_partitions(self) -> int:
@@ -97,21 +120,26 @@ class CompiledModel:
         with the user's key; a loaded artifact keeps its own signature, if its bytes are
         unchanged, and is never signed by this user."""
         if self._raw is None:
-            from nncc.plan.format import serialize
-
-            if self._foreign:
-                seal = self.plan.seal
-                self._raw = serialize(self.plan, seal=lambda message: _same_seal(seal, message))
-            else:
-                from nncc.trust.seal import sign
-
-                self._raw = serialize(self.plan, seal=sign)
+            self._raw = _serialize(self.plan, self._foreign)
         return self._raw
 
     def save(self, path: str | os.PathLike) -> None:
         from nncc.util.atomic import write_atomic
 
         write_atomic(path, self.to_bytes())
+
+
+def _serialize(plan: Plan, foreign: bool) -> bytes:
+    """The artifact of ``plan``: signed with the user's key, unless it is foreign (then it
+    keeps its own signature, if that still signs it)."""
+    from nncc.plan.format import serialize
+
+    if foreign:
+        seal = plan.seal
+        return serialize(plan, seal=lambda message: _same_seal(seal, message))
+    from nncc.trust.seal import sign
+
+    return serialize(plan, seal=sign)
 
 
 def _same_seal(seal, message: bytes) -> bytes | None:
@@ -142,13 +170,14 @@ def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: di
     """The Plan compile_model runs, without preparing it to run (nothing is allocated)."""
     from nncc.frontend.onnx import load_model
 
-    opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    return compile_graph(load_model(path, model_bytes), opts)
+    from nncc.preparing.compiling import compile_options
+
+    return compile_graph(load_model(path, model_bytes), compile_options(options))
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
             trust_shared: bool | None = None, model_bytes: bytes | None = None, hash_mode: str | None = None,
-            stage: str | None = None, **options):
+            stage: str | None = None, background: str | None = "thread", settings=None, **options):
     """Compile through the verified cache: ``(CompiledModel, CacheOutcome)``.
 
     A hit prepares from the cache files after checking them against the hash index; a miss
@@ -163,23 +192,84 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     Stages: a miss stores the quick portable plan and returns at once; once the entry has
     been hit $NNCC_UPGRADE_AFTER times (default 2) a background thread builds its native
     stage, which the next prepare() picks up. ``stage="quick"`` or ``"optimized"`` forces
-    one (optimized: the native code is built now).
+    one (optimized: the native code is built now). ``background``: "thread" (default) or
+    "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 
     Dynamic input dimensions: each input shape run twice gets a plan of its own
     (nncc.runtime.specialize), and, where a stage upgrade would happen, a native plan for
-    those sizes built in a background thread through the cache (nncc.cache.shapes).
+    those sizes built in a background thread through the cache (nncc.preparing.shapes).
+    ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
+    resolved now.
     """
-    from nncc.cache.flows import prepare as cached_prepare
+    from nncc.preparing.flows import prepare as prepare_plan
 
-    model, outcome = cached_prepare(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
-                                    model_bytes=model_bytes, hash_mode=hash_mode, stage=stage,
-                                    background="thread", **options)
-    if model._shape_plans is not None and use_cache and model_bytes is None and stage is None:
-        from nncc.cache.shapes import native_builder
+    if settings is None:
+        from nncc.preparing.flows import resolve_settings
 
-        model._shape_plans.native_builder = native_builder(
-            path, {"cache_dir": cache_dir, "trust_shared": trust_shared, "hash_mode": hash_mode}, options)
+        settings = resolve_settings(cache_dir, hash_mode, use_cache)
+    prepared, outcome = prepare_plan(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
+                                     model_bytes=model_bytes, hash_mode=hash_mode, stage=stage,
+                                     background=background, settings=settings, **options)
+    builder = None
+    if use_cache and model_bytes is None and stage is None and background is not None:
+        from nncc.preparing.shapes import native_builder
+
+        build = native_builder(path, {"trust_shared": trust_shared, "hash_mode": hash_mode}, options, settings)
+
+        def builder(dims, deliver):  # the shape's plan is built to run here, in the builder's thread
+            build(dims, lambda shaped: deliver(CompiledModel.from_prepared(shaped, shape_plans_limit=None).executor))
+    model = CompiledModel.from_prepared(prepared, builder, settings.shape_plans)  # outside every lock
     return model, outcome
+
+
+def prepare_plan(path: str | os.PathLike, **kwargs):
+    """``(Prepared, CacheOutcome)``: what prepare() builds its model from, for a caller
+    that only writes the artifact (``nncc compile``); arguments as prepare(). No native
+    code is loaded and no memory planned; no background upgrade is started."""
+    from nncc.preparing.flows import prepare as prepare_through_cache
+
+    from nncc.ir.opsets import warn_newer_opsets
+
+    kwargs.setdefault("background", None)
+    prepared, outcome = prepare_through_cache(path, **kwargs)
+    warn_newer_opsets(prepared.plan.options.get("opsets") or {})  # as building the model would
+    return prepared, outcome
+
+
+def refuse_unloadable(prepared, origin: str) -> None:
+    """What building the runnable model would refuse here, checked without loading
+    anything: native code built in the sanitize mode, in a process without the sanitizer
+    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike)."""
+    info = prepared.plan.options.get("native") if prepared.plan.carries_code else None
+    if prepared.trust_native and info:
+        from nncc.native.activate import require_sanitizer_runtime
+        from nncc.native.toolchain import is_sanitized
+
+        if is_sanitized(info):
+            require_sanitizer_runtime(origin)
+
+
+def artifact_bytes(prepared) -> bytes:
+    """The single-file artifact (``nncc compile -o``) of a prepared model (a CompiledModel,
+    or what nncc.preparing returned, which is never built to run only to be written),
+    signed with the user's key when it carries native code. For a model prepared from the
+    cache it is assembled from the verified model and data caches, so it is byte-identical
+    to what an uncached compile writes."""
+    from nncc.util.notice import warn
+
+    if prepared.cache_parts is None:
+        if isinstance(prepared, CompiledModel):
+            return prepared.to_bytes()
+        return _serialize(prepared.plan, prepared.foreign)
+    from nncc.plan.format import artifact_from_parts
+    from nncc.trust.seal import sign  # native code from our own cache is signed as ours
+
+    if prepared.foreign:  # another machine's code (the remote tier's): never signed as the user's
+        if prepared.plan.carries_code:
+            warn("the artifact is not signed: its native code came from the remote cache, built by another "
+                 "machine (`nncc compile --no-cache` builds and signs it here)")
+        return artifact_from_parts(*prepared.cache_parts)
+    return artifact_from_parts(*prepared.cache_parts, seal=sign)
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,

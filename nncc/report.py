@@ -12,7 +12,7 @@ from nncc.plan.plan import Plan
 
 def plan_stage(plan: Plan) -> str:
     """The cache stage a plan was compiled as: a quick plan is marked so; any other is a
-    full compile (nncc/cache/stages.py)."""
+    full compile (nncc/preparing/stages.py)."""
     return "quick" if plan.options.get("stage") == "quick" else "optimized"
 
 

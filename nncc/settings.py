@@ -24,43 +24,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nncc.errors import NnccError
+from nncc.util.setting_values import (AGE_HELP, SIZE_HELP, SettingError, bad_value, masked,  # noqa: F401
+                                      parse_age, parse_size)
 
 ENV_CONFIG_FILE = "NNCC_CONFIG_FILE"
 CONFIG_NAME = "config.toml"
 OFF = ("0", "off", "none", "unlimited")  # a limit that is disabled
 
-SIZE_HELP = "use a number with an optional K, M, G or T suffix (e.g. 500M, 2G)"
-AGE_HELP = "use a number with s, m, h, d or w (e.g. 7d, 12h)"
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")  # = nncc.compiler.PREFERENCES
 HASH_MODES = ("content", "direct")
 
 
-class SettingError(NnccError):
-    """A setting's value is not valid, or the config file cannot be read."""
-
-    exit_code = 2
-
-
 # -- checks: raw value -> value, or ValueError(why) ------------------------------------------
-
-
-def parse_size(text) -> int:
-    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
-    if not m or isinstance(text, bool):
-        raise ValueError(SIZE_HELP)
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
-
-
-def parse_age(text) -> float:
-    """'7d', '12h', '30m', '45s', '2w' -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", str(text).lower())
-    if not m:
-        raise ValueError(AGE_HELP)
-    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
 
 
 def _limit(parse: Callable) -> Callable:
@@ -209,14 +184,6 @@ def _seconds_between(low: float, high: float) -> Callable:
     return check
 
 
-def masked(text):
-    """``text`` with the password of any URL in it replaced by ``***``
-    (redis://:secret@host -> redis://:***@host): for every output, JSON included."""
-    if not isinstance(text, str) or "@" not in text:
-        return text
-    return re.sub(r"(\b[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^/@\s]*@", r"\1***@", text, flags=re.I)
-
-
 # -- the table of settings -------------------------------------------------------------------
 
 
@@ -355,20 +322,6 @@ def check(setting: Setting | str, raw, where: str):
         raise bad_value(setting.what, raw, where, str(exc)) from None
 
 
-def bad_value(what: str, raw, where: str, why: str) -> SettingError:
-    """The one message for a bad value, whatever its source (a URL's password masked)."""
-    return SettingError(f"bad {what} {masked(raw)!r} in {where}: {why}", hint=_fix_hint(where))
-
-
-def _fix_hint(where: str) -> str | None:
-    if " in " in where:  # the config file
-        key = where.split(" in ", 1)[0]
-        return f"`nncc config set {key} VALUE` or `nncc config unset {key}`"
-    if where.startswith("NNCC_"):
-        return f"fix or unset {where}"
-    return None
-
-
 def resolve(key: str, flag=None, flag_name: str | None = None) -> Resolved:
     """The effective value of ``key``: ``flag`` (when not None), else its environment
     variable (when set and not empty), else the config file, else the default."""
@@ -408,27 +361,40 @@ def cache_dir(flag=None) -> str:
     """--cache-dir (``flag``), else $NNCC_CACHE_DIR, else cache.dir, else the platform's
     user cache directory; an existing non-directory is a bad value wherever it came from."""
     chosen = value("cache.dir", None if flag in (None, "") else os.fspath(flag), "--cache-dir")
-    if chosen is None:
-        import platformdirs
+    return default_cache_dir() if chosen is None else chosen
 
-        chosen = platformdirs.user_cache_dir("nncc", appauthor=False)
-    return chosen
+
+def default_cache_dir() -> str:
+    """The platform's user cache directory for nncc."""
+    import platformdirs
+
+    return platformdirs.user_cache_dir("nncc", appauthor=False)
 
 
 @dataclass(frozen=True)
 class CacheSettings:
+    """Every setting a prepare through the cache uses, resolved and checked once: the core
+    receives this record, never this module."""
+
     directory: str
     max_size: int | None  # bytes; None: no bound
     max_age: float | None  # seconds; None: no bound
     hash_mode: str  # "content" | "direct"
     max_size_where: str = "default"  # where the size bound came from, for messages
+    upgrade_after: int | None = 2  # hits before a quick entry's optimized stage is built; None: never
+    trust_remote_native: bool = False  # remote.trust_native
+    shape_plans: int | None = 8  # run.shape_plans; None: off
+    trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write
 
 
-def cache_settings(cache_dir_flag=None) -> CacheSettings:
-    """Everything the cache's flows need, resolved and checked once per prepare."""
+def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
+    """Everything the cache's flows need, resolved and checked once per command."""
     size = resolve("cache.max_size")
     return CacheSettings(cache_dir(cache_dir_flag), size.value, value("cache.max_age"),
-                         value("cache.hash_mode"), size.where)
+                         value("cache.hash_mode", hash_mode_flag, "--hash-mode"), size.where,
+                         upgrade_after=value("cache.upgrade_after"),
+                         trust_remote_native=bool(value("remote.trust_native")),
+                         shape_plans=value("run.shape_plans"), trust_shared=value("cache.trust_shared"))
 
 
 REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",
@@ -440,3 +406,53 @@ def check_remote_settings() -> None:
     local miss: a bad one is a SettingError (one line, exit 2) before anything runs."""
     for key in REMOTE_KEYS:
         resolve(key)
+
+
+# -- the remote tier's record ---------------------------------------------------------------
+
+
+def configured_url() -> str | None:
+    """The remote tier's URL: --remote, else $NNCC_REMOTE, else remote.url; None: none."""
+    from nncc.cache.remote import settings as remote  # start-up cost: only with a remote
+
+    return value("remote.url", remote.flag_url(), "--remote")
+
+
+def remote_settings():
+    """The remote tier's settings (nncc.cache.remote.settings.RemoteSettings), resolved."""
+    from nncc.cache.remote import settings as remote  # start-up cost: only with a remote
+
+    url = configured_url()
+    if url is None:
+        return remote.RemoteSettings(None, None, None)
+    key, problem = _remote_key()
+    return remote.RemoteSettings(
+        url=url, key=key, key_problem=problem,
+        timeout=value("remote.timeout"),
+        lease_seconds=value("remote.lease"),
+        wait_seconds=value("remote.wait"),
+        s3_endpoint=os.environ.get(remote.ENV_S3_ENDPOINT) or None,
+    )
+
+
+def _remote_key() -> tuple[bytes | None, str | None]:
+    """(the team secret, None), or (None, why there is none: the tier is then off with one
+    warning). A weak key, or a key file others can read, is refused: RemoteConfigError."""
+    from nncc.cache.remote import settings as remote
+
+    path = value("remote.key_file")
+    if path:
+        secret, problem = remote.read_key_file(path)
+        where = f"the key file {path}"
+        if problem:
+            return None, problem
+    else:
+        secret = os.environ.get(remote.ENV_KEY, "").strip().encode()
+        where = f"${remote.ENV_KEY}"
+        if not secret:
+            return None, f"no key: set ${remote.ENV_KEY_FILE} or ${remote.ENV_KEY} to the team's secret"
+    if len(secret) < remote.MIN_KEY_BYTES:
+        raise remote.RemoteConfigError(f"the remote key in {where} is {len(secret)} bytes, too short to keep "
+                                       f"the fleet's entries safe: use at least {remote.MIN_KEY_BYTES} random "
+                                       "bytes (`nncc cache remote keygen` writes a key file)")
+    return secret, None

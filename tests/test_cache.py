@@ -18,13 +18,16 @@ import pytest
 
 import nncc
 import nncc._version
+import nncc.cache
 from nncc.cache import files as files_mod
-from nncc.cache import flows as flows_mod
+import nncc.model as model_mod
 from nncc.cache import store as store_mod
-from nncc.cache.gc import auto_collect, collect, parse_age, parse_size
+from nncc.cache.gc import collect
+from nncc.cache.limits import after_store
+from nncc.settings import cache_settings, parse_age, parse_size
 from nncc.cache.index import SCHEMA_VERSION, Index
 from nncc.cache.locking import FileLock, LockBusy, try_lock
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.token import compute_token, external_files
 from nncc.cache.verify import verify
@@ -157,8 +160,8 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     monkeypatch.delenv("NNCC_CACHE_DIR")
     import platformdirs
 
-    assert store_mod.resolve_cache_dir() == platformdirs.user_cache_dir("nncc", appauthor=False)
-    assert store_mod.resolve_cache_dir(tmp_path / "x") == str(tmp_path / "x")
+    assert nncc.cache.resolve_cache_dir() == platformdirs.user_cache_dir("nncc", appauthor=False)
+    assert nncc.cache.resolve_cache_dir(tmp_path / "x") == str(tmp_path / "x")
 
 
 def test_nncc_model_prepare_and_options_in_key(cache_dir):
@@ -179,8 +182,8 @@ def test_artifact_from_cache_is_byte_identical(cache_dir):
     m1, o1 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")  # what `nncc compile` stores
     m2, o2 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     assert (o1.outcome, o2.outcome) == ("miss", "hit")
-    assert flows_mod.artifact_bytes(m1) == fresh
-    assert flows_mod.artifact_bytes(m2) == fresh
+    assert model_mod.artifact_bytes(m1) == fresh
+    assert model_mod.artifact_bytes(m2) == fresh
 
 
 def test_cached_entry_is_what_compile_produces(cache_dir):
@@ -848,7 +851,7 @@ def test_auto_gc_bounds_the_cache(cache_dir, monkeypatch):
         assert [e.preference for e in entries] == ["low-power"]  # the LRU one went
         assert c.index.totals()[1] <= one + 100
         monkeypatch.setenv("NNCC_CACHE_MAX_SIZE", "off")
-        assert auto_collect(c) is None
+        assert after_store(c, cache_settings(cache_dir)) is None
 
 
 def test_gc_removes_orphans_and_leftovers_but_not_busy_ones(cache_dir):

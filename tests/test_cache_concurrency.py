@@ -156,7 +156,7 @@ STEP_DRIVER = textwrap.dedent("""
         if step == "after-commit":
             die()
     os.replace, os.fsync, index_mod.Index.insert = replace, fsync, insert
-    from nncc.cache.flows import prepare
+    from nncc.model import prepare
     prepare(model, cache_dir=cache_dir)
 """)
 
@@ -248,7 +248,7 @@ def test_gc_beside_runs_never_breaks_them(tmp_path):
 
 IN_PROCESS_RUNNER = textwrap.dedent("""
     import sys, numpy as np
-    from nncc.cache.flows import prepare
+    from nncc.model import prepare
     model_path, cache_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     feeds = dict(np.load(sys.argv[4]))
     want = dict(np.load(sys.argv[5]))

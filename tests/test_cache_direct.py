@@ -20,7 +20,7 @@ import pytest
 
 from nncc.cache import direct
 from nncc.cache.files import CHUNK_BYTES
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from tests.conftest import FIXTURES

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from nncc.cache.index import Index, IndexUnavailable
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache, no_space_left
 from tests.conftest import ROOT
 from tests.test_cache import MLP, RESNET, assert_correct, check_outputs, feeds_for, warnings_in

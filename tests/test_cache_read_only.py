@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from tests.test_cache import MLP, RESNET, assert_correct, warnings_in
 

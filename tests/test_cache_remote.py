@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from nncc.cache.remote import flow
-from nncc.cache.flows import artifact_bytes, prepare
+from nncc.preparing import remote as flow
+from nncc.model import artifact_bytes, prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from nncc.native.toolchain import find_toolchain
@@ -146,7 +146,7 @@ def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
         _, outcome = prepare(RESNET, cache_dir=tmp_path / "c")
         assert outcome.outcome == "miss" and remote.get(f"manifests/{token}") == planted
         from nncc.cache.remote.gc import collect_remote
-        from nncc.cache.remote.settings import remote_settings
+        from nncc.settings import remote_settings
         from nncc.cache.remote.tier import RemoteTier
 
         if poison is poison_wrong_mac:  # a genuine entry too (the other poison made one): gc --remote
@@ -184,7 +184,7 @@ def test_a_machine_with_the_wrong_key_leaves_the_good_entry_intact(remote, tmp_p
 
 
 def test_entries_are_created_once_and_never_replaced(remote):
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import open_store
 
     store = open_store(remote_settings())
@@ -265,7 +265,7 @@ def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
     from tests.conftest import ROOT
 
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
-    script = ("import sys; from nncc.cache.flows import prepare; "
+    script = ("import sys; from nncc.model import prepare; "
               f"_, o = prepare({str(MLP)!r}, cache_dir={str(tmp_path / 'a')!r}); "
               "print(o.outcome, sorted(m for m in sys.modules if m.startswith(('redis', 'nncc.cache.remote', "
               "'http.client', 'xml'))))")
@@ -290,7 +290,7 @@ def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
 def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote):
     import time
 
-    from nncc.cache.remote.settings import remote_settings
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import open_store
 
     store = open_store(remote_settings())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from tests.remote_servers import (ACCESS, KEY, MotoServer, RedisServer, black_hole, fresh_remote_state,  # noqa: F401
                                   remote)
@@ -92,7 +92,7 @@ def test_full_redis_never_fails_a_run_and_shows_no_partial_entry(tmp_path, monke
         assert len(warned) == 1 and "maxmemory" in warned[0], warned
         assert list(server.client.scan_iter(match="nncc:manifests/*")) == []
         server.client.delete(*[f"ballast:{i}" for i in range(200)])  # room again: a new run uploads
-        from nncc.cache.remote import flow
+        from nncc.preparing import remote as flow
 
         flow._tiers.clear()
         _, outcome = prepare(RESNET, cache_dir=tmp_path / "c")

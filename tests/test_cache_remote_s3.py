@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from tests.remote_servers import ACCESS, KEY, MotoServer, fresh_remote_state  # noqa: F401
 from tests.test_cache import MLP, assert_correct
 

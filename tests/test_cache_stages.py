@@ -146,7 +146,7 @@ def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
 
 _READER = r"""
 import sys, numpy as np
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 model_path, feeds_path, want_path, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 x = np.load(feeds_path)["x"]
 want = np.load(want_path)
@@ -291,7 +291,7 @@ def test_forced_stages_and_compile(tmp_path):
 def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
     import threading
 
-    from nncc.cache.flows import prepare
+    from nncc.model import prepare
 
     s = Setup(tmp_path)
     monkeypatch.setenv("CC", str(s.cc))
@@ -323,7 +323,7 @@ def test_worker_aborts_when_the_model_no_longer_hashes_to_the_token(tmp_path):
     onnx.save(edited, str(s.model))
 
     def worker():
-        return subprocess.run([sys.executable, "-m", "nncc.cache.upgrade", "--cache-dir", str(s.cache),
+        return subprocess.run([sys.executable, "-m", "nncc.preparing.upgrade", "--cache-dir", str(s.cache),
                                "--token", first["token"], "--model", str(s.model), "--options",
                                json.dumps(options)], env=s.env, capture_output=True, text=True)
 

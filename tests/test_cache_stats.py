@@ -12,7 +12,7 @@ import pytest
 
 import nncc
 from nncc.cache.index import ALL_COUNTERS, Index
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.plan.format import FORMAT_VERSION
 from tests.conftest import FIXTURES

@@ -450,7 +450,7 @@ def test_code_from_a_previous_model_is_never_reused(tmp_path):
 
 
 def test_token_covers_the_compiler_and_target(tmp_path, monkeypatch, static_mlp):
-    from nncc.cache.flows import prepare
+    from nncc.model import prepare
 
     cache_dir = tmp_path / "cache"
     _, a = prepare(static_mlp, cache_dir=cache_dir)

@@ -1,5 +1,5 @@
 """Plans per concrete input shape for models with dynamic dimensions (nncc.runtime.specialize,
-nncc.cache.shapes): a shape run twice gets a plan whose values are static and placed in the
+nncc.preparing.shapes): a shape run twice gets a plan whose values are static and placed in the
 arena; values whose shapes depend on data stay dynamic; at most ``run.shape_plans`` are
 kept, least recently used out; a model prepared through the cache gets the shape's native
 plan built in the background and kept in the cache for the next process. Every output is

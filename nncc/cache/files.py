@@ -110,22 +110,16 @@ def map_entry_file(path: str, what: str, expected_size: int):
 
 
 def write_file_atomic(path: str, data, prefix: str) -> None:
-    """Atomic write: a uniquely named temp file in the same folder, fsync, rename."""
+    """Atomic write (nncc.util.atomic): a temp file named ``<prefix>.<pid>-<rand>.tmp`` in the
+    same folder (the name gc and verify recognize), fsync, rename."""
+    from nncc.util.atomic import synced_temp, unique_suffix
+
     folder = os.path.dirname(path)
-    tmp = os.path.join(folder, f"{prefix}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        tmp = synced_temp(path, lambda f: f.write(data), f"{prefix}.{unique_suffix()}.tmp", 0o600)
     except OSError as exc:
         raise CacheWriteError(f"cannot write in {folder}: {exc.strerror or exc}") from None
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
         unlink_quietly(tmp)

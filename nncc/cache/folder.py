@@ -52,14 +52,6 @@ class CacheRefused(CacheUnavailable):
     exit_code = 2
 
 
-def trust_shared_from_env() -> bool:
-    """The cache.trust_shared setting: $NNCC_CACHE_TRUST_SHARED, else the config file, else
-    off; a value that is not a clear yes or no is refused rather than taken as trust."""
-    from nncc.settings import value
-
-    return value("cache.trust_shared")
-
-
 def _lstat(path: str):
     try:
         return os.lstat(path)
@@ -134,11 +126,9 @@ def _describe(st) -> str:
     return f"mode {stat.S_IMODE(st.st_mode):04o}, owner {owner}"
 
 
-def check_trusted(directory: str, trust_shared: bool | None) -> None:
+def check_trusted(directory: str, trust_shared: bool) -> None:
     """Raise CacheRefused unless the cache folder's trust anchor is private to this user
     (or trusting a shared one was asked for). Symlinks are refused in any case."""
-    if trust_shared is None:
-        trust_shared = trust_shared_from_env()
     me = os.geteuid()
     for name in ("", INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", "entries", "locks", "objects"):
         path = os.path.join(directory, name) if name else directory

@@ -13,81 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 
-from nncc.errors import NnccError
+from nncc.cache.reports import GcReport, Removal  # noqa: F401 (their home)
 
-
-ENV_MAX_SIZE = "NNCC_CACHE_MAX_SIZE"  # = the cache.max_size setting's variable (nncc.settings)
-
-
-class SizeError(NnccError):
-    exit_code = 2
-
-
-def parse_size(text: str, where: str = "the size") -> int:
-    """'500M', '2G', '1.5GiB', '123' (bytes) -> bytes (binary units); ``where`` names the
-    value's source in the error, worded as for a bad setting."""
-    from nncc.settings import bad_value, parse_size as parse
-
-    try:
-        return parse(text)
-    except ValueError as exc:
-        raise SizeError(str(bad_value("size", text, where, str(exc)))) from None
-
-
-def parse_age(text: str, where: str = "the age") -> float:
-    """'7d', '12h', '30m', '45s', '2w' -> seconds."""
-    from nncc.settings import bad_value, parse_age as parse
-
-    try:
-        return parse(text)
-    except ValueError as exc:
-        raise SizeError(str(bad_value("age", text, where, str(exc)))) from None
-
-
-def default_max_size() -> int | None:
-    """The bound applied after every write: the cache.max_size setting ($NNCC_CACHE_MAX_SIZE,
-    else the config file, else 2G; off disables it)."""
-    from nncc.settings import value
-
-    return value("cache.max_size")
-
-
-@dataclass
-class Removal:
-    token: str | None
-    reason: str  # "stale" | "orphan" | "leftover" | "age" | "size"
-    bytes: int
-    source: str | None = None
-    paths: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {"token": self.token, "reason": self.reason, "bytes": self.bytes,
-                "source": self.source, "paths": self.paths}
-
-
-@dataclass
-class GcReport:
-    removed: list[Removal] = field(default_factory=list)
-    skipped_busy: list[str] = field(default_factory=list)
-    failed: list[dict] = field(default_factory=list)  # {"token", "paths", "reason"}: could not be removed
-    dry_run: bool = False
-
-    @property
-    def freed(self) -> int:
-        return sum(r.bytes for r in self.removed)
-
-    def as_dict(self) -> dict:
-        return {"dry_run": self.dry_run, "removed": [r.as_dict() for r in self.removed],
-                "freed_bytes": self.freed, "skipped_busy": self.skipped_busy, "failed": self.failed}
-
-    def not_removed(self, cache, removal: Removal) -> None:
-        """Account for a removal that did not happen: busy, or a file that could not go."""
-        if cache.last_failure:
-            self.failed.append({"token": removal.token, "paths": removal.paths, "reason": cache.last_failure})
-        elif removal.token:
-            self.skipped_busy.append(removal.token)
 
 
 def collect(cache, max_size: int | None = None, max_age: float | None = None, dry_run: bool = False,
@@ -134,19 +62,6 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
                         total -= collect_objects(cache, report, dry_run, scan=False,
                                                  over=None if scan else total - max_size)
     return report
-
-
-def auto_collect(cache, keep=()) -> GcReport | None:
-    """The size and age bounds of the settings, as applied after each write (LRU only;
-    cheap when under the bounds; kernel objects count toward the size).
-    nncc.cache.limits.after_store is what the flows call."""
-    from nncc.cache.objects import object_bytes
-    from nncc.settings import value
-
-    limit, age = value("cache.max_size"), value("cache.max_age")
-    if (limit is None or cache.index.totals()[1] + object_bytes(cache) <= limit) and age is None:
-        return None
-    return collect(cache, max_size=limit, max_age=age, keep=keep, scan=False)
 
 
 def _evict(cache, entry, reason: str, report: GcReport, dry_run: bool) -> bool:

@@ -41,7 +41,7 @@ MISS_REASONS = ("new_model", "changed_options", "version_change", "tamper", "evi
 TIMINGS = ("hit_microseconds", "timed_hits", "compile_microseconds", "timed_compiles", "saved_microseconds")
 ALL_COUNTERS = COUNTERS + tuple(f"miss_{r}" for r in MISS_REASONS) + TIMINGS
 HISTORY_LIMIT = 10000  # rows kept in ``history``, newest first
-STAGES = ("quick", "optimized")  # an entry's stage (nncc/cache/stages.py)
+STAGES = ("quick", "optimized")  # an entry's stage (nncc/preparing/stages.py)
 _RETRIES = 50
 
 _SCHEMA = """

@@ -3,15 +3,16 @@ stored at all (storing it would evict everything else and still leave the cache 
 bound), and after a store, entries unused for longer than the age bound and then least
 recently used ones go, only until the total fits.
 
-The flows call two functions: ``refuse_oversized`` before writing an entry's files and
-``after_store`` once its index row is committed.
+The prepare layer calls two functions: ``refuse_oversized`` before writing an entry's files
+and ``after_store`` once its index row is committed. ``limits`` is any record with
+``max_size``, ``max_age`` and ``max_size_where`` (the resolved settings: the store never
+reads settings itself).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from nncc.settings import CacheSettings
+from typing import Any
 
 
 class EntryTooLarge(Exception):
@@ -27,7 +28,7 @@ class Evicted:
         return {"entries": self.entries, "bytes": self.bytes}
 
 
-def refuse_oversized(size: int, limits: CacheSettings | None) -> None:
+def refuse_oversized(size: int, limits: Any) -> None:
     """EntryTooLarge when an entry of ``size`` bytes cannot fit under the size bound."""
     if limits is None or limits.max_size is None or size <= limits.max_size:
         return
@@ -38,7 +39,7 @@ def refuse_oversized(size: int, limits: CacheSettings | None) -> None:
                         f"({format_bytes(limits.max_size)}{source}); not stored")
 
 
-def after_store(cache, limits: CacheSettings | None, keep=()) -> Evicted | None:
+def after_store(cache, limits: Any, keep=()) -> Evicted | None:
     """Apply the age and size bounds, never to ``keep`` (the entry just stored) nor to a
     busy entry. None when nothing had to go."""
     if limits is None or (limits.max_size is None and limits.max_age is None):

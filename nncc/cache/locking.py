@@ -86,6 +86,14 @@ class FileLock:
         self.release()
 
 
+def lock_problem(path: str, exc: OSError) -> str:
+    """Why a lock file cannot be taken, in one line (a symlink planted in its place is
+    never followed)."""
+    if exc.errno == errno.ELOOP:
+        return f"its lock file {path} is a symbolic link (never followed); left alone"
+    return f"cannot lock {path}: {exc.strerror or exc}"
+
+
 def try_lock(path: str) -> FileLock | None:
     """Take ``path`` exclusively without waiting; None if someone holds it, or if it is a
     symbolic link (never followed: its token is then left alone, as if busy)."""

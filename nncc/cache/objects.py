@@ -29,7 +29,8 @@ OBJECTS = "objects"
 
 
 class CacheObjects:
-    """The object store (see nncc/native/build.py) of one opened, writable cache."""
+    """The object store of one opened, writable cache: what native builds load and save
+    objects through (nncc.preparing.compiling installs it)."""
 
     def __init__(self, cache):
         self.cache = cache
@@ -78,15 +79,6 @@ class CacheObjects:
             pass
 
 
-@contextlib.contextmanager
-def objects_in(cache):
-    """Native code compiled in this context keeps and finds its objects in ``cache``."""
-    from nncc.native.build import using
-
-    with using(CacheObjects(cache)):
-        yield
-
-
 def record_entry_objects(cache, token: str, plan) -> None:
     """Record which objects ``token``'s entry was linked from (the keys its plan lists), so
     that gc keeps them. Housekeeping: a failure here never fails the compile."""
@@ -110,7 +102,7 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
     only until that many bytes are freed. With ``scan``, also files with no index row and
     temp files left by an interrupted write, and rows whose file is gone. Returns the bytes
     freed (or that would be, for a dry run)."""
-    from nncc.cache.gc import Removal
+    from nncc.cache.reports import Removal
 
     store = CacheObjects(cache)
     freed = 0
@@ -135,7 +127,7 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
 def dry_release(cache, report, token: str, remaining: set[str]) -> int:
     """For a dry run: report the objects ``token``'s entry needed that no entry in
     ``remaining`` needs (what evicting it would remove); returns their bytes."""
-    from nncc.cache.gc import Removal
+    from nncc.cache.reports import Removal
 
     mine = set(cache.index.entry_objects(token))
     for other in remaining:
@@ -150,7 +142,7 @@ def dry_release(cache, report, token: str, remaining: set[str]) -> int:
 
 
 def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
-    from nncc.cache.gc import Removal
+    from nncc.cache.reports import Removal
 
     if not os.path.isdir(store.directory) or os.path.islink(store.directory):
         return 0
@@ -184,7 +176,7 @@ def verify_objects(cache, fix: bool) -> list:
     with no row, temp files). An object that is as recorded is not listed. ``fix`` removes
     each file and row (a compile that needs one builds it again)."""
     from nncc.cache.files import CacheEntryError, read_entry_file
-    from nncc.cache.verify import Finding
+    from nncc.cache.reports import Finding
 
     store = CacheObjects(cache)
     findings = []

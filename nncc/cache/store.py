@@ -2,7 +2,7 @@
 
 The store does not know what an entry means: it puts, gets (verified), lists, removes
 and collects an entry's two parts. Compiling on a miss and preparing a model on a hit are
-nncc/cache/flows.py's.
+nncc.preparing's (flows.py).
 
 Layout of a cache directory (docs/cache.md has the full story)::
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, CacheUnavailable, check_trusted,
                                folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
-from nncc.cache.locking import FileLock, LockBusy, try_lock
+from nncc.cache.locking import FileLock, LockBusy, lock_problem, try_lock
 from nncc.cache.files import (CacheEntryError, CacheWriteError, chunk_hashes, content_hash, fsync_dir,
                               map_entry_file, read_entry_file, spot_check, unlink_quietly, write_file_atomic)
 from nncc.util.notice import warn
@@ -41,22 +41,6 @@ TOKEN_RE = re.compile(r"^[0-9a-f]{64}$")
 ENTRY_FILE_RE = ENTRY_NAME  # <token>.plan, <token>.data
 TEMP_FILE_RE = TEMP_NAME  # .<token>.<kind>.<pid>-<8 hex>.tmp, as write_file_atomic names them
 ENV_DIR = "NNCC_CACHE_DIR"
-
-
-def default_cache_dir() -> str:
-    import platformdirs
-
-    return platformdirs.user_cache_dir("nncc", appauthor=False)
-
-
-def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> str:
-    """--cache-dir, else $NNCC_CACHE_DIR, else the config file's cache.dir, else the
-    platform's user cache directory (nncc.settings; a bad value is a SettingError)."""
-    from nncc.settings import cache_dir as setting
-
-    return setting(cache_dir)
-
-
 
 
 @dataclass
@@ -79,6 +63,12 @@ class TokenFiles:
             except OSError:
                 pass
         return total
+
+
+def _absolute(directory) -> str:
+    """The cache folder as the settings resolve it (``~`` expanded, absolute): the caller
+    resolved which one it is (nncc.settings.cache_dir)."""
+    return os.path.abspath(os.path.expanduser(os.fspath(directory)))
 
 
 def no_space_left(directory: str) -> bool:
@@ -111,12 +101,13 @@ class Cache:
         self.disk_full = False  # found full at open (then read_only or reclaiming)
         self._unindexed: list[tuple[str, str | None]] = []  # (token, counter) rows still to delete
         self.last_failure: str | None = None  # why the last remove/remove_files left a file behind
+        self.index_rebuilt: str | None = None  # why the index was unreadable, when opening rebuilt it empty
 
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: str | os.PathLike | None = None, create: bool = True,
-             read_only_ok: bool = False, reclaim: bool = False, trust_shared: bool | None = None) -> "Cache":
+    def open(cls, directory: str | os.PathLike, create: bool = True,
+             read_only_ok: bool = False, reclaim: bool = False, trust_shared: bool = False) -> "Cache":
         """Open (and create) a cache directory. Raises CacheUnavailable. With
         ``read_only_ok``, a filled cache that cannot be written (read-only storage, another
         user's) opens for reading: ``cache.read_only`` is then True.
@@ -127,15 +118,15 @@ class Cache:
         files go first), and ``cache.reclaiming`` is True.
 
         A folder that is not nncc's (not empty, no nncc signature), or one that is not
-        private to this user (unless ``trust_shared``, default $NNCC_CACHE_TRUST_SHARED),
-        raises CacheRefused (nncc/cache/folder.py). ``create=False`` never creates
+        private to this user (unless ``trust_shared``: the resolved cache.trust_shared
+        setting, which the store never reads itself), raises CacheRefused (nncc/cache/folder.py). ``create=False`` never creates
         anything: no cache there raises CacheUnavailable."""
         try:
             return cls._open(directory, create, read_only_ok, trust_shared)
         except CacheRefused:
             raise
         except CacheUnavailable:
-            path = resolve_cache_dir(directory)
+            path = _absolute(directory)
             if not ((reclaim or read_only_ok) and os.path.isfile(os.path.join(path, INDEX_NAME))
                     and no_space_left(path)):
                 raise
@@ -151,8 +142,8 @@ class Cache:
         return cache
 
     @classmethod
-    def _open(cls, directory, create: bool, read_only_ok: bool, trust_shared: bool | None) -> "Cache":
-        cache = cls(resolve_cache_dir(directory))
+    def _open(cls, directory, create: bool, read_only_ok: bool, trust_shared: bool) -> "Cache":
+        cache = cls(_absolute(directory))
         state = folder_state(cache.directory)
         if state == "foreign":
             if os.path.isdir(cache.directory):
@@ -176,17 +167,14 @@ class Cache:
         cache.index = cache._open_index()
         return cache
 
-    def _create(self, state: str, trust_shared: bool | None) -> None:
+    def _create(self, state: str, trust_shared: bool) -> None:
         """Make the folder a cache: mode 0700 where nncc creates or initializes it (an
         existing empty folder keeps its mode when a shared cache is trusted), the signature
         (CACHEDIR.TAG) first, then entries/ and locks/ (Index.open creates the index, 0600)."""
-        from nncc.cache.folder import trust_shared_from_env
-
         if state == "missing":
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             make_private(self.directory)
-        elif state == "empty" and os.stat(self.directory).st_uid == os.geteuid() and not (
-                trust_shared if trust_shared is not None else trust_shared_from_env()):
+        elif state == "empty" and os.stat(self.directory).st_uid == os.geteuid() and not trust_shared:
             make_private(self.directory)
         tag = os.path.join(self.directory, TAG_NAME)
         if not os.path.lexists(tag):
@@ -249,6 +237,7 @@ class Cache:
                     except FileNotFoundError:
                         pass
                 warn(f"cache index {path} was unreadable ({reason}); rebuilt it empty")
+                self.index_rebuilt = reason
                 self.index = self._new_index().open()
                 return self.index
         except (IndexCorrupt, IndexUnavailable, OSError) as exc:
@@ -350,12 +339,11 @@ class Cache:
         of its chunks hashed (see files.spot_check): the cost stays flat in the size of
         the weights, and over successive hits every chunk is checked. ``verify_data``
         (``nncc cache verify``) hashes it whole. Raises CacheEntryError."""
-        from nncc._version import __version__
-        from nncc.plan.format import FORMAT_VERSION
+        from nncc.cache.versions import stale_writer
 
-        if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
-            raise CacheEntryError("stale", f"was written by nncc {entry.nncc_version} "
-                                           f"(format {entry.format_version})")
+        stale = stale_writer(entry.nncc_version, entry.format_version)
+        if stale:
+            raise CacheEntryError("stale", f"was {stale}")
         plan_path, data_path = self.paths(entry.token)
         model_bytes = read_entry_file(plan_path, "model cache", entry.plan_size)
         if content_hash(model_bytes) != entry.plan_hash:
@@ -446,6 +434,9 @@ class Cache:
             try:
                 held = self.lock(token, shared=False, blocking=blocking).acquire()
             except LockBusy:
+                return False
+            except OSError as exc:  # a lock file replaced by a symlink, an unreadable locks/
+                self.last_failure = lock_problem(self.lock_path(token), exc)
                 return False
         try:
             # The row goes first, so that no reader finds a row whose files are gone; on a

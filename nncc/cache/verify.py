@@ -28,55 +28,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 
-PROBLEMS = ("CORRUPT", "MISSING", "STALE")
-DEBRIS = ("ORPHAN", "LEFTOVER")
+from nncc.cache.versions import stale_writer
+from nncc.cache.reports import DEBRIS, PROBLEMS, Finding, VerifyReport  # noqa: F401 (their home)
 
-
-@dataclass
-class Finding:
-    status: str
-    token: str | None
-    detail: str = ""
-    paths: list[str] = field(default_factory=list)
-    bytes: int = 0
-    source: str | None = None
-    fixed: bool = False
-    not_fixed: str | None = None  # with fix: why it could not be removed ("busy", or the reason)
-
-    def as_dict(self) -> dict:
-        return {"status": self.status, "token": self.token, "detail": self.detail, "paths": self.paths,
-                "bytes": self.bytes, "source": self.source, "fixed": self.fixed, "not_fixed": self.not_fixed}
-
-
-@dataclass
-class VerifyReport:
-    findings: list[Finding]
-    fix: bool
-
-    @property
-    def problems(self) -> list[Finding]:
-        return [f for f in self.findings if f.status in PROBLEMS]
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing is wrong, or (with fix) everything wrong was removed and no
-        debris failed to go for another reason than being busy. Debris alone is not wrong."""
-        if not self.fix:
-            return not self.problems
-        return (all(f.fixed for f in self.problems)
-                and not any(f.not_fixed not in (None, "busy") for f in self.findings))
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for f in self.findings:
-            out[f.status] = out.get(f.status, 0) + 1
-        return out
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "fix": self.fix, "counts": self.counts(),
-                "findings": [f.as_dict() for f in self.findings]}
 
 
 def _producer(path: str) -> str | None:
@@ -113,8 +68,6 @@ def _busy(cache, token: str) -> bool:
 
 def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
     """Findings for files that have no live index row (tokens in ``skip`` excluded)."""
-    from nncc._version import __version__
-
     rows = {e.token for e in cache.index.entries()}
     stale = cache.index.stale()
     tokens, foreign = cache.scan()
@@ -139,8 +92,8 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
                                     paths, size, stale[token]["source_path"]))
             continue
         producer = _producer(files.plan) if files.plan else None
-        if producer is not None and producer != __version__:
-            findings.append(Finding("STALE", token, f"written by nncc {producer}", paths, size))
+        if producer is not None and stale_writer(producer):
+            findings.append(Finding("STALE", token, stale_writer(producer), paths, size))
         elif busy:
             findings.append(Finding("IN-PROGRESS", token, "being written", paths, size))
         else:
@@ -149,11 +102,15 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 
 def verify(cache, fix: bool = False) -> VerifyReport:
-    from nncc.cache.locking import LockBusy
+    from nncc.cache.locking import LockBusy, lock_problem
     from nncc.cache.store import TOKEN_RE
     from nncc.util import progress
 
     findings: list[Finding] = []
+    if cache.index_rebuilt:  # damaged: what it listed is lost (its files are orphans now)
+        findings.append(Finding("CORRUPT", None, f"the index was damaged ({cache.index_rebuilt}) and was rebuilt "
+                                "empty: the entries it listed are orphans now", [cache.index.path],
+                                not_fixed="rebuilt empty: what it listed is lost"))
     entries = cache.index.entries(order="token ASC")
     with progress.task("verifying cache entries", total=len(entries)) as task:
         for entry in entries:
@@ -175,6 +132,14 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             except LockBusy:
                 findings.append(Finding("IN-PROGRESS", token, "being written", paths, entry.size,
                                         entry.source_path))
+                continue
+            except OSError as exc:  # its lock file replaced (a symlink): nothing is read through it
+                finding = Finding("CORRUPT", token, lock_problem(cache.lock_path(token), exc), paths, entry.size,
+                                  entry.source_path)
+                if fix:
+                    finding.fixed = cache.remove(token, counter="corruptions")
+                    finding.not_fixed = None if finding.fixed else (cache.last_failure or "busy")
+                findings.append(finding)
                 continue
             finding = Finding(status, token, detail, paths, entry.size, entry.source_path)
             if fix and status != "OK":
@@ -214,12 +179,11 @@ def _drop_row(cache, token) -> bool:
 
 
 def _check(cache, entry) -> tuple[str, str]:
-    from nncc._version import __version__
     from nncc.cache.files import CacheEntryError, content_hash, read_entry_file
-    from nncc.plan.format import FORMAT_VERSION
 
-    if entry.nncc_version != __version__ or entry.format_version != FORMAT_VERSION:
-        return "STALE", f"written by nncc {entry.nncc_version}"
+    stale = stale_writer(entry.nncc_version, entry.format_version)
+    if stale:
+        return "STALE", stale
     plan_path, data_path = cache.paths(entry.token)
     for path, size, digest, what in ((plan_path, entry.plan_size, entry.plan_hash, "model cache"),
                                      (data_path, entry.data_size, entry.data_hash, "data cache")):
@@ -234,8 +198,9 @@ def _check(cache, entry) -> tuple[str, str]:
     producer = _producer(plan_path)
     if producer is None:
         return "CORRUPT", "model cache header is unreadable"
-    if producer != __version__:
-        return "STALE", f"model cache was produced by nncc {producer}"
+    stale = stale_writer(producer)
+    if stale:
+        return "STALE", f"model cache {stale}"
     return "OK", ""
 
 

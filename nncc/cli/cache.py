@@ -110,7 +110,27 @@ def json_option(command):
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(command)
 
 
-def _open(cache_dir, trust_shared, read_only_ok: bool = False):
+def command_settings(cache_dir):
+    """Every cache setting, resolved and checked when the command starts: a bad one is one
+    line and exit 2 whatever the cache holds (or whether there is one)."""
+    from nncc.settings import cache_settings
+
+    return cache_settings(cache_dir)
+
+
+def parse_bound(kind: str, text: str | None, where: str):
+    """A --max-size or --max-age value (None when not given), worded as a bad setting."""
+    if text is None:
+        return None
+    from nncc.settings import bad_value, parse_age, parse_size
+
+    try:
+        return (parse_size if kind == "size" else parse_age)(text)
+    except ValueError as exc:
+        raise CacheCommandError(str(bad_value(kind, text, where, str(exc)))) from None
+
+
+def _open(cache_dir, trust_shared, read_only_ok: bool = False, settings=None):
     """``(cache, directory)``: the cache, or None where there is none yet (no folder, an
     empty one, or for ``ls``/``info`` a signed one without an index): no command creates
     a cache. Commands
@@ -120,9 +140,11 @@ def _open(cache_dir, trust_shared, read_only_ok: bool = False):
     import os
 
     from nncc.cache.folder import INDEX_NAME, CacheRefused, folder_state
-    from nncc.cache.store import Cache, CacheUnavailable, resolve_cache_dir
+    from nncc.cache.store import Cache, CacheUnavailable
 
-    directory = resolve_cache_dir(cache_dir)
+    settings = settings or command_settings(cache_dir)
+    directory = settings.directory
+    trust_shared = settings.trust_shared if trust_shared is None else trust_shared
     state = folder_state(directory)
     if state in ("missing", "empty") or (
             state == "nncc" and read_only_ok and not os.path.lexists(os.path.join(directory, INDEX_NAME))):
@@ -276,21 +298,21 @@ def info(cache_dir, trust_shared, as_json):
     remote tier's counters and, when one is configured, its own size."""
     from nncc.cli.cache_remote import remote_info
 
-    from nncc.cache.gc import default_max_size
     from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME
     from nncc.cache.stats import summary
     from nncc.util.units import format_bytes
 
     from nncc.cli.native_note import native_off
 
+    settings = command_settings(cache_dir)
     off = native_off((), "native")  # why this machine builds no native stage, if it builds none
-    c, directory = _open(cache_dir, trust_shared, read_only_ok=True)
+    c, directory = _open(cache_dir, trust_shared, read_only_ok=True, settings=settings)
     if c is None:
         import os
 
         if as_json:
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
-                       "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": default_max_size(),
+                       "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": settings.max_size,
                        "stale_entries": 0, "objects": 0, "object_bytes": 0,
                        "unused_objects": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
@@ -315,7 +337,7 @@ def info(cache_dir, trust_shared, as_json):
             "nncc_version": meta.get("nncc_version"),
             "entries": count,
             "total_bytes": size,
-            "max_bytes": default_max_size(),
+            "max_bytes": settings.max_size,
             "stale_entries": stale,
             "objects": len(objects),
             "object_bytes": sum(o["size"] for o in objects),
@@ -496,17 +518,22 @@ def _verify_summary(report) -> str:
 @verbosity_options
 def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
     """Remove stale, orphan and leftover files, old entries, and LRU entries above a size.
+    The size and age bounds are the configured ones (cache.max_size, cache.max_age), as
+    applied after every store, unless --max-size or --max-age is given.
     Exit 1 when something could not be removed (other than being in use). With --remote,
     apply --max-size and --max-age to the remote tier (the local cache is left alone)."""
-    from nncc.cache.gc import GcReport, collect, parse_age, parse_size
+    from nncc.cache.gc import GcReport, collect
     from nncc.util.units import format_bytes
     from nncc.cli.progress import live_progress
 
-    size = parse_size(max_size, "--max-size") if max_size is not None else None
-    age = parse_age(max_age, "--max-age") if max_age is not None else None
+    size = parse_bound("size", max_size, "--max-size")
+    age = parse_bound("age", max_age, "--max-age")
     if on_remote:
         return _gc_remote(size, age, dry_run, as_json)
-    c, directory = _open(cache_dir, trust_shared)
+    settings = command_settings(cache_dir)
+    if max_size is None and max_age is None:  # the configured bounds, as `ccache --cleanup`
+        size, age = settings.max_size, settings.max_age
+    c, directory = _open(cache_dir, trust_shared, settings=settings)
     if c is None:
         report = GcReport(dry_run=dry_run)
     else:
@@ -612,7 +639,7 @@ def pull(tokens, cache_dir, trust_shared, as_json):
         from nncc.cache.store import Cache, CacheUnavailable
 
         try:
-            c = Cache.open(directory, trust_shared=trust_shared)
+            c = Cache.open(directory, trust_shared=trust_shared or command_settings(cache_dir).trust_shared)
         except CacheUnavailable as exc:
             raise NnccError(f"cannot open the cache: {exc}") from None
     with c:

@@ -17,7 +17,8 @@ class RemoteCommandError(NnccError):
 def open_tier():
     """The configured remote tier, for a command that asked for it: an error when there is
     none, or no key (a run would only warn; a command that asked must not pretend)."""
-    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.settings import shown
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()
@@ -34,7 +35,7 @@ def remote_fault(tier, exc) -> NnccError:
 
 def push(cache, tokens, as_json: bool) -> None:
     from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.cache.remote.flow import push_entry
+    from nncc.preparing.remote import push_entry
     from nncc.cache.files import CacheEntryError
 
     tier = open_tier()
@@ -75,7 +76,7 @@ def _portable_stage(entry) -> bool:
 
 def pull(cache, tokens, as_json: bool) -> None:
     from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.cache.remote.flow import adopt
+    from nncc.preparing.remote import adopt
 
     tier = open_tier()
     pulled, failed = [], []
@@ -89,8 +90,8 @@ def pull(cache, tokens, as_json: bool) -> None:
                 if found is None:
                     failed.append({"token": token, "reason": "not in the remote cache"})
                     continue
-                with cache.lock(token):
-                    model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
+                # a put into the local cache, under the token's lock while it writes
+                model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
             except PoisonedEntry as exc:
                 cache.index.bump("remote_rejected")
                 failed.append({"token": token, "reason": f"rejected: {exc}"})
@@ -122,7 +123,8 @@ def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
 def remote_info() -> dict | None:
     """The remote's own figures for `cache info`, or None when no remote is configured."""
     from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.settings import remote_settings, shown
+    from nncc.cache.remote.settings import shown
+    from nncc.settings import remote_settings
     from nncc.cache.remote.tier import RemoteTier
 
     settings = remote_settings()

@@ -42,10 +42,9 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     written only when its content changes, so `make` does not redo what depends on it.
     Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input, 130
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from nncc.cache.flows import artifact_bytes
     from nncc.cli.progress import live_progress
     from nncc.cli.sources import read_onnx_source
-    from nncc.model import prepare
+    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable
     from nncc.util import progress
     from nncc.util.buildfiles import write_if_changed
     from nncc.util.writable import check_writable
@@ -68,9 +67,11 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
 
     say_why_native_is_off(backends, target)
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
-        compiled, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                    trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)
-        data = artifact_bytes(compiled)
+        # the plan is written, never built to run: no native code is loaded, nothing allocated
+        prepared, outcome = prepare_plan(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
+                                         trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)
+        refuse_unloadable(prepared, prepared.origin)
+        data = artifact_bytes(prepared)
     report_cache(outcome)
     written = write_if_changed(output, data, force=force)
     if depfile:
@@ -88,7 +89,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:
     """Before any work: neither output may be the model, one of its external data files,
     or the other output."""
-    from nncc.cache.store import resolve_cache_dir
+    from nncc.settings import cache_dir as resolve_cache_dir
     from nncc.cache.token import external_files
     from nncc.util.clobber import refuse_clobbering
 

@@ -19,8 +19,7 @@ LIMIT = 200
 
 
 def cache_directory(cache_dir: str | None = None) -> str:
-    """nncc.cache.store.resolve_cache_dir (through nncc.settings, which the cache package's
-    import is not needed for)."""
+    """nncc.settings.cache_dir (the cache package's import is not needed for it)."""
     from nncc.settings import cache_dir as setting
 
     return setting(cache_dir)

@@ -23,12 +23,14 @@ def cache_report(path: str, model_bytes: bytes, options: dict, cache_dir, trust_
     be read (``detail`` says why). ``token`` is the one `nncc run` with the same options
     stores under (and `nncc cache pull` takes), whether or not it is cached."""
     from nncc.cache.folder import INDEX_NAME, folder_state
-    from nncc.cache.store import resolve_cache_dir
+    from nncc.settings import cache_settings
     from nncc.cache.token import token_context, token_from
     from nncc.compiler import CompileOptions
 
     opts = CompileOptions(**options)
-    directory = resolve_cache_dir(cache_dir)
+    settings = cache_settings(cache_dir)
+    directory = settings.directory
+    trust_shared = settings.trust_shared if trust_shared is None else trust_shared
 
     def token(memo=None) -> str:
         # the cache folder is skipped by the external-data search, as when a run hashes it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
+from nncc.settings import PREFERENCES  # the one list the settings check too
 TARGETS = ("native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")  # as nncc.native.toolchain
 
 
@@ -84,7 +84,7 @@ def warn_compile_options_on_artifact(path: str) -> None:
 
 
 def stage_option(default=None, help_default="quick on a miss, optimized in the background once used often"):
-    """--stage quick|optimized: force a cache entry's stage (nncc/cache/stages.py)."""
+    """--stage quick|optimized: force a cache entry's stage (nncc/preparing/stages.py)."""
     def decorate(command):
         return click.option("--stage", type=click.Choice(["quick", "optimized"]), default=default,
                             help=f"Cache entry stage: quick (portable plan, no C compiler) or optimized "

@@ -97,7 +97,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
             check_dim_names(dims, session.input_infos, model)
     else:
-        from nncc.cache.flows import prepare as cached_prepare
+        from nncc.model import prepare
         from nncc.cli.progress import live_progress
         from nncc.util import progress
 
@@ -107,9 +107,9 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         say_why_native_is_off(backends, target)
         with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
             # the native stage, when due, is built by a detached worker that outlives this command
-            session, outcome = cached_prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                              trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
-                                              background="process", **options)
+            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
+                                       trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
+                                       background="process", **options)
         report_cache(outcome)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
@@ -169,7 +169,7 @@ def _apply_threads(flag) -> None:
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
     """Every file the run reads: the model (and its external data), the feeds."""
-    from nncc.cache.store import resolve_cache_dir
+    from nncc.settings import cache_dir as resolve_cache_dir
     from nncc.cache.token import external_files
 
     files = [("the model", model)]

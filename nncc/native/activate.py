@@ -33,7 +33,7 @@ def load_native(plan: Plan, payload, calls: dict, origin: str = "the artifact"):
 
     sanitized = is_sanitized(info)
     if sanitized:
-        _require_sanitizer_runtime(origin)
+        require_sanitizer_runtime(origin)
     from nncc.native.blas import sgemm
     from nncc.native.loader import Library, NativeLoadError
 
@@ -68,7 +68,7 @@ class SanitizerRuntimeMissing(NnccError):
     exit_code = 2
 
 
-def _require_sanitizer_runtime(origin: str) -> None:
+def require_sanitizer_runtime(origin: str) -> None:
     """Sanitized code loaded into a process without the ASan runtime aborts the process, so
     it is refused first: the sanitize mode is asked for to check the code, and running the
     portable plan instead would check nothing."""
@@ -81,6 +81,8 @@ def _require_sanitizer_runtime(origin: str) -> None:
         "a process started with the sanitizer runtime",
         hint=f"run with LD_PRELOAD=\"{sanitizer_preload()}\" ASAN_OPTIONS=detect_leaks=0, or without "
              "NNCC_NATIVE_SANITIZE")
+
+
 
 
 def _threads(plan: Plan) -> int:

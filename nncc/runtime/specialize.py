@@ -85,18 +85,21 @@ def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
     return Slot(slot.name, np.dtype(info.dtype), tuple(int(d) for d in info.shape), slot.kind)
 
 
-def shape_plans(executor) -> "ShapePlans | None":
-    """The per-shape plans of a model with dynamic input dimensions, or None (static
-    inputs, or the run.shape_plans setting off)."""
+def shape_plans(executor, limit: int | None, native_builder=None) -> "ShapePlans | None":
+    """The per-shape plans of a model with dynamic input dimensions, keeping at most
+    ``limit`` (the run.shape_plans setting, resolved by the caller), or None (static
+    inputs, or ``limit`` None: off). ``native_builder``: see ShapePlans."""
     plan = executor.plan
     dynamic = [(s, plan.slots[s].name) for s in plan.inputs
-               if plan.slots[s].kind == "tensor" and not executor.is_static(s)]
-    if not dynamic:
+               if plan.slots[s].kind == "tensor" and not is_static(plan.slots[s])]
+    if not dynamic or not limit:
         return None
-    from nncc.settings import value
+    return ShapePlans(executor, dynamic, limit, native_builder)
 
-    limit = value("run.shape_plans")
-    return ShapePlans(executor, dynamic, limit) if limit else None
+
+def is_static(slot: Slot) -> bool:
+    """A slot whose dtype and every dimension are known."""
+    return slot.dtype is not None and slot.shape is not None and all(isinstance(d, int) for d in slot.shape)
 
 
 class ShapePlans:
@@ -104,15 +107,15 @@ class ShapePlans:
     ``limit`` kept (least recently used out). ``dynamic``: (slot, name) of each input
     with a dynamic dimension, in the order the shape keys list them."""
 
-    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int):
+    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int, native_builder=None):
         self.general = executor
         self.limit = limit
         self._dynamic = dynamic
         self._plans: OrderedDict[tuple, object] = OrderedDict()
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # shapes not specialised yet: runs
-        # builds a shape's native plan in the background: (dims, deliver) -> None
-        # (nncc.cache.shapes; set for a model prepared through the cache)
-        self.native_builder = None
+        # builds a shape's native plan in the background: (dims, deliver) -> None, where
+        # deliver takes the executor of that plan (nncc.preparing.shapes, through nncc.model)
+        self.native_builder = native_builder
         self._native_requests = 0
         self._lock = threading.Lock()  # a background build delivers while runs look up
 
@@ -172,15 +175,16 @@ class ShapePlans:
         if dims is None or self._native_requests >= self.limit:
             return
         self._native_requests += 1
-        self.native_builder(dims, lambda model: self._deliver(key, model))
+        self.native_builder(dims, lambda executor: self._deliver(key, executor))
 
-    def _deliver(self, key: tuple, model) -> None:
-        """A shape's native plan is ready: it replaces the portable one, if still kept."""
-        if model is None or not model.native_partitions:
+    def _deliver(self, key: tuple, executor) -> None:
+        """A shape's native plan is ready: its executor (which holds its native code
+        loaded) replaces the portable one, if still kept."""
+        if executor is None or not executor.native_partitions:
             return
         with self._lock:
             if self._plans.get(key) is not None:
-                self._plans[key] = model._executor  # which holds its native code loaded
+                self._plans[key] = executor
 
     def _build(self, key: tuple):
         from nncc.runtime.executor import Executor

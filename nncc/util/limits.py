@@ -33,7 +33,7 @@ def memory_limit() -> int:
     (or the address-space limit when lower)."""
     text = os.environ.get(ENV_MAX_MEMORY, "").strip()
     if text:
-        from nncc.settings import bad_value, parse_size
+        from nncc.util.setting_values import bad_value, parse_size
 
         try:
             return parse_size(text)

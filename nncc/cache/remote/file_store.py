@@ -156,17 +156,11 @@ class FileStore(RecordedLeases, RemoteStore):
 
 def _written_beside(path: str, data) -> str:
     """A complete, synced temporary file next to ``path`` holding ``data``: its name."""
-    tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    from nncc.util.atomic import default_mode, synced_temp, unique_suffix
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError:
-        _remove(tmp)
-        raise
-    return tmp
+    return synced_temp(path, lambda f: f.write(data), f"{os.path.basename(path)}.{unique_suffix()}.tmp",
+                       default_mode())
 
 
 def _remove(path: str | None) -> None:

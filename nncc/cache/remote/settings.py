@@ -1,7 +1,8 @@
-"""The remote tier's settings, in one function: the URL, the key and the time limits come
-from nncc.settings (flag > environment > config file > default, validated alike); the
-key itself may also be given as $NNCC_REMOTE_KEY (a secret: never in the config file).
-Without a URL there is no remote tier at all.
+"""The remote tier's settings record, its key file, and the ``--remote`` flag of this
+process. nncc.settings.remote_settings resolves the record (flag > environment > config
+file > default, validated alike; the key itself may also be given as $NNCC_REMOTE_KEY, a
+secret never in the config file): the store never reads settings itself. Without a URL
+there is no remote tier at all.
 """
 
 from __future__ import annotations
@@ -40,30 +41,12 @@ def use_remote(url: str | None) -> None:
     _flag_url = url or None
 
 
+def flag_url() -> str | None:
+    """The ``--remote URL`` given to this process, if any."""
+    return _flag_url
+
+
 MIN_KEY_BYTES = 32  # manifests and their MACs sit in the store: a short key is guessed offline
-
-
-def _key() -> tuple[bytes | None, str | None]:
-    """(the team secret, None), or (None, why there is none: the tier is then off with one
-    warning). A weak key, or a key file others can read, is refused: RemoteConfigError."""
-    from nncc.settings import value
-
-    path = value("remote.key_file")
-    if path:
-        secret, problem = read_key_file(path)
-        where = f"the key file {path}"
-        if problem:
-            return None, problem
-    else:
-        secret = os.environ.get(ENV_KEY, "").strip().encode()
-        where = f"${ENV_KEY}"
-        if not secret:
-            return None, f"no key: set ${ENV_KEY_FILE} or ${ENV_KEY} to the team's secret"
-    if len(secret) < MIN_KEY_BYTES:
-        raise RemoteConfigError(f"the remote key in {where} is {len(secret)} bytes, too short to keep the "
-                                f"fleet's entries safe: use at least {MIN_KEY_BYTES} random bytes "
-                                "(`nncc cache remote keygen` writes a key file)")
-    return secret, None
 
 
 def read_key_file(path: str) -> tuple[bytes | None, str | None]:
@@ -97,28 +80,6 @@ def write_key_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def configured_url() -> str | None:
-    from nncc.settings import value
-
-    return value("remote.url", _flag_url, "--remote")
-
-
-def remote_settings() -> RemoteSettings:
-    from nncc.settings import value
-
-    url = value("remote.url", _flag_url, "--remote")
-    if url is None:
-        return RemoteSettings(None, None, None)
-    key, problem = _key()
-    return RemoteSettings(
-        url=url, key=key, key_problem=problem,
-        timeout=value("remote.timeout"),
-        lease_seconds=value("remote.lease"),
-        wait_seconds=value("remote.wait"),
-        s3_endpoint=os.environ.get(ENV_S3_ENDPOINT) or None,
-    )
 
 
 def shown(url: str) -> str:

@@ -24,24 +24,24 @@ import threading
 from nncc.util.notice import warn
 
 
-def native_builder(path, prepare_args: dict, options: dict):
-    """The builder for a model prepared from ``path`` with these arguments, or None when
-    no native plan would be built for it."""
-    from nncc.cache.stages import upgrade_after, wants_native
-    from nncc.compiler import CompileOptions
+def native_builder(path, prepare_args: dict, options: dict, settings):
+    """The builder for a model prepared from ``path`` with these arguments and resolved
+    ``settings``: ``build(dims, deliver)`` starts a background build of the plan for
+    those sizes and hands the Prepared result to ``deliver``. Whether a native plan would
+    be built at all is decided on its first call (finding the C compiler costs time, and
+    only a model with dynamic inputs ever calls it): it does nothing when none would."""
+    from nncc.preparing.compiling import compile_options
+    from nncc.preparing.stages import upgrades_wanted
 
-    opts = CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
-    if (opts.dims or not wants_native(opts) or opts.preference == "low-power" or upgrade_after() is None
-            or opts.toolchain() is None):
-        return None
-
-    from nncc.settings import cache_dir
-
-    directory = cache_dir(prepare_args.get("cache_dir"))
-    prepare_args = dict(prepare_args, cache_dir=directory)
+    directory = settings.directory
+    prepare_args = dict(prepare_args, cache_dir=directory, settings=settings)
+    wanted: list[bool] = []
 
     def build(dims: dict[str, int], deliver) -> None:
-        if not os.path.isdir(directory):  # removed since (a temporary cache): not re-created for this
+        if not wanted:
+            opts = compile_options(options)
+            wanted.append(not opts.dims and upgrades_wanted(opts, settings.upgrade_after))
+        if not wanted[0] or not os.path.isdir(directory):  # removed since (a temporary cache): not re-created
             return
         thread = threading.Thread(target=_build, name="nncc-shape-" + "-".join(map(str, dims.values())),
                                   args=(path, prepare_args, dict(options, dims=dims), deliver))
@@ -51,12 +51,12 @@ def native_builder(path, prepare_args: dict, options: dict):
 
 
 def _build(path, prepare_args: dict, options: dict, deliver) -> None:
-    from nncc.cache.flows import prepare
     from nncc.errors import NnccError
+    from nncc.preparing.flows import prepare
 
     try:
-        model, _ = prepare(path, stage="optimized", background=None, **prepare_args, **options)
+        prepared, _ = prepare(path, stage="optimized", background=None, **prepare_args, **options)
     except NnccError as exc:  # the model file changed or went away since: the portable plan stays
         warn(f"no native plan for input sizes {options['dims']}: {exc}")
         return
-    deliver(model)
+    deliver(prepared)

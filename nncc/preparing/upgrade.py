@@ -1,7 +1,7 @@
 """Building an entry's optimized (native) stage and swapping it in.
 
-``python -m nncc.cache.upgrade --cache-dir DIR --token T --model PATH --options JSON`` is
-the worker ``nncc run`` detaches (nncc/cache/stages.py); the Python API runs
+``python -m nncc.preparing.upgrade --cache-dir DIR --token T --model PATH --options JSON`` is
+the worker ``nncc run`` detaches (nncc/preparing/policy.py); the Python API runs
 ``upgrade_token`` in a thread. Either way:
 
 1. Take the token's upgrade lock without waiting: a second builder exits at once.
@@ -26,16 +26,17 @@ import json
 import sys
 import time
 
-from nncc.cache.stages import OPTIMIZED, QUICK, compiler_key, upgrade_lock_path
+from nncc.preparing.stages import OPTIMIZED, QUICK, compiler_key, upgrade_lock_path
 
 UPGRADED, FAILED, SKIPPED, BUSY, CHANGED = "upgraded", "failed", "skipped", "busy", "changed"
 
 
 def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
-                  trust_shared: bool | None = None) -> str:
+                  trust_shared: bool | None = None, settings=None) -> str:
     """Build and commit the optimized stage of ``token``; returns one of UPGRADED, FAILED,
     SKIPPED (nothing to do), BUSY (another builder runs) or CHANGED (the model's bytes no
-    longer hash to the token). Never raises for cache trouble: this is background work."""
+    longer hash to the token). Never raises for cache trouble: this is background work.
+    ``settings``: the resolved settings (for the size bounds); None resolves them."""
     from nncc.cache.folder import CacheUnavailable
     from nncc.cache.index import IndexCorrupt, IndexUnavailable
     from nncc.cache.locking import try_lock
@@ -46,8 +47,12 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
     if held is None:
         return BUSY
     try:
+        if trust_shared is None:
+            from nncc.settings import value
+
+            trust_shared = value("cache.trust_shared")
         with Cache.open(directory, trust_shared=trust_shared) as cache:
-            return _upgrade(cache, token, source, opts, force)
+            return _upgrade(cache, token, source, opts, force, settings)
     except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
         warn(f"cannot build the optimized stage of cache entry {token[:12]}: {exc}")
         return FAILED
@@ -56,8 +61,9 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
         held.release()
 
 
-def _upgrade(cache, token: str, source, opts, force: bool) -> str:
-    from nncc.cache.flows import _compile_plan, _locked, _store
+def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
+    from nncc.preparing.compiling import compile_source
+    from nncc.preparing.entries import locked, store_plan
     from nncc.cache.index import IndexCorrupt, IndexUnavailable
     from nncc.errors import NnccError
 
@@ -66,20 +72,15 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
         return SKIPPED
     if _token_of(cache, source, opts) != token:
         return CHANGED
-    from nncc.cache.remote.flow import fetch_optimized, publish_optimized
+    from nncc.preparing.remote import fetch_optimized, publish_optimized
 
-    with _locked(cache, token, shared=False):  # a machine of this target may have built it already
-        entry = cache.index.get(token)
-        if entry is None or entry.stage != QUICK:
-            return SKIPPED
-        if fetch_optimized(cache, token, opts):
-            return UPGRADED
-    from nncc.cache.objects import objects_in, record_entry_objects
+    if fetch_optimized(cache, token, opts):  # a machine of this target built it already
+        return UPGRADED
+    from nncc.cache.objects import record_entry_objects
 
     start = time.perf_counter()
     try:
-        with objects_in(cache):  # linked from the cache's kernel objects, like a miss
-            plan = _compile_plan(source, opts)
+        plan = compile_source(source, opts, cache)  # linked from the cache's kernel objects, like a miss
     except NnccError as exc:
         cache.index.record_failure(token, str(exc), compiler_key(opts))
         return FAILED
@@ -88,18 +89,21 @@ def _upgrade(cache, token: str, source, opts, force: bool) -> str:
     if error:
         cache.index.record_failure(token, str(error), compiler_key(opts))
         return FAILED
-    with _locked(cache, token, shared=False):
+    with locked(cache, token, shared=False):
         entry = cache.index.get(token)
         if entry is None or entry.stage != QUICK:
             return SKIPPED  # removed, or upgraded by `nncc compile` meanwhile
-        _store(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
+        store_plan(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
         record_entry_objects(cache, token, plan)
     publish_optimized(cache, token)  # the other machines of this target take it from the remote
     try:
         from nncc.cache.limits import after_store
-        from nncc.settings import cache_settings
 
-        after_store(cache, cache_settings(cache.directory), keep={token})  # native code makes it bigger
+        if settings is None:
+            from nncc.settings import cache_settings
+
+            settings = cache_settings(cache.directory)
+        after_store(cache, settings, keep={token})  # native code makes it bigger
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # housekeeping never fails the upgrade
     return UPGRADED
@@ -113,10 +117,10 @@ def _token_of(cache, source, opts) -> str:
 
 
 def main(argv=None) -> int:
-    from nncc.cache.flows import ModelSource
-    from nncc.compiler import CompileOptions
+    from nncc.preparing.compiling import compile_options
+    from nncc.preparing.outcome import ModelSource
 
-    parser = argparse.ArgumentParser(prog="python -m nncc.cache.upgrade",
+    parser = argparse.ArgumentParser(prog="python -m nncc.preparing.upgrade",
                                      description="Build a cache entry's optimized (native) stage.")
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--token", required=True)
@@ -124,8 +128,7 @@ def main(argv=None) -> int:
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
     parser.add_argument("--trust-shared", action="store_true", help="the cache folder may be shared")
     args = parser.parse_args(argv)
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.options).items()}
-    outcome = upgrade_token(args.cache_dir, args.token, ModelSource(args.model), CompileOptions(**fields),
+    outcome = upgrade_token(args.cache_dir, args.token, ModelSource(args.model), compile_options(json.loads(args.options)),
                             trust_shared=True if args.trust_shared else None)
     return 0 if outcome in (UPGRADED, SKIPPED, BUSY) else 1
 

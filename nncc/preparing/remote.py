@@ -1,15 +1,17 @@
 """The remote tier in the cache's flows: read-through on a local miss, write-back after a
 local commit, one compile across the fleet, and faults that never fail a run.
 
-Two calls are all the local cache makes into this module:
+The prepare layer reaches it through nncc/preparing/storage.py, the local cache and this
+tier behind one interface; no call here is made under a local token lock:
 
-* ``on_local_miss(cache, token, source, opts, stage)`` under the token's exclusive local
-  lock, before compiling: returns (model, stage) prepared from the local cache after a
-  verified remote entry was stored there through the normal atomic path, or None to compile. When
-  another machine holds the token's lease it waits (polling) for that machine's entry, up
-  to a bound; otherwise it takes the lease and the caller compiles.
+* ``on_local_miss(cache, token, source, opts, stage)``, before compiling: returns
+  (prepared, stage) read from the local cache after a verified remote entry was put there
+  (``adopt``: the local store's atomic put, under the token's lock only while it writes),
+  or None to compile. When another machine holds the token's lease it waits (polling) for
+  that machine's entry, up to a bound; otherwise it takes the lease and the caller compiles.
 * ``after_local_commit(cache, token)`` once the compiled entry is committed locally:
-  uploads it (parts, then the manifest) and releases the lease.
+  uploads it (parts, then the manifest) and releases the lease; ``abandon(token)`` releases
+  a lease when nothing was stored.
 
 The upgrade to the optimized stage asks the remote first (``fetch_optimized``) and shares
 what it builds (``publish_optimized``), so a fleet builds native code once per target.
@@ -24,9 +26,10 @@ import atexit
 import threading
 import time
 
+from nncc.cache.files import CacheEntryError
 from nncc.cache.remote.deadline import bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault
-from nncc.cache.remote.settings import remote_settings, shown
+from nncc.cache.remote.settings import shown
 from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
@@ -45,6 +48,8 @@ def _warn_once(url: str, message: str) -> None:
 def active_tier():
     """The configured RemoteTier, or None (none configured, no key, or off after a fault).
     A URL nncc cannot use raises RemoteConfigError (one clear error)."""
+    from nncc.settings import remote_settings
+
     settings = remote_settings()
     if settings.url is None:
         return None
@@ -106,7 +111,7 @@ def reject(tier, cache, token: str, exc: PoisonedEntry, kept: bool = False) -> N
 
 def portable_name(cache, token: str, source, opts) -> str:
     """The token the quick stage of ``token`` is shared under remotely."""
-    from nncc.cache.stages import QUICK, stage_options
+    from nncc.preparing.stages import QUICK, stage_options
     from nncc.cache.token import model_subject, token_context, token_of
 
     quick = stage_options(opts, QUICK)
@@ -123,9 +128,9 @@ def remote_names(cache, token: str, source, opts, stage: str) -> tuple[list[tupl
     machine publishes what it compiles under). An entry shared under its token holds
     native code when the options name the native backend: it is looked up only when
     remote.trust_native is on."""
-    from nncc.cache.stages import OPTIMIZED, QUICK, wants_native
+    from nncc.preparing.stages import OPTIMIZED, QUICK, has_later_stage
 
-    native = wants_native(opts)
+    native = has_later_stage(opts)  # a slow backend (native code) is asked for
     if stage != QUICK:
         return ([(token, stage)] if not native or trust_native() else []), token
     portable = portable_name(cache, token, source, opts)
@@ -216,7 +221,7 @@ def _try_all(tier, cache, token, lookups, source, opts):
 
 
 def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter="remote_hits",
-                check_hashes=False):
+                check_hashes=False, replaces=None):
     from nncc.cache.remote.tier import MissingPart
 
     try:
@@ -227,7 +232,7 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
         manifest, plan, payload = found
         return adopt(cache, token, manifest, plan, payload, path=None if source is None else source.path,
                      model_data=None if source is None else source.bytes, opts=opts, counter=counter,
-                     stage=stage, origin=f"remote {tier.url}")
+                     stage=stage, origin=f"remote {tier.url}", replaces=replaces)
     except MissingPart:
         return None  # evicted or collected remotely: a plain miss
     except PoisonedEntry as exc:
@@ -236,7 +241,7 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
 
 
 def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
-          counter: str = "remote_hits", stage: str | None = None, origin: str = "remote"):
+          counter: str = "remote_hits", stage: str | None = None, origin: str = "remote", replaces=None):
     """Store a verified remote entry in the local cache under ``token`` (its remote name
     may be another: a portable entry's), as ``stage`` (default: optimized when it carries
     native code), through its atomic write and index commit, then prepare it from there
@@ -245,24 +250,19 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     names, checked on the hashes the local write takes, before the index row that makes
     the entry usable is committed: PoisonedEntry otherwise (the files are removed). None
     when the local cache cannot store it, or when it carries native code and
-    remote.trust_native is off (then this machine compiles, and builds its own)."""
-    import json
-    import os
+    remote.trust_native is off (then this machine compiles, and builds its own).
 
-    from blake3 import blake3
+    It is a put: the token's exclusive local lock is held only while the entry is written
+    and read back. ``replaces``: which local row it may replace (a function of the row, or
+    None); by default only an absent one, and a row another process committed meanwhile
+    is the hit instead."""
+    from nncc.cache.versions import stale_writer
+    from nncc.preparing.entries import read_entry
+    from nncc.preparing.stages import OPTIMIZED
 
-    from nncc._version import __version__
-    from nncc.cache.files import CacheEntryError, CacheWriteError, chunk_hashes
-    from nncc.cache.flows import load_entry
-    from nncc.cache.index import Entry, IndexUnavailable
-    from nncc.cache.remote.manifest import check_hash_of
-    from nncc.cache.stages import OPTIMIZED
-    from nncc.plan.format import FORMAT_VERSION
-    from nncc.util.interrupts import held_signals
-
-    if (manifest.nncc_version, manifest.format_version) != (__version__, FORMAT_VERSION):
-        warn(f"remote entry {token[:12]} was written by nncc {manifest.nncc_version} "
-             f"(format {manifest.format_version}); not used")
+    stale = stale_writer(manifest.nncc_version, manifest.format_version)
+    if stale:
+        warn(f"remote entry {token[:12]} was {stale}; not used")
         return None
     if _carries_code(plan) and not trust_native():
         warn(f"remote entry {token[:12]} carries native code and remote.trust_native is off: not used "
@@ -270,6 +270,33 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
         return None
     if stage is None:
         stage = OPTIMIZED if manifest.native else None
+    from nncc.preparing.entries import locked  # (read_entry's module)
+
+    with locked(cache, token, shared=False):
+        current = cache.index.get(token)
+        if replaces is None and current is not None:  # stored meanwhile by another process here
+            try:
+                return read_entry(cache, current, trust_native())
+            except CacheEntryError:
+                return None
+        if replaces is not None and not replaces(current):
+            return None
+        return _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin)
+
+
+def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin):
+    """adopt's write, under the token's exclusive lock."""
+    import json
+    import os
+
+    from blake3 import blake3
+
+    from nncc.cache.files import CacheWriteError, chunk_hashes
+    from nncc.cache.index import Entry, IndexUnavailable
+    from nncc.cache.remote.manifest import check_hash_of
+    from nncc.preparing.entries import read_entry
+    from nncc.util.interrupts import held_signals
+
     committed = False
     try:
         plan_hash, data_hash = cache.write(token, plan, payload)
@@ -290,7 +317,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
                 origin=origin)
             cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
             committed = True
-        return load_entry(cache, entry)
+        return read_entry(cache, entry, trust_native())
     except (CacheWriteError, IndexUnavailable, CacheEntryError) as exc:
         warn(f"cannot store remote entry {token[:12]} in the local cache ({exc}); not used")
         return None
@@ -320,8 +347,9 @@ def _carries_code(plan: bytes) -> bool:
 def fetch_optimized(cache, token: str, opts) -> bool:
     """Before building ``token``'s native stage here: take this target's optimized entry
     from the remote instead, if a machine of the same target published one. The caller
-    holds the token's exclusive local lock; True when the entry is now optimized."""
-    from nncc.cache.stages import OPTIMIZED
+    replaces the local entry (under its lock) only while that is still quick; True when the
+    entry is now optimized."""
+    from nncc.preparing.stages import OPTIMIZED, QUICK
 
     try:
         tier = active_tier()
@@ -331,7 +359,8 @@ def fetch_optimized(cache, token: str, opts) -> bool:
         return False  # built here: only the team key's native code may run, and only when trusted
     try:
         # hashes checked before the write: the quick entry's files are replaced only by verified ones
-        model = _try_remote(tier, cache, token, token, OPTIMIZED, opts=opts, counter="upgrades", check_hashes=True)
+        model = _try_remote(tier, cache, token, token, OPTIMIZED, opts=opts, counter="upgrades", check_hashes=True,
+                            replaces=lambda row: row is not None and row.stage == QUICK)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
         return False
@@ -343,7 +372,6 @@ def fetch_optimized(cache, token: str, opts) -> bool:
 
 def publish_optimized(cache, token: str) -> None:
     """After this machine built ``token``'s native stage: share it with its target."""
-    from nncc.cache.files import CacheEntryError
 
     try:
         tier = active_tier()
@@ -379,15 +407,27 @@ def after_local_commit(cache, token: str) -> None:
         turn_off(tier, exc, cache)
     except PoisonedEntry as exc:  # an entry this machine cannot verify stays as it is
         reject(tier, cache, name, exc, kept=True)
+    except CacheEntryError:
+        pass  # removed or replaced locally since (no lock is held here): nothing to share
     finally:
         if held is not None:
             _release(tier, held[1])
 
 
+def abandon(token: str) -> None:
+    """Nothing was stored for ``token`` (another process here stored it, or it did not fit):
+    release this machine's lease on it, if any."""
+    _publish_as.pop(token, None)
+    held = _leases.pop(token, None)
+    if held is not None:
+        held[2].stop()
+        _release(held[0], held[1])
+
+
 def push_entry(tier, cache, token: str, name: str | None = None):
     """Upload one committed local entry, read back and checked against its index row,
     under ``name`` (default: its token)."""
-    from nncc.cache.files import CacheEntryError, read_entry_file
+    from nncc.cache.files import read_entry_file
     from nncc.cache.remote.manifest import part_hash
     from nncc.plan.format import read_sections
 
@@ -416,7 +456,7 @@ def _release(tier, lease) -> None:
 def remote_state() -> str | None:
     """For the status line: None when no remote tier is configured, else "" (working), or
     why it is off ("timed out", "failed", "off")."""
-    from nncc.cache.remote.settings import configured_url
+    from nncc.settings import configured_url
 
     url = configured_url()
     if url is None:

@@ -1,0 +1,44 @@
+"""Compiling for the prepare layer: options from their plain form, and a compile from the
+very bytes that were hashed into the token, linking native code from the cache's kernel
+objects when a cache is open."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from nncc.errors import ModelFormatError
+
+
+def compile_options(options: dict):
+    """CompileOptions from keyword options or their JSON form (lists become tuples)."""
+    from nncc.compiler import CompileOptions  # start-up cost: the compiler loads on first compile
+
+    return CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+
+
+@contextlib.contextmanager
+def objects_in(cache):
+    """Native code compiled in this context keeps and finds its objects in ``cache``."""
+    from nncc.cache.objects import CacheObjects
+    from nncc.native.build import using  # start-up cost
+
+    with using(CacheObjects(cache)):
+        yield
+
+
+def compile_source(source, opts, cache=None):
+    """The Plan of ``source`` (a ModelSource), compiled from the bytes hashed into its
+    token; with ``cache``, native code is linked from its kernel objects."""
+    from nncc.compiler import compile_graph  # start-up cost
+    from nncc.frontend.onnx import parse_model
+
+    path = source.path
+    try:
+        graph = parse_model(source.bytes, base_dir=os.path.dirname(os.path.abspath(path)))
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
+    if cache is None:
+        return compile_graph(graph, opts)
+    with objects_in(cache):
+        return compile_graph(graph, opts)
