@@ -166,7 +166,6 @@ class Executor:
             return [self.decode_attr(v) for v in value]
         return value
 
-    decode_attr = _attr  # public: the per-shape plans (runtime/specialize.py) decode attributes alike
 
     def _release_plan(self, program) -> list[list[int]]:
         keep = set(self.plan.outputs) | set(self.plan.constants)
