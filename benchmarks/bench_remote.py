@@ -73,8 +73,8 @@ def model_path(arg: str | None) -> str:
 
 
 def in_process(model: str, runs: int, work: str, client) -> dict:
-    from nncc.cache.remote import flow
-    from nncc.cache.flows import prepare
+    from nncc.preparing import remote as flow
+    from nncc.model import prepare
 
     warm = os.path.join(work, "warm")
     _, outcome = prepare(model, cache_dir=warm)

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from nncc.cache.flows import prepare
+from nncc.model import prepare
 from nncc.cache.remote import flow, s3_store
 from nncc.cache.store import Cache
 from tests.remote_servers import ACCESS, KEY, MotoServer, fresh_remote_state  # noqa: F401
