@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from nncc.model import prepare
-from nncc.cache.remote import flow, s3_store
+from nncc.cache.remote import s3_store
+from nncc.preparing import remote as flow
 from nncc.cache.store import Cache
 from tests.remote_servers import ACCESS, KEY, MotoServer, fresh_remote_state  # noqa: F401
 from tests.test_cache import MLP, RESNET, assert_correct, warnings_in
