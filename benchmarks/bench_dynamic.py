@@ -79,7 +79,7 @@ def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks:
         run = lambda: session.run(None, feeds)  # noqa: E731
     else:
         import nncc
-        from nncc.runtime.threads import set_blas_threads
+        from nncc.util.threads import set_blas_threads
 
         set_blas_threads(threads)
         if runner == "native shape plan":

@@ -163,7 +163,7 @@ def one_model(runtime: str, path: str, threads: int, warmup: int, runs: int) -> 
         run = lambda: session.run(None, feeds)  # noqa: E731
     else:
         import nncc
-        from nncc.runtime.threads import set_blas_threads
+        from nncc.util.threads import set_blas_threads
 
         set_blas_threads(threads)
         model = nncc.compile_model(path)
@@ -228,7 +228,7 @@ def main() -> None:
     if args.models:
         return models(args)
     from nncc.native import codegen  # noqa: F401  (imports before the threads are set)
-    from nncc.runtime.threads import limit_blas_threads, set_blas_threads
+    from nncc.util.threads import limit_blas_threads, set_blas_threads
 
     set_blas_threads(args.threads)
     shapes = [(m, k, n) for m in (args.m or MS)

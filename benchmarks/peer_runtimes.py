@@ -72,7 +72,7 @@ def openvino_model(path, threads: int, precision: str | None = None):
 def open_nncc(path, threads: int, cache: str, backends=None):
     """What a user does: the thread count, then prepare through the cache."""
     import nncc
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(threads)
     options = {"backends": backends} if backends else {}
@@ -147,7 +147,7 @@ def child_setup(job: dict) -> dict:
 
     import nncc
     from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(job["threads"])
     start = time.perf_counter()
@@ -165,7 +165,7 @@ def child_setup(job: dict) -> dict:
 def child_sgemm(job: dict) -> dict:
     """numpy float32 matmul of squares at the run's thread count: the best size's rate."""
     from nncc.bench import matmul_peak
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(job["threads"])
     rates = {n: matmul_peak(n, runs=7, threads=job["threads"])["gflops_per_second"]
@@ -177,7 +177,7 @@ def child_sgemm(job: dict) -> dict:
 def child_machine(job: dict) -> dict:
     """The CPU, and the BLAS numpy (and so nncc's native code) runs on at the run's threads."""
     from nncc.bench import machine_info
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(job["threads"])
     return machine_info()

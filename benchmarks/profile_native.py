@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from step_classes import compile_profiled, step_times  # noqa: E402
 
-from nncc.runtime.threads import set_blas_threads  # noqa: E402
+from nncc.util.threads import set_blas_threads  # noqa: E402
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ def profile_classes(path: str, threads: int, runs: int = 20, dims: dict | None =
     return {"classes": {class: {"ms", "gflops", "gflop_per_second", "steps", "nodes"}},
     "native_ms", "unmatched_ms", "unplaced_gflop", "partitions", "native_partitions"} per run."""
     from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(threads)
     model, units = compile_profiled(path)

@@ -456,7 +456,7 @@ def profile(args) -> None:
     import nncc
     from nncc.bench import bind_dims, count_flops, instruction_flops, machine_info
     from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import set_blas_threads
+    from nncc.util.threads import set_blas_threads
 
     set_blas_threads(args.threads)
     info = machine_info()

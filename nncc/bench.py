@@ -244,7 +244,7 @@ def usable_cpus() -> int:
 def machine_info() -> dict[str, Any]:
     import numpy as np
 
-    from nncc.runtime.threads import blas_info
+    from nncc.util.threads import blas_info
 
     return {
         "cpus": usable_cpus(),
@@ -262,7 +262,7 @@ def matmul_peak(n: int = 1024, runs: int = 15, threads: int | None = None) -> di
     """numpy float32 (n x n) @ (n x n): median seconds and GFLOP/s (the machine's BLAS peak)."""
     import numpy as np
 
-    from nncc.runtime.threads import limit_blas_threads
+    from nncc.util.threads import limit_blas_threads
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -412,7 +412,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     from nncc._version import __version__
     from nncc.model import prepare
     from nncc.runtime.random_inputs import random_feeds
-    from nncc.runtime.threads import blas_threads, limit_blas_threads
+    from nncc.util.threads import blas_threads, limit_blas_threads
 
     settings = settings or BenchSettings()
     settings.check()

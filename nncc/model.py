@@ -97,7 +97,7 @@ class CompiledModel:
         if self._shape_plans is not None and isinstance(feeds, Mapping):
             executor = self._shape_plans.executor_for(feeds)
         if self._blas_threads:
-            from nncc.runtime.threads import limit_blas_threads
+            from nncc.util.threads import limit_blas_threads
 
             with limit_blas_threads(self._blas_threads):
                 return executor.run(feeds, outputs)

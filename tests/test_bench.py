@@ -283,7 +283,7 @@ def test_bench_help_stays_light():
 
 
 def test_core_does_not_import_click_or_rich():
-    code = ("import sys, nncc.bench, nncc.runtime.threads\n"
+    code = ("import sys, nncc.bench, nncc.util.threads\n"
             "assert 'click' not in sys.modules and 'rich' not in sys.modules, sys.modules.keys()\n")
     result = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -357,7 +357,7 @@ def test_count_flops_reports_unbound_dims():
 
 
 def test_blas_threads_can_be_set_and_restored():
-    from nncc.runtime.threads import blas_info, blas_threads, limit_blas_threads, set_blas_threads
+    from nncc.util.threads import blas_info, blas_threads, limit_blas_threads, set_blas_threads
 
     info = blas_info()
     if info["library"] is None:

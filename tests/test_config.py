@@ -367,7 +367,7 @@ def observed_threads(probe_model, tmp_path, *args, env=None) -> list[int]:
 
 
 def test_low_power_runs_blas_on_one_thread(probe_model, tmp_path):
-    from nncc.runtime.threads import blas_threads
+    from nncc.util.threads import blas_threads
 
     if blas_threads() is None:
         pytest.skip("numpy's BLAS here has no known thread-count entry point; nothing to observe")
@@ -390,7 +390,7 @@ def test_low_power_restores_the_thread_count_after_each_run(probe_model, tmp_pat
     import numpy as np
 
     import nncc
-    from nncc.runtime.threads import blas_threads, limit_blas_threads
+    from nncc.util.threads import blas_threads, limit_blas_threads
 
     if blas_threads() is None:
         pytest.skip("numpy's BLAS here has no known thread-count entry point; nothing to observe")
@@ -446,7 +446,7 @@ def test_the_native_pool_follows_low_power_and_the_thread_setting(tmp_path):
     runs (so `run --threads N`, which sets BLAS's count first, sizes it too)."""
     import nncc
     from nncc.native.toolchain import find_toolchain
-    from nncc.runtime.threads import blas_threads, limit_blas_threads
+    from nncc.util.threads import blas_threads, limit_blas_threads
 
     if find_toolchain() is None:
         pytest.skip("no C compiler on this machine: no native code, no native pool")

@@ -95,7 +95,7 @@ PROBE = textwrap.dedent("""
     from nncc.native.loader import Library
     from nncc.native.toolchain import find_toolchain
     from nncc.backends.native import NativeCall
-    from nncc.runtime.native_step import NativeStep
+    from nncc.backends.native_step import NativeStep
 
     toolchain = find_toolchain(sanitize=True)
     source = prelude() + '''

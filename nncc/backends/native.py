@@ -153,7 +153,7 @@ class NativeBackend(Backend):
         call = None if source.loaded is None else source.loaded.calls.get(source.index)
         if call is None:
             return super().load_unit(source)
-        from nncc.runtime.native_step import NativeStep
+        from nncc.backends.native_step import NativeStep
 
         library = source.loaded
         step = NativeStep(library.function(call.symbol), call, source.partition.entry,

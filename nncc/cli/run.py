@@ -162,7 +162,7 @@ def _apply_threads(flag) -> None:
 
     count = value("run.threads", flag, "--threads")
     if count:
-        from nncc.runtime.threads import set_blas_threads
+        from nncc.util.threads import set_blas_threads
 
         set_blas_threads(count)
 

@@ -90,7 +90,7 @@ def _threads(plan: Plan) -> int:
     many as BLAS uses, so the two pools take the same cores."""
     import os
 
-    from nncc.runtime.threads import blas_threads
+    from nncc.util.threads import blas_threads
 
     chosen = plan.options.get("threads")
     if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:

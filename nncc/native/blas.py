@@ -19,7 +19,7 @@ _SGEMM = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cbla
 @functools.lru_cache(maxsize=1)
 def sgemm() -> tuple[int, bool] | None:
     """(function address, ILP64) of cblas_sgemm, or None."""
-    from nncc.runtime.threads import blas_library_paths
+    from nncc.util.threads import blas_library_paths
 
     for path in blas_library_paths():
         try:

@@ -1,7 +1,7 @@
 """A plugin op that reports the BLAS thread count while a model runs.
 
 ``test.probe::BlasThreads`` passes its input through and appends the BLAS library's
-thread count at that moment (nncc.runtime.threads.blas_threads) as one line to the file
+thread count at that moment (nncc.util.threads.blas_threads) as one line to the file
 named by $NNCC_TEST_BLAS_PROBE: what a run actually used, observed from inside it.
 """
 
@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from nncc.kernels.registry import Ctx, kernel
-from nncc.runtime.threads import blas_threads
+from nncc.util.threads import blas_threads
 
 DOMAIN = "test.probe"
 

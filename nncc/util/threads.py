@@ -6,7 +6,7 @@ number of threads for every later BLAS call in the process, without restarting i
 module finds the library already mapped into the process, resolves whichever of the known
 symbol spellings it exports, and otherwise does nothing (another BLAS, another platform):
 
-    from nncc.runtime.threads import blas_threads, set_blas_threads, limit_blas_threads
+    from nncc.util.threads import blas_threads, set_blas_threads, limit_blas_threads
 
     set_blas_threads(2)            # True if applied, False if there is no known BLAS
     with limit_blas_threads(1):    # restores the previous count afterwards

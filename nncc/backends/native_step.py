@@ -20,7 +20,7 @@ import ctypes
 import numpy as np
 
 from nncc.errors import KernelError
-from nncc.runtime.threads import one_blas_thread
+from nncc.util.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
 
 
