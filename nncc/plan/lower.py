@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nncc._version import __version__
-from nncc.backends.base import CompiledPartition
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.kernels.registry import by_key
 from nncc.plan.memory import aligned_constant, plan_arena
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction, Slot
 from nncc.plan.subgraph import encode_graph
+
+if TYPE_CHECKING:  # annotations only: the plan is below the backends that compile into it
+    from nncc.backends.base import CompiledPartition
 
 
 def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPartition],
