@@ -160,8 +160,10 @@ def test_env_var_and_default_location(tmp_path, monkeypatch):
     monkeypatch.delenv("NNCC_CACHE_DIR")
     import platformdirs
 
-    assert nncc.cache.resolve_cache_dir() == platformdirs.user_cache_dir("nncc", appauthor=False)
-    assert nncc.cache.resolve_cache_dir(tmp_path / "x") == str(tmp_path / "x")
+    import nncc.settings
+
+    assert nncc.settings.cache_dir() == platformdirs.user_cache_dir("nncc", appauthor=False)
+    assert nncc.settings.cache_dir(tmp_path / "x") == str(tmp_path / "x")
 
 
 def test_nncc_model_prepare_and_options_in_key(cache_dir):
@@ -959,7 +961,7 @@ def test_cli_main_import_stays_light():
 
 def test_core_cache_modules_do_not_import_click_or_rich():
     code = ("import sys, nncc.cache, nncc.cache.gc, nncc.cache.verify\n"
-            "from nncc.cache import prepare\n"
+            "from nncc.model import prepare\n"
             f"prepare({str(MLP)!r}, use_cache=False)\n"
             "assert 'click' not in sys.modules and 'rich' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -34,23 +34,12 @@ def _imports(path: pathlib.Path):
             yield from ((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
 
 
-def _package_getattr_lines(path: pathlib.Path) -> range:
-    """The lines of a package's module-level ``__getattr__`` (its lazily resolved public aliases)."""
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
-            return range(node.lineno, node.end_lineno + 1)
-    return range(0)
-
-
 @pytest.mark.parametrize("folder", ["nncc/cache", "nncc/util", "nncc/runtime"])
 def test_the_core_imports_nothing_above_it_nor_the_settings(folder):
     wrong = []
     for path in sorted((ROOT / folder).rglob("*.py")):
-        # the package's lazy aliases (nncc.cache.prepare, resolve_cache_dir) are the public
-        # API's, resolved on use: importing the store never runs them
-        aliases = _package_getattr_lines(path) if path.name == "__init__.py" else range(0)
         for name, line in _imports(path):
-            if line in aliases or folder != "nncc/cache" and not name.startswith("nncc.settings"):
+            if folder != "nncc/cache" and not name.startswith("nncc.settings"):
                 continue
             if any(name == bad or name.startswith(bad + ".") for bad in ABOVE_THE_STORE):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")

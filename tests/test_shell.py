@@ -845,13 +845,13 @@ def test_token_completion_never_fails(tmp_path, monkeypatch):
 
 
 def test_completion_constants_match_the_cache():
-    import nncc.cache
+    import nncc.settings
     from nncc.cache import index, store
     from nncc.cli import complete as comp
 
     assert comp.INDEX_NAME == index.INDEX_NAME and comp.ENV_DIR == store.ENV_DIR
-    assert comp.cache_directory(None) == nncc.cache.resolve_cache_dir(None)
-    assert comp.cache_directory("x") == nncc.cache.resolve_cache_dir("x")
+    assert comp.cache_directory(None) == nncc.settings.cache_dir(None)
+    assert comp.cache_directory("x") == nncc.settings.cache_dir("x")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")

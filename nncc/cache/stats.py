@@ -45,7 +45,7 @@ def record_hit(cache, entry, seconds: float) -> None:
 def record_miss(cache, token: str, model_bytes: bytes, opts, rejected: bool, compile_seconds: float) -> str | None:
     """Count why ``token`` had to be compiled and how long the compile took; called once
     the new entry is stored. Returns the reason (None when it could not be recorded)."""
-    import nncc
+    from nncc._version import __version__
 
     model_hash = blake3(model_bytes).hexdigest()
     options = options_text(opts)
@@ -64,7 +64,7 @@ def record_miss(cache, token: str, model_bytes: bytes, opts, rejected: bool, com
             return "new_model"
         if any(o == options for o, _ in seen):
             return "version_change"
-        if any(v == nncc.__version__ for _, v in seen):
+        if any(v == __version__ for _, v in seen):
             return "changed_options"
         return "version_change"
 
