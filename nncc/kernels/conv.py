@@ -34,7 +34,7 @@ _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 # --------------------------------------------------------------------------- helpers
 
 
-def _attr_list(ctx, name: str, n: int, default: int, what: str = "", err=ShapeInferenceError):
+def attr_list(ctx, name: str, n: int, default: int, what: str = "", err=ShapeInferenceError):
     """An INTS attribute of length n (spatial rank), or [default] * n when absent."""
     value = ctx.get(name)
     if value is None:
@@ -46,7 +46,7 @@ def _attr_list(ctx, name: str, n: int, default: int, what: str = "", err=ShapeIn
     return value
 
 
-def _pads_attr(ctx, n: int, what: str, err=ShapeInferenceError):
+def pads_attr(ctx, n: int, what: str, err=ShapeInferenceError):
     pads = ctx.get("pads")
     if pads is None:
         return [0] * n, [0] * n
@@ -56,14 +56,14 @@ def _pads_attr(ctx, n: int, what: str, err=ShapeInferenceError):
     return pads[:n], pads[n:]
 
 
-def _auto_pad(ctx, what: str, err=ShapeInferenceError) -> str:
+def auto_pad_mode(ctx, what: str, err=ShapeInferenceError) -> str:
     auto_pad = ctx.get("auto_pad", "NOTSET") or "NOTSET"
     if auto_pad not in _AUTO_PADS:
         raise err(f"{what}: unknown auto_pad {auto_pad!r} (expected one of {', '.join(_AUTO_PADS)})")
     return auto_pad
 
 
-def _conv_geometry(in_sizes, kernel, strides, dilations, pads_begin, pads_end, auto_pad,
+def conv_geometry(in_sizes, kernel, strides, dilations, pads_begin, pads_end, auto_pad,
                    ceil_mode: bool = False, what: str = "Conv", err=ShapeInferenceError):
     """Output sizes and effective (begin, end) pads for a sliding-window op.
 
@@ -375,7 +375,7 @@ def _reshaper(out_sizes):
 # --------------------------------------------------------------------------- Conv
 
 
-def _conv_params(ctx, x_shape, w_shape, err, what="Conv"):
+def conv_params(ctx, x_shape, w_shape, err, what="Conv"):
     if x_shape is None or len(x_shape) < 3:
         return None
     nd = len(x_shape) - 2
@@ -388,22 +388,22 @@ def _conv_params(ctx, x_shape, w_shape, err, what="Conv"):
         kernel_shape = list(w_shape[2:])
     else:
         kernel_shape = [None] * nd
-    strides = _attr_list(ctx, "strides", nd, 1, what, err)
-    dilations = _attr_list(ctx, "dilations", nd, 1, what, err)
-    pads_begin, pads_end = _pads_attr(ctx, nd, what, err)
-    auto_pad = _auto_pad(ctx, what, err)
+    strides = attr_list(ctx, "strides", nd, 1, what, err)
+    dilations = attr_list(ctx, "dilations", nd, 1, what, err)
+    pads_begin, pads_end = pads_attr(ctx, nd, what, err)
+    auto_pad = auto_pad_mode(ctx, what, err)
     group = int(ctx.get("group", 1))
     if group <= 0:
         raise err(f"{what}: group must be positive, got {group}")
     return nd, kernel_shape, strides, dilations, pads_begin, pads_end, auto_pad, group
 
 
-def _conv_shape(ctx, x, w, b=None):
+def conv_shape(ctx, x, w, b=None):
     if x.shape is not None and len(x.shape) < 3:
         raise ShapeInferenceError(f"Conv: input X must have rank >= 3 (N, C, spatial...), got {x.shape}")
     if w.shape is not None and x.shape is not None and len(w.shape) != len(x.shape):
         raise ShapeInferenceError(f"Conv: weight rank {len(w.shape)} does not match input rank {len(x.shape)}")
-    params = _conv_params(ctx, x.shape, w.shape, ShapeInferenceError)
+    params = conv_params(ctx, x.shape, w.shape, ShapeInferenceError)
     if params is None:
         rank = None if w.shape is None else len(w.shape)
         shape = None if rank is None else (None, w.shape[0]) + (None,) * (rank - 2)
@@ -418,7 +418,7 @@ def _conv_shape(ctx, x, w, b=None):
         m = w.shape[0]
         if isinstance(m, int) and m % group:
             raise ShapeInferenceError(f"Conv: {m} output channels are not divisible by group {group}")
-    out, _, _ = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe, auto_pad)
+    out, _, _ = conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe, auto_pad)
     m = None if w.shape is None else w.shape[0]
     return [TensorInfo(x.dtype, (x.shape[0], m, *out))]
 
@@ -478,14 +478,14 @@ def _conv_batch(x, w, group, kernel_shape, strides, dilations, pb, pe, out_sizes
 def _conv_plan(ctx, x_shape, w_shape):
     """What a Conv node derives from its attributes and operand shapes: (spatial rank,
     kernel shape, strides, dilations, pads begin, pads end, group, output sizes)."""
-    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(
+    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = conv_params(
         ctx, x_shape, w_shape, KernelError)
     if list(kernel_shape) != list(w_shape[2:]):
         raise KernelError(f"Conv: kernel_shape {kernel_shape} does not match weight shape {w_shape}")
     if x_shape[1] != w_shape[1] * group or w_shape[0] % group:
         raise KernelError(f"Conv: input channels {x_shape[1]}, weight {w_shape} and group {group} "
                           "are inconsistent")
-    out_sizes, pb, pe = _conv_geometry(x_shape[2:], kernel_shape, strides, dilations, pb, pe,
+    out_sizes, pb, pe = conv_geometry(x_shape[2:], kernel_shape, strides, dilations, pb, pe,
                                        auto_pad, what="Conv", err=KernelError)
     return nd, kernel_shape, strides, dilations, pb, pe, group, out_sizes
 
@@ -517,7 +517,7 @@ def _conv_prepare(ctx, x, w, b=None):
     return conv_prepared
 
 
-@kernel("Conv", since=1, shape=_conv_shape, writes_out=True, prepare=_conv_prepare)
+@kernel("Conv", since=1, shape=conv_shape, writes_out=True, prepare=_conv_prepare)
 def conv(ctx, x, w, b=None, out=None):
     if x.ndim < 3 or w.ndim != x.ndim:
         raise KernelError(f"Conv: expected X and W of the same rank >= 3, got {x.shape} and {w.shape}")
@@ -562,11 +562,11 @@ def _convt_geometry(ctx, in_sizes, kernel_shape, err):
     """
     nd = len(in_sizes)
     what = "ConvTranspose"
-    strides = _attr_list(ctx, "strides", nd, 1, what, err)
-    dilations = _attr_list(ctx, "dilations", nd, 1, what, err)
-    out_pad = _attr_list(ctx, "output_padding", nd, 0, what, err)
-    pads_begin, pads_end = _pads_attr(ctx, nd, what, err)
-    auto_pad = _auto_pad(ctx, what, err)
+    strides = attr_list(ctx, "strides", nd, 1, what, err)
+    dilations = attr_list(ctx, "dilations", nd, 1, what, err)
+    out_pad = attr_list(ctx, "output_padding", nd, 0, what, err)
+    pads_begin, pads_end = pads_attr(ctx, nd, what, err)
+    auto_pad = auto_pad_mode(ctx, what, err)
     output_shape = ctx.get("output_shape")
     if output_shape is not None:
         output_shape = [int(v) for v in output_shape]

@@ -184,13 +184,13 @@ def _fused_matmul_shape(ctx, a, b, bias=None):
 def _fused_matmul_prepare(ctx, a, b, bias=None):
     """FusedMatMul's first phase, for matrices (rank >= 2) of one BLAS dtype: operands and
     bias checked once, so a run is the product, the bias and the activation alone."""
-    from nncc.kernels.linalg import _BLAS, _matmul_route
+    from nncc.kernels.linalg import BLAS_DTYPES, matmul_route
 
     like = stand_ins(a, b, bias)
-    if like is None or a.dtype not in _BLAS or b.dtype != a.dtype or len(a.shape) < 2 or len(b.shape) < 2 \
+    if like is None or a.dtype not in BLAS_DTYPES or b.dtype != a.dtype or len(a.shape) < 2 or len(b.shape) < 2 \
             or (bias is not None and bias.dtype != a.dtype):
         return None
-    _matmul_route(like[0], like[1])  # a KernelError for operands that do not multiply
+    matmul_route(like[0], like[1])  # a KernelError for operands that do not multiply
     if bias is not None and (len(bias.shape) > 1 or math.prod(bias.shape) not in (1, b.shape[-1])):
         return None  # the kernel reports it when it runs
     dtype = a.dtype

@@ -22,7 +22,7 @@ from nncc.util.limits import check_bytes, check_shape
 from nncc.kernels.symbolic import (
     fold, freeze, operand_length, set_contents, shape_operand, symbolic_array, symbolic_contents,
 )
-from nncc.kernels.tensor import _out
+from nncc.kernels.tensor import tensor_info
 
 # --------------------------------------------------------------------------------------
 # Shape, Size
@@ -38,9 +38,9 @@ def _shape_slice(ctx, rank: int) -> slice:
 
 def _shape_shape(ctx, x):
     if x is None or x.shape is None:
-        return [_out(np.int64, (None,))]
+        return [tensor_info(np.int64, (None,))]
     dims = tuple(x.shape)[_shape_slice(ctx, len(x.shape))]
-    out = _out(np.int64, (len(dims),))
+    out = tensor_info(np.int64, (len(dims),))
     return [set_contents(out, symbolic_array(dims))]
 
 
@@ -50,7 +50,7 @@ def shape(ctx, x):
 
 
 def _size_shape(ctx, x):
-    out = _out(np.int64, ())
+    out = tensor_info(np.int64, ())
     if x is not None and x.is_static:
         out.value = freeze(np.array(math.prod(x.shape), dtype=np.int64))
     return [out]
@@ -123,7 +123,7 @@ def _cast_array(x: np.ndarray, dtype: np.dtype, saturate: bool = True, round_mod
 
 
 def _cast_info(ctx, x, dtype):
-    out = _out(dtype, None if x is None else x.shape)
+    out = tensor_info(dtype, None if x is None else x.shape)
     if x is None:
         return [out]
     sym = symbolic_contents(x)
@@ -146,7 +146,7 @@ def cast(ctx, x):
 
 def _castlike_shape(ctx, x, like):
     if like.dtype is None:
-        return [_out(None, x.shape)]
+        return [tensor_info(None, x.shape)]
     return _cast_info(ctx, x, np.dtype(like.dtype))
 
 
@@ -174,10 +174,10 @@ def _constant_of_shape_shape(ctx, shape_in):
     dims = shape_operand(shape_in)
     if dims is None:
         length = operand_length(shape_in)
-        return [_out(dtype, None if length is None else (None,) * length)]
+        return [tensor_info(dtype, None if length is None else (None,) * length)]
     if any(isinstance(d, int) and d < 0 for d in dims):
         raise ShapeInferenceError(f"ConstantOfShape shape {dims} has negative dims")
-    return fold(ctx, constant_of_shape, [shape_in], [_out(dtype, dims)])
+    return fold(ctx, constant_of_shape, [shape_in], [tensor_info(dtype, dims)])
 
 
 @kernel("ConstantOfShape", since=9, shape=_constant_of_shape_shape)
@@ -259,15 +259,15 @@ def _range_shape(ctx, start, limit, delta):
         s, l, d = (_scalar(v, n, ShapeInferenceError)
                    for v, n in zip(values, ("start", "limit", "delta")))
         count = _range_count(s, l, d, np.dtype(dtype), ShapeInferenceError)
-        return fold(ctx, range_kernel, [start, limit, delta], [_out(dtype, (count,))])
+        return fold(ctx, range_kernel, [start, limit, delta], [tensor_info(dtype, (count,))])
     if values[0] is not None and values[2] is not None:
         # Range(0, n, 1) with n a (symbolic) dim: length n.
         limit_entries = shape_operand(limit)
         s, d = (_scalar(v, n, ShapeInferenceError) for v, n in zip(
             (values[0], values[2]), ("start", "delta")))
         if limit_entries is not None and len(limit_entries) == 1 and s == 0 and d == 1:
-            return [_out(dtype, (limit_entries[0],))]
-    return [_out(dtype, (None,))]
+            return [tensor_info(dtype, (limit_entries[0],))]
+    return [tensor_info(dtype, (None,))]
 
 
 @kernel("Range", since=11, shape=_range_shape)
@@ -300,7 +300,7 @@ def _eyelike_shape(ctx, x):
     dtype = _eye_dtype(ctx, x.dtype, ShapeInferenceError)
     if x.shape is not None and len(x.shape) != 2:
         raise ShapeInferenceError(f"EyeLike expects a 2-D input, got {x.shape}")
-    out = _out(dtype, x.shape if x.shape is not None else (None, None))
+    out = tensor_info(dtype, x.shape if x.shape is not None else (None, None))
     if x.is_static and math.prod(x.shape) <= 1024:
         probe = np.empty(x.shape, dtype=np.float32 if x.dtype is None else x.dtype)
         out.value = freeze(eyelike(ctx, probe))
@@ -374,7 +374,7 @@ def _normal(ctx, shape, dtype) -> np.ndarray:
 
 def _random_shape(draw, op):
     def shape(ctx):
-        return [_out(_random_dtype(ctx, np.float32, ShapeInferenceError, op),
+        return [tensor_info(_random_dtype(ctx, np.float32, ShapeInferenceError, op),
                      _static_shape(ctx, ShapeInferenceError, op))]
 
     def fn(ctx):
@@ -388,8 +388,8 @@ def _random_like_shape(draw, op):
     def shape(ctx, x):
         default = x.dtype if x.dtype is not None and x.dtype.kind == "f" else None
         if default is None and ctx.get("dtype") is None and x.dtype is None:
-            return [_out(None, x.shape)]
-        return [_out(_random_dtype(ctx, default, ShapeInferenceError, op), x.shape)]
+            return [tensor_info(None, x.shape)]
+        return [tensor_info(_random_dtype(ctx, default, ShapeInferenceError, op), x.shape)]
 
     def fn(ctx, x):
         default = x.dtype if x.dtype.kind == "f" else None
@@ -408,7 +408,7 @@ for _op, _draw in (("RandomUniform", _uniform), ("RandomNormal", _normal)):
 
 
 def _bernoulli_shape(ctx, x):
-    return [_out(_random_dtype(ctx, x.dtype, ShapeInferenceError, "Bernoulli", "fiub"), x.shape)]
+    return [tensor_info(_random_dtype(ctx, x.dtype, ShapeInferenceError, "Bernoulli", "fiub"), x.shape)]
 
 
 @kernel("Bernoulli", since=15, shape=_bernoulli_shape, deterministic=False)

@@ -25,7 +25,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
 from nncc.kernels.symbolic import FOLD_LIMIT, freeze
-from nncc.kernels.tensor import _out
+from nncc.kernels.tensor import tensor_info
 
 
 def _axis(axis, rank, what, err=KernelError, extra=0):
@@ -74,7 +74,7 @@ def _from_contents(ctx, fn, infos, dtypes):
 
 
 def _same(ctx, x, *rest):
-    return [_out(x.dtype, x.shape)]
+    return [tensor_info(x.dtype, x.shape)]
 
 
 # --------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def _reduction(ctx, what, err=KernelError):
 def _scatter_shape(what):
     def shape(ctx, data, indices, updates):
         _reduction(ctx, what, ShapeInferenceError)
-        return [_out(data.dtype, data.shape)]
+        return [tensor_info(data.dtype, data.shape)]
 
     return shape
 
@@ -179,7 +179,7 @@ def scatter_nd(ctx, data, indices, updates):
 def _tensor_scatter_shape(ctx, cache, update, write_indices=None):
     if ctx.get("mode", "linear") not in ("linear", "circular"):
         raise ShapeInferenceError(f"TensorScatter: unknown mode {ctx.get('mode')!r}")
-    return [_out(cache.dtype, cache.shape)]
+    return [tensor_info(cache.dtype, cache.shape)]
 
 
 @kernel("TensorScatter", since=24, shape=_tensor_scatter_shape)
@@ -220,11 +220,11 @@ def tensor_scatter(ctx, cache, update, write_indices=None):
 def _gather_nd_shape(ctx, data, indices):
     b = int(ctx.get("batch_dims", 0)) if ctx.opset >= 12 else 0
     if data.shape is None or indices.shape is None or not isinstance(indices.shape[-1] if indices.shape else None, int):
-        return [_out(data.dtype, None)]
+        return [tensor_info(data.dtype, None)]
     k = indices.shape[-1]
     if b + k > len(data.shape):
         raise ShapeInferenceError(f"GatherND: batch_dims {b} + index depth {k} exceed data rank {len(data.shape)}")
-    return [_out(data.dtype, tuple(indices.shape[:-1]) + tuple(data.shape[b + k:]))]
+    return [tensor_info(data.dtype, tuple(indices.shape[:-1]) + tuple(data.shape[b + k:]))]
 
 
 @kernel("GatherND", since=11, shape=_gather_nd_shape)
@@ -254,14 +254,14 @@ def gather_nd(ctx, data, indices):
 
 def _onehot_shape(ctx, indices, depth, values):
     if indices.shape is None:
-        return [_out(values.dtype, None)]
+        return [tensor_info(values.dtype, None)]
     rank = len(indices.shape)
     axis = _axis(ctx.get("axis", -1), rank, "OneHot", ShapeInferenceError, extra=1)
     d = known_value(depth)
     n = None if d is None else _depth(d, ShapeInferenceError)
     shape = list(indices.shape)
     shape.insert(axis, n)
-    return [_out(values.dtype, shape)]
+    return [tensor_info(values.dtype, shape)]
 
 
 def _depth(depth, err):
@@ -302,13 +302,13 @@ def _compress_shape(ctx, x, condition):
         return known
     axis = ctx.get("axis")
     if axis is None:
-        return [_out(x.dtype, (None,))]
+        return [tensor_info(x.dtype, (None,))]
     if x.shape is None:
-        return [_out(x.dtype, None)]
+        return [tensor_info(x.dtype, None)]
     axis = _axis(axis, len(x.shape), "Compress", ShapeInferenceError)
     shape = list(x.shape)
     shape[axis] = None
-    return [_out(x.dtype, shape)]
+    return [tensor_info(x.dtype, shape)]
 
 
 @kernel("Compress", since=9, shape=_compress_shape)
@@ -333,7 +333,7 @@ def _nonzero_shape(ctx, x):
     known = _from_contents(ctx, nonzero, [x], [np.int64])
     if known is not None:
         return known
-    return [_out(np.int64, (None if x.shape is None else max(len(x.shape), 1), None))]
+    return [tensor_info(np.int64, (None if x.shape is None else max(len(x.shape), 1), None))]
 
 
 @kernel("NonZero", since=9, shape=_nonzero_shape)
@@ -349,15 +349,15 @@ def _unique_shape(ctx, x):
         return known[:max(ctx.num_outputs, 1)]
     axis = ctx.get("axis")
     if axis is None or x.shape is None:
-        y = _out(x.dtype, (None,) if axis is None else None)
+        y = tensor_info(x.dtype, (None,) if axis is None else None)
         inverse = None if x.shape is None else math.prod(x.shape) if x.is_static else None
     else:
         axis = _axis(axis, len(x.shape), "Unique", ShapeInferenceError)
         shape = list(x.shape)
         shape[axis] = None
-        y = _out(x.dtype, shape)
+        y = tensor_info(x.dtype, shape)
         inverse = x.shape[axis] if isinstance(x.shape[axis], int) else None
-    outs = [y, _out(np.int64, (None,)), _out(np.int64, (inverse,)), _out(np.int64, (None,))]
+    outs = [y, tensor_info(np.int64, (None,)), tensor_info(np.int64, (inverse,)), tensor_info(np.int64, (None,))]
     return outs[:max(ctx.num_outputs, 1)]
 
 
@@ -401,7 +401,7 @@ def _reverse_sequence_shape(ctx, x, lengths):
         if len(x.shape) < 2:
             raise ShapeInferenceError(f"ReverseSequence: input must have rank >= 2, got {x.shape}")
         _reverse_sequence_axes(ctx, len(x.shape), ShapeInferenceError)
-    return [_out(x.dtype, x.shape)]
+    return [tensor_info(x.dtype, x.shape)]
 
 
 @kernel("ReverseSequence", since=10, shape=_reverse_sequence_shape)
@@ -441,17 +441,17 @@ def _crop_axes(ctx, rank, count, err):
 def _center_crop_pad_shape(ctx, x, shape):
     target = known_value(shape)
     if x.shape is None:
-        return [_out(x.dtype, None)]
+        return [tensor_info(x.dtype, None)]
     rank = len(x.shape)
     dims = list(x.shape)
     if target is None:
         for a in _crop_axes(ctx, rank, None, ShapeInferenceError):
             dims[a] = None
-        return [_out(x.dtype, dims)]
+        return [tensor_info(x.dtype, dims)]
     target = [int(v) for v in np.asarray(target).reshape(-1)]
     for a, t in zip(_crop_axes(ctx, rank, len(target), ShapeInferenceError), target):
         dims[a] = t
-    return [_out(x.dtype, dims)]
+    return [tensor_info(x.dtype, dims)]
 
 
 @kernel("CenterCropPad", since=18, shape=_center_crop_pad_shape)
@@ -494,7 +494,7 @@ def _bitcast_dtype(ctx, source, err):
 
 
 def _bitcast_shape(ctx, x):
-    return [_out(_bitcast_dtype(ctx, x.dtype, ShapeInferenceError), x.shape)]
+    return [tensor_info(_bitcast_dtype(ctx, x.dtype, ShapeInferenceError), x.shape)]
 
 
 @kernel("BitCast", since=26, shape=_bitcast_shape)
@@ -533,15 +533,15 @@ def _col2im_shape(ctx, x, image_shape, block_shape):
     if x.shape is None or image is None or block is None:
         n = None if image_shape.shape is None else image_shape.shape[0]
         if x.shape is None or not isinstance(n, int):
-            return [_out(x.dtype, None)]
-        return [_out(x.dtype, (x.shape[0], None) + (None,) * n)]
+            return [tensor_info(x.dtype, None)]
+        return [tensor_info(x.dtype, (x.shape[0], None) + (None,) * n)]
     image = [int(v) for v in np.asarray(image).reshape(-1)]
     block = [int(v) for v in np.asarray(block).reshape(-1)]
     _col2im_params(ctx, image, block, ShapeInferenceError)
     if len(x.shape) != 3:
         raise ShapeInferenceError(f"Col2Im: input must be (N, C * prod(block_shape), L), got {x.shape}")
     c = x.shape[1] // math.prod(block) if isinstance(x.shape[1], int) else None
-    return [_out(x.dtype, (x.shape[0], c, *image))]
+    return [tensor_info(x.dtype, (x.shape[0], c, *image))]
 
 
 @kernel("Col2Im", since=18, shape=_col2im_shape)

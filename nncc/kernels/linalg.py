@@ -33,7 +33,7 @@ def _dims_match(a, b) -> bool:
 # --------------------------------------------------------------------------- MatMul
 
 
-def _matmul_shape(ctx, a, b):
+def matmul_shape(ctx, a, b):
     if a.shape is None or b.shape is None:
         return [TensorInfo(a.dtype, None)]
     sa, sb = tuple(a.shape), tuple(b.shape)
@@ -73,7 +73,7 @@ def _matmul_prepare(ctx, a, b):
     like = stand_ins(a, b)
     if like is None:
         return None
-    route, dtype = _matmul_route(*like), a.dtype
+    route, dtype = matmul_route(*like), a.dtype
     if route == _DOT:
         def matmul_dot(ctx, a, b, out=None):
             if out is not None and out[0].flags.c_contiguous and out[0].dtype == dtype:
@@ -89,13 +89,13 @@ def _matmul_prepare(ctx, a, b):
     return None
 
 
-@kernel("MatMul", since=1, shape=_matmul_shape, writes_out=True, prepare=_matmul_prepare)
+@kernel("MatMul", since=1, shape=matmul_shape, writes_out=True, prepare=_matmul_prepare)
 def matmul(ctx, a, b, out=None):
     # Hot path: operands already validated for these shapes/dtypes by an earlier call.
     key = (a.shape, b.shape, a.dtype, b.dtype)
     plan = ctx.scratch.get("matmul plan")
     if plan is None or plan[0] != key:
-        plan = ctx.scratch["matmul plan"] = (key, _matmul_route(a, b))
+        plan = ctx.scratch["matmul plan"] = (key, matmul_route(a, b))
     route = plan[1]
     if route == _DOT:  # both operands of rank <= 2 in a BLAS dtype: np.dot is the cheapest call
         if out is not None and out[0].flags.c_contiguous and out[0].dtype == a.dtype:
@@ -110,10 +110,10 @@ def matmul(ctx, a, b, out=None):
 
 
 _DOT, _MATMUL, _GENERAL = 0, 1, 2
-_BLAS = (np.dtype(np.float32), np.dtype(np.float64))
+BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _matmul_route(a, b) -> int:
+def matmul_route(a, b) -> int:
     """How to multiply operands of these shapes/dtypes; raises for invalid ones."""
     if a.ndim == 0 or b.ndim == 0:
         raise KernelError("MatMul: inputs must have rank >= 1")
@@ -127,7 +127,7 @@ def _matmul_route(a, b) -> int:
         raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}") from None
     if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise KernelError(f"MatMul: incompatible shapes {a.shape} x {b.shape}")
-    if a.ndim <= 2 and b.ndim <= 2 and a.dtype in _BLAS:
+    if a.ndim <= 2 and b.ndim <= 2 and a.dtype in BLAS_DTYPES:
         return _DOT
     return _MATMUL
 
@@ -142,7 +142,7 @@ def _gemm_dims(ctx, a_shape, b_shape):
     return m, k1, k2, n
 
 
-def _gemm_shape(ctx, a, b, c=None):
+def gemm_shape(ctx, a, b, c=None):
     for name, info in (("A", a), ("B", b)):
         if info.shape is not None and len(info.shape) != 2:
             raise ShapeInferenceError(f"Gemm: input {name} must be 2-D, got shape {info.shape}")
@@ -191,7 +191,7 @@ class _GemmPlan:
         self.key = key
         dt = a.dtype
         # the hot path: float32/float64 throughout, computed exactly as the general path does
-        self.fast = dt in _BLAS and b.dtype == dt and (c is None or c.dtype == dt)
+        self.fast = dt in BLAS_DTYPES and b.dtype == dt and (c is None or c.dtype == dt)
         self.trans_a = bool(int(ctx.get("transA", 0)))
         self.trans_b = bool(int(ctx.get("transB", 0)))
         alpha = float(ctx.get("alpha", 1.0))
@@ -229,7 +229,7 @@ def _gemm_prepare(ctx, a, b, c=None):
     return gemm_prepared
 
 
-@kernel("Gemm", since=1, shape=_gemm_shape, writes_out=True, prepare=_gemm_prepare)
+@kernel("Gemm", since=1, shape=gemm_shape, writes_out=True, prepare=_gemm_prepare)
 def gemm(ctx, a, b, c=None, out=None):
     key = (a.shape, b.shape, a.dtype, b.dtype, None if c is None else (c.shape, c.dtype))
     plan = ctx.scratch.get("gemm plan")

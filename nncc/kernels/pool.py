@@ -39,7 +39,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.conv import _attr_list, _auto_pad, _conv_geometry
+from nncc.kernels.conv import attr_list, auto_pad_mode, conv_geometry
 from nncc.kernels.registry import kernel
 from nncc.kernels.workspace import kept
 
@@ -58,8 +58,8 @@ def _pool_params(ctx, x_shape, what, err):
         raise err(f"{what}: kernel_shape {kernel_shape} does not match the input's {nd} spatial axes")
     if any(k <= 0 for k in kernel_shape):
         raise err(f"{what}: kernel_shape {kernel_shape} must be positive")
-    strides = _attr_list(ctx, "strides", nd, 1, what, err)
-    dilations = _attr_list(ctx, "dilations", nd, 1, what, err)
+    strides = attr_list(ctx, "strides", nd, 1, what, err)
+    dilations = attr_list(ctx, "dilations", nd, 1, what, err)
     pads = ctx.get("pads")
     if pads is None:
         pb, pe = [0] * nd, [0] * nd
@@ -74,7 +74,7 @@ def _pool_params(ctx, x_shape, what, err):
             if pb[i] >= (kernel_shape[i] - 1) * dilations[i] + 1 or pe[i] >= (kernel_shape[i] - 1) * dilations[i] + 1:
                 # A window entirely in the padding has no input element; ONNX Runtime rejects it too.
                 raise err(f"{what}: pads {pads} must be smaller than the kernel extent along each axis")
-    auto_pad = _auto_pad(ctx, what, err)
+    auto_pad = auto_pad_mode(ctx, what, err)
     ceil_mode = bool(ctx.get("ceil_mode", 0))
     return nd, kernel_shape, strides, dilations, pb, pe, auto_pad, ceil_mode
 
@@ -87,7 +87,7 @@ def _pool_shape_fn(what, with_indices=False):
             if len(x.shape) < 3:
                 raise ShapeInferenceError(f"{what}: input must have rank >= 3 (N, C, spatial...), got {x.shape}")
             nd, ks, st, dl, pb, pe, ap, cm = _pool_params(ctx, x.shape, what, ShapeInferenceError)
-            sizes, _, _ = _conv_geometry(x.shape[2:], ks, st, dl, pb, pe, ap, cm, what)
+            sizes, _, _ = conv_geometry(x.shape[2:], ks, st, dl, pb, pe, ap, cm, what)
             out = [TensorInfo(x.dtype, (x.shape[0], x.shape[1], *sizes))]
         if with_indices and ctx.num_outputs > 1:
             out.append(TensorInfo(np.dtype(np.int64), out[0].shape))
@@ -118,7 +118,7 @@ def _geometry(ctx, x, what) -> _Geometry:
     if x.ndim < 3:
         raise KernelError(f"{what}: input must have rank >= 3 (N, C, spatial...), got {x.shape}")
     nd, ks, st, dl, pb, pe, ap, cm = _pool_params(ctx, x.shape, what, KernelError)
-    sizes, pb, pe = _conv_geometry(x.shape[2:], ks, st, dl, pb, pe, ap, cm, what, KernelError)
+    sizes, pb, pe = conv_geometry(x.shape[2:], ks, st, dl, pb, pe, ap, cm, what, KernelError)
     # the padded input must cover every window (ceil_mode may need more than pads_end)
     need_end = [max(0, (sizes[i] - 1) * st[i] + (ks[i] - 1) * dl[i] + 1 - pb[i] - x.shape[2 + i])
                 for i in range(nd)]
@@ -613,7 +613,7 @@ def _unpool_default_shape(ctx, x_shape, err):
     kernel_shape = ctx.get("kernel_shape")
     if kernel_shape is None or len(kernel_shape) != nd:
         raise err(f"MaxUnpool: attribute 'kernel_shape' must give {nd} sizes")
-    strides = _attr_list(ctx, "strides", nd, 1, "MaxUnpool", err)
+    strides = attr_list(ctx, "strides", nd, 1, "MaxUnpool", err)
     pads = [int(v) for v in ctx.get("pads", [0] * (2 * nd))]
     if len(pads) != 2 * nd:
         raise err(f"MaxUnpool: attribute 'pads' has {len(pads)} values, expected {2 * nd}")

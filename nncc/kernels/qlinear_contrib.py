@@ -20,10 +20,10 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.quantize import (_accumulator, _centered, _check_integer_input, _integer_matmul,
+from nncc.kernels.quantize import (accumulator_type, centered, check_integer_input, integer_matmul,
                                    dynamic_quantize_linear)
 from nncc.kernels.registry import Ctx, kernel, resolve
-from nncc.kernels.linalg import _matmul_shape
+from nncc.kernels.linalg import matmul_shape
 from nncc.kernels.shapes import broadcast
 from nncc.kernels.symbolic import fold
 
@@ -84,9 +84,9 @@ def qlinear_mul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=Non
     """C = (A - a_zero)(B - b_zero) * (a_scale * b_scale / c_scale) + c_zero: the integer
     product is exact, its multiplier one float32 constant."""
     op = "QLinearMul"
-    _check_integer_input(op, a, b, a_zero, b_zero, c_zero)
+    check_integer_input(op, a, b, a_zero, b_zero, c_zero)
     multiplier = _scalar(a_scale, "A_scale", op) * _scalar(b_scale, "B_scale", op) / _scalar(c_scale, "C_scale", op)
-    product = _centered(a, _zero(a_zero, op), np.int32) * _centered(b, _zero(b_zero, op), np.int32)
+    product = centered(a, _zero(a_zero, op), np.int32) * centered(b, _zero(b_zero, op), np.int32)
     return _quantized(product.astype(F32) * multiplier, _zero(c_zero, op), _out_dtype(c_zero, a.dtype))
 
 
@@ -102,7 +102,7 @@ def _table_shape(op):
 def _lookup(ctx, op: str, fn, x, x_scale, x_zero, y_scale, y_zero):
     """y = quantize(fn(dequantize(x))) for every possible 8-bit x, then looked up: the
     table onnxruntime builds, so each value is exactly one float32 evaluation of fn."""
-    _check_integer_input(op, x, x_zero, y_zero)
+    check_integer_input(op, x, x_zero, y_zero)
     out = _out_dtype(y_zero, x.dtype)
     xs, ys = _scalar(x_scale, "X_scale", op), _scalar(y_scale, "Y_scale", op)
     xz, yz = _zero(x_zero, op), _zero(y_zero, op)
@@ -157,14 +157,14 @@ def _global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
 def qlinear_global_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
     """The exact int sum of x - x_zero over the image, times x_scale / (y_scale * size)."""
     op = "QLinearGlobalAveragePool"
-    _check_integer_input(op, x, x_zero, y_zero)
+    check_integer_input(op, x, x_zero, y_zero)
     if x.ndim < 3:
         raise KernelError(f"{op}: input must have rank >= 3, got {x.shape}")
     axes = tuple(range(1, x.ndim - 1)) if _channels_last(ctx) else tuple(range(2, x.ndim))
     size = math.prod(x.shape[a] for a in axes)
     if size == 0:
         raise KernelError(f"{op}: the image is empty")
-    acc = _accumulator(size, x)
+    acc = accumulator_type(size, x)
     sums = np.sum(x.astype(acc), axis=axes, keepdims=True) - acc(_zero(x_zero, op)) * size
     scale = _scalar(x_scale, "x_scale", op) / (_scalar(y_scale, "y_scale", op) * np.float32(size))
     return _quantized(sums.astype(F32) * scale, _zero(y_zero, op), _out_dtype(y_zero, x.dtype))
@@ -202,7 +202,7 @@ def _average_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
 def qlinear_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
     """AveragePool of the dequantized input (float32), quantized on the output scale."""
     op = "QLinearAveragePool"
-    _check_integer_input(op, x, x_zero, y_zero)
+    check_integer_input(op, x, x_zero, y_zero)
     if x.ndim < 3:
         raise KernelError(f"{op}: input must have rank >= 3, got {x.shape}")
     definition, inner = _float_pool(ctx)
@@ -250,7 +250,7 @@ def qlinear_concat(ctx, y_scale, y_zero, *triples):
     out = _out_dtype(y_zero, triples[0].dtype)
     parts = []
     for x, x_scale, x_zero in zip(triples[::3], triples[1::3], triples[2::3]):
-        _check_integer_input(op, x, x_zero)
+        check_integer_input(op, x, x_zero)
         xs, xz = _scalar(x_scale, "X_scale", op), _zero(x_zero, op)
         if xs == ys and xz == yz and x.dtype == out:
             parts.append(x)
@@ -270,7 +270,7 @@ qlinear_concat.arity = (5, None)  # Y_scale, Y_zero_point and at least one tripl
 
 
 def _float_product_shape(ctx, a, b):
-    info = _matmul_shape(ctx, a, b)[0]
+    info = matmul_shape(ctx, a, b)[0]
     return [TensorInfo(F32, info.shape)]
 
 
@@ -288,7 +288,7 @@ def _scaled_product(op, a_q, a_zero, b, b_zero, scale, bias) -> np.ndarray:
     the Cast, Mul and Add of the unfused graph."""
     n = b.shape[-1]
     b_zero = None if b_zero is None else _per_column(b_zero, n, "b_zero_point", op)
-    acc = _integer_matmul(op, a_q, b, a_zero, b_zero).astype(np.int32, copy=False)
+    acc = integer_matmul(op, a_q, b, a_zero, b_zero).astype(np.int32, copy=False)
     y = acc.astype(F32) * scale
     if bias is not None:
         if bias.dtype != F32 or bias.size != n:
@@ -309,7 +309,7 @@ def dynamic_quantize_matmul(ctx, a, b, b_scale, b_zero=None, bias=None):
     op = "DynamicQuantizeMatMul"
     if a.dtype != F32 or b_scale.dtype != F32:
         raise KernelError(f"{op}: A and b_scale must be float32, got {a.dtype} and {b_scale.dtype}")
-    _check_integer_input(op, b, b_zero)
+    check_integer_input(op, b, b_zero)
     if b.ndim < 2:
         raise KernelError(f"{op}: B must have rank >= 2, got {b.shape}")
     a_q, a_scale, a_zero = dynamic_quantize_linear(ctx, a)
@@ -326,7 +326,7 @@ def matmul_integer_to_float(ctx, a, b, a_scale, b_scale, a_zero=None, b_zero=Non
     """(A - a_zero)(B - b_zero) in exact integers, times a_scale * b_scale in float32, plus
     the bias: MatMulInteger, Cast, Mul and Add in one."""
     op = "MatMulIntegerToFloat"
-    _check_integer_input(op, a, b, a_zero, b_zero)
+    check_integer_input(op, a, b, a_zero, b_zero)
     if a.ndim < 2 or b.ndim < 2:
         raise KernelError(f"{op}: A and B must have rank >= 2, got {a.shape} and {b.shape}")
     if a_scale.dtype != F32 or b_scale.dtype != F32:

@@ -18,8 +18,8 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir import low_precision
 from nncc.ir.dtypes import onnx_type_name, to_numpy
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.conv import _conv_geometry, _conv_params, _conv_shape
-from nncc.kernels.linalg import _gemm_shape, _matmul_shape
+from nncc.kernels.conv import conv_geometry, conv_params, conv_shape
+from nncc.kernels.linalg import gemm_shape, matmul_shape
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast
 from nncc.kernels.symbolic import fold
@@ -282,7 +282,7 @@ def dynamic_quantize_linear(ctx, x):
 _INT32_LIMIT = 2**31 - 1
 
 
-def _accumulator(terms: int, *operands: np.ndarray) -> type:
+def accumulator_type(terms: int, *operands: np.ndarray) -> type:
     """int32 when a sum of ``terms`` products of the operands cannot overflow it, else int64."""
     bound = terms
     for operand in operands:
@@ -291,7 +291,7 @@ def _accumulator(terms: int, *operands: np.ndarray) -> type:
     return np.int32 if bound <= _INT32_LIMIT else np.int64
 
 
-def _centered(x: np.ndarray, zero, acc) -> np.ndarray:
+def centered(x: np.ndarray, zero, acc) -> np.ndarray:
     """x - zero_point, exactly, in the accumulator type."""
     values = low_precision.widen(x).astype(acc)
     if zero is not None:
@@ -299,7 +299,7 @@ def _centered(x: np.ndarray, zero, acc) -> np.ndarray:
     return values
 
 
-def _check_integer_input(op: str, *arrays: np.ndarray) -> None:
+def check_integer_input(op: str, *arrays: np.ndarray) -> None:
     for array in arrays:
         if array is not None and array.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
             raise KernelError(f"{op} expects int8 or uint8 inputs, got {array.dtype}")
@@ -321,12 +321,12 @@ def _column_param(param: np.ndarray | None) -> np.ndarray | None:
     return param
 
 
-def _integer_matmul(op: str, a, b, a_zero, b_zero) -> np.ndarray:
+def integer_matmul(op: str, a, b, a_zero, b_zero) -> np.ndarray:
     if a.ndim == 0 or b.ndim == 0:
         raise KernelError(f"{op}: inputs must have rank >= 1")
-    acc = _accumulator(a.shape[-1], a, b)
-    left = _centered(a, _row_param(a_zero, a.ndim), acc)
-    right = _centered(b, _column_param(b_zero), acc)
+    acc = accumulator_type(a.shape[-1], a, b)
+    left = centered(a, _row_param(a_zero, a.ndim), acc)
+    right = centered(b, _column_param(b_zero), acc)
     # numpy has no fast integer matmul; a float one is exact while every partial sum is
     # an integer the float holds (below 2**24 in float32, 2**53 in float64)
     try:
@@ -376,15 +376,15 @@ def _requantize(acc: np.ndarray, multiplier, zero, dtype: np.dtype) -> np.ndarra
 
 
 def _matmul_integer_shape(ctx, a, b, a_zero=None, b_zero=None):
-    info = _matmul_shape(ctx, a, b)[0]
+    info = matmul_shape(ctx, a, b)[0]
     return fold(ctx, matmul_integer, [a, b, a_zero, b_zero], [TensorInfo(np.dtype(np.int32), info.shape)])
 
 
 @kernel("MatMulInteger", since=10, shape=_matmul_integer_shape)
 def matmul_integer(ctx, a, b, a_zero=None, b_zero=None):
-    _check_integer_input("MatMulInteger", a, b, a_zero, b_zero)
+    check_integer_input("MatMulInteger", a, b, a_zero, b_zero)
     # int32 wraps where int64 would not, but the low 32 bits agree: the spec's int32 result
-    return _integer_matmul("MatMulInteger", a, b, a_zero, b_zero).astype(np.int32, copy=False)
+    return integer_matmul("MatMulInteger", a, b, a_zero, b_zero).astype(np.int32, copy=False)
 
 
 # -------------------------------------------------------------------- QLinearMatMul
@@ -395,7 +395,7 @@ def _output_type(y_zero, default) -> np.dtype:
 
 
 def _qlinear_matmul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=None):
-    info = _matmul_shape(ctx, a, b)[0]
+    info = matmul_shape(ctx, a, b)[0]
     out = TensorInfo(_output_type(y_zero, a.dtype), info.shape)
     return fold(ctx, qlinear_matmul, [a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero], [out])
 
@@ -413,7 +413,7 @@ def qlinear_matmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero=
         if y_zero is not None:
             product = product + _as_float(_column_param(y_zero), np.dtype(np.float32))
         return _saturate(product, out)
-    acc = _integer_matmul("QLinearMatMul", a, b, a_zero, b_zero)
+    acc = integer_matmul("QLinearMatMul", a, b, a_zero, b_zero)
     multiplier = _combined_scale(a_scale, b_scale, y_scale, a.ndim)
     return _requantize(acc, multiplier, _column_param(y_zero), out)
 
@@ -439,25 +439,25 @@ def _integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) ->
     the reduction could overflow), padding with zero after removing the zero point."""
     if x.ndim < 3 or w.ndim != x.ndim:
         raise KernelError(f"{op}: expected x and w of the same rank >= 3, got {x.shape} and {w.shape}")
-    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = _conv_params(ctx, x.shape, w.shape, KernelError, op)
+    nd, kernel_shape, strides, dilations, pb, pe, auto_pad, group = conv_params(ctx, x.shape, w.shape, KernelError, op)
     if list(kernel_shape) != list(w.shape[2:]):
         raise KernelError(f"{op}: kernel_shape {kernel_shape} does not match weight shape {w.shape}")
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     if c != cg * group or m % group:
         raise KernelError(f"{op}: input channels {c}, weight {w.shape} and group {group} are inconsistent")
-    out_sizes, pb, pe = _conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
+    out_sizes, pb, pe = conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe,
                                        auto_pad, what=op, err=KernelError)
     taps = math.prod(kernel_shape)
-    acc = _accumulator(cg * taps, x, w)
+    acc = accumulator_type(cg * taps, x, w)
     if w_zero is not None and np.asarray(w_zero).size > 1:
         if np.asarray(w_zero).size != m:
             raise KernelError(f"{op}: w_zero_point has {np.asarray(w_zero).size} entries for {m} output channels")
         w_zero = np.asarray(w_zero).reshape((m,) + (1,) * (nd + 1))
     if x_zero is not None and np.asarray(x_zero).size != 1:
         raise KernelError(f"{op}: x_zero_point must be a scalar")
-    xi = _centered(x, None if x_zero is None else np.asarray(x_zero).reshape(()), acc)
-    wi = _centered(w, w_zero, acc)
+    xi = centered(x, None if x_zero is None else np.asarray(x_zero).reshape(()), acc)
+    wi = centered(w, w_zero, acc)
     if any(p < 0 for p in pb + pe):
         raise KernelError(f"{op}: negative pads are not supported")
     xp = np.pad(xi, [(0, 0), (0, 0)] + list(zip(pb, pe)))
@@ -479,24 +479,24 @@ def _integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) ->
 
 
 def _conv_integer_shape(ctx, x, w, x_zero=None, w_zero=None):
-    info = _conv_shape(ctx, x, w)[0]
+    info = conv_shape(ctx, x, w)[0]
     return [TensorInfo(np.dtype(np.int32), info.shape)]
 
 
 @kernel("ConvInteger", since=10, shape=_conv_integer_shape)
 def conv_integer(ctx, x, w, x_zero=None, w_zero=None):
-    _check_integer_input("ConvInteger", x, w, x_zero, w_zero)
+    check_integer_input("ConvInteger", x, w, x_zero, w_zero)
     return _integer_conv(ctx, x, w, x_zero, w_zero, "ConvInteger").astype(np.int32, copy=False)
 
 
 def _qlinear_conv_shape(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=None, b=None):
-    info = _conv_shape(ctx, x, w)[0]
+    info = conv_shape(ctx, x, w)[0]
     return [TensorInfo(_output_type(y_zero, x.dtype), info.shape)]
 
 
 @kernel("QLinearConv", since=10, shape=_qlinear_conv_shape)
 def qlinear_conv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=None, b=None):
-    _check_integer_input("QLinearConv", x, w, x_zero, w_zero, y_zero)
+    check_integer_input("QLinearConv", x, w, x_zero, w_zero, y_zero)
     acc = _integer_conv(ctx, x, w, x_zero, w_zero, "QLinearConv")
     m = w.shape[0]
     channel = (1, m) + (1,) * (x.ndim - 2)
@@ -528,14 +528,14 @@ def _qlinear_add_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_z
 
 @kernel("QLinearAdd", since=1, domain="com.microsoft", shape=_qlinear_add_shape)
 def qlinear_add(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=None):
-    _check_integer_input("QLinearAdd", a, b, a_zero, b_zero, c_zero)
+    check_integer_input("QLinearAdd", a, b, a_zero, b_zero, c_zero)
     f32 = np.dtype(np.float32)
     out_scale = _as_float(c_scale, f32).reshape(())
     # As onnxruntime defines it: each side scaled by its ratio to the output scale, in
     # float32, and the output zero point added before rounding (half to even), which
     # decides where a sum lying halfway goes.
-    left = _centered(a, a_zero, np.int32).astype(f32) * (_as_float(a_scale, f32).reshape(()) / out_scale)
-    right = _centered(b, b_zero, np.int32).astype(f32) * (_as_float(b_scale, f32).reshape(()) / out_scale)
+    left = centered(a, a_zero, np.int32).astype(f32) * (_as_float(a_scale, f32).reshape(()) / out_scale)
+    right = centered(b, b_zero, np.int32).astype(f32) * (_as_float(b_scale, f32).reshape(()) / out_scale)
     values = left + right
     if c_zero is not None:
         values += c_zero.reshape(()).astype(f32)
@@ -543,7 +543,7 @@ def qlinear_add(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero=Non
 
 
 def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
-    info = _gemm_shape(ctx, a, b)[0]
+    info = gemm_shape(ctx, a, b)[0]
     dtype = np.dtype(np.float32) if y_scale is None else _output_type(y_zero, np.dtype(np.uint8))
     return [TensorInfo(dtype, info.shape)]
 
@@ -552,14 +552,14 @@ def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=No
 def qgemm(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
     """alpha * a_scale * b_scale * ((A' - a_zero)(B' - b_zero) + C), C an int32 bias on
     the accumulator's scale; quantized with y_scale and y_zero when given, else float32."""
-    _check_integer_input("QGemm", a, b, a_zero, b_zero, y_zero)
+    check_integer_input("QGemm", a, b, a_zero, b_zero, y_zero)
     if a.ndim != 2 or b.ndim != 2:
         raise KernelError(f"QGemm: A and B must be 2-D, got {a.shape} and {b.shape}")
     a = a.T if int(ctx.get("transA", 0)) else a
     b = b.T if int(ctx.get("transB", 0)) else b
     if b_zero is not None and b_zero.size > 1:
         b_zero = b_zero.reshape(1, -1)  # per column of B'
-    acc = _integer_matmul("QGemm", a, b, a_zero, b_zero)
+    acc = integer_matmul("QGemm", a, b, a_zero, b_zero)
     if c is not None:
         acc = acc + c.astype(acc.dtype)
     f32 = np.dtype(np.float32)

@@ -23,7 +23,7 @@ _INT64 = np.dtype(np.int64)
 # --------------------------------------------------------------------------- axes handling
 
 
-def _norm_axes(axes, rank: int, error=KernelError) -> tuple[int, ...]:
+def norm_axes(axes, rank: int, error=KernelError) -> tuple[int, ...]:
     out = []
     for a in axes:
         a = int(a)
@@ -36,7 +36,7 @@ def _norm_axes(axes, rank: int, error=KernelError) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _axes_from_input(axes: np.ndarray | None) -> list[int] | None:
+def axes_from_input(axes: np.ndarray | None) -> list[int] | None:
     """None means 'no axes given' (omitted input or empty tensor)."""
     if axes is None:
         return None
@@ -60,7 +60,7 @@ def _reduce_shape_attr(ctx, x):
             return [TensorInfo(x.dtype, ())]
         return [TensorInfo(x.dtype, None)]
     rank = len(x.shape)
-    axes = tuple(range(rank)) if not axes else _norm_axes(axes, rank, ShapeInferenceError)
+    axes = tuple(range(rank)) if not axes else norm_axes(axes, rank, ShapeInferenceError)
     return [TensorInfo(x.dtype, _reduced_shape(x.shape, axes, keepdims))]
 
 
@@ -86,7 +86,7 @@ def _reduce_shape_input(ctx, x, axes_info=None):
                 return [TensorInfo(x.dtype, (None,) * max(len(x.shape) - n, 0))]
             return [TensorInfo(x.dtype, None)]
         try:
-            axes = _axes_from_input(np.asarray(value))
+            axes = axes_from_input(np.asarray(value))
         except KernelError as exc:
             raise ShapeInferenceError(str(exc)) from exc
     if axes is None:
@@ -97,7 +97,7 @@ def _reduce_shape_input(ctx, x, axes_info=None):
         axes = range(len(x.shape))
     if x.shape is None:
         return [TensorInfo(x.dtype, None)]
-    axes = _norm_axes(axes, len(x.shape), ShapeInferenceError)
+    axes = norm_axes(axes, len(x.shape), ShapeInferenceError)
     return [TensorInfo(x.dtype, _reduced_shape(x.shape, axes, keepdims))]
 
 
@@ -235,7 +235,7 @@ _REDUCERS = {
 
 
 def _run(op: str, x: np.ndarray, axes, keepdims: int) -> np.ndarray:
-    axes = tuple(range(x.ndim)) if axes is None else _norm_axes(axes, x.ndim)
+    axes = tuple(range(x.ndim)) if axes is None else norm_axes(axes, x.ndim)
     keepdims = bool(keepdims)
     if any(x.shape[a] == 0 for a in axes):
         return _empty_fill(op, x, _reduced_shape(x.shape, axes, keepdims))
@@ -253,7 +253,7 @@ def _make_reduce(op: str, input_since: int):
         return _run(op, x, axes if axes else None, ctx.get("keepdims", 1))
 
     def reduce_input(ctx, x, axes=None):
-        axes = _axes_from_input(axes)
+        axes = axes_from_input(axes)
         if axes is None and ctx.get("noop_with_empty_axes", 0):
             return x.copy()
         return _run(op, x, axes, ctx.get("keepdims", 1))

@@ -29,7 +29,7 @@ _POLICIES = ("stretch", "not_larger", "not_smaller")
 # --------------------------------------------------------------------------- attributes / plan
 
 
-def _axes(ctx, rank, err):
+def resize_axes(ctx, rank, err):
     axes = ctx.get("axes") if ctx.opset >= 18 else None
     if axes is None:
         return list(range(rank))
@@ -44,21 +44,21 @@ def _axes(ctx, rank, err):
     return out
 
 
-def _present(arr):
+def is_present(arr):
     return arr is not None and np.asarray(arr).size > 0
 
 
-def _plan(ctx, in_shape, scales, sizes, err):
+def resize_plan(ctx, in_shape, scales, sizes, err):
     """Output sizes and per-axis scale factors (float32, as ONNX Runtime) for every axis.
 
     in_shape entries may be None/str; output sizes are then None where they depend on them.
     """
     rank = len(in_shape)
-    axes = _axes(ctx, rank, err)
+    axes = resize_axes(ctx, rank, err)
     policy = ctx.get("keep_aspect_ratio_policy", "stretch") if ctx.opset >= 18 else "stretch"
     if policy not in _POLICIES:
         raise err(f"Resize: unknown keep_aspect_ratio_policy {policy!r}")
-    has_scales, has_sizes = _present(scales), _present(sizes)
+    has_scales, has_sizes = is_present(scales), is_present(sizes)
     if has_scales and has_sizes:
         raise err("Resize: only one of 'scales' and 'sizes' may be given")
     if not has_scales and not has_sizes:
@@ -141,7 +141,7 @@ def _cubic_kernel(d, a):
     return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
 
 
-def _filter_taps(mode, x, in_n, scale, antialias, cubic_a, exclude_outside):
+def filter_taps(mode, x, in_n, scale, antialias, cubic_a, exclude_outside):
     """(indices, weights) of shape (taps, out_n) for linear/cubic along one axis."""
     # x = base + r with r in (0, 1] (an exact integer x uses r = 1), as the ONNX reference does
     base = np.ceil(x) - 1
@@ -186,7 +186,7 @@ def _bshape(ndim, axis, n):
     return shape
 
 
-def _coords(in_n, out_n, scale, opts, roi_lo, roi_hi):
+def source_coords(in_n, out_n, scale, opts, roi_lo, roi_hi):
     """Source coordinates along one axis and the tf_crop_and_resize extrapolation mask."""
     x = _source_coords(opts["coord"], out_n, in_n, scale, roi_lo, roi_hi)
     outside = None
@@ -197,8 +197,8 @@ def _coords(in_n, out_n, scale, opts, roi_lo, roi_hi):
     return x, outside
 
 
-def _nearest_plan(in_n, out_n, scale, opts, roi_lo, roi_hi):
-    x, outside = _coords(in_n, out_n, scale, opts, roi_lo, roi_hi)
+def nearest_plan(in_n, out_n, scale, opts, roi_lo, roi_hi):
+    x, outside = source_coords(in_n, out_n, scale, opts, roi_lo, roi_hi)
     idx = _nearest_index(x, opts["nearest_mode"], opts["opset10_down"](scale))
     return np.clip(idx, 0, in_n - 1).astype(np.intp), outside
 
@@ -228,8 +228,8 @@ def _resize_nearest(data, plans, opts):
 def _resize_axis(data, axis, out_n, scale, opts, roi_lo, roi_hi):
     """Linear / cubic interpolation along one axis."""
     in_n = data.shape[axis]
-    x, outside = _coords(in_n, out_n, scale, opts, roi_lo, roi_hi)
-    idx, w = _filter_taps(opts["mode"], x, in_n, scale, opts["antialias"], opts["cubic_a"],
+    x, outside = source_coords(in_n, out_n, scale, opts, roi_lo, roi_hi)
+    idx, w = filter_taps(opts["mode"], x, in_n, scale, opts["antialias"], opts["cubic_a"],
                           opts["exclude_outside"])
     cdt = data.dtype
     ntaps = idx.shape[0]
@@ -262,7 +262,7 @@ def _resize_axis(data, axis, out_n, scale, opts, roi_lo, roi_hi):
 # --------------------------------------------------------------------------- kernels
 
 
-def _options(ctx, err):
+def resize_options(ctx, err):
     mode = ctx.get("mode", "nearest")
     if mode not in _MODES:
         raise err(f"Resize: unknown mode {mode!r} (expected one of {', '.join(_MODES)})")
@@ -290,16 +290,16 @@ def _options(ctx, err):
 
 
 def _resize(ctx, x, roi, scales, sizes):
-    opts = _options(ctx, KernelError)
+    opts = resize_options(ctx, KernelError)
     if x.ndim == 0:
         raise KernelError("Resize: input must have rank >= 1")
-    out_sizes, factors = _plan(ctx, x.shape, scales, sizes, KernelError)
+    out_sizes, factors = resize_plan(ctx, x.shape, scales, sizes, KernelError)
     # scales or sizes from the model: the output (and its per-axis tables) checked before allocating
     check_shape(out_sizes, max(4, x.dtype.itemsize), f"Resize output {list(out_sizes)}")
-    axes = _axes(ctx, x.ndim, KernelError)
+    axes = resize_axes(ctx, x.ndim, KernelError)
     roi_full = None
     if opts["coord"] == "tf_crop_and_resize":
-        if not _present(roi):
+        if not is_present(roi):
             raise KernelError("Resize: coordinate_transformation_mode 'tf_crop_and_resize' needs 'roi'")
         roi = np.asarray(roi, dtype=np.float32).reshape(-1)
         if roi.size != 2 * len(axes):
@@ -320,7 +320,7 @@ def _resize(ctx, x, roi, scales, sizes):
         if out_sizes[a] == 0 or data.shape[a] == 0:
             return np.zeros([out_sizes[i] for i in range(x.ndim)], dtype=out_dtype)
         if opts["mode"] == "nearest":
-            plans[a] = _nearest_plan(data.shape[a], out_sizes[a], factors[a], opts, lo, hi)
+            plans[a] = nearest_plan(data.shape[a], out_sizes[a], factors[a], opts, lo, hi)
         else:
             data = _resize_axis(data, a, out_sizes[a], factors[a], opts, lo, hi)
     if plans:
@@ -337,7 +337,7 @@ def _resize(ctx, x, roi, scales, sizes):
 
 def _resize_shape(ctx, x, roi=None, scales=None, sizes=None):
     opts_err = ShapeInferenceError
-    _options(ctx, opts_err)
+    resize_options(ctx, opts_err)
     if x.shape is None:
         return [TensorInfo(x.dtype, None)]
     rank = len(x.shape)
@@ -345,11 +345,11 @@ def _resize_shape(ctx, x, roi=None, scales=None, sizes=None):
     if (scales is not None and sv is None and (sizes is None or (zv is not None and zv.size == 0))) \
             or (sizes is not None and zv is None and (scales is None or (sv is not None and sv.size == 0))):
         # the relevant input is not known at compile time: rank only (non-resized axes kept)
-        axes = set(_axes(ctx, rank, opts_err))
+        axes = set(resize_axes(ctx, rank, opts_err))
         return [TensorInfo(x.dtype, tuple(None if i in axes else d for i, d in enumerate(x.shape)))]
     if scales is not None and sv is None or sizes is not None and zv is None:
         return [TensorInfo(x.dtype, (None,) * rank)]
-    out_sizes, _ = _plan(ctx, tuple(x.shape), sv, zv, opts_err)
+    out_sizes, _ = resize_plan(ctx, tuple(x.shape), sv, zv, opts_err)
     return [TensorInfo(x.dtype, tuple(out_sizes))]
 
 

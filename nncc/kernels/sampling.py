@@ -17,7 +17,7 @@ import numpy as np
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.conv import _attr_list, _pads_attr
+from nncc.kernels.conv import attr_list, pads_attr
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import known_value
 
@@ -279,9 +279,9 @@ def _deform_geometry(ctx, x_shape, w_shape, err):
     k = list(w_shape[2:]) if k is None else [int(v) for v in k]
     if len(k) != r:
         raise err(f"DeformConv: kernel_shape has {len(k)} values, expected {r}")
-    strides = _attr_list(ctx, "strides", r, 1, "DeformConv", err)
-    dilations = _attr_list(ctx, "dilations", r, 1, "DeformConv", err)
-    begin, end = _pads_attr(ctx, r, "DeformConv", err)
+    strides = attr_list(ctx, "strides", r, 1, "DeformConv", err)
+    dilations = attr_list(ctx, "dilations", r, 1, "DeformConv", err)
+    begin, end = pads_attr(ctx, r, "DeformConv", err)
     out = []
     for i in range(r):
         size = x_shape[2 + i]

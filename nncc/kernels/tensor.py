@@ -72,7 +72,7 @@ def _axes(axes, rank: int, err=KernelError, extra: int = 0) -> list[int]:
     return out
 
 
-def _out(dtype, shape) -> TensorInfo:
+def tensor_info(dtype, shape) -> TensorInfo:
     return TensorInfo(None if dtype is None else np.dtype(dtype),
                       None if shape is None else tuple(shape))
 
@@ -102,7 +102,7 @@ def _concat_shape(ctx, *infos):
     shapes = [i.shape for i in present]
     known = [s for s in shapes if s is not None]
     if not known:
-        return [_out(dtype, None)]
+        return [tensor_info(dtype, None)]
     rank = len(known[0])
     if any(len(s) != rank for s in known):
         raise ShapeInferenceError(f"Concat inputs have different ranks: {known}")
@@ -115,7 +115,7 @@ def _concat_shape(ctx, *infos):
             out.append(None)
         else:
             out.append(_concat_dim([s[a] for s in known]))
-    return fold(ctx, concat, infos, [_out(dtype, out)], symbolic=True)
+    return fold(ctx, concat, infos, [tensor_info(dtype, out)], symbolic=True)
 
 
 def _concat_dim(dims) -> Dim:
@@ -212,19 +212,19 @@ def _split_shape(ctx, x, split=None):
         if sizes_in is None:
             n = ctx.num_outputs
             if x.shape is None:
-                return [_out(dtype, None) for _ in range(n)]
+                return [tensor_info(dtype, None) for _ in range(n)]
             axis = _axis(ctx.get("axis", 0), len(x.shape), ShapeInferenceError)
-            return [_out(dtype, x.shape[:axis] + (None,) + x.shape[axis + 1:]) for _ in range(n)]
+            return [tensor_info(dtype, x.shape[:axis] + (None,) + x.shape[axis + 1:]) for _ in range(n)]
         sizes_in = _ints(sizes_in, "Split sizes", ShapeInferenceError)
     else:
         sizes_in = None
     listed = _split_list(ctx, sizes_in)
     if x.shape is None:
         n = len(listed) if listed is not None else ctx.num_outputs
-        return [_out(dtype, None) for _ in range(n)]
+        return [tensor_info(dtype, None) for _ in range(n)]
     axis = _axis(ctx.get("axis", 0), len(x.shape), ShapeInferenceError)
     sizes = _split_sizes(ctx, x.shape[axis], listed, ShapeInferenceError)
-    outs = [_out(dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in sizes]
+    outs = [tensor_info(dtype, x.shape[:axis] + (s,) + x.shape[axis + 1:]) for s in sizes]
     return fold(ctx, split_kernel, [x, split], outs, symbolic=True)
 
 
@@ -267,7 +267,7 @@ for _since in (1, 13, 18):
 # Slice
 
 
-def _slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[slice, int]:
+def slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[slice, int]:
     """ONNX clamping of one axis' start/end/step; returns the python slice and its length."""
     if start < 0:
         start += dim
@@ -284,7 +284,7 @@ def _slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[slice, int
     return slice(start, end if end >= 0 else None, step), length
 
 
-def _slice_spec(ctx, rank: int, starts, ends, axes, steps, err):
+def slice_spec(ctx, rank: int, starts, ends, axes, steps, err):
     """Validated (axis, start, end, step) tuples; any of the lists may be None (default)."""
     if len(starts) != len(ends):
         raise err(f"Slice starts {starts} and ends {ends} differ in length")
@@ -300,7 +300,7 @@ def _slice_spec(ctx, rank: int, starts, ends, axes, steps, err):
     return list(zip(axes, starts, ends, steps))
 
 
-def _slice_inputs(ctx, starts, ends, axes, steps, err=KernelError):
+def slice_inputs(ctx, starts, ends, axes, steps, err=KernelError):
     if ctx.opset < 10:
         starts, ends, axes = ctx.get("starts"), ctx.get("ends"), ctx.get("axes")
         if starts is None or ends is None:
@@ -314,7 +314,7 @@ def _slice_inputs(ctx, starts, ends, axes, steps, err=KernelError):
 def _slice_shape(ctx, data, starts=None, ends=None, axes=None, steps=None):
     dtype = data.dtype
     if data.shape is None:
-        return [_out(dtype, None)]
+        return [tensor_info(dtype, None)]
     rank = len(data.shape)
     if ctx.opset >= 10:
         values = [known_value(i) for i in (starts, ends)]
@@ -322,34 +322,34 @@ def _slice_shape(ctx, data, starts=None, ends=None, axes=None, steps=None):
         unknown_axes = axes is not None and extra[0] is None
         if any(v is None for v in values) or (steps is not None and extra[1] is None):
             if unknown_axes:
-                return [_out(dtype, (None,) * rank)]
+                return [tensor_info(dtype, (None,) * rank)]
             if extra[0] is not None:
                 touched = set(_axes(_ints(extra[0], "Slice axes", ShapeInferenceError),
                                     rank, ShapeInferenceError))
             else:
                 count = operand_length(starts)
                 if count is None:
-                    return [_out(dtype, (None,) * rank)]
+                    return [tensor_info(dtype, (None,) * rank)]
                 touched = set(range(count))
-            return [_out(dtype, tuple(None if a in touched else d
+            return [tensor_info(dtype, tuple(None if a in touched else d
                                       for a, d in enumerate(data.shape)))]
         if unknown_axes:
-            return [_out(dtype, (None,) * rank)]
-        lists = _slice_inputs(ctx, values[0], values[1], extra[0], extra[1], ShapeInferenceError)
+            return [tensor_info(dtype, (None,) * rank)]
+        lists = slice_inputs(ctx, values[0], values[1], extra[0], extra[1], ShapeInferenceError)
     else:
-        lists = _slice_inputs(ctx, None, None, None, None, ShapeInferenceError)
+        lists = slice_inputs(ctx, None, None, None, None, ShapeInferenceError)
     out = list(data.shape)
-    for axis, start, end, step in _slice_spec(ctx, rank, *lists, ShapeInferenceError):
+    for axis, start, end, step in slice_spec(ctx, rank, *lists, ShapeInferenceError):
         dim = out[axis]
         if isinstance(dim, int):
-            out[axis] = _slice_bounds(dim, start, end, step)[1]
+            out[axis] = slice_bounds(dim, start, end, step)[1]
         elif step == 1 and (start == 0 or start <= -_BIG) and end >= _BIG:
             pass  # the whole (symbolic) axis
         elif step == -1 and (start == -1 or start >= _BIG) and end <= -_BIG:
             pass  # the whole axis reversed
         else:
             out[axis] = None
-    return fold(ctx, slice_kernel, [data, starts, ends, axes, steps], [_out(dtype, out)],
+    return fold(ctx, slice_kernel, [data, starts, ends, axes, steps], [tensor_info(dtype, out)],
                  symbolic=True)
 
 
@@ -369,10 +369,10 @@ def _slice(ctx, data, starts=None, ends=None, axes=None, steps=None):
 
 
 def _slice_index(ctx, data, starts, ends, axes, steps) -> tuple:
-    lists = _slice_inputs(ctx, starts, ends, axes, steps)
+    lists = slice_inputs(ctx, starts, ends, axes, steps)
     index = [slice(None)] * data.ndim
-    for axis, start, end, step in _slice_spec(ctx, data.ndim, *lists, KernelError):
-        index[axis] = _slice_bounds(data.shape[axis], start, end, step)[0]
+    for axis, start, end, step in slice_spec(ctx, data.ndim, *lists, KernelError):
+        index[axis] = slice_bounds(data.shape[axis], start, end, step)[0]
     return tuple(index)
 
 
@@ -386,10 +386,10 @@ for _since in (1, 10):
 
 def _gather_shape(ctx, data, indices):
     if data.shape is None or indices.shape is None:
-        return [_out(data.dtype, None)]
+        return [tensor_info(data.dtype, None)]
     axis = _axis(ctx.get("axis", 0), len(data.shape), ShapeInferenceError)
     shape = data.shape[:axis] + indices.shape + data.shape[axis + 1:]
-    return fold(ctx, gather, [data, indices], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, gather, [data, indices], [tensor_info(data.dtype, shape)], symbolic=True)
 
 
 @kernel("Gather", since=1, shape=_gather_shape)
@@ -430,7 +430,7 @@ def _gather_elements_shape(ctx, data, indices):
         if len(data.shape) != len(indices.shape):
             raise ShapeInferenceError("GatherElements data and indices must have the same rank")
         _axis(ctx.get("axis", 0), len(data.shape), ShapeInferenceError)
-    out = _out(data.dtype, indices.shape)
+    out = tensor_info(data.dtype, indices.shape)
     return fold(ctx, gather_elements, [data, indices], [out])
 
 
@@ -535,9 +535,9 @@ def _reshape_shape(ctx, data, shape=None):
         target = shape_operand(shape)
         if target is None:
             length = operand_length(shape)
-            return [_out(data.dtype, None if length is None else (None,) * length)]
+            return [tensor_info(data.dtype, None if length is None else (None,) * length)]
     dims = _reshape_target(data.shape, target, allowzero, ShapeInferenceError)
-    return fold(ctx, reshape, [data, shape], [_out(data.dtype, dims)], symbolic=True)
+    return fold(ctx, reshape, [data, shape], [tensor_info(data.dtype, dims)], symbolic=True)
 
 
 def _reshape_dims(ctx, data, shape):
@@ -577,10 +577,10 @@ def _flatten_axis(ctx, rank: int, err) -> int:
 
 def _flatten_shape(ctx, x):
     if x.shape is None:
-        return [_out(x.dtype, (None, None))]
+        return [tensor_info(x.dtype, (None, None))]
     axis = _flatten_axis(ctx, len(x.shape), ShapeInferenceError)
     dims = (dim_product(x.shape[:axis]), dim_product(x.shape[axis:]))
-    return fold(ctx, flatten, [x], [_out(x.dtype, dims)], symbolic=True)
+    return fold(ctx, flatten, [x], [tensor_info(x.dtype, dims)], symbolic=True)
 
 
 @kernel("Flatten", since=1, shape=_flatten_shape)
@@ -606,9 +606,9 @@ def _perm(ctx, rank: int, err) -> list[int]:
 def _transpose_shape(ctx, x):
     if x.shape is None:
         perm = ctx.get("perm")
-        return [_out(x.dtype, None if perm is None else (None,) * len(perm))]
+        return [tensor_info(x.dtype, None if perm is None else (None,) * len(perm))]
     perm = _perm(ctx, len(x.shape), ShapeInferenceError)
-    return fold(ctx, transpose, [x], [_out(x.dtype, tuple(x.shape[p] for p in perm))])
+    return fold(ctx, transpose, [x], [tensor_info(x.dtype, tuple(x.shape[p] for p in perm))])
 
 
 @kernel("Transpose", since=1, shape=_transpose_shape)
@@ -639,11 +639,11 @@ def _axes_operand(ctx, axes_info, attr_until: int):
 def _squeeze_shape(ctx, data, axes=None):
     listed, known = _axes_operand(ctx, axes, 13)
     if data.shape is None or not known:
-        return [_out(data.dtype, None)]
+        return [tensor_info(data.dtype, None)]
     rank = len(data.shape)
     if not listed:  # absent or empty axes: every size-1 dim (as onnxruntime does)
         if any(not isinstance(d, int) for d in data.shape):
-            return [_out(data.dtype, None)]
+            return [tensor_info(data.dtype, None)]
         drop = {a for a, d in enumerate(data.shape) if d == 1}
     else:
         drop = set(_axes(listed, rank, ShapeInferenceError))
@@ -651,7 +651,7 @@ def _squeeze_shape(ctx, data, axes=None):
             if isinstance(data.shape[a], int) and data.shape[a] != 1:
                 raise ShapeInferenceError(f"Squeeze axis {a} has size {data.shape[a]}, not 1")
     shape = tuple(d for a, d in enumerate(data.shape) if a not in drop)
-    return fold(ctx, squeeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, squeeze, [data, axes], [tensor_info(data.dtype, shape)], symbolic=True)
 
 
 def squeeze(ctx, data, axes=None):
@@ -695,12 +695,12 @@ def _unsqueeze_shape(ctx, data, axes=None):
     if listed is None and known:
         raise ShapeInferenceError("Unsqueeze requires axes")
     if data.shape is None:
-        return [_out(data.dtype, None)]
+        return [tensor_info(data.dtype, None)]
     if not known:
         length = operand_length(axes)
-        return [_out(data.dtype, None if length is None else (None,) * (len(data.shape) + length))]
+        return [tensor_info(data.dtype, None if length is None else (None,) * (len(data.shape) + length))]
     shape = _unsqueeze_dims(data.shape, listed, ShapeInferenceError)
-    return fold(ctx, unsqueeze, [data, axes], [_out(data.dtype, shape)], symbolic=True)
+    return fold(ctx, unsqueeze, [data, axes], [tensor_info(data.dtype, shape)], symbolic=True)
 
 
 def unsqueeze(ctx, data, axes=None):
@@ -728,22 +728,22 @@ def _expand_shape(ctx, x, shape):
     if target is None:
         length = operand_length(shape)
         if length is None or x.shape is None:
-            return [_out(x.dtype, None)]
+            return [tensor_info(x.dtype, None)]
         rank = max(length, len(x.shape))
         dims: list[Dim] = [None] * rank
         for i, d in enumerate(x.shape):  # a static dim other than 1 survives any broadcast
             if isinstance(d, int) and d != 1:
                 dims[rank - len(x.shape) + i] = d
-        return [_out(x.dtype, dims)]
+        return [tensor_info(x.dtype, dims)]
     if any(isinstance(t, int) and t < 0 for t in target):
         raise ShapeInferenceError(f"Expand shape {target} has negative dims")
     if x.shape is None:
-        return [_out(x.dtype, None)]
+        return [tensor_info(x.dtype, None)]
     try:
         dims = broadcast(tuple(x.shape), tuple(target))
     except ShapeInferenceError:
         raise ShapeInferenceError(f"Expand cannot broadcast {x.shape} to {tuple(target)}") from None
-    return fold(ctx, expand, [x, shape], [_out(x.dtype, dims)])
+    return fold(ctx, expand, [x, shape], [tensor_info(x.dtype, dims)])
 
 
 @kernel("Expand", since=8, shape=_expand_shape)
@@ -788,15 +788,15 @@ def _tile_repeats(ctx, rank: int, repeats, axis=None, err=KernelError) -> list[i
 
 def _tile_shape(ctx, x, repeats, axis=None):
     if x.shape is None:
-        return [_out(x.dtype, None)]
+        return [tensor_info(x.dtype, None)]
     rank = len(x.shape)
     reps_value = known_value(repeats)
     if reps_value is None or (ctx.opset < 6 and known_value(axis) is None):
-        return [_out(x.dtype, (None,) * rank)]
+        return [tensor_info(x.dtype, (None,) * rank)]
     reps = _tile_repeats(ctx, rank, reps_value, known_value(axis), ShapeInferenceError)
     dims = [d * r if isinstance(d, int) else (d if r == 1 else (0 if r == 0 else None))
             for d, r in zip(x.shape, reps)]
-    return fold(ctx, tile, [x, repeats, axis], [_out(x.dtype, dims)])
+    return fold(ctx, tile, [x, repeats, axis], [tensor_info(x.dtype, dims)])
 
 
 @kernel("Tile", since=1, shape=_tile_shape)
@@ -832,7 +832,7 @@ def tile(ctx, x, repeats, axis=None):
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-def _pad_widths(ctx, rank: int, pads, axes, err) -> list[tuple[int, int]]:
+def pad_widths(ctx, rank: int, pads, axes, err) -> list[tuple[int, int]]:
     if ctx.opset < 11:
         pads = ctx.get("pads") if ctx.opset >= 2 else ctx.get("paddings")
         if pads is None:
@@ -850,7 +850,7 @@ def _pad_widths(ctx, rank: int, pads, axes, err) -> list[tuple[int, int]]:
     return widths
 
 
-def _pad_mode(ctx, err) -> str:
+def pad_mode(ctx, err) -> str:
     mode = ctx.get("mode", "constant")
     if mode not in _PAD_MODES or (mode == "wrap" and ctx.opset < 19):
         raise err(f"unsupported Pad mode {mode!r}")
@@ -858,25 +858,25 @@ def _pad_mode(ctx, err) -> str:
 
 
 def _pad_shape(ctx, data, pads=None, constant_value=None, axes=None):
-    _pad_mode(ctx, ShapeInferenceError)
+    pad_mode(ctx, ShapeInferenceError)
     if data.shape is None:
-        return [_out(data.dtype, None)]
+        return [tensor_info(data.dtype, None)]
     rank = len(data.shape)
     if ctx.opset >= 11:
         pads_value = known_value(pads)
         axes_value = None if axes is None else known_value(axes)
         if pads_value is None or (axes is not None and axes_value is None):
             if axes is None:
-                return [_out(data.dtype, (None,) * rank)]
+                return [tensor_info(data.dtype, (None,) * rank)]
             if axes_value is None:
-                return [_out(data.dtype, (None,) * rank)]
+                return [tensor_info(data.dtype, (None,) * rank)]
             touched = set(_axes(_ints(axes_value, "Pad axes", ShapeInferenceError), rank,
                                 ShapeInferenceError))
-            return [_out(data.dtype, tuple(None if a in touched else d
+            return [tensor_info(data.dtype, tuple(None if a in touched else d
                                            for a, d in enumerate(data.shape)))]
     else:
         pads_value = axes_value = None
-    widths = _pad_widths(ctx, rank, pads_value, axes_value, ShapeInferenceError)
+    widths = pad_widths(ctx, rank, pads_value, axes_value, ShapeInferenceError)
     dims: list[Dim] = []
     for d, (b, e) in zip(data.shape, widths):
         if isinstance(d, int):
@@ -885,7 +885,7 @@ def _pad_shape(ctx, data, pads=None, constant_value=None, axes=None):
             dims.append(d + b + e)
         else:
             dims.append(d if b == e == 0 else None)
-    return fold(ctx, pad, [data, pads, constant_value, axes], [_out(data.dtype, dims)])
+    return fold(ctx, pad, [data, pads, constant_value, axes], [tensor_info(data.dtype, dims)])
 
 
 class _PadPlan:
@@ -896,8 +896,8 @@ class _PadPlan:
 
     def __init__(self, ctx, key, data, pads, axes):
         self.key = key
-        self.mode = mode = _pad_mode(ctx, KernelError)
-        widths = _pad_widths(ctx, data.ndim, pads, axes, KernelError)
+        self.mode = mode = pad_mode(ctx, KernelError)
+        widths = pad_widths(ctx, data.ndim, pads, axes, KernelError)
         shape = data.shape
         self.crop = None
         if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
@@ -965,7 +965,7 @@ def pad(ctx, data, pads=None, constant_value=None, axes=None):
     out = np.empty(plan.out_shape, data.dtype)
     out[plan.interior] = data
     if plan.mode == "constant":
-        value = _pad_value(ctx, constant_value)
+        value = pad_value(ctx, constant_value)
         if not (isinstance(value, np.generic) and value.dtype == data.dtype):
             value = np.array(value).astype(data.dtype)  # as the general path converts it
         for _, slab, _, _ in plan.borders:
@@ -979,7 +979,7 @@ def pad(ctx, data, pads=None, constant_value=None, axes=None):
     return out
 
 
-def _pad_value(ctx, constant_value):
+def pad_value(ctx, constant_value):
     """The constant mode's fill value: the attribute before opset 11, then the optional input."""
     if ctx.opset < 11:
         return ctx.get("value", 0.0)
@@ -989,8 +989,8 @@ def _pad_value(ctx, constant_value):
 
 
 def _pad(ctx, data, pads=None, constant_value=None, axes=None):
-    mode = _pad_mode(ctx, KernelError)
-    widths = _pad_widths(ctx, data.ndim, pads, axes, KernelError)
+    mode = pad_mode(ctx, KernelError)
+    widths = pad_widths(ctx, data.ndim, pads, axes, KernelError)
     if any(b < 0 or e < 0 for b, e in widths):  # negative pads crop
         crop = []
         for d, (b, e) in zip(data.shape, widths):
@@ -1005,7 +1005,7 @@ def _pad(ctx, data, pads=None, constant_value=None, axes=None):
     out_shape = tuple(d + b + e for d, (b, e) in zip(data.shape, widths))
     check_shape(out_shape, data.dtype.itemsize, f"Pad output {list(out_shape)}")  # pads from the model
     if mode == "constant":
-        value = _pad_value(ctx, constant_value)
+        value = pad_value(ctx, constant_value)
         if data.dtype == object:
             out = np.full(out_shape, "" if value == 0 else value, dtype=object)
         else:
@@ -1034,7 +1034,7 @@ def _identity_shape(ctx, x):
         return [x]
     if x.kind != "tensor":  # a sequence or optional passes through as it is
         return [TensorInfo(x.dtype, x.shape, kind=x.kind)]
-    out = _out(x.dtype, x.shape)
+    out = tensor_info(x.dtype, x.shape)
     return fold(ctx, identity, [x], [out], symbolic=True)
 
 
@@ -1044,9 +1044,9 @@ def identity(ctx, x):
 
 
 def _dropout_shape(ctx, data, ratio=None, training_mode=None):
-    outs = [_out(data.dtype, data.shape)]
+    outs = [tensor_info(data.dtype, data.shape)]
     if ctx.num_outputs > 1:
-        outs.append(_out(np.bool_ if ctx.opset >= 10 else data.dtype, data.shape))
+        outs.append(tensor_info(np.bool_ if ctx.opset >= 10 else data.dtype, data.shape))
     if ctx.opset >= 12 and training_mode is not None:
         training = known_value(training_mode)
         if training is None or bool(np.asarray(training).reshape(-1)[0]):
@@ -1096,7 +1096,7 @@ def _depth_to_space_shape(ctx, x):
     bs = _blocksize(ctx, ShapeInferenceError)
     _block_mode(ctx, ShapeInferenceError)
     if x.shape is None:
-        return [_out(x.dtype, (None,) * 4)]
+        return [tensor_info(x.dtype, (None,) * 4)]
     if len(x.shape) != 4:
         raise ShapeInferenceError(f"DepthToSpace expects a 4-D input, got {x.shape}")
     b, c, h, w = x.shape
@@ -1104,7 +1104,7 @@ def _depth_to_space_shape(ctx, x):
         raise ShapeInferenceError(f"DepthToSpace channels {c} not divisible by blocksize^2")
     scale = lambda d, f: d * f if isinstance(d, int) else (d if f == 1 else None)  # noqa: E731
     c_out = c // (bs * bs) if isinstance(c, int) else (c if bs == 1 else None)
-    return fold(ctx, depth_to_space, [x], [_out(x.dtype, (b, c_out, scale(h, bs), scale(w, bs)))])
+    return fold(ctx, depth_to_space, [x], [tensor_info(x.dtype, (b, c_out, scale(h, bs), scale(w, bs)))])
 
 
 @kernel("DepthToSpace", since=1, shape=_depth_to_space_shape)
@@ -1124,7 +1124,7 @@ def _space_to_depth_shape(ctx, x):
     bs = _blocksize(ctx, ShapeInferenceError)
     _block_mode(ctx, ShapeInferenceError)
     if x.shape is None:
-        return [_out(x.dtype, (None,) * 4)]
+        return [tensor_info(x.dtype, (None,) * 4)]
     if len(x.shape) != 4:
         raise ShapeInferenceError(f"SpaceToDepth expects a 4-D input, got {x.shape}")
     b, c, h, w = x.shape
@@ -1133,7 +1133,7 @@ def _space_to_depth_shape(ctx, x):
             raise ShapeInferenceError(f"SpaceToDepth spatial dim {d} not divisible by {bs}")
     shrink = lambda d: d // bs if isinstance(d, int) else (d if bs == 1 else None)  # noqa: E731
     c_out = c * bs * bs if isinstance(c, int) else (c if bs == 1 else None)
-    return fold(ctx, space_to_depth, [x], [_out(x.dtype, (b, c_out, shrink(h), shrink(w)))])
+    return fold(ctx, space_to_depth, [x], [tensor_info(x.dtype, (b, c_out, shrink(h), shrink(w)))])
 
 
 @kernel("SpaceToDepth", since=1, shape=_space_to_depth_shape)

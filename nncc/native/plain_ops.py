@@ -174,13 +174,13 @@ class Gather:
 
 def _pad(node: Node, view: _View) -> Gather:
     ctx = view.ctx(node)
-    mode = tensor_math._pad_mode(ctx, KernelError)
+    mode = tensor_math.pad_mode(ctx, KernelError)
     shape = view.shape(node.inputs[0])
     ins = list(node.inputs) + [""] * 4
     pads = view.const(ins[1], "Pad pads") if ctx.opset >= 11 else None
     axes = view.const(ins[3], "Pad axes") if ctx.opset >= 18 else None
-    widths = tensor_math._pad_widths(ctx, len(shape), pads, axes, KernelError)
-    value = tensor_math._pad_value(ctx, view.const(ins[2], "Pad value") if ctx.opset >= 11 else None)
+    widths = tensor_math.pad_widths(ctx, len(shape), pads, axes, KernelError)
+    value = tensor_math.pad_value(ctx, view.const(ins[2], "Pad value") if ctx.opset >= 11 else None)
     tables = []
     for d, (before, after) in zip(shape, widths):
         if before == after == 0:
@@ -210,10 +210,10 @@ def _slice(node: Node, view: _View) -> Gather:
     shape = view.shape(node.inputs[0])
     ins = list(node.inputs) + [""] * 5
     values = [view.const(ins[i], f"Slice input {i}") if ctx.opset >= 10 else None for i in range(1, 5)]
-    lists = tensor_math._slice_inputs(ctx, *values, KernelError)
+    lists = tensor_math.slice_inputs(ctx, *values, KernelError)
     tables: list = [None] * len(shape)
-    for axis, start, end, step in tensor_math._slice_spec(ctx, len(shape), *lists, KernelError):
-        bounds, length = tensor_math._slice_bounds(shape[axis], start, end, step)
+    for axis, start, end, step in tensor_math.slice_spec(ctx, len(shape), *lists, KernelError):
+        bounds, length = tensor_math.slice_bounds(shape[axis], start, end, step)
         tables[axis] = np.arange(shape[axis], dtype=np.int64)[bounds][:length]
     return Gather(shape, tables)
 
@@ -432,14 +432,14 @@ def _resize(node: Node, view: _View):
         roi, scales, sizes = None, view.const(ins[1], "scales"), None
     else:
         roi, scales, sizes = (view.const(ins[i], name) for i, name in ((1, "roi"), (2, "scales"), (3, "sizes")))
-    opts = resize_math._options(ctx, KernelError)
-    out_sizes, factors = resize_math._plan(ctx, shape, scales, sizes, KernelError)
+    opts = resize_math.resize_options(ctx, KernelError)
+    out_sizes, factors = resize_math.resize_plan(ctx, shape, scales, sizes, KernelError)
     if tuple(out_sizes) != out_shape:
         raise Refused(f"output shape {list(out_shape)} differs from {out_sizes}")
-    axes = resize_math._axes(ctx, len(shape), KernelError)
+    axes = resize_math.resize_axes(ctx, len(shape), KernelError)
     roi_of = {}
     if opts["coord"] == "tf_crop_and_resize":
-        if not resize_math._present(roi) or np.asarray(roi).size != 2 * len(axes):
+        if not resize_math.is_present(roi) or np.asarray(roi).size != 2 * len(axes):
             raise Refused("tf_crop_and_resize without a matching roi")
         flat = np.asarray(roi, np.float32).reshape(-1)
         roi_of = {a: (flat[i], flat[len(axes) + i]) for i, a in enumerate(axes)}
@@ -458,7 +458,7 @@ def _resize(node: Node, view: _View):
     if opts["mode"] == "nearest":
         tables: list = [None] * len(shape)
         for a, lo, hi in resized:
-            index, outside = resize_math._nearest_plan(shape[a], out_sizes[a], factors[a], opts, lo, hi)
+            index, outside = resize_math.nearest_plan(shape[a], out_sizes[a], factors[a], opts, lo, hi)
             index = np.asarray(index, np.int64)
             if outside is None and np.array_equal(index, np.arange(shape[a])):
                 continue  # an axis read as it is
@@ -468,8 +468,8 @@ def _resize(node: Node, view: _View):
         return [Gather(shape, tables, opts["extrapolation"] if roi_of else 0.0)]
     passes = []
     for a, lo, hi in resized:
-        x, outside = resize_math._coords(shape[a], out_sizes[a], factors[a], opts, lo, hi)
-        index, weights = resize_math._filter_taps(opts["mode"], x, shape[a], factors[a], opts["antialias"],
+        x, outside = resize_math.source_coords(shape[a], out_sizes[a], factors[a], opts, lo, hi)
+        index, weights = resize_math.filter_taps(opts["mode"], x, shape[a], factors[a], opts["antialias"],
                                                   opts["cubic_a"], opts["exclude_outside"])
         index, weights = np.asarray(index, np.int64), np.asarray(weights, np.float32)
         positions = np.arange(shape[a])
@@ -624,10 +624,10 @@ def _reduce(node: Node, view: _View):
     if ctx.opset < since:
         axes = ctx.get("axes") or None
     else:
-        axes = reduce_math._axes_from_input(view.const(node.inputs[1] if len(node.inputs) > 1 else "", "axes"))
+        axes = reduce_math.axes_from_input(view.const(node.inputs[1] if len(node.inputs) > 1 else "", "axes"))
         if axes is None and ctx.get("noop_with_empty_axes", 0):
             return ("reduce", node.op_type, shape, ())  # a copy
-    axes = reduce_math._norm_axes(range(len(shape)) if axes is None else axes, len(shape), KernelError)
+    axes = reduce_math.norm_axes(range(len(shape)) if axes is None else axes, len(shape), KernelError)
     if any(shape[a] == 0 for a in axes):
         raise Refused("reduction over an empty axis")
     if math.prod(view.shape(node.outputs[0])) != math.prod(d for i, d in enumerate(shape) if i not in axes):
