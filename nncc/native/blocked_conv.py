@@ -334,7 +334,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     support.append("\n".join(body))
     total = g.n * ocg * row_chunks
     flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
-    return "\n".join(support) + "\n", _parallel_call(ptrs, total, flops, "conv_task")
+    return "\n".join(support) + "\n", parallel_call(ptrs, total, flops, "conv_task")
 
 
 def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str) -> tuple[str, str]:
@@ -393,10 +393,10 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     support.append("\n".join(body))
     total = g.n * cb * g.oh
     work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw
-    return "\n".join(support) + "\n", _parallel_call(ptrs, total, work, "dw_task")
+    return "\n".join(support) + "\n", parallel_call(ptrs, total, work, "dw_task")
 
 
-def _parallel_call(ptrs: dict[str, str | None], tasks: int, work: int, task: str) -> str:
+def parallel_call(ptrs: dict[str, str | None], tasks: int, work: int, task: str) -> str:
     """The step's statement: the pointers packed for the task, then the pool runs it."""
     args = ", ".join(ptrs.get(k) or "0" for k in ("x", "w", "b", "r"))
     return (f"{{ const float *a[5] = {{{args}, (const float *){ptrs['y']}}}; "

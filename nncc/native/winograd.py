@@ -22,7 +22,7 @@ from fractions import Fraction as Fr
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, _parallel_call, blocks, direct_conv, pack_direct_weights, stored
+from nncc.native.blocked_conv import Conv2d, parallel_call, blocks, direct_conv, pack_direct_weights, stored
 
 BT = [[4, 0, -5, 0, 1, 0],
       [0, -4, -4, 1, 1, 0],
@@ -172,10 +172,10 @@ def winograd_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0:
                                           0, "0.0f", "0.0f", weights_per_image=True)
     support = "\n".join(lines) + "\n" + "\n".join(out) + "\n" + gemm_support
     call = " ".join([
-        _parallel_call({"x": ptrs["x"], "w": v_ptr, "y": "0"}, tiles * icb, 36 * tiles * icb * vl * 12,
+        parallel_call({"x": ptrs["x"], "w": v_ptr, "y": "0"}, tiles * icb, 36 * tiles * icb * vl * 12,
                        "wino_in"),
         gemm_call,
-        _parallel_call({"x": m_ptr, "w": ptrs.get("b"), "b": ptrs.get("r"), "r": None, "y": ptrs["y"]},
+        parallel_call({"x": m_ptr, "w": ptrs.get("b"), "b": ptrs.get("r"), "r": None, "y": ptrs["y"]},
                        tiles * kb, 36 * tiles * kb * vl * 12, "wino_out"),
     ])
     return support, call, (v_floats + m_floats) * 4

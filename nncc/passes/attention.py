@@ -23,7 +23,7 @@ import numpy as np
 from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node
 from nncc.passes.attention_op import attention_op_to_fused
-from nncc.passes.fusion import NNCC, _Rewriter
+from nncc.passes.fusion import NNCC, Rewriter
 from nncc.passes.shape_inference import infer_shapes
 
 F32 = np.dtype(np.float32)
@@ -38,7 +38,7 @@ def _plain(node: Node | None, op: str, inputs: int) -> bool:
             and len(node.outputs) == 1 and bool(node.outputs[0]))
 
 
-def _scalar(rw: _Rewriter, name: str) -> float | None:
+def _scalar(rw: Rewriter, name: str) -> float | None:
     value = rw.constant(name)
     if value is None or value.size != 1 or value.dtype != F32 or value.ndim > 4:
         return None
@@ -53,7 +53,7 @@ def _inverse(perm: list[int]) -> list[int]:
 
 
 class _Match:
-    def __init__(self, graph: Graph, rw: _Rewriter, infos):
+    def __init__(self, graph: Graph, rw: Rewriter, infos):
         self.graph, self.rw, self.infos = graph, rw, infos
         self.producer = _producer_map(graph)
         self.absorbed: list[Node] = []
@@ -174,13 +174,13 @@ def fuse_attention(graph: Graph) -> Graph:
     """Each attention pattern (module docstring), and each ONNX Attention op that
     nncc.passes.attention_op takes, becomes one ``nncc::FusedAttention``."""
     if not any(_plain(n, "Softmax", 1) or n.op_type in ("Attention", "MultiHeadAttention") for n in graph.nodes):
-        return _Rewriter(graph).result()
+        return Rewriter(graph).result()
     try:
         infos = infer_shapes(graph)
     except NnccError:
-        return _Rewriter(graph).result()  # shapes unknown: leave everything as it is
+        return Rewriter(graph).result()  # shapes unknown: leave everything as it is
     graph = attention_op_to_fused(graph, infos)
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     softmaxes = [n for n in graph.nodes if _plain(n, "Softmax", 1)]
     m = _Match(graph, rw, infos)
     position = {id(node): i for i, node in enumerate(graph.nodes)}

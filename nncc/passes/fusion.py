@@ -33,7 +33,7 @@ from nncc.passes.shape_inference import infer_shapes
 NNCC = "nncc"
 
 
-class _Rewriter:
+class Rewriter:
     """Collects node replacements and removals, then builds the new Graph in one go."""
 
     def __init__(self, graph: Graph):
@@ -95,7 +95,7 @@ class _Rewriter:
 # --------------------------------------------------------------------------- BN folding
 
 
-def _bn_foldable(graph: Graph, bn: Node, rewriter: _Rewriter) -> bool:
+def _bn_foldable(graph: Graph, bn: Node, rewriter: Rewriter) -> bool:
     if int(bn.attrs.get("training_mode", 0)) or int(bn.attrs.get("spatial", 1)) == 0:
         return False
     if len(bn.inputs) != 5 or not bn.outputs or not bn.outputs[0]:
@@ -123,7 +123,7 @@ def fold_batchnorm_into_conv(graph: Graph) -> Graph:
     """Conv (constant W, optional constant B) -> BatchNormalization (inference mode, all
     four parameters constant, the Conv output read only by the BN) becomes one Conv with
     ``W' = W * s`` and ``B' = (B - mean) * s + bias`` where ``s = scale / sqrt(var + eps)``."""
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     for conv in graph.nodes:
         if conv.op_type != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
             continue
@@ -183,7 +183,7 @@ def fold_scale_shift_into_conv(graph: Graph) -> Graph:
     Conv: ``W' = W * s, B' = B * s`` for Mul and ``B' = B + t`` for Add. Applied until no
     more fold, so Conv -> Mul -> Add chains become one Conv and activations can then fuse."""
     while True:
-        rw = _Rewriter(graph)
+        rw = Rewriter(graph)
         folded = False
         for conv in graph.nodes:
             if conv.op_type != "Conv" or conv.domain != "" or len(conv.outputs) != 1:
@@ -232,7 +232,7 @@ def fold_scale_shift_into_conv(graph: Graph) -> Graph:
 _AFFINE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _bn_inference(graph: Graph, bn: Node, rw: _Rewriter) -> bool:
+def _bn_inference(graph: Graph, bn: Node, rw: Rewriter) -> bool:
     """``bn`` normalizes with its stored statistics (decided as the BatchNormalization
     kernel decides it) and only its Y output is used."""
     if not _bn_foldable(graph, bn, rw):
@@ -245,7 +245,7 @@ def _bn_inference(graph: Graph, bn: Node, rw: _Rewriter) -> bool:
     return outputs == 1  # opset 7..13: several outputs mean training mode
 
 
-def _absorb_per_channel(rw: _Rewriter, out: str, dtype: np.dtype, channels: int, rank: int,
+def _absorb_per_channel(rw: Rewriter, out: str, dtype: np.dtype, channels: int, rank: int,
                         scale: np.ndarray, shift: np.ndarray) -> tuple[list[Node], str]:
     """Follow ``out`` through Mul / Add / Sub nodes by per-channel constants of ``dtype``,
     composing them into ``scale`` and ``shift`` (float64, updated in place). Returns the
@@ -288,7 +288,7 @@ def batchnorm_to_scale_shift(graph: Graph) -> Graph:
     channel axis are absorbed into it: ``(x * s + b) * m + a``. Runs after the Conv folds,
     so this only handles BatchNormalization that could not fold into a Conv; the activation
     fusion then merges a following Relu, Clip, ..."""
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     candidates = [
         bn for bn in graph.nodes
         if bn.op_type == "BatchNormalization" and bn.domain == "" and len(bn.inputs) == 5
@@ -341,7 +341,7 @@ def batchnorm_to_scale_shift(graph: Graph) -> Graph:
 def matmul_add_to_gemm(graph: Graph) -> Graph:
     """MatMul(A, constant 2-D B) -> Add(constant bias broadcast over the last axis only)
     becomes ``nncc::FusedMatMul(A, B, bias)`` (bias stored 1-D)."""
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     onnx_opset = graph.opset("")
     for mm in graph.nodes:
         if mm.op_type != "MatMul" or mm.domain != "" or len(mm.inputs) != 2 or len(mm.outputs) != 1:
@@ -395,7 +395,7 @@ _NO_ONNX_OPSET = {"ScaleShift"}  # fused ops that do not run an underlying ONNX 
 _SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
 
 
-def _activation_attrs(graph: Graph, act: Node, rw: _Rewriter) -> dict | None:
+def _activation_attrs(graph: Graph, act: Node, rw: Rewriter) -> dict | None:
     """The fused node's activation attributes for ``act``, or None if it cannot fuse."""
     if act.domain != "" or len(act.outputs) != 1 or not act.outputs[0]:
         return None
@@ -428,7 +428,7 @@ def _activation_attrs(graph: Graph, act: Node, rw: _Rewriter) -> dict | None:
 def fuse_activation(graph: Graph) -> Graph:
     """Conv / Gemm / MatMul / FusedMatMul / ScaleShift followed by an activation become one
     fused node in the "nncc" domain carrying the activation as attributes."""
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     onnx_opset = graph.opset("")
     position = {id(node): i for i, node in enumerate(graph.nodes)}
     for producer in graph.nodes:
@@ -475,7 +475,7 @@ _GELU_WINDOW = 24  # nodes after the product searched for its spelling
 _GELU_SIZE = 12  # nodes at most in a spelled-out GELU
 
 
-def _spelled_gelu(graph: Graph, rw: _Rewriter, x: str, start: int) -> tuple[list[Node], str] | None:
+def _spelled_gelu(graph: Graph, rw: Rewriter, x: str, start: int) -> tuple[list[Node], str] | None:
     """The nodes after ``x``'s producer that compute GELU(x) (erf form: "none", or tanh form)
     and nothing else, and which form; None if there are none. Candidates are the elementwise
     ops after the product whose other operands are scalar constants; a candidate region (all
@@ -526,7 +526,7 @@ def _ancestors(candidates: list[Node], x: str) -> list[Node] | None:
     return [node for node in candidates if id(node) in keep] if reads_x else None
 
 
-def _closed(rw: _Rewriter, nodes: list[Node], x: str) -> bool:
+def _closed(rw: Rewriter, nodes: list[Node], x: str) -> bool:
     """Only the last node's value leaves the region, and every reader of ``x`` is in it."""
     inside = {id(node) for node in nodes}
     if any(id(user) not in inside for user in rw.consumers.get(x, [])):
@@ -541,7 +541,7 @@ def _closed(rw: _Rewriter, nodes: list[Node], x: str) -> bool:
 _GELU_SAMPLES = np.linspace(-6.0, 6.0, 97)
 
 
-def _which_gelu(rw: _Rewriter, nodes: list[Node], x: str) -> str | None:
+def _which_gelu(rw: Rewriter, nodes: list[Node], x: str) -> str | None:
     import math
 
     env = {x: _GELU_SAMPLES}

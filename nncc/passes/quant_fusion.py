@@ -23,13 +23,13 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.ir.graph import Graph, Node
-from nncc.passes.fusion import _Rewriter
+from nncc.passes.fusion import Rewriter
 
 MICROSOFT = "com.microsoft"
 _FLOAT = 1  # TensorProto.FLOAT
 
 
-def _matches(rw: _Rewriter, producers: dict[str, Node], mmi: Node):
+def _matches(rw: Rewriter, producers: dict[str, Node], mmi: Node):
     """(fused node, nodes it replaces after ``mmi``) for one chain, or None."""
     if len(mmi.inputs) < 3 or len(mmi.outputs) != 1 or not mmi.inputs[2]:
         return None
@@ -81,7 +81,7 @@ def _matches(rw: _Rewriter, producers: dict[str, Node], mmi: Node):
 
 
 def fuse_dynamic_quantization(graph: Graph) -> Graph:
-    rw = _Rewriter(graph)
+    rw = Rewriter(graph)
     producers = graph.producers()
     fused_any = False
     for mmi in graph.nodes:
