@@ -90,7 +90,7 @@ def model_name(path) -> str:
     return os.path.basename(path) if path else "-"
 
 
-def items(n: int) -> str:
+def item_count(n: int) -> str:
     return f"{n} item" if n == 1 else f"{n} items"
 
 

@@ -7,8 +7,9 @@ import sys
 
 import click
 
-from nncc.cli.cache_common import (CacheCommandError, cache_dir_option, command_settings, complete_tokens, items,
-                                   json_option, known_entries, model_name, open_cache, parse_bound, report_failed)
+from nncc.cli.cache_common import (CacheCommandError, cache_dir_option, command_settings, complete_tokens,
+                                   item_count, json_option, known_entries, model_name, open_cache, parse_bound,
+                                   report_failed)
 from nncc.cli.cache_options import use_remote_url
 from nncc.cli.options import verbosity_options
 from nncc.cli.output import emit_json, status
@@ -135,8 +136,9 @@ def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
         for token in report.skipped_busy:
             click.echo(f"nncc: skipped {token[:12]} (in use)", err=True)
         report_failed(report)
-        click.echo(f"dry run: {items(len(report.removed))} would go, freeing {format_bytes(report.freed)}" if dry_run
-                   else f"removed {items(len(report.removed))}, freed {format_bytes(report.freed)}")
+        removed = item_count(len(report.removed))
+        click.echo(f"dry run: {removed} would go, freeing {format_bytes(report.freed)}" if dry_run
+                   else f"removed {removed}, freed {format_bytes(report.freed)}")
     if report.failed:
         sys.exit(1)
 
@@ -265,6 +267,7 @@ def clear(cache_dir, trust_shared, as_json):
                    "busy": report.skipped_busy, "failed": report.failed})
     else:
         report_failed(report)
-        click.echo(f"cleared {directory}: removed {items(len(report.removed))}, freed {format_bytes(report.freed)}")
+        click.echo(f"cleared {directory}: removed {item_count(len(report.removed))}, "
+                   f"freed {format_bytes(report.freed)}")
     if remaining or report.failed:
         sys.exit(1)
