@@ -408,7 +408,6 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 
     Progress goes to nncc.util.progress (one task per phase); ``notice`` gets the one line
     saying a comparison cannot be made (default: stderr)."""
-    import nncc
     from nncc._version import __version__
     from nncc.model import prepare
     from nncc.runtime.random_inputs import random_feeds
@@ -416,51 +415,20 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 
     settings = settings or BenchSettings()
     settings.check()
-    if settings.threads is not None and settings.threads > usable_cpus():
-        from nncc.util.notice import warn
-
-        warn(f"--threads {settings.threads} is more than the {usable_cpus()} CPU(s) this process may use: "
-             "the extra threads share those CPUs and the figures measure their contention")
+    _warn_oversubscribed(settings)
     model = os.fspath(model)
     baseline_rss = current_rss_bytes()
     artifact = is_artifact(model)
     if artifact and settings.compare:
         raise BenchError(f"--compare needs an ONNX model; {model} is a compiled nncc artifact")
     options = dict(settings.compile_options)
-    compile_info: dict[str, Any] = {
-        "cold_first_seconds": None, "cold_seconds": None, "cold_runs": 0, "cache_store_outcome": None,
-        "cache_hit_seconds": None, "cache_hit_min_seconds": None, "cache_hits": 0, "cache_hit_slower": None,
-        "cache_dir": None,
-        "cache_dir_temporary": settings.cache_dir is None and not artifact, "load_seconds": None,
-    }
+    compile_info = _empty_compile_info(settings, artifact)
 
     with limit_blas_threads(settings.threads) as threads_applied:
         if artifact:
-            from nncc.backends.registry import load_plugin
-
-            for module in options.get("plugins", ()):  # an artifact may name plugin kernels
-                load_plugin(module)
-            loads = []
-            with progress.task("loading the artifact", total=max(1, settings.cache_hits)) as task:
-                for _ in range(max(1, settings.cache_hits)):
-                    seconds, compiled = _timed(lambda: nncc.load(model))
-                    loads.append(seconds)
-                    task.advance()
-            compile_info["load_seconds"] = statistics.median(loads)
+            compiled = _time_artifact_loads(model, settings, options, compile_info)
         else:
-            runs = 1 + max(0, settings.compile_runs)
-            colds = []
-            with progress.task("cold compile (no cache)", total=runs) as task:
-                for _ in range(runs):
-                    colds.append(_time_only(lambda: prepare(model, use_cache=False, **options)))
-                    task.advance()
-            compile_info["cold_first_seconds"] = colds[0]
-            compile_info["cold_seconds"] = statistics.median(colds[1:] or colds)
-            compile_info["cold_runs"] = len(colds)
-            gc.collect()
-            compiled = _cache_hits(model, settings, options, compile_info, prepare)
-            if compiled is None:  # no usable cache here: a model compiled in memory
-                compiled, _ = prepare(model, use_cache=False, **options)
+            compiled = _time_compiles(model, settings, options, compile_info, prepare)
 
         if settings.dims:  # a misspelt --dim must not leave its dimension at 1 unnoticed
             from nncc.ir.dims import check_dim_names
@@ -470,14 +438,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
         dims = bind_dims(compiled.input_infos, feeds)
         flops = count_flops(compiled.plan, dims)
 
-        with progress.task("first inference, warm-up", total=1 + settings.warmup) as task:
-            gc.collect()
-            first_seconds, first_outputs = _timed(lambda: compiled.run(feeds))
-            first_outputs = {k: v.copy() for k, v in first_outputs.items()}  # safe from later runs
-            task.advance()
-            for _ in range(settings.warmup):
-                compiled.run(feeds)
-                task.advance()
+        first_seconds, first_outputs = _first_inference(compiled, feeds, settings.warmup)
         peak_nncc = peak_rss_bytes()
 
         ort = None
@@ -496,19 +457,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
         "model": model,
         "model_kind": "artifact" if artifact else "onnx",
         "nncc_version": __version__,
-        "settings": {
-            "preference": compiled.plan.options.get("preference", options.get("preference")),
-            "opt_level": compiled.plan.options.get("opt_level", options.get("opt_level")),
-            "backends": list(compiled.plan.options.get("backends", options.get("backends", ()))),
-            "plugins": list(compiled.plan.options.get("plugins", options.get("plugins", ()))),
-            "threads": settings.threads,
-            "warmup": settings.warmup,
-            "iterations": settings.iterations,
-            "duration": settings.duration,
-            "seed": settings.seed,
-            "dims": dims,
-            "compare": settings.compare,
-        },
+        "settings": _settings_record(compiled, options, settings, dims),
         "inputs": [{"name": k, "shape": list(v.shape), "dtype": str(v.dtype)} for k, v in feeds.items()],
         "flops": flops["total"],
         "flops_by_op": flops["by_op"],
@@ -535,6 +484,91 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     if compare is not None and compare.get("available"):
         _finish_compare(compare, ort_times, stats, first_seconds, throughput, compile_info)
     return result
+
+
+def _warn_oversubscribed(settings) -> None:
+    """More threads than usable CPUs measure their contention: say so."""
+    if settings.threads is not None and settings.threads > usable_cpus():
+        from nncc.util.notice import warn
+
+        warn(f"--threads {settings.threads} is more than the {usable_cpus()} CPU(s) this process may use: "
+             "the extra threads share those CPUs and the figures measure their contention")
+
+
+def _empty_compile_info(settings, artifact) -> dict[str, Any]:
+    """The "compile" record, every figure None until its phase measures it."""
+    return {
+        "cold_first_seconds": None, "cold_seconds": None, "cold_runs": 0, "cache_store_outcome": None,
+        "cache_hit_seconds": None, "cache_hit_min_seconds": None, "cache_hits": 0, "cache_hit_slower": None,
+        "cache_dir": None,
+        "cache_dir_temporary": settings.cache_dir is None and not artifact, "load_seconds": None,
+    }
+
+
+def _time_artifact_loads(model, settings, options, info):
+    """The median of a few loads of a compiled artifact; returns the last one loaded."""
+    import nncc
+    from nncc.backends.registry import load_plugin
+
+    for module in options.get("plugins", ()):  # an artifact may name plugin kernels
+        load_plugin(module)
+    loads = []
+    with progress.task("loading the artifact", total=max(1, settings.cache_hits)) as task:
+        for _ in range(max(1, settings.cache_hits)):
+            seconds, compiled = _timed(lambda: nncc.load(model))
+            loads.append(seconds)
+            task.advance()
+    info["load_seconds"] = statistics.median(loads)
+    return compiled
+
+
+def _time_compiles(model, settings, options, info, prepare):
+    """Cold compiles, then cache hits; returns the model the last hit prepared (compiled in
+    memory when no cache is usable here)."""
+    runs = 1 + max(0, settings.compile_runs)
+    colds = []
+    with progress.task("cold compile (no cache)", total=runs) as task:
+        for _ in range(runs):
+            colds.append(_time_only(lambda: prepare(model, use_cache=False, **options)))
+            task.advance()
+    info["cold_first_seconds"] = colds[0]
+    info["cold_seconds"] = statistics.median(colds[1:] or colds)
+    info["cold_runs"] = len(colds)
+    gc.collect()
+    compiled = _cache_hits(model, settings, options, info, prepare)
+    if compiled is None:  # no usable cache here: a model compiled in memory
+        compiled, _ = prepare(model, use_cache=False, **options)
+    return compiled
+
+
+def _first_inference(compiled, feeds, warmup) -> tuple[float, dict[str, Any]]:
+    """The first run's seconds and a copy of its outputs, then the warm-up runs."""
+    with progress.task("first inference, warm-up", total=1 + warmup) as task:
+        gc.collect()
+        first_seconds, first_outputs = _timed(lambda: compiled.run(feeds))
+        first_outputs = {k: v.copy() for k, v in first_outputs.items()}  # safe from later runs
+        task.advance()
+        for _ in range(warmup):
+            compiled.run(feeds)
+            task.advance()
+    return first_seconds, first_outputs
+
+
+def _settings_record(compiled, options, settings, dims) -> dict[str, Any]:
+    """The settings measured under: the compile options the plan records, else those asked."""
+    return {
+        "preference": compiled.plan.options.get("preference", options.get("preference")),
+        "opt_level": compiled.plan.options.get("opt_level", options.get("opt_level")),
+        "backends": list(compiled.plan.options.get("backends", options.get("backends", ()))),
+        "plugins": list(compiled.plan.options.get("plugins", options.get("plugins", ()))),
+        "threads": settings.threads,
+        "warmup": settings.warmup,
+        "iterations": settings.iterations,
+        "duration": settings.duration,
+        "seed": settings.seed,
+        "dims": dims,
+        "compare": settings.compare,
+    }
 
 
 def _arena_bytes(compiled) -> int:

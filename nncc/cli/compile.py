@@ -12,7 +12,7 @@ import time
 
 import click
 
-from nncc.cli.cache import cache_options, report_cache
+from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, stage_option, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.util.units import format_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from nncc.cli.cache import trust_option
+from nncc.cli.cache_options import trust_option
 from nncc.cli.options import (command_cache_dir, compile_options, dim_option, options_dict, parse_dims,
                               stage_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from nncc.cli.cache import cache_options, report_cache
+from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
                               trust_native_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import detail, emit_json, print_outputs
@@ -47,15 +47,41 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         no_cache, trust_shared, hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
-    import nncc
-    from nncc.runtime.arrays_io import load_npy, load_npz, save_npz
-    from nncc.runtime.random_inputs import random_feeds
-
-    from nncc.util.files import read_source
-
     start = time.perf_counter()
-    outcome = None
     # every argument is checked, and every input file read, before anything is compiled
+    named_inputs, bound, dims = _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_path)
+    _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
+    source, artifact, inputs = _read_model(model, npz, input_specs, per_step_dir, cache_dir, output_path, output_dir)
+    feeds, per_step = _load_feeds(npz, named_inputs, per_step_dir)
+    outcome = None
+    if artifact:
+        session = _load_artifact(model, source, plugins, trust_native, dims)
+    else:
+        session, outcome = _prepare_model(model, source, preference, opt_level, backends, plugins, target, dims,
+                                          stage, cache_dir, no_cache, trust_shared, hash_mode)
+    if output_dir is not None:  # the output names are known now; nothing is written yet
+        _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
+    prepared = time.perf_counter()
+    stateful = bool(bound) or steps > 1 or per_step_dir is not None
+    if random_inputs:
+        _add_random_inputs(session, feeds, bound, per_step, seed, dims)
+    for name, value in feeds.items():
+        detail(f"nncc: input {name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}")
+    outputs = _execute(session, feeds, bound, steps, per_step, stateful, output_dir)
+    finished = time.perf_counter()
+    _write_outputs(session, outputs, output_path, output_dir, stateful)
+    timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
+    if as_json:
+        emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
+                   "cache": outcome.as_dict() if outcome else None, "steps": steps,
+                   "native_partitions": session.native_partitions})
+    else:
+        print_outputs(model, summarize(outputs), timing)
+
+
+def _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_path):
+    """The --input, --bind and --dim specs parsed, --steps and --output checked: (named
+    inputs, bound states, dims)."""
     named_inputs = _parse_input_specs(input_specs)
     bound = _parse_binds(binds)
     dims = parse_dims(dim_specs)
@@ -67,7 +93,14 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         from nncc.util.writable import check_writable
 
         check_writable(output_path, "the --output file")
-    _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
+    return named_inputs, bound, dims
+
+
+def _read_model(model, npz, input_specs, per_step_dir, cache_dir, output_path, output_dir):
+    """MODEL's bytes (None while the cache may know it) and whether it is an artifact, and
+    the files the run reads, once no output is found to overwrite one of them."""
+    from nncc.util.files import read_source
+
     # read once (MODEL may be a pipe), and a model file not at all when the cache knows it
     source, artifact = read_source(model, lazy_model=True)
     writes = bool(output_path) or output_dir is not None  # otherwise nothing can be overwritten
@@ -75,6 +108,13 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         source, artifact = read_source(model)
     inputs = _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) if writes else []
     _refuse_clobbering(inputs, output_path, output_dir, None)
+    return source, artifact, inputs
+
+
+def _load_feeds(npz, named_inputs, per_step_dir):
+    """The feeds given by --inputs and --input, and a lazy iterator over the step files."""
+    from nncc.runtime.arrays_io import load_npy, load_npz
+
     feeds = load_npz(npz) if npz else {}
     for name, path in named_inputs:
         feeds[name] = load_npy(path)
@@ -84,76 +124,89 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
 
         files = step_files(per_step_dir)
         per_step = (load_npz(path) for path in files)
-    if artifact:
-        warn_compile_options_on_artifact(model)
-        # an artifact may name plugin kernels: only the plugins the user names are loaded
-        from nncc.backends.registry import load_plugin
+    return feeds, per_step
 
-        for module in plugins:
-            load_plugin(module)
-        session = nncc.load(source, trust_native=trust_native, name=model)
-        if dims:  # the artifact is compiled: --dim sizes its symbolic inputs (random ones)
-            from nncc.ir.dims import check_dim_names
 
-            check_dim_names(dims, session.input_infos, model)
-    else:
-        from nncc.model import prepare
-        from nncc.cli.progress import live_progress
-        from nncc.util import progress
+def _load_artifact(model, source, plugins, trust_native, dims):
+    import nncc
 
-        from nncc.cli.native_note import say_why_native_is_off
+    warn_compile_options_on_artifact(model)
+    # an artifact may name plugin kernels: only the plugins the user names are loaded
+    from nncc.backends.registry import load_plugin
 
-        options = options_dict(preference, opt_level, backends, plugins, target, dims)
-        say_why_native_is_off(backends, target)
-        with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
-            # the native stage, when due, is built by a detached worker that outlives this command
-            session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                       trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
-                                       background="process", **options)
-        report_cache(outcome)
-    if output_dir is not None:  # the output names are known now; nothing is written yet
-        _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
-    prepared = time.perf_counter()
-    stateful = bool(bound) or steps > 1 or per_step_dir is not None
-    if random_inputs:
-        declared = session.input_infos
-        state_inputs = set(bound.values())  # states start at zeros unless given
-        missing = {k: v for k, v in declared.items() if k not in feeds and k not in state_inputs}
-        if per_step is not None:
-            missing = {}  # the step files provide them
-        _report_default_dims(missing, dims)
-        feeds.update(random_feeds(missing, seed, dims))
-    for name, value in feeds.items():
-        detail(f"nncc: input {name}: {getattr(value, 'dtype', '?')}{list(getattr(value, 'shape', ()))}")
+    for module in plugins:
+        load_plugin(module)
+    session = nncc.load(source, trust_native=trust_native, name=model)
+    if dims:  # the artifact is compiled: --dim sizes its symbolic inputs (random ones)
+        from nncc.ir.dims import check_dim_names
+
+        check_dim_names(dims, session.input_infos, model)
+    return session
+
+
+def _prepare_model(model, source, preference, opt_level, backends, plugins, target, dims, stage, cache_dir,
+                   no_cache, trust_shared, hash_mode):
+    """An .onnx model compiled, or found in the cache: (session, cache outcome)."""
+    from nncc.model import prepare
+    from nncc.cli.progress import live_progress
+    from nncc.util import progress
+
+    from nncc.cli.native_note import say_why_native_is_off
+
+    options = options_dict(preference, opt_level, backends, plugins, target, dims)
+    say_why_native_is_off(backends, target)
+    with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
+        # the native stage, when due, is built by a detached worker that outlives this command
+        session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
+                                   trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
+                                   background="process", **options)
+    report_cache(outcome)
+    return session, outcome
+
+
+def _add_random_inputs(session, feeds, bound, per_step, seed, dims) -> None:
+    """--random-inputs: seeded values for the declared inputs nothing else provides."""
+    from nncc.runtime.random_inputs import random_feeds
+
+    declared = session.input_infos
+    state_inputs = set(bound.values())  # states start at zeros unless given
+    missing = {k: v for k, v in declared.items() if k not in feeds and k not in state_inputs}
+    if per_step is not None:
+        missing = {}  # the step files provide them
+    _report_default_dims(missing, dims)
+    feeds.update(random_feeds(missing, seed, dims))
+
+
+def _execute(session, feeds, bound, steps, per_step, stateful, output_dir):
+    """The outputs of one run, or of the last step of a stateful one; a single run with
+    --output-dir writes straight into its files."""
     if stateful:
         from itertools import repeat
 
         from nncc.runtime.stepping import run_steps
 
-        outputs = run_steps(session, bound, steps, feeds, per_step if per_step is not None else repeat({}))
-    elif output_dir is not None:
+        return run_steps(session, bound, steps, feeds, per_step if per_step is not None else repeat({}))
+    if output_dir is not None:
         from nncc.runtime.arrays_io import OutputDir
 
         with OutputDir(output_dir, session) as targets:
             outputs = session.run(feeds, outputs=targets.buffers)
             targets.finish(outputs)
-    else:
-        outputs = session.run(feeds)
-    finished = time.perf_counter()
+        return outputs
+    return session.run(feeds)
+
+
+def _write_outputs(session, outputs, output_path, output_dir, stateful) -> None:
+    """--output's archive; --output-dir's files when the steps did not write them in place."""
     if output_path:
+        from nncc.runtime.arrays_io import save_npz
+
         save_npz(output_path, outputs)
     if output_dir is not None and stateful:
         from nncc.runtime.arrays_io import OutputDir
 
         with OutputDir(output_dir, session, mapped=False) as targets:
             targets.finish(outputs)
-    timing = {"prepare_seconds": prepared - start, "run_seconds": finished - prepared}
-    if as_json:
-        emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
-                   "cache": outcome.as_dict() if outcome else None, "steps": steps,
-                   "native_partitions": session.native_partitions})
-    else:
-        print_outputs(model, summarize(outputs), timing)
 
 
 def _apply_threads(flag) -> None:

@@ -26,9 +26,12 @@ from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import attention_gen, gemm_gen, int8_gemm_gen, norm_gen, plain_ops
-from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, batch_strides, const_value,
-                                     is_pair_sum, source)
+from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
+                                     source)
+from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
+from nncc.native.elementwise_gen import ALIASES, BINARY, POW_BY, UNARY, ElementwiseSteps
 from nncc.native.layout import BlockedLayout
+from nncc.native.matmul_gen import MatmulSteps
 from nncc.plan.memory import aligned_empty
 
 F32 = np.dtype(np.float32)
@@ -37,18 +40,6 @@ ALIGN = 64
 # point ``SYMBOL_profile`` copies out. Never set for code that is cached or shipped.
 PROFILE_STEPS = False
 
-UNARY = {
-    "Relu": "(v > 0.0f ? v : 0.0f)", "Sigmoid": "nn_sigmoid(v)", "Tanh": "nn_tanh(v)",
-    "Erf": "nn_erf(v)", "Exp": "nn_exp(v)", "Log": "logf(v)", "Sqrt": "sqrtf(v)", "Neg": "(-v)",
-    "Abs": "fabsf(v)", "Reciprocal": "(1.0f / v)", "Identity": "v", "Softsign": "(v / (1.0f + fabsf(v)))",
-}
-BINARY = {"Add": "(a + b)", "Sub": "(a - b)", "Mul": "(a * b)", "Div": "(a / b)", "Pow": "powf(a, b)",
-          "Max": "(a > b || a != a ? a : b)", "Min": "(a < b || a != a ? a : b)"}
-ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
-POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "(1.0f / v)"}  # constant exponents
-ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
-             "HardSwish": 7}
-POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 INT8_MATMUL = ("com.microsoft", "DynamicQuantizeMatMul")  # one int8 GEMM step (int8_gemm_gen)
 # Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
 # an output beyond these (only a damaged or hostile model has one) stays portable, whose
@@ -207,7 +198,13 @@ class Unit:
     blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
 
 
-class _Writer(BlockedLayout):
+class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
+    """One partition's writer: names, shapes and packed constants, the dispatch of each
+    node to its step, and ``finish`` (workspace offsets and the entry point). The steps
+    themselves live in the mixins: convolutions and pooling (conv_gen), MatMul and Gemm
+    (matmul_gen), elementwise and data movement (elementwise_gen), the blocked layout
+    (layout), and the delegated generators the dispatch calls."""
+
     def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4):
         self.graph, self.symbol = graph, symbol
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
@@ -362,283 +359,6 @@ class _Writer(BlockedLayout):
         self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,
                                 support=support))
 
-    def _activation(self, attrs) -> tuple[int, float, float]:
-        act = attrs.get("activation", "") or ""
-        p0 = p1 = 0.0
-        if act == "Clip":
-            p0 = float(attrs.get("activation_min", -np.inf))
-            p1 = float(attrs.get("activation_max", np.inf))
-        elif act == "LeakyRelu":
-            p0 = float(attrs.get("activation_alpha", 0.01))
-        elif act == "HardSigmoid":
-            p0 = float(attrs.get("activation_alpha", 0.2))
-            p1 = float(attrs.get("activation_beta", 0.5))
-        return ACT_CODES[act], p0, p1
-
-    def conv(self, node: Node, residual: str | None = None, target: str | None = None,
-             act=None, defer: bool = True) -> None:
-        out = node.outputs[0]
-        if defer and residual is None and not node.attrs.get("activation"):
-            user = self.only_consumer(out)
-            if user is not None and is_pair_sum(user) and \
-                    self.shape(user.outputs[0]) == self.shape(out) and \
-                    all(self.shape(i) == self.shape(out) for i in user.inputs):
-                self.deferred[out] = node  # written by the Add, with the residual
-                return
-        n, c, h, w = self.shape(node.inputs[0])
-        k, cg, kh, kw = self.shape(node.inputs[1])
-        _, _, oh, ow = self.shape(out)
-        a = node.attrs
-        group = int(a.get("group", 1))
-        sh, sw = (a.get("strides") or [1, 1])
-        dh, dw = (a.get("dilations") or [1, 1])
-        pads = a.get("pads") or [0, 0, 0, 0]
-        if a.get("auto_pad", "NOTSET") == "VALID":
-            pads = [0, 0, 0, 0]
-        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        code, p0, p1 = act if act is not None else self._activation(a)
-        target = target or out
-        if self.blocked_conv(node, pads, bias, residual, target, (code, p0, p1), _f):
-            return
-        for name in (node.inputs[0], residual):
-            if name:
-                self.as_plain(name)
-        depthwise = group == c == k
-        direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
-        scratch = 0 if depthwise or direct else cg * kh * kw * oh * ow * 4
-        target = target or out
-        self.step(
-            f"nn_conv2d({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
-            f"{self.ptr(bias) if bias else '0'}, {self.ptr(residual) if residual else '0'}, {self.ptr(target)}, "
-            f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
-            f"{group}, {code}, {_f(p0)}, {_f(p1)}, (float *)SCRATCH);",
-            [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
-
-    def scale_shift(self, node: Node) -> None:
-        """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""
-        act = self._activation(node.attrs)
-        if self.blocked_scale_shift(node, act, _f):
-            return
-        self.plain_inputs(node)
-        x, scale, shift = node.inputs[:3]
-        y = node.outputs[0]
-        shape = self.shape(x)
-        outer, c, inner = shape[0], shape[1], math.prod(shape[2:])
-        code, p0, p1 = act
-        self.step(f"for (int64_t n = 0; n < {outer}; n++) for (int64_t c = 0; c < {c}; c++) {{\n"
-                  f"  const float s = {self.ptr(scale)}[c], b = {self.ptr(shift)}[c];\n"
-                  f"  const float *x = {self.ptr(x)} + (n * {c} + c) * {inner};\n"
-                  f"  float *y = {self.ptr(y)} + (n * {c} + c) * {inner};\n"
-                  f"  for (int64_t i = 0; i < {inner}; i++) y[i] = nn_act({code}, x[i] * s + b, {_f(p0)}, {_f(p1)});\n"
-                  "}", [x, scale, shift], [y])
-
-    def residual(self, add: Node) -> None:
-        conv_out = next(i for i in add.inputs if i in self.deferred)
-        other = add.inputs[1] if add.inputs[0] == conv_out else add.inputs[0]
-        conv = self.deferred.pop(conv_out)
-        if other in self.deferred:  # both operands are convolutions: write one plainly first
-            shortcut = self.deferred.pop(other)
-            self.conv(shortcut, defer=False)
-            self.steps[-1].label = f"Conv {shortcut.name}"
-        target, act = add.outputs[0], (0, 0.0, 0.0)
-        user = self.only_consumer(target)
-        if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
-            bounds = self._clip_bounds(user) if user.op_type == "Clip" else None
-            if user.op_type == "Relu" or bounds is not None:
-                act = (1, 0.0, 0.0) if user.op_type == "Relu" else (2, *bounds)
-                self.absorbed.add(id(user))
-                target = user.outputs[0]
-        self.conv(conv, residual=other, target=target, act=act)
-
-    def _clip_bounds(self, node: Node):
-        lo, hi = -np.inf, np.inf
-        if node_opset(self.graph, node) < 11:
-            return float(node.attrs.get("min", lo)), float(node.attrs.get("max", hi))
-        if len(node.inputs) > 1 and node.inputs[1]:
-            lo = float(np.asarray(const_value(self.graph, self.infos, node.inputs[1])).reshape(()))
-        if len(node.inputs) > 2 and node.inputs[2]:
-            hi = float(np.asarray(const_value(self.graph, self.infos, node.inputs[2])).reshape(()))
-        return lo, hi
-
-    def matmul(self, node: Node) -> None:
-        if gemm_gen.emit_matmul(self, node):  # by constant weights: nncc's packed GEMM
-            return
-        a, b = node.inputs[:2]
-        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        sa, sb, so = self.shape(a), self.shape(b), self.shape(node.outputs[0])
-        m, k = sa[-2], sa[-1]
-        nn = sb[-1]
-        y = self.ptr(node.outputs[0])
-        lines = []
-        if len(sb) == 2:  # weights: fold the batch of A into M
-            rows = math.prod(so[:-1])
-            if bias:
-                lines.append(f"for (int64_t r = 0; r < {rows}; r++) memcpy({y} + r * {nn}, {self.ptr(bias)}, "
-                             f"{nn} * sizeof(float));")
-            lines.append(f"nn_gemm(0, 0, {rows}, {nn}, {k}, 1.0f, {self.ptr(a)}, {k}, {self.ptr(b)}, {nn}, "
-                         f"{'1.0f' if bias else '0.0f'}, {y}, {nn});")
-        else:
-            batch = so[:-2]
-            ea = batch_strides(sa[:-2], batch, m * k)
-            eb = batch_strides(sb[:-2], batch, k * nn)
-            total = math.prod(batch)
-            lines.append(f"for (int64_t t = 0; t < {total}; t++) {{")
-            lines.append("  int64_t rem = t, oa = 0, ob = 0;")
-            for d in range(len(batch) - 1, -1, -1):
-                lines.append(f"  {{ int64_t i = rem % {batch[d]}; rem /= {batch[d]}; oa += i * {ea[d]}; "
-                             f"ob += i * {eb[d]}; }}")
-            if bias:
-                lines.append(f"  for (int64_t r = 0; r < {m}; r++) memcpy({y} + t * {m * nn} + r * {nn}, "
-                             f"{self.ptr(bias)}, {nn} * sizeof(float));")
-            lines.append(f"  nn_gemm(0, 0, {m}, {nn}, {k}, 1.0f, {self.ptr(a)} + oa, {k}, {self.ptr(b)} + ob, "
-                         f"{nn}, {'1.0f' if bias else '0.0f'}, {y} + t * {m * nn}, {nn});")
-            lines.append("}")
-        code, p0, p1 = self._activation(node.attrs)
-        if code:
-            lines.append(f"nn_epilogue({y}, 0, 0, 1, {math.prod(so)}, {code}, {_f(p0)}, {_f(p1)});")
-        self.step("\n".join(lines), [a, b, bias], node.outputs[:1])
-
-    def gemm(self, node: Node) -> None:
-        if gemm_gen.emit_gemm(self, node):  # by constant weights: nncc's packed GEMM
-            return
-        a, b = node.inputs[:2]
-        c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-        at = node.attrs
-        ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
-        alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
-        sa, sb = self.shape(a), self.shape(b)
-        m, k = (sa[1], sa[0]) if ta else (sa[0], sa[1])
-        nn = sb[0] if tb else sb[1]
-        y = self.ptr(node.outputs[0])
-        lines = []
-        if c and beta != 0.0:  # C broadcast to [M, N], scaled, then the product added to it
-            cm, cn = ([1, 1] + list(self.shape(c)))[-2:]
-            row = "r" if cm > 1 else "0"
-            col = "j" if cn > 1 else "0"
-            lines.append(f"for (int64_t r = 0; r < {m}; r++) for (int64_t j = 0; j < {nn}; j++) "
-                         f"{y}[r * {nn} + j] = {_f(beta)} * {self.ptr(c)}[{row} * {cn} + {col}];")
-        lines.append(f"nn_gemm({ta}, {tb}, {m}, {nn}, {k}, {_f(alpha)}, {self.ptr(a)}, {sa[1]}, {self.ptr(b)}, "
-                     f"{sb[1]}, {'1.0f' if c and beta != 0.0 else '0.0f'}, {y}, {nn});")
-        code, p0, p1 = self._activation(at)
-        if code:
-            lines.append(f"nn_epilogue({y}, 0, 0, 1, {m * nn}, {code}, {_f(p0)}, {_f(p1)});")
-        self.step("\n".join(lines), [a, b, c], node.outputs[:1])
-
-    def reshape(self, node: Node) -> None:
-        src, out = node.inputs[0], node.outputs[0]
-        if out in self.outputs:  # the caller's buffer: copy into it
-            size = math.prod(self.shape(out))
-            self.step(f"memcpy({self.ptr(out)}, {self.ptr(src)}, {size} * sizeof(float));", [src], [out])
-        else:
-            self.alias[out] = src
-
-    def _scalar_const(self, name: str):
-        value = const_value(self.graph, self.infos, name)
-        if value is None or np.size(value) != 1:
-            return None
-        return float(np.asarray(value).reshape(()))
-
-    def unary(self, node: Node, expr: str | None = None) -> None:
-        """One loop ``y[i] = expr(v = x[i])``: the node's own expression unless given."""
-        expr = expr or self._unary_expr(node)
-        x, y = node.inputs[0], node.outputs[0]
-        size = math.prod(self.shape(y))
-        self.step(f"for (int64_t i = 0; i < {size}; i++) {{ float v = {self.ptr(x)}[i]; "
-                  f"{self.ptr(y)}[i] = {expr}; }}", [x], [y])
-
-    def _unary_expr(self, node: Node) -> str:
-        op = node.op_type
-        if op == "Clip":
-            lo, hi = self._clip_bounds(node)
-            return f"(v < {_f(lo)} ? {_f(lo)} : (v > {_f(hi)} ? {_f(hi)} : v))"
-        if op == "LeakyRelu":
-            return f"(v >= 0.0f ? v : v * {_f(float(node.attrs.get('alpha', 0.01)))})"
-        if op == "HardSigmoid":
-            return f"nn_act(6, v, {_f(float(node.attrs.get('alpha', 0.2)))}, {_f(float(node.attrs.get('beta', 0.5)))})"
-        if op == "HardSwish":
-            return "nn_act(7, v, 0.0f, 0.0f)"
-        return UNARY[op]
-
-    def binary(self, node: Node, expr: str) -> None:
-        a, b = node.inputs
-        y = node.outputs[0]
-        out = self.shape(y)
-        sa = _broadcast_strides(self.shape(a), out)
-        sb = _broadcast_strides(self.shape(b), out)
-        self._broadcast_loop(list(out), sa, sb, a, b, y, expr)
-
-    def _broadcast_loop(self, out, sa, sb, a: str, b: str, y: str, expr: str) -> None:
-        """One step ``y[i] = expr(a[...], b[...])`` over ``out`` (dense), reading a and b
-        with the element strides ``sa`` and ``sb`` (0 where broadcast)."""
-        dims, sa, sb = _collapse(list(out), sa, sb)
-        pa, pb, py = self.ptr(a), self.ptr(b), self.ptr(y)
-        lines = []
-        depth = len(dims)
-        # index arithmetic with literal strides: the innermost loop is unit-stride or a splat
-        for d in range(depth):
-            lines.append(f"{'  ' * d}for (int64_t i{d} = 0; i{d} < {dims[d]}; i{d}++) {{")
-        ia = " + ".join(f"i{d} * {sa[d]}" for d in range(depth) if sa[d]) or "0"
-        ib = " + ".join(f"i{d} * {sb[d]}" for d in range(depth) if sb[d]) or "0"
-        iy = " + ".join(f"i{d} * {_row_stride(dims, d)}" for d in range(depth)) or "0"
-        lines.append(f"{'  ' * depth}float a = {pa}[{ia}], b = {pb}[{ib}]; {py}[{iy}] = {expr};")
-        for d in range(depth - 1, -1, -1):
-            lines.append(f"{'  ' * d}}}")
-        self.step("\n".join(lines), [a, b], [y])
-
-    def sum(self, node: Node) -> None:
-        """Same-shape operands (check() says so): one pass adding them all."""
-        y = node.outputs[0]
-        size = math.prod(self.shape(y))
-        terms = " + ".join(f"{self.ptr(x)}[i]" for x in node.inputs)
-        self.step(f"for (int64_t i = 0; i < {size}; i++) {self.ptr(y)}[i] = {terms};", list(node.inputs), [y])
-
-    def concat(self, node: Node) -> None:
-        """Each input's rows copied into its place in the output's rows."""
-        y = node.outputs[0]
-        out = self.shape(y)
-        axis = int(node.attrs.get("axis", 1)) % len(out)
-        outer, row = math.prod(out[:axis]), math.prod(out[axis:])
-        lines, offset = [], 0
-        for x in node.inputs:
-            width = math.prod(self.shape(x)[axis:])
-            if width:
-                lines.append(f"for (int64_t o = 0; o < {outer}; o++) memcpy({self.ptr(y)} + o * {row} + {offset}, "
-                             f"{self.ptr(x)} + o * {width}, {width} * sizeof(float));")
-            offset += width
-        self.step("\n".join(lines), list(node.inputs), [y])
-
-    def pool(self, node: Node) -> None:
-        x, y = node.inputs[0], node.outputs[0]
-        n, c, h, w = self.shape(x)
-        if node.op_type == "GlobalAveragePool":
-            return self.step(f"nn_mean_rows({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h * w});", [x], [y])
-        _, _, oh, ow = self.shape(y)
-        a = node.attrs
-        kh, kw = a["kernel_shape"]
-        sh, sw = a.get("strides") or [1, 1]
-        pads = a.get("pads") or [0, 0, 0, 0]
-        if a.get("auto_pad", "NOTSET") == "VALID":
-            pads = [0, 0, 0, 0]
-        if node.op_type == "MaxPool":
-            dh, dw = a.get("dilations") or [1, 1]
-            self.step(f"nn_maxpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
-                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw});", [x], [y])
-        else:
-            self.step(f"nn_avgpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
-                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {pads[2]}, {pads[3]}, "
-                      f"{int(a.get('count_include_pad', 0))});", [x], [y])
-
-    def transpose(self, node: Node) -> None:
-        x, y = node.inputs[0], node.outputs[0]
-        shape = self.shape(x)
-        perm = node.attrs.get("perm") or list(range(len(shape)))[::-1]
-        strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        out_shape = [shape[p] for p in perm]
-        out_strides = [strides[p] for p in perm]
-        self.step(f"static const int64_t sh[] = {{{', '.join(map(str, out_shape))}}}; "
-                  f"static const int64_t st[] = {{{', '.join(map(str, out_strides))}}}; "
-                  f"nn_transpose({self.ptr(x)}, {self.ptr(y)}, {len(shape)}, sh, st);", [x], [y])
-
     # -- memory and text --------------------------------------------------------------
 
     def finish(self) -> Unit:
@@ -772,42 +492,3 @@ def _calls_blas(code: str) -> bool:
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _f(value: float) -> str:
-    if value == np.inf:
-        return "INFINITY"
-    if value == -np.inf:
-        return "(-INFINITY)"
-    if value != value:
-        return "NAN"
-    return f"{float(np.float32(value))!r}f"
-
-
-def _broadcast_strides(shape, out) -> list[int]:
-    """Element strides of ``shape`` read in ``out``'s index space (0 where broadcast)."""
-    return batch_strides(shape, out, 1)
-
-
-def _collapse(dims, sa, sb):
-    """Merge adjacent axes that every operand walks contiguously, and drop size-1 axes."""
-    keep = [d for d in range(len(dims)) if dims[d] != 1]
-    dims, sa, sb = [dims[d] for d in keep], [sa[d] for d in keep], [sb[d] for d in keep]
-    if not dims:
-        return [1], [0], [0]
-    out_d, out_a, out_b = [dims[0]], [sa[0]], [sb[0]]
-    for d in range(1, len(dims)):
-        merge = all(prev == cur * dims[d] for prev, cur in ((out_a[-1], sa[d]), (out_b[-1], sb[d]))
-                    if not (prev == 0 and cur == 0))
-        if merge and all((p == 0) == (c == 0) for p, c in ((out_a[-1], sa[d]), (out_b[-1], sb[d]))):
-            out_d[-1] *= dims[d]
-            out_a[-1], out_b[-1] = sa[d], sb[d]
-        else:
-            out_d.append(dims[d]); out_a.append(sa[d]); out_b.append(sb[d])  # noqa: E702
-    return out_d, out_a, out_b
-
-
-def _row_stride(dims, d) -> int:
-    return math.prod(dims[d + 1:])
-
-

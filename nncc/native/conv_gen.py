@@ -1,0 +1,136 @@
+"""The partition writer's convolution and pooling steps: a convolution (blocked, else
+nn_conv2d over NCHW) with its fused activation, a residual Add written by the convolution
+before it, per-channel scale and shift, and pooling.
+
+A mixin of the partition writer (nncc/native/codegen.py): it uses its ``step``, ``ptr``,
+``shape``, ``only_consumer``, ``deferred``, ``absorbed`` and ``steps`` members, the
+blocked layout's ``blocked_conv``, ``blocked_scale_shift`` and ``as_plain``, and the
+elementwise steps' ``_clip_bounds``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nncc.ir.graph import Node
+from nncc.native.c_literal import c_float
+from nncc.native.graph_query import is_pair_sum
+
+ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
+             "HardSwish": 7}
+POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+
+
+class ConvSteps:
+    """Steps of convolutions, their fused epilogues, scale-shift and pooling."""
+
+    def _activation(self, attrs) -> tuple[int, float, float]:
+        act = attrs.get("activation", "") or ""
+        p0 = p1 = 0.0
+        if act == "Clip":
+            p0 = float(attrs.get("activation_min", -np.inf))
+            p1 = float(attrs.get("activation_max", np.inf))
+        elif act == "LeakyRelu":
+            p0 = float(attrs.get("activation_alpha", 0.01))
+        elif act == "HardSigmoid":
+            p0 = float(attrs.get("activation_alpha", 0.2))
+            p1 = float(attrs.get("activation_beta", 0.5))
+        return ACT_CODES[act], p0, p1
+
+    def conv(self, node: Node, residual: str | None = None, target: str | None = None,
+             act=None, defer: bool = True) -> None:
+        out = node.outputs[0]
+        if defer and residual is None and not node.attrs.get("activation"):
+            user = self.only_consumer(out)
+            if user is not None and is_pair_sum(user) and \
+                    self.shape(user.outputs[0]) == self.shape(out) and \
+                    all(self.shape(i) == self.shape(out) for i in user.inputs):
+                self.deferred[out] = node  # written by the Add, with the residual
+                return
+        n, c, h, w = self.shape(node.inputs[0])
+        k, cg, kh, kw = self.shape(node.inputs[1])
+        _, _, oh, ow = self.shape(out)
+        a = node.attrs
+        group = int(a.get("group", 1))
+        sh, sw = (a.get("strides") or [1, 1])
+        dh, dw = (a.get("dilations") or [1, 1])
+        pads = a.get("pads") or [0, 0, 0, 0]
+        if a.get("auto_pad", "NOTSET") == "VALID":
+            pads = [0, 0, 0, 0]
+        bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+        code, p0, p1 = act if act is not None else self._activation(a)
+        target = target or out
+        if self.blocked_conv(node, pads, bias, residual, target, (code, p0, p1), c_float):
+            return
+        for name in (node.inputs[0], residual):
+            if name:
+                self.as_plain(name)
+        depthwise = group == c == k
+        direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
+        scratch = 0 if depthwise or direct else cg * kh * kw * oh * ow * 4
+        target = target or out
+        self.step(
+            f"nn_conv2d({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
+            f"{self.ptr(bias) if bias else '0'}, {self.ptr(residual) if residual else '0'}, {self.ptr(target)}, "
+            f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
+            f"{group}, {code}, {c_float(p0)}, {c_float(p1)}, (float *)SCRATCH);",
+            [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
+
+    def scale_shift(self, node: Node) -> None:
+        """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""
+        act = self._activation(node.attrs)
+        if self.blocked_scale_shift(node, act, c_float):
+            return
+        self.plain_inputs(node)
+        x, scale, shift = node.inputs[:3]
+        y = node.outputs[0]
+        shape = self.shape(x)
+        outer, c, inner = shape[0], shape[1], math.prod(shape[2:])
+        code, p0, p1 = act
+        self.step(f"for (int64_t n = 0; n < {outer}; n++) for (int64_t c = 0; c < {c}; c++) {{\n"
+                  f"  const float s = {self.ptr(scale)}[c], b = {self.ptr(shift)}[c];\n"
+                  f"  const float *x = {self.ptr(x)} + (n * {c} + c) * {inner};\n"
+                  f"  float *y = {self.ptr(y)} + (n * {c} + c) * {inner};\n"
+                  f"  for (int64_t i = 0; i < {inner}; i++) y[i] = nn_act({code}, x[i] * s + b, {c_float(p0)}, {c_float(p1)});\n"
+                  "}", [x, scale, shift], [y])
+
+    def residual(self, add: Node) -> None:
+        conv_out = next(i for i in add.inputs if i in self.deferred)
+        other = add.inputs[1] if add.inputs[0] == conv_out else add.inputs[0]
+        conv = self.deferred.pop(conv_out)
+        if other in self.deferred:  # both operands are convolutions: write one plainly first
+            shortcut = self.deferred.pop(other)
+            self.conv(shortcut, defer=False)
+            self.steps[-1].label = f"Conv {shortcut.name}"
+        target, act = add.outputs[0], (0, 0.0, 0.0)
+        user = self.only_consumer(target)
+        if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
+            bounds = self._clip_bounds(user) if user.op_type == "Clip" else None
+            if user.op_type == "Relu" or bounds is not None:
+                act = (1, 0.0, 0.0) if user.op_type == "Relu" else (2, *bounds)
+                self.absorbed.add(id(user))
+                target = user.outputs[0]
+        self.conv(conv, residual=other, target=target, act=act)
+
+    def pool(self, node: Node) -> None:
+        x, y = node.inputs[0], node.outputs[0]
+        n, c, h, w = self.shape(x)
+        if node.op_type == "GlobalAveragePool":
+            return self.step(f"nn_mean_rows({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h * w});", [x], [y])
+        _, _, oh, ow = self.shape(y)
+        a = node.attrs
+        kh, kw = a["kernel_shape"]
+        sh, sw = a.get("strides") or [1, 1]
+        pads = a.get("pads") or [0, 0, 0, 0]
+        if a.get("auto_pad", "NOTSET") == "VALID":
+            pads = [0, 0, 0, 0]
+        if node.op_type == "MaxPool":
+            dh, dw = a.get("dilations") or [1, 1]
+            self.step(f"nn_maxpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw});", [x], [y])
+        else:
+            self.step(f"nn_avgpool2d({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h}, {w}, {oh}, {ow}, {kh}, {kw}, "
+                      f"{sh}, {sw}, {pads[0]}, {pads[1]}, {pads[2]}, {pads[3]}, "
+                      f"{int(a.get('count_include_pad', 0))});", [x], [y])
