@@ -42,7 +42,7 @@ class CompiledModel:
             with naming_the_artifact(None if origin == "the artifact" else origin):
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
-        self._blas_threads = _recorded_threads(plan)
+        self._blas_threads = plan.recorded_threads
         if shape_plans_limit == "setting":
             from nncc.settings import value
 
@@ -149,14 +149,6 @@ def _same_seal(seal, message: bytes) -> bytes | None:
     if seal is None or seal.scheme != SEAL_SCHEME or seal.message != message:
         return None
     return seal_payload(seal.fingerprint, seal.mac)
-
-
-def _recorded_threads(plan: Plan) -> int | None:
-    """The thread count the plan was compiled for (CompileOptions.threads), if any."""
-    chosen = plan.options.get("threads") if isinstance(plan.options, dict) else None
-    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
-        return chosen
-    return None
 
 
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
