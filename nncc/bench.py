@@ -410,7 +410,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     saying a comparison cannot be made (default: stderr)."""
     import nncc
     from nncc._version import __version__
-    from nncc.model import prepare
+    from nncc.model import preparer; prepare = preparer()  # noqa: E702 (the settings resolved once per command)
     from nncc.runtime.random_inputs import random_feeds
     from nncc.util.threads import blas_threads, limit_blas_threads
 

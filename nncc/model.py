@@ -214,6 +214,24 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     return model, outcome
 
 
+def preparer():
+    """prepare(), for one command that prepares many times (``nncc bench``): the settings
+    are resolved by its first call of each kind (one cache folder, or no cache) and every
+    later call reuses them, as a command resolves its settings once."""
+    resolved: dict[tuple, object] = {}
+
+    def prepare_again(path, cache_dir=None, use_cache: bool = True, hash_mode: str | None = None, **kwargs):
+        kind = (os.fspath(cache_dir) if cache_dir is not None else None, hash_mode, use_cache)
+        if kind not in resolved:
+            from nncc.preparing.flows import resolve_settings
+
+            resolved[kind] = resolve_settings(cache_dir, hash_mode, use_cache)
+        return prepare(path, cache_dir=cache_dir, use_cache=use_cache, hash_mode=hash_mode,
+                       settings=resolved[kind], **kwargs)
+
+    return prepare_again
+
+
 def prepare_plan(path: str | os.PathLike, **kwargs):
     """``(Prepared, CacheOutcome)``: what prepare() builds its model from, for a caller
     that only writes the artifact (``nncc compile``); arguments as prepare(). No native
