@@ -409,7 +409,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     Progress goes to nncc.util.progress (one task per phase); ``notice`` gets the one line
     saying a comparison cannot be made (default: stderr)."""
     from nncc._version import __version__
-    from nncc.model import prepare
+    from nncc.model import preparer; prepare = preparer()  # noqa: E702 (the settings resolved once per command)
     from nncc.runtime.random_inputs import random_feeds
     from nncc.util.threads import blas_threads, limit_blas_threads
 

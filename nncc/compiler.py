@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from nncc.errors import NnccError
-from nncc.ir.graph import Graph, topological_order
 
+if TYPE_CHECKING:
+    from nncc.ir.graph import Graph
+
+# The one list: nncc.settings checks run.preference (and --preference) against it, so this
+# module stays cheap to import (the graph, and numpy with it, load with the first compile).
 PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
 
 
@@ -16,7 +21,9 @@ class OptionError(NnccError):
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Everything that changes the compiled result (and so belongs in a cache key)."""
+    """Everything that changes the compiled result (and so belongs in a cache key), and
+    how native code is built: the command resolves those settings and the options carry
+    them to the C toolchain, which reads none itself."""
 
     preference: str = "fast-single-answer"
     opt_level: int = 2
@@ -24,6 +31,8 @@ class CompileOptions:
     plugins: tuple[str, ...] = field(default_factory=tuple)
     target: str = "native"  # the ISA native code is built for (nncc.native.toolchain.TARGETS)
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
+    sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
+    cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
 
     def __post_init__(self):
         from nncc.native.toolchain import TARGETS
@@ -40,6 +49,8 @@ class CompileOptions:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
+        if self.cc_timeout is not None and not self.cc_timeout > 0:
+            raise OptionError(f"the C compiler's time-out must be a number of seconds above 0, not {self.cc_timeout}")
 
     @property
     def threads(self) -> int:
@@ -53,7 +64,7 @@ class CompileOptions:
             return None
         from nncc.native.toolchain import find_toolchain
 
-        return find_toolchain(self.target)
+        return find_toolchain(self.target, self.sanitize, self.cc_timeout)
 
     def as_dict(self) -> dict:
         options = {
@@ -77,6 +88,7 @@ class CompileOptions:
 def compile_graph(graph: Graph, options: CompileOptions):
     """Graph -> Plan."""
     from nncc.backends.registry import get_backend, load_plugin, portable_backend
+    from nncc.ir.graph import topological_order
     from nncc.partition import partition_graph
     from nncc.passes.pipeline import run_passes
     from nncc.passes.pack import pack_constants

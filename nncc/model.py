@@ -42,7 +42,7 @@ class CompiledModel:
             with naming_the_artifact(None if origin == "the artifact" else origin):
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
-        self._blas_threads = _recorded_threads(plan)
+        self._blas_threads = plan.recorded_threads
         if shape_plans_limit == "setting":
             from nncc.settings import value
 
@@ -151,14 +151,6 @@ def _same_seal(seal, message: bytes) -> bytes | None:
     return seal_payload(seal.fingerprint, seal.mac)
 
 
-def _recorded_threads(plan: Plan) -> int | None:
-    """The thread count the plan was compiled for (CompileOptions.threads), if any."""
-    chosen = plan.options.get("threads") if isinstance(plan.options, dict) else None
-    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
-        return chosen
-    return None
-
-
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
     """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins.
     ``model_bytes``: the file's bytes when already read (external data is found next to
@@ -220,6 +212,24 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
             build(dims, lambda shaped: deliver(CompiledModel.from_prepared(shaped, shape_plans_limit=None).executor))
     model = CompiledModel.from_prepared(prepared, builder, settings.shape_plans)  # outside every lock
     return model, outcome
+
+
+def preparer():
+    """prepare(), for one command that prepares many times (``nncc bench``): the settings
+    are resolved by its first call of each kind (one cache folder, or no cache) and every
+    later call reuses them, as a command resolves its settings once."""
+    resolved: dict[tuple, object] = {}
+
+    def prepare_again(path, cache_dir=None, use_cache: bool = True, hash_mode: str | None = None, **kwargs):
+        kind = (os.fspath(cache_dir) if cache_dir is not None else None, hash_mode, use_cache)
+        if kind not in resolved:
+            from nncc.preparing.flows import resolve_settings
+
+            resolved[kind] = resolve_settings(cache_dir, hash_mode, use_cache)
+        return prepare(path, cache_dir=cache_dir, use_cache=use_cache, hash_mode=hash_mode,
+                       settings=resolved[kind], **kwargs)
+
+    return prepare_again
 
 
 def prepare_plan(path: str | os.PathLike, **kwargs):

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from nncc.compiler import PREFERENCES  # the one list (cheap: the compiler loads its graph lazily)
 from nncc.util.setting_values import (AGE_HELP, SIZE_HELP, SettingError, bad_value, masked,  # noqa: F401
                                       parse_age, parse_size)
 
@@ -31,7 +32,6 @@ ENV_CONFIG_FILE = "NNCC_CONFIG_FILE"
 CONFIG_NAME = "config.toml"
 OFF = ("0", "off", "none", "unlimited")  # a limit that is disabled
 
-PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")  # = nncc.compiler.PREFERENCES
 HASH_MODES = ("content", "direct")
 
 
@@ -372,6 +372,19 @@ def default_cache_dir() -> str:
 
 
 @dataclass(frozen=True)
+class BuildSettings:
+    """How native code is built (native.sanitize, native.cc_timeout), resolved once per
+    command: the compile options carry it to the C toolchain."""
+
+    sanitize: bool = False
+    cc_timeout: float | None = None  # seconds per compiler run; None: the toolchain's default
+
+
+def build_settings() -> BuildSettings:
+    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"))
+
+
+@dataclass(frozen=True)
 class CacheSettings:
     """Every setting a prepare through the cache uses, resolved and checked once: the core
     receives this record, never this module."""
@@ -385,6 +398,7 @@ class CacheSettings:
     trust_remote_native: bool = False  # remote.trust_native
     shape_plans: int | None = 8  # run.shape_plans; None: off
     trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write
+    build: BuildSettings = BuildSettings()  # how native code is built
 
 
 def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
@@ -394,7 +408,8 @@ def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
                          value("cache.hash_mode", hash_mode_flag, "--hash-mode"), size.where,
                          upgrade_after=value("cache.upgrade_after"),
                          trust_remote_native=bool(value("remote.trust_native")),
-                         shape_plans=value("run.shape_plans"), trust_shared=value("cache.trust_shared"))
+                         shape_plans=value("run.shape_plans"), trust_shared=value("cache.trust_shared"),
+                         build=build_settings())
 
 
 REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",

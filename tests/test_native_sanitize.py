@@ -56,11 +56,11 @@ def test_sanitized_code_is_another_toolchain_key():
 
 
 def test_the_setting_reaches_the_cache_token(monkeypatch):
-    from nncc.compiler import CompileOptions
+    from nncc.preparing.compiling import compile_options  # what every compile and prepare builds
 
-    plain = CompileOptions().as_dict()["toolchain"]
+    plain = compile_options({}).as_dict()["toolchain"]
     monkeypatch.setenv("NNCC_NATIVE_SANITIZE", "on")
-    assert CompileOptions().as_dict()["toolchain"] != plain
+    assert compile_options({}).as_dict()["toolchain"] != plain
 
 
 def _conv_model(path) -> str:

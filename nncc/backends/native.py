@@ -59,7 +59,7 @@ class NativeBackend(Backend):
     def for_compile(self, options) -> "NativeBackend":
         from nncc.native.toolchain import find_toolchain
 
-        return NativeBackend(find_toolchain(options.target))
+        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout))
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache."""

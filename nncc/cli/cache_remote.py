@@ -77,7 +77,9 @@ def _portable_stage(entry) -> bool:
 def pull(cache, tokens, as_json: bool) -> None:
     from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
     from nncc.preparing.remote import adopt
+    from nncc.settings import value
 
+    trust_native = bool(value("remote.trust_native"))  # resolved once for the command
     tier = open_tier()
     pulled, failed = [], []
     try:
@@ -91,7 +93,8 @@ def pull(cache, tokens, as_json: bool) -> None:
                     failed.append({"token": token, "reason": "not in the remote cache"})
                     continue
                 # a put into the local cache, under the token's lock while it writes
-                model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}")
+                model = adopt(cache, token, *found, counter="remote_hits", origin=f"remote {tier.url}",
+                              trust_native=trust_native)
             except PoisonedEntry as exc:
                 cache.index.bump("remote_rejected")
                 failed.append({"token": token, "reason": f"rejected: {exc}"})

@@ -25,10 +25,10 @@ def cache_report(path: str, model_bytes: bytes, options: dict, cache_dir, trust_
     from nncc.cache.folder import INDEX_NAME, folder_state
     from nncc.settings import cache_settings
     from nncc.cache.token import token_context, token_from
-    from nncc.compiler import CompileOptions
+    from nncc.preparing.compiling import compile_options
 
-    opts = CompileOptions(**options)
     settings = cache_settings(cache_dir)
+    opts = compile_options(options, settings.build)  # built as a run would build it: the same token
     directory = settings.directory
     trust_shared = settings.trust_shared if trust_shared is None else trust_shared
 

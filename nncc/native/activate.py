@@ -92,7 +92,4 @@ def _threads(plan: Plan) -> int:
 
     from nncc.util.threads import blas_threads
 
-    chosen = plan.options.get("threads")
-    if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
-        return chosen
-    return blas_threads() or len(os.sched_getaffinity(0))
+    return plan.recorded_threads or blas_threads() or len(os.sched_getaffinity(0))

@@ -45,7 +45,7 @@ LINK_FLAGS = ("-shared",)
 # The sanitize mode (native.sanitize, $NNCC_NATIVE_SANITIZE): the same -O3 code, checked for
 # out-of-bounds accesses and undefined behaviour, stopping at the first one.
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer")
-BUILD_TIMEOUT: float | None = None  # seconds; None: the native.cc_timeout setting ($NNCC_CC_TIMEOUT, 300)
+DEFAULT_TIMEOUT = 300.0  # seconds one compiler run may take, unless the caller says (= native.cc_timeout's default)
 
 
 class NativeBuildError(NnccError):
@@ -55,12 +55,14 @@ class NativeBuildError(NnccError):
 class Toolchain:
     """A compiler named by its resolved path and the size and mtime of that file: a stat,
     not a run, so the cache token stays cheap on every hit (ccache's default compiler
-    check). Updating the compiler package changes the file and so the token."""
+    check). Updating the compiler package changes the file and so the token. The caller
+    gives the sanitize mode and the time-out (the command resolved them): none is read here."""
 
-    def __init__(self, path: str, target: str, sanitize: bool = False):
+    def __init__(self, path: str, target: str, sanitize: bool = False, timeout: float | None = None):
         self.path = path
         self.target = target
         self.sanitize = sanitize
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout  # not in the key: it changes no code
         st = os.stat(path)
         self.stamp = (st.st_size, st.st_mtime_ns)
 
@@ -117,11 +119,10 @@ class Toolchain:
 
     def _run(self, cmd: list[str]) -> None:
         try:
-            timeout = _build_timeout()
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout,
                                   stdin=subprocess.DEVNULL, env=_compiler_env())
         except subprocess.TimeoutExpired:
-            raise NativeBuildError(f"the C compiler {self.path} timed out after {timeout:g} s "
+            raise NativeBuildError(f"the C compiler {self.path} timed out after {self.timeout:g} s "
                                    "(NNCC_CC_TIMEOUT or native.cc_timeout)") from None
         except OSError as exc:
             raise NativeBuildError(f"cannot run the C compiler {self.path}: {exc.strerror or exc}") from None
@@ -191,19 +192,16 @@ def _resolve(name: str) -> str | None:
     return os.path.realpath(path)
 
 
-def find_toolchain(target: str = "native", sanitize: bool | None = None) -> Toolchain | None:
+def find_toolchain(target: str = "native", sanitize: bool = False, timeout: float | None = None) -> Toolchain | None:
     """The first working compiler of $CC, cc, gcc, clang; None when there is none.
-    ``sanitize``: build in the sanitize mode (None: the native.sanitize setting)."""
+    ``sanitize``: build in the sanitize mode; ``timeout``: seconds one compiler run may
+    take (None: DEFAULT_TIMEOUT). The compile options carry both (CompileOptions)."""
     if target not in TARGETS:
         raise NativeBuildError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
-    if sanitize is None:
-        from nncc.settings import value
-
-        sanitize = value("native.sanitize")
     for name in _candidates():
         path = _resolve(name)
         if path is not None:
-            return Toolchain(path, target, sanitize)
+            return Toolchain(path, target, sanitize, timeout)
     return None
 
 
@@ -258,11 +256,3 @@ def sanitizer_preload(compiler: str | None = None) -> str:
             path = ""
         found.append(path if os.path.isabs(path) and os.path.exists(path) else lib)
     return " ".join(found)
-
-
-def _build_timeout() -> float:
-    if BUILD_TIMEOUT is not None:
-        return BUILD_TIMEOUT
-    from nncc.settings import value
-
-    return value("native.cc_timeout")

@@ -90,6 +90,15 @@ class Plan:
         like native code always was)."""
         return any(p.code for p in self.payloads.values())
 
+    @property
+    def recorded_threads(self) -> int | None:
+        """The thread count the plan was compiled for (CompileOptions.threads: low-power
+        is 1), or None: the libraries' own count."""
+        chosen = self.options.get("threads") if isinstance(self.options, dict) else None
+        if isinstance(chosen, int) and not isinstance(chosen, bool) and chosen > 0:
+            return chosen
+        return None
+
     def code_partitions(self) -> set[int]:
         """The partitions a code payload implements (they run as one call each, when allowed)."""
         return {i for p in self.payloads.values() if p.code for i in p.partitions}

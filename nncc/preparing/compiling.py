@@ -10,11 +10,20 @@ import os
 from nncc.errors import ModelFormatError
 
 
-def compile_options(options: dict):
-    """CompileOptions from keyword options or their JSON form (lists become tuples)."""
+def compile_options(options: dict, build=None):
+    """CompileOptions from keyword options or their JSON form (lists become tuples).
+    ``build``: the command's resolved nncc.settings.BuildSettings, for how native code is
+    built where the options do not say (their JSON form does); None resolves them now."""
     from nncc.compiler import CompileOptions  # start-up cost: the compiler loads on first compile
 
-    return CompileOptions(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    if "sanitize" not in options or "cc_timeout" not in options:
+        if build is None:
+            from nncc.settings import build_settings
+
+            build = build_settings()
+        options = {"sanitize": build.sanitize, "cc_timeout": build.cc_timeout, **options}
+    return CompileOptions(**options)
 
 
 @contextlib.contextmanager

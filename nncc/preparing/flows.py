@@ -48,10 +48,10 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     resolves them now, once.
     """
     start = time.perf_counter()
-    opts = compile_options(options)
     source = ModelSource(path, model_bytes)
     if settings is None:
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
+    opts = compile_options(options, settings.build)
     if trust_shared is None:
         trust_shared = settings.trust_shared
     policy = StagePolicy(opts, stage, background, settings, trust_shared)
@@ -102,11 +102,12 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 def resolve_settings(cache_dir, hash_mode, use_cache: bool):
     """Every setting a prepare uses, checked now: a bad one is a usage error before any
     work, whatever the cache holds."""
-    from nncc.settings import CacheSettings, cache_settings, check_remote_settings, value
+    from nncc.settings import CacheSettings, build_settings, cache_settings, check_remote_settings, value
 
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
-                             shape_plans=value("run.shape_plans"))  # trust_shared: no folder is used
+                             shape_plans=value("run.shape_plans"),  # trust_shared: no folder is used
+                             build=build_settings())
     settings = cache_settings(cache_dir, hash_mode)
     check_remote_settings()  # and the remote tier's, now rather than on the first local miss
     return settings

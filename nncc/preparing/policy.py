@@ -27,10 +27,12 @@ def upgrade_due(cache, entry, opts, upgrade_after: int | None) -> bool:
     return upgrades_wanted(opts, upgrade_after)
 
 
-def start_upgrade(cache, token: str, source, opts, background: str, trust_shared: bool | None = None) -> str | None:
+def start_upgrade(cache, token: str, source, opts, background: str, trust_shared: bool | None = None,
+                  settings=None) -> str | None:
     """Start building the optimized stage in the background: "process" (a detached worker
-    that outlives this command) or "thread". Returns what was started, or None when a
-    builder already runs (or the model cannot be read again, e.g. from a pipe)."""
+    that outlives this command, and resolves the settings itself) or "thread" (with this
+    command's resolved ``settings``). Returns what was started, or None when a builder
+    already runs (or the model cannot be read again, e.g. from a pipe)."""
     from nncc.cache.locking import try_lock
 
     held = try_lock(upgrade_lock_path(cache.directory, token))
@@ -44,7 +46,7 @@ def start_upgrade(cache, token: str, source, opts, background: str, trust_shared
 
         thread = threading.Thread(target=upgrade_token, name=f"nncc-upgrade-{token[:12]}",
                                   args=(cache.directory, token, source, opts),
-                                  kwargs={"trust_shared": trust_shared})
+                                  kwargs={"trust_shared": trust_shared, "settings": settings})
         thread.start()  # not a daemon: exiting waits for the build rather than tearing its write
         return "thread"
     if not os.path.isfile(source.path):
@@ -79,7 +81,7 @@ class StagePolicy:
         self.opts = opts
         self.forced = forced
         self.background = background
-        self.settings = settings  # the resolved settings of this prepare (nncc.settings.PrepareSettings)
+        self.settings = settings  # the resolved settings of this prepare (nncc.settings.CacheSettings)
         self.trust_shared = trust_shared  # the worker opens the cache as this prepare did
 
     def uncached(self):
@@ -111,7 +113,8 @@ class StagePolicy:
             prepared = prepared.portable()
         elif (self.forced is None and self.background and entry is not None
               and upgrade_due(cache, entry, self.opts, self.settings.upgrade_after)):
-            started = start_upgrade(cache, token, source, self.opts, self.background, self.trust_shared)
+            started = start_upgrade(cache, token, source, self.opts, self.background, self.trust_shared,
+                                    self.settings)
         return prepared, CacheOutcome("hit", token, time.perf_counter() - start, cache.directory,
                                       stage=stage, upgrade=started)
 
@@ -123,7 +126,7 @@ class StagePolicy:
         from nncc.preparing.upgrade import BUSY, upgrade_token
 
         while upgrade_token(cache.directory, token, source, self.opts, force=True,
-                            trust_shared=self.trust_shared) == BUSY:
+                            trust_shared=self.trust_shared, settings=self.settings) == BUSY:
             with FileLock(upgrade_lock_path(cache.directory, token)):
                 pass  # wait for the builder, then look again
         with locked(cache, token, shared=True):

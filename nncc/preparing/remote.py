@@ -4,7 +4,7 @@ local commit, one compile across the fleet, and faults that never fail a run.
 The prepare layer reaches it through nncc/preparing/storage.py, the local cache and this
 tier behind one interface; no call here is made under a local token lock:
 
-* ``on_local_miss(cache, token, source, opts, stage)``, before compiling: returns
+* ``on_local_miss(cache, token, source, opts, stage, trust_native)``, before compiling: returns
   (prepared, stage) read from the local cache after a verified remote entry was put there
   (``adopt``: the local store's atomic put, under the token's lock only while it writes),
   or None to compile. When another machine holds the token's lease it waits (polling) for
@@ -123,45 +123,41 @@ def portable_name(cache, token: str, source, opts) -> str:
     return token_of(subject, token_context(quick, cache.index)).hex()
 
 
-def remote_names(cache, token: str, source, opts, stage: str) -> tuple[list[tuple[str, str]], str]:
+def remote_names(cache, token: str, source, opts, stage: str,
+                 trust_native: bool) -> tuple[list[tuple[str, str]], str]:
     """([(remote name, the stage it is adopted as)] to look up, in order; the name this
     machine publishes what it compiles under). An entry shared under its token holds
     native code when the options name the native backend: it is looked up only when
-    remote.trust_native is on."""
+    ``trust_native`` (the remote.trust_native setting, as the command resolved it)."""
     from nncc.preparing.stages import OPTIMIZED, QUICK, has_later_stage
 
     native = has_later_stage(opts)  # a slow backend (native code) is asked for
     if stage != QUICK:
-        return ([(token, stage)] if not native or trust_native() else []), token
+        return ([(token, stage)] if not native or trust_native else []), token
     portable = portable_name(cache, token, source, opts)
     if portable == token:
         return [(token, QUICK)], token
-    if not trust_native():
+    if not trust_native:
         return [(portable, QUICK)], portable
     return [(token, OPTIMIZED), (portable, QUICK)], portable  # this target's native entry first
-
-
-def trust_native() -> bool:
-    from nncc.settings import value
-
-    return bool(value("remote.trust_native"))
 
 
 _publish_as: dict[str, str] = {}  # local token -> the remote name its entry is published under
 
 
-def on_local_miss(cache, token: str, source, opts, stage: str):
+def on_local_miss(cache, token: str, source, opts, stage: str, trust_native: bool):
     """``(model, stage)`` prepared from the local cache after a remote hit, or None:
-    compile ``stage`` (holding the fleet's lease on it when this machine got it)."""
+    compile ``stage`` (holding the fleet's lease on it when this machine got it).
+    ``trust_native``: the remote.trust_native setting, as the command resolved it."""
     tier = active_tier()
     if tier is None:
         return None
     try:
-        lookups, publish = remote_names(cache, token, source, opts, stage)
+        lookups, publish = remote_names(cache, token, source, opts, stage, trust_native)
         _publish_as[token] = publish
-        found = _try_all(tier, cache, token, lookups, source, opts)
+        found = _try_all(tier, cache, token, lookups, source, opts, trust_native)
         if found is not None:
-            if publish != token and not trust_native():
+            if publish != token and not trust_native:
                 _say_untrusted(tier, token)
             return found
         deadline = None
@@ -169,7 +165,7 @@ def on_local_miss(cache, token: str, source, opts, stage: str):
             lease = tier.acquire(publish)  # free: nobody compiles it, or its holder released it or died
             if lease is not None:
                 # its holder may have uploaded just before releasing: look once more before compiling
-                found = _try_all(tier, cache, token, lookups, source, opts)
+                found = _try_all(tier, cache, token, lookups, source, opts, trust_native)
                 if found is not None:
                     tier.release(lease)
                     return found
@@ -185,7 +181,7 @@ def on_local_miss(cache, token: str, source, opts, stage: str):
                 _bump(cache, "remote_misses")
                 return None
             time.sleep(tier.settings.poll_seconds)  # another machine compiles it: wait for its entry
-            found = _try_all(tier, cache, token, lookups, source, opts)
+            found = _try_all(tier, cache, token, lookups, source, opts, trust_native)
             if found is not None:
                 return found
     except RemoteFault as exc:
@@ -212,16 +208,16 @@ def _compile_here(tier, cache, token, lease):
     return None
 
 
-def _try_all(tier, cache, token, lookups, source, opts):
+def _try_all(tier, cache, token, lookups, source, opts, trust_native: bool):
     for name, stage in lookups:
-        model = _try_remote(tier, cache, token, name, stage, source, opts)
+        model = _try_remote(tier, cache, token, name, stage, trust_native, source, opts)
         if model is not None:
             return model, stage
     return None
 
 
-def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter="remote_hits",
-                check_hashes=False, replaces=None):
+def _try_remote(tier, cache, token, name, stage, trust_native: bool, source=None, opts=None,
+                counter="remote_hits", check_hashes=False, replaces=None):
     from nncc.cache.remote.tier import MissingPart
 
     try:
@@ -232,7 +228,7 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
         manifest, plan, payload = found
         return adopt(cache, token, manifest, plan, payload, path=None if source is None else source.path,
                      model_data=None if source is None else source.bytes, opts=opts, counter=counter,
-                     stage=stage, origin=f"remote {tier.url}", replaces=replaces)
+                     stage=stage, origin=f"remote {tier.url}", replaces=replaces, trust_native=trust_native)
     except MissingPart:
         return None  # evicted or collected remotely: a plain miss
     except PoisonedEntry as exc:
@@ -241,7 +237,8 @@ def _try_remote(tier, cache, token, name, stage, source=None, opts=None, counter
 
 
 def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_data=None, opts=None,
-          counter: str = "remote_hits", stage: str | None = None, origin: str = "remote", replaces=None):
+          counter: str = "remote_hits", stage: str | None = None, origin: str = "remote", replaces=None,
+          trust_native: bool = False):
     """Store a verified remote entry in the local cache under ``token`` (its remote name
     may be another: a portable entry's), as ``stage`` (default: optimized when it carries
     native code), through its atomic write and index commit, then prepare it from there
@@ -250,7 +247,8 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     names, checked on the hashes the local write takes, before the index row that makes
     the entry usable is committed: PoisonedEntry otherwise (the files are removed). None
     when the local cache cannot store it, or when it carries native code and
-    remote.trust_native is off (then this machine compiles, and builds its own).
+    ``trust_native`` (the remote.trust_native setting) is off (then this machine compiles,
+    and builds its own).
 
     It is a put: the token's exclusive local lock is held only while the entry is written
     and read back. ``replaces``: which local row it may replace (a function of the row, or
@@ -264,7 +262,7 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     if stale:
         warn(f"remote entry {token[:12]} was {stale}; not used")
         return None
-    if _carries_code(plan) and not trust_native():
+    if _carries_code(plan) and not trust_native:
         warn(f"remote entry {token[:12]} carries native code and remote.trust_native is off: not used "
              "(compiling here; set remote.trust_native to run the team's native code)")
         return None
@@ -276,15 +274,16 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
         current = cache.index.get(token)
         if replaces is None and current is not None:  # stored meanwhile by another process here
             try:
-                return read_entry(cache, current, trust_native())
+                return read_entry(cache, current, trust_native)
             except CacheEntryError:
                 return None
         if replaces is not None and not replaces(current):
             return None
-        return _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin)
+        return _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin,
+                    trust_native)
 
 
-def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin):
+def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin, trust_native):
     """adopt's write, under the token's exclusive lock."""
     import json
     import os
@@ -317,7 +316,7 @@ def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter,
                 origin=origin)
             cache.index.insert(entry, counter=counter, chunks=chunk_hashes(payload))
             committed = True
-        return read_entry(cache, entry, trust_native())
+        return read_entry(cache, entry, trust_native)
     except (CacheWriteError, IndexUnavailable, CacheEntryError) as exc:
         warn(f"cannot store remote entry {token[:12]} in the local cache ({exc}); not used")
         return None
@@ -344,23 +343,24 @@ def _carries_code(plan: bytes) -> bool:
 # -- the optimized stage across the fleet ------------------------------------------------
 
 
-def fetch_optimized(cache, token: str, opts) -> bool:
+def fetch_optimized(cache, token: str, opts, trust_native: bool) -> bool:
     """Before building ``token``'s native stage here: take this target's optimized entry
-    from the remote instead, if a machine of the same target published one. The caller
-    replaces the local entry (under its lock) only while that is still quick; True when the
-    entry is now optimized."""
+    from the remote instead, if a machine of the same target published one and
+    ``trust_native`` (the remote.trust_native setting) is on. The caller replaces the
+    local entry (under its lock) only while that is still quick; True when the entry is
+    now optimized."""
     from nncc.preparing.stages import OPTIMIZED, QUICK
 
     try:
         tier = active_tier()
     except RemoteConfigError:
         return False  # reported by the run that stored the entry; background work goes on
-    if tier is None or not trust_native():
+    if tier is None or not trust_native:
         return False  # built here: only the team key's native code may run, and only when trusted
     try:
         # hashes checked before the write: the quick entry's files are replaced only by verified ones
-        model = _try_remote(tier, cache, token, token, OPTIMIZED, opts=opts, counter="upgrades", check_hashes=True,
-                            replaces=lambda row: row is not None and row.stage == QUICK)
+        model = _try_remote(tier, cache, token, token, OPTIMIZED, trust_native, opts=opts, counter="upgrades",
+                            check_hashes=True, replaces=lambda row: row is not None and row.stage == QUICK)
     except RemoteFault as exc:
         turn_off(tier, exc, cache)
         return False

@@ -39,7 +39,7 @@ def native_builder(path, prepare_args: dict, options: dict, settings):
 
     def build(dims: dict[str, int], deliver) -> None:
         if not wanted:
-            opts = compile_options(options)
+            opts = compile_options(options, settings.build)
             wanted.append(not opts.dims and upgrades_wanted(opts, settings.upgrade_after))
         if not wanted[0] or not os.path.isdir(directory):  # removed since (a temporary cache): not re-created
             return

@@ -51,7 +51,7 @@ class Storage:
         when it took one). No local lock is held here."""
         from nncc.preparing.remote import on_local_miss  # start-up cost: only on a miss
 
-        return on_local_miss(self.cache, token, source, opts, stage)
+        return on_local_miss(self.cache, token, source, opts, stage, self.settings.trust_remote_native)
 
     def write_back(self, token: str) -> None:
         """Share the entry just stored locally (and release the lease on it)."""

@@ -36,7 +36,8 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
     """Build and commit the optimized stage of ``token``; returns one of UPGRADED, FAILED,
     SKIPPED (nothing to do), BUSY (another builder runs) or CHANGED (the model's bytes no
     longer hash to the token). Never raises for cache trouble: this is background work.
-    ``settings``: the resolved settings (for the size bounds); None resolves them."""
+    ``settings``: the command's resolved settings (nncc.settings.CacheSettings: the size
+    bounds, whether the remote's native code is trusted); None resolves them, once."""
     from nncc.cache.folder import CacheUnavailable
     from nncc.cache.index import IndexCorrupt, IndexUnavailable
     from nncc.cache.locking import try_lock
@@ -47,10 +48,12 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
     if held is None:
         return BUSY
     try:
-        if trust_shared is None:
-            from nncc.settings import value
+        if settings is None:  # the detached worker: a command of its own
+            from nncc.settings import cache_settings
 
-            trust_shared = value("cache.trust_shared")
+            settings = cache_settings(directory)
+        if trust_shared is None:
+            trust_shared = settings.trust_shared
         with Cache.open(directory, trust_shared=trust_shared) as cache:
             return _upgrade(cache, token, source, opts, force, settings)
     except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
@@ -74,7 +77,7 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
         return CHANGED
     from nncc.preparing.remote import fetch_optimized, publish_optimized
 
-    if fetch_optimized(cache, token, opts):  # a machine of this target built it already
+    if fetch_optimized(cache, token, opts, settings.trust_remote_native):  # a machine of this target built it
         return UPGRADED
     from nncc.cache.objects import record_entry_objects
 
@@ -99,10 +102,6 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
     try:
         from nncc.cache.limits import after_store
 
-        if settings is None:
-            from nncc.settings import cache_settings
-
-            settings = cache_settings(cache.directory)
         after_store(cache, settings, keep={token})  # native code makes it bigger
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # housekeeping never fails the upgrade
