@@ -6,16 +6,17 @@ and a trusted signer). Those same bytes are written to an anonymous memory file
 the check and the load is ever opened. The memfd is sealed against writes first, so not
 even this process can change the code afterwards.
 
-The memfd stays open for the life of the process. dlopen recognises an already-loaded
-object by its name, so a /proc/self/fd/N whose number was closed and reused would hand back
-the *previous* library's code; ctypes never unloads a library anyway, so keeping the
-descriptor costs nothing that the mapping does not already hold.
+The memfd is closed once the library is mapped, so a process that loads many models does
+not run out of descriptors. dlopen recognises an already-loaded object by the name it was
+opened with, so a /proc/self/fd/N whose number comes round again is spelled differently
+each time (``fd/./N``, ``fd/../fd/N``, ...): the same string never names two libraries.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
+import itertools
 import os
 
 from nncc.errors import NnccError
@@ -26,7 +27,7 @@ class NativeLoadError(NnccError):
 
 
 class Library:
-    """A loaded partition library; keeps the memfd and the handle alive together."""
+    """A loaded partition library (its handle; the code stays mapped for the process's life)."""
 
     def __init__(self, code: bytes | memoryview):
         if not hasattr(os, "memfd_create"):
@@ -43,19 +44,19 @@ class Library:
                 fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", 1033), seals)
             except OSError:
                 pass  # a kernel without sealing: the memfd is still private to this process
+            path = _fresh_name(fd)
             try:
-                self.handle = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_LOCAL | os.RTLD_NOW)
+                self.handle = ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
             except OSError as exc:
                 raise NativeLoadError(f"cannot load the native code: {exc}") from None
         except BaseException:
             os.close(fd)
             raise
-        self.fd = fd  # never closed: see the module's docstring
+        os.close(fd)  # the mapping holds the code, and its name is never used again
         self.threads = 1  # the size of the code's own thread pool, once set
         self.sanitized = False  # built in the sanitize mode: calls get exactly-sized buffers
         self.blas = True  # the code calls BLAS (held at one thread during a call, then)
         self.calls: dict = {}  # partition -> its checked nncc.backends.native.NativeCall
-        _OPEN.append(fd)
 
     def function(self, name: str):
         try:
@@ -67,4 +68,12 @@ class Library:
         return fn
 
 
-_OPEN: list[int] = []  # every memfd a library was loaded from, kept open (never reused)
+_loads = itertools.count()
+
+
+def _fresh_name(fd: int) -> str:
+    """A /proc path to ``fd`` that no library of this process was opened with before: the
+    load's number in binary, each bit a no-op step (``./`` or ``../fd/``), so the spellings
+    stay short and never repeat."""
+    steps = "".join("../fd/" if bit == "1" else "./" for bit in bin(next(_loads))[2:])
+    return f"/proc/self/fd/{steps}{fd}"
