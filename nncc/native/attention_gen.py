@@ -28,6 +28,7 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native.c_literal import c_float
 from nncc.native.graph_query import const_value
 
 F32 = np.dtype(np.float32)
@@ -173,15 +174,6 @@ def _hidden_ranges(node: Node, graph: Graph, infos, geo: _Geometry) -> tuple[lis
     return lo, hi
 
 
-def _f(value: float) -> str:
-    value = float(np.float32(value))
-    if value != value:
-        return "NAN"
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"{value!r}f"
-
-
 def _offsets(geo: _Geometry) -> list[str]:
     """C computing each operand's offset (oq, ok, ov, oo, ob) for the batch index g."""
     lines = ["int64_t rem = g, oq = 0, ok = 0, ov = 0, oo = 0, ob = 0; (void)ob;"]
@@ -279,9 +271,9 @@ def emit(w, node: Node) -> None:
     if geo.bias is not None:
         bs, bj = geo.bias[1], geo.bias[2]
         add_bias = (f"const float *br = bias + ob + (i0 + r) * {bs} + j0 * {bj}; "
-                    f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] = sr[jj] * {_f(scale)} + br[jj * {bj}];")
+                    f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] = sr[jj] * {c_float(scale)} + br[jj * {bj}];")
     else:
-        add_bias = f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] *= {_f(scale)};"
+        add_bias = f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] *= {c_float(scale)};"
     # a row that saw no key: 0/0, NaN as Softmax gives, or zeros as ONNX Attention defines
     inverse = "l[r] == 0.0f ? 0.0f : 1.0f / l[r]" if node.attrs.get("zero_hidden_rows") else "1.0f / l[r]"
     body = f"""

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nncc.native import graph_query
+from nncc.native.c_literal import c_float
+
 # (MR, NV) per vector width: the accumulator tile. Measured on Zen 4 (benchmarks/bench_gemm.py,
 # one thread): 6 x 64 beat 12 x 32, 8 x 32, 8 x 48 and 14 x 32 on the layers with K >= 1024
 # (rows of A a multiple of 4 KB apart share L1 sets, so fewer rows at once) and matched
@@ -119,14 +122,6 @@ def pack_row(row: np.ndarray, n: int, vl: int) -> np.ndarray:
     return out
 
 
-def _f(value: float) -> str:
-    if value == np.inf:
-        return "INFINITY"
-    if value == -np.inf:
-        return "(-INFINITY)"
-    return f"{float(np.float32(value))!r}f"
-
-
 _HELPERS = """
 /* the first n floats of a vector: through a small buffer (n is a literal, so this is a few
  * moves), never touching memory past them; AddressSanitizer checks the copy exactly */
@@ -193,9 +188,9 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
         if epi.bias:
             final += [f"{x} = nn_vadd({x}, nn_vload(bias + {v * vl}));" for v, x in enumerate(xs)]
         if epi.pre is not None:
-            final += [f"{x} = nn_vfma({load('pre', v)}, nn_vset1({_f(epi.pre)}), {x});" for v, x in enumerate(xs)]
+            final += [f"{x} = nn_vfma({load('pre', v)}, nn_vset1({c_float(epi.pre)}), {x});" for v, x in enumerate(xs)]
         if code:
-            final += [f"{x} = nn_vact({code}, {x}, {_f(epi.p0)}, {_f(epi.p1)});" for v, x in enumerate(xs)]
+            final += [f"{x} = nn_vact({code}, {x}, {c_float(epi.p0)}, {c_float(epi.p1)});" for v, x in enumerate(xs)]
         if epi.post and scalar_act is None:
             final += [f"{x} = nn_vadd({x}, {load('post', v)});" for v, x in enumerate(xs)]
         if final:
@@ -308,19 +303,15 @@ ENTRY = "g_gemm"
 
 
 def _support(s: Shape, epi: Epilogue) -> str:
-    from nncc.native.graph_query import source as _source
-
-    return _source("simd.h") + "\n" + source(s, epi, ENTRY)
+    return graph_query.source("simd.h") + "\n" + source(s, epi, ENTRY)
 
 
 def _residual(w, node, out: str):
     """(Add, its other operand) when ``out`` is read only by an Add of the same shape whose
     other operand is computed before ``node``: the product's store adds it (a residual
     connection), and the Add is not emitted."""
-    from nncc.native.graph_query import is_pair_sum as _is_pair_sum
-
     add = w.only_consumer(out)
-    if add is None or not _is_pair_sum(add) or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+    if add is None or not graph_query.is_pair_sum(add) or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
         return None
     other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
     if not other or other in w.deferred or w.shape(other) != w.shape(out) or w.shape(add.outputs[0]) != w.shape(out):
@@ -343,13 +334,11 @@ def _with_residual(w, node, out: str):
 
 def emit_matmul(w, node) -> bool:
     """MatMul / FusedMatMul by a constant B as a packed GEMM step; False: not handled here."""
-    from nncc.native.graph_query import batch_strides as _batch_strides, const_value as _const
-
     a, b = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-    b_value = _const(w.graph, w.infos, b)
+    b_value = graph_query.const_value(w.graph, w.infos, b)
     act = activation(node.attrs)
-    bias_value = _const(w.graph, w.infos, bias) if bias else None
+    bias_value = graph_query.const_value(w.graph, w.infos, bias) if bias else None
     if b_value is None or act is None or (bias and bias_value is None):
         return False
     sa, sb, so = w.shape(a), w.shape(b), w.shape(node.outputs[0])
@@ -370,8 +359,8 @@ def emit_matmul(w, node) -> bool:
     else:
         s = Shape(m, n, k, k, 1, w.vl)
         batch = so[:-2]
-        ea = _batch_strides(sa[:-2], batch, m * k)
-        eb = _batch_strides(sb[:-2], batch, packed[0].size)
+        ea = graph_query.batch_strides(sa[:-2], batch, m * k)
+        eb = graph_query.batch_strides(sb[:-2], batch, packed[0].size)
         lines = [f"for (int64_t t = 0; t < {math.prod(batch)}; t++) {{", "  int64_t rem = t, oa = 0, ob = 0;"]
         for d in range(len(batch) - 1, -1, -1):
             lines.append(f"  {{ int64_t i = rem % {batch[d]}; rem /= {batch[d]}; oa += i * {ea[d]}; ob += i * {eb[d]}; }}")
@@ -383,14 +372,12 @@ def emit_matmul(w, node) -> bool:
 
 def emit_gemm(w, node) -> bool:
     """Gemm / FusedGemm by a constant B as a packed GEMM step; False: not handled here."""
-    from nncc.native.graph_query import const_value as _const
-
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     at = node.attrs
     ta, tb = int(at.get("transA", 0)), int(at.get("transB", 0))
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
-    b_value = _const(w.graph, w.infos, b)
+    b_value = graph_query.const_value(w.graph, w.infos, b)
     act = activation(at)
     if b_value is None or act is None:
         return False
@@ -407,7 +394,7 @@ def emit_gemm(w, node) -> bool:
     bias_name = pre_name = None
     pre = None
     if c and beta != 0.0:
-        c_value = _const(w.graph, w.infos, c)
+        c_value = graph_query.const_value(w.graph, w.infos, c)
         cm, cn = ([1, 1] + list(w.shape(c)))[-2:]
         if c_value is not None and cm == 1:  # one row for all: a bias, scaled now
             row = np.asarray(c_value, np.float32).reshape(-1) * np.float32(beta)
@@ -430,16 +417,14 @@ def emit_gemm(w, node) -> bool:
 
 def takes(node, graph, infos) -> bool:
     """Whether emit_matmul / emit_gemm generate ``node`` (for activations only they apply)."""
-    from nncc.native.graph_query import MATMUL_OPS, const_value as _const
-
-    if activation(node.attrs) is None or _const(graph, infos, node.inputs[1]) is None:
+    if activation(node.attrs) is None or graph_query.const_value(graph, infos, node.inputs[1]) is None:
         return False
     shapes = [infos[name].shape for name in node.inputs[:2] + node.outputs[:1]]
     if any(0 in shape for shape in shapes):
         return False
     extra = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-    if extra is None or _const(graph, infos, extra) is not None:
+    if extra is None or graph_query.const_value(graph, infos, extra) is not None:
         return True
-    if (node.domain, node.op_type) in MATMUL_OPS or float(node.attrs.get("beta", 1.0)) == 0.0:
-        return False if (node.domain, node.op_type) in MATMUL_OPS else True
+    if (node.domain, node.op_type) in graph_query.MATMUL_OPS or float(node.attrs.get("beta", 1.0)) == 0.0:
+        return False if (node.domain, node.op_type) in graph_query.MATMUL_OPS else True
     return tuple(infos[extra].shape) == tuple(infos[node.outputs[0]].shape)

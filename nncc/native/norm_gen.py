@@ -15,14 +15,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from nncc.ir.graph import Node
+from nncc.native.c_literal import c_float
 from nncc.native.graph_query import is_pair_sum
-
-
-def _f(value: float) -> str:
-    return f"{float(np.float32(value))!r}f"
 
 
 def _geometry(w, node: Node) -> tuple[int, int, str | None, float]:
@@ -60,7 +55,7 @@ def _code(rows: int, n: int, eps: float, two: bool, keep_sum: bool, bias: bool) 
         "acc = nn_vfma(d, d, acc); }",
         f"    for (; i < {n}; i++) {{ const float d = t[i] - mean; total += d * d; }}",
         "    for (int k = 0; k < NN_VL; k++) total += acc[k];",
-        f"    const float inv = 1.0f / sqrtf(total / {n}.0f + {_f(eps)});",
+        f"    const float inv = 1.0f / sqrtf(total / {n}.0f + {c_float(eps)});",
         "    const nn_v iv = nn_vset1(inv);",
         f"    for (i = 0; i + NN_VL <= {n}; i += NN_VL) nn_vstore(yr + i, "
         f"nn_vfma(nn_vmul(nn_vsub(nn_vload(t + i), mv), iv), nn_vload(sc + i), {shift}));",

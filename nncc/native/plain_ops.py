@@ -28,6 +28,7 @@ from nncc.kernels import reduce as reduce_math
 from nncc.kernels import resize as resize_math
 from nncc.kernels import tensor as tensor_math
 from nncc.kernels.registry import Ctx
+from nncc.native.c_literal import c_float
 
 F32 = np.dtype(np.float32)
 GATHERS = {"Pad", "Slice", "Split", "Expand", "Tile", "Gather"}
@@ -343,7 +344,7 @@ def gather_code(gather: Gather, x: str, y: str, name: str) -> tuple[str, str]:
     total = math.prod(gather.sizes)
     if total == 0:
         return "", ""
-    fill = _f(gather.fill)
+    fill = c_float(gather.fill)
     base, axes = _axes_of(gather)
     if not axes:
         return "", f"{y}[0] = {x}[{base}];"
@@ -525,12 +526,13 @@ def _round_up(n: int) -> int:
 
 def _interp_pass(p: Interp, pre: int, post: int, x: str, y: str, name: str) -> tuple[str, str]:
     taps = p.index.shape[0]
+    weights = ", ".join(c_float(v) for v in p.weights.T.reshape(-1))
     statics = _table(f"{name}_i", p.index.T.reshape(-1)) + \
-        f"static const float {name}_w[{p.weights.size}] = {{{', '.join(_f(v) for v in p.weights.T.reshape(-1))}}};\n"
+        f"static const float {name}_w[{p.weights.size}] = {{{weights}}};\n"
     outside = ""
     if p.outside is not None:
         statics += _table(f"{name}_o", p.outside.astype(np.int64))
-        outside = f"if ({name}_o[o]) {{ for (int64_t q = 0; q < {post}; q++) yr[q] = {_f(p.fill)}; continue; }}"
+        outside = f"if ({name}_o[o]) {{ for (int64_t q = 0; q < {post}; q++) yr[q] = {c_float(p.fill)}; continue; }}"
     if post == 1:  # the innermost axis: each output a short dot product
         body = [f"const float *xr = x + t * {p.n_in}; float *yrow = y + t * {p.n_out};",
                 f"for (int64_t o = 0; o < {p.n_out}; o++) {{",
@@ -540,7 +542,7 @@ def _interp_pass(p: Interp, pre: int, post: int, x: str, y: str, name: str) -> t
                 "  yrow[o] = s;",
                 "}"]
         if p.outside is not None:
-            body.insert(2, f"  if ({name}_o[o]) {{ yrow[o] = {_f(p.fill)}; continue; }}")
+            body.insert(2, f"  if ({name}_o[o]) {{ yrow[o] = {c_float(p.fill)}; continue; }}")
         return _task(name, ["x", "y"], [x, y], pre, pre * p.n_out * taps, body, statics)
     # an outer axis: each output row a weighted sum of whole input rows
     body = [f"const int64_t o = t % {p.n_out}, r = t / {p.n_out};",
@@ -584,7 +586,7 @@ def lrn_code(shape, size: int, alpha: float, beta: float, bias: float, x: str, y
     elif beta == 0.5:
         scale = "1.0f / sqrtf(d)"
     else:
-        scale = f"powf(d, {_f(-beta)})"
+        scale = f"powf(d, {c_float(-beta)})"
     body = [f"const int64_t ch = t % {c}, img = t / {c};",
             f"const int64_t c0 = ch < {lo} ? 0 : ch - {lo}, c1 = ch + {hi} > {c - 1} ? {c - 1} : ch + {hi};",
             f"const float *xi = x + img * {c * hw}; const float *xc = x + t * {hw}; float *yc = y + t * {hw};",
@@ -596,7 +598,7 @@ def lrn_code(shape, size: int, alpha: float, beta: float, bias: float, x: str, y
             f"    const float *xk = xi + k * {hw} + i0;",
             "    for (int64_t i = 0; i < m; i++) s[i] += xk[i] * xk[i];",
             "  }",
-            f"  for (int64_t i = 0; i < m; i++) {{ const float d = {_f(bias)} + {_f(alpha / size)} * s[i]; "
+            f"  for (int64_t i = 0; i < m; i++) {{ const float d = {c_float(bias)} + {c_float(alpha / size)} * s[i]; "
             f"yc[i0 + i] = xc[i0 + i] * ({scale}); }}",
             "}"]
     return _task("lrn_task", ["x", "y"], [x, y], n * c, n * c * hw * size, body)
@@ -752,12 +754,3 @@ def softmax_code(outer: int, n: int, inner: int, log: bool, x: str, y: str) -> t
             f"    for (int64_t j = 0; j < m; j++) {finish[1]} }}",
             "}"]
     return _task("softmax_task", ["x", "y"], [x, y], outer, outer * n * inner * 3, body)
-
-
-def _f(value: float) -> str:
-    value = float(np.float32(value))
-    if value != value:
-        return "NAN"
-    if value in (math.inf, -math.inf):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
-    return f"{value!r}f"
