@@ -112,6 +112,4 @@ void nn_avgpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, in
                   int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t eh, int64_t ew, int include_pad);
 void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n);
 void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log);
-void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t n,
-                       float eps);
 void nn_transpose(const float *x, float *y, int rank, const int64_t *shape, const int64_t *strides);

@@ -536,25 +536,6 @@ static void nn_softmax_rows_serial(const float *x, float *y, int64_t rows, int64
     }
 }
 
-static void nn_layernorm_rows_serial(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
-                              int64_t n, float eps) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        float *yr = y + r * n;
-        float mean = 0.0f;
-        for (int64_t i = 0; i < n; i++) mean += xr[i];
-        mean /= (float)n;
-        float var = 0.0f;
-        for (int64_t i = 0; i < n; i++) { float d = xr[i] - mean; var += d * d; }
-        var /= (float)n;
-        float inv = 1.0f / sqrtf(var + eps);
-        if (bias)
-            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i] + bias[i];
-        else
-            for (int64_t i = 0; i < n; i++) yr[i] = (xr[i] - mean) * inv * scale[i];
-    }
-}
-
 /* y = x transposed: `shape` and `strides` (in elements, of x) are given in y's axis order. */
 void nn_transpose(const float *x, float *y, int rank, const int64_t *shape, const int64_t *strides) {
     int64_t idx[8] = {0};
@@ -577,7 +558,7 @@ void nn_transpose(const float *x, float *y, int rank, const int64_t *shape, cons
 }
 
 /* Row-wise front-ends. */
-typedef struct { const float *x, *scale, *bias; float *y; int64_t n; float eps; int log; } nn_rows;
+typedef struct { const float *x; float *y; int64_t n; int log; } nn_rows;
 
 static void nn_softmax_task(void *p, int64_t lo, int64_t hi) {
     nn_rows *a = p;
@@ -585,19 +566,8 @@ static void nn_softmax_task(void *p, int64_t lo, int64_t hi) {
 }
 
 void nn_softmax_rows(const float *x, float *y, int64_t rows, int64_t n, int log) {
-    nn_rows a = {x, 0, 0, y, n, 0.0f, log};
+    nn_rows a = {x, y, n, log};
     nn_parallel(rows, rows * n * 4, nn_softmax_task, &a);
-}
-
-static void nn_layernorm_task(void *p, int64_t lo, int64_t hi) {
-    nn_rows *a = p;
-    nn_layernorm_rows_serial(a->x + lo * a->n, a->scale, a->bias, a->y + lo * a->n, hi - lo, a->n, a->eps);
-}
-
-void nn_layernorm_rows(const float *x, const float *scale, const float *bias, float *y, int64_t rows,
-                              int64_t n, float eps) {
-    nn_rows a = {x, scale, bias, y, n, eps, 0};
-    nn_parallel(rows, rows * n * 3, nn_layernorm_task, &a);
 }
 
 static void nn_mean_task(void *p, int64_t lo, int64_t hi) {
@@ -606,6 +576,6 @@ static void nn_mean_task(void *p, int64_t lo, int64_t hi) {
 }
 
 void nn_mean_rows(const float *x, float *y, int64_t rows, int64_t n) {
-    nn_rows a = {x, 0, 0, y, n, 0.0f, 0};
+    nn_rows a = {x, y, n, 0};
     nn_parallel(rows, rows * n, nn_mean_task, &a);
 }
