@@ -117,7 +117,6 @@ def winograd_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0:
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
 
     # input transform: d (6x6 vectors, zero outside the input) -> V[pos][icb][tile]
-    d = [f"d{i}{j}" for i in range(6) for j in range(6)]
     lines = [f"NN_REQUIRE_VL({vl});",
              "static void wino_in(void *p, int64_t lo, int64_t hi) {",
              "  const float *const *a = p;",
