@@ -40,9 +40,12 @@ _BY_OP = {
     ("Cast", "to"): (INT, STRING),  # a type name string before opset 6
 }
 
-# nncc's own fused kernels (nncc.kernels.fused) carry their ONNX op's attributes, and these
+# nncc's own kernels (nncc.kernels.fused, affine, fused_attention) carry their ONNX op's
+# attributes, and these: a program from a foreign cache is read with the same checks
 _FUSED = {"activation": (STRING,), "activation_alpha": (FLOAT,), "activation_beta": (FLOAT,),
-          "activation_min": (FLOAT,), "activation_max": (FLOAT,), "onnx_opset": (INT,)}
+          "activation_min": (FLOAT,), "activation_max": (FLOAT,), "activation_approximate": (STRING,),
+          "onnx_opset": (INT,), "q_perm": (INTS,), "k_perm": (INTS,), "v_perm": (INTS,),
+          "out_perm": (INTS,), "scale": (FLOAT,), "zero_hidden_rows": (INT,)}
 
 
 def _is(kind: str, value) -> bool:
@@ -60,7 +63,7 @@ def _is(kind: str, value) -> bool:
 
 def attribute_problem(op_type: str, domain: str, name: str, value) -> str | None:
     """Why ``value`` cannot be attribute ``name`` of a standard op, or None."""
-    fused = domain == "nncc" and op_type.startswith("Fused")
+    fused = domain == "nncc"
     if domain not in ("", "ai.onnx") and not fused:
         return None
     kinds = (_FUSED.get(name) if fused else _BY_OP.get((op_type, name))) or (
