@@ -54,7 +54,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+# this tree's nncc, as its children get it through PYTHONPATH, whatever is installed
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
 from peer_runtimes import median, child  # noqa: E402
 RUNTIMES = ("nncc", "onnxruntime", "openvino")
