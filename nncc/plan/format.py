@@ -55,7 +55,8 @@ Sections (each at most once, tags ASCII):
                            instructions [first, first + count) are the partition's portable
                            form; it runs as the unit its backend makes of them when that
                            backend is loaded (never imported because a plan names it)
-              arena        [[slot, offset], ...]   arena_bytes: int
+              arena_bytes  int: the portable program's intermediates (a report figure and
+                           a bound; the arena's layout is planned again by the executor)
               options      object (preference, opt_level, threads, ...; "native": the
                            compiler, flags and CPU features the native payload was built with)
               fallbacks    [{"node", "op", "reason"}, ...]

@@ -67,7 +67,7 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
     outputs = [slot_of(n) for n in graph.outputs]
     writes_out = [by_key(kernels[ins.kernel]).writes_out for ins in instructions]
     op_types = [by_key(kernels[ins.kernel]).op_type for ins in instructions]
-    arena, arena_bytes, _ = plan_arena(slots, instructions, writes_out, op_types, constants, outputs)
+    _, arena_bytes, _ = plan_arena(slots, instructions, writes_out, op_types, constants, outputs)
     return Plan(
         producer=__version__,
         kernels=kernels,
@@ -77,7 +77,6 @@ def lower(graph: Graph, infos: dict[str, TensorInfo], compiled: list[CompiledPar
         constants=constants,
         instructions=instructions,
         partitions=partitions,
-        arena=arena,
         arena_bytes=arena_bytes,
         options=dict(options),
         fallbacks=fallbacks,

@@ -77,7 +77,9 @@ class Plan:
     constants: dict[int, np.ndarray]
     instructions: list[PlanInstruction]
     partitions: list[PartitionInfo]
-    arena: dict[int, int] = field(default_factory=dict)  # slot -> byte offset in the arena
+    # the portable program's intermediates in bytes, as planned at compile time: a figure for
+    # reports and a bound checked on read; the executor plans the arena again for the program
+    # it runs (native calls change what is alive at once), so no layout is stored
     arena_bytes: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     fallbacks: list[dict[str, str]] = field(default_factory=list)

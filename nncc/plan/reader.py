@@ -114,19 +114,10 @@ class ProgramReader:
         if arena_bytes < 0:
             raise PlanFormatError("arena_bytes is negative")
         check_bytes(arena_bytes, "the plan's arena", PlanFormatError)
-        arena = {}
-        for entry in self.get("arena", list):
-            if not (isinstance(entry, list) and len(entry) == 2):
-                raise PlanFormatError("bad arena entry")
-            slot = self.index(entry[0], n, "arena slot")
-            offset = entry[1]
-            if not isinstance(offset, int) or offset < 0 or offset > arena_bytes:
-                raise PlanFormatError("arena offset out of range")
-            arena[slot] = offset
         options = self.options(self.get("options", dict))
         fallbacks = self.fallbacks(self.get("fallbacks", list))
         plan = Plan(producer, kernels, slots, inputs, outputs, constants, instructions, partitions,
-                    arena, arena_bytes, options, fallbacks)
+                    arena_bytes, options, fallbacks)
         plan.payloads = decode_payloads(self.p.get("payloads", []), self.sections, plan)
         return plan
 

@@ -32,7 +32,6 @@ def encode(plan: Plan) -> tuple[str, list[tuple[bytes, object]]]:
         "constants": table,
         "instructions": [[i.kernel, i.inputs, i.outputs, i.attrs, i.node] for i in plan.instructions],
         "partitions": [[p.backend, p.backend_version, p.entry, p.first, p.count] for p in plan.partitions],
-        "arena": sorted([slot, off] for slot, off in plan.arena.items()),
         "arena_bytes": plan.arena_bytes,
         "options": plan.options,
         "fallbacks": plan.fallbacks,

@@ -63,7 +63,7 @@ def specialize(plan: Plan, shapes: dict[int, tuple[int, ...]], decode_attr) -> P
     specialized = [_narrowed(slot, infos.get(i)) for i, slot in enumerate(slots)]
     if all(new is old for new, old in zip(specialized, slots)):
         return None
-    return replace(plan, slots=specialized, arena={}, arena_bytes=0)
+    return replace(plan, slots=specialized, arena_bytes=0)
 
 
 def _declared(slot: Slot) -> TensorInfo:
