@@ -19,13 +19,15 @@ class CompiledModel:
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
                  origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None,
-                 native_builder=None, shape_plans_limit: int | None | str = "setting"):
+                 native_builder=None, shape_plans_limit: int | None = None):
         """``trust_native``: run the plan's native code (when it has any and this CPU can)
         even if the plan's artifact is not signed by a trusted key; otherwise its portable
         plan runs, with one warning if native code was skipped. ``foreign``: the plan was
         read from an artifact, so its code is not this user's to sign when saved.
         ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
-        from, from which its artifact is assembled without serializing again."""
+        from, from which its artifact is assembled without serializing again.
+        ``shape_plans_limit``: how many input shapes get a plan of their own (the
+        ``run.shape_plans`` setting, resolved by the caller); None: none."""
         from nncc.ir.opsets import warn_newer_opsets
         from nncc.backends.payloads import activate_payloads
         from nncc.runtime.executor import Executor
@@ -43,14 +45,10 @@ class CompiledModel:
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
         self._blas_threads = plan.recorded_threads
-        if shape_plans_limit == "setting":
-            from nncc.settings import value
-
-            shape_plans_limit = value("run.shape_plans")
         self._shape_plans = shape_plans(self._executor, shape_plans_limit, native_builder)
 
     @classmethod
-    def from_prepared(cls, prepared, native_builder=None, shape_plans_limit: int | None | str = "setting"):
+    def from_prepared(cls, prepared, native_builder=None, shape_plans_limit: int | None = None):
         """The runnable model of what nncc.preparing returned: built here, outside every
         cache lock (native code is loaded, the arena allocated)."""
         return cls(prepared.plan, trust_native=prepared.trust_native, origin=prepared.origin,
@@ -155,7 +153,8 @@ def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **o
     """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins.
     ``model_bytes``: the file's bytes when already read (external data is found next to
     ``path``)."""
-    return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True)  # code built just now
+    return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True,  # code built just now
+                         shape_plans_limit=_shape_plans_setting())
 
 
 def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: dict) -> Plan:
@@ -291,7 +290,15 @@ def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
     if name is None and not isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         name = os.fspath(source)
     return CompiledModel(read_artifact(source, name), trust_native=trust_native, origin=name or "the artifact",
-                         foreign=True)
+                         foreign=True, shape_plans_limit=_shape_plans_setting())
+
+
+def _shape_plans_setting() -> int | None:
+    """``run.shape_plans``, resolved once by each entry point that builds a model without
+    the cache's settings record (compile_model, load)."""
+    from nncc.settings import value  # lazy: start-up
+
+    return value("run.shape_plans")
 
 
 def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
