@@ -19,9 +19,10 @@ nor rich, and nothing a cache hit does not need; ``nncc.settings_file`` writes t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from nncc.compiler import PREFERENCES  # the one list (cheap: the compiler loads its graph lazily)
@@ -399,6 +400,10 @@ class CacheSettings:
     shape_plans: int | None = 8  # run.shape_plans; None: off
     trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write
     build: BuildSettings = BuildSettings()  # how native code is built
+    # the remote tier's record (nncc.cache.remote.settings.RemoteSettings), resolved on
+    # first use and then kept for the command (with_remote): a local hit never reads the
+    # key file nor imports remote code. None: no remote tier for this prepare.
+    remote: Callable[[], Any] | None = None
 
 
 def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
@@ -431,6 +436,14 @@ def configured_url() -> str | None:
     from nncc.cache.remote import settings as remote  # start-up cost: only with a remote
 
     return value("remote.url", remote.flag_url(), "--remote")
+
+
+def with_remote(settings: CacheSettings) -> CacheSettings:
+    """``settings`` for a command that prepares through the cache: every remote setting is
+    checked now, whether or not a remote is configured (not on the first local miss), and
+    the tier's record is built once, when the first miss asks for it."""
+    check_remote_settings()
+    return replace(settings, remote=functools.cache(remote_settings))
 
 
 def remote_settings():

@@ -102,15 +102,13 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 def resolve_settings(cache_dir, hash_mode, use_cache: bool):
     """Every setting a prepare uses, checked now: a bad one is a usage error before any
     work, whatever the cache holds."""
-    from nncc.settings import CacheSettings, build_settings, cache_settings, check_remote_settings, value
+    from nncc.settings import CacheSettings, build_settings, cache_settings, value, with_remote
 
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
                              shape_plans=value("run.shape_plans"),  # trust_shared: no folder is used
                              build=build_settings())
-    settings = cache_settings(cache_dir, hash_mode)
-    check_remote_settings()  # and the remote tier's, now rather than on the first local miss
-    return settings
+    return with_remote(cache_settings(cache_dir, hash_mode))  # the remote tier's too, now
 
 
 def _content_token(source: ModelSource, context: bytes, directory: str, cache: Cache | None = None) -> str:

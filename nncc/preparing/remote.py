@@ -4,12 +4,12 @@ local commit, one compile across the fleet, and faults that never fail a run.
 The prepare layer reaches it through nncc/preparing/storage.py, the local cache and this
 tier behind one interface; no call here is made under a local token lock:
 
-* ``on_local_miss(cache, token, source, opts, stage, trust_native)``, before compiling: returns
+* ``on_local_miss(cache, token, source, opts, stage, remote, trust_native)``, before compiling: returns
   (prepared, stage) read from the local cache after a verified remote entry was put there
   (``adopt``: the local store's atomic put, under the token's lock only while it writes),
   or None to compile. When another machine holds the token's lease it waits (polling) for
   that machine's entry, up to a bound; otherwise it takes the lease and the caller compiles.
-* ``after_local_commit(cache, token)`` once the compiled entry is committed locally:
+* ``after_local_commit(cache, token, remote)`` once the compiled entry is committed locally:
   uploads it (parts, then the manifest) and releases the lease; ``abandon(token)`` releases
   a lease when nothing was stored.
 
@@ -45,13 +45,12 @@ def _warn_once(url: str, message: str) -> None:
         warn(message)
 
 
-def active_tier():
+def active_tier(remote):
     """The configured RemoteTier, or None (none configured, no key, or off after a fault).
-    A URL nncc cannot use raises RemoteConfigError (one clear error)."""
-    from nncc.settings import remote_settings
-
-    settings = remote_settings()
-    if settings.url is None:
+    ``remote``: the command's RemoteSettings, built once on first call (CacheSettings.remote;
+    None: no tier). A URL nncc cannot use raises RemoteConfigError (one clear error)."""
+    settings = None if remote is None else remote()
+    if settings is None or settings.url is None:
         return None
     known = _tiers.get(settings.url)
     if known is not None:
@@ -145,11 +144,12 @@ def remote_names(cache, token: str, source, opts, stage: str,
 _publish_as: dict[str, str] = {}  # local token -> the remote name its entry is published under
 
 
-def on_local_miss(cache, token: str, source, opts, stage: str, trust_native: bool):
+def on_local_miss(cache, token: str, source, opts, stage: str, remote, trust_native: bool):
     """``(model, stage)`` prepared from the local cache after a remote hit, or None:
     compile ``stage`` (holding the fleet's lease on it when this machine got it).
-    ``trust_native``: the remote.trust_native setting, as the command resolved it."""
-    tier = active_tier()
+    ``remote``, ``trust_native``: the remote tier's settings and remote.trust_native, as
+    the command resolved them."""
+    tier = active_tier(remote)
     if tier is None:
         return None
     try:
@@ -343,7 +343,7 @@ def _carries_code(plan: bytes) -> bool:
 # -- the optimized stage across the fleet ------------------------------------------------
 
 
-def fetch_optimized(cache, token: str, opts, trust_native: bool) -> bool:
+def fetch_optimized(cache, token: str, opts, remote, trust_native: bool) -> bool:
     """Before building ``token``'s native stage here: take this target's optimized entry
     from the remote instead, if a machine of the same target published one and
     ``trust_native`` (the remote.trust_native setting) is on. The caller replaces the
@@ -352,7 +352,7 @@ def fetch_optimized(cache, token: str, opts, trust_native: bool) -> bool:
     from nncc.preparing.stages import OPTIMIZED, QUICK
 
     try:
-        tier = active_tier()
+        tier = active_tier(remote)
     except RemoteConfigError:
         return False  # reported by the run that stored the entry; background work goes on
     if tier is None or not trust_native:
@@ -370,11 +370,11 @@ def fetch_optimized(cache, token: str, opts, trust_native: bool) -> bool:
     return True
 
 
-def publish_optimized(cache, token: str) -> None:
+def publish_optimized(cache, token: str, remote) -> None:
     """After this machine built ``token``'s native stage: share it with its target."""
 
     try:
-        tier = active_tier()
+        tier = active_tier(remote)
     except RemoteConfigError:
         return
     if tier is None:
@@ -392,12 +392,12 @@ def publish_optimized(cache, token: str) -> None:
 # -- write-back --------------------------------------------------------------------------
 
 
-def after_local_commit(cache, token: str) -> None:
+def after_local_commit(cache, token: str, remote) -> None:
     """Upload the entry just committed locally, then release the lease (if this machine
     held one). A fault is counted and warned about once; the run goes on."""
     held = _leases.pop(token, None)
     name = _publish_as.pop(token, token)
-    tier = active_tier() if held is None else held[0]
+    tier = active_tier(remote) if held is None else held[0]
     if held is not None:
         held[2].stop()
     try:
@@ -453,12 +453,10 @@ def _release(tier, lease) -> None:
         pass  # it expires by itself
 
 
-def remote_state() -> str | None:
-    """For the status line: None when no remote tier is configured, else "" (working), or
-    why it is off ("timed out", "failed", "off")."""
-    from nncc.settings import configured_url
-
-    url = configured_url()
+def remote_state(remote) -> str | None:
+    """For the status line: None when no remote tier is configured (``remote``: as
+    active_tier takes it), else "" (working), or why it is off ("timed out", "failed", "off")."""
+    url = None if remote is None else remote().url
     if url is None:
         return None
     known = _tiers.get(url)

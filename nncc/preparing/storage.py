@@ -51,13 +51,14 @@ class Storage:
         when it took one). No local lock is held here."""
         from nncc.preparing.remote import on_local_miss  # start-up cost: only on a miss
 
-        return on_local_miss(self.cache, token, source, opts, stage, self.settings.trust_remote_native)
+        return on_local_miss(self.cache, token, source, opts, stage, self.settings.remote,
+                             self.settings.trust_remote_native)
 
     def write_back(self, token: str) -> None:
         """Share the entry just stored locally (and release the lease on it)."""
         from nncc.preparing.remote import after_local_commit
 
-        after_local_commit(self.cache, token)
+        after_local_commit(self.cache, token, self.settings.remote)
 
     def abandon(self, token: str) -> None:
         """Nothing of ours to share for ``token``: release the lease on it, if any."""
@@ -65,9 +66,8 @@ class Storage:
 
         abandon(token)
 
-    @staticmethod
-    def remote_state() -> str | None:
+    def remote_state(self) -> str | None:
         """None without a remote tier, "" while it works, else why it went off."""
         from nncc.preparing.remote import remote_state
 
-        return remote_state()
+        return remote_state(self.settings.remote)

@@ -49,9 +49,9 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
         return BUSY
     try:
         if settings is None:  # the detached worker: a command of its own
-            from nncc.settings import cache_settings
+            from nncc.settings import cache_settings, with_remote
 
-            settings = cache_settings(directory)
+            settings = with_remote(cache_settings(directory))
         if trust_shared is None:
             trust_shared = settings.trust_shared
         with Cache.open(directory, trust_shared=trust_shared) as cache:
@@ -77,7 +77,7 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
         return CHANGED
     from nncc.preparing.remote import fetch_optimized, publish_optimized
 
-    if fetch_optimized(cache, token, opts, settings.trust_remote_native):  # a machine of this target built it
+    if fetch_optimized(cache, token, opts, settings.remote, settings.trust_remote_native):  # a machine of this target built it
         return UPGRADED
     from nncc.cache.objects import record_entry_objects
 
@@ -98,7 +98,7 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
             return SKIPPED  # removed, or upgraded by `nncc compile` meanwhile
         store_plan(cache, token, plan, source, opts, seconds, counter="upgrades", stage=OPTIMIZED)
         record_entry_objects(cache, token, plan)
-    publish_optimized(cache, token)  # the other machines of this target take it from the remote
+    publish_optimized(cache, token, settings.remote)  # the other machines of this target take it from the remote
     try:
         from nncc.cache.limits import after_store
 
