@@ -13,6 +13,9 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
                    of hidden states in, Erf GELU, 12.6M parameters
 - gpt2.onnx        4-layer pre-LN decoder, hidden 512, 8 heads, causal mask, Tanh GELU,
                    1x128 tokens of hidden states in
+- gpt2_kv.onnx     gpt2's weights as a decoder's next-token step: one token of hidden
+                   state in, each layer's past keys and values (1x8x127x64) in, its present
+                   ones (1x8x128x64) out, as an export with a KV cache writes it
 - bert_dynamic.onnx, gpt2_dynamic.onnx  the same weights with symbolic batch and sequence
                    axes, reshapes computed from the runtime shape (Shape, Gather,
                    Concat) as an export with dynamic axes writes them
@@ -130,10 +133,13 @@ def mobilenetv2(batch: int = 1):
                    "MobileNetV2 layout, depthwise convolutions, ReLU6 as Clip, real random weights")
 
 
-def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4, dynamic=False):
+def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4, dynamic=False,
+                 kv_cache=False):
     """``dynamic``: batch and sequence length are symbolic input dimensions, and every
     reshape target and the causal mask are computed from the runtime shape, as
-    torch.onnx.export writes a model exported with dynamic axes."""
+    torch.onnx.export writes a model exported with dynamic axes. ``kv_cache``: one new
+    token (the seq-th) attends to itself and to seq - 1 past keys and values per layer,
+    which are inputs; the keys and values with the new token's appended are outputs."""
     b = Builder(seed=seed)
     dh = d // heads
 
@@ -157,7 +163,23 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4,
     def split_heads(t, perm):
         return b.op("Transpose", [reshape(t, [heads, dh])], perm=perm)
 
+    past = []  # (past key, past value, present key, present value) per layer, for kv_cache
+
+    def cached_attention(x):  # the new token's query against the past keys and its own
+        q, k, v = (split_heads(linear(x, d, d), [0, 2, 1, 3]) for _ in range(3))
+        i = len(past)
+        names = (f"past_key_{i}", f"past_value_{i}", f"present_key_{i}", f"present_value_{i}")
+        key = b.op("Concat", [names[0], k], axis=2, out=names[2])
+        value = b.op("Concat", [names[1], v], axis=2, out=names[3])
+        past.append(names)
+        scores = b.op("MatMul", [q, b.op("Transpose", [key], perm=[0, 1, 3, 2])])
+        scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
+        ctx = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), value])
+        return linear(reshape(b.op("Transpose", [ctx], perm=[0, 2, 1, 3]), [d]), d, d)
+
     def attention(x):
+        if kv_cache:
+            return cached_attention(x)
         q, k, v = (linear(x, d, d) for _ in range(3))
         scores = b.op("MatMul", [split_heads(q, [0, 2, 1, 3]), split_heads(k, [0, 2, 3, 1])])
         scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
@@ -195,10 +217,15 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4,
     if causal:
         x = layer_norm(x)
     b.op("Identity", [x], out="hidden_out")
-    shape = ["batch", "seq", d] if dynamic else [1, seq, d]
-    return b.model(name, [f32_input("hidden_in", shape)], [f32_input("hidden_out", shape)],
+    shape = ["batch", "seq", d] if dynamic else [1, 1 if kv_cache else seq, d]
+    inputs, outputs = [f32_input("hidden_in", shape)], [f32_input("hidden_out", shape)]
+    for past_key, past_value, present_key, present_value in past:
+        inputs += [f32_input(past_key, [1, heads, seq - 1, dh]), f32_input(past_value, [1, heads, seq - 1, dh])]
+        outputs += [f32_input(present_key, [1, heads, seq, dh]), f32_input(present_value, [1, heads, seq, dh])]
+    return b.model(name, inputs, outputs,
                    f"{layers}-layer {'decoder' if causal else 'encoder'}, hidden {d}, real random weights"
-                   + (", dynamic batch and sequence axes" if dynamic else ""))
+                   + (", dynamic batch and sequence axes" if dynamic else "")
+                   + (f", the next-token step after {seq - 1} cached tokens" if kv_cache else ""))
 
 
 def bert():
@@ -207,6 +234,10 @@ def bert():
 
 def gpt2():
     return _transformer("gpt2", 2004, causal=True)
+
+
+def gpt2_kv():
+    return _transformer("gpt2_kv", 2004, causal=True, kv_cache=True)
 
 
 def bert_dynamic():
@@ -231,7 +262,7 @@ def large():
 
 CONV_MODELS = {"resnet18": resnet18, "resnet50": resnet50, "mobilenetv2": mobilenetv2}  # take batch=N
 
-MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2,
+MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2, "gpt2_kv": gpt2_kv,
           "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic}
 
 

@@ -265,3 +265,37 @@ def test_a_fused_attention_node_in_a_model_that_makes_no_attention_is_a_clear_er
     feeds = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
     with pytest.raises(NnccError, match="FusedAttention"):
         nncc.compile_model(tmp_path / "hostile.onnx").run(feeds)
+
+
+@pytest.mark.parametrize("backend", ["native", "numpy"])
+def test_a_decoders_next_token_step_over_cached_keys_fuses_and_matches(tmp_path, backend):
+    """A KV-cache decoder step as exporters write it: the new token's key and value are
+    appended to the past ones (Concat on the sequence axis, both outputs of the model),
+    and its one query row attends to all of them, keys read through a Transpose."""
+    if backend == "native" and find_toolchain() is None:
+        pytest.skip("no C compiler: the native backend takes nothing")
+    heads, dh, past = 3, 16, 37
+    nodes = [helper.make_node("Concat", ["past_k", "k"], ["present_k"], axis=2),
+             helper.make_node("Concat", ["past_v", "v"], ["present_v"], axis=2),
+             helper.make_node("Transpose", ["present_k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("Mul", ["scores", "s"], ["scaled"]),
+             helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "present_v"], ["y"])]
+    inputs = [("q", [1, heads, 1, dh]), ("k", [1, heads, 1, dh]), ("v", [1, heads, 1, dh]),
+              ("past_k", [1, heads, past, dh]), ("past_v", [1, heads, past, dh])]
+    outputs = ["y", "present_k", "present_v"]
+    model = _model(nodes, inputs, outputs, [("s", dh ** -0.5)])
+    assert [n.op_type for n in fuse_attention(parse_model(model.SerializeToString())).nodes].count(
+        "FusedAttention") == 1
+    onnx.save(model, str(tmp_path / "step.onnx"))
+    compiled = nncc.compile_model(tmp_path / "step.onnx",
+                                  backends=("numpy",) if backend == "numpy" else ("native", "numpy"))
+    if backend == "native":
+        assert compiled.native_partitions == len(compiled.plan.partitions) == 1
+    rng = np.random.default_rng(7)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs}
+    got = compiled.run(feeds)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    for n, w in zip(outputs, want):
+        np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
