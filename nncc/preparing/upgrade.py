@@ -26,6 +26,7 @@ import json
 import sys
 import time
 
+from nncc.cache.files import CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import IndexCorrupt, IndexUnavailable
 from nncc.cache.limits import after_store
@@ -62,7 +63,7 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
             trust_shared = settings.trust_shared
         with Cache.open(directory, trust_shared=trust_shared) as cache:
             return _upgrade(cache, token, source, opts, force, settings)
-    except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
+    except (CacheUnavailable, CacheWriteError, IndexCorrupt, IndexUnavailable, OSError) as exc:
         warn(f"cannot build the optimized stage of cache entry {token[:12]}: {exc}")
         return FAILED
     finally:
