@@ -15,15 +15,15 @@ __all__ = ["__version__", "compile_model", "load", "load_onnx", "prepare", "Comp
 
 def load_onnx(path):
     """Read an ONNX model and return an interpreter ready to ``run(feeds)`` (no compile)."""
-    from nncc.frontend.onnx import load_model
-    from nncc.runtime.interpreter import Interpreter
+    from nncc.frontend.onnx import load_model  # lazy: onnx
+    from nncc.runtime.interpreter import Interpreter  # lazy: start-up
 
     return Interpreter(load_model(path))
 
 
 def __getattr__(name):
     if name in ("compile_model", "load", "prepare", "CompiledModel"):
-        from nncc import model
+        from nncc import model  # lazy: start-up
 
         return getattr(model, name)
     raise AttributeError(f"module 'nncc' has no attribute {name!r}")

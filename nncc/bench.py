@@ -37,9 +37,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
+import nncc
+from nncc._version import __version__
+from nncc.backends.registry import load_plugin
 from nncc.errors import NnccError
+from nncc.ir.dims import check_dim_names
+from nncc.model import preparer
+from nncc.runtime.random_inputs import random_feeds
 from nncc.util import progress
 from nncc.util.files import is_artifact
+from nncc.util.notice import warn
+from nncc.util.threads import blas_info, blas_threads, limit_blas_threads
 
 SCHEMA = "nncc-bench/1"
 DEFAULT_DURATION = 3.0  # seconds of steady state when neither iterations nor duration is given
@@ -242,10 +252,6 @@ def usable_cpus() -> int:
 
 
 def machine_info() -> dict[str, Any]:
-    import numpy as np
-
-    from nncc.util.threads import blas_info
-
     return {
         "cpus": usable_cpus(),
         "cpu_model": cpu_model(),
@@ -260,10 +266,6 @@ def machine_info() -> dict[str, Any]:
 
 def matmul_peak(n: int = 1024, runs: int = 15, threads: int | None = None) -> dict[str, float]:
     """numpy float32 (n x n) @ (n x n): median seconds and GFLOP/s (the machine's BLAS peak)."""
-    import numpy as np
-
-    from nncc.util.threads import limit_blas_threads
-
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
@@ -295,7 +297,7 @@ def peak_rss_bytes() -> int:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        import resource  # Unix only; imported here so that the module imports anywhere
+        import resource  # lazy: Unix only (so that the module imports anywhere)
     except ImportError:
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -318,7 +320,7 @@ def onnxruntime_session(model: str, threads: int | None):
     optimisation; idle intra-op threads spin), with only ``intra_op_num_threads`` set, to
     ``threads`` (None: onnxruntime's own choice). Raises ImportError when onnxruntime is
     not installed."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # lazy: optional extra
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # models with unused initializers: no warnings
@@ -354,8 +356,6 @@ def max_rel_diff(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> float | 
 
 def _output_diffs(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[tuple[float, float]]:
     """(largest |a - b|, largest finite |b|) of each output both have."""
-    import numpy as np
-
     found = []
     for name, a in ours.items():
         if name not in theirs:
@@ -408,10 +408,7 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 
     Progress goes to nncc.util.progress (one task per phase); ``notice`` gets the one line
     saying a comparison cannot be made (default: stderr)."""
-    from nncc._version import __version__
-    from nncc.model import preparer; prepare = preparer()  # noqa: E702 (the settings resolved once per command)
-    from nncc.runtime.random_inputs import random_feeds
-    from nncc.util.threads import blas_threads, limit_blas_threads
+    prepare = preparer()  # the settings resolved once per command
 
     settings = settings or BenchSettings()
     settings.check()
@@ -431,8 +428,6 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
             compiled = _time_compiles(model, settings, options, compile_info, prepare)
 
         if settings.dims:  # a misspelt --dim must not leave its dimension at 1 unnoticed
-            from nncc.ir.dims import check_dim_names
-
             check_dim_names(settings.dims, compiled.input_infos, os.fspath(model))
         feeds = random_feeds(compiled.input_infos, settings.seed, settings.dims)
         dims = bind_dims(compiled.input_infos, feeds)
@@ -489,8 +484,6 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
 def _warn_oversubscribed(settings) -> None:
     """More threads than usable CPUs measure their contention: say so."""
     if settings.threads is not None and settings.threads > usable_cpus():
-        from nncc.util.notice import warn
-
         warn(f"--threads {settings.threads} is more than the {usable_cpus()} CPU(s) this process may use: "
              "the extra threads share those CPUs and the figures measure their contention")
 
@@ -507,9 +500,6 @@ def _empty_compile_info(settings, artifact) -> dict[str, Any]:
 
 def _time_artifact_loads(model, settings, options, info):
     """The median of a few loads of a compiled artifact; returns the last one loaded."""
-    import nncc
-    from nncc.backends.registry import load_plugin
-
     for module in options.get("plugins", ()):  # an artifact may name plugin kernels
         load_plugin(module)
     loads = []
@@ -620,7 +610,7 @@ def _start_onnxruntime(model, settings, feeds, nncc_outputs, notice):
                                "iterations": 0, "throughput_per_second": None, "ratios": None,
                                "max_abs_diff": None, "max_rel_diff": None, "outputs_compared": 0}
     try:
-        import onnxruntime
+        import onnxruntime  # lazy: optional extra
     except ImportError as exc:
         compare["reason"] = f"onnxruntime is not installed ({exc})"
         if notice:

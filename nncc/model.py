@@ -9,9 +9,22 @@ from typing import Mapping
 
 import numpy as np
 
+from nncc.backends.payloads import activate_payloads
 from nncc.compiler import compile_graph
 from nncc.errors import PlanFormatError
+from nncc.ir.graph import TensorInfo
+from nncc.ir.opsets import warn_newer_opsets
+from nncc.native.toolchain import is_sanitized
+from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal_payload, serialize
 from nncc.plan.plan import Plan
+from nncc.preparing.compiling import compile_options
+from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
+from nncc.preparing.shapes import native_builder
+from nncc.runtime.executor import Executor
+from nncc.runtime.specialize import shape_plans
+from nncc.settings import value
+from nncc.util.files import read_source
+from nncc.util.notice import warn
 
 
 class CompiledModel:
@@ -28,18 +41,13 @@ class CompiledModel:
         from, from which its artifact is assembled without serializing again.
         ``shape_plans_limit``: how many input shapes get a plan of their own (the
         ``run.shape_plans`` setting, resolved by the caller); None: none."""
-        from nncc.ir.opsets import warn_newer_opsets
-        from nncc.backends.payloads import activate_payloads
-        from nncc.runtime.executor import Executor
-        from nncc.runtime.specialize import shape_plans
-
         warn_newer_opsets(plan.options.get("opsets") or {})  # on every path: compiled, cached, loaded
         self.plan = plan
         self._raw = raw
         self._foreign = foreign
         self.cache_parts = cache_parts
         if foreign:  # an artifact from outside: its shapes agree before they size anything
-            from nncc.runtime.plan_shapes import check_plan_shapes
+            from nncc.runtime.plan_shapes import check_plan_shapes  # lazy: start-up
 
             with naming_the_artifact(None if origin == "the artifact" else origin):
                 check_plan_shapes(plan)
@@ -80,8 +88,6 @@ class CompiledModel:
 
     @property
     def output_infos(self):
-        from nncc.ir.graph import TensorInfo
-
         slots = self.plan.slots
         return {slots[s].name: TensorInfo(slots[s].dtype, slots[s].shape) for s in self.plan.outputs}
 
@@ -95,7 +101,7 @@ class CompiledModel:
         if self._shape_plans is not None and isinstance(feeds, Mapping):
             executor = self._shape_plans.executor_for(feeds)
         if self._blas_threads:
-            from nncc.util.threads import limit_blas_threads
+            from nncc.util.threads import limit_blas_threads  # lazy: start-up
 
             with limit_blas_threads(self._blas_threads):
                 return executor.run(feeds, outputs)
@@ -122,7 +128,7 @@ class CompiledModel:
         return self._raw
 
     def save(self, path: str | os.PathLike) -> None:
-        from nncc.util.atomic import write_atomic
+        from nncc.util.atomic import write_atomic  # lazy: start-up
 
         write_atomic(path, self.to_bytes())
 
@@ -130,20 +136,16 @@ class CompiledModel:
 def _serialize(plan: Plan, foreign: bool) -> bytes:
     """The artifact of ``plan``: signed with the user's key, unless it is foreign (then it
     keeps its own signature, if that still signs it)."""
-    from nncc.plan.format import serialize
-
     if foreign:
         seal = plan.seal
         return serialize(plan, seal=lambda message: _same_seal(seal, message))
-    from nncc.trust.seal import sign
+    from nncc.trust.seal import sign  # lazy: start-up
 
     return serialize(plan, seal=sign)
 
 
 def _same_seal(seal, message: bytes) -> bytes | None:
     """The artifact's own SIGN section, when it still signs what is being written."""
-    from nncc.plan.format import SEAL_SCHEME, seal_payload
-
     if seal is None or seal.scheme != SEAL_SCHEME or seal.message != message:
         return None
     return seal_payload(seal.fingerprint, seal.mac)
@@ -159,9 +161,7 @@ def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **o
 
 def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: dict) -> Plan:
     """The Plan compile_model runs, without preparing it to run (nothing is allocated)."""
-    from nncc.frontend.onnx import load_model
-
-    from nncc.preparing.compiling import compile_options
+    from nncc.frontend.onnx import load_model  # lazy: onnx
 
     return compile_graph(load_model(path, model_bytes), compile_options(options))
 
@@ -192,19 +192,14 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
     resolved now.
     """
-    from nncc.preparing.flows import prepare as prepare_plan
-
     if settings is None:
-        from nncc.preparing.flows import resolve_settings
-
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
-    prepared, outcome = prepare_plan(path, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
-                                     model_bytes=model_bytes, hash_mode=hash_mode, stage=stage,
-                                     background=background, settings=settings, **options)
+    prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
+                                              trust_shared=trust_shared, model_bytes=model_bytes,
+                                              hash_mode=hash_mode, stage=stage, background=background,
+                                              settings=settings, **options)
     builder = None
     if use_cache and model_bytes is None and stage is None and background is not None:
-        from nncc.preparing.shapes import native_builder
-
         build = native_builder(path, {"trust_shared": trust_shared, "hash_mode": hash_mode}, options, settings)
 
         def builder(dims, deliver):  # the shape's plan is built to run here, in the builder's thread
@@ -222,8 +217,6 @@ def preparer():
     def prepare_again(path, cache_dir=None, use_cache: bool = True, hash_mode: str | None = None, **kwargs):
         kind = (os.fspath(cache_dir) if cache_dir is not None else None, hash_mode, use_cache)
         if kind not in resolved:
-            from nncc.preparing.flows import resolve_settings
-
             resolved[kind] = resolve_settings(cache_dir, hash_mode, use_cache)
         return prepare(path, cache_dir=cache_dir, use_cache=use_cache, hash_mode=hash_mode,
                        settings=resolved[kind], **kwargs)
@@ -235,10 +228,6 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
     """``(Prepared, CacheOutcome)``: what prepare() builds its model from, for a caller
     that only writes the artifact (``nncc compile``); arguments as prepare(). No native
     code is loaded and no memory planned; no background upgrade is started."""
-    from nncc.preparing.flows import prepare as prepare_through_cache
-
-    from nncc.ir.opsets import warn_newer_opsets
-
     kwargs.setdefault("background", None)
     prepared, outcome = prepare_through_cache(path, **kwargs)
     warn_newer_opsets(prepared.plan.options.get("opsets") or {})  # as building the model would
@@ -251,8 +240,7 @@ def refuse_unloadable(prepared, origin: str) -> None:
     runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike)."""
     info = prepared.plan.options.get("native") if prepared.plan.carries_code else None
     if prepared.trust_native and info:
-        from nncc.native.activate import require_sanitizer_runtime
-        from nncc.native.toolchain import is_sanitized
+        from nncc.native.activate import require_sanitizer_runtime  # lazy: codegen
 
         if is_sanitized(info):
             require_sanitizer_runtime(origin)
@@ -264,14 +252,11 @@ def artifact_bytes(prepared) -> bytes:
     signed with the user's key when it carries native code. For a model prepared from the
     cache it is assembled from the verified model and data caches, so it is byte-identical
     to what an uncached compile writes."""
-    from nncc.util.notice import warn
-
     if prepared.cache_parts is None:
         if isinstance(prepared, CompiledModel):
             return prepared.to_bytes()
         return _serialize(prepared.plan, prepared.foreign)
-    from nncc.plan.format import artifact_from_parts
-    from nncc.trust.seal import sign  # native code from our own cache is signed as ours
+    from nncc.trust.seal import sign  # lazy: start-up (native code from our own cache is signed as ours)
 
     if prepared.foreign:  # another machine's code (the remote tier's): never signed as the user's
         if prepared.plan.carries_code:
@@ -296,8 +281,6 @@ def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
 def _shape_plans_setting() -> int | None:
     """``run.shape_plans``, resolved once by each entry point that builds a model without
     the cache's settings record (compile_model, load)."""
-    from nncc.settings import value  # lazy: start-up
-
     return value("run.shape_plans")
 
 
@@ -305,12 +288,9 @@ def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | m
                   name: str | None = None) -> Plan:
     """The verified Plan of an artifact, without preparing it to run. A malformed or
     damaged artifact raises PlanFormatError naming the file (``name``, or the path)."""
-    from nncc.plan.format import deserialize
-
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         with naming_the_artifact(name):
             return deserialize(source)
-    from nncc.util.files import read_source
 
     name = name or os.fspath(source)
     buffer, _ = read_source(source, "artifact")  # mapped when a regular file; never blocks on a FIFO

@@ -12,6 +12,7 @@ import os
 import re
 
 from nncc.settings import SETTINGS, SettingError, check, config_path, read_config
+from nncc.util.atomic import write_atomic
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -64,8 +65,6 @@ def _copy(tables: dict) -> dict:
 
 def write(path: str, tables: dict) -> None:
     """Write ``tables`` as TOML to ``path`` atomically, mode 0600."""
-    from nncc.util.atomic import write_atomic
-
     text = dumps(tables)
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

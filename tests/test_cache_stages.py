@@ -345,3 +345,28 @@ def test_gc_leaves_the_upgrade_lock_of_a_running_builder(tmp_path):
     with FileLock(str(path)):  # a builder at work
         gc = s.cli("cache", "gc")
         assert gc.returncode == 0 and path.exists(), gc.stderr
+
+
+def test_worker_whose_entry_cannot_be_written_warns_and_fails(tmp_path):
+    """A cache that cannot take the entry once its native stage is built (here its shard
+    folder becomes a symbolic link, which the store never writes through; nncc bench removes
+    its temporary cache when it is done): the builder says so in one warning and fails, it
+    does not die with a traceback."""
+    swap, elsewhere = tmp_path / "swap", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # the compiler swaps the shard that `swap` names (its script is in the token: it is written once)
+    s = Setup(tmp_path, f'if [ -f {swap} ]; then rm -rf "$(cat {swap})"; ln -sfn {elsewhere} "$(cat {swap})"; fi\n'
+                        f'exec {REAL_CC.path} "$@"')
+    first, _ = s.run("--stage", "quick")
+    shard = s.cache / "entries" / first["token"][:2]
+    swap.write_text(str(shard))
+    options = {"preference": "fast-single-answer", "opt_level": 2, "backends": ["native", "numpy"],
+               "plugins": [], "target": "native"}
+    done = subprocess.run([sys.executable, "-m", "nncc.preparing.upgrade", "--cache-dir", str(s.cache),
+                           "--token", first["token"], "--model", str(s.model), "--options", json.dumps(options)],
+                          env=s.env, capture_output=True, text=True)
+    assert s.builds() == 1 and shard.is_symlink()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"nncc: warning: cannot build the optimized stage of cache entry {first['token'][:12]}")
+    assert "symbolic link" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert s.stage() == "quick" and list(elsewhere.iterdir()) == []  # nothing written through the link

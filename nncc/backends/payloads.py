@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from nncc.backends.registry import loaded_backend
 from nncc.plan.plan import Plan
+from nncc.util.notice import warn
 
 
 def activate_payloads(plan: Plan, trusted: bool, origin: str = "the artifact") -> dict[str, Any]:
     """Backend name -> what its ``activate`` made of its payload (absent: run portably)."""
-    from nncc.backends.registry import loaded_backend
-    from nncc.util.notice import warn
-
     loaded: dict[str, Any] = {}
     verdict = None
     for name, payload in sorted(plan.payloads.items()):
@@ -30,7 +29,7 @@ def activate_payloads(plan: Plan, trusted: bool, origin: str = "the artifact") -
             continue
         if (payload.code or backend.payload_is_code) and not trusted:
             if verdict is None:
-                from nncc.trust.seal import check
+                from nncc.trust.seal import check  # lazy: start-up
 
                 verdict = check(plan.seal)
             if not verdict.trusted:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 
 from nncc.backends.base import Backend
+from nncc.backends.native import NativeBackend
+from nncc.backends.portable import PortableBackend
 from nncc.errors import NnccError
 
 _BACKENDS: dict[str, Backend] = {}
@@ -34,9 +36,6 @@ def register_backend(backend: Backend | type[Backend]) -> Backend:
 
 def ensure_builtins() -> None:
     if PORTABLE not in _BACKENDS:
-        from nncc.backends.native import NativeBackend
-        from nncc.backends.portable import PortableBackend
-
         register_backend(PortableBackend)
         register_backend(NativeBackend)  # its toolchain is found per compile (for_compile)
 
@@ -107,7 +106,7 @@ def load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
+    from importlib.metadata import entry_points  # lazy: plugin
 
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         try:

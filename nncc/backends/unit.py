@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from nncc.errors import PlanFormatError
+from nncc.kernels.registry import by_key
 from nncc.plan.plan import PartitionInfo, Plan, PlanInstruction
 
 
@@ -124,8 +125,6 @@ def sources(plan: Plan, loaded: dict[str, Any] | None = None) -> list[UnitSource
 
 def instruction_calls(plan: Plan, instructions: list[PlanInstruction]) -> list[Call]:
     """One call per instruction: its registered kernel."""
-    from nncc.kernels.registry import by_key
-
     opsets = plan.options.get("opsets", {})
     calls = []
     for ins in instructions:

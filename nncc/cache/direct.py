@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat as stat_mod
 
 from blake3 import blake3
 
@@ -42,8 +43,6 @@ def lookup_key(path, st, context: bytes) -> str:
 
 def stat_model(path):
     """os.stat of a regular model file, or None (a pipe, a missing file: no direct mode)."""
-    import stat as stat_mod
-
     try:
         st = os.stat(path)
     except OSError:

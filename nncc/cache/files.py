@@ -112,7 +112,7 @@ def map_entry_file(path: str, what: str, expected_size: int):
 def write_file_atomic(path: str, data, prefix: str) -> None:
     """Atomic write (nncc.util.atomic): a temp file named ``<prefix>.<pid>-<rand>.tmp`` in the
     same folder (the name gc and verify recognize), fsync, rename."""
-    from nncc.util.atomic import synced_temp, unique_suffix
+    from nncc.util.atomic import synced_temp, unique_suffix  # lazy: start-up
 
     folder = os.path.dirname(path)
     try:

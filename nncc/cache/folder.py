@@ -118,7 +118,7 @@ def refuse_foreign(directory: str) -> None:
 
 def _describe(st) -> str:
     try:
-        import pwd
+        import pwd  # lazy: Unix only
 
         owner = pwd.getpwuid(st.st_uid).pw_name
     except (ImportError, KeyError):

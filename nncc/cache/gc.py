@@ -14,7 +14,12 @@ from __future__ import annotations
 import os
 import time
 
+from nncc.cache.folder import LOCK_NAME, UPGRADE_LOCK_NAME
+from nncc.cache.locking import try_lock
+from nncc.cache.objects import collect_objects, dry_release, object_bytes
 from nncc.cache.reports import GcReport, Removal  # noqa: F401 (their home)
+from nncc.cache.verify import classify_files
+from nncc.util import progress
 
 
 
@@ -22,10 +27,6 @@ def collect(cache, max_size: int | None = None, max_age: float | None = None, dr
             keep=(), scan: bool = True) -> GcReport:
     """Remove garbage, then entries unused for ``max_age`` seconds, then least recently used
     entries until the recorded total is at most ``max_size`` bytes."""
-    from nncc.util import progress
-
-    from nncc.cache.objects import collect_objects, dry_release, object_bytes
-
     report = GcReport(dry_run=dry_run)
     keep = set(keep)
     with progress.task("collecting cache garbage") as task:
@@ -77,8 +78,6 @@ def _evict(cache, entry, reason: str, report: GcReport, dry_run: bool) -> bool:
 
 
 def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
-    from nncc.cache.verify import classify_files
-
     stale_rows = cache.index.stale()
     for finding in classify_files(cache):
         if finding.status not in ("STALE", "ORPHAN", "LEFTOVER"):
@@ -101,9 +100,6 @@ def _collect_garbage(cache, report: GcReport, dry_run: bool) -> None:
 
 
 def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
-    from nncc.cache.folder import LOCK_NAME, UPGRADE_LOCK_NAME
-    from nncc.cache.locking import try_lock
-
     if os.path.islink(cache.locks_dir):
         return  # refused at open; never followed
     try:
@@ -131,8 +127,6 @@ def _collect_locks(cache, tokens_on_disk: set[str]) -> None:
 
 def _collect_upgrade_lock(path: str) -> None:
     """An upgrade lock nobody holds was left by a killed builder (a live one holds it)."""
-    from nncc.cache.locking import try_lock
-
     held = try_lock(path)
     if held is not None:
         try:

@@ -29,6 +29,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from nncc.cache.folder import create_private_file
+
 SCHEMA_VERSION = 6
 MIGRATABLE = (1, 2, 3, 4, 5)  # older schemas whose rows are kept: only tables, columns and counters are added
 READABLE = (1, 2, 3, 4, 5, 6)  # schemas a read-only open can serve from (a missing column reads as NULL)
@@ -265,8 +267,6 @@ class Index:
 
         A new index file is created with mode 0600 (SQLite gives its WAL files the same
         mode); a symbolic link in its place is refused, so SQLite never writes through it."""
-        from nncc.cache.folder import create_private_file
-
         if os.path.islink(self.path):
             raise IndexUnavailable(f"{self.path} is a symbolic link; refusing to open it")
         try:

@@ -14,6 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nncc.cache.gc import collect
+from nncc.cache.objects import object_bytes
+from nncc.util.units import format_bytes
+
 
 class EntryTooLarge(Exception):
     """The entry alone is over the size bound: it is not stored (the run goes on)."""
@@ -32,7 +36,6 @@ def refuse_oversized(size: int, limits: Any) -> None:
     """EntryTooLarge when an entry of ``size`` bytes cannot fit under the size bound."""
     if limits is None or limits.max_size is None or size <= limits.max_size:
         return
-    from nncc.util.units import format_bytes
 
     source = "" if limits.max_size_where == "default" else f", from {limits.max_size_where}"
     raise EntryTooLarge(f"the compiled model ({format_bytes(size)}) is larger than the cache size limit "
@@ -44,11 +47,9 @@ def after_store(cache, limits: Any, keep=()) -> Evicted | None:
     busy entry. None when nothing had to go."""
     if limits is None or (limits.max_size is None and limits.max_age is None):
         return None
-    from nncc.cache.objects import object_bytes
 
     if limits.max_age is None and cache.index.totals()[1] + object_bytes(cache) <= limits.max_size:
         return None  # the usual case: one query
-    from nncc.cache.gc import collect
 
     report = collect(cache, max_size=limits.max_size, max_age=limits.max_age, keep=keep, scan=False)
     if not report.removed:

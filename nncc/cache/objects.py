@@ -18,8 +18,10 @@ import os
 
 from blake3 import blake3
 
+from nncc.cache.files import CacheEntryError, CacheWriteError, read_entry_file, write_file_atomic
 from nncc.cache.folder import OBJECT_NAME, OBJECT_TEMP_NAME, SHARD_NAME, make_private, remove_name
 from nncc.cache.index import IndexCorrupt, IndexUnavailable, disk_full
+from nncc.cache.reports import Finding, Removal
 from nncc.util.notice import warn
 
 OBJECTS = "objects"
@@ -41,8 +43,6 @@ class CacheObjects:
 
     def load(self, key: str) -> bytes | None:
         """The object's bytes when they match the index; None (compile it) otherwise."""
-        from nncc.cache.files import CacheEntryError, read_entry_file
-
         try:
             recorded = self.cache.index.object_hash(key)
         except (IndexUnavailable, IndexCorrupt):
@@ -64,8 +64,6 @@ class CacheObjects:
     def save(self, key: str, data: bytes) -> None:
         """Write the object atomically, then record its hash. A cache that cannot take it
         (full, read-only) only costs a compile next time."""
-        from nncc.cache.files import CacheWriteError, write_file_atomic
-
         shard = os.path.dirname(self.path(key))
         try:
             for folder in (self.directory, shard):
@@ -102,8 +100,6 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
     only until that many bytes are freed. With ``scan``, also files with no index row and
     temp files left by an interrupted write, and rows whose file is gone. Returns the bytes
     freed (or that would be, for a dry run)."""
-    from nncc.cache.reports import Removal
-
     store = CacheObjects(cache)
     freed = 0
     for row in cache.index.objects():
@@ -127,8 +123,6 @@ def collect_objects(cache, report, dry_run: bool, scan: bool = True, over: int |
 def dry_release(cache, report, token: str, remaining: set[str]) -> int:
     """For a dry run: report the objects ``token``'s entry needed that no entry in
     ``remaining`` needs (what evicting it would remove); returns their bytes."""
-    from nncc.cache.reports import Removal
-
     mine = set(cache.index.entry_objects(token))
     for other in remaining:
         mine -= set(cache.index.entry_objects(other))
@@ -142,8 +136,6 @@ def dry_release(cache, report, token: str, remaining: set[str]) -> int:
 
 
 def _collect_files(cache, store: CacheObjects, report, dry_run: bool) -> int:
-    from nncc.cache.reports import Removal
-
     if not os.path.isdir(store.directory) or os.path.islink(store.directory):
         return 0
     recorded = {row["key"] for row in cache.index.objects()}
@@ -175,9 +167,6 @@ def verify_objects(cache, fix: bool) -> list:
     (size or hash differs), MISSING (a row whose file is gone), ORPHAN and LEFTOVER (files
     with no row, temp files). An object that is as recorded is not listed. ``fix`` removes
     each file and row (a compile that needs one builds it again)."""
-    from nncc.cache.files import CacheEntryError, read_entry_file
-    from nncc.cache.reports import Finding
-
     store = CacheObjects(cache)
     findings = []
     rows = cache.index.objects()

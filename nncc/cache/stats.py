@@ -23,6 +23,7 @@ import json
 
 from blake3 import blake3
 
+from nncc._version import __version__
 from nncc.cache.index import MISS_REASONS, IndexCorrupt, IndexUnavailable
 
 
@@ -45,8 +46,6 @@ def record_hit(cache, entry, seconds: float) -> None:
 def record_miss(cache, token: str, model_bytes: bytes, opts, rejected: bool, compile_seconds: float) -> str | None:
     """Count why ``token`` had to be compiled and how long the compile took; called once
     the new entry is stored. Returns the reason (None when it could not be recorded)."""
-    from nncc._version import __version__
-
     model_hash = blake3(model_bytes).hexdigest()
     options = options_text(opts)
 

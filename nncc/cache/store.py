@@ -21,12 +21,14 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from nncc import _version
 from nncc.cache.folder import (ENTRY_NAME, SHARD_NAME, TEMP_NAME, CacheRefused, CacheUnavailable, check_trusted,
                                folder_state, make_private, refuse_foreign, remove_entry_path)
 from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavailable, disk_full
 from nncc.cache.locking import FileLock, LockBusy, lock_problem, try_lock
 from nncc.cache.files import (CacheEntryError, CacheWriteError, chunk_hashes, content_hash, fsync_dir,
                               map_entry_file, read_entry_file, spot_check, unlink_quietly, write_file_atomic)
+from nncc.plan import format as plan_format
 from nncc.util.notice import warn
 
 ENTRIES = "entries"
@@ -201,10 +203,7 @@ class Cache:
         return self
 
     def _new_index(self) -> Index:
-        from nncc._version import __version__
-        from nncc.plan.format import FORMAT_VERSION
-
-        return Index(self.directory, __version__, FORMAT_VERSION)
+        return Index(self.directory, _version.__version__, plan_format.FORMAT_VERSION)
 
     def _open_index(self) -> Index:
         try:
@@ -339,7 +338,7 @@ class Cache:
         of its chunks hashed (see files.spot_check): the cost stays flat in the size of
         the weights, and over successive hits every chunk is checked. ``verify_data``
         (``nncc cache verify``) hashes it whole. Raises CacheEntryError."""
-        from nncc.cache.versions import stale_writer
+        from nncc.cache.versions import stale_writer  # lazy: start-up
 
         stale = stale_writer(entry.nncc_version, entry.format_version)
         if stale:
@@ -372,9 +371,7 @@ class Cache:
         (``row``: the Entry fields that describe where it came from). The hashes are of
         the in-memory buffers that are then written out. The caller holds the token's
         lock. Raises CacheWriteError or IndexUnavailable; nothing is left half-written."""
-        from nncc._version import __version__
-        from nncc.plan.format import FORMAT_VERSION
-        from nncc.util.interrupts import held_signals
+        from nncc.util.interrupts import held_signals  # lazy: start-up
 
         committed = False
         try:
@@ -386,7 +383,7 @@ class Cache:
                 now = time.time()
                 entry = Entry(token=token, plan_hash=plan_hash, data_hash=data_hash,
                               plan_size=len(model_bytes), data_size=len(data_bytes),
-                              nncc_version=__version__, format_version=FORMAT_VERSION,
+                              nncc_version=_version.__version__, format_version=plan_format.FORMAT_VERSION,
                               created=now, last_used=now, hits=0, **row)
                 self.index.insert(entry, counter=counter, chunks=chunks)  # once both files are in place
                 committed = True

@@ -8,10 +8,18 @@ place, ``compute_token``. Hashing never parses the model: a cache hit must not p
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import stat
 import sys
+import time
 
+import numpy as np
 from blake3 import blake3
+
+from nncc import _version
+from nncc.plan import format as plan_format
+from nncc.util.files import external_data_path, open_file
 
 TOKEN_SCHEME = "nncc-cache-token/5"  # bump when the list of ingredients changes
 TOKEN_BYTES = 32
@@ -88,11 +96,7 @@ def token_context(options, memo=None) -> bytes:
     """The digest of every ingredient but the model's own bytes and files (3-10 above):
     what a direct-mode lookup must match as well as the file's identity. ``memo``: the
     cache index, which remembers the hashes of nncc's source files (``code_fingerprint``)."""
-    import numpy as np
-
-    from nncc._version import __version__
-    from nncc.backends.registry import get_backend, load_plugin, loaded_plugins
-    from nncc.plan.format import FORMAT_VERSION
+    from nncc.backends.registry import get_backend, load_plugin, loaded_plugins  # lazy: start-up
 
     for module in options.plugins:
         load_plugin(module)
@@ -100,8 +104,8 @@ def token_context(options, memo=None) -> bytes:
     backends = [get_backend(name).identity() for name in names]
 
     h = blake3()
-    _put(h, "nncc", __version__)
-    _put(h, "format", str(FORMAT_VERSION))
+    _put(h, "nncc", _version.__version__)
+    _put(h, "format", str(plan_format.FORMAT_VERSION))
     _put(h, "backends", _json(backends))
     _put(h, "options", _json(options.as_dict()))
     _put(h, "plugins", _json(loaded_plugins()))
@@ -175,8 +179,8 @@ def _record_digests(package_dir: str, files: dict) -> dict[str, str] | None:
     """sha256 (hex) of each source file from the installed wheel's RECORD, or None when
     there is no RECORD naming exactly these files with these sizes (an editable install,
     a checkout, or a file edited or added after installing: then the contents are hashed)."""
-    import base64
-    import csv
+    import base64  # lazy: start-up
+    import csv  # lazy: start-up
 
     parent, name = os.path.split(os.path.abspath(package_dir))
     try:
@@ -214,8 +218,7 @@ def _record_digests(package_dir: str, files: dict) -> dict[str, str] | None:
 def _content_digests(files: dict, memo=None) -> dict[str, str]:
     """sha256 (hex) of each file's contents; ``memo`` (``code_hashes``/``put_code_hashes``)
     spares reading a file whose (path, size, mtime) it has seen, and learns the others."""
-    import hashlib
-    import time
+    import hashlib  # lazy: start-up
 
     remembered = memo.code_hashes() if memo is not None else {}
     digests, learned = {}, []
@@ -254,7 +257,6 @@ def external_files(model_path, model_bytes, skip_dirs=(), seen: list | None = No
     """
     if EXTERNAL_MARKER not in model_bytes:
         return []
-    from nncc.util.files import external_data_path
 
     base = os.path.dirname(os.path.abspath(model_path))
     skip = {os.path.realpath(d) for d in skip_dirs}
@@ -289,11 +291,6 @@ def _stat_or_none(path: str):
 
 
 def _hash_file(path: str, seen: list | None = None) -> bytes:
-    import mmap
-    import stat
-
-    from nncc.util.files import open_file
-
     fd, st = open_file(path)  # never blocks on a FIFO; what is hashed is what fstat saw
     try:
         if not stat.S_ISREG(st.st_mode):

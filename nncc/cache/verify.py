@@ -28,19 +28,22 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import struct
 
+from nncc.cache.files import CacheEntryError, content_hash, read_entry_file
+from nncc.cache.locking import LockBusy, lock_problem, try_lock
+from nncc.cache.objects import verify_objects
 from nncc.cache.versions import stale_writer
 from nncc.cache.reports import DEBRIS, PROBLEMS, Finding, VerifyReport  # noqa: F401 (their home)
+from nncc.cache.store import TOKEN_RE
+from nncc.util import progress
+from nncc.util.files import open_file
 
 
 
 def _producer(path: str) -> str | None:
     """The producer version in a plan file's fixed header (no parsing beyond it)."""
-    import stat
-    import struct
-
-    from nncc.util.files import open_file
-
     try:
         fd, st = open_file(path)  # never blocks, even on a FIFO
         try:
@@ -56,8 +59,6 @@ def _producer(path: str) -> str | None:
 
 
 def _busy(cache, token: str) -> bool:
-    from nncc.cache.locking import try_lock
-
     held = try_lock(cache.lock_path(token))
     if held is None:
         return True
@@ -102,10 +103,6 @@ def classify_files(cache, skip: set[str] = frozenset()) -> list[Finding]:
 
 
 def verify(cache, fix: bool = False) -> VerifyReport:
-    from nncc.cache.locking import LockBusy, lock_problem
-    from nncc.cache.store import TOKEN_RE
-    from nncc.util import progress
-
     findings: list[Finding] = []
     if cache.index_rebuilt:  # damaged: what it listed is lost (its files are orphans now)
         findings.append(Finding("CORRUPT", None, f"the index was damaged ({cache.index_rebuilt}) and was rebuilt "
@@ -166,7 +163,6 @@ def verify(cache, fix: bool = False) -> VerifyReport:
             for token in cache.index.stale():
                 if token not in tokens:
                     cache.delete_row(token)
-        from nncc.cache.objects import verify_objects
 
         task.describe("rehashing kernel objects")
         findings.extend(verify_objects(cache, fix))  # only those that are not as recorded
@@ -179,8 +175,6 @@ def _drop_row(cache, token) -> bool:
 
 
 def _check(cache, entry) -> tuple[str, str]:
-    from nncc.cache.files import CacheEntryError, content_hash, read_entry_file
-
     stale = stale_writer(entry.nncc_version, entry.format_version)
     if stale:
         return "STALE", stale

@@ -4,14 +4,15 @@ stale: never used, kept until gc retires it."""
 
 from __future__ import annotations
 
+from nncc import _version
+from nncc.plan import format as plan_format
+
 
 def stale_writer(nncc_version, format_version=None) -> str | None:
     """Why an entry written by nncc ``nncc_version`` (in plan format ``format_version``,
     when known) is stale for this nncc, or None when it is this nncc's."""
-    from nncc._version import __version__
-    from nncc.plan.format import FORMAT_VERSION
-
-    if nncc_version != __version__ or (format_version is not None and format_version != FORMAT_VERSION):
+    if nncc_version != _version.__version__ or (format_version is not None
+                                                 and format_version != plan_format.FORMAT_VERSION):
         shown = f"nncc {nncc_version}" + (f" (format {format_version})" if format_version is not None else "")
         return f"written by {shown}"
     return None

@@ -7,9 +7,12 @@ the figures: a rich table on stdout, or --json (schema: docs/bench.md).
 
 from __future__ import annotations
 
+import math
+
 import click
 
-from nncc.cli.options import command_cache_dir, compile_options, options_dict, parse_dims, verbosity_options
+from nncc.cli.options import (command_cache_dir, compile_options, options_dict, parse_dims, verbosity_options,
+                              warn_compile_options_on_artifact)
 from nncc.util.units import format_bytes
 
 
@@ -39,8 +42,8 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
     """Benchmark MODEL (an .onnx model, or a compiled .nncc artifact): cold compile (cache
     bypassed), verified cache-hit load, first inference, steady-state latency and throughput,
     peak resident memory; with --compare onnxruntime, the same next to onnxruntime."""
-    from nncc.bench import BenchSettings, run_benchmark
-    from nncc.cli.progress import live_progress
+    from nncc.bench import BenchSettings, run_benchmark  # lazy: start-up
+    from nncc.cli.progress import live_progress  # lazy: start-up
 
     settings = BenchSettings(
         warmup=warmup, iterations=iterations, duration=duration, threads=threads, compare=compare, seed=seed,
@@ -48,16 +51,14 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
         compile_options=options_dict(preference, opt_level, backends, plugins, target),
     )
     settings.check()  # bad settings fail before any progress bar appears
-    from nncc.util.files import is_artifact
+    from nncc.util.files import is_artifact  # lazy: start-up
 
     if is_artifact(model):
-        from nncc.cli.options import warn_compile_options_on_artifact
-
         warn_compile_options_on_artifact(model)
     with live_progress():  # a bar on stderr when it is a terminal (not with --quiet)
         result = run_benchmark(model, settings)
     if as_json:
-        from nncc.cli.output import emit_json
+        from nncc.cli.output import emit_json  # lazy: start-up
 
         emit_json(_finite(result))
     else:
@@ -66,8 +67,6 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
 
 def _finite(value):
     """JSON has no Infinity or NaN: they become null."""
-    import math
-
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -89,9 +88,9 @@ def _x(ratio) -> str:
 
 
 def render(result: dict) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich
 
-    from nncc.cli.output import console
+    from nncc.cli.output import console  # lazy: start-up
 
     cmp = result["compare"] if result["compare"] and result["compare"].get("available") else None
     ratios = cmp["ratios"] if cmp else {}
@@ -138,7 +137,7 @@ def render(result: dict) -> None:
     row("peak RSS before onnxruntime" if cmp else "peak RSS after warm-up", format_bytes(mem["peak_rss_nncc_bytes"]))
     out = console()
     if not out.is_terminal:  # piped: lines as long as they are, never wrapped at 80 columns
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich
 
         out = Console(width=10_000)
     out.print(title, style="italic", soft_wrap=True)  # soft_wrap: the title is one line, never broken

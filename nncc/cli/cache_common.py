@@ -3,6 +3,7 @@ they raise, and a few formatting helpers."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -11,6 +12,7 @@ from nncc.cli.cache_options import trust_option
 from nncc.cli.options import command_cache_dir
 from nncc.cli.output import status
 from nncc.errors import NnccError
+from nncc.settings import bad_value, cache_settings, parse_age, parse_size
 
 
 class CacheCommandError(NnccError):
@@ -31,8 +33,6 @@ def json_option(command):
 def command_settings(cache_dir):
     """Every cache setting, resolved and checked when the command starts: a bad one is one
     line and exit 2 whatever the cache holds (or whether there is one)."""
-    from nncc.settings import cache_settings
-
     return cache_settings(cache_dir)
 
 
@@ -40,7 +40,6 @@ def parse_bound(kind: str, text: str | None, where: str):
     """A --max-size or --max-age value (None when not given), worded as a bad setting."""
     if text is None:
         return None
-    from nncc.settings import bad_value, parse_age, parse_size
 
     try:
         return (parse_size if kind == "size" else parse_age)(text)
@@ -55,10 +54,8 @@ def open_cache(cache_dir, trust_shared, read_only_ok: bool = False, settings=Non
     that only read (``read_only_ok``) also open one on read-only storage or a full disk;
     the others, which remove things, open one on a full disk to free space (Cache.open's
     ``reclaim``). A folder that is not nncc's, or not private, is refused (exit 2)."""
-    import os
-
-    from nncc.cache.folder import INDEX_NAME, CacheRefused, folder_state
-    from nncc.cache.store import Cache, CacheUnavailable
+    from nncc.cache.folder import INDEX_NAME, CacheRefused, folder_state  # lazy: start-up
+    from nncc.cache.store import Cache, CacheUnavailable  # lazy: start-up
 
     settings = settings or command_settings(cache_dir)
     directory = settings.directory
@@ -85,8 +82,6 @@ def when(ts) -> str:
 
 
 def model_name(path) -> str:
-    import os
-
     return os.path.basename(path) if path else "-"
 
 
@@ -109,9 +104,9 @@ def known_entries(c) -> dict:
 
 def complete_tokens(ctx, param, incomplete):
     """Shell completion of TOKEN arguments: token prefixes from the cache index."""
-    from click.shell_completion import CompletionItem
+    from click.shell_completion import CompletionItem  # lazy: start-up
 
-    from nncc.cli.complete import cached_tokens
+    from nncc.cli.complete import cached_tokens  # lazy: start-up
 
     return [CompletionItem(value, help=help) for value, help in
             cached_tokens(ctx.params.get("cache_dir"), incomplete)]

@@ -12,7 +12,7 @@ from nncc.cli.cache_common import (CacheCommandError, cache_dir_option, command_
                                    report_failed)
 from nncc.cli.cache_options import use_remote_url
 from nncc.cli.options import verbosity_options
-from nncc.cli.output import emit_json, status
+from nncc.cli.output import emit_json, status, verbosity
 from nncc.errors import NnccError
 
 
@@ -41,10 +41,9 @@ def zero_stats(cache_dir, trust_shared, as_json):
 def verify(fix, cache_dir, trust_shared, as_json):
     """Rehash every entry; exit 1 when anything is wrong (with --fix: left unfixed).
     Debris of killed processes (ORPHAN, LEFTOVER) is reported, not wrong: gc removes it."""
-    from nncc.cache.verify import DEBRIS, VerifyReport
-    from nncc.cache.verify import verify as run_verify
-    from nncc.cli.output import verbosity
-    from nncc.cli.progress import live_progress
+    from nncc.cache.verify import DEBRIS, VerifyReport  # lazy: start-up
+    from nncc.cache.verify import verify as run_verify  # lazy: start-up
+    from nncc.cli.progress import live_progress  # lazy: start-up
 
     c, directory = open_cache(cache_dir, trust_shared)
     if c is None:
@@ -71,7 +70,7 @@ def verify(fix, cache_dir, trust_shared, as_json):
 def _verify_summary(report) -> str:
     """One line that says what was found and what was done: '4 entries verified: all OK',
     'problems fixed: 1 CORRUPT removed, 3 OK', 'problems found: 1 MISSING, 3 OK'."""
-    from nncc.cache.verify import PROBLEMS
+    from nncc.cache.verify import PROBLEMS  # lazy: start-up
 
     counts = report.counts()
     if not counts:
@@ -109,9 +108,9 @@ def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
     applied after every store, unless --max-size or --max-age is given.
     Exit 1 when something could not be removed (other than being in use). With --remote,
     apply --max-size and --max-age to the remote tier (the local cache is left alone)."""
-    from nncc.cache.gc import GcReport, collect
-    from nncc.util.units import format_bytes
-    from nncc.cli.progress import live_progress
+    from nncc.cache.gc import GcReport, collect  # lazy: start-up
+    from nncc.util.units import format_bytes  # lazy: start-up
+    from nncc.cli.progress import live_progress  # lazy: start-up
 
     size = parse_bound("size", max_size, "--max-size")
     age = parse_bound("age", max_age, "--max-age")
@@ -144,10 +143,10 @@ def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
 
 
 def _gc_remote(size, age, dry_run, as_json) -> None:
-    from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.gc import WrongKey, collect_remote
-    from nncc.cli.cache_remote import RemoteCommandError, open_tier, remote_fault
-    from nncc.util.units import format_bytes
+    from nncc.cache.remote.errors import RemoteFault  # lazy: start-up
+    from nncc.cache.remote.gc import WrongKey, collect_remote  # lazy: start-up
+    from nncc.cli.cache_remote import RemoteCommandError, open_tier, remote_fault  # lazy: start-up
+    from nncc.util.units import format_bytes  # lazy: start-up
 
     tier = open_tier()
     try:
@@ -201,7 +200,7 @@ def rm(tokens, cache_dir, trust_shared, as_json):
     if as_json:
         emit_json({"removed": removed, "busy": busy})
     else:
-        from nncc.util.units import format_bytes
+        from nncc.util.units import format_bytes  # lazy: start-up
 
         for token in removed:
             source, size = known.get(token, (None, None))
@@ -215,7 +214,7 @@ def rm(tokens, cache_dir, trust_shared, as_json):
 def _resolve(c, argument: str) -> list[str]:
     """The tokens ``argument`` names: one entry by unambiguous token prefix (also an
     orphan's files on disk), or every entry and retired row whose model name matches it."""
-    from nncc.cache.select import is_token_prefix, name_matches
+    from nncc.cache.select import is_token_prefix, name_matches  # lazy: start-up
 
     by_name = sorted(t for t, (source, _) in known_entries(c).items() if name_matches(source, argument))
     by_token = []
@@ -245,9 +244,9 @@ def _resolve(c, argument: str) -> list[str]:
 def clear(cache_dir, trust_shared, as_json):
     """Remove every entry and every file nncc left in the cache (counters are kept).
     Files nncc never writes are left alone."""
-    from nncc.cache.gc import GcReport, collect
-    from nncc.util.units import format_bytes
-    from nncc.cli.progress import live_progress
+    from nncc.cache.gc import GcReport, collect  # lazy: start-up
+    from nncc.util.units import format_bytes  # lazy: start-up
+    from nncc.cli.progress import live_progress  # lazy: start-up
 
     c, directory = open_cache(cache_dir, trust_shared)
     remaining = 0

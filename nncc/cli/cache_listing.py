@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import click
@@ -29,7 +30,7 @@ def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
 
     TOKEN is a token prefix; PATTERN a glob on the model's file name ('resnet*', 'mlp').
     The table fits the terminal: the least useful columns go first; --wide shows all."""
-    from nncc.cache.select import matches
+    from nncc.cache.select import matches  # lazy: start-up
 
     c, directory = open_cache(cache_dir, trust_shared, read_only_ok=True)
     if c is None:
@@ -45,7 +46,7 @@ def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
     if patterns:
         entries = [e for e in entries if any(matches(e.token, e.source_path, p) for p in patterns)]
     if malformed:  # someone edited the index: such rows are never used
-        from nncc.util.notice import warn
+        from nncc.util.notice import warn  # lazy: start-up
 
         warn(f"skipped {len(malformed)} malformed index row(s) ({malformed[0][1]}); "
              "`nncc cache verify --fix` removes them")
@@ -66,8 +67,8 @@ def _entry_table(entries, wide: bool, linked: dict) -> str:
     least useful columns go first (created, version, last used, hits, preference, size);
     ``wide`` shows every column, the two cache files' sizes and the kernel objects each
     entry was linked from too, with full timestamps."""
-    from nncc.cli.fit_table import Column, render, terminal_width
-    from nncc.util.units import format_bytes
+    from nncc.cli.fit_table import Column, render, terminal_width  # lazy: start-up
+    from nncc.util.units import format_bytes  # lazy: start-up
 
     columns = [Column("token", keep=True), Column("model", keep=True)]
     rows = [[e.token[:12], model_name(e.source_path)] for e in entries]
@@ -113,20 +114,18 @@ def _ago(ts) -> str:
 def info(cache_dir, trust_shared, as_json):
     """Location, size, counters, and whether the cache pays off (like `ccache -s`), with the
     remote tier's counters and, when one is configured, its own size."""
-    from nncc.cli.cache_remote import remote_info
+    from nncc.cli.cache_remote import remote_info  # lazy: start-up
 
-    from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME
-    from nncc.cache.stats import summary
-    from nncc.util.units import format_bytes
+    from nncc.cache.index import ALL_COUNTERS, COUNTERS, INDEX_NAME  # lazy: start-up
+    from nncc.cache.stats import summary  # lazy: start-up
+    from nncc.util.units import format_bytes  # lazy: start-up
 
-    from nncc.cli.native_note import native_off
+    from nncc.cli.native_note import native_off  # lazy: start-up
 
     settings = command_settings(cache_dir)
     off = native_off((), "native")  # why this machine builds no native stage, if it builds none
     c, directory = open_cache(cache_dir, trust_shared, read_only_ok=True, settings=settings)
     if c is None:
-        import os
-
         if as_json:
             emit_json({"directory": directory, "exists": False, "index": os.path.join(directory, INDEX_NAME),
                        "nncc_version": None, "entries": 0, "total_bytes": 0, "max_bytes": settings.max_size,
@@ -228,7 +227,7 @@ def _float(text):
 
 def _worth_rows(counters: dict, stats: dict, hit_rate) -> list[tuple[str, str]]:
     """Hits, misses and their reasons, and the time the cache saved, one line each."""
-    from nncc.util.units import format_seconds
+    from nncc.util.units import format_seconds  # lazy: start-up
 
     def average(seconds, what):
         return "" if seconds is None else f", {format_seconds(seconds)} {what} on average"

@@ -9,6 +9,7 @@ import click
 
 from nncc.cli.options import command_cache_dir
 from nncc.cli.output import detail, status
+from nncc.settings import check
 
 
 def trust_option(command):
@@ -23,11 +24,9 @@ def use_remote_url(ctx, param, value):
     # every command that takes --remote sets it, to None when absent: a flag given to one
     # command never carries over to the next one run in the same process
     if value:
-        from nncc.settings import check
-
         check("remote.url", value, "--remote")  # a bad URL is one line before the command runs
     if value or "nncc.cache.remote.settings" in sys.modules:
-        from nncc.cache.remote.settings import use_remote
+        from nncc.cache.remote.settings import use_remote  # lazy: start-up
 
         use_remote(value)
 
@@ -81,7 +80,7 @@ def report_cache(outcome) -> None:
         text += f" ({outcome.stage} stage)"
     evicted = getattr(outcome, "evicted", None)
     if evicted:
-        from nncc.util.units import format_bytes
+        from nncc.util.units import format_bytes  # lazy: start-up
 
         text += (f"; evicted {evicted.entries} {'entry' if evicted.entries == 1 else 'entries'} "
                  f"({format_bytes(evicted.bytes)})")

@@ -4,10 +4,20 @@ remote tier by hand; `nncc cache remote keygen`; and the remote parts of `cache 
 
 from __future__ import annotations
 
-import click
+import json
+import os
+import sys
 
+import click
+import platformdirs
+
+from nncc.cache.files import CacheEntryError
+from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
+from nncc.cache.remote.settings import shown, write_key_file
+from nncc.cache.remote.tier import RemoteTier
 from nncc.cli.output import emit_json, status
 from nncc.errors import NnccError
+from nncc.settings import remote_settings, value
 
 
 class RemoteCommandError(NnccError):
@@ -17,10 +27,6 @@ class RemoteCommandError(NnccError):
 def open_tier():
     """The configured remote tier, for a command that asked for it: an error when there is
     none, or no key (a run would only warn; a command that asked must not pretend)."""
-    from nncc.cache.remote.settings import shown
-    from nncc.settings import remote_settings
-    from nncc.cache.remote.tier import RemoteTier
-
     settings = remote_settings()
     if settings.url is None:
         raise RemoteCommandError("no remote cache: give --remote URL or set NNCC_REMOTE")
@@ -34,9 +40,7 @@ def remote_fault(tier, exc) -> NnccError:
 
 
 def push(cache, tokens, as_json: bool) -> None:
-    from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.preparing.remote import push_entry
-    from nncc.cache.files import CacheEntryError
+    from nncc.preparing.remote import push_entry  # lazy: start-up
 
     tier = open_tier()
     pushed, failed = [], []
@@ -65,8 +69,6 @@ def push(cache, tokens, as_json: bool) -> None:
 def _portable_stage(entry) -> bool:
     """A quick entry of options that name the native backend: its remote name is the
     portable one, which only the compiling run knows (it hashes the model)."""
-    import json
-
     try:
         backends = json.loads(entry.options or "{}").get("backends") or []
     except (ValueError, AttributeError):
@@ -75,9 +77,7 @@ def _portable_stage(entry) -> bool:
 
 
 def pull(cache, tokens, as_json: bool) -> None:
-    from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-    from nncc.preparing.remote import adopt
-    from nncc.settings import value
+    from nncc.preparing.remote import adopt  # lazy: start-up
 
     trust_native = bool(value("remote.trust_native"))  # resolved once for the command
     tier = open_tier()
@@ -109,8 +109,6 @@ def pull(cache, tokens, as_json: bool) -> None:
 
 
 def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
-    import sys
-
     if as_json:
         emit_json({"remote": url, verb: done, "failed": failed})
     else:
@@ -125,11 +123,6 @@ def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
 
 def remote_info() -> dict | None:
     """The remote's own figures for `cache info`, or None when no remote is configured."""
-    from nncc.cache.remote.errors import RemoteFault
-    from nncc.cache.remote.settings import shown
-    from nncc.settings import remote_settings
-    from nncc.cache.remote.tier import RemoteTier
-
     settings = remote_settings()
     if settings.url is None:
         return None
@@ -145,13 +138,7 @@ def remote_info() -> dict | None:
 
 
 def keygen(path: str | None, as_json: bool) -> None:
-    import os
-
-    from nncc.cache.remote.settings import write_key_file
-
     if path is None:
-        import platformdirs
-
         path = os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), "remote.key")
     path = os.path.abspath(os.path.expanduser(path))
     try:

@@ -19,7 +19,7 @@ from nncc.errors import NnccError
 @verbosity_options
 def push(tokens, cache_dir, trust_shared, as_json):
     """Upload local entries (all of them, or the TOKENs: unambiguous prefixes) to the remote."""
-    from nncc.cli import cache_remote
+    from nncc.cli import cache_remote  # lazy: start-up
 
     c, directory = open_cache(cache_dir, trust_shared, read_only_ok=True)
     if c is None:
@@ -40,7 +40,7 @@ def remote():
 def keygen(path, as_json):
     """Write a fresh random team key to PATH (default: remote.key in the user config
     folder), mode 600; an existing file is never replaced."""
-    from nncc.cli import cache_remote
+    from nncc.cli import cache_remote  # lazy: start-up
 
     cache_remote.keygen(path, as_json)
 
@@ -53,15 +53,15 @@ def keygen(path, as_json):
 @verbosity_options
 def pull(tokens, cache_dir, trust_shared, as_json):
     """Fetch entries by full token from the remote, verify them and store them locally."""
-    from nncc.cache.store import TOKEN_RE
-    from nncc.cli import cache_remote
+    from nncc.cache.store import TOKEN_RE  # lazy: start-up
+    from nncc.cli import cache_remote  # lazy: start-up
 
     for token in tokens:
         if not TOKEN_RE.match(token):
             raise CacheCommandError(f"{token!r} is not a full token (64 hex digits)")
     c, directory = open_cache(cache_dir, trust_shared)
     if c is None:
-        from nncc.cache.store import Cache, CacheUnavailable
+        from nncc.cache.store import Cache, CacheUnavailable  # lazy: start-up
 
         try:
             c = Cache.open(directory, trust_shared=trust_shared or command_settings(cache_dir).trust_shared)

@@ -9,7 +9,10 @@ not import nncc.cache (whose import alone costs more than the whole lookup).
 from __future__ import annotations
 
 import os
+import sqlite3
+from urllib.parse import quote
 
+from nncc.settings import cache_dir as setting
 from nncc.util.units import format_bytes
 
 INDEX_NAME = "index.sqlite3"  # = nncc.cache.index.INDEX_NAME (a test keeps them equal)
@@ -20,8 +23,6 @@ LIMIT = 200
 
 def cache_directory(cache_dir: str | None = None) -> str:
     """nncc.settings.cache_dir (the cache package's import is not needed for it)."""
-    from nncc.settings import cache_dir as setting
-
     return setting(cache_dir)
 
 
@@ -35,8 +36,6 @@ def cached_tokens(cache_dir: str | None, incomplete: str) -> list[tuple[str, str
         path = os.path.join(cache_directory(cache_dir), INDEX_NAME)
         if not os.path.isfile(path):
             return []
-        import sqlite3
-        from urllib.parse import quote
 
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.5)
         try:

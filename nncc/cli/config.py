@@ -3,10 +3,13 @@ the config file (set, unset), like `pip config` or ccache's `-M`/`-p`."""
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from nncc.cli.options import verbosity_options
 from nncc.cli.output import emit_json, status
+from nncc.settings import SETTINGS, cache_dir, config_path, file_value, masked, read_config, resolve
 
 @click.group()
 @verbosity_options
@@ -19,12 +22,9 @@ def _shown(resolved) -> str:
     """The value as written (``500M``, not its bytes); an unset cache.dir shows the
     folder it stands for."""
     if resolved.key == "cache.dir":
-        from nncc.settings import cache_dir
-
         return cache_dir() if resolved.value is None else resolved.value
     if resolved.raw is None:
         return "-"
-    from nncc.settings import masked
 
     return masked(str(resolved.raw))
 
@@ -34,8 +34,6 @@ def _shown(resolved) -> str:
 @verbosity_options
 def show(as_json):
     """Each setting's effective value and where it came from."""
-    from nncc.settings import SETTINGS, config_path, masked, read_config, resolve
-
     path = config_path()
     tables = read_config(path)
     resolved = [resolve(key) for key in SETTINGS]
@@ -53,7 +51,7 @@ def show(as_json):
     for key, value, where in rows:
         click.echo(f"{key:<{width[0]}}  {value:<{width[1]}}  ({where})")
     if unknown:
-        from nncc.util.notice import warn
+        from nncc.util.notice import warn  # lazy: start-up
 
         warn(f"{path} has keys nncc does not know, ignored: {', '.join(unknown)}")
 
@@ -65,15 +63,11 @@ def _keys(tables: dict) -> list[str]:
 
 
 def _exists(path: str) -> bool:
-    import os
-
     return os.path.exists(path)
 
 
 def _complete_keys(ctx, param, incomplete):
-    from click.shell_completion import CompletionItem
-
-    from nncc.settings import SETTINGS
+    from click.shell_completion import CompletionItem  # lazy: start-up
 
     return [CompletionItem(key, help=s.help) for key, s in SETTINGS.items() if key.startswith(incomplete)]
 
@@ -89,8 +83,7 @@ def json_option(command):
 @verbosity_options
 def set_(key, value, as_json):
     """Set KEY to VALUE in the config file (checked first; written atomically)."""
-    from nncc.settings import config_path, file_value, masked, read_config, resolve
-    from nncc.settings_file import set_value
+    from nncc.settings_file import set_value  # lazy: start-up
 
     path = config_path()
     checked = set_value(key, value, path)
@@ -110,8 +103,7 @@ def set_(key, value, as_json):
 @verbosity_options
 def unset(key, as_json):
     """Remove KEY from the config file (its default, or the environment, applies again)."""
-    from nncc.settings import config_path
-    from nncc.settings_file import unset_value
+    from nncc.settings_file import unset_value  # lazy: start-up
 
     path = config_path()
     removed = unset_value(key, path)
@@ -128,8 +120,6 @@ def unset(key, as_json):
 @verbosity_options
 def path(as_json):
     """Print the config file's path (it need not exist yet)."""
-    from nncc.settings import config_path
-
     where = config_path()
     if as_json:
         emit_json({"config_file": where, "exists": _exists(where)})

@@ -3,12 +3,15 @@ whether the model, with these options, has a compilation cache entry (nncc/cli/i
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from nncc.cli.cache_options import trust_option
 from nncc.cli.options import (command_cache_dir, compile_options, dim_option, options_dict, parse_dims,
                               stage_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json
+from nncc.compiler import CompileOptions
 
 
 @click.command()
@@ -29,8 +32,8 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
 
     For an .onnx model, also whether the compilation cache holds an entry for it with these
     options (the one `nncc run` would use): its token, stage and origin."""
-    from nncc.report import describe_plan
-    from nncc.util.files import read_source
+    from nncc.report import describe_plan  # lazy: start-up
+    from nncc.util.files import read_source  # lazy: start-up
 
     dims = parse_dims(dim_specs)
     source, artifact = read_source(path)  # read once: PATH may be a pipe
@@ -40,25 +43,22 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
             raise click.BadParameter(f"{path} is a compiled artifact: its shapes were fixed when it was "
                                      "compiled; inspect the .onnx model with --dim instead", param_hint="--dim")
         # the artifact may name plugin kernels: only the plugins the user names are loaded
-        from nncc.backends.registry import load_plugin
+        from nncc.backends.registry import load_plugin  # lazy: start-up
 
         for module in plugins:
             load_plugin(module)
-        from nncc.model import read_artifact
+        from nncc.model import read_artifact  # lazy: start-up
 
         # the plan alone: inspect describes constants, memory and native code; it never
         # expands, allocates or loads them
         plan, size = read_artifact(source, path), len(source)
     else:
-        import os
-
-        from nncc.cli.progress import live_progress
-        from nncc.model import compile_plan
-        from nncc.util import progress
+        from nncc.cli.progress import live_progress  # lazy: start-up
+        from nncc.model import compile_plan  # lazy: start-up
+        from nncc.util import progress  # lazy: start-up
 
         options = options_dict(preference, opt_level, backends, plugins, target, dims)
         cache_options = dict(options)  # the stage is not part of the token: the entry is found whatever it holds
-        from nncc.compiler import CompileOptions
 
         if stage == "quick":  # the portable plan a cache miss stores first
             options["backends"] = tuple(b for b in options.get("backends", CompileOptions.backends) if b != "native")
@@ -66,20 +66,20 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
             plan = compile_plan(path, source, options)
         if stage == "quick":
             plan.options["stage"] = stage
-        from nncc.plan.format import SEAL_BYTES, serialize
+        from nncc.plan.format import SEAL_BYTES, serialize  # lazy: start-up
 
         # the size nncc compile writes, room for its signature included (no key is read)
         size = len(serialize(plan, seal=lambda message: bytes(SEAL_BYTES)))
-    from nncc.ir.opsets import warn_newer_opsets
+    from nncc.ir.opsets import warn_newer_opsets  # lazy: start-up
 
     warn_newer_opsets(plan.options.get("opsets") or {})
     report = describe_plan(plan, size)
     report["path"] = path
-    from nncc.cli.native_note import artifact_native_off, native_off
+    from nncc.cli.native_note import artifact_native_off, native_off  # lazy: start-up
 
     report["native_off"] = artifact_native_off(plan) if artifact else native_off(options.get("backends"), target)
     if artifact:  # who signed it, and whether that key's signature lets its native code run
-        from nncc.trust.seal import describe
+        from nncc.trust.seal import describe  # lazy: start-up
 
         report["signature"] = describe(plan.seal)
     else:
@@ -87,12 +87,12 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
     if artifact:
         report["cache"] = None  # an artifact is run as it is: the cache is not involved
     else:
-        from nncc.cli.inspect_cache import cache_report
+        from nncc.cli.inspect_cache import cache_report  # lazy: start-up
 
         report["cache"] = cache_report(path, source, cache_options, cache_dir, trust_shared)
     if as_json:
         emit_json(report)
     else:
-        from nncc.cli.render_inspect import print_report
+        from nncc.cli.render_inspect import print_report  # lazy: start-up
 
         print_report(report)

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import os
 
-from nncc.cache.folder import CacheUnavailable
-from nncc.cache.index import IndexCorrupt, IndexUnavailable
+from nncc._version import __version__
+from nncc.cache.folder import INDEX_NAME, CacheUnavailable, check_trusted, folder_state, refuse_foreign
+from nncc.cache.index import Index, IndexCorrupt, IndexUnavailable
+from nncc.cache.token import token_context, token_from
+from nncc.plan.format import FORMAT_VERSION
+from nncc.preparing.compiling import compile_options
+from nncc.settings import cache_settings
 
 _UNREADABLE = (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError)  # CacheRefused is a CacheUnavailable
 
@@ -22,11 +27,6 @@ def cache_report(path: str, model_bytes: bytes, options: dict, cache_dir, trust_
     "last_used", "detail"}``: ``cached`` is True or False, or None when the cache could not
     be read (``detail`` says why). ``token`` is the one `nncc run` with the same options
     stores under (and `nncc cache pull` takes), whether or not it is cached."""
-    from nncc.cache.folder import INDEX_NAME, folder_state
-    from nncc.settings import cache_settings
-    from nncc.cache.token import token_context, token_from
-    from nncc.preparing.compiling import compile_options
-
     settings = cache_settings(cache_dir)
     opts = compile_options(options, settings.build)  # built as a run would build it: the same token
     directory = settings.directory
@@ -62,11 +62,6 @@ def cache_report(path: str, model_bytes: bytes, options: dict, cache_dir, trust_
 def _open_index(directory: str, state: str, trust_shared):
     """The index, opened for reading only: a look writes nothing (no schema upgrade, no
     retiring of another version's rows, no statistics), in a folder trusted as a run trusts it."""
-    from nncc._version import __version__
-    from nncc.cache.folder import check_trusted, refuse_foreign
-    from nncc.cache.index import Index
-    from nncc.plan.format import FORMAT_VERSION
-
     if state == "foreign":
         if os.path.isdir(directory):
             refuse_foreign(directory)

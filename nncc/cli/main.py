@@ -16,14 +16,18 @@ gives the terminal its cursor back, as on any other exit path.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import signal
 import sys
+import threading
 
 import click
 
 from nncc import __version__
 from nncc.cli.options import root_cache_dir_option, verbosity_options
+from nncc.errors import FileAccessError, NnccError
 
 COMMANDS = {
     "bench": ("nncc.cli.bench", "bench", "Measure compile, cache-hit load and steady-state speed."),
@@ -71,7 +75,7 @@ class LazyGroup(click.Group):
 
     def shell_complete(self, ctx, incomplete):
         """Complete command names from the table (importing no command), then options."""
-        from click.shell_completion import CompletionItem
+        from click.shell_completion import CompletionItem  # lazy: start-up
 
         items = [CompletionItem(name, help=COMMANDS[name][2]) for name in self.list_commands(ctx)
                  if name.startswith(incomplete)]
@@ -109,16 +113,11 @@ class _sigterm_as_interrupt:
     previous one back afterwards (in-process callers such as the tests keep theirs)."""
 
     def __enter__(self):
-        import signal
-        import threading
-
         self.previous = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, _terminate)
 
     def __exit__(self, *exc):
-        import signal
-
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
 
@@ -129,8 +128,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    from nncc.errors import NnccError
-
     try:
         cli.main(args=argv, prog_name="nncc", standalone_mode=False)
     except Terminated:
@@ -212,9 +209,6 @@ def _finish_like_exit() -> None:
     """What interpreter shutdown does before finalizing: join non-daemon threads, then
     run the atexit handlers (an exception in one is reported, as Python does, and the
     others still run)."""
-    import atexit
-    import threading
-
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
@@ -260,8 +254,6 @@ def _command_path(argv: list[str]) -> str:
 
 def _hint(exc) -> str | None:
     """The error's own hint, or one derived from its kind."""
-    from nncc.errors import FileAccessError
-
     if exc.hint:
         return exc.hint
     text = str(exc).lower()

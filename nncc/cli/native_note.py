@@ -3,14 +3,16 @@ the ISA the target needs), instead of falling back to the portable plan without 
 
 from __future__ import annotations
 
+from nncc.cli.output import detail
+from nncc.compiler import CompileOptions
+from nncc.native.toolchain import explicit_compiler_missing, missing_features, why_no_native
+from nncc.util.notice import warn
+
 
 def native_off(backends, target: str) -> str | None:
     """Why the native backend builds or runs nothing here, when it is asked for."""
-    from nncc.compiler import CompileOptions
-
     if "native" not in (backends or CompileOptions.backends):
         return None
-    from nncc.native.toolchain import why_no_native
 
     return why_no_native(target or "native")
 
@@ -21,15 +23,10 @@ def say_why_native_is_off(backends, target: str) -> None:
     reason = native_off(backends, target)
     if reason is None:
         return
-    from nncc.native.toolchain import explicit_compiler_missing
 
     if explicit_compiler_missing():
-        from nncc.util.notice import warn
-
         warn(f"native code is off: {reason} (unset CC to use cc, gcc or clang)")
     else:
-        from nncc.cli.output import detail
-
         detail(f"nncc: native code is off: {reason}")
 
 
@@ -38,7 +35,6 @@ def artifact_native_off(plan) -> str | None:
     info = plan.options.get("native")
     if not plan.carries_code or not isinstance(info, dict):
         return None
-    from nncc.native.toolchain import missing_features
 
     required = [f for f in info.get("features") or [] if isinstance(f, str)]
     missing = missing_features(required)

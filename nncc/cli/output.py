@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+import click
+
 VERBOSITY_KEY = "nncc.verbosity"  # in click's ctx.meta, shared by the group and its commands
 
 
@@ -20,8 +22,6 @@ def emit_json(payload) -> None:
 
 def verbosity() -> int:
     """-1 with --quiet, 1 with --verbose, 0 otherwise (outside a click command: 0)."""
-    import click
-
     ctx = click.get_current_context(silent=True)
     return 0 if ctx is None else ctx.meta.get(VERBOSITY_KEY, 0)
 
@@ -41,7 +41,7 @@ def detail(message: str) -> None:
 
 
 def console(stderr: bool = False):
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich
 
     return Console(stderr=stderr)
 
@@ -52,7 +52,7 @@ def print_outputs(model: str, rows: list[dict], timing: dict) -> None:
     cells = [[row["name"], "[" + ", ".join(map(str, row["shape"])) + "]", row["dtype"],
               *(_number(row.get(k)) for k in ("min", "max", "mean", "std"))] for row in rows]
     if sys.stdout.isatty():
-        from rich.table import Table
+        from rich.table import Table  # lazy: rich
 
         table = Table(title=f"outputs of {model}", title_justify="left")
         for column in columns:

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from nncc.cli.output import verbosity
+from nncc.util import progress
 
 DEFAULT_DELAY = 0.3
 
@@ -45,8 +46,8 @@ class RichReporter:
     """Implements nncc.util.progress.Reporter with rich.progress."""
 
     def __init__(self, delay: float):
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.console import Console  # lazy: rich
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # lazy: rich
 
         class Count(TextColumn):
             def render(self, task):
@@ -100,7 +101,7 @@ class RichReporter:
         no-op for a display that never started and shows the cursor again otherwise. It is
         called even when an interrupt cut the start short (the cursor already hidden, the
         display not yet marked shown), and SIGINT/SIGTERM wait until it is done."""
-        from nncc.util.interrupts import held_signals
+        from nncc.util.interrupts import held_signals  # lazy: start-up
 
         with held_signals():
             with self._lock:
@@ -135,8 +136,6 @@ class RichReporter:
 @contextlib.contextmanager
 def live_progress():
     """Show the progress the core reports inside the block, if stderr is a terminal."""
-    from nncc.util import progress
-
     if not animated():
         yield
         return

@@ -87,7 +87,7 @@ def _add_cache(tree: Tree, cache: dict) -> None:
 
 
 def _signature_line(signature: dict, has_code: bool) -> str:
-    from rich.markup import escape
+    from rich.markup import escape  # lazy: rich
 
     reason = escape(signature["reason"])
     if signature["trusted"]:

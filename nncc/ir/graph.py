@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from nncc.errors import ModelFormatError
+
 Dim = int | str | None  # int: static; str: symbolic (dim_param); None: unknown
 
 # What kind of value a name holds. A sequence is a Python list of arrays and an optional
@@ -114,9 +116,7 @@ def topological_order(graph: Graph) -> list[Node]:
     Raises ModelFormatError (bad input) on a cycle, a node that consumes its own output,
     or a value nobody produces, naming the node.
     """
-    import heapq
-
-    from nncc.errors import ModelFormatError
+    import heapq  # lazy: start-up
 
     available = set(graph.inputs) | set(graph.initializers) | {""}
     nodes = graph.nodes

@@ -39,7 +39,7 @@ FLOAT8_NAMES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "fl
 
 def _module():
     try:
-        import ml_dtypes
+        import ml_dtypes  # lazy: ml_dtypes
     except ImportError:
         raise MissingDependencyError(
             "this model uses a low-precision element type (bfloat16, float8, int4...), "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from nncc.ir.graph import normalize_domain
+from nncc.util.notice import warn
 
 KNOWN_OPSETS = {"": 28, "ai.onnx.ml": 5, "ai.onnx.preview": 1, "ai.onnx.preview.training": 1}
 
@@ -28,8 +29,6 @@ def newer_opsets(opsets: Mapping[str, int]) -> list[tuple[str, int, int]]:
 
 
 def warn_newer_opsets(opsets: Mapping[str, int], what: str = "the model") -> None:
-    from nncc.util.notice import warn
-
     for domain, version, known in newer_opsets(opsets):
         if (domain, version) in _warned:
             continue

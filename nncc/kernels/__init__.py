@@ -2,6 +2,8 @@
 imported. ``load_all`` imports every family (compiling needs them all); a plan loaded
 from the cache imports only the families it names (registry.by_key, catalog.py)."""
 
+import importlib
+
 FAMILIES = (
     "activation",
     "affine",
@@ -39,15 +41,11 @@ FAMILIES = (
 
 
 def load_all() -> None:
-    import importlib
-
     for name in FAMILIES:
         importlib.import_module(f"nncc.kernels.{name}")
 
 
 def load_family(name: str) -> None:
     """Import one built-in family, by a name from FAMILIES only."""
-    import importlib
-
     if name in FAMILIES:
         importlib.import_module(f"nncc.kernels.{name}")

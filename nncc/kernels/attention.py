@@ -465,7 +465,7 @@ def _modifier(ctx, name: str):
         return None
     runner = ctx.scratch.get(name)
     if runner is None:
-        from nncc.runtime.interpreter import Interpreter  # the runtime imports the kernels
+        from nncc.runtime.interpreter import Interpreter  # lazy: start-up (the runtime imports the kernels)
 
         if len(graph.inputs) != 1 or len(graph.outputs) != 1:
             raise KernelError(f"FlexAttention: {name} must have one input and one output")

@@ -33,7 +33,7 @@ _WIDE_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 def _pillow():
     try:
-        from PIL import Image
+        from PIL import Image  # lazy: optional extra
     except ImportError:
         raise MissingDependencyError(
             "this model decodes images (ImageDecoder), which needs Pillow: "

@@ -15,8 +15,12 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from nncc.errors import UnsupportedOpError
 from nncc.ir.graph import normalize_domain
+from nncc.kernels import load_all, load_family
+from nncc.kernels.catalog import FAMILY_OF
 
 KernelFn = Callable[..., Any]
 ShapeFn = Callable[..., list]
@@ -143,8 +147,6 @@ def stand_ins(*infos) -> list | None:
     """For a first phase: arrays of the infos' dtypes and shapes that take no memory
     (broadcast views of one zero), to check and plan with as with the real operands (None
     for a None info); None when an info is not static."""
-    import numpy as np
-
     if any(i is not None and (i.dtype is None or i.shape is None) for i in infos):
         return None
     return [None if i is None else np.broadcast_to(np.zeros((), i.dtype), i.shape) for i in infos]
@@ -184,9 +186,6 @@ def by_key(key: str) -> KernelDef | None:
         return None
     found = _find(domain, op_type, version)
     if found is None and not _loaded:
-        from nncc.kernels import load_family
-        from nncc.kernels.catalog import FAMILY_OF
-
         family = FAMILY_OF.get(f"{domain}::{op_type}")
         if family is not None:
             load_family(family)
@@ -224,6 +223,5 @@ def _ensure_loaded() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from nncc.kernels import load_all
 
         load_all()  # registers the built-in op families

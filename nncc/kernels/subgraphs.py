@@ -47,7 +47,7 @@ def run_body(ctx, key: str, feeds: list, outer: dict) -> list:
     graph = subgraph(ctx, key)
     cached = ctx.scratch.get(key)
     if cached is None or cached[0] is not graph:
-        from nncc.runtime.interpreter import Interpreter
+        from nncc.runtime.interpreter import Interpreter  # lazy: start-up
 
         cached = (graph, Interpreter(closed(graph, ctx.attrs.get(CAPTURES) or [])))
         ctx.scratch[key] = cached
@@ -65,7 +65,7 @@ _nesting = threading.local()
 
 def body_infos(ctx, key: str, inputs: list, outer: dict) -> list[TensorInfo]:
     """Inferred infos of subgraph ``key``'s outputs, its inputs bound to ``inputs``."""
-    from nncc.passes.shape_inference import infer_shapes
+    from nncc.passes.shape_inference import infer_shapes  # lazy: start-up
 
     graph = subgraph(ctx, key)
     depth = getattr(_nesting, "depth", 0)

@@ -23,6 +23,8 @@ consumer maps once and makes one sweep over the nodes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from nncc.errors import NnccError
@@ -542,8 +544,6 @@ _GELU_SAMPLES = np.linspace(-6.0, 6.0, 97)
 
 
 def _which_gelu(rw: Rewriter, nodes: list[Node], x: str) -> str | None:
-    import math
-
     env = {x: _GELU_SAMPLES}
     erf = np.vectorize(math.erf)
     unary = {"Erf": erf, "Tanh": np.tanh, "Sqrt": np.sqrt}

@@ -35,7 +35,7 @@ def encode_payloads(plan: Plan) -> tuple[list, Pieces, Pieces]:
 
 def decode_payloads(entries: Any, sections: dict[bytes, memoryview], plan: Plan) -> dict[str, BackendPayload]:
     """The checked payloads of ``plan`` (already read) from its program's table."""
-    from nncc.backends.registry import loaded_backend
+    from nncc.backends.registry import loaded_backend  # lazy: start-up
 
     if type(entries) is not list:
         raise PlanFormatError("program field 'payloads' has the wrong type")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +108,6 @@ class Plan:
 
     def without_code(self) -> "Plan":
         """A copy without its code payloads: every partition of theirs runs its instructions."""
-        import copy
-
         plan = copy.copy(self)
         plan.payloads = {name: p for name, p in self.payloads.items() if not p.code}
         plan.options = dict(self.options)

@@ -70,7 +70,7 @@ class ProgramReader:
         return "a plugin may be needed: pass --plugin"
 
     def plan(self, producer: str) -> Plan:
-        from nncc.kernels.registry import by_key
+        from nncc.kernels.registry import by_key  # lazy: start-up
 
         kernels = self.get("kernels", list)
         for key in kernels:

@@ -137,7 +137,7 @@ class GraphChecker:
                 and all(type(n) is str for n in entry[2] + entry[3])):
             raise PlanFormatError("bad subgraph node")
         op, domain, inputs, outputs, attrs, _ = entry
-        from nncc.kernels.registry import resolve
+        from nncc.kernels.registry import resolve  # lazy: start-up
 
         domain = normalize_domain(domain)
         try:

@@ -7,20 +7,18 @@ from __future__ import annotations
 import contextlib
 import os
 
+from nncc.compiler import CompileOptions, compile_graph
 from nncc.errors import ModelFormatError
+from nncc.settings import build_settings
 
 
 def compile_options(options: dict, build=None):
     """CompileOptions from keyword options or their JSON form (lists become tuples).
     ``build``: the command's resolved nncc.settings.BuildSettings, for how native code is
     built where the options do not say (their JSON form does); None resolves them now."""
-    from nncc.compiler import CompileOptions  # start-up cost: the compiler loads on first compile
-
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     if "sanitize" not in options or "cc_timeout" not in options:
         if build is None:
-            from nncc.settings import build_settings
-
             build = build_settings()
         options = {"sanitize": build.sanitize, "cc_timeout": build.cc_timeout, **options}
     return CompileOptions(**options)
@@ -29,8 +27,8 @@ def compile_options(options: dict, build=None):
 @contextlib.contextmanager
 def objects_in(cache):
     """Native code compiled in this context keeps and finds its objects in ``cache``."""
-    from nncc.cache.objects import CacheObjects
-    from nncc.native.build import using  # start-up cost
+    from nncc.cache.objects import CacheObjects  # lazy: start-up
+    from nncc.native.build import using  # lazy: codegen
 
     with using(CacheObjects(cache)):
         yield
@@ -39,8 +37,7 @@ def objects_in(cache):
 def compile_source(source, opts, cache=None):
     """The Plan of ``source`` (a ModelSource), compiled from the bytes hashed into its
     token; with ``cache``, native code is linked from its kernel objects."""
-    from nncc.compiler import compile_graph  # start-up cost
-    from nncc.frontend.onnx import parse_model
+    from nncc.frontend.onnx import parse_model  # lazy: onnx
 
     path = source.path
     try:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 
+from blake3 import blake3
+
 from nncc.cache.files import CacheEntryError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.locking import FileLock
 from nncc.cache.versions import stale_writer
 from nncc.errors import PlanFormatError
+from nncc.plan import format as plan_format
 from nncc.preparing.outcome import Prepared
 from nncc.util.notice import warn
 
@@ -22,11 +25,9 @@ def read_entry(cache, entry, trust_remote_native: bool) -> Prepared:
     """The verified Plan of a cache entry, parsed from the very bytes the store verified.
     ``trust_remote_native``: the remote.trust_native setting, for an entry adopted from
     the remote tier. Raises CacheEntryError."""
-    from nncc.plan.format import deserialize  # start-up cost
-
     model_bytes, data = cache.get(entry)
     try:
-        plan = deserialize(model_bytes, data=data)
+        plan = plan_format.deserialize(model_bytes, data=data)
     except PlanFormatError as exc:
         raise CacheEntryError("corrupt", f"model cache is malformed: {exc}") from None
     stale = stale_writer(plan.producer)
@@ -64,12 +65,9 @@ def store_plan(cache, token: str, plan, source, opts, compile_seconds: float,
                counter: str, stage: str | None = None, limits=None):
     """Store a compiled Plan as ``token``'s entry (EntryTooLarge when it cannot fit under
     the size bound of ``limits``); the caller holds the token's exclusive lock."""
-    from blake3 import blake3
+    from nncc.cache.limits import refuse_oversized  # lazy: start-up
 
-    from nncc.cache.limits import refuse_oversized
-    from nncc.plan.format import serialize_parts
-
-    model_bytes, data_bytes = serialize_parts(plan)
+    model_bytes, data_bytes = plan_format.serialize_parts(plan)
     refuse_oversized(len(model_bytes) + len(data_bytes), limits)  # before any file is written
     return cache.put(token, model_bytes, data_bytes, counter=counter, origin="local",
                      source_path=os.path.abspath(os.fspath(source.path)),

@@ -10,17 +10,20 @@ from __future__ import annotations
 import os
 import time
 
+import nncc.cache.direct as direct
 import nncc.cache.stats as cache_stats
 from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import IndexCorrupt, IndexUnavailable
 from nncc.cache.store import Cache
+from nncc.cache.token import model_subject, token_context, token_of
 from nncc.preparing.compiling import compile_options, compile_source
 from nncc.preparing.entries import locked, store_plan
 from nncc.preparing.outcome import CacheOutcome, ModelSource, Prepared
 from nncc.preparing.policy import StagePolicy
 from nncc.preparing.storage import Storage
 from nncc.preparing.stages import OPTIMIZED, mark_stage
+from nncc.settings import CacheSettings, build_settings, cache_settings, value, with_remote
 from nncc.util.notice import warn
 
 
@@ -58,7 +61,6 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     if not use_cache:
         prepared = _compile(source, *policy.uncached())
         return prepared, CacheOutcome("disabled", None, time.perf_counter() - start)
-    from nncc.cache.token import token_context
 
     limits = settings
     directory = settings.directory
@@ -102,8 +104,6 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 def resolve_settings(cache_dir, hash_mode, use_cache: bool):
     """Every setting a prepare uses, checked now: a bad one is a usage error before any
     work, whatever the cache holds."""
-    from nncc.settings import CacheSettings, build_settings, cache_settings, value, with_remote
-
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
                              shape_plans=value("run.shape_plans"),  # trust_shared: no folder is used
@@ -114,9 +114,6 @@ def resolve_settings(cache_dir, hash_mode, use_cache: bool):
 def _content_token(source: ModelSource, context: bytes, directory: str, cache: Cache | None = None) -> str:
     """The token of the model's bytes (read now). With ``cache``, remember it in the
     direct-mode manifest against the identities stat'ed before the bytes were read."""
-    import nncc.cache.direct as direct
-    from nncc.cache.token import model_subject, token_of
-
     started = time.time()
     st = direct.stat_model(source.path) if cache is not None and not source.given else None
     seen: list | None = [] if st is not None else None
@@ -132,8 +129,6 @@ def _content_token(source: ModelSource, context: bytes, directory: str, cache: C
 
 def _direct_hit(cache: Cache, source: ModelSource, context: bytes, start: float, policy: "StagePolicy"):
     """A verified hit found by the model file's identity, or None (then hash the bytes)."""
-    import nncc.cache.direct as direct
-
     token = direct.find(cache.index, source.path, context)
     if token is None or cache.index.get(token) is None:
         return None
@@ -200,14 +195,14 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
                 warn(f"cache entry {token[:12]} rejected: {again.detail}; recompiling")
                 cache.remove(token, counter="corruptions", lock=held)
             opts = policy.options_for(stage)
-            from nncc.cache.objects import record_entry_objects
+            from nncc.cache.objects import record_entry_objects  # lazy: start-up
 
             compile_start = time.perf_counter()
             plan = compile_source(source, opts, cache)  # linked from the cache's kernel objects
             compile_seconds = time.perf_counter() - compile_start
             mark_stage(plan, stage)
             model = Prepared(plan, trust_native=True)  # native code built just now
-            from nncc.cache.limits import EntryTooLarge, after_store
+            from nncc.cache.limits import EntryTooLarge, after_store  # lazy: start-up
 
             try:
                 store_plan(cache, token, plan, source, policy.opts, compile_seconds,

@@ -7,6 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from nncc.preparing.stages import portable_plan
+from nncc.util.files import read_model_file
+
 if TYPE_CHECKING:
     from nncc.cache.limits import Evicted
 
@@ -51,8 +54,6 @@ class Prepared:
 
     def portable(self) -> "Prepared":
         """This plan without its native code (its portable partitions run)."""
-        from nncc.preparing.stages import portable_plan
-
         if not self.plan.carries_code:
             return self
         return Prepared(portable_plan(self.plan), trust_native=False)
@@ -71,7 +72,5 @@ class ModelSource:
     @property
     def bytes(self):
         if self._bytes is None:
-            from nncc.util.files import read_model_file
-
             self._bytes = read_model_file(self.path)
         return self._bytes

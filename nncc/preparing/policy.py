@@ -8,8 +8,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import threading
 import time
 
+from nncc.cache.files import CacheEntryError
+from nncc.cache.locking import FileLock, try_lock
+from nncc.compiler import OptionError
 from nncc.preparing.entries import locked, read_entry
 from nncc.preparing.outcome import CacheOutcome
 from nncc.preparing.stages import OPTIMIZED, QUICK, compiler_key, miss_stage, stage_options, upgrade_lock_path, \
@@ -33,16 +39,12 @@ def start_upgrade(cache, token: str, source, opts, background: str, trust_shared
     that outlives this command, and resolves the settings itself) or "thread" (with this
     command's resolved ``settings``). Returns what was started, or None when a builder
     already runs (or the model cannot be read again, e.g. from a pipe)."""
-    from nncc.cache.locking import try_lock
-
     held = try_lock(upgrade_lock_path(cache.directory, token))
     if held is None:
         return None  # a builder holds it
     held.release()  # the builder takes it itself; a second one that races us exits at once
     if background == "thread":
-        import threading
-
-        from nncc.preparing.upgrade import upgrade_token
+        from nncc.preparing.upgrade import upgrade_token  # lazy: start-up
 
         thread = threading.Thread(target=upgrade_token, name=f"nncc-upgrade-{token[:12]}",
                                   args=(cache.directory, token, source, opts),
@@ -57,9 +59,6 @@ def start_upgrade(cache, token: str, source, opts, background: str, trust_shared
 
 def spawn_worker(directory: str, token: str, model_path: str, opts, trust_shared: bool | None = None):
     """``python -m nncc.preparing.upgrade``, in its own session, detached from this terminal."""
-    import subprocess
-    import sys
-
     options = json.dumps(dataclasses.asdict(opts))
     cmd = [sys.executable, "-m", "nncc.preparing.upgrade", "--cache-dir", directory, "--token", token,
            "--model", model_path, "--options", options] + (["--trust-shared"] if trust_shared else [])
@@ -72,8 +71,6 @@ class StagePolicy:
     """The stage decisions of one prepare (see the module's docstring)."""
 
     def __init__(self, opts, forced: str | None, background: str | None, settings, trust_shared: bool | None = None):
-        from nncc.compiler import OptionError
-
         if forced not in (None, QUICK, OPTIMIZED):
             raise OptionError(f"unknown stage {forced!r}; choose from {QUICK}, {OPTIMIZED}")
         if background not in (None, "thread", "process"):
@@ -121,9 +118,7 @@ class StagePolicy:
     def _build_now(self, cache, token: str, source, prepared):
         """``--stage optimized`` on a quick entry: build the optimized stage in this process
         (after any background builder finishes), then read the committed entry."""
-        from nncc.cache.files import CacheEntryError
-        from nncc.cache.locking import FileLock
-        from nncc.preparing.upgrade import BUSY, upgrade_token
+        from nncc.preparing.upgrade import BUSY, upgrade_token  # lazy: start-up
 
         while upgrade_token(cache.directory, token, source, self.opts, force=True,
                             trust_shared=self.trust_shared, settings=self.settings) == BUSY:

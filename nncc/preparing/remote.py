@@ -23,13 +23,28 @@ the process with one warning line; the local path goes on.
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import threading
 import time
 
-from nncc.cache.files import CacheEntryError
+from blake3 import blake3
+
+from nncc.cache.files import CacheEntryError, CacheWriteError, chunk_hashes, read_entry_file
+from nncc.cache.index import Entry, IndexUnavailable
 from nncc.cache.remote.deadline import bounded
-from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault
+from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault, RemoteTimeout
+from nncc.cache.remote.manifest import check_hash_of, part_hash
 from nncc.cache.remote.settings import shown
+from nncc.cache.remote.tier import MissingPart, RemoteTier
+from nncc.cache.token import model_subject, token_context, token_of
+from nncc.cache.versions import stale_writer
+from nncc.errors import PlanFormatError
+from nncc.plan.format import read_sections
+from nncc.preparing.entries import locked, read_entry
+from nncc.preparing.stages import OPTIMIZED, QUICK, has_later_stage, stage_options
+from nncc.util import progress
+from nncc.util.interrupts import held_signals
 from nncc.util.notice import warn
 
 _tiers: dict[str, object] = {}  # url -> RemoteTier, or the reason it is off
@@ -60,7 +75,6 @@ def active_tier(remote):
         _warn_once(settings.url, f"remote cache {shown(settings.url)} is off: {settings.key_problem} "
                                  "(entries are trusted only under the team key)")
         return None
-    from nncc.cache.remote.tier import RemoteTier
 
     tier = RemoteTier.open(settings)
     _tiers[settings.url] = tier
@@ -71,8 +85,6 @@ def turn_off(tier, exc: BaseException, cache=None) -> None:
     """A fault: count it, say so once, and use only the local cache for the rest of the run
     (nothing more is asked of that remote: not even a lease's release, which would only
     wait for it again)."""
-    from nncc.cache.remote.errors import RemoteTimeout
-
     _tiers[tier.settings.url] = str(exc)
     _faults[tier.settings.url] = "timed out" if isinstance(exc, RemoteTimeout) else "failed"
     _bump(cache, "remote_errors")
@@ -80,8 +92,6 @@ def turn_off(tier, exc: BaseException, cache=None) -> None:
 
 
 def _bump(cache, counter: str) -> None:
-    from nncc.cache.index import IndexUnavailable
-
     if cache is None or cache.read_only:
         return
     try:
@@ -110,9 +120,6 @@ def reject(tier, cache, token: str, exc: PoisonedEntry, kept: bool = False) -> N
 
 def portable_name(cache, token: str, source, opts) -> str:
     """The token the quick stage of ``token`` is shared under remotely."""
-    from nncc.preparing.stages import QUICK, stage_options
-    from nncc.cache.token import model_subject, token_context, token_of
-
     quick = stage_options(opts, QUICK)
     if quick == opts:
         return token
@@ -128,8 +135,6 @@ def remote_names(cache, token: str, source, opts, stage: str,
     machine publishes what it compiles under). An entry shared under its token holds
     native code when the options name the native backend: it is looked up only when
     ``trust_native`` (the remote.trust_native setting, as the command resolved it)."""
-    from nncc.preparing.stages import OPTIMIZED, QUICK, has_later_stage
-
     native = has_later_stage(opts)  # a slow backend (native code) is asked for
     if stage != QUICK:
         return ([(token, stage)] if not native or trust_native else []), token
@@ -171,8 +176,6 @@ def on_local_miss(cache, token: str, source, opts, stage: str, remote, trust_nat
                     return found
                 return _compile_here(tier, cache, token, lease)
             if deadline is None:
-                from nncc.util import progress
-
                 progress.describe(f"waiting for another machine compiling {token[:12]}")
                 deadline = time.monotonic() + tier.settings.wait_seconds
             if time.monotonic() >= deadline:
@@ -218,8 +221,6 @@ def _try_all(tier, cache, token, lookups, source, opts, trust_native: bool):
 
 def _try_remote(tier, cache, token, name, stage, trust_native: bool, source=None, opts=None,
                 counter="remote_hits", check_hashes=False, replaces=None):
-    from nncc.cache.remote.tier import MissingPart
-
     try:
         # sizes are checked here; the hashes when the local write takes them (one hash, not two)
         found = tier.fetch(name, check_hashes=check_hashes)
@@ -254,10 +255,6 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
     and read back. ``replaces``: which local row it may replace (a function of the row, or
     None); by default only an absent one, and a row another process committed meanwhile
     is the hit instead."""
-    from nncc.cache.versions import stale_writer
-    from nncc.preparing.entries import read_entry
-    from nncc.preparing.stages import OPTIMIZED
-
     stale = stale_writer(manifest.nncc_version, manifest.format_version)
     if stale:
         warn(f"remote entry {token[:12]} was {stale}; not used")
@@ -268,7 +265,6 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
         return None
     if stage is None:
         stage = OPTIMIZED if manifest.native else None
-    from nncc.preparing.entries import locked  # (read_entry's module)
 
     with locked(cache, token, shared=False):
         current = cache.index.get(token)
@@ -285,17 +281,6 @@ def adopt(cache, token, manifest, plan: bytes, payload: bytes, path=None, model_
 
 def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter, stage, origin, trust_native):
     """adopt's write, under the token's exclusive lock."""
-    import json
-    import os
-
-    from blake3 import blake3
-
-    from nncc.cache.files import CacheWriteError, chunk_hashes
-    from nncc.cache.index import Entry, IndexUnavailable
-    from nncc.cache.remote.manifest import check_hash_of
-    from nncc.preparing.entries import read_entry
-    from nncc.util.interrupts import held_signals
-
     committed = False
     try:
         plan_hash, data_hash = cache.write(token, plan, payload)
@@ -331,9 +316,6 @@ def _put(cache, token, manifest, plan, payload, path, model_data, opts, counter,
 
 def _carries_code(plan: bytes) -> bool:
     """Whether a model cache holds native code (its CODE section), whatever its manifest says."""
-    from nncc.errors import PlanFormatError
-    from nncc.plan.format import read_sections
-
     try:
         return b"CODE" in read_sections(plan)[1]
     except PlanFormatError:
@@ -349,8 +331,6 @@ def fetch_optimized(cache, token: str, opts, remote, trust_native: bool) -> bool
     ``trust_native`` (the remote.trust_native setting) is on. The caller replaces the
     local entry (under its lock) only while that is still quick; True when the entry is
     now optimized."""
-    from nncc.preparing.stages import OPTIMIZED, QUICK
-
     try:
         tier = active_tier(remote)
     except RemoteConfigError:
@@ -427,10 +407,6 @@ def abandon(token: str) -> None:
 def push_entry(tier, cache, token: str, name: str | None = None):
     """Upload one committed local entry, read back and checked against its index row,
     under ``name`` (default: its token)."""
-    from nncc.cache.files import read_entry_file
-    from nncc.cache.remote.manifest import part_hash
-    from nncc.plan.format import read_sections
-
     entry = cache.index.get(token)
     if entry is None:
         raise CacheEntryError("missing", "no such entry")

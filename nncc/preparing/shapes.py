@@ -21,6 +21,10 @@ from __future__ import annotations
 import os
 import threading
 
+from nncc.errors import NnccError
+from nncc.preparing.compiling import compile_options
+from nncc.preparing.flows import prepare
+from nncc.preparing.stages import upgrades_wanted
 from nncc.util.notice import warn
 
 
@@ -30,9 +34,6 @@ def native_builder(path, prepare_args: dict, options: dict, settings):
     those sizes and hands the Prepared result to ``deliver``. Whether a native plan would
     be built at all is decided on its first call (finding the C compiler costs time, and
     only a model with dynamic inputs ever calls it): it does nothing when none would."""
-    from nncc.preparing.compiling import compile_options
-    from nncc.preparing.stages import upgrades_wanted
-
     directory = settings.directory
     prepare_args = dict(prepare_args, cache_dir=directory, settings=settings)
     wanted: list[bool] = []
@@ -51,9 +52,6 @@ def native_builder(path, prepare_args: dict, options: dict, settings):
 
 
 def _build(path, prepare_args: dict, options: dict, deliver) -> None:
-    from nncc.errors import NnccError
-    from nncc.preparing.flows import prepare
-
     try:
         prepared, _ = prepare(path, stage="optimized", background=None, **prepare_args, **options)
     except NnccError as exc:  # the model file changed or went away since: the portable plan stays

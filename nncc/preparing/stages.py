@@ -15,14 +15,14 @@ import dataclasses
 import json
 import os
 
+from nncc.backends.registry import slow_backends
+
 QUICK = "quick"
 OPTIMIZED = "optimized"
 
 
 def deferred_backends(opts) -> tuple[str, ...]:
     """The backends of ``opts`` the quick stage leaves for later: the slow ones to build."""
-    from nncc.backends.registry import slow_backends  # start-up cost: loads the backends
-
     return slow_backends(opts.backends)
 
 

@@ -49,25 +49,25 @@ class Storage:
         """On a local miss: ``(prepared, stage)`` from the remote tier, put into the local
         cache first, or None (compile; this machine then holds the fleet's lease on it
         when it took one). No local lock is held here."""
-        from nncc.preparing.remote import on_local_miss  # start-up cost: only on a miss
+        from nncc.preparing.remote import on_local_miss  # lazy: start-up (only on a miss)
 
         return on_local_miss(self.cache, token, source, opts, stage, self.settings.remote,
                              self.settings.trust_remote_native)
 
     def write_back(self, token: str) -> None:
         """Share the entry just stored locally (and release the lease on it)."""
-        from nncc.preparing.remote import after_local_commit
+        from nncc.preparing.remote import after_local_commit  # lazy: start-up
 
         after_local_commit(self.cache, token, self.settings.remote)
 
     def abandon(self, token: str) -> None:
         """Nothing of ours to share for ``token``: release the lease on it, if any."""
-        from nncc.preparing.remote import abandon
+        from nncc.preparing.remote import abandon  # lazy: start-up
 
         abandon(token)
 
     def remote_state(self) -> str | None:
         """None without a remote tier, "" while it works, else why it went off."""
-        from nncc.preparing.remote import remote_state
+        from nncc.preparing.remote import remote_state  # lazy: start-up
 
         return remote_state(self.settings.remote)

@@ -26,7 +26,22 @@ import json
 import sys
 import time
 
+from nncc.cache.files import CacheWriteError
+from nncc.cache.folder import CacheUnavailable
+from nncc.cache.index import IndexCorrupt, IndexUnavailable
+from nncc.cache.limits import after_store
+from nncc.cache.locking import try_lock
+from nncc.cache.objects import record_entry_objects
+from nncc.cache.store import Cache
+from nncc.cache.token import token_context, token_from
+from nncc.errors import NnccError
+from nncc.preparing.compiling import compile_options, compile_source
+from nncc.preparing.entries import locked, store_plan
+from nncc.preparing.outcome import ModelSource
+from nncc.preparing.remote import fetch_optimized, publish_optimized
 from nncc.preparing.stages import OPTIMIZED, QUICK, compiler_key, upgrade_lock_path
+from nncc.settings import cache_settings, with_remote
+from nncc.util.notice import warn
 
 UPGRADED, FAILED, SKIPPED, BUSY, CHANGED = "upgraded", "failed", "skipped", "busy", "changed"
 
@@ -38,25 +53,17 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
     longer hash to the token). Never raises for cache trouble: this is background work.
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings: the size
     bounds, whether the remote's native code is trusted); None resolves them, once."""
-    from nncc.cache.folder import CacheUnavailable
-    from nncc.cache.index import IndexCorrupt, IndexUnavailable
-    from nncc.cache.locking import try_lock
-    from nncc.cache.store import Cache
-    from nncc.util.notice import warn
-
     held = try_lock(upgrade_lock_path(directory, token))
     if held is None:
         return BUSY
     try:
         if settings is None:  # the detached worker: a command of its own
-            from nncc.settings import cache_settings, with_remote
-
             settings = with_remote(cache_settings(directory))
         if trust_shared is None:
             trust_shared = settings.trust_shared
         with Cache.open(directory, trust_shared=trust_shared) as cache:
             return _upgrade(cache, token, source, opts, force, settings)
-    except (CacheUnavailable, IndexCorrupt, IndexUnavailable, OSError) as exc:
+    except (CacheUnavailable, CacheWriteError, IndexCorrupt, IndexUnavailable, OSError) as exc:
         warn(f"cannot build the optimized stage of cache entry {token[:12]}: {exc}")
         return FAILED
     finally:
@@ -65,21 +72,14 @@ def upgrade_token(directory: str, token: str, source, opts, force: bool = False,
 
 
 def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
-    from nncc.preparing.compiling import compile_source
-    from nncc.preparing.entries import locked, store_plan
-    from nncc.cache.index import IndexCorrupt, IndexUnavailable
-    from nncc.errors import NnccError
-
     entry = cache.index.get(token)
     if entry is None or entry.stage != QUICK or (cache.index.failure(token) is not None and not force):
         return SKIPPED
     if _token_of(cache, source, opts) != token:
         return CHANGED
-    from nncc.preparing.remote import fetch_optimized, publish_optimized
 
     if fetch_optimized(cache, token, opts, settings.remote, settings.trust_remote_native):  # a machine of this target built it
         return UPGRADED
-    from nncc.cache.objects import record_entry_objects
 
     start = time.perf_counter()
     try:
@@ -100,8 +100,6 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
         record_entry_objects(cache, token, plan)
     publish_optimized(cache, token, settings.remote)  # the other machines of this target take it from the remote
     try:
-        from nncc.cache.limits import after_store
-
         after_store(cache, settings, keep={token})  # native code makes it bigger
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # housekeeping never fails the upgrade
@@ -110,15 +108,10 @@ def _upgrade(cache, token: str, source, opts, force: bool, settings) -> str:
 
 def _token_of(cache, source, opts) -> str:
     """The token of the model's bytes as they are now (read here, for the worker)."""
-    from nncc.cache.token import token_context, token_from
-
     return token_from(token_context(opts, cache.index), source.path, source.bytes, (cache.directory,)).hex()
 
 
 def main(argv=None) -> int:
-    from nncc.preparing.compiling import compile_options
-    from nncc.preparing.outcome import ModelSource
-
     parser = argparse.ArgumentParser(prog="python -m nncc.preparing.upgrade",
                                      description="Build a cache entry's optimized (native) stage.")
     parser.add_argument("--cache-dir", required=True)

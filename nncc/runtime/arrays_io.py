@@ -4,6 +4,10 @@ nncc.runtime.random_inputs.)"""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import stat
+import tempfile
 import zipfile
 from typing import Mapping
 
@@ -12,6 +16,9 @@ import numpy as np
 from nncc.errors import FileAccessError, InputError
 from nncc.ir.graph import TensorInfo
 from nncc.util.atomic import write_atomic_with
+from nncc.util.files import kind as file_kind
+from nncc.util.files import open_file
+from nncc.util.limits import check_bytes, check_shape
 
 
 @contextlib.contextmanager
@@ -32,12 +39,6 @@ def _reading(path: str, kind: str):
 def _open_regular(path: str, kind: str) -> int:
     """A descriptor of ``path``, opened without blocking and checked to be a regular file:
     a FIFO or a device given as an input file is refused, never waited on or read without end."""
-    import os
-    import stat
-
-    from nncc.util.files import kind as file_kind
-    from nncc.util.files import open_file
-
     with _reading(path, kind):
         fd, st = open_file(path)
     if not stat.S_ISREG(st.st_mode):
@@ -54,8 +55,6 @@ def _check_magic(fd: int, path: str, kind: str) -> None:
     """Refuse a file that is neither .npy nor .npz by its first bytes. np.load takes any
     other file for a pickle and says only that pickles are not allowed, which misleads
     when the file is text or something else entirely."""
-    import os
-
     head = os.pread(fd, 64, 0)
     if head.startswith(NPY_MAGIC) or head.startswith(ZIP_MAGIC):
         return  # which of the two it is, the callers say
@@ -83,8 +82,6 @@ def _looks_like_text(head: bytes) -> bool:
 
 def load_npy(path: str) -> np.ndarray:
     """Memory-map a .npy file (no copy); object arrays are refused, never unpickled."""
-    import os
-
     fd = _open_regular(path, ".npy")
     try:
         _check_magic(fd, path, ".npy")
@@ -105,10 +102,6 @@ def load_npz(path: str) -> dict[str, np.ndarray]:
     """The arrays of an .npz archive, read from the one descriptor that was checked. Each
     member's header is read first: the sizes it declares (a small compressed member can
     declare terabytes) are checked against the memory bound before anything is inflated."""
-    import os
-
-    from nncc.util.limits import check_bytes, check_shape
-
     with os.fdopen(_open_regular(path, ".npz"), "rb") as f, _reading(path, ".npz"):
         _check_magic(f.fileno(), path, ".npz")
         archive = np.load(f, allow_pickle=False)
@@ -139,9 +132,6 @@ MAP_THRESHOLD = 1 << 20  # outputs this large are written in place through a mem
 
 def output_paths(directory: str, names) -> dict[str, str]:
     """Where OutputDir writes each output: DIR/NAME.npy, NAME made a safe file name."""
-    import os
-    import re
-
     paths: dict[str, str] = {}
     for name in names:
         file_name = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".npy"
@@ -160,8 +150,6 @@ class OutputDir:
     """
 
     def __init__(self, directory: str, model, mapped: bool = True):
-        import os
-
         self.directory = directory
         try:
             os.makedirs(directory, exist_ok=True)
@@ -177,9 +165,6 @@ class OutputDir:
                     self._map(name, info)
 
     def _map(self, name: str, info: TensorInfo) -> None:
-        import os
-        import tempfile
-
         try:
             fd, tmp = tempfile.mkstemp(prefix=".nncc-", suffix=".npy.tmp", dir=self.directory)
             os.close(fd)
@@ -189,8 +174,6 @@ class OutputDir:
             raise FileAccessError(f"cannot write into {self.directory}: {exc.strerror or exc}") from None
 
     def finish(self, outputs: Mapping[str, np.ndarray]) -> None:
-        import os
-
         for name, value in outputs.items():
             _only_tensor(name, value)
             if name in self._temps:
@@ -204,8 +187,6 @@ class OutputDir:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        import os
-
         self.buffers.clear()
         for tmp in self._temps.values():  # a failed run leaves no partial file behind
             try:

@@ -17,6 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
+from nncc.backends.registry import loaded_backend
 from nncc.errors import InputError, KernelError, NnccError
 from nncc.ir.graph import TensorInfo
 from nncc.backends.unit import Call, Unit, instruction_calls, instruction_unit, sources
@@ -376,8 +377,6 @@ LIST_TAKERS = LIST_MAKERS | {"SequenceAt", "SequenceLength", "ConcatFromSequence
 def _unit(source):
     """A partition's unit, made by its backend when that backend is loaded in this process
     (nothing is imported because a plan names it); its instructions otherwise."""
-    from nncc.backends.registry import loaded_backend
-
     backend = loaded_backend(source.partition.backend)
     return instruction_unit(source) if backend is None else backend.load_unit(source)
 

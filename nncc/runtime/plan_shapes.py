@@ -20,6 +20,7 @@ import numpy as np
 from nncc.errors import NnccError, PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.ir.splats import is_broadcast
+from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.plan import Plan
 from nncc.plan.subgraph import is_graph
 
@@ -31,8 +32,6 @@ VALUE_BYTES = 1 << 16
 def check_plan_shapes(plan: Plan) -> None:
     """Raise PlanFormatError (bad input) at the first instruction whose declared inputs and
     outputs contradict its kernel's shape function."""
-    from nncc.kernels.registry import Ctx, by_key
-
     opsets = plan.options.get("opsets", {})
     for ins in plan.instructions:
         definition = by_key(plan.kernels[ins.kernel])

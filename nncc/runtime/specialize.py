@@ -26,7 +26,10 @@ import numpy as np
 
 from nncc.errors import NnccError
 from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.plan import Plan, Slot
+from nncc.runtime.executor import Executor
+from nncc.util.limits import LimitError
 
 SEEN_BEFORE_SPECIALIZING = 2  # runs of one input shape before it gets its own plan
 
@@ -36,8 +39,7 @@ def specialize(plan: Plan, shapes: dict[int, tuple[int, ...]], decode_attr) -> P
     shape) determine, or None when nothing more becomes static or a shape function refuses
     these sizes. ``decode_attr`` turns a plan attribute into what kernels take (tensor
     references into arrays, subgraphs into graphs): the executor's."""
-    from nncc.kernels.registry import Ctx, by_key
-    from nncc.passes.shape_inference import infer_outputs
+    from nncc.passes.shape_inference import infer_outputs  # lazy: start-up
 
     slots = plan.slots
     infos: dict[int, TensorInfo] = {slot: TensorInfo.of(array) for slot, array in plan.constants.items()}
@@ -187,9 +189,6 @@ class ShapePlans:
                 self._plans[key] = executor
 
     def _build(self, key: tuple):
-        from nncc.runtime.executor import Executor
-        from nncc.util.limits import LimitError
-
         general = self.general
         shapes = {slot: shape for (slot, _), shape in zip(self._dynamic, key)}
         if any(len(shape) != len(general.plan.slots[slot].shape or shape) for slot, shape in shapes.items()):

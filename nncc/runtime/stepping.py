@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from nncc.errors import InputError
+from nncc.errors import FileAccessError, InputError
 
 
 def run_steps(model, binds: Mapping[str, str], steps: int, initial: Mapping[str, np.ndarray],
@@ -71,8 +71,6 @@ def step_files(directory: str) -> list[str]:
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".npz"))
     except OSError as exc:
-        from nncc.errors import FileAccessError
-
         raise FileAccessError(f"cannot read {directory}: {exc.strerror or exc}") from None
     if not names:
         raise InputError(f"{directory} holds no .npz files (one per step: step_000.npz, ...)")

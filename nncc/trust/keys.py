@@ -13,9 +13,11 @@ import secrets
 import tempfile
 from dataclasses import dataclass
 
+import platformdirs
 from blake3 import blake3
 
 from nncc.errors import TrustKeyError
+from nncc.util.files import PrivateFileError, read_private_file
 
 KEY_BYTES = 32
 ENV_KEY_FILE = "NNCC_TRUST_KEY_FILE"
@@ -42,8 +44,6 @@ def fingerprint(secret: bytes) -> bytes:
 
 
 def user_key_path() -> str:
-    import platformdirs
-
     return os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), KEY_FILE_NAME)
 
 
@@ -76,7 +76,6 @@ def read_key(path: str, whose: str, env: bool = False) -> TrustKey:
     """The key in ``path``, after checking the opened file is the user's, private and a
     key; any problem is one TrustKeyError line saying what to do."""
     named = f"the {ENV_KEY_FILE} file {path}" if env else f"the key file {path}"
-    from nncc.util.files import PrivateFileError, read_private_file
 
     try:
         raw = read_private_file(path, named, _MAX_FILE + 1)

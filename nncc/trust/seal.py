@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from blake3 import blake3
 
+from nncc.errors import TrustKeyError
 from nncc.plan.format import SEAL_SCHEME, seal_payload
 from nncc.plan.plan import ArtifactSeal
 from nncc.trust.keys import ENV_KEY_FILE, signing_key, trusted_keys
@@ -71,8 +72,6 @@ def check(seal: ArtifactSeal | None) -> Verdict:
 
 def describe(seal: ArtifactSeal | None) -> dict:
     """The verdict for `nncc inspect`; a key file that cannot be used is reported, not raised."""
-    from nncc.errors import TrustKeyError
-
     try:
         return check(seal).as_dict()
     except TrustKeyError as exc:

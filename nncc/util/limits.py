@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from nncc.errors import NnccError
+from nncc.util.setting_values import bad_value, parse_size
 
 ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"
 MAX_RANK = 32  # numpy's limit before numpy 2 (64 since): no ONNX model needs more dims
@@ -33,8 +34,6 @@ def memory_limit() -> int:
     (or the address-space limit when lower)."""
     text = os.environ.get(ENV_MAX_MEMORY, "").strip()
     if text:
-        from nncc.util.setting_values import bad_value, parse_size
-
         try:
             return parse_size(text)
         except ValueError as exc:  # worded as every bad setting
@@ -49,7 +48,7 @@ def _machine_limit() -> int:
     except (AttributeError, ValueError, OSError):  # not POSIX: no physical bound known
         pass
     try:
-        import resource
+        import resource  # lazy: Unix only
 
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
         if soft != resource.RLIM_INFINITY and soft > 0:

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy  # the library to limit is numpy's own: loaded before its symbols are looked up
+
 # Symbol spellings, most specific first: scipy-openblas (numpy >= 2), OpenBLAS built with
 # a 64_ suffix (numpy 1.2x wheels), plain OpenBLAS (distribution packages).
 _SET = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
@@ -62,8 +64,6 @@ def _symbol(lib: ctypes.CDLL, names: tuple[str, ...], restype=None, argtypes=Non
 def _candidates() -> list[str]:
     """OpenBLAS libraries mapped into this process, then the ones numpy ships."""
     try:
-        import numpy  # the library to limit is numpy's own: make sure it is loaded
-
         root = os.path.dirname(os.path.dirname(numpy.__file__))
     except ImportError:
         root = None

@@ -4,6 +4,7 @@ knows which one it talks to. Every failure of the engine is raised as RemoteFaul
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
@@ -74,8 +75,6 @@ class RecordedLeases:
     expiring keys: only the lease's owner may do either."""
 
     def renew_lease(self, key: str, owner: str, seconds: float) -> bool:
-        import time
-
         record = parse_lease(self.get(key))
         if record is None or record[0] != owner:
             return False

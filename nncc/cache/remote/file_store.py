@@ -13,6 +13,7 @@ import time
 
 from nncc.cache.remote.backend import Listed, RecordedLeases, RemoteStore, lease_record, parse_lease
 from nncc.cache.remote.errors import RemoteFault
+from nncc.util.atomic import default_mode, synced_temp, unique_suffix
 
 
 class FileStore(RecordedLeases, RemoteStore):
@@ -156,8 +157,6 @@ class FileStore(RecordedLeases, RemoteStore):
 
 def _written_beside(path: str, data) -> str:
     """A complete, synced temporary file next to ``path`` holding ``data``: its name."""
-    from nncc.util.atomic import default_mode, synced_temp, unique_suffix
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return synced_temp(path, lambda f: f.write(data), f"{os.path.basename(path)}.{unique_suffix()}.tmp",
                        default_mode())

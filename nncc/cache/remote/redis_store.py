@@ -24,9 +24,9 @@ _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexp
 class RedisStore(RemoteStore):
     def __init__(self, url: str, timeout: float):
         try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
+            import redis  # lazy: optional extra
+            from redis.backoff import NoBackoff  # lazy: optional extra
+            from redis.retry import Retry  # lazy: optional extra
         except ImportError:
             raise RemoteConfigError(f"{shown(url)} needs the Redis client, which is not installed",
                                     hint="pip install 'nncc[redis]'") from None

@@ -34,9 +34,9 @@ RETRIES = 3  # attempts per request (botocore's standard retry mode, with backof
 class S3Store(RecordedLeases, RemoteStore):
     def __init__(self, url: str, bucket: str, prefix: str, endpoint: str | None, timeout: float):
         try:
-            import botocore.exceptions
-            import botocore.session
-            from botocore.config import Config
+            import botocore.exceptions  # lazy: optional extra
+            import botocore.session  # lazy: optional extra
+            from botocore.config import Config  # lazy: optional extra
         except ImportError:
             raise RemoteConfigError(f"{url} needs botocore, which is not installed",
                                     hint="pip install 'nncc[s3]'") from None

@@ -8,9 +8,11 @@ there is no remote tier at all.
 from __future__ import annotations
 
 import os
+import urllib.parse
 from dataclasses import dataclass
 
 from nncc.cache.remote.errors import RemoteConfigError
+from nncc.util.files import PrivateFileError, read_private_file
 
 ENV_URL = "NNCC_REMOTE"
 ENV_KEY_FILE = "NNCC_REMOTE_KEY_FILE"
@@ -53,8 +55,6 @@ def read_key_file(path: str) -> tuple[bytes | None, str | None]:
     """(secret, None), or (None, why it cannot be read). A file that is not the user's own
     regular file, or that group or others may read or write, is refused (RemoteConfigError):
     whoever reads it can publish native code the fleet runs."""
-    from nncc.util.files import PrivateFileError, read_private_file
-
     try:
         secret = read_private_file(path, f"the remote key file {path}", 1 << 16).strip()
     except PrivateFileError as exc:
@@ -69,7 +69,7 @@ def read_key_file(path: str) -> tuple[bytes | None, str | None]:
 def write_key_file(path: str) -> None:
     """A fresh random key (32 bytes, as 64 hex digits) in a new file of mode 0600; an
     existing file is never replaced (FileExistsError)."""
-    import secrets
+    import secrets  # lazy: start-up
 
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -84,8 +84,6 @@ def write_key_file(path: str) -> None:
 
 def shown(url: str) -> str:
     """The URL as messages show it: without a password (redis://:secret@host)."""
-    import urllib.parse
-
     parts = urllib.parse.urlsplit(url)
     if parts.password is None and parts.username is None:
         return url

@@ -45,17 +45,17 @@ def open_store(settings: RemoteSettings) -> RemoteStore:
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path:
             raise RemoteConfigError(f"a file remote is file:///absolute/path, not {url}")
-        from nncc.cache.remote.file_store import FileStore
+        from nncc.cache.remote.file_store import FileStore  # lazy: start-up
 
         return FileStore(url, urllib.parse.unquote(parts.path))
     if parts.scheme in ("redis", "rediss"):
-        from nncc.cache.remote.redis_store import RedisStore
+        from nncc.cache.remote.redis_store import RedisStore  # lazy: optional extra
 
         return RedisStore(url, settings.timeout)
     if parts.scheme == "s3":
         if not parts.netloc:
             raise RemoteConfigError(f"an S3 remote is s3://bucket/prefix, not {url}")
-        from nncc.cache.remote.s3_store import S3Store
+        from nncc.cache.remote.s3_store import S3Store  # lazy: optional extra
 
         return S3Store(url, parts.netloc, parts.path, settings.s3_endpoint, settings.timeout)
     raise RemoteConfigError(f"unknown remote {url!r}: use redis://host:port/db, s3://bucket/prefix "
