@@ -22,6 +22,7 @@ FAMILIES = (
     "ml",
     "normalization",
     "optional",
+    "qimage",
     "pool",
     "qlinear_contrib",
     "quantize",
