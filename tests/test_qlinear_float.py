@@ -87,6 +87,11 @@ def qlinear_conv_model(geometry, weights, x_signed=False, seed=0):
     return model, x
 
 
+def _all_native(compiled) -> bool:
+    """Every partition of the plan is native code (nothing left to numpy)."""
+    return all(p.backend == "native" for p in compiled.plan.partitions)
+
+
 def _ops(model):
     graph = run_passes(parse_model(model.SerializeToString()), 2)
     return [(n.domain, n.op_type) for n in graph.nodes]
@@ -101,9 +106,13 @@ def test_qlinear_conv_as_image_matches_onnxruntime_exactly(tmp_path, geometry, w
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     expected = _onnxruntime(model, {"x": x})[0]
-    got = nncc.compile_model(path, backends=("numpy",)).run({"x": x})["y"]
-    assert got.dtype == np.float32 and got.shape == expected.shape
-    np.testing.assert_array_equal(got, expected)
+    portable = nncc.compile_model(path, backends=("numpy",)).run({"x": x})["y"]
+    assert portable.dtype == np.float32 and portable.shape == expected.shape
+    np.testing.assert_array_equal(portable, expected)
+    compiled = nncc.compile_model(path)
+    # groups other than depthwise stay portable
+    assert compiled.native_partitions == 1 and _all_native(compiled) == (geometry != "grouped")
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], expected)
 
 
 def _qdq_conv_model(seed=0, residual=True):
@@ -163,9 +172,11 @@ def test_qdq_graph_becomes_the_quantized_ops_and_matches_onnxruntime(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
     expected = _onnxruntime(model, {"x": x})[0]
-    for backends in (("numpy",), ("native", "numpy")):
-        got = nncc.compile_model(path, backends=backends).run({"x": x})["y"]
-        np.testing.assert_allclose(got, expected, rtol=0, atol=0.05 * 1.0001)  # one output step
+    portable = nncc.compile_model(path, backends=("numpy",)).run({"x": x})["y"]
+    np.testing.assert_allclose(portable, expected, rtol=0, atol=0.05 * 1.0001)  # one output step
+    native = nncc.compile_model(path)
+    assert native.native_partitions == 1 and _all_native(native)
+    np.testing.assert_array_equal(native.run({"x": x})["y"], portable)  # the same arithmetic
 
 
 def test_qdq_convolutions_alone_match_onnxruntime_exactly(tmp_path):

@@ -86,7 +86,7 @@ class _Rewrite:
         if s is None or s.dtype != np.float32 or s.ndim > 1:
             return None
         z = self.const(node.inputs[2]) if len(node.inputs) > 2 else None
-        if z is not None and (z.dtype != q.dtype or z.shape != s.shape):
+        if z is not None and (z.dtype != q.dtype or z.size != s.size):
             return None
         if s.size > 1 and int(node.attrs.get("axis", 1)) % q.ndim != 0:
             return None  # per output channel only
