@@ -29,6 +29,7 @@ import numpy as np
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import conv_geometry, conv_params
 from nncc.kernels.registry import Ctx
+from nncc.native.graph_query import const_value
 from nncc.native.int8_gemm_gen import MR, NR, _as_floats, dots_source, pack_b
 
 QCONV = ("nncc", "QConv")
@@ -43,8 +44,6 @@ def handles(node) -> bool:
 
 
 def _value(graph, infos, name):
-    from nncc.native.graph_query import const_value
-
     return None if not name else const_value(graph, infos, name)
 
 
@@ -231,16 +230,24 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
         q_dots(j->a + p0 * {kp}, j->b + q * {groups * NR * 4}, rows, acc);
-        for (int col = 0; col < width; col++) {{
-            int64_t o = q * {NR} + col;
-            float *y = j->y + o * {p} + p0;
-            for (int r = 0; r < rows; r++) {{
-                int64_t exact = (int64_t)acc[r][col] - (int64_t)zw[o] * j->rowsum[p0 + r]
-                                - (int64_t)za * cs[o] + (int64_t){k} * za * zw[o] + bias[o];
-                float v = rintf((float)exact * mult[o]) + yzero;
+        const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
+        const float *mq = mult + q * {NR};
+        float tile[{MR}][{NR}];
+        for (int r = 0; r < rows; r++) {{
+            /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
+             * exact value of every sum of products fits */
+            uint32_t rs = (uint32_t)j->rowsum[p0 + r];
+            for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
+                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
+                             + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
+                float v = rintf((float)(int32_t)e * mq[col]) + yzero;
                 v = v < qlo ? qlo : (v > qhi ? qhi : v);
-                y[r] = (v - yzero) * yscale;
+                tile[r][col] = (v - yzero) * yscale;
             }}
+        }}
+        for (int col = 0; col < width; col++) {{
+            float *y = j->y + (q * {NR} + col) * {p} + p0;
+            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
         }}
     }}
 }}
