@@ -161,6 +161,13 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) ->
     np_ = panels * NR
     tail = p - (slivers - 1) * MR
     last = m - (panels - 1) * NR
+    if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
+        gather = f"""        for (int64_t i = 0; i < {kh}; i++)
+            memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
+    else:
+        gather = f"""        for (int64_t i = 0; i < {kh}; i++)
+            for (int64_t jj = 0; jj < {kw}; jj++)
+                memcpy(row + (i * {kw} + jj) * {c}, j->xp + ((y0 + i * {dh}) * {wp} + x0 + jj * {dw}) * {c}, {c});"""
     return f"""
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -203,9 +210,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
     for (int64_t pix = lo; pix < hi; pix++) {{
         int64_t y0 = (pix / {ow}) * {sh}, x0 = (pix % {ow}) * {sw};
         uint8_t *row = j->a + pix * {kp};
-        for (int64_t i = 0; i < {kh}; i++)
-            for (int64_t jj = 0; jj < {kw}; jj++)
-                memcpy(row + (i * {kw} + jj) * {c}, j->xp + ((y0 + i * {dh}) * {wp} + x0 + jj * {dw}) * {c}, {c});
+{gather}
         for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;
         int32_t sum = 0;
         for (int64_t t = 0; t < {k}; t++) sum += row[t];
