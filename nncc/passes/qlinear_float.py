@@ -35,6 +35,12 @@ _QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8))
 _MOVES = ("MaxPool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity")
 
 
+def _plain_quantize(node: Node) -> bool:
+    """A QuantizeLinear that divides in float32 into its zero point's type (no
+    output_dtype or precision attribute asking otherwise)."""
+    return not any(int(node.attrs.get(name, 0)) for name in ("output_dtype", "precision", "block_size"))
+
+
 class _Rewrite:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -144,7 +150,7 @@ class _Rewrite:
         q = users[0]
         if q.op_type != "QuantizeLinear" or q.domain != "" or len(q.inputs) < 3 or q.inputs[0] != value:
             return None
-        if not self.qparams(q.inputs[1], q.inputs[2]) or int(q.attrs.get("output_dtype", 0)):
+        if not self.qparams(q.inputs[1], q.inputs[2]) or not _plain_quantize(q):
             return None
         return q
 
@@ -210,7 +216,7 @@ class _Rewrite:
 
     def quantize_linear(self, node: Node, ins: list[str]) -> bool:
         x, s, z = ins[:3]
-        if not self.qparams(s, z) or int(node.attrs.get("output_dtype", 0)):
+        if not self.qparams(s, z) or not _plain_quantize(node):
             return False
         q = node.outputs[0]
         if self.float_image(x, s, z) is not None:  # Q(DQ(q)) = q: the image already is
