@@ -47,7 +47,8 @@ class _Rewrite:
         self.consts = graph.initializers
         self.producers = graph.producers()
         self.consumers = graph.consumers()
-        self.pinned = set(graph.outputs) | subgraph_references(graph)
+        self.captured = subgraph_references(graph)  # read by name inside a subgraph: left as written
+        self.pinned = set(graph.outputs) | self.captured
         self.taken = all_names(graph)
         self.images: dict[str, tuple[str, str, str]] = {}  # quantized value -> (image, scale, zero)
         self.params: dict[str, tuple[str, str]] = {}  # float image -> (scale, zero)
@@ -169,6 +170,8 @@ class _Rewrite:
 
     def rewrite(self, node: Node) -> bool:
         op, domain, ins = node.op_type, node.domain, list(node.inputs) + [""] * 9
+        if self.captured & set(node.outputs):
+            return False
         if domain == "" and op == "QuantizeLinear":
             return self.quantize_linear(node, ins)
         if domain == "" and op == "DequantizeLinear":
@@ -295,6 +298,8 @@ class _Rewrite:
         return wdq.inputs[0], wdq.inputs[1], wz, bias
 
     def _fuse(self, node: Node, op: str, inputs: list[str], q: Node, attrs: dict) -> bool:
+        if q.outputs[0] in self.captured:
+            return False
         self.skip.add(id(q))
         self.emit_image_op(op, inputs, q.outputs[0], q.inputs[1], q.inputs[2], attrs, node.name)
         return True
