@@ -57,6 +57,9 @@ GEOMETRIES = {
     "dilated": (1, 6, 11, 11, 7, 3, 1, 2, 2, 1),
     "depthwise": (1, 12, 10, 10, 12, 3, 2, 1, 1, 12),
     "grouped": (1, 8, 8, 8, 6, 3, 1, 1, 1, 2),
+    # many output channels over few pixels: the native code's pixel-major form (the others
+    # take its channel-major form)
+    "wide-3x3": (2, 8, 5, 5, 70, 3, 1, 1, 1, 1),
 }
 WEIGHTS = {
     "s8-per-channel": (True, True, False),

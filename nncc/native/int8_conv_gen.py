@@ -30,6 +30,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import conv_geometry, conv_params
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
+from nncc.native import int8_conv_cm
 from nncc.native.int8_gemm_gen import MR, NR, _as_floats, dots_source, pack_b
 
 QCONV = ("nncc", "QConv")
@@ -397,9 +398,21 @@ def emit(wr, node) -> None:
         wr.step(code, [x, packed], [out], c * hp * wp * 4,
                 support=_depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
         return
-    # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]; unsigned weights shift to signed
-    shift = 128 if wv.dtype == np.uint8 else 0
+    shift = 128 if wv.dtype == np.uint8 else 0  # unsigned weights shift to signed
     signed = (wv.astype(np.int16) - shift).astype(np.int8)
+    p = oh * ow
+    shape = (c, h, wd, m, kh, kw) + geometry
+    if int8_conv_cm.preferred(p, m, MR, NR):
+        matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
+        wp_ = wr.pack(w, "int8 conv rows", _as_floats(int8_conv_cm.pack_weights(matrix)))
+        packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
+                         int8_conv_cm.table(head, matrix, zero_w, bias, mult, shift))
+        code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
+        source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, _HEADER, n, *shape,
+                                     zero_points=bool(np.any(zero_w - shift)))
+        wr.step(code, [x, wp_, packed], [out], int8_conv_cm.scratch_bytes(*shape), support=source)
+        return
+    # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
     matrix = signed.transpose(0, 2, 3, 1).reshape(m, -1).T
     panels = -(-m // 64)
     np_ = panels * 64
@@ -416,9 +429,7 @@ def emit(wr, node) -> None:
     wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     k = c * kh * kw
     kp = -(-k // 4) * 4
-    p = oh * ow
     scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
     wr.step(code, [x, bp, packed], [out], scratch,
             support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry))
-
