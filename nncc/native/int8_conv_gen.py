@@ -272,9 +272,17 @@ static void {name}(const float *X, const float *Bp, const float *table, float *Y
 """
 
 
-def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+def depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> tuple[int, int, int]:
+    """(rows, row length, phase length) of a depthwise step's padded plane: each row holds
+    its columns by phase (column mod stride), so a tap reads its pixels contiguously."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    wps = -(-wp // sw)
+    return hp, sw * wps, wps
+
+
+def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+    hp, wp, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
     taps = kh * kw
     return f"""{_QUANTIZE_BYTE}
 typedef struct {{ const float *x, *table; int32_t *xp; float *y; }} qd_job;
@@ -292,12 +300,20 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     for (int64_t ch = lo; ch < hi; ch++) {{
         int32_t *xp = j->xp + ch * {hp * wp};
         const float *src = j->x + ch * {h * w};
-        /* the border, then the image: no select in the loop (GCC 12 vectorises a select
-         * between the border and a quantized load wrongly for AVX-512) */
-        memset(xp, 0, {hp * wp * 4});
-        for (int64_t ih = 0; ih < {h}; ih++)
+        /* row by row: the border, then the quantized row, then its columns by phase
+         * (no select between border and image in a loop: GCC 12 vectorised one wrongly
+         * for AVX-512, reading image rows as border) */
+        memset(xp, 0, {pt * wp * 4});
+        memset(xp + {(pt + h) * wp}, 0, {(hp - pt - h) * wp * 4});
+        int32_t row[{sw * wps}];
+        memset(row, 0, sizeof row);
+        for (int64_t ih = 0; ih < {h}; ih++) {{
             for (int64_t iw = 0; iw < {w}; iw++)
-                xp[(ih + {pt}) * {wp} + iw + {pl}] = q_int(src[ih * {w} + iw], scale, zero, qlo, qhi) - za;
+                row[{pl} + iw] = q_int(src[ih * {w} + iw], scale, zero, qlo, qhi) - za;
+            int32_t *dst = xp + (ih + {pt}) * {wp};
+            for (int64_t ph = 0; ph < {sw}; ph++)
+                for (int64_t col = 0; col < {wps}; col++) dst[ph * {wps} + col] = row[col * {sw} + ph];
+        }}
         const int32_t *wk = wc + ch * {taps};
         float *y = j->y + ch * {oh * ow};
         for (int64_t oy = 0; oy < {oh}; oy++) {{
@@ -305,9 +321,10 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
             for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] = bias[ch];
             for (int64_t i = 0; i < {kh}; i++)
                 for (int64_t jj = 0; jj < {kw}; jj++) {{
-                    const int32_t *line = xp + (oy * {sh} + i * {dh}) * {wp} + jj * {dw};
+                    const int32_t *line = xp + (oy * {sh} + i * {dh}) * {wp} + ((jj * {dw}) % {sw}) * {wps}
+                                          + (jj * {dw}) / {sw};
                     int32_t wt = wk[i * {kw} + jj];
-                    for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] += line[ox * {sw}] * wt;
+                    for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] += line[ox] * wt;
                 }}
             for (int64_t ox = 0; ox < {ow}; ox++) {{
                 float v = rintf((float)acc[ox] * mult[ch]) + yzero;
@@ -392,8 +409,7 @@ def emit(wr, node) -> None:
         ints = np.concatenate([centred.reshape(-1), bias.astype(np.int32)])
         table = np.concatenate([head, ints.view(np.float32), mult.astype(np.float32)])
         packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
-        hp = max(h + pads[0], (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
-        wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
+        hp, wp, _ = depthwise_plane(h, wd, kh, kw, *geometry)
         code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
         wr.step(code, [x, packed], [out], c * hp * wp * 4,
                 support=_depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
