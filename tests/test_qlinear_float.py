@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import nncc  # noqa: E402
 from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.kernels.qimage import image, quantize  # noqa: E402
+from nncc.kernels.qimage import image, quantize, recover  # noqa: E402
 from nncc.passes.pipeline import run_passes  # noqa: E402
 
 U8, S8 = TensorProto.UINT8, TensorProto.INT8
@@ -195,14 +195,19 @@ def test_qdq_convolutions_alone_match_onnxruntime_exactly(tmp_path):
 
 
 def test_images_give_their_quantized_values_back_exactly():
-    """The premise: Q(DQ(q)) = q for every q, at scales over many orders of magnitude."""
+    """The premise: Q(DQ(q)) = q for every q, by division (QuantizeLinear) and by the
+    reciprocal (how the image ops recover their integers), at scales over the whole range
+    the pass accepts (normal floats, up to float32's largest / 512)."""
     rng = np.random.default_rng(4)
+    tiny, large = np.finfo(np.float32).tiny, np.finfo(np.float32).max / 512
+    scales = [np.float32(10.0 ** rng.uniform(-37.9, 35.8)) for _ in range(300)] + [np.float32(tiny), np.float32(large)]
     for dtype in (np.uint8, np.int8):
         q = np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1).astype(dtype)
-        for _ in range(200):
-            scale = np.float32(10.0 ** rng.uniform(-8, 4))
+        for scale in scales:
             zero = np.array(rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1), dtype)
-            np.testing.assert_array_equal(quantize(image(q, scale, zero), scale, zero, "test"), q)
+            img = image(q, scale, zero)
+            np.testing.assert_array_equal(quantize(img, scale, zero, "test"), q)
+            np.testing.assert_array_equal(recover(img, scale, zero, "test"), q)
 
 
 def test_quantized_values_still_needed_are_restored(tmp_path):

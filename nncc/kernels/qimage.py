@@ -14,8 +14,12 @@ reduce to the same ops:
   QLinearGlobalAveragePool, QGemm and ONNX QLinearMatMul likewise (QGemm without y_scale
   gives its float result as it is).
 
-Each recovers its integer inputs from their images with its own scales and zero points and
-computes what the integer op computes. QConv requantizes as onnxruntime does, in float32:
+Each recovers its integer inputs from their images with its own scales and zero points, as
+``recover`` does: x times float32(1 / scale), rounded half to even, plus the zero point,
+saturated. For an image that is QuantizeLinear's result without a division: x * (1 / s) =
+(q - z)(1 + e) with |e| < 2**-22, far from any rounding boundary (the pass only forms
+images whose scales keep them normal floats). Then each computes what the integer op
+computes. QConv requantizes as onnxruntime does, in float32:
 rint(float32(acc) * float32(x_scale * w_scale / y_scale)) + y_zero, saturated. (QLinearConv's
 kernel rounds the product in float64: the two may differ by one quantization step where the
 product lies within float32 rounding of a tie; the native int8 convolution computes QConv's
@@ -64,6 +68,27 @@ def quantize(x: np.ndarray, scale, zero, op: str) -> np.ndarray:
     return q.astype(dtype)
 
 
+def reciprocal(scale) -> float:
+    """float32(1 / scale), the factor images are recovered by (native code uses the same)."""
+    return float(np.float32(1) / np.float32(np.asarray(scale, np.float32).reshape(())))
+
+
+def recover(x: np.ndarray, scale, zero, op: str) -> np.ndarray:
+    """The integers of an image: x * float32(1 / scale), rounded half to even, plus the
+    zero point, saturated to the zero point's type (NaN to the lowest value)."""
+    dtype = _zero_dtype(zero, op)
+    if x.dtype != F32:
+        raise KernelError(f"{op}: expected a float32 image, got {x.dtype}")
+    if np.size(scale) != 1 or np.size(zero) != 1:
+        raise KernelError(f"{op}: the image's scale and zero point must be scalars")
+    info = np.iinfo(dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.rint(x * np.float32(reciprocal(scale))) + np.float32(np.asarray(zero).reshape(()))
+        q = np.clip(q, info.min, info.max)
+        q = np.where(np.isnan(q), info.min, q)
+    return q.astype(dtype)
+
+
 def image(q: np.ndarray, scale, zero) -> np.ndarray:
     """DequantizeLinear of q: float32(q - zero) * scale."""
     scale = np.asarray(scale, F32).reshape(())
@@ -103,7 +128,7 @@ def _qconv_shape(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, b
 @kernel("QConv", since=1, domain=NNCC, shape=_qconv_shape)
 def qconv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, b=None):
     op = "QConv"
-    xq = quantize(x, x_scale, x_zero, op)
+    xq = recover(x, x_scale, x_zero, op)
     check_integer_input(op, w, w_zero)
     out_dtype = _zero_dtype(y_zero, op)
     acc = _integer_conv(ctx, xq, w, x_zero, w_zero, op)
@@ -134,7 +159,7 @@ def _qadd_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
 
 @kernel("QAdd", since=1, domain=NNCC, shape=_qadd_shape)
 def qadd(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
-    aq, bq = quantize(a, a_scale, a_zero, "QAdd"), quantize(b, b_scale, b_zero, "QAdd")
+    aq, bq = recover(a, a_scale, a_zero, "QAdd"), recover(b, b_scale, b_zero, "QAdd")
     return image(qlinear_add(ctx, aq, a_scale, a_zero, bq, b_scale, b_zero, c_scale, c_zero), c_scale, c_zero)
 
 
@@ -144,7 +169,7 @@ def _qpool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero):
 
 @kernel("QGlobalAveragePool", since=1, domain=NNCC, shape=_qpool_shape)
 def qglobal_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero):
-    xq = quantize(x, x_scale, x_zero, "QGlobalAveragePool")
+    xq = recover(x, x_scale, x_zero, "QGlobalAveragePool")
     y = qlinear_contrib.qlinear_global_average_pool(ctx, xq, x_scale, x_zero, y_scale, y_zero)
     return image(y, y_scale, y_zero)
 
@@ -155,7 +180,7 @@ def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=No
 
 @kernel("QGemm", since=1, domain=NNCC, shape=_qgemm_shape)
 def qgemm_image(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
-    aq = quantize(a, a_scale, a_zero, "QGemm")
+    aq = recover(a, a_scale, a_zero, "QGemm")
     y = qgemm(ctx, aq, a_scale, a_zero, b, b_scale, b_zero, c, y_scale, y_zero)
     return y if y_scale is None else image(y, y_scale, y_zero)
 
@@ -166,7 +191,7 @@ def _qmatmul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero)
 
 @kernel("QMatMul", since=1, domain=NNCC, shape=_qmatmul_shape)
 def qmatmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
-    aq = quantize(a, a_scale, a_zero, "QMatMul")
+    aq = recover(a, a_scale, a_zero, "QMatMul")
     if np.size(a_scale) != 1:
         raise KernelError("QMatMul: a_scale must be a scalar")
     y = qlinear_matmul(ctx, aq, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero)

@@ -109,7 +109,7 @@ typedef struct {{ const float *x; uint8_t *planes, *a; int32_t *colsum; const in
 static void qm_planes(void *ctx, int64_t lo, int64_t hi) {{
     const qm_job *j = ctx;
     const float *t = j->table;
-    const float scale = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
     const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
     for (int64_t ch = lo; ch < hi; ch++) {{
         uint8_t *plane = j->planes + ch * {hp * wp};
@@ -121,7 +121,7 @@ static void qm_planes(void *ctx, int64_t lo, int64_t hi) {{
         const float *src = j->x + ch * {h * w};
         for (int64_t ih = 0; ih < {h}; ih++)
             for (int64_t iw = 0; iw < {w}; iw++)
-                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], scale, zero, qlo, qhi, shift);
+                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], inv, zero, qlo, qhi, shift);
     }}
 }}
 

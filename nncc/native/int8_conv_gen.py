@@ -1,11 +1,11 @@
 """nncc::QConv (a quantized convolution on float images, nncc/kernels/qimage.py) as one
 native int8 step, C code generated per layer; and nncc::QuantizeDequantize, elementwise.
 
-The input image is quantized once per element into a padded NHWC byte image (the padding
-is the zero point, which is 0 after removing it), exactly as QuantizeLinear does: x /
-x_scale rounded half to even, plus x_zero, saturated. Each output pixel's row of A is then
-gathered from it, C bytes per kernel tap (K ordered tap-major, channel-minor), and
-multiplied by the weights packed at compile time in int8_gemm_gen's panel layout (the same
+The input image's integers are recovered once per element into a padded NHWC byte image
+(the padding is the zero point, which is 0 after removing it), as the portable kernel
+recovers them: x times float32(1 / x_scale) rounded half to even, plus x_zero, saturated.
+Each output pixel's row of A is then gathered from it, C bytes per kernel tap (K ordered
+tap-major, channel-minor), and multiplied by the weights packed at compile time in int8_gemm_gen's panel layout (the same
 micro-kernel: ``vpdpbusd`` on AVX-512 VNNI, plain C elsewhere). The zero points come out
 in the epilogue through the rows' and columns' sums:
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import conv_geometry, conv_params
+from nncc.kernels.qimage import multipliers, reciprocal
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_cm
@@ -122,14 +123,14 @@ def check(node, graph, infos) -> str | None:
 # ------------------------------------------------------------------------------ C text
 
 _QUANTIZE_BYTE = """
-static inline int32_t q_int(float v, float scale, float zero, float lo, float hi) {
-    float q = rintf(v / scale) + zero;  /* half to even, the default rounding mode */
+static inline int32_t q_int(float v, float inv, float zero, float lo, float hi) {
+    float q = rintf(v * inv) + zero;  /* half to even, the default rounding mode */
     q = q < lo ? lo : (q > hi ? hi : q);
     q = q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
     return (int32_t)q;
 }
-static inline uint8_t q_byte(float v, float scale, float zero, float lo, float hi, float shift) {
-    return (uint8_t)(q_int(v, scale, zero, lo, hi) + (int32_t)shift);
+static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi, float shift) {
+    return (uint8_t)(q_int(v, inv, zero, lo, hi) + (int32_t)shift);
 }
 """
 
@@ -182,7 +183,7 @@ typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t
 static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
     const float *t = j->table;
-    const float scale = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
     const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
     for (int64_t r = lo; r < hi; r++) {{
         uint8_t *row = j->xp + r * {wp * c};
@@ -200,7 +201,7 @@ static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
             }}
             const float *src = j->x + ih * {w} + iw;
             for (int64_t ch = 0; ch < {c}; ch++)
-                px[ch] = q_byte(src[ch * {h * w}], scale, zero, qlo, qhi, shift);
+                px[ch] = q_byte(src[ch * {h * w}], inv, zero, qlo, qhi, shift);
         }}
     }}
 }}
@@ -291,7 +292,7 @@ typedef struct {{ const float *x, *table; int32_t *xp; float *y; }} qd_job;
 static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     const qd_job *j = ctx;
     const float *t = j->table;
-    const float scale = t[0], zero = t[1], qlo = t[2], qhi = t[3];
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3];
     const float yscale = t[5], yzero = t[6], ylo = t[7], yhi = t[8];
     const int32_t za = (int32_t)zero;
     const int32_t *wc = (const int32_t *)(t + {_HEADER});  /* [C][taps] weights minus their zero point */
@@ -309,7 +310,7 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
         memset(row, 0, sizeof row);
         for (int64_t ih = 0; ih < {h}; ih++) {{
             for (int64_t iw = 0; iw < {w}; iw++)
-                row[{pl} + iw] = q_int(src[ih * {w} + iw], scale, zero, qlo, qhi) - za;
+                row[{pl} + iw] = q_int(src[ih * {w} + iw], inv, zero, qlo, qhi) - za;
             int32_t *dst = xp + (ih + {pt}) * {wp};
             for (int64_t ph = 0; ph < {sw}; ph++)
                 for (int64_t col = 0; col < {wps}; col++) dst[ph * {wps} + col] = row[col * {sw} + ph];
@@ -354,20 +355,14 @@ def _range(dtype) -> tuple[float, float]:
     return float(info.min), float(info.max)
 
 
-def _multipliers(xs, ws, ys, m: int) -> np.ndarray:
-    from nncc.kernels.qimage import multipliers  # lazy: kernel family
-
-    return multipliers(xs, ws, ys, m)
-
-
 def _header(xs, xz, ys, yz) -> np.ndarray:
-    """_HEADER floats: x_scale, x_zero, x's range, the shift that makes x unsigned, y_scale,
-    y_zero and y's range."""
+    """_HEADER floats: 1 / x_scale (the image's integers are recovered by it), x_zero, x's
+    range, the shift that makes x unsigned, y_scale, y_zero and y's range."""
     head = np.zeros(_HEADER, np.float32)
     xlo, xhi = _range(np.asarray(xz).dtype)
     ylo, yhi = _range(np.asarray(yz).dtype)
     shift = 128.0 if np.asarray(xz).dtype == np.int8 else 0.0
-    head[:9] = [np.float32(xs).reshape(()), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
+    head[:9] = [reciprocal(xs), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
                 np.float32(ys).reshape(()), float(np.asarray(yz).reshape(())), ylo, yhi]
     return head
 
@@ -399,7 +394,7 @@ def emit(wr, node) -> None:
     oh, ow = out_sizes
     zero_w = np.zeros(m, np.int64) if not wz else np.broadcast_to(value(wz).astype(np.int64).reshape(-1), (m,))
     bias = np.zeros(m, np.int64) if not b else value(b).astype(np.int64).reshape(-1)
-    mult = _multipliers(value(xs), value(ws), value(ys), m)
+    mult = multipliers(value(xs), value(ws), value(ys), m)
     head = _header(value(xs), value(xz), value(ys), value(yz))
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])

@@ -1,9 +1,9 @@
 """The small quantized ops between convolutions, on float images (nncc/kernels/qimage.py),
 as native steps: nncc::QAdd (no broadcasting), QGlobalAveragePool and QGemm (a matrix by a
 constant quantized matrix). Each recovers its integers from the images as the portable
-kernel does (x / scale rounded half to even, plus the zero point, saturated) and repeats the
-portable kernel's arithmetic in the same types and order, products rounded apart from the
-sums they feed (the code is built with contraction on: an explicit barrier stops it), so the
+kernel does (x times float32(1 / scale), rounded half to even, plus the zero point,
+saturated) and repeats the portable kernel's arithmetic in the same types and order, products
+rounded apart from the sums they feed (the code is built with contraction on: an explicit barrier stops it), so the
 results are the portable kernel's, bit for bit.
 """
 
@@ -13,14 +13,15 @@ import math
 
 import numpy as np
 
+from nncc.kernels.qimage import reciprocal
 from nncc.native.int8_conv_gen import _range, _scalar_params, _static_f32, _value
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
 
 _RECOVER = """
-static inline float qi_centred(float v, float scale, float zero, float lo, float hi) {
-    float q = rintf(v / scale) + zero;
+static inline float qi_centred(float v, float inv, float zero, float lo, float hi) {
+    float q = rintf(v * inv) + zero;
     q = q < lo ? lo : (q > hi ? hi : q);
     q = q != q ? lo : q;
     return q - zero;
@@ -94,6 +95,7 @@ def emit(wr, node) -> None:
         wr.as_plain(b)
         pa, pb, pc = (_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7])))
         ra, rb = f32(pa[0]) / f32(pc[0]), f32(pb[0]) / f32(pc[0])  # as the portable kernel forms them
+        pa[0], pb[0] = reciprocal(pa[0]), reciprocal(pb[0])  # the inputs' integers are recovered by these
         table = np.array(pa + pb + pc + [ra, rb], np.float32)
         packed = wr.pack(ins[1], f"qadd {'|'.join(ins[1:8])}", table)
         size = math.prod(wr.shape(a))
@@ -107,6 +109,7 @@ def emit(wr, node) -> None:
         size = math.prod(shape[2:])
         px, py = _params(graph, infos, ins[1], ins[2]), _params(graph, infos, ins[3], ins[4])
         scale = f32(px[0]) / (f32(py[0]) * f32(size))
+        px[0] = reciprocal(px[0])
         table = np.array(px + py + [scale], np.float32)
         packed = wr.pack(ins[1], f"qpool {'|'.join(ins[1:5])}", table)
         wr.step(f"q_pool({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
@@ -130,6 +133,7 @@ def _emit_gemm(wr, node, ins, out) -> None:
     per_column = np.broadcast_to(value(ins[4]).astype(f32).reshape(-1), (n,))
     scale = f32(node.attrs.get("alpha", 1.0)) * f32(value(ins[1]).reshape(())) * per_column  # the kernel's order
     pa = _params(graph, infos, ins[1], ins[2])
+    pa[0] = reciprocal(pa[0])
     quantized = bool(ins[7])
     if quantized:
         py = _params(graph, infos, ins[7], ins[8])

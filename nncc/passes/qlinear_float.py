@@ -32,6 +32,8 @@ NNCC = "nncc"
 MICROSOFT = "com.microsoft"
 _QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8))
 # ops that move or select elements: they commute with an increasing DQ
+_SMALLEST = float(np.finfo(np.float32).tiny)  # a scale's range, see qparams
+_LARGEST = float(np.finfo(np.float32).max) / 512
 _MOVES = ("MaxPool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity")
 
 
@@ -65,10 +67,13 @@ class _Rewrite:
         return self.consts.get(name) if name else None
 
     def qparams(self, scale: str, zero: str) -> bool:
-        """A constant positive finite float32 scalar scale and a uint8/int8 scalar zero."""
+        """A constant float32 scalar scale in the normal range and a uint8/int8 scalar zero."""
         s, z = self.const(scale), self.const(zero)
-        return (s is not None and z is not None and s.dtype == np.float32 and s.size == 1
-                and z.dtype in _QUANTIZED and z.size == 1 and bool(np.isfinite(s).all() and (s > 0).all()))
+        if s is None or z is None or s.dtype != np.float32 or s.size != 1 or z.dtype not in _QUANTIZED or z.size != 1:
+            return False
+        # an image (q - z) * s stays a normal float, and 1 / s is finite: images are exact
+        value = float(s.reshape(()))
+        return _SMALLEST <= value <= _LARGEST
 
     def same(self, a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         for x, y in zip(a, b):
