@@ -96,6 +96,31 @@ static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{
 }}
 """ if zero_points else ""
     call_sums = f"        nn_parallel({p64}, {p64 * kp}, qm_sums, &j);\n" if zero_points else ""
+    pointwise = kh == kw == 1 and sh == sw == 1 and (oh, ow) == (h, w) and pt == pl == 0
+    direct = f"""
+/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input */
+static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    const float *t = j->table;
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    for (int64_t g = lo; g < hi; g++) {{
+        uint8_t *out = j->a + g * {p64 * 4};
+        for (int tt = 0; tt < 4; tt++) {{
+            int64_t ch = 4 * g + tt;
+            if (ch >= {c}) {{
+                for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = 0;
+                continue;
+            }}
+            const float *src = j->x + ch * {p};
+            for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = q_byte(src[q], inv, zero, qlo, qhi, shift);
+        }}
+        memset(out + {p * 4}, 0, {(p64 - p) * 4});
+    }}
+}}
+""" if pointwise else ""
+    phases = (f"        nn_parallel({groups}, {kp * p64}, qm_pack_direct, &j);\n" if pointwise else
+              f"        nn_parallel({c + 1}, {c * hp * wp}, qm_planes, &j);\n"
+              f"        nn_parallel({groups}, {kp * p64}, qm_pack, &j);\n")
     return f"""
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -155,6 +180,7 @@ static void qm_pack(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 {sums}
+{direct}
 /* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64] */
 static inline __attribute__((always_inline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
                                                           int32_t acc[{MRC}][{NP}]) {{
@@ -233,9 +259,7 @@ static void {name}(const float *X, const float *W, const float *table, float *Y,
     for (int64_t img = 0; img < {n}; img++) {{
         j.x = X + img * {c * h * w};
         j.y = Y + img * {m * p};
-        nn_parallel({c + 1}, {c * hp * wp}, qm_planes, &j);
-        nn_parallel({groups}, {kp * p64}, qm_pack, &j);
-{call_sums}        nn_parallel({blocks * slivers}, {p * m * k}, qm_tiles, &j);
+{phases}{call_sums}        nn_parallel({blocks * slivers}, {p * m * k}, qm_tiles, &j);
     }}
 }}
 """
