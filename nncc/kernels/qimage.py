@@ -35,7 +35,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels import qlinear_contrib
 from nncc.kernels.conv import conv_shape
 from nncc.kernels.linalg import gemm_shape, matmul_shape
-from nncc.kernels.quantize import _integer_conv, check_integer_input, qgemm, qlinear_add, qlinear_matmul
+from nncc.kernels.quantize import integer_conv, check_integer_input, qgemm, qlinear_add, qlinear_matmul
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast
 
@@ -131,7 +131,7 @@ def qconv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, b=None):
     xq = recover(x, x_scale, x_zero, op)
     check_integer_input(op, w, w_zero)
     out_dtype = _zero_dtype(y_zero, op)
-    acc = _integer_conv(ctx, xq, w, x_zero, w_zero, op)
+    acc = integer_conv(ctx, xq, w, x_zero, w_zero, op)
     m = w.shape[0]
     channel = (1, m) + (1,) * (x.ndim - 2)
     if b is not None:
@@ -164,7 +164,7 @@ def qadd(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
 
 
 def _qpool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero):
-    return [TensorInfo(F32, qlinear_contrib._global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero)[0].shape)]
+    return [TensorInfo(F32, qlinear_contrib.global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero)[0].shape)]
 
 
 @kernel("QGlobalAveragePool", since=1, domain=NNCC, shape=_qpool_shape)

@@ -32,7 +32,7 @@ from nncc.kernels.qimage import multipliers, reciprocal
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_cm
-from nncc.native.int8_gemm_gen import MR, NR, _as_floats, dots_source, pack_b
+from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
 
 QCONV = ("nncc", "QConv")
 QUANTIZE_DEQUANTIZE = ("nncc", "QuantizeDequantize")
@@ -45,17 +45,17 @@ def handles(node) -> bool:
     return (node.domain, node.op_type) in (QCONV, QUANTIZE_DEQUANTIZE)
 
 
-def _value(graph, infos, name):
+def constant(graph, infos, name):
     return None if not name else const_value(graph, infos, name)
 
 
-def _scalar_params(graph, infos, scale: str, zero: str) -> bool:
-    s, z = _value(graph, infos, scale), _value(graph, infos, zero)
+def scalar_params(graph, infos, scale: str, zero: str) -> bool:
+    s, z = constant(graph, infos, scale), constant(graph, infos, zero)
     return (s is not None and z is not None and np.asarray(s).dtype == np.float32 and np.size(s) == 1
             and np.asarray(z).dtype in _QUANTIZED and np.size(z) == 1)
 
 
-def _static_f32(info: TensorInfo | None, rank: int | None = None) -> bool:
+def static_f32(info: TensorInfo | None, rank: int | None = None) -> bool:
     return (info is not None and info.dtype == np.float32 and info.is_static
             and (rank is None or len(info.shape) == rank))
 
@@ -77,24 +77,24 @@ def _geometry(node, x_shape, w_shape):
 
 def check(node, graph, infos) -> str | None:
     if (node.domain, node.op_type) == QUANTIZE_DEQUANTIZE:
-        if len(node.inputs) != 3 or not _static_f32(infos.get(node.inputs[0])) \
-                or not _static_f32(infos.get(node.outputs[0])):
+        if len(node.inputs) != 3 or not static_f32(infos.get(node.inputs[0])) \
+                or not static_f32(infos.get(node.outputs[0])):
             return "a dynamically shaped or non-float32 image"
-        if not _scalar_params(graph, infos, node.inputs[1], node.inputs[2]):
+        if not scalar_params(graph, infos, node.inputs[1], node.inputs[2]):
             return "scale and zero point that are not constant scalars"
         return None
     inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
     x, xs, xz, w, ws, wz, ys, yz, b = inputs[:9]
     ix, iy = infos.get(x), infos.get(node.outputs[0])
-    if not _static_f32(ix, 4) or not _static_f32(iy, 4):
+    if not static_f32(ix, 4) or not static_f32(iy, 4):
         return "a 2-D convolution of static float32 images only"
-    if not (_scalar_params(graph, infos, xs, xz) and _scalar_params(graph, infos, ys, yz)):
+    if not (scalar_params(graph, infos, xs, xz) and scalar_params(graph, infos, ys, yz)):
         return "activation scales and zero points that are not constant scalars"
-    wv = _value(graph, infos, w)
+    wv = constant(graph, infos, w)
     if wv is None or np.asarray(wv).dtype not in _QUANTIZED or np.ndim(wv) != 4:
         return "weights that are not a constant int8 or uint8 tensor"
     m = wv.shape[0]
-    wsv, wzv, bv = _value(graph, infos, ws), _value(graph, infos, wz), _value(graph, infos, b)
+    wsv, wzv, bv = constant(graph, infos, ws), constant(graph, infos, wz), constant(graph, infos, b)
     if wsv is None or np.asarray(wsv).dtype != np.float32 or np.size(wsv) not in (1, m):
         return "w_scale that is not a constant per tensor or per output channel"
     if wz and (wzv is None or np.asarray(wzv).dtype != wv.dtype or np.size(wzv) not in (1, m)):
@@ -350,7 +350,7 @@ static void {name}(const float *X, const float *table, float *Y, char *scratch) 
 # ---------------------------------------------------------------------- packing, emitting
 
 
-def _range(dtype) -> tuple[float, float]:
+def quantized_range(dtype) -> tuple[float, float]:
     info = np.iinfo(dtype)
     return float(info.min), float(info.max)
 
@@ -359,8 +359,8 @@ def _header(xs, xz, ys, yz) -> np.ndarray:
     """_HEADER floats: 1 / x_scale (the image's integers are recovered by it), x_zero, x's
     range, the shift that makes x unsigned, y_scale, y_zero and y's range."""
     head = np.zeros(_HEADER, np.float32)
-    xlo, xhi = _range(np.asarray(xz).dtype)
-    ylo, yhi = _range(np.asarray(yz).dtype)
+    xlo, xhi = quantized_range(np.asarray(xz).dtype)
+    ylo, yhi = quantized_range(np.asarray(yz).dtype)
     shift = 128.0 if np.asarray(xz).dtype == np.int8 else 0.0
     head[:9] = [reciprocal(xs), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
                 np.float32(ys).reshape(()), float(np.asarray(yz).reshape(())), ylo, yhi]
@@ -373,9 +373,9 @@ def emit(wr, node) -> None:
     if (node.domain, node.op_type) == QUANTIZE_DEQUANTIZE:
         x, s, z = node.inputs
         wr.as_plain(x)
-        zv = np.asarray(_value(graph, infos, z))
-        lo, hi = _range(zv.dtype)
-        table = np.array([np.asarray(_value(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
+        zv = np.asarray(constant(graph, infos, z))
+        lo, hi = quantized_range(zv.dtype)
+        table = np.array([np.asarray(constant(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
                          np.float32)
         packed = wr.pack(s, f"quantize {z}", table)
         out = node.outputs[0]
@@ -386,7 +386,7 @@ def emit(wr, node) -> None:
     inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
     x, xs, xz, w, ws, wz, ys, yz, b = inputs[:9]
     wr.as_plain(x)
-    value = lambda name: None if not name else np.asarray(_value(graph, infos, name))  # noqa: E731
+    value = lambda name: None if not name else np.asarray(constant(graph, infos, name))  # noqa: E731
     wv = value(w)
     m, cg, kh, kw = wv.shape
     n, c, h, wd = wr.shape(x)
@@ -415,7 +415,7 @@ def emit(wr, node) -> None:
     shape = (c, h, wd, m, kh, kw) + geometry
     if int8_conv_cm.preferred(p, m, MR, NR):
         matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
-        wp_ = wr.pack(w, "int8 conv rows", _as_floats(int8_conv_cm.pack_weights(matrix)))
+        wp_ = wr.pack(w, "int8 conv rows", as_floats(int8_conv_cm.pack_weights(matrix)))
         packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
                          int8_conv_cm.table(head, matrix, zero_w, bias, mult, shift))
         code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
@@ -434,7 +434,7 @@ def emit(wr, node) -> None:
     columns[2, :m] = mult
     ints[3, :m] = bias
     table = np.concatenate([head, columns.reshape(-1)])
-    bp = wr.pack(w, "int8 conv panels", _as_floats(pack_b(np.ascontiguousarray(matrix))))
+    bp = wr.pack(w, "int8 conv panels", as_floats(pack_b(np.ascontiguousarray(matrix))))
     packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
     hp = max(h + pads[0], (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
     wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)

@@ -93,7 +93,7 @@ def column_table(b: np.ndarray, b_scale: np.ndarray, b_zero, bias) -> np.ndarray
     return table
 
 
-def _as_floats(data: np.ndarray) -> np.ndarray:
+def as_floats(data: np.ndarray) -> np.ndarray:
     """Bytes carried in a float32 array (every constant the entry point takes is one)."""
     raw = np.zeros(-(-data.nbytes // 4) * 4, np.uint8)
     raw[:data.nbytes] = data.view(np.uint8).reshape(-1)
@@ -268,7 +268,7 @@ def emit(w, node) -> None:
     bv = np.asarray(const_value(w.graph, w.infos, b))
     k, n = bv.shape
     value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
-    bp = w.pack(b, "int8 panels", _as_floats(pack_b(bv)))
+    bp = w.pack(b, "int8 panels", as_floats(pack_b(bv)))
     table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]

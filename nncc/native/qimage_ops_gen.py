@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from nncc.kernels.qimage import reciprocal
-from nncc.native.int8_conv_gen import _range, _scalar_params, _static_f32, _value
+from nncc.native.int8_conv_gen import quantized_range, scalar_params, static_f32, constant
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
@@ -36,42 +36,42 @@ def handles(node) -> bool:
 def check(node, graph, infos) -> str | None:
     ins = list(node.inputs) + [""] * (9 - len(node.inputs))
     out = infos.get(node.outputs[0]) if node.outputs else None
-    if not _static_f32(out):
+    if not static_f32(out):
         return "an output that is not a static float32 tensor"
     if node.op_type == "QAdd":
         a, b = infos.get(ins[0]), infos.get(ins[3])
-        if not (_static_f32(a) and _static_f32(b)) or a.shape != b.shape or tuple(out.shape) != tuple(a.shape):
+        if not (static_f32(a) and static_f32(b)) or a.shape != b.shape or tuple(out.shape) != tuple(a.shape):
             return "QAdd with broadcasting"
-        if not all(_scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7]))):
+        if not all(scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7]))):
             return "scales and zero points that are not constant scalars"
         return None
     if node.op_type == "QGlobalAveragePool":
         x = infos.get(ins[0])
-        if not _static_f32(x) or len(x.shape) < 3 or math.prod(x.shape[2:]) == 0:
+        if not static_f32(x) or len(x.shape) < 3 or math.prod(x.shape[2:]) == 0:
             return "a pooled image that is not static float32 of rank >= 3"
-        if not all(_scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[3], ins[4]))):
+        if not all(scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[3], ins[4]))):
             return "scales and zero points that are not constant scalars"
         return None
     a = infos.get(ins[0])
-    if not _static_f32(a) or len(a.shape) != 2 or int(node.attrs.get("transA", 0)):
+    if not static_f32(a) or len(a.shape) != 2 or int(node.attrs.get("transA", 0)):
         return "A that is not a static float32 matrix"
-    if not _scalar_params(graph, infos, ins[1], ins[2]):
+    if not scalar_params(graph, infos, ins[1], ins[2]):
         return "a_scale and a_zero_point that are not constant scalars"
-    bv = _value(graph, infos, ins[3])
+    bv = constant(graph, infos, ins[3])
     if bv is None or np.asarray(bv).dtype not in (np.uint8, np.int8) or np.ndim(bv) != 2:
         return "B that is not a constant quantized matrix"
     n = bv.shape[0] if int(node.attrs.get("transB", 0)) else bv.shape[1]
     k = bv.shape[1] if int(node.attrs.get("transB", 0)) else bv.shape[0]
     if a.shape[1] != k or tuple(out.shape) != (a.shape[0], n):
         return "shapes that do not match"
-    bs, bz, c = (_value(graph, infos, name) for name in ins[4:7])
+    bs, bz, c = (constant(graph, infos, name) for name in ins[4:7])
     if bs is None or np.asarray(bs).dtype != np.float32 or np.size(bs) not in (1, n):
         return "b_scale that is not a constant per tensor or per column"
     if ins[5] and (bz is None or np.asarray(bz).dtype != np.asarray(bv).dtype or np.size(bz) not in (1, n)):
         return "b_zero_point that is not a constant of B's type"
     if ins[6] and (c is None or np.asarray(c).dtype != np.int32 or np.size(c) not in (1, n) or np.ndim(c) > 1):
         return "C that is not a constant int32 bias per column"
-    if ins[7] and not _scalar_params(graph, infos, ins[7], ins[8]):
+    if ins[7] and not scalar_params(graph, infos, ins[7], ins[8]):
         return "y_scale and y_zero_point that are not constant scalars"
     if k > 16384:
         return "K above the exact int32 range"
@@ -79,8 +79,8 @@ def check(node, graph, infos) -> str | None:
 
 
 def _params(graph, infos, scale, zero) -> list[float]:
-    s, z = np.asarray(_value(graph, infos, scale), np.float32), np.asarray(_value(graph, infos, zero))
-    lo, hi = _range(z.dtype)
+    s, z = np.asarray(constant(graph, infos, scale), np.float32), np.asarray(constant(graph, infos, zero))
+    lo, hi = quantized_range(z.dtype)
     return [float(s.reshape(())), float(z.reshape(())), lo, hi]
 
 
@@ -120,7 +120,7 @@ def emit(wr, node) -> None:
 
 def _emit_gemm(wr, node, ins, out) -> None:
     graph, infos = wr.graph, wr.infos
-    value = lambda name: None if not name else np.asarray(_value(graph, infos, name))  # noqa: E731
+    value = lambda name: None if not name else np.asarray(constant(graph, infos, name))  # noqa: E731
     a = ins[0]
     b = value(ins[3])
     b = b.T if int(node.attrs.get("transB", 0)) else b

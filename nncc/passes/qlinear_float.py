@@ -297,8 +297,11 @@ class _Rewrite:
             if bz is not None and bz.any():
                 return None
             expected = self.const(x_scale).astype(np.float32).reshape(()) * ws.reshape(-1)
-            if bs.size not in (1, expected.size) or not np.allclose(bs.reshape(-1), expected, rtol=1e-6, atol=0):
+            n = max(bs.size, expected.size)
+            if bs.size not in (1, n) or expected.size not in (1, n):
                 return None
+            if not np.allclose(np.broadcast_to(bs.reshape(-1), (n,)), np.broadcast_to(expected, (n,)), rtol=1e-6, atol=0):
+                return None  # a bias on another scale than the accumulator's
             bias = bdq.inputs[0]
         return wdq.inputs[0], wdq.inputs[1], wz, bias
 
