@@ -14,10 +14,12 @@ import math
 import numpy as np
 
 from nncc.kernels.qimage import reciprocal
+from nncc.native.int8_gemm_gen import as_floats
 from nncc.native.int8_conv_gen import quantized_range, scalar_params, static_f32, constant
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
+_COLUMNS = 256  # of B per task
 
 _RECOVER = """
 static inline float qi_centred(float v, float inv, float zero, float lo, float hi) {
@@ -75,6 +77,8 @@ def check(node, graph, infos) -> str | None:
         return "y_scale and y_zero_point that are not constant scalars"
     if k > 16384:
         return "K above the exact int32 range"
+    if n > 65536:
+        return "more columns than the step keeps on its stack"
     return None
 
 
@@ -127,7 +131,8 @@ def _emit_gemm(wr, node, ins, out) -> None:
     k, n = b.shape
     m = wr.shape(a)[0]
     zero = np.zeros(n, np.int64) if not ins[5] else np.broadcast_to(value(ins[5]).astype(np.int64).reshape(-1), (n,))
-    centred = (b.astype(np.int64) - zero).astype(np.int32)  # [K, N]
+    shift = 128 if b.dtype == np.uint8 else 0  # unsigned B shifts to signed, its zero point with it
+    signed = (b.astype(np.int16) - shift).astype(np.int8)  # [K, N]
     bias = np.zeros(n, np.int32) if not ins[6] else np.broadcast_to(value(ins[6]).reshape(-1), (n,)).astype(np.int32)
     f32 = np.float32
     per_column = np.broadcast_to(value(ins[4]).astype(f32).reshape(-1), (n,))
@@ -142,7 +147,7 @@ def _emit_gemm(wr, node, ins, out) -> None:
         py = [1.0, 0.0, 0.0, 0.0]
         columns = scale.astype(f32)
     table = np.concatenate([np.array(pa + py, np.float32), bias.view(np.float32), columns,
-                            centred.reshape(-1).view(np.float32)])
+                            (zero - shift).astype(np.int32).view(np.float32), as_floats(signed.reshape(-1))])
     packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}", table)
     wr.as_plain(a)
     wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, packed], [out],
@@ -195,21 +200,38 @@ def _gemm_source(m: int, k: int, n: int, quantized: bool) -> str:
             y[j] = (float)(v - t[5]) * t[4];"""
     else:
         finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
+    blocks = -(-n // _COLUMNS)
     return f"""{_RECOVER}
-static void q_gemm(const float *A, const float *t, float *Y) {{
-    const int32_t *bias = (const int32_t *)(t + 8);
+typedef struct {{ const float *a, *t; float *y; }} qg_job;
+
+/* column blocks [lo, hi) of every row: B's int8 columns, the zero point through A's sum */
+static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
+    const qg_job *jb = ctx;
+    const float *t = jb->t;
+    const int32_t *bias = (const int32_t *)(t + 8), *zero = (const int32_t *)(t + {8 + 2 * n});
     const float *col = t + {8 + n};
-    const int32_t *b = (const int32_t *)(t + {8 + 2 * n});
+    const int8_t *b = (const int8_t *)(t + {8 + 3 * n});
+    int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
     int32_t a[{k}], acc[{n}];
     for (int64_t i = 0; i < {m}; i++) {{
-        for (int64_t p = 0; p < {k}; p++) a[p] = (int32_t)qi_centred(A[i * {k} + p], t[0], t[1], t[2], t[3]);
-        for (int64_t j = 0; j < {n}; j++) acc[j] = bias[j];
+        uint32_t sum = 0;
+        for (int64_t p = 0; p < {k}; p++) {{
+            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t[0], t[1], t[2], t[3]);
+            sum += (uint32_t)a[p];
+        }}
+        /* unsigned: wraps as the portable kernel's int32 accumulator */
+        for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)bias[j] - (uint32_t)zero[j] * sum);
         for (int64_t p = 0; p < {k}; p++)
-            for (int64_t j = 0; j < {n}; j++) acc[j] += a[p] * b[p * {n} + j];
-        float *y = Y + i * {n};
-        for (int64_t j = 0; j < {n}; j++) {{
+            for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)(a[p] * b[p * {n} + j]));
+        float *y = jb->y + i * {n};
+        for (int64_t j = j0; j < j1; j++) {{
             {finish}
         }}
     }}
+}}
+
+static void q_gemm(const float *A, const float *t, float *Y) {{
+    qg_job jb = {{A, t, Y}};
+    nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
 }}
 """
