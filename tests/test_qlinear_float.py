@@ -221,3 +221,35 @@ def test_quantized_values_still_needed_are_restored(tmp_path):
     assert got["yq"].dtype == np.uint8
     np.testing.assert_array_equal(got["yq"], expected[1])
     np.testing.assert_array_equal(got["y"], expected[0])
+
+
+@pytest.mark.parametrize("b_type", [np.uint8, np.int8])
+def test_qgemm_head_native_is_the_portable_kernel_bit_for_bit(tmp_path, b_type):
+    """com.microsoft QGemm (the QOperator head) with per-column scales and zero points:
+    the native step's int8 B and zero-point correction give the portable kernel's values,
+    and both match onnxruntime within one output step."""
+    rng = np.random.default_rng(9)
+    k, n = 37, 300
+    lo, hi = np.iinfo(b_type).min, np.iinfo(b_type).max
+    b = rng.integers(lo, hi + 1, (n, k)).astype(b_type)
+    inits = [_const("xs", np.float32(0.05)), _const("xz", np.uint8(120)), _const("b", b),
+             _const("bs", rng.uniform(0.002, 0.01, n).astype(np.float32)),
+             _const("bz", rng.integers(lo // 8 + (0 if lo < 0 else 100), hi // 8 + (0 if lo < 0 else 100), n)
+                    .astype(b_type)),
+             _const("c", rng.integers(-4000, 4000, n).astype(np.int32)), _const("ys", np.float32(0.2)),
+             _const("yz", np.uint8(128))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QGemm", ["xq", "xs", "xz", "b", "bs", "bz", "c", "ys", "yz"], ["yq"], domain="com.microsoft",
+                              transB=1, alpha=1.0),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    graph = helper.make_graph(nodes, "qgemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((3, k)).astype(np.float32) * 3
+    portable = nncc.compile_model(path, backends=("numpy",)).run({"x": x})["y"]
+    native = nncc.compile_model(path)
+    assert _all_native(native)
+    np.testing.assert_array_equal(native.run({"x": x})["y"], portable)
+    np.testing.assert_allclose(portable, _onnxruntime(model, {"x": x})[0], rtol=0, atol=0.2 * 1.0001)
