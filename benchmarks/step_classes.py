@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 CLASSES = ("1x1", "3x3", "7x7 stem", "depthwise", "other conv", "GEMM", "no FLOPs")
-CONV = ("Conv", "FusedConv")
+CONV = ("Conv", "FusedConv", "QConv")  # QConv: the int8 convolution on float images, weights 4th
 GEMM = ("MatMul", "FusedMatMul", "Gemm", "FusedGemm")
 
 
@@ -39,7 +39,7 @@ def node_class(node, infos) -> tuple[str, int] | None:
     (and for one whose shapes are not static: its FLOPs are unknown)."""
     op = node.op_type
     if op in CONV or op == "ConvTranspose":
-        x, w = _shape(infos, node.inputs[0]), _shape(infos, node.inputs[1])
+        x, w = _shape(infos, node.inputs[0]), _shape(infos, node.inputs[3 if op == "QConv" else 1])
         y = _shape(infos, node.outputs[0])
         if x is None or w is None or y is None or len(w) < 3:
             return None

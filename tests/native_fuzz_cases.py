@@ -538,16 +538,84 @@ def shuffle(case, rng):
         case.geometry = dict(op="Concat", inputs=shapes, axis=axis)
 
 
+def qconv(case, rng):
+    """A quantized convolution as onnxruntime's quantizer writes one: QOperator
+    (QuantizeLinear -> QLinearConv -> DequantizeLinear) or QDQ (Q -> DQ -> Conv of
+    dequantized weights and int32 bias -> Q -> DQ); int8 or uint8 weights, per-tensor or
+    per-channel scales, symmetric or not (QOperator), plain or depthwise, odd channel counts
+    on both sides of the 64-channel panel. -O2 carries it as float images and makes it
+    native (nncc/passes/qlinear_float.py), so every round compiles it at -O2. onnxruntime
+    requantizes in float32 as nncc does: the outputs agree exactly."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    depthwise = rng.random() < 0.3
+    c = _choice(rng, [1, 2, 3, 4, 5, 9, 16]) if depthwise else _choice(rng, [1, 3, 4, 7, 16, 33])
+    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise)
+    if not depthwise:  # other groupings stay portable
+        attrs["group"] = 1
+        wshape = (_choice(rng, [1, 3, 17, 64, 65, 70]), c) + wshape[2:]
+    qdq = rng.random() < 0.4
+    signed = qdq or rng.random() < 0.6
+    per_channel = rng.random() < 0.5
+    asymmetric = not qdq and rng.random() < 0.5
+    m, taps = wshape[0], wshape[1] * wshape[2] * wshape[3]
+    n = _choice(rng, [1, 1, 2])
+    h, w = _spatial(rng, eh, ew, attrs["pads"])
+    x = b.input("x", (n, c, h, w))
+    lo, hi = (-127, 127) if signed else (0, 255)
+    weights = rng.integers(lo, hi + 1, wshape).astype(np.int8 if signed else np.uint8)
+    count = m if per_channel else 1
+    w_scale = rng.uniform(0.002, 0.02, count).astype(np.float32).reshape((count,) if per_channel else ())
+    if signed:
+        w_zero = rng.integers(-20, 21, count) if asymmetric else np.zeros(count, np.int64)
+    else:  # onnxruntime takes one uint8 zero point for all channels
+        w_zero = np.full(count, int(rng.integers(100, 156)) if asymmetric else 128)
+    w_zero = w_zero.astype(weights.dtype).reshape(w_scale.shape)
+    x_scale = np.float32(rng.uniform(0.01, 0.03))
+    y_scale = np.float32(x_scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
+    names = {}
+    for short, value in (("xs", np.array(x_scale)), ("xz", np.array(int(rng.integers(100, 156)), np.uint8)),
+                         ("w", weights), ("ws", w_scale), ("wz", w_zero), ("ys", np.array(y_scale)),
+                         ("yz", np.array(int(rng.integers(60, 196)), np.uint8))):
+        names[short] = b.name(short)
+        case.inits[names[short]] = value
+    bias = rng.random() < 0.7
+    if bias:
+        names["b"] = b.name("b")
+        case.inits[names["b"]] = rng.integers(-3000, 3000, m).astype(np.int32)
+    (xq,) = b.node("QuantizeLinear", [x, names["xs"], names["xz"]], ["xq"])
+    if qdq:
+        (xf,) = b.node("DequantizeLinear", [xq, names["xs"], names["xz"]], ["xf"])
+        (wf,) = b.node("DequantizeLinear", [names["w"], names["ws"], names["wz"]], ["wf"], axis=0)
+        ins = [xf, wf]
+        if bias:
+            names["bs"], names["bz"] = b.name("bs"), b.name("bz")
+            case.inits[names["bs"]] = (x_scale * np.broadcast_to(w_scale, (m,))).astype(np.float32)
+            case.inits[names["bz"]] = np.zeros(m, np.int32)
+            ins += b.node("DequantizeLinear", [names["b"], names["bs"], names["bz"]], ["bf"], axis=0)
+        (yf,) = b.node("Conv", ins, ["conv"], **attrs)
+        (yq,) = b.node("QuantizeLinear", [yf, names["ys"], names["yz"]], ["yq"])
+    else:
+        ins = [xq] + [names[k] for k in ("xs", "xz", "w", "ws", "wz", "ys", "yz")] + ([names["b"]] if bias else [])
+        (yq,) = b.node("QLinearConv", ins, ["yq"], **attrs)
+    (y,) = b.node("DequantizeLinear", [yq, names["ys"], names["yz"]], ["y"])
+    b.output(y)
+    case.terms = taps + 2
+    case.geometry = dict(form="QDQ" if qdq else "QOperator", x=[n, c, h, w], w=list(wshape), bias=bias,
+                         weights="int8" if signed else "uint8", per_channel=per_channel, asymmetric=asymmetric,
+                         **{k: v for k, v in attrs.items() if k != "kernel_shape"})
+
+
 def pointwise_conv(case, rng):
     conv(case, rng, pointwise=True)
 
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
          "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
-         "dynamic_int8": dynamic_int8}
+         "dynamic_int8": dynamic_int8, "qconv": qconv}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8"]
+         "rows", "shuffle", "attention", "dynamic_int8", "qconv"]
 
 
 def make_case(seed: int, index: int) -> Case:

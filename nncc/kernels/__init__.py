@@ -24,6 +24,7 @@ FAMILIES = (
     "ml",
     "normalization",
     "optional",
+    "qimage",
     "pool",
     "qlinear_contrib",
     "quantize",

@@ -230,6 +230,12 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "nncc::FusedConv": "fused",
     "nncc::FusedGemm": "fused",
     "nncc::FusedMatMul": "fused",
+    "nncc::QAdd": "qimage",
+    "nncc::QConv": "qimage",
+    "nncc::QGemm": "qimage",
+    "nncc::QGlobalAveragePool": "qimage",
+    "nncc::QMatMul": "qimage",
+    "nncc::QuantizeDequantize": "qimage",
     "nncc::ScaleShift": "affine",
 }
 

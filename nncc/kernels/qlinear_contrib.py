@@ -142,7 +142,7 @@ def _channels_last(ctx) -> bool:
     return bool(int(ctx.get("channels_last", 0)))
 
 
-def _global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
+def global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
     dtype = _out_dtype(y_zero, x.dtype)
     if x.shape is None:
         return [TensorInfo(dtype, None)]
@@ -153,7 +153,7 @@ def _global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
     return [TensorInfo(dtype, shape)]
 
 
-@kernel("QLinearGlobalAveragePool", since=1, domain=MS, shape=_global_pool_shape)
+@kernel("QLinearGlobalAveragePool", since=1, domain=MS, shape=global_pool_shape)
 def qlinear_global_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero=None):
     """The exact int sum of x - x_zero over the image, times x_scale / (y_scale * size)."""
     op = "QLinearGlobalAveragePool"

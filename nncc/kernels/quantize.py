@@ -434,7 +434,7 @@ for _since in (10, 21):
 # ---------------------------------------------------------------------- convolutions
 
 
-def _integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) -> np.ndarray:
+def integer_conv(ctx, x: np.ndarray, w: np.ndarray, x_zero, w_zero, op: str) -> np.ndarray:
     """The convolution of x - x_zero with w - w_zero, in exact integers (int32, or int64 if
     the reduction could overflow), padding with zero after removing the zero point."""
     if x.ndim < 3 or w.ndim != x.ndim:
@@ -486,7 +486,7 @@ def _conv_integer_shape(ctx, x, w, x_zero=None, w_zero=None):
 @kernel("ConvInteger", since=10, shape=_conv_integer_shape)
 def conv_integer(ctx, x, w, x_zero=None, w_zero=None):
     check_integer_input("ConvInteger", x, w, x_zero, w_zero)
-    return _integer_conv(ctx, x, w, x_zero, w_zero, "ConvInteger").astype(np.int32, copy=False)
+    return integer_conv(ctx, x, w, x_zero, w_zero, "ConvInteger").astype(np.int32, copy=False)
 
 
 def _qlinear_conv_shape(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=None, b=None):
@@ -497,7 +497,7 @@ def _qlinear_conv_shape(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_
 @kernel("QLinearConv", since=10, shape=_qlinear_conv_shape)
 def qlinear_conv(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero=None, b=None):
     check_integer_input("QLinearConv", x, w, x_zero, w_zero, y_zero)
-    acc = _integer_conv(ctx, x, w, x_zero, w_zero, "QLinearConv")
+    acc = integer_conv(ctx, x, w, x_zero, w_zero, "QLinearConv")
     m = w.shape[0]
     channel = (1, m) + (1,) * (x.ndim - 2)
     if b is not None:

@@ -25,7 +25,8 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import attention_gen, gemm_gen, int8_gemm_gen, norm_gen, plain_ops
+from nncc.native import (attention_gen, gemm_gen, int8_conv_gen, int8_gemm_gen, norm_gen, plain_ops,
+                         qimage_ops_gen)
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
                                      source)
 from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
@@ -62,6 +63,10 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         return plain_ops.check(node, graph, infos)
     if key == INT8_MATMUL:
         return int8_gemm_gen.check(node, graph, infos)
+    if int8_conv_gen.handles(node):
+        return int8_conv_gen.check(node, graph, infos)
+    if qimage_ops_gen.handles(node):
+        return qimage_ops_gen.check(node, graph, infos)
     data_inputs = list(node.inputs)
     if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
         data_inputs = node.inputs[:1]
@@ -291,6 +296,10 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             return self.scale_shift(node)
         if key == INT8_MATMUL:
             return int8_gemm_gen.emit(self, node)
+        if int8_conv_gen.handles(node):
+            return int8_conv_gen.emit(self, node)
+        if qimage_ops_gen.handles(node):
+            return qimage_ops_gen.emit(self, node)
         if self.emit_blocked(node):
             return
         if not (is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):

@@ -93,11 +93,58 @@ def column_table(b: np.ndarray, b_scale: np.ndarray, b_zero, bias) -> np.ndarray
     return table
 
 
-def _as_floats(data: np.ndarray) -> np.ndarray:
+def as_floats(data: np.ndarray) -> np.ndarray:
     """Bytes carried in a float32 array (every constant the entry point takes is one)."""
     raw = np.zeros(-(-data.nbytes // 4) * 4, np.uint8)
     raw[:data.nbytes] = data.view(np.uint8).reshape(-1)
     return raw.view(np.float32)
+
+
+def dots_source(kp: int, groups: int) -> str:
+    """File-scope C: ``q_dots(a, bp, rows, acc)``, the int32 dot products of ``rows`` (at
+    most MR) u8 rows of A, ``kp`` bytes apart, with one panel of packed B (``groups``
+    groups of four rows of K), into ``acc[MR][NR]``."""
+    return f"""/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR] */
+static inline __attribute__((always_inline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
+                                                         int32_t acc[{MR}][{NR}]) {{
+#ifdef Q_VNNI
+    __m512i c[{MR}][4];
+    for (int r = 0; r < {MR}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < {groups}; g++) {{
+        const int8_t *bg = bp + g * {NR * 4};
+        __m512i b0 = _mm512_loadu_si512(bg), b1 = _mm512_loadu_si512(bg + 64);
+        __m512i b2 = _mm512_loadu_si512(bg + 128), b3 = _mm512_loadu_si512(bg + 192);
+        for (int r = 0; r < {MR}; r++) {{
+            if (r >= rows) break;
+            int32_t four;
+            memcpy(&four, a + r * {kp} + g * 4, 4);
+            __m512i x = _mm512_set1_epi32(four);
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
+            c[r][2] = _mm512_dpbusd_epi32(c[r][2], x, b2);
+            c[r][3] = _mm512_dpbusd_epi32(c[r][3], x, b3);
+        }}
+    }}
+    for (int r = 0; r < {MR}; r++) {{
+        if (r >= rows) break;
+        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
+    }}
+#else
+    for (int r = 0; r < rows; r++) {{
+        int32_t *c = acc[r];
+        for (int col = 0; col < {NR}; col++) c[col] = 0;
+        const uint8_t *ar = a + r * {kp};
+        for (int64_t g = 0; g < {groups}; g++) {{
+            const int8_t *bg = bp + g * {NR * 4};
+            int32_t a0 = ar[4 * g], a1 = ar[4 * g + 1], a2 = ar[4 * g + 2], a3 = ar[4 * g + 3];
+            for (int col = 0; col < {NR}; col++)
+                c[col] += a0 * bg[4 * col] + a1 * bg[4 * col + 1] + a2 * bg[4 * col + 2] + a3 * bg[4 * col + 3];
+        }}
+    }}
+#endif
+}}
+
+"""
 
 
 def source(m: int, n: int, k: int, name: str) -> str:
@@ -142,47 +189,7 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR] */
-static inline __attribute__((always_inline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
-                                                         int32_t acc[{MR}][{NR}]) {{
-#ifdef Q_VNNI
-    __m512i c[{MR}][4];
-    for (int r = 0; r < {MR}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
-    for (int64_t g = 0; g < {groups}; g++) {{
-        const int8_t *bg = bp + g * {NR * 4};
-        __m512i b0 = _mm512_loadu_si512(bg), b1 = _mm512_loadu_si512(bg + 64);
-        __m512i b2 = _mm512_loadu_si512(bg + 128), b3 = _mm512_loadu_si512(bg + 192);
-        for (int r = 0; r < {MR}; r++) {{
-            if (r >= rows) break;
-            int32_t four;
-            memcpy(&four, a + r * {kp} + g * 4, 4);
-            __m512i x = _mm512_set1_epi32(four);
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
-            c[r][2] = _mm512_dpbusd_epi32(c[r][2], x, b2);
-            c[r][3] = _mm512_dpbusd_epi32(c[r][3], x, b3);
-        }}
-    }}
-    for (int r = 0; r < {MR}; r++) {{
-        if (r >= rows) break;
-        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
-    }}
-#else
-    for (int r = 0; r < rows; r++) {{
-        int32_t *c = acc[r];
-        for (int col = 0; col < {NR}; col++) c[col] = 0;
-        const uint8_t *ar = a + r * {kp};
-        for (int64_t g = 0; g < {groups}; g++) {{
-            const int8_t *bg = bp + g * {NR * 4};
-            int32_t a0 = ar[4 * g], a1 = ar[4 * g + 1], a2 = ar[4 * g + 2], a3 = ar[4 * g + 3];
-            for (int col = 0; col < {NR}; col++)
-                c[col] += a0 * bg[4 * col] + a1 * bg[4 * col + 1] + a2 * bg[4 * col + 2] + a3 * bg[4 * col + 3];
-        }}
-    }}
-#endif
-}}
-
-/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
+{dots_source(kp, groups)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
 static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const q_job *j = ctx;
     int32_t acc[{MR}][{NR}];
@@ -261,7 +268,7 @@ def emit(w, node) -> None:
     bv = np.asarray(const_value(w.graph, w.infos, b))
     k, n = bv.shape
     value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
-    bp = w.pack(b, "int8 panels", _as_floats(pack_b(bv)))
+    bp = w.pack(b, "int8 panels", as_floats(pack_b(bv)))
     table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]

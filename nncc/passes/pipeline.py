@@ -1,7 +1,8 @@
 """Optimization levels: which passes run, in which order.
 
 -O0 runs nothing; -O1 removes no-ops, folds constants (including static shape arithmetic)
-and removes dead code; -O2 adds the algebraic fusions, then removes dead code again.
+and removes dead code; -O2 adds the algebraic fusions, then removes dead code again (and,
+before folding, carries quantized tensors as float images).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from nncc.passes.attention import fuse_attention
 from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
+from nncc.passes.qlinear_float import carry_quantized_as_float
 from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.passes.fusion import (
     batchnorm_to_scale_shift,
@@ -33,6 +35,10 @@ class PassInfo(NamedTuple):
 
 PASSES: list[PassInfo] = [
     PassInfo("remove_noops", 1, "remove Identity and inference-mode Dropout"),
+    PassInfo("carry_quantized_as_float", 2,
+             "quantized tensors as their exact float images: QuantizeLinear -> nncc "
+             "QuantizeDequantize, QLinearConv/QLinearAdd/QGemm... and QDQ-wrapped Conv/Add/Gemm "
+             "-> nncc QConv/QAdd/QGemm...; runs before folding, which would dequantize the weights"),
     PassInfo("fold_constants", 1,
              "evaluate constant subgraphs and static Shape/Size once; ConstantOfShape "
              "becomes a zero-copy splat"),
@@ -69,6 +75,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "fuse_activation": fuse_activation,
     "fuse_attention": fuse_attention,
     "fuse_dynamic_quantization": fuse_dynamic_quantization,
+    "carry_quantized_as_float": carry_quantized_as_float,
 }
 
 

@@ -1,0 +1,265 @@
+"""The channel-major form of the native int8 convolution (nncc/native/int8_conv_gen.py):
+output channels x pixels, for layers with few output channels over many pixels (a
+MobileNet's early 1x1 layers), where the pixel-major form's 64-channel panels would be
+mostly padding and its stores would transpose.
+
+The input image is quantized into padded byte planes (C x Hp x Wp, the padding the zero
+point), then packed as A4: for each group of four rows of K (K ordered channel, kernel row,
+kernel column, as the weights lie), the pixels' four bytes side by side, pixels padded to a
+multiple of 64. ``vpdpbusd`` multiplies 64 pixels' bytes (four vectors) by one output
+channel's four weight bytes broadcast, six channels at a time; plain C elsewhere. The
+epilogue is int8_conv_gen's (zero points through the pixels' and channels' sums, the int32
+bias, float32 requantization, the output's image), vectorised over 64 pixels and stored
+contiguously in NCHW.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MRC = 6  # output channels per micro-tile
+NP = 64  # pixels per micro-tile: four AVX-512 vectors of int32 lanes
+
+
+def preferred(pixels: int, channels: int, pixel_rows: int, channel_panel: int) -> bool:
+    """Whether the channel-major form wastes less padding than the pixel-major one."""
+    def up(v, to):
+        return -(-v // to) * to
+    return up(pixels, NP) * up(channels, MRC) < up(pixels, pixel_rows) * up(channels, channel_panel)
+
+
+def table(head: np.ndarray, matrix: np.ndarray, zero_w, bias, mult, shift: int) -> np.ndarray:
+    """head, then per output channel (padded to MRC): the weights' sum, zero point (shifted
+    with them), multiplier and bias."""
+    m = matrix.shape[0]
+    mp = -(-m // MRC) * MRC
+    columns = np.zeros((4, mp), np.float32)
+    ints = columns.view(np.int32)
+    ints[0, :m] = matrix.astype(np.int32).sum(axis=1)
+    ints[1, :m] = zero_w - shift
+    columns[2, :m] = mult
+    ints[3, :m] = bias
+    return np.concatenate([head, columns.reshape(-1)])
+
+
+def pack_weights(matrix: np.ndarray) -> np.ndarray:
+    """[M, K] int8 -> [Mp, Kp] bytes, zero-padded."""
+    m, k = matrix.shape
+    out = np.zeros((-(-m // MRC) * MRC, -(-k // 4) * 4), np.int8)
+    out[:m, :k] = matrix
+    return out.reshape(-1)
+
+
+def scratch_bytes(c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> int:
+    hp, wp = _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+    kp = -(-c * kh * kw // 4) * 4
+    p64 = -(-oh * ow // NP) * NP
+    return _up64((c + 1) * hp * wp) + _up64(kp * p64) + p64 * 4
+
+
+def _up64(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl):
+    return (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
+
+
+def source(name, quantize_byte, header, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
+           zero_points: bool) -> str:
+    """``zero_points``: some weight zero point is not 0, so the pixels' sums are needed."""
+    hp, wp = _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+    k = c * kh * kw
+    kp = -(-k // 4) * 4
+    groups = kp // 4
+    p = oh * ow
+    p64 = -(-p // NP) * NP
+    blocks = p64 // NP
+    slivers = -(-m // MRC)
+    mp = slivers * MRC
+    planes = _up64((c + 1) * hp * wp)
+    a_bytes = _up64(kp * p64)
+    taps = kh * kw
+    colsum = f"(int64_t)zw[o] * (int64_t)j->colsum[p0 + q]" if zero_points else "0"
+    sums = f"""
+/* pixels [lo, hi): the sum of each pixel's bytes over K (for the weights' zero points) */
+static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    for (int64_t q = lo; q < hi; q++) {{
+        int32_t s = 0;
+        for (int64_t g = 0; g < {groups}; g++) {{
+            const uint8_t *b = j->a + (g * {p64} + q) * 4;
+            s += b[0] + b[1] + b[2] + b[3];
+        }}
+        j->colsum[q] = s;
+    }}
+}}
+""" if zero_points else ""
+    call_sums = f"        nn_parallel({p64}, {p64 * kp}, qm_sums, &j);\n" if zero_points else ""
+    pointwise = kh == kw == 1 and sh == sw == 1 and (oh, ow) == (h, w) and pt == pl == 0
+    direct = f"""
+/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input */
+static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    const float *t = j->table;
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    for (int64_t g = lo; g < hi; g++) {{
+        uint8_t *out = j->a + g * {p64 * 4};
+        for (int tt = 0; tt < 4; tt++) {{
+            int64_t ch = 4 * g + tt;
+            if (ch >= {c}) {{
+                for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = 0;
+                continue;
+            }}
+            const float *src = j->x + ch * {p};
+            for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = q_byte(src[q], inv, zero, qlo, qhi, shift);
+        }}
+        memset(out + {p * 4}, 0, {(p64 - p) * 4});
+    }}
+}}
+""" if pointwise else ""
+    phases = (f"        nn_parallel({groups}, {kp * p64}, qm_pack_direct, &j);\n" if pointwise else
+              f"        nn_parallel({c + 1}, {c * hp * wp}, qm_planes, &j);\n"
+              f"        nn_parallel({groups}, {kp * p64}, qm_pack, &j);\n")
+    return f"""
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define Q_VNNI 1
+#endif
+{quantize_byte}
+typedef struct {{ const float *x; uint8_t *planes, *a; int32_t *colsum; const int8_t *w; const float *table;
+                  float *y; }} qm_job;
+
+/* channels [lo, hi): the padded byte planes; plane C stays all zero bytes (K's padding) */
+static void qm_planes(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    const float *t = j->table;
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
+    for (int64_t ch = lo; ch < hi; ch++) {{
+        uint8_t *plane = j->planes + ch * {hp * wp};
+        if (ch == {c}) {{
+            memset(plane, 0, {hp * wp});
+            continue;
+        }}
+        memset(plane, pad, {hp * wp});
+        const float *src = j->x + ch * {h * w};
+        for (int64_t ih = 0; ih < {h}; ih++)
+            for (int64_t iw = 0; iw < {w}; iw++)
+                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], inv, zero, qlo, qhi, shift);
+    }}
+}}
+
+/* groups [lo, hi) of four K rows: each pixel's four bytes side by side */
+static void qm_pack(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    for (int64_t g = lo; g < hi; g++) {{
+        const uint8_t *src[4];
+        for (int t = 0; t < 4; t++) {{
+            int64_t k = 4 * g + t;
+            if (k >= {k}) {{
+                src[t] = j->planes + {c * hp * wp};
+                continue;
+            }}
+            int64_t ch = k / {taps}, i = (k / {kw}) % {kh}, jj = k % {kw};
+            src[t] = j->planes + ch * {hp * wp} + i * {dh * wp} + jj * {dw};
+        }}
+        uint8_t *out = j->a + g * {p64 * 4};
+        for (int64_t oy = 0; oy < {oh}; oy++) {{
+            const uint8_t *s0 = src[0] + oy * {sh * wp}, *s1 = src[1] + oy * {sh * wp};
+            const uint8_t *s2 = src[2] + oy * {sh * wp}, *s3 = src[3] + oy * {sh * wp};
+            uint8_t *d = out + oy * {ow * 4};
+            for (int64_t ox = 0; ox < {ow}; ox++) {{
+                d[4 * ox] = s0[ox * {sw}];
+                d[4 * ox + 1] = s1[ox * {sw}];
+                d[4 * ox + 2] = s2[ox * {sw}];
+                d[4 * ox + 3] = s3[ox * {sw}];
+            }}
+        }}
+        memset(out + {p * 4}, 0, {(p64 - p) * 4});
+    }}
+}}
+{sums}
+{direct}
+/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64] */
+static inline __attribute__((always_inline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
+                                                          int32_t acc[{MRC}][{NP}]) {{
+#ifdef Q_VNNI
+    __m512i c[{MRC}][4];
+    for (int r = 0; r < {MRC}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < {groups}; g++) {{
+        const uint8_t *ag = a + g * {p64 * 4};
+        __m512i a0 = _mm512_loadu_si512(ag), a1 = _mm512_loadu_si512(ag + 64);
+        __m512i a2 = _mm512_loadu_si512(ag + 128), a3 = _mm512_loadu_si512(ag + 192);
+        for (int r = 0; r < {MRC}; r++) {{
+            if (r >= rows) break;
+            int32_t four;
+            memcpy(&four, w + r * {kp} + g * 4, 4);
+            __m512i b = _mm512_set1_epi32(four);
+            c[r][0] = _mm512_dpbusd_epi32(c[r][0], a0, b);
+            c[r][1] = _mm512_dpbusd_epi32(c[r][1], a1, b);
+            c[r][2] = _mm512_dpbusd_epi32(c[r][2], a2, b);
+            c[r][3] = _mm512_dpbusd_epi32(c[r][3], a3, b);
+        }}
+    }}
+    for (int r = 0; r < {MRC}; r++) {{
+        if (r >= rows) break;
+        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
+    }}
+#else
+    for (int r = 0; r < rows; r++) {{
+        int32_t *c = acc[r];
+        for (int q = 0; q < {NP}; q++) c[q] = 0;
+        for (int64_t g = 0; g < {groups}; g++) {{
+            const uint8_t *ag = a + g * {p64 * 4};
+            const int8_t *wg = w + r * {kp} + g * 4;
+            int32_t w0 = wg[0], w1 = wg[1], w2 = wg[2], w3 = wg[3];
+            for (int q = 0; q < {NP}; q++)
+                c[q] += ag[4 * q] * w0 + ag[4 * q + 1] * w1 + ag[4 * q + 2] * w2 + ag[4 * q + 3] * w3;
+        }}
+    }}
+#endif
+}}
+
+/* the (pixel block x channel sliver) tiles [lo, hi) */
+static void qm_tiles(void *ctx, int64_t lo, int64_t hi) {{
+    const qm_job *j = ctx;
+    const float *t = j->table;
+    const float zero = t[1] + t[4], yscale = t[5], yzero = t[6], qlo = t[7], qhi = t[8];
+    const int32_t za = (int32_t)zero;
+    const int32_t *ws = (const int32_t *)(t + {header}), *zw = (const int32_t *)(t + {header + mp});
+    const float *mult = t + {header + 2 * mp};
+    const int32_t *bias = (const int32_t *)(t + {header + 3 * mp});
+    int32_t acc[{MRC}][{NP}];
+    for (int64_t task = lo; task < hi; task++) {{
+        int64_t b = task / {slivers}, s = task % {slivers};
+        int64_t p0 = b * {NP}, m0 = s * {MRC};
+        int rows = s == {slivers - 1} ? {m - (slivers - 1) * MRC} : {MRC};
+        int width = b == {blocks - 1} ? {p - (blocks - 1) * NP} : {NP};
+        qm_dots(j->a + p0 * 4, j->w + m0 * {kp}, rows, acc);
+        for (int r = 0; r < rows; r++) {{
+            int64_t o = m0 + r;
+            /* unsigned: wraps as the portable kernel's int32 accumulator */
+            uint32_t fixed = (uint32_t)bias[o] - (uint32_t)za * (uint32_t)ws[o] + (uint32_t)({k} * za) * (uint32_t)zw[o];
+            float out[{NP}];
+            for (int q = 0; q < {NP}; q++) {{
+                uint32_t e = (uint32_t)acc[r][q] + fixed - (uint32_t)({colsum});
+                float v = rintf((float)(int32_t)e * mult[o]) + yzero;
+                v = v < qlo ? qlo : (v > qhi ? qhi : v);
+                out[q] = (v - yzero) * yscale;
+            }}
+            memcpy(j->y + o * {p} + p0, out, width * sizeof(float));
+        }}
+    }}
+}}
+
+static void {name}(const float *X, const float *W, const float *table, float *Y, char *scratch) {{
+    qm_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {planes}), (int32_t *)(scratch + {planes + a_bytes}),
+                (const int8_t *)W, table, 0}};
+    for (int64_t img = 0; img < {n}; img++) {{
+        j.x = X + img * {c * h * w};
+        j.y = Y + img * {m * p};
+{phases}{call_sums}        nn_parallel({blocks * slivers}, {p * m * k}, qm_tiles, &j);
+    }}
+}}
+"""

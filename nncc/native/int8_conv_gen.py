@@ -1,0 +1,446 @@
+"""nncc::QConv (a quantized convolution on float images, nncc/kernels/qimage.py) as one
+native int8 step, C code generated per layer; and nncc::QuantizeDequantize, elementwise.
+
+The input image's integers are recovered once per element into a padded NHWC byte image
+(the padding is the zero point, which is 0 after removing it), as the portable kernel
+recovers them: x times float32(1 / x_scale) rounded half to even, plus x_zero, saturated.
+Each output pixel's row of A is then gathered from it, C bytes per kernel tap (K ordered
+tap-major, channel-minor), and multiplied by the weights packed at compile time in int8_gemm_gen's panel layout (the same
+micro-kernel: ``vpdpbusd`` on AVX-512 VNNI, plain C elsewhere). The zero points come out
+in the epilogue through the rows' and columns' sums:
+
+    sum_k (a - za)(w - zw) = sum_k a*w - zw * rowsum(a) - za * colsum(w) + K * za * zw
+
+``vpdpbusd`` multiplies unsigned by signed bytes: int8 activations are shifted by +128 and
+uint8 weights by -128, each zero point with them, which leaves every difference as it was.
+The epilogue adds the int32 bias and requantizes as the portable kernel does, in float32:
+rint(float32(acc) * float32(x_scale * w_scale / y_scale)) + y_zero, saturated, then stores
+the output's image float32(q - y_zero) * y_scale; so the results are the portable kernel's,
+bit for bit. A depthwise convolution (one input channel per group) is a direct loop over
+its taps with the centred int32 weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.conv import conv_geometry, conv_params
+from nncc.kernels.qimage import multipliers, reciprocal
+from nncc.kernels.registry import Ctx
+from nncc.native.graph_query import const_value
+from nncc.native import int8_conv_cm
+from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
+
+QCONV = ("nncc", "QConv")
+QUANTIZE_DEQUANTIZE = ("nncc", "QuantizeDequantize")
+MAX_K = 16384  # every partial sum of the products stays below 2**31 (int8_gemm_gen)
+_QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8))
+_HEADER = 16  # floats of scalars before the per-column table
+
+
+def handles(node) -> bool:
+    return (node.domain, node.op_type) in (QCONV, QUANTIZE_DEQUANTIZE)
+
+
+def constant(graph, infos, name):
+    return None if not name else const_value(graph, infos, name)
+
+
+def scalar_params(graph, infos, scale: str, zero: str) -> bool:
+    s, z = constant(graph, infos, scale), constant(graph, infos, zero)
+    return (s is not None and z is not None and np.asarray(s).dtype == np.float32 and np.size(s) == 1
+            and np.asarray(z).dtype in _QUANTIZED and np.size(z) == 1)
+
+
+def static_f32(info: TensorInfo | None, rank: int | None = None) -> bool:
+    return (info is not None and info.dtype == np.float32 and info.is_static
+            and (rank is None or len(info.shape) == rank))
+
+
+def _geometry(node, x_shape, w_shape):
+    """(out sizes, strides, dilations, pads begin) or a reason string."""
+    ctx = Ctx(node.attrs, 1, 1, node.name)
+    try:
+        nd, kernel, strides, dilations, pb, pe, auto_pad, group = conv_params(ctx, x_shape, w_shape, ValueError)
+        if list(kernel) != list(w_shape[2:]):
+            return "kernel_shape that does not match the weights"
+        out, pb, pe = conv_geometry(x_shape[2:], kernel, strides, dilations, pb, pe, auto_pad, err=ValueError)
+    except Exception:  # the portable kernel reports what is wrong
+        return "a geometry the portable kernel must judge"
+    if any(p < 0 for p in list(pb) + list(pe)) or any(o <= 0 for o in out):
+        return "negative pads or an empty output"
+    return out, strides, dilations, pb, group
+
+
+def check(node, graph, infos) -> str | None:
+    if (node.domain, node.op_type) == QUANTIZE_DEQUANTIZE:
+        if len(node.inputs) != 3 or not static_f32(infos.get(node.inputs[0])) \
+                or not static_f32(infos.get(node.outputs[0])):
+            return "a dynamically shaped or non-float32 image"
+        if not scalar_params(graph, infos, node.inputs[1], node.inputs[2]):
+            return "scale and zero point that are not constant scalars"
+        return None
+    inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
+    x, xs, xz, w, ws, wz, ys, yz, b = inputs[:9]
+    ix, iy = infos.get(x), infos.get(node.outputs[0])
+    if not static_f32(ix, 4) or not static_f32(iy, 4):
+        return "a 2-D convolution of static float32 images only"
+    if not (scalar_params(graph, infos, xs, xz) and scalar_params(graph, infos, ys, yz)):
+        return "activation scales and zero points that are not constant scalars"
+    wv = constant(graph, infos, w)
+    if wv is None or np.asarray(wv).dtype not in _QUANTIZED or np.ndim(wv) != 4:
+        return "weights that are not a constant int8 or uint8 tensor"
+    m = wv.shape[0]
+    wsv, wzv, bv = constant(graph, infos, ws), constant(graph, infos, wz), constant(graph, infos, b)
+    if wsv is None or np.asarray(wsv).dtype != np.float32 or np.size(wsv) not in (1, m):
+        return "w_scale that is not a constant per tensor or per output channel"
+    if wz and (wzv is None or np.asarray(wzv).dtype != wv.dtype or np.size(wzv) not in (1, m)):
+        return "w_zero_point that is not a constant of the weights' type"
+    if b and (bv is None or np.asarray(bv).dtype != np.int32 or np.size(bv) != m):
+        return "a bias that is not a constant int32 per output channel"
+    if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return "auto_pad"
+    geometry = _geometry(node, ix.shape, wv.shape)
+    if isinstance(geometry, str):
+        return geometry
+    out, _, _, _, group = geometry
+    c = ix.shape[1]
+    if tuple(iy.shape) != (ix.shape[0], m) + tuple(out):
+        return "shapes that do not match"
+    depthwise = group == c == m and wv.shape[1] == 1
+    if group != 1 and not depthwise:
+        return "grouped convolution other than depthwise"
+    if wv.shape[1] != c // group:
+        return "weights that do not match the input's channels"
+    if math.prod(wv.shape[1:]) > MAX_K:
+        return "K above the exact int32 range"
+    return None
+
+
+# ------------------------------------------------------------------------------ C text
+
+_QUANTIZE_BYTE = """
+static inline int32_t q_int(float v, float inv, float zero, float lo, float hi) {
+    float q = rintf(v * inv) + zero;  /* half to even, the default rounding mode */
+    q = q < lo ? lo : (q > hi ? hi : q);
+    q = q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
+    return (int32_t)q;
+}
+static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi, float shift) {
+    return (uint8_t)(q_int(v, inv, zero, lo, hi) + (int32_t)shift);
+}
+"""
+
+
+def _qd_source(name: str, size: int) -> str:
+    return f"""{_QUANTIZE_BYTE}
+static void {name}(const float *X, const float *table, float *Y) {{
+    const float scale = table[0], zero = table[1], lo = table[2], hi = table[3];
+    for (int64_t i = 0; i < {size}; i++) {{
+        float q = rintf(X[i] / scale) + zero;
+        q = q < lo ? lo : (q > hi ? hi : q);
+        q = q != q ? lo : q;
+        Y[i] = (q - zero) * scale;
+    }}
+}}
+"""
+
+
+def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+    hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    k = c * kh * kw
+    kp = -(-k // 4) * 4
+    groups = kp // 4
+    panels = -(-m // NR)
+    p = oh * ow
+    slivers = -(-p // MR)
+    xp_bytes = -(-hp * wp * c // 64) * 64
+    rows_bytes = -(-p * kp // 64) * 64
+    np_ = panels * NR
+    tail = p - (slivers - 1) * MR
+    last = m - (panels - 1) * NR
+    if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
+        gather = f"""        for (int64_t i = 0; i < {kh}; i++)
+            memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
+    else:
+        gather = f"""        for (int64_t i = 0; i < {kh}; i++)
+            for (int64_t jj = 0; jj < {kw}; jj++)
+                memcpy(row + (i * {kw} + jj) * {c}, j->xp + ((y0 + i * {dh}) * {wp} + x0 + jj * {dw}) * {c}, {c});"""
+    return f"""
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define Q_VNNI 1
+#endif
+{_QUANTIZE_BYTE}
+typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t *b; const float *table;
+                  float *y; }} qc_job;
+
+/* rows [lo, hi) of the padded NHWC byte image: the quantized input, the zero point around it */
+static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
+    const qc_job *j = ctx;
+    const float *t = j->table;
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
+    for (int64_t r = lo; r < hi; r++) {{
+        uint8_t *row = j->xp + r * {wp * c};
+        int64_t ih = r - {pt};
+        if (ih < 0 || ih >= {h}) {{
+            memset(row, pad, {wp * c});
+            continue;
+        }}
+        for (int64_t col = 0; col < {wp}; col++) {{
+            int64_t iw = col - {pl};
+            uint8_t *px = row + col * {c};
+            if (iw < 0 || iw >= {w}) {{
+                memset(px, pad, {c});
+                continue;
+            }}
+            const float *src = j->x + ih * {w} + iw;
+            for (int64_t ch = 0; ch < {c}; ch++)
+                px[ch] = q_byte(src[ch * {h * w}], inv, zero, qlo, qhi, shift);
+        }}
+    }}
+}}
+
+/* output pixels [lo, hi): their rows of A (tap-major, channel-minor) and the rows' sums */
+static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
+    const qc_job *j = ctx;
+    for (int64_t pix = lo; pix < hi; pix++) {{
+        int64_t y0 = (pix / {ow}) * {sh}, x0 = (pix % {ow}) * {sw};
+        uint8_t *row = j->a + pix * {kp};
+{gather}
+        for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;
+        int32_t sum = 0;
+        for (int64_t t = 0; t < {k}; t++) sum += row[t];
+        j->rowsum[pix] = sum;
+    }}
+}}
+
+{dots_source(kp, groups)}
+/* the (pixel sliver x channel panel) tiles [lo, hi): products, zero points, bias, requantization */
+static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
+    const qc_job *j = ctx;
+    const float *t = j->table;
+    const float zero = t[1] + t[4], yscale = t[5], yzero = t[6], qlo = t[7], qhi = t[8];
+    const int32_t za = (int32_t)zero;
+    const int32_t *cs = (const int32_t *)(t + {_HEADER}), *zw = (const int32_t *)(t + {_HEADER + np_});
+    const float *mult = t + {_HEADER + 2 * np_};
+    const int32_t *bias = (const int32_t *)(t + {_HEADER + 3 * np_});
+    int32_t acc[{MR}][{NR}];
+    for (int64_t task = lo; task < hi; task++) {{
+        int64_t q = task / {slivers}, s = task % {slivers};
+        int64_t p0 = s * {MR};
+        int rows = s == {slivers - 1} ? {tail} : {MR};
+        int width = q == {panels - 1} ? {last} : {NR};
+        q_dots(j->a + p0 * {kp}, j->b + q * {groups * NR * 4}, rows, acc);
+        const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
+        const float *mq = mult + q * {NR};
+        float tile[{MR}][{NR}];
+        for (int r = 0; r < rows; r++) {{
+            /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
+             * exact value of every sum of products fits */
+            uint32_t rs = (uint32_t)j->rowsum[p0 + r];
+            for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
+                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
+                             + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
+                float v = rintf((float)(int32_t)e * mq[col]) + yzero;
+                v = v < qlo ? qlo : (v > qhi ? qhi : v);
+                tile[r][col] = (v - yzero) * yscale;
+            }}
+        }}
+        for (int col = 0; col < width; col++) {{
+            float *y = j->y + (q * {NR} + col) * {p} + p0;
+            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
+        }}
+    }}
+}}
+
+static void {name}(const float *X, const float *Bp, const float *table, float *Y, char *scratch) {{
+    qc_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {xp_bytes}),
+                (int32_t *)(scratch + {xp_bytes + rows_bytes}), (const int8_t *)Bp, table, 0}};
+    for (int64_t img = 0; img < {n}; img++) {{
+        j.x = X + img * {c * h * w};
+        j.y = Y + img * {m * p};
+        nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);
+        nn_parallel({p}, {p * kp}, qc_gather, &j);
+        nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
+    }}
+}}
+"""
+
+
+def depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> tuple[int, int, int]:
+    """(rows, row length, phase length) of a depthwise step's padded plane: each row holds
+    its columns by phase (column mod stride), so a tap reads its pixels contiguously."""
+    hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    wps = -(-wp // sw)
+    return hp, sw * wps, wps
+
+
+def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+    hp, wp, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+    taps = kh * kw
+    return f"""{_QUANTIZE_BYTE}
+typedef struct {{ const float *x, *table; int32_t *xp; float *y; }} qd_job;
+
+/* channels [lo, hi): the centred padded plane, then each output pixel's sum over the taps */
+static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
+    const qd_job *j = ctx;
+    const float *t = j->table;
+    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3];
+    const float yscale = t[5], yzero = t[6], ylo = t[7], yhi = t[8];
+    const int32_t za = (int32_t)zero;
+    const int32_t *wc = (const int32_t *)(t + {_HEADER});  /* [C][taps] weights minus their zero point */
+    const int32_t *bias = wc + {c * taps};
+    const float *mult = (const float *)(bias + {c});
+    for (int64_t ch = lo; ch < hi; ch++) {{
+        int32_t *xp = j->xp + ch * {hp * wp};
+        const float *src = j->x + ch * {h * w};
+        /* row by row: the border, then the quantized row, then its columns by phase
+         * (no select between border and image in a loop: GCC 12 vectorised one wrongly
+         * for AVX-512, reading image rows as border) */
+        memset(xp, 0, {pt * wp * 4});
+        memset(xp + {(pt + h) * wp}, 0, {(hp - pt - h) * wp * 4});
+        int32_t row[{sw * wps}];
+        memset(row, 0, sizeof row);
+        for (int64_t ih = 0; ih < {h}; ih++) {{
+            for (int64_t iw = 0; iw < {w}; iw++)
+                row[{pl} + iw] = q_int(src[ih * {w} + iw], inv, zero, qlo, qhi) - za;
+            int32_t *dst = xp + (ih + {pt}) * {wp};
+            for (int64_t ph = 0; ph < {sw}; ph++)
+                for (int64_t col = 0; col < {wps}; col++) dst[ph * {wps} + col] = row[col * {sw} + ph];
+        }}
+        const int32_t *wk = wc + ch * {taps};
+        float *y = j->y + ch * {oh * ow};
+        for (int64_t oy = 0; oy < {oh}; oy++) {{
+            int32_t acc[{ow}];
+            for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] = bias[ch];
+            for (int64_t i = 0; i < {kh}; i++)
+                for (int64_t jj = 0; jj < {kw}; jj++) {{
+                    const int32_t *line = xp + (oy * {sh} + i * {dh}) * {wp} + ((jj * {dw}) % {sw}) * {wps}
+                                          + (jj * {dw}) / {sw};
+                    int32_t wt = wk[i * {kw} + jj];
+                    for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] += line[ox] * wt;
+                }}
+            for (int64_t ox = 0; ox < {ow}; ox++) {{
+                float v = rintf((float)acc[ox] * mult[ch]) + yzero;
+                v = v < ylo ? ylo : (v > yhi ? yhi : v);
+                y[oy * {ow} + ox] = (v - yzero) * yscale;
+            }}
+        }}
+    }}
+}}
+
+static void {name}(const float *X, const float *table, float *Y, char *scratch) {{
+    qd_job j = {{0, table, (int32_t *)scratch, 0}};
+    for (int64_t img = 0; img < {n}; img++) {{
+        j.x = X + img * {c * h * w};
+        j.y = Y + img * {c * oh * ow};
+        nn_parallel({c}, {c * oh * ow * taps}, qd_channels, &j);
+    }}
+}}
+"""
+
+
+# ---------------------------------------------------------------------- packing, emitting
+
+
+def quantized_range(dtype) -> tuple[float, float]:
+    info = np.iinfo(dtype)
+    return float(info.min), float(info.max)
+
+
+def _header(xs, xz, ys, yz) -> np.ndarray:
+    """_HEADER floats: 1 / x_scale (the image's integers are recovered by it), x_zero, x's
+    range, the shift that makes x unsigned, y_scale, y_zero and y's range."""
+    head = np.zeros(_HEADER, np.float32)
+    xlo, xhi = quantized_range(np.asarray(xz).dtype)
+    ylo, yhi = quantized_range(np.asarray(yz).dtype)
+    shift = 128.0 if np.asarray(xz).dtype == np.int8 else 0.0
+    head[:9] = [reciprocal(xs), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
+                np.float32(ys).reshape(()), float(np.asarray(yz).reshape(())), ylo, yhi]
+    return head
+
+
+def emit(wr, node) -> None:
+    """The step of the native code generator (nncc/native/codegen.py) for the node."""
+    graph, infos = wr.graph, wr.infos
+    if (node.domain, node.op_type) == QUANTIZE_DEQUANTIZE:
+        x, s, z = node.inputs
+        wr.as_plain(x)
+        zv = np.asarray(constant(graph, infos, z))
+        lo, hi = quantized_range(zv.dtype)
+        table = np.array([np.asarray(constant(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
+                         np.float32)
+        packed = wr.pack(s, f"quantize {z}", table)
+        out = node.outputs[0]
+        size = math.prod(wr.shape(x))
+        wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
+                support=_qd_source("q_image", size))
+        return
+    inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
+    x, xs, xz, w, ws, wz, ys, yz, b = inputs[:9]
+    wr.as_plain(x)
+    value = lambda name: None if not name else np.asarray(constant(graph, infos, name))  # noqa: E731
+    wv = value(w)
+    m, cg, kh, kw = wv.shape
+    n, c, h, wd = wr.shape(x)
+    out_sizes, strides, dilations, pads, group = _geometry(node, (n, c, h, wd), wv.shape)
+    oh, ow = out_sizes
+    zero_w = np.zeros(m, np.int64) if not wz else np.broadcast_to(value(wz).astype(np.int64).reshape(-1), (m,))
+    bias = np.zeros(m, np.int64) if not b else value(b).astype(np.int64).reshape(-1)
+    mult = multipliers(value(xs), value(ws), value(ys), m)
+    head = _header(value(xs), value(xz), value(ys), value(yz))
+    out = node.outputs[0]
+    geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
+    if group != 1:  # depthwise
+        taps = kh * kw
+        centred = (wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]).astype(np.int32)
+        ints = np.concatenate([centred.reshape(-1), bias.astype(np.int32)])
+        table = np.concatenate([head, ints.view(np.float32), mult.astype(np.float32)])
+        packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
+        hp, wp, _ = depthwise_plane(h, wd, kh, kw, *geometry)
+        code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
+        wr.step(code, [x, packed], [out], c * hp * wp * 4,
+                support=_depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
+        return
+    shift = 128 if wv.dtype == np.uint8 else 0  # unsigned weights shift to signed
+    signed = (wv.astype(np.int16) - shift).astype(np.int8)
+    p = oh * ow
+    shape = (c, h, wd, m, kh, kw) + geometry
+    if int8_conv_cm.preferred(p, m, MR, NR):
+        matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
+        wp_ = wr.pack(w, "int8 conv rows", as_floats(int8_conv_cm.pack_weights(matrix)))
+        packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
+                         int8_conv_cm.table(head, matrix, zero_w, bias, mult, shift))
+        code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
+        source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, _HEADER, n, *shape,
+                                     zero_points=bool(np.any(zero_w - shift)))
+        wr.step(code, [x, wp_, packed], [out], int8_conv_cm.scratch_bytes(*shape), support=source)
+        return
+    # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
+    matrix = signed.transpose(0, 2, 3, 1).reshape(m, -1).T
+    panels = -(-m // 64)
+    np_ = panels * 64
+    columns = np.zeros((4, np_), np.float32)
+    ints = columns.view(np.int32)
+    ints[0, :m] = matrix.astype(np.int32).sum(axis=0)
+    ints[1, :m] = zero_w - shift
+    columns[2, :m] = mult
+    ints[3, :m] = bias
+    table = np.concatenate([head, columns.reshape(-1)])
+    bp = wr.pack(w, "int8 conv panels", as_floats(pack_b(np.ascontiguousarray(matrix))))
+    packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
+    hp = max(h + pads[0], (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
+    wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
+    k = c * kh * kw
+    kp = -(-k // 4) * 4
+    scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
+    code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
+    wr.step(code, [x, bp, packed], [out], scratch,
+            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry))

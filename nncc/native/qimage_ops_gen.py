@@ -1,0 +1,237 @@
+"""The small quantized ops between convolutions, on float images (nncc/kernels/qimage.py),
+as native steps: nncc::QAdd (no broadcasting), QGlobalAveragePool and QGemm (a matrix by a
+constant quantized matrix). Each recovers its integers from the images as the portable
+kernel does (x times float32(1 / scale), rounded half to even, plus the zero point,
+saturated) and repeats the portable kernel's arithmetic in the same types and order, products
+rounded apart from the sums they feed (the code is built with contraction on: an explicit barrier stops it), so the
+results are the portable kernel's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nncc.kernels.qimage import reciprocal
+from nncc.native.int8_gemm_gen import as_floats
+from nncc.native.int8_conv_gen import quantized_range, scalar_params, static_f32, constant
+
+OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
+_CHUNK = 256
+_COLUMNS = 256  # of B per task
+
+_RECOVER = """
+static inline float qi_centred(float v, float inv, float zero, float lo, float hi) {
+    float q = rintf(v * inv) + zero;
+    q = q < lo ? lo : (q > hi ? hi : q);
+    q = q != q ? lo : q;
+    return q - zero;
+}
+"""
+
+
+def handles(node) -> bool:
+    return (node.domain, node.op_type) in OPS
+
+
+def check(node, graph, infos) -> str | None:
+    ins = list(node.inputs) + [""] * (9 - len(node.inputs))
+    out = infos.get(node.outputs[0]) if node.outputs else None
+    if not static_f32(out):
+        return "an output that is not a static float32 tensor"
+    if node.op_type == "QAdd":
+        a, b = infos.get(ins[0]), infos.get(ins[3])
+        if not (static_f32(a) and static_f32(b)) or a.shape != b.shape or tuple(out.shape) != tuple(a.shape):
+            return "QAdd with broadcasting"
+        if not all(scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7]))):
+            return "scales and zero points that are not constant scalars"
+        return None
+    if node.op_type == "QGlobalAveragePool":
+        x = infos.get(ins[0])
+        if not static_f32(x) or len(x.shape) < 3 or math.prod(x.shape[2:]) == 0:
+            return "a pooled image that is not static float32 of rank >= 3"
+        if not all(scalar_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[3], ins[4]))):
+            return "scales and zero points that are not constant scalars"
+        return None
+    a = infos.get(ins[0])
+    if not static_f32(a) or len(a.shape) != 2 or int(node.attrs.get("transA", 0)):
+        return "A that is not a static float32 matrix"
+    if not scalar_params(graph, infos, ins[1], ins[2]):
+        return "a_scale and a_zero_point that are not constant scalars"
+    bv = constant(graph, infos, ins[3])
+    if bv is None or np.asarray(bv).dtype not in (np.uint8, np.int8) or np.ndim(bv) != 2:
+        return "B that is not a constant quantized matrix"
+    n = bv.shape[0] if int(node.attrs.get("transB", 0)) else bv.shape[1]
+    k = bv.shape[1] if int(node.attrs.get("transB", 0)) else bv.shape[0]
+    if a.shape[1] != k or tuple(out.shape) != (a.shape[0], n):
+        return "shapes that do not match"
+    bs, bz, c = (constant(graph, infos, name) for name in ins[4:7])
+    if bs is None or np.asarray(bs).dtype != np.float32 or np.size(bs) not in (1, n):
+        return "b_scale that is not a constant per tensor or per column"
+    if ins[5] and (bz is None or np.asarray(bz).dtype != np.asarray(bv).dtype or np.size(bz) not in (1, n)):
+        return "b_zero_point that is not a constant of B's type"
+    if ins[6] and (c is None or np.asarray(c).dtype != np.int32 or np.size(c) not in (1, n) or np.ndim(c) > 1):
+        return "C that is not a constant int32 bias per column"
+    if ins[7] and not scalar_params(graph, infos, ins[7], ins[8]):
+        return "y_scale and y_zero_point that are not constant scalars"
+    if k > 16384:
+        return "K above the exact int32 range"
+    if n > 65536:
+        return "more columns than the step keeps on its stack"
+    return None
+
+
+def _params(graph, infos, scale, zero) -> list[float]:
+    s, z = np.asarray(constant(graph, infos, scale), np.float32), np.asarray(constant(graph, infos, zero))
+    lo, hi = quantized_range(z.dtype)
+    return [float(s.reshape(())), float(z.reshape(())), lo, hi]
+
+
+def emit(wr, node) -> None:
+    graph, infos = wr.graph, wr.infos
+    ins = list(node.inputs) + [""] * (9 - len(node.inputs))
+    out = node.outputs[0]
+    f32 = np.float32
+    if node.op_type == "QAdd":
+        a, b = ins[0], ins[3]
+        wr.as_plain(a)
+        wr.as_plain(b)
+        pa, pb, pc = (_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7])))
+        ra, rb = f32(pa[0]) / f32(pc[0]), f32(pb[0]) / f32(pc[0])  # as the portable kernel forms them
+        pa[0], pb[0] = reciprocal(pa[0]), reciprocal(pb[0])  # the inputs' integers are recovered by these
+        table = np.array(pa + pb + pc + [ra, rb], np.float32)
+        packed = wr.pack(ins[1], f"qadd {'|'.join(ins[1:8])}", table)
+        size = math.prod(wr.shape(a))
+        wr.step(f"q_add({wr.ptr(a)}, {wr.ptr(b)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, b, packed], [out],
+                support=_add_source(size))
+        return
+    if node.op_type == "QGlobalAveragePool":
+        x = ins[0]
+        wr.as_plain(x)
+        shape = wr.shape(x)
+        size = math.prod(shape[2:])
+        px, py = _params(graph, infos, ins[1], ins[2]), _params(graph, infos, ins[3], ins[4])
+        scale = f32(px[0]) / (f32(py[0]) * f32(size))
+        px[0] = reciprocal(px[0])
+        table = np.array(px + py + [scale], np.float32)
+        packed = wr.pack(ins[1], f"qpool {'|'.join(ins[1:5])}", table)
+        wr.step(f"q_pool({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
+                support=_pool_source(math.prod(shape[:2]), size))
+        return
+    _emit_gemm(wr, node, ins, out)
+
+
+def _emit_gemm(wr, node, ins, out) -> None:
+    graph, infos = wr.graph, wr.infos
+    value = lambda name: None if not name else np.asarray(constant(graph, infos, name))  # noqa: E731
+    a = ins[0]
+    b = value(ins[3])
+    b = b.T if int(node.attrs.get("transB", 0)) else b
+    k, n = b.shape
+    m = wr.shape(a)[0]
+    zero = np.zeros(n, np.int64) if not ins[5] else np.broadcast_to(value(ins[5]).astype(np.int64).reshape(-1), (n,))
+    shift = 128 if b.dtype == np.uint8 else 0  # unsigned B shifts to signed, its zero point with it
+    signed = (b.astype(np.int16) - shift).astype(np.int8)  # [K, N]
+    bias = np.zeros(n, np.int32) if not ins[6] else np.broadcast_to(value(ins[6]).reshape(-1), (n,)).astype(np.int32)
+    f32 = np.float32
+    per_column = np.broadcast_to(value(ins[4]).astype(f32).reshape(-1), (n,))
+    scale = f32(node.attrs.get("alpha", 1.0)) * f32(value(ins[1]).reshape(())) * per_column  # the kernel's order
+    pa = _params(graph, infos, ins[1], ins[2])
+    pa[0] = reciprocal(pa[0])
+    quantized = bool(ins[7])
+    if quantized:
+        py = _params(graph, infos, ins[7], ins[8])
+        columns = (scale / f32(value(ins[7]).reshape(()))).astype(f32)
+    else:
+        py = [1.0, 0.0, 0.0, 0.0]
+        columns = scale.astype(f32)
+    table = np.concatenate([np.array(pa + py, np.float32), bias.view(np.float32), columns,
+                            (zero - shift).astype(np.int32).view(np.float32), as_floats(signed.reshape(-1))])
+    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}", table)
+    wr.as_plain(a)
+    wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, packed], [out],
+            support=_gemm_source(m, k, n, quantized))
+
+
+def _add_source(size: int) -> str:
+    return f"""{_RECOVER}
+static void q_add(const float *A, const float *B, const float *t, float *Y) {{
+    const float ra = t[12], rb = t[13], cz = t[9], clo = t[10], chi = t[11], cs = t[8];
+    for (int64_t i0 = 0; i0 < {size}; i0 += {_CHUNK}) {{
+        int64_t len = {size} - i0 < {_CHUNK} ? {size} - i0 : {_CHUNK};
+        float l[{_CHUNK}], r[{_CHUNK}];
+        for (int64_t i = 0; i < len; i++) {{
+            l[i] = qi_centred(A[i0 + i], t[0], t[1], t[2], t[3]) * ra;
+            r[i] = qi_centred(B[i0 + i], t[4], t[5], t[6], t[7]) * rb;
+        }}
+        /* each product rounded on its own, as the portable kernel: no multiply-add */
+        __asm__ volatile("" : : "r"(l), "r"(r) : "memory");
+        for (int64_t i = 0; i < len; i++) {{
+            float v = rintf((l[i] + r[i]) + cz);
+            v = v < clo ? clo : (v > chi ? chi : v);
+            v = v != v ? clo : v;
+            Y[i0 + i] = (v - cz) * cs;
+        }}
+    }}
+}}
+"""
+
+
+def _pool_source(planes: int, size: int) -> str:
+    return f"""{_RECOVER}
+static void q_pool(const float *X, const float *t, float *Y) {{
+    for (int64_t p = 0; p < {planes}; p++) {{
+        int64_t sum = 0;
+        for (int64_t i = 0; i < {size}; i++)
+            sum += (int64_t)qi_centred(X[p * {size} + i], t[0], t[1], t[2], t[3]);
+        float v = rintf((float)sum * t[8]) + t[5];
+        v = v < t[6] ? t[6] : (v > t[7] ? t[7] : v);
+        Y[p] = (v - t[5]) * t[4];
+    }}
+}}
+"""
+
+
+def _gemm_source(m: int, k: int, n: int, quantized: bool) -> str:
+    if quantized:  # the portable kernel requantizes in float64
+        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t[5];
+            v = v < t[6] ? t[6] : (v > t[7] ? t[7] : v);
+            y[j] = (float)(v - t[5]) * t[4];"""
+    else:
+        finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
+    blocks = -(-n // _COLUMNS)
+    return f"""{_RECOVER}
+typedef struct {{ const float *a, *t; float *y; }} qg_job;
+
+/* column blocks [lo, hi) of every row: B's int8 columns, the zero point through A's sum */
+static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
+    const qg_job *jb = ctx;
+    const float *t = jb->t;
+    const int32_t *bias = (const int32_t *)(t + 8), *zero = (const int32_t *)(t + {8 + 2 * n});
+    const float *col = t + {8 + n};
+    const int8_t *b = (const int8_t *)(t + {8 + 3 * n});
+    int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
+    int32_t a[{k}], acc[{n}];
+    for (int64_t i = 0; i < {m}; i++) {{
+        uint32_t sum = 0;
+        for (int64_t p = 0; p < {k}; p++) {{
+            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t[0], t[1], t[2], t[3]);
+            sum += (uint32_t)a[p];
+        }}
+        /* unsigned: wraps as the portable kernel's int32 accumulator */
+        for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)bias[j] - (uint32_t)zero[j] * sum);
+        for (int64_t p = 0; p < {k}; p++)
+            for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)(a[p] * b[p * {n} + j]));
+        float *y = jb->y + i * {n};
+        for (int64_t j = j0; j < j1; j++) {{
+            {finish}
+        }}
+    }}
+}}
+
+static void q_gemm(const float *A, const float *t, float *Y) {{
+    qg_job jb = {{A, t, Y}};
+    nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
+}}
+"""
