@@ -80,7 +80,7 @@ def source(name, quantize_byte, header, n, c, h, w, m, kh, kw, oh, ow, sh, sw, d
     planes = _up64((c + 1) * hp * wp)
     a_bytes = _up64(kp * p64)
     taps = kh * kw
-    colsum = f"(int64_t)zw[o] * (int64_t)j->colsum[p0 + q]" if zero_points else "0"
+    colsum = "(int64_t)zw[o] * (int64_t)j->colsum[p0 + q]" if zero_points else "0"
     sums = f"""
 /* pixels [lo, hi): the sum of each pixel's bytes over K (for the weights' zero points) */
 static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{

@@ -93,7 +93,7 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
             return None
     else:
         batch, hq, sq, d = qi.shape
-        hkv, skv, dv = ki.shape[1], ki.shape[2], vi.shape[3]
+        hkv, skv = ki.shape[1], ki.shape[2]
         if ki.shape[3] != d or vi.shape[2] != skv:
             return None
     if hkv not in (hq, 1) or ki.shape[0] != batch or vi.shape[0] != batch:
