@@ -112,13 +112,10 @@ def compile_graph(graph: Graph, options: CompileOptions):
         from nncc.ir.dims import specialize
 
         graph = specialize(graph, dict(options.dims))
-    if options.precision != "f32" and "native" in options.backends:
-        from nncc.native.gemm_bf16_gen import why_not  # lazy: kernel family
-        from nncc.util.notice import warn  # lazy: start-up
+    if "native" in options.backends:
+        from nncc.native.precision import say_if_unavailable  # lazy: start-up
 
-        reason = why_not(options.target)
-        if reason is not None:  # faster arithmetic the CPU lacks: the exact one rather than none
-            warn(f"precision {options.precision} ignored: {reason}; the products stay float32")
+        say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
     backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
     try:

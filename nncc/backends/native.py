@@ -58,11 +58,11 @@ class NativeBackend(Backend):
         self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
 
     def for_compile(self, options) -> "NativeBackend":
-        from nncc.native.gemm_bf16_gen import why_not  # lazy: kernel family
+        from nncc.native.precision import effective  # lazy: start-up
         from nncc.native.toolchain import find_toolchain
 
-        precision = options.precision if options.precision == "f32" or why_not(options.target) is None else "f32"
-        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout), precision)
+        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout),
+                             effective(options.precision, options.target))
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache."""

@@ -26,21 +26,9 @@ import numpy as np
 from nncc.native import graph_query
 from nncc.native.gemm_gen import _HELPERS, TILES, Epilogue, Shape, store_tile
 
-FEATURE = "avx512_bf16"  # as /proc/cpuinfo names it
 MR = 6  # rows per micro-tile; NV (so NR, and the bias row's padding) is the float32 GEMM's
 KC_MAX = 384  # pairs of K per block when K is long: MR rows of A pairs (9 KB) stay in L1
 L2_ROWS_BYTES = 384 * 1024  # the rows of A pairs a thread keeps in L2 per K block (MC)
-
-
-def why_not(target: str) -> str | None:
-    """Why code for ``target`` cannot compute in bfloat16 (one clause), or None."""
-    from nncc.native.toolchain import required_features  # lazy: kernel family
-
-    if FEATURE in required_features(target):
-        return None
-    if target == "native":
-        return f"this CPU lacks {FEATURE}"
-    return f"--target {target} does not include {FEATURE}"
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
