@@ -26,8 +26,14 @@ import numpy as np
 from nncc.native import graph_query
 from nncc.native.gemm_gen import _HELPERS, TILES, Epilogue, Shape, store_tile
 
-MR = 6  # rows per micro-tile; NV (so NR, and the bias row's padding) is the float32 GEMM's
-KC_MAX = 384  # pairs of K per block when K is long: MR rows of A pairs (9 KB) stay in L1
+# Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
+# and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
+# padding) is the float32 GEMM's. Measured on Zen 4 (benchmarks/bench_gemm.py, one thread,
+# M in {64, 128, 512}, K, N in {512, 2048}): 6 rows ran at 200-225 GFLOP/s, 4 and 7 rows
+# up to 10% slower, 8 rows (32 sums: spills) 25-30% slower; K blocks of 512 pairs matched
+# or beat 256, 384, 768 and 1024.
+MR = 6
+KC_MAX = 512  # pairs of K per block when K is long: MR rows of A pairs (12 KB) stay in L1
 L2_ROWS_BYTES = 384 * 1024  # the rows of A pairs a thread keeps in L2 per K block (MC)
 
 
