@@ -19,8 +19,6 @@ most 2^-9 each) and sums in float32: per output element the error is at most abo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from nncc.native import graph_query
@@ -245,11 +243,11 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     return f"NN_REQUIRE_VL({s.vl});\n" + "".join(parts)
 
 
-@dataclass(frozen=True)
 class Bf16Packing:
-    """The hooks gemm_gen's emitters take (gemm_gen.F32 is the float32 one)."""
+    """What gemm_gen's emitters ask of the arithmetic they generate (gemm_gen.F32Packing is
+    the float32 one): the codegen's writer holds BF16 when the compile's precision is bf16."""
 
-    name: str = "bf16"
+    name = "bf16"
 
     def form(self, vl: int) -> str:
         return f"gemm{vl}bf16"  # in the packed constant's name: the layout it holds
