@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import graph_query
-from nncc.native.gemm_gen import _HELPERS, TILES, Epilogue, Shape, store_tile
+from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, store_tile
 
 # Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
 # and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
@@ -172,7 +172,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
     parts = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 GEMM built without AVX-512 BF16\"\n"
-             "#endif\n", _HELPERS,
+             "#endif\n", PARTIAL_VECTOR_C,
              "static inline __m512bh h_load(const uint32_t *p) { __m512i v; memcpy(&v, p, sizeof v); "
              "return (__m512bh)v; }\n",
              "typedef struct { const float *a; uint32_t *ab; const float *b, *bias, *pre, *post; float *c; "

@@ -122,7 +122,8 @@ def pack_row(row: np.ndarray, n: int, vl: int) -> np.ndarray:
     return out
 
 
-_HELPERS = """
+# the C of a partial vector's load and store, which the store of every GEMM tile uses
+PARTIAL_VECTOR_C = """
 /* the first n floats of a vector: through a small buffer (n is a literal, so this is a few
  * moves), never touching memory past them; AddressSanitizer checks the copy exactly */
 static inline nn_v g_loadn(const float *p, int n) {
@@ -239,7 +240,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
-    parts = [_HELPERS]
+    parts = [PARTIAL_VECTOR_C]
     variants = {}  # (rows, width) -> kernel name
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
