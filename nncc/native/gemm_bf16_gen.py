@@ -12,9 +12,10 @@ per row and multiplies it with NV vectors of pairs of B, each ``vdpbf16ps`` addi
 exact products per lane to the float32 sums. The sums, the epilogue (bias, Gemm's C,
 activation, residual), the blocking and the threading are the float32 GEMM's.
 
-Each product thus sees its inputs rounded to 8 significant bits (a relative error of at
-most 2^-9 each) and sums in float32: per output element the error is at most about
-2^-8 * sum_k |a_ik * b_kj| (docs/native.md derives it; the tests check that bound).
+Each product thus sees its inputs rounded to 8 significant bits (each off by at most 2^-8
+of itself, so the product by about 2^-7) and sums in float32: per output element the error
+is at most about 2^-7 * sum_k |a_ik * b_kj| (docs/native.md gives the exact bound, which
+tests/test_native_bf16.py and the native fuzzer check).
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     nan = np.isnan(x)
     rounded[nan] = (bits[nan] >> 16) | 0x40
     return rounded.astype(np.uint16)
-
-
-def from_bf16(h: np.ndarray) -> np.ndarray:
-    """The float32 values of bfloat16 bits."""
-    return (np.asarray(h, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def pack_b(b: np.ndarray, vl: int) -> np.ndarray:
