@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gemm.py                      # every shape, 2 threads
     python benchmarks/bench_gemm.py --m 1 --m 128 --kn 768x3072 --act Gelu --threads 1
+    python benchmarks/bench_gemm.py --precision bf16 --m 64 --kn 2048x2048   # + the bfloat16 GEMM
 
 For each shape, a model of one MatMul by a constant [K, N] matrix plus a bias (and an
 activation, --act) is compiled natively twice: with nncc's packed GEMM (nncc/native/
@@ -9,9 +10,11 @@ gemm_gen.py) and with the path it replaced (the BLAS numpy has loaded, split ove
 pool, the bias copied in before and the activation after: "blas"). The native partition is
 called directly (the C entry point, through ctypes, as the executor calls it), so Python's
 per-run overhead is not timed. numpy's ``matmul`` alone (no bias, no activation) runs with
-the same number of BLAS threads, and the sgemm peak is numpy's 2048 x 2048 product. The
-three runners are timed in alternating blocks; each figure is the median of the blocks
-(--stat best: the fastest block, what the code does when nothing else takes its core).
+the same number of BLAS threads, and the sgemm peak is numpy's 2048 x 2048 product. With
+--precision bf16 a fourth runner, "bf16", is the same model compiled with precision bf16
+(nncc/native/gemm_bf16_gen.py); its GFLOP/s count the same 2 x M x N x K. The runners are
+timed in alternating blocks; each figure is the median of the blocks (--stat best: the
+fastest block, what the code does when nothing else takes its core).
 
 With --models, whole models instead: build/real-models/bert.onnx and gpt2.onnx (generated
 on first use) and mlp3 (3 x Linear 1024x1024 + ReLU, batch 64), nncc native against
@@ -65,11 +68,11 @@ def write_model(path: str, m: int, k: int, n: int, act: str) -> None:
     onnx.save(model, path)
 
 
-def native_call(path: str, x: np.ndarray, packed: bool):
+def native_call(path: str, x: np.ndarray, packed: bool, precision: str = "f32"):
     """A zero-argument function calling the model's one native partition in place."""
     import nncc
+    from nncc.backends import native_step
     from nncc.native import gemm_gen
-    from nncc.runtime import native_step
 
     steps = []
     original_call = native_step.NativeStep.__call__
@@ -83,7 +86,7 @@ def native_call(path: str, x: np.ndarray, packed: bool):
     if not packed:
         gemm_gen.emit_matmul = lambda w, node: False
     try:
-        model = nncc.compile_model(path)
+        model = nncc.compile_model(path, precision=precision)
         model.run({"x": x})
     finally:
         native_step.NativeStep.__call__ = original_call
@@ -209,6 +212,8 @@ def main() -> None:
     parser.add_argument("--kn", action="append", help="KxN (repeatable); default the models' layer shapes")
     parser.add_argument("--act", default="Relu", help="activation after the bias: Relu, Gelu, Tanh, or '' for none")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                        help="bf16: also time the product compiled with precision bf16")
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--block-seconds", type=float, default=0.1)
     parser.add_argument("--stat", choices=["median", "best"], default="median",
@@ -234,8 +239,9 @@ def main() -> None:
     shapes = [(m, k, n) for m in (args.m or MS)
               for k, n in ([tuple(map(int, s.split("x"))) for s in args.kn] if args.kn else KNS)]
     print(f"sgemm peak (numpy 2048^2, {args.threads} threads): {peak(args.threads, args.blocks):.0f} GFLOP/s")
-    print(f"{'M':>4} {'K':>5} {'N':>5}   {'packed':>7} {'blas':>7} {'numpy':>7}  GFLOP/s   packed/numpy  "
-          f"packed us")
+    bf16 = args.precision == "bf16"
+    print(f"{'M':>4} {'K':>5} {'N':>5}   {'packed':>7} {'blas':>7} {'numpy':>7}" + (f" {'bf16':>7}" if bf16 else "")
+          + "  GFLOP/s   packed/numpy  packed us" + ("    bf16 us" if bf16 else ""))
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory() as tmp:
         for m, k, n in shapes:
@@ -246,6 +252,8 @@ def main() -> None:
             y = np.empty((m, n), np.float32)
             runners = {"packed": native_call(path, x, True), "blas": native_call(path, x, False),
                        "numpy": lambda: np.matmul(x, w, out=y)}
+            if bf16:
+                runners["bf16"] = native_call(path, x, True, "bf16")
             times = {name: [] for name in runners}
             order = list(runners)
             for block in range(args.blocks):
@@ -256,8 +264,9 @@ def main() -> None:
             pick = statistics.median if args.stat == "median" else min
             rate = {name: flops / pick(t) / 1e9 for name, t in times.items()}
             print(f"{m:4d} {k:5d} {n:5d}   {rate['packed']:7.1f} {rate['blas']:7.1f} {rate['numpy']:7.1f}"
-                  f"            {rate['packed'] / rate['numpy']:5.2f}  {flops / rate['packed'] / 1e3:9.1f}",
-                  flush=True)
+                  + (f" {rate['bf16']:7.1f}" if bf16 else "")
+                  + f"            {rate['packed'] / rate['numpy']:5.2f}  {flops / rate['packed'] / 1e3:9.1f}"
+                  + (f"  {flops / rate['bf16'] / 1e3:9.1f}" if bf16 else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
 from peer_runtimes import median, child  # noqa: E402
 RUNTIMES = ("nncc", "onnxruntime", "openvino")
-# on request: nncc's portable backend alone, and OpenVINO told to compute in float32 (not
-# its default on a CPU with bfloat16, so never counted as a peer)
-EXTRA_RUNTIMES = ("nncc-numpy", "openvino-f32")
+# on request: nncc's portable backend alone, nncc with its products by constant weights in
+# bfloat16 (--precision bf16, as OpenVINO computes by default on a CPU with bfloat16), and
+# OpenVINO told to compute in float32 (not its default there, so never counted as a peer)
+EXTRA_RUNTIMES = ("nncc-numpy", "nncc-bf16", "openvino-f32")
 PEERS = ("onnxruntime", "openvino")
 REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2", "gpt2_kv")
 QUANTIZED = ("bert_int8_dynamic", "mobilenetv2_int8_qdq", "resnet18_int8_qop")  # quantized_models.py
@@ -219,8 +220,9 @@ def output_diffs(outputs: dict[str, str], warm: dict) -> dict:
                 loaded[runtime] = {k: saved[k] for k in saved.files}
     found = {}
     for peer in PEERS:
-        if "nncc" in loaded and peer in loaded:
-            found[f"nncc vs {peer}"] = max_rel_diff(loaded["nncc"], loaded[peer])
+        for mine in ("nncc", "nncc-bf16"):
+            if mine in loaded and peer in loaded:
+                found[f"{mine} vs {peer}"] = max_rel_diff(loaded[mine], loaded[peer])
     if all(p in loaded for p in PEERS):
         found["openvino vs onnxruntime"] = max_rel_diff(loaded["openvino"], loaded["onnxruntime"])
     return found
@@ -307,6 +309,11 @@ def render(report: dict, markdown: bool) -> str:
               if s.get("error") and k not in report["missing"]]
     for model, runtime, error in errors:
         out.append(f"- {model}: {runtime} failed: {error}")
+    for r in main:  # nncc in bfloat16 is not exact: how far it is, next to the table's float32 figure
+        diffs = r.get("max_rel_diff", {})
+        if any(f"nncc-bf16 vs {p}" in diffs for p in peers):
+            out.append(f"- {r['model']}: nncc-bf16 max rel diff " + ", ".join(
+                f"vs {p} {diffs[f'nncc-bf16 vs {p}']:.1e}" for p in peers if f"nncc-bf16 vs {p}" in diffs))
 
     out += ["", "Getting started, per runtime: the whole process from its start to its first answer (ms) / of it, "
                 "importing the runtime and preparing the model (nncc: a cache hit; onnxruntime: the session; "

@@ -69,13 +69,16 @@ def openvino_model(path, threads: int, precision: str | None = None):
     return ov.Core().compile_model(str(path), "CPU", config)
 
 
-def open_nncc(path, threads: int, cache: str, backends=None):
-    """What a user does: the thread count, then prepare through the cache."""
+def open_nncc(path, threads: int, cache: str, backends=None, precision: str | None = None):
+    """What a user does: the thread count, then prepare through the cache. ``precision``:
+    the compile option ("bf16": the "nncc-bf16" runtime)."""
     import nncc
     from nncc.util.threads import set_blas_threads
 
     set_blas_threads(threads)
     options = {"backends": backends} if backends else {}
+    if precision:
+        options["precision"] = precision
     model, outcome = nncc.prepare(path, cache_dir=cache, **options)
     info = {"version": nncc.__version__, "cache": outcome.outcome, "stage": outcome.stage,
             "partitions": len(model.plan.partitions), "native_partitions": model.native_partitions}
@@ -101,6 +104,7 @@ def open_openvino(path, threads: int, cache: str, precision: str | None = None):
 
 OPENERS = {"nncc": open_nncc, "onnxruntime": open_onnxruntime, "openvino": open_openvino,
            "nncc-numpy": lambda path, threads, cache: open_nncc(path, threads, cache, ["numpy"]),
+           "nncc-bf16": lambda path, threads, cache: open_nncc(path, threads, cache, precision="bf16"),
            "openvino-f32": lambda path, threads, cache: open_openvino(path, threads, cache, "f32")}
 
 
@@ -155,6 +159,8 @@ def child_setup(job: dict) -> dict:
     compile_s = time.perf_counter() - start
     if "nncc-numpy" in job["runtimes"]:
         nncc.prepare(job["path"], cache_dir=job["cache"], stage="optimized", backends=["numpy"])
+    if "nncc-bf16" in job["runtimes"]:
+        nncc.prepare(job["path"], cache_dir=job["cache"], stage="optimized", precision="bf16")
     feeds = random_feeds(model.input_infos, 0, job["dims"])
     np.savez(job["feeds"], **feeds)
     return {"compile_s": compile_s, "cache": outcome.outcome, "partitions": len(model.plan.partitions),

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 # The one list: nncc.settings checks run.preference (and --preference) against it, so this
 # module stays cheap to import (the graph, and numpy with it, load with the first compile).
 PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
+# The arithmetic of native products by constant weights: f32 (exact against the float32
+# reference), or bf16 (inputs rounded to bfloat16, sums kept in float32) where the CPU has
+# AVX-512 BF16; the same one list for nncc.settings and --precision.
+PRECISIONS = ("f32", "bf16")
 
 
 class OptionError(NnccError):
@@ -33,6 +37,7 @@ class CompileOptions:
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
     sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
     cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
+    precision: str = "f32"  # PRECISIONS: bf16 changes the result, so it is in the token (f32 is not)
 
     def __post_init__(self):
         from nncc.native.toolchain import TARGETS
@@ -47,6 +52,8 @@ class CompileOptions:
             raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
         if self.preference not in PREFERENCES:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
+        if self.precision not in PRECISIONS:
+            raise OptionError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
         if self.cc_timeout is not None and not self.cc_timeout > 0:
@@ -76,6 +83,8 @@ class CompileOptions:
         }
         if self.dims:  # only when given: the tokens of every other compile stay as they were
             options["dims"] = dict(self.dims)
+        if self.precision != "f32":  # likewise: every float32 compile keeps its token
+            options["precision"] = self.precision
         from nncc.backends.registry import loaded_backend
 
         for name in self.backends:  # what outside nncc changes a backend's output (a compiler)
@@ -103,6 +112,10 @@ def compile_graph(graph: Graph, options: CompileOptions):
         from nncc.ir.dims import specialize
 
         graph = specialize(graph, dict(options.dims))
+    if "native" in options.backends:
+        from nncc.native.precision import say_if_unavailable  # lazy: start-up
+
+        say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
     backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
     try:

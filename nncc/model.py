@@ -152,7 +152,8 @@ def _same_seal(seal, message: bytes) -> bytes | None:
 
 
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
-    """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins.
+    """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins,
+    target, dims, precision ("bf16": products by constant weights in bfloat16, docs/native.md).
     ``model_bytes``: the file's bytes when already read (external data is found next to
     ``path``)."""
     return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True,  # code built just now

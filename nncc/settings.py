@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from nncc.compiler import PREFERENCES  # the one list (cheap: the compiler loads its graph lazily)
+from nncc.compiler import PRECISIONS, PREFERENCES  # the one lists (cheap: the compiler loads its graph lazily)
 from nncc.util.setting_values import (AGE_HELP, SIZE_HELP, SettingError, bad_value, masked,  # noqa: F401
                                       parse_age, parse_size)
 
@@ -229,6 +229,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "the --preference used when none is given"),
     Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,
             "seconds one native build (a C compiler run) may take"),
+    Setting("native.precision", "precision", "NNCC_PRECISION", "f32", _choice(PRECISIONS),
+            "the --precision used when none is given: f32, or bf16 (faster products by constant weights "
+            "on AVX-512 BF16, at bfloat16's accuracy)"),
     Setting("native.sanitize", "switch", "NNCC_NATIVE_SANITIZE", "off", _switch,
             "build native code with AddressSanitizer and UBSan (runs only with their runtimes "
             "preloaded; see docs/native.md)"),

@@ -53,13 +53,15 @@ class Case:
     outputs: list = field(default_factory=list)
     terms: int = 1  # the longest sum behind an output element
     opt_level: int = 2  # -O2 fuses activations and biases into Conv, Gemm and MatMul; -O0 leaves them apart
+    precision: str = "f32"  # the compile's precision (bf16: products by constant weights in bfloat16)
+    slack: dict = field(default_factory=dict)  # output name -> per-element error bound added to the tolerance
 
     @property
     def reproduce(self) -> str:
         return f"PYTHONPATH=. python -m tests.native_fuzz_cases {self.seed} {self.index}"
 
     def describe(self) -> str:
-        return f"case {self.seed}:{self.index} {self.kind} -O{self.opt_level} {self.geometry}"
+        return f"case {self.seed}:{self.index} {self.kind} -O{self.opt_level} {self.precision} {self.geometry}"
 
 
 class _Builder:
@@ -310,6 +312,49 @@ def matmul(case, rng):
     b.output(y)
     case.terms = k + 1
     case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
+
+
+def bf16_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The error bound of a product computed in bfloat16 (the compile's ``precision="bf16"``),
+    per element of ``a @ b`` (batch dims broadcast): each input rounded to 8 significant
+    bits is off by at most 2^-8 of itself, so each product by (2 * 2^-8 + 2^-16) of |a b|;
+    float32 sums of K + 2 terms (the bias and a rounding) add (K + 2) * 2^-24 of the
+    absolute sum. The activations tested are 1-Lipschitz, so the bound passes through."""
+    terms = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    return (2 * 2.0**-8 + 2.0**-16 + (k + 2) * 2.0**-24) * terms
+
+
+def bf16_gemm(case, rng):
+    """A product by constant weights compiled with precision bf16: MatMul (A with batch
+    dims) or Gemm (transposed operands, alpha, a bias row), then an activation."""
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    m, k, nn = (_choice(rng, ODD + [4, 16, 33, 64]) for _ in range(3))
+    act = _choice(rng, ["", "Relu", "Sigmoid", "Tanh"])
+    if rng.random() < 0.5:
+        batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 3)))]
+        a = b.input("a", (*batch, m, k))
+        w = b.init("w", (k, nn))
+        (y,) = b.node("MatMul", [a, w], ["mm"])
+        bias = rng.random() < 0.6
+        if bias:
+            (y,) = b.node("Add", [y, b.init("bias", (nn,))], ["add"])
+        bound = bf16_bound(case.inputs[a], case.inits[w], k)
+        case.geometry = dict(a=[*batch, m, k], w=[k, nn], bias=bias, act=act or None)
+    else:
+        ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        alpha = float(_choice(rng, [1.0, 0.5, -1.25]))
+        a = b.input("a", (k, m) if ta else (m, k))
+        w = b.init("w", (nn, k) if tb else (k, nn))
+        (y,) = b.node("Gemm", [a, w, b.init("c", (nn,))], ["gemm"], transA=ta, transB=tb, alpha=alpha)
+        av, wv = case.inputs[a], case.inits[w]
+        bound = abs(alpha) * bf16_bound(av.T if ta else av, wv.T if tb else wv, k)
+        case.geometry = dict(M=m, K=k, N=nn, transA=ta, transB=tb, alpha=alpha, act=act or None)
+    if act:
+        (y,) = b.node(act, [y], ["act"])
+    b.output(y)
+    case.terms = k + 1
+    case.slack = {y: bound}
 
 
 # -- attention ---------------------------------------------------------------------------------
@@ -612,10 +657,10 @@ def pointwise_conv(case, rng):
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
          "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
-         "dynamic_int8": dynamic_int8, "qconv": qconv}
+         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "qconv"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv"]
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -654,14 +699,14 @@ def feeds(cases: list[Case]) -> dict:
 
 def run_nncc(cases: list[Case], path) -> tuple[dict, set]:
     """(outputs, names of the outputs a native partition wrote) of the batch, by nncc:
-    one model per optimization level among the cases."""
+    one model per optimization level and precision among the cases."""
     import nncc
 
     got, native = {}, set()
-    for level in sorted({case.opt_level for case in cases}):
-        group = [case for case in cases if case.opt_level == level]
+    for level, precision in sorted({(case.opt_level, case.precision) for case in cases}):
+        group = [case for case in cases if (case.opt_level, case.precision) == (level, precision)]
         onnx.save(batch_model(group), str(path))
-        model = nncc.compile_model(path, opt_level=level)
+        model = nncc.compile_model(path, opt_level=level, precision=precision)
         got.update(model.run(feeds(group)))
         native |= native_outputs(model)
     return got, native
@@ -698,13 +743,14 @@ def run_reference(case: Case) -> dict:
     return dict(zip(case.outputs, ReferenceEvaluator(batch_model([case])).run(None, case.inputs)))
 
 
-def worst(case: Case, got, want) -> tuple[float, float] | None:
-    """(largest difference, its tolerance) where ``got`` exceeds the tolerance, else None."""
+def worst(case: Case, got, want, name: str = "") -> tuple[float, float] | None:
+    """(largest difference, its tolerance) where ``got`` (output ``name``) exceeds the
+    tolerance, else None."""
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
         return float("inf"), 0.0
     scale = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0.0)))
-    tol = ATOL_PER_TERM * case.terms * scale + RTOL * np.abs(want)
+    tol = ATOL_PER_TERM * case.terms * scale + RTOL * np.abs(want) + case.slack.get(name, 0.0)
     with np.errstate(invalid="ignore"):
         diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
     same = (got == want) | (np.isnan(got) & np.isnan(want))
@@ -718,12 +764,12 @@ def worst(case: Case, got, want) -> tuple[float, float] | None:
 def judge(case: Case, got: dict, ort_out: dict, native: set) -> str | None:
     """None when the case passes, else a report: geometry, difference, reproduction."""
     problems = [f"{name} was not computed by native code" for name in case.outputs if name not in native]
-    off = {name: worst(case, got[name], ort_out[name]) for name in case.outputs}
+    off = {name: worst(case, got[name], ort_out[name], name) for name in case.outputs}
     if not problems and not any(off.values()):
         return None
     if not problems:
         ref = run_reference(case)
-        ref_off = {name: worst(case, got[name], ref[name]) for name in case.outputs}
+        ref_off = {name: worst(case, got[name], ref[name], name) for name in case.outputs}
         if not any(ref_off.values()):
             return None  # onnxruntime disagrees, the reference evaluator agrees with nncc
         problems += [f"{name}: off by {d:.3g} (tolerance {t:.3g}) from onnxruntime, and by "

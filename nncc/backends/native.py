@@ -53,13 +53,16 @@ class NativeBackend(Backend):
     payload_is_code = True
     code_noun = "native code"
 
-    def __init__(self, toolchain=None):
+    def __init__(self, toolchain=None, precision: str = "f32"):
         self.toolchain = toolchain
+        self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
 
     def for_compile(self, options) -> "NativeBackend":
+        from nncc.native.precision import effective  # lazy: start-up
         from nncc.native.toolchain import find_toolchain
 
-        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout))
+        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout),
+                             effective(options.precision, options.target))
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache."""
@@ -106,7 +109,7 @@ class NativeBackend(Backend):
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
         portable.entry = symbol
-        unit = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target))
+        unit = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target), self.precision)
         portable.payload = unit
         portable.constants = dict(unit.constants)  # packed weights: read by native code only
         return portable

@@ -37,7 +37,8 @@ from nncc.util.units import format_bytes
               help="Cache directory for the cache-hit measurement (default: a temporary one, removed after).")
 @click.option("--json", "as_json", is_flag=True, help="Print every figure as JSON on stdout (schema: docs/bench.md).")
 @verbosity_options
-def bench(model, warmup, iterations, duration, preference, opt_level, backends, plugins, target, threads, compare,
+def bench(model, warmup, iterations, duration, preference, opt_level, backends, plugins, target, precision, threads,
+          compare,
           seed, dim_specs, cache_dir, as_json):
     """Benchmark MODEL (an .onnx model, or a compiled .nncc artifact): cold compile (cache
     bypassed), verified cache-hit load, first inference, steady-state latency and throughput,
@@ -48,7 +49,7 @@ def bench(model, warmup, iterations, duration, preference, opt_level, backends, 
     settings = BenchSettings(
         warmup=warmup, iterations=iterations, duration=duration, threads=threads, compare=compare, seed=seed,
         dims=parse_dims(dim_specs), cache_dir=cache_dir,
-        compile_options=options_dict(preference, opt_level, backends, plugins, target),
+        compile_options=options_dict(preference, opt_level, backends, plugins, target, precision=precision),
     )
     settings.check()  # bad settings fail before any progress bar appears
     from nncc.util.files import is_artifact  # lazy: start-up

@@ -34,7 +34,8 @@ from nncc.util.units import format_bytes
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, stage, cache_dir,
+def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, precision, stage,
+            cache_dir,
             no_cache, trust_shared, hash_mode, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
@@ -56,11 +57,12 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
         check_writable(depfile, "the depfile")
     source = read_onnx_source(model)  # read once: MODEL may be a pipe
     _refuse_clobbering(model, source, output, depfile, cache_dir)
-    options = options_dict(preference, opt_level, backends, plugins, target, dims)
+    options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
     from nncc.compiler import CompileOptions
 
     detail(f"nncc: options: preference={options['preference']} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
+           + (f" precision={options['precision']}" if "precision" in options else "")
            + (f" plugins={','.join(plugins)}" if plugins else "")
            + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))
     from nncc.cli.native_note import say_why_native_is_off

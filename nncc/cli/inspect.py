@@ -26,8 +26,8 @@ from nncc.compiler import CompileOptions
 @trust_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, stage, cache_dir, trust_shared,
-            as_json):
+def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, precision, stage, cache_dir,
+            trust_shared, as_json):
     """Show how PATH (.onnx, compiled on the fly, or .nncc) is partitioned and laid out.
 
     For an .onnx model, also whether the compilation cache holds an entry for it with these
@@ -57,7 +57,7 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, s
         from nncc.model import compile_plan  # lazy: start-up
         from nncc.util import progress  # lazy: start-up
 
-        options = options_dict(preference, opt_level, backends, plugins, target, dims)
+        options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
         cache_options = dict(options)  # the stage is not part of the token: the entry is found whatever it holds
 
         if stage == "quick":  # the portable plan a cache miss stores first

@@ -13,8 +13,9 @@ def print_report(report: dict) -> None:
     tree = Tree(f"[bold]{report['path']}[/]  (format {report['format_version']}, nncc {report['producer']})")
     opts = report["options"]
     dims = "".join(f" --dim {k}={v}" for k, v in (opts.get("dims") or {}).items())
+    precision = f" --precision {opts['precision']}" if opts.get("precision") else ""  # only when not f32
     tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
-             f"backends={','.join(opts.get('backends', []))}{dims}")
+             f"backends={','.join(opts.get('backends', []))}{dims}{precision}")
     if report.get("stage"):
         tree.add(f"stage: {report['stage']}")
     io = tree.add("inputs / outputs")

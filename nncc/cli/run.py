@@ -43,7 +43,7 @@ from nncc.cli.output import detail, emit_json, print_outputs
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
-        dim_specs, preference, opt_level, backends, plugins, target, threads, stage, trust_native, cache_dir,
+        dim_specs, preference, opt_level, backends, plugins, target, precision, threads, stage, trust_native, cache_dir,
         no_cache, trust_shared, hash_mode, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
@@ -57,8 +57,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     if artifact:
         session = _load_artifact(model, source, plugins, trust_native, dims)
     else:
-        session, outcome = _prepare_model(model, source, preference, opt_level, backends, plugins, target, dims,
-                                          stage, cache_dir, no_cache, trust_shared, hash_mode)
+        session, outcome = _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision,
+                                          dims, stage, cache_dir, no_cache, trust_shared, hash_mode)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
     prepared = time.perf_counter()
@@ -144,7 +144,7 @@ def _load_artifact(model, source, plugins, trust_native, dims):
     return session
 
 
-def _prepare_model(model, source, preference, opt_level, backends, plugins, target, dims, stage, cache_dir,
+def _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision, dims, stage, cache_dir,
                    no_cache, trust_shared, hash_mode):
     """An .onnx model compiled, or found in the cache: (session, cache outcome)."""
     from nncc.model import prepare
@@ -153,7 +153,7 @@ def _prepare_model(model, source, preference, opt_level, backends, plugins, targ
 
     from nncc.cli.native_note import say_why_native_is_off
 
-    options = options_dict(preference, opt_level, backends, plugins, target, dims)
+    options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
     say_why_native_is_off(backends, target)
     with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
         # the native stage, when due, is built by a detached worker that outlives this command

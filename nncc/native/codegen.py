@@ -25,8 +25,8 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import (attention_gen, gemm_gen, int8_conv_gen, int8_gemm_gen, norm_gen, plain_ops,
-                         qimage_ops_gen)
+from nncc.native import (attention_gen, gemm_bf16_gen, gemm_gen, int8_conv_gen, int8_gemm_gen, norm_gen,
+                         plain_ops, qimage_ops_gen)
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
                                      source)
 from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
@@ -210,9 +210,15 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
     (matmul_gen), elementwise and data movement (elementwise_gen), the blocked layout
     (layout), and the delegated generators the dispatch calls."""
 
-    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4):
+    def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
+                 precision: str = "f32"):
         self.graph, self.symbol = graph, symbol
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
+        if precision == "bf16" and vl != 16:
+            raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
+        # the arithmetic of the packed GEMM by constant weights, which gemm_gen's emitters read
+        # (a product of two values computed at run time stays float32)
+        self.packing = gemm_bf16_gen.BF16 if precision == "bf16" else gemm_gen.F32
         self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
@@ -469,9 +475,12 @@ def make_kernel(code: str, support: str = "") -> tuple[Kernel, list[str]]:
     return Kernel(name, text.replace("NN_KERNEL", name, 1), f"void {name}{signature};", scratch), pointers
 
 
-def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4) -> Unit:
-    """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa)."""
-    return _Writer(partition, graph, infos, symbol, vl).build()
+def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
+             precision: str = "f32") -> Unit:
+    """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa);
+    ``precision``: of the products by constant weights, "f32" or "bf16" (which the ISA
+    must have: nncc.native.gemm_bf16_gen.why_not)."""
+    return _Writer(partition, graph, infos, symbol, vl, precision).build()
 
 
 def prelude() -> str:

@@ -122,7 +122,8 @@ def pack_row(row: np.ndarray, n: int, vl: int) -> np.ndarray:
     return out
 
 
-_HELPERS = """
+# the C of a partial vector's load and store, which the store of every GEMM tile uses
+PARTIAL_VECTOR_C = """
 /* the first n floats of a vector: through a small buffer (n is a literal, so this is a few
  * moves), never touching memory past them; AddressSanitizer checks the copy exactly */
 static inline nn_v g_loadn(const float *p, int n) {
@@ -142,7 +143,6 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
     """C for a tile of ``rows`` x ``width`` (<= NR) columns of C over one block of K."""
     vl, nr = s.vl, s.nr
     nv = -(-width // vl)
-    lanes = width - (nv - 1) * vl  # of the last vector
     split = {1: 4, 2: 2}.get(rows, 1)  # independent sums over K: enough FMAs in flight
     acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
     out = [f"static inline __attribute__((always_inline)) void {name}(const float *restrict a, "
@@ -172,6 +172,20 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
         for r in range(rows):
             for v in range(nv):
                 out.append(f"  {acc[0][r][v]} = nn_vadd({acc[0][r][v]}, {acc[q][r][v]});")
+    out += store_tile(s, epi, width, acc[0])
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> list[str]:
+    """C storing a tile's sums (``acc[r][v]``: row r, vector v) into ``c``: added to what
+    earlier K blocks stored unless ``init``, and, when ``final``, the bias, Gemm's C
+    (``pre``), the activation and the residual (``post``). Any micro-kernel whose sums are
+    nn_v vectors of float32 ends with it."""
+    vl = s.vl
+    rows, nv = len(acc), len(acc[0])
+    lanes = width - (nv - 1) * vl  # of the last vector
+    out = []
     scalar_act = SCALAR_ACTS.get(epi.act)
     code = VECTOR_ACTS.get(epi.act, 0)
     for r in range(rows):
@@ -182,7 +196,7 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
             at = f"{base} + {r * s.n + v * vl}"
             return f"nn_vload({at})" if v < nv - 1 or lanes == vl else f"g_loadn({at}, {lanes})"
 
-        xs = [acc[0][r][v] for v in range(nv)]
+        xs = [acc[r][v] for v in range(nv)]
         out.append("    if (!init) { " + " ".join(f"{x} = nn_vadd({x}, {load('c', v)});" for v, x in enumerate(xs)) + " }")
         final = []
         if epi.bias:
@@ -205,8 +219,7 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
             out.append(f"    if (final) for (int64_t j = 0; j < {width}; j++) {{ float v = cr[j]; "
                        f"cr[j] = {scalar_act}{tail}; }}")
         out.append("  }")
-    out.append("}")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _blocking(s: Shape) -> tuple[int, int]:
@@ -227,7 +240,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
-    parts = [_HELPERS]
+    parts = [PARTIAL_VECTOR_C]
     variants = {}  # (rows, width) -> kernel name
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
@@ -302,8 +315,46 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
 ENTRY = "g_gemm"
 
 
-def _support(s: Shape, epi: Epilogue) -> str:
-    return graph_query.source("simd.h") + "\n" + source(s, epi, ENTRY)
+class F32Packing:
+    """What the emitters below ask of the arithmetic they generate: the packed B's layout
+    (named in the packed constant's name), its packing and shape, the step's C and its
+    scratch. This one is float32; nncc/native/gemm_bf16_gen.py has the bfloat16 one."""
+
+    name = "f32"
+
+    def form(self, vl: int) -> str:
+        return f"gemm{vl}"
+
+    def pack(self, b: np.ndarray, vl: int) -> np.ndarray:
+        return pack_b(b, vl)
+
+    def shape(self, batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, ...]:
+        nr = TILES[vl][1] * vl
+        return (*batch, -(-n // nr), k, nr)
+
+    def support(self, s: Shape, epi: Epilogue, entry: str) -> str:
+        return graph_query.source("simd.h") + "\n" + source(s, epi, entry)
+
+    def scratch(self, s: Shape) -> int:
+        return 0
+
+
+F32 = F32Packing()
+
+
+def _packed(w, b: str, form: str, matrix: np.ndarray, packing, batch: tuple[int, ...], k: int, n: int) -> str:
+    """The packed constant of B for ``packing``, checked to hold the layout its kernel
+    reads: a constant packed for other arithmetic never reaches this code."""
+    name = w.pack(b, form, packing.pack(matrix, w.vl))  # the form (so the name) says the layout
+    if tuple(w.shape(name)) != packing.shape(batch, k, n, w.vl):
+        raise AssertionError(f"packed {name!r} is not in the {packing.name} GEMM's layout")
+    return name
+
+
+def _entry_args(packing, s: Shape) -> tuple[str, int]:
+    """The scratch argument the entry point takes after C, and the bytes it needs."""
+    scratch = packing.scratch(s)
+    return (", SCRATCH" if scratch else ""), scratch
 
 
 def _residual(w, node, out: str):
@@ -333,7 +384,9 @@ def _with_residual(w, node, out: str):
 
 
 def emit_matmul(w, node) -> bool:
-    """MatMul / FusedMatMul by a constant B as a packed GEMM step; False: not handled here."""
+    """MatMul / FusedMatMul by a constant B as a packed GEMM step; False: not handled here.
+    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen.BF16)."""
+    packing = getattr(w, "packing", F32)
     a, b = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     b_value = graph_query.const_value(w.graph, w.infos, b)
@@ -345,33 +398,36 @@ def emit_matmul(w, node) -> bool:
     m, k, n = sa[-2], sa[-1], sb[-1]
     if 0 in (m, k, n) or 0 in so:
         return False
-    packed = pack_b(np.asarray(b_value, np.float32).reshape(-1, k, n), w.vl)
-    bp = w.pack(b, f"gemm{w.vl}", packed)
+    matrix = np.asarray(b_value, np.float32).reshape(-1, k, n)
+    bp = _packed(w, b, packing.form(w.vl), matrix, packing, matrix.shape[:1], k, n)
+    b_size = math.prod(w.shape(bp)[1:])
     bias_name = w.pack(bias, f"row{n}/{w.vl}", pack_row(bias_value, n, w.vl)) if bias else None
     target, other = _with_residual(w, node, node.outputs[0])
     epi = Epilogue(*act, bias=bias is not None, post=other is not None)
     y = w.ptr(target)
+    s = Shape(math.prod(so[:-1]), n, k, k, 1, w.vl) if len(sb) == 2 else Shape(m, n, k, k, 1, w.vl)
+    scratch_arg, scratch = _entry_args(packing, s)
     args = lambda oa, ob, oc: (f"{ENTRY}({w.ptr(a)}{oa}, {w.ptr(bp)}{ob}, {w.ptr(bias_name) if bias else '0'}, 0, "  # noqa: E731
-                               f"{w.ptr(other) + oc if other else '0'}, {y}{oc});")
+                               f"{w.ptr(other) + oc if other else '0'}, {y}{oc}{scratch_arg});")
     if len(sb) == 2:  # weights: the batch of A folds into M
-        s = Shape(math.prod(so[:-1]), n, k, k, 1, w.vl)
         code = args("", "", "")
     else:
-        s = Shape(m, n, k, k, 1, w.vl)
         batch = so[:-2]
         ea = graph_query.batch_strides(sa[:-2], batch, m * k)
-        eb = graph_query.batch_strides(sb[:-2], batch, packed[0].size)
+        eb = graph_query.batch_strides(sb[:-2], batch, b_size)
         lines = [f"for (int64_t t = 0; t < {math.prod(batch)}; t++) {{", "  int64_t rem = t, oa = 0, ob = 0;"]
         for d in range(len(batch) - 1, -1, -1):
             lines.append(f"  {{ int64_t i = rem % {batch[d]}; rem /= {batch[d]}; oa += i * {ea[d]}; ob += i * {eb[d]}; }}")
         lines += ["  " + args(" + oa", " + ob", f" + t * {m * n}"), "}"]
         code = "\n".join(lines)
-    w.step(code, [a, bp, bias_name, other], [target], support=_support(s, epi))
+    w.step(code, [a, bp, bias_name, other], [target], scratch, support=packing.support(s, epi, ENTRY))
     return True
 
 
 def emit_gemm(w, node) -> bool:
-    """Gemm / FusedGemm by a constant B as a packed GEMM step; False: not handled here."""
+    """Gemm / FusedGemm by a constant B as a packed GEMM step; False: not handled here.
+    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen.BF16)."""
+    packing = getattr(w, "packing", F32)
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     at = node.attrs
@@ -390,7 +446,8 @@ def emit_gemm(w, node) -> bool:
     matrix = matrix.T if tb else matrix
     if alpha != 1.0:
         matrix = matrix * np.float32(alpha)
-    bp = w.pack(b, f"gemm{w.vl}" + ("T" if tb else "") + (f"*{alpha!r}" if alpha != 1.0 else ""), pack_b(matrix, w.vl))
+    form = packing.form(w.vl) + ("T" if tb else "") + (f"*{alpha!r}" if alpha != 1.0 else "")
+    bp = _packed(w, b, form, matrix, packing, (), k, n)
     bias_name = pre_name = None
     pre = None
     if c and beta != 0.0:
@@ -409,9 +466,11 @@ def emit_gemm(w, node) -> bool:
     target, other = _with_residual(w, node, node.outputs[0])
     epi = Epilogue(*act, bias=bias_name is not None, pre=pre, post=other is not None)
     s = Shape(m, n, k, 1 if ta else k, m if ta else 1, w.vl)
+    scratch_arg, scratch = _entry_args(packing, s)
     code = (f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(bias_name) if bias_name else '0'}, "
-            f"{w.ptr(pre_name) if pre_name else '0'}, {w.ptr(other) if other else '0'}, {w.ptr(target)});")
-    w.step(code, [a, bp, bias_name, pre_name, other], [target], support=_support(s, epi))
+            f"{w.ptr(pre_name) if pre_name else '0'}, {w.ptr(other) if other else '0'}, {w.ptr(target)}"
+            f"{scratch_arg});")
+    w.step(code, [a, bp, bias_name, pre_name, other], [target], scratch, support=packing.support(s, epi, ENTRY))
     return True
 
 

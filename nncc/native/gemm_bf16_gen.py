@@ -1,0 +1,264 @@
+"""The packed GEMM of nncc/native/gemm_gen.py in bfloat16 (``precision="bf16"``), for CPUs
+with AVX-512 BF16: the products by constant weights take half the instructions and half
+the weight bytes, at bfloat16's accuracy.
+
+B is rounded to bfloat16 at compile time (to nearest, ties to even) and packed in the
+layout ``vdpbf16ps`` multiplies: panels of NR columns as in the float32 GEMM, but each
+32-bit lane holds a pair of consecutive rows of K (row 2p in the low half, 2p + 1 in the
+high half), K padded with a zero row when odd. At run time the step first rounds A the
+same way into its scratch, one row of K/2 pairs per row of A (A read through its two
+strides, so a transposed A costs nothing more). The micro-kernel broadcasts one pair of A
+per row and multiplies it with NV vectors of pairs of B, each ``vdpbf16ps`` adding two
+exact products per lane to the float32 sums. The sums, the epilogue (bias, Gemm's C,
+activation, residual), the blocking and the threading are the float32 GEMM's.
+
+Each product thus sees its inputs rounded to 8 significant bits (each off by at most 2^-8
+of itself, so the product by about 2^-7) and sums in float32: per output element the error
+is at most about 2^-7 * sum_k |a_ik * b_kj| (docs/native.md gives the exact bound, which
+tests/test_native_bf16.py and the native fuzzer check).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.native import graph_query
+from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, store_tile
+
+# Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
+# and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
+# padding) is the float32 GEMM's. Measured on Zen 4 (benchmarks/bench_gemm.py, one thread,
+# M in {64, 128, 512}, K, N in {512, 2048}): 6 rows ran at 200-225 GFLOP/s, 4 and 7 rows
+# up to 10% slower, 8 rows (32 sums: spills) 25-30% slower; K blocks of 512 pairs matched
+# or beat 256, 384, 768 and 1024.
+MR = 6
+KC_MAX = 512  # pairs of K per block when K is long: MR rows of A pairs (12 KB) stay in L1
+L2_ROWS_BYTES = 384 * 1024  # the rows of A pairs a thread keeps in L2 per K block (MC)
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> the bits of bfloat16 (uint16), rounded to nearest, ties to even; a NaN
+    stays a (quiet) NaN, a value beyond bfloat16's range becomes infinity."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(x)
+    rounded[nan] = (bits[nan] >> 16) | 0x40
+    return rounded.astype(np.uint16)
+
+
+def pack_b(b: np.ndarray, vl: int) -> np.ndarray:
+    """``b`` as [..., K, N] (already transposed and scaled) in bfloat16 pairs, panels of NR
+    columns: [..., NP, ceil(K/2), NR] 32-bit words, carried as float32 (every constant the
+    entry point takes is one)."""
+    nr = TILES[vl][1] * vl
+    *batch, k, n = b.shape
+    panels, pairs = -(-n // nr), -(-k // 2)
+    padded = np.zeros((*batch, pairs * 2, panels * nr), np.uint16)
+    padded[..., :k, :n] = to_bf16(b)
+    low = padded[..., 0::2, :].astype(np.uint32)
+    high = padded[..., 1::2, :].astype(np.uint32)
+    words = (low | (high << 16)).reshape(*batch, pairs, panels, nr)
+    return np.ascontiguousarray(np.moveaxis(words, -2, -3)).view(np.float32)
+
+
+def packed_shape(batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, ...]:
+    nr = TILES[vl][1] * vl
+    return (*batch, -(-n // nr), -(-k // 2), nr)
+
+
+def _row_words(k: int) -> int:
+    """32-bit words per row of A's pairs: whole vectors, and never a multiple of 4 KB (rows
+    that far apart share the L1 sets the micro-kernel's rows are read through)."""
+    words = -(-k // 32) * 16
+    return words + 16 if words % 1024 == 0 else words
+
+
+def scratch_bytes(s: Shape) -> int:
+    return s.m * _row_words(s.k) * 4
+
+
+def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> str:
+    vl, nr = s.vl, s.nr
+    nv = -(-width // vl)
+    stride = _row_words(s.k)
+    split = {1: 4, 2: 2}.get(rows, 1)  # independent sums over K: enough products in flight
+    acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
+    out = [f"static inline __attribute__((always_inline)) void {name}(const uint32_t *restrict a, "
+           "const uint32_t *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
+           "const float *restrict post, int64_t kc, int init, int final) {"]
+    out.append("  nn_v " + ", ".join(f"{x} = nn_vzero()" for q in acc for r in q for x in r) + ";")
+
+    def step(q: int, p: str) -> list[str]:
+        lines = [f"    {{ const uint32_t *bp = b + ({p}) * {nr};"]
+        lines += [f"      __m512bh b{v} = h_load(bp + {v * vl});" for v in range(nv)]
+        for r in range(rows):
+            lines.append(f"      __m512bh a{r} = (__m512bh)_mm512_set1_epi32((int)a[{r * stride} + ({p})]);")
+            lines += [f"      {acc[q][r][v]} = (nn_v)_mm512_dpbf16_ps((__m512){acc[q][r][v]}, a{r}, b{v});"
+                      for v in range(nv)]
+        lines.append("    }")
+        return lines
+
+    out.append("  int64_t p = 0;")
+    if split > 1:
+        out.append(f"  for (; p + {split} <= kc; p += {split}) {{")
+        for q in range(split):
+            out += step(q, f"p + {q}")
+        out.append("  }")
+    out.append("  for (; p < kc; p++) {")
+    out += step(0, "p")
+    out.append("  }")
+    for q in range(1, split):
+        for r in range(rows):
+            for v in range(nv):
+                out.append(f"  {acc[0][r][v]} = nn_vadd({acc[0][r][v]}, {acc[q][r][v]});")
+    out += store_tile(s, epi, width, acc[0])
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _convert(s: Shape) -> str:
+    """C rounding rows [lo, hi) of A to bfloat16 pairs (32 floats per conversion; the last
+    ones, and a strided A, through a zeroed buffer, so K's padding is zero)."""
+    stride = _row_words(s.k)
+    full = s.k // 32 if s.sak == 1 else 0  # conversions read straight from a row of A
+    return f"""
+static void h_convert(void *ctx, int64_t lo, int64_t hi) {{
+  const h_job *g = ctx;
+  for (int64_t i = lo; i < hi; i++) {{
+    const float *a = g->a + i * {s.sai};
+    uint32_t *row = g->ab + i * {stride};
+    int64_t p = 0;
+    for (; p < {full}; p++) {{
+      __m512 x0 = _mm512_loadu_ps(a + p * 32), x1 = _mm512_loadu_ps(a + p * 32 + 16);
+      _mm512_storeu_si512(row + p * 16, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }}
+    for (; p < {-(-s.k // 32)}; p++) {{
+      float t[32] = {{0}};
+      int64_t n = {s.k} - p * 32 < 32 ? {s.k} - p * 32 : 32;
+      for (int64_t e = 0; e < n; e++) t[e] = a[(p * 32 + e) * {s.sak}];
+      __m512 x0 = _mm512_loadu_ps(t), x1 = _mm512_loadu_ps(t + 16);
+      _mm512_storeu_si512(row + p * 16, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+    }}
+    for (p = {-(-s.k // 32) * 16}; p < {stride}; p++) row[p] = 0;
+  }}
+}}
+"""
+
+
+def _blocking(s: Shape) -> tuple[int, int]:
+    """(KC, MC): pairs of K per block and rows per block of A."""
+    pairs = -(-s.k // 2)
+    kc = pairs
+    if pairs > KC_MAX and s.m > MR:
+        blocks = -(-pairs // KC_MAX)
+        kc = -(-pairs // blocks)
+    mc = max(MR, L2_ROWS_BYTES // (kc * 4) // MR * MR)
+    return kc, mc
+
+
+def source(s: Shape, epi: Epilogue, name: str) -> str:
+    """File-scope C defining ``void name(A, Bp, bias, pre, post, C, scratch)`` for one
+    product; the pointers the epilogue does not use may be null. ``scratch`` holds
+    scratch_bytes(s) for A's pairs, 64-byte aligned."""
+    mr, nr, n = MR, s.nr, s.n
+    pairs = -(-s.k // 2)
+    stride = _row_words(s.k)
+    kc, mc = _blocking(s)
+    blocks = -(-s.m // mr)
+    tail_cols = n - (s.panels - 1) * nr
+    tail_rows = s.m % mr
+    parts = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 GEMM built without AVX-512 BF16\"\n"
+             "#endif\n", PARTIAL_VECTOR_C,
+             "static inline __m512bh h_load(const uint32_t *p) { __m512i v; memcpy(&v, p, sizeof v); "
+             "return (__m512bh)v; }\n",
+             "typedef struct { const float *a; uint32_t *ab; const float *b, *bias, *pre, *post; float *c; "
+             "int64_t tm, tn; } h_job;\n", _convert(s)]
+    variants = {}
+    for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
+        for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
+            variants[(rows, width)] = f"h_tile_{rows}x{width}"
+            parts.append(_micro_kernel(variants[(rows, width)], s, rows, width, epi))
+
+    def call(rows: int, width: int) -> str:
+        return (f"{variants[(rows, width)]}(a, bp, cp, {'bias + j' if epi.bias else '0'}, "
+                f"{'pre + i * ' + str(n) + ' + j' if epi.pre is not None else '0'}, "
+                f"{'post + i * ' + str(n) + ' + j' if epi.post else '0'}, kc, init, final);")
+
+    def by_rows(width: int) -> str:
+        if (mr, width) in variants and (tail_rows, width) in variants:
+            return f"if (i + {mr} <= i1) {call(mr, width)} else {call(tail_rows, width)}"
+        return call(mr if (mr, width) in variants else tail_rows, width)
+
+    body = [
+        "static void h_block(const h_job *g, int64_t r0, int64_t r1, int64_t q0, int64_t q1) {",
+        "  const float *bias = g->bias, *pre = g->pre, *post = g->post;",
+        f"  for (int64_t k0 = 0; k0 < {pairs}; k0 += {kc}) {{",
+        f"    int64_t kc = {pairs} - k0 < {kc} ? {pairs} - k0 : {kc};",
+        f"    int init = k0 == 0, final = k0 + kc == {pairs};",
+        f"    for (int64_t i0 = r0; i0 < r1; i0 += {mc}) {{",
+        f"      int64_t i1 = i0 + {mc} < r1 ? i0 + {mc} : r1;",
+        "      for (int64_t q = q0; q < q1; q++) {",
+        f"        const uint32_t *bp = (const uint32_t *)g->b + q * {pairs * nr} + k0 * {nr};",
+        f"        int64_t j = q * {nr};",
+        f"        for (int64_t i = i0; i < i1; i += {mr}) {{",
+        f"          const uint32_t *a = g->ab + i * {stride} + k0;",
+        f"          float *cp = g->c + i * {n} + j;",
+    ]
+    if tail_cols != nr and s.panels > 1:
+        body.append(f"          if (q == {s.panels - 1}) {{ {by_rows(tail_cols)} }}")
+        body.append(f"          else {{ {by_rows(nr)} }}")
+    else:
+        body.append("          " + by_rows(tail_cols))
+    body += [
+        "        }", "      }", "    }", "  }", "}",
+        "static void h_task(void *ctx, int64_t lo, int64_t hi) {",
+        "  const h_job *g = ctx;",
+        "  for (int64_t w = lo; w < hi; w++) {",
+        "    int64_t jn = w % g->tn, im = w / g->tn;",
+        f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
+        f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
+        f"    if (r1 > {s.m}) r1 = {s.m};",
+        "    if (q0 < q1 && r0 < r1) h_block(g, r0, r1, q0, q1);",
+        "  }",
+        "}",
+        f"static void {name}(const float *A, const float *Bp, const float *bias, const float *pre, "
+        "const float *post, float *C, char *scratch) {",
+        "  /* the split of the (row sliver x panel) grid over t threads with the smallest share */",
+        "  int64_t t = nn_thread_count(), tm = 1, tn = 1, best = -1;",
+        "  for (int64_t cn = 1; cn <= t; cn++) {",
+        f"    int64_t cm = t / cn; if (cm > {blocks}) cm = {blocks};",
+        f"    int64_t cost = ({s.panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
+        f"    if (cn <= {s.panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
+        "  }",
+        "  h_job g = {A, (uint32_t *)scratch, Bp, bias, pre, post, C, tm, tn};",
+        f"  nn_parallel({s.m}, {s.m * s.k}, h_convert, &g);",
+        f"  nn_parallel(tm * tn, {s.m * n * s.k // 2}, h_task, &g);",
+        "}",
+    ]
+    parts.append("\n".join(body) + "\n")
+    return f"NN_REQUIRE_VL({s.vl});\n" + "".join(parts)
+
+
+class Bf16Packing:
+    """What gemm_gen's emitters ask of the arithmetic they generate (gemm_gen.F32Packing is
+    the float32 one): the codegen's writer holds BF16 when the compile's precision is bf16."""
+
+    name = "bf16"
+
+    def form(self, vl: int) -> str:
+        return f"gemm{vl}bf16"  # in the packed constant's name: the layout it holds
+
+    def pack(self, b: np.ndarray, vl: int) -> np.ndarray:
+        return pack_b(b, vl)
+
+    def shape(self, batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, ...]:
+        return packed_shape(batch, k, n, vl)
+
+    def support(self, s: Shape, epi: Epilogue, entry: str) -> str:
+        return graph_query.source("simd.h") + "\n" + source(s, epi, entry)
+
+    def scratch(self, s: Shape) -> int:
+        return scratch_bytes(s)
+
+
+BF16 = Bf16Packing()
