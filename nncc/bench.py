@@ -574,6 +574,8 @@ def _cache_hits(model, settings, options, info, prepare):
     temporary = settings.cache_dir is None
     directory = tempfile.mkdtemp(prefix="nncc-bench-cache-") if temporary else settings.cache_dir
     info["cache_dir"] = os.path.abspath(directory)
+    if temporary:  # no background upgrade or shape build: it would outlive the folder, and
+        options = dict(options, background=None)  # compete with the runs timed next
     compiled = None
     try:
         with progress.task("cache store, then cache hits", total=1 + max(1, settings.cache_hits)) as task:
