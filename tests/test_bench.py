@@ -548,3 +548,21 @@ def test_bench_peers_runs_each_runtime_alone_in_alternating_rounds(tmp_path):
     assert "openvino is not installed (openvino hidden by the test): left out" in table.stdout
     row_line = next(line for line in table.stdout.splitlines() if line.startswith("mlp "))
     assert row_line.split()[3:5] == ["not", "installed"]  # nncc ms, onnxruntime ms, then openvino's cell
+
+
+def test_a_temporary_cache_starts_no_thread_that_outlives_it(monkeypatch):
+    """Without --cache-dir the bench times hits in a folder it removes afterwards: a
+    background upgrade or shape build started by those hits would run on in a folder that
+    is gone (and compete with the runs timed next). The hits start none; every thread
+    started is recorded, and all are real."""
+    import threading
+
+    from nncc.bench import BenchSettings, run_benchmark
+
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "1")  # an upgrade would start at the first hit
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), start(self))[1])
+    report = run_benchmark(str(FIXTURES / "mlp.onnx"), BenchSettings(iterations=2, warmup=0))
+    assert report["compile"]["cache_hits"] >= 1
+    assert not [name for name in started if name.startswith(("nncc-upgrade-", "nncc-shape-"))], started
