@@ -26,6 +26,7 @@ import numpy as np
 
 from nncc.errors import KernelError
 from nncc.kernels.bounds import bound
+from nncc.kernels.linalg import BLAS_DTYPES, matmul_route
 from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
@@ -184,8 +185,6 @@ def _fused_matmul_shape(ctx, a, b, bias=None):
 def _fused_matmul_prepare(ctx, a, b, bias=None):
     """FusedMatMul's first phase, for matrices (rank >= 2) of one BLAS dtype: operands and
     bias checked once, so a run is the product, the bias and the activation alone."""
-    from nncc.kernels.linalg import BLAS_DTYPES, matmul_route
-
     like = stand_ins(a, b, bias)
     if like is None or a.dtype not in BLAS_DTYPES or b.dtype != a.dtype or len(a.shape) < 2 or len(b.shape) < 2 \
             or (bias is not None and bias.dtype != a.dtype):

@@ -10,18 +10,21 @@ warning line that says why.
 from __future__ import annotations
 
 import ctypes
+import os
 
 from nncc.errors import NnccError
+from nncc.native.blas import sgemm
+from nncc.native.loader import Library, NativeLoadError
+from nncc.native.toolchain import is_sanitized, missing_features, sanitizer_loaded, sanitizer_preload
 from nncc.plan.plan import Plan
 from nncc.util.notice import warn
+from nncc.util.threads import blas_threads
 
 
 def load_native(plan: Plan, payload, calls: dict, origin: str = "the artifact"):
     """A loaded nncc.native.loader.Library of the payload's code, its checked ``calls``
     (partition -> nncc.backends.native.NativeCall) attached, or None (run the portable
     plan). The caller has decided the code may run (nncc.backends.payloads)."""
-    from nncc.native.toolchain import missing_features
-
     info = plan.options.get("native")
     required = info.get("features", []) if isinstance(info, dict) else []
     missing = missing_features([f for f in required if isinstance(f, str)]) if isinstance(required, list) else []
@@ -29,13 +32,10 @@ def load_native(plan: Plan, payload, calls: dict, origin: str = "the artifact"):
         warn(f"{origin}'s native code needs CPU features this machine lacks ({', '.join(missing[:4])}); "
              "running its portable plan")
         return None
-    from nncc.native.toolchain import is_sanitized
 
     sanitized = is_sanitized(info)
     if sanitized:
         require_sanitizer_runtime(origin)
-    from nncc.native.blas import sgemm
-    from nncc.native.loader import Library, NativeLoadError
 
     try:
         library = Library(payload.data)
@@ -72,8 +72,6 @@ def require_sanitizer_runtime(origin: str) -> None:
     """Sanitized code loaded into a process without the ASan runtime aborts the process, so
     it is refused first: the sanitize mode is asked for to check the code, and running the
     portable plan instead would check nothing."""
-    from nncc.native.toolchain import sanitizer_loaded, sanitizer_preload
-
     if sanitizer_loaded():
         return
     raise SanitizerRuntimeMissing(
@@ -88,8 +86,4 @@ def require_sanitizer_runtime(origin: str) -> None:
 def _threads(plan: Plan) -> int:
     """The pool size for the code's own loops: the plan's setting (low-power: 1), else as
     many as BLAS uses, so the two pools take the same cores."""
-    import os
-
-    from nncc.util.threads import blas_threads
-
     return plan.recorded_threads or blas_threads() or len(os.sched_getaffinity(0))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import functools
 
+from nncc.util.threads import blas_library_paths
+
 # (symbol, takes 64-bit integers), most specific first
 _SGEMM = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cblas_sgemm", False),
           ("cblas_sgemm", False))
@@ -19,8 +21,6 @@ _SGEMM = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cbla
 @functools.lru_cache(maxsize=1)
 def sgemm() -> tuple[int, bool] | None:
     """(function address, ILP64) of cblas_sgemm, or None."""
-    from nncc.util.threads import blas_library_paths
-
     for path in blas_library_paths():
         try:
             lib = ctypes.CDLL(path)

@@ -5,6 +5,8 @@ A leaf: it imports nothing else of nncc's native code."""
 
 from __future__ import annotations
 
+import importlib.resources
+
 from nncc.ir.graph import Graph, Node
 
 CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
@@ -38,6 +40,4 @@ def batch_strides(shape, batch, matrix: int) -> list[int]:
 
 def source(name: str) -> str:
     """A C source shipped in nncc/native (the prelude, the runtime, the SIMD layer)."""
-    import importlib.resources
-
     return importlib.resources.files("nncc.native").joinpath(name).read_text()

@@ -30,6 +30,8 @@ import math
 
 import numpy as np
 
+from nncc.native.graph_query import const_value
+
 NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
@@ -38,8 +40,6 @@ ENTRY = "q_dynamic_matmul"
 
 def check(node, graph, infos) -> str | None:
     """None when the node can become C, else why not."""
-    from nncc.native.graph_query import const_value
-
     inputs = list(node.inputs) + [""] * (5 - len(node.inputs))
     a, b, b_scale, b_zero, bias = inputs[:5]
     out = node.outputs[0] if node.outputs else ""
@@ -260,8 +260,6 @@ def scratch_bytes(m: int, k: int) -> int:
 
 def emit(w, node) -> None:
     """The step of the native code generator (nncc/native/codegen.py) for the node."""
-    from nncc.native.graph_query import const_value
-
     inputs = list(node.inputs) + [""] * (5 - len(node.inputs))
     a, b, b_scale, b_zero, bias = inputs[:5]
     w.as_plain(a)

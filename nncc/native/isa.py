@@ -8,10 +8,10 @@ gives 16 floats, AVX2 with FMA 8, anything else 4 (GCC's generic vectors).
 
 from __future__ import annotations
 
+from nncc.native.toolchain import required_features
+
 
 def vector_floats(target: str) -> int:
-    from nncc.native.toolchain import required_features
-
     features = set(required_features(target))
     if "avx512f" in features:
         return 16

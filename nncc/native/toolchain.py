@@ -10,11 +10,15 @@ decides which units need compiling).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import shutil
 import subprocess
 import tempfile
+
+from blake3 import blake3
+
 from nncc.errors import NnccError
 
 # Named ISA levels: the x86-64 micro-architecture levels, and "native" for the host's own.
@@ -89,8 +93,6 @@ class Toolchain:
     def object_key(self, source: str) -> str:
         """The name of ``source``'s object file: the source, the compiler's file and its
         version banner, the flags and the target. Equal keys mean interchangeable objects."""
-        from blake3 import blake3
-
         return blake3(repr((self.identity(), source)).encode()).hexdigest()
 
     def compile_object(self, source: str) -> bytes:
@@ -238,8 +240,6 @@ def sanitizer_loaded() -> bool:
     """Whether this process started with the AddressSanitizer runtime. Sanitized code
     only loads into such a process: dlopen'ed on its own, the runtime aborts the process
     ("ASan runtime does not come first in initial library list")."""
-    import ctypes
-
     return hasattr(ctypes.CDLL(None), "__asan_init")
 
 

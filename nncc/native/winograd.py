@@ -22,7 +22,8 @@ from fractions import Fraction as Fr
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, parallel_call, blocks, direct_conv, pack_direct_weights, stored
+from nncc.native.blocked_conv import (Conv2d, blocks, choose_tiling, direct_conv, pack_direct_weights, parallel_call,
+                                      stored)
 
 BT = [[4, 0, -5, 0, 1, 0],
       [0, -4, -4, 1, 1, 0],
@@ -76,8 +77,6 @@ def _products(g: Conv2d) -> Conv2d:
 
 def pack_weights(w: np.ndarray, g: Conv2d, vl: int) -> tuple[np.ndarray, int]:
     """(U for every position packed as the products' micro-kernel reads it, its OCB)."""
-    from nncc.native.blocked_conv import choose_tiling
-
     gm = np.array(G, dtype=np.float64)
     u = np.einsum("ai,kcij,bj->abkc", gm, w.astype(np.float64), gm)  # [6, 6, K, C]
     ocb, _ = choose_tiling(_products(g), vl)
