@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from nncc.errors import NnccError
+from nncc.errors import ModelFormatError, NnccError
 
 if TYPE_CHECKING:
     from nncc.ir.graph import Graph
@@ -40,7 +40,7 @@ class CompileOptions:
     precision: str = "f32"  # PRECISIONS: bf16 changes the result, so it is in the token (f32 is not)
 
     def __post_init__(self):
-        from nncc.native.toolchain import TARGETS
+        from nncc.native.toolchain import TARGETS  # lazy: codegen
 
         pairs = self.dims.items() if isinstance(self.dims, dict) else self.dims
         object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in pairs)))
@@ -69,7 +69,7 @@ class CompileOptions:
         what the cache's stages ask before deferring a native build."""
         if "native" not in self.backends:
             return None
-        from nncc.native.toolchain import find_toolchain
+        from nncc.native.toolchain import find_toolchain  # lazy: codegen
 
         return find_toolchain(self.target, self.sanitize, self.cc_timeout)
 
@@ -85,7 +85,7 @@ class CompileOptions:
             options["dims"] = dict(self.dims)
         if self.precision != "f32":  # likewise: every float32 compile keeps its token
             options["precision"] = self.precision
-        from nncc.backends.registry import loaded_backend
+        from nncc.backends.registry import loaded_backend  # lazy: start-up
 
         for name in self.backends:  # what outside nncc changes a backend's output (a compiler)
             backend = loaded_backend(name)
@@ -96,24 +96,24 @@ class CompileOptions:
 
 def compile_graph(graph: Graph, options: CompileOptions):
     """Graph -> Plan."""
-    from nncc.backends.registry import get_backend, load_plugin, portable_backend
-    from nncc.ir.graph import topological_order
-    from nncc.partition import partition_graph
-    from nncc.passes.pipeline import run_passes
-    from nncc.passes.pack import pack_constants
-    from nncc.passes.shape_inference import infer_shapes
-    from nncc.passes.validate import validate_graph
-    from nncc.plan.lower import lower
-    from nncc.util import progress
+    from nncc.backends.registry import get_backend, load_plugin, portable_backend  # lazy: start-up
+    from nncc.ir.graph import topological_order  # lazy: start-up
+    from nncc.partition import partition_graph  # lazy: start-up
+    from nncc.passes.pipeline import run_passes  # lazy: start-up
+    from nncc.passes.pack import pack_constants  # lazy: start-up
+    from nncc.passes.shape_inference import infer_shapes  # lazy: start-up
+    from nncc.passes.validate import validate_graph  # lazy: start-up
+    from nncc.plan.lower import lower  # lazy: start-up
+    from nncc.util import progress  # lazy: start-up
 
     for module in options.plugins:
         load_plugin(module)
     if options.dims:
-        from nncc.ir.dims import specialize
+        from nncc.ir.dims import specialize  # lazy: start-up
 
         graph = specialize(graph, dict(options.dims))
     if "native" in options.backends:
-        from nncc.native.precision import say_if_unavailable  # lazy: start-up
+        from nncc.native.precision import say_if_unavailable  # lazy: codegen (lazy: start-up)
 
         say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
@@ -121,8 +121,6 @@ def compile_graph(graph: Graph, options: CompileOptions):
     try:
         topological_order(graph)  # a cyclic graph, or one reading values nobody produces
     except ValueError as exc:  # (also from inside a subgraph), fails before any pass runs
-        from nncc.errors import ModelFormatError
-
         raise ModelFormatError(str(exc)) from None
     progress.describe(f"optimizing {len(graph.nodes)} nodes (-O{options.opt_level})")
     validate_graph(graph)  # a cycle, a missing value, a required input left empty: bad input, before any pass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -139,8 +140,6 @@ def _url(raw) -> str | None:
     """A remote tier's URL, checked as far as it can be without connecting: a scheme nncc
     has a store for, and what that store needs (a host and a db number, a bucket, an
     absolute path)."""
-    import urllib.parse
-
     text = str(raw).strip()
     if text.lower() in ("", "off", "none"):
         return None
@@ -259,7 +258,7 @@ def config_path() -> str:
     named = os.environ.get(ENV_CONFIG_FILE)
     if named:
         return os.path.abspath(os.path.expanduser(named))
-    import platformdirs
+    import platformdirs  # lazy: start-up
 
     return os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), CONFIG_NAME)
 
@@ -281,7 +280,7 @@ def read_config(path: str | None = None) -> dict:
     cached = _parsed.get(path)
     if cached is not None and cached[0] == signature:
         return cached[1]
-    import tomllib
+    import tomllib  # lazy: start-up
 
     try:
         with open(path, "rb") as f:
@@ -370,7 +369,7 @@ def cache_dir(flag=None) -> str:
 
 def default_cache_dir() -> str:
     """The platform's user cache directory for nncc."""
-    import platformdirs
+    import platformdirs  # lazy: start-up
 
     return platformdirs.user_cache_dir("nncc", appauthor=False)
 
@@ -436,7 +435,7 @@ def check_remote_settings() -> None:
 
 def configured_url() -> str | None:
     """The remote tier's URL: --remote, else $NNCC_REMOTE, else remote.url; None: none."""
-    from nncc.cache.remote import settings as remote  # start-up cost: only with a remote
+    from nncc.cache.remote import settings as remote  # lazy: start-up (start-up cost: only with a remote)
 
     return value("remote.url", remote.flag_url(), "--remote")
 
@@ -451,7 +450,7 @@ def with_remote(settings: CacheSettings) -> CacheSettings:
 
 def remote_settings():
     """The remote tier's settings (nncc.cache.remote.settings.RemoteSettings), resolved."""
-    from nncc.cache.remote import settings as remote  # start-up cost: only with a remote
+    from nncc.cache.remote import settings as remote  # lazy: start-up (start-up cost: only with a remote)
 
     url = configured_url()
     if url is None:
@@ -469,7 +468,7 @@ def remote_settings():
 def _remote_key() -> tuple[bytes | None, str | None]:
     """(the team secret, None), or (None, why there is none: the tier is then off with one
     warning). A weak key, or a key file others can read, is refused: RemoteConfigError."""
-    from nncc.cache.remote import settings as remote
+    from nncc.cache.remote import settings as remote  # lazy: start-up
 
     path = value("remote.key_file")
     if path:

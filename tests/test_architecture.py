@@ -72,12 +72,6 @@ def test_no_import_cycle_between_modules():
     assert _cycles(edges) == []
 
 
-# Files other work edits at the moment: their function-local imports get their reasons when
-# that work is merged, and then leave this list. (Some are new files of that work; the last
-# entry is a prefix for nncc/cli/options*.py.)
-LAZY_REASONS_PENDING = ("nncc/native/codegen.py", "nncc/native/gemm_gen.py", "nncc/native/gemm_bf16_gen.py",
-                        "nncc/native/precision.py", "nncc/compiler.py", "nncc/settings.py",
-                        "nncc/backends/native.py", "nncc/cli/compile.py", "nncc/cli/run.py", "nncc/cli/options")
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 
@@ -112,7 +106,5 @@ def test_every_function_local_import_says_why():
     unexplained = []
     for path in sorted((ROOT / "nncc").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith(LAZY_REASONS_PENDING):
-            continue
         unexplained += [f"{relative}:{line}" for line in _unexplained_local_imports(path.read_text(encoding="utf-8"))]
     assert unexplained == [], "move these imports to the module top, or say why not with '# lazy: <reason>'"

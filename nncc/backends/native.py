@@ -22,7 +22,10 @@ from nncc.backends.base import Backend, CompiledPartition, Partition
 from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
+from nncc.native.precision import effective
+from nncc.native.toolchain import NativeBuildError, find_toolchain
 from nncc.plan.plan import BackendPayload, Plan
+from nncc.util.notice import warn
 
 MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
 NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
@@ -58,9 +61,6 @@ class NativeBackend(Backend):
         self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
 
     def for_compile(self, options) -> "NativeBackend":
-        from nncc.native.precision import effective  # lazy: start-up
-        from nncc.native.toolchain import find_toolchain
-
         return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout),
                              effective(options.precision, options.target))
 
@@ -75,7 +75,7 @@ class NativeBackend(Backend):
         call would copy."""
         if self.toolchain is None:
             return {}
-        from nncc.native.codegen import ALIASES, check
+        from nncc.native.codegen import ALIASES, check  # lazy: codegen
 
         ok = {i for i, node in enumerate(graph.nodes) if check(node, graph, infos) is None}
         chosen = {i for i in ok if graph.nodes[i].op_type not in ALIASES or graph.nodes[i].domain}
@@ -98,13 +98,13 @@ class NativeBackend(Backend):
     def reject_reason(self, node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if self.toolchain is None:
             return "no C compiler"
-        from nncc.native.codegen import check
+        from nncc.native.codegen import check  # lazy: codegen
 
         return check(node, graph, infos)
 
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
-        from nncc.native.codegen import generate
-        from nncc.native.isa import vector_floats
+        from nncc.native.codegen import generate  # lazy: codegen
+        from nncc.native.isa import vector_floats  # lazy: codegen
 
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
@@ -120,11 +120,9 @@ class NativeBackend(Backend):
         translation unit (the keys are recorded, so a cache entry knows which objects it was
         built from). A compiler failure keeps the plan portable and is recorded in it, so a
         cached entry does not retry on every run."""
-        from nncc.native.build import build
-        from nncc.native.codegen import translation_units
-        from nncc.native.toolchain import NativeBuildError
-        from nncc.util import progress
-        from nncc.util.notice import warn
+        from nncc.native.build import build  # lazy: codegen
+        from nncc.native.codegen import translation_units  # lazy: codegen
+        from nncc.util import progress  # lazy: start-up
 
         units = [(index, part.payload) for index, part in compiled if part.payload is not None]
         if not units:
@@ -148,7 +146,7 @@ class NativeBackend(Backend):
         native_calls(payload, plan)
 
     def activate(self, payload: BackendPayload, plan: Plan, origin: str):
-        from nncc.native.activate import load_native
+        from nncc.native.activate import load_native  # lazy: start-up (only a plan with native code)
 
         return load_native(plan, payload, native_calls(payload, plan), origin)
 
@@ -156,7 +154,7 @@ class NativeBackend(Backend):
         call = None if source.loaded is None else source.loaded.calls.get(source.index)
         if call is None:
             return super().load_unit(source)
-        from nncc.backends.native_step import NativeStep
+        from nncc.backends.native_step import NativeStep  # lazy: start-up
 
         library = source.loaded
         step = NativeStep(library.function(call.symbol), call, source.partition.entry,

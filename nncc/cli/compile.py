@@ -15,6 +15,8 @@ import click
 from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, stage_option, verbosity_options
 from nncc.cli.output import detail, emit_json, status
+from nncc.compiler import CompileOptions
+from nncc.settings import cache_dir as resolve_cache_dir
 from nncc.util.units import format_bytes
 
 
@@ -43,12 +45,12 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     written only when its content changes, so `make` does not redo what depends on it.
     Exit codes: 0 compiled (or up to date), 1 failure, 2 usage error or bad input, 130
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
-    from nncc.cli.progress import live_progress
-    from nncc.cli.sources import read_onnx_source
-    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable
-    from nncc.util import progress
-    from nncc.util.buildfiles import write_if_changed
-    from nncc.util.writable import check_writable
+    from nncc.cli.progress import live_progress  # lazy: start-up
+    from nncc.cli.sources import read_onnx_source  # lazy: start-up
+    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable  # lazy: start-up
+    from nncc.util import progress  # lazy: start-up
+    from nncc.util.buildfiles import write_if_changed  # lazy: start-up
+    from nncc.util.writable import check_writable  # lazy: start-up
 
     start = time.perf_counter()
     dims = parse_dims(dim_specs)
@@ -58,14 +60,13 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     source = read_onnx_source(model)  # read once: MODEL may be a pipe
     _refuse_clobbering(model, source, output, depfile, cache_dir)
     options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
-    from nncc.compiler import CompileOptions
 
     detail(f"nncc: options: preference={options['preference']} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
            + (f" precision={options['precision']}" if "precision" in options else "")
            + (f" plugins={','.join(plugins)}" if plugins else "")
            + (f" dims={','.join(f'{k}={v}' for k, v in dims.items())}" if dims else ""))
-    from nncc.cli.native_note import say_why_native_is_off
+    from nncc.cli.native_note import say_why_native_is_off  # lazy: start-up
 
     say_why_native_is_off(backends, target)
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
@@ -91,9 +92,8 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:
     """Before any work: neither output may be the model, one of its external data files,
     or the other output."""
-    from nncc.settings import cache_dir as resolve_cache_dir
-    from nncc.cache.token import external_files
-    from nncc.util.clobber import refuse_clobbering
+    from nncc.cache.token import external_files  # lazy: start-up
+    from nncc.util.clobber import refuse_clobbering  # lazy: start-up
 
     folder = os.path.dirname(model)
     extra = [os.path.join(folder, rel) for rel, _ in
@@ -105,8 +105,8 @@ def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str
 def _write_depfile(path: str, model: str, model_bytes: bytes, output: str, cache_dir: str | None) -> None:
     """OUT.nncc depends on MODEL and every file that can change it as external data: the
     same files the cache token hashes (nncc.cache.token.external_files)."""
-    from nncc.cache.token import external_files
-    from nncc.util.buildfiles import depfile, write_if_changed
+    from nncc.cache.token import external_files  # lazy: start-up
+    from nncc.util.buildfiles import depfile, write_if_changed  # lazy: start-up
 
     folder = os.path.dirname(model)
     skip = (cache_dir,) if cache_dir else ()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
+from nncc.settings import value
 from nncc.settings import PRECISIONS, PREFERENCES  # the one lists the settings check too
 TARGETS = ("native", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")  # as nncc.native.toolchain
 
@@ -37,15 +39,13 @@ def options_dict(preference, opt_level, backends, plugins, target="native", dims
     """The compile options; a --preference or --precision not given comes from the settings
     ($NNCC_PREFERENCE, else run.preference in the config file, else fast-single-answer;
     $NNCC_PRECISION, else native.precision, else f32)."""
-    from nncc.settings import value
-
     preference = value("run.preference", preference, "--preference")
     options = {"preference": preference, "opt_level": opt_level, "plugins": tuple(plugins), "target": target}
     precision = value("native.precision", precision, "--precision")
     if precision != "f32":  # else the library's default
         options["precision"] = precision
         if "native" in (backends or ("native",)):
-            from nncc.native.precision import say_if_unavailable  # lazy: start-up
+            from nncc.native.precision import say_if_unavailable  # lazy: codegen (lazy: start-up)
 
             say_if_unavailable(precision, target)  # before anything is compiled, and only once
     if backends:  # else the library's default: native where a compiler is found, then numpy
@@ -85,9 +85,7 @@ def warn_compile_options_on_artifact(path: str) -> None:
     """One warning naming the compile options given on the command line for an artifact,
     which ignores them (they were fixed when it was compiled). Defaults, wherever they
     come from, are not the user asking for anything."""
-    from click.core import ParameterSource
-
-    from nncc.util.notice import warn
+    from nncc.util.notice import warn  # lazy: start-up
 
     ctx = click.get_current_context()
     given = [flag for name, flag in _COMPILE_ONLY.items()
@@ -116,7 +114,7 @@ def trust_native_option(command):
 def _set_verbosity(level: int):
     def callback(ctx, param, value):
         if value:
-            from nncc.cli.output import VERBOSITY_KEY
+            from nncc.cli.output import VERBOSITY_KEY  # lazy: start-up
 
             ctx.meta[VERBOSITY_KEY] = level  # ctx.meta is shared by the group and its commands
         return value

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import time
+from itertools import repeat
 
 import click
 
+import nncc
 from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
                               trust_native_option, verbosity_options, warn_compile_options_on_artifact)
-from nncc.cli.output import detail, emit_json, print_outputs
+from nncc.cli.output import detail, emit_json, print_outputs, status
+from nncc.settings import cache_dir as resolve_cache_dir, value as setting
 
 
 @click.command()
@@ -90,7 +93,7 @@ def _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_
                                  "add --bind OUT=IN to carry state from step to step "
                                  "(or --inputs-per-step DIR)", param_hint="--steps")
     if output_path:
-        from nncc.util.writable import check_writable
+        from nncc.util.writable import check_writable  # lazy: start-up
 
         check_writable(output_path, "the --output file")
     return named_inputs, bound, dims
@@ -99,7 +102,7 @@ def _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_
 def _read_model(model, npz, input_specs, per_step_dir, cache_dir, output_path, output_dir):
     """MODEL's bytes (None while the cache may know it) and whether it is an artifact, and
     the files the run reads, once no output is found to overwrite one of them."""
-    from nncc.util.files import read_source
+    from nncc.util.files import read_source  # lazy: start-up
 
     # read once (MODEL may be a pipe), and a model file not at all when the cache knows it
     source, artifact = read_source(model, lazy_model=True)
@@ -113,14 +116,14 @@ def _read_model(model, npz, input_specs, per_step_dir, cache_dir, output_path, o
 
 def _load_feeds(npz, named_inputs, per_step_dir):
     """The feeds given by --inputs and --input, and a lazy iterator over the step files."""
-    from nncc.runtime.arrays_io import load_npy, load_npz
+    from nncc.runtime.arrays_io import load_npy, load_npz  # lazy: start-up
 
     feeds = load_npz(npz) if npz else {}
     for name, path in named_inputs:
         feeds[name] = load_npy(path)
     per_step = None
     if per_step_dir is not None:
-        from nncc.runtime.stepping import step_files
+        from nncc.runtime.stepping import step_files  # lazy: start-up
 
         files = step_files(per_step_dir)
         per_step = (load_npz(path) for path in files)
@@ -128,17 +131,15 @@ def _load_feeds(npz, named_inputs, per_step_dir):
 
 
 def _load_artifact(model, source, plugins, trust_native, dims):
-    import nncc
-
     warn_compile_options_on_artifact(model)
     # an artifact may name plugin kernels: only the plugins the user names are loaded
-    from nncc.backends.registry import load_plugin
+    from nncc.backends.registry import load_plugin  # lazy: start-up
 
     for module in plugins:
         load_plugin(module)
     session = nncc.load(source, trust_native=trust_native, name=model)
     if dims:  # the artifact is compiled: --dim sizes its symbolic inputs (random ones)
-        from nncc.ir.dims import check_dim_names
+        from nncc.ir.dims import check_dim_names  # lazy: start-up
 
         check_dim_names(dims, session.input_infos, model)
     return session
@@ -147,11 +148,11 @@ def _load_artifact(model, source, plugins, trust_native, dims):
 def _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision, dims, stage, cache_dir,
                    no_cache, trust_shared, hash_mode):
     """An .onnx model compiled, or found in the cache: (session, cache outcome)."""
-    from nncc.model import prepare
-    from nncc.cli.progress import live_progress
-    from nncc.util import progress
+    from nncc.model import prepare  # lazy: start-up
+    from nncc.cli.progress import live_progress  # lazy: start-up
+    from nncc.util import progress  # lazy: start-up
 
-    from nncc.cli.native_note import say_why_native_is_off
+    from nncc.cli.native_note import say_why_native_is_off  # lazy: start-up
 
     options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
     say_why_native_is_off(backends, target)
@@ -166,7 +167,7 @@ def _prepare_model(model, source, preference, opt_level, backends, plugins, targ
 
 def _add_random_inputs(session, feeds, bound, per_step, seed, dims) -> None:
     """--random-inputs: seeded values for the declared inputs nothing else provides."""
-    from nncc.runtime.random_inputs import random_feeds
+    from nncc.runtime.random_inputs import random_feeds  # lazy: start-up
 
     declared = session.input_infos
     state_inputs = set(bound.values())  # states start at zeros unless given
@@ -181,13 +182,11 @@ def _execute(session, feeds, bound, steps, per_step, stateful, output_dir):
     """The outputs of one run, or of the last step of a stateful one; a single run with
     --output-dir writes straight into its files."""
     if stateful:
-        from itertools import repeat
-
-        from nncc.runtime.stepping import run_steps
+        from nncc.runtime.stepping import run_steps  # lazy: start-up
 
         return run_steps(session, bound, steps, feeds, per_step if per_step is not None else repeat({}))
     if output_dir is not None:
-        from nncc.runtime.arrays_io import OutputDir
+        from nncc.runtime.arrays_io import OutputDir  # lazy: start-up
 
         with OutputDir(output_dir, session) as targets:
             outputs = session.run(feeds, outputs=targets.buffers)
@@ -199,11 +198,11 @@ def _execute(session, feeds, bound, steps, per_step, stateful, output_dir):
 def _write_outputs(session, outputs, output_path, output_dir, stateful) -> None:
     """--output's archive; --output-dir's files when the steps did not write them in place."""
     if output_path:
-        from nncc.runtime.arrays_io import save_npz
+        from nncc.runtime.arrays_io import save_npz  # lazy: start-up
 
         save_npz(output_path, outputs)
     if output_dir is not None and stateful:
-        from nncc.runtime.arrays_io import OutputDir
+        from nncc.runtime.arrays_io import OutputDir  # lazy: start-up
 
         with OutputDir(output_dir, session, mapped=False) as targets:
             targets.finish(outputs)
@@ -211,19 +210,16 @@ def _write_outputs(session, outputs, output_path, output_dir, stateful) -> None:
 
 def _apply_threads(flag) -> None:
     """--threads, else $NNCC_THREADS, else run.threads: BLAS's count for this process."""
-    from nncc.settings import value
-
-    count = value("run.threads", flag, "--threads")
+    count = setting("run.threads", flag, "--threads")
     if count:
-        from nncc.util.threads import set_blas_threads
+        from nncc.util.threads import set_blas_threads  # lazy: start-up
 
         set_blas_threads(count)
 
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
     """Every file the run reads: the model (and its external data), the feeds."""
-    from nncc.settings import cache_dir as resolve_cache_dir
-    from nncc.cache.token import external_files
+    from nncc.cache.token import external_files  # lazy: start-up
 
     files = [("the model", model)]
     if not artifact:
@@ -244,8 +240,8 @@ def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_
 def _refuse_clobbering(inputs, output_path, output_dir, output_names) -> None:
     """No output file may be an input, nor another output (``output_names``: the files
     --output-dir will write, once the model is known)."""
-    from nncc.runtime.arrays_io import output_paths
-    from nncc.util.clobber import refuse_clobbering
+    from nncc.runtime.arrays_io import output_paths  # lazy: start-up
+    from nncc.util.clobber import refuse_clobbering  # lazy: start-up
 
     outputs = [("the output", output_path)] if output_path else []
     if output_dir is not None and output_names is not None:
@@ -266,9 +262,7 @@ def _parse_input_specs(specs) -> list[tuple[str, str]]:
 
 def _report_default_dims(missing, dims) -> None:
     """Say which symbolic dimensions the random inputs take at their default size 1."""
-    from nncc.ir.dims import symbolic_dims
-
-    from nncc.cli.output import status
+    from nncc.ir.dims import symbolic_dims  # lazy: start-up
 
     defaulted = [d for d in symbolic_dims(missing) if d not in dims]
     if defaulted:
@@ -290,9 +284,9 @@ def _parse_binds(binds) -> dict[str, str]:
 SUMMARY_CHUNK = 1 << 20  # elements converted to float64 at a time: the peak stays near the output's size
 
 def summarize(outputs):
-    import numpy as np
+    import numpy as np  # lazy: start-up
 
-    from nncc.ir.low_precision import widen
+    from nncc.ir.low_precision import widen  # lazy: start-up
 
     rows = []
     for name, value in outputs.items():
@@ -318,7 +312,7 @@ def summarize(outputs):
 def _statistics(value) -> dict:
     """min, max, mean and std of the finite values (float64), and how many are not finite;
     made a chunk at a time, so a 1 GiB output does not cost several GiB of float64 copies."""
-    import numpy as np
+    import numpy as np  # lazy: start-up
 
     flat = value.reshape(-1)
     chunks = [flat[i:i + SUMMARY_CHUNK] for i in range(0, flat.size, SUMMARY_CHUNK)]

@@ -6,6 +6,7 @@ once per process."""
 from __future__ import annotations
 
 from nncc.native.toolchain import required_features
+from nncc.util.notice import warn
 
 FEATURE = "avx512_bf16"  # as /proc/cpuinfo names it
 _said: set[tuple[str, str]] = set()
@@ -31,6 +32,5 @@ def say_if_unavailable(precision: str, target: str) -> None:
     if reason is None or (precision, target) in _said:
         return
     _said.add((precision, target))
-    from nncc.util.notice import warn  # lazy: start-up
 
     warn(f"precision {precision} ignored: {reason}; the products stay float32")
