@@ -115,6 +115,11 @@ def light_dir() -> pathlib.Path | None:
     return pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
+def _label(name: str) -> str:
+    """A model's name in the tables and its work files: a path's file name without .onnx."""
+    return pathlib.Path(name).stem if name.endswith(".onnx") else name
+
+
 def resolve(name: str, batch: int = 1) -> pathlib.Path:
     """A model name (see the module docstring) or a path -> the .onnx file."""
     if name in REAL:
@@ -423,7 +428,7 @@ def main(argv=None) -> None:
             print(render(json.load(f), args.markdown))
         return
     names = args.model or default_models()
-    plan = [(n, resolve(n), None) for n in names]
+    plan = [(_label(n), resolve(n), None) for n in names]
     if args.batch > 1:
         plan += [(f"{n}_batch{args.batch}", resolve(n, args.batch), n) for n in names if n in CONV_REAL]
     missing: dict[str, str] = {}
