@@ -1,6 +1,6 @@
 """Where a native plan's time goes, step by step (generated C timed from inside).
 
-    python benchmarks/profile_native.py build/real-models/gpt2.onnx [--runs 20] [--threads 1]
+    python benchmarks/profile_native.py build/real-models/gpt2.onnx [--runs 20] [--threads 1] [--precision bf16]
 
 Compiles the model with every step of the generated code wrapped in a monotonic clock
 (nncc.native.codegen.PROFILE_STEPS; such code is never cached), runs it, and prints the
@@ -28,9 +28,10 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="f32", help="of products by constant weights: f32 or bf16")
     args = parser.parse_args()
     set_blas_threads(args.threads)
-    model, units = compile_profiled(args.model)
+    model, units = compile_profiled(args.model, precision=args.precision)
     feeds = {name: np.random.default_rng(0).standard_normal(info.shape).astype(np.float32)
              for name, info in model.input_infos.items()}
     model.run(feeds)
