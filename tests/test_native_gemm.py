@@ -247,3 +247,35 @@ def test_product_of_two_activations_stays_on_blas(tmp_path):
     b.op("Relu", [b.op("MatMul", [q, kt], "s")], "y")
     b.output("y", (2, 4, 6, 6))
     b.check(tmp_path, packed=0)
+
+
+def test_the_erf_gelu_epilogue_is_within_its_bound_over_the_whole_range(tmp_path):
+    """The product's store computes GELU's erf form with its own erf (a rational function,
+    nncc/native/prelude.h nn_gelu_erf): over pre-activations from -9 to 9, dense near 0 and
+    tiny ones, each result is within erf's stated error (3.2e-7, times 0.5|v|) plus two
+    float32 steps of math.erf's exact GELU. The product is by the identity, so the
+    pre-activations are the inputs themselves."""
+    if find_toolchain() is None:
+        pytest.skip("no C compiler: the native backend takes nothing")
+    grid = np.concatenate([np.linspace(-9, 9, 6001), np.geomspace(1e-7, 1, 500), -np.geomspace(1e-7, 1, 500),
+                           [0.0, 5.656854, -5.656854, 5.6568546, -5.6568546]]).astype(np.float32)
+    n = 128
+    rows = -(-grid.size // n)
+    x = np.resize(grid, rows * n).reshape(rows, n)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "eye"], ["z"]),
+         helper.make_node("Gelu", ["z"], ["y"])], "gelu_range",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
+        [numpy_helper.from_array(np.eye(n, dtype=np.float32), "eye")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    onnx.save(model, str(tmp_path / "gelu.onnx"))
+    compiled = nncc.compile_model(tmp_path / "gelu.onnx")
+    assert compiled.native_partitions == 1 and {k.split("::")[1] for k in compiled.plan.kernels} == {"FusedMatMul"}
+    got = compiled.run({"x": x})["y"].astype(np.float64)
+    v = x.astype(np.float64)
+    want = np.array([0.5 * a * (1 + math.erf(a / math.sqrt(2))) for a in v.ravel()]).reshape(v.shape)
+    bound = 0.5 * np.abs(v) * 3.2e-7 + 2 * np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    worst = np.max(np.abs(got - want) - bound)
+    assert worst <= 0, f"beyond the bound by {worst:.3g}"

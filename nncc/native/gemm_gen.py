@@ -47,7 +47,7 @@ VECTOR_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 5, "HardSigmoid": 6, "H
 SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",
-    "Gelu": "(0.5f * v * (1.0f + nn_erf(v * 0.707106781f)))",
+    "Gelu": "nn_gelu_erf(v)",
     "GeluTanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
 }
 
