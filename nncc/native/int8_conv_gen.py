@@ -315,13 +315,46 @@ def _depthwise_fill(w, pl, sw, hps, wps, quantized: bool) -> str:
             out.append(f"memset(dst + {base}, 0, {lo * 4});")
         if hi > lo and quantized and sw == 1:
             out.append(f"memcpy(dst + {base + lo}, line + {lo - pl}, {(hi - lo) * 4});")
+        elif quantized and sw == 2:
+            if ph == 0:  # both phases' pixels at once
+                out.append(_split_pairs(w, pl, hps, wps))
         elif hi > lo:
             pixel = f"line[col * {sw} + {ph - pl}]" if quantized else \
-                f"q_centred(src[col * {sw} + {ph - pl}], inv, zero, qlo, qhi)"
+                f"q_centred(src[col * {sw} + {ph - pl}], inv, qlo, qhi)"
             out.append(f"for (int64_t col = {lo}; col < {hi}; col++) dst[{base} + col] = {pixel};")
         if wps > hi:
             out.append(f"memset(dst + {base + hi}, 0, {(wps - hi) * 4});")
     return "\n                ".join(out)
+
+
+def _split_pairs(w, pl, hps, wps) -> str:
+    """C that splits a quantized row (line) into the even and odd image columns of stride 2's
+    two phases: two vectors of the row in, shuffled, one vector out to each phase."""
+    even = f"dst + {(pl % 2) * hps * wps + pl // 2}"
+    odd = f"dst + {((pl + 1) % 2) * hps * wps + (pl + 1) // 2}"
+    return f"""{{
+                    float *even = {even}, *odd = {odd};
+                    int64_t k = 0;
+                    for (; 2 * (k + NN_VL) <= {w}; k += NN_VL) {{
+                        nn_v a = nn_vload(line + 2 * k), b = nn_vload(line + 2 * k + NN_VL);
+                        nn_vstore(even + k, __builtin_shuffle(a, b, QD_EVEN));
+                        nn_vstore(odd + k, __builtin_shuffle(a, b, QD_ODD));
+                    }}
+                    for (int64_t e = k; e < {(w + 1) // 2}; e++) even[e] = line[2 * e];
+                    for (int64_t o = k; o < {w // 2}; o++) odd[o] = line[2 * o + 1];
+                }}"""
+
+
+def _lane_masks() -> str:
+    """QD_EVEN and QD_ODD: __builtin_shuffle masks that pick the even and the odd lanes of two
+    vectors, for each vector width of simd.h."""
+    lines = []
+    for i, vl in enumerate((16, 8, 4)):
+        lines.append(("#if" if i == 0 else "#elif") + f" NN_VL == {vl}")
+        for name, first in (("QD_EVEN", 0), ("QD_ODD", 1)):
+            lanes = ", ".join(str(first + 2 * i) for i in range(vl))
+            lines.append(f"#define {name} ((nn_vi){{{lanes}}})")
+    return "\n".join(lines + ["#endif"])
 
 
 def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
@@ -345,7 +378,7 @@ def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
             const int64_t n_in = {h} - ih0 < {in_rows} ? {h} - ih0 : {in_rows};
             const float *src = j->x + ch * {h * w} + ih0 * {w};
             float q[{in_rows * w}];
-            for (int64_t i = 0; i < n_in * {w}; i++) q[i] = q_centred(src[i], inv, zero, qlo, qhi);
+            for (int64_t i = 0; i < n_in * {w}; i++) q[i] = q_centred(src[i], inv, qlo, qhi);
             for (int64_t i = 0; i < n_in; i++) {{
                 const int64_t r = ih0 + i + {pt};
                 const float *line = q + i * {w};
@@ -359,9 +392,9 @@ def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
 def _depthwise_requantize(rows, wps, ow) -> str:
     """C that requantizes a block's sums (acc) into its output rows: long rows one by one,
     short ones over the whole run (one long loop) and then copied row by row."""
-    step = """float v = rintf((float)acc[{at}] * mult[ch]) + yzero;
+    step = """float v = rintf((float)acc[{at}] * mult[ch]);  /* saturated less the zero point, as q_centred */
                 v = v < ylo ? ylo : (v > yhi ? yhi : v);
-                {to} = (v - yzero) * yscale;"""
+                {to} = v * yscale;"""
     if ow >= _LONG_ROW:
         return f"""            for (int64_t r = 0; r < n_rows; r++)
                 for (int64_t ox = 0; ox < {ow}; ox++) {{
@@ -415,12 +448,14 @@ def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) 
         f"memset(xp + (r % {sh} * {sw} + ph) * {size} + r / {sh} * {wps}, 0, {wps * 4});"
         for r0, r1 in border if r1 > r0)
     return f"""{_QUANTIZE_BYTE}
-/* q - zero as a float, exact: the same rounding and saturation as q_int */
-static inline float q_centred(float v, float inv, float zero, float lo, float hi) {{
-    float q = rintf(v * inv) + zero;
+{_lane_masks()}
+/* q - zero as a float, exact: q_int's rounding and saturation with the zero point taken
+ * off the bounds instead (lo and hi here are lo - zero and hi - zero: small integers, so
+ * both ways agree wherever float32 holds every integer, and saturate alike beyond) */
+static inline float q_centred(float v, float inv, float lo, float hi) {{
+    float q = rintf(v * inv);
     q = q < lo ? lo : (q > hi ? hi : q);
-    q = q != q ? lo : q;
-    return q - zero;
+    return q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
 }}
 
 typedef struct {{ const float *x, *table; float *xp; float *y; }} qd_job;
@@ -429,8 +464,8 @@ typedef struct {{ const float *x, *table; float *xp; float *y; }} qd_job;
 static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     const qd_job *j = ctx;
     const float *t = j->table;
-    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3];
-    const float yscale = t[5], yzero = t[6], ylo = t[7], yhi = t[8];
+    const float inv = t[0], qlo = t[2] - t[1], qhi = t[3] - t[1];  /* x's range less its zero */
+    const float yscale = t[5], ylo = t[7] - t[6], yhi = t[8] - t[6];  /* y's range less its zero */
     const float *wc = t + {_HEADER};  /* [C][taps] weights minus their zero point */
     const int32_t *bias = (const int32_t *)(wc + {c * taps});
     const float *mult = (const float *)(bias + {c});
