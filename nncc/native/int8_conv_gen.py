@@ -16,8 +16,8 @@ uint8 weights by -128, each zero point with them, which leaves every difference 
 The epilogue adds the int32 bias and requantizes as the portable kernel does, in float32:
 rint(float32(acc) * float32(x_scale * w_scale / y_scale)) + y_zero, saturated, then stores
 the output's image float32(q - y_zero) * y_scale; so the results are the portable kernel's,
-bit for bit. A depthwise convolution (one input channel per group) is a direct loop over
-its taps with the centred int32 weights.
+bit for bit. A depthwise convolution (one input channel per group) sums its taps in float32
+on integer values, which is exact (see _depthwise_source), vectorised over output pixels.
 """
 
 from __future__ import annotations
