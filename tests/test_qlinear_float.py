@@ -56,6 +56,9 @@ GEOMETRIES = {
     "7x7-stride2": (1, 3, 20, 19, 8, 7, 2, 3, 1, 1),
     "dilated": (1, 6, 11, 11, 7, 3, 1, 2, 2, 1),
     "depthwise": (1, 12, 10, 10, 12, 3, 2, 1, 1, 12),
+    # rows long enough for the native depthwise code's row-by-row quantizing, stride 1 and 2
+    "depthwise-long-rows": (1, 5, 6, 41, 5, 3, 1, 1, 1, 5),
+    "depthwise-long-rows-stride2": (1, 3, 7, 38, 3, 3, 2, 1, 1, 3),
     "grouped": (1, 8, 8, 8, 6, 3, 1, 1, 1, 2),
     # many output channels over few pixels: the native code's pixel-major form (the others
     # take its channel-major form)
@@ -115,6 +118,34 @@ def test_qlinear_conv_as_image_matches_onnxruntime_exactly(tmp_path, geometry, w
     compiled = nncc.compile_model(path)
     # groups other than depthwise stay portable
     assert compiled.native_partitions == 1 and _all_native(compiled) == (geometry != "grouped")
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], expected)
+
+
+def test_depthwise_sum_beyond_float32_integers_is_exact(tmp_path):
+    """A 17x17 depthwise kernel (289 taps) at the extremes: every product is 255 * 255, so the
+    sum (18,792,225, odd) is above 2**24, where float32 no longer holds every integer. The
+    bias cancels it down to 100, and y_scale = x_scale * w_scale makes the multiplier 1, so a
+    sum off by one would show as 99 or 101."""
+    c, k = 3, 17
+    full = k * k * 255 * 255
+    x_scale, w_scale = np.float32(0.5), np.float32(0.25)
+    inits = [_const("xs", x_scale), _const("xz", np.uint8(255)), _const("w", np.zeros((c, 1, k, k), np.uint8)),
+             _const("ws", w_scale), _const("wz", np.uint8(255)), _const("ys", x_scale * w_scale),
+             _const("yz", np.uint8(20)), _const("b", np.full(c, 100 - full, np.int32))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
+                              kernel_shape=[k, k], group=c),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    graph = helper.make_graph(nodes, "qconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, k, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    x = np.full((1, c, k, k), -1000.0, np.float32)  # quantizes to 0: 0 - 255 per pixel
+    expected = _onnxruntime(model, {"x": x})[0]
+    np.testing.assert_array_equal(expected, np.full((1, c, 1, 1), 100 * x_scale * w_scale, np.float32))
+    compiled = nncc.compile_model(path)
+    assert _all_native(compiled)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], expected)
 
 

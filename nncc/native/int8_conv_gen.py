@@ -16,8 +16,8 @@ uint8 weights by -128, each zero point with them, which leaves every difference 
 The epilogue adds the int32 bias and requantizes as the portable kernel does, in float32:
 rint(float32(acc) * float32(x_scale * w_scale / y_scale)) + y_zero, saturated, then stores
 the output's image float32(q - y_zero) * y_scale; so the results are the portable kernel's,
-bit for bit. A depthwise convolution (one input channel per group) is a direct loop over
-its taps with the centred int32 weights.
+bit for bit. A depthwise convolution (one input channel per group) sums its taps in float32
+on integer values, which is exact (see _depthwise_source), vectorised over output pixels.
 """
 
 from __future__ import annotations
@@ -273,71 +273,244 @@ static void {name}(const float *X, const float *Bp, const float *table, float *Y
 """
 
 
-def depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> tuple[int, int, int]:
-    """(rows, row length, phase length) of a depthwise step's padded plane: each row holds
-    its columns by phase (column mod stride), so a tap reads its pixels contiguously."""
+def depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> tuple[int, int]:
+    """(rows, columns) of each of a depthwise step's sh * sw phase planes: the padded image's
+    pixel (r, col) lives in plane (r mod sh, col mod sw) at (r // sh, col // sw), so every
+    tap reads its output rows' pixels as one contiguous run."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
-    wps = -(-wp // sw)
-    return hp, sw * wps, wps
+    return -(-hp // sh), -(-wp // sw)
+
+
+def depthwise_scratch(c, *plane_args) -> int:
+    """Bytes of scratch: every channel's phase planes, float32."""
+    hps, wps = depthwise_plane(*plane_args)
+    sh, sw = plane_args[6], plane_args[7]
+    return c * sh * sw * hps * wps * 4
+
+
+_EXACT_TAPS = 258  # 258 * 255 * 255 < 2**24: a float32 sum of that many products is exact
+_UNROLL = 4  # vectors summed side by side: independent FMA chains hide their latency
+_BLOCK = 512  # output positions (row length wps) summed per block of output rows
+_LONG_ROW = 32  # image rows at least this long are quantized one by one
+
+
+def _phase_columns(w, pl, sw, wps, ph) -> tuple[int, int]:
+    """[lo, hi) of the columns of phase ph that hold image pixels (the rest are border)."""
+    lo = min(wps, max(0, -(-(pl - ph) // sw)))
+    hi = max(lo, min(wps, -(-(pl + w - ph) // sw)))
+    return lo, hi
+
+
+def _depthwise_fill(w, pl, sw, hps, wps, quantized: bool) -> str:
+    """C statements that write one padded row's sw phase segments (at dst) from an image
+    row: per phase, the left border, the pixels, the right border, all literal. The pixels
+    come already quantized from `line`, or are quantized here from `src` (a strided read when
+    sw > 1, which the compiler vectorises with shuffles)."""
+    out = []
+    for ph in range(sw):
+        lo, hi = _phase_columns(w, pl, sw, wps, ph)
+        base = ph * hps * wps
+        if lo:
+            out.append(f"memset(dst + {base}, 0, {lo * 4});")
+        if hi > lo and quantized and sw == 1:
+            out.append(f"memcpy(dst + {base + lo}, line + {lo - pl}, {(hi - lo) * 4});")
+        elif quantized and sw == 2:
+            if ph == 0:  # both phases' pixels at once
+                out.append(_split_pairs(w, pl, hps, wps))
+        elif hi > lo:
+            pixel = f"line[col * {sw} + {ph - pl}]" if quantized else \
+                f"q_centred(src[col * {sw} + {ph - pl}], inv, qlo, qhi)"
+            out.append(f"for (int64_t col = {lo}; col < {hi}; col++) dst[{base} + col] = {pixel};")
+        if wps > hi:
+            out.append(f"memset(dst + {base + hi}, 0, {(wps - hi) * 4});")
+    return "\n                ".join(out)
+
+
+def _split_pairs(w, pl, hps, wps) -> str:
+    """C that splits a quantized row (line) into the even and odd image columns of stride 2's
+    two phases: two vectors of the row in, shuffled, one vector out to each phase."""
+    even = f"dst + {(pl % 2) * hps * wps + pl // 2}"
+    odd = f"dst + {((pl + 1) % 2) * hps * wps + (pl + 1) // 2}"
+    return f"""{{
+                    float *even = {even}, *odd = {odd};
+                    int64_t k = 0;
+                    for (; 2 * (k + NN_VL) <= {w}; k += NN_VL) {{
+                        nn_v a = nn_vload(line + 2 * k), b = nn_vload(line + 2 * k + NN_VL);
+                        nn_vstore(even + k, __builtin_shuffle(a, b, QD_EVEN));
+                        nn_vstore(odd + k, __builtin_shuffle(a, b, QD_ODD));
+                    }}
+                    for (int64_t e = k; e < {(w + 1) // 2}; e++) even[e] = line[2 * e];
+                    for (int64_t o = k; o < {w // 2}; o++) odd[o] = line[2 * o + 1];
+                }}"""
+
+
+def _lane_masks() -> str:
+    """QD_EVEN and QD_ODD: __builtin_shuffle masks that pick the even and the odd lanes of two
+    vectors, for each vector width of simd.h."""
+    lines = []
+    for i, vl in enumerate((16, 8, 4)):
+        lines.append(("#if" if i == 0 else "#elif") + f" NN_VL == {vl}")
+        for name, first in (("QD_EVEN", 0), ("QD_ODD", 1)):
+            lanes = ", ".join(str(first + 2 * i) for i in range(vl))
+            lines.append(f"#define {name} ((nn_vi){{{lanes}}})")
+    return "\n".join(lines + ["#endif"])
+
+
+def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
+    """C that quantizes the channel's image rows into their phase planes: long rows of stride
+    1 straight from the image; other rows a run at a time first (so the quantizing loop stays
+    long and reads contiguously, which measured faster than a strided read), then copied into
+    place."""
+    place = f"xp + r % {sh} * {sw * hps * wps} + r / {sh} * {wps}"
+    if w >= _LONG_ROW and sw == 1:
+        return f"""        for (int64_t ih = 0; ih < {h}; ih++) {{
+            const int64_t r = ih + {pt};
+            const float *src = j->x + ch * {h * w} + ih * {w};
+            float *dst = {place};
+            {{
+                {_depthwise_fill(w, pl, sw, hps, wps, False)}
+            }}
+        }}
+"""
+    in_rows = 1 if w >= _LONG_ROW else max(1, min(h, _BLOCK // w))
+    return f"""        for (int64_t ih0 = 0; ih0 < {h}; ih0 += {in_rows}) {{
+            const int64_t n_in = {h} - ih0 < {in_rows} ? {h} - ih0 : {in_rows};
+            const float *src = j->x + ch * {h * w} + ih0 * {w};
+            float q[{in_rows * w}];
+            for (int64_t i = 0; i < n_in * {w}; i++) q[i] = q_centred(src[i], inv, qlo, qhi);
+            for (int64_t i = 0; i < n_in; i++) {{
+                const int64_t r = ih0 + i + {pt};
+                const float *line = q + i * {w};
+                float *dst = {place};
+                {_depthwise_fill(w, pl, sw, hps, wps, True)}
+            }}
+        }}
+"""
+
+
+def _depthwise_requantize(rows, wps, ow) -> str:
+    """C that requantizes a block's sums (acc) into its output rows: long rows one by one,
+    short ones over the whole run (one long loop) and then copied row by row."""
+    step = """float v = rintf((float)acc[{at}] * mult[ch]);  /* saturated less the zero point, as q_centred */
+                v = v < ylo ? ylo : (v > yhi ? yhi : v);
+                {to} = v * yscale;"""
+    if ow >= _LONG_ROW:
+        return f"""            for (int64_t r = 0; r < n_rows; r++)
+                for (int64_t ox = 0; ox < {ow}; ox++) {{
+                {step.format(at=f"r * {wps} + ox", to=f"y[(oy + r) * {ow} + ox]")}
+                }}"""
+    return f"""            float out[{(rows - 1) * wps + ow}];
+            for (p = 0; p < span; p++) {{
+                {step.format(at="p", to="out[p]")}
+            }}
+            for (int64_t r = 0; r < n_rows; r++) memcpy(y + (oy + r) * {ow}, out + r * {wps}, {ow * 4});"""
 
 
 def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
-    hp, wp, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
-    taps = kh * kw
-    return f"""{_QUANTIZE_BYTE}
-typedef struct {{ const float *x, *table; int32_t *xp; float *y; }} qd_job;
+    """Float32 on integer values, which is exact: the planes hold q - x_zero (border 0), the
+    weights are w - w_zero, each product is at most 255 * 255 in magnitude, and the taps are
+    summed in float32 in chunks of at most _EXACT_TAPS, each chunk's sum an exact integer
+    that joins the int32 accumulator (with the bias, which may exceed float32's integers).
 
-/* channels [lo, hi): the centred padded plane, then each output pixel's sum over the taps */
+    In the phase planes output pixel (oy, ox) reads, for each tap, position oy * wps + ox
+    plus that tap's offset: a block of output rows is one run of positions (the wps - ow
+    positions between rows are computed and dropped), summed in whole vectors, the last one
+    overlapping its predecessor rather than reading past the block."""
+    hps, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
+    size = hps * wps  # one phase plane
+    taps = kh * kw
+    rows = max(1, min(oh, _BLOCK // wps))  # output rows per block
+    fill_rows = _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps)
+    chunks = [(t0, min(taps, t0 + _EXACT_TAPS)) for t0 in range(0, taps, _EXACT_TAPS)]
+    offset = (f"((t / {kw}) * {dh} % {sh} * {sw} + (t % {kw}) * {dw} % {sw}) * {size}"
+              f" + (t / {kw}) * {dh} / {sh} * {wps} + (t % {kw}) * {dw} / {sw}")
+
+    def sums(zero, fma, to_int, indent="                "):
+        return "\n".join(f"""{indent}{{
+{indent}    {zero}
+{indent}    for (int64_t t = {t0}; t < {t1}; t++) {{ {fma} }}
+{indent}    {to_int}
+{indent}}}""" for t0, t1 in chunks)
+
+    def vector_sums(lanes):  # `lanes` vectors from `at`, each its own chain of dependent FMAs
+        names = range(lanes)
+        return sums(" ".join(f"nn_v f{u} = nn_vzero();" for u in names),
+                    " ".join(f"f{u} = nn_vfma(nn_vload(at + {offset} + {u} * NN_VL), w, f{u});" for u in names)
+                    .join(("const nn_v w = nn_vset1(wk[t]); ", "")),
+                    " ".join(f"s{u} += __builtin_convertvector(f{u}, nn_vi);" for u in names), "                    ")
+
+    scalar_sums = sums("float f = 0.0f;", f"f += at[{offset}] * wk[t];", "acc[p] += (int32_t)f;")
+    border = [(0, pt), (pt + h, hps * sh)]
+    zero_rows = "\n        ".join(
+        f"for (int64_t r = {r0}; r < {r1}; r++)\n"
+        f"            for (int64_t ph = 0; ph < {sw}; ph++) "
+        f"memset(xp + (r % {sh} * {sw} + ph) * {size} + r / {sh} * {wps}, 0, {wps * 4});"
+        for r0, r1 in border if r1 > r0)
+    return f"""{_QUANTIZE_BYTE}
+{_lane_masks()}
+/* q - zero as a float, exact: q_int's rounding and saturation with the zero point taken
+ * off the bounds instead (lo and hi here are lo - zero and hi - zero: small integers, so
+ * both ways agree wherever float32 holds every integer, and saturate alike beyond) */
+static inline float q_centred(float v, float inv, float lo, float hi) {{
+    float q = rintf(v * inv);
+    q = q < lo ? lo : (q > hi ? hi : q);
+    return q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
+}}
+
+typedef struct {{ const float *x, *table; float *xp; float *y; }} qd_job;
+
+/* channels [lo, hi): the centred phase planes, then each block of output rows */
 static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     const qd_job *j = ctx;
     const float *t = j->table;
-    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3];
-    const float yscale = t[5], yzero = t[6], ylo = t[7], yhi = t[8];
-    const int32_t za = (int32_t)zero;
-    const int32_t *wc = (const int32_t *)(t + {_HEADER});  /* [C][taps] weights minus their zero point */
-    const int32_t *bias = wc + {c * taps};
+    const float inv = t[0], qlo = t[2] - t[1], qhi = t[3] - t[1];  /* x's range less its zero */
+    const float yscale = t[5], ylo = t[7] - t[6], yhi = t[8] - t[6];  /* y's range less its zero */
+    const float *wc = t + {_HEADER};  /* [C][taps] weights minus their zero point */
+    const int32_t *bias = (const int32_t *)(wc + {c * taps});
     const float *mult = (const float *)(bias + {c});
+    float *xp = j->xp + lo * {sh * sw * size};  /* the task's first channel's planes serve them all: they stay in cache */
     for (int64_t ch = lo; ch < hi; ch++) {{
-        int32_t *xp = j->xp + ch * {hp * wp};
-        const float *src = j->x + ch * {h * w};
-        /* row by row: the border, then the quantized row, then its columns by phase
-         * (no select between border and image in a loop: GCC 12 vectorised one wrongly
-         * for AVX-512, reading image rows as border) */
-        memset(xp, 0, {pt * wp * 4});
-        memset(xp + {(pt + h) * wp}, 0, {(hp - pt - h) * wp * 4});
-        int32_t row[{sw * wps}];
-        memset(row, 0, sizeof row);
-        for (int64_t ih = 0; ih < {h}; ih++) {{
-            for (int64_t iw = 0; iw < {w}; iw++)
-                row[{pl} + iw] = q_int(src[ih * {w} + iw], inv, zero, qlo, qhi) - za;
-            int32_t *dst = xp + (ih + {pt}) * {wp};
-            for (int64_t ph = 0; ph < {sw}; ph++)
-                for (int64_t col = 0; col < {wps}; col++) dst[ph * {wps} + col] = row[col * {sw} + ph];
-        }}
-        const int32_t *wk = wc + ch * {taps};
+        /* the border rows, then each image row quantized once, straight into its place
+         * (border and image are written by separate loops, never chosen by a select in a
+         * vectorised loop: GCC 12 vectorised one wrongly for AVX-512) */
+        {zero_rows}
+{fill_rows}        const float *wk = wc + ch * {taps};
         float *y = j->y + ch * {oh * ow};
-        for (int64_t oy = 0; oy < {oh}; oy++) {{
-            int32_t acc[{ow}];
-            for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] = bias[ch];
-            for (int64_t i = 0; i < {kh}; i++)
-                for (int64_t jj = 0; jj < {kw}; jj++) {{
-                    const int32_t *line = xp + (oy * {sh} + i * {dh}) * {wp} + ((jj * {dw}) % {sw}) * {wps}
-                                          + (jj * {dw}) / {sw};
-                    int32_t wt = wk[i * {kw} + jj];
-                    for (int64_t ox = 0; ox < {ow}; ox++) acc[ox] += line[ox] * wt;
+        for (int64_t oy = 0; oy < {oh}; oy += {rows}) {{
+            const int64_t n_rows = {oh} - oy < {rows} ? {oh} - oy : {rows};
+            const int64_t span = (n_rows - 1) * {wps} + {ow};  /* positions up to the block's last pixel */
+            const float *block = xp + oy * {wps};
+            int32_t acc[{(rows - 1) * wps + ow}];
+            int64_t p = 0;
+            if (span >= NN_VL) {{
+                for (; p + {_UNROLL} * NN_VL <= span; p += {_UNROLL} * NN_VL) {{
+                    const float *at = block + p;
+                    {" ".join(f"nn_vi s{u} = (nn_vi){{0}} + bias[ch];" for u in range(_UNROLL))}
+{vector_sums(_UNROLL)}
+                    {" ".join(f"memcpy(acc + p + {u} * NN_VL, &s{u}, sizeof s{u});" for u in range(_UNROLL))}
                 }}
-            for (int64_t ox = 0; ox < {ow}; ox++) {{
-                float v = rintf((float)acc[ox] * mult[ch]) + yzero;
-                v = v < ylo ? ylo : (v > yhi ? yhi : v);
-                y[oy * {ow} + ox] = (v - yzero) * yscale;
+                for (; p < span; p += NN_VL) {{
+                    if (p + NN_VL > span) p = span - NN_VL;  /* the last vector overlaps */
+                    const float *at = block + p;
+                    nn_vi s0 = (nn_vi){{0}} + bias[ch];
+{vector_sums(1)}
+                    memcpy(acc + p, &s0, sizeof s0);
+                }}
             }}
+            else
+                for (; p < span; p++) {{
+                    const float *at = block + p;
+                    acc[p] = bias[ch];
+{scalar_sums}
+                }}
+{_depthwise_requantize(rows, wps, ow)}
         }}
     }}
 }}
 
 static void {name}(const float *X, const float *table, float *Y, char *scratch) {{
-    qd_job j = {{0, table, (int32_t *)scratch, 0}};
+    qd_job j = {{0, table, (float *)scratch, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
         j.x = X + img * {c * h * w};
         j.y = Y + img * {c * oh * ow};
@@ -401,13 +574,12 @@ def emit(wr, node) -> None:
     if group != 1:  # depthwise
         taps = kh * kw
         centred = (wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]).astype(np.int32)
-        ints = np.concatenate([centred.reshape(-1), bias.astype(np.int32)])
-        table = np.concatenate([head, ints.view(np.float32), mult.astype(np.float32)])
+        table = np.concatenate([head, centred.reshape(-1).astype(np.float32),
+                                bias.astype(np.int32).view(np.float32), mult.astype(np.float32)])
         packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
-        hp, wp, _ = depthwise_plane(h, wd, kh, kw, *geometry)
         code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
-        wr.step(code, [x, packed], [out], c * hp * wp * 4,
-                support=_depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
+        wr.step(code, [x, packed], [out], depthwise_scratch(c, h, wd, kh, kw, *geometry),
+                support=wr.simd + _depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
         return
     shift = 128 if wv.dtype == np.uint8 else 0  # unsigned weights shift to signed
     signed = (wv.astype(np.int16) - shift).astype(np.int8)
