@@ -249,12 +249,14 @@ def test_product_of_two_activations_stays_on_blas(tmp_path):
     b.check(tmp_path, packed=0)
 
 
-def test_the_erf_gelu_epilogue_is_within_its_bound_over_the_whole_range(tmp_path):
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_erf_gelu_epilogue_is_within_its_bound_over_the_whole_range(tmp_path, monkeypatch, residual):
     """The product's store computes GELU's erf form with its own erf (a rational function,
     nncc/native/prelude.h nn_gelu_erf): over pre-activations from -9 to 9, dense near 0 and
     tiny ones, each result is within erf's stated error (3.2e-7, times 0.5|v|) plus two
     float32 steps of math.erf's exact GELU. The product is by the identity, so the
-    pre-activations are the inputs themselves."""
+    pre-activations are the inputs themselves; with ``residual`` a second input is added
+    after the GELU, in the same store."""
     if find_toolchain() is None:
         pytest.skip("no C compiler: the native backend takes nothing")
     grid = np.concatenate([np.linspace(-9, 9, 6001), np.geomspace(1e-7, 1, 500), -np.geomspace(1e-7, 1, 500),
@@ -262,20 +264,38 @@ def test_the_erf_gelu_epilogue_is_within_its_bound_over_the_whole_range(tmp_path
     n = 128
     rows = -(-grid.size // n)
     x = np.resize(grid, rows * n).reshape(rows, n)
+    nodes = [helper.make_node("MatMul", ["x", "eye"], ["z"]),
+             helper.make_node("Gelu", ["z"], ["g" if residual else "y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))]
+    if residual:
+        nodes.append(helper.make_node("Add", ["g", "r"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list(x.shape)))
+    r = np.random.default_rng(3).standard_normal(x.shape).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "eye"], ["z"]),
-         helper.make_node("Gelu", ["z"], ["y"])], "gelu_range",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        nodes, "gelu_range", inputs,
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))],
         [numpy_helper.from_array(np.eye(n, dtype=np.float32), "eye")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9
     onnx.save(model, str(tmp_path / "gelu.onnx"))
+    stored = []  # the residual Adds the product's store takes
+
+    def spy(w, node, out, residual=gemm_gen._residual):
+        found = residual(w, node, out)
+        stored.extend(n.outputs[0] for n in (found or [])[:1])
+        return found
+
+    monkeypatch.setattr(gemm_gen, "_residual", spy)
     compiled = nncc.compile_model(tmp_path / "gelu.onnx")
-    assert compiled.native_partitions == 1 and {k.split("::")[1] for k in compiled.plan.kernels} == {"FusedMatMul"}
-    got = compiled.run({"x": x})["y"].astype(np.float64)
+    assert compiled.native_partitions == 1 and "FusedMatMul" in {k.split("::")[1] for k in compiled.plan.kernels}
+    assert stored == (["y"] if residual else [])
+    got = compiled.run({"x": x, "r": r} if residual else {"x": x})["y"].astype(np.float64)
     v = x.astype(np.float64)
     want = np.array([0.5 * a * (1 + math.erf(a / math.sqrt(2))) for a in v.ravel()]).reshape(v.shape)
-    bound = 0.5 * np.abs(v) * 3.2e-7 + 2 * np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    steps = 2 * np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)  # the GELU's rounding
+    if residual:  # then the sum's rounding: one step of the sum
+        want = want + r
+        steps += np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
+    bound = 0.5 * np.abs(v) * 3.2e-7 + steps
     worst = np.max(np.abs(got - want) - bound)
     assert worst <= 0, f"beyond the bound by {worst:.3g}"

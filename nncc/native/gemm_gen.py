@@ -47,9 +47,14 @@ VECTOR_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 5, "HardSigmoid": 6, "H
 SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",
-    "Gelu": "nn_gelu_erf(v)",
+    "Gelu": "nn_gelu_erf(v)",  # through nn_gelu_erf_row (ROW_ACTS)
     "GeluTanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
 }
+
+
+# activations applied by a call per stored row rather than a loop in the micro-kernel's own
+# function, where their constants would take the accumulators' registers
+ROW_ACTS = {"Gelu": "nn_gelu_erf_row"}
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,10 @@ def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> lis
                 out.append(f"    nn_vstore(cr + {v * vl}, {x});")
             else:
                 out.append(f"    g_storen(cr + {v * vl}, {x}, {lanes});")
-        if scalar_act is not None:
+        if epi.act in ROW_ACTS:
+            post = f"post + {r * s.n}" if epi.post else "NULL"
+            out.append(f"    if (final) {ROW_ACTS[epi.act]}(cr, {post}, {width});")
+        elif scalar_act is not None:
             tail = f" + post[{r * s.n} + j]" if epi.post else ""
             out.append(f"    if (final) for (int64_t j = 0; j < {width}; j++) {{ float v = cr[j]; "
                        f"cr[j] = {scalar_act}{tail}; }}")
