@@ -67,6 +67,8 @@ from peer_runtimes import PeerMissing, openvino_model, ort_session  # noqa: E402
 
 NNCC_RUNNERS = ("general", "shape plan", "native shape plan", "native shape plan bf16")
 PEERS = ("onnxruntime", "openvino")
+SHORT = {"general": "general", "shape plan": "shape", "native shape plan": "native",
+         "native shape plan bf16": "native bf16"}  # the runners' names in the table's header
 SHAPES = {"bert_dynamic": [(1, 128, 512), (2, 77, 512)],
           "gpt2_dynamic": [(1, 128, 512), (2, 77, 512)],
           "mobilenetv2_batch": [(1, 3, 224, 224), (4, 3, 224, 224)]}
@@ -266,10 +268,11 @@ def render(report: dict, markdown: bool) -> str:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(sorted(precisions))}.")
     for runner, why in missing.items():
         out.append(f"{runner}: {why}: left out.")
-    out.append("Ratios: nncc over the faster peer of the row (below 1: nncc is faster). Max rel error: against "
-               "onnxruntime, worst output.")
+    out.append("Runners: general plan, shape plan, native shape plan, native shape plan in bfloat16. Ratios: nncc "
+               "over the faster peer of the row (below 1: nncc is faster). Max rel error: against onnxruntime, "
+               "worst output. Other load: cores other processes kept busy, median over the row's processes.")
     out.append("")
-    header = (["model", "input"] + [f"{r} / best peer" for r in NNCC_RUNNERS]
+    header = (["model", "input"] + [f"{SHORT[r]} / best peer" for r in NNCC_RUNNERS]
               + ["best peer", "nncc ms: general, shape, native, native bf16", "onnxruntime ms", "openvino ms",
                  "native partitions: f32, bf16", "max rel error: native, native bf16, openvino", "other load"])
     body = []
