@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import graph_query
-from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, store_tile
+from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, k_loop, store_tile
 
 # Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
 # and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
@@ -98,19 +98,7 @@ def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> 
         lines.append("    }")
         return lines
 
-    out.append("  int64_t p = 0;")
-    if split > 1:
-        out.append(f"  for (; p + {split} <= kc; p += {split}) {{")
-        for q in range(split):
-            out += step(q, f"p + {q}")
-        out.append("  }")
-    out.append("  for (; p < kc; p++) {")
-    out += step(0, "p")
-    out.append("  }")
-    for q in range(1, split):
-        for r in range(rows):
-            for v in range(nv):
-                out.append(f"  {acc[0][r][v]} = nn_vadd({acc[0][r][v]}, {acc[q][r][v]});")
+    out += k_loop(step, split, acc)
     out += store_tile(s, epi, width, acc[0])
     out.append("}")
     return "\n".join(out) + "\n"

@@ -164,7 +164,18 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
         lines.append("    }")
         return lines
 
-    out.append("  int64_t p = 0;")
+    out += k_loop(step, split, acc)
+    out += store_tile(s, epi, width, acc[0])
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def k_loop(step, split: int, acc: list[list[list[str]]]) -> list[str]:
+    """The walk over K around a micro-kernel's ``step(q, p)`` (the C of one K step into
+    the sums ``acc[q]``): ``split`` steps at a time into as many sets of sums, so the
+    products of one step need not wait for the last, then the rest one at a time, then
+    the sets added into the first. Shared by the float32 and the bfloat16 kernels."""
+    out = ["  int64_t p = 0;"]
     if split > 1:
         out.append(f"  for (; p + {split} <= kc; p += {split}) {{")
         for q in range(split):
@@ -174,12 +185,10 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
     out += step(0, "p")
     out.append("  }")
     for q in range(1, split):
-        for r in range(rows):
-            for v in range(nv):
-                out.append(f"  {acc[0][r][v]} = nn_vadd({acc[0][r][v]}, {acc[q][r][v]});")
-    out += store_tile(s, epi, width, acc[0])
-    out.append("}")
-    return "\n".join(out) + "\n"
+        for r, row in enumerate(acc[q]):
+            for v, x in enumerate(row):
+                out.append(f"  {acc[0][r][v]} = nn_vadd({acc[0][r][v]}, {x});")
+    return out
 
 
 def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> list[str]:
