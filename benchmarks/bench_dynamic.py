@@ -63,7 +63,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from bench_peers import table  # noqa: E402
 from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
-from peer_runtimes import PeerMissing, openvino_model, ort_session  # noqa: E402
+from peer_runtimes import openvino_model, ort_session, print_reported  # noqa: E402
 
 NNCC_RUNNERS = ("general", "shape plan", "native shape plan", "native shape plan bf16")
 PEERS = ("onnxruntime", "openvino")
@@ -166,15 +166,8 @@ def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks:
 
 def child(job: dict, args) -> None:
     """Run one job, its result as one JSON line; a peer missing or failing is said so."""
-    try:
-        result = measure(pathlib.Path(job["path"]), tuple(job["shape"]), job["runner"], args.threads, args.blocks,
-                         args.iterations, job["cache"])
-    except PeerMissing as exc:
-        result = {"error": str(exc), "missing": True}
-    except Exception as exc:  # a runtime that refuses the model: say so, the others go on
-        text = str(exc).strip().splitlines()
-        result = {"error": f"{type(exc).__name__}: {text[0][:300] if text else ''}"}
-    print(json.dumps(result))
+    print_reported(lambda: measure(pathlib.Path(job["path"]), tuple(job["shape"]), job["runner"], args.threads,
+                                   args.blocks, args.iterations, job["cache"]))
 
 
 # -- the parent --------------------------------------------------------------------------------------------

@@ -200,12 +200,18 @@ CHILD_JOBS = {"measure": child_measure, "setup": child_setup, "sgemm": child_sge
               "machine": child_machine}
 
 
-def child(job: dict) -> None:
+def print_reported(work) -> None:
+    """A child's answer, one JSON line: ``work()``'s result, or why it has none (a peer not
+    installed, or a runtime that refuses the model: the parent says so and goes on)."""
     try:
-        result = CHILD_JOBS[job["job"]](job)
+        result = work()
     except PeerMissing as exc:
         result = {"error": str(exc), "missing": True}
     except Exception as exc:  # a runtime that refuses the model: say so, the others go on
         text = str(exc).strip().splitlines()
         result = {"error": f"{type(exc).__name__}: {text[0][:300] if text else ''}"}
     print(json.dumps(result))
+
+
+def child(job: dict) -> None:
+    print_reported(lambda: CHILD_JOBS[job["job"]](job))

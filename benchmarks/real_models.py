@@ -35,7 +35,7 @@ import pathlib
 import sys
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import helper
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fixtures"))
