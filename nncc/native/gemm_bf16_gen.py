@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import graph_query
-from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, k_loop, store_tile
+from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, k_loop, kernel_head, store_tile
 
 # Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
 # and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
@@ -81,12 +81,7 @@ def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> 
     vl, nr = s.vl, s.nr
     nv = -(-width // vl)
     stride = _row_words(s.k)
-    split = {1: 4, 2: 2}.get(rows, 1)  # independent sums over K: enough products in flight
-    acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
-    out = [f"static inline __attribute__((always_inline)) void {name}(const uint32_t *restrict a, "
-           "const uint32_t *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
-           "const float *restrict post, int64_t kc, int init, int final) {"]
-    out.append("  nn_v " + ", ".join(f"{x} = nn_vzero()" for q in acc for r in q for x in r) + ";")
+    acc, out = kernel_head(name, "uint32_t", rows, nv)
 
     def step(q: int, p: str) -> list[str]:
         lines = [f"    {{ const uint32_t *bp = b + ({p}) * {nr};"]
@@ -98,7 +93,7 @@ def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> 
         lines.append("    }")
         return lines
 
-    out += k_loop(step, split, acc)
+    out += k_loop(step, acc)
     out += store_tile(s, epi, width, acc[0])
     out.append("}")
     return "\n".join(out) + "\n"

@@ -148,12 +148,7 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
     """C for a tile of ``rows`` x ``width`` (<= NR) columns of C over one block of K."""
     vl, nr = s.vl, s.nr
     nv = -(-width // vl)
-    split = {1: 4, 2: 2}.get(rows, 1)  # independent sums over K: enough FMAs in flight
-    acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
-    out = [f"static inline __attribute__((always_inline)) void {name}(const float *restrict a, "
-           "const float *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
-           "const float *restrict post, int64_t kc, int init, int final) {"]
-    out.append("  nn_v " + ", ".join(f"{x} = nn_vzero()" for q in acc for r in q for x in r) + ";")
+    acc, out = kernel_head(name, "float", rows, nv)
 
     def step(q: int, p: str) -> list[str]:
         lines = [f"    {{ const float *bp = b + ({p}) * {nr};"]
@@ -164,17 +159,31 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
         lines.append("    }")
         return lines
 
-    out += k_loop(step, split, acc)
+    out += k_loop(step, acc)
     out += store_tile(s, epi, width, acc[0])
     out.append("}")
     return "\n".join(out) + "\n"
 
 
-def k_loop(step, split: int, acc: list[list[list[str]]]) -> list[str]:
+def kernel_head(name: str, operand: str, rows: int, nv: int) -> tuple[list[list[list[str]]], list[str]]:
+    """A micro-kernel's signature (A and B of C type ``operand``) and its zeroed sums:
+    (the sums' names [set][row][vector], the C lines). One or two rows keep 4 or 2 sets of
+    sums over K, so enough products are in flight."""
+    split = {1: 4, 2: 2}.get(rows, 1)
+    acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
+    out = [f"static inline __attribute__((always_inline)) void {name}(const {operand} *restrict a, "
+           f"const {operand} *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
+           "const float *restrict post, int64_t kc, int init, int final) {"]
+    out.append("  nn_v " + ", ".join(f"{x} = nn_vzero()" for q in acc for r in q for x in r) + ";")
+    return acc, out
+
+
+def k_loop(step, acc: list[list[list[str]]]) -> list[str]:
     """The walk over K around a micro-kernel's ``step(q, p)`` (the C of one K step into
-    the sums ``acc[q]``): ``split`` steps at a time into as many sets of sums, so the
-    products of one step need not wait for the last, then the rest one at a time, then
-    the sets added into the first. Shared by the float32 and the bfloat16 kernels."""
+    the sums ``acc[q]``): one step per set of sums at a time, so the products of one step
+    need not wait for the last, then the rest one at a time, then the sets added into the
+    first. Shared by the float32 and the bfloat16 kernels."""
+    split = len(acc)
     out = ["  int64_t p = 0;"]
     if split > 1:
         out.append(f"  for (; p + {split} <= kc; p += {split}) {{")
