@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Mapping
 
 from nncc.ir.graph import normalize_domain
-from nncc.util.notice import warn
+from nncc.util.notice import warn_once  # once per process: bench loads a model many times
 
 KNOWN_OPSETS = {"": 28, "ai.onnx.ml": 5, "ai.onnx.preview": 1, "ai.onnx.preview.training": 1}
 
-_warned: set[tuple[str, int]] = set()  # once per process: bench loads a model many times
 
 
 def newer_opsets(opsets: Mapping[str, int]) -> list[tuple[str, int, int]]:
@@ -30,9 +29,6 @@ def newer_opsets(opsets: Mapping[str, int]) -> list[tuple[str, int, int]]:
 
 def warn_newer_opsets(opsets: Mapping[str, int], what: str = "the model") -> None:
     for domain, version, known in newer_opsets(opsets):
-        if (domain, version) in _warned:
-            continue
-        _warned.add((domain, version))
-        warn(f"{what} imports {domain} opset {version}, newer than the {known} this nncc implements: "
+        warn_once(("opset", domain, version), f"{what} imports {domain} opset {version}, newer than the {known} this nncc implements: "
              f"its ops run with their opset-{known} (or older) definitions, and may differ where "
              f"opset {version} changed them; check the results, or update nncc")

@@ -6,10 +6,9 @@ once per process."""
 from __future__ import annotations
 
 from nncc.native.toolchain import required_features
-from nncc.util.notice import warn
+from nncc.util.notice import warn_once
 
 FEATURE = "avx512_bf16"  # as /proc/cpuinfo names it
-_said: set[tuple[str, str]] = set()
 
 
 def why_not_bf16(target: str) -> str | None:
@@ -29,8 +28,6 @@ def effective(precision: str, target: str) -> str:
 def say_if_unavailable(precision: str, target: str) -> None:
     """One warning per process and (precision, target) when the target cannot honour it."""
     reason = None if precision == "f32" else why_not_bf16(target)
-    if reason is None or (precision, target) in _said:
-        return
-    _said.add((precision, target))
-
-    warn(f"precision {precision} ignored: {reason}; the products stay float32")
+    if reason is not None:
+        warn_once(("precision", precision, target),
+                  f"precision {precision} ignored: {reason}; the products stay float32")
