@@ -113,7 +113,7 @@ def compile_graph(graph: Graph, options: CompileOptions):
 
         graph = specialize(graph, dict(options.dims))
     if "native" in options.backends:
-        from nncc.native.precision import say_if_unavailable  # lazy: codegen (lazy: start-up)
+        from nncc.native.precision import say_if_unavailable  # lazy: start-up
 
         say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()

@@ -45,7 +45,7 @@ def options_dict(preference, opt_level, backends, plugins, target="native", dims
     if precision != "f32":  # else the library's default
         options["precision"] = precision
         if "native" in (backends or ("native",)):
-            from nncc.native.precision import say_if_unavailable  # lazy: codegen (lazy: start-up)
+            from nncc.native.precision import say_if_unavailable  # lazy: start-up
 
             say_if_unavailable(precision, target)  # before anything is compiled, and only once
     if backends:  # else the library's default: native where a compiler is found, then numpy
