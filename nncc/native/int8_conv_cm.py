@@ -97,24 +97,33 @@ static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{
 """ if zero_points else ""
     call_sums = f"        nn_parallel({p64}, {p64 * kp}, qm_sums, &j);\n" if zero_points else ""
     pointwise = kh == kw == 1 and sh == sw == 1 and (oh, ow) == (h, w) and pt == pl == 0
+    full, rest = divmod(c, 4)
+
+    def pack_loop(channels):  # the group's channels, composed into each pixel's word
+        reads = "".join(f", *x{t} = x0 + {t * p}" for t in range(1, channels))
+        word = " | ".join(f"(uint32_t)q_byte(x{t}[q], inv, zero, qlo, qhi, shift) << {8 * t}" for t in range(channels))
+        return f"""{{
+            const float *x0 = j->x + 4 * g * {p}{reads};
+            for (int64_t q = 0; q < {p}; q++) out[q] = {word};
+        }}"""
+    tail = f"""
+        else
+            {pack_loop(rest)}""" if rest else ""
     direct = f"""
-/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input */
+typedef uint32_t qm_word __attribute__((may_alias));
+
+/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input:
+ * each pixel's four bytes composed as one 32-bit word, so the loop runs in whole vectors
+ * (storing the bytes one by one extracted them a lane at a time) */
 static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
     const qm_job *j = ctx;
     const float *t = j->table;
     const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
     for (int64_t g = lo; g < hi; g++) {{
-        uint8_t *out = j->a + g * {p64 * 4};
-        for (int tt = 0; tt < 4; tt++) {{
-            int64_t ch = 4 * g + tt;
-            if (ch >= {c}) {{
-                for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = 0;
-                continue;
-            }}
-            const float *src = j->x + ch * {p};
-            for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = q_byte(src[q], inv, zero, qlo, qhi, shift);
-        }}
-        memset(out + {p * 4}, 0, {(p64 - p) * 4});
+        qm_word *out = (qm_word *)(j->a + g * {p64 * 4});
+        if (g < {full})
+            {pack_loop(4)}{tail}
+        memset(out + {p}, 0, {(p64 - p) * 4});
     }}
 }}
 """ if pointwise else ""
