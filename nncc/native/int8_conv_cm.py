@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nncc.native.int8_gemm_gen import vnni_sums
+
 MRC = 6  # output channels per micro-tile
 NP = 64  # pixels per micro-tile: four AVX-512 vectors of int32 lanes
 
@@ -190,31 +192,13 @@ static void qm_pack(void *ctx, int64_t lo, int64_t hi) {{
 }}
 {sums}
 {direct}
-/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64] */
-static inline __attribute__((always_inline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
+/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64]; out of line,
+ * so the tile loop's epilogue constants do not crowd its 24 sums out of the registers */
+static __attribute__((noinline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
                                                           int32_t acc[{MRC}][{NP}]) {{
 #ifdef Q_VNNI
-    __m512i c[{MRC}][4];
-    for (int r = 0; r < {MRC}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
-    for (int64_t g = 0; g < {groups}; g++) {{
-        const uint8_t *ag = a + g * {p64 * 4};
-        __m512i a0 = _mm512_loadu_si512(ag), a1 = _mm512_loadu_si512(ag + 64);
-        __m512i a2 = _mm512_loadu_si512(ag + 128), a3 = _mm512_loadu_si512(ag + 192);
-        for (int r = 0; r < {MRC}; r++) {{
-            if (r >= rows) break;
-            int32_t four;
-            memcpy(&four, w + r * {kp} + g * 4, 4);
-            __m512i b = _mm512_set1_epi32(four);
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], a0, b);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], a1, b);
-            c[r][2] = _mm512_dpbusd_epi32(c[r][2], a2, b);
-            c[r][3] = _mm512_dpbusd_epi32(c[r][3], a3, b);
-        }}
-    }}
-    for (int r = 0; r < {MRC}; r++) {{
-        if (r >= rows) break;
-        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
-    }}
+    {vnni_sums(MRC, groups, [f"_mm512_loadu_si512(a + g * {p64 * 4} + {64 * v})" for v in range(4)],
+               lambda r: f"w + {r * kp} + g * 4", vector_unsigned=True)}
 #else
     for (int r = 0; r < rows; r++) {{
         int32_t *c = acc[r];
