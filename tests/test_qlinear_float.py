@@ -287,11 +287,12 @@ def test_qgemm_head_native_is_the_portable_kernel_bit_for_bit(tmp_path, b_type):
 
 
 def _chain_model(rng, x_signed: bool):
-    """Q -> pointwise -> depthwise -> 3x3 -> DQ (QOperator), each quantizing with the scale
-    and zero point the next recovers with; the depthwise output is also an output of the
-    model."""
+    """Q -> pointwise -> depthwise -> 3x3 -> pointwise -> DQ (QOperator), each quantizing with
+    the scale and zero point the next recovers with; the depthwise output is also an output
+    of the model. The first layer takes the channel-major form (24 channels over 99 pixels),
+    the last two the pixel-major one (40 and 64 channels over 30 pixels)."""
     act = np.int8 if x_signed else np.uint8
-    c, layers = 6, [(24, 1, 1, 1), (24, 3, 2, 24), (40, 3, 1, 1)]  # (m, k, stride, group)
+    c, layers = 6, [(24, 1, 1, 1), (24, 3, 2, 24), (40, 3, 1, 1), (64, 1, 1, 1)]  # (m, k, stride, group)
     inits = [_const("s0", np.float32(0.04)), _const("z0", np.array(-7 if x_signed else 120, act))]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q0"])]
     for i, (m, k, stride, group) in enumerate(layers, start=1):
@@ -303,7 +304,7 @@ def _chain_model(rng, x_signed: bool):
                                                       f"s{i}", f"z{i}", f"b{i}"], [f"q{i}"], kernel_shape=[k, k],
                                       strides=[stride, stride], pads=[k // 2] * 4, group=group))
         c = m
-    nodes += [helper.make_node("DequantizeLinear", ["q3", "s3", "z3"], ["y"]),
+    nodes += [helper.make_node("DequantizeLinear", ["q4", "s4", "z4"], ["y"]),
               helper.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["inner"])]
     graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 9, 11])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "inner")],
@@ -313,9 +314,10 @@ def _chain_model(rng, x_signed: bool):
 
 @pytest.mark.parametrize("x_signed", [False, True], ids=["uint8", "int8"])
 def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path, x_signed):
-    """The pointwise convolution's output, read only by the depthwise one with the same
-    scale and zero point, is handed over as bytes; the depthwise output, also an output of
-    the model, stays a float image. Both outputs are onnxruntime's exactly."""
+    """The first convolution's output, read only by the depthwise one with the same scale
+    and zero point, is handed over as bytes, NCHW; the depthwise output, also an output of
+    the model, stays a float image; between the last two, both pixel-major, the bytes are
+    NHWC. Both outputs are onnxruntime's exactly."""
     from nncc.backends.base import Partition
     from nncc.native.codegen import generate
     from nncc.passes.shape_inference import infer_shapes
@@ -324,10 +326,10 @@ def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path,
     model = _chain_model(rng, x_signed)
     graph = run_passes(parse_model(model.SerializeToString()), 2)
     qconvs = [n for n in graph.nodes if n.op_type == "QConv"]
-    assert len(qconvs) == 3
+    assert len(qconvs) == 4
     part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
     unit = generate(part, graph, infer_shapes(graph), "entry", 16)
-    assert unit.byte_images == [qconvs[0].outputs[0]]
+    assert unit.byte_images == {qconvs[0].outputs[0]: "nchw", qconvs[2].outputs[0]: "nhwc"}
     path = tmp_path / "chain.onnx"
     onnx.save(model, path)
     x = rng.standard_normal((2, 6, 9, 11)).astype(np.float32) * 3

@@ -38,21 +38,25 @@ def _same(a, b) -> bool:
         and a.tobytes() == b.tobytes()
 
 
-def byte_output(wr, node) -> bool:
-    """Whether the native QConv ``node`` may store its output as bytes (see the module's
-    docstring); the writer records the choice so the readers see it."""
+def byte_output(wr, node, pixel_major) -> str | None:
+    """The layout in which the native QConv ``node`` stores its output as bytes (see the
+    module's docstring), or None to keep the float image. ``pixel_major(conv)``: whether a
+    convolution takes the pixel-major form, which reads and writes pixels with their
+    channels side by side: between two of those the bytes are NHWC, so the writer stores
+    whole pixels and the reader copies whole image rows; otherwise NCHW, the layout every
+    form reads."""
     out = node.outputs[0]
     readers = wr.consumers.get(out, [])
     if out in wr.outputs or not readers:
-        return False
+        return None
     ys, yz = (_param(wr.graph, wr.infos, n) for n in node.inputs[6:8])
     for reader in readers:
         if (reader.domain, reader.op_type) != QCONV or reader.inputs[0] != out or out in reader.inputs[1:]:
-            return False
+            return None
         xs, xz = (_param(wr.graph, wr.infos, n) for n in reader.inputs[1:3])
         if not (_same(xs, ys) and _same(xz, yz)):
-            return False
-    return True
+            return None
+    return "nhwc" if pixel_major(node) and all(pixel_major(r) for r in readers) else "nchw"
 
 
 def image_at(ptr: str, count: int, as_bytes: bool, const: bool = False) -> str:

@@ -151,9 +151,9 @@ static void {name}(const float *X, const float *table, float *Y) {{
 
 
 def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
-                 byte_in: bool = False, byte_out: int | None = None) -> str:
-    """``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes,
-    q plus this shift (int8_bytes)."""
+                 byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False) -> str:
+    """``byte_in``: the layout of the input's bytes, None for a float image; ``byte_out``:
+    store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes)."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     k = c * kh * kw
@@ -167,7 +167,9 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     np_ = panels * NR
     tail = p - (slivers - 1) * MR
     last = m - (panels - 1) * NR
-    if byte_in:  # the bytes are q plus the shift already
+    if byte_in == "nhwc":  # whole image rows of bytes, q plus the shift already
+        quantize_pixel = ""
+    elif byte_in:  # the bytes are q plus the shift already
         quantize_pixel = f"""            const uint8_t *src = (const uint8_t *)j->x + ih * {w} + iw;
             for (int64_t ch = 0; ch < {c}; ch++) px[ch] = src[ch * {h * w}];"""
     else:
@@ -178,6 +180,21 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
         tile_type, to_tile, y_type = "float", "(v - yzero) * yscale", "float"
     else:
         tile_type, to_tile, y_type = "uint8_t", byte_store(byte_out), "uint8_t"
+    if byte_in == "nhwc":
+        right = wp - pl - w
+        copy_row = "".join([f"        memset(row, pad, {pl * c});\n" if pl else "",
+                            f"        memcpy(row + {pl * c}, (const uint8_t *)j->x + ih * {w * c}, {w * c});\n",
+                            f"        memset(row + {(pl + w) * c}, pad, {right * c});\n" if right else "",
+                            "        continue;\n"])
+    else:
+        copy_row = ""
+    if out_nhwc:  # whole pixels: each row of the tile is one pixel's channels
+        store = f"""        for (int r = 0; r < rows; r++) memcpy((uint8_t *)j->y + (p0 + r) * {m} + q * {NR}, tile[r], width);"""
+    else:
+        store = f"""        for (int col = 0; col < width; col++) {{
+            {y_type} *y = ({y_type} *)j->y + (q * {NR} + col) * {p} + p0;
+            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
+        }}"""
     if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
         gather = f"""        for (int64_t i = 0; i < {kh}; i++)
             memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
@@ -207,7 +224,7 @@ static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
             memset(row, pad, {wp * c});
             continue;
         }}
-        for (int64_t col = 0; col < {wp}; col++) {{
+{copy_row}        for (int64_t col = 0; col < {wp}; col++) {{
             int64_t iw = col - {pl};
             uint8_t *px = row + col * {c};
             if (iw < 0 || iw >= {w}) {{
@@ -265,10 +282,7 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
                 tile[r][col] = {to_tile};
             }}
         }}
-        for (int col = 0; col < width; col++) {{
-            {y_type} *y = ({y_type} *)j->y + (q * {NR} + col) * {p} + p0;
-            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
-        }}
+{store}
     }}
 }}
 
@@ -567,6 +581,13 @@ def _header(xs, xz, ys, yz) -> np.ndarray:
     return head
 
 
+def pixel_major(graph, infos, node) -> bool:
+    """Whether emit gives the (native) QConv ``node`` the pixel-major form."""
+    wshape = np.shape(constant(graph, infos, node.inputs[3]))
+    out = infos[node.outputs[0]].shape
+    return int(node.attrs.get("group", 1)) == 1 and not int8_conv_cm.preferred(out[2] * out[3], wshape[0], MR, NR)
+
+
 def emit(wr, node) -> None:
     """The step of the native code generator (nncc/native/codegen.py) for the node."""
     graph, infos = wr.graph, wr.infos
@@ -598,10 +619,11 @@ def emit(wr, node) -> None:
     head = _header(value(xs), value(xz), value(ys), value(yz))
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
-    byte_in = x in wr.byte_images
-    byte_out = byte_shift(value(yz).dtype) if byte_output(wr, node) else None
-    if byte_out is not None:
-        wr.byte_images.add(out)
+    byte_in = wr.byte_images.get(x)
+    layout = byte_output(wr, node, lambda conv: pixel_major(graph, infos, conv))
+    byte_out = byte_shift(value(yz).dtype) if layout else None
+    if layout:
+        wr.byte_images[out] = layout
     if group != 1:  # depthwise
         taps = kh * kw
         centred = (wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]).astype(np.int32)
@@ -646,4 +668,4 @@ def emit(wr, node) -> None:
     scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
     wr.step(code, [x, bp, packed], [out], scratch,
-            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out))
+            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc"))
