@@ -151,9 +151,12 @@ static void {name}(const float *X, const float *table, float *Y) {{
 
 
 def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
-                 byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False) -> str:
+                 byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False,
+                 zero_points: bool = True) -> str:
     """``byte_in``: the layout of the input's bytes, None for a float image; ``byte_out``:
-    store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes)."""
+    store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes).
+    ``zero_points``: some weight zero point is not 0 (after the shift), so each row's sum of
+    bytes is needed."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     k = c * kh * kw
@@ -180,6 +183,13 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
         tile_type, to_tile, y_type = "float", "(v - yzero) * yscale", "float"
     else:
         tile_type, to_tile, y_type = "uint8_t", byte_store(byte_out), "uint8_t"
+    if zero_points:
+        row_sum = f"""        int32_t sum = 0;
+        for (int64_t t = 0; t < {k}; t++) sum += row[t];
+        j->rowsum[pix] = sum;"""
+        row_sum_read = "(uint32_t)j->rowsum[p0 + r]"
+    else:  # every weight zero point is 0: the sums would be multiplied by 0
+        row_sum, row_sum_read = "", "0"
     if byte_in == "nhwc":
         right = wp - pl - w
         copy_row = "".join([f"        memset(row, pad, {pl * c});\n" if pl else "",
@@ -244,9 +254,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
         uint8_t *row = j->a + pix * {kp};
 {gather}
         for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;
-        int32_t sum = 0;
-        for (int64_t t = 0; t < {k}; t++) sum += row[t];
-        j->rowsum[pix] = sum;
+{row_sum}
     }}
 }}
 
@@ -273,7 +281,7 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         for (int r = 0; r < rows; r++) {{
             /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
              * exact value of every sum of products fits */
-            uint32_t rs = (uint32_t)j->rowsum[p0 + r];
+            uint32_t rs = {row_sum_read};
             for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
                 uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
                              + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
@@ -668,4 +676,5 @@ def emit(wr, node) -> None:
     scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
     wr.step(code, [x, bp, packed], [out], scratch,
-            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc"))
+            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc",
+                                 zero_points=bool(np.any(zero_w - shift))))
