@@ -339,3 +339,24 @@ def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path,
     got = compiled.run({"x": x})
     for name in ("y", "inner"):
         np.testing.assert_array_equal(got[name], expected[name])
+
+
+@pytest.mark.parametrize("x_signed", [False, True], ids=["uint8", "int8"])
+@pytest.mark.parametrize("geometry", ["3x3", "1x1-odd", "depthwise", "wide-3x3"])
+def test_non_finite_and_huge_inputs_quantize_as_onnxruntime_does(tmp_path, geometry, x_signed):
+    """NaN quantizes to the lowest value and infinities and huge values saturate (the
+    native QuantizeLinear before each form of the int8 convolution), as onnxruntime's
+    QuantizeLinear does."""
+    model, x = qlinear_conv_model(geometry, "s8-per-channel", x_signed=x_signed)
+    flat = x.reshape(-1)
+    flat[::7] = np.nan
+    flat[1::11] = np.inf
+    flat[2::13] = -np.inf
+    flat[3::17] = 1e30
+    flat[4::19] = -1e30
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    expected = _onnxruntime(model, {"x": x})[0]
+    compiled = nncc.compile_model(path)
+    assert _all_native(compiled)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], expected)

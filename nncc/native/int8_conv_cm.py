@@ -252,7 +252,7 @@ static void qm_tiles(void *ctx, int64_t lo, int64_t hi) {{
             for (int q = 0; q < {NP}; q++) {{
                 uint32_t e = (uint32_t)acc[r][q] + fixed - (uint32_t)({colsum});
                 float v = rintf((float)(int32_t)e * mult[o]) + yzero;
-                v = v < qlo ? qlo : (v > qhi ? qhi : v);
+                v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;
                 out[q] = {to_out};
             }}
             memcpy(({out_type} *)j->y + o * {p} + p0, out, width * sizeof *out);

@@ -126,7 +126,7 @@ def check(node, graph, infos) -> str | None:
 _QUANTIZE_BYTE = """
 static inline int32_t q_int(float v, float inv, float zero, float lo, float hi) {
     float q = rintf(v * inv) + zero;  /* half to even, the default rounding mode */
-    q = q < lo ? lo : (q > hi ? hi : q);
+    q = q < lo ? lo : q; q = q > hi ? hi : q;
     q = q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
     return (int32_t)q;
 }
@@ -142,7 +142,7 @@ static void {name}(const float *X, const float *table, float *Y) {{
     const float scale = table[0], zero = table[1], lo = table[2], hi = table[3];
     for (int64_t i = 0; i < {size}; i++) {{
         float q = rintf(X[i] / scale) + zero;
-        q = q < lo ? lo : (q > hi ? hi : q);
+        q = q < lo ? lo : q; q = q > hi ? hi : q;
         q = q != q ? lo : q;
         Y[i] = (q - zero) * scale;
     }}
@@ -286,7 +286,7 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
                 uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
                              + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
                 float v = rintf((float)(int32_t)e * mq[col]) + yzero;
-                v = v < qlo ? qlo : (v > qhi ? qhi : v);
+                v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;
                 tile[r][col] = {to_tile};
             }}
         }}
@@ -438,7 +438,7 @@ def _depthwise_requantize(rows, wps, ow, byte_out: int | None = None) -> str:
     value = "v * yscale" if byte_out is None else "(uint8_t)(int32_t)(v + ybyte)"
     out_type = "float" if byte_out is None else "uint8_t"
     step = """float v = rintf((float)acc[{at}] * mult[ch]);  /* saturated less the zero point, as q_centred */
-                v = v < ylo ? ylo : (v > yhi ? yhi : v);
+                v = v < ylo ? ylo : v; v = v > yhi ? yhi : v;
                 {to} = """ + value + ";"
     if ow >= _LONG_ROW:
         return f"""            for (int64_t r = 0; r < n_rows; r++)
@@ -500,7 +500,7 @@ def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
  * both ways agree wherever float32 holds every integer, and saturate alike beyond) */
 static inline float q_centred(float v, float inv, float lo, float hi) {{
     float q = rintf(v * inv);
-    q = q < lo ? lo : (q > hi ? hi : q);
+    q = q < lo ? lo : q; q = q > hi ? hi : q;
     return q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
 }}
 

@@ -24,7 +24,7 @@ _COLUMNS = 256  # of B per task
 _RECOVER = """
 static inline float qi_centred(float v, float inv, float zero, float lo, float hi) {
     float q = rintf(v * inv) + zero;
-    q = q < lo ? lo : (q > hi ? hi : q);
+    q = q < lo ? lo : q; q = q > hi ? hi : q;
     q = q != q ? lo : q;
     return q - zero;
 }
@@ -169,7 +169,7 @@ static void q_add(const float *A, const float *B, const float *t, float *Y) {{
         __asm__ volatile("" : : "r"(l), "r"(r) : "memory");
         for (int64_t i = 0; i < len; i++) {{
             float v = rintf((l[i] + r[i]) + cz);
-            v = v < clo ? clo : (v > chi ? chi : v);
+            v = v < clo ? clo : v; v = v > chi ? chi : v;
             v = v != v ? clo : v;
             Y[i0 + i] = (v - cz) * cs;
         }}
