@@ -105,7 +105,7 @@ enum { NN_NONE = 0, NN_RELU, NN_CLIP, NN_SIGMOID, NN_TANH, NN_LEAKY, NN_HSIGMOID
 static inline float nn_act(int act, float v, float p0, float p1) {
     switch (act) {
     case NN_RELU: return v > 0.0f ? v : 0.0f;
-    case NN_CLIP: return v < p0 ? p0 : (v > p1 ? p1 : v);
+    case NN_CLIP: v = v < p0 ? p0 : v; return v > p1 ? p1 : v;  /* sequential: a vmaxps and a vminps */
     case NN_SIGMOID: return nn_sigmoid(v);
     case NN_TANH: return nn_tanh(v);
     case NN_LEAKY: return v >= 0.0f ? v : v * p0;
