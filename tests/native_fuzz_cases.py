@@ -12,7 +12,7 @@ tolerance, against the onnx reference evaluator (nncc passes only if it matches 
 Tolerance per output element: ``|nncc - oracle| <= ATOL_PER_TERM * terms * scale + RTOL *
 |oracle|``, where ``terms`` is the length of the longest sum behind an element (Conv:
 C/group * kh * kw; Gemm/MatMul: K; pooling: the window; Softmax/LayerNormalization: the
-row; elementwise ops: 1) and ``scale`` is max(1, max |oracle|) over the output: float32
+row; RNN/GRU/LSTM: input + hidden + 2, a gate's sum; elementwise ops: 1) and ``scale`` is max(1, max |oracle|) over the output: float32
 rounding grows with both, and any real mistake (a wrong tap, a missed pad, garbage read
 past a buffer) is off by the order of the values themselves.
 
@@ -683,7 +683,8 @@ def recurrent(case, rng, **given):
     gates, d = RECURRENT_GATES[op], 2 if g["direction"] == "bidirectional" else 1
     bound = 1.0 / math.sqrt(hidden)
     ins = [b.input("x", (seq, batch, inp) if g["layout"] == 0 else (batch, seq, inp)),
-           b.init("w", (d, gates * hidden, inp), -bound, bound), b.init("r", (d, gates * hidden, hidden), -bound, bound),
+           b.init("w", (d, gates * hidden, inp), -bound, bound),
+           b.init("r", (d, gates * hidden, hidden), -bound, bound),
            b.init("b", (d, 2 * gates * hidden), -bound, bound) if g["bias"] else "", ""]
     state = (d, batch, hidden) if g["layout"] == 0 else (batch, d, hidden)
     for short in ["h0"] + (["c0"] if op == "LSTM" else []):
@@ -721,8 +722,8 @@ def recurrent(case, rng, **given):
     case.geometry = g
 
 
-KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
-         "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
+KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
+         "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "recurrent": recurrent}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",

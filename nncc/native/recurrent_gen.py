@@ -26,8 +26,6 @@ only when absent or a constant with every entry the full sequence (the same equa
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
@@ -187,11 +185,11 @@ def _dot_source(name: str, rows: int, h: int, gu: int, vl: int) -> str:
     batch rows; one row keeps two sets of sums (even and odd k) so products overlap."""
     nv = gu // vl
     sets = 2 if rows == 1 else 1
-    lines = [f"static inline __attribute__((always_inline)) void {name}(const float *restrict hs, "
-             "const float *restrict rp, float *restrict s) {",
+    lines = [(f"static inline __attribute__((always_inline)) void {name}(const float *restrict hs, "
+              "const float *restrict rp, float *restrict s) {"),
              f"  nn_v a[{sets}][{rows}][{nv}];",
-             f"  for (int q = 0; q < {sets}; q++) for (int r = 0; r < {rows}; r++) for (int v = 0; v < {nv}; v++) "
-             "a[q][r][v] = nn_vzero();",
+             (f"  for (int q = 0; q < {sets}; q++) for (int r = 0; r < {rows}; r++) for (int v = 0; v < {nv}; v++) "
+              "a[q][r][v] = nn_vzero();"),
              "  int64_t k = 0;"]
 
     def k_step(q: int, k: str) -> list[str]:
@@ -218,8 +216,9 @@ def _dot_source(name: str, rows: int, h: int, gu: int, vl: int) -> str:
 def _task_source(n: _Node, name: str, dot: str, gates: int, u: int, body: list[str], src: str) -> tuple[str, int]:
     """A pass of one time step over tasks (direction, block of U units): the product of
     ``src`` (the old hidden state, or r ⊙ h) with the block's packed R, then ``body``, the C
-    of one unit j of batch row b (sums in sg(q), the row's projection in xg). Returns the
-    C and the number of tasks."""
+    of one unit (j of the node, i of the block) of batch row b: the block's sums in sr (gate
+    q of unit i at sr[q * U + i]), the row's projection in xg, the unit's place in the
+    direction-major states at ``at``. Returns the C and the number of tasks."""
     h, batch = n.h, n.batch
     blocks = -(-h // u)
     gu = gates * u
@@ -252,7 +251,7 @@ def _task_source(n: _Node, name: str, dot: str, gates: int, u: int, body: list[s
         f"        const float *sr = s + r * {gu};",
         "        (void)xg; (void)sr;",
         "        for (int64_t i = 0; i < nu; i++) {",
-        "          const int64_t j = j0 + i, at = (d * " + str(batch) + " + b) * " + str(h) + " + j;",
+        f"          const int64_t j = j0 + i, at = (d * {batch} + b) * {h} + j;",
         "          (void)at;",
     ]
     lines += ["          " + line for line in body]
@@ -281,50 +280,49 @@ def _clip(n: _Node, expr: str) -> str:
 
 def _bodies(n: _Node) -> list[tuple[str, str, int, list[str], str]]:
     """Per pass of a step: (task name, dot name, gates in its product, body, source of the
-    product: "h" for the old hidden state, "rh" for r ⊙ h)."""
+    product: "h" for the old hidden state, "rh" for r ⊙ h). UNITS stands for U."""
     h = n.h
-    store_y = [f"if (c->y) c->y[{_y_index(n)}] = hv;"]
+
+    def pre(slot: int, gate: int, extra: str = "") -> str:
+        """A gate's input: its sum (``slot`` in the block's product) plus its projection,
+        clipped when the node clips."""
+        return _clip(n, f"sr[{slot} * UNITS + i] + xg[{gate * h} + j]{extra}")
+
+    def peep(k: int, state: str) -> str:  # P holds the i, o, f peepholes
+        return f" + c->pp[d * {3 * h} + {k * h} + j] * {state}" if n.p else ""
+
+    new_h = [f"hn[b * {h} + j] = hv;"] + ([f"c->y[{_y_index(n)}] = hv;"] if n.y else [])
     if n.op == "RNN":
-        body = [f"const float hv = nn_tanh({_clip(n, 'sr[i] + xg[j]')});", "hn[b * " + str(h) + " + j] = hv;"]
-        return [("rnn_step", "rnn_dot", 1, body + store_y, "h")]
-    if n.op == "LSTM":
-        peep_i = " + c->pp[d * " + str(3 * h) + " + j] * cp" if n.p else ""
-        peep_f = " + c->pp[d * " + str(3 * h) + f" + {2 * h} + j] * cp" if n.p else ""
-        peep_o = " + c->pp[d * " + str(3 * h) + f" + {h} + j] * cn" if n.p else ""
-        forget = "1.0f - ig" if n.input_forget else f"nn_sigmoid({_clip(n, 'sr[2 * UNITS + i] + xg[' + str(2 * h) + ' + j]' + peep_f)})"
+        return [("rnn_step", "rnn_dot", 1, [f"const float hv = nn_tanh({pre(0, 0)});"] + new_h, "h")]
+    if n.op == "LSTM":  # gates i, o, f, c
+        forget = "1.0f - ig" if n.input_forget else f"nn_sigmoid({pre(2, 2, peep(2, 'cp'))})"
         body = [
             "const float cp = c->c[at];",
-            f"const float ig = nn_sigmoid({_clip(n, 'sr[i] + xg[j]' + peep_i)});",
+            f"const float ig = nn_sigmoid({pre(0, 0, peep(0, 'cp'))});",
             f"const float fg = {forget};",
-            f"const float gg = nn_tanh({_clip(n, 'sr[3 * UNITS + i] + xg[' + str(3 * h) + ' + j]')});",
+            f"const float gg = nn_tanh({pre(3, 3)});",
             "const float cn = fg * cp + ig * gg;",
             "c->c[at] = cn;",
-            f"const float og = nn_sigmoid({_clip(n, 'sr[UNITS + i] + xg[' + str(h) + ' + j]' + peep_o)});",
+            f"const float og = nn_sigmoid({pre(1, 1, peep(1, 'cn'))});",
             "const float hv = og * nn_tanh(cn);",
-            f"hn[b * {h} + j] = hv;",
         ]
-        return [("rnn_step", "rnn_dot", 4, body + store_y, "h")]
-    # GRU: gates z, r, h (the candidate)
-    if n.lbr:
-        rbh = " + c->rb[d * " + str(h) + " + j]" if n.b else ""
+        return [("rnn_step", "rnn_dot", 4, body + new_h, "h")]
+    # GRU: gates z, r, h (the candidate); h' = (1 - z) n + z h, as n + z (h - n)
+    if n.lbr:  # n = tanh(x_n + r (R_n h + Rb_n))
+        rbh = f" + c->rb[d * {h} + j]" if n.b else ""
         body = [
-            f"const float zg = nn_sigmoid({_clip(n, 'sr[i] + xg[j]')});",
-            f"const float rg = nn_sigmoid({_clip(n, 'sr[UNITS + i] + xg[' + str(h) + ' + j]')});",
-            f"const float nh = nn_tanh({_clip(n, 'xg[' + str(2 * h) + ' + j] + rg * (sr[2 * UNITS + i]' + rbh + ')')});",
+            f"const float zg = nn_sigmoid({pre(0, 0)});",
+            f"const float rg = nn_sigmoid({pre(1, 1)});",
+            f"const float nh = nn_tanh({_clip(n, f'xg[{2 * h} + j] + rg * (sr[2 * UNITS + i]{rbh})')});",
             f"const float hv = nh + zg * (ho[b * {h} + j] - nh);",
-            f"hn[b * {h} + j] = hv;",
         ]
-        return [("rnn_step", "rnn_dot", 3, body + store_y, "h")]
-    first = [
-        f"c->z[at] = nn_sigmoid({_clip(n, 'sr[i] + xg[j]')});",
-        f"c->rh[at] = nn_sigmoid({_clip(n, 'sr[UNITS + i] + xg[' + str(h) + ' + j]')}) * ho[b * {h} + j];",
-    ]
-    second = [
-        f"const float nh = nn_tanh({_clip(n, 'sr[i] + xg[' + str(2 * h) + ' + j]')});",
-        f"const float hv = nh + c->z[at] * (ho[b * {h} + j] - nh);",
-        f"hn[b * {h} + j] = hv;",
-    ]
-    return [("rnn_gates", "rnn_dot", 2, first, "h"), ("rnn_cand", "rnn_dotc", 1, second + store_y, "rh")]
+        return [("rnn_step", "rnn_dot", 3, body + new_h, "h")]
+    # n = tanh(x_n + R_n (r ⊙ h)): z and r ⊙ h of every unit first
+    first = [f"c->z[at] = nn_sigmoid({pre(0, 0)});",
+             f"c->rh[at] = nn_sigmoid({pre(1, 1)}) * ho[b * {h} + j];"]
+    second = [f"const float nh = nn_tanh({pre(0, 2)});",
+              f"const float hv = nh + c->z[at] * (ho[b * {h} + j] - nh);"]
+    return [("rnn_gates", "rnn_dot", 2, first, "h"), ("rnn_cand", "rnn_dotc", 1, second + new_h, "rh")]
 
 
 def _projection_bias(n: _Node, b: np.ndarray | None) -> np.ndarray | None:
@@ -350,7 +348,8 @@ def emit(w, node: Node) -> None:
     cols = dirs * g * h
     rows = n.seq * batch
     # the projection: X [rows, I] by W of every direction as one [I, D*G*H] matrix
-    wp = w.pack(n.w, f"rnn-x{vl}", gemm_gen.pack_b(np.ascontiguousarray(wv.transpose(2, 0, 1).reshape(n.inp, cols)), vl))
+    wt = np.ascontiguousarray(wv.transpose(2, 0, 1).reshape(n.inp, cols))
+    wp = w.pack(n.w, f"rnn-x{vl}", gemm_gen.pack_b(wt, vl))
     bias = _projection_bias(n, bv)
     bias_name = None
     if bias is not None:
@@ -376,7 +375,7 @@ def emit(w, node: Node) -> None:
         gu = gates * u
         for r in sorted({min(RB, batch), batch % RB} - {0}):
             support.append(_dot_source(f"{dot}_{r}", r, h, gu, vl))
-        body = [line.replace("UNITS", str(u)) for line in body]
+        body = [line.replace("UNITS", str(u)) for line in body]  # the block's width, known here
         text, tasks = _task_source(n, name, dot, gates, u, body, src)
         support.append(text)
         passes.append((name, tasks, 2 * batch * h * gu * tasks))
@@ -386,24 +385,27 @@ def emit(w, node: Node) -> None:
     rb = None
     if n.op == "GRU" and n.lbr and bv is not None:
         rb = w.pack(n.b, "rnn-rbh", np.ascontiguousarray(bv[:, 5 * h:6 * h]))
-    ptr = lambda name: w.ptr(name) if name else "0"  # noqa: E731
+
+    def ptr(name: str | None) -> str:
+        return w.ptr(name) if name else "0"
+
     init_h = f"{ptr(n.h0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.h0 else "0.0f"
     init_c = f"{ptr(n.c0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.c0 else "0.0f"
     final = f"hs + {(n.seq % 2) * states}"
     code = [
         "{",
         "  float *xp = (float *)SCRATCH;",
-        f"  float *hs = xp + {xp_floats}, *cs = hs + {_pad16(2 * states)}, *zs = cs + {_pad16(states)}, "
-        f"*rh = zs + {_pad16(states)};",
+        (f"  float *hs = xp + {xp_floats}, *cs = hs + {_pad16(2 * states)}, *zs = cs + {_pad16(states)}, "
+         f"*rh = zs + {_pad16(states)};"),
         "  (void)cs; (void)zs; (void)rh;",
         f"  rnn_xproj({w.ptr(n.x)}, {w.ptr(wp)}, {ptr(bias_name)}, 0, 0, xp);",
-        f"  for (int64_t d = 0; d < {dirs}; d++) for (int64_t b = 0; b < {batch}; b++) "
-        f"for (int64_t j = 0; j < {h}; j++) {{",
+        (f"  for (int64_t d = 0; d < {dirs}; d++) for (int64_t b = 0; b < {batch}; b++) "
+         f"for (int64_t j = 0; j < {h}; j++) {{"),
         f"    hs[(d * {batch} + b) * {h} + j] = {init_h};",
         f"    cs[(d * {batch} + b) * {h} + j] = {init_c};" if lstm else "",
         "  }",
-        f"  rnn_ctx a = {{xp, {w.ptr(packed_r['h'])}, {ptr(packed_r.get('rh'))}, {ptr(rb)}, {ptr(n.p)}, "
-        f"hs, cs, zs, rh, {ptr(n.y)}, 0, 0}};",
+        (f"  rnn_ctx a = {{xp, {w.ptr(packed_r['h'])}, {ptr(packed_r.get('rh'))}, {ptr(rb)}, {ptr(n.p)}, "
+         f"hs, cs, zs, rh, {ptr(n.y)}, 0, 0}};"),
         f"  for (int64_t t = 0; t < {n.seq}; t++) {{",
         "    a.t = t; a.cur = t & 1;",
     ]
