@@ -12,9 +12,10 @@ tolerance, against the onnx reference evaluator (nncc passes only if it matches 
 Tolerance per output element: ``|nncc - oracle| <= ATOL_PER_TERM * terms * scale + RTOL *
 |oracle|``, where ``terms`` is the length of the longest sum behind an element (Conv:
 C/group * kh * kw; Gemm/MatMul: K; pooling: the window; Softmax/LayerNormalization: the
-row; RNN/GRU/LSTM: input + hidden + 2, a gate's sum; elementwise ops: 1) and ``scale`` is max(1, max |oracle|) over the output: float32
-rounding grows with both, and any real mistake (a wrong tap, a missed pad, garbage read
-past a buffer) is off by the order of the values themselves.
+row; RNN/GRU/LSTM: a gate's, input + hidden + 2; elementwise ops: 1) and ``scale`` is
+max(1, max |oracle|) over the output: float32 rounding grows with both, and any real
+mistake (a wrong tap, a missed pad, garbage read past a buffer) is off by the order of the
+values themselves.
 
 Reproduce one case (prints its geometry and the differences)::
 
