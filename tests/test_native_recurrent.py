@@ -14,6 +14,9 @@ each against onnxruntime within 2e-5 + 2e-5 |onnxruntime|.
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 
@@ -85,6 +88,20 @@ def test_recurrent_matches_onnxruntime(tmp_path):
     assert not reports, "\n".join(reports)
 
 
+def test_stacked_lstm_of_the_benchmark_is_one_native_partition(tmp_path):
+    """benchmarks/real_models.py's LSTM (each layer's Y squeezed into the next) at small
+    sizes: both layers and the Squeezes between them in one native partition."""
+    benchmarks = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import real_models  # lazy: benchmarks/ is on the path only here
+    finally:
+        sys.path.remove(benchmarks)
+    model = real_models.lstm(seq=9, inp=6, hidden=21, layers=3)
+    feeds = {"x": np.random.default_rng(3).standard_normal((9, 1, 6)).astype(np.float32)}
+    _compare(tmp_path, model, feeds, native=True)
+
+
 def recurrent_model(op, seq, batch, inp, hidden, acts=None, seq_lens=None):
     """(model, feeds): one forward node of constant weights, X a graph input."""
     rng = np.random.default_rng(5)
@@ -119,7 +136,7 @@ def _compare(tmp_path, model, feeds, native: bool):
     path = tmp_path / "rnn.onnx"
     onnx.save(model, str(path))
     compiled = nncc.compile_model(path)
-    assert (compiled.native_partitions == 1) == native
+    assert len(compiled.plan.partitions) == 1 and (compiled.native_partitions == 1) == native
     got = compiled.run(feeds)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):

@@ -385,6 +385,8 @@ def emit(w, node: Node) -> None:
     rb = None
     if n.op == "GRU" and n.lbr and bv is not None:
         rb = w.pack(n.b, "rnn-rbh", np.ascontiguousarray(bv[:, 5 * h:6 * h]))
+    # the peepholes as a constant of the step (a folded value need not be an argument)
+    peep = w.pack(n.p, "rnn-p", np.asarray(const_value(graph, infos, n.p), np.float32)) if n.p else None
 
     def ptr(name: str | None) -> str:
         return w.ptr(name) if name else "0"
@@ -404,7 +406,7 @@ def emit(w, node: Node) -> None:
         f"    hs[(d * {batch} + b) * {h} + j] = {init_h};",
         f"    cs[(d * {batch} + b) * {h} + j] = {init_c};" if lstm else "",
         "  }",
-        (f"  rnn_ctx a = {{xp, {w.ptr(packed_r['h'])}, {ptr(packed_r.get('rh'))}, {ptr(rb)}, {ptr(n.p)}, "
+        (f"  rnn_ctx a = {{xp, {w.ptr(packed_r['h'])}, {ptr(packed_r.get('rh'))}, {ptr(rb)}, {ptr(peep)}, "
          f"hs, cs, zs, rh, {ptr(n.y)}, 0, 0}};"),
         f"  for (int64_t t = 0; t < {n.seq}; t++) {{",
         "    a.t = t; a.cur = t & 1;",
@@ -418,6 +420,6 @@ def emit(w, node: Node) -> None:
                         f"{w.ptr(out)}[{_state_index(n, 'd', 'b', 'j')}] = ({state})[(d * {batch} + b) * {h} + j];")
     code.append("}")
     scratch = 4 * (xp_floats + _pad16(2 * states) + _pad16(states) * (3 if gru0 else 1))
-    reads = [n.x, wp, bias_name, packed_r["h"], packed_r.get("rh"), rb, n.p, n.h0, n.c0]
+    reads = [n.x, wp, bias_name, packed_r["h"], packed_r.get("rh"), rb, peep, n.h0, n.c0]
     writes = [o for o in (n.y, n.yh, n.yc) if o]
     w.step("\n".join(line for line in code if line), reads, writes, scratch, support="\n".join(support))
