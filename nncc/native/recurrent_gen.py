@@ -17,6 +17,14 @@ feeds every unit), the cell state of a unit belongs to its task. GRU without
 linear_before_reset needs r ⊙ h of every unit before its candidate gate's product, so its
 step is two passes: the update and reset gates (and r ⊙ h), then the candidate gate.
 
+At batch 1 a step is bound by reading all of R (1 MB for an LSTM of hidden 256) from L2:
+one thread runs as fast as onnxruntime's, two split R over two cores' caches.
+
+Every index is in range by construction: time t < S, batch row b < B, unit j = j0 + i with
+i < min(U, H - j0), direction d < D, so a projection row is below S x B and a state below
+D x B x H; a task's panel of R starts at task x H x G x U, below the packed D x blocks x H x
+G x U; the zero columns past H in the last block are multiplied but never read.
+
 The equations, clip and LSTM's peepholes and input_forget are the portable kernel's
 (nncc/kernels/recurrent.py): clip bounds each gate's input before its activation, the cell
 state is not clipped before h(). Activations are the default Sigmoid and Tanh (others stay
