@@ -153,7 +153,7 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
     for name, shape in ((n.y, n.y_shape()), (n.yh, n.state_shape()), (n.yc, n.state_shape())):
         if name and tuple(infos[name].shape) != shape:
             return f"output {name!r} of another shape than {list(shape)}"
-    if _scratch_floats(n, 16) > MAX_SCRATCH_FLOATS:
+    if _scratch_floats(n) > MAX_SCRATCH_FLOATS:
         return "a projection too large for one step's scratch"
     return None
 
@@ -162,7 +162,9 @@ def _pad16(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def _scratch_floats(n: _Node, vl: int) -> int:
+def _scratch_floats(n: _Node) -> int:
+    """The step's scratch: the projection, the two hidden states, the cell state (and GRU's
+    z and r ⊙ h), each on a 64-byte boundary."""
     states = n.d * n.batch * n.h
     extra = 2 if n.op == "GRU" and not n.lbr else 0  # z and r ⊙ h
     return (_pad16(n.seq * n.batch * n.d * n.g * n.h) + _pad16(2 * states) + _pad16(states) * (1 + extra))
@@ -405,8 +407,10 @@ def emit(w, node: Node) -> None:
     code = [
         "{",
         "  float *xp = (float *)SCRATCH;",
-        (f"  float *hs = xp + {xp_floats}, *cs = hs + {_pad16(2 * states)}, *zs = cs + {_pad16(states)}, "
-         f"*rh = zs + {_pad16(states)};"),
+        f"  float *hs = xp + {xp_floats}, *cs = hs + {_pad16(2 * states)};",
+        # GRU's z and r ⊙ h only where the scratch has them
+        (f"  float *zs = cs + {_pad16(states)}, *rh = zs + {_pad16(states)};" if gru0 else
+         "  float *zs = 0, *rh = 0;"),
         "  (void)cs; (void)zs; (void)rh;",
         f"  rnn_xproj({w.ptr(n.x)}, {w.ptr(wp)}, {ptr(bias_name)}, 0, 0, xp);",
         (f"  for (int64_t d = 0; d < {dirs}; d++) for (int64_t b = 0; b < {batch}; b++) "
@@ -427,7 +431,7 @@ def emit(w, node: Node) -> None:
                         f"for (int64_t j = 0; j < {h}; j++) "
                         f"{w.ptr(out)}[{_state_index(n, 'd', 'b', 'j')}] = ({state})[(d * {batch} + b) * {h} + j];")
     code.append("}")
-    scratch = 4 * (xp_floats + _pad16(2 * states) + _pad16(states) * (3 if gru0 else 1))
+    scratch = 4 * _scratch_floats(n)
     reads = [n.x, wp, bias_name, packed_r["h"], packed_r.get("rh"), rb, peep, n.h0, n.c0]
     writes = [o for o in (n.y, n.yh, n.yc) if o]
     w.step("\n".join(line for line in code if line), reads, writes, scratch, support="\n".join(support))
