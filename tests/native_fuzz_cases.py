@@ -655,6 +655,60 @@ def qconv(case, rng):
                          **{k: v for k, v in attrs.items() if k != "kernel_shape"})
 
 
+def qconv_chain(case, rng):
+    """Two or three quantized convolutions in a row (QOperator), each quantizing with the
+    scale and zero point the next recovers with: the values between them travel as bytes
+    (nncc/native/int8_bytes.py) out of every form of the int8 convolution (pixel-major,
+    channel-major, pointwise, depthwise) into every form. Activations uint8 or int8 (stored
+    shifted by 128); sometimes an inner value is also an output, so it must stay a float
+    image; batch 1 or 2. Exact, as one quantized convolution is."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 2])
+    c = _choice(rng, [1, 3, 4, 7, 16, 33])
+    h, w = int(rng.integers(1, 13)), int(rng.integers(1, 13))
+    act = np.int8 if rng.random() < 0.3 else np.uint8
+    x = b.input("x", (n, c, h, w))
+    scale = np.float32(rng.uniform(0.01, 0.03))
+
+    def activation(tag, scale):
+        zero = int(rng.integers(-20, 21)) if act == np.int8 else int(rng.integers(60, 196))
+        names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
+        case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
+        return names
+
+    xs, xz = activation("a0", scale)
+    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    layers = []
+    for i in range(_choice(rng, [2, 2, 3])):
+        depthwise = i > 0 and rng.random() < 0.4
+        k = _choice(rng, [1, 1, 3]) if not depthwise else _choice(rng, [3, 3, 5])
+        stride = _choice(rng, [1, 1, 2])
+        pad = 0 if k == 1 else _choice(rng, [0, 1, 1, 2])
+        if (h + 2 * pad - k) < 0 or (w + 2 * pad - k) < 0:
+            k, pad = 1, 0
+        m = c if depthwise else _choice(rng, [1, 3, 17, 24, 64, 70])
+        weights = rng.integers(-127, 128, (m, 1 if depthwise else c, k, k)).astype(np.int8)
+        w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
+        taps = (1 if depthwise else c) * k * k
+        y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
+        ys, yz = activation(f"a{i + 1}", y_scale)
+        wn, wsn, wzn, bn = (b.name(f"w{i}"), b.name(f"ws{i}"), b.name(f"wz{i}"), b.name(f"b{i}"))
+        case.inits[wn], case.inits[wsn], case.inits[wzn] = weights, w_scale, np.zeros(m, np.int8)
+        case.inits[bn] = rng.integers(-3000, 3000, m).astype(np.int32)
+        (q,) = b.node("QLinearConv", [q, xs, xz, wn, wsn, wzn, ys, yz, bn], [f"q{i + 1}"], kernel_shape=[k, k],
+                      strides=[stride, stride], pads=[pad] * 4, group=c if depthwise else 1)
+        if rng.random() < 0.15:  # an inner value read outside the chain too
+            b.output(b.node("DequantizeLinear", [q, ys, yz], [f"inner{i}"])[0])
+        h, w = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        layers.append(dict(w=[m, 1 if depthwise else c, k, k], stride=stride, pad=pad))
+        c, xs, xz, scale = m, ys, yz, y_scale
+    (y,) = b.node("DequantizeLinear", [q, xs, xz], ["y"])
+    b.output(y)
+    case.terms = max(math.prod(layer["w"][1:]) for layer in layers) + 2
+    case.geometry = dict(x=list(case.inputs[x].shape), activations=np.dtype(act).name, layers=layers)
+
+
 def pointwise_conv(case, rng):
     conv(case, rng, pointwise=True)
 
@@ -725,10 +779,11 @@ def recurrent(case, rng, **given):
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
-         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "recurrent": recurrent}
+         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain,
+         "recurrent": recurrent}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "recurrent"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -284,3 +284,58 @@ def test_qgemm_head_native_is_the_portable_kernel_bit_for_bit(tmp_path, b_type):
     assert _all_native(native)
     np.testing.assert_array_equal(native.run({"x": x})["y"], portable)
     np.testing.assert_allclose(portable, _onnxruntime(model, {"x": x})[0], rtol=0, atol=0.2 * 1.0001)
+
+
+def _chain_model(rng, x_signed: bool):
+    """Q -> pointwise -> depthwise -> 3x3 -> pointwise -> DQ (QOperator), each quantizing with
+    the scale and zero point the next recovers with; the depthwise output is also an output
+    of the model. The first layer takes the channel-major form (24 channels over 99 pixels),
+    the last two the pixel-major one (40 and 64 channels over 30 pixels)."""
+    act = np.int8 if x_signed else np.uint8
+    c, layers = 6, [(24, 1, 1, 1), (24, 3, 2, 24), (40, 3, 1, 1), (64, 1, 1, 1)]  # (m, k, stride, group)
+    inits = [_const("s0", np.float32(0.04)), _const("z0", np.array(-7 if x_signed else 120, act))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q0"])]
+    for i, (m, k, stride, group) in enumerate(layers, start=1):
+        w, w_scale, w_zero = _conv_weights(rng, m, c // group, k, True, True, False)
+        inits += [_const(f"w{i}", w), _const(f"ws{i}", w_scale), _const(f"wz{i}", w_zero),
+                  _const(f"s{i}", np.float32(0.04 * (1 + i))), _const(f"z{i}", np.array(3 * i if x_signed else 100 + i, act)),
+                  _const(f"b{i}", rng.integers(-2000, 2000, m).astype(np.int32))]
+        nodes.append(helper.make_node("QLinearConv", [f"q{i - 1}", f"s{i - 1}", f"z{i - 1}", f"w{i}", f"ws{i}", f"wz{i}",
+                                                      f"s{i}", f"z{i}", f"b{i}"], [f"q{i}"], kernel_shape=[k, k],
+                                      strides=[stride, stride], pads=[k // 2] * 4, group=group))
+        c = m
+    nodes += [helper.make_node("DequantizeLinear", ["q4", "s4", "z4"], ["y"]),
+              helper.make_node("DequantizeLinear", ["q2", "s2", "z2"], ["inner"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 9, 11])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "inner")],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("x_signed", [False, True], ids=["uint8", "int8"])
+def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path, x_signed):
+    """The first convolution's output, read only by the depthwise one with the same scale
+    and zero point, is handed over as bytes, NCHW; the depthwise output, also an output of
+    the model, stays a float image; between the last two, both pixel-major, the bytes are
+    NHWC. Both outputs are onnxruntime's exactly."""
+    from nncc.backends.base import Partition
+    from nncc.native.codegen import generate
+    from nncc.passes.shape_inference import infer_shapes
+
+    rng = np.random.default_rng(3)
+    model = _chain_model(rng, x_signed)
+    graph = run_passes(parse_model(model.SerializeToString()), 2)
+    qconvs = [n for n in graph.nodes if n.op_type == "QConv"]
+    assert len(qconvs) == 4
+    part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
+    unit = generate(part, graph, infer_shapes(graph), "entry", 16)
+    assert unit.byte_images == {qconvs[0].outputs[0]: "nchw", qconvs[2].outputs[0]: "nhwc"}
+    path = tmp_path / "chain.onnx"
+    onnx.save(model, path)
+    x = rng.standard_normal((2, 6, 9, 11)).astype(np.float32) * 3
+    expected = dict(zip(("y", "inner"), _onnxruntime(model, {"x": x})))
+    compiled = nncc.compile_model(path)
+    assert _all_native(compiled)
+    got = compiled.run({"x": x})
+    for name in ("y", "inner"):
+        np.testing.assert_array_equal(got[name], expected[name])

@@ -203,6 +203,7 @@ class Unit:
     kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
     blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
+    byte_images: dict[str, str] = field(default_factory=dict)  # quantized values int8 steps pass as bytes: layout
 
 
 class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
@@ -241,6 +242,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.consumers = consumers
         self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
+        self.byte_images: dict[str, str] = {}  # quantized images stored as bytes: their layout (int8_bytes)
         self.init_layout()
         self.simd = source("simd.h") + "\n"
 
@@ -440,7 +442,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
-                    any(_calls_blas(s.code) for s in self.steps))
+                    any(_calls_blas(s.code) for s in self.steps), dict(self.byte_images))
 
 
 @dataclass

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from nncc.native.int8_bytes import image_at
+from nncc.native.int8_gemm_gen import vnni_sums
+
 MRC = 6  # output channels per micro-tile
 NP = 64  # pixels per micro-tile: four AVX-512 vectors of int32 lanes
 
@@ -66,8 +69,10 @@ def _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl):
 
 
 def source(name, quantize_byte, header, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
-           zero_points: bool) -> str:
-    """``zero_points``: some weight zero point is not 0, so the pixels' sums are needed."""
+           zero_points: bool, byte_in: bool = False, byte_out: int | None = None) -> str:
+    """``zero_points``: some weight zero point is not 0, so the pixels' sums are needed.
+    ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
+    plus this shift (int8_bytes)."""
     hp, wp = _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
     k = c * kh * kw
     kp = -(-k // 4) * 4
@@ -97,30 +102,53 @@ static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{
 """ if zero_points else ""
     call_sums = f"        nn_parallel({p64}, {p64 * kp}, qm_sums, &j);\n" if zero_points else ""
     pointwise = kh == kw == 1 and sh == sw == 1 and (oh, ow) == (h, w) and pt == pl == 0
+    full, rest = divmod(c, 4)
+    x_type = "uint8_t" if byte_in else "float"
+
+    def pack_loop(channels):  # the group's channels, composed into each pixel's word
+        reads = "".join(f", *x{t} = x0 + {t * p}" for t in range(1, channels))
+        byte = "(uint32_t)x{t}[q]" if byte_in else "(uint32_t)q_byte(x{t}[q], inv, zero, qlo, qhi, shift)"
+        word = " | ".join(byte.format(t=t) + f" << {8 * t}" for t in range(channels))
+        return f"""{{
+            const {x_type} *x0 = (const {x_type} *)j->x + 4 * g * {p}{reads};
+            for (int64_t q = 0; q < {p}; q++) out[q] = {word};
+        }}"""
+    tail = f"""
+        else
+            {pack_loop(rest)}""" if rest else ""
     direct = f"""
-/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input */
+typedef uint32_t qm_word __attribute__((may_alias));
+
+/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input:
+ * each pixel's four bytes composed as one 32-bit word, so the loop runs in whole vectors
+ * (storing the bytes one by one extracted them a lane at a time) */
 static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
     const qm_job *j = ctx;
     const float *t = j->table;
     const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
     for (int64_t g = lo; g < hi; g++) {{
-        uint8_t *out = j->a + g * {p64 * 4};
-        for (int tt = 0; tt < 4; tt++) {{
-            int64_t ch = 4 * g + tt;
-            if (ch >= {c}) {{
-                for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = 0;
-                continue;
-            }}
-            const float *src = j->x + ch * {p};
-            for (int64_t q = 0; q < {p}; q++) out[4 * q + tt] = q_byte(src[q], inv, zero, qlo, qhi, shift);
-        }}
-        memset(out + {p * 4}, 0, {(p64 - p) * 4});
+        qm_word *out = (qm_word *)(j->a + g * {p64 * 4});
+        if (g < {full})
+            {pack_loop(4)}{tail}
+        memset(out + {p}, 0, {(p64 - p) * 4});
     }}
 }}
 """ if pointwise else ""
     phases = (f"        nn_parallel({groups}, {kp * p64}, qm_pack_direct, &j);\n" if pointwise else
               f"        nn_parallel({c + 1}, {c * hp * wp}, qm_planes, &j);\n"
               f"        nn_parallel({groups}, {kp * p64}, qm_pack, &j);\n")
+    if byte_in:  # the bytes are q plus the shift already: a copy per image row
+        fill_plane = f"""        const uint8_t *src = (const uint8_t *)j->x + ch * {h * w};
+        for (int64_t ih = 0; ih < {h}; ih++) memcpy(plane + (ih + {pt}) * {wp} + {pl}, src + ih * {w}, {w});"""
+    else:
+        fill_plane = f"""        const float *src = j->x + ch * {h * w};
+        for (int64_t ih = 0; ih < {h}; ih++)
+            for (int64_t iw = 0; iw < {w}; iw++)
+                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], inv, zero, qlo, qhi, shift);"""
+    if byte_out is None:
+        out_type, to_out = "float", "(v - yzero) * yscale"
+    else:
+        out_type, to_out = "uint8_t", f"(uint8_t)(int32_t)(v + {float(byte_out)}f)"
     return f"""
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -143,10 +171,7 @@ static void qm_planes(void *ctx, int64_t lo, int64_t hi) {{
             continue;
         }}
         memset(plane, pad, {hp * wp});
-        const float *src = j->x + ch * {h * w};
-        for (int64_t ih = 0; ih < {h}; ih++)
-            for (int64_t iw = 0; iw < {w}; iw++)
-                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], inv, zero, qlo, qhi, shift);
+{fill_plane}
     }}
 }}
 
@@ -181,31 +206,13 @@ static void qm_pack(void *ctx, int64_t lo, int64_t hi) {{
 }}
 {sums}
 {direct}
-/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64] */
-static inline __attribute__((always_inline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
+/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64]; out of line,
+ * so the tile loop's epilogue constants do not crowd its 24 sums out of the registers */
+static __attribute__((noinline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
                                                           int32_t acc[{MRC}][{NP}]) {{
 #ifdef Q_VNNI
-    __m512i c[{MRC}][4];
-    for (int r = 0; r < {MRC}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
-    for (int64_t g = 0; g < {groups}; g++) {{
-        const uint8_t *ag = a + g * {p64 * 4};
-        __m512i a0 = _mm512_loadu_si512(ag), a1 = _mm512_loadu_si512(ag + 64);
-        __m512i a2 = _mm512_loadu_si512(ag + 128), a3 = _mm512_loadu_si512(ag + 192);
-        for (int r = 0; r < {MRC}; r++) {{
-            if (r >= rows) break;
-            int32_t four;
-            memcpy(&four, w + r * {kp} + g * 4, 4);
-            __m512i b = _mm512_set1_epi32(four);
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], a0, b);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], a1, b);
-            c[r][2] = _mm512_dpbusd_epi32(c[r][2], a2, b);
-            c[r][3] = _mm512_dpbusd_epi32(c[r][3], a3, b);
-        }}
-    }}
-    for (int r = 0; r < {MRC}; r++) {{
-        if (r >= rows) break;
-        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
-    }}
+    {vnni_sums(MRC, groups, [f"_mm512_loadu_si512(a + g * {p64 * 4} + {64 * v})" for v in range(4)],
+               lambda r: f"w + {r * kp} + g * 4", vector_unsigned=True)}
 #else
     for (int r = 0; r < rows; r++) {{
         int32_t *c = acc[r];
@@ -241,14 +248,14 @@ static void qm_tiles(void *ctx, int64_t lo, int64_t hi) {{
             int64_t o = m0 + r;
             /* unsigned: wraps as the portable kernel's int32 accumulator */
             uint32_t fixed = (uint32_t)bias[o] - (uint32_t)za * (uint32_t)ws[o] + (uint32_t)({k} * za) * (uint32_t)zw[o];
-            float out[{NP}];
+            {out_type} out[{NP}];
             for (int q = 0; q < {NP}; q++) {{
                 uint32_t e = (uint32_t)acc[r][q] + fixed - (uint32_t)({colsum});
                 float v = rintf((float)(int32_t)e * mult[o]) + yzero;
                 v = v < qlo ? qlo : (v > qhi ? qhi : v);
-                out[q] = (v - yzero) * yscale;
+                out[q] = {to_out};
             }}
-            memcpy(j->y + o * {p} + p0, out, width * sizeof(float));
+            memcpy(({out_type} *)j->y + o * {p} + p0, out, width * sizeof *out);
         }}
     }}
 }}
@@ -257,8 +264,8 @@ static void {name}(const float *X, const float *W, const float *table, float *Y,
     qm_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {planes}), (int32_t *)(scratch + {planes + a_bytes}),
                 (const int8_t *)W, table, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
-        j.x = X + img * {c * h * w};
-        j.y = Y + img * {m * p};
+        j.x = {image_at("X", c * h * w, byte_in, const=True)};
+        j.y = {image_at("Y", m * p, byte_out is not None)};
 {phases}{call_sums}        nn_parallel({blocks * slivers}, {p * m * k}, qm_tiles, &j);
     }}
 }}

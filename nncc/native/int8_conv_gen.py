@@ -32,6 +32,7 @@ from nncc.kernels.qimage import multipliers, reciprocal
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_cm
+from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
 from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
 
 QCONV = ("nncc", "QConv")
@@ -149,7 +150,13 @@ static void {name}(const float *X, const float *table, float *Y) {{
 """
 
 
-def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
+                 byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False,
+                 zero_points: bool = True) -> str:
+    """``byte_in``: the layout of the input's bytes, None for a float image; ``byte_out``:
+    store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes).
+    ``zero_points``: some weight zero point is not 0 (after the shift), so each row's sum of
+    bytes is needed."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     k = c * kh * kw
@@ -163,6 +170,41 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) ->
     np_ = panels * NR
     tail = p - (slivers - 1) * MR
     last = m - (panels - 1) * NR
+    if byte_in == "nhwc":  # whole image rows of bytes, q plus the shift already
+        quantize_pixel = ""
+    elif byte_in:  # the bytes are q plus the shift already
+        quantize_pixel = f"""            const uint8_t *src = (const uint8_t *)j->x + ih * {w} + iw;
+            for (int64_t ch = 0; ch < {c}; ch++) px[ch] = src[ch * {h * w}];"""
+    else:
+        quantize_pixel = f"""            const float *src = j->x + ih * {w} + iw;
+            for (int64_t ch = 0; ch < {c}; ch++)
+                px[ch] = q_byte(src[ch * {h * w}], inv, zero, qlo, qhi, shift);"""
+    if byte_out is None:
+        tile_type, to_tile, y_type = "float", "(v - yzero) * yscale", "float"
+    else:
+        tile_type, to_tile, y_type = "uint8_t", byte_store(byte_out), "uint8_t"
+    if zero_points:
+        row_sum = f"""        int32_t sum = 0;
+        for (int64_t t = 0; t < {k}; t++) sum += row[t];
+        j->rowsum[pix] = sum;"""
+        row_sum_read = "(uint32_t)j->rowsum[p0 + r]"
+    else:  # every weight zero point is 0: the sums would be multiplied by 0
+        row_sum, row_sum_read = "", "0"
+    if byte_in == "nhwc":
+        right = wp - pl - w
+        copy_row = "".join([f"        memset(row, pad, {pl * c});\n" if pl else "",
+                            f"        memcpy(row + {pl * c}, (const uint8_t *)j->x + ih * {w * c}, {w * c});\n",
+                            f"        memset(row + {(pl + w) * c}, pad, {right * c});\n" if right else "",
+                            "        continue;\n"])
+    else:
+        copy_row = ""
+    if out_nhwc:  # whole pixels: each row of the tile is one pixel's channels
+        store = f"""        for (int r = 0; r < rows; r++) memcpy((uint8_t *)j->y + (p0 + r) * {m} + q * {NR}, tile[r], width);"""
+    else:
+        store = f"""        for (int col = 0; col < width; col++) {{
+            {y_type} *y = ({y_type} *)j->y + (q * {NR} + col) * {p} + p0;
+            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
+        }}"""
     if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
         gather = f"""        for (int64_t i = 0; i < {kh}; i++)
             memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
@@ -192,16 +234,14 @@ static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
             memset(row, pad, {wp * c});
             continue;
         }}
-        for (int64_t col = 0; col < {wp}; col++) {{
+{copy_row}        for (int64_t col = 0; col < {wp}; col++) {{
             int64_t iw = col - {pl};
             uint8_t *px = row + col * {c};
             if (iw < 0 || iw >= {w}) {{
                 memset(px, pad, {c});
                 continue;
             }}
-            const float *src = j->x + ih * {w} + iw;
-            for (int64_t ch = 0; ch < {c}; ch++)
-                px[ch] = q_byte(src[ch * {h * w}], inv, zero, qlo, qhi, shift);
+{quantize_pixel}
         }}
     }}
 }}
@@ -214,9 +254,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
         uint8_t *row = j->a + pix * {kp};
 {gather}
         for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;
-        int32_t sum = 0;
-        for (int64_t t = 0; t < {k}; t++) sum += row[t];
-        j->rowsum[pix] = sum;
+{row_sum}
     }}
 }}
 
@@ -239,23 +277,20 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         q_dots(j->a + p0 * {kp}, j->b + q * {groups * NR * 4}, rows, acc);
         const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
         const float *mq = mult + q * {NR};
-        float tile[{MR}][{NR}];
+        {tile_type} tile[{MR}][{NR}];
         for (int r = 0; r < rows; r++) {{
             /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
              * exact value of every sum of products fits */
-            uint32_t rs = (uint32_t)j->rowsum[p0 + r];
+            uint32_t rs = {row_sum_read};
             for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
                 uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
                              + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
                 float v = rintf((float)(int32_t)e * mq[col]) + yzero;
                 v = v < qlo ? qlo : (v > qhi ? qhi : v);
-                tile[r][col] = (v - yzero) * yscale;
+                tile[r][col] = {to_tile};
             }}
         }}
-        for (int col = 0; col < width; col++) {{
-            float *y = j->y + (q * {NR} + col) * {p} + p0;
-            for (int r = 0; r < rows; r++) y[r] = tile[r][col];
-        }}
+{store}
     }}
 }}
 
@@ -263,8 +298,8 @@ static void {name}(const float *X, const float *Bp, const float *table, float *Y
     qc_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {xp_bytes}),
                 (int32_t *)(scratch + {xp_bytes + rows_bytes}), (const int8_t *)Bp, table, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
-        j.x = X + img * {c * h * w};
-        j.y = Y + img * {m * p};
+        j.x = {image_at("X", c * h * w, byte_in, const=True)};
+        j.y = {image_at("Y", m * p, byte_out is not None)};
         nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);
         nn_parallel({p}, {p * kp}, qc_gather, &j);
         nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
@@ -302,7 +337,13 @@ def _phase_columns(w, pl, sw, wps, ph) -> tuple[int, int]:
     return lo, hi
 
 
-def _depthwise_fill(w, pl, sw, hps, wps, quantized: bool) -> str:
+def _centred(element: str, byte_in: bool) -> str:
+    """C for q - x_zero of an input element: recovered from the float image, or read from
+    its byte (q plus the shift: ``centre`` is x_zero plus the shift)."""
+    return f"((float){element} - centre)" if byte_in else f"q_centred({element}, inv, qlo, qhi)"
+
+
+def _depthwise_fill(w, pl, sw, hps, wps, quantized: bool, byte_in: bool = False) -> str:
     """C statements that write one padded row's sw phase segments (at dst) from an image
     row: per phase, the left border, the pixels, the right border, all literal. The pixels
     come already quantized from `line`, or are quantized here from `src` (a strided read when
@@ -320,7 +361,7 @@ def _depthwise_fill(w, pl, sw, hps, wps, quantized: bool) -> str:
                 out.append(_split_pairs(w, pl, hps, wps))
         elif hi > lo:
             pixel = f"line[col * {sw} + {ph - pl}]" if quantized else \
-                f"q_centred(src[col * {sw} + {ph - pl}], inv, qlo, qhi)"
+                _centred(f"src[col * {sw} + {ph - pl}]", byte_in)
             out.append(f"for (int64_t col = {lo}; col < {hi}; col++) dst[{base} + col] = {pixel};")
         if wps > hi:
             out.append(f"memset(dst + {base + hi}, 0, {(wps - hi) * 4});")
@@ -357,28 +398,29 @@ def _lane_masks() -> str:
     return "\n".join(lines + ["#endif"])
 
 
-def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
+def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps, byte_in: bool = False) -> str:
     """C that quantizes the channel's image rows into their phase planes: long rows of stride
     1 straight from the image; other rows a run at a time first (so the quantizing loop stays
     long and reads contiguously, which measured faster than a strided read), then copied into
     place."""
     place = f"xp + r % {sh} * {sw * hps * wps} + r / {sh} * {wps}"
+    src_type = "uint8_t" if byte_in else "float"
     if w >= _LONG_ROW and sw == 1:
         return f"""        for (int64_t ih = 0; ih < {h}; ih++) {{
             const int64_t r = ih + {pt};
-            const float *src = j->x + ch * {h * w} + ih * {w};
+            const {src_type} *src = (const {src_type} *)j->x + ch * {h * w} + ih * {w};
             float *dst = {place};
             {{
-                {_depthwise_fill(w, pl, sw, hps, wps, False)}
+                {_depthwise_fill(w, pl, sw, hps, wps, False, byte_in)}
             }}
         }}
 """
     in_rows = 1 if w >= _LONG_ROW else max(1, min(h, _BLOCK // w))
     return f"""        for (int64_t ih0 = 0; ih0 < {h}; ih0 += {in_rows}) {{
             const int64_t n_in = {h} - ih0 < {in_rows} ? {h} - ih0 : {in_rows};
-            const float *src = j->x + ch * {h * w} + ih0 * {w};
+            const {src_type} *src = (const {src_type} *)j->x + ch * {h * w} + ih0 * {w};
             float q[{in_rows * w}];
-            for (int64_t i = 0; i < n_in * {w}; i++) q[i] = q_centred(src[i], inv, qlo, qhi);
+            for (int64_t i = 0; i < n_in * {w}; i++) q[i] = {_centred("src[i]", byte_in)};
             for (int64_t i = 0; i < n_in; i++) {{
                 const int64_t r = ih0 + i + {pt};
                 const float *line = q + i * {w};
@@ -389,25 +431,29 @@ def _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps) -> str:
 """
 
 
-def _depthwise_requantize(rows, wps, ow) -> str:
+def _depthwise_requantize(rows, wps, ow, byte_out: int | None = None) -> str:
     """C that requantizes a block's sums (acc) into its output rows: long rows one by one,
-    short ones over the whole run (one long loop) and then copied row by row."""
+    short ones over the whole run (one long loop) and then copied row by row. ``byte_out``:
+    the rows are bytes, q plus this shift (int8_bytes)."""
+    value = "v * yscale" if byte_out is None else "(uint8_t)(int32_t)(v + ybyte)"
+    out_type = "float" if byte_out is None else "uint8_t"
     step = """float v = rintf((float)acc[{at}] * mult[ch]);  /* saturated less the zero point, as q_centred */
                 v = v < ylo ? ylo : (v > yhi ? yhi : v);
-                {to} = v * yscale;"""
+                {to} = """ + value + ";"
     if ow >= _LONG_ROW:
         return f"""            for (int64_t r = 0; r < n_rows; r++)
                 for (int64_t ox = 0; ox < {ow}; ox++) {{
                 {step.format(at=f"r * {wps} + ox", to=f"y[(oy + r) * {ow} + ox]")}
                 }}"""
-    return f"""            float out[{(rows - 1) * wps + ow}];
+    return f"""            {out_type} out[{(rows - 1) * wps + ow}];
             for (p = 0; p < span; p++) {{
                 {step.format(at="p", to="out[p]")}
             }}
-            for (int64_t r = 0; r < n_rows; r++) memcpy(y + (oy + r) * {ow}, out + r * {wps}, {ow * 4});"""
+            for (int64_t r = 0; r < n_rows; r++) memcpy(y + (oy + r) * {ow}, out + r * {wps}, {ow} * sizeof *out);"""
 
 
-def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> str:
+def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
+                      byte_in: bool = False, byte_out: int | None = None) -> str:
     """Float32 on integer values, which is exact: the planes hold q - x_zero (border 0), the
     weights are w - w_zero, each product is at most 255 * 255 in magnitude, and the taps are
     summed in float32 in chunks of at most _EXACT_TAPS, each chunk's sum an exact integer
@@ -421,7 +467,7 @@ def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) 
     size = hps * wps  # one phase plane
     taps = kh * kw
     rows = max(1, min(oh, _BLOCK // wps))  # output rows per block
-    fill_rows = _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps)
+    fill_rows = _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps, byte_in)
     chunks = [(t0, min(taps, t0 + _EXACT_TAPS)) for t0 in range(0, taps, _EXACT_TAPS)]
     offset = (f"((t / {kw}) * {dh} % {sh} * {sw} + (t % {kw}) * {dw} % {sw}) * {size}"
               f" + (t / {kw}) * {dh} / {sh} * {wps} + (t % {kw}) * {dw} / {sw}")
@@ -465,7 +511,10 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     const qd_job *j = ctx;
     const float *t = j->table;
     const float inv = t[0], qlo = t[2] - t[1], qhi = t[3] - t[1];  /* x's range less its zero */
+    const float centre = t[1] + t[4];  /* what a stored byte holds beyond q - x_zero */
     const float yscale = t[5], ylo = t[7] - t[6], yhi = t[8] - t[6];  /* y's range less its zero */
+    const float ybyte = t[6] + {float(byte_out or 0)}f;  /* a stored output byte: q plus its shift */
+    (void)inv; (void)centre; (void)yscale; (void)ybyte;
     const float *wc = t + {_HEADER};  /* [C][taps] weights minus their zero point */
     const int32_t *bias = (const int32_t *)(wc + {c * taps});
     const float *mult = (const float *)(bias + {c});
@@ -476,7 +525,7 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
          * vectorised loop: GCC 12 vectorised one wrongly for AVX-512) */
         {zero_rows}
 {fill_rows}        const float *wk = wc + ch * {taps};
-        float *y = j->y + ch * {oh * ow};
+        {"float" if byte_out is None else "uint8_t"} *y = ({"float" if byte_out is None else "uint8_t"} *)j->y + ch * {oh * ow};
         for (int64_t oy = 0; oy < {oh}; oy += {rows}) {{
             const int64_t n_rows = {oh} - oy < {rows} ? {oh} - oy : {rows};
             const int64_t span = (n_rows - 1) * {wps} + {ow};  /* positions up to the block's last pixel */
@@ -504,7 +553,7 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
                     acc[p] = bias[ch];
 {scalar_sums}
                 }}
-{_depthwise_requantize(rows, wps, ow)}
+{_depthwise_requantize(rows, wps, ow, byte_out)}
         }}
     }}
 }}
@@ -512,8 +561,8 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
 static void {name}(const float *X, const float *table, float *Y, char *scratch) {{
     qd_job j = {{0, table, (float *)scratch, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
-        j.x = X + img * {c * h * w};
-        j.y = Y + img * {c * oh * ow};
+        j.x = {image_at("X", c * h * w, byte_in, const=True)};
+        j.y = {image_at("Y", c * oh * ow, byte_out is not None)};
         nn_parallel({c}, {c * oh * ow * taps}, qd_channels, &j);
     }}
 }}
@@ -538,6 +587,13 @@ def _header(xs, xz, ys, yz) -> np.ndarray:
     head[:9] = [reciprocal(xs), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
                 np.float32(ys).reshape(()), float(np.asarray(yz).reshape(())), ylo, yhi]
     return head
+
+
+def pixel_major(graph, infos, node) -> bool:
+    """Whether emit gives the (native) QConv ``node`` the pixel-major form."""
+    wshape = np.shape(constant(graph, infos, node.inputs[3]))
+    out = infos[node.outputs[0]].shape
+    return int(node.attrs.get("group", 1)) == 1 and not int8_conv_cm.preferred(out[2] * out[3], wshape[0], MR, NR)
 
 
 def emit(wr, node) -> None:
@@ -571,6 +627,11 @@ def emit(wr, node) -> None:
     head = _header(value(xs), value(xz), value(ys), value(yz))
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
+    byte_in = wr.byte_images.get(x)
+    layout = byte_output(wr, node, lambda conv: pixel_major(graph, infos, conv))
+    byte_out = byte_shift(value(yz).dtype) if layout else None
+    if layout:
+        wr.byte_images[out] = layout
     if group != 1:  # depthwise
         taps = kh * kw
         centred = (wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]).astype(np.int32)
@@ -579,7 +640,7 @@ def emit(wr, node) -> None:
         packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
         code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
         wr.step(code, [x, packed], [out], depthwise_scratch(c, h, wd, kh, kw, *geometry),
-                support=wr.simd + _depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry))
+                support=wr.simd + _depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry, byte_in, byte_out))
         return
     shift = 128 if wv.dtype == np.uint8 else 0  # unsigned weights shift to signed
     signed = (wv.astype(np.int16) - shift).astype(np.int8)
@@ -592,7 +653,7 @@ def emit(wr, node) -> None:
                          int8_conv_cm.table(head, matrix, zero_w, bias, mult, shift))
         code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
         source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, _HEADER, n, *shape,
-                                     zero_points=bool(np.any(zero_w - shift)))
+                                     zero_points=bool(np.any(zero_w - shift)), byte_in=byte_in, byte_out=byte_out)
         wr.step(code, [x, wp_, packed], [out], int8_conv_cm.scratch_bytes(*shape), support=source)
         return
     # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
@@ -615,4 +676,5 @@ def emit(wr, node) -> None:
     scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
     wr.step(code, [x, bp, packed], [out], scratch,
-            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry))
+            support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc",
+                                 zero_points=bool(np.any(zero_w - shift))))

@@ -100,35 +100,54 @@ def as_floats(data: np.ndarray) -> np.ndarray:
     return raw.view(np.float32)
 
 
+def vnni_sums(tile_rows: int, groups: int, loads: list[str], row_bytes, vector_unsigned: bool) -> str:
+    """C for a ``vpdpbusd`` micro-tile: ``tile_rows`` rows of four int32 vectors each, summed
+    over ``groups`` groups of four bytes of K, stored to ``acc``. ``loads``: the four vectors
+    of group g; ``row_bytes(r)``: a pointer to row r's four bytes of group g, broadcast;
+    ``vector_unsigned``: whether the loaded vectors are the unsigned operand.
+
+    Two bodies, chosen by ``rows`` at run time: the whole tile with no test in its loop, and
+    a partial one with a test per row. Every sum is a named variable, and the loop's count
+    is hidden from the optimizer: given a constant count, GCC 12 (its loop header copying)
+    kept the 24 sums in memory, a store and a load around every product, at half speed."""
+    def body(guarded: bool) -> str:
+        names = [[f"c{r}_{v}" for v in range(4)] for r in range(tile_rows)]
+        zero = ", ".join(f"{n} = _mm512_setzero_si512()" for row in names for n in row)
+        lines = [f"__m512i {zero};", f"int64_t groups = {groups};",
+                 "__asm__(\"\" : \"+r\"(groups));  /* an unknown count to the optimizer (see above) */",
+                 "for (int64_t g = 0; g < groups; g++) {"]
+        lines += [f"    const __m512i v{v} = {load};" for v, load in enumerate(loads)]
+        for r, row in enumerate(names):
+            guard = f"if (rows > {r}) " if guarded and r else ""
+            products = " ".join(
+                f"{n} = _mm512_dpbusd_epi32({n}, {f'v{v}, s' if vector_unsigned else f's, v{v}'});"
+                for v, n in enumerate(row))
+            lines.append(f"    {guard}{{ int32_t four; memcpy(&four, {row_bytes(r)}, 4); "
+                         f"const __m512i s = _mm512_set1_epi32(four); {products} }}")
+        lines.append("}")
+        for r, row in enumerate(names):
+            guard = f"if (rows > {r}) " if guarded and r else ""
+            lines.append(guard + "{ " + " ".join(f"_mm512_storeu_si512(acc[{r}] + {16 * v}, {n});"
+                                                   for v, n in enumerate(row)) + " }")
+        return "\n        ".join(lines)
+    return f"""if (rows == {tile_rows}) {{
+        {body(False)}
+    }} else {{
+        {body(True)}
+    }}"""
+
+
 def dots_source(kp: int, groups: int) -> str:
     """File-scope C: ``q_dots(a, bp, rows, acc)``, the int32 dot products of ``rows`` (at
     most MR) u8 rows of A, ``kp`` bytes apart, with one panel of packed B (``groups``
     groups of four rows of K), into ``acc[MR][NR]``."""
-    return f"""/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR] */
-static inline __attribute__((always_inline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
+    return f"""/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR]; out of
+ * line, so the tile loop's epilogue constants do not crowd its 24 sums out of the registers */
+static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
                                                          int32_t acc[{MR}][{NR}]) {{
 #ifdef Q_VNNI
-    __m512i c[{MR}][4];
-    for (int r = 0; r < {MR}; r++) for (int v = 0; v < 4; v++) c[r][v] = _mm512_setzero_si512();
-    for (int64_t g = 0; g < {groups}; g++) {{
-        const int8_t *bg = bp + g * {NR * 4};
-        __m512i b0 = _mm512_loadu_si512(bg), b1 = _mm512_loadu_si512(bg + 64);
-        __m512i b2 = _mm512_loadu_si512(bg + 128), b3 = _mm512_loadu_si512(bg + 192);
-        for (int r = 0; r < {MR}; r++) {{
-            if (r >= rows) break;
-            int32_t four;
-            memcpy(&four, a + r * {kp} + g * 4, 4);
-            __m512i x = _mm512_set1_epi32(four);
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], x, b0);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], x, b1);
-            c[r][2] = _mm512_dpbusd_epi32(c[r][2], x, b2);
-            c[r][3] = _mm512_dpbusd_epi32(c[r][3], x, b3);
-        }}
-    }}
-    for (int r = 0; r < {MR}; r++) {{
-        if (r >= rows) break;
-        for (int v = 0; v < 4; v++) _mm512_storeu_si512(acc[r] + v * 16, c[r][v]);
-    }}
+    {vnni_sums(MR, groups, [f"_mm512_loadu_si512(bp + g * {NR * 4} + {64 * v})" for v in range(4)],
+               lambda r: f"a + {r * kp} + g * 4", vector_unsigned=False)}
 #else
     for (int r = 0; r < rows; r++) {{
         int32_t *c = acc[r];

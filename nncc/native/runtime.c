@@ -450,6 +450,33 @@ void nn_conv2d(const float *x, const float *w, const float *bias, const float *r
 
 /* Max pooling row by row: each tap is a max over the output columns it reaches, so the
  * inner loops are plain (strided) vector maxima; NaN propagates as in the spec. */
+#define NN_MAX_OR_NAN(v, r) (((v) > (r) || (v) != (v)) ? (v) : (r))  /* NaN wins, as max pooling defines */
+#define NN_POOL_ROW 4096  /* image rows up to this long take the stride-2 path: its buffers live on the stack */
+
+/* One output row of a stride-2 max pool: the window's rows reduced first (contiguous, whole
+ * vectors), that row split into its even and odd columns, then every tap of the window a
+ * contiguous read of one of the two (a stride-2 read vectorises poorly). */
+static void nn_maxpool_row_s2(const float *xc, float *row, int64_t H, int64_t W, int64_t OW, int64_t ih0, int64_t kh,
+                              int64_t kw, int64_t pw, int64_t dh, int64_t dw) {
+    float m[NN_POOL_ROW], even[NN_POOL_ROW / 2 + 1], odd[NN_POOL_ROW / 2 + 1];
+    for (int64_t iw = 0; iw < W; iw++) m[iw] = -INFINITY;
+    for (int64_t i = 0; i < kh; i++) {
+        int64_t ih = ih0 + i * dh;
+        if (ih < 0 || ih >= H) continue;
+        const float *xr = xc + ih * W;
+        for (int64_t iw = 0; iw < W; iw++) m[iw] = NN_MAX_OR_NAN(xr[iw], m[iw]);
+    }
+    for (int64_t k = 0; k < W / 2; k++) { even[k] = m[2 * k]; odd[k] = m[2 * k + 1]; }
+    if (W % 2) even[W / 2] = m[W - 1];
+    for (int64_t j = 0; j < kw; j++) {
+        int64_t off = j * dw - pw, lo, hi;
+        nn_cols(off, 2, W, OW, &lo, &hi);
+        int64_t parity = off & 1, half = (off - parity) / 2;  /* column 2 * ow + off of m */
+        const float *src = parity ? odd : even;
+        for (int64_t ow = lo; ow < hi; ow++) row[ow] = NN_MAX_OR_NAN(src[ow + half], row[ow]);
+    }
+}
+
 static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                          int64_t dw) {
@@ -459,6 +486,10 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
         for (int64_t oh = 0; oh < OH; oh++) {
             float *row = yc + oh * OW;
             for (int64_t ow = 0; ow < OW; ow++) row[ow] = -INFINITY;
+            if (sw == 2 && W <= NN_POOL_ROW) {
+                nn_maxpool_row_s2(xc, row, H, W, OW, oh * sh - ph, kh, kw, pw, dh, dw);
+                continue;
+            }
             for (int64_t i = 0; i < kh; i++) {
                 int64_t ih = oh * sh - ph + i * dh;
                 if (ih < 0 || ih >= H) continue;
