@@ -33,7 +33,7 @@ convolution class next to numpy's float32 sgemm peak at the same thread count, m
 in the same run (benchmarks/step_classes.py; --profile-runs 0 leaves it out).
 
 Models (--model NAME, repeatable; or a path to an .onnx file): the real-weight models of
-benchmarks/real_models.py (resnet18, resnet50, mobilenetv2, bert, gpt2, gpt2_kv; generated on first
+benchmarks/real_models.py (resnet18, resnet50, mobilenetv2, bert, gpt2, gpt2_kv, lstm; generated on first
 use into build/real-models), their quantized forms made with onnxruntime's quantization tool
 (bert_int8_dynamic, mobilenetv2_int8_qdq, resnet18_int8_qop: benchmarks/quantized_models.py;
 not in the default list), the light models that ship with onnx (light_resnet50,
@@ -64,7 +64,7 @@ RUNTIMES = ("nncc", "onnxruntime", "openvino")
 # OpenVINO told to compute in float32 (not its default there, so never counted as a peer)
 EXTRA_RUNTIMES = ("nncc-numpy", "nncc-bf16", "openvino-f32")
 PEERS = ("onnxruntime", "openvino")
-REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2", "gpt2_kv")
+REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2", "gpt2_kv", "lstm")
 QUANTIZED = ("bert_int8_dynamic", "mobilenetv2_int8_qdq", "resnet18_int8_qop")  # quantized_models.py
 CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")
 LIGHT = ("light_resnet50", "light_squeezenet", "light_shufflenet", "light_densenet121", "light_inception_v1",

@@ -19,6 +19,8 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
 - bert_dynamic.onnx, gpt2_dynamic.onnx  the same weights with symbolic batch and sequence
                    axes, reshapes computed from the runtime shape (Shape, Gather,
                    Concat) as an export with dynamic axes writes them
+- lstm.onnx        2-layer LSTM, hidden 256, input 128, 64 steps of batch 1 (the second
+                   layer reads the first's Y, its direction axis squeezed), 0.9M parameters
 - resnet50.onnx    (resnet50(), made on use by bench_native_compile.py and bench_peers.py)
                    ResNet-50 layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
 - NAME_batchN.onnx (write_one(out, NAME, batch=N), NAME one of the conv models) the same
@@ -248,6 +250,25 @@ def gpt2_dynamic():
     return _transformer("gpt2_dynamic", 2004, causal=True, dynamic=True)
 
 
+def lstm(seq: int = 64, inp: int = 128, hidden: int = 256, layers: int = 2):
+    """Stacked LSTMs as a speech or time-series export writes them: each layer's Y
+    [seq, 1, 1, hidden] squeezed to the next one's X, the last one's final states out."""
+    b = Builder(seed=2006)
+    x, size = "x", inp
+    for _ in range(layers):
+        w = b.lecun((1, 4 * hidden, size), size)
+        r = b.lecun((1, 4 * hidden, hidden), hidden)
+        bias = b.small((1, 8 * hidden))
+        y, y_h, y_c = b.op("LSTM", [x, w, r, bias], n_out=3, hidden_size=hidden)
+        x, size = b.op("Squeeze", [y, b.i64([1])]), hidden
+    b.op("Identity", [x], out="y")
+    b.op("Identity", [y_h], out="h")
+    b.op("Identity", [y_c], out="c")
+    return b.model("lstm", [f32_input("x", [seq, 1, inp])],
+                   [f32_input("y", [seq, 1, hidden]), f32_input("h", [1, 1, hidden]), f32_input("c", [1, 1, hidden])],
+                   f"{layers}-layer LSTM, hidden {hidden}, input {inp}, {seq} steps, real random weights")
+
+
 def large():
     """537 MB of weights: the cache's cost on a hit must not grow with this."""
     b = Builder(seed=2005)
@@ -263,7 +284,7 @@ def large():
 CONV_MODELS = {"resnet18": resnet18, "resnet50": resnet50, "mobilenetv2": mobilenetv2}  # take batch=N
 
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2, "gpt2_kv": gpt2_kv,
-          "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic}
+          "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic, "lstm": lstm}
 
 
 def write_all(out_dir: str, with_large: bool = False) -> list[str]:

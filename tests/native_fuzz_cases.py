@@ -12,9 +12,10 @@ tolerance, against the onnx reference evaluator (nncc passes only if it matches 
 Tolerance per output element: ``|nncc - oracle| <= ATOL_PER_TERM * terms * scale + RTOL *
 |oracle|``, where ``terms`` is the length of the longest sum behind an element (Conv:
 C/group * kh * kw; Gemm/MatMul: K; pooling: the window; Softmax/LayerNormalization: the
-row; elementwise ops: 1) and ``scale`` is max(1, max |oracle|) over the output: float32
-rounding grows with both, and any real mistake (a wrong tap, a missed pad, garbage read
-past a buffer) is off by the order of the values themselves.
+row; RNN/GRU/LSTM: a gate's, input + hidden + 2; elementwise ops: 1) and ``scale`` is
+max(1, max |oracle|) over the output: float32 rounding grows with both, and any real
+mistake (a wrong tap, a missed pad, garbage read past a buffer) is off by the order of the
+values themselves.
 
 Reproduce one case (prints its geometry and the differences)::
 
@@ -55,6 +56,9 @@ class Case:
     opt_level: int = 2  # -O2 fuses activations and biases into Conv, Gemm and MatMul; -O0 leaves them apart
     precision: str = "f32"  # the compile's precision (bf16: products by constant weights in bfloat16)
     slack: dict = field(default_factory=dict)  # output name -> per-element error bound added to the tolerance
+    # the same computation as onnxruntime can run it, when it cannot run ``nodes`` (a
+    # batch-major recurrent node: its layout-0 twin between Transposes)
+    oracle_nodes: list | None = None
 
     @property
     def reproduce(self) -> str:
@@ -709,13 +713,77 @@ def pointwise_conv(case, rng):
     conv(case, rng, pointwise=True)
 
 
-KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm, "matmul": matmul,
-         "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
-         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv,
-         "qconv_chain": qconv_chain}
+# -- recurrent ---------------------------------------------------------------------------------
+
+RECURRENT_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+
+
+def recurrent(case, rng, **given):
+    """One RNN, GRU or LSTM with constant weights (uniform in ±1/sqrt(hidden), as
+    frameworks initialise them): any direction and layout, clip, GRU's linear_before_reset,
+    LSTM's peepholes and input_forget, initial states fed at run time or absent, a random
+    non-empty subset of the outputs. onnxruntime runs only layout 0, so a layout-1 node is
+    judged against its layout-0 twin between Transposes. ``given`` fixes any of the
+    geometry's keys (tests/test_native_recurrent.py)."""
+    b = _Builder(case, rng)
+    g = dict(op=_choice(rng, ["LSTM", "LSTM", "GRU", "GRU", "RNN"]), hidden=int(rng.integers(1, 71)),
+             input=int(rng.integers(1, 41)), seq=int(rng.integers(1, 21)), batch=int(rng.integers(1, 4)),
+             direction=_choice(rng, ["forward", "reverse", "bidirectional"]), layout=int(rng.integers(0, 2)),
+             clip=_choice(rng, [None, None, 0.5, 3.0]), lbr=int(rng.integers(0, 2)), bias=rng.random() < 0.8,
+             initial=rng.random() < 0.5, peepholes=rng.random() < 0.3, input_forget=int(rng.random() < 0.2))
+    outputs = [rng.random() < 0.7 for _ in range(3)]
+    g["outputs"] = outputs if any(outputs[:3 if g["op"] == "LSTM" else 2]) else [True, False, False]
+    g.update(given)
+    op, hidden, inp, seq, batch = (g[k] for k in ("op", "hidden", "input", "seq", "batch"))
+    gates, d = RECURRENT_GATES[op], 2 if g["direction"] == "bidirectional" else 1
+    bound = 1.0 / math.sqrt(hidden)
+    ins = [b.input("x", (seq, batch, inp) if g["layout"] == 0 else (batch, seq, inp)),
+           b.init("w", (d, gates * hidden, inp), -bound, bound),
+           b.init("r", (d, gates * hidden, hidden), -bound, bound),
+           b.init("b", (d, 2 * gates * hidden), -bound, bound) if g["bias"] else "", ""]
+    state = (d, batch, hidden) if g["layout"] == 0 else (batch, d, hidden)
+    for short in ["h0"] + (["c0"] if op == "LSTM" else []):
+        ins.append(b.input(short, state) if g["initial"] else "")
+    if op == "LSTM" and g["peepholes"]:
+        ins.append(b.init("p", (d, 3 * hidden), -bound, bound))
+    while not ins[-1]:
+        ins.pop()
+    names = ["y", "yh", "yc"][:3 if op == "LSTM" else 2]
+    outs = [b.name(name) if want else "" for name, want in zip(names, g["outputs"])]
+    while not outs[-1]:
+        outs.pop()
+    attrs = dict(hidden_size=hidden, direction=g["direction"])
+    if g["clip"] is not None:
+        attrs["clip"] = g["clip"]
+    if op == "GRU":
+        attrs["linear_before_reset"] = g["lbr"]
+    if op == "LSTM":
+        attrs["input_forget"] = g["input_forget"]
+    case.nodes.append(helper.make_node(op, ins, outs, name=b.name(op), layout=g["layout"], **attrs))
+    case.outputs += [o for o in outs if o]
+    if g["layout"] == 1:  # onnxruntime's twin: layout 0 between Transposes
+        twin, t_ins = [], list(ins)
+        for i in (0, 5, 6):  # X, initial_h, initial_c
+            if i < len(ins) and ins[i]:
+                t_ins[i] = ins[i] + "_t"
+                twin.append(helper.make_node("Transpose", [ins[i]], [t_ins[i]], perm=[1, 0, 2]))
+        t_outs = [o + "_t" if o else "" for o in outs]
+        twin.append(helper.make_node(op, t_ins, t_outs, layout=0, **attrs))
+        twin += [helper.make_node("Transpose", [t], [o], perm=[2, 0, 1, 3] if k == 0 else [1, 0, 2])
+                 for k, (o, t) in enumerate(zip(outs, t_outs)) if o]
+        case.oracle_nodes = twin
+    g["outputs"] = [name for name, o in zip(names, outs) if o]
+    case.terms = inp + hidden + 2
+    case.geometry = g
+
+
+KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
+         "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
+         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain,
+         "recurrent": recurrent}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent"]
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -733,11 +801,12 @@ def make_cases(seed: int, start: int, count: int) -> list[Case]:
 # -- models and judging ------------------------------------------------------------------------
 
 
-def batch_model(cases: list[Case]) -> onnx.ModelProto:
-    """One model holding every case side by side (each its own inputs and outputs)."""
+def batch_model(cases: list[Case], oracle: bool = False) -> onnx.ModelProto:
+    """One model holding every case side by side (each its own inputs and outputs); with
+    ``oracle``, each case's nodes as onnxruntime runs them (``Case.oracle_nodes``)."""
     nodes, inputs, outputs, inits = [], [], [], []
     for case in cases:
-        nodes += case.nodes
+        nodes += case.oracle_nodes if oracle and case.oracle_nodes is not None else case.nodes
         inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in case.inputs.items()]
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
         inits += [numpy_helper.from_array(a, n) for n, a in case.inits.items()]
@@ -786,7 +855,7 @@ def run_onnxruntime(cases: list[Case]) -> dict:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3  # its own output-shape warnings would drown a failure
-    session = ort.InferenceSession(batch_model(cases).SerializeToString(), options,
+    session = ort.InferenceSession(batch_model(cases, oracle=True).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds(cases))))

@@ -26,7 +26,7 @@ from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import (attention_gen, gemm_bf16_gen, gemm_gen, int8_conv_gen, int8_gemm_gen, norm_gen,
-                         plain_ops, qimage_ops_gen)
+                         plain_ops, qimage_ops_gen, recurrent_gen)
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
                                      source)
 from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
@@ -67,6 +67,8 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         return int8_conv_gen.check(node, graph, infos)
     if qimage_ops_gen.handles(node):
         return qimage_ops_gen.check(node, graph, infos)
+    if recurrent_gen.handles(node):
+        return recurrent_gen.check(node, graph, infos)
     data_inputs = list(node.inputs)
     if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
         data_inputs = node.inputs[:1]
@@ -316,6 +318,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             return plain_ops.emit(self, node)
         if attention_gen.handles(node):
             return attention_gen.emit(self, node)
+        if recurrent_gen.handles(node):
+            return recurrent_gen.emit(self, node)
         if norm_gen.emit_add_layernorm(self, node):
             return
         if key in MATMUL_OPS:
