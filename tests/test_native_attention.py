@@ -47,11 +47,19 @@ def _cases():
     return cases
 
 
-def _fused_count(path) -> int:
+def _fused_nodes(path) -> list:
     from nncc.passes.pipeline import run_passes
 
     graph = run_passes(parse_model(open(path, "rb").read()), 2)
-    return sum(n.op_type == "FusedAttention" for n in graph.nodes)
+    return [n for n in graph.nodes if n.op_type == "FusedAttention"]
+
+
+def _fused_count(path) -> int:
+    return len(_fused_nodes(path))
+
+
+def _head_groups(path) -> list[int]:
+    return [int(n.attrs.get("head_group", 1)) for n in _fused_nodes(path)]
 
 
 @pytest.mark.parametrize("backend", ["native", "numpy"])
@@ -139,6 +147,12 @@ ATTENTION_OPS = [  # (name, Q, K, V shapes, mask (shape, kind) or None, attribut
      ([3, 9], "bool"), {}),
     ("3-D heads in the hidden axis, causal and a constant mask", [2, 33, 15], [2, 33, 15], [2, 33, 10],
      ([33, 33], "constant"), dict(q_num_heads=5, kv_num_heads=5, is_causal=1)),
+    ("4-D grouped-query heads, two query heads to each, causal", [2, 6, 5, 8], [2, 3, 7, 8], [2, 3, 7, 4], None,
+     dict(is_causal=1)),
+    ("3-D grouped-query heads, three to each of three, float mask", [1, 70, 45], [1, 70, 15], [1, 70, 21],
+     ([1, 1, 70, 70], "float"), dict(q_num_heads=9, kv_num_heads=3)),
+    ("3-D grouped-query heads, seven to one K and V head", [2, 9, 7 * 16], [2, 130, 16], [2, 130, 16], None,
+     dict(q_num_heads=7, kv_num_heads=1)),
 ]
 
 
@@ -177,6 +191,9 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
     path = tmp_path / "attention_op.onnx"
     onnx.save(model, str(path))
     assert _fused_count(path) == 1
+    hq = attrs.get("q_num_heads", q[1])
+    hkv = attrs.get("kv_num_heads", k[1])
+    assert _head_groups(path) == ([hq // hkv] if hkv not in (hq, 1) else [1])  # K and V read, not repeated
     compiled = nncc.compile_model(path, backends=(backend,) if backend == "numpy" else ("native", "numpy"))
     assert FUSED in compiled.plan.kernels
     if backend == "native":
@@ -187,11 +204,11 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
 
 
 @pytest.mark.parametrize("q, k, attrs, opset", [
-    ([1, 4, 3, 8], [1, 2, 5, 8], {}, 23),  # grouped-query heads
+    ([1, 6, 3, 8], [1, 4, 5, 8], {}, 23),  # K and V heads that do not divide the query's
     ([1, 2, 3, 8], [1, 2, 5, 8], {"softcap": 5.0}, 23),
     ([1, 2, 3, 8], [1, 2, 5, 8], {"is_causal": 1, "left_window_size": 2}, 25),
     ([1, 2, 3, 8], [1, 2, 5, 8], {"softmax_precision": 11}, 23),  # double
-], ids=["grouped heads", "softcap", "sliding window", "double softmax"])
+], ids=["heads that do not group", "softcap", "sliding window", "double softmax"])
 def test_attention_op_forms_left_to_its_kernel(q, k, attrs, opset):
     model, _ = _attention_op_model(q, k, k, None, attrs, np.random.default_rng(0))
     model.opset_import[0].version = opset

@@ -4,7 +4,8 @@ exporters spell out.
 
 Taken: float32 Q, K, V, 4-D (``[batch, heads, seq, head]``) or 3-D (``[batch, seq, heads x
 head]``, split by a Reshape to 4-D that the fused node reads through a permutation, and
-merged back by one after it); K and V with the query's head count or one head; no past
+merged back by one after it); K and V with the query's head count, one head, or grouped-query
+heads (a count that divides the query's: the fused node's ``head_group``); no past
 key or value, no ``nonpad_kv_seqlen``, no softcap, no sliding window, a float32 softmax;
 only Y read. The mask: a float one
 (added, as the op adds it), or a constant boolean one (made a constant 0 / -inf bias);
@@ -96,8 +97,10 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
         hkv, skv = ki.shape[1], ki.shape[2]
         if ki.shape[3] != d or vi.shape[2] != skv:
             return None
-    if hkv not in (hq, 1) or ki.shape[0] != batch or vi.shape[0] != batch:
-        return None  # grouped-query heads: the op's own kernel
+    if hkv <= 0 or hq % hkv or ki.shape[0] != batch or vi.shape[0] != batch:
+        return None
+    if rank == 4 and hkv not in (hq, 1) and vi.shape[1] != hkv:
+        return None
     bias_parts: list[np.ndarray] = []
     runtime_mask = ""
     if mask:
@@ -138,6 +141,8 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     attrs = {"scale": float(np.float32(scale)), "zero_hidden_rows": 1}
+    if hkv not in (hq, 1):  # one K and V head broadcasts as a batch axis does
+        attrs["head_group"] = hq // hkv
     return _fused(b, node, [q, k, v], bias, attrs, rank, hq, hkv)
 
 
