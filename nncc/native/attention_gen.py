@@ -12,12 +12,12 @@ scores of a block live in L1; a row is divided by its sum once, at the end. Task
 Every operand is read through the strides its permutation gives (nncc.kernels.fused_attention),
 so the Transposes that split and merge heads cost nothing. Grouped-query heads (``head_group``)
 read K and V at head ``h // head_group``: consecutive query heads of a group find the same K and
-V block already packed, so a group packs its K and V once and nothing is copied per head. A constant bias that hides whole
-key blocks from a query block (a causal mask, a window) is read at compile time: those blocks
-are skipped. A key is hidden when its bias is at most ``HIDDEN`` (exporters write -1e4, -1e9,
-float32's lowest or -inf): its probability is exp(score + bias - max), which is 0 in float32
-unless scores reach a magnitude near the bias. Skipping is only used when every query row
-keeps at least one key, so a row never loses all its terms.
+V block already packed, so a group packs its K and V once and nothing is copied per head. A
+constant bias that hides whole key blocks from a query block (a causal mask, a window) is read at
+compile time: those blocks are skipped. A key is hidden when its bias is at most ``HIDDEN``
+(exporters write -1e4, -1e9, float32's lowest or -inf): its probability is exp(score + bias -
+max), which is 0 in float32 unless scores reach a magnitude near the bias. Skipping is only used
+when every query row keeps at least one key, so a row never loses all its terms.
 
 Per-task buffers (the packed block of K and V, the scores, the output rows) come from one
 allocation per worker and call: any head size runs, and the sanitizers check them exactly.
