@@ -264,12 +264,11 @@ def gpt2_dynamic():
     return _transformer("gpt2_dynamic", 2004, causal=True, dynamic=True)
 
 
-def bert_ort_fused():
-    """bert's weights with a padding mask, through onnxruntime's transformer optimizer: each
-    layer's attention becomes one com.microsoft Attention (packed Q/K/V weights, the mask as
-    per-row sequence lengths), the model onnxruntime's users ship. Its other fusions
-    (SkipLayerNormalization, BiasGelu, ...) write contrib ops nncc has no kernels for, so they
-    are off: those layers stay standard ONNX."""
+def ort_fused(model, heads: int, hidden: int):
+    """``model`` through onnxruntime's transformer optimizer for BERT: each attention becomes one
+    com.microsoft Attention (packed Q/K/V weights, the mask as per-row sequence lengths). Its
+    other fusions (SkipLayerNormalization, BiasGelu, ...) write contrib ops nncc has no kernels
+    for, so they are off: those layers stay standard ONNX."""
     import tempfile
 
     import onnx
@@ -281,14 +280,20 @@ def bert_ort_fused():
                   "enable_bias_gelu", "enable_gelu_approximation", "enable_embed_layer_norm"):
         setattr(options, other, False)
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bert_padding_mask.onnx")
-        onnx.save(_transformer("bert_ort_fused", 2003, causal=False, padding_mask=True), path)
-        optimized = optimize_model(path, model_type="bert", num_heads=8, hidden_size=512, opt_level=0,
-                                   optimization_options=options)
-    ops = [n.op_type for n in optimized.model.graph.node if n.domain == "com.microsoft"]
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(model, path)
+        return optimize_model(path, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0,
+                              optimization_options=options).model
+
+
+def bert_ort_fused():
+    """bert's weights with a padding mask, through onnxruntime's transformer optimizer
+    (ort_fused): the model onnxruntime's users ship, four com.microsoft Attention ops."""
+    model = ort_fused(_transformer("bert_ort_fused", 2003, causal=False, padding_mask=True), 8, 512)
+    ops = [n.op_type for n in model.graph.node if n.domain == "com.microsoft"]
     if ops != ["Attention"] * 4:
         raise RuntimeError(f"onnxruntime's optimizer wrote {ops}, not four com.microsoft Attention ops")
-    return optimized.model
+    return model
 
 
 def large():

@@ -7,6 +7,7 @@ defines that nncc takes. The forms nncc does not take are clear one-line errors.
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 
@@ -168,3 +169,31 @@ def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("nncc: error:") and "past state is not supported" in lines[0], \
         run.stderr
+
+
+def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(tmp_path):
+    """A small BERT exported with a padding mask, as onnxruntime's transformer optimizer leaves
+    it (benchmarks/real_models.py: its attention fusion on, the fusions into contrib ops nncc
+    has no kernel for off): every com.microsoft Attention becomes a native FusedAttention,
+    and the output matches onnxruntime on a padded batch."""
+    pytest.importorskip("onnxruntime.transformers.optimizer")
+    benchmarks = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        from real_models import _transformer, ort_fused
+    finally:
+        sys.path.remove(benchmarks)
+    model = ort_fused(_transformer("bert_small", 7, causal=False, seq=24, d=64, heads=4, ff=128, layers=2,
+                                   padding_mask=True), 4, 64)
+    assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == ["Attention"] * 2
+    path = tmp_path / "bert_ort_fused.onnx"
+    onnx.save(model, str(path))
+    ops = _ops_after_passes(path)
+    assert "Attention" not in ops and ops.count("FusedAttention") == 2
+    compiled = nncc.compile_model(path)
+    rng = np.random.default_rng(15)
+    feeds = {"hidden_in": rng.standard_normal((1, 24, 64)).astype(np.float32),
+             "attention_mask": (np.arange(24) < 17).astype(np.int64)[None, :]}
+    if find_toolchain() is not None:
+        assert "hidden_out" in F.native_outputs(compiled)
+    np.testing.assert_allclose(compiled.run(feeds)["hidden_out"], _onnxruntime(model, feeds), rtol=1e-4, atol=1e-4)
