@@ -190,6 +190,7 @@ def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(
     onnx.save(model, str(path))
     ops = _ops_after_passes(path)
     assert "Attention" not in ops and ops.count("FusedAttention") == 2
+    assert ops.count("Less") == 1  # the sequence ends made a bias once, for both layers
     compiled = nncc.compile_model(path)
     rng = np.random.default_rng(15)
     feeds = {"hidden_in": rng.standard_normal((1, 24, 64)).astype(np.float32),

@@ -274,6 +274,8 @@ def test_multi_head_attention_forms_not_supported_are_clear_errors(tmp_path):
     ({"q_perm": [0, 0, 1, 2]}, [1, 2, 5, 4]),  # not a permutation
     ({"out_perm": [0, 1, 2]}, [1, 2, 5, 4]),  # the wrong rank
     ({}, [1, 2, 5, 3]),  # Q and K heads of different sizes
+    ({"head_group": 2}, [1, 2, 5, 4]),  # two K heads of two query heads each, but Q has two heads
+    ({"head_group": 0}, [1, 2, 5, 4]),
 ])
 def test_a_fused_attention_node_in_a_model_that_makes_no_attention_is_a_clear_error(tmp_path, attrs, k_shape):
     """The nncc domain is open to any model: a FusedAttention nncc's pass did not write is

@@ -100,6 +100,11 @@ def rewrite_contrib_attention(graph: Graph, node: Node, infos, consumers, b: Bui
     causal = bool(int(node.attrs.get("unidirectional", 0) or 0))
     filter_value = node.attrs.get("mask_filter_value")
     filter_value = MASK_FILTER_VALUE if filter_value is None else float(filter_value)
+    if attention_bias:  # checked before any part of the bias is built: nothing below gives up
+        ai = infos.get(attention_bias)
+        if not static(ai) or ai.dtype != F32 or len(ai.shape) != 4 or \
+                any(d not in (1, want) for d, want in zip(ai.shape, (batch, heads, seq, seq))):
+            return None
     base = node.name or node.outputs[0]
     bias = _Bias(b, base)
     parts: list[np.ndarray] = []
@@ -111,17 +116,16 @@ def rewrite_contrib_attention(graph: Graph, node: Node, infos, consumers, b: Bui
         value = _constant(graph, infos, mask)
         if value is not None and kind is not None:
             parts.append(mask_bias(value, batch, seq, seq, filter_value, causal))
-        elif kind in _RUNTIME_MASKS and graph.opset("") >= 9:
-            bias.runtime = _runtime_mask(bias, mask, kind, mi.dtype, batch, seq, filter_value, causal)
+        elif kind in _RUNTIME_MASKS and graph.opset("") >= 9:  # one bias for every layer that reads the mask
+            key = ("contrib attention mask", mask, kind, filter_value, causal)
+            if key not in b.made:
+                b.made[key] = _runtime_mask(bias, mask, kind, mi.dtype, batch, seq, filter_value, causal)
+            bias.runtime = b.made[key]
         else:
             return None
     elif causal:
         parts.append(mask_bias(None, batch, seq, seq, filter_value, True))
     if attention_bias:
-        ai = infos.get(attention_bias)
-        if not static(ai) or ai.dtype != F32 or len(ai.shape) != 4 or \
-                np.broadcast_shapes(ai.shape, (batch, heads, seq, seq)) != (batch, heads, seq, seq):
-            return None
         value = _constant(graph, infos, attention_bias)
         if value is not None:
             parts.append(np.asarray(value, np.float32))

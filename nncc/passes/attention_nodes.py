@@ -23,6 +23,7 @@ class Builder:
         self.graph = graph
         self.taken = all_names(graph)
         self.initializers: dict[str, np.ndarray] = {}
+        self.made: dict[tuple, str] = {}  # values one rewrite built that another may reuse, by what they are
 
     def constant(self, base: str, array: np.ndarray) -> str:
         name = fresh_name(base, self.taken)
