@@ -152,23 +152,31 @@ def test_present_is_computed_when_read(tmp_path):
     np.testing.assert_allclose(got["present"], want[1], rtol=1e-5, atol=1e-5)
 
 
-def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path):
-    """Past state: `nncc run` says what is unsupported in one line and exits 2, before any run."""
+@pytest.mark.parametrize("form", ["past", "4-D mask"])
+def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path, form):
+    """Past state, a 4-D mask: `nncc run` says what is unsupported in one line and exits 2,
+    before any run."""
     model, feeds = _model(dict(num_heads=2), (16, 16, 16), "", False, True, False, np.random.default_rng(14))
     node = model.graph.node[0]
     del node.input[3:]
-    node.input.extend(["", "past"])
-    model.graph.input.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, BATCH, 2, 3, 8]))
-    path = tmp_path / "past.onnx"
+    if form == "past":
+        node.input.extend(["", "past"])
+        model.graph.input.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, BATCH, 2, 3, 8]))
+        feeds["past"] = np.zeros((2, BATCH, 2, 3, 8), np.float32)
+        expected = "past state is not supported"
+    else:
+        node.input.append("mask")
+        model.graph.input.append(helper.make_tensor_value_info("mask", TensorProto.INT32, [BATCH, 1, SEQ, SEQ]))
+        feeds["mask"] = np.ones((BATCH, 1, SEQ, SEQ), np.int32)
+        expected = f"mask_index of shape [{BATCH}, 1, {SEQ}, {SEQ}] is not supported"
+    path = tmp_path / "unsupported.onnx"
     onnx.save(model, str(path))
-    feeds["past"] = np.zeros((2, BATCH, 2, 3, 8), np.float32)
     np.savez(tmp_path / "feeds.npz", **feeds)
     run = subprocess.run([sys.executable, "-m", "nncc", "run", str(path), "--inputs", str(tmp_path / "feeds.npz")],
                          capture_output=True, text=True)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("nncc: error:") and "past state is not supported" in lines[0], \
-        run.stderr
+    assert len(lines) == 1 and lines[0].startswith("nncc: error:") and expected in lines[0], run.stderr
 
 
 def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(tmp_path):

@@ -128,6 +128,9 @@ def _shape(ctx, x, weights, bias=None, mask=None, past=None, attention_bias=None
         return [TensorInfo(x.dtype, None) for _ in range(max(ctx.num_outputs, 1))]
     heads = int(ctx.get("num_heads"))
     batch, seq = x.shape[0], x.shape[1]
+    known = mask is not None and mask.shape is not None and all(isinstance(d, int) for d in (*mask.shape, batch, seq))
+    if known and mask_kind(mask.shape, batch, seq, seq) is None:
+        raise UnsupportedOpError("Attention", MS, 1, f"mask_index of shape {list(mask.shape)} is not supported")
     outs = [TensorInfo(x.dtype, (batch, seq, sizes[2])),
             TensorInfo(x.dtype, (2, batch, heads, seq, sizes[0] // heads))]
     return outs[:max(ctx.num_outputs, 1)]
