@@ -66,7 +66,7 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: Builder) -> list[Nod
         if not hq or not hkv or qi.shape[2] % hq or ki.shape[2] % hkv or vi.shape[2] % hkv:
             return None
         batch, sq, skv = qi.shape[0], qi.shape[1], ki.shape[1]
-        d, dv = qi.shape[2] // hq, vi.shape[2] // hkv
+        d = qi.shape[2] // hq
         if ki.shape[2] // hkv != d:
             return None
     else:
