@@ -36,7 +36,8 @@ Models (--model NAME, repeatable; or a path to an .onnx file): the real-weight m
 benchmarks/real_models.py (resnet18, resnet50, mobilenetv2, bert, gpt2, gpt2_kv, lstm; generated on first
 use into build/real-models), their quantized forms made with onnxruntime's quantization tool
 (bert_int8_dynamic, mobilenetv2_int8_qdq, resnet18_int8_qop: benchmarks/quantized_models.py;
-not in the default list), the light models that ship with onnx (light_resnet50,
+not in the default list), bert with a padding mask through onnxruntime's transformer optimizer
+(bert_ort_fused: com.microsoft Attention; not in the default list), the light models that ship with onnx (light_resnet50,
 light_squeezenet, light_shufflenet, light_densenet121, light_inception_v1,
 light_inception_v2, where present), and the fixtures (symbolic dimensions 1 unless --dim).
 
@@ -66,6 +67,7 @@ EXTRA_RUNTIMES = ("nncc-numpy", "nncc-bf16", "openvino-f32")
 PEERS = ("onnxruntime", "openvino")
 REAL = ("resnet18", "resnet50", "mobilenetv2", "bert", "gpt2", "gpt2_kv", "lstm")
 QUANTIZED = ("bert_int8_dynamic", "mobilenetv2_int8_qdq", "resnet18_int8_qop")  # quantized_models.py
+ORT_FUSED = ("bert_ort_fused",)  # real_models.py, through onnxruntime's transformer optimizer
 CONV_REAL = ("resnet18", "resnet50", "mobilenetv2")
 LIGHT = ("light_resnet50", "light_squeezenet", "light_shufflenet", "light_densenet121", "light_inception_v1",
          "light_inception_v2")
@@ -122,7 +124,7 @@ def _label(name: str) -> str:
 
 def resolve(name: str, batch: int = 1) -> pathlib.Path:
     """A model name (see the module docstring) or a path -> the .onnx file."""
-    if name in REAL:
+    if name in REAL or name in ORT_FUSED:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from real_models import write_one
 

@@ -23,6 +23,9 @@ Writes (opset 17, weights from a seeded numpy Generator, so runs are byte-identi
                    layer reads the first's Y, its direction axis squeezed), 0.9M parameters
 - resnet50.onnx    (resnet50(), made on use by bench_native_compile.py and bench_peers.py)
                    ResNet-50 layout, 1x3x224x224, BatchNorm folded, 25.6M parameters
+- bert_ort_fused.onnx (write_one(out, "bert_ort_fused"); needs onnxruntime) bert's weights
+                   with an int64 attention_mask input (1x128), through onnxruntime's transformer
+                   optimizer: four com.microsoft Attention ops, the other layers standard ONNX
 - NAME_batchN.onnx (write_one(out, NAME, batch=N), NAME one of the conv models) the same
                    model and weights with a batch of N images
 - large.onnx       (with --large) an MLP of 8 layers of 4096x4096: 537M bytes of weights,
@@ -37,7 +40,7 @@ import pathlib
 import sys
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fixtures"))
@@ -136,14 +139,22 @@ def mobilenetv2(batch: int = 1):
 
 
 def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4, dynamic=False,
-                 kv_cache=False):
+                 kv_cache=False, padding_mask=False):
     """``dynamic``: batch and sequence length are symbolic input dimensions, and every
     reshape target and the causal mask are computed from the runtime shape, as
     torch.onnx.export writes a model exported with dynamic axes. ``kv_cache``: one new
     token (the seq-th) attends to itself and to seq - 1 past keys and values per layer,
-    which are inputs; the keys and values with the new token's appended are outputs."""
+    which are inputs; the keys and values with the new token's appended are outputs.
+    ``padding_mask``: an int64 attention_mask input (1 keep, 0 padding) made the scores'
+    additive -10000 bias, and the scores divided by sqrt(head size), as a Hugging Face BERT
+    export writes them (the form onnxruntime's transformer optimizer recognises)."""
     b = Builder(seed=seed)
     dh = d // heads
+    padding_bias = None
+    if padding_mask:  # [B, S] -> [B, 1, 1, S]: (1 - mask) * -10000
+        wide = b.op("Unsqueeze", [b.op("Unsqueeze", ["attention_mask", b.i64([1], "axes")]), b.i64([2], "axes")])
+        hidden = b.op("Sub", [b.f32(1.0), b.op("Cast", [wide], to=1)])
+        padding_bias = b.op("Mul", [hidden, b.f32(-10000.0)])
 
     def runtime_dims(t, *axes):  # [t.shape[a] for a in axes] as 1-element int64 tensors
         shape = b.op("Shape", [t])
@@ -184,7 +195,10 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4,
             return cached_attention(x)
         q, k, v = (linear(x, d, d) for _ in range(3))
         scores = b.op("MatMul", [split_heads(q, [0, 2, 1, 3]), split_heads(k, [0, 2, 3, 1])])
-        scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
+        if padding_bias is not None:
+            scores = b.op("Add", [b.op("Div", [scores, b.f32(math.sqrt(dh))]), padding_bias])
+        else:
+            scores = b.op("Mul", [scores, b.f32(1.0 / math.sqrt(dh))])
         if causal and not dynamic:
             mask = np.triu(np.full((seq, seq), -1e9, np.float32), 1)
             scores = b.op("Add", [scores, b.const(mask, "causal_mask")])
@@ -221,6 +235,8 @@ def _transformer(name, seed, causal, seq=128, d=512, heads=8, ff=2048, layers=4,
     b.op("Identity", [x], out="hidden_out")
     shape = ["batch", "seq", d] if dynamic else [1, 1 if kv_cache else seq, d]
     inputs, outputs = [f32_input("hidden_in", shape)], [f32_input("hidden_out", shape)]
+    if padding_mask:
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, shape[:2]))
     for past_key, past_value, present_key, present_value in past:
         inputs += [f32_input(past_key, [1, heads, seq - 1, dh]), f32_input(past_value, [1, heads, seq - 1, dh])]
         outputs += [f32_input(present_key, [1, heads, seq, dh]), f32_input(present_value, [1, heads, seq, dh])]
@@ -269,6 +285,38 @@ def lstm(seq: int = 64, inp: int = 128, hidden: int = 256, layers: int = 2):
                    f"{layers}-layer LSTM, hidden {hidden}, input {inp}, {seq} steps, real random weights")
 
 
+def ort_fused(model, heads: int, hidden: int):
+    """``model`` through onnxruntime's transformer optimizer for BERT: each attention becomes one
+    com.microsoft Attention (packed Q/K/V weights, the mask as per-row sequence lengths). Its
+    other fusions (SkipLayerNormalization, BiasGelu, ...) write contrib ops nncc has no kernels
+    for, so they are off: those layers stay standard ONNX."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.transformers.fusion_options import FusionOptions  # lazy: benchmark peer
+    from onnxruntime.transformers.optimizer import optimize_model  # lazy: benchmark peer
+
+    options = FusionOptions("bert")
+    for other in ("enable_gelu", "enable_layer_norm", "enable_skip_layer_norm", "enable_bias_skip_layer_norm",
+                  "enable_bias_gelu", "enable_gelu_approximation", "enable_embed_layer_norm"):
+        setattr(options, other, False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(model, path)
+        return optimize_model(path, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0,
+                              optimization_options=options).model
+
+
+def bert_ort_fused():
+    """bert's weights with a padding mask, through onnxruntime's transformer optimizer
+    (ort_fused): the model onnxruntime's users ship, four com.microsoft Attention ops."""
+    model = ort_fused(_transformer("bert_ort_fused", 2003, causal=False, padding_mask=True), 8, 512)
+    ops = [n.op_type for n in model.graph.node if n.domain == "com.microsoft"]
+    if ops != ["Attention"] * 4:
+        raise RuntimeError(f"onnxruntime's optimizer wrote {ops}, not four com.microsoft Attention ops")
+    return model
+
+
 def large():
     """537 MB of weights: the cache's cost on a hit must not grow with this."""
     b = Builder(seed=2005)
@@ -285,6 +333,7 @@ CONV_MODELS = {"resnet18": resnet18, "resnet50": resnet50, "mobilenetv2": mobile
 
 MODELS = {"resnet18": resnet18, "mobilenetv2": mobilenetv2, "bert": bert, "gpt2": gpt2, "gpt2_kv": gpt2_kv,
           "bert_dynamic": bert_dynamic, "gpt2_dynamic": gpt2_dynamic, "lstm": lstm}
+ORT_MODELS = {"bert_ort_fused": bert_ort_fused}  # made with onnxruntime: by name only, not in write_all
 
 
 def write_all(out_dir: str, with_large: bool = False) -> list[str]:
@@ -309,7 +358,7 @@ def write_one(out_dir: str, name: str, batch: int = 1) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{_batched(name, batch)}.onnx")
     if not os.path.exists(path):
-        onnx.save(CONV_MODELS[name](batch) if name in CONV_MODELS else MODELS[name](), path)
+        onnx.save(CONV_MODELS[name](batch) if name in CONV_MODELS else dict(MODELS, **ORT_MODELS)[name](), path)
     return path
 
 

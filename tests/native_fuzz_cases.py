@@ -369,7 +369,11 @@ def attention(case, rng, **given):
     nncc FusedAttention at -O2): heads split by Transposes or given already split, a scale
     by Mul or Div, an optional mask (a padding mask fed at run time, a constant causal or
     random one, -1e9 or -inf), Softmax, the product with V, heads merged back or not.
-    ``given`` fixes any of the geometry's keys (tests/test_native_attention.py)."""
+    Grouped-query heads (``kv_heads`` dividing ``heads``, drawn from the case's second
+    generator so the other geometries stay as they were): K and V with fewer heads, each
+    repeated for its group of query heads as exporters write it (Unsqueeze, Expand, Reshape),
+    which -O2 reads unrepeated. ``given`` fixes any of the geometry's keys
+    (tests/test_native_attention.py)."""
     b = _Builder(case, rng)
     g = dict(batch=_choice(rng, [1, 1, 2, 3]), heads=_choice(rng, [1, 2, 3, 5, 8]),
              d=_choice(rng, [1, 3, 8, 17, 32, 64, 80]), sq=_choice(rng, [1, 2, 7, 33, 64, 128, 200]),
@@ -380,14 +384,45 @@ def attention(case, rng, **given):
     g["skv"] = g["sq"] if rng.random() < 0.6 else _choice(rng, [1, 5, 64, 65, 130])
     if rng.random() < 0.05:
         g["sq"] = g["skv"] = 512
+    grouped = np.random.default_rng([case.seed, case.index, 1])
+    if g["split"] != "rank3" and grouped.random() < 0.35:
+        g["heads"], g["kv_heads"] = _choice(grouped, [(4, 2), (6, 3), (9, 3), (15, 5), (8, 1), (5, 1), (12, 4),
+                                                      (3, 1), (6, 2)])
+    g["kv_heads"] = g.get("kv_heads", g["heads"])
     g.update(given)
+    if "heads" in given and "kv_heads" not in given:
+        g["kv_heads"] = g["heads"]
     batch, heads, d, dv, sq, skv = (g[k] for k in ("batch", "heads", "d", "dv", "sq", "skv"))
+    kv_heads = g["kv_heads"]
     if g["split"] == "rank3" and g["mask"] == "padding":
         g["mask"] = "random"
-    if g["split"] == "transpose":  # [B, S, H, D] as a projection's Reshape leaves it
+
+    def repeat(x, shape, short):  # [B, Hkv, A, C] -> each head repeated for its group: [B, H, A, C]
+        group = heads // kv_heads
+        consts = {"axes": [2], "wide": [shape[0], kv_heads, group, shape[2], shape[3]],
+                  "merged": [shape[0], heads, shape[2], shape[3]]}
+        for key, value in consts.items():
+            case.inits[b.name(f"{short}_{key}")] = np.array(value, np.int64)
+        x = b.node("Unsqueeze", [x, b.name(f"{short}_axes")], [f"{short}_lone"])[0]
+        x = b.node("Expand", [x, b.name(f"{short}_wide")], [f"{short}_wide_out"])[0]
+        return b.node("Reshape", [x, b.name(f"{short}_merged")], [f"{short}_rep"])[0]
+
+    if g["split"] == "transpose" and kv_heads != heads:  # [B, S, Hkv, D], heads split, then repeated
+        q = b.node("Transpose", [b.input("q", (batch, sq, heads, d))], ["qt"], perm=[0, 2, 1, 3])[0]
+        k = b.node("Transpose", [b.input("k", (batch, skv, kv_heads, d))], ["kh"], perm=[0, 2, 1, 3])[0]
+        kt = b.node("Transpose", [repeat(k, (batch, kv_heads, skv, d), "k")], ["kt"], perm=[0, 1, 3, 2])[0]
+        v = b.node("Transpose", [b.input("v", (batch, skv, kv_heads, dv))], ["vh"], perm=[0, 2, 1, 3])[0]
+        v = repeat(v, (batch, kv_heads, skv, dv), "v")
+        lead = (batch, heads)
+    elif g["split"] == "transpose":  # [B, S, H, D] as a projection's Reshape leaves it
         q = b.node("Transpose", [b.input("q", (batch, sq, heads, d))], ["qt"], perm=[0, 2, 1, 3])[0]
         kt = b.node("Transpose", [b.input("k", (batch, skv, heads, d))], ["kt"], perm=[0, 2, 3, 1])[0]
         v = b.node("Transpose", [b.input("v", (batch, skv, heads, dv))], ["vt"], perm=[0, 2, 1, 3])[0]
+        lead = (batch, heads)
+    elif g["split"] == "given" and kv_heads != heads:  # [B, Hkv, S, D], K already transposed, repeated
+        q = b.input("q", (batch, heads, sq, d))
+        kt = repeat(b.input("k", (batch, kv_heads, d, skv)), (batch, kv_heads, d, skv), "k")
+        v = repeat(b.input("v", (batch, kv_heads, skv, dv)), (batch, kv_heads, skv, dv), "v")
         lead = (batch, heads)
     elif g["split"] == "given":  # already [B, H, S, D], K already transposed
         q, kt, v = b.input("q", (batch, heads, sq, d)), b.input("k", (batch, heads, d, skv)), \

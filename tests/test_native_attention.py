@@ -4,7 +4,8 @@ against onnxruntime. The geometries are the fuzzer's attention cases
 (tests/native_fuzz_cases.py) pinned to the corners: one query (a decoder's next token),
 512 tokens, odd head counts and head sizes, batch > 1 with a padding mask fed at run time,
 constant causal masks of -1e9 and -inf (whose hidden key blocks the kernel skips), heads
-flattened into a 3-D batch. Then the near misses the pass must leave as they are.
+flattened into a 3-D batch, grouped-query heads (K and V repeated per query head, read
+unrepeated). Then the near misses the pass must leave as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ PINNED = [  # (geometry keys the case fixes); the rest drawn from the case's gen
     dict(batch=2, heads=3, d=1, dv=5, sq=200, skv=7, split="rank3", mask="random", scale="mul", merge=False),
     dict(batch=1, heads=1, d=3, dv=16, sq=65, skv=64, split="given", mask="causal", scale="div", merge=False),
     dict(batch=2, heads=2, d=32, dv=32, sq=64, skv=1, split="transpose", mask="", scale="mul", merge=True),
+    # grouped-query heads, K and V repeated per query head as exporters write it
+    dict(batch=2, heads=9, kv_heads=3, d=17, dv=17, sq=33, skv=65, split="transpose", mask="padding", scale="mul",
+         merge=True),
+    dict(batch=1, heads=5, kv_heads=1, d=8, dv=5, sq=1, skv=130, split="given", mask="", scale="div", merge=False),
+    dict(batch=1, heads=6, kv_heads=2, d=64, dv=64, sq=200, skv=200, split="transpose", mask="causal", scale="mul",
+         merge=True),
 ]
 
 
@@ -47,11 +54,19 @@ def _cases():
     return cases
 
 
-def _fused_count(path) -> int:
+def _fused_nodes(path) -> list:
     from nncc.passes.pipeline import run_passes
 
     graph = run_passes(parse_model(open(path, "rb").read()), 2)
-    return sum(n.op_type == "FusedAttention" for n in graph.nodes)
+    return [n for n in graph.nodes if n.op_type == "FusedAttention"]
+
+
+def _fused_count(path) -> int:
+    return len(_fused_nodes(path))
+
+
+def _head_groups(path) -> list[int]:
+    return [int(n.attrs.get("head_group", 1)) for n in _fused_nodes(path)]
 
 
 @pytest.mark.parametrize("backend", ["native", "numpy"])
@@ -62,6 +77,8 @@ def test_fused_attention_matches_onnxruntime(tmp_path, backend):
     path = tmp_path / "attention.onnx"
     onnx.save(F.batch_model(cases), str(path))
     assert _fused_count(path) == len(cases)  # every pattern became one node
+    groups = [c.geometry["heads"] // c.geometry["kv_heads"] for c in cases]
+    assert _head_groups(path) == groups  # repeated K and V read unrepeated
     model = nncc.compile_model(path, backends=(backend,) if backend == "numpy" else ("native", "numpy"))
     assert FUSED in model.plan.kernels
     got = model.run(F.feeds(cases))
@@ -139,6 +156,12 @@ ATTENTION_OPS = [  # (name, Q, K, V shapes, mask (shape, kind) or None, attribut
      ([3, 9], "bool"), {}),
     ("3-D heads in the hidden axis, causal and a constant mask", [2, 33, 15], [2, 33, 15], [2, 33, 10],
      ([33, 33], "constant"), dict(q_num_heads=5, kv_num_heads=5, is_causal=1)),
+    ("4-D grouped-query heads, two query heads to each, causal", [2, 6, 5, 8], [2, 3, 7, 8], [2, 3, 7, 4], None,
+     dict(is_causal=1)),
+    ("3-D grouped-query heads, three to each of three, float mask", [1, 70, 45], [1, 70, 15], [1, 70, 21],
+     ([1, 1, 70, 70], "float"), dict(q_num_heads=9, kv_num_heads=3)),
+    ("3-D grouped-query heads, seven to one K and V head", [2, 9, 7 * 16], [2, 130, 16], [2, 130, 16], None,
+     dict(q_num_heads=7, kv_num_heads=1)),
 ]
 
 
@@ -177,6 +200,9 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
     path = tmp_path / "attention_op.onnx"
     onnx.save(model, str(path))
     assert _fused_count(path) == 1
+    hq = attrs.get("q_num_heads", q[1])
+    hkv = attrs.get("kv_num_heads", k[1])
+    assert _head_groups(path) == ([hq // hkv] if hkv not in (hq, 1) else [1])  # K and V read, not repeated
     compiled = nncc.compile_model(path, backends=(backend,) if backend == "numpy" else ("native", "numpy"))
     assert FUSED in compiled.plan.kernels
     if backend == "native":
@@ -187,11 +213,11 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
 
 
 @pytest.mark.parametrize("q, k, attrs, opset", [
-    ([1, 4, 3, 8], [1, 2, 5, 8], {}, 23),  # grouped-query heads
+    ([1, 6, 3, 8], [1, 4, 5, 8], {}, 23),  # K and V heads that do not divide the query's
     ([1, 2, 3, 8], [1, 2, 5, 8], {"softcap": 5.0}, 23),
     ([1, 2, 3, 8], [1, 2, 5, 8], {"is_causal": 1, "left_window_size": 2}, 25),
     ([1, 2, 3, 8], [1, 2, 5, 8], {"softmax_precision": 11}, 23),  # double
-], ids=["grouped heads", "softcap", "sliding window", "double softmax"])
+], ids=["heads that do not group", "softcap", "sliding window", "double softmax"])
 def test_attention_op_forms_left_to_its_kernel(q, k, attrs, opset):
     model, _ = _attention_op_model(q, k, k, None, attrs, np.random.default_rng(0))
     model.opset_import[0].version = opset
@@ -248,6 +274,8 @@ def test_multi_head_attention_forms_not_supported_are_clear_errors(tmp_path):
     ({"q_perm": [0, 0, 1, 2]}, [1, 2, 5, 4]),  # not a permutation
     ({"out_perm": [0, 1, 2]}, [1, 2, 5, 4]),  # the wrong rank
     ({}, [1, 2, 5, 3]),  # Q and K heads of different sizes
+    ({"head_group": 2}, [1, 2, 5, 4]),  # two K heads of two query heads each, but Q has two heads
+    ({"head_group": 0}, [1, 2, 5, 4]),
 ])
 def test_a_fused_attention_node_in_a_model_that_makes_no_attention_is_a_clear_error(tmp_path, attrs, k_shape):
     """The nncc domain is open to any model: a FusedAttention nncc's pass did not write is
@@ -299,3 +327,33 @@ def test_a_decoders_next_token_step_over_cached_keys_fuses_and_matches(tmp_path,
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
     for n, w in zip(outputs, want):
         np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
+
+
+def test_heads_repeated_as_a_whole_are_not_taken_for_grouped_heads(tmp_path):
+    """K and V tiled as a whole (query head h reads K/V head h % Hkv, not h // group): the
+    Unsqueeze is on the axis before the heads. The fused node must keep reading the repeated
+    copies, and the result must still match onnxruntime."""
+    kv, group, s, d = 2, 3, 9, 8
+
+    def tiled(x):
+        return [helper.make_node("Unsqueeze", [x, "axis1"], [f"{x}_lone"]),
+                helper.make_node("Expand", [f"{x}_lone", "wide"], [f"{x}_wide"]),
+                helper.make_node("Reshape", [f"{x}_wide", "merged"], [f"{x}_rep"])]
+
+    nodes = tiled("k") + tiled("v") + [
+        helper.make_node("Transpose", ["k_rep"], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Mul", ["scores", "s"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "v_rep"], ["y"])]
+    inputs = [("q", [1, kv * group, s, d]), ("k", [1, kv, s, d]), ("v", [1, kv, s, d])]
+    model = _model(nodes, inputs, ["y"], [("s", 0.3)])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (
+        ("axis1", [1]), ("wide", [1, group, kv, s, d]), ("merged", [1, kv * group, s, d]))])
+    onnx.save(model, str(tmp_path / "tiled.onnx"))
+    assert _head_groups(tmp_path / "tiled.onnx") == [1]
+    rng = np.random.default_rng(9)
+    feeds = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs}
+    got = nncc.compile_model(tmp_path / "tiled.onnx").run(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -9,6 +9,7 @@ FAMILIES = (
     "affine",
     "arithmetic",
     "attention",
+    "attention_contrib",
     "bitwise",
     "control_flow",
     "conv",

@@ -215,6 +215,7 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "ai.onnx.preview.training::Adagrad": "training",
     "ai.onnx.preview.training::Adam": "training",
     "ai.onnx.preview.training::Momentum": "training",
+    "com.microsoft::Attention": "attention_contrib",
     "com.microsoft::DynamicQuantizeMatMul": "qlinear_contrib",
     "com.microsoft::MatMulIntegerToFloat": "qlinear_contrib",
     "com.microsoft::MultiHeadAttention": "fused_attention",

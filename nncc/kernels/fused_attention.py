@@ -13,7 +13,10 @@ heads (and the one that merges them back) are absorbed rather than copied:
 * ``scale`` (float): the scores' multiplier;
 * ``bias`` (optional input): added to the scaled scores, broadcast as the Add it came from;
 * ``zero_hidden_rows`` (int, default 0): a query row whose every score is -inf gives zeros,
-  as the ONNX Attention op defines it, rather than Softmax's NaN.
+  as the ONNX Attention op defines it, rather than Softmax's NaN;
+* ``head_group`` (int, default 1): grouped-query heads. On the last batch axis (the heads)
+  K and V have ``1 / head_group`` as many entries as Q and the output, and query head ``h``
+  reads K/V head ``h // head_group``; K and V are never copied per query head.
 
 Batch axes broadcast as MatMul's do. The kernel computes exactly what the unfused ops did,
 in the same order (scores, scale, bias, softmax, product), so the two agree to rounding.
@@ -63,11 +66,26 @@ def _broadcast(*dims):
     return out
 
 
+def _group(ctx) -> int:
+    group = int(ctx.get("head_group", 1))
+    if group < 1:
+        raise KernelError(f"FusedAttention: head_group {group} must be at least 1")
+    return group
+
+
 def _shape(ctx, q, k, v, bias=None):
     shapes = [_logical_shape(ctx, key, info.shape) for key, info in
               (("q_perm", q), ("k_perm", k), ("v_perm", v))]
     if any(s is None or len(s) < 2 for s in shapes):
         return [TensorInfo(q.dtype, None)]
+    try:
+        group = _group(ctx)
+    except KernelError as exc:
+        raise ShapeInferenceError(str(exc)) from None
+    if group > 1:  # K's and V's heads stand for `group` query heads each
+        if any(len(s) < 3 for s in shapes):
+            raise ShapeInferenceError("FusedAttention: grouped heads need a head axis on Q, K and V")
+        shapes = [shapes[0]] + [s[:-3] + [None if s[-3] is None else s[-3] * group] + s[-2:] for s in shapes[1:]]
     ql, kl, vl = shapes
     rank = max(len(ql), len(kl), len(vl))
     batch = []
@@ -82,7 +100,7 @@ def _shape(ctx, q, k, v, bias=None):
     return [TensorInfo(q.dtype, tuple(y))]
 
 
-def _softmax_last(x: np.ndarray, zero_hidden_rows: bool) -> np.ndarray:
+def softmax_last(x: np.ndarray, zero_hidden_rows: bool) -> np.ndarray:
     top = np.max(x, axis=-1, keepdims=True)
     if zero_hidden_rows:
         top[np.isneginf(top)] = 0  # exp(-inf - 0) = 0: the row sums to 0
@@ -106,13 +124,27 @@ def fused_attention(ctx, q, k, v, bias=None):
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise KernelError(f"FusedAttention: Q {list(q.shape)}, K {list(k.shape)} and V {list(v.shape)} "
                           "do not make an attention")
+    group = _group(ctx)
+    if group > 1:
+        if min(q.ndim, k.ndim, v.ndim) < 3 or k.shape[-3] != v.shape[-3] or q.shape[-3] != k.shape[-3] * group:
+            raise KernelError(f"FusedAttention: Q {list(q.shape)}, K {list(k.shape)} and V {list(v.shape)} "
+                              f"do not have {group} query heads to each K and V head")
+        # (..., kv heads, group x Sq, D): each K and V head multiplied once, for its whole group
+        q = q.reshape(q.shape[:-3] + (k.shape[-3], group * q.shape[-2], q.shape[-1]))
     try:
         scores = np.matmul(q, np.swapaxes(k, -1, -2))
+        if group > 1:
+            scores = scores.reshape(scores.shape[:-3] + (k.shape[-3] * group, -1, scores.shape[-1]))
         scores *= scores.dtype.type(ctx.get("scale", 1.0))
         if bias is not None:
             scores = scores + bias.astype(scores.dtype, copy=False)
         with np.errstate(invalid="ignore", over="ignore"):  # as Softmax: an all -inf row is NaN
-            y = np.matmul(_softmax_last(scores, bool(ctx.get("zero_hidden_rows", 0))), v)
+            probs = softmax_last(scores, bool(ctx.get("zero_hidden_rows", 0)))
+        if group > 1:
+            probs = probs.reshape(probs.shape[:-3] + (k.shape[-3], -1, probs.shape[-1]))
+        y = np.matmul(probs, v)
+        if group > 1:
+            y = y.reshape(y.shape[:-3] + (k.shape[-3] * group, -1, y.shape[-1]))
     except ValueError as exc:  # batch axes or the bias that do not broadcast
         raise KernelError(f"FusedAttention: {exc}") from None
     return np.ascontiguousarray(np.transpose(y, _perm(ctx, "out_perm", y.ndim)))
@@ -157,7 +189,7 @@ def multi_head_attention(ctx, query, key=None, value=None, bias=None, key_paddin
         scores = np.matmul(split[0], np.swapaxes(split[1], -1, -2)) * query.dtype.type(scale)
         if attention_bias is not None:
             scores = scores + attention_bias
-        y = np.matmul(_softmax_last(scores, False), split[2])
+        y = np.matmul(softmax_last(scores, False), split[2])
     except ValueError as exc:
         raise KernelError(f"com.microsoft MultiHeadAttention: {exc}") from None
     return np.ascontiguousarray(y.transpose(0, 2, 1, 3).reshape(query.shape[0], query.shape[1], -1))

@@ -10,12 +10,14 @@ scores of a block live in L1; a row is divided by its sum once, at the end. Task
 (batch x heads x query blocks), shared statically by the thread pool.
 
 Every operand is read through the strides its permutation gives (nncc.kernels.fused_attention),
-so the Transposes that split and merge heads cost nothing. A constant bias that hides whole
-key blocks from a query block (a causal mask, a window) is read at compile time: those blocks
-are skipped. A key is hidden when its bias is at most ``HIDDEN`` (exporters write -1e4, -1e9,
-float32's lowest or -inf): its probability is exp(score + bias - max), which is 0 in float32
-unless scores reach a magnitude near the bias. Skipping is only used when every query row
-keeps at least one key, so a row never loses all its terms.
+so the Transposes that split and merge heads cost nothing. Grouped-query heads (``head_group``)
+read K and V at head ``h // head_group``: consecutive query heads of a group find the same K and
+V block already packed, so a group packs its K and V once and nothing is copied per head. A
+constant bias that hides whole key blocks from a query block (a causal mask, a window) is read at
+compile time: those blocks are skipped. A key is hidden when its bias is at most ``HIDDEN``
+(exporters write -1e4, -1e9, float32's lowest or -inf): its probability is exp(score + bias -
+max), which is 0 in float32 unless scores reach a magnitude near the bias. Skipping is only used
+when every query row keeps at least one key, so a row never loses all its terms.
 
 Per-task buffers (the packed block of K and V, the scores, the output rows) come from one
 allocation per worker and call: any head size runs, and the sanitizers check them exactly.
@@ -70,6 +72,7 @@ class _Geometry:
         for j, axis in enumerate(out_perm):
             o_sizes[axis], o_strides[axis] = out_shape[j], ost[j]
         self.rank = len(o_sizes)
+        self.group = int(node.attrs.get("head_group", 1))
         self.batch = o_sizes[:-2]
         self.sq, self.dv = o_sizes[-2], o_sizes[-1]
         (qs, qst), (ks, kst), (vs, vst) = logical["q_perm"], logical["k_perm"], logical["v_perm"]
@@ -111,6 +114,13 @@ def _inconsistent(node: Node, infos) -> str | None:
             return f"{key} {perm} is not a permutation of the operand's axes"
         logical.append([shape[p] for p in perm])
     (q, k, v), out = logical, infos[node.outputs[0]].shape
+    group = int(node.attrs.get("head_group", 1))
+    if group < 1:
+        return "head_group below 1"
+    if group > 1:  # each K and V head stands for `group` query heads on the head axis
+        if min(len(q), len(k), len(v)) < 3 or k[-3] != v[-3] or q[-3] != k[-3] * group:
+            return f"Q, K and V without {group} query heads to each K and V head"
+        k, v = k[:-3] + [q[-3]] + k[-2:], v[:-3] + [q[-3]] + v[-2:]
     rank = max(len(q), len(k), len(v))
     out_perm = _perm(node, "out_perm", len(out))
     if len(out) != rank or sorted(out_perm) != list(range(rank)):
@@ -175,11 +185,13 @@ def _hidden_ranges(node: Node, graph: Graph, infos, geo: _Geometry) -> tuple[lis
 
 
 def _offsets(geo: _Geometry) -> list[str]:
-    """C computing each operand's offset (oq, ok, ov, oo, ob) for the batch index g."""
+    """C computing each operand's offset (oq, ok, ov, oo, ob) for the batch index g; with
+    grouped heads, K and V at the head axis (the last batch axis) are read at h / group."""
     lines = ["int64_t rem = g, oq = 0, ok = 0, ov = 0, oo = 0, ob = 0; (void)ob;"]
     bias = geo.bias[0] if geo.bias else [0] * len(geo.batch)
     for a in range(len(geo.batch) - 1, -1, -1):
-        terms = [f"{var} += i * {st[a]};" for var, st in
+        kv_index = f"(i / {geo.group})" if geo.group > 1 and a == len(geo.batch) - 1 else "i"
+        terms = [f"{var} += {kv_index if var in ('ok', 'ov') else 'i'} * {st[a]};" for var, st in
                  (("oq", geo.q[0]), ("ok", geo.k[0]), ("ov", geo.v[0]), ("oo", geo.o[0]), ("ob", bias)) if st[a]]
         lines.append(f"{{ int64_t i = rem % {geo.batch[a]}; rem /= {geo.batch[a]}; (void)i; {' '.join(terms)} }}")
     return lines
@@ -287,7 +299,7 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
   memset(buf, 0, {floats} * sizeof(float));
   float *kall = buf, *vall = kall + {kfloats}, *s = vall + {vfloats}, *o = s + {BQ * BK}, *m = o + {BQ * dvp};
   float *l = m + {BQ}, *al = l + {BQ};
-  int64_t packed = -1;  /* the batch index whose K and V are packed */
+  int64_t packed_k = -1, packed_v = -1;  /* where the packed K and V were read from */
   for (uint64_t t = (uint64_t)lo; t < (uint64_t)hi; t++) {{
     const int64_t g = (int64_t)(t / {qblocks}), qb = (int64_t)(t % {qblocks}), i0 = qb * {BQ};
     const int64_t rows = {geo.sq} - i0 < {BQ} ? {geo.sq} - i0 : {BQ};
@@ -295,13 +307,14 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
     const float *qp = a->q + oq + i0 * {geo.q[1]}, *kp = a->k + ok, *vp = a->v + ov;
     for (int64_t r = 0; r < rows; r++) {{ m[r] = -INFINITY; l[r] = 0.0f; }}
     memset(o, 0, {BQ * dvp} * sizeof(float));
-    if (g != packed) {{  /* K transposed per block of keys, V as rows of whole vectors */
+    if (ok != packed_k || ov != packed_v) {{  /* K transposed per block of keys, V as rows of whole vectors */
       for (int64_t j = 0; j < {geo.skv}; j++) {{
         float *kc = kall + (j / {BK}) * {BK * geo.d} + j % {BK};
         for (int64_t d = 0; d < {geo.d}; d++) kc[d * {BK}] = kp[j * {ks} + d * {kd}];
         for (int64_t c = 0; c < {geo.dv}; c++) vall[j * {dvp} + c] = vp[j * {vs} + c * {vd}];
       }}
-      packed = g;
+      packed_k = ok;
+      packed_v = ov;
     }}
     for (int64_t jb = {lo}; jb < {hi}; jb++) {{
       const int64_t j0 = jb * {BK}, cols = {geo.skv} - j0 < {BK} ? {geo.skv} - j0 : {BK};

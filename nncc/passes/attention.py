@@ -13,7 +13,8 @@ attribute when the fused node is its only reader. Every intermediate (scores, sc
 biased, probabilities) must be read by the next op alone and be no graph output; anything
 else leaves the graph as it was. Only float32 attention is fused (what the native kernel
 computes; other dtypes keep their exact unfused rounding). The ONNX Attention op becomes
-the same node where it can (nncc.passes.attention_op).
+the same node where it can (nncc.passes.attention_op); K and V repeated per query head
+(grouped-query heads) are read unrepeated (nncc.passes.attention_gqa).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node
+from nncc.passes.attention_gqa import read_repeated_heads
 from nncc.passes.attention_op import attention_op_to_fused
 from nncc.passes.fusion import NNCC, Rewriter
 from nncc.passes.shape_inference import infer_shapes
@@ -194,7 +196,7 @@ def fuse_attention(graph: Graph) -> Graph:
         last = max(nodes, key=lambda n: position[id(n)])
         rw.replace[id(last)] = fused
         rw.drop.update(id(n) for n in nodes if n is not last)
-    return rw.result()
+    return read_repeated_heads(rw.result(), infos)
 
 
 __all__ = ["fuse_attention"]

@@ -4,7 +4,8 @@ exporters spell out.
 
 Taken: float32 Q, K, V, 4-D (``[batch, heads, seq, head]``) or 3-D (``[batch, seq, heads x
 head]``, split by a Reshape to 4-D that the fused node reads through a permutation, and
-merged back by one after it); K and V with the query's head count or one head; no past
+merged back by one after it); K and V with the query's head count, one head, or grouped-query
+heads (a count that divides the query's: the fused node's ``head_group``); no past
 key or value, no ``nonpad_kv_seqlen``, no softcap, no sliding window, a float32 softmax;
 only Y read. The mask: a float one
 (added, as the op adds it), or a constant boolean one (made a constant 0 / -inf bias);
@@ -12,6 +13,9 @@ only Y read. The mask: a float one
 constant bias when the sizes are static, added to a constant mask. A query row whose keys
 are all hidden gives zeros, as the op defines (``zero_hidden_rows``). Anything else stays
 the op it was, run by its own kernel.
+
+com.microsoft ``Attention`` (packed input projection, key padding masks, unidirectional)
+becomes a GEMM and the same node (nncc.passes.attention_contrib).
 
 com.microsoft ``MultiHeadAttention`` (what onnxruntime's transformer optimizer writes)
 becomes the same node in its plain form: separate 3-D query, key and value, an optional
@@ -25,35 +29,9 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.passes.cleanup import all_names, fresh_name, rebuild
-
-F32 = np.dtype(np.float32)
-NNCC = "nncc"
-
-
-def _used(graph: Graph, consumers, name: str) -> bool:
-    return bool(name) and (name in graph.outputs or bool(consumers.get(name)))
-
-
-class _Builder:
-    def __init__(self, graph: Graph):
-        self.graph = graph
-        self.taken = all_names(graph)
-        self.initializers: dict[str, np.ndarray] = {}
-
-    def constant(self, base: str, array: np.ndarray) -> str:
-        name = fresh_name(base, self.taken)
-        array.flags.writeable = False
-        self.initializers[name] = array
-        return name
-
-    def value(self, base: str) -> str:
-        return fresh_name(base, self.taken)
-
-
-def _static(info: TensorInfo | None) -> bool:
-    return info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
-
+from nncc.passes.attention_contrib import rewrite_contrib_attention
+from nncc.passes.attention_nodes import F32, NNCC, Builder, fused_node, static, used
+from nncc.passes.cleanup import rebuild
 
 _KNOWN = {"is_causal", "kv_num_heads", "q_num_heads", "qk_matmul_output_mode", "scale", "softcap",
           "softmax_precision", "left_window_size", "right_window_size"}
@@ -68,15 +46,15 @@ def _plain_attributes(attrs) -> bool:
     return int(attrs.get("softmax_precision", 1) or 1) == 1  # 0 (unset) or FLOAT
 
 
-def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[Node] | None:
+def _rewrite(graph: Graph, node: Node, infos, consumers, b: Builder) -> list[Node] | None:
     ins = list(node.inputs) + [""] * 7
     q, k, v, mask = ins[:4]
     if not (q and k and v) or any(ins[4:7]) or not _plain_attributes(node.attrs):
         return None
-    if any(_used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
+    if any(used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
         return None
     qi, ki, vi = (infos.get(n) for n in (q, k, v))
-    if not all(_static(i) and i.dtype == F32 for i in (qi, ki, vi)):
+    if not all(static(i) and i.dtype == F32 for i in (qi, ki, vi)):
         return None
     rank = len(qi.shape)
     if rank != len(ki.shape) or rank != len(vi.shape) or rank not in (3, 4):
@@ -88,7 +66,7 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
         if not hq or not hkv or qi.shape[2] % hq or ki.shape[2] % hkv or vi.shape[2] % hkv:
             return None
         batch, sq, skv = qi.shape[0], qi.shape[1], ki.shape[1]
-        d, dv = qi.shape[2] // hq, vi.shape[2] // hkv
+        d = qi.shape[2] // hq
         if ki.shape[2] // hkv != d:
             return None
     else:
@@ -96,13 +74,15 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
         hkv, skv = ki.shape[1], ki.shape[2]
         if ki.shape[3] != d or vi.shape[2] != skv:
             return None
-    if hkv not in (hq, 1) or ki.shape[0] != batch or vi.shape[0] != batch:
-        return None  # grouped-query heads: the op's own kernel
+    if hkv <= 0 or hq % hkv or ki.shape[0] != batch or vi.shape[0] != batch:
+        return None
+    if rank == 4 and hkv not in (hq, 1) and vi.shape[1] != hkv:
+        return None
     bias_parts: list[np.ndarray] = []
     runtime_mask = ""
     if mask:
         mi = infos.get(mask)
-        if not _static(mi) or not mi.shape or mi.shape[-1] != skv or len(mi.shape) > 4:
+        if not static(mi) or not mi.shape or mi.shape[-1] != skv or len(mi.shape) > 4:
             return None
         try:
             np.broadcast_shapes(mi.shape, (batch, hq, sq, skv))
@@ -138,31 +118,15 @@ def _rewrite(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[No
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     attrs = {"scale": float(np.float32(scale)), "zero_hidden_rows": 1}
-    return _fused(b, node, [q, k, v], bias, attrs, rank, hq, hkv)
-
-
-def _fused(b: _Builder, node: Node, qkv: list[str], bias: str, attrs: dict, rank: int, hq: int, hkv: int):
-    """The FusedAttention (for 3-D operands: between Reshapes that split and merge heads)."""
-    out = node.outputs[0]
-    if rank == 4:
-        return [Node("FusedAttention", qkv + ([bias] if bias else []), [out], attrs, NNCC, node.name)]
-    nodes, split = [], []
-    for name, heads in zip(qkv, (hq, hkv, hkv)):
-        shape = b.constant(f"{name}/heads_shape", np.array([0, 0, heads, -1], np.int64))
-        split.append(b.value(f"{name}/heads"))
-        nodes.append(Node("Reshape", [name, shape], [split[-1]], {}, "", ""))
-    attrs = dict(attrs, q_perm=[0, 2, 1, 3], k_perm=[0, 2, 1, 3], v_perm=[0, 2, 1, 3], out_perm=[0, 2, 1, 3])
-    merged = b.value(f"{out}/heads")
-    shape = b.constant(f"{out}/merged_shape", np.array([0, 0, -1], np.int64))
-    nodes.append(Node("FusedAttention", split + ([bias] if bias else []), [merged], attrs, NNCC, node.name))
-    nodes.append(Node("Reshape", [merged, shape], [out], {}, "", ""))
-    return nodes
+    if hkv not in (hq, 1):  # one K and V head broadcasts as a batch axis does
+        attrs["head_group"] = hq // hkv
+    return fused_node(b, node, [q, k, v], bias, attrs, rank, hq, hkv)
 
 
 _MHA_KNOWN = {"num_heads", "scale", "mask_filter_value", "unidirectional"}
 
 
-def _rewrite_mha(graph: Graph, node: Node, infos, consumers, b: _Builder) -> list[Node] | None:
+def _rewrite_mha(graph: Graph, node: Node, infos, consumers, b: Builder) -> list[Node] | None:
     """com.microsoft MultiHeadAttention with separate 3-D query, key and value, no packed
     bias, no key padding mask, no past, not unidirectional; a float attention_bias added."""
     ins = list(node.inputs) + [""] * 8
@@ -172,10 +136,10 @@ def _rewrite_mha(graph: Graph, node: Node, infos, consumers, b: _Builder) -> lis
         return None
     if not heads or int(node.attrs.get("unidirectional", 0)):
         return None
-    if any(_used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
+    if any(used(graph, consumers, o) for o in node.outputs[1:]) or not node.outputs or not node.outputs[0]:
         return None
     qi, ki, vi = (infos.get(n) for n in (q, k, v))
-    if not all(_static(i) and i.dtype == F32 and len(i.shape) == 3 for i in (qi, ki, vi)):
+    if not all(static(i) and i.dtype == F32 and len(i.shape) == 3 for i in (qi, ki, vi)):
         return None
     heads = int(heads)
     if qi.shape[2] % heads or ki.shape[2] != qi.shape[2] or vi.shape[2] % heads or ki.shape[1] != vi.shape[1]:
@@ -185,16 +149,17 @@ def _rewrite_mha(graph: Graph, node: Node, infos, consumers, b: _Builder) -> lis
         return None
     if bias:
         bi = infos.get(bias)
-        if not _static(bi) or bi.dtype != F32 or len(bi.shape) != 4 or \
+        if not static(bi) or bi.dtype != F32 or len(bi.shape) != 4 or \
                 np.broadcast_shapes(bi.shape, (batch, heads, sq, skv)) != (batch, heads, sq, skv):
             return None
     scale = node.attrs.get("scale")
     scale = 1.0 / math.sqrt(qi.shape[2] // heads) if not scale else float(scale)  # 0: the default
     attrs = {"scale": float(np.float32(scale))}
-    return _fused(b, node, [q, k, v], bias, attrs, 3, heads, heads)
+    return fused_node(b, node, [q, k, v], bias, attrs, 3, heads, heads)
 
 
-_REWRITES = {("", "Attention"): _rewrite, ("com.microsoft", "MultiHeadAttention"): _rewrite_mha}
+_REWRITES = {("", "Attention"): _rewrite, ("com.microsoft", "MultiHeadAttention"): _rewrite_mha,
+             ("com.microsoft", "Attention"): rewrite_contrib_attention}
 
 
 def attention_op_to_fused(graph: Graph, infos) -> Graph:
@@ -203,7 +168,7 @@ def attention_op_to_fused(graph: Graph, infos) -> Graph:
     if not ops:
         return graph
     consumers = graph.consumers()
-    b = _Builder(graph)
+    b = Builder(graph)
     replaced: dict[int, list[Node]] = {}
     for node in ops:
         nodes = _REWRITES[(node.domain, node.op_type)](graph, node, infos, consumers, b)

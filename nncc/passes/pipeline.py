@@ -60,7 +60,8 @@ PASSES: list[PassInfo] = [
              "HardSigmoid or HardSwish -> one nncc fused node"),
     PassInfo("fuse_attention", 2,
              "MatMul(Q, Kᵀ) -> scale -> [Add bias] -> Softmax -> MatMul(., V), with the head "
-             "Transposes around it, and the ONNX Attention op -> one nncc FusedAttention"),
+             "Transposes around it and K/V heads repeated per query head, and the ONNX and "
+             "com.microsoft Attention ops -> one nncc FusedAttention"),
     PassInfo("eliminate_dead_code", 2, "drop what the fusions left unused"),
 ]
 
