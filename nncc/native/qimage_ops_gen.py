@@ -155,10 +155,17 @@ def _emit_gemm(wr, node, ins, out) -> None:
 
 
 def _add_source(size: int) -> str:
+    chunks = -(-size // _CHUNK)
     return f"""{_RECOVER}
-static void q_add(const float *A, const float *B, const float *t, float *Y) {{
+typedef struct {{ const float *a, *b, *t; float *y; }} qa_job;
+
+/* chunks [lo, hi) of the sum, shared over the pool */
+static void qa_chunks(void *ctx, int64_t lo, int64_t hi) {{
+    const qa_job *j = ctx;
+    const float *A = j->a, *B = j->b, *t = j->t;
+    float *Y = j->y;
     const float ra = t[12], rb = t[13], cz = t[9], clo = t[10], chi = t[11], cs = t[8];
-    for (int64_t i0 = 0; i0 < {size}; i0 += {_CHUNK}) {{
+    for (int64_t i0 = lo * {_CHUNK}; i0 < hi * {_CHUNK} && i0 < {size}; i0 += {_CHUNK}) {{
         int64_t len = {size} - i0 < {_CHUNK} ? {size} - i0 : {_CHUNK};
         float l[{_CHUNK}], r[{_CHUNK}];
         for (int64_t i = 0; i < len; i++) {{
@@ -174,6 +181,11 @@ static void q_add(const float *A, const float *B, const float *t, float *Y) {{
             Y[i0 + i] = (v - cz) * cs;
         }}
     }}
+}}
+
+static void q_add(const float *A, const float *B, const float *t, float *Y) {{
+    qa_job j = {{A, B, t, Y}};
+    nn_parallel({chunks}, {size * 8}, qa_chunks, &j);
 }}
 """
 
