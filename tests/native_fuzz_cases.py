@@ -571,6 +571,27 @@ def elementwise(case, rng):
     case.terms = 3
 
 
+def gelu(case, rng):
+    """GELU spelled out after a sum, erf or tanh form, with a Gelu-sized chunk of the pool
+    or less: -O2 makes it one nncc Gelu step (fuse_gelu)."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    s = b.node("Add", [b.input("a", shape), b.input("b", shape)], ["s"])[0]
+    half, one = b.init("half", np.array(0.5)), b.init("one", np.array(1.0))
+    erf = rng.random() < 0.5
+    if erf:
+        inner = b.node("Erf", [b.node("Div", [s, b.init("r2", np.array(math.sqrt(2.0)))], ["d"])[0]], ["e"])[0]
+    else:
+        cube = b.node("Mul", [b.node("Mul", [s, s], ["s2"])[0], s], ["s3"])[0]
+        u = b.node("Add", [s, b.node("Mul", [cube, b.init("c", np.array(0.044715))], ["cc"])[0]], ["u"])[0]
+        inner = b.node("Tanh", [b.node("Mul", [u, b.init("k", np.array(math.sqrt(2.0 / math.pi)))], ["uk"])[0]],
+                       ["t"])[0]
+    y = b.node("Mul", [b.node("Mul", [s, half], ["hs"])[0], b.node("Add", [inner, one], ["g"])[0]], ["y"])[0]
+    b.output(y)
+    case.terms = 3
+    case.geometry = dict(op="Gelu", form="erf" if erf else "tanh", x=shape)
+
+
 def rows(case, rng):
     b = _Builder(case, rng)
     op = _choice(rng, ["Softmax", "LogSoftmax", "LayerNormalization", "LayerNormalization"])
@@ -814,11 +835,11 @@ def recurrent(case, rng, **given):
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
-         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain,
+         "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -565,6 +565,13 @@ def gelu(ctx, x):
     raise KernelError(f"Gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@kernel("Gelu", since=1, domain="nncc", shape=same_as(0))
+def nncc_gelu(ctx, x):
+    """nncc::Gelu: ONNX Gelu (which needs opset 20) at any opset, for the GELU a graph spells
+    out in elementwise ops after a product nncc does not fuse it into (passes/fusion.py)."""
+    return gelu(ctx, x)
+
+
 # --------------------------------------------------------------------------- Softmax family
 
 

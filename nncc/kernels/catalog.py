@@ -231,6 +231,7 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "nncc::FusedConv": "fused",
     "nncc::FusedGemm": "fused",
     "nncc::FusedMatMul": "fused",
+    "nncc::Gelu": "activation",
     "nncc::QAdd": "qimage",
     "nncc::QConv": "qimage",
     "nncc::QGemm": "qimage",

@@ -30,7 +30,7 @@ from nncc.native import (attention_gen, gemm_bf16_gen, gemm_gen, int8_conv_gen, 
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
                                      source)
 from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
-from nncc.native.elementwise_gen import ALIASES, BINARY, POW_BY, UNARY, ElementwiseSteps
+from nncc.native.elementwise_gen import ALIASES, BINARY, GELU_FORMS, GELU_OPS, POW_BY, UNARY, ElementwiseSteps
 from nncc.native.layout import BlockedLayout
 from nncc.native.matmul_gen import MatmulSteps
 from nncc.plan.memory import aligned_empty
@@ -118,6 +118,9 @@ def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         return None
     if attention_gen.handles(node):
         return attention_gen.check(node, graph, infos)
+    if key in GELU_OPS:
+        approximate = node.attrs.get("approximate", "none")
+        return None if approximate in GELU_FORMS else f"Gelu approximate={approximate!r}"
     if node.domain:
         return f"no C generator for {node.domain}::{op}"
     if op in UNARY or op in BINARY or op in ALIASES or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
@@ -316,6 +319,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             self.plain_inputs(node)
         if plain_ops.handles(node, self.graph, self.infos):
             return plain_ops.emit(self, node)
+        if key in GELU_OPS:
+            return self.gelu(node)
         if attention_gen.handles(node):
             return attention_gen.emit(self, node)
         if recurrent_gen.handles(node):

@@ -80,12 +80,14 @@ static inline float nn_erf(float x) {
    3.2e-7 of erf (5.3 ulp) where nn_erf is within 1.6e-7 (2.6 ulp). */
 static inline float nn_gelu_erf(float v) {
     float x = v * 0.707106781f;
-    x = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+    x = x < -4.0f ? -4.0f : x;  /* two steps: a vmaxps and a vminps, not compares and blends */
+    x = x > 4.0f ? 4.0f : x;
     float t = x * x;
     float p = 1.128379095e+00f + t * (2.071049134e-01f + t * (5.152214941e-02f + t * (3.989674753e-03f + t * (1.472625705e-04f + t * (-1.942183456e-06f + t * (1.911075778e-08f))))));
     float q = 1.000000000e+00f + t * (5.168732071e-01f + t * (1.179622937e-01f + t * (1.495629467e-02f + t * (1.020886626e-03f))));
     float e = x * p / q;
-    e = e < -1.0f ? -1.0f : (e > 1.0f ? 1.0f : e);
+    e = e < -1.0f ? -1.0f : e;
+    e = e > 1.0f ? 1.0f : e;
     return 0.5f * v * (1.0f + e);
 }
 

@@ -470,6 +470,24 @@ def fuse_activation(graph: Graph) -> Graph:
 
 
 # --------------------------------------------------------------------------- GELU
+def fuse_spelled_gelu(graph: Graph) -> Graph:
+    """A GELU spelled out in elementwise ops after a value no product absorbed (an int8
+    product's float result, a bias Add) -> one nncc Gelu node: one pass over the value
+    instead of five, and ONNX Gelu's arithmetic at any opset."""
+    rw = Rewriter(graph)
+    for start, producer in enumerate(graph.nodes):
+        if len(producer.outputs) != 1 or not producer.outputs[0] or id(producer) in rw.drop:
+            continue
+        found = _spelled_gelu(graph, rw, producer.outputs[0], start)
+        if found is None:
+            continue
+        nodes, approximate = found
+        rw.replace[id(nodes[0])] = Node("Gelu", [producer.outputs[0]], [nodes[-1].outputs[0]],
+                                        {"approximate": approximate}, NNCC, nodes[-1].name or nodes[0].name)
+        rw.drop.update(id(node) for node in nodes[1:])
+    return rw.result()
+
+
 
 _GELU_PRODUCERS = {("", "Gemm"), ("", "MatMul"), (NNCC, "FusedMatMul")}
 _GELU_OPS = {"Mul", "Div", "Add", "Sub", "Erf", "Tanh", "Pow", "Sqrt"}

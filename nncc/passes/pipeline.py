@@ -21,6 +21,7 @@ from nncc.passes.fusion import (
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
+    fuse_spelled_gelu,
     matmul_add_to_gemm,
 )
 
@@ -58,6 +59,9 @@ PASSES: list[PassInfo] = [
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
              "HardSigmoid or HardSwish -> one nncc fused node"),
+    PassInfo("fuse_gelu", 2,
+             "GELU spelled out in elementwise ops after a value no product absorbed -> one "
+             "nncc Gelu"),
     PassInfo("fuse_attention", 2,
              "MatMul(Q, Kᵀ) -> scale -> [Add bias] -> Softmax -> MatMul(., V), with the head "
              "Transposes around it and K/V heads repeated per query head, and the ONNX and "
@@ -75,6 +79,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
     "fuse_attention": fuse_attention,
+    "fuse_gelu": fuse_spelled_gelu,
     "fuse_dynamic_quantization": fuse_dynamic_quantization,
     "carry_quantized_as_float": carry_quantized_as_float,
 }
