@@ -137,15 +137,28 @@ static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi,
 
 
 def _qd_source(name: str, size: int) -> str:
+    chunk = 4096
     return f"""{_QUANTIZE_BYTE}
-static void {name}(const float *X, const float *table, float *Y) {{
-    const float scale = table[0], zero = table[1], lo = table[2], hi = table[3];
-    for (int64_t i = 0; i < {size}; i++) {{
+typedef struct {{ const float *x, *t; float *y; }} qq_job;
+
+/* chunks [lo, hi) of the image, shared over the pool */
+static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
+    const qq_job *j = ctx;
+    const float *X = j->x;
+    float *Y = j->y;
+    const float scale = j->t[0], zero = j->t[1], lo_q = j->t[2], hi_q = j->t[3];
+    int64_t end = hi * {chunk} < {size} ? hi * {chunk} : {size};
+    for (int64_t i = lo * {chunk}; i < end; i++) {{
         float q = rintf(X[i] / scale) + zero;
-        q = q < lo ? lo : q; q = q > hi ? hi : q;
-        q = q != q ? lo : q;
+        q = q < lo_q ? lo_q : q; q = q > hi_q ? hi_q : q;
+        q = q != q ? lo_q : q;
         Y[i] = (q - zero) * scale;
     }}
+}}
+
+static void {name}(const float *X, const float *table, float *Y) {{
+    qq_job j = {{X, table, Y}};
+    nn_parallel({-(-size // chunk)}, {size * 8}, qq_chunks, &j);
 }}
 """
 
