@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import graph_query
-from nncc.native.gemm_gen import PARTIAL_VECTOR_C, TILES, Epilogue, Shape, k_loop, kernel_head, store_tile
+from nncc.native.gemm_gen import (PARTIAL_VECTOR_C, TILES, Epilogue, Shape, grid_source, k_loop, kernel_head,
+                                   store_tile)
 
 # Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
 # and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
@@ -143,83 +144,24 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     """File-scope C defining ``void name(A, Bp, bias, pre, post, C, scratch)`` for one
     product; the pointers the epilogue does not use may be null. ``scratch`` holds
     scratch_bytes(s) for A's pairs, 64-byte aligned."""
-    mr, nr, n = MR, s.nr, s.n
     pairs = -(-s.k // 2)
-    stride = _row_words(s.k)
     kc, mc = _blocking(s)
-    blocks = -(-s.m // mr)
-    tail_cols = n - (s.panels - 1) * nr
-    tail_rows = s.m % mr
-    parts = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 GEMM built without AVX-512 BF16\"\n"
-             "#endif\n", PARTIAL_VECTOR_C,
-             "static inline __m512bh h_load(const uint32_t *p) { __m512i v; memcpy(&v, p, sizeof v); "
-             "return (__m512bh)v; }\n",
-             "typedef struct { const float *a; uint32_t *ab; const float *b, *bias, *pre, *post; float *c; "
-             "int64_t tm, tn; } h_job;\n", _convert(s)]
-    variants = {}
-    for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
-        for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
-            variants[(rows, width)] = f"h_tile_{rows}x{width}"
-            parts.append(_micro_kernel(variants[(rows, width)], s, rows, width, epi))
-
-    def call(rows: int, width: int) -> str:
-        return (f"{variants[(rows, width)]}(a, bp, cp, {'bias + j' if epi.bias else '0'}, "
-                f"{'pre + i * ' + str(n) + ' + j' if epi.pre is not None else '0'}, "
-                f"{'post + i * ' + str(n) + ' + j' if epi.post else '0'}, kc, init, final);")
-
-    def by_rows(width: int) -> str:
-        if (mr, width) in variants and (tail_rows, width) in variants:
-            return f"if (i + {mr} <= i1) {call(mr, width)} else {call(tail_rows, width)}"
-        return call(mr if (mr, width) in variants else tail_rows, width)
-
-    body = [
-        "static void h_block(const h_job *g, int64_t r0, int64_t r1, int64_t q0, int64_t q1) {",
-        "  const float *bias = g->bias, *pre = g->pre, *post = g->post;",
-        f"  for (int64_t k0 = 0; k0 < {pairs}; k0 += {kc}) {{",
-        f"    int64_t kc = {pairs} - k0 < {kc} ? {pairs} - k0 : {kc};",
-        f"    int init = k0 == 0, final = k0 + kc == {pairs};",
-        f"    for (int64_t i0 = r0; i0 < r1; i0 += {mc}) {{",
-        f"      int64_t i1 = i0 + {mc} < r1 ? i0 + {mc} : r1;",
-        "      for (int64_t q = q0; q < q1; q++) {",
-        f"        const uint32_t *bp = (const uint32_t *)g->b + q * {pairs * nr} + k0 * {nr};",
-        f"        int64_t j = q * {nr};",
-        f"        for (int64_t i = i0; i < i1; i += {mr}) {{",
-        f"          const uint32_t *a = g->ab + i * {stride} + k0;",
-        f"          float *cp = g->c + i * {n} + j;",
-    ]
-    if tail_cols != nr and s.panels > 1:
-        body.append(f"          if (q == {s.panels - 1}) {{ {by_rows(tail_cols)} }}")
-        body.append(f"          else {{ {by_rows(nr)} }}")
-    else:
-        body.append("          " + by_rows(tail_cols))
-    body += [
-        "        }", "      }", "    }", "  }", "}",
-        "static void h_task(void *ctx, int64_t lo, int64_t hi) {",
-        "  const h_job *g = ctx;",
-        "  for (int64_t w = lo; w < hi; w++) {",
-        "    int64_t jn = w % g->tn, im = w / g->tn;",
-        f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
-        f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
-        f"    if (r1 > {s.m}) r1 = {s.m};",
-        "    if (q0 < q1 && r0 < r1) h_block(g, r0, r1, q0, q1);",
-        "  }",
-        "}",
-        f"static void {name}(const float *A, const float *Bp, const float *bias, const float *pre, "
-        "const float *post, float *C, char *scratch) {",
-        "  /* the split of the (row sliver x panel) grid over t threads with the smallest share */",
-        "  int64_t t = nn_thread_count(), tm = 1, tn = 1, best = -1;",
-        "  for (int64_t cn = 1; cn <= t; cn++) {",
-        f"    int64_t cm = t / cn; if (cm > {blocks}) cm = {blocks};",
-        f"    int64_t cost = ({s.panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
-        f"    if (cn <= {s.panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
-        "  }",
-        "  h_job g = {A, (uint32_t *)scratch, Bp, bias, pre, post, C, tm, tn};",
-        f"  nn_parallel({s.m}, {s.m * s.k}, h_convert, &g);",
-        f"  nn_parallel(tm * tn, {s.m * n * s.k // 2}, h_task, &g);",
-        "}",
-    ]
-    parts.append("\n".join(body) + "\n")
-    return f"NN_REQUIRE_VL({s.vl});\n" + "".join(parts)
+    head = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 GEMM built without AVX-512 BF16\"\n"
+            "#endif\n", PARTIAL_VECTOR_C,
+            "static inline __m512bh h_load(const uint32_t *p) { __m512i v; memcpy(&v, p, sizeof v); "
+            "return (__m512bh)v; }\n",
+            "typedef struct { const float *a; uint32_t *ab; const float *b, *bias, *pre, *post; float *c; "
+            "int64_t tm, tn; } h_job;\n", _convert(s)]
+    kernels, driver = grid_source(
+        s, epi, name, "h", lambda kernel, rows, width: _micro_kernel(kernel, s, rows, width, epi),
+        pairs, kc, mc,
+        b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {pairs * s.nr} + k0 * {s.nr};",
+        a_line=f"const uint32_t *a = g->ab + i * {_row_words(s.k)} + k0;",
+        lead=[], scratch_param=", char *scratch",
+        calls=["h_job g = {A, (uint32_t *)scratch, Bp, bias, pre, post, C, tm, tn};",
+               f"nn_parallel({s.m}, {s.m * s.k}, h_convert, &g);",
+               f"nn_parallel(tm * tn, {s.m * s.n * s.k // 2}, h_task, &g);"])
+    return f"NN_REQUIRE_VL({s.vl});\n" + "".join(head + kernels + [driver])
 
 
 class Bf16Packing:

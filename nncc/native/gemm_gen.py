@@ -261,66 +261,83 @@ def _blocking(s: Shape) -> tuple[int, int]:
 def source(s: Shape, epi: Epilogue, name: str) -> str:
     """File-scope C defining ``void name(A, Bp, bias, pre, post, C)`` for one product; the
     pointers the epilogue does not use may be null."""
-    mr, nr, n, k = s.mr, s.nr, s.n, s.k
     kc, mc = _blocking(s)
+    kernels, driver = grid_source(
+        s, epi, name, "g", lambda kernel, rows, width: _micro_kernel(kernel, s, epi, rows, width),
+        s.k, kc, mc,
+        b_line=f"const float *bp = g->b + q * {s.k * s.nr} + k0 * {s.nr};",
+        a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } g_job;"],
+        scratch_param="", calls=["g_job g = {A, Bp, bias, pre, post, C, tm, tn};",
+                                 f"nn_parallel(tm * tn, {s.m * s.n * s.k}, g_task, &g);"])
+    return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C] + kernels + [driver])
+
+
+def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k_extent: int, kc: int, mc: int,
+                b_line: str, a_line: str, lead: list[str], scratch_param: str,
+                calls: list[str]) -> tuple[list[str], str]:
+    """What the float32 and bfloat16 GEMMs share: (one micro-kernel per (rows, width) tile the
+    product needs, from ``micro_kernel(name, rows, width)``; the C around them). Around them:
+    K in blocks of ``kc`` (of ``k_extent``: floats, or bfloat16 pairs), blocks of ``mc`` rows,
+    panels and slivers of one thread's rectangle (``b_line`` and ``a_line`` point ``bp`` and
+    ``a`` at the block's operands), the task over the pool, and the entry point, which
+    splits the grid and runs ``calls`` (``scratch_param``: its parameters after C). ``lead``:
+    C lines before the rest (the job's type, when not declared earlier)."""
+    mr, nr, n = s.mr, s.nr, s.n
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
-    parts = [PARTIAL_VECTOR_C]
+    kernels = []
     variants = {}  # (rows, width) -> kernel name
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
-            variants[(rows, width)] = f"g_tile_{rows}x{width}"
-            parts.append(_micro_kernel(variants[(rows, width)], s, epi, rows, width))
+            variants[(rows, width)] = f"{prefix}_tile_{rows}x{width}"
+            kernels.append(micro_kernel(variants[(rows, width)], rows, width))
 
     def call(rows: int, width: int) -> str:
         return (f"{variants[(rows, width)]}(a, bp, cp, {'bias + j' if epi.bias else '0'}, "
                 f"{'pre + i * ' + str(n) + ' + j' if epi.pre is not None else '0'}, "
                 f"{'post + i * ' + str(n) + ' + j' if epi.post else '0'}, kc, init, final);")
 
-    def by_rows(width: int) -> list[str]:
-        lines = []
+    def by_rows(width: int) -> str:
         if (mr, width) in variants and (tail_rows, width) in variants:
-            lines.append(f"if (i + {mr} <= i1) {call(mr, width)} else {call(tail_rows, width)}")
-        else:
-            lines.append(call(mr if (mr, width) in variants else tail_rows, width))
-        return lines
+            return f"if (i + {mr} <= i1) {call(mr, width)} else {call(tail_rows, width)}"
+        return call(mr if (mr, width) in variants else tail_rows, width)
 
-    body = [
-        "typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } g_job;",
-        "static void g_block(const g_job *g, int64_t r0, int64_t r1, int64_t q0, int64_t q1) {",
+    body = lead + [
+        f"static void {prefix}_block(const {prefix}_job *g, int64_t r0, int64_t r1, int64_t q0, int64_t q1) {{",
         "  const float *bias = g->bias, *pre = g->pre, *post = g->post;",
-        f"  for (int64_t k0 = 0; k0 < {k}; k0 += {kc}) {{",
-        f"    int64_t kc = {k} - k0 < {kc} ? {k} - k0 : {kc};",
-        f"    int init = k0 == 0, final = k0 + kc == {k};",
+        f"  for (int64_t k0 = 0; k0 < {k_extent}; k0 += {kc}) {{",
+        f"    int64_t kc = {k_extent} - k0 < {kc} ? {k_extent} - k0 : {kc};",
+        f"    int init = k0 == 0, final = k0 + kc == {k_extent};",
         f"    for (int64_t i0 = r0; i0 < r1; i0 += {mc}) {{",
         f"      int64_t i1 = i0 + {mc} < r1 ? i0 + {mc} : r1;",
         "      for (int64_t q = q0; q < q1; q++) {",
-        f"        const float *bp = g->b + q * {k * nr} + k0 * {nr};",
+        f"        {b_line}",
         f"        int64_t j = q * {nr};",
         f"        for (int64_t i = i0; i < i1; i += {mr}) {{",
-        f"          const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
+        f"          {a_line}",
         f"          float *cp = g->c + i * {n} + j;",
     ]
     if tail_cols != nr and s.panels > 1:
-        body.append(f"          if (q == {s.panels - 1}) {{ {' '.join(by_rows(tail_cols))} }}")
-        body.append(f"          else {{ {' '.join(by_rows(nr))} }}")
+        body.append(f"          if (q == {s.panels - 1}) {{ {by_rows(tail_cols)} }}")
+        body.append(f"          else {{ {by_rows(nr)} }}")
     else:
-        body.append("          " + " ".join(by_rows(tail_cols)))
+        body.append("          " + by_rows(tail_cols))
     body += [
         "        }", "      }", "    }", "  }", "}",
-        "static void g_task(void *ctx, int64_t lo, int64_t hi) {",
-        "  const g_job *g = ctx;",
+        f"static void {prefix}_task(void *ctx, int64_t lo, int64_t hi) {{",
+        f"  const {prefix}_job *g = ctx;",
         "  for (int64_t w = lo; w < hi; w++) {",
         "    int64_t jn = w % g->tn, im = w / g->tn;",
         f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
         f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
         f"    if (r1 > {s.m}) r1 = {s.m};",
-        "    if (q0 < q1 && r0 < r1) g_block(g, r0, r1, q0, q1);",
+        f"    if (q0 < q1 && r0 < r1) {prefix}_block(g, r0, r1, q0, q1);",
         "  }",
         "}",
         f"static void {name}(const float *A, const float *Bp, const float *bias, const float *pre, "
-        "const float *post, float *C) {",
+        f"const float *post, float *C{scratch_param}) {{",
         "  /* the split of the (row sliver x panel) grid over t threads with the smallest share */",
         "  int64_t t = nn_thread_count(), tm = 1, tn = 1, best = -1;",
         "  for (int64_t cn = 1; cn <= t; cn++) {",
@@ -328,12 +345,8 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
         f"    int64_t cost = ({s.panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
         f"    if (cn <= {s.panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
         "  }",
-        "  g_job g = {A, Bp, bias, pre, post, C, tm, tn};",
-        f"  nn_parallel(tm * tn, {s.m * n * k}, g_task, &g);",
-        "}",
-    ]
-    parts.append("\n".join(body) + "\n")
-    return f"NN_REQUIRE_VL({s.vl});\n" + "".join(parts)
+    ] + [f"  {line}" for line in calls] + ["}"]
+    return kernels, "\n".join(body) + "\n"
 
 
 # -- the steps of the native code generator (nncc/native/codegen.py) -------------------------
