@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.native.int8_bytes import image_at
+from nncc.native.int8_bytes import byte_store, image_at
 from nncc.native.int8_gemm_gen import vnni_sums
 
 MRC = 6  # output channels per micro-tile
@@ -148,7 +148,7 @@ static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
     if byte_out is None:
         out_type, to_out = "float", "(v - yzero) * yscale"
     else:
-        out_type, to_out = "uint8_t", f"(uint8_t)(int32_t)(v + {float(byte_out)}f)"
+        out_type, to_out = "uint8_t", byte_store(byte_out)
     return f"""
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>

@@ -659,7 +659,7 @@ def emit(wr, node) -> None:
     signed = (wv.astype(np.int16) - shift).astype(np.int8)
     p = oh * ow
     shape = (c, h, wd, m, kh, kw) + geometry
-    if int8_conv_cm.preferred(p, m, MR, NR):
+    if not pixel_major(graph, infos, node):
         matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
         wp_ = wr.pack(w, "int8 conv rows", as_floats(int8_conv_cm.pack_weights(matrix)))
         packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
