@@ -500,11 +500,11 @@ static void nn_maxpool2d_serial(const float *x, float *y, int64_t NC, int64_t H,
                     nn_cols(off, sw, W, OW, &lo, &hi);
                     const float *xs = xr + off;
                     if (sw == 1)
-                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow]; row[ow] = NN_MAX_OR_NAN(v, row[ow]); }
                     else if (sw == 2)
-                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[2 * ow]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[2 * ow]; row[ow] = NN_MAX_OR_NAN(v, row[ow]); }
                     else
-                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow * sw]; row[ow] = (v > row[ow] || v != v) ? v : row[ow]; }
+                        for (int64_t ow = lo; ow < hi; ow++) { float v = xs[ow * sw]; row[ow] = NN_MAX_OR_NAN(v, row[ow]); }
                 }
             }
         }
