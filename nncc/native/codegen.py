@@ -29,7 +29,9 @@ from nncc.native import (attention_gen, gemm_bf16_gen, gemm_gen, int8_conv_gen, 
                          plain_ops, qimage_ops_gen, recurrent_gen)
 from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
                                      source)
-from nncc.native.conv_gen import ACT_CODES, POOL_OPS, ConvSteps
+from nncc.native.activations import CODES as ACT_CODES
+from nncc.native.activations import c_enum
+from nncc.native.conv_gen import POOL_OPS, ConvSteps
 from nncc.native.elementwise_gen import ALIASES, BINARY, GELU_FORMS, GELU_OPS, POW_BY, UNARY, ElementwiseSteps
 from nncc.native.layout import BlockedLayout
 from nncc.native.matmul_gen import MatmulSteps
@@ -495,7 +497,11 @@ def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str,
 
 
 def prelude() -> str:
-    return source("prelude.h")
+    """The C every translation unit starts with: prelude.h, with the activation codes
+    written in from their one table (nncc/native/activations.py)."""
+    text = source("prelude.h")
+    marker = next(line for line in text.splitlines() if line.startswith("NN_ACTIVATION_CODES"))
+    return text.replace(marker, c_enum(), 1)
 
 
 def translation_units(units: list[Unit]) -> list[tuple[str, str]]:

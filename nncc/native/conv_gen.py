@@ -15,11 +15,10 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Node
+from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import is_pair_sum
 
-ACT_CODES = {"": 0, "Relu": 1, "Clip": 2, "Sigmoid": 3, "Tanh": 4, "LeakyRelu": 5, "HardSigmoid": 6,
-             "HardSwish": 7}
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
 
 
@@ -37,7 +36,7 @@ class ConvSteps:
         elif act == "HardSigmoid":
             p0 = float(attrs.get("activation_alpha", 0.2))
             p1 = float(attrs.get("activation_beta", 0.5))
-        return ACT_CODES[act], p0, p1
+        return CODES[act], p0, p1
 
     def conv(self, node: Node, residual: str | None = None, target: str | None = None,
              act=None, defer: bool = True) -> None:
@@ -109,7 +108,7 @@ class ConvSteps:
         if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
             bounds = self._clip_bounds(user) if user.op_type == "Clip" else None
             if user.op_type == "Relu" or bounds is not None:
-                act = (1, 0.0, 0.0) if user.op_type == "Relu" else (2, *bounds)
+                act = (CODES["Relu"], 0.0, 0.0) if user.op_type == "Relu" else (CODES["Clip"], *bounds)
                 self.absorbed.add(id(user))
                 target = user.outputs[0]
         self.conv(conv, residual=other, target=target, act=act)

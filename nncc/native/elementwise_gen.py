@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Node
+from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import batch_strides, const_value
 
@@ -82,9 +83,9 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
         if op == "LeakyRelu":
             return f"(v >= 0.0f ? v : v * {c_float(float(node.attrs.get('alpha', 0.01)))})"
         if op == "HardSigmoid":
-            return f"nn_act(6, v, {c_float(float(node.attrs.get('alpha', 0.2)))}, {c_float(float(node.attrs.get('beta', 0.5)))})"
+            return f"nn_act({CODES['HardSigmoid']}, v, {c_float(float(node.attrs.get('alpha', 0.2)))}, {c_float(float(node.attrs.get('beta', 0.5)))})"
         if op == "HardSwish":
-            return "nn_act(7, v, 0.0f, 0.0f)"
+            return f"nn_act({CODES['HardSwish']}, v, 0.0f, 0.0f)"
         return UNARY[op]
 
     def _clip_bounds(self, node: Node):

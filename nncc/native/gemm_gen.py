@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nncc.native import graph_query
+from nncc.native.activations import VECTOR_CODES
 from nncc.native.c_literal import c_float
 
 # (MR, NV) per vector width: the accumulator tile. Measured on Zen 4 (benchmarks/bench_gemm.py,
@@ -43,7 +44,7 @@ TILES = {16: (6, 4), 8: (6, 2), 4: (6, 2)}
 KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while a block runs
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
 
-VECTOR_ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 5, "HardSigmoid": 6, "HardSwish": 7}
+VECTOR_ACTS = VECTOR_CODES  # applied to the accumulators in the micro-kernel (nn_vact)
 SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",

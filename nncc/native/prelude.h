@@ -102,7 +102,7 @@ __attribute__((noinline)) static void nn_gelu_erf_row(float *c, const float *pos
 }
 
 /* Activations applied in epilogues. */
-enum { NN_NONE = 0, NN_RELU, NN_CLIP, NN_SIGMOID, NN_TANH, NN_LEAKY, NN_HSIGMOID, NN_HSWISH };
+NN_ACTIVATION_CODES /* nncc/native/activations.py writes the enumeration here */
 
 static inline float nn_act(int act, float v, float p0, float p1) {
     switch (act) {
