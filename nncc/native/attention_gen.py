@@ -40,10 +40,6 @@ HIDDEN = -1e8  # a bias at or below this hides its key (see the module docstring
 MAX_TILE_FLOATS = 1 << 24  # per-task buffers beyond this (only absurd head sizes) stay portable
 
 
-def handles(node: Node) -> bool:
-    return node.domain == "nncc" and node.op_type == "FusedAttention"
-
-
 def _perm(node: Node, key: str, rank: int) -> list[int]:
     perm = node.attrs.get(key)
     return list(range(rank)) if perm is None else [int(p) for p in perm]

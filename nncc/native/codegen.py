@@ -12,7 +12,9 @@ the hash of its text: the same layer (op, shapes, attributes) in another model, 
 or compile is the same unit, built once into the kernel object cache. The entry point
 only calls kernels over its arguments and workspace offsets.
 
-``check(node, graph, infos)`` says why a node cannot be generated (None: it can).
+``check(node, graph, infos)`` says why a node cannot be generated (None: it can). Which
+nodes become C, and how, is decided per op by the entries of nncc/native/ops (the
+registry): the writer here asks the entry that owns a node to check it and to write it.
 """
 
 from __future__ import annotations
@@ -25,16 +27,15 @@ import numpy as np
 from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import (attention_gen, gemm_bf16_gen, gemm_gen, int8_conv_gen, int8_gemm_gen, norm_gen,
-                         plain_ops, qimage_ops_gen, recurrent_gen)
-from nncc.native.graph_query import (AFFINE_OPS, CONV_OPS, GEMM_OPS, MATMUL_OPS, const_value, is_pair_sum,
-                                     source)
-from nncc.native.activations import CODES as ACT_CODES
+from nncc.native import gemm_bf16_gen, gemm_gen
 from nncc.native.activations import c_enum
-from nncc.native.conv_gen import POOL_OPS, ConvSteps
-from nncc.native.elementwise_gen import ALIASES, BINARY, GELU_FORMS, GELU_OPS, POW_BY, UNARY, ElementwiseSteps
+from nncc.native.conv_gen import POOL_OPS, ConvSteps  # noqa: F401  (POOL_OPS: for callers listing ops)
+from nncc.native.elementwise_gen import ALIASES, BINARY, UNARY, ElementwiseSteps  # noqa: F401  (as POOL_OPS)
+from nncc.native.graph_query import is_pair_sum, source
 from nncc.native.layout import BlockedLayout
 from nncc.native.matmul_gen import MatmulSteps
+from nncc.native.ops import registry
+from nncc.native.ops.entry import static_f32
 from nncc.plan.memory import aligned_empty
 
 F32 = np.dtype(np.float32)
@@ -42,8 +43,6 @@ ALIGN = 64
 # Benchmark aid (benchmarks/profile_native.py): time every step into a table the entry
 # point ``SYMBOL_profile`` copies out. Never set for code that is cached or shipped.
 PROFILE_STEPS = False
-
-INT8_MATMUL = ("com.microsoft", "DynamicQuantizeMatMul")  # one int8 GEMM step (int8_gemm_gen)
 # Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
 # an output beyond these (only a damaged or hostile model has one) stays portable, whose
 # kernels refuse it with a clear error.
@@ -51,122 +50,15 @@ MAX_ELEMENTS = 1 << 31
 MAX_EXTENT = 1 << 24
 
 
-def _static_f32(info: TensorInfo | None) -> bool:
-    return info is not None and info.dtype == F32 and info.is_static
-
-
 def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
-    """None when the node can become C, else why not."""
-    key = (node.domain, node.op_type)
-    op = node.op_type
+    """None when the node can become C, else why not: the size limits every node gets,
+    then the checks of the entry that owns it (nncc/native/ops/registry.py)."""
     if _too_large(node, infos):
         return "an output too large for generated code"  # the portable plan reports it
-    if plain_ops.handles(node, graph, infos):
-        return plain_ops.check(node, graph, infos)
-    if key == INT8_MATMUL:
-        return int8_gemm_gen.check(node, graph, infos)
-    if int8_conv_gen.handles(node):
-        return int8_conv_gen.check(node, graph, infos)
-    if qimage_ops_gen.handles(node):
-        return qimage_ops_gen.check(node, graph, infos)
-    if recurrent_gen.handles(node):
-        return recurrent_gen.check(node, graph, infos)
-    data_inputs = list(node.inputs)
-    if op in ("Reshape", "Unsqueeze", "Squeeze") and len(node.inputs) > 1:
-        data_inputs = node.inputs[:1]
-    elif op == "Clip":
-        data_inputs = node.inputs[:1]
-        for bound in node.inputs[1:]:
-            value = const_value(graph, infos, bound) if bound else 0.0
-            if value is None or np.size(value) != 1 or np.asarray(value).dtype.kind != "f":
-                return "Clip bounds are not float constant scalars"
-    elif op == "Dropout":
-        data_inputs = node.inputs[:1]
-        if len([o for o in node.outputs if o]) > 1:
-            return "Dropout's mask output"
-    for name in [n for n in data_inputs if n] + [o for o in node.outputs if o]:
-        if not _static_f32(infos.get(name)):
-            return f"value {name!r} is not a static float32 tensor"
-    attrs = node.attrs
-    if key in CONV_OPS:
-        if len(infos[node.inputs[0]].shape) != 4:
-            return "only 2-D convolutions"
-        k, cg = infos[node.inputs[1]].shape[:2]
-        if cg * int(attrs.get("group", 1)) != infos[node.inputs[0]].shape[1]:
-            return "weights that do not match the input's channels"
-        if len(node.inputs) > 2 and node.inputs[2] and infos[node.inputs[2]].shape != (k,):
-            return "a bias that is not one value per output channel"  # the portable kernel says why
-        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return "auto_pad"
-        if attrs.get("activation", "") not in ACT_CODES:
-            return f"activation {attrs.get('activation')!r}"
-        return None
-    if key in AFFINE_OPS:
-        if attrs.get("activation", "") not in ACT_CODES:
-            return f"activation {attrs.get('activation')!r}"
-        c = infos[node.inputs[0]].shape[1]
-        if any(not n or infos[n].shape != (c,) for n in node.inputs[1:3]):
-            return "scale and shift are not per-channel vectors"
-        return None
-    if key in GEMM_OPS or key in MATMUL_OPS:
-        if attrs.get("activation", "") not in ACT_CODES and not gemm_gen.takes(node, graph, infos):
-            return f"activation {attrs.get('activation')!r}"
-        if key in MATMUL_OPS:
-            a, b = (infos[n].shape for n in node.inputs[:2])
-            if len(a) < 2 or len(b) < 2:
-                return "MatMul of a vector"
-            if len(node.inputs) > 2 and node.inputs[2] and len(infos[node.inputs[2]].shape) > 1:
-                return "bias of rank > 1"
-        return None
-    if attention_gen.handles(node):
-        return attention_gen.check(node, graph, infos)
-    if key in GELU_OPS:
-        approximate = node.attrs.get("approximate", "none")
-        return None if approximate in GELU_FORMS else f"Gelu approximate={approximate!r}"
-    if node.domain:
-        return f"no C generator for {node.domain}::{op}"
-    if op in UNARY or op in BINARY or op in ALIASES or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
-        if op in BINARY and len(node.inputs) != 2:
-            return "variadic form"
-        return None
-    if op == "Sum":
-        out = infos[node.outputs[0]].shape
-        if not node.inputs or any(not n or infos[n].shape != out for n in node.inputs):
-            return "Sum with broadcasting or omitted inputs"
-        return None
-    if op == "Concat":
-        if any(not n for n in node.inputs):
-            return "Concat with an omitted input"
-        return None
-    if op in ("Softmax", "LogSoftmax"):
-        shape = infos[node.inputs[0]].shape
-        axis = attrs.get("axis", -1 if node_opset(graph, node) >= 13 else 1)
-        if node_opset(graph, node) >= 13 and axis % max(len(shape), 1) != len(shape) - 1:
-            return "softmax over an inner axis"
-        return None
-    if op == "LayerNormalization":
-        shape = infos[node.inputs[0]].shape
-        axis = attrs.get("axis", -1) % len(shape)
-        n = math.prod(shape[axis:])
-        for extra in node.inputs[1:3]:
-            if extra and math.prod(infos[extra].shape) != n:
-                return "scale or bias broadcast within the normalized axes"
-        if len([o for o in node.outputs if o]) > 1:
-            return "mean and inverse std outputs"
-        return None
-    if op in POOL_OPS:
-        if len(infos[node.inputs[0]].shape) != 4:
-            return "only 2-D pooling"
-        if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-            return "auto_pad"
-        if op == "MaxPool" and (len([o for o in node.outputs if o]) > 1 or attrs.get("storage_order", 0)):
-            return "MaxPool indices"
-        if op == "AveragePool" and (attrs.get("dilations") and any(d != 1 for d in attrs["dilations"])):
-            return "dilated average pooling"
-        return None
-    if op == "Transpose":
-        return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
-    return f"no C generator for {op}"
+    entry = registry.owner(node, graph, infos)
+    if entry is None:
+        return f"no C generator for {node.domain + '::' if node.domain else ''}{node.op_type}"
+    return entry.check(node, graph, infos)
 
 
 def _too_large(node: Node, infos: dict[str, TensorInfo]) -> bool:
@@ -178,10 +70,6 @@ def _too_large(node: Node, infos: dict[str, TensorInfo]) -> bool:
                 math.prod(info.shape) > MAX_ELEMENTS or max(info.shape) > MAX_EXTENT):
             return True
     return False
-
-
-def node_opset(graph: Graph, node: Node) -> int:
-    return graph.opset(node.domain)
 
 
 @dataclass
@@ -213,10 +101,10 @@ class Unit:
 
 class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
     """One partition's writer: names, shapes and packed constants, the dispatch of each
-    node to its step, and ``finish`` (workspace offsets and the entry point). The steps
-    themselves live in the mixins: convolutions and pooling (conv_gen), MatMul and Gemm
-    (matmul_gen), elementwise and data movement (elementwise_gen), the blocked layout
-    (layout), and the delegated generators the dispatch calls."""
+    node to the entry that owns it (nncc/native/ops), and ``finish`` (workspace offsets
+    and the entry point). The steps the entries call live in the mixins: convolutions and
+    pooling (conv_gen), MatMul and Gemm (matmul_gen), elementwise and data movement
+    (elementwise_gen), the blocked layout (layout), and the generator modules."""
 
     def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
                  precision: str = "f32"):
@@ -232,7 +120,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
         # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
         # are not passed: every argument is a float32 tensor the code touches
-        read = [n for n in partition.inputs if _static_f32(infos.get(n))]
+        read = [n for n in partition.inputs if static_f32(infos.get(n))]
         self.args = read + list(partition.outputs)
         self.n_inputs = len(read)
         self.outputs = set(partition.outputs)
@@ -303,85 +191,24 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         return self.finish()
 
     def emit(self, node: Node) -> None:
-        key = (node.domain, node.op_type)
-        op = node.op_type
-        if key in CONV_OPS:
-            return self.conv(node)
-        if key in AFFINE_OPS:
-            return self.scale_shift(node)
-        if key == INT8_MATMUL:
-            return int8_gemm_gen.emit(self, node)
-        if int8_conv_gen.handles(node):
-            return int8_conv_gen.emit(self, node)
-        if qimage_ops_gen.handles(node):
-            return qimage_ops_gen.emit(self, node)
-        if self.emit_blocked(node):
-            return
-        if not (is_pair_sum(node) and any(i in self.deferred for i in node.inputs)):
-            self.plain_inputs(node)
-        if plain_ops.handles(node, self.graph, self.infos):
-            return plain_ops.emit(self, node)
-        if key in GELU_OPS:
-            return self.gelu(node)
-        if attention_gen.handles(node):
-            return attention_gen.emit(self, node)
-        if recurrent_gen.handles(node):
-            return recurrent_gen.emit(self, node)
-        if norm_gen.emit_add_layernorm(self, node):
-            return
-        if key in MATMUL_OPS:
-            return self.matmul(node)
-        if key in GEMM_OPS:
-            return self.gemm(node)
-        if is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
-            return self.residual(node)
-        if op == "Sum":
-            return self.sum(node)
-        if op == "Concat":
-            return self.concat(node)
-        if op in ALIASES:
-            return self.reshape(node)
-        if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
-            return self.unary(node, POW_BY[self._scalar_const(node.inputs[1])])
-        if op in BINARY:
-            return self.binary(node, BINARY[op])
-        if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
-            return self.unary(node)
-        if op in ("Softmax", "LogSoftmax"):
-            shape = self.shape(node.inputs[0])
-            opset = node_opset(self.graph, node)
-            axis = node.attrs.get("axis", -1 if opset >= 13 else 1) % len(shape)
-            rows, n = math.prod(shape[:axis]), math.prod(shape[axis:])
-            return self.step(f"nn_softmax_rows({self.ptr(node.inputs[0])}, {self.ptr(node.outputs[0])}, "
-                             f"{rows}, {n}, {int(op == 'LogSoftmax')});", node.inputs[:1], node.outputs[:1])
-        if op == "LayerNormalization":
-            return norm_gen.emit_layernorm(self, node)
-        if op in POOL_OPS:
-            return self.pool(node)
-        if op == "Transpose":
-            return self.transpose(node)
-        raise AssertionError(f"no generator for {op}")  # check() passed it: a bug
-
-    def emit_blocked(self, node: Node) -> bool:
-        """Write ``node`` over the blocked layout when its data input is blocked."""
-        op = node.op_type
-        if node.domain or not any(i in self.blocked for i in node.inputs if i):
-            return False
-        if is_pair_sum(node) and any(i in self.deferred for i in node.inputs):
-            return False  # the residual Add of a deferred convolution: written by it
-        if op in POOL_OPS:
-            return self.blocked_pool(node)
-        if op == "Sum":
-            return self.blocked_sum(node)
-        if op == "Concat":
-            return self.blocked_concat(node)
-        if op == "Pow" and self._scalar_const(node.inputs[1]) in POW_BY:
-            return self.blocked_unary(node, POW_BY[self._scalar_const(node.inputs[1])])
-        if op in BINARY:
-            return self.blocked_binary(node, BINARY[op], self._broadcast_loop)
-        if op in UNARY or op in ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish"):
-            return self.blocked_unary(node, self._unary_expr(node))
-        return False
+        """Write ``node`` as the entry that accepted it in ``check`` says: in the blocked
+        layout when it can keep it, else over plain inputs, unless a fusion claims it."""
+        entry = registry.owner(node, self.graph, self.infos)
+        if entry is None:  # the partitioner only places nodes check() accepted
+            raise ValueError(f"no C generator for {node.op_type} {node.name!r}")
+        if not entry.own_layout:
+            residual = is_pair_sum(node) and any(i in self.deferred for i in node.inputs)
+            blocked_input = any(i in self.blocked for i in node.inputs if i)
+            if entry.blocked and blocked_input and not node.domain and not residual and \
+                    entry.render_blocked(self, node):
+                return
+            if not residual:  # a deferred convolution's Add reads what the convolution reads
+                self.plain_inputs(node)
+            for fusion in registry.FUSIONS:
+                claim = fusion.claim(self, node)
+                if claim:
+                    return fusion.render(self, node, claim)
+        entry.render(self, node, entry.plan(self, node))
 
     def step(self, code: str, reads, writes, scratch: int = 0, support: str = "") -> None:
         self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,

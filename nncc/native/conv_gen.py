@@ -5,7 +5,7 @@ before it, per-channel scale and shift, and pooling.
 A mixin of the partition writer (nncc/native/codegen.py): it uses its ``step``, ``ptr``,
 ``shape``, ``only_consumer``, ``deferred``, ``absorbed`` and ``steps`` members, the
 blocked layout's ``blocked_conv``, ``blocked_scale_shift`` and ``as_plain``, and the
-elementwise steps' ``_clip_bounds``.
+elementwise steps' ``clip_bounds``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class ConvSteps:
         target, act = add.outputs[0], (0, 0.0, 0.0)
         user = self.only_consumer(target)
         if user is not None and not user.domain and user.op_type in ("Relu", "Clip"):
-            bounds = self._clip_bounds(user) if user.op_type == "Clip" else None
+            bounds = self.clip_bounds(user) if user.op_type == "Clip" else None
             if user.op_type == "Relu" or bounds is not None:
                 act = (CODES["Relu"], 0.0, 0.0) if user.op_type == "Relu" else (CODES["Clip"], *bounds)
                 self.absorbed.add(id(user))

@@ -24,6 +24,9 @@ UNARY = {
 }
 BINARY = {"Add": "(a + b)", "Sub": "(a - b)", "Mul": "(a * b)", "Div": "(a / b)", "Pow": "powf(a, b)",
           "Max": "(a > b || a != a ? a : b)", "Min": "(a < b || a != a ? a : b)"}
+# the activations as ops of their own, whose parameters (attributes or constant inputs) are
+# literals in their expression (``unary_expr``)
+PARAMETRIC = ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish")
 ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 GELU_OPS = {("", "Gelu"), ("nncc", "Gelu")}  # nncc's: a GELU spelled out in ops (passes/fusion.py)
 GELU_FORMS = {  # approximate -> the expression, as a product's epilogue computes it (gemm_gen)
@@ -45,15 +48,9 @@ class ElementwiseSteps:
         else:
             self.alias[out] = src
 
-    def _scalar_const(self, name: str):
-        value = const_value(self.graph, self.infos, name)
-        if value is None or np.size(value) != 1:
-            return None
-        return float(np.asarray(value).reshape(()))
-
     def unary(self, node: Node, expr: str | None = None) -> None:
         """One loop ``y[i] = expr(v = x[i])``: the node's own expression unless given."""
-        expr = expr or self._unary_expr(node)
+        expr = expr or self.unary_expr(node)
         x, y = node.inputs[0], node.outputs[0]
         size = math.prod(self.shape(y))
         self.step(f"for (int64_t i = 0; i < {size}; i++) {{ float v = {self.ptr(x)}[i]; "
@@ -75,10 +72,10 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
         self.step(f"gelu_job job = {{{self.ptr(x)}, {self.ptr(y)}}}; nn_parallel({chunks}, {size * 16}, gelu_chunks, &job);",
                   [x], [y], support=support)
 
-    def _unary_expr(self, node: Node) -> str:
+    def unary_expr(self, node: Node) -> str:
         op = node.op_type
         if op == "Clip":
-            lo, hi = self._clip_bounds(node)
+            lo, hi = self.clip_bounds(node)
             return f"(v < {c_float(lo)} ? {c_float(lo)} : (v > {c_float(hi)} ? {c_float(hi)} : v))"
         if op == "LeakyRelu":
             return f"(v >= 0.0f ? v : v * {c_float(float(node.attrs.get('alpha', 0.01)))})"
@@ -88,7 +85,7 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
             return f"nn_act({CODES['HardSwish']}, v, 0.0f, 0.0f)"
         return UNARY[op]
 
-    def _clip_bounds(self, node: Node):
+    def clip_bounds(self, node: Node):
         lo, hi = -np.inf, np.inf
         if self.graph.opset(node.domain) < 11:
             return float(node.attrs.get("min", lo)), float(node.attrs.get("max", hi))
@@ -104,9 +101,9 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
         out = self.shape(y)
         sa = _broadcast_strides(self.shape(a), out)
         sb = _broadcast_strides(self.shape(b), out)
-        self._broadcast_loop(list(out), sa, sb, a, b, y, expr)
+        self.broadcast_loop(list(out), sa, sb, a, b, y, expr)
 
-    def _broadcast_loop(self, out, sa, sb, a: str, b: str, y: str, expr: str) -> None:
+    def broadcast_loop(self, out, sa, sb, a: str, b: str, y: str, expr: str) -> None:
         """One step ``y[i] = expr(a[...], b[...])`` over ``out`` (dense), reading a and b
         with the element strides ``sa`` and ``sb`` (0 where broadcast)."""
         dims, sa, sb = _collapse(list(out), sa, sb)
@@ -145,6 +142,11 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
                              f"{self.ptr(x)} + o * {width}, {width} * sizeof(float));")
             offset += width
         self.step("\n".join(lines), list(node.inputs), [y])
+
+    def softmax_rows(self, node: Node, rows: int, n: int, log: bool) -> None:
+        """Softmax (``log``: LogSoftmax) of each of ``rows`` contiguous rows of ``n``."""
+        self.step(f"nn_softmax_rows({self.ptr(node.inputs[0])}, {self.ptr(node.outputs[0])}, "
+                  f"{rows}, {n}, {int(log)});", node.inputs[:1], node.outputs[:1])
 
     def transpose(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]

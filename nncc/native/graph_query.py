@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.resources
 
+import numpy as np
+
 from nncc.ir.graph import Graph, Node
 
 CONV_OPS = {("", "Conv"), ("nncc", "FusedConv")}
@@ -21,6 +23,14 @@ def const_value(graph: Graph, infos, name: str):
         return graph.initializers[name]
     info = infos.get(name)
     return None if info is None else info.value
+
+
+def scalar_const(graph: Graph, infos, name: str) -> float | None:
+    """The value as a float when it is one number known at compile time."""
+    value = const_value(graph, infos, name)
+    if value is None or np.size(value) != 1:
+        return None
+    return float(np.asarray(value).reshape(()))
 
 
 def is_pair_sum(node: Node) -> bool:

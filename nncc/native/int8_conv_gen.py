@@ -42,10 +42,6 @@ _QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8))
 _HEADER = 16  # floats of scalars before the per-column table
 
 
-def handles(node) -> bool:
-    return (node.domain, node.op_type) in (QCONV, QUANTIZE_DEQUANTIZE)
-
-
 def constant(graph, infos, name):
     return None if not name else const_value(graph, infos, name)
 

@@ -17,7 +17,6 @@ import math
 
 from nncc.ir.graph import Node
 from nncc.native.c_literal import c_float
-from nncc.native.graph_query import is_pair_sum
 
 
 def _geometry(w, node: Node) -> tuple[int, int, str | None, float]:
@@ -80,38 +79,14 @@ def _emit(w, node: Node, x: str, x2: str | None, keep: str | None, label_reads) 
 
 
 def emit_layernorm(w, node: Node) -> None:
-    """A LayerNormalization that codegen.check accepted, as one vectorized step."""
+    """A LayerNormalization its entry accepted (nncc/native/ops/layernorm.py), as one vectorized step."""
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     _emit(w, node, node.inputs[0], None, None, [node.inputs[0], node.inputs[1], bias])
 
 
-def _fusable_layernorm(w, add: Node) -> Node | None:
-    """The LayerNormalization reading ``add``'s sum, if the two can be one step."""
-    out = add.outputs[0]
-    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1] or any(not i for i in add.inputs):
-        return None
-    if any(w.shape(i) != w.shape(out) for i in add.inputs):
-        return None  # a broadcast: not a residual connection
-    norms = [n for n in w.consumers.get(out, []) if not n.domain and n.op_type == "LayerNormalization"]
-    if len(norms) != 1 or norms[0].inputs[0] != out or id(norms[0]) in w.absorbed:
-        return None
-    norm = norms[0]
-    if len([o for o in norm.outputs if o]) != 1 or norm.inputs.count(out) != 1:
-        return None
-    params = [p for p in norm.inputs[1:3] if p]
-    if any(p not in w.graph.initializers for p in params):
-        return None  # computed parameters may not exist yet where the Add is written
-    return norm
-
-
-def emit_add_layernorm(w, add: Node) -> bool:
-    """A residual Add whose sum a LayerNormalization reads, written with it as one step;
-    False: not such an Add."""
-    if not is_pair_sum(add) or add.op_type != "Add" or any(i in w.deferred for i in add.inputs):
-        return False
-    norm = _fusable_layernorm(w, add)
-    if norm is None:
-        return False
+def emit_add_layernorm(w, add: Node, norm: Node) -> None:
+    """``add`` and the LayerNormalization ``norm`` reading its sum as one step (the
+    fusion's decision: nncc/native/ops/layernorm.py)."""
     out = add.outputs[0]
     others = [n for n in w.consumers.get(out, []) if n is not norm]
     keep = out if others or out in w.outputs else None
@@ -119,4 +94,3 @@ def emit_add_layernorm(w, add: Node) -> bool:
     bias = norm.inputs[2] if len(norm.inputs) > 2 and norm.inputs[2] else None
     _emit(w, norm, add.inputs[0], add.inputs[1], keep, [add.inputs[0], add.inputs[1], norm.inputs[1], bias])
     w.steps[-1].label = f"Add+LayerNormalization {add.name}"
-    return True

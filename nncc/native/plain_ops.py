@@ -11,8 +11,9 @@ literal table or, for a run of consecutive positions, as a copy. A generated loo
 therefore cannot leave its buffers whatever the attributes were. Linear and cubic Resize
 use the numpy kernel's per-axis taps and weights the same way, one axis per pass.
 
-``check`` says why a node cannot be generated (None: it can); ``emit`` adds its step to
-the partition writer (nncc/native/codegen.py), which has already turned blocked inputs
+``plan`` computes a node's step or says why it cannot be generated (its entry,
+nncc/native/ops/data_movement.py, decides which nodes come here); ``emit`` adds the step
+to the partition writer (nncc/native/codegen.py), which has already turned blocked inputs
 back into NCHW.
 """
 
@@ -41,28 +42,16 @@ class Refused(Exception):
     """Why a node cannot be generated."""
 
 
-def handles(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> bool:
-    """Whether this module writes ``node`` (Softmax over the last axis is codegen's own)."""
-    if node.domain or node.op_type not in OPS:
-        return False
-    if node.op_type in ("Softmax", "LogSoftmax"):
-        return _softmax_axis(node, graph, infos) is not None
-    return True
+def plan(node: Node, graph: Graph, infos: dict[str, TensorInfo]):
+    """What ``node``'s step computes (per output a Gather, or a tagged tuple of another
+    kind's geometry); raises Refused saying why it cannot be generated."""
+    return _plan(node, _View(graph, infos))
 
 
-def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
-    try:
-        _plan(node, _View(graph, infos))
-    except Refused as why:
-        return str(why)
-    return None
-
-
-def emit(writer, node: Node) -> None:
-    """Add ``node``'s step to ``writer``: it reads the data input and writes every output."""
-    view = _View(writer.graph, writer.infos)
+def emit(writer, node: Node, plan) -> None:
+    """Add ``node``'s step, as ``plan`` says, to ``writer``: it reads the data input and
+    writes every output."""
     ptr = writer.ptr
-    plan = _plan(node, view)
     outputs = [o for o in node.outputs if o]
     support, code, scratch = "", [], 0
     if isinstance(plan, list):  # gathers, one per output
@@ -707,7 +696,7 @@ def reduce_code(op: str, shape, axes, x: str, y: str) -> tuple[str, str]:
 # -- Softmax over an inner axis -------------------------------------------------------------
 
 
-def _softmax_axis(node: Node, graph: Graph, infos) -> int | None:
+def inner_softmax_axis(node: Node, graph: Graph, infos) -> int | None:
     """The axis when it is not the last (opset 13 on); None otherwise."""
     info = infos.get(node.inputs[0]) if node.inputs else None
     if graph.opset(node.domain) < 13 or info is None or info.shape is None or not info.shape:
@@ -721,7 +710,7 @@ def _softmax_axis(node: Node, graph: Graph, infos) -> int | None:
 
 
 def _softmax(node: Node, view: _View):
-    axis = _softmax_axis(node, view.graph, view.infos)
+    axis = inner_softmax_axis(node, view.graph, view.infos)
     if axis is None:
         raise Refused("softmax over the last axis is not written here")
     shape = view.shape(node.inputs[0])

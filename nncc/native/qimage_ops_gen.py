@@ -31,10 +31,6 @@ static inline float qi_centred(float v, float inv, float zero, float lo, float h
 """
 
 
-def handles(node) -> bool:
-    return (node.domain, node.op_type) in OPS
-
-
 def check(node, graph, infos) -> str | None:
     ins = list(node.inputs) + [""] * (9 - len(node.inputs))
     out = infos.get(node.outputs[0]) if node.outputs else None

@@ -1,0 +1,46 @@
+"""The native ops in precedence order: the first entry whose ``takes`` matches a node owns
+it, for the check and for the writing alike. Adding an op is one module with its entry,
+listed here. ``FUSIONS`` are tried, in order, before a node's own entry writes it."""
+
+from __future__ import annotations
+
+from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native.ops import (affine, attention, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
+                             layernorm, matmul, pool, qimage, recurrent, residual, softmax, sum_concat, transpose)
+from nncc.native.ops.entry import Fusion, NativeOp
+
+ENTRIES: list[NativeOp] = [
+    # entries that check their own values (quantized, integer or optional inputs)
+    data_movement.ENTRY,  # before softmax: it takes Softmax over an inner axis
+    int8_matmul.ENTRY,
+    int8_conv.ENTRY,
+    qimage.ENTRY,
+    recurrent.ENTRY,
+    # entries over static float32 values
+    conv.ENTRY,
+    affine.ENTRY,
+    matmul.GEMM,
+    matmul.MATMUL,
+    attention.ENTRY,
+    gelu.ENTRY,
+    elementwise.ENTRY,
+    sum_concat.SUM,
+    sum_concat.CONCAT,
+    softmax.ENTRY,
+    layernorm.ENTRY,
+    pool.ENTRY,
+    transpose.ENTRY,
+]
+FUSIONS: list[Fusion] = [layernorm.ADD_LAYERNORM, residual.ENTRY]
+
+
+def owner(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> NativeOp | None:
+    """The entry that checks and writes ``node``, or None: no C generator for it."""
+    return next((entry for entry in ENTRIES if entry.takes(node, graph, infos)), None)
+
+
+def native_ops() -> list[str]:
+    """Every op some entry may take ("Conv", "nncc::FusedConv", ...): whether it does
+    depends on the node's shapes, values and attributes."""
+    names = {op if not domain else f"{domain}::{op}" for entry in ENTRIES for domain, op in entry.ops}
+    return sorted(names, key=lambda name: ("::" in name, name))

@@ -1,0 +1,18 @@
+"""Transpose of up to 8 axes (elementwise_gen's ``transpose``, the runtime's nn_transpose)."""
+
+from __future__ import annotations
+
+from nncc.native.ops.entry import NativeOp
+
+
+class Transpose(NativeOp):
+    ops = frozenset({("", "Transpose")})
+
+    def refuse(self, node, graph, infos) -> str | None:
+        return None if len(infos[node.inputs[0]].shape) <= 8 else "rank above 8"
+
+    def render(self, writer, node, plan) -> None:
+        writer.transpose(node)
+
+
+ENTRY = Transpose()
