@@ -3,8 +3,8 @@
     python benchmarks/profile_native.py build/real-models/gpt2.onnx [--runs 20] [--threads 1] [--precision bf16]
 
 Compiles the model with every step of the generated code wrapped in a monotonic clock
-(nncc.native.codegen.PROFILE_STEPS; such code is never cached), runs it, and prints the
-time per op type and the slowest steps. A script, not a test: it asserts nothing.
+(step_classes.compile_profiled passes nncc.native.codegen.generate's profile_steps; such
+code is never cached), runs it, and prints the time per op type and the slowest steps. A script, not a test: it asserts nothing.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
     from step_classes import profile_classes
     profile_classes("build/real-models/resnet18.onnx", threads=2, runs=20)
 
-Compiles the model with every step of the generated code timed from inside
-(nncc.native.codegen.PROFILE_STEPS: such code is never cached), runs it, and sums each
-step's time into a class: Conv "1x1", "3x3", "7x7 stem", "depthwise", "other conv", "GEMM"
-(MatMul and Gemm, fused or not), and "no FLOPs" (everything else: elementwise, pools,
-normalisations, copies).
+Compiles the model with every step of the generated code timed from inside (the
+profile_steps argument of nncc.native.codegen.generate, which this passes: such code is
+never cached), runs it, and sums each step's time into a class: Conv "1x1", "3x3", "7x7
+stem", "depthwise", "other conv", "GEMM" (MatMul and Gemm, fused or not), and "no FLOPs"
+(everything else: elementwise, pools, normalisations, copies).
 
 The class is read from the model, not from how the code is written: a step's label names
 the node it was generated for, and the node's weight shape and group say its class. A node
@@ -138,12 +138,11 @@ def compile_profiled(path: str, **options):
     import nncc
     from nncc.native import codegen
 
-    codegen.PROFILE_STEPS = True
     units: list[tuple[str, list, Any, list[str]]] = []
     generate = codegen.generate
 
     def keep(partition, graph, infos, symbol, *rest):
-        unit = generate(partition, graph, infos, symbol, *rest)
+        unit = generate(partition, graph, infos, symbol, *rest, profile_steps=True)
         units.append((symbol, list(partition.nodes), infos, list(getattr(unit, "labels", []) or [])))
         return unit
 
@@ -151,7 +150,7 @@ def compile_profiled(path: str, **options):
     try:
         return nncc.compile_model(path, **options), units
     finally:
-        codegen.generate, codegen.PROFILE_STEPS = generate, False
+        codegen.generate = generate
 
 
 def step_times(model, units) -> dict[str, list[int]]:

@@ -40,9 +40,6 @@ from nncc.plan.memory import aligned_empty
 
 F32 = np.dtype(np.float32)
 ALIGN = 64
-# Benchmark aid (benchmarks/profile_native.py): time every step into a table the entry
-# point ``SYMBOL_profile`` copies out. Never set for code that is cached or shipped.
-PROFILE_STEPS = False
 # Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
 # an output beyond these (only a damaged or hostile model has one) stays portable, whose
 # kernels refuse it with a clear error.
@@ -107,8 +104,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
     (elementwise_gen), the blocked layout (layout), and the generator modules."""
 
     def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
-                 precision: str = "f32"):
+                 precision: str = "f32", profile_steps: bool = False):
         self.graph, self.symbol = graph, symbol
+        self.profile_steps = profile_steps  # time every step (generate's docstring)
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
         if precision == "bf16" and vl != 16:
             raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
@@ -252,7 +250,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                 scratch_at[index] = allocate(step.scratch, index, index)
         kernels: dict[str, Kernel] = {}
         lines = []
-        if PROFILE_STEPS:
+        if self.profile_steps:
             lines.append(f"static int64_t {self.symbol}_ns[{len(self.steps)}];")
             lines.append(f"NN_EXPORT int {self.symbol}_profile(int64_t *out) {{ memcpy(out, {self.symbol}_ns, "
                          f"sizeof {self.symbol}_ns); return {len(self.steps)}; }}")
@@ -268,7 +266,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if kernel.scratch:
                 pointers.append(f"ws + {scratch_at.get(index, 0)}")
             call = f"{kernel.name}({', '.join(pointers)});"
-            if PROFILE_STEPS:
+            if self.profile_steps:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + call)
         lines.append("  nn_call_end();\n  return 0;\n}\n")
@@ -316,11 +314,14 @@ def make_kernel(code: str, support: str = "") -> tuple[Kernel, list[str]]:
 
 
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
-             precision: str = "f32") -> Unit:
+             precision: str = "f32", profile_steps: bool = False) -> Unit:
     """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa);
     ``precision``: of the products by constant weights, "f32" or "bf16" (which the ISA
-    must have: nncc.native.gemm_bf16_gen.why_not)."""
-    return _Writer(partition, graph, infos, symbol, vl, precision).build()
+    must have: nncc.native.gemm_bf16_gen.why_not). ``profile_steps``: a benchmark aid
+    (benchmarks/step_classes.py) timing every step into a table the entry point
+    ``SYMBOL_profile`` copies out; the compiler never asks for it, so such code is never
+    cached or shipped."""
+    return _Writer(partition, graph, infos, symbol, vl, precision, profile_steps).build()
 
 
 def prelude() -> str:
