@@ -20,6 +20,7 @@ back into NCHW.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,8 +44,8 @@ class Refused(Exception):
 
 
 def plan(node: Node, graph: Graph, infos: dict[str, TensorInfo]):
-    """What ``node``'s step computes (per output a Gather, or a tagged tuple of another
-    kind's geometry); raises Refused saying why it cannot be generated."""
+    """What ``node``'s step computes (per output a Gather, else an Lrn, Reduce,
+    InnerSoftmax or Resample); raises Refused saying why it cannot be generated."""
     return _plan(node, _View(graph, infos))
 
 
@@ -60,16 +61,15 @@ def emit(writer, node: Node, plan) -> None:
             support += s
             code.append(c)
     else:
-        kind = plan[0]
         x, y = ptr(node.inputs[0]), ptr(outputs[0])
-        if kind == "lrn":
-            s, c = lrn_code(*plan[1:], x, y)
-        elif kind == "reduce":
-            s, c = reduce_code(*plan[1:], x, y)
-        elif kind == "softmax":
-            s, c = softmax_code(*plan[1:], x, y)
+        if isinstance(plan, Lrn):
+            s, c = lrn_code(plan.shape, plan.size, plan.alpha, plan.beta, plan.bias, x, y)
+        elif isinstance(plan, Reduce):
+            s, c = reduce_code(plan.op, plan.shape, plan.axes, x, y)
+        elif isinstance(plan, InnerSoftmax):
+            s, c = softmax_code(plan.outer, plan.n, plan.inner, plan.log, x, y)
         else:
-            s, c, scratch = interpolate_code(plan[1], x, y)
+            s, c, scratch = interpolate_code((plan.shape, plan.passes), x, y)
         support, code = s, [c]
     writer.step("\n".join(code) or ";", node.inputs[:1], outputs, scratch, support=support)
 
@@ -470,7 +470,15 @@ def _resize(node: Node, view: _View):
         passes.append(Interp(a, shape[a], out_sizes[a], index, weights, outside, opts["extrapolation"]))
     if not passes:
         return [Gather(shape, [None] * len(shape))]
-    return ("interp", (shape, passes))
+    return Resample(tuple(shape), tuple(passes))
+
+
+@dataclass(frozen=True)
+class Resample:
+    """A linear or cubic Resize: one Interp pass per resized axis of ``shape``."""
+
+    shape: tuple[int, ...]
+    passes: tuple["Interp", ...]
 
 
 class Interp:
@@ -560,7 +568,16 @@ def _lrn(node: Node, view: _View):
     size = int(a.get("size", 0))
     if size < 1:
         raise Refused("LRN size below 1")
-    return ("lrn", shape, size, float(a.get("alpha", 1e-4)), float(a.get("beta", 0.75)), float(a.get("bias", 1.0)))
+    return Lrn(shape, size, float(a.get("alpha", 1e-4)), float(a.get("beta", 0.75)), float(a.get("bias", 1.0)))
+
+
+@dataclass(frozen=True)
+class Lrn:
+    shape: tuple[int, ...]
+    size: int
+    alpha: float
+    beta: float
+    bias: float
 
 
 def lrn_code(shape, size: int, alpha: float, beta: float, bias: float, x: str, y: str) -> tuple[str, str]:
@@ -617,13 +634,20 @@ def _reduce(node: Node, view: _View):
     else:
         axes = reduce_math.axes_from_input(view.const(node.inputs[1] if len(node.inputs) > 1 else "", "axes"))
         if axes is None and ctx.get("noop_with_empty_axes", 0):
-            return ("reduce", node.op_type, shape, ())  # a copy
+            return Reduce(node.op_type, shape, ())  # a copy
     axes = reduce_math.norm_axes(range(len(shape)) if axes is None else axes, len(shape), KernelError)
     if any(shape[a] == 0 for a in axes):
         raise Refused("reduction over an empty axis")
     if math.prod(view.shape(node.outputs[0])) != math.prod(d for i, d in enumerate(shape) if i not in axes):
         raise Refused("output shape does not match the reduction")
-    return ("reduce", node.op_type, shape, tuple(axes))
+    return Reduce(node.op_type, shape, tuple(axes))
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str  # the Reduce op: its start, step and finish (_REDUCTIONS)
+    shape: tuple[int, ...]
+    axes: tuple[int, ...]  # reduced; none: a copy
 
 
 def reduce_code(op: str, shape, axes, x: str, y: str) -> tuple[str, str]:
@@ -714,8 +738,18 @@ def _softmax(node: Node, view: _View):
     if axis is None:
         raise Refused("softmax over the last axis is not written here")
     shape = view.shape(node.inputs[0])
-    return ("softmax", math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]),
-            node.op_type == "LogSoftmax")
+    return InnerSoftmax(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]),
+                        node.op_type == "LogSoftmax")
+
+
+@dataclass(frozen=True)
+class InnerSoftmax:
+    """Softmax (``log``: LogSoftmax) over the middle axis of [outer, n, inner]."""
+
+    outer: int
+    n: int
+    inner: int
+    log: bool
 
 
 def softmax_code(outer: int, n: int, inner: int, log: bool, x: str, y: str) -> tuple[str, str]:
