@@ -1,6 +1,7 @@
 """The partition writer's elementwise and data-movement steps over NCHW (plain) buffers:
-unary and broadcasting binary ops, Sum, Concat, Transpose, and the reshape-like ops that
-alias their input.
+unary and broadcasting binary ops, Sum, Concat, Transpose, Softmax over contiguous rows,
+and the reshape-like ops that alias their input. Which node gets which step is its entry's
+decision (nncc/native/ops).
 
 A mixin of the partition writer (nncc/native/codegen.py): it uses its ``step``, ``ptr``,
 ``shape``, ``graph``, ``infos``, ``alias`` and ``outputs`` members.
