@@ -200,7 +200,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if entry.blocked and blocked_input and not node.domain and not residual and \
                     entry.render_blocked(self, node):
                 return
-            if not residual:  # a deferred convolution's Add reads what the convolution reads
+            if not residual:  # the convolution it completes reads its operands in their own layout
                 self.plain_inputs(node)
             for fusion in registry.FUSIONS:
                 claim = fusion.claim(self, node)
