@@ -21,7 +21,7 @@ def test_the_toolchains_own_time_out_is_the_settings_default(monkeypatch):
 
 
 def test_the_compile_options_carry_the_native_settings_to_the_toolchain(monkeypatch):
-    from nncc.cache.token import token_context
+    from nncc.preparing.token import token_context
     from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
     from nncc.preparing.compiling import compile_options
     from nncc.settings import BuildSettings

@@ -33,7 +33,7 @@ from nncc.cache.limits import after_store
 from nncc.cache.locking import try_lock
 from nncc.cache.objects import record_entry_objects
 from nncc.cache.store import Cache
-from nncc.cache.token import token_context, token_from
+from nncc.preparing.token import token_context, token_from
 from nncc.errors import NnccError
 from nncc.preparing.compiling import compile_options, compile_source
 from nncc.preparing.entries import locked, store_plan
