@@ -38,6 +38,8 @@ class CompileOptions:
     sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
     cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
     precision: str = "f32"  # PRECISIONS: bf16 changes the result, so it is in the token (f32 is not)
+    cc: str | None = None  # $CC: the compiler ("" names none; None: cc, gcc or clang), in the token by its file
+    cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
 
     def __post_init__(self):
         from nncc.native.toolchain import TARGETS  # lazy: codegen
@@ -56,6 +58,9 @@ class CompileOptions:
             raise OptionError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
+        if self.cc_jobs is not None and (isinstance(self.cc_jobs, bool) or not isinstance(self.cc_jobs, int)
+                                         or self.cc_jobs < 1):
+            raise OptionError(f"the compiler runs at once must be a whole number above 0, not {self.cc_jobs!r}")
         if self.cc_timeout is not None and not self.cc_timeout > 0:
             raise OptionError(f"the C compiler's time-out must be a number of seconds above 0, not {self.cc_timeout}")
 
@@ -71,7 +76,7 @@ class CompileOptions:
             return None
         from nncc.native.toolchain import find_toolchain  # lazy: codegen
 
-        return find_toolchain(self.target, self.sanitize, self.cc_timeout)
+        return find_toolchain(self.target, self.sanitize, self.cc_timeout, self.cc, self.cc_jobs)
 
     def as_dict(self) -> dict:
         options = {

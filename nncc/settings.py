@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from nncc.compiler import PRECISIONS, PREFERENCES  # the one lists (cheap: the compiler loads its graph lazily)
+from nncc.util.limits import set_memory_limit
 from nncc.util.setting_values import (AGE_HELP, SIZE_HELP, SettingError, bad_value, masked,  # noqa: F401
                                       parse_age, parse_size)
 
@@ -374,17 +375,68 @@ def default_cache_dir() -> str:
     return platformdirs.user_cache_dir("nncc", appauthor=False)
 
 
+# -- settings of the environment only (no config key) -----------------------------------------
+# Read here, like every other setting, and handed down as values: no module below this one
+# reads the environment.
+
+ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"  # the most one model may make nncc allocate (nncc.util.limits)
+ENV_CC = "CC"  # the C compiler, as build tools name it; set but empty: none
+ENV_CC_JOBS = "NNCC_CC_JOBS"  # compiler processes at once
+ENV_TRUST_KEY_FILE = "NNCC_TRUST_KEY_FILE"  # a team's signing key, trusted beside the user's own
+
+
+def memory_bound() -> int | None:
+    """$NNCC_MAX_MEMORY in bytes, checked; None: the machine's own bound."""
+    text = os.environ.get(ENV_MAX_MEMORY, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # worded as every bad setting
+        raise bad_value("size", text, ENV_MAX_MEMORY, str(exc)) from None
+
+
+def bound_memory() -> None:
+    """Resolve $NNCC_MAX_MEMORY and make it the bound of this command's allocations: each
+    entry point that reads a model, an artifact or inputs calls this first."""
+    set_memory_limit(memory_bound())
+
+
+def c_compiler() -> str | None:
+    """$CC: the C compiler the user chose ("" chooses none), or None (the first of cc,
+    gcc, clang on PATH)."""
+    return os.environ.get(ENV_CC)
+
+
+def trust_key_file() -> str | None:
+    """The team's signing key file ($NNCC_TRUST_KEY_FILE), or None."""
+    return os.environ.get(ENV_TRUST_KEY_FILE) or None
+
+
+def _compiler_jobs() -> int | None:
+    """$NNCC_CC_JOBS when it is a whole number above 0, else None (one per usable core)."""
+    try:
+        chosen = int(os.environ.get(ENV_CC_JOBS, "0"))
+    except ValueError:
+        return None
+    return chosen if chosen > 0 else None
+
+
 @dataclass(frozen=True)
 class BuildSettings:
-    """How native code is built (native.sanitize, native.cc_timeout), resolved once per
-    command: the compile options carry it to the C toolchain."""
+    """How native code is built (native.sanitize, native.cc_timeout, $CC, $NNCC_CC_JOBS),
+    resolved once per command: the compile options carry it to the C toolchain, which
+    reads none itself."""
 
     sanitize: bool = False
     cc_timeout: float | None = None  # seconds per compiler run; None: the toolchain's default
+    cc: str | None = None  # $CC: the compiler to use ("" names none); None: the first of cc, gcc, clang
+    cc_jobs: int | None = None  # compiler processes at once; None: one per core this process may use
 
 
 def build_settings() -> BuildSettings:
-    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"))
+    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"), c_compiler(),
+                         _compiler_jobs())
 
 
 @dataclass(frozen=True)

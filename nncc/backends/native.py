@@ -61,7 +61,8 @@ class NativeBackend(Backend):
         self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
 
     def for_compile(self, options) -> "NativeBackend":
-        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout),
+        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout, options.cc,
+                                            options.cc_jobs),
                              effective(options.precision, options.target))
 
     def compile_facts(self, options) -> dict:

@@ -13,7 +13,7 @@ from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
                               trust_native_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import detail, emit_json, print_outputs, status
-from nncc.settings import cache_dir as resolve_cache_dir, value as setting
+from nncc.settings import bound_memory, cache_dir as resolve_cache_dir, value as setting
 
 
 @click.command()
@@ -51,6 +51,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     start = time.perf_counter()
+    bound_memory()  # $NNCC_MAX_MEMORY bounds every input, model and plan this command reads
     # every argument is checked, and every input file read, before anything is compiled
     named_inputs, bound, dims = _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_path)
     _apply_threads(threads)  # before preparing: the native pool is sized like BLAS

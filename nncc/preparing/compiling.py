@@ -12,15 +12,18 @@ from nncc.errors import ModelFormatError
 from nncc.settings import build_settings
 
 
+BUILD_FIELDS = ("sanitize", "cc_timeout", "cc", "cc_jobs")  # how native code is built: BuildSettings' fields
+
+
 def compile_options(options: dict, build=None):
     """CompileOptions from keyword options or their JSON form (lists become tuples).
     ``build``: the command's resolved nncc.settings.BuildSettings, for how native code is
     built where the options do not say (their JSON form does); None resolves them now."""
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    if "sanitize" not in options or "cc_timeout" not in options:
+    if any(name not in options for name in BUILD_FIELDS):
         if build is None:
             build = build_settings()
-        options = {"sanitize": build.sanitize, "cc_timeout": build.cc_timeout, **options}
+        options = {name: getattr(build, name) for name in BUILD_FIELDS} | options
     return CompileOptions(**options)
 
 
