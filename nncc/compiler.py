@@ -99,8 +99,10 @@ class CompileOptions:
         return options
 
 
-def compile_graph(graph: Graph, options: CompileOptions):
-    """Graph -> Plan."""
+def compile_graph(graph: Graph, options: CompileOptions, objects=None):
+    """Graph -> Plan. ``objects``: where the backends keep and find what they build (the
+    open cache's object store, nncc.cache.objects.CacheObjects); None: this process's
+    memory."""
     from nncc.backends.registry import get_backend, load_plugin, portable_backend  # lazy: start-up
     from nncc.ir.graph import topological_order  # lazy: start-up
     from nncc.partition import partition_graph  # lazy: start-up
@@ -123,6 +125,8 @@ def compile_graph(graph: Graph, options: CompileOptions):
         say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
     backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
+    if objects is not None:
+        backends = [b.keeping_objects(objects) for b in backends]
     try:
         topological_order(graph)  # a cyclic graph, or one reading values nobody produces
     except ValueError as exc:  # (also from inside a subgraph), fails before any pass runs

@@ -6,6 +6,9 @@ order the user lists backends, through these hooks:
 * ``for_compile(options)``: the backend as configured for one compile (the native backend
   finds its C compiler here); ``compile_facts(options)``: what outside nncc changes its
   output (a compiler's version), merged into the options a cache key covers.
+* ``keeping_objects(store)``: the backend, set up to keep and find what it builds (the
+  native backend's compiled objects) in ``store``, the cache's object store the caller
+  opened; by default the store is not used.
 * ``partition(graph, infos)``: the nodes it takes, each with an optional group index.
 * ``compile(partition, graph, infos)``: one outlined partition -> ``CompiledPartition``:
   portable instructions naming registered kernels (always kept: they run wherever the
@@ -91,6 +94,11 @@ class Backend:
 
     def for_compile(self, options) -> "Backend":
         """This backend set up for one compile with ``options`` (nncc.compiler.CompileOptions)."""
+        return self
+
+    def keeping_objects(self, store) -> "Backend":
+        """This backend keeping what it builds in ``store`` (``load(key)`` -> bytes or None,
+        ``save(key, bytes)``: nncc.cache.objects.CacheObjects) for one compile."""
         return self
 
     def compile_facts(self, options) -> dict[str, Any]:

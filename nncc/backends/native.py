@@ -56,14 +56,18 @@ class NativeBackend(Backend):
     payload_is_code = True
     code_noun = "native code"
 
-    def __init__(self, toolchain=None, precision: str = "f32"):
+    def __init__(self, toolchain=None, precision: str = "f32", objects=None):
         self.toolchain = toolchain
         self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
+        self.objects = objects  # where compiled objects are kept and found; None: this process's memory
 
     def for_compile(self, options) -> "NativeBackend":
         return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout, options.cc,
                                             options.cc_jobs),
                              effective(options.precision, options.target))
+
+    def keeping_objects(self, store) -> "NativeBackend":
+        return NativeBackend(self.toolchain, self.precision, store)
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache."""
@@ -130,7 +134,7 @@ class NativeBackend(Backend):
             return None
         progress.describe(f"building native code for {len(units)} partition(s)")
         try:
-            code, objects = build(self.toolchain, translation_units([u for _, u in units]))
+            code, objects = build(self.toolchain, translation_units([u for _, u in units]), self.objects)
         except NativeBuildError as exc:
             warn(f"{exc}; running the portable plan")
             plan.options["native_error"] = str(exc)

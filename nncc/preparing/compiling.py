@@ -4,7 +4,6 @@ objects when a cache is open."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from nncc.compiler import CompileOptions, compile_graph
@@ -27,16 +26,6 @@ def compile_options(options: dict, build=None):
     return CompileOptions(**options)
 
 
-@contextlib.contextmanager
-def objects_in(cache):
-    """Native code compiled in this context keeps and finds its objects in ``cache``."""
-    from nncc.cache.objects import CacheObjects  # lazy: start-up
-    from nncc.native.build import using  # lazy: codegen
-
-    with using(CacheObjects(cache)):
-        yield
-
-
 def compile_source(source, opts, cache=None):
     """The Plan of ``source`` (a ModelSource), compiled from the bytes hashed into its
     token; with ``cache``, native code is linked from its kernel objects."""
@@ -49,5 +38,6 @@ def compile_source(source, opts, cache=None):
         raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
     if cache is None:
         return compile_graph(graph, opts)
-    with objects_in(cache):
-        return compile_graph(graph, opts)
+    from nncc.cache.objects import CacheObjects  # lazy: start-up
+
+    return compile_graph(graph, opts, CacheObjects(cache))
