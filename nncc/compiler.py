@@ -42,7 +42,7 @@ class CompileOptions:
     cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
 
     def __post_init__(self):
-        from nncc.native.toolchain import TARGETS  # lazy: codegen
+        from nncc.backends.registry import registered_backends  # lazy: start-up
 
         pairs = self.dims.items() if isinstance(self.dims, dict) else self.dims
         object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in pairs)))
@@ -50,8 +50,6 @@ class CompileOptions:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise OptionError(f"dimension {name!r} must be a non-negative integer, not {size!r}")
 
-        if self.target not in TARGETS:
-            raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
         if self.preference not in PREFERENCES:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
         if self.precision not in PRECISIONS:
@@ -63,20 +61,15 @@ class CompileOptions:
             raise OptionError(f"the compiler runs at once must be a whole number above 0, not {self.cc_jobs!r}")
         if self.cc_timeout is not None and not self.cc_timeout > 0:
             raise OptionError(f"the C compiler's time-out must be a number of seconds above 0, not {self.cc_timeout}")
+        for backend in registered_backends():  # the options a backend owns (the native target) are its to check
+            problem = backend.check_options(self)
+            if problem:
+                raise OptionError(problem)
 
     @property
     def threads(self) -> int:
         """BLAS threads at run time: low-power keeps to one core."""
         return 1 if self.preference == "low-power" else 0  # 0: library default
-
-    def toolchain(self):
-        """The C compiler for the native backend, or None (no compiler, or not asked for):
-        what the cache's stages ask before deferring a native build."""
-        if "native" not in self.backends:
-            return None
-        from nncc.native.toolchain import find_toolchain  # lazy: codegen
-
-        return find_toolchain(self.target, self.sanitize, self.cc_timeout, self.cc, self.cc_jobs)
 
     def as_dict(self) -> dict:
         options = {
@@ -119,10 +112,6 @@ def compile_graph(graph: Graph, options: CompileOptions, objects=None):
         from nncc.ir.dims import specialize  # lazy: start-up
 
         graph = specialize(graph, dict(options.dims))
-    if "native" in options.backends:
-        from nncc.native.precision import say_if_unavailable  # lazy: start-up
-
-        say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
     backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
     if objects is not None:

@@ -11,11 +11,11 @@ from typing import Mapping
 import numpy as np
 
 from nncc.backends.payloads import activate_payloads
+from nncc.backends.registry import loaded_backend
 from nncc.compiler import compile_graph
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.ir.opsets import warn_newer_opsets
-from nncc.native.toolchain import is_sanitized
 from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal_payload, serialize
 from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
@@ -247,13 +247,14 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
 def refuse_unloadable(prepared, origin: str) -> None:
     """What building the runnable model would refuse here, checked without loading
     anything: native code built in the sanitize mode, in a process without the sanitizer
-    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike)."""
-    info = prepared.plan.options.get("native") if prepared.plan.carries_code else None
-    if prepared.trust_native and info:
-        from nncc.native.activate import require_sanitizer_runtime  # lazy: codegen
-
-        if is_sanitized(info):
-            require_sanitizer_runtime(origin)
+    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike). Each
+    payload's backend says (``Backend.check_loadable``)."""
+    if not (prepared.trust_native and prepared.plan.carries_code):
+        return
+    for name, payload in sorted(prepared.plan.payloads.items()):
+        backend = loaded_backend(name)
+        if backend is not None:
+            backend.check_loadable(payload, prepared.plan, origin)
 
 
 def artifact_bytes(prepared) -> bytes:
