@@ -37,7 +37,7 @@ class CompileOptions:
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
     sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
     cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
-    precision: str = "f32"  # PRECISIONS: bf16 changes the result, so it is in the token (f32 is not)
+    precision: str = "f32"  # PRECISIONS: bf16 changes native code, so the native backend's facts name it
     cc: str | None = None  # $CC: the compiler ("" names none; None: cc, gcc or clang), in the token by its file
     cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
 
@@ -81,11 +81,9 @@ class CompileOptions:
         }
         if self.dims:  # only when given: the tokens of every other compile stay as they were
             options["dims"] = dict(self.dims)
-        if self.precision != "f32":  # likewise: every float32 compile keeps its token
-            options["precision"] = self.precision
         from nncc.backends.registry import loaded_backend  # lazy: start-up
 
-        for name in self.backends:  # what outside nncc changes a backend's output (a compiler)
+        for name in self.backends:  # what else changes a backend's output (a compiler, its own options)
             backend = loaded_backend(name)
             if backend is not None:
                 options.update(backend.compile_facts(self))

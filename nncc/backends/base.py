@@ -4,8 +4,9 @@ A backend is named once (``name``, plus ``aliases`` users may type) and is asked
 order the user lists backends, through these hooks:
 
 * ``for_compile(options)``: the backend as configured for one compile (the native backend
-  finds its C compiler here); ``compile_facts(options)``: what outside nncc changes its
-  output (a compiler's version), merged into the options a cache key covers.
+  finds its C compiler here); ``compile_facts(options)``: what else changes its output
+  (a compiler's version, an option only it reads such as the native precision), merged
+  into the options a cache key covers.
 * ``check_options(options)``: why options this backend owns (the native backend's
   target ISA) are wrong, asked of every registered backend when options are made.
 * ``build_tool(options)``: the key of the tool a slow backend builds with here (a C

@@ -78,8 +78,12 @@ class NativeBackend(Backend):
         return NativeBackend(self.toolchain, self.precision, store)
 
     def compile_facts(self, options) -> dict:
-        """A compiler update or another ISA must miss the cache."""
-        return {"toolchain": self.build_tool(options)}
+        """A compiler update or another ISA must miss the cache, and so must bfloat16
+        products (named only when asked for: every float32 compile keeps its token)."""
+        facts = {"toolchain": self.build_tool(options)}
+        if options.precision != "f32":
+            facts["precision"] = options.precision
+        return facts
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         """Every node C can be generated for, except reshape-like nodes with no generated
