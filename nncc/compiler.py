@@ -56,12 +56,8 @@ class CompileOptions:
             raise OptionError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
-        if self.cc_jobs is not None and (isinstance(self.cc_jobs, bool) or not isinstance(self.cc_jobs, int)
-                                         or self.cc_jobs < 1):
-            raise OptionError(f"the compiler runs at once must be a whole number above 0, not {self.cc_jobs!r}")
-        if self.cc_timeout is not None and not self.cc_timeout > 0:
-            raise OptionError(f"the C compiler's time-out must be a number of seconds above 0, not {self.cc_timeout}")
-        for backend in registered_backends():  # the options a backend owns (the native target) are its to check
+        # the options a backend owns (the native target, the C compiler's time-out and job count) are its to check
+        for backend in registered_backends():
             problem = backend.check_options(self)
             if problem:
                 raise OptionError(problem)

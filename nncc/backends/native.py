@@ -68,6 +68,11 @@ class NativeBackend(Backend):
     def check_options(self, options) -> str | None:
         if options.target not in TARGETS:
             return f"unknown target {options.target!r}; choose from {', '.join(TARGETS)}"
+        if options.cc_timeout is not None and not options.cc_timeout > 0:
+            return f"the C compiler's time-out must be a number of seconds above 0, not {options.cc_timeout}"
+        jobs = options.cc_jobs
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+            return f"the compiler runs at once must be a whole number above 0, not {jobs!r}"
         return None
 
     def build_tool(self, options) -> dict | None:

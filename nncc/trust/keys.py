@@ -2,8 +2,9 @@
 
 Each user has one 32-byte key, made on first use in nncc's user config directory; a team
 shares one by pointing ``NNCC_TRUST_KEY_FILE`` at a copy of it (nncc.settings reads the
-variable; the functions here receive the path). A key file holds the key as 64 hex digits. It must be a regular file owned by the user and readable by nobody else:
-anyone who can read it can sign code that this user's nncc will run.
+variable; the functions here receive the path). A key file holds the key as 64 hex
+digits. It must be a regular file owned by the user and readable by nobody else: anyone
+who can read it can sign code that this user's nncc will run.
 """
 
 from __future__ import annotations
