@@ -37,10 +37,12 @@ class CompileOptions:
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
     sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
     cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
-    precision: str = "f32"  # PRECISIONS: bf16 changes the result, so it is in the token (f32 is not)
+    precision: str = "f32"  # PRECISIONS: bf16 changes native code, so the native backend's facts name it
+    cc: str | None = None  # $CC: the compiler ("" names none; None: cc, gcc or clang), in the token by its file
+    cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
 
     def __post_init__(self):
-        from nncc.native.toolchain import TARGETS  # lazy: codegen
+        from nncc.backends.registry import registered_backends  # lazy: start-up
 
         pairs = self.dims.items() if isinstance(self.dims, dict) else self.dims
         object.__setattr__(self, "dims", tuple(sorted((str(k), v) for k, v in pairs)))
@@ -48,30 +50,22 @@ class CompileOptions:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise OptionError(f"dimension {name!r} must be a non-negative integer, not {size!r}")
 
-        if self.target not in TARGETS:
-            raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
         if self.preference not in PREFERENCES:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
         if self.precision not in PRECISIONS:
             raise OptionError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
-        if self.cc_timeout is not None and not self.cc_timeout > 0:
-            raise OptionError(f"the C compiler's time-out must be a number of seconds above 0, not {self.cc_timeout}")
+        # the options a backend owns (the native target, the C compiler's time-out and job count) are its to check
+        for backend in registered_backends():
+            problem = backend.check_options(self)
+            if problem:
+                raise OptionError(problem)
 
     @property
     def threads(self) -> int:
         """BLAS threads at run time: low-power keeps to one core."""
         return 1 if self.preference == "low-power" else 0  # 0: library default
-
-    def toolchain(self):
-        """The C compiler for the native backend, or None (no compiler, or not asked for):
-        what the cache's stages ask before deferring a native build."""
-        if "native" not in self.backends:
-            return None
-        from nncc.native.toolchain import find_toolchain  # lazy: codegen
-
-        return find_toolchain(self.target, self.sanitize, self.cc_timeout)
 
     def as_dict(self) -> dict:
         options = {
@@ -83,19 +77,19 @@ class CompileOptions:
         }
         if self.dims:  # only when given: the tokens of every other compile stay as they were
             options["dims"] = dict(self.dims)
-        if self.precision != "f32":  # likewise: every float32 compile keeps its token
-            options["precision"] = self.precision
         from nncc.backends.registry import loaded_backend  # lazy: start-up
 
-        for name in self.backends:  # what outside nncc changes a backend's output (a compiler)
+        for name in self.backends:  # what else changes a backend's output (a compiler, its own options)
             backend = loaded_backend(name)
             if backend is not None:
                 options.update(backend.compile_facts(self))
         return options
 
 
-def compile_graph(graph: Graph, options: CompileOptions):
-    """Graph -> Plan."""
+def compile_graph(graph: Graph, options: CompileOptions, objects=None):
+    """Graph -> Plan. ``objects``: where the backends keep and find what they build (the
+    open cache's object store, nncc.cache.objects.CacheObjects); None: this process's
+    memory."""
     from nncc.backends.registry import get_backend, load_plugin, portable_backend  # lazy: start-up
     from nncc.ir.graph import topological_order  # lazy: start-up
     from nncc.partition import partition_graph  # lazy: start-up
@@ -112,12 +106,10 @@ def compile_graph(graph: Graph, options: CompileOptions):
         from nncc.ir.dims import specialize  # lazy: start-up
 
         graph = specialize(graph, dict(options.dims))
-    if "native" in options.backends:
-        from nncc.native.precision import say_if_unavailable  # lazy: start-up
-
-        say_if_unavailable(options.precision, options.target)
     fallback = portable_backend()
     backends = list({id(b): b.for_compile(options) for b in map(get_backend, options.backends)}.values())
+    if objects is not None:
+        backends = [b.keeping_objects(objects) for b in backends]
     try:
         topological_order(graph)  # a cyclic graph, or one reading values nobody produces
     except ValueError as exc:  # (also from inside a subgraph), fails before any pass runs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 from typing import Mapping
@@ -10,11 +11,11 @@ from typing import Mapping
 import numpy as np
 
 from nncc.backends.payloads import activate_payloads
+from nncc.backends.registry import loaded_backend
 from nncc.compiler import compile_graph
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import TensorInfo
 from nncc.ir.opsets import warn_newer_opsets
-from nncc.native.toolchain import is_sanitized
 from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal_payload, serialize
 from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
@@ -22,7 +23,7 @@ from nncc.preparing.flows import prepare as prepare_through_cache, resolve_setti
 from nncc.preparing.shapes import native_builder
 from nncc.runtime.executor import Executor
 from nncc.runtime.specialize import shape_plans
-from nncc.settings import value
+from nncc.settings import bound_memory, trust_key_file, value
 from nncc.util.files import read_source
 from nncc.util.notice import warn
 
@@ -32,7 +33,7 @@ class CompiledModel:
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
                  origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None,
-                 native_builder=None, shape_plans_limit: int | None = None):
+                 native_builder=None, shape_plans_limit: int | None = None, team_key_file: str | None = None):
         """``trust_native``: run the plan's native code (when it has any and this CPU can)
         even if the plan's artifact is not signed by a trusted key; otherwise its portable
         plan runs, with one warning if native code was skipped. ``foreign``: the plan was
@@ -40,18 +41,21 @@ class CompiledModel:
         ``cache_parts``: the verified (model cache, data cache) a cache hit parsed the plan
         from, from which its artifact is assembled without serializing again.
         ``shape_plans_limit``: how many input shapes get a plan of their own (the
-        ``run.shape_plans`` setting, resolved by the caller); None: none."""
+        ``run.shape_plans`` setting, resolved by the caller); None: none.
+        ``team_key_file``: the team's signing key, trusted beside the user's own and signed
+        with (None: $NNCC_TRUST_KEY_FILE, resolved now)."""
         warn_newer_opsets(plan.options.get("opsets") or {})  # on every path: compiled, cached, loaded
         self.plan = plan
         self._raw = raw
         self._foreign = foreign
         self.cache_parts = cache_parts
+        self._team_key_file = trust_key_file() if team_key_file is None else team_key_file or None
         if foreign:  # an artifact from outside: its shapes agree before they size anything
             from nncc.runtime.plan_shapes import check_plan_shapes  # lazy: start-up
 
             with naming_the_artifact(None if origin == "the artifact" else origin):
                 check_plan_shapes(plan)
-        self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin))
+        self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin, self._team_key_file))
         self._blas_threads = plan.recorded_threads
         self._shape_plans = shape_plans(self._executor, shape_plans_limit, native_builder)
 
@@ -124,7 +128,7 @@ class CompiledModel:
         with the user's key; a loaded artifact keeps its own signature, if its bytes are
         unchanged, and is never signed by this user."""
         if self._raw is None:
-            self._raw = _serialize(self.plan, self._foreign)
+            self._raw = _serialize(self.plan, self._foreign, self._team_key_file)
         return self._raw
 
     def save(self, path: str | os.PathLike) -> None:
@@ -133,15 +137,16 @@ class CompiledModel:
         write_atomic(path, self.to_bytes())
 
 
-def _serialize(plan: Plan, foreign: bool) -> bytes:
-    """The artifact of ``plan``: signed with the user's key, unless it is foreign (then it
-    keeps its own signature, if that still signs it)."""
+def _serialize(plan: Plan, foreign: bool, team_key_file: str | None) -> bytes:
+    """The artifact of ``plan``: signed with the user's key (the team's, ``team_key_file``,
+    when one is set), unless it is foreign (then it keeps its own signature, if that still
+    signs it)."""
     if foreign:
         seal = plan.seal
         return serialize(plan, seal=lambda message: _same_seal(seal, message))
     from nncc.trust.seal import sign  # lazy: start-up
 
-    return serialize(plan, seal=sign)
+    return serialize(plan, seal=functools.partial(sign, team_key_file=team_key_file))
 
 
 def _same_seal(seal, message: bytes) -> bytes | None:
@@ -156,6 +161,7 @@ def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **o
     target, dims, precision ("bf16": products by constant weights in bfloat16, docs/native.md).
     ``model_bytes``: the file's bytes when already read (external data is found next to
     ``path``)."""
+    bound_memory()
     return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True,  # code built just now
                          shape_plans_limit=_shape_plans_setting())
 
@@ -164,6 +170,7 @@ def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: di
     """The Plan compile_model runs, without preparing it to run (nothing is allocated)."""
     from nncc.frontend.onnx import load_model  # lazy: onnx
 
+    bound_memory()
     return compile_graph(load_model(path, model_bytes), compile_options(options))
 
 
@@ -193,6 +200,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
     resolved now.
     """
+    bound_memory()
     if settings is None:
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
     prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
@@ -230,6 +238,7 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
     that only writes the artifact (``nncc compile``); arguments as prepare(). No native
     code is loaded and no memory planned; no background upgrade is started."""
     kwargs.setdefault("background", None)
+    bound_memory()
     prepared, outcome = prepare_through_cache(path, **kwargs)
     warn_newer_opsets(prepared.plan.options.get("opsets") or {})  # as building the model would
     return prepared, outcome
@@ -238,13 +247,14 @@ def prepare_plan(path: str | os.PathLike, **kwargs):
 def refuse_unloadable(prepared, origin: str) -> None:
     """What building the runnable model would refuse here, checked without loading
     anything: native code built in the sanitize mode, in a process without the sanitizer
-    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike)."""
-    info = prepared.plan.options.get("native") if prepared.plan.carries_code else None
-    if prepared.trust_native and info:
-        from nncc.native.activate import require_sanitizer_runtime  # lazy: codegen
-
-        if is_sanitized(info):
-            require_sanitizer_runtime(origin)
+    runtime (``nncc compile`` writes nothing ``nncc run`` could not load alike). Each
+    payload's backend says (``Backend.check_loadable``)."""
+    if not (prepared.trust_native and prepared.plan.carries_code):
+        return
+    for name, payload in sorted(prepared.plan.payloads.items()):
+        backend = loaded_backend(name)
+        if backend is not None:
+            backend.check_loadable(payload, prepared.plan, origin)
 
 
 def artifact_bytes(prepared) -> bytes:
@@ -256,7 +266,7 @@ def artifact_bytes(prepared) -> bytes:
     if prepared.cache_parts is None:
         if isinstance(prepared, CompiledModel):
             return prepared.to_bytes()
-        return _serialize(prepared.plan, prepared.foreign)
+        return _serialize(prepared.plan, prepared.foreign, trust_key_file())
     from nncc.trust.seal import sign  # lazy: start-up (native code from our own cache is signed as ours)
 
     if prepared.foreign:  # another machine's code (the remote tier's): never signed as the user's
@@ -264,7 +274,7 @@ def artifact_bytes(prepared) -> bytes:
             warn("the artifact is not signed: its native code came from the remote cache, built by another "
                  "machine (`nncc compile --no-cache` builds and signs it here)")
         return artifact_from_parts(*prepared.cache_parts)
-    return artifact_from_parts(*prepared.cache_parts, seal=sign)
+    return artifact_from_parts(*prepared.cache_parts, seal=functools.partial(sign, team_key_file=trust_key_file()))
 
 
 def load(source: str | os.PathLike | bytes | bytearray | memoryview | mmap.mmap,
@@ -289,6 +299,7 @@ def read_artifact(source: str | os.PathLike | bytes | bytearray | memoryview | m
                   name: str | None = None) -> Plan:
     """The verified Plan of an artifact, without preparing it to run. A malformed or
     damaged artifact raises PlanFormatError naming the file (``name``, or the path)."""
+    bound_memory()
     if isinstance(source, (bytes, bytearray, memoryview, mmap.mmap)):
         with naming_the_artifact(name):
             return deserialize(source)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from nncc.compiler import PRECISIONS, PREFERENCES  # the one lists (cheap: the compiler loads its graph lazily)
+from nncc.util.limits import set_memory_limit
 from nncc.util.setting_values import (AGE_HELP, SIZE_HELP, SettingError, bad_value, masked,  # noqa: F401
                                       parse_age, parse_size)
 
@@ -374,17 +375,68 @@ def default_cache_dir() -> str:
     return platformdirs.user_cache_dir("nncc", appauthor=False)
 
 
+# -- settings of the environment only (no config key) -----------------------------------------
+# Read here, like every other setting, and handed down as values: no module below this one
+# reads the environment.
+
+ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"  # the most one model may make nncc allocate (nncc.util.limits)
+ENV_CC = "CC"  # the C compiler, as build tools name it; set but empty: none
+ENV_CC_JOBS = "NNCC_CC_JOBS"  # compiler processes at once
+ENV_TRUST_KEY_FILE = "NNCC_TRUST_KEY_FILE"  # a team's signing key, trusted beside the user's own
+
+
+def memory_bound() -> int | None:
+    """$NNCC_MAX_MEMORY in bytes, checked; None: the machine's own bound."""
+    text = os.environ.get(ENV_MAX_MEMORY, "").strip()
+    if not text:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # worded as every bad setting
+        raise bad_value("size", text, ENV_MAX_MEMORY, str(exc)) from None
+
+
+def bound_memory() -> None:
+    """Resolve $NNCC_MAX_MEMORY and make it the bound of this command's allocations: each
+    entry point that reads a model, an artifact or inputs calls this first."""
+    set_memory_limit(memory_bound())
+
+
+def c_compiler() -> str | None:
+    """$CC: the C compiler the user chose ("" chooses none), or None (the first of cc,
+    gcc, clang on PATH)."""
+    return os.environ.get(ENV_CC)
+
+
+def trust_key_file() -> str | None:
+    """The team's signing key file ($NNCC_TRUST_KEY_FILE), or None."""
+    return os.environ.get(ENV_TRUST_KEY_FILE) or None
+
+
+def _compiler_jobs() -> int | None:
+    """$NNCC_CC_JOBS when it is a whole number above 0, else None (one per usable core)."""
+    try:
+        chosen = int(os.environ.get(ENV_CC_JOBS, "0"))
+    except ValueError:
+        return None
+    return chosen if chosen > 0 else None
+
+
 @dataclass(frozen=True)
 class BuildSettings:
-    """How native code is built (native.sanitize, native.cc_timeout), resolved once per
-    command: the compile options carry it to the C toolchain."""
+    """How native code is built (native.sanitize, native.cc_timeout, $CC, $NNCC_CC_JOBS),
+    resolved once per command: the compile options carry it to the C toolchain, which
+    reads none itself."""
 
     sanitize: bool = False
     cc_timeout: float | None = None  # seconds per compiler run; None: the toolchain's default
+    cc: str | None = None  # $CC: the compiler to use ("" names none); None: the first of cc, gcc, clang
+    cc_jobs: int | None = None  # compiler processes at once; None: one per core this process may use
 
 
 def build_settings() -> BuildSettings:
-    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"))
+    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"), c_compiler(),
+                         _compiler_jobs())
 
 
 @dataclass(frozen=True)
@@ -402,7 +454,7 @@ class CacheSettings:
     shape_plans: int | None = 8  # run.shape_plans; None: off
     trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write
     build: BuildSettings = BuildSettings()  # how native code is built
-    # the remote tier's record (nncc.cache.remote.settings.RemoteSettings), resolved on
+    # the remote tier's record (nncc.cache.remote.record.RemoteSettings), resolved on
     # first use and then kept for the command (with_remote): a local hit never reads the
     # key file nor imports remote code. None: no remote tier for this prepare.
     remote: Callable[[], Any] | None = None
@@ -421,68 +473,93 @@ def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
 
 REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",
                "remote.wait")
+ENV_REMOTE_KEY = "NNCC_REMOTE_KEY"  # the team secret itself: a secret is never in the config file
+ENV_S3_ENDPOINT = "NNCC_S3_ENDPOINT"  # an S3-compatible server other than AWS (tests, MinIO)
 
 
-def check_remote_settings() -> None:
+def check_remote_settings(remote_url=None) -> None:
     """Every remote setting, checked when a command starts rather than on its first
-    local miss: a bad one is a SettingError (one line, exit 2) before anything runs."""
+    local miss: a bad one is a SettingError (one line, exit 2) before anything runs.
+    ``remote_url``: the command's ``--remote URL``, if given."""
     for key in REMOTE_KEYS:
-        resolve(key)
+        resolve(key, remote_url if key == "remote.url" else None, "--remote" if key == "remote.url" else None)
 
 
 # -- the remote tier's record ---------------------------------------------------------------
 
 
-def configured_url() -> str | None:
-    """The remote tier's URL: --remote, else $NNCC_REMOTE, else remote.url; None: none."""
-    from nncc.cache.remote import settings as remote  # lazy: start-up (start-up cost: only with a remote)
+def configured_url(remote_url=None) -> str | None:
+    """The remote tier's URL: ``remote_url`` (the command's --remote), else $NNCC_REMOTE,
+    else remote.url; None: none."""
+    return value("remote.url", remote_url or None, "--remote")
 
-    return value("remote.url", remote.flag_url(), "--remote")
 
-
-def with_remote(settings: CacheSettings) -> CacheSettings:
+def with_remote(settings: CacheSettings, remote_url=None) -> CacheSettings:
     """``settings`` for a command that prepares through the cache: every remote setting is
     checked now, whether or not a remote is configured (not on the first local miss), and
-    the tier's record is built once, when the first miss asks for it."""
-    check_remote_settings()
-    return replace(settings, remote=functools.cache(remote_settings))
+    the tier's record is built once, when the first miss asks for it. ``remote_url``: the
+    command's --remote, which wins over the other sources."""
+    check_remote_settings(remote_url)
+    return replace(settings, remote=functools.cache(functools.partial(remote_settings, remote_url)))
 
 
-def remote_settings():
-    """The remote tier's settings (nncc.cache.remote.settings.RemoteSettings), resolved."""
-    from nncc.cache.remote import settings as remote  # lazy: start-up (start-up cost: only with a remote)
+def remote_settings(remote_url=None):
+    """The remote tier's record (nncc.cache.remote.record.RemoteSettings), resolved, with
+    the team key read."""
+    from nncc.cache.remote.record import RemoteSettings  # lazy: start-up (only with a remote)
 
-    url = configured_url()
+    url = configured_url(remote_url)
     if url is None:
-        return remote.RemoteSettings(None, None, None)
+        return RemoteSettings(None, None, None)
     key, problem = _remote_key()
-    return remote.RemoteSettings(
+    return RemoteSettings(
         url=url, key=key, key_problem=problem,
         timeout=value("remote.timeout"),
         lease_seconds=value("remote.lease"),
         wait_seconds=value("remote.wait"),
-        s3_endpoint=os.environ.get(remote.ENV_S3_ENDPOINT) or None,
+        s3_endpoint=os.environ.get(ENV_S3_ENDPOINT) or None,
     )
 
 
 def _remote_key() -> tuple[bytes | None, str | None]:
     """(the team secret, None), or (None, why there is none: the tier is then off with one
     warning). A weak key, or a key file others can read, is refused: RemoteConfigError."""
-    from nncc.cache.remote import settings as remote  # lazy: start-up
+    from nncc.cache.remote.errors import RemoteConfigError  # lazy: start-up (only with a remote)
+    from nncc.cache.remote.record import MIN_KEY_BYTES  # lazy: start-up (only with a remote)
 
-    path = value("remote.key_file")
-    if path:
-        secret, problem = remote.read_key_file(path)
-        where = f"the key file {path}"
+    resolved = resolve("remote.key_file")
+    if resolved.value:
+        named = f"${resolved.where}={resolved.value}" if resolved.source == "env" else resolved.value
+        secret, problem = read_remote_key_file(resolved.value, named)
+        where = f"the key file {resolved.value}"
         if problem:
             return None, problem
     else:
-        secret = os.environ.get(remote.ENV_KEY, "").strip().encode()
-        where = f"${remote.ENV_KEY}"
+        secret = os.environ.get(ENV_REMOTE_KEY, "").strip().encode()
+        where = f"${ENV_REMOTE_KEY}"
         if not secret:
-            return None, f"no key: set ${remote.ENV_KEY_FILE} or ${remote.ENV_KEY} to the team's secret"
-    if len(secret) < remote.MIN_KEY_BYTES:
-        raise remote.RemoteConfigError(f"the remote key in {where} is {len(secret)} bytes, too short to keep "
-                                       f"the fleet's entries safe: use at least {remote.MIN_KEY_BYTES} random "
-                                       "bytes (`nncc cache remote keygen` writes a key file)")
+            return None, f"no key: set ${SETTINGS['remote.key_file'].env} or ${ENV_REMOTE_KEY} to the team's secret"
+    if len(secret) < MIN_KEY_BYTES:
+        raise RemoteConfigError(f"the remote key in {where} is {len(secret)} bytes, too short to keep "
+                                f"the fleet's entries safe: use at least {MIN_KEY_BYTES} random "
+                                "bytes (`nncc cache remote keygen` writes a key file)")
+    return secret, None
+
+
+def read_remote_key_file(path: str, named: str) -> tuple[bytes | None, str | None]:
+    """(secret, None), or (None, why it cannot be read); ``named``: the file as messages
+    name it. A file that is not the user's own regular file, or that group
+    or others may read or write, is refused (RemoteConfigError): whoever reads it can
+    publish native code the fleet runs."""
+    from nncc.cache.remote.errors import RemoteConfigError  # lazy: start-up (only with a remote)
+    from nncc.util.files import PrivateFileError, read_private_file  # lazy: start-up
+
+    try:
+        secret = read_private_file(path, f"the remote key file {path}", 1 << 16).strip()
+    except PrivateFileError as exc:
+        raise RemoteConfigError(str(exc)) from None
+    except OSError as exc:
+        return None, f"cannot read the key file {named}: {exc.strerror or exc}"
+    if not secret:
+        return None, f"the key file {named} is empty"
     return secret, None

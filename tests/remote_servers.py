@@ -218,13 +218,11 @@ def remote(request, tmp_path, monkeypatch):
 @pytest.fixture(autouse=True)
 def fresh_remote_state():
     """Each test is a new run: no remote remembered as failed, no warning already given."""
-    from nncc.cache.remote import settings
     from nncc.preparing import remote as flow
 
     def reset():
         for state in (flow._tiers, flow._warned, flow._rejected):
             state.clear()
-        settings.use_remote(None)
 
     reset()
     yield

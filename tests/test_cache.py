@@ -29,7 +29,7 @@ from nncc.cache.index import SCHEMA_VERSION, Index
 from nncc.cache.locking import FileLock, LockBusy, try_lock
 from nncc.model import prepare
 from nncc.cache.store import Cache
-from nncc.cache.token import compute_token, external_files
+from nncc.preparing.token import compute_token, external_files
 from nncc.cache.verify import verify
 from nncc.compiler import CompileOptions
 from tests.conftest import FIXTURES, ROOT
@@ -255,7 +255,7 @@ def test_token_covers_loaded_plugins(tmp_path, monkeypatch):
 
 
 def test_code_fingerprint_follows_the_source_contents(tmp_path):
-    from nncc.cache.token import code_fingerprint, forget_fingerprints
+    from nncc.preparing.token import code_fingerprint, forget_fingerprints
 
     package = tmp_path / "pkg"
     (package / "sub" / "__pycache__").mkdir(parents=True)
@@ -292,7 +292,7 @@ def test_code_hashes_are_remembered_by_path_size_and_mtime(tmp_path):
     """An editable checkout is hashed once; later processes read the hashes from the index
     and only re-read a file whose size or mtime changed."""
     from nncc.cache.index import Index
-    from nncc.cache.token import code_fingerprint, forget_fingerprints
+    from nncc.preparing.token import code_fingerprint, forget_fingerprints
 
     package = tmp_path / "pkg"
     package.mkdir()
@@ -324,7 +324,7 @@ def test_code_hashes_are_remembered_by_path_size_and_mtime(tmp_path):
 def test_changed_nncc_code_misses_instead_of_serving_old_plans(cache_dir, monkeypatch, capsys):
     """An editable install changes nncc's code without changing __version__: the entry
     compiled by the old code must not be served."""
-    from nncc.cache import token
+    from nncc.preparing import token
 
     _, first = prepare(MLP, cache_dir=cache_dir)
     _, again = prepare(MLP, cache_dir=cache_dir)

@@ -22,7 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from nncc.cache.token import external_files
+from nncc.preparing.token import external_files
 from nncc.errors import ModelFormatError
 from nncc.frontend.onnx import load_model
 from tests.conftest import FIXTURES

@@ -44,7 +44,10 @@ ALL = QUICK + ["transformer", "mobilenet"]
 
 @pytest.fixture(autouse=True)
 def _bounded(monkeypatch):
-    monkeypatch.setenv("NNCC_MAX_MEMORY", str(MAX_MEMORY))
+    from nncc.util.limits import set_memory_limit
+
+    monkeypatch.setenv("NNCC_MAX_MEMORY", str(MAX_MEMORY))  # for the entry points (nncc.load), which resolve it
+    set_memory_limit(MAX_MEMORY)  # and for the floors called directly here (parse_model, compile_graph)
 
     def hang(*_):
         raise AssertionError(f"an example ran for more than {HANG_SECONDS} s")
@@ -53,6 +56,7 @@ def _bounded(monkeypatch):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+    set_memory_limit(None)
 
 
 # -- what each example does ---------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_bf16_gemm_reads_transposed_operands_and_folds_alpha_and_c(tmp_path):
 
 
 def test_precision_is_in_the_token_only_when_not_float32():
-    from nncc.cache.token import token_context
+    from nncc.preparing.token import token_context
 
     default, f32, bf16 = CompileOptions(), CompileOptions(precision="f32"), CompileOptions(precision="bf16")
     assert "precision" not in default.as_dict()  # every float32 token stays what it was

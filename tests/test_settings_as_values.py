@@ -21,7 +21,8 @@ def test_the_toolchains_own_time_out_is_the_settings_default(monkeypatch):
 
 
 def test_the_compile_options_carry_the_native_settings_to_the_toolchain(monkeypatch):
-    from nncc.cache.token import token_context
+    from nncc.backends.registry import get_backend
+    from nncc.preparing.token import token_context
     from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
     from nncc.preparing.compiling import compile_options
     from nncc.settings import BuildSettings
@@ -31,13 +32,14 @@ def test_the_compile_options_carry_the_native_settings_to_the_toolchain(monkeypa
     monkeypatch.setenv("NNCC_NATIVE_SANITIZE", "yes")
     monkeypatch.setenv("NNCC_CC_TIMEOUT", "7")
     opts = compile_options({})  # no resolved record given: resolved now, from the environment
-    toolchain = opts.toolchain()
+    toolchain = get_backend("native").for_compile(opts).toolchain  # the backend finds the compiler
     assert (opts.sanitize, opts.cc_timeout) == (True, 7.0)
     assert toolchain.sanitize and toolchain.timeout == 7.0 and set(SANITIZE_FLAGS) <= set(toolchain.flags)
     # the token's toolchain key is the one a sanitizing toolchain has, whoever asked for it
     assert toolchain.key() == find_toolchain(sanitize=True).key() != find_toolchain(sanitize=False).key()
     plain = compile_options({}, BuildSettings(sanitize=False, cc_timeout=7.0))  # a record wins over the env
-    assert not plain.toolchain().sanitize and token_context(plain) != token_context(opts)
+    native = get_backend("native")
+    assert not native.for_compile(plain).toolchain.sanitize and token_context(plain) != token_context(opts)
     # the time-out changes no code: not in the token
     assert token_context(plain) == token_context(compile_options({}, BuildSettings(False, 300.0)))
 

@@ -4,8 +4,17 @@ A backend is named once (``name``, plus ``aliases`` users may type) and is asked
 order the user lists backends, through these hooks:
 
 * ``for_compile(options)``: the backend as configured for one compile (the native backend
-  finds its C compiler here); ``compile_facts(options)``: what outside nncc changes its
-  output (a compiler's version), merged into the options a cache key covers.
+  finds its C compiler here); ``compile_facts(options)``: what else changes its output
+  (a compiler's version, an option only it reads such as the native precision), merged
+  into the options a cache key covers.
+* ``check_options(options)``: why options this backend owns (the native backend's
+  target ISA) are wrong, asked of every registered backend when options are made.
+* ``build_tool(options)``: the key of the tool a slow backend builds with here (a C
+  compiler), or None when it has none: what a failed build is recorded against, and
+  whether a later, optimized stage can be built at all.
+* ``keeping_objects(store)``: the backend, set up to keep and find what it builds (the
+  native backend's compiled objects) in ``store``, the cache's object store the caller
+  opened; by default the store is not used.
 * ``partition(graph, infos)``: the nodes it takes, each with an optional group index.
 * ``compile(partition, graph, infos)``: one outlined partition -> ``CompiledPartition``:
   portable instructions naming registered kernels (always kept: they run wherever the
@@ -21,6 +30,9 @@ order the user lists backends, through these hooks:
 * ``activate(payload, plan, origin)``: when a plan is loaded and the payload may run (a
   code payload only when trusted; nncc.backends.payloads decides), the loaded form handed
   to ``load_unit`` as ``source.loaded``, or None to run the partitions' instructions.
+* ``check_loadable(payload, plan, origin)``: raise when a trusted payload could never be
+  loaded in this process (native code built with sanitizers, in a process without their
+  runtime), checked before anything is written or loaded.
 * ``load_unit(source)``: one partition of a plan about to run -> the executable unit the
   executor runs (nncc.backends.unit).
 """
@@ -93,6 +105,20 @@ class Backend:
         """This backend set up for one compile with ``options`` (nncc.compiler.CompileOptions)."""
         return self
 
+    def check_options(self, options) -> str | None:
+        """Why ``options`` are wrong for this backend (one clause), or None."""
+        return None
+
+    def build_tool(self, options) -> dict[str, Any] | None:
+        """The JSON key of the tool this backend builds with for ``options`` here (a C
+        compiler's), or None when there is none."""
+        return None
+
+    def keeping_objects(self, store) -> "Backend":
+        """This backend keeping what it builds in ``store`` (``load(key)`` -> bytes or None,
+        ``save(key, bytes)``: nncc.cache.objects.CacheObjects) for one compile."""
+        return self
+
     def compile_facts(self, options) -> dict[str, Any]:
         """JSON facts, beyond the options, that change what this backend compiles."""
         return {}
@@ -121,6 +147,10 @@ class Backend:
 
     def check_payload(self, payload: BackendPayload, plan: Plan) -> None:
         """Raise PlanFormatError when ``payload`` does not fit ``plan``."""
+
+    def check_loadable(self, payload: BackendPayload, plan: Plan, origin: str) -> None:
+        """Raise (an NnccError) when the trusted ``payload`` could never be activated in this
+        process; checked without loading it."""
 
     def activate(self, payload: BackendPayload, plan: Plan, origin: str) -> Any:
         """The payload made ready to run (given to ``load_unit`` as ``source.loaded``), or

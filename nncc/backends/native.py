@@ -22,8 +22,8 @@ from nncc.backends.base import Backend, CompiledPartition, Partition
 from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.native.precision import effective
-from nncc.native.toolchain import NativeBuildError, find_toolchain
+from nncc.native.precision import effective, say_if_unavailable
+from nncc.native.toolchain import TARGETS, NativeBuildError, find_toolchain, is_sanitized
 from nncc.plan.plan import BackendPayload, Plan
 from nncc.util.notice import warn
 
@@ -56,18 +56,39 @@ class NativeBackend(Backend):
     payload_is_code = True
     code_noun = "native code"
 
-    def __init__(self, toolchain=None, precision: str = "f32"):
+    def __init__(self, toolchain=None, precision: str = "f32", objects=None):
         self.toolchain = toolchain
         self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
+        self.objects = objects  # where compiled objects are kept and found; None: this process's memory
 
     def for_compile(self, options) -> "NativeBackend":
-        return NativeBackend(find_toolchain(options.target, options.sanitize, options.cc_timeout),
-                             effective(options.precision, options.target))
+        say_if_unavailable(options.precision, options.target)  # once per process: the compile asked for it
+        return NativeBackend(toolchain_for(options), effective(options.precision, options.target))
+
+    def check_options(self, options) -> str | None:
+        if options.target not in TARGETS:
+            return f"unknown target {options.target!r}; choose from {', '.join(TARGETS)}"
+        if options.cc_timeout is not None and not options.cc_timeout > 0:
+            return f"the C compiler's time-out must be a number of seconds above 0, not {options.cc_timeout}"
+        jobs = options.cc_jobs
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+            return f"the compiler runs at once must be a whole number above 0, not {jobs!r}"
+        return None
+
+    def build_tool(self, options) -> dict | None:
+        toolchain = toolchain_for(options)
+        return None if toolchain is None else toolchain.key()
+
+    def keeping_objects(self, store) -> "NativeBackend":
+        return NativeBackend(self.toolchain, self.precision, store)
 
     def compile_facts(self, options) -> dict:
-        """A compiler update or another ISA must miss the cache."""
-        toolchain = self.for_compile(options).toolchain
-        return {"toolchain": None if toolchain is None else toolchain.key()}
+        """A compiler update or another ISA must miss the cache, and so must bfloat16
+        products (named only when asked for: every float32 compile keeps its token)."""
+        facts = {"toolchain": self.build_tool(options)}
+        if options.precision != "f32":
+            facts["precision"] = options.precision
+        return facts
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
         """Every node C can be generated for, except reshape-like nodes with no generated
@@ -129,7 +150,7 @@ class NativeBackend(Backend):
             return None
         progress.describe(f"building native code for {len(units)} partition(s)")
         try:
-            code, objects = build(self.toolchain, translation_units([u for _, u in units]))
+            code, objects = build(self.toolchain, translation_units([u for _, u in units]), self.objects)
         except NativeBuildError as exc:
             warn(f"{exc}; running the portable plan")
             plan.options["native_error"] = str(exc)
@@ -144,6 +165,13 @@ class NativeBackend(Backend):
 
     def check_payload(self, payload: BackendPayload, plan: Plan) -> None:
         native_calls(payload, plan)
+
+    def check_loadable(self, payload: BackendPayload, plan: Plan, origin: str) -> None:
+        """Code built with sanitizers loads only into a process started with their runtime."""
+        if is_sanitized(plan.options.get("native")):
+            from nncc.native.activate import require_sanitizer_runtime  # lazy: codegen
+
+            require_sanitizer_runtime(origin)
 
     def activate(self, payload: BackendPayload, plan: Plan, origin: str):
         from nncc.native.activate import load_native  # lazy: start-up (only a plan with native code)
@@ -163,6 +191,12 @@ class NativeBackend(Backend):
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],
                     kind="native")
+
+
+def toolchain_for(options):
+    """The C compiler the compile options ask for (target, sanitize mode, time-out, $CC,
+    jobs: the command's resolved settings), or None when there is none."""
+    return find_toolchain(options.target, options.sanitize, options.cc_timeout, options.cc, options.cc_jobs)
 
 
 def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:

@@ -19,8 +19,10 @@ from nncc.plan.plan import Plan
 from nncc.util.notice import warn
 
 
-def activate_payloads(plan: Plan, trusted: bool, origin: str = "the artifact") -> dict[str, Any]:
-    """Backend name -> what its ``activate`` made of its payload (absent: run portably)."""
+def activate_payloads(plan: Plan, trusted: bool, origin: str = "the artifact",
+                      team_key_file: str | None = None) -> dict[str, Any]:
+    """Backend name -> what its ``activate`` made of its payload (absent: run portably).
+    ``team_key_file``: the team key the command trusts beside the user's own."""
     loaded: dict[str, Any] = {}
     verdict = None
     for name, payload in sorted(plan.payloads.items()):
@@ -31,7 +33,7 @@ def activate_payloads(plan: Plan, trusted: bool, origin: str = "the artifact") -
             if verdict is None:
                 from nncc.trust.seal import check  # lazy: start-up
 
-                verdict = check(plan.seal)
+                verdict = check(plan.seal, team_key_file)
             if not verdict.trusted:
                 warn(f"{origin} carries {backend.code_noun}, but {verdict.reason}; running its portable plan "
                      f"({verdict.remedy})")

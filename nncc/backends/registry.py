@@ -70,6 +70,12 @@ def slow_backends(names) -> tuple[str, ...]:
                  if getattr(loaded_backend(name), "slow_to_build", False))
 
 
+def registered_backends() -> list[Backend]:
+    """Every backend registered in this process once (nothing is imported)."""
+    ensure_builtins()
+    return [backend for name, backend in sorted(_BACKENDS.items()) if backend.name == name]
+
+
 def available_backends() -> list[Backend]:
     """Every registered backend once (an alias is not another backend)."""
     ensure_builtins()

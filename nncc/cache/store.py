@@ -28,7 +28,6 @@ from nncc.cache.index import INDEX_NAME, Entry, Index, IndexCorrupt, IndexUnavai
 from nncc.cache.locking import FileLock, LockBusy, lock_problem, try_lock
 from nncc.cache.files import (CacheEntryError, CacheWriteError, chunk_hashes, content_hash, fsync_dir,
                               map_entry_file, read_entry_file, spot_check, unlink_quietly, write_file_atomic)
-from nncc.plan import format as plan_format
 from nncc.util.notice import warn
 
 ENTRIES = "entries"
@@ -203,7 +202,7 @@ class Cache:
         return self
 
     def _new_index(self) -> Index:
-        return Index(self.directory, _version.__version__, plan_format.FORMAT_VERSION)
+        return Index(self.directory, _version.__version__, _version.FORMAT_VERSION)
 
     def _open_index(self) -> Index:
         try:
@@ -383,7 +382,7 @@ class Cache:
                 now = time.time()
                 entry = Entry(token=token, plan_hash=plan_hash, data_hash=data_hash,
                               plan_size=len(model_bytes), data_size=len(data_bytes),
-                              nncc_version=_version.__version__, format_version=plan_format.FORMAT_VERSION,
+                              nncc_version=_version.__version__, format_version=_version.FORMAT_VERSION,
                               created=now, last_used=now, hits=0, **row)
                 self.index.insert(entry, counter=counter, chunks=chunks)  # once both files are in place
                 committed = True

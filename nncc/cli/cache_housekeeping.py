@@ -10,7 +10,7 @@ import click
 from nncc.cli.cache_common import (CacheCommandError, cache_dir_option, command_settings, complete_tokens,
                                    item_count, json_option, known_entries, model_name, open_cache, parse_bound,
                                    report_failed)
-from nncc.cli.cache_options import use_remote_url
+from nncc.cli.cache_options import checked_remote_url
 from nncc.cli.options import verbosity_options
 from nncc.cli.output import emit_json, status, verbosity
 from nncc.errors import NnccError
@@ -97,12 +97,12 @@ def _verify_summary(report) -> str:
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; remove nothing.")
 @click.option("--remote", "on_remote", is_flag=True,
               help="Apply the limits to the remote tier instead (age: since upload).")
-@click.option("--remote-url", metavar="URL", expose_value=False, callback=use_remote_url,
+@click.option("--remote-url", "remote_url", metavar="URL", callback=checked_remote_url,
               help="The remote for --remote (default: $NNCC_REMOTE).")
 @cache_dir_option
 @json_option
 @verbosity_options
-def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
+def gc(max_size, max_age, dry_run, on_remote, remote_url, cache_dir, trust_shared, as_json):
     """Remove stale, orphan and leftover files, old entries, and LRU entries above a size.
     The size and age bounds are the configured ones (cache.max_size, cache.max_age), as
     applied after every store, unless --max-size or --max-age is given.
@@ -115,7 +115,7 @@ def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
     size = parse_bound("size", max_size, "--max-size")
     age = parse_bound("age", max_age, "--max-age")
     if on_remote:
-        return _gc_remote(size, age, dry_run, as_json)
+        return _gc_remote(size, age, dry_run, as_json, remote_url)
     settings = command_settings(cache_dir)
     if max_size is None and max_age is None:  # the configured bounds, as `ccache --cleanup`
         size, age = settings.max_size, settings.max_age
@@ -142,13 +142,13 @@ def gc(max_size, max_age, dry_run, on_remote, cache_dir, trust_shared, as_json):
         sys.exit(1)
 
 
-def _gc_remote(size, age, dry_run, as_json) -> None:
+def _gc_remote(size, age, dry_run, as_json, remote_url) -> None:
     from nncc.cache.remote.errors import RemoteFault  # lazy: start-up
     from nncc.cache.remote.gc import WrongKey, collect_remote  # lazy: start-up
     from nncc.cli.cache_remote import RemoteCommandError, open_tier, remote_fault  # lazy: start-up
     from nncc.util.units import format_bytes  # lazy: start-up
 
-    tier = open_tier()
+    tier = open_tier(remote_url)
     try:
         report = collect_remote(tier, max_size=size, max_age=age, dry_run=dry_run)
     except RemoteFault as exc:

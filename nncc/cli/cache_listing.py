@@ -111,7 +111,7 @@ def _ago(ts) -> str:
 @remote_option
 @json_option
 @verbosity_options
-def info(cache_dir, trust_shared, as_json):
+def info(cache_dir, trust_shared, remote_url, as_json):
     """Location, size, counters, and whether the cache pays off (like `ccache -s`), with the
     remote tier's counters and, when one is configured, its own size."""
     from nncc.cli.cache_remote import remote_info  # lazy: start-up
@@ -132,7 +132,7 @@ def info(cache_dir, trust_shared, as_json):
                        "stale_entries": 0, "objects": 0, "object_bytes": 0,
                        "unused_objects": 0, "counters": {name: 0 for name in COUNTERS}, "hit_rate": None,
                        "stats": summary({name: 0 for name in ALL_COUNTERS}), "stats_since": None,
-                       "read_only": False, "disk_full": False, "remote": remote_info(),
+                       "read_only": False, "disk_full": False, "remote": remote_info(remote_url),
                        "stages": {"quick": 0, "optimized": 0}, "native_failures": {}, "native_off": off})
             return
         click.echo(f"Cache directory  {directory}\nExists           no (nothing cached there yet)")
@@ -170,7 +170,7 @@ def info(cache_dir, trust_shared, as_json):
         }
     lookups = counters["hits"] + counters["misses"] + counters["recompiles"]
     payload["hit_rate"] = counters["hits"] / lookups if lookups else None
-    payload["remote"] = remote_info()
+    payload["remote"] = remote_info(remote_url)
     if as_json:
         emit_json(payload)
         return

@@ -3,8 +3,6 @@ one line that reports what the cache did."""
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from nncc.cli.options import command_cache_dir
@@ -20,20 +18,17 @@ def trust_option(command):
                              "(as NNCC_CACHE_TRUST_SHARED=1): trust whoever can write there.")(command)
 
 
-def use_remote_url(ctx, param, value):
-    # every command that takes --remote sets it, to None when absent: a flag given to one
-    # command never carries over to the next one run in the same process
+def checked_remote_url(ctx, param, value):
+    """--remote URL, checked before the command runs (one line); the command passes it on
+    to the settings it resolves, where it wins over $NNCC_REMOTE and remote.url."""
     if value:
-        check("remote.url", value, "--remote")  # a bad URL is one line before the command runs
-    if value or "nncc.cache.remote.settings" in sys.modules:
-        from nncc.cache.remote.settings import use_remote  # lazy: start-up
-
-        use_remote(value)
+        check("remote.url", value, "--remote")
+    return value or None
 
 
 def remote_option(command):
     """--remote URL: the team's remote cache tier (overrides $NNCC_REMOTE)."""
-    return click.option("--remote", metavar="URL", expose_value=False, callback=use_remote_url,
+    return click.option("--remote", "remote_url", metavar="URL", callback=checked_remote_url,
                         help="Remote cache tier behind the local one: redis://host:port/db, "
                              "s3://bucket/prefix or file:///path (default: $NNCC_REMOTE).")(command)
 

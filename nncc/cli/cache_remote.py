@@ -13,7 +13,7 @@ import platformdirs
 
 from nncc.cache.files import CacheEntryError
 from nncc.cache.remote.errors import PoisonedEntry, RemoteFault
-from nncc.cache.remote.settings import shown, write_key_file
+from nncc.cache.remote.record import shown, write_key_file
 from nncc.cache.remote.tier import RemoteTier
 from nncc.cli.output import emit_json, status
 from nncc.errors import NnccError
@@ -24,10 +24,10 @@ class RemoteCommandError(NnccError):
     exit_code = 2
 
 
-def open_tier():
+def open_tier(remote_url=None):
     """The configured remote tier, for a command that asked for it: an error when there is
     none, or no key (a run would only warn; a command that asked must not pretend)."""
-    settings = remote_settings()
+    settings = remote_settings(remote_url)
     if settings.url is None:
         raise RemoteCommandError("no remote cache: give --remote URL or set NNCC_REMOTE")
     if settings.key is None:
@@ -39,10 +39,10 @@ def remote_fault(tier, exc) -> NnccError:
     return NnccError(f"remote cache {tier.url} failed: {exc}")
 
 
-def push(cache, tokens, as_json: bool) -> None:
+def push(cache, tokens, as_json: bool, remote_url=None) -> None:
     from nncc.preparing.remote import push_entry  # lazy: start-up
 
-    tier = open_tier()
+    tier = open_tier(remote_url)
     pushed, failed = [], []
     chosen = tokens or [e.token for e in cache.index.entries() if not _portable_stage(e)]
     try:
@@ -76,11 +76,11 @@ def _portable_stage(entry) -> bool:
     return entry.stage == "quick" and "native" in backends
 
 
-def pull(cache, tokens, as_json: bool) -> None:
+def pull(cache, tokens, as_json: bool, remote_url=None) -> None:
     from nncc.preparing.remote import adopt  # lazy: start-up
 
     trust_native = bool(value("remote.trust_native"))  # resolved once for the command
-    tier = open_tier()
+    tier = open_tier(remote_url)
     pulled, failed = [], []
     try:
         for token in tokens:
@@ -121,9 +121,9 @@ def _report(verb: str, done, failed, url: str, as_json: bool) -> None:
         sys.exit(1)
 
 
-def remote_info() -> dict | None:
+def remote_info(remote_url=None) -> dict | None:
     """The remote's own figures for `cache info`, or None when no remote is configured."""
-    settings = remote_settings()
+    settings = remote_settings(remote_url)
     if settings.url is None:
         return None
     if settings.key is None:

@@ -17,7 +17,7 @@ from nncc.errors import NnccError
 @remote_option
 @json_option
 @verbosity_options
-def push(tokens, cache_dir, trust_shared, as_json):
+def push(tokens, cache_dir, trust_shared, remote_url, as_json):
     """Upload local entries (all of them, or the TOKENs: unambiguous prefixes) to the remote."""
     from nncc.cli import cache_remote  # lazy: start-up
 
@@ -25,7 +25,7 @@ def push(tokens, cache_dir, trust_shared, as_json):
     if c is None:
         raise CacheCommandError(f"nothing to push: there is no cache at {directory}")
     with c:
-        cache_remote.push(c, [_resolve_prefix(c, t) for t in tokens], as_json)
+        cache_remote.push(c, [_resolve_prefix(c, t) for t in tokens], as_json, remote_url)
 
 
 @click.group("remote", cls=WholeSummaries)
@@ -51,7 +51,7 @@ def keygen(path, as_json):
 @remote_option
 @json_option
 @verbosity_options
-def pull(tokens, cache_dir, trust_shared, as_json):
+def pull(tokens, cache_dir, trust_shared, remote_url, as_json):
     """Fetch entries by full token from the remote, verify them and store them locally."""
     from nncc.cache.store import TOKEN_RE  # lazy: start-up
     from nncc.cli import cache_remote  # lazy: start-up
@@ -68,7 +68,7 @@ def pull(tokens, cache_dir, trust_shared, as_json):
         except CacheUnavailable as exc:
             raise NnccError(f"cannot open the cache: {exc}") from None
     with c:
-        cache_remote.pull(c, list(tokens), as_json)
+        cache_remote.pull(c, list(tokens), as_json, remote_url)
 
 
 def _resolve_prefix(c, prefix: str) -> str:

@@ -38,7 +38,7 @@ from nncc.util.units import format_bytes
 @verbosity_options
 def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, precision, stage,
             cache_dir,
-            no_cache, trust_shared, hash_mode, as_json):
+            no_cache, trust_shared, hash_mode, remote_url, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
     The compilation cache is used (and filled) unless --no-cache is given. OUT.nncc is
@@ -47,7 +47,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from nncc.cli.progress import live_progress  # lazy: start-up
     from nncc.cli.sources import read_onnx_source  # lazy: start-up
-    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable  # lazy: start-up
+    from nncc.model import artifact_bytes, prepare_plan, refuse_unloadable, resolve_settings  # lazy: start-up
     from nncc.util import progress  # lazy: start-up
     from nncc.util.buildfiles import write_if_changed  # lazy: start-up
     from nncc.util.writable import check_writable  # lazy: start-up
@@ -69,10 +69,12 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     from nncc.cli.native_note import say_why_native_is_off  # lazy: start-up
 
     say_why_native_is_off(backends, target)
+    settings = resolve_settings(cache_dir, hash_mode, not no_cache, remote_url)  # once, flags first
     with live_progress(), progress.task(f"compiling {os.path.basename(model)}"):
         # the plan is written, never built to run: no native code is loaded, nothing allocated
         prepared, outcome = prepare_plan(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
-                                         trust_shared=trust_shared, hash_mode=hash_mode, stage=stage, **options)
+                                         trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
+                                         settings=settings, **options)
         refuse_unloadable(prepared, prepared.origin)
         data = artifact_bytes(prepared)
     report_cache(outcome)
@@ -92,7 +94,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:
     """Before any work: neither output may be the model, one of its external data files,
     or the other output."""
-    from nncc.cache.token import external_files  # lazy: start-up
+    from nncc.preparing.token import external_files  # lazy: start-up
     from nncc.util.clobber import refuse_clobbering  # lazy: start-up
 
     folder = os.path.dirname(model)
@@ -104,8 +106,8 @@ def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str
 
 def _write_depfile(path: str, model: str, model_bytes: bytes, output: str, cache_dir: str | None) -> None:
     """OUT.nncc depends on MODEL and every file that can change it as external data: the
-    same files the cache token hashes (nncc.cache.token.external_files)."""
-    from nncc.cache.token import external_files  # lazy: start-up
+    same files the cache token hashes (nncc.preparing.token.external_files)."""
+    from nncc.preparing.token import external_files  # lazy: start-up
     from nncc.util.buildfiles import depfile, write_if_changed  # lazy: start-up
 
     folder = os.path.dirname(model)

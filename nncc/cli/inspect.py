@@ -12,6 +12,7 @@ from nncc.cli.options import (command_cache_dir, compile_options, dim_option, op
                               stage_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import emit_json
 from nncc.compiler import CompileOptions
+from nncc.settings import bound_memory, trust_key_file
 
 
 @click.command()
@@ -36,6 +37,7 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, p
     from nncc.util.files import read_source  # lazy: start-up
 
     dims = parse_dims(dim_specs)
+    bound_memory()  # $NNCC_MAX_MEMORY, checked before anything is read
     source, artifact = read_source(path)  # read once: PATH may be a pipe
     if artifact:
         warn_compile_options_on_artifact(path)
@@ -81,7 +83,7 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, p
     if artifact:  # who signed it, and whether that key's signature lets its native code run
         from nncc.trust.seal import describe  # lazy: start-up
 
-        report["signature"] = describe(plan.seal)
+        report["signature"] = describe(plan.seal, trust_key_file())
     else:
         report["signature"] = None  # compiled here: nothing signed it yet
     if artifact:

@@ -1,7 +1,7 @@
 """Whether the model `nncc inspect` compiles, with its options, has a compilation cache
 entry: its token, and the entry's stage and origin, read from the cache index.
 
-Only the cache's public lookups are used: the token (nncc.cache.token) and the index row,
+Only the cache's public lookups are used: the token (nncc.preparing.token) and the index row,
 read from an index opened for reading only: a look never creates a cache, stores, fetches,
 counts or upgrades anything. A cache that cannot be read (refused, unavailable) is reported, never an error:
 inspect's subject is the plan, the cache line only says where a run would find it.
@@ -14,7 +14,7 @@ import os
 from nncc._version import __version__
 from nncc.cache.folder import INDEX_NAME, CacheUnavailable, check_trusted, folder_state, refuse_foreign
 from nncc.cache.index import Index, IndexCorrupt, IndexUnavailable
-from nncc.cache.token import token_context, token_from
+from nncc.preparing.token import token_context, token_from
 from nncc.plan.format import FORMAT_VERSION
 from nncc.preparing.compiling import compile_options
 from nncc.settings import cache_settings

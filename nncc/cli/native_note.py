@@ -6,6 +6,7 @@ from __future__ import annotations
 from nncc.cli.output import detail
 from nncc.compiler import CompileOptions
 from nncc.native.toolchain import explicit_compiler_missing, missing_features, why_no_native
+from nncc.settings import c_compiler
 from nncc.util.notice import warn
 
 
@@ -14,7 +15,7 @@ def native_off(backends, target: str) -> str | None:
     if "native" not in (backends or CompileOptions.backends):
         return None
 
-    return why_no_native(target or "native")
+    return why_no_native(target or "native", c_compiler())
 
 
 def say_why_native_is_off(backends, target: str) -> None:
@@ -24,7 +25,7 @@ def say_why_native_is_off(backends, target: str) -> None:
     if reason is None:
         return
 
-    if explicit_compiler_missing():
+    if explicit_compiler_missing(c_compiler()):
         warn(f"native code is off: {reason} (unset CC to use cc, gcc or clang)")
     else:
         detail(f"nncc: native code is off: {reason}")

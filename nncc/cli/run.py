@@ -13,7 +13,7 @@ from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dims, stage_option,
                               trust_native_option, verbosity_options, warn_compile_options_on_artifact)
 from nncc.cli.output import detail, emit_json, print_outputs, status
-from nncc.settings import cache_dir as resolve_cache_dir, value as setting
+from nncc.settings import bound_memory, cache_dir as resolve_cache_dir, value as setting
 
 
 @click.command()
@@ -47,10 +47,11 @@ from nncc.settings import cache_dir as resolve_cache_dir, value as setting
 @verbosity_options
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
         dim_specs, preference, opt_level, backends, plugins, target, precision, threads, stage, trust_native, cache_dir,
-        no_cache, trust_shared, hash_mode, as_json):
+        no_cache, trust_shared, hash_mode, remote_url, as_json):
     """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
     .nncc artifact)."""
     start = time.perf_counter()
+    bound_memory()  # $NNCC_MAX_MEMORY bounds every input, model and plan this command reads
     # every argument is checked, and every input file read, before anything is compiled
     named_inputs, bound, dims = _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_path)
     _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
@@ -61,7 +62,7 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
         session = _load_artifact(model, source, plugins, trust_native, dims)
     else:
         session, outcome = _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision,
-                                          dims, stage, cache_dir, no_cache, trust_shared, hash_mode)
+                                          dims, stage, cache_dir, no_cache, trust_shared, hash_mode, remote_url)
     if output_dir is not None:  # the output names are known now; nothing is written yet
         _refuse_clobbering(inputs, output_path, output_dir, session.output_names)
     prepared = time.perf_counter()
@@ -146,9 +147,9 @@ def _load_artifact(model, source, plugins, trust_native, dims):
 
 
 def _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision, dims, stage, cache_dir,
-                   no_cache, trust_shared, hash_mode):
+                   no_cache, trust_shared, hash_mode, remote_url):
     """An .onnx model compiled, or found in the cache: (session, cache outcome)."""
-    from nncc.model import prepare  # lazy: start-up
+    from nncc.model import prepare, resolve_settings  # lazy: start-up
     from nncc.cli.progress import live_progress  # lazy: start-up
     from nncc.util import progress  # lazy: start-up
 
@@ -156,11 +157,12 @@ def _prepare_model(model, source, preference, opt_level, backends, plugins, targ
 
     options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
     say_why_native_is_off(backends, target)
+    settings = resolve_settings(cache_dir, hash_mode, not no_cache, remote_url)  # once, flags first
     with live_progress(), progress.task(f"preparing {os.path.basename(model)}"):
         # the native stage, when due, is built by a detached worker that outlives this command
         session, outcome = prepare(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                                    trust_shared=trust_shared, hash_mode=hash_mode, stage=stage,
-                                   background="process", **options)
+                                   background="process", settings=settings, **options)
     report_cache(outcome)
     return session, outcome
 
@@ -219,7 +221,7 @@ def _apply_threads(flag) -> None:
 
 def _input_files(model, source, artifact, npz, input_specs, per_step_dir, cache_dir) -> list[tuple[str, str]]:
     """Every file the run reads: the model (and its external data), the feeds."""
-    from nncc.cache.token import external_files  # lazy: start-up
+    from nncc.preparing.token import external_files  # lazy: start-up
 
     files = [("the model", model)]
     if not artifact:

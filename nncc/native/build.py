@@ -4,18 +4,16 @@ parallel, then link the shared object from every unit's object.
 Objects are named by ``Toolchain.object_key`` (source, compiler, version, flags), so a unit
 that is the same text under the same compiler is compiled once: by this process without a
 cache directory (``MemoryObjects``), for good with one (the cache's kernel object store,
-nncc/cache/objects.py, chosen for a compile with ``using(store)``). A store hands back
-only bytes it has verified, and the link reads those bytes, never a file in the cache.
+nncc/cache/objects.py, which the caller that opened the cache passes down as ``store``). A
+store hands back only bytes it has verified, and the link reads those bytes, never a file
+in the cache.
+How many compiler runs go at once is the toolchain's (``Toolchain.jobs``, from the
+command's settings).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import os
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-
-ENV_JOBS = "NNCC_CC_JOBS"
 
 
 class MemoryObjects:
@@ -34,31 +32,13 @@ class MemoryObjects:
 
 
 _MEMORY = MemoryObjects()
-_STORE: contextvars.ContextVar = contextvars.ContextVar("nncc_object_store", default=None)
-
-
-@contextlib.contextmanager
-def using(store):
-    """Compiles in this context keep and find their objects in ``store``."""
-    token = _STORE.set(store)
-    try:
-        yield store
-    finally:
-        _STORE.reset(token)
-
-
-def jobs() -> int:
-    """Compiler processes run at once: $NNCC_CC_JOBS, else one per core this process may use."""
-    try:
-        chosen = int(os.environ.get(ENV_JOBS, "0"))
-    except ValueError:
-        chosen = 0
-    return chosen if chosen > 0 else max(1, len(os.sched_getaffinity(0)))
 
 
 def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, list[str]]:
-    """(shared object, object keys in link order) for ``units`` (label, C source)."""
-    store = store or _STORE.get() or _MEMORY
+    """(shared object, object keys in link order) for ``units`` (label, C source).
+    ``store``: where objects are kept and found (``load``/``save`` by key); None: this
+    process's memory."""
+    store = store or _MEMORY
     keys = [toolchain.object_key(source) for _, source in units]
     objects: dict[str, bytes] = {}
     missing: dict[str, str] = {}
@@ -82,10 +62,10 @@ def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, l
 
 
 def _compile_all(toolchain, sources: dict[str, str], store) -> dict[str, bytes]:
-    """Compile every source, ``jobs()`` at a time; each object is stored as soon as it is
+    """Compile every source, ``toolchain.jobs`` at a time; each object is stored as soon as it is
     built, so a failure later on keeps the work done. The first failure cancels the rest."""
     built: dict[str, bytes] = {}
-    with ThreadPoolExecutor(max_workers=min(jobs(), len(sources))) as pool:
+    with ThreadPoolExecutor(max_workers=min(toolchain.jobs, len(sources))) as pool:
         futures = {pool.submit(toolchain.compile_object, source): key for key, source in sources.items()}
         pending = set(futures)
         while pending:

@@ -60,13 +60,17 @@ class Toolchain:
     """A compiler named by its resolved path and the size and mtime of that file: a stat,
     not a run, so the cache token stays cheap on every hit (ccache's default compiler
     check). Updating the compiler package changes the file and so the token. The caller
-    gives the sanitize mode and the time-out (the command resolved them): none is read here."""
+    gives the sanitize mode, the time-out and how many compiler runs go at once (the
+    command resolved them): none is read here."""
 
-    def __init__(self, path: str, target: str, sanitize: bool = False, timeout: float | None = None):
+    def __init__(self, path: str, target: str, sanitize: bool = False, timeout: float | None = None,
+                 jobs: int | None = None):
         self.path = path
         self.target = target
         self.sanitize = sanitize
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout  # not in the key: it changes no code
+        # compiler processes at once (not in the key either); None: one per core this process may use
+        self.jobs = jobs if jobs else max(1, len(os.sched_getaffinity(0)))
         st = os.stat(path)
         self.stamp = (st.st_size, st.st_mtime_ns)
 
@@ -136,7 +140,8 @@ class Toolchain:
 
 def _compiler_env() -> dict | None:
     """The compiler runs without the sanitizer runtimes a sanitize-mode process preloads
-    (they would only slow every compiler process down)."""
+    (they would only slow every compiler process down). The process's own LD_PRELOAD is
+    not a setting: it is the one environment read below nncc.settings."""
     if "libasan" not in os.environ.get("LD_PRELOAD", ""):
         return None
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
@@ -180,8 +185,7 @@ def missing_features(required) -> list[str]:
     return [f for f in required if f not in have] if have else []
 
 
-def _candidates() -> list[str]:
-    cc = os.environ.get("CC")
+def _candidates(cc: str | None) -> list[str]:
     if cc is not None:  # an explicit choice is never silently replaced by another compiler
         return [cc] if cc else []
     return ["cc", "gcc", "clang"]
@@ -194,28 +198,31 @@ def _resolve(name: str) -> str | None:
     return os.path.realpath(path)
 
 
-def find_toolchain(target: str = "native", sanitize: bool = False, timeout: float | None = None) -> Toolchain | None:
-    """The first working compiler of $CC, cc, gcc, clang; None when there is none.
-    ``sanitize``: build in the sanitize mode; ``timeout``: seconds one compiler run may
-    take (None: DEFAULT_TIMEOUT). The compile options carry both (CompileOptions)."""
+def find_toolchain(target: str = "native", sanitize: bool = False, timeout: float | None = None,
+                   cc: str | None = None, jobs: int | None = None) -> Toolchain | None:
+    """The compiler ``cc`` names (the command's $CC; "" names none), else the first of cc,
+    gcc, clang on PATH; None when there is none. ``sanitize``: build in the sanitize mode;
+    ``timeout``: seconds one compiler run may take (None: DEFAULT_TIMEOUT); ``jobs``:
+    compiler runs at once (None: one per core). The compile options carry them all
+    (CompileOptions), from the command's resolved settings."""
     if target not in TARGETS:
         raise NativeBuildError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
-    for name in _candidates():
+    for name in _candidates(cc):
         path = _resolve(name)
         if path is not None:
-            return Toolchain(path, target, sanitize, timeout)
+            return Toolchain(path, target, sanitize, timeout, jobs)
     return None
 
 
-def why_no_native(target: str = "native") -> str | None:
+def why_no_native(target: str = "native", cc: str | None = None) -> str | None:
     """Why this machine builds or runs no native code for ``target`` (one clause), or None.
-    The native backend then takes nothing, or its code runs nowhere but on other CPUs."""
-    cc = os.environ.get("CC")
+    ``cc``: the command's $CC. The native backend then takes nothing, or its code runs
+    nowhere but on other CPUs."""
     if cc is not None and not cc.strip():
         return "no C compiler: $CC is set but empty"
     if cc is not None and _resolve(cc) is None:
         return f"no C compiler: $CC is {cc!r}, which is not an executable file"
-    if cc is None and not any(_resolve(name) for name in _candidates()):
+    if cc is None and not any(_resolve(name) for name in _candidates(None)):
         return "no C compiler: none of cc, gcc or clang is on PATH (set $CC to one)"
     missing = missing_features(required_features(target)) if target in TARGETS else []
     if missing:
@@ -223,9 +230,9 @@ def why_no_native(target: str = "native") -> str | None:
     return None
 
 
-def explicit_compiler_missing() -> bool:
-    """$CC names a compiler that is not there: the user's own choice, so worth a warning."""
-    cc = os.environ.get("CC")
+def explicit_compiler_missing(cc: str | None) -> bool:
+    """``cc`` (the command's $CC) names a compiler that is not there: the user's own
+    choice, so worth a warning."""
     return bool(cc and cc.strip()) and _resolve(cc) is None
 
 
@@ -245,7 +252,7 @@ def sanitizer_loaded() -> bool:
 
 def sanitizer_preload(compiler: str | None = None) -> str:
     """The LD_PRELOAD value that loads the compiler's ASan and UBSan runtimes first."""
-    compiler = compiler or next((p for p in map(_resolve, _candidates()) if p), "cc")
+    compiler = compiler or next((p for p in map(_resolve, _candidates(None)) if p), "cc")
     found = []
     for lib in ("libasan.so", "libubsan.so"):
         try:

@@ -9,15 +9,13 @@ from typing import Any, Callable
 
 from blake3 import blake3
 
+from nncc._version import FORMAT_VERSION
 from nncc.errors import PlanFormatError
 from nncc.plan.plan import ArtifactSeal
 from nncc.plan.sealing import read_seal, seal_message
 from nncc.util.files import ARTIFACT_MAGIC
 
 MAGIC = ARTIFACT_MAGIC
-# 2: backends' payloads ("payloads" in PROG; CODE holds every code payload, PAYL the rest)
-# in place of version 1's native call table ("native") and its CODE section.
-FORMAT_VERSION = 2
 ALIGN = 64
 HEADER = struct.Struct("<8sII16s")
 ENTRY = struct.Struct("<4sIQQ32s")

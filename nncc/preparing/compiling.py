@@ -4,7 +4,6 @@ objects when a cache is open."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from nncc.compiler import CompileOptions, compile_graph
@@ -12,26 +11,19 @@ from nncc.errors import ModelFormatError
 from nncc.settings import build_settings
 
 
+BUILD_FIELDS = ("sanitize", "cc_timeout", "cc", "cc_jobs")  # how native code is built: BuildSettings' fields
+
+
 def compile_options(options: dict, build=None):
     """CompileOptions from keyword options or their JSON form (lists become tuples).
     ``build``: the command's resolved nncc.settings.BuildSettings, for how native code is
     built where the options do not say (their JSON form does); None resolves them now."""
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    if "sanitize" not in options or "cc_timeout" not in options:
+    if any(name not in options for name in BUILD_FIELDS):
         if build is None:
             build = build_settings()
-        options = {"sanitize": build.sanitize, "cc_timeout": build.cc_timeout, **options}
+        options = {name: getattr(build, name) for name in BUILD_FIELDS} | options
     return CompileOptions(**options)
-
-
-@contextlib.contextmanager
-def objects_in(cache):
-    """Native code compiled in this context keeps and finds its objects in ``cache``."""
-    from nncc.cache.objects import CacheObjects  # lazy: start-up
-    from nncc.native.build import using  # lazy: codegen
-
-    with using(CacheObjects(cache)):
-        yield
 
 
 def compile_source(source, opts, cache=None):
@@ -46,5 +38,6 @@ def compile_source(source, opts, cache=None):
         raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
     if cache is None:
         return compile_graph(graph, opts)
-    with objects_in(cache):
-        return compile_graph(graph, opts)
+    from nncc.cache.objects import CacheObjects  # lazy: start-up
+
+    return compile_graph(graph, opts, CacheObjects(cache))

@@ -16,7 +16,7 @@ from nncc.cache.files import CacheEntryError, CacheWriteError
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import IndexCorrupt, IndexUnavailable
 from nncc.cache.store import Cache
-from nncc.cache.token import model_subject, token_context, token_of
+from nncc.preparing.token import model_subject, token_context, token_of
 from nncc.preparing.compiling import compile_options, compile_source
 from nncc.preparing.entries import locked, store_plan
 from nncc.preparing.outcome import CacheOutcome, ModelSource, Prepared
@@ -101,14 +101,14 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         cache.close()
 
 
-def resolve_settings(cache_dir, hash_mode, use_cache: bool):
+def resolve_settings(cache_dir, hash_mode, use_cache: bool, remote_url: str | None = None):
     """Every setting a prepare uses, checked now: a bad one is a usage error before any
-    work, whatever the cache holds."""
+    work, whatever the cache holds. ``remote_url``: the command's --remote, if given."""
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
                              shape_plans=value("run.shape_plans"),  # trust_shared: no folder is used
                              build=build_settings())
-    return with_remote(cache_settings(cache_dir, hash_mode))  # the remote tier's too, now
+    return with_remote(cache_settings(cache_dir, hash_mode), remote_url)  # the remote tier's too, now
 
 
 def _content_token(source: ModelSource, context: bytes, directory: str, cache: Cache | None = None) -> str:

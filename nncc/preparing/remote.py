@@ -35,9 +35,9 @@ from nncc.cache.index import Entry, IndexUnavailable
 from nncc.cache.remote.deadline import bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError, RemoteFault, RemoteTimeout
 from nncc.cache.remote.manifest import check_hash_of, part_hash
-from nncc.cache.remote.settings import shown
+from nncc.cache.remote.record import shown
 from nncc.cache.remote.tier import MissingPart, RemoteTier
-from nncc.cache.token import model_subject, token_context, token_of
+from nncc.preparing.token import model_subject, token_context, token_of
 from nncc.cache.versions import stale_writer
 from nncc.errors import PlanFormatError
 from nncc.plan.format import read_sections

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import os
 
-from nncc.backends.registry import slow_backends
+from nncc.backends.registry import loaded_backend, slow_backends
 
 QUICK = "quick"
 OPTIMIZED = "optimized"
@@ -46,11 +46,21 @@ def stage_options(opts, stage: str):
     return opts
 
 
+def build_tool(opts) -> dict | None:
+    """The key of the tool the deferred backends build with here (the native backend's C
+    compiler), or None when none of them has one."""
+    for name in deferred_backends(opts):
+        tool = loaded_backend(name).build_tool(opts)
+        if tool is not None:
+            return tool
+    return None
+
+
 def upgrades_wanted(opts, upgrade_after: int | None) -> bool:
     """Whether a later, optimized build is ever started in the background for these
-    options: a slow backend asked for, upgrades not off, not low-power, a C compiler to run."""
+    options: a slow backend asked for, upgrades not off, not low-power, a tool to build with."""
     return (upgrade_after is not None and has_later_stage(opts) and opts.preference != "low-power"
-            and opts.toolchain() is not None)
+            and build_tool(opts) is not None)
 
 
 def mark_stage(plan, stage: str) -> None:
@@ -61,8 +71,9 @@ def mark_stage(plan, stage: str) -> None:
 
 
 def compiler_key(opts) -> str | None:
-    toolchain = opts.toolchain()
-    return None if toolchain is None else json.dumps(toolchain.key(), sort_keys=True)
+    """What a failed build is recorded against: the build tool's key, as JSON."""
+    tool = build_tool(opts)
+    return None if tool is None else json.dumps(tool, sort_keys=True)
 
 
 def upgrade_lock_path(directory: str, token: str) -> str:

@@ -33,14 +33,14 @@ from nncc.cache.limits import after_store
 from nncc.cache.locking import try_lock
 from nncc.cache.objects import record_entry_objects
 from nncc.cache.store import Cache
-from nncc.cache.token import token_context, token_from
+from nncc.preparing.token import token_context, token_from
 from nncc.errors import NnccError
 from nncc.preparing.compiling import compile_options, compile_source
 from nncc.preparing.entries import locked, store_plan
 from nncc.preparing.outcome import ModelSource
 from nncc.preparing.remote import fetch_optimized, publish_optimized
 from nncc.preparing.stages import OPTIMIZED, QUICK, compiler_key, upgrade_lock_path
-from nncc.settings import cache_settings, with_remote
+from nncc.settings import bound_memory, cache_settings, with_remote
 from nncc.util.notice import warn
 
 UPGRADED, FAILED, SKIPPED, BUSY, CHANGED = "upgraded", "failed", "skipped", "busy", "changed"
@@ -120,6 +120,7 @@ def main(argv=None) -> int:
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
     parser.add_argument("--trust-shared", action="store_true", help="the cache folder may be shared")
     args = parser.parse_args(argv)
+    bound_memory()  # a command of its own: it resolves its settings itself
     outcome = upgrade_token(args.cache_dir, args.token, ModelSource(args.model), compile_options(json.loads(args.options)),
                             trust_shared=True if args.trust_shared else None)
     return 0 if outcome in (UPGRADED, SKIPPED, BUSY) else 1

@@ -1,9 +1,10 @@
 """The secret keys that sign artifacts and decide whose native code runs.
 
 Each user has one 32-byte key, made on first use in nncc's user config directory; a team
-shares one by pointing ``NNCC_TRUST_KEY_FILE`` at a copy of it. A key file holds the key
-as 64 hex digits. It must be a regular file owned by the user and readable by nobody else:
-anyone who can read it can sign code that this user's nncc will run.
+shares one by pointing ``NNCC_TRUST_KEY_FILE`` at a copy of it (nncc.settings reads the
+variable; the functions here receive the path). A key file holds the key as 64 hex
+digits. It must be a regular file owned by the user and readable by nobody else: anyone
+who can read it can sign code that this user's nncc will run.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ def user_key_path() -> str:
     return os.path.join(platformdirs.user_config_dir("nncc", appauthor=False), KEY_FILE_NAME)
 
 
-def signing_key() -> TrustKey:
-    """The key nncc signs with: the team key when ``NNCC_TRUST_KEY_FILE`` is set, else the
-    user's own, created now if it does not exist yet."""
-    team = os.environ.get(ENV_KEY_FILE)
+def signing_key(team: str | None = None) -> TrustKey:
+    """The key nncc signs with: the team key when ``team`` (the command's
+    ``NNCC_TRUST_KEY_FILE``) names one, else the user's own, created now if it does not
+    exist yet."""
     if team:
         return read_key(team, f"the {ENV_KEY_FILE} key", env=True)
     path = user_key_path()
@@ -59,11 +60,10 @@ def signing_key() -> TrustKey:
     return read_key(path, "your key")
 
 
-def trusted_keys() -> list[TrustKey]:
-    """The keys whose signatures let native code run: the team key if one is set, and the
-    user's own if it exists (looking never creates one)."""
+def trusted_keys(team: str | None = None) -> list[TrustKey]:
+    """The keys whose signatures let native code run: the team key if ``team`` names one,
+    and the user's own if it exists (looking never creates one)."""
     keys = []
-    team = os.environ.get(ENV_KEY_FILE)
     if team:
         keys.append(read_key(team, f"the {ENV_KEY_FILE} key", env=True))
     path = user_key_path()

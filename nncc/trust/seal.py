@@ -9,7 +9,6 @@ unchanged since; it says nothing about whether that holder is benign.
 from __future__ import annotations
 
 import hmac
-import os
 from dataclasses import dataclass
 
 from blake3 import blake3
@@ -24,9 +23,10 @@ def mac(secret: bytes, message: bytes) -> bytes:
     return blake3(message, key=secret).digest()
 
 
-def sign(message: bytes) -> bytes:
-    """The SIGN section for ``message``, under the signing key (made on first use)."""
-    key = signing_key()
+def sign(message: bytes, team_key_file: str | None = None) -> bytes:
+    """The SIGN section for ``message``, under the signing key (made on first use):
+    the team's when ``team_key_file`` (the command's NNCC_TRUST_KEY_FILE) names one."""
+    key = signing_key(team_key_file)
     return seal_payload(key.fingerprint, mac(key.secret, message))
 
 
@@ -50,18 +50,19 @@ _FORCE = "pass --trust-native (trust_native=True) if you trust whoever built it"
 _RESIGN = "recompile it with nncc compile to sign it with your key, or " + _FORCE
 
 
-def check(seal: ArtifactSeal | None) -> Verdict:
-    """The verdict on an artifact's seal under the user's trusted keys (TrustKeyError if a
-    key file is unusable). The key is chosen by fingerprint; the MAC alone decides."""
+def check(seal: ArtifactSeal | None, team_key_file: str | None = None) -> Verdict:
+    """The verdict on an artifact's seal under the user's trusted keys, the team's
+    (``team_key_file``, the command's NNCC_TRUST_KEY_FILE) among them; TrustKeyError if a
+    key file is unusable. The key is chosen by fingerprint; the MAC alone decides."""
     if seal is None:
         return Verdict(False, False, None, "it is not signed", _RESIGN)
     hexprint = seal.fingerprint.hex()
     if seal.scheme != SEAL_SCHEME:
         return Verdict(False, True, hexprint, f"it is signed with an unknown scheme {seal.scheme}", _RESIGN)
-    keys = [k for k in trusted_keys() if hmac.compare_digest(k.fingerprint, seal.fingerprint)]
+    keys = [k for k in trusted_keys(team_key_file) if hmac.compare_digest(k.fingerprint, seal.fingerprint)]
     if not keys:
         return Verdict(False, True, hexprint, f"it is signed by another key {hexprint}, not yours"
-                       + (f" nor the {ENV_KEY_FILE} key" if _team_set() else ""),
+                       + (f" nor the {ENV_KEY_FILE} key" if team_key_file else ""),
                        f"to trust that key, point {ENV_KEY_FILE} at a private copy of it; or {_FORCE}")
     for key in keys:  # one, unless two trusted keys share a fingerprint
         if hmac.compare_digest(mac(key.secret, seal.message), seal.mac):
@@ -70,14 +71,10 @@ def check(seal: ArtifactSeal | None) -> Verdict:
                    "it was changed after it was signed", "recompile it from the model")
 
 
-def describe(seal: ArtifactSeal | None) -> dict:
+def describe(seal: ArtifactSeal | None, team_key_file: str | None = None) -> dict:
     """The verdict for `nncc inspect`; a key file that cannot be used is reported, not raised."""
     try:
-        return check(seal).as_dict()
+        return check(seal, team_key_file).as_dict()
     except TrustKeyError as exc:
         fingerprint = None if seal is None else seal.fingerprint.hex()
         return Verdict(False, seal is not None, fingerprint, f"cannot check it: {exc}").as_dict()
-
-
-def _team_set() -> bool:
-    return bool(os.environ.get(ENV_KEY_FILE))

@@ -6,8 +6,11 @@ constant, a random input, a model read from a pipe) is checked here first, and a
 cannot fit is reported as bad input instead of ending in a MemoryError or the kernel's
 OOM killer.
 
-The bound is ``$NNCC_MAX_MEMORY`` (``500M``, ``8G``, ...) when set, else the machine's
+The bound is the one the command resolved (``$NNCC_MAX_MEMORY``: ``500M``, ``8G``, ...;
+nncc.settings reads it and hands it here with ``set_memory_limit``), else the machine's
 physical memory, or the process's address-space limit (``ulimit -v``) when that is lower.
+This module reads no environment: every size check deep in a kernel sees the one bound
+its command chose.
 """
 
 from __future__ import annotations
@@ -15,9 +18,8 @@ from __future__ import annotations
 import os
 
 from nncc.errors import NnccError
-from nncc.util.setting_values import bad_value, parse_size
 
-ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"
+ENV_MAX_MEMORY = "NNCC_MAX_MEMORY"  # where users set the bound, for messages (nncc.settings reads it)
 MAX_RANK = 32  # numpy's limit before numpy 2 (64 since): no ONNX model needs more dims
 PIPE_LIMIT = 2 << 30  # a model or artifact read from a pipe (ONNX's own protobuf limit is 2 GiB)
 
@@ -29,16 +31,21 @@ class LimitError(NnccError):
     hint = f"raise the bound with {ENV_MAX_MEMORY}=SIZE if the machine really has the memory"
 
 
+_chosen: int | None = None  # the command's bound, in bytes; None: the machine's
+
+
+def set_memory_limit(nbytes: int | None) -> None:
+    """The bound of this process's allocations from here on, as the command resolved it
+    (None: the machine's). Process-wide on purpose: every thread of a command, a kernel's
+    included, checks against the same bound."""
+    global _chosen
+    _chosen = nbytes
+
+
 def memory_limit() -> int:
-    """The most bytes one model may allocate: $NNCC_MAX_MEMORY, else physical memory
+    """The most bytes one model may allocate: the command's bound, else physical memory
     (or the address-space limit when lower)."""
-    text = os.environ.get(ENV_MAX_MEMORY, "").strip()
-    if text:
-        try:
-            return parse_size(text)
-        except ValueError as exc:  # worded as every bad setting
-            raise bad_value("size", text, ENV_MAX_MEMORY, str(exc)) from None
-    return _machine_limit()
+    return _machine_limit() if _chosen is None else _chosen
 
 
 def _machine_limit() -> int:

@@ -13,7 +13,7 @@ import time
 
 from nncc.cache.remote.backend import Listed, RemoteStore
 from nncc.cache.remote.errors import RemoteConfigError, RemoteFault, RemoteTimeout
-from nncc.cache.remote.settings import shown
+from nncc.cache.remote.record import shown
 
 PREFIX = "nncc:"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"

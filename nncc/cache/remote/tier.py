@@ -24,7 +24,7 @@ from nncc.cache.remote import manifest as mf
 from nncc.cache.remote.backend import RemoteStore
 from nncc.cache.remote.deadline import allowance, bounded
 from nncc.cache.remote.errors import PoisonedEntry, RemoteConfigError
-from nncc.cache.remote.settings import RemoteSettings
+from nncc.cache.remote.record import RemoteSettings
 
 SCHEMES = ("file", "redis", "rediss", "s3")
 
