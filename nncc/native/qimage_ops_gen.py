@@ -15,7 +15,8 @@ import numpy as np
 
 from nncc.kernels.qimage import reciprocal
 from nncc.native.int8_gemm_gen import as_floats
-from nncc.native.int8_conv_gen import quantized_range, scalar_params, static_f32, constant
+from nncc.native.int8_conv_gen import scalar_params, static_f32, constant
+from nncc.native.int8_tables import quantized_range
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
