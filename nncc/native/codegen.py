@@ -9,8 +9,10 @@ connection) writes through that Add and the activation after it in one epilogue 
 
 Each step is a kernel, a C function of its buffers in its own translation unit, named by
 the hash of its text: the same layer (op, shapes, attributes) in another model, partition
-or compile is the same unit, built once into the kernel object cache. The entry point
-only calls kernels over its arguments and workspace offsets.
+or compile is the same unit, built once into the kernel object cache. The step declares
+its buffers (read or written, and their C types), scratch and BLAS use, and the kernel's
+signature is built from that declaration (nncc/native/kernel.py). The entry point only
+calls kernels over its arguments and workspace offsets.
 
 ``check(node, graph, infos)`` says why a node cannot be generated (None: it can).
 """
