@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from nncc.kernels.qimage import reciprocal
-from nncc.native.int8_gemm_gen import as_floats
+from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_conv_gen import scalar_params, static_f32, constant
 from nncc.native.int8_tables import quantized_range
 
@@ -147,12 +147,23 @@ def _emit_gemm(wr, node, ins, out) -> None:
     else:
         py = [1.0, 0.0, 0.0, 0.0]
         columns = scale.astype(f32)
-    table = np.concatenate([np.array(pa + py, np.float32), bias.view(np.float32), columns,
-                            (zero - shift).astype(np.int32).view(np.float32), as_floats(signed.reshape(-1))])
-    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}", table)
+    table = _gemm_table(k, n)
+    scalars = dict(zip(("a_inv", "a_zero", "a_lo", "a_hi", "y_scale", "y_zero", "y_lo", "y_hi"), pa + py))
+    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}",
+                     table.pack(**scalars, bias=bias, col=columns, zero=zero - shift, b=signed))
     wr.as_plain(a)
-    wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, packed], [out],
+    wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, (packed, table.pointer)], [out],
             support=_gemm_source(m, k, n, quantized))
+
+
+def _gemm_table(k: int, n: int) -> Struct:
+    """A QGemm's table: A's and Y's quantization (1 / scale for A, whose integers are
+    recovered by it), then per column of B the int32 bias, the float32 scale, the zero
+    point (shifted with B), and B itself, [K, N] int8."""
+    scalars = tuple(Field(name, "float") for name in ("a_inv", "a_zero", "a_lo", "a_hi", "y_scale", "y_zero",
+                                                       "y_lo", "y_hi"))
+    return Struct(f"nn_qgemm_{k}x{n}", scalars + (Field("bias", "int32_t", n), Field("col", "float", n),
+                                                    Field("zero", "int32_t", n), Field("b", "int8_t", k * n)))
 
 
 def _add_source(size: int) -> str:
@@ -208,28 +219,30 @@ static void q_pool(const float *X, const float *t, float *Y) {{
 
 def _gemm_source(m: int, k: int, n: int, quantized: bool) -> str:
     if quantized:  # the portable kernel requantizes in float64
-        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t[5];
-            v = v < t[6] ? t[6] : (v > t[7] ? t[7] : v);
-            y[j] = (float)(v - t[5]) * t[4];"""
+        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t->y_zero;
+            v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
+            y[j] = (float)(v - t->y_zero) * t->y_scale;"""
     else:
         finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
     blocks = -(-n // _COLUMNS)
+    table = _gemm_table(k, n)
     return f"""{_RECOVER}
-typedef struct {{ const float *a, *t; float *y; }} qg_job;
+{table.declaration}
+typedef struct {{ const float *a; {table.pointer}t; float *y; }} qg_job;
 
 /* column blocks [lo, hi) of every row: B's int8 columns, the zero point through A's sum */
 static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
     const qg_job *jb = ctx;
-    const float *t = jb->t;
-    const int32_t *bias = (const int32_t *)(t + 8), *zero = (const int32_t *)(t + {8 + 2 * n});
-    const float *col = t + {8 + n};
-    const int8_t *b = (const int8_t *)(t + {8 + 3 * n});
+    {table.pointer}t = jb->t;
+    const int32_t *bias = t->bias, *zero = t->zero;
+    const float *col = t->col;
+    const int8_t *b = t->b;
     int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
     int32_t a[{k}], acc[{n}];
     for (int64_t i = 0; i < {m}; i++) {{
         uint32_t sum = 0;
         for (int64_t p = 0; p < {k}; p++) {{
-            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t[0], t[1], t[2], t[3]);
+            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t->a_inv, t->a_zero, t->a_lo, t->a_hi);
             sum += (uint32_t)a[p];
         }}
         /* unsigned: wraps as the portable kernel's int32 accumulator */
@@ -243,7 +256,7 @@ static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void q_gemm(const float *A, const float *t, float *Y) {{
+static void q_gemm(const float *A, {table.pointer}t, float *Y) {{
     qg_job jb = {{A, t, Y}};
     nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
 }}
