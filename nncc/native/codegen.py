@@ -471,7 +471,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         """The kernel a step declares, and the entry point's pointers to call it with."""
         body, params = kernel.bind(step.code, [(self.index_of(root), ctype) for root, ctype in step.buffers],
                                    step.label)
-        pointers = [f"v_{self._cname(root)}" if ctype in (kernel.READ, kernel.WRITE) else f"({ctype})v_{self._cname(root)}"
+        # the entry point holds every buffer as float *: a buffer of another type is cast to it
+        pointers = [("" if ctype in (kernel.READ, kernel.WRITE) else f"({ctype})") + f"v_{self._cname(root)}"
                     for root, ctype in step.buffers]
         return kernel.Kernel(params, body, step.support, step.scratch, step.blas), pointers
 

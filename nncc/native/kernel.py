@@ -16,6 +16,7 @@ another model, partition or compile is the same function, built once into the ob
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from blake3 import blake3
 
@@ -66,7 +67,7 @@ class Kernel:
         body = self.body.replace("\n", "\n  ")
         return f"{self.support}void {name}{self.signature} {{\n  {body}\n}}\n"
 
-    @property
+    @cached_property  # hashed once: the partition's entry point names it per call
     def name(self) -> str:
         return "nnk_" + blake3(self._text("NN_KERNEL").encode()).hexdigest()[:24]
 
