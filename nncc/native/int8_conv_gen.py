@@ -32,6 +32,7 @@ from nncc.kernels.qimage import multipliers
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_cm, int8_tables
+from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
 from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
 from nncc.native.kernel import scratch_arg
@@ -601,7 +602,7 @@ def emit(wr, node) -> None:
         x, s, z = node.inputs
         wr.as_plain(x)
         zv = np.asarray(constant(graph, infos, z))
-        lo, hi = int8_tables.quantized_range(zv.dtype)
+        lo, hi = quantized_range(zv.dtype)
         table = np.array([np.asarray(constant(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
                          np.float32)
         packed = wr.pack(s, f"quantize {z}", table)
