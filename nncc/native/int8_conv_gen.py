@@ -32,6 +32,7 @@ from nncc.kernels.qimage import multipliers
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_cm, int8_tables
+from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
 from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
@@ -137,17 +138,22 @@ static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi,
 """
 
 
+# QuantizeDequantize's table: the image's scale, zero point and range
+QD_TABLE = Struct("nn_qd", tuple(Field(name, "float") for name in ("scale", "zero", "lo", "hi")))
+
+
 def _qd_source(name: str, size: int) -> str:
     chunk = 4096
     return f"""{_QUANTIZE_BYTE}
-typedef struct {{ const float *x, *t; float *y; }} qq_job;
+{QD_TABLE.declaration}
+typedef struct {{ const float *x; {QD_TABLE.pointer}t; float *y; }} qq_job;
 
 /* chunks [lo, hi) of the image, shared over the pool */
 static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
     const qq_job *j = ctx;
     const float *X = j->x;
     float *Y = j->y;
-    const float scale = j->t[0], zero = j->t[1], lo_q = j->t[2], hi_q = j->t[3];
+    const float scale = j->t->scale, zero = j->t->zero, lo_q = j->t->lo, hi_q = j->t->hi;
     int64_t end = hi * {chunk} < {size} ? hi * {chunk} : {size};
     for (int64_t i = lo * {chunk}; i < end; i++) {{
         float q = rintf(X[i] / scale) + zero;
@@ -157,7 +163,7 @@ static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void {name}(const float *X, const float *table, float *Y) {{
+static void {name}(const float *X, {QD_TABLE.pointer}table, float *Y) {{
     qq_job j = {{X, table, Y}};
     nn_parallel({-(-size // chunk)}, {size * 8}, qq_chunks, &j);
 }}
@@ -603,12 +609,12 @@ def emit(wr, node) -> None:
         wr.as_plain(x)
         zv = np.asarray(constant(graph, infos, z))
         lo, hi = quantized_range(zv.dtype)
-        table = np.array([np.asarray(constant(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
-                         np.float32)
+        table = QD_TABLE.pack(scale=np.asarray(constant(graph, infos, s), np.float32), zero=float(zv.reshape(())),
+                              lo=lo, hi=hi)
         packed = wr.pack(s, f"quantize {z}", table)
         out = node.outputs[0]
         size = math.prod(wr.shape(x))
-        wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
+        wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, QD_TABLE.pointer)], [out],
                 support=_qd_source("q_image", size))
         return
     inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
