@@ -9,8 +9,10 @@ connection) writes through that Add and the activation after it in one epilogue 
 
 Each step is a kernel, a C function of its buffers in its own translation unit, named by
 the hash of its text: the same layer (op, shapes, attributes) in another model, partition
-or compile is the same unit, built once into the kernel object cache. The entry point
-only calls kernels over its arguments and workspace offsets.
+or compile is the same unit, built once into the kernel object cache. The step declares
+its buffers (read or written, and their C types), scratch and BLAS use, and the kernel's
+signature is built from that declaration (nncc/native/kernel.py). The entry point only
+calls kernels over its arguments and workspace offsets.
 
 ``check(node, graph, infos)`` says why a node cannot be generated (None: it can). Which
 nodes become C, and how, is decided per op by the entries of nncc/native/ops (the
@@ -20,14 +22,12 @@ registry): the writer here asks the entry that owns a node to check it and to wr
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
-from blake3 import blake3
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import gemm_bf16_gen, gemm_gen
+from nncc.native import gemm_bf16_gen, gemm_gen, kernel
 from nncc.native.activations import c_enum
 from nncc.native.conv_gen import POOL_OPS, ConvSteps  # noqa: F401  (POOL_OPS: for callers listing ops)
 from nncc.native.elementwise_gen import ALIASES, BINARY, UNARY, ElementwiseSteps  # noqa: F401  (as POOL_OPS)
@@ -74,7 +74,9 @@ class _Step:
     code: str
     reads: list[str]
     writes: list[str]
+    buffers: list[tuple[str, str]]  # (root value, C type): the kernel's parameters, in order
     scratch: int = 0  # bytes of per-step workspace
+    blas: bool = False  # calls the runtime's BLAS-backed helpers (nn_gemm, nn_conv2d)
     label: str = ""
     support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
 
@@ -90,7 +92,7 @@ class Unit:
     workspace: int
     ops: list[str] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # one per step, for profiles
-    kernels: list["Kernel"] = field(default_factory=list)  # the distinct kernels its steps call
+    kernels: list[kernel.Kernel] = field(default_factory=list)  # the distinct kernels its steps call
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
     blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
     byte_images: dict[str, str] = field(default_factory=dict)  # quantized values int8 steps pass as bytes: layout
@@ -148,7 +150,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         return name
 
     def ptr(self, name: str) -> str:
-        return f"v_{self._cname(self.root(name))}"
+        """How a step's code names ``name``'s buffer: a marker its kernel binds to the
+        parameter the step declares for it (nncc/native/kernel.py)."""
+        return kernel.marker(self.index_of(self.root(name)))
 
     def _cname(self, name: str) -> str:
         return str(self.index_of(name))
@@ -208,9 +212,22 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                     return fusion.render(self, node, claim)
         entry.render(self, node, entry.plan(self, node))
 
-    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "") -> None:
-        self.steps.append(_Step(code, [r for r in reads if r], [w for w in writes if w], scratch,
-                                support=support))
+    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "", blas: bool = False) -> None:
+        """One kernel: ``code`` over the buffers it declares. ``reads`` and ``writes`` hold
+        value names, or (name, C type) for a buffer of another type than float32 (a table
+        a struct describes); a buffer read defaults to ``const float *``, one written to
+        ``float *``. ``scratch``: bytes the code reaches as ``scratch``; ``blas``: the code
+        calls nn_gemm or nn_conv2d."""
+        reads = [r if isinstance(r, tuple) else (r, kernel.READ) for r in reads if r]
+        writes = [w if isinstance(w, tuple) else (w, kernel.WRITE) for w in writes if w]
+        written = {self.root(name) for name, _ in writes}
+        buffers: dict[str, str] = {}
+        for name, ctype in reads + writes:
+            root = self.root(name)
+            if root not in buffers and (root not in written or (name, ctype) in writes):
+                buffers[root] = ctype
+        self.steps.append(_Step(code, [n for n, _ in reads], [n for n, _ in writes], list(buffers.items()),
+                                scratch, blas, support=support))
 
     # -- memory and text --------------------------------------------------------------
 
@@ -248,7 +265,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                     offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
             if step.scratch:
                 scratch_at[index] = allocate(step.scratch, index, index)
-        kernels: dict[str, Kernel] = {}
+        kernels: dict[str, kernel.Kernel] = {}
         lines = []
         if self.profile_steps:
             lines.append(f"static int64_t {self.symbol}_ns[{len(self.steps)}];")
@@ -261,11 +278,11 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
         lines.append("  nn_call_begin();")
         for index, step in enumerate(self.steps):
-            kernel, pointers = make_kernel(step.code, step.support)
-            kernels.setdefault(kernel.name, kernel)
-            if kernel.scratch:
+            made, pointers = self.make_kernel(step)
+            kernels.setdefault(made.name, made)
+            if made.scratch:
                 pointers.append(f"ws + {scratch_at.get(index, 0)}")
-            call = f"{kernel.name}({', '.join(pointers)});"
+            call = f"{made.name}({', '.join(pointers)});"
             if self.profile_steps:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + call)
@@ -274,43 +291,16 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
-                    any(_calls_blas(s.code) for s in self.steps), dict(self.byte_images))
+                    any(k.blas for k in kernels.values()), dict(self.byte_images))
 
-
-@dataclass
-class Kernel:
-    """One step's code as a C function of its buffers (``float *p0, ...``, then ``char
-    *scratch`` when it needs per-step scratch): shapes, attributes and the scalars that
-    shape the code (a Clip bound, an exponent) are literals in it; every tensor, weights
-    included, and every workspace offset is an argument. So the same layer in another
-    model, partition or compile is the same function. Named by the hash of its text."""
-
-    name: str
-    definition: str
-    declaration: str
-    scratch: bool
-
-
-_POINTER = re.compile(r"\bv_[0-9]+\b")
-
-
-def make_kernel(code: str, support: str = "") -> tuple[Kernel, list[str]]:
-    """The kernel for a step's code (with the file-scope ``support`` it calls), and the
-    entry point's pointers to call it with."""
-    pointers: list[str] = []
-    for found in _POINTER.findall(code):
-        if found not in pointers:
-            pointers.append(found)
-    body = _POINTER.sub(lambda m: f"p{pointers.index(m.group(0))}", code)
-    params = [f"float *p{i}" for i in range(len(pointers))]
-    scratch = "SCRATCH" in body
-    if scratch:
-        body = body.replace("SCRATCH", "scratch")
-        params.append("char *scratch")
-    signature = f"({', '.join(params) or 'void'})"
-    text = f"{support}void NN_KERNEL{signature} {{\n  {body.replace(chr(10), chr(10) + '  ')}\n}}\n"
-    name = "nnk_" + blake3(text.encode()).hexdigest()[:24]
-    return Kernel(name, text.replace("NN_KERNEL", name, 1), f"void {name}{signature};", scratch), pointers
+    def make_kernel(self, step: _Step) -> tuple[kernel.Kernel, list[str]]:
+        """The kernel a step declares, and the entry point's pointers to call it with."""
+        body, params = kernel.bind(step.code, [(self.index_of(root), ctype) for root, ctype in step.buffers],
+                                   step.label)
+        # the entry point holds every buffer as float *: a buffer of another type is cast to it
+        pointers = [("" if ctype in (kernel.READ, kernel.WRITE) else f"({ctype})") + f"v_{self._cname(root)}"
+                    for root, ctype in step.buffers]
+        return kernel.Kernel(params, body, step.support, step.scratch, step.blas), pointers
 
 
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
@@ -346,11 +336,6 @@ def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
                 out.append((kernel.name, head + "\n" + kernel.definition))
     out.extend((unit.symbol, head + "\n" + unit.source) for unit in units)
     return out
-
-
-def _calls_blas(code: str) -> bool:
-    """The runtime helpers that reach BLAS: its GEMM, and the grouped convolution on it."""
-    return "nn_gemm(" in code or "nn_conv2d(" in code
 
 
 def _align(n: int) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 from nncc.ir.graph import Node
 from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
+from nncc.native.kernel import scratch_arg
 from nncc.native.graph_query import is_pair_sum
 
 POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
@@ -74,8 +75,8 @@ class ConvSteps:
             f"nn_conv2d({self.ptr(node.inputs[0])}, {self.ptr(node.inputs[1])}, "
             f"{self.ptr(bias) if bias else '0'}, {self.ptr(residual) if residual else '0'}, {self.ptr(target)}, "
             f"{n}, {c}, {h}, {w}, {k}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {pads[0]}, {pads[1]}, {dh}, {dw}, "
-            f"{group}, {code}, {c_float(p0)}, {c_float(p1)}, (float *)SCRATCH);",
-            [node.inputs[0], node.inputs[1], bias, residual], [target], scratch)
+            f"{group}, {code}, {c_float(p0)}, {c_float(p1)}, (float *){scratch_arg(scratch)});",
+            [node.inputs[0], node.inputs[1], bias, residual], [target], scratch, blas=True)
 
     def scale_shift(self, node: Node) -> None:
         """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""

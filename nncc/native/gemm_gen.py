@@ -33,6 +33,7 @@ import numpy as np
 from nncc.native import graph_query
 from nncc.native.activations import VECTOR_CODES
 from nncc.native.c_literal import c_float
+from nncc.native.kernel import SCRATCH
 
 # (MR, NV) per vector width: the accumulator tile. Measured on Zen 4 (benchmarks/bench_gemm.py,
 # one thread): 6 x 64 beat 12 x 32, 8 x 32, 8 x 48 and 14 x 32 on the layers with K >= 1024
@@ -394,7 +395,7 @@ def _packed(w, b: str, form: str, matrix: np.ndarray, packing, batch: tuple[int,
 def _entry_args(packing, s: Shape) -> tuple[str, int]:
     """The scratch argument the entry point takes after C, and the bytes it needs."""
     scratch = packing.scratch(s)
-    return (", SCRATCH" if scratch else ""), scratch
+    return (f", {SCRATCH}" if scratch else ""), scratch
 
 
 def _residual(w, node, out: str):

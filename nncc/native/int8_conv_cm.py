@@ -15,8 +15,13 @@ contiguously in NCHW.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from nncc.native import int8_tables
+from nncc.native.c_emit import CWriter
+from nncc.native.c_struct import Struct
 from nncc.native.int8_bytes import byte_store, image_at
 from nncc.native.int8_gemm_gen import vnni_sums
 
@@ -31,18 +36,10 @@ def preferred(pixels: int, channels: int, pixel_rows: int, channel_panel: int) -
     return up(pixels, NP) * up(channels, MRC) < up(pixels, pixel_rows) * up(channels, channel_panel)
 
 
-def table(head: np.ndarray, matrix: np.ndarray, zero_w, bias, mult, shift: int) -> np.ndarray:
-    """head, then per output channel (padded to MRC): the weights' sum, zero point (shifted
-    with them), multiplier and bias."""
-    m = matrix.shape[0]
-    mp = -(-m // MRC) * MRC
-    columns = np.zeros((4, mp), np.float32)
-    ints = columns.view(np.int32)
-    ints[0, :m] = matrix.astype(np.int32).sum(axis=1)
-    ints[1, :m] = zero_w - shift
-    columns[2, :m] = mult
-    ints[3, :m] = bias
-    return np.concatenate([head, columns.reshape(-1)])
+def table(m: int) -> Struct:
+    """The layer's table: its scalars, then per output channel (padded to MRC) the weights'
+    sum, zero point (shifted with them), int32 bias and multiplier."""
+    return int8_tables.columns(-(-m // MRC) * MRC)
 
 
 def pack_weights(matrix: np.ndarray) -> np.ndarray:
@@ -53,220 +50,283 @@ def pack_weights(matrix: np.ndarray) -> np.ndarray:
     return out.reshape(-1)
 
 
-def scratch_bytes(c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> int:
-    hp, wp = _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
-    kp = -(-c * kh * kw // 4) * 4
-    p64 = -(-oh * ow // NP) * NP
-    return _up64((c + 1) * hp * wp) + _up64(kp * p64) + p64 * 4
+@dataclass(frozen=True)
+class Layer:
+    """One channel-major int8 convolution: an ``n``-image batch of ``c`` x ``h`` x ``w``
+    into ``m`` x ``oh`` x ``ow``, a ``kh`` x ``kw`` kernel at strides ``sh``, ``sw`` and
+    dilations ``dh``, ``dw``, padded ``pt`` rows above and ``pl`` columns left.
+    ``zero_points``: some weight zero point is not 0, so the pixels' sums are needed;
+    ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
+    plus this shift (int8_bytes)."""
+
+    n: int
+    c: int
+    h: int
+    w: int
+    m: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    zero_points: bool = True
+    byte_in: bool = False
+    byte_out: int | None = None
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        """Rows and columns of an input plane with its padding (what the taps reach)."""
+        return (max(self.h + self.pt, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1),
+                max(self.w + self.pl, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1))
+
+    @property
+    def k(self) -> int:
+        return self.c * self.kh * self.kw
+
+    @property
+    def kp(self) -> int:  # K padded to whole groups of four bytes
+        return -(-self.k // 4) * 4
+
+    @property
+    def p(self) -> int:  # output pixels per image
+        return self.oh * self.ow
+
+    @property
+    def p64(self) -> int:  # pixels padded to whole micro-tiles
+        return -(-self.p // NP) * NP
+
+    @property
+    def slivers(self) -> int:  # micro-tiles of output channels
+        return -(-self.m // MRC)
+
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 stride-1 unpadded layer: A is packed straight from the input."""
+        return (self.kh == self.kw == 1 and self.sh == self.sw == 1 and (self.oh, self.ow) == (self.h, self.w)
+                and self.pt == self.pl == 0)
+
+    @property
+    def planes_bytes(self) -> int:
+        hp, wp = self.padded
+        return _up64((self.c + 1) * hp * wp)
+
+    @property
+    def a_bytes(self) -> int:
+        return _up64(self.kp * self.p64)
+
+    @property
+    def scratch_bytes(self) -> int:
+        """The padded byte planes, A, and the pixels' sums."""
+        return self.planes_bytes + self.a_bytes + self.p64 * 4
 
 
 def _up64(n: int) -> int:
     return -(-n // 64) * 64
 
 
-def _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl):
-    return (max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1), max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1))
+def source(name: str, quantize_byte: str, layer: Layer) -> str:
+    """File-scope C defining ``void name(X, W, table, Y, scratch)`` for ``layer``
+    (``quantize_byte``: int8_conv_gen's q_byte, which recovers a pixel's byte)."""
+    c = CWriter()
+    c.directive("#if defined(__AVX512VNNI__) && defined(__AVX512BW__)")
+    c.directive("#include <immintrin.h>")
+    c.directive("#define Q_VNNI 1")
+    c.directive("#endif")
+    c.raw(quantize_byte)
+    t = table(layer.m)
+    c.raw(t.declaration)
+    c.line(f"typedef struct {{ const float *x; uint8_t *planes, *a; int32_t *colsum; const int8_t *w; "
+           f"{t.pointer}t; float *y; }} qm_job;", "")
+    _planes(c, layer)
+    _pack(c, layer)
+    if layer.zero_points:
+        _sums(c, layer)
+    if layer.pointwise:
+        _pack_direct(c, layer)
+    _dots(c, layer)
+    _tiles(c, layer, t)
+    _entry(c, name, layer, t)
+    return "\n" + c.text()
 
 
-def source(name, quantize_byte, header, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
-           zero_points: bool, byte_in: bool = False, byte_out: int | None = None) -> str:
-    """``zero_points``: some weight zero point is not 0, so the pixels' sums are needed.
-    ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
-    plus this shift (int8_bytes)."""
-    hp, wp = _padded(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
-    k = c * kh * kw
-    kp = -(-k // 4) * 4
-    groups = kp // 4
-    p = oh * ow
-    p64 = -(-p // NP) * NP
-    blocks = p64 // NP
-    slivers = -(-m // MRC)
-    mp = slivers * MRC
-    planes = _up64((c + 1) * hp * wp)
-    a_bytes = _up64(kp * p64)
-    taps = kh * kw
-    colsum = "(int64_t)zw[o] * (int64_t)j->colsum[p0 + q]" if zero_points else "0"
-    sums = f"""
-/* pixels [lo, hi): the sum of each pixel's bytes over K (for the weights' zero points) */
-static void qm_sums(void *ctx, int64_t lo, int64_t hi) {{
-    const qm_job *j = ctx;
-    for (int64_t q = lo; q < hi; q++) {{
-        int32_t s = 0;
-        for (int64_t g = 0; g < {groups}; g++) {{
-            const uint8_t *b = j->a + (g * {p64} + q) * 4;
-            s += b[0] + b[1] + b[2] + b[3];
-        }}
-        j->colsum[q] = s;
-    }}
-}}
-""" if zero_points else ""
-    call_sums = f"        nn_parallel({p64}, {p64 * kp}, qm_sums, &j);\n" if zero_points else ""
-    pointwise = kh == kw == 1 and sh == sw == 1 and (oh, ow) == (h, w) and pt == pl == 0
-    full, rest = divmod(c, 4)
-    x_type = "uint8_t" if byte_in else "float"
+def _recover(c: CWriter) -> None:
+    """Locals the input's bytes are recovered with (q_byte's arguments)."""
+    c.line("const float inv = j->t->x_inv, zero = j->t->x_zero, qlo = j->t->x_lo, qhi = j->t->x_hi, "
+           "shift = j->t->x_shift;")
 
-    def pack_loop(channels):  # the group's channels, composed into each pixel's word
-        reads = "".join(f", *x{t} = x0 + {t * p}" for t in range(1, channels))
-        byte = "(uint32_t)x{t}[q]" if byte_in else "(uint32_t)q_byte(x{t}[q], inv, zero, qlo, qhi, shift)"
-        word = " | ".join(byte.format(t=t) + f" << {8 * t}" for t in range(channels))
-        return f"""{{
-            const {x_type} *x0 = (const {x_type} *)j->x + 4 * g * {p}{reads};
-            for (int64_t q = 0; q < {p}; q++) out[q] = {word};
-        }}"""
-    tail = f"""
-        else
-            {pack_loop(rest)}""" if rest else ""
-    direct = f"""
-typedef uint32_t qm_word __attribute__((may_alias));
 
-/* groups [lo, hi) of four channels of a pointwise layer, packed straight from the input:
- * each pixel's four bytes composed as one 32-bit word, so the loop runs in whole vectors
- * (storing the bytes one by one extracted them a lane at a time) */
-static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi) {{
-    const qm_job *j = ctx;
-    const float *t = j->table;
-    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
-    for (int64_t g = lo; g < hi; g++) {{
-        qm_word *out = (qm_word *)(j->a + g * {p64 * 4});
-        if (g < {full})
-            {pack_loop(4)}{tail}
-        memset(out + {p}, 0, {(p64 - p) * 4});
-    }}
-}}
-""" if pointwise else ""
-    phases = (f"        nn_parallel({groups}, {kp * p64}, qm_pack_direct, &j);\n" if pointwise else
-              f"        nn_parallel({c + 1}, {c * hp * wp}, qm_planes, &j);\n"
-              f"        nn_parallel({groups}, {kp * p64}, qm_pack, &j);\n")
-    if byte_in:  # the bytes are q plus the shift already: a copy per image row
-        fill_plane = f"""        const uint8_t *src = (const uint8_t *)j->x + ch * {h * w};
-        for (int64_t ih = 0; ih < {h}; ih++) memcpy(plane + (ih + {pt}) * {wp} + {pl}, src + ih * {w}, {w});"""
-    else:
-        fill_plane = f"""        const float *src = j->x + ch * {h * w};
-        for (int64_t ih = 0; ih < {h}; ih++)
-            for (int64_t iw = 0; iw < {w}; iw++)
-                plane[(ih + {pt}) * {wp} + iw + {pl}] = q_byte(src[ih * {w} + iw], inv, zero, qlo, qhi, shift);"""
-    if byte_out is None:
+def _planes(c: CWriter, layer: Layer) -> None:
+    hp, wp = layer.padded
+    c.comment(f"channels [lo, hi): the padded byte planes; plane C stays all zero bytes (K's padding)")
+    with c.function("static void qm_planes(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;")
+        _recover(c)
+        c.line("const uint8_t pad = (uint8_t)(int32_t)(zero + shift);")
+        with c.loop("ch", "hi", "lo"):
+            c.line(f"uint8_t *plane = j->planes + ch * {hp * wp};")
+            with c.when(f"ch == {layer.c}"):
+                c.line(f"memset(plane, 0, {hp * wp});", "continue;")
+            c.line(f"memset(plane, pad, {hp * wp});")
+            if layer.byte_in:  # the bytes are q plus the shift already: a copy per image row
+                c.line(f"const uint8_t *src = (const uint8_t *)j->x + ch * {layer.h * layer.w};")
+                with c.loop("ih", layer.h):
+                    c.line(f"memcpy(plane + (ih + {layer.pt}) * {wp} + {layer.pl}, src + ih * {layer.w}, {layer.w});")
+            else:
+                c.line(f"const float *src = j->x + ch * {layer.h * layer.w};")
+                with c.loop("ih", layer.h), c.loop("iw", layer.w):
+                    c.line(f"plane[(ih + {layer.pt}) * {wp} + iw + {layer.pl}] = "
+                           f"q_byte(src[ih * {layer.w} + iw], inv, zero, qlo, qhi, shift);")
+    c.line("")
+
+
+def _pack(c: CWriter, layer: Layer) -> None:
+    hp, wp = layer.padded
+    plane = hp * wp
+    c.comment("groups [lo, hi) of four K rows: each pixel's four bytes side by side")
+    with c.function("static void qm_pack(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;")
+        with c.loop("g", "hi", "lo"):
+            c.line("const uint8_t *src[4];")
+            with c.loop("t", 4, ctype="int"):
+                c.line("int64_t k = 4 * g + t;")
+                with c.when(f"k >= {layer.k}"):
+                    c.line(f"src[t] = j->planes + {layer.c * plane};", "continue;")
+                c.line(f"int64_t ch = k / {layer.kh * layer.kw}, i = (k / {layer.kw}) % {layer.kh}, jj = k % {layer.kw};",
+                       f"src[t] = j->planes + ch * {plane} + i * {layer.dh * wp} + jj * {layer.dw};")
+            c.line(f"uint8_t *out = j->a + g * {layer.p64 * 4};")
+            with c.loop("oy", layer.oh):
+                row = layer.sh * wp
+                c.line(f"const uint8_t *s0 = src[0] + oy * {row}, *s1 = src[1] + oy * {row};",
+                       f"const uint8_t *s2 = src[2] + oy * {row}, *s3 = src[3] + oy * {row};",
+                       f"uint8_t *d = out + oy * {layer.ow * 4};")
+                with c.loop("ox", layer.ow):
+                    c.line(*(f"d[4 * ox{f' + {b}' if b else ''}] = s{b}[ox * {layer.sw}];" for b in range(4)))
+            c.line(f"memset(out + {layer.p * 4}, 0, {(layer.p64 - layer.p) * 4});")
+    c.line("")
+
+
+def _sums(c: CWriter, layer: Layer) -> None:
+    c.comment("pixels [lo, hi): the sum of each pixel's bytes over K (for the weights' zero points)")
+    with c.function("static void qm_sums(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;")
+        with c.loop("q", "hi", "lo"):
+            c.line("int32_t s = 0;")
+            with c.loop("g", layer.kp // 4):
+                c.line(f"const uint8_t *b = j->a + (g * {layer.p64} + q) * 4;", "s += b[0] + b[1] + b[2] + b[3];")
+            c.line("j->colsum[q] = s;")
+    c.line("")
+
+
+def _pack_direct(c: CWriter, layer: Layer) -> None:
+    """A pointwise layer's A straight from the input: each pixel's four bytes composed as one
+    32-bit word, so the loop runs in whole vectors (storing the bytes one by one extracted
+    them a lane at a time)."""
+    p, x_type = layer.p, "uint8_t" if layer.byte_in else "float"
+    full, rest = divmod(layer.c, 4)
+
+    def pack_loop(channels: int) -> None:  # the group's channels, composed into each pixel's word
+        with c.block(""):
+            reads = "".join(f", *x{t} = x0 + {t * p}" for t in range(1, channels))
+            c.line(f"const {x_type} *x0 = (const {x_type} *)j->x + 4 * g * {p}{reads};")
+            byte = "(uint32_t)x{t}[q]" if layer.byte_in else "(uint32_t)q_byte(x{t}[q], inv, zero, qlo, qhi, shift)"
+            word = " | ".join(byte.format(t=t) + f" << {8 * t}" for t in range(channels))
+            c.line(f"for (int64_t q = 0; q < {p}; q++) out[q] = {word};")
+
+    c.line("typedef uint32_t qm_word __attribute__((may_alias));", "")
+    c.comment("groups [lo, hi) of four channels of a pointwise layer, packed straight from the input")
+    with c.function("static void qm_pack_direct(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;")
+        _recover(c)
+        with c.loop("g", "hi", "lo"):
+            c.line(f"qm_word *out = (qm_word *)(j->a + g * {layer.p64 * 4});")
+            with c.when(f"g < {full}"):
+                pack_loop(4)
+            if rest:
+                with c.otherwise():
+                    pack_loop(rest)
+            c.line(f"memset(out + {p}, 0, {(layer.p64 - p) * 4});")
+    c.line("")
+
+
+def _dots(c: CWriter, layer: Layer) -> None:
+    groups, p64, kp = layer.kp // 4, layer.p64, layer.kp
+    c.comment("int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64]; out of line, "
+              "so the tile loop's epilogue constants do not crowd its 24 sums out of the registers")
+    with c.function(f"static __attribute__((noinline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows, "
+                    f"int32_t acc[{MRC}][{NP}])"):
+        c.directive("#ifdef Q_VNNI")
+        c.raw(vnni_sums(MRC, groups, [f"_mm512_loadu_si512(a + g * {p64 * 4} + {64 * v})" for v in range(4)],
+                        lambda r: f"w + {r * kp} + g * 4", vector_unsigned=True))
+        c.directive("#else")
+        with c.loop("r", "rows", ctype="int"):
+            c.line("int32_t *c = acc[r];", f"for (int q = 0; q < {NP}; q++) c[q] = 0;")
+            with c.loop("g", groups):
+                c.line(f"const uint8_t *ag = a + g * {p64 * 4};", f"const int8_t *wg = w + r * {kp} + g * 4;",
+                       "int32_t w0 = wg[0], w1 = wg[1], w2 = wg[2], w3 = wg[3];")
+                with c.loop("q", NP, ctype="int"):
+                    c.line("c[q] += ag[4 * q] * w0 + ag[4 * q + 1] * w1 + ag[4 * q + 2] * w2 + ag[4 * q + 3] * w3;")
+        c.directive("#endif")
+    c.line("")
+
+
+def _tiles(c: CWriter, layer: Layer, t: Struct) -> None:
+    slivers, blocks = layer.slivers, layer.p64 // NP
+    colsum = "(int64_t)zw[o] * (int64_t)j->colsum[p0 + q]" if layer.zero_points else "0"
+    if layer.byte_out is None:
         out_type, to_out = "float", "(v - yzero) * yscale"
     else:
-        out_type, to_out = "uint8_t", byte_store(byte_out)
-    return f"""
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define Q_VNNI 1
-#endif
-{quantize_byte}
-typedef struct {{ const float *x; uint8_t *planes, *a; int32_t *colsum; const int8_t *w; const float *table;
-                  float *y; }} qm_job;
+        out_type, to_out = "uint8_t", byte_store(layer.byte_out)
+    c.comment("the (pixel block x channel sliver) tiles [lo, hi)")
+    with c.function("static void qm_tiles(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;",
+               f"{t.pointer}t = j->t;",
+               "const float zero = t->x_zero + t->x_shift, yscale = t->y_scale, yzero = t->y_zero, "
+               "qlo = t->y_lo, qhi = t->y_hi;",
+               "const int32_t za = (int32_t)zero;",
+               "const int32_t *ws = t->w_sum, *zw = t->w_zero, *bias = t->bias;",
+               "const float *mult = t->mult;",
+               f"int32_t acc[{MRC}][{NP}];")
+        with c.loop("task", "hi", "lo"):
+            c.line(f"int64_t b = task / {slivers}, s = task % {slivers};",
+                   f"int64_t p0 = b * {NP}, m0 = s * {MRC};",
+                   f"int rows = s == {slivers - 1} ? {layer.m - (slivers - 1) * MRC} : {MRC};",
+                   f"int width = b == {blocks - 1} ? {layer.p - (blocks - 1) * NP} : {NP};",
+                   f"qm_dots(j->a + p0 * 4, j->w + m0 * {layer.kp}, rows, acc);")
+            with c.loop("r", "rows", ctype="int"):
+                c.line("int64_t o = m0 + r;")
+                c.comment("unsigned: wraps as the portable kernel's int32 accumulator")
+                c.line(f"uint32_t fixed = (uint32_t)bias[o] - (uint32_t)za * (uint32_t)ws[o] "
+                       f"+ (uint32_t)({layer.k} * za) * (uint32_t)zw[o];",
+                       f"{out_type} out[{NP}];")
+                with c.loop("q", NP, ctype="int"):
+                    c.line(f"uint32_t e = (uint32_t)acc[r][q] + fixed - (uint32_t)({colsum});",
+                           "float v = rintf((float)(int32_t)e * mult[o]) + yzero;",
+                           "v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;",
+                           f"out[q] = {to_out};")
+                c.line(f"memcpy(({out_type} *)j->y + o * {layer.p} + p0, out, width * sizeof *out);")
+    c.line("")
 
-/* channels [lo, hi): the padded byte planes; plane C stays all zero bytes (K's padding) */
-static void qm_planes(void *ctx, int64_t lo, int64_t hi) {{
-    const qm_job *j = ctx;
-    const float *t = j->table;
-    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
-    const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
-    for (int64_t ch = lo; ch < hi; ch++) {{
-        uint8_t *plane = j->planes + ch * {hp * wp};
-        if (ch == {c}) {{
-            memset(plane, 0, {hp * wp});
-            continue;
-        }}
-        memset(plane, pad, {hp * wp});
-{fill_plane}
-    }}
-}}
 
-/* groups [lo, hi) of four K rows: each pixel's four bytes side by side */
-static void qm_pack(void *ctx, int64_t lo, int64_t hi) {{
-    const qm_job *j = ctx;
-    for (int64_t g = lo; g < hi; g++) {{
-        const uint8_t *src[4];
-        for (int t = 0; t < 4; t++) {{
-            int64_t k = 4 * g + t;
-            if (k >= {k}) {{
-                src[t] = j->planes + {c * hp * wp};
-                continue;
-            }}
-            int64_t ch = k / {taps}, i = (k / {kw}) % {kh}, jj = k % {kw};
-            src[t] = j->planes + ch * {hp * wp} + i * {dh * wp} + jj * {dw};
-        }}
-        uint8_t *out = j->a + g * {p64 * 4};
-        for (int64_t oy = 0; oy < {oh}; oy++) {{
-            const uint8_t *s0 = src[0] + oy * {sh * wp}, *s1 = src[1] + oy * {sh * wp};
-            const uint8_t *s2 = src[2] + oy * {sh * wp}, *s3 = src[3] + oy * {sh * wp};
-            uint8_t *d = out + oy * {ow * 4};
-            for (int64_t ox = 0; ox < {ow}; ox++) {{
-                d[4 * ox] = s0[ox * {sw}];
-                d[4 * ox + 1] = s1[ox * {sw}];
-                d[4 * ox + 2] = s2[ox * {sw}];
-                d[4 * ox + 3] = s3[ox * {sw}];
-            }}
-        }}
-        memset(out + {p * 4}, 0, {(p64 - p) * 4});
-    }}
-}}
-{sums}
-{direct}
-/* int32 dot products of 64 pixels with ``rows`` output channels, into acc[rows][64]; out of line,
- * so the tile loop's epilogue constants do not crowd its 24 sums out of the registers */
-static __attribute__((noinline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows,
-                                                          int32_t acc[{MRC}][{NP}]) {{
-#ifdef Q_VNNI
-    {vnni_sums(MRC, groups, [f"_mm512_loadu_si512(a + g * {p64 * 4} + {64 * v})" for v in range(4)],
-               lambda r: f"w + {r * kp} + g * 4", vector_unsigned=True)}
-#else
-    for (int r = 0; r < rows; r++) {{
-        int32_t *c = acc[r];
-        for (int q = 0; q < {NP}; q++) c[q] = 0;
-        for (int64_t g = 0; g < {groups}; g++) {{
-            const uint8_t *ag = a + g * {p64 * 4};
-            const int8_t *wg = w + r * {kp} + g * 4;
-            int32_t w0 = wg[0], w1 = wg[1], w2 = wg[2], w3 = wg[3];
-            for (int q = 0; q < {NP}; q++)
-                c[q] += ag[4 * q] * w0 + ag[4 * q + 1] * w1 + ag[4 * q + 2] * w2 + ag[4 * q + 3] * w3;
-        }}
-    }}
-#endif
-}}
-
-/* the (pixel block x channel sliver) tiles [lo, hi) */
-static void qm_tiles(void *ctx, int64_t lo, int64_t hi) {{
-    const qm_job *j = ctx;
-    const float *t = j->table;
-    const float zero = t[1] + t[4], yscale = t[5], yzero = t[6], qlo = t[7], qhi = t[8];
-    const int32_t za = (int32_t)zero;
-    const int32_t *ws = (const int32_t *)(t + {header}), *zw = (const int32_t *)(t + {header + mp});
-    const float *mult = t + {header + 2 * mp};
-    const int32_t *bias = (const int32_t *)(t + {header + 3 * mp});
-    int32_t acc[{MRC}][{NP}];
-    for (int64_t task = lo; task < hi; task++) {{
-        int64_t b = task / {slivers}, s = task % {slivers};
-        int64_t p0 = b * {NP}, m0 = s * {MRC};
-        int rows = s == {slivers - 1} ? {m - (slivers - 1) * MRC} : {MRC};
-        int width = b == {blocks - 1} ? {p - (blocks - 1) * NP} : {NP};
-        qm_dots(j->a + p0 * 4, j->w + m0 * {kp}, rows, acc);
-        for (int r = 0; r < rows; r++) {{
-            int64_t o = m0 + r;
-            /* unsigned: wraps as the portable kernel's int32 accumulator */
-            uint32_t fixed = (uint32_t)bias[o] - (uint32_t)za * (uint32_t)ws[o] + (uint32_t)({k} * za) * (uint32_t)zw[o];
-            {out_type} out[{NP}];
-            for (int q = 0; q < {NP}; q++) {{
-                uint32_t e = (uint32_t)acc[r][q] + fixed - (uint32_t)({colsum});
-                float v = rintf((float)(int32_t)e * mult[o]) + yzero;
-                v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;
-                out[q] = {to_out};
-            }}
-            memcpy(({out_type} *)j->y + o * {p} + p0, out, width * sizeof *out);
-        }}
-    }}
-}}
-
-static void {name}(const float *X, const float *W, const float *table, float *Y, char *scratch) {{
-    qm_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {planes}), (int32_t *)(scratch + {planes + a_bytes}),
-                (const int8_t *)W, table, 0}};
-    for (int64_t img = 0; img < {n}; img++) {{
-        j.x = {image_at("X", c * h * w, byte_in, const=True)};
-        j.y = {image_at("Y", m * p, byte_out is not None)};
-{phases}{call_sums}        nn_parallel({blocks * slivers}, {p * m * k}, qm_tiles, &j);
-    }}
-}}
-"""
+def _entry(c: CWriter, name: str, layer: Layer, t: Struct) -> None:
+    hp, wp = layer.padded
+    kp, p64, planes = layer.kp, layer.p64, layer.planes_bytes
+    with c.function(f"static void {name}(const float *X, const int8_t *W, {t.pointer}table, float *Y, "
+                    "char *scratch)"):
+        c.line(f"qm_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {planes}), "
+               f"(int32_t *)(scratch + {planes + layer.a_bytes}), W, table, 0}};")
+        with c.loop("img", layer.n):
+            c.line(f"j.x = {image_at('X', layer.c * layer.h * layer.w, layer.byte_in, const=True)};",
+                   f"j.y = {image_at('Y', layer.m * layer.p, layer.byte_out is not None)};")
+            if layer.pointwise:
+                c.line(f"nn_parallel({kp // 4}, {kp * p64}, qm_pack_direct, &j);")
+            else:
+                c.line(f"nn_parallel({layer.c + 1}, {layer.c * hp * wp}, qm_planes, &j);",
+                       f"nn_parallel({kp // 4}, {kp * p64}, qm_pack, &j);")
+            if layer.zero_points:
+                c.line(f"nn_parallel({p64}, {p64 * kp}, qm_sums, &j);")
+            c.line(f"nn_parallel({layer.slivers * (p64 // NP)}, {layer.p * layer.m * layer.k}, qm_tiles, &j);")

@@ -28,18 +28,20 @@ import numpy as np
 
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.conv import conv_geometry, conv_params
-from nncc.kernels.qimage import multipliers, reciprocal
+from nncc.kernels.qimage import multipliers
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
-from nncc.native import int8_conv_cm
+from nncc.native import int8_conv_cm, int8_tables
+from nncc.native.c_struct import Field, Struct
+from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
 from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b
+from nncc.native.kernel import scratch_arg
 
 QCONV = ("nncc", "QConv")
 QUANTIZE_DEQUANTIZE = ("nncc", "QuantizeDequantize")
 MAX_K = 16384  # every partial sum of the products stays below 2**31 (int8_gemm_gen)
 _QUANTIZED = (np.dtype(np.uint8), np.dtype(np.int8))
-_HEADER = 16  # floats of scalars before the per-column table
 
 
 def constant(graph, infos, name):
@@ -132,17 +134,22 @@ static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi,
 """
 
 
+# QuantizeDequantize's table: the image's scale, zero point and range
+QD_TABLE = Struct("nn_qd", tuple(Field(name, "float") for name in ("scale", "zero", "lo", "hi")))
+
+
 def _qd_source(name: str, size: int) -> str:
     chunk = 4096
     return f"""{_QUANTIZE_BYTE}
-typedef struct {{ const float *x, *t; float *y; }} qq_job;
+{QD_TABLE.declaration}
+typedef struct {{ const float *x; {QD_TABLE.pointer}t; float *y; }} qq_job;
 
 /* chunks [lo, hi) of the image, shared over the pool */
 static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
     const qq_job *j = ctx;
     const float *X = j->x;
     float *Y = j->y;
-    const float scale = j->t[0], zero = j->t[1], lo_q = j->t[2], hi_q = j->t[3];
+    const float scale = j->t->scale, zero = j->t->zero, lo_q = j->t->lo, hi_q = j->t->hi;
     int64_t end = hi * {chunk} < {size} ? hi * {chunk} : {size};
     for (int64_t i = lo * {chunk}; i < end; i++) {{
         float q = rintf(X[i] / scale) + zero;
@@ -152,7 +159,7 @@ static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void {name}(const float *X, const float *table, float *Y) {{
+static void {name}(const float *X, {QD_TABLE.pointer}table, float *Y) {{
     qq_job j = {{X, table, Y}};
     nn_parallel({-(-size // chunk)}, {size * 8}, qq_chunks, &j);
 }}
@@ -179,6 +186,7 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     np_ = panels * NR
     tail = p - (slivers - 1) * MR
     last = m - (panels - 1) * NR
+    table = int8_tables.columns(np_)
     if byte_in == "nhwc":  # whole image rows of bytes, q plus the shift already
         quantize_pixel = ""
     elif byte_in:  # the bytes are q plus the shift already
@@ -227,14 +235,14 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
 #define Q_VNNI 1
 #endif
 {_QUANTIZE_BYTE}
-typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t *b; const float *table;
+{table.declaration}
+typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t *b; {table.pointer}t;
                   float *y; }} qc_job;
 
 /* rows [lo, hi) of the padded NHWC byte image: the quantized input, the zero point around it */
 static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
-    const float *t = j->table;
-    const float inv = t[0], zero = t[1], qlo = t[2], qhi = t[3], shift = t[4];
+    const float inv = j->t->x_inv, zero = j->t->x_zero, qlo = j->t->x_lo, qhi = j->t->x_hi, shift = j->t->x_shift;
     const uint8_t pad = (uint8_t)(int32_t)(zero + shift);
     for (int64_t r = lo; r < hi; r++) {{
         uint8_t *row = j->xp + r * {wp * c};
@@ -271,12 +279,11 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
 /* the (pixel sliver x channel panel) tiles [lo, hi): products, zero points, bias, requantization */
 static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
-    const float *t = j->table;
-    const float zero = t[1] + t[4], yscale = t[5], yzero = t[6], qlo = t[7], qhi = t[8];
+    {table.pointer}t = j->t;
+    const float zero = t->x_zero + t->x_shift, yscale = t->y_scale, yzero = t->y_zero, qlo = t->y_lo, qhi = t->y_hi;
     const int32_t za = (int32_t)zero;
-    const int32_t *cs = (const int32_t *)(t + {_HEADER}), *zw = (const int32_t *)(t + {_HEADER + np_});
-    const float *mult = t + {_HEADER + 2 * np_};
-    const int32_t *bias = (const int32_t *)(t + {_HEADER + 3 * np_});
+    const int32_t *cs = t->w_sum, *zw = t->w_zero, *bias = t->bias;
+    const float *mult = t->mult;
     int32_t acc[{MR}][{NR}];
     for (int64_t task = lo; task < hi; task++) {{
         int64_t q = task / {slivers}, s = task % {slivers};
@@ -303,9 +310,9 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void {name}(const float *X, const float *Bp, const float *table, float *Y, char *scratch) {{
+static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     qc_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {xp_bytes}),
-                (int32_t *)(scratch + {xp_bytes + rows_bytes}), (const int8_t *)Bp, table, 0}};
+                (int32_t *)(scratch + {xp_bytes + rows_bytes}), Bp, table, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
         j.y = {image_at("Y", m * p, byte_out is not None)};
@@ -475,6 +482,7 @@ def _depthwise_source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     hps, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
     size = hps * wps  # one phase plane
     taps = kh * kw
+    table = int8_tables.depthwise(c, taps)
     rows = max(1, min(oh, _BLOCK // wps))  # output rows per block
     fill_rows = _depthwise_quantize(h, w, pt, pl, sh, sw, hps, wps, byte_in)
     chunks = [(t0, min(taps, t0 + _EXACT_TAPS)) for t0 in range(0, taps, _EXACT_TAPS)]
@@ -513,20 +521,21 @@ static inline float q_centred(float v, float inv, float lo, float hi) {{
     return q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
 }}
 
-typedef struct {{ const float *x, *table; float *xp; float *y; }} qd_job;
+{table.declaration}
+typedef struct {{ const float *x; {table.pointer}t; float *xp; float *y; }} qd_job;
 
 /* channels [lo, hi): the centred phase planes, then each block of output rows */
 static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     const qd_job *j = ctx;
-    const float *t = j->table;
-    const float inv = t[0], qlo = t[2] - t[1], qhi = t[3] - t[1];  /* x's range less its zero */
-    const float centre = t[1] + t[4];  /* what a stored byte holds beyond q - x_zero */
-    const float yscale = t[5], ylo = t[7] - t[6], yhi = t[8] - t[6];  /* y's range less its zero */
-    const float ybyte = t[6] + {float(byte_out or 0)}f;  /* a stored output byte: q plus its shift */
+    {table.pointer}t = j->t;
+    const float inv = t->x_inv, qlo = t->x_lo - t->x_zero, qhi = t->x_hi - t->x_zero;  /* x's range less its zero */
+    const float centre = t->x_zero + t->x_shift;  /* what a stored byte holds beyond q - x_zero */
+    const float yscale = t->y_scale, ylo = t->y_lo - t->y_zero, yhi = t->y_hi - t->y_zero;  /* y's range less its zero */
+    const float ybyte = t->y_zero + {float(byte_out or 0)}f;  /* a stored output byte: q plus its shift */
     (void)inv; (void)centre; (void)yscale; (void)ybyte;
-    const float *wc = t + {_HEADER};  /* [C][taps] weights minus their zero point */
-    const int32_t *bias = (const int32_t *)(wc + {c * taps});
-    const float *mult = (const float *)(bias + {c});
+    const float *wc = t->weights;  /* [C][taps] weights minus their zero point */
+    const int32_t *bias = t->bias;
+    const float *mult = t->mult;
     float *xp = j->xp + lo * {sh * sw * size};  /* the task's first channel's planes serve them all: they stay in cache */
     for (int64_t ch = lo; ch < hi; ch++) {{
         /* the border rows, then each image row quantized once, straight into its place
@@ -567,7 +576,7 @@ static void qd_channels(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void {name}(const float *X, const float *table, float *Y, char *scratch) {{
+static void {name}(const float *X, {table.pointer}table, float *Y, char *scratch) {{
     qd_job j = {{0, table, (float *)scratch, 0}};
     for (int64_t img = 0; img < {n}; img++) {{
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
@@ -579,23 +588,6 @@ static void {name}(const float *X, const float *table, float *Y, char *scratch) 
 
 
 # ---------------------------------------------------------------------- packing, emitting
-
-
-def quantized_range(dtype) -> tuple[float, float]:
-    info = np.iinfo(dtype)
-    return float(info.min), float(info.max)
-
-
-def _header(xs, xz, ys, yz) -> np.ndarray:
-    """_HEADER floats: 1 / x_scale (the image's integers are recovered by it), x_zero, x's
-    range, the shift that makes x unsigned, y_scale, y_zero and y's range."""
-    head = np.zeros(_HEADER, np.float32)
-    xlo, xhi = quantized_range(np.asarray(xz).dtype)
-    ylo, yhi = quantized_range(np.asarray(yz).dtype)
-    shift = 128.0 if np.asarray(xz).dtype == np.int8 else 0.0
-    head[:9] = [reciprocal(xs), float(np.asarray(xz).reshape(())), xlo, xhi, shift,
-                np.float32(ys).reshape(()), float(np.asarray(yz).reshape(())), ylo, yhi]
-    return head
 
 
 def pixel_major(graph, infos, node) -> bool:
@@ -613,12 +605,12 @@ def emit(wr, node) -> None:
         wr.as_plain(x)
         zv = np.asarray(constant(graph, infos, z))
         lo, hi = quantized_range(zv.dtype)
-        table = np.array([np.asarray(constant(graph, infos, s), np.float32).reshape(()), float(zv.reshape(())), lo, hi],
-                         np.float32)
+        table = QD_TABLE.pack(scale=np.asarray(constant(graph, infos, s), np.float32), zero=float(zv.reshape(())),
+                              lo=lo, hi=hi)
         packed = wr.pack(s, f"quantize {z}", table)
         out = node.outputs[0]
         size = math.prod(wr.shape(x))
-        wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
+        wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, QD_TABLE.pointer)], [out],
                 support=_qd_source("q_image", size))
         return
     inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
@@ -633,7 +625,7 @@ def emit(wr, node) -> None:
     zero_w = np.zeros(m, np.int64) if not wz else np.broadcast_to(value(wz).astype(np.int64).reshape(-1), (m,))
     bias = np.zeros(m, np.int64) if not b else value(b).astype(np.int64).reshape(-1)
     mult = multipliers(value(xs), value(ws), value(ys), m)
-    head = _header(value(xs), value(xz), value(ys), value(yz))
+    scalars = int8_tables.scalars(value(xs), value(xz), value(ys), value(yz))
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
     byte_in = wr.byte_images.get(x)
@@ -643,12 +635,13 @@ def emit(wr, node) -> None:
         wr.byte_images[out] = layout
     if group != 1:  # depthwise
         taps = kh * kw
-        centred = (wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]).astype(np.int32)
-        table = np.concatenate([head, centred.reshape(-1).astype(np.float32),
-                                bias.astype(np.int32).view(np.float32), mult.astype(np.float32)])
-        packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
-        code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
-        wr.step(code, [x, packed], [out], depthwise_scratch(c, h, wd, kh, kw, *geometry),
+        centred = wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]
+        table = int8_tables.depthwise(c, taps)
+        packed = wr.pack(w, f"depthwise {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
+                         table.pack(**scalars, weights=centred, bias=bias, mult=mult))
+        scratch = depthwise_scratch(c, h, wd, kh, kw, *geometry)
+        code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
+        wr.step(code, [x, (packed, table.pointer)], [out], scratch,
                 support=wr.simd + _depthwise_source("q_depthwise", n, c, h, wd, kh, kw, *geometry, byte_in, byte_out))
         return
     shift = 128 if wv.dtype == np.uint8 else 0  # unsigned weights shift to signed
@@ -658,32 +651,30 @@ def emit(wr, node) -> None:
     if not pixel_major(graph, infos, node):
         matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
         wp_ = wr.pack(w, "int8 conv rows", as_floats(int8_conv_cm.pack_weights(matrix)))
+        table = int8_conv_cm.table(m)
         packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
-                         int8_conv_cm.table(head, matrix, zero_w, bias, mult, shift))
-        code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
-        source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, _HEADER, n, *shape,
-                                     zero_points=bool(np.any(zero_w - shift)), byte_in=byte_in, byte_out=byte_out)
-        wr.step(code, [x, wp_, packed], [out], int8_conv_cm.scratch_bytes(*shape), support=source)
+                         table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=1), w_zero=zero_w - shift,
+                                    bias=bias, mult=mult))
+        layer = int8_conv_cm.Layer(n, *shape, zero_points=bool(np.any(zero_w - shift)), byte_in=bool(byte_in),
+                                   byte_out=byte_out)
+        scratch = layer.scratch_bytes
+        code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
+        source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, layer)
+        wr.step(code, [x, (wp_, "const int8_t *"), (packed, table.pointer)], [out], scratch, support=source)
         return
     # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
     matrix = signed.transpose(0, 2, 3, 1).reshape(m, -1).T
-    panels = -(-m // 64)
-    np_ = panels * 64
-    columns = np.zeros((4, np_), np.float32)
-    ints = columns.view(np.int32)
-    ints[0, :m] = matrix.astype(np.int32).sum(axis=0)
-    ints[1, :m] = zero_w - shift
-    columns[2, :m] = mult
-    ints[3, :m] = bias
-    table = np.concatenate([head, columns.reshape(-1)])
+    table = int8_tables.columns(-(-m // NR) * NR)
     bp = wr.pack(w, "int8 conv panels", as_floats(pack_b(np.ascontiguousarray(matrix))))
-    packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", table)
+    packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
+                     table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=0), w_zero=zero_w - shift,
+                                bias=bias, mult=mult))
     hp = max(h + pads[0], (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
     wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     k = c * kh * kw
     kp = -(-k // 4) * 4
     scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
-    code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, SCRATCH);"
-    wr.step(code, [x, bp, packed], [out], scratch,
+    code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
+    wr.step(code, [x, (bp, "const int8_t *"), (packed, table.pointer)], [out], scratch,
             support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc",
                                  zero_points=bool(np.any(zero_w - shift))))

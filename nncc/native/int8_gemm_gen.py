@@ -30,7 +30,9 @@ import math
 
 import numpy as np
 
+from nncc.native.c_struct import Field, Struct
 from nncc.native.graph_query import const_value
+from nncc.native.kernel import scratch_arg
 
 NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
@@ -77,20 +79,20 @@ def pack_b(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
 
 
-def column_table(b: np.ndarray, b_scale: np.ndarray, b_zero, bias) -> np.ndarray:
-    """[4, NP] per padded column: colsum and zero point of B (int32 bits), its scale and
-    the bias (float32)."""
-    k, n = b.shape
+def columns(n: int) -> Struct:
+    """The table of B's ``n`` columns (padded to whole panels): each column's sum and zero
+    point, its scale and the bias."""
     np_ = -(-n // NR) * NR
-    table = np.zeros((4, np_), np.float32)
-    ints = table[:2].view(np.int32)
-    ints[0, :n] = b.astype(np.int32).sum(axis=0)
-    if b_zero is not None:
-        ints[1, :n] = np.broadcast_to(np.asarray(b_zero, np.int32).reshape(-1), (n,))
-    table[2, :n] = np.broadcast_to(np.asarray(b_scale, np.float32).reshape(-1), (n,))
-    if bias is not None:
-        table[3, :n] = np.asarray(bias, np.float32).reshape(-1)
-    return table
+    return Struct(f"nn_q8_gemm_columns_{np_}", (Field("colsum", "int32_t", np_), Field("zero", "int32_t", np_),
+                                                 Field("scale", "float", np_), Field("bias", "float", np_)))
+
+
+def column_table(b: np.ndarray, b_scale: np.ndarray, b_zero, bias) -> np.ndarray:
+    """The bytes of ``columns`` for B, its scale, zero point and bias (absent: 0)."""
+    n = b.shape[1]
+    per_column = lambda v, dtype: np.broadcast_to(np.asarray(0 if v is None else v, dtype).reshape(-1), (n,))  # noqa: E731
+    return columns(n).pack(colsum=b.astype(np.int32).sum(axis=0), zero=per_column(b_zero, np.int32),
+                           scale=per_column(b_scale, np.float32), bias=per_column(bias, np.float32))
 
 
 def as_floats(data: np.ndarray) -> np.ndarray:
@@ -175,6 +177,7 @@ def source(m: int, n: int, k: int, name: str) -> str:
     rowsum_bytes = -(-m * 4 // 64) * 64
     tail = m - (slivers - 1) * MR
     last = n - (panels - 1) * NR
+    table = columns(n)
     tail_range = "" if (m * k) % 16 == 0 else f"""    for (; i < {m * k}; i++) {{
         float v = A[i];
         lo = v < lo ? v : lo;
@@ -186,6 +189,7 @@ def source(m: int, n: int, k: int, name: str) -> str:
 #include <immintrin.h>
 #define Q_VNNI 1
 #endif
+{table.declaration}
 typedef struct {{ const float *a; uint8_t *aq; int32_t *rowsum; const int8_t *b; const int32_t *colsum, *bzero;
                   const float *bscale, *bias; float *y; float scale, zero; int32_t azero; }} q_job;
 
@@ -240,7 +244,7 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void {name}(const float *A, const float *Bp, const float *table, float *Y, char *scratch) {{
+static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     /* the range of the whole tensor, always including 0 (so 0 is exact) */
     /* sixteen lanes at a time (the compiler does not vectorise a float min reduction) */
     typedef float q_vf __attribute__((vector_size(64)));
@@ -264,9 +268,8 @@ static void {name}(const float *A, const float *Bp, const float *table, float *Y
     if (scale == 0.0f) scale = 1.0f;  /* all zeros: any scale, zero point 0 */
     float zero = 0.0f - lo / scale;
     zero = nearbyintf(zero < 0.0f ? 0.0f : (zero > 255.0f ? 255.0f : zero));
-    q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, (const int8_t *)Bp,
-               (const int32_t *)table, (const int32_t *)(table + {panels * NR}), table + {2 * panels * NR},
-               table + {3 * panels * NR}, Y, scale, zero, (int32_t)zero}};
+    q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, Bp,
+               table->colsum, table->zero, table->scale, table->bias, Y, scale, zero, (int32_t)zero}};
     nn_parallel({m}, {m * k}, q_quantize, &j);
     nn_parallel({slivers * panels}, {m * n * k}, q_tiles, &j);
 }}
@@ -290,5 +293,6 @@ def emit(w, node) -> None:
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]
     m = math.prod(w.shape(a)[:-1])
-    code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, SCRATCH);"
-    w.step(code, [a, bp, table], [out], scratch_bytes(m, k), support=source(m, n, k, ENTRY))
+    code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, {scratch_arg(scratch_bytes(m, k))});"
+    w.step(code, [a, (bp, "const int8_t *"), (table, columns(n).pointer)], [out], scratch_bytes(m, k),
+           support=source(m, n, k, ENTRY))

@@ -22,6 +22,7 @@ from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
 from nncc.native import winograd
+from nncc.native.kernel import SCRATCH
 
 F32 = np.dtype(np.float32)
 
@@ -139,7 +140,7 @@ class BlockedLayout:
         if g.depthwise:
             support, code = bc.depthwise_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1))
         elif use_winograd:
-            support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), "SCRATCH")
+            support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH)
         else:
             support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1))
         self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)

@@ -54,7 +54,7 @@ class MatmulSteps:
         code, p0, p1 = self._activation(node.attrs)
         if code:
             lines.append(f"nn_epilogue({y}, 0, 0, 1, {math.prod(so)}, {code}, {c_float(p0)}, {c_float(p1)});")
-        self.step("\n".join(lines), [a, b, bias], node.outputs[:1])
+        self.step("\n".join(lines), [a, b, bias], node.outputs[:1], blas=True)
 
     def gemm(self, node: Node) -> None:
         if gemm_gen.emit_gemm(self, node):  # by constant weights: nncc's packed GEMM
@@ -80,4 +80,4 @@ class MatmulSteps:
         code, p0, p1 = self._activation(at)
         if code:
             lines.append(f"nn_epilogue({y}, 0, 0, 1, {m * nn}, {code}, {c_float(p0)}, {c_float(p1)});")
-        self.step("\n".join(lines), [a, b, c], node.outputs[:1])
+        self.step("\n".join(lines), [a, b, c], node.outputs[:1], blas=True)

@@ -35,9 +35,10 @@ def _code(rows: int, n: int, eps: float, two: bool, keep_sum: bool, bias: bool) 
     shift = "nn_vload(br + i)" if bias else "nn_vzero()"
     shift_s = "br[i]" if bias else "0.0f"
     lines = [
+        "typedef struct { const float *x, *x2, *sc, *br; float *y, *s; } ln_job;",
         "static void ln_task(void *p, int64_t lo, int64_t hi) {",
-        "  float *const *a = p;",
-        "  const float *x = a[0], *x2 = a[1], *sc = a[2], *br = a[3]; float *y = a[4], *s = a[5];",
+        "  const ln_job *a = p;",
+        "  const float *x = a->x, *x2 = a->x2, *sc = a->sc, *br = a->br; float *y = a->y, *s = a->s;",
         "  (void)x2; (void)br; (void)s;",
         "  for (int64_t r = lo; r < hi; r++) {",
         f"    const float *xr = x + r * {n}, *x2r = x2 + r * {n}; float *yr = y + r * {n}, *sr = s + r * {n};",
@@ -73,8 +74,8 @@ def _emit(w, node: Node, x: str, x2: str | None, keep: str | None, label_reads) 
     support = w.simd + _code(rows, n, eps, x2 is not None, keep is not None, bias is not None)
     ptrs = [w.ptr(x), w.ptr(x2) if x2 else "0", w.ptr(node.inputs[1]), w.ptr(bias) if bias else "0", w.ptr(y),
             w.ptr(keep) if keep else "0"]
-    code = (f"{{ float *a[6] = {{{', '.join(ptrs)}}}; "
-            f"nn_parallel({rows}, {rows * n * 4}, ln_task, (void *)a); }}")
+    code = (f"{{ ln_job a = {{{', '.join(ptrs)}}}; "
+            f"nn_parallel({rows}, {rows * n * 4}, ln_task, &a); }}")
     w.step(code, label_reads, [y] + ([keep] if keep else []), support=support)
 
 

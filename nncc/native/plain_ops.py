@@ -31,6 +31,7 @@ from nncc.kernels import resize as resize_math
 from nncc.kernels import tensor as tensor_math
 from nncc.kernels.registry import Ctx
 from nncc.native.c_literal import c_float
+from nncc.native.kernel import scratch_arg
 
 F32 = np.dtype(np.float32)
 GATHERS = {"Pad", "Slice", "Split", "Expand", "Tile", "Gather"}
@@ -385,20 +386,23 @@ def _table(name: str, values: np.ndarray) -> str:
 def _task(name: str, names: list[str], pointers: list[str], tasks: int, work: int, body: list[str],
           statics: str = "") -> tuple[str, str]:
     """(support, call): ``body`` run for every task index t in [0, tasks), split over the
-    thread pool, with the buffers ``pointers`` known inside it as ``names``."""
+    thread pool, with the buffers ``pointers`` known inside it as ``names``: the last one
+    written, the others read."""
     lines = "\n    ".join(body)
-    unpack = " ".join(f"float *{n} = a[{i}];" for i, n in enumerate(names))
+    fields = " ".join([f"const float *{n};" for n in names[:-1]] + [f"float *{names[-1]};"])
+    unpack = " ".join([f"const float *{n} = a->{n};" for n in names[:-1]] + [f"float *{names[-1]} = a->{names[-1]};"])
     support = f"""{statics}
+typedef struct {{ {fields} }} {name}_job;
 static void {name}(void *p, int64_t lo, int64_t hi) {{
-  float *const *a = p;
+  const {name}_job *a = p;
   {unpack}
   for (int64_t t = lo; t < hi; t++) {{
     {lines}
   }}
 }}
 """
-    call = (f"{{ float *a[{len(pointers)}] = {{{', '.join(pointers)}}}; "
-            f"nn_parallel({tasks}, {work}, {name}, (void *)a); }}")
+    call = (f"{{ {name}_job a = {{{', '.join(pointers)}}}; "
+            f"nn_parallel({tasks}, {work}, {name}, &a); }}")
     return support, call
 
 
@@ -503,7 +507,8 @@ def interpolate_code(plan, x: str, y: str) -> tuple[str, str, int]:
         sizes.append(math.prod(current))
     scratch_a = max([s for i, s in enumerate(sizes[:-1]) if i % 2 == 0], default=0)
     scratch_b = max([s for i, s in enumerate(sizes[:-1]) if i % 2 == 1], default=0)
-    buffers = ["(float *)SCRATCH", f"((float *)SCRATCH + {_round_up(scratch_a)})"]
+    scratch = (_round_up(scratch_a) + scratch_b) * 4
+    buffers = [f"(float *){scratch_arg(scratch)}", f"((float *){scratch_arg(scratch)} + {_round_up(scratch_a)})"]
     support, calls, source, current = "", [], x, list(shape)
     for i, p in enumerate(passes):
         target = y if i == len(passes) - 1 else buffers[i % 2]
@@ -513,7 +518,6 @@ def interpolate_code(plan, x: str, y: str) -> tuple[str, str, int]:
         calls.append(c)
         current[p.axis] = p.n_out
         source = target
-    scratch = (_round_up(scratch_a) + scratch_b) * 4
     return support, "\n".join(calls), scratch
 
 

@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from nncc.kernels.qimage import reciprocal
-from nncc.native.int8_gemm_gen import as_floats
-from nncc.native.int8_conv_gen import quantized_range, scalar_params, static_f32, constant
+from nncc.native.c_struct import Field, Struct
+from nncc.native.int8_conv_gen import scalar_params, static_f32, constant
+from nncc.native.int8_tables import quantized_range
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
@@ -96,11 +97,11 @@ def emit(wr, node) -> None:
         pa, pb, pc = (_params(graph, infos, s, z) for s, z in ((ins[1], ins[2]), (ins[4], ins[5]), (ins[6], ins[7])))
         ra, rb = f32(pa[0]) / f32(pc[0]), f32(pb[0]) / f32(pc[0])  # as the portable kernel forms them
         pa[0], pb[0] = reciprocal(pa[0]), reciprocal(pb[0])  # the inputs' integers are recovered by these
-        table = np.array(pa + pb + pc + [ra, rb], np.float32)
-        packed = wr.pack(ins[1], f"qadd {'|'.join(ins[1:8])}", table)
+        values = dict(zip(_fields("a", True) + _fields("b", True) + _fields("c", False), pa + pb + pc), ra=ra, rb=rb)
+        packed = wr.pack(ins[1], f"qadd {'|'.join(ins[1:8])}", _ADD.pack(**values))
         size = math.prod(wr.shape(a))
-        wr.step(f"q_add({wr.ptr(a)}, {wr.ptr(b)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, b, packed], [out],
-                support=_add_source(size))
+        wr.step(f"q_add({wr.ptr(a)}, {wr.ptr(b)}, {wr.ptr(packed)}, {wr.ptr(out)});",
+                [a, b, (packed, _ADD.pointer)], [out], support=_add_source(size))
         return
     if node.op_type == "QGlobalAveragePool":
         x = ins[0]
@@ -110,9 +111,9 @@ def emit(wr, node) -> None:
         px, py = _params(graph, infos, ins[1], ins[2]), _params(graph, infos, ins[3], ins[4])
         scale = f32(px[0]) / (f32(py[0]) * f32(size))
         px[0] = reciprocal(px[0])
-        table = np.array(px + py + [scale], np.float32)
-        packed = wr.pack(ins[1], f"qpool {'|'.join(ins[1:5])}", table)
-        wr.step(f"q_pool({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, packed], [out],
+        values = dict(zip(_fields("x", True) + _fields("y", False), px + py), scale=scale)
+        packed = wr.pack(ins[1], f"qpool {'|'.join(ins[1:5])}", _POOL.pack(**values))
+        wr.step(f"q_pool({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, _POOL.pointer)], [out],
                 support=_pool_source(math.prod(shape[:2]), size))
         return
     _emit_gemm(wr, node, ins, out)
@@ -142,31 +143,59 @@ def _emit_gemm(wr, node, ins, out) -> None:
     else:
         py = [1.0, 0.0, 0.0, 0.0]
         columns = scale.astype(f32)
-    table = np.concatenate([np.array(pa + py, np.float32), bias.view(np.float32), columns,
-                            (zero - shift).astype(np.int32).view(np.float32), as_floats(signed.reshape(-1))])
-    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}", table)
+    table = _gemm_table(k, n)
+    scalars = dict(zip(_fields("a", True) + _fields("y", False), pa + py))
+    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}",
+                     table.pack(**scalars, bias=bias, col=columns, zero=zero - shift, b=signed))
     wr.as_plain(a)
-    wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, packed], [out],
+    wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, (packed, table.pointer)], [out],
             support=_gemm_source(m, k, n, quantized))
+
+
+def _gemm_table(k: int, n: int) -> Struct:
+    """A QGemm's table: A's and Y's quantization (1 / scale for A, whose integers are
+    recovered by it), then per column of B the int32 bias, the float32 scale, the zero
+    point (shifted with B), and B itself, [K, N] int8."""
+    per_column = (Field("bias", "int32_t", n), Field("col", "float", n), Field("zero", "int32_t", n),
+                  Field("b", "int8_t", k * n))
+    return Struct(f"nn_qgemm_{k}x{n}", _floats(*_fields("a", True), *_fields("y", False)) + per_column)
+
+
+def _fields(prefix: str, read: bool) -> tuple[str, ...]:
+    """A quantized operand's four scalars in _params' order: its scale (1 / scale for an
+    input, whose integers are recovered by it), zero point, and range."""
+    return tuple(f"{prefix}_{name}" for name in ("inv" if read else "scale", "zero", "lo", "hi"))
+
+
+def _floats(*names: str) -> tuple[Field, ...]:
+    return tuple(Field(name, "float") for name in names)
+
+
+# QAdd: A's and B's scalars, C's, and the factors from A's and B's scales to C's
+_ADD = Struct("nn_qadd", _floats(*_fields("a", True), *_fields("b", True), *_fields("c", False), "ra", "rb"))
+# QGlobalAveragePool: X's and Y's scalars, and x_scale / (y_scale * pixels)
+_POOL = Struct("nn_qpool", _floats(*_fields("x", True), *_fields("y", False), "scale"))
 
 
 def _add_source(size: int) -> str:
     chunks = -(-size // _CHUNK)
     return f"""{_RECOVER}
-typedef struct {{ const float *a, *b, *t; float *y; }} qa_job;
+{_ADD.declaration}
+typedef struct {{ const float *a, *b; {_ADD.pointer}t; float *y; }} qa_job;
 
 /* chunks [lo, hi) of the sum, shared over the pool */
 static void qa_chunks(void *ctx, int64_t lo, int64_t hi) {{
     const qa_job *j = ctx;
-    const float *A = j->a, *B = j->b, *t = j->t;
+    const float *A = j->a, *B = j->b;
+    {_ADD.pointer}t = j->t;
     float *Y = j->y;
-    const float ra = t[12], rb = t[13], cz = t[9], clo = t[10], chi = t[11], cs = t[8];
+    const float ra = t->ra, rb = t->rb, cz = t->c_zero, clo = t->c_lo, chi = t->c_hi, cs = t->c_scale;
     for (int64_t i0 = lo * {_CHUNK}; i0 < hi * {_CHUNK} && i0 < {size}; i0 += {_CHUNK}) {{
         int64_t len = {size} - i0 < {_CHUNK} ? {size} - i0 : {_CHUNK};
         float l[{_CHUNK}], r[{_CHUNK}];
         for (int64_t i = 0; i < len; i++) {{
-            l[i] = qi_centred(A[i0 + i], t[0], t[1], t[2], t[3]) * ra;
-            r[i] = qi_centred(B[i0 + i], t[4], t[5], t[6], t[7]) * rb;
+            l[i] = qi_centred(A[i0 + i], t->a_inv, t->a_zero, t->a_lo, t->a_hi) * ra;
+            r[i] = qi_centred(B[i0 + i], t->b_inv, t->b_zero, t->b_lo, t->b_hi) * rb;
         }}
         /* each product rounded on its own, as the portable kernel: no multiply-add */
         __asm__ volatile("" : : "r"(l), "r"(r) : "memory");
@@ -179,7 +208,7 @@ static void qa_chunks(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void q_add(const float *A, const float *B, const float *t, float *Y) {{
+static void q_add(const float *A, const float *B, {_ADD.pointer}t, float *Y) {{
     qa_job j = {{A, B, t, Y}};
     nn_parallel({chunks}, {size * 8}, qa_chunks, &j);
 }}
@@ -188,14 +217,15 @@ static void q_add(const float *A, const float *B, const float *t, float *Y) {{
 
 def _pool_source(planes: int, size: int) -> str:
     return f"""{_RECOVER}
-static void q_pool(const float *X, const float *t, float *Y) {{
+{_POOL.declaration}
+static void q_pool(const float *X, {_POOL.pointer}t, float *Y) {{
     for (int64_t p = 0; p < {planes}; p++) {{
         int64_t sum = 0;
         for (int64_t i = 0; i < {size}; i++)
-            sum += (int64_t)qi_centred(X[p * {size} + i], t[0], t[1], t[2], t[3]);
-        float v = rintf((float)sum * t[8]) + t[5];
-        v = v < t[6] ? t[6] : (v > t[7] ? t[7] : v);
-        Y[p] = (v - t[5]) * t[4];
+            sum += (int64_t)qi_centred(X[p * {size} + i], t->x_inv, t->x_zero, t->x_lo, t->x_hi);
+        float v = rintf((float)sum * t->scale) + t->y_zero;
+        v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
+        Y[p] = (v - t->y_zero) * t->y_scale;
     }}
 }}
 """
@@ -203,28 +233,30 @@ static void q_pool(const float *X, const float *t, float *Y) {{
 
 def _gemm_source(m: int, k: int, n: int, quantized: bool) -> str:
     if quantized:  # the portable kernel requantizes in float64
-        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t[5];
-            v = v < t[6] ? t[6] : (v > t[7] ? t[7] : v);
-            y[j] = (float)(v - t[5]) * t[4];"""
+        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t->y_zero;
+            v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
+            y[j] = (float)(v - t->y_zero) * t->y_scale;"""
     else:
         finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
     blocks = -(-n // _COLUMNS)
+    table = _gemm_table(k, n)
     return f"""{_RECOVER}
-typedef struct {{ const float *a, *t; float *y; }} qg_job;
+{table.declaration}
+typedef struct {{ const float *a; {table.pointer}t; float *y; }} qg_job;
 
 /* column blocks [lo, hi) of every row: B's int8 columns, the zero point through A's sum */
 static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
     const qg_job *jb = ctx;
-    const float *t = jb->t;
-    const int32_t *bias = (const int32_t *)(t + 8), *zero = (const int32_t *)(t + {8 + 2 * n});
-    const float *col = t + {8 + n};
-    const int8_t *b = (const int8_t *)(t + {8 + 3 * n});
+    {table.pointer}t = jb->t;
+    const int32_t *bias = t->bias, *zero = t->zero;
+    const float *col = t->col;
+    const int8_t *b = t->b;
     int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
     int32_t a[{k}], acc[{n}];
     for (int64_t i = 0; i < {m}; i++) {{
         uint32_t sum = 0;
         for (int64_t p = 0; p < {k}; p++) {{
-            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t[0], t[1], t[2], t[3]);
+            a[p] = (int32_t)qi_centred(jb->a[i * {k} + p], t->a_inv, t->a_zero, t->a_lo, t->a_hi);
             sum += (uint32_t)a[p];
         }}
         /* unsigned: wraps as the portable kernel's int32 accumulator */
@@ -238,7 +270,7 @@ static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-static void q_gemm(const float *A, const float *t, float *Y) {{
+static void q_gemm(const float *A, {table.pointer}t, float *Y) {{
     qg_job jb = {{A, t, Y}};
     nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
 }}

@@ -40,6 +40,7 @@ from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import gemm_gen
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import const_value
+from nncc.native.kernel import scratch_arg
 
 F32 = np.dtype(np.float32)
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -404,9 +405,10 @@ def emit(w, node: Node) -> None:
     init_h = f"{ptr(n.h0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.h0 else "0.0f"
     init_c = f"{ptr(n.c0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.c0 else "0.0f"
     final = f"hs + {(n.seq % 2) * states}"
+    scratch = 4 * _scratch_floats(n)
     code = [
         "{",
-        "  float *xp = (float *)SCRATCH;",
+        f"  float *xp = (float *){scratch_arg(scratch)};",
         f"  float *hs = xp + {xp_floats}, *cs = hs + {_pad16(2 * states)};",
         # GRU's z and r ⊙ h only where the scratch has them
         (f"  float *zs = cs + {_pad16(states)}, *rh = zs + {_pad16(states)};" if gru0 else
@@ -431,7 +433,6 @@ def emit(w, node: Node) -> None:
                         f"for (int64_t j = 0; j < {h}; j++) "
                         f"{w.ptr(out)}[{_state_index(n, 'd', 'b', 'j')}] = ({state})[(d * {batch} + b) * {h} + j];")
     code.append("}")
-    scratch = 4 * _scratch_floats(n)
     reads = [n.x, wp, bias_name, packed_r["h"], packed_r.get("rh"), rb, peep, n.h0, n.c0]
     writes = [o for o in (n.y, n.yh, n.yc) if o]
     w.step("\n".join(line for line in code if line), reads, writes, scratch, support="\n".join(support))
