@@ -330,10 +330,10 @@ def translation_units(units: list[Unit]) -> list[tuple[str, str]]:
     out = [("runtime", head + "\n" + source("runtime.c"))]
     seen: set[str] = set()
     for unit in units:
-        for kernel in unit.kernels:
-            if kernel.name not in seen:
-                seen.add(kernel.name)
-                out.append((kernel.name, head + "\n" + kernel.definition))
+        for made in unit.kernels:
+            if made.name not in seen:
+                seen.add(made.name)
+                out.append((made.name, head + "\n" + made.definition))
     out.extend((unit.symbol, head + "\n" + unit.source) for unit in units)
     return out
 

@@ -162,7 +162,7 @@ def _recover(c: CWriter) -> None:
 
 def _planes(c: CWriter, layer: Layer) -> None:
     hp, wp = layer.padded
-    c.comment(f"channels [lo, hi): the padded byte planes; plane C stays all zero bytes (K's padding)")
+    c.comment("channels [lo, hi): the padded byte planes; plane C stays all zero bytes (K's padding)")
     with c.function("static void qm_planes(void *ctx, int64_t lo, int64_t hi)"):
         c.line("const qm_job *j = ctx;")
         _recover(c)
