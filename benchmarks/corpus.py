@@ -199,7 +199,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
         compiled = {v: {"error": compiled["error"]} for v in COMPILES.values()}
     row = {"model": label, "exporter": entry["exporter"], "opset": entry.get("opset"), "compile": compiled,
            "runtimes": {}, "rounds": []}
-    active = [r for r in RUNTIMES if r not in COMPILES or "error" not in compiled[COMPILES[r]]]
+    active = [r for r in args.runtimes if r not in COMPILES or "error" not in compiled[COMPILES[r]]]
     outputs = {r: os.path.join(work, f"{label}-{r}-out.npz") for r in active}
     for rnd in range(args.rounds + 1):  # round 0: untimed, writes byte code, keeps the outputs
         order = active if rnd % 2 == 0 else active[::-1]
@@ -217,7 +217,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
         else:
             row["rounds"].append({"order": order, "results": results})
     median = peer_runtimes.median
-    for runtime in RUNTIMES:
+    for runtime in args.runtimes:
         per = [rd["results"][runtime] for rd in row["rounds"] if runtime in rd["results"]]
         ok = [p for p in per if "error" not in p]
         error = (compiled[COMPILES[runtime]].get("error") if runtime in COMPILES else None) \
@@ -231,12 +231,12 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
     warm_ok = lambda r: r in row["warm"] and "error" not in row["warm"][r]  # noqa: E731
     row["match"] = {COMPILES[r]: (compare(outputs[r], outputs["onnxruntime"], args.tolerance)
                                   if warm_ok(r) and warm_ok("onnxruntime") else None) for r in NNCC}
-    peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS_F32 if row["runtimes"][p]["p50_s"]}
+    peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS_F32 if row["runtimes"].get(p, {}).get("p50_s")}
     if peers:
         best = min(peers, key=peers.get)
         row["best_f32_peer"] = best
         for r in NNCC:
-            mine = row["runtimes"][r]["p50_s"]
+            mine = row["runtimes"].get(r, {}).get("p50_s")
             row[f"{COMPILES[r]}_over_best_f32"] = mine / peers[best] if mine else None
     return row
 
@@ -279,16 +279,19 @@ def render(report: dict, markdown: bool) -> str:
            "match: nncc (dynamic; fixed) against onnxruntime, worst output's max abs / max rel difference (rel: over "
            f"the output's largest |onnxruntime|), pass at rel <= {report['tolerance']:g}. Other load: cores other "
            "processes kept busy meanwhile.", ""]
+    measured = [k for k in RUNTIMES if k in report["runtimes"]]
+    titles = {"nncc-dynamic": "nncc dyn ms (f32)", "nncc-fixed": "nncc fixed ms (f32)",
+              "onnxruntime": "onnxruntime ms (f32)", "openvino-f32": "openvino ms (f32)",
+              "openvino": f"openvino ms ({'/'.join(ov_precision)}, its default)"}
     header = ["model", "exporter", "partitions dyn", "partitions fixed", "match dyn (abs/rel)",
-              "match fixed (abs/rel)", "nncc dyn ms (f32)", "nncc fixed ms (f32)", "onnxruntime ms (f32)",
-              "openvino ms (f32)", f"openvino ms ({'/'.join(ov_precision)}, its default)",
+              "match fixed (abs/rel)"] + [titles[k] for k in measured] + [
               "nncc dyn / best f32 peer", "nncc fixed / best f32 peer", "other load"]
     body = []
     for r in rows:
         s = r["runtimes"]
         body.append([r["model"], r["exporter"], _parts(r["compile"]["dynamic"]), _parts(r["compile"]["fixed"]),
                      _match(r["match"]["dynamic"]), _match(r["match"]["fixed"])]
-                    + [_ms(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in RUNTIMES]
+                    + [_ms(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in measured]
                     + [_x(r.get("dynamic_over_best_f32")), _x(r.get("fixed_over_best_f32")), _x(r.get("other_load"))])
     out.append(table(header, body, markdown))
     out += ["", summary(rows), ""]
@@ -296,7 +299,7 @@ def render(report: dict, markdown: bool) -> str:
         for variant, c in r["compile"].items():
             if "error" in c:
                 out.append(f"- {r['model']}: nncc ({variant}) compile failed: {c['error']}")
-        for k in RUNTIMES:
+        for k in measured:
             err = r["runtimes"][k]["error"]
             if err and not (k in COMPILES and "error" in r["compile"][COMPILES[k]]):
                 out.append(f"- {r['model']}: {k} failed: {err}")
@@ -370,14 +373,26 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2, help="threads for every runtime (default 2)")
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="largest relative difference from onnxruntime that passes (default 1e-4)")
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES),
+                        help=f"comma-separated, from {', '.join(RUNTIMES)} (default: all); the match needs "
+                             "onnxruntime and a nncc runtime")
     parser.add_argument("--markdown", action="store_true", help="markdown tables")
-    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON (rewritten after "
+                                                       "each model)")
+    parser.add_argument("--render", metavar="FILE", help="print the tables of a report saved with --json, "
+                                                         "measuring nothing")
     args = parser.parse_args(argv)
     for name in ("rounds", "runs", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.warmup < 0 or not args.tolerance > 0:
         parser.error("--warmup must be at least 0 and --tolerance above 0")
+    if args.render:
+        return args
+    args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    unknown = [r for r in args.runtimes if r not in RUNTIMES]
+    if unknown or not set(args.runtimes) & set(NNCC):
+        parser.error(f"--runtimes: unknown {', '.join(unknown)}" if unknown else "--runtimes needs a nncc runtime")
     try:
         args.entries = json.loads(pathlib.Path(args.manifest).read_text())["models"]
     except (OSError, ValueError, KeyError) as exc:
@@ -406,22 +421,26 @@ def main(argv=None) -> int:
     import tempfile
 
     args = parse_args(argv)
+    if args.render:
+        print(render(json.loads(pathlib.Path(args.render).read_text()), args.markdown))
+        return 0
     corpus = pathlib.Path(args.manifest).parent
     command = "python benchmarks/corpus.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "threads": args.threads, "rounds": args.rounds, "runs": args.runs, "warmup": args.warmup,
-              "tolerance": args.tolerance, "models": []}
+              "tolerance": args.tolerance, "runtimes": args.runtimes, "models": []}
     with tempfile.TemporaryDirectory(prefix="nncc-corpus-") as work:
         for entry in args.entries:
             began = time.perf_counter()
             row = measure_model(entry, corpus, args, work)
             report["models"].append(row)
+            if args.json:  # after every model: a long run that is stopped keeps what it measured
+                report["versions"] = versions(report["models"])
+                pathlib.Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
             print(f"corpus: {row['model']}: partitions {_parts(row['compile']['dynamic'])} dynamic, "
                   f"{_parts(row['compile']['fixed'])} fixed; match {_match(row['match']['dynamic'])}; "
                   f"({time.perf_counter() - began:.0f} s)", file=sys.stderr)
     report["versions"] = versions(report["models"])
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(render(report, args.markdown))
     return 0
 

@@ -65,7 +65,7 @@ LLAMA = ("LlamaConfig", dict(vocab_size=VOCAB, hidden_size=256, num_hidden_layer
 T5 = ("T5Config", dict(vocab_size=VOCAB, d_model=256, d_kv=32, d_ff=1024, num_layers=4, num_heads=8,
                        feed_forward_proj="gated-gelu"))
 VIT = ("ViTConfig", dict(image_size=96, patch_size=16, **SMALL))
-SWIN = ("SwinConfig", dict(image_size=112, patch_size=4, window_size=7, embed_dim=48, depths=[1, 1, 2, 1],
+SWIN = ("SwinConfig", dict(image_size=224, patch_size=4, window_size=7, embed_dim=48, depths=[1, 1, 2, 1],
                            num_heads=[2, 4, 8, 16]))
 
 MODELS = [
@@ -75,10 +75,11 @@ MODELS = [
          text_model(BERT, "BertModel", ("input_ids", "attention_mask", "token_type_ids"), dynamo=True)),
     Spec("distilbert", "DistilBERT (dim 256, 4 layers, 4 heads), ids and mask 1x64; batch and sequence dynamic",
          "torchscript", text_model(DISTILBERT, "DistilBertModel")),
-    Spec("gpt2", "GPT-2 LM head (n_embd 256, 4 layers, 4 heads, no KV cache), ids 1x64; batch and sequence "
-         "dynamic", "torchscript", text_model(GPT2, "GPT2LMHeadModel", ("input_ids",), "logits")),
+    Spec("gpt2", "GPT-2 LM head (n_embd 256, 4 layers, 4 heads, no KV cache), ids and mask 1x64 (without a mask "
+         "transformers traces aten::diff, which has no ONNX form); batch and sequence dynamic", "torchscript",
+         text_model(GPT2, "GPT2LMHeadModel", ("input_ids", "attention_mask"), "logits")),
     Spec("gpt2_dynamo", "the same GPT-2 through the dynamo exporter", "dynamo",
-         text_model(GPT2, "GPT2LMHeadModel", ("input_ids",), "logits", dynamo=True)),
+         text_model(GPT2, "GPT2LMHeadModel", ("input_ids", "attention_mask"), "logits", dynamo=True)),
     Spec("llama", "LLaMA causal LM (hidden 256, 4 layers, 8 heads, 4 KV heads, RMSNorm, rotary, SwiGLU), ids and "
          "mask 1x64; batch and sequence dynamic", "torchscript",
          text_model(LLAMA, "LlamaForCausalLM", ("input_ids", "attention_mask"), "logits")),
@@ -88,6 +89,6 @@ MODELS = [
          "and mask 1x64; batch and sequence dynamic", "torchscript", text_model(T5, "T5EncoderModel")),
     Spec("vit", "ViT (hidden 256, 4 layers, patch 16, 96x96 image); batch dynamic", "torchscript",
          image_model(VIT, "ViTModel", 96)),
-    Spec("swin", "Swin (embed 48, depths 1-1-2-1, window 7, 112x112 image): shifted windows, patch merging; "
-         "batch dynamic", "torchscript", image_model(SWIN, "SwinModel", 112)),
+    Spec("swin", "Swin (embed 48, depths 1-1-2-1, window 7, 224x224 image): shifted windows, patch merging; "
+         "batch dynamic", "torchscript", image_model(SWIN, "SwinModel", 224)),
 ]
