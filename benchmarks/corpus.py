@@ -34,11 +34,16 @@ error's first line, and the run goes on. A script, not a test: it asserts nothin
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
+import shlex
+import subprocess
 import sys
+import tempfile
 import time
+import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
@@ -57,8 +62,8 @@ COMPILES = {"nncc-dynamic": "dynamic", "nncc-fixed": "fixed"}
 def open_artifact(path, threads: int, cache: str, artifact: str):
     """nncc as compile_model left it: the saved plan, its native code trusted (built by
     this benchmark's own setup process), the thread count set as ``nncc run --threads``."""
-    import nncc
-    from nncc.util.threads import set_blas_threads
+    import nncc  # lazy: the child's own start-up, as a user's process has it
+    from nncc.util.threads import set_blas_threads  # lazy: as above
 
     set_blas_threads(threads)
     model = nncc.load(artifact, trust_native=True)
@@ -70,9 +75,9 @@ def open_artifact(path, threads: int, cache: str, artifact: str):
 def child_compile(job: dict) -> dict:
     """Compile the model both ways, save each artifact, describe its partitions and
     fallbacks; a compile that fails gives its error's first line."""
-    import nncc
-    from nncc.report import describe_plan
-    from nncc.util.threads import set_blas_threads
+    import nncc  # lazy: only the compile child needs nncc
+    from nncc.report import describe_plan  # lazy: as above
+    from nncc.util.threads import set_blas_threads  # lazy: as above
 
     set_blas_threads(job["threads"])
     found = {}
@@ -118,10 +123,8 @@ CHILD = "import json, sys, corpus; corpus.child(json.loads(sys.argv[1]))"
 def spawn(job: dict) -> dict:
     """One child job in a process of its own, with the environment bench_peers gives its
     children (byte code written, this tree's nncc); its result, with the other load."""
-    import subprocess
-
-    from bench_peers import child_env
-    from machine_load import busy_seconds, children_cpu, other_load
+    from bench_peers import child_env  # lazy: the parent's; a child imports only peer_runtimes
+    from machine_load import busy_seconds, children_cpu, other_load  # lazy: as above
 
     busy, ours, began = busy_seconds(), children_cpu(), time.perf_counter()
     try:
@@ -142,9 +145,7 @@ def spawn(job: dict) -> dict:
 def write_feeds(entry: dict, path: str) -> None:
     """The model's inputs at the manifest's shapes, from a generator seeded by its name:
     floats standard normal, integers uniform in the input's range, fills as given."""
-    import zlib
-
-    import numpy as np
+    import numpy as np  # lazy: the parent's; a child imports it with its runtime
 
     rng = np.random.default_rng(zlib.crc32(entry["name"].encode()))
     feeds = {}
@@ -163,9 +164,9 @@ def write_feeds(entry: dict, path: str) -> None:
 def compare(ours_path: str, reference_path: str, tolerance: float) -> dict:
     """nncc's outputs against onnxruntime's: worst output's largest abs difference and
     that over the output's largest |reference| (nncc.bench.max_rel_diff's scale)."""
-    import numpy as np
+    import numpy as np  # lazy: as write_feeds
 
-    from nncc.bench import max_rel_diff
+    from nncc.bench import max_rel_diff  # lazy: the parent's
 
     with np.load(ours_path) as a, np.load(reference_path) as b:
         ours, ref = {k: a[k] for k in a.files}, {k: b[k] for k in b.files}
@@ -244,19 +245,20 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
 # -- rendering ----------------------------------------------------------------------------------------------
 
 
-def _ms(seconds) -> str:
-    from bench_peers import _ms as ms
+def milliseconds(seconds) -> str:
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
 
-    return ms(seconds)
 
-
-def _parts(compiled: dict) -> str:
+def partitions(compiled: dict) -> str:
     if "error" in compiled:
         return "error"
     return f"{compiled['native_partitions']}/{compiled['partitions']}"
 
 
-def _match(m: dict | None) -> str:
+def match_cell(m: dict | None) -> str:
     if m is None:
         return "-"
     if "error" in m:
@@ -266,7 +268,7 @@ def _match(m: dict | None) -> str:
 
 
 def render(report: dict, markdown: bool) -> str:
-    from bench_peers import _x, table
+    from bench_peers import table  # lazy: the parent's
 
     rows = report["models"]
     ov_precision = sorted({r["runtimes"]["openvino"].get("precision") for r in rows
@@ -279,7 +281,7 @@ def render(report: dict, markdown: bool) -> str:
            "match: nncc (dynamic; fixed) against onnxruntime, worst output's max abs / max rel difference (rel: over "
            f"the output's largest |onnxruntime|), pass at rel <= {report['tolerance']:g}. Other load: cores other "
            "processes kept busy meanwhile.", ""]
-    measured = [k for k in RUNTIMES if k in report["runtimes"]]
+    measured = [k for k in RUNTIMES if k in report.get("runtimes", RUNTIMES)]
     titles = {"nncc-dynamic": "nncc dyn ms (f32)", "nncc-fixed": "nncc fixed ms (f32)",
               "onnxruntime": "onnxruntime ms (f32)", "openvino-f32": "openvino ms (f32)",
               "openvino": f"openvino ms ({'/'.join(ov_precision)}, its default)"}
@@ -289,10 +291,10 @@ def render(report: dict, markdown: bool) -> str:
     body = []
     for r in rows:
         s = r["runtimes"]
-        body.append([r["model"], r["exporter"], _parts(r["compile"]["dynamic"]), _parts(r["compile"]["fixed"]),
-                     _match(r["match"]["dynamic"]), _match(r["match"]["fixed"])]
-                    + [_ms(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in measured]
-                    + [_x(r.get("dynamic_over_best_f32")), _x(r.get("fixed_over_best_f32")), _x(r.get("other_load"))])
+        body.append([r["model"], r["exporter"], partitions(r["compile"]["dynamic"]), partitions(r["compile"]["fixed"]),
+                     match_cell(r["match"]["dynamic"]), match_cell(r["match"]["fixed"])]
+                    + [milliseconds(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in measured]
+                    + [fmt(r.get("dynamic_over_best_f32")), fmt(r.get("fixed_over_best_f32")), fmt(r.get("other_load"))])
     out.append(table(header, body, markdown))
     out += ["", summary(rows), ""]
     for r in rows:  # what failed, one line each
@@ -330,13 +332,13 @@ def summary(rows: list[dict]) -> str:
         single = sum(1 for r in rows if r["compile"][variant].get("partitions") == 1
                      and r["compile"][variant].get("native_partitions") == 1)
         passed = sum(1 for r in rows if (r["match"].get(variant) or {}).get("pass"))
-        parts.append(f"nncc {variant}: / best f32 peer median {_fmt(median(ratios))}, worst {_fmt(worst)} "
+        parts.append(f"nncc {variant}: / best f32 peer median {fmt(median(ratios))}, worst {fmt(worst)} "
                      f"({worst_model}); one native partition {single}/{len(rows)}; matches onnxruntime "
                      f"{passed}/{len(rows)}")
     return "Summary: " + ". ".join(parts) + "."
 
 
-def _fmt(value) -> str:
+def fmt(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
@@ -360,8 +362,6 @@ def reason_counts(rows: list[dict]) -> list[list[str]]:
 
 
 def parse_args(argv=None):
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--model", action="append", metavar="NAME", help="a model of the manifest (repeatable; "
                                                                            "default: every model)")
@@ -388,6 +388,10 @@ def parse_args(argv=None):
     if args.warmup < 0 or not args.tolerance > 0:
         parser.error("--warmup must be at least 0 and --tolerance above 0")
     if args.render:
+        try:
+            args.report = json.loads(pathlib.Path(args.render).read_text())
+        except (OSError, ValueError) as exc:
+            parser.error(f"cannot read the report {args.render} ({exc})")
         return args
     args.runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     unknown = [r for r in args.runtimes if r not in RUNTIMES]
@@ -417,12 +421,9 @@ def versions(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    import shlex
-    import tempfile
-
     args = parse_args(argv)
     if args.render:
-        print(render(json.loads(pathlib.Path(args.render).read_text()), args.markdown))
+        print(render(args.report, args.markdown))
         return 0
     corpus = pathlib.Path(args.manifest).parent
     command = "python benchmarks/corpus.py " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -437,8 +438,8 @@ def main(argv=None) -> int:
             if args.json:  # after every model: a long run that is stopped keeps what it measured
                 report["versions"] = versions(report["models"])
                 pathlib.Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-            print(f"corpus: {row['model']}: partitions {_parts(row['compile']['dynamic'])} dynamic, "
-                  f"{_parts(row['compile']['fixed'])} fixed; match {_match(row['match']['dynamic'])}; "
+            print(f"corpus: {row['model']}: partitions {partitions(row['compile']['dynamic'])} dynamic, "
+                  f"{partitions(row['compile']['fixed'])} fixed; match {match_cell(row['match']['dynamic'])}; "
                   f"({time.perf_counter() - began:.0f} s)", file=sys.stderr)
     report["versions"] = versions(report["models"])
     print(render(report, args.markdown))
