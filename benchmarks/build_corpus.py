@@ -14,8 +14,9 @@ The manifest (build/corpus/manifest.json) has one entry per model: its file, exp
 opset, a one-line description, its inputs with the concrete shape and dtype the corpus
 runs them at and each axis's dynamic dimension name (null where the axis is fixed, ""
 where it is dynamic but unnamed), the
-dimension sizes to fix them to (``dims``, what ``nncc --dim`` takes), and how long the
-export took. A model whose export fails is listed under ``failed`` with the error's
+dimension sizes to fix them to (``dims``, what ``nncc --dim`` takes), how long the
+export took, and how much onnxruntime's outputs change between two random feeds
+(``input_sensitivity``: near 0, a degenerate model that no comparison can test). A model whose export fails is listed under ``failed`` with the error's
 first line, and the others are built.
 """
 
@@ -35,9 +36,9 @@ TORCH_FAMILIES = ("vision", "vision_tasks", "sequence", "transformer_models")
 
 
 def specs(with_torch: bool) -> list:
-    import importlib
+    import importlib  # lazy: with the families below
 
-    from corpus_models import handmade
+    from corpus_models import handmade  # lazy: imports onnx
 
     found = []
     if with_torch:
@@ -50,7 +51,7 @@ def declared_axes(path: str) -> tuple[dict[str, list], int]:
     """Per graph input, each axis's dimension name as the file declares it (None: a fixed
     size; "": dynamic without a name, a missing or negative size, which no ``dims`` entry
     can fix), and the default domain's opset."""
-    import onnx
+    import onnx  # lazy: --help needs no onnx
 
     model = onnx.load(path, load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
@@ -71,7 +72,41 @@ def build_one(spec, out: pathlib.Path) -> dict:
     feeds = spec.build(str(path))
     seconds = time.perf_counter() - start
     axes, opset = declared_axes(str(path))
-    return spec.entry(path.name, feeds, axes, opset, seconds, path.stat().st_size)
+    entry = spec.entry(path.name, feeds, axes, opset, seconds, path.stat().st_size)
+    entry["input_sensitivity"] = input_sensitivity(str(path), entry["inputs"])
+    if entry["input_sensitivity"] is not None and entry["input_sensitivity"] < 1e-3:
+        print(f"build_corpus: {spec.name}: warning: its outputs barely depend on its inputs "
+              f"({entry['input_sensitivity']:.1e}): a match against a peer says little", file=sys.stderr)
+    return entry
+
+
+def input_sensitivity(path: str, inputs: list[dict]) -> float | None:
+    """How much onnxruntime's outputs change between two random feeds, relative to their
+    scale (smallest over the outputs): near 0, the model is degenerate (activations that
+    vanished, an output equal to a bias), and comparing runtimes on it proves nothing.
+    None without onnxruntime."""
+    try:
+        import onnxruntime  # lazy: optional here, the check is skipped without it
+    except ImportError:
+        return None
+    import numpy as np  # lazy: with onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    runs = []
+    for seed in (1, 2):
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for spec in inputs:
+            if "fill" in spec:
+                feeds[spec["name"]] = np.full(spec["shape"], spec["fill"], spec["dtype"])
+            elif spec["dtype"].startswith("float"):
+                feeds[spec["name"]] = rng.standard_normal(spec["shape"]).astype(spec["dtype"])
+            else:
+                feeds[spec["name"]] = rng.integers(*spec["range"], size=spec["shape"]).astype(spec["dtype"])
+        runs.append(session.run(None, feeds))
+    changes = [float(np.abs(a.astype(np.float64) - b).max() / max(float(np.abs(b).max()), 1e-30))
+               for a, b in zip(*runs) if b.size and b.dtype.kind == "f"]
+    return min(changes) if changes else None
 
 
 def main(argv=None) -> int:

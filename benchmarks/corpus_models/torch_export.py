@@ -6,6 +6,7 @@ built, so a rebuild writes the same numbers."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import warnings
 
@@ -34,6 +35,7 @@ def export(module: torch.nn.Module, feeds: list[Feed], path: str, outputs: list[
            dynamic: dict[str, dict[int, str]], dynamo: bool = False) -> list[Feed]:
     """Write ``module`` to ``path`` and return its feeds. ``dynamic``: per input, axis ->
     the dimension's name."""
+    calibrate_batchnorm(module, feeds)
     module.eval()
     args = tuple(example(f) for f in feeds)
     names = [f.name for f in feeds]
@@ -50,6 +52,25 @@ def export(module: torch.nn.Module, feeds: list[Feed], path: str, outputs: list[
             torch.onnx.export(module, args, path, input_names=names, output_names=outputs,
                               dynamic_axes=dynamic, dynamo=False)
     return feeds
+
+
+def calibrate_batchnorm(module: torch.nn.Module, feeds: list[Feed], batch: int = 8, steps: int = 4) -> None:
+    """Running statistics as training leaves them: a freshly initialised network keeps
+    mean 0 and variance 1 in every BatchNorm, its activations shrink layer after layer,
+    and a deep one (MobileNet, EfficientNet) answers the same for every input, which
+    makes a match against onnxruntime say nothing. A few training-mode passes over random
+    batches set each layer's statistics to what reaches it (batch on axis 0)."""
+    norms = [m for m in module.modules() if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d))]
+    if not norms:
+        return
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a plain average over the passes
+    module.train()
+    with torch.no_grad():
+        for _ in range(steps):
+            module(*(example(dataclasses.replace(f, shape=[batch] + f.shape[1:])) for f in feeds))
+    module.eval()
 
 
 def _dynamic_shapes(feeds: list[Feed], dynamic: dict[str, dict[int, str]]):
