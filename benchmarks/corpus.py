@@ -92,8 +92,14 @@ def child_compile(job: dict) -> dict:
             found[variant] = {"error": first_line(exc)}
             continue
         report = describe_plan(model.plan)
+        portable = {}  # the ops of partitions that do not run as native code, fallback reason or not
+        for part in report["partitions"]:
+            if not part["native"]:
+                for op, count in part["ops"].items():
+                    portable[op] = portable.get(op, 0) + count
         found[variant] = {"compile_s": seconds, "partitions": len(report["partitions"]),
-                          "native_partitions": model.native_partitions, "fallbacks": report["fallback_groups"]}
+                          "native_partitions": model.native_partitions, "fallbacks": report["fallback_groups"],
+                          "portable_ops": dict(sorted(portable.items()))}
     return found
 
 
@@ -309,7 +315,14 @@ def render(report: dict, markdown: bool) -> str:
                 "first: models with the reason (dynamic compile, fixed compile), nodes (dynamic, fixed), ops.", ""]
     out.append(table(["reason", "models dyn", "models fixed", "nodes dyn", "nodes fixed", "ops"],
                      reason_counts(rows), markdown))
-    out += ["", "Per model (dynamic compile; fixed compile): nodes by reason.", ""]
+    portable = portable_counts(rows)
+    if portable:
+        out += ["", "Ops in the partitions that do not run as native code, whether or not the compile recorded a "
+                    "fallback reason for them, over the corpus, most models (fixed compile) first: models (dynamic, "
+                    "fixed), nodes (dynamic, fixed).", ""]
+        out.append(table(["op", "models dyn", "models fixed", "nodes dyn", "nodes fixed"], portable, markdown))
+    out += ["", "Per model: fallback nodes by reason, and the ops of its non-native partitions (fixed compile; "
+                "the dynamic compile's where the fixed one has none).", ""]
     for r in rows:
         parts = []
         for variant in COMPILES.values():
@@ -317,9 +330,25 @@ def render(report: dict, markdown: bool) -> str:
             if groups:
                 parts.append(f"{variant}: " + "; ".join(f"{g['nodes']} {g['reason']} ({', '.join(g['ops'])})"
                                                         for g in groups))
+        portable = r["compile"]["fixed"].get("portable_ops") or r["compile"]["dynamic"].get("portable_ops")
+        if portable:
+            parts.append("non-native ops: " + ", ".join(f"{op} {n}" for op, n in portable.items()))
         if parts:
             out.append(f"- {r['model']}: " + " | ".join(parts))
     return "\n".join(out)
+
+
+def portable_counts(rows: list[dict]) -> list[list[str]]:
+    counts: dict[str, dict] = {}
+    for r in rows:
+        for variant in COMPILES.values():
+            for op, nodes in (r["compile"][variant].get("portable_ops") or {}).items():
+                c = counts.setdefault(op, {"dynamic": set(), "fixed": set(), "nodes dynamic": 0, "nodes fixed": 0})
+                c[variant].add(r["model"])
+                c[f"nodes {variant}"] += nodes
+    ordered = sorted(counts.items(), key=lambda kv: (-len(kv[1]["fixed"]), -len(kv[1]["dynamic"]), kv[0]))
+    return [[op, str(len(c["dynamic"])), str(len(c["fixed"])), str(c["nodes dynamic"]), str(c["nodes fixed"])]
+            for op, c in ordered]
 
 
 def summary(rows: list[dict]) -> str:
