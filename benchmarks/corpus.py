@@ -321,8 +321,8 @@ def render(report: dict, markdown: bool) -> str:
                     "fallback reason for them, over the corpus, most models (fixed compile) first: models (dynamic, "
                     "fixed), nodes (dynamic, fixed).", ""]
         out.append(table(["op", "models dyn", "models fixed", "nodes dyn", "nodes fixed"], portable, markdown))
-    out += ["", "Per model: fallback nodes by reason, and the ops of its non-native partitions (fixed compile; "
-                "the dynamic compile's where the fixed one has none).", ""]
+    out += ["", "Per model: fallback nodes by reason (dynamic compile; fixed compile), and the ops of the fixed "
+                "compile's non-native partitions (the dynamic compile's are its fallback nodes).", ""]
     for r in rows:
         parts = []
         for variant in COMPILES.values():
@@ -330,9 +330,9 @@ def render(report: dict, markdown: bool) -> str:
             if groups:
                 parts.append(f"{variant}: " + "; ".join(f"{g['nodes']} {g['reason']} ({', '.join(g['ops'])})"
                                                         for g in groups))
-        portable = r["compile"]["fixed"].get("portable_ops") or r["compile"]["dynamic"].get("portable_ops")
+        portable = r["compile"]["fixed"].get("portable_ops")
         if portable:
-            parts.append("non-native ops: " + ", ".join(f"{op} {n}" for op, n in portable.items()))
+            parts.append("fixed, non-native ops: " + ", ".join(f"{op} {n}" for op, n in portable.items()))
         if parts:
             out.append(f"- {r['model']}: " + " | ".join(parts))
     return "\n".join(out)
