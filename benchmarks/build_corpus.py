@@ -13,11 +13,11 @@ dependencies (benchmarks/requirements-corpus.txt); nncc never imports them.
 The manifest (build/corpus/manifest.json) has one entry per model: its file, exporter,
 opset, a one-line description, its inputs with the concrete shape and dtype the corpus
 runs them at and each axis's dynamic dimension name (null where the axis is fixed, ""
-where it is dynamic but unnamed), the
-dimension sizes to fix them to (``dims``, what ``nncc --dim`` takes), how long the
-export took, and how much onnxruntime's outputs change between two random feeds
-(``input_sensitivity``: near 0, a degenerate model that no comparison can test). A model whose export fails is listed under ``failed`` with the error's
-first line, and the others are built.
+where it is dynamic but unnamed), the dimension sizes to fix them to (``dims``, what
+``nncc --dim`` takes), how long the export took, and how much onnxruntime's outputs
+change between two random feeds (``input_sensitivity``: near 0, a degenerate model that
+no comparison can test). A model whose export fails is listed under ``failed`` with the
+error's first line, and the others are built.
 """
 
 from __future__ import annotations

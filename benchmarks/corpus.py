@@ -300,7 +300,7 @@ def render(report: dict, markdown: bool) -> str:
         body.append([r["model"], r["exporter"], partitions(r["compile"]["dynamic"]), partitions(r["compile"]["fixed"]),
                      match_cell(r["match"]["dynamic"]), match_cell(r["match"]["fixed"])]
                     + [milliseconds(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in measured]
-                    + [fmt(r.get("dynamic_over_best_f32")), fmt(r.get("fixed_over_best_f32")), fmt(r.get("other_load"))])
+                    + [fmt(r.get(key)) for key in ("dynamic_over_best_f32", "fixed_over_best_f32", "other_load")])
     out.append(table(header, body, markdown))
     out += ["", summary(rows), ""]
     for r in rows:  # what failed, one line each

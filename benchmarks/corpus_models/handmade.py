@@ -123,7 +123,8 @@ def gelu_erf(g, x):
 def gelu_tanh(g, x):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), GPT-2's form."""
     cube = g.op("Pow", [x, g.constant(3.0)])
-    inner = g.op("Mul", [g.op("Add", [x, g.op("Mul", [cube, g.constant(0.044715)])]), g.constant(math.sqrt(2 / math.pi))])
+    inner = g.op("Add", [x, g.op("Mul", [cube, g.constant(0.044715)])])
+    inner = g.op("Mul", [inner, g.constant(math.sqrt(2 / math.pi))])
     return g.op("Mul", [g.op("Mul", [x, g.constant(0.5)]), g.op("Add", [g.op("Tanh", [inner]), g.constant(1.0)])])
 
 
