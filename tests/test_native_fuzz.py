@@ -3,6 +3,10 @@ onnxruntime (the onnx reference evaluator deciding where they disagree), once as
 code and once built in the sanitize mode, where an out-of-bounds access or undefined
 behaviour in generated code fails the test.
 
+One case in eight is fed NaN, +inf and -inf at random places (native_fuzz_cases.NONFINITE),
+in both runs: an output must be NaN exactly where onnxruntime's is, infinite where it is,
+and the sanitized code must stay defined on them.
+
 Every case must run as native code (a case that falls back to numpy proves nothing about
 the C code, so it fails). Cases are compiled ``BATCH`` to a model, so one compile builds
 many kernels in parallel, and kernels already built in the process are reused.

@@ -78,3 +78,39 @@ def test_nncc_run_random_inputs_does_not_import_numpy_random(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["outputs"]
     assert done.stderr.strip().splitlines()[-1] == "false"
+
+
+def _one_input_model(path, dtype, count) -> str:
+    """One input of ``count`` elements and an output too small to count (its shape): what
+    the run holds at its peak is the random input itself."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Shape", ["x"], ["y"])], "one_input",
+                              [helper.make_tensor_value_info("x", dtype, [count])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("dtype_name, itemsize", [("FLOAT", 4), ("BFLOAT16", 2)])
+def test_a_large_random_input_is_made_in_place(tmp_path, dtype_name, itemsize):
+    """`nncc run --random-inputs` of a model declaring one large input peaks near that
+    input's size above what a tiny model takes, whatever the element type (a bfloat16 input
+    once took three times its size, rounded from one whole float32 array)."""
+    from onnx import TensorProto
+
+    from tests.peak_rss import run_measured
+
+    dtype = getattr(TensorProto, dtype_name)
+    env = dict(os.environ, NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    peaks = {}
+    for label, count in (("tiny", 16), ("large", 150_000_000)):
+        model = _one_input_model(tmp_path / f"{label}.onnx", dtype, count)
+        done, peaks[label] = run_measured([sys.executable, "-m", "nncc", "run", model, "--random-inputs"], env=env)
+        assert done.returncode == 0, done.stderr
+    size = 150_000_000 * itemsize
+    assert peaks["large"] - peaks["tiny"] < 1.4 * size, \
+        f"peak {peaks['large'] / 1e6:.0f} MB for a {size / 1e6:.0f} MB input (a tiny model: {peaks['tiny'] / 1e6:.0f} MB)"

@@ -25,6 +25,7 @@ from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.depthwise import depthwise_conv
 from nncc.kernels.registry import kernel, stand_ins
+from nncc.kernels.shapes import check_size
 from nncc.kernels.workspace import kept, shared
 from nncc.util.limits import check_shape
 
@@ -420,6 +421,7 @@ def conv_shape(ctx, x, w, b=None):
             raise ShapeInferenceError(f"Conv: {m} output channels are not divisible by group {group}")
     out, _, _ = conv_geometry(x.shape[2:], kernel_shape, strides, dilations, pb, pe, auto_pad)
     m = None if w.shape is None else w.shape[0]
+    check_size("Conv", "bias B", b, m)
     return [TensorInfo(x.dtype, (x.shape[0], m, *out))]
 
 

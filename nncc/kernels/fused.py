@@ -24,10 +24,11 @@ import math
 
 import numpy as np
 
-from nncc.errors import KernelError
+from nncc.errors import KernelError, ShapeInferenceError
 from nncc.kernels.bounds import bound
 from nncc.kernels.linalg import BLAS_DTYPES, matmul_route
 from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
+from nncc.kernels.shapes import check_size
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
 DEFAULT_ONNX_OPSET = 22
@@ -179,7 +180,13 @@ fused_gemm = _fused_onnx("Gemm")
 
 def _fused_matmul_shape(ctx, a, b, bias=None):
     inner = _inner_ctx(ctx)
-    return _onnx("MatMul", inner.opset).shape(inner, a, b)
+    product = _onnx("MatMul", inner.opset).shape(inner, a, b)
+    if bias is not None and bias.shape is not None:  # as the kernel adds it: one value, or one per column
+        if len(bias.shape) > 1:
+            raise ShapeInferenceError(f"FusedMatMul: bias must have rank <= 1, got shape {tuple(bias.shape)}")
+        y = product[0].shape
+        check_size("FusedMatMul", "bias", bias, 1, None if y is None else y[-1] if y else 1)
+    return product
 
 
 def _fused_matmul_prepare(ctx, a, b, bias=None):

@@ -29,6 +29,7 @@ import numpy as np
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import kernel
+from nncc.kernels.shapes import check_broadcasts_to
 
 
 def _perm(ctx, key: str, rank: int) -> list[int]:
@@ -76,7 +77,10 @@ def _group(ctx) -> int:
 def _shape(ctx, q, k, v, bias=None):
     shapes = [_logical_shape(ctx, key, info.shape) for key, info in
               (("q_perm", q), ("k_perm", k), ("v_perm", v))]
-    if any(s is None or len(s) < 2 for s in shapes):
+    for what, s in zip("QKV", shapes):
+        if s is not None and len(s) < 2:
+            raise ShapeInferenceError(f"FusedAttention: {what} must have rank >= 2, got shape {tuple(s)}")
+    if any(s is None for s in shapes):
         return [TensorInfo(q.dtype, None)]
     try:
         group = _group(ctx)
@@ -87,11 +91,17 @@ def _shape(ctx, q, k, v, bias=None):
             raise ShapeInferenceError("FusedAttention: grouped heads need a head axis on Q, K and V")
         shapes = [shapes[0]] + [s[:-3] + [None if s[-3] is None else s[-3] * group] + s[-2:] for s in shapes[1:]]
     ql, kl, vl = shapes
+    for first, second, axes in ((ql[-1], kl[-1], "Q's and K's depths"), (kl[-2], vl[-2], "K's and V's lengths")):
+        if isinstance(first, int) and isinstance(second, int) and first != second:
+            raise ShapeInferenceError(f"FusedAttention: Q {ql}, K {kl} and V {vl} (logical) do not make an "
+                                      f"attention: {axes} differ")
     rank = max(len(ql), len(kl), len(vl))
     batch = []
     for axis in range(rank - 2):
         dims = [s[len(s) - rank + axis] if len(s) - rank + axis >= 0 else 1 for s in shapes]
         batch.append(_broadcast(*dims))
+    if all(d is not None for d in batch):  # the bias is added to the scores in place of the Add it was
+        check_broadcasts_to("FusedAttention", "bias", bias, batch + [ql[-2], kl[-2]])
     y = batch + [ql[-2], vl[-1]]
     try:
         y = [y[p] for p in _perm(ctx, "out_perm", len(y))]

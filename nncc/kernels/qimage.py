@@ -37,7 +37,7 @@ from nncc.kernels.conv import conv_shape
 from nncc.kernels.linalg import gemm_shape, matmul_shape
 from nncc.kernels.quantize import integer_conv, check_integer_input, qgemm, qlinear_add, qlinear_matmul
 from nncc.kernels.registry import kernel
-from nncc.kernels.shapes import broadcast
+from nncc.kernels.shapes import broadcast, check_size
 
 F32 = np.dtype(np.float32)
 NNCC = "nncc"
@@ -96,16 +96,21 @@ def image(q: np.ndarray, scale, zero) -> np.ndarray:
     return diff.astype(F32) * scale
 
 
-def _float_out(shape_fn):
-    def shape(ctx, *infos):
-        return [TensorInfo(F32, shape_fn(ctx, *infos))]
-    return shape
+def _scalars(op: str, **infos) -> None:
+    """Each named operand (a scale or zero point of an image) holds one value."""
+    for what, info in infos.items():
+        check_size(op, what, info, 1)
+
+
+def _quantize_dequantize_shape(ctx, x, scale, zero):
+    _scalars("QuantizeDequantize", scale=scale, zero_point=zero)
+    return [TensorInfo(F32, x.shape)]
 
 
 # -------------------------------------------------------------- QuantizeDequantize
 
 
-@kernel("QuantizeDequantize", since=1, domain=NNCC, shape=_float_out(lambda ctx, x, s, z: x.shape))
+@kernel("QuantizeDequantize", since=1, domain=NNCC, shape=_quantize_dequantize_shape)
 def quantize_dequantize(ctx, x, scale, zero):
     return image(quantize(x, scale, zero, "QuantizeDequantize"), scale, zero)
 
@@ -122,7 +127,12 @@ def requantize_f32(acc: np.ndarray, multiplier: np.ndarray, zero, dtype: np.dtyp
 
 
 def _qconv_shape(ctx, x, x_scale, x_zero, w, w_scale, w_zero, y_scale, y_zero, b=None):
-    return [TensorInfo(F32, conv_shape(ctx, x, w)[0].shape)]
+    shape = conv_shape(ctx, x, w, b)[0].shape  # b: one value per output channel
+    _scalars("QConv", x_scale=x_scale, x_zero_point=x_zero, y_scale=y_scale, y_zero_point=y_zero)
+    m = None if w.shape is None else w.shape[0]
+    check_size("QConv", "w_scale", w_scale, 1, m)
+    check_size("QConv", "w_zero_point", w_zero, 1, m)
+    return [TensorInfo(F32, shape)]
 
 
 @kernel("QConv", since=1, domain=NNCC, shape=_qconv_shape)
@@ -154,6 +164,8 @@ def multipliers(x_scale, w_scale, y_scale, m: int) -> np.ndarray:
 
 
 def _qadd_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
+    _scalars("QAdd", a_scale=a_scale, a_zero_point=a_zero, b_scale=b_scale, b_zero_point=b_zero,
+             c_scale=c_scale, c_zero_point=c_zero)
     return [TensorInfo(F32, broadcast(a.shape, b.shape))]
 
 
@@ -164,6 +176,7 @@ def qadd(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c_scale, c_zero):
 
 
 def _qpool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero):
+    _scalars("QGlobalAveragePool", x_scale=x_scale, x_zero_point=x_zero, y_scale=y_scale, y_zero_point=y_zero)
     return [TensorInfo(F32, qlinear_contrib.global_pool_shape(ctx, x, x_scale, x_zero, y_scale, y_zero)[0].shape)]
 
 
@@ -175,7 +188,11 @@ def qglobal_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero):
 
 
 def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
-    return [TensorInfo(F32, gemm_shape(ctx, a, b)[0].shape)]
+    shape = gemm_shape(ctx, a, b, c)[0].shape  # c: broadcast to the product
+    _scalars("QGemm", a_scale=a_scale, a_zero_point=a_zero, b_zero_point=b_zero, y_scale=y_scale,
+             y_zero_point=y_zero)
+    check_size("QGemm", "b_scale", b_scale, 1, None if shape is None else shape[1])
+    return [TensorInfo(F32, shape)]
 
 
 @kernel("QGemm", since=1, domain=NNCC, shape=_qgemm_shape)
@@ -186,7 +203,12 @@ def qgemm_image(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=Non
 
 
 def _qmatmul_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero):
-    return [TensorInfo(F32, matmul_shape(ctx, a, b)[0].shape)]
+    shape = matmul_shape(ctx, a, b)[0].shape
+    _scalars("QMatMul", a_scale=a_scale, a_zero_point=a_zero, y_scale=y_scale, y_zero_point=y_zero)
+    columns = None if b.shape is None or not b.shape else b.shape[-1]
+    check_size("QMatMul", "b_scale", b_scale, 1, columns)
+    check_size("QMatMul", "b_zero_point", b_zero, 1, columns)
+    return [TensorInfo(F32, shape)]
 
 
 @kernel("QMatMul", since=1, domain=NNCC, shape=_qmatmul_shape)

@@ -24,7 +24,7 @@ from nncc.kernels.quantize import (accumulator_type, centered, check_integer_inp
                                    dynamic_quantize_linear)
 from nncc.kernels.registry import Ctx, kernel, resolve
 from nncc.kernels.linalg import matmul_shape
-from nncc.kernels.shapes import broadcast
+from nncc.kernels.shapes import broadcast, check_size
 from nncc.kernels.symbolic import fold
 
 F32 = np.dtype(np.float32)
@@ -298,6 +298,10 @@ def _scaled_product(op, a_q, a_zero, b, b_zero, scale, bias) -> np.ndarray:
 
 
 def _dynamic_quantize_matmul_shape(ctx, a, b, b_scale, b_zero=None, bias=None):
+    columns = None if b.shape is None or not b.shape else b.shape[-1]
+    check_size("DynamicQuantizeMatMul", "b_scale", b_scale, 1, columns)
+    check_size("DynamicQuantizeMatMul", "b_zero_point", b_zero, 1, columns)
+    check_size("DynamicQuantizeMatMul", "bias", bias, columns)
     return _float_product_shape(ctx, a, b)
 
 

@@ -71,3 +71,29 @@ def numel(shape: tuple[Dim, ...] | None) -> int | None:
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
     return int(np.prod(shape, dtype=np.int64))
+
+
+def check_size(op: str, what: str, info: TensorInfo | None, *sizes: Dim) -> None:
+    """ShapeInferenceError unless the operand ``info`` (None: omitted) holds one of ``sizes``
+    values when its size is known; a size not known here (None or a name) accepts any. An
+    artifact's operands are sized by their declared shapes, so a kernel's own check on a
+    scale, zero point or bias comes too late for a plan that declares one of gigabytes."""
+    n = None if info is None else numel(info.shape)
+    if n is None or n in sizes or not all(isinstance(s, int) for s in sizes):
+        return
+    wanted = " or ".join(str(s) for s in dict.fromkeys(sizes))
+    raise ShapeInferenceError(f"{op}: {what} of shape {tuple(info.shape)} should hold {wanted} value"
+                              f"{'' if wanted == '1' else 's'}")
+
+
+def check_broadcasts_to(op: str, what: str, info: TensorInfo | None, target) -> None:
+    """ShapeInferenceError unless ``info``'s shape broadcasts to ``target`` without growing it
+    (as the operand of an in-place add must); unknown dimensions agree with anything."""
+    if info is None or info.shape is None or target is None:
+        return
+    fits = len(info.shape) <= len(target) and all(
+        not isinstance(d, int) or not isinstance(t, int) or d in (1, t)
+        for d, t in zip(reversed(info.shape), reversed(target)))
+    if not fits:
+        raise ShapeInferenceError(f"{op}: {what} of shape {tuple(info.shape)} does not broadcast to "
+                                  f"{tuple(target)}")

@@ -14,7 +14,8 @@ so the Transposes that split and merge heads cost nothing. Grouped-query heads (
 read K and V at head ``h // head_group``: consecutive query heads of a group find the same K and
 V block already packed, so a group packs its K and V once and nothing is copied per head. A
 constant bias that hides whole key blocks from a query block (a causal mask, a window) is read at
-compile time: those blocks are skipped. A key is hidden when its bias is at most ``HIDDEN``
+compile time: those blocks are skipped while K and V are finite (a NaN or an infinity in a hidden
+key still reaches the rows, as 0 * NaN and NaN scores do in the unfused ops). A key is hidden when its bias is at most ``HIDDEN``
 (exporters write -1e4, -1e9, float32's lowest or -inf): its probability is exp(score + bias -
 max), which is 0 in float32 unless scores reach a magnitude near the bias. Skipping is only used
 when every query row keeps at least one key, so a row never loses all its terms.
@@ -272,7 +273,10 @@ def emit(w, node: Node) -> None:
     if ranges is not None:
         support.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
         support.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
-    lo, hi = ("att_lo[qb]", "att_hi[qb]") if ranges is not None else ("0", str(kblocks))
+    # hidden blocks are skipped only while K and V are finite: a NaN or an infinity there
+    # reaches every row as the unfused ops compute it (0 * NaN, NaN scores)
+    lo, hi = (("(kv_finite ? att_lo[qb] : 0)", f"(kv_finite ? att_hi[qb] : {kblocks})") if ranges is not None
+              else ("0", str(kblocks)))
     kfloats, vfloats = kblocks * BK * geo.d, kblocks * BK * dvp
     floats = kfloats + vfloats + BQ * BK + BQ * dvp + 3 * BQ
     floats = -(-floats // 16) * 16
@@ -296,6 +300,7 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
   float *kall = buf, *vall = kall + {kfloats}, *s = vall + {vfloats}, *o = s + {BQ * BK}, *m = o + {BQ * dvp};
   float *l = m + {BQ}, *al = l + {BQ};
   int64_t packed_k = -1, packed_v = -1;  /* where the packed K and V were read from */
+  int kv_finite = 1;  /* whether the packed K and V hold only finite values */
   for (uint64_t t = (uint64_t)lo; t < (uint64_t)hi; t++) {{
     const int64_t g = (int64_t)(t / {qblocks}), qb = (int64_t)(t % {qblocks}), i0 = qb * {BQ};
     const int64_t rows = {geo.sq} - i0 < {BQ} ? {geo.sq} - i0 : {BQ};
@@ -304,10 +309,11 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
     for (int64_t r = 0; r < rows; r++) {{ m[r] = -INFINITY; l[r] = 0.0f; }}
     memset(o, 0, {BQ * dvp} * sizeof(float));
     if (ok != packed_k || ov != packed_v) {{  /* K transposed per block of keys, V as rows of whole vectors */
+      kv_finite = 1;
       for (int64_t j = 0; j < {geo.skv}; j++) {{
         float *kc = kall + (j / {BK}) * {BK * geo.d} + j % {BK};
-        for (int64_t d = 0; d < {geo.d}; d++) kc[d * {BK}] = kp[j * {ks} + d * {kd}];
-        for (int64_t c = 0; c < {geo.dv}; c++) vall[j * {dvp} + c] = vp[j * {vs} + c * {vd}];
+        for (int64_t d = 0; d < {geo.d}; d++) {{ float x = kp[j * {ks} + d * {kd}]; kc[d * {BK}] = x; kv_finite &= x - x == 0.0f; }}
+        for (int64_t c = 0; c < {geo.dv}; c++) {{ float x = vp[j * {vs} + c * {vd}]; vall[j * {dvp} + c] = x; kv_finite &= x - x == 0.0f; }}
       }}
       packed_k = ok;
       packed_v = ov;

@@ -19,7 +19,7 @@ from nncc.native.c_literal import c_float
 from nncc.native.graph_query import batch_strides, const_value
 
 UNARY = {
-    "Relu": "(v > 0.0f ? v : 0.0f)", "Sigmoid": "nn_sigmoid(v)", "Tanh": "nn_tanh(v)",
+    "Relu": "(v < 0.0f ? 0.0f : v)", "Sigmoid": "nn_sigmoid(v)", "Tanh": "nn_tanh(v)",
     "Erf": "nn_erf(v)", "Exp": "nn_exp(v)", "Log": "logf(v)", "Sqrt": "sqrtf(v)", "Neg": "(-v)",
     "Abs": "fabsf(v)", "Reciprocal": "(1.0f / v)", "Identity": "v", "Softsign": "(v / (1.0f + fabsf(v)))",
 }

@@ -203,7 +203,8 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
         int32_t sum = 0;
         for (int64_t p = 0; p < {k}; p++) {{
             float v = rintf(a[p] / scale) + zero;  /* half to even, the default rounding mode */
-            v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+            v = v > 0.0f ? v : 0.0f;  /* NaN (an infinite a over an infinite scale) to 0, as onnxruntime */
+            v = v < 255.0f ? v : 255.0f;
             q[p] = (uint8_t)(int32_t)v;
         }}
         for (int64_t p = 0; p < {k}; p++) sum += q[p];  /* apart: each loop vectorises alone */
@@ -267,7 +268,8 @@ static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float
     float scale = (hi - lo) / 255.0f;
     if (scale == 0.0f) scale = 1.0f;  /* all zeros: any scale, zero point 0 */
     float zero = 0.0f - lo / scale;
-    zero = nearbyintf(zero < 0.0f ? 0.0f : (zero > 255.0f ? 255.0f : zero));
+    /* NaN (infinities of both signs in A) to 255, as onnxruntime's min(255, zero) gives it */
+    zero = nearbyintf(zero < 0.0f ? 0.0f : (zero > 255.0f || zero != zero ? 255.0f : zero));
     q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, Bp,
                table->colsum, table->zero, table->scale, table->bias, Y, scale, zero, (int32_t)zero}};
     nn_parallel({m}, {m * k}, q_quantize, &j);

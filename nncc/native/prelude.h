@@ -28,7 +28,10 @@ static inline int64_t nn_now(void) {
  * denormal come out right; below that 0, above float's range inf, NaN stays NaN. */
 static inline float nn_exp(float x) {
     float in = x;
-    x = x < -104.0f ? -104.0f : (x > 88.72283f ? 88.72283f : x);
+    /* clamped so that NaN lands inside too (it fails both tests): converting a NaN or an
+       out-of-range float to int32_t below would be undefined behaviour */
+    x = x > -104.0f ? x : -104.0f;
+    x = x < 88.72283f ? x : 88.72283f;
     float n = __builtin_roundf(x * 1.44269504f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = 1.98412698e-4f;
@@ -106,7 +109,7 @@ NN_ACTIVATION_CODES /* nncc/native/activations.py writes the enumeration here */
 
 static inline float nn_act(int act, float v, float p0, float p1) {
     switch (act) {
-    case NN_RELU: return v > 0.0f ? v : 0.0f;
+    case NN_RELU: return v < 0.0f ? 0.0f : v;  /* NaN stays NaN, as Relu defines */
     case NN_CLIP: v = v < p0 ? p0 : v; return v > p1 ? p1 : v;  /* sequential: a vmaxps and a vminps */
     case NN_SIGMOID: return nn_sigmoid(v);
     case NN_TANH: return nn_tanh(v);

@@ -199,8 +199,8 @@ static inline void nn_epilogue_serial(float *y, const float *bias, const float *
         float *row = y + c * n;
         const float *r = res ? res + c * n : 0;
         if (act == NN_RELU) {
-            if (r) for (int64_t i = 0; i < n; i++) { float v = row[i] + b + r[i]; row[i] = v > 0.0f ? v : 0.0f; }
-            else for (int64_t i = 0; i < n; i++) { float v = row[i] + b; row[i] = v > 0.0f ? v : 0.0f; }
+            if (r) for (int64_t i = 0; i < n; i++) { float v = row[i] + b + r[i]; row[i] = v < 0.0f ? 0.0f : v; }
+            else for (int64_t i = 0; i < n; i++) { float v = row[i] + b; row[i] = v < 0.0f ? 0.0f : v; }
         } else if (act == NN_CLIP) {
             for (int64_t i = 0; i < n; i++) {
                 float v = row[i] + b + (r ? r[i] : 0.0f);
@@ -259,7 +259,7 @@ static inline void nn_cols(int64_t off, int64_t sw, int64_t W, int64_t OW, int64
 /* Activation over a row, one loop per kind so each loop vectorizes. */
 static void nn_act_row(float *row, const float *res, int64_t n, int act, float p0, float p1) {
     if (res) for (int64_t i = 0; i < n; i++) row[i] += res[i];
-    if (act == NN_RELU) for (int64_t i = 0; i < n; i++) row[i] = row[i] > 0.0f ? row[i] : 0.0f;
+    if (act == NN_RELU) for (int64_t i = 0; i < n; i++) row[i] = row[i] < 0.0f ? 0.0f : row[i];
     else if (act == NN_CLIP) for (int64_t i = 0; i < n; i++) { float v = row[i] < p0 ? p0 : row[i]; row[i] = v > p1 ? p1 : v; }
     else if (act != NN_NONE) for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i], p0, p1);
 }

@@ -25,8 +25,9 @@ static inline nn_v nn_vset1(float s) { return (nn_v){0} + s; }
 static inline nn_v nn_vselect(nn_vi m, nn_v a, nn_v b) { /* m ? a : b, lane by lane */
     return (nn_v)((m & (nn_vi)a) | (~m & (nn_vi)b));
 }
-static inline nn_v nn_vmax(nn_v a, nn_v b) { return nn_vselect(a > b, a, b); }
-static inline nn_v nn_vmin(nn_v a, nn_v b) { return nn_vselect(a < b, a, b); }
+/* max and min that keep a NaN in a (Relu, Clip and the hard activations pass NaN through) */
+static inline nn_v nn_vmax(nn_v a, nn_v b) { return nn_vselect(b > a, b, a); }
+static inline nn_v nn_vmin(nn_v a, nn_v b) { return nn_vselect(b < a, b, a); }
 /* max that propagates a NaN from either side */
 static inline nn_v nn_vmaxnan(nn_v acc, nn_v x) { return nn_vselect((x > acc) | (x != x), x, acc); }
 static inline nn_v nn_vneg_select(nn_v v, nn_v when_negative) { /* v < 0 ? when_negative : v */

@@ -36,19 +36,25 @@ def _unit(bits: np.ndarray) -> np.ndarray:
 
 
 def standard_normal(seed: int, name: str, count: int, dtype=np.float64) -> np.ndarray:
-    """Box-Muller over word pairs (i, pairs + i): value i is r*cos, value pairs + i is r*sin.
-    Made CHUNK pairs at a time straight into the result."""
-    pairs = -(-count // 2)
+    """Box-Muller over word pairs (i, pairs + i): value i is r*cos, value pairs + i is r*sin."""
     out = np.empty(count, dtype)
+    _fill_normal(out, seed, name, lambda v: v)
+    return out
+
+
+def _fill_normal(out: np.ndarray, seed: int, name: str, convert) -> None:
+    """``out`` (1-D) filled with standard normals made CHUNK pairs at a time, each chunk
+    passed through ``convert`` into the final buffer: the peak stays near ``out``'s size."""
+    count = out.size
+    pairs = -(-count // 2)
     for lo in range(0, pairs, CHUNK):
         hi = min(lo + CHUNK, pairs)
         radius = np.sqrt(-2.0 * np.log1p(-_unit(random_bits(seed, name, hi - lo, lo))))  # log1p(-u): no log(0)
         angle = (2.0 * math.pi) * _unit(random_bits(seed, name, hi - lo, pairs + lo))
-        out[lo:hi] = radius * np.cos(angle)
+        out[lo:hi] = convert(radius * np.cos(angle))
         top = min(hi, count - pairs)  # the sines that exist (an odd count drops the last)
         if top > lo:
-            out[pairs + lo:pairs + top] = (radius * np.sin(angle))[:top - lo]
-    return out
+            out[pairs + lo:pairs + top] = convert((radius * np.sin(angle))[:top - lo])
 
 
 def _words(seed: int, name: str, count: int, dtype, convert) -> np.ndarray:
@@ -89,11 +95,14 @@ def random_feeds(declared: Mapping[str, TensorInfo], seed: int = 0,
 def _random_value(seed: int, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     count = math.prod(shape)
     kind = dtype.kind
+    # every kind is made in chunks straight into its final buffer (a whole-size temporary
+    # of wider words would multiply the peak: 8 bytes of random bits per 4-bit value)
     if low_precision.is_integer(dtype):  # int4, uint4, int2, uint2: 0, 1, 2... as room allows
-        top = min(low_precision.integer_range(dtype)[1] + 1, 10)
-        value = low_precision.convert(random_bits(seed, name, count) % np.uint64(top), dtype)
+        top = np.uint64(min(low_precision.integer_range(dtype)[1] + 1, 10))
+        value = _words(seed, name, count, dtype, lambda w: low_precision.convert(w % top, dtype))
     elif low_precision.is_float(dtype):  # bfloat16, float8, float4: rounded normals
-        value = low_precision.convert(standard_normal(seed, name, count, np.float32), dtype)
+        value = np.empty(count, dtype)  # rounded from float32, as one float32 array would be
+        _fill_normal(value, seed, name, lambda v: low_precision.convert(v.astype(np.float32), dtype))
     elif kind == "f":
         value = standard_normal(seed, name, count, dtype)
     elif kind == "b":

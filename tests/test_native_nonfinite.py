@@ -1,0 +1,202 @@
+"""Native code fed NaN and ±inf: every elementwise helper (exp, sigmoid, tanh, erf, GELU),
+the activations fused into products and convolutions, and the row-wise softmaxes give what
+onnxruntime gives, NaN where it gives NaN, and do so without undefined behaviour: the same
+model runs once as plain code and once built in the sanitize mode, where converting a NaN
+to an integer or shifting a negative value ends the process.
+
+Each op reads its own input of random values with NaN, +inf and -inf planted in it; every
+output must come from native code (a numpy fallback would prove nothing about the C)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+import onnx  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from nncc.native.toolchain import find_toolchain  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+from tests.test_native_sanitize import have_sanitizer_runtime, sanitized_env  # noqa: E402
+
+pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None,
+                                reason="no C compiler: there is no native code to feed")
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf], np.float32)
+UNARY = ["Sigmoid", "Tanh", "Erf", "Exp", "Relu", "Log", "Sqrt", "Abs", "Neg", "Reciprocal", "Softsign",
+         "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"]
+
+
+def _with_specials(rng, shape) -> np.ndarray:
+    """Random values, with every special value at least once and a few more at random places."""
+    x = (rng.standard_normal(shape) * 4).astype(np.float32).reshape(-1)
+    at = rng.permutation(x.size)
+    x[at[:3]] = SPECIALS
+    x[at[3:6]] = SPECIALS[rng.integers(0, 3, 3)]
+    return x.reshape(shape)
+
+
+def _model(rng) -> tuple[onnx.ModelProto, dict]:
+    nodes, inputs, outputs, inits, feeds = [], [], [], [], {}
+
+    def feed(name, shape, values=None):
+        feeds[name] = _with_specials(rng, shape) if values is None else values
+        inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        return name
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    for op in UNARY:  # a 1x16 row of each: the size the sanitized Sigmoid stopped at
+        ins = [feed(f"{op}_x", (1, 16))]
+        if op == "Clip":
+            ins += [const("lo", -0.5), const("hi", 0.5)]
+        nodes.append(helper.make_node(op, ins, [f"{op}_y"]))
+        outputs.append(f"{op}_y")
+    # rows: one all finite, one with -inf (a masked key: still defined), one with +inf, one with NaN
+    rows = (rng.standard_normal((4, 16)) * 4).astype(np.float32)
+    rows[1, 3], rows[2, 7], rows[3, 11] = -np.inf, np.inf, np.nan
+    for op in ("Softmax", "LogSoftmax"):
+        nodes.append(helper.make_node(op, [feed(f"{op}_x", (4, 16), rows.copy())], [f"{op}_y"], axis=-1))
+        outputs.append(f"{op}_y")
+    # GELU spelled out (erf form), which -O2 makes one native Gelu step
+    s = feed("gelu_x", (2, 16))
+    nodes += [helper.make_node("Div", [s, const("r2", np.sqrt(2.0))], ["gelu_d"]),
+              helper.make_node("Erf", ["gelu_d"], ["gelu_e"]),
+              helper.make_node("Add", ["gelu_e", const("one", 1.0)], ["gelu_g"]),
+              helper.make_node("Mul", [s, const("half", 0.5)], ["gelu_h"]),
+              helper.make_node("Mul", ["gelu_h", "gelu_g"], ["gelu_y"])]
+    outputs.append("gelu_y")
+    # products and a convolution with their activations fused in (-O2): a NaN or inf in A
+    # reaches the epilogue
+    for act in ("Relu", "Sigmoid", "Tanh", "Clip"):
+        a = feed(f"mm_{act}_a", (3, 8))
+        w = const(f"mm_{act}_w", rng.standard_normal((8, 16)))
+        nodes.append(helper.make_node("MatMul", [a, w], [f"mm_{act}_p"]))
+        nodes.append(helper.make_node("Add", [f"mm_{act}_p", const(f"mm_{act}_b", rng.standard_normal(16))],
+                                      [f"mm_{act}_s"]))
+        extra = [const(f"mm_{act}_lo", -1.0), const(f"mm_{act}_hi", 1.0)] if act == "Clip" else []
+        nodes.append(helper.make_node(act, [f"mm_{act}_s", *extra], [f"mm_{act}_y"]))
+        outputs.append(f"mm_{act}_y")
+    x = feed("conv_x", (1, 3, 6, 6))
+    nodes += [helper.make_node("Conv", [x, const("conv_w", rng.standard_normal((8, 3, 3, 3))),
+                                        const("conv_b", rng.standard_normal(8))], ["conv_c"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["conv_c"], ["conv_y"])]
+    outputs.append("conv_y")
+    graph = helper.make_graph(nodes, "nonfinite", inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, feeds
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import nncc
+    from tests.native_fuzz_cases import native_outputs
+
+    model = nncc.compile_model(sys.argv[1], opt_level=2)
+    with np.load(sys.argv[2]) as saved:
+        feeds = {name: saved[name] for name in saved.files}
+    got = model.run(feeds)
+    np.savez(sys.argv[3], **got, __native__=np.array(sorted(native_outputs(model))))
+""")
+
+
+def _run(tmp_path, env) -> tuple[dict, set, dict]:
+    model, feeds = _model(np.random.default_rng(20261128))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "m.onnx"), str(tmp_path / "feeds.npz"),
+                           str(tmp_path / "out.npz")], env=env, cwd=str(ROOT), capture_output=True, text=True)
+    report = [line for line in done.stderr.splitlines() if "runtime error" in line or "ERROR" in line]
+    assert done.returncode == 0, "\n".join(report) or done.stderr[-3000:]
+    with np.load(tmp_path / "out.npz") as saved:
+        got = {name: saved[name] for name in saved.files if name != "__native__"}
+        native = set(saved["__native__"].tolist())
+    return got, native, _onnxruntime(model, feeds)
+
+
+def _onnxruntime(model, feeds) -> dict:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def _judge(got, native, want) -> None:
+    assert set(want) <= native, f"not computed by native code: {sorted(set(want) - native)}"
+    wrong = []
+    for name, expected in want.items():
+        try:  # NaN where onnxruntime has NaN, infinities exactly, the rest to float32 rounding
+            np.testing.assert_allclose(got[name], expected, rtol=2e-5, atol=2e-5, equal_nan=True)
+        except AssertionError as exc:
+            wrong.append(f"{name}: {str(exc).strip()}")
+    assert not wrong, "\n\n".join(wrong)
+
+
+def test_plain_native_code_agrees_with_onnxruntime_on_nan_and_inf(tmp_path):
+    env = {k: v for k, v in sanitized_env().items() if k not in ("LD_PRELOAD", "NNCC_NATIVE_SANITIZE")}
+    _judge(*_run(tmp_path, env))
+
+
+@pytest.mark.skipif(not have_sanitizer_runtime(), reason="the C compiler has no ASan/UBSan runtime to preload")
+def test_sanitized_native_code_is_defined_on_nan_and_inf(tmp_path):
+    _judge(*_run(tmp_path, sanitized_env()))
+
+
+def _dynamic_product_oracle(case, a: np.ndarray) -> np.ndarray:
+    """The quantized product of a dynamic_int8 case: A quantized by onnxruntime's own
+    DynamicQuantizeLinear, then the integer product exactly (int64), scaled and biased in
+    float32 as the graph's Cast, Mul and Add do. (onnxruntime's u8s8 product itself adds byte
+    pairs in saturating 16-bit arithmetic, so it is no oracle for the whole graph.)"""
+    import onnxruntime as ort
+
+    graph = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])], "dql",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(a.shape))],
+                              [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("z", TensorProto.UINT8, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    q, scale, zero = ort.InferenceSession(model.SerializeToString(),
+                                          providers=["CPUExecutionProvider"]).run(None, {"x": a})
+    get = {name[len("c0_"):]: value for name, value in case.inits.items()}
+    b = get["b"].astype(np.int64) - get.get("b_zero", np.zeros((), np.int8)).astype(np.int64)
+    acc = (q.astype(np.int64) - np.int64(zero)) @ b
+    y = acc.astype(np.float32) * (np.float32(scale) * get["b_scale"].astype(np.float32))
+    return y + get["bias"] if "bias" in get else y
+
+
+@pytest.mark.parametrize("backends", [None, ("numpy",)], ids=["native", "portable"])
+def test_dynamic_quantization_leaves_nan_out_of_the_range(tmp_path, backends):
+    """A product by int8 weights as quantize_dynamic writes it, A holding NaN: the range (so
+    the scale and zero point) is the other values', NaN quantizes to 0, as onnxruntime's
+    DynamicQuantizeLinear gives them (no infinity here: with an infinite scale every value
+    lands on a byte range end, where the oracle's own product is no longer exact)."""
+    import nncc
+    from tests import native_fuzz_cases as F
+
+    case = F.Case(0, 0, "dynamic_int8", {}, opt_level=2)
+    rng = np.random.default_rng(20261128)
+    F.dynamic_int8(case, rng)
+    (name,) = case.inputs
+    a = case.inputs[name].reshape(-1)
+    a[rng.permutation(a.size)[:4]] = np.nan
+    onnx.save(F.batch_model([case]), str(tmp_path / "m.onnx"))
+    options = {} if backends is None else {"backends": backends}
+    model = nncc.compile_model(tmp_path / "m.onnx", opt_level=2, **options)
+    (out,) = case.outputs
+    got = model.run(F.feeds([case]))[out]
+    if backends is None:
+        assert out in F.native_outputs(model)
+    want = _dynamic_product_oracle(case, case.inputs[name])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * case.terms * max(1.0, float(np.abs(want).max())))
