@@ -35,7 +35,7 @@ class PassInfo(NamedTuple):
 
 
 PASSES: list[PassInfo] = [
-    PassInfo("remove_noops", 1, "remove Identity and inference-mode Dropout"),
+    PassInfo("remove_noops", 1, "remove Identity, inference-mode Dropout and Casts to the type their input has"),
     PassInfo("carry_quantized_as_float", 2,
              "quantized tensors as their exact float images: QuantizeLinear -> nncc "
              "QuantizeDequantize, QLinearConv/QLinearAdd/QGemm... and QDQ-wrapped Conv/Add/Gemm "
