@@ -161,3 +161,61 @@ def test_a_cast_to_another_type_stays_portable_saying_why(tmp_path, to, dtype):
     assert [(f["op"], f["reason"]) for f in compiled.plan.fallbacks] == [
         ("Cast", f"native: a Cast from float32 to {dtype}: native code holds float32 values only"),
         ("Cast", f"native: a Cast from {dtype} to float32: native code holds float32 values only")]
+
+
+# -- GlobalMaxPool ------------------------------------------------------------------------------------
+
+
+def _nan_channels(x: np.ndarray) -> np.ndarray:
+    """x with NaN at one scattered place in every third channel (first, middle or last
+    position: in a vector's lanes and in the scalar tail) and every value NaN in channel 1."""
+    x = x.copy()
+    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    n = flat.shape[2]
+    for c in range(0, x.shape[1], 3):
+        flat[:, c, (0, n // 2, n - 1)[c // 3 % 3]] = np.nan
+    flat[:, 1] = np.nan
+    return x
+
+
+def _global_max_model(blocked: bool, shape) -> Model:
+    m = Model(seed=11)
+    x = m.input(shape)
+    if blocked:  # after a convolution: over the channel-blocked layout
+        kernel = [3] * (len(shape) - 2)
+        x = m.node("Conv", [x, m.weight([shape[1], shape[1]] + kernel)], pads=[1] * 2 * len(kernel))
+    m.output(m.node("GlobalMaxPool", [x]))
+    return m
+
+
+@pytest.mark.parametrize("blocked,shape", [(False, [2, 19, 5, 7]), (True, [2, 19, 5, 7]), (False, [3, 10, 33]),
+                                           (True, [1, 8, 16, 16])])
+def test_global_max_pool_is_native(tmp_path, blocked, shape):
+    m = _global_max_model(blocked, shape)
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=0, atol=0 if not blocked else 1e-6))
+
+
+def test_global_max_pool_propagates_nan(tmp_path):
+    """A NaN anywhere in a channel makes its maximum NaN, in the plain and the blocked step,
+    as the ONNX reference evaluator computes it. onnxruntime agrees on a channel of NaN only:
+    its vectorised loop drops a NaN in most positions (1.32), and its maximum of a channel of
+    -inf is -FLT_MAX, so it is no oracle for the NaN placement."""
+    from onnx.reference import ReferenceEvaluator
+
+    for blocked in (False, True):
+        m = Model(seed=4)
+        x = m.input([2, 13, 6, 6])
+        m.feeds[x] = _nan_channels(m.feeds[x])
+        if blocked:  # a depthwise identity convolution: the blocked layout, NaN carried through
+            x = m.node("Conv", [x, m.const(np.ones([13, 1, 1, 1]))], group=13)
+        m.output(m.node("GlobalMaxPool", [x]))
+        path = tmp_path / f"gmp{blocked}.onnx"
+        model = m.save(path)
+        compiled = nncc.compile_model(path)
+        assert_one_native_partition(compiled)
+        got = compiled.run(m.feeds)[m.outputs[0].name]
+        want = ReferenceEvaluator(model).run(None, m.feeds)[0]
+        assert np.isnan(want[:, ::3]).all() and np.isnan(want[:, 1]).all()
+        np.testing.assert_array_equal(got, want)  # NaN where the oracle has NaN, equal elsewhere
+        ort_all_nan = onnxruntime_outputs(path, m.feeds, [m.outputs[0].name])[m.outputs[0].name][:, 1]
+        assert np.isnan(ort_all_nan).all()
