@@ -219,3 +219,126 @@ def test_global_max_pool_propagates_nan(tmp_path):
         np.testing.assert_array_equal(got, want)  # NaN where the oracle has NaN, equal elsewhere
         ort_all_nan = onnxruntime_outputs(path, m.feeds, [m.outputs[0].name])[m.outputs[0].name][:, 1]
         assert np.isnan(ort_all_nan).all()
+
+
+# -- activations recognised by what they compute ---------------------------------------------------
+
+
+def _hard_swish_div(m, x):  # x * Clip(x + 3, 0, 6) / 6
+    gate = m.node("Clip", [m.node("Add", [x, m.const(3.0)]), m.const(0.0), m.const(6.0)])
+    return m.node("Div", [m.node("Mul", [x, gate]), m.const(6.0)])
+
+
+def _hard_swish_times_sixth(m, x):  # (Clip(3 + x, 0, 6) * (1/6)) * x
+    gate = m.node("Clip", [m.node("Add", [m.const(3.0), x]), m.const(0.0), m.const(6.0)])
+    return m.node("Mul", [m.node("Mul", [gate, m.const(1.0 / 6.0)]), x])
+
+
+def _hard_swish_div_gate(m, x):  # x * Div(Clip(x + 3, 0, 6), 6)
+    gate = m.node("Clip", [m.node("Add", [x, m.const(3.0)]), m.const(0.0), m.const(6.0)])
+    return m.node("Mul", [x, m.node("Div", [gate, m.const(6.0)])])
+
+
+def _hard_sigmoid_times_x(m, x):  # HardSigmoid(x) * x, as PyTorch exports hardswish before opset 14
+    return m.node("Mul", [m.node("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5), x])
+
+
+def _silu(m, x):
+    return m.node("Mul", [x, m.node("Sigmoid", [x])])
+
+
+def _mish_softplus(m, x):
+    return m.node("Mul", [m.node("Tanh", [m.node("Softplus", [x])]), x])
+
+
+def _mish_log_exp(m, x):  # Softplus spelled Log(1 + Exp(x))
+    softplus = m.node("Log", [m.node("Add", [m.const(1.0), m.node("Exp", [x])])])
+    return m.node("Mul", [x, m.node("Tanh", [softplus])])
+
+
+SPELLINGS = {  # name -> (build, what it computes)
+    "hardswish x*clip/6": (_hard_swish_div, "HardSwish"),
+    "hardswish clip*(1/6)*x": (_hard_swish_times_sixth, "HardSwish"),
+    "hardswish x*div(clip,6)": (_hard_swish_div_gate, "HardSwish"),
+    "hardswish hardsigmoid*x": (_hard_sigmoid_times_x, "HardSwish"),
+    "silu": (_silu, "Silu"),
+    "mish softplus": (_mish_softplus, "Mish"),
+    "mish log(1+exp)": (_mish_log_exp, "Mish"),
+}
+
+
+def _fused_op(what: str, opset: int) -> str:
+    """The one node a spelling becomes: the ONNX op where the opset has one, else nncc's."""
+    if what == "HardSwish" and opset >= 14 or what == "Mish" and opset >= 18:
+        return what
+    return f"nncc::{what}"
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_a_spelled_activation_becomes_one_native_node(tmp_path, spelling, opset):
+    build, what = SPELLINGS[spelling]
+    m = Model(opset=opset, seed=3)
+    x = m.input([4, 9, 31], scale=4.0)  # past HardSwish's knees at -3 and 3
+    m.output(build(m, m.node("Add", [x, x])))  # after a value no product can take it into
+    assert op_types(m.optimized(tmp_path)) == ["Add", _fused_op(what, opset)]
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6))
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_a_spelled_activation_after_a_convolution_stays_in_one_native_partition(tmp_path, spelling):
+    """HardSwish goes into the convolution's epilogue; SiLU and Mish run over its blocked output."""
+    build, what = SPELLINGS[spelling]
+    m = Model(opset=13, seed=8)
+    y = m.node("Conv", [m.input([1, 12, 9, 9], scale=2.0), m.weight([16, 12, 3, 3]), m.weight([16])],
+               pads=[1, 1, 1, 1])
+    m.output(build(m, y))
+    graph = m.optimized(tmp_path)
+    if what == "HardSwish":
+        assert op_types(graph) == ["nncc::FusedConv"] and graph.nodes[0].attrs["activation"] == "HardSwish"
+    else:
+        assert op_types(graph) == ["Conv", f"nncc::{what}"]
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6))
+
+
+def _near_misses():
+    def clip_bound(m, x):  # 6.5 where HardSwish has 6
+        gate = m.node("Clip", [m.node("Add", [x, m.const(3.0)]), m.const(0.0), m.const(6.5)])
+        return m.node("Div", [m.node("Mul", [x, gate]), m.const(6.0)])
+
+    def shift(m, x):  # + 2.5 where HardSwish has + 3
+        gate = m.node("Clip", [m.node("Add", [x, m.const(2.5)]), m.const(0.0), m.const(6.0)])
+        return m.node("Div", [m.node("Mul", [x, gate]), m.const(6.0)])
+
+    def default_hard_sigmoid(m, x):  # HardSigmoid's own alpha 0.2: not HardSwish
+        return m.node("Mul", [m.node("HardSigmoid", [x]), x])
+
+    def swish_two(m, x):  # x * Sigmoid(2x)
+        return m.node("Mul", [x, m.node("Sigmoid", [m.node("Mul", [x, m.const(2.0)])])])
+
+    def silu_inner_read(m, x):  # the gate is an output too
+        gate = m.node("Sigmoid", [x])
+        m.output(gate)
+        return m.node("Mul", [x, gate])
+
+    def mish_inner_read(m, x):
+        softplus = m.node("Softplus", [x])
+        m.output(softplus)
+        return m.node("Mul", [m.node("Tanh", [softplus]), x])
+
+    return {f.__name__: f for f in (clip_bound, shift, default_hard_sigmoid, swish_two, silu_inner_read,
+                                    mish_inner_read)}
+
+
+NEAR_MISSES = _near_misses()
+
+
+@pytest.mark.parametrize("miss", sorted(NEAR_MISSES))
+def test_a_near_miss_stays_as_it_is(tmp_path, miss):
+    m = Model(opset=18, seed=6)
+    x = m.input([3, 40], scale=4.0)
+    s = m.node("Add", [x, x])
+    m.output(NEAR_MISSES[miss](m, s))
+    before = op_types(m.optimized(tmp_path, level=1))
+    assert op_types(m.optimized(tmp_path)) == before
+    compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6)

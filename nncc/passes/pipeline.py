@@ -21,6 +21,7 @@ from nncc.passes.fusion import (
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
+    fuse_spelled_activations,
     fuse_spelled_gelu,
     matmul_add_to_gemm,
 )
@@ -56,6 +57,9 @@ PASSES: list[PassInfo] = [
     PassInfo("fuse_dynamic_quantization", 2,
              "DynamicQuantizeLinear -> MatMulInteger by a constant matrix -> Cast -> Mul(scales) "
              "[-> Add(bias)] -> one com.microsoft DynamicQuantizeMatMul"),
+    PassInfo("fuse_spelled_activations", 2,
+             "HardSwish, SiLU and Mish spelled out in elementwise ops -> one HardSwish, Mish or "
+             "Swish node (nncc's before the opset that has it)"),
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
              "HardSigmoid or HardSwish -> one nncc fused node"),
@@ -78,6 +82,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
+    "fuse_spelled_activations": fuse_spelled_activations,
     "fuse_attention": fuse_attention,
     "fuse_gelu": fuse_spelled_gelu,
     "fuse_dynamic_quantization": fuse_dynamic_quantization,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native.ops import (affine, attention, cast, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
-                             layernorm, matmul, pool, qimage, recurrent, residual, softmax, sum_concat, transpose)
+                             layernorm, matmul, pool, qimage, recurrent, residual, self_gated, softmax, sum_concat,
+                             transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
@@ -24,6 +25,7 @@ ENTRIES: list[NativeOp] = [
     matmul.MATMUL,
     attention.ENTRY,
     gelu.ENTRY,
+    self_gated.ENTRY,
     elementwise.ENTRY,
     sum_concat.SUM,
     sum_concat.CONCAT,
