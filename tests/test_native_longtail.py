@@ -342,3 +342,66 @@ def test_a_near_miss_stays_as_it_is(tmp_path, miss):
     before = op_types(m.optimized(tmp_path, level=1))
     assert op_types(m.optimized(tmp_path)) == before
     compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6)
+
+
+# -- 1-D convolutions ---------------------------------------------------------------------------------
+
+
+def _gelu_erf(m, x):  # as torch.onnx writes nn.GELU() at opset 17
+    e = m.node("Erf", [m.node("Div", [x, m.const(np.sqrt(2.0))])])
+    return m.node("Mul", [m.node("Mul", [x, m.node("Add", [e, m.const(1.0)])]), m.const(0.5)])
+
+
+def _whisper_stem(m, mels=80, frames=120, width=96):
+    """Whisper's encoder stem: Conv1d(k3, pad 1) -> GELU -> Conv1d(k3, stride 2, pad 1) -> GELU."""
+    x = m.input([1, mels, frames])
+    y = m.node("Conv", [x, m.weight([width, mels, 3]), m.weight([width])], kernel_shape=[3], pads=[1, 1])
+    y = _gelu_erf(m, y)
+    y = m.node("Conv", [y, m.weight([width, width, 3]), m.weight([width])], kernel_shape=[3], pads=[1, 1],
+               strides=[2])
+    return _gelu_erf(m, y)
+
+
+def test_a_whisper_style_conv1d_stem_is_one_native_partition(tmp_path):
+    m = Model(opset=17, seed=12)
+    m.output(_whisper_stem(m))
+    graph = m.optimized(tmp_path)
+    assert [n for n in op_types(graph) if n != "Unsqueeze" and n != "Squeeze"] == \
+        ["Conv", "nncc::Gelu", "Conv", "nncc::Gelu"]
+    assert all(len(graph.initializers[n.inputs[1]].shape) == 4 for n in graph.nodes if n.op_type == "Conv")
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5))
+
+
+@pytest.mark.parametrize("case", [
+    dict(kernel_shape=[5], pads=[2, 1], strides=[3], dilations=[2]),
+    dict(kernel_shape=[3], group=4),  # grouped
+    dict(kernel_shape=[7], group=16, pads=[3, 3]),  # depthwise
+    dict(kernel_shape=[4], pads=[0, 3], strides=[2]),
+    dict(kernel_shape=[1]),
+])
+def test_conv1d_geometries_match_onnxruntime_natively(tmp_path, case):
+    m = Model(opset=13, seed=len(str(case)))  # opset 13: Unsqueeze's axes as an input; 11 below
+    group = case.get("group", 1)
+    y = m.node("Conv", [m.input([2, 16, 37]), m.weight([16, 16 // group, case["kernel_shape"][0]])], **case)
+    m.output(m.node("Relu", [y]))  # fused into the convolution first, then made 2-D
+    compiled = compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5)
+    assert_one_native_partition(compiled)
+
+
+def test_conv1d_at_an_opset_with_axes_as_attributes(tmp_path):
+    m = Model(opset=11, seed=1)
+    y = m.node("Conv", [m.input([1, 6, 20]), m.weight([8, 6, 3])], kernel_shape=[3], pads=[1, 1])
+    m.output(m.node("GlobalMaxPool", [m.node("Sigmoid", [y])]))
+    graph = m.optimized(tmp_path)
+    assert {n.op_type: n.attrs.get("axes") for n in graph.nodes if n.op_type in ("Unsqueeze", "Squeeze")} == \
+        {"Unsqueeze": [2], "Squeeze": [2]}
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5))
+
+
+def test_a_conv1d_with_weights_computed_at_run_time_stays_1d(tmp_path):
+    m = Model(opset=13, seed=2)
+    w = m.input([4, 3, 3])
+    m.output(m.node("Conv", [m.input([1, 3, 10]), w]))
+    graph = m.optimized(tmp_path)
+    assert op_types(graph) == ["Conv"]
+    compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5)

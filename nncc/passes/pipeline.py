@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 from nncc.ir.graph import Graph
 from nncc.passes.attention import fuse_attention
 from nncc.passes.cleanup import remove_noops
+from nncc.passes.conv1d import conv1d_as_2d
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
 from nncc.passes.qlinear_float import carry_quantized_as_float
@@ -63,6 +64,9 @@ PASSES: list[PassInfo] = [
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
              "HardSigmoid or HardSwish -> one nncc fused node"),
+    PassInfo("conv1d_as_2d", 2,
+             "Conv/FusedConv over [N, C, L] with constant weights -> Unsqueeze, the 2-D convolution "
+             "over [N, C, 1, L], Squeeze"),
     PassInfo("fuse_gelu", 2,
              "GELU spelled out in elementwise ops after a value no product absorbed -> one "
              "nncc Gelu"),
@@ -83,6 +87,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
     "fuse_spelled_activations": fuse_spelled_activations,
+    "conv1d_as_2d": conv1d_as_2d,
     "fuse_attention": fuse_attention,
     "fuse_gelu": fuse_spelled_gelu,
     "fuse_dynamic_quantization": fuse_dynamic_quantization,
