@@ -405,3 +405,71 @@ def test_a_conv1d_with_weights_computed_at_run_time_stays_1d(tmp_path):
     graph = m.optimized(tmp_path)
     assert op_types(graph) == ["Conv"]
     compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5)
+
+
+# -- Pad before a convolution -----------------------------------------------------------------------
+
+
+def _padded_conv(m: Model, pads, conv_pads=None, value=None, mode=None, axes=None, rank=4):
+    spatial = [9] * (rank - 2)
+    x = m.input([2, 5] + spatial)
+    inputs = [x, m.const(pads, np.int64)]
+    if value is not None or axes is not None:
+        inputs.append(m.const(value if value is not None else 0.0) if value is not None else "")
+    if axes is not None:
+        inputs.append(m.const(axes, np.int64))
+    padded = m.node("Pad", inputs, **({"mode": mode} if mode else {}))
+    attrs = {"pads": conv_pads} if conv_pads else {}
+    return m.node("Conv", [padded, m.weight([7, 5] + [3] * (rank - 2)), m.weight([7])], **attrs)
+
+
+FOLDED_PADS = {  # name -> (Pad's pads, Conv's own pads, value, axes, rank)
+    "symmetric": ([0, 0, 1, 1, 0, 0, 1, 1], None, None, None, 4),
+    "asymmetric, onto the conv's own": ([0, 0, 0, 2, 0, 0, 1, 0], [1, 0, 0, 1], 0.0, None, 4),
+    "spatial axes listed": ([1, 2, 0, 1], None, None, [2, 3], 4),
+    "negative axes listed": ([2, 1], None, None, [-1], 4),
+    "1-D": ([0, 0, 2, 0, 0, 1], None, None, None, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FOLDED_PADS))
+def test_a_zero_pad_before_a_conv_becomes_its_pads(tmp_path, name):
+    pads, conv_pads, value, axes, rank = FOLDED_PADS[name]
+    m = Model(opset=18, seed=len(name))
+    m.output(_padded_conv(m, pads, conv_pads, value, axes=axes, rank=rank))
+    graph = m.optimized(tmp_path)
+    assert "Pad" not in op_types(graph)
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5))
+
+
+NOT_FOLDED = {
+    "a pad value of 1": dict(pads=[0, 0, 1, 1, 0, 0, 1, 1], value=1.0),
+    "reflect": dict(pads=[0, 0, 1, 1, 0, 0, 1, 1], mode="reflect"),
+    "batch padded": dict(pads=[1, 0, 1, 1, 0, 0, 1, 1]),
+    "a crop": dict(pads=[0, 0, -1, 1, 0, 0, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_FOLDED))
+def test_a_pad_the_conv_cannot_do_stays(tmp_path, name):
+    m = Model(opset=18, seed=3)
+    m.output(_padded_conv(m, **NOT_FOLDED[name]))
+    assert "Pad" in op_types(m.optimized(tmp_path))
+    compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5)
+
+
+def test_a_pad_read_elsewhere_stays(tmp_path):
+    m = Model(opset=18, seed=4)
+    y = _padded_conv(m, [0, 0, 1, 1, 0, 0, 1, 1])
+    m.output(y)
+    m.output(m.nodes[-2].output[0])  # the padded value is an output too
+    assert "Pad" in op_types(m.optimized(tmp_path))
+    compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5)
+
+
+def test_a_pad_with_attributes_before_opset_11_folds_too(tmp_path):
+    m = Model(opset=10, seed=9)
+    padded = m.node("Pad", [m.input([1, 4, 8, 8])], pads=[0, 0, 2, 1, 0, 0, 0, 1])
+    m.output(m.node("Conv", [padded, m.weight([6, 4, 3, 3])]))
+    assert op_types(m.optimized(tmp_path)) == ["Conv"]
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5))

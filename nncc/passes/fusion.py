@@ -9,6 +9,7 @@
   (see nncc.kernels.affine).
 * ``matmul_add_to_gemm``: MatMul(A, constant 2-D B) -> Add(constant bias over the last
   axis) becomes ``nncc::FusedMatMul(A, B, bias)`` (A of any rank, unlike ONNX Gemm).
+* ``fold_pad_into_conv``: a zero Pad of the spatial axes before a Conv becomes its pads.
 * ``fuse_spelled_activations``: HardSwish, SiLU and Mish spelled out in elementwise ops
   become one node (the ONNX op at the model's opset, else nncc's), recognised by what they
   compute; ``fuse_spelled_gelu`` does the same for GELU after a value no product absorbed.
@@ -392,6 +393,74 @@ def _rank(graph: Graph, name: str) -> int | None:
     return None
 
 
+# --------------------------------------------------------------------------- Pad + Conv
+
+
+def fold_pad_into_conv(graph: Graph) -> Graph:
+    """Pad (constant mode, value 0, non-negative, spatial axes only, constant pads) whose
+    output only a Conv or FusedConv reads as its input becomes that convolution's own pads,
+    as exporters of TensorFlow models and explicit-padding PyTorch modules write it: the
+    convolution's kernels pad at no cost, where a Pad step copies the whole input."""
+    rw = Rewriter(graph)
+    for pad in graph.nodes:
+        if pad.op_type != "Pad" or pad.domain or len(pad.outputs) != 1 or not pad.inputs or not pad.inputs[0]:
+            continue
+        conv = rw.sole_consumer(pad.outputs[0])
+        if conv is None or (conv.domain, conv.op_type) not in _CONV_OPS or conv.inputs[0] != pad.outputs[0]:
+            continue
+        w = rw.constant(conv.inputs[1]) if len(conv.inputs) > 1 else None
+        spatial = _spatial_pads(graph, rw, pad, w.ndim) if w is not None and w.ndim >= 3 else None
+        if spatial is None:
+            continue
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        if auto_pad not in ("NOTSET", "VALID"):
+            continue
+        own = [0] * len(spatial) if auto_pad == "VALID" else list(conv.attrs.get("pads") or [0] * len(spatial))
+        if len(own) != len(spatial):
+            continue
+        attrs = dict(conv.attrs, pads=[a + b for a, b in zip(own, spatial)])
+        attrs.pop("auto_pad", None)
+        rw.replace[id(conv)] = Node(conv.op_type, [pad.inputs[0], *conv.inputs[1:]], list(conv.outputs), attrs,
+                                    conv.domain, conv.name)
+        rw.drop.add(id(pad))
+    return rw.result()
+
+
+_CONV_OPS = {("", "Conv"), (NNCC, "FusedConv")}
+
+
+def _spatial_pads(graph: Graph, rw: Rewriter, pad: Node, rank: int) -> list[int] | None:
+    """The Pad's begin and end pads of the axes after N and C of its ``rank`` input (the
+    convolution's weights' rank), as a Conv's ``pads`` lists them, when it pads with zeros
+    only there; else None."""
+    if pad.attrs.get("mode", "constant") not in ("constant", b"constant"):
+        return None
+    if graph.opset("") < 11:
+        pads, value, axes = pad.attrs.get("pads"), float(pad.attrs.get("value", 0.0)), None
+    else:
+        names = list(pad.inputs[1:]) + ["", "", ""]
+        pads = rw.constant(names[0])
+        constant = rw.constant(names[1]) if names[1] else np.zeros(1)
+        if pads is None or constant is None or constant.size != 1 or (names[2] and rw.constant(names[2]) is None):
+            return None
+        value = float(np.asarray(constant).reshape(-1)[0])
+        axes = rw.constant(names[2]) if names[2] else None
+    if pads is None or value != 0.0:
+        return None
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    if axes is not None:  # pads of the listed axes only
+        listed = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+        if len(pads) != 2 * len(listed) or len(set(listed)) != len(listed):
+            return None
+        full = [0] * (2 * rank)
+        for i, axis in enumerate(listed):
+            full[axis], full[rank + axis] = pads[i], pads[len(listed) + i]
+        pads = full
+    if len(pads) != 2 * rank or any(p < 0 for p in pads) or any(pads[a] or pads[rank + a] for a in (0, 1)):
+        return None
+    return pads[2:rank] + pads[rank + 2:]
+
+
 # --------------------------------------------------------------------------- activations
 
 _FUSED_NAME = {("", "Conv"): "FusedConv", ("", "Gemm"): "FusedGemm", ("", "MatMul"): "FusedMatMul",
@@ -680,4 +749,4 @@ def _activation_node(name: str, opset: int) -> tuple[str, str, dict]:
 
 
 __all__ = ["fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift",
-           "matmul_add_to_gemm", "fuse_activation", "fuse_spelled_gelu", "fuse_spelled_activations"]
+           "matmul_add_to_gemm", "fuse_activation", "fuse_spelled_gelu", "fuse_spelled_activations", "fold_pad_into_conv"]

@@ -20,6 +20,7 @@ from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.passes.fusion import (
     batchnorm_to_scale_shift,
     fold_batchnorm_into_conv,
+    fold_pad_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
     fuse_spelled_activations,
@@ -50,6 +51,8 @@ PASSES: list[PassInfo] = [
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
     PassInfo("fold_scale_shift_into_conv", 2,
              "fold a per-channel constant Mul or Add after a Conv into its weights and bias"),
+    PassInfo("fold_pad_into_conv", 2,
+             "a Pad of zeros on the spatial axes before a Conv -> the Conv's own pads"),
     PassInfo("batchnorm_to_scale_shift", 2,
              "inference BatchNormalization not after a Conv, with any per-channel constant "
              "Mul/Add/Sub after it -> one nncc ScaleShift"),
@@ -82,6 +85,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,
     "eliminate_dead_code": eliminate_dead_code,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
+    "fold_pad_into_conv": fold_pad_into_conv,
     "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
     "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
