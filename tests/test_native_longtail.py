@@ -286,19 +286,42 @@ def test_a_spelled_activation_becomes_one_native_node(tmp_path, spelling, opset)
 
 
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
-def test_a_spelled_activation_after_a_convolution_stays_in_one_native_partition(tmp_path, spelling):
-    """HardSwish goes into the convolution's epilogue; SiLU and Mish run over its blocked output."""
+def test_a_spelled_activation_after_a_product_goes_into_its_epilogue(tmp_path, spelling):
     build, what = SPELLINGS[spelling]
     m = Model(opset=13, seed=8)
     y = m.node("Conv", [m.input([1, 12, 9, 9], scale=2.0), m.weight([16, 12, 3, 3]), m.weight([16])],
                pads=[1, 1, 1, 1])
     m.output(build(m, y))
+    z = m.node("MatMul", [m.input([5, 24], scale=2.0), m.weight([24, 20])])
+    m.output(build(m, z))
     graph = m.optimized(tmp_path)
-    if what == "HardSwish":
-        assert op_types(graph) == ["nncc::FusedConv"] and graph.nodes[0].attrs["activation"] == "HardSwish"
-    else:
-        assert op_types(graph) == ["Conv", f"nncc::{what}"]
+    assert op_types(graph) == ["nncc::FusedConv", "nncc::FusedMatMul"]
+    assert [n.attrs["activation"] for n in graph.nodes] == [what, what]
     assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6))
+
+
+CONV_FORMS = {  # the convolution kernels whose epilogues apply an activation lane by lane
+    "direct": dict(x=[1, 12, 9, 9], w=[16, 12, 3, 3], group=1),
+    "winograd": dict(x=[1, 64, 24, 24], w=[64, 64, 3, 3], group=1),
+    "depthwise": dict(x=[1, 24, 10, 10], w=[24, 1, 3, 3], group=24),
+    "grouped": dict(x=[1, 12, 8, 8], w=[12, 4, 3, 3], group=3),
+}
+
+
+@pytest.mark.parametrize("what", ["Silu", "Mish"])
+@pytest.mark.parametrize("form", sorted(CONV_FORMS))
+def test_silu_and_mish_in_every_convolution_epilogue(tmp_path, form, what):
+    """The activation after the store, as sigmoid and tanh: direct, Winograd, depthwise and
+    grouped (the runtime's) convolutions, with a residual Add before it too."""
+    f = CONV_FORMS[form]
+    build = _silu if what == "Silu" else _mish_softplus
+    m = Model(opset=13, seed=21)
+    x = m.input(f["x"], scale=2.0)
+    y = m.node("Conv", [x, m.weight(f["w"]), m.weight([f["w"][0]])], pads=[1, 1, 1, 1], group=f["group"])
+    m.output(build(m, y))
+    y2 = m.node("Conv", [x, m.weight(f["w"])], pads=[1, 1, 1, 1], group=f["group"])
+    m.output(build(m, m.node("Add", [y2, x] if f["w"][0] == f["x"][1] else [y2, y2])))
+    assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=5e-6))
 
 
 def _near_misses():
@@ -473,3 +496,17 @@ def test_a_pad_with_attributes_before_opset_11_folds_too(tmp_path):
     m.output(m.node("Conv", [padded, m.weight([6, 4, 3, 3])]))
     assert op_types(m.optimized(tmp_path)) == ["Conv"]
     assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=1e-4, atol=1e-5))
+
+
+@pytest.mark.parametrize("spelling", ["silu", "mish softplus", "mish log(1+exp)"])
+def test_the_portable_plan_of_a_fused_silu_or_mish_matches_onnxruntime(tmp_path, spelling):
+    """The fused nodes' numpy kernels (what runs without a compiler or an untrusted artifact)."""
+    build, what = SPELLINGS[spelling]
+    m = Model(opset=13, seed=5)
+    y = m.node("Conv", [m.input([2, 6, 7, 7], scale=3.0), m.weight([8, 6, 3, 3])], pads=[1, 1, 1, 1])
+    m.output(build(m, y))
+    m.output(build(m, m.node("Gemm", [m.input([4, 10], scale=3.0), m.weight([10, 6])])))
+    compiled = compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6, backends=("numpy",))
+    assert compiled.native_partitions == 0
+    assert {n.op_type: n.attrs.get("activation") for n in m.optimized(tmp_path).nodes} == \
+        {"FusedConv": what, "FusedGemm": what}

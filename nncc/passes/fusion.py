@@ -14,7 +14,7 @@
   become one node (the ONNX op at the model's opset, else nncc's), recognised by what they
   compute; ``fuse_spelled_gelu`` does the same for GELU after a value no product absorbed.
 * ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul / ScaleShift -> Relu, LeakyRelu,
-  Clip (constant bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes
+  Clip (constant bounds), Sigmoid, Tanh, HardSigmoid, HardSwish, SiLU or Mish becomes
   ``nncc::FusedConv`` / ``FusedGemm`` / ``FusedMatMul`` / ``ScaleShift`` with an
   ``activation`` attribute (see nncc.kernels.fused). A Gemm or MatMul by a constant matrix
   also takes a GELU: the ONNX Gelu op, or GELU spelled out in elementwise ops as exporters
@@ -474,10 +474,12 @@ def _activation_attrs(graph: Graph, act: Node, rw: Rewriter) -> dict | None:
     if len(act.outputs) != 1 or not act.outputs[0]:
         return None
     op = act.op_type
-    if act.domain == NNCC and op == "HardSwish":  # a spelled-out HardSwish (fuse_spelled_activations)
+    if act.domain == NNCC and op in ("HardSwish", "Silu", "Mish"):  # spelled out (fuse_spelled_activations)
         return {"activation": op} if len(act.inputs) == 1 else None
     if act.domain != "":
         return None
+    if op == "Mish" or op == "Swish" and float(act.attrs.get("alpha", 1.0)) == 1.0:
+        return {"activation": "Mish" if op == "Mish" else "Silu"} if len(act.inputs) == 1 else None
     if op in _SIMPLE:
         return {"activation": op} if len(act.inputs) == 1 else None
     if op == "LeakyRelu":

@@ -66,7 +66,7 @@ PASSES: list[PassInfo] = [
              "Swish node (nncc's before the opset that has it)"),
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
-             "HardSigmoid or HardSwish -> one nncc fused node"),
+             "HardSigmoid, HardSwish, SiLU or Mish -> one nncc fused node"),
     PassInfo("conv1d_as_2d", 2,
              "Conv/FusedConv over [N, C, L] with constant weights -> Unsqueeze, the 2-D convolution "
              "over [N, C, 1, L], Squeeze"),
