@@ -49,4 +49,4 @@ static inline nn_v nn_vact(int act, nn_v v, float p0, float p1) {
     default: return v;
     }
 }
-#define nn_vact_needs_scalar(act) ((act) == NN_SIGMOID || (act) == NN_TANH || (act) == NN_SILU || (act) == NN_MISH)
+#define nn_vact_needs_scalar(act) ((act) == NN_SIGMOID || (act) == NN_TANH)
