@@ -569,8 +569,8 @@ def fuse_spelled_gelu(graph: Graph) -> Graph:
 
 _GELU_PRODUCERS = {("", "Gemm"), ("", "MatMul"), (NNCC, "FusedMatMul")}
 _GELU_OPS = {"Mul", "Div", "Add", "Sub", "Erf", "Tanh", "Pow", "Sqrt"}
-_GELU_WINDOW = 24  # nodes after the product searched for its spelling
-_GELU_SIZE = 12  # nodes at most in a spelled-out GELU
+_SPELLING_WINDOW = 24  # nodes after the value searched for a spelled-out function of it
+_SPELLING_SIZE = 12  # nodes at most in a spelled-out function
 
 
 def _spelled_gelu(graph: Graph, rw: Rewriter, x: str, start: int) -> tuple[list[Node], str] | None:
@@ -590,7 +590,7 @@ def _spelled(graph: Graph, rw: Rewriter, x: str, start: int, ops, which) -> tupl
     if x in rw.pinned:
         return None
     values, region = {x}, []
-    for node in graph.nodes[start + 1:start + 1 + _GELU_WINDOW]:
+    for node in graph.nodes[start + 1:start + 1 + _SPELLING_WINDOW]:
         if node.domain or node.op_type not in ops or len(node.outputs) != 1 or not node.outputs[0]:
             continue
         if id(node) in rw.drop or id(node) in rw.replace or not any(name in values for name in node.inputs):
@@ -598,7 +598,7 @@ def _spelled(graph: Graph, rw: Rewriter, x: str, start: int, ops, which) -> tupl
         if all(not name or name in values or _scalar(rw.constant(name)) for name in node.inputs):
             region.append(node)
             values.add(node.outputs[0])
-            if len(region) == _GELU_SIZE:
+            if len(region) == _SPELLING_SIZE:
                 break
     for end in range(len(region) - 1, 0, -1):
         nodes = _ancestors(region[:end + 1], x)
