@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import nncc  # noqa: E402
+from nncc.errors import NnccError  # noqa: E402
 from nncc.frontend.onnx import parse_model  # noqa: E402
 from nncc.ir.graph import Graph, Node, TensorInfo  # noqa: E402
 from nncc.native import codegen  # noqa: E402
@@ -510,3 +511,11 @@ def test_the_portable_plan_of_a_fused_silu_or_mish_matches_onnxruntime(tmp_path,
     assert compiled.native_partitions == 0
     assert {n.op_type: n.attrs.get("activation") for n in m.optimized(tmp_path).nodes} == \
         {"FusedConv": what, "FusedGemm": what}
+
+
+def test_a_pad_with_an_axis_out_of_range_is_reported_not_folded(tmp_path):
+    m = Model(opset=18, seed=4)
+    m.output(_padded_conv(m, [1, 1], axes=[6]))  # 6 % 4 would be a spatial axis
+    assert "Pad" in op_types(m.optimized(tmp_path))
+    with pytest.raises(NnccError, match="axes|axis"):
+        nncc.compile_model(tmp_path / "m.onnx").run(m.feeds)

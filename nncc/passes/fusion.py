@@ -449,7 +449,10 @@ def _spatial_pads(graph: Graph, rw: Rewriter, pad: Node, rank: int) -> list[int]
         return None
     pads = [int(p) for p in np.asarray(pads).reshape(-1)]
     if axes is not None:  # pads of the listed axes only
-        listed = [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+        listed = [int(a) for a in np.asarray(axes).reshape(-1)]
+        if any(not -rank <= a < rank for a in listed):
+            return None  # the Pad kernel reports it
+        listed = [a % rank for a in listed]
         if len(pads) != 2 * len(listed) or len(set(listed)) != len(listed):
             return None
         full = [0] * (2 * rank)
