@@ -754,4 +754,5 @@ def _activation_node(name: str, opset: int) -> tuple[str, str, dict]:
 
 
 __all__ = ["fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift",
-           "matmul_add_to_gemm", "fuse_activation", "fuse_spelled_gelu", "fuse_spelled_activations", "fold_pad_into_conv"]
+           "matmul_add_to_gemm", "fuse_activation", "fuse_spelled_gelu", "fuse_spelled_activations",
+           "fold_pad_into_conv"]
