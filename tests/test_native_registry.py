@@ -174,13 +174,15 @@ def test_an_entry_says_why_it_refuses(tmp_path):
 
 ACTIVATIONS = {  # op -> attributes (Clip's bounds are inputs)
     "Relu": {}, "Sigmoid": {}, "Tanh": {}, "LeakyRelu": {"alpha": 0.15}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4},
-    "HardSwish": {}, "Clip": {},
+    "HardSwish": {}, "Clip": {}, "Mish": {}, "Silu": {},
 }
 
 
 def _activation(m: Model, op: str, x: str) -> str:
     if op == "Clip":
         return m.node("Clip", [x, m.const(-0.3), m.const(0.6)])
+    if op == "Silu":  # no ONNX op before Swish at opset 24: as exporters spell it
+        return m.node("Mul", [x, m.node("Sigmoid", [x])])
     return m.node(op, [x], **ACTIVATIONS[op])
 
 

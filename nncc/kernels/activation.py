@@ -572,6 +572,29 @@ def nncc_gelu(ctx, x):
     return gelu(ctx, x)
 
 
+# The activations passes/fusion.py recognises in their spelled-out forms, as nncc ops for
+# models whose opset predates the ONNX op (HardSwish: 14, Mish: 18; SiLU is ONNX Swish, 24).
+
+
+@kernel("HardSwish", since=1, domain="nncc", shape=same_as(0))
+def nncc_hard_swish(ctx, x):
+    """nncc::HardSwish: ONNX HardSwish, x * max(0, min(1, x / 6 + 1 / 2)), at any opset."""
+    return hard_swish(ctx, x)
+
+
+@kernel("Mish", since=1, domain="nncc", shape=same_as(0))
+def nncc_mish(ctx, x):
+    """nncc::Mish: ONNX Mish, x * tanh(softplus(x)), at any opset."""
+    return mish(ctx, x)
+
+
+@kernel("Silu", since=1, domain="nncc", shape=same_as(0))
+def nncc_silu(ctx, x):
+    """nncc::Silu: x * sigmoid(x) (ONNX Swish with alpha 1), at any opset."""
+    _check_float("Silu", x)
+    return _done(_swish(_work(x), 1.0), x)
+
+
 # --------------------------------------------------------------------------- Softmax family
 
 

@@ -7,7 +7,7 @@
   constant Mul / Add / Sub that followed it.
 
 Attributes: the fused activation of ``FusedConv`` (see nncc.kernels.fused): ``activation``
-(Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid or HardSwish; absent or "" for none),
+(Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, Silu or Mish; absent or "" for none),
 ``activation_alpha``, ``activation_beta``, ``activation_min``, ``activation_max``.
 
 Y has X's dtype; float32 and float64 compute in X's dtype, float16 in float32 (as

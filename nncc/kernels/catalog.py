@@ -232,6 +232,8 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "nncc::FusedGemm": "fused",
     "nncc::FusedMatMul": "fused",
     "nncc::Gelu": "activation",
+    "nncc::HardSwish": "activation",
+    "nncc::Mish": "activation",
     "nncc::QAdd": "qimage",
     "nncc::QConv": "qimage",
     "nncc::QGemm": "qimage",
@@ -239,5 +241,6 @@ FAMILY_OF = {  # "domain::op_type" -> module in nncc/kernels/
     "nncc::QMatMul": "qimage",
     "nncc::QuantizeDequantize": "qimage",
     "nncc::ScaleShift": "affine",
+    "nncc::Silu": "activation",
 }
 

@@ -8,7 +8,7 @@
 Attributes: those of the underlying ONNX op, plus
 
 * ``activation`` (str, optional): Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid,
-  HardSwish or Gelu (``activation_approximate``: "none", the erf form, or "tanh"); absent
+  HardSwish, Silu (x * sigmoid(x)), Mish or Gelu (``activation_approximate``: "none", the erf form, or "tanh"); absent
   or "" for none;
 * its parameters as floats: ``activation_alpha`` (LeakyRelu, HardSigmoid),
   ``activation_beta`` (HardSigmoid), ``activation_min`` / ``activation_max`` (Clip; absent
@@ -30,7 +30,8 @@ from nncc.kernels.linalg import BLAS_DTYPES, matmul_route
 from nncc.kernels.registry import Ctx, kernel, resolve, stand_ins
 from nncc.kernels.shapes import check_size
 
-ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu")
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Silu", "Mish", "Gelu")
+_NNCC_ACTIVATIONS = ("Silu", "Mish")  # nncc ops of their own (nncc.kernels.activation), at any opset
 DEFAULT_ONNX_OPSET = 22
 
 
@@ -110,10 +111,22 @@ def apply_activation(ctx, y: np.ndarray) -> np.ndarray:
         np.maximum(gate, t(0), out=gate)
         np.minimum(gate, t(1), out=gate)
         y *= gate
+    elif name == "Silu":
+        gate = np.negative(y)
+        with np.errstate(over="ignore"):
+            np.exp(gate, out=gate)
+        gate += t(1)
+        np.divide(y, gate, out=y)
+    elif name == "Mish":
+        gate = np.logaddexp(t(0), y)  # softplus, without overflow
+        np.tanh(gate, out=gate)
+        y *= gate
     return y
 
 
 def _delegate(ctx, name: str, y: np.ndarray) -> np.ndarray:
+    if name in _NNCC_ACTIVATIONS:
+        return resolve(name, "nncc", 1).fn(Ctx({}, 1, 1, ctx.name), y)
     attrs: dict = {}
     opset = 14
     if name in ("LeakyRelu", "HardSigmoid") and ctx.get("activation_alpha") is not None:

@@ -16,10 +16,12 @@ _TABLE = (
     ("LeakyRelu", "NN_LEAKY"),
     ("HardSigmoid", "NN_HSIGMOID"),
     ("HardSwish", "NN_HSWISH"),
+    ("Silu", "NN_SILU"),  # x * sigmoid(x)
+    ("Mish", "NN_MISH"),  # x * tanh(softplus(x))
 )
 CODES = {name: code for code, (name, _) in enumerate(_TABLE)}
 # what nn_vact cannot compute on a vector: applied lane by lane after the store
-SCALAR_ONLY = frozenset({CODES["Sigmoid"], CODES["Tanh"]})
+SCALAR_ONLY = frozenset({CODES["Sigmoid"], CODES["Tanh"], CODES["Silu"], CODES["Mish"]})
 VECTOR_CODES = {name: code for name, code in CODES.items() if code not in SCALAR_ONLY}
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nncc.native.activations import SCALAR_ONLY
+
 
 @dataclass(frozen=True)
 class Conv2d:
@@ -152,10 +154,10 @@ def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
 
 def stored(v: str, residual: str | None, act: int, p0: str, p1: str) -> str:
     """The vector a store writes: ``v`` plus the residual vector at ``residual`` (a C
-    pointer expression), activated (sigmoid and tanh are applied after the store)."""
+    pointer expression), activated (the SCALAR_ONLY ones are applied after the store)."""
     if residual:
         v = f"nn_vadd({v}, nn_vload({residual}))"
-    if act and act not in (3, 4):
+    if act and act not in SCALAR_ONLY:
         v = f"nn_vact({act}, {v}, {p0}, {p1})"
     return v
 
@@ -167,7 +169,7 @@ def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: 
         for r in range(rw):
             off = f"{o * plane} + (ow0 + {r}) * {vl}"
             lines.append(f"nn_vstore(y + {off}, {stored(f'a{r}_{o}', f'res + {off}' if has_res else None, act, p0, p1)});")
-    if act in (3, 4):  # sigmoid, tanh: lane by lane after the store (the loop vectorizes)
+    if act in SCALAR_ONLY:  # sigmoid, tanh, ...: lane by lane after the store (the loop vectorizes)
         for o in range(ocb):
             lines.append(f"for (int q = 0; q < {rw * vl}; q++) {{ float *e = y + {o * plane} + ow0 * {vl} + q; "
                          f"*e = nn_act({act}, *e, {p0}, {p1}); }}")

@@ -1,6 +1,6 @@
 """The other kernels of the channel-blocked layout (see nncc/native/blocked_conv.py):
 reorders between NCHW and the blocked layout at a partition's edges, pooling and global
-average pooling vector by vector, and channel concatenation. Each returns (support C,
+average and max pooling vector by vector, and channel concatenation. Each returns (support C,
 call statement) with every size a literal; pointers are C expressions the caller gives.
 """
 
@@ -145,6 +145,34 @@ static void gap_task(void *p, int64_t lo, int64_t hi) {{
 }}
 """
     return support, _call([x, f"(const float *){y}"], n * cb, n * cb * hw * vl, "gap_task")
+
+
+def global_max(shape, vl: int, x: str, y: str) -> tuple[str, str]:
+    """[N, C, H, W] blocked -> [N, C, 1, 1] blocked: the largest value of each channel, a NaN
+    anywhere in it giving NaN (the padding lanes hold zeros: their result is never read)."""
+    n, c, h, w = shape
+    cb, hw = blocks(c, vl), h * w
+    support = f"""NN_REQUIRE_VL({vl});
+static void gmp_task(void *p, int64_t lo, int64_t hi) {{
+  const float *const *a = p;
+  const float *xp = a[0];
+  float *yp = (float *)a[1];
+  for (int64_t t = lo; t < hi; t++) {{
+    const float *x = xp + t * {hw * vl};
+    nn_v m0 = nn_vset1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    int64_t i = 0;
+    for (; i + 4 <= {hw}; i += 4) {{
+      m0 = nn_vmaxnan(m0, nn_vload(x + i * {vl}));
+      m1 = nn_vmaxnan(m1, nn_vload(x + (i + 1) * {vl}));
+      m2 = nn_vmaxnan(m2, nn_vload(x + (i + 2) * {vl}));
+      m3 = nn_vmaxnan(m3, nn_vload(x + (i + 3) * {vl}));
+    }}
+    for (; i < {hw}; i++) m0 = nn_vmaxnan(m0, nn_vload(x + i * {vl}));
+    nn_vstore(yp + t * {vl}, nn_vmaxnan(nn_vmaxnan(m0, m1), nn_vmaxnan(m2, m3)));
+  }}
+}}
+"""
+    return support, _call([x, f"(const float *){y}"], n * cb, n * cb * hw * vl, "gmp_task")
 
 
 def concat_channels(shapes, vl: int, xs: list[str], y: str) -> tuple[str, str]:

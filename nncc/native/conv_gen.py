@@ -20,7 +20,9 @@ from nncc.native.c_literal import c_float
 from nncc.native.kernel import scratch_arg
 from nncc.native.graph_query import is_pair_sum
 
-POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool"}
+POOL_OPS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
+GLOBAL_POOLS = {"GlobalAveragePool", "GlobalMaxPool"}  # of any rank from 3: one value per row of N * C
+_MAX_ROWS_CHUNK = 64  # rows per task of a global max
 
 
 class ConvSteps:
@@ -96,6 +98,25 @@ class ConvSteps:
                   f"  for (int64_t i = 0; i < {inner}; i++) y[i] = nn_act({code}, x[i] * s + b, {c_float(p0)}, {c_float(p1)});\n"
                   "}", [x, scale, shift], [y])
 
+    def max_rows(self, x: str, y: str, rows: int, n: int) -> None:
+        """y[r] = the largest of row r's n values, a NaN anywhere in it giving NaN (as
+        MaxPool's windows and the portable kernel), over the pool by chunks of rows."""
+        chunks = -(-rows // _MAX_ROWS_CHUNK)
+        support = f"""typedef struct {{ const float *x; float *y; }} max_rows_job;
+static void max_rows_chunks(void *ctx, int64_t lo, int64_t hi) {{
+    const max_rows_job *j = ctx;
+    int64_t end = hi * {_MAX_ROWS_CHUNK} < {rows} ? hi * {_MAX_ROWS_CHUNK} : {rows};
+    for (int64_t r = lo * {_MAX_ROWS_CHUNK}; r < end; r++) {{
+        const float *xr = j->x + r * {n};
+        float m = -INFINITY;
+        for (int64_t i = 0; i < {n}; i++) {{ float v = xr[i]; m = v > m || v != v ? v : m; }}
+        j->y[r] = m;
+    }}
+}}
+"""
+        self.step(f"max_rows_job job = {{{self.ptr(x)}, {self.ptr(y)}}}; "
+                  f"nn_parallel({chunks}, {rows * n}, max_rows_chunks, &job);", [x], [y], support=support)
+
     def residual(self, add: Node) -> None:
         conv_out = next(i for i in add.inputs if i in self.deferred)
         other = add.inputs[1] if add.inputs[0] == conv_out else add.inputs[0]
@@ -116,9 +137,13 @@ class ConvSteps:
 
     def pool(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]
+        if node.op_type in GLOBAL_POOLS:
+            shape = self.shape(x)
+            rows, n = shape[0] * shape[1], math.prod(shape[2:])
+            if node.op_type == "GlobalMaxPool":
+                return self.max_rows(x, y, rows, n)
+            return self.step(f"nn_mean_rows({self.ptr(x)}, {self.ptr(y)}, {rows}, {n});", [x], [y])
         n, c, h, w = self.shape(x)
-        if node.op_type == "GlobalAveragePool":
-            return self.step(f"nn_mean_rows({self.ptr(x)}, {self.ptr(y)}, {n * c}, {h * w});", [x], [y])
         _, _, oh, ow = self.shape(y)
         a = node.attrs
         kh, kw = a["kernel_shape"]

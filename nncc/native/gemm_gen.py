@@ -49,6 +49,8 @@ VECTOR_ACTS = VECTOR_CODES  # applied to the accumulators in the micro-kernel (n
 SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",
+    "Silu": "(v * nn_sigmoid(v))",
+    "Mish": "(v * nn_tanh(v > 20.0f ? v : log1pf(nn_exp(v))))",
     "Gelu": "nn_gelu_erf(v)",  # through nn_gelu_erf_row (ROW_ACTS)
     "GeluTanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
 }

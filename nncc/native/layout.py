@@ -163,6 +163,8 @@ class BlockedLayout:
         if node.op_type == "GlobalAveragePool":
             support, code = bo.global_average(shape, self.vl, self.ptr(self.blocked[x]),
                                               self.ptr(self.blocked_buffer(y)))
+        elif node.op_type == "GlobalMaxPool":
+            support, code = bo.global_max(shape, self.vl, self.ptr(self.blocked[x]), self.ptr(self.blocked_buffer(y)))
         else:
             a = node.attrs
             pads = a.get("pads") or [0, 0, 0, 0]

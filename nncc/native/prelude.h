@@ -116,6 +116,8 @@ static inline float nn_act(int act, float v, float p0, float p1) {
     case NN_LEAKY: return v >= 0.0f ? v : v * p0;
     case NN_HSIGMOID: { float t = p0 * v + p1; return t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); }
     case NN_HSWISH: { float t = v / 6.0f + 0.5f; t = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); return v * t; }
+    case NN_SILU: return v * nn_sigmoid(v);
+    case NN_MISH: return v * nn_tanh(v > 20.0f ? v : log1pf(nn_exp(v)));  /* softplus(v) is v above 20 */
     default: return v;
     }
 }

@@ -22,6 +22,7 @@ from fractions import Fraction as Fr
 
 import numpy as np
 
+from nncc.native.activations import SCALAR_ONLY
 from nncc.native.blocked_conv import (Conv2d, blocks, choose_tiling, direct_conv, pack_direct_weights, parallel_call,
                                       stored)
 
@@ -160,7 +161,7 @@ def winograd_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0:
             out.append(f"      const int64_t o = base + ((ty * 4 + {i}) * {g.ow} + tx * 4 + {j}) * {vl};")
             out.append(f"      nn_v v = {stored(f'nn_vadd({e}, bias)', 'rp + o' if has_res else None, act, p0, p1)};")
             out.append("      nn_vstore(yp + o, v);")
-            if act in (3, 4):
+            if act in SCALAR_ONLY:
                 out.append(f"      for (int q = 0; q < {vl}; q++) yp[o + q] = nn_act({act}, yp[o + q], {p0}, {p1});")
             out.append("    }")
     out += ["  }", "}"]

@@ -1,4 +1,5 @@
-"""Removal of inference no-ops (Identity, inference-mode Dropout), plus helpers shared by passes.
+"""Removal of inference no-ops (Identity, inference-mode Dropout, a Cast to the type its input
+already has), plus helpers shared by passes.
 
 Every pass is a function Graph -> Graph returning a NEW Graph: the input graph's node list,
 dicts and Node objects are never modified (unchanged Nodes may be shared by both graphs).
@@ -11,7 +12,9 @@ from typing import Iterable
 
 import numpy as np
 
+from nncc.errors import NnccError
 from nncc.ir.graph import Graph, Node
+from nncc.passes.shape_inference import infer_shapes
 
 # --------------------------------------------------------------------------- shared helpers
 
@@ -91,9 +94,31 @@ def frozen(array) -> np.ndarray:
 # --------------------------------------------------------------------------- the pass
 
 
-def _is_noop(node: Node, graph: Graph, used: set[str]) -> bool:
+def _same_type_casts(graph: Graph) -> set[int]:
+    """The Casts whose input already has the type they cast to (the float32-to-float32 Cast
+    an RMSNorm export writes): identities. Types come from shape inference, run only when
+    the graph has a Cast; without it (inference failed) every Cast stays."""
+    casts = [node for node in graph.nodes if node.domain == "" and node.op_type in ("Cast", "CastLike")
+             and node.inputs and node.inputs[0] and len(node.outputs) == 1 and node.outputs[0]]
+    if not casts:
+        return set()
+    try:
+        infos = infer_shapes(graph)
+    except NnccError:
+        return set()
+    same = set()
+    for node in casts:
+        src, dst = infos.get(node.inputs[0]), infos.get(node.outputs[0])
+        if src is not None and dst is not None and src.dtype is not None and src.dtype == dst.dtype:
+            same.add(id(node))
+    return same
+
+
+def _is_noop(node: Node, graph: Graph, used: set[str], casts: set[int]) -> bool:
     if node.domain != "" or not node.inputs or not node.inputs[0] or not node.outputs:
         return False
+    if id(node) in casts:
+        return True
     if node.op_type == "Identity":
         return len(node.outputs) == 1 and bool(node.outputs[0])
     if node.op_type != "Dropout":
@@ -111,7 +136,8 @@ def _is_noop(node: Node, graph: Graph, used: set[str]) -> bool:
 
 
 def remove_noops(graph: Graph) -> Graph:
-    """Remove Identity and inference-mode Dropout, rewiring consumers to their inputs.
+    """Remove Identity, inference-mode Dropout and Casts to their input's own type, rewiring
+    consumers to their inputs.
 
     When a removed node's output is a graph output, the output name is kept: the producer
     of the input is renamed to it, or, when the input is a graph input, an initializer,
@@ -120,9 +146,10 @@ def remove_noops(graph: Graph) -> Graph:
     graph_outputs = set(graph.outputs)
     captured = subgraph_references(graph)
     used = {n for node in graph.nodes for n in node.inputs if n} | graph_outputs | captured
+    casts = _same_type_casts(graph)
     candidates = []
     for node in graph.nodes:
-        if not _is_noop(node, graph, used):
+        if not _is_noop(node, graph, used, casts):
             continue
         if node.outputs[0] in captured:
             continue

@@ -9,8 +9,12 @@
   (see nncc.kernels.affine).
 * ``matmul_add_to_gemm``: MatMul(A, constant 2-D B) -> Add(constant bias over the last
   axis) becomes ``nncc::FusedMatMul(A, B, bias)`` (A of any rank, unlike ONNX Gemm).
+* ``fold_pad_into_conv``: a zero Pad of the spatial axes before a Conv becomes its pads.
+* ``fuse_spelled_activations``: HardSwish, SiLU and Mish spelled out in elementwise ops
+  become one node (the ONNX op at the model's opset, else nncc's), recognised by what they
+  compute; ``fuse_spelled_gelu`` does the same for GELU after a value no product absorbed.
 * ``fuse_activation``: Conv / Gemm / MatMul / FusedMatMul / ScaleShift -> Relu, LeakyRelu,
-  Clip (constant bounds), Sigmoid, Tanh, HardSigmoid or HardSwish becomes
+  Clip (constant bounds), Sigmoid, Tanh, HardSigmoid, HardSwish, SiLU or Mish becomes
   ``nncc::FusedConv`` / ``FusedGemm`` / ``FusedMatMul`` / ``ScaleShift`` with an
   ``activation`` attribute (see nncc.kernels.fused). A Gemm or MatMul by a constant matrix
   also takes a GELU: the ONNX Gelu op, or GELU spelled out in elementwise ops as exporters
@@ -389,6 +393,77 @@ def _rank(graph: Graph, name: str) -> int | None:
     return None
 
 
+# --------------------------------------------------------------------------- Pad + Conv
+
+
+def fold_pad_into_conv(graph: Graph) -> Graph:
+    """Pad (constant mode, value 0, non-negative, spatial axes only, constant pads) whose
+    output only a Conv or FusedConv reads as its input becomes that convolution's own pads,
+    as exporters of TensorFlow models and explicit-padding PyTorch modules write it: the
+    convolution's kernels pad at no cost, where a Pad step copies the whole input."""
+    rw = Rewriter(graph)
+    for pad in graph.nodes:
+        if pad.op_type != "Pad" or pad.domain or len(pad.outputs) != 1 or not pad.inputs or not pad.inputs[0]:
+            continue
+        conv = rw.sole_consumer(pad.outputs[0])
+        if conv is None or (conv.domain, conv.op_type) not in _CONV_OPS or conv.inputs[0] != pad.outputs[0]:
+            continue
+        w = rw.constant(conv.inputs[1]) if len(conv.inputs) > 1 else None
+        spatial = _spatial_pads(graph, rw, pad, w.ndim) if w is not None and w.ndim >= 3 else None
+        if spatial is None:
+            continue
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        if auto_pad not in ("NOTSET", "VALID"):
+            continue
+        own = [0] * len(spatial) if auto_pad == "VALID" else list(conv.attrs.get("pads") or [0] * len(spatial))
+        if len(own) != len(spatial):
+            continue
+        attrs = dict(conv.attrs, pads=[a + b for a, b in zip(own, spatial)])
+        attrs.pop("auto_pad", None)
+        rw.replace[id(conv)] = Node(conv.op_type, [pad.inputs[0], *conv.inputs[1:]], list(conv.outputs), attrs,
+                                    conv.domain, conv.name)
+        rw.drop.add(id(pad))
+    return rw.result()
+
+
+_CONV_OPS = {("", "Conv"), (NNCC, "FusedConv")}
+
+
+def _spatial_pads(graph: Graph, rw: Rewriter, pad: Node, rank: int) -> list[int] | None:
+    """The Pad's begin and end pads of the axes after N and C of its ``rank`` input (the
+    convolution's weights' rank), as a Conv's ``pads`` lists them, when it pads with zeros
+    only there; else None."""
+    if pad.attrs.get("mode", "constant") not in ("constant", b"constant"):
+        return None
+    if graph.opset("") < 11:
+        pads, value, axes = pad.attrs.get("pads"), float(pad.attrs.get("value", 0.0)), None
+    else:
+        names = list(pad.inputs[1:]) + ["", "", ""]
+        pads = rw.constant(names[0])
+        constant = rw.constant(names[1]) if names[1] else np.zeros(1)
+        if pads is None or constant is None or constant.size != 1 or (names[2] and rw.constant(names[2]) is None):
+            return None
+        value = float(np.asarray(constant).reshape(-1)[0])
+        axes = rw.constant(names[2]) if names[2] else None
+    if pads is None or value != 0.0:
+        return None
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    if axes is not None:  # pads of the listed axes only
+        listed = [int(a) for a in np.asarray(axes).reshape(-1)]
+        if any(not -rank <= a < rank for a in listed):
+            return None  # the Pad kernel reports it
+        listed = [a % rank for a in listed]
+        if len(pads) != 2 * len(listed) or len(set(listed)) != len(listed):
+            return None
+        full = [0] * (2 * rank)
+        for i, axis in enumerate(listed):
+            full[axis], full[rank + axis] = pads[i], pads[len(listed) + i]
+        pads = full
+    if len(pads) != 2 * rank or any(p < 0 for p in pads) or any(pads[a] or pads[rank + a] for a in (0, 1)):
+        return None
+    return pads[2:rank] + pads[rank + 2:]
+
+
 # --------------------------------------------------------------------------- activations
 
 _FUSED_NAME = {("", "Conv"): "FusedConv", ("", "Gemm"): "FusedGemm", ("", "MatMul"): "FusedMatMul",
@@ -399,9 +474,15 @@ _SIMPLE = {"Relu", "Sigmoid", "Tanh", "HardSwish"}
 
 def _activation_attrs(graph: Graph, act: Node, rw: Rewriter) -> dict | None:
     """The fused node's activation attributes for ``act``, or None if it cannot fuse."""
-    if act.domain != "" or len(act.outputs) != 1 or not act.outputs[0]:
+    if len(act.outputs) != 1 or not act.outputs[0]:
         return None
     op = act.op_type
+    if act.domain == NNCC and op in ("HardSwish", "Silu", "Mish"):  # spelled out (fuse_spelled_activations)
+        return {"activation": op} if len(act.inputs) == 1 else None
+    if act.domain != "":
+        return None
+    if op == "Mish" or op == "Swish" and float(act.attrs.get("alpha", 1.0)) == 1.0:
+        return {"activation": "Mish" if op == "Mish" else "Silu"} if len(act.inputs) == 1 else None
     if op in _SIMPLE:
         return {"activation": op} if len(act.inputs) == 1 else None
     if op == "LeakyRelu":
@@ -491,37 +572,44 @@ def fuse_spelled_gelu(graph: Graph) -> Graph:
 
 _GELU_PRODUCERS = {("", "Gemm"), ("", "MatMul"), (NNCC, "FusedMatMul")}
 _GELU_OPS = {"Mul", "Div", "Add", "Sub", "Erf", "Tanh", "Pow", "Sqrt"}
-_GELU_WINDOW = 24  # nodes after the product searched for its spelling
-_GELU_SIZE = 12  # nodes at most in a spelled-out GELU
+_SPELLING_WINDOW = 24  # nodes after the value searched for a spelled-out function of it
+_SPELLING_SIZE = 12  # nodes at most in a spelled-out function
 
 
 def _spelled_gelu(graph: Graph, rw: Rewriter, x: str, start: int) -> tuple[list[Node], str] | None:
     """The nodes after ``x``'s producer that compute GELU(x) (erf form: "none", or tanh form)
-    and nothing else, and which form; None if there are none. Candidates are the elementwise
-    ops after the product whose other operands are scalar constants; a candidate region (all
-    of them up to one result) is accepted when every value it computes is read only inside
-    it, it reads all of ``x``'s uses, and it evaluates to one of the two GELUs on sample
-    points: any order of operands and any spelling of the constants fuse alike."""
+    and nothing else, and which form; None if there are none (``_spelled``)."""
+    return _spelled(graph, rw, x, start, _GELU_OPS, _which_gelu)
+
+
+def _spelled(graph: Graph, rw: Rewriter, x: str, start: int, ops, which) -> tuple[list[Node], str] | None:
+    """The nodes after ``x``'s producer (at ``start``; -1 for a graph input) that compute a
+    known function of x and nothing else, and which (``which`` names it, or says None).
+    Candidates are the nodes of ``ops`` after the producer whose other operands are scalar
+    constants; a candidate region (all of them up to one result) is accepted when every
+    value it computes is read only inside it, it reads all of ``x``'s uses, and ``which``
+    recognises what it evaluates to on sample points: any order of operands and any spelling
+    of the constants fuse alike."""
     if x in rw.pinned:
         return None
     values, region = {x}, []
-    for node in graph.nodes[start + 1:start + 1 + _GELU_WINDOW]:
-        if node.domain or node.op_type not in _GELU_OPS or len(node.outputs) != 1 or not node.outputs[0]:
+    for node in graph.nodes[start + 1:start + 1 + _SPELLING_WINDOW]:
+        if node.domain or node.op_type not in ops or len(node.outputs) != 1 or not node.outputs[0]:
             continue
         if id(node) in rw.drop or id(node) in rw.replace or not any(name in values for name in node.inputs):
             continue
-        if all(name in values or _scalar(rw.constant(name)) for name in node.inputs):
+        if all(not name or name in values or _scalar(rw.constant(name)) for name in node.inputs):
             region.append(node)
             values.add(node.outputs[0])
-            if len(region) == _GELU_SIZE:
+            if len(region) == _SPELLING_SIZE:
                 break
     for end in range(len(region) - 1, 0, -1):
         nodes = _ancestors(region[:end + 1], x)
         if nodes is None or not _closed(rw, nodes, x):
             continue
-        approximate = _which_gelu(rw, nodes, x)
-        if approximate is not None:
-            return nodes, approximate
+        name = which(graph, rw, nodes, x)
+        if name is not None:
+            return nodes, name
     return None
 
 
@@ -561,29 +649,110 @@ def _closed(rw: Rewriter, nodes: list[Node], x: str) -> bool:
 _GELU_SAMPLES = np.linspace(-6.0, 6.0, 97)
 
 
-def _which_gelu(rw: Rewriter, nodes: list[Node], x: str) -> str | None:
-    env = {x: _GELU_SAMPLES}
+def _evaluate(graph: Graph, rw: Rewriter, nodes: list[Node], x: str, t: np.ndarray) -> np.ndarray | None:
+    """What ``nodes`` compute from x = ``t`` (float64), or None for a node it cannot say."""
+    env = {x: t}
     erf = np.vectorize(math.erf)
-    unary = {"Erf": erf, "Tanh": np.tanh, "Sqrt": np.sqrt}
-    binary = {"Mul": np.multiply, "Div": np.divide, "Add": np.add, "Sub": np.subtract, "Pow": np.power}
+    unary = {"Erf": erf, "Tanh": np.tanh, "Sqrt": np.sqrt, "Sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+             "Exp": np.exp, "Log": np.log, "Softplus": lambda v: np.logaddexp(0.0, v),
+             "Relu": lambda v: np.maximum(v, 0.0)}
+    binary = {"Mul": np.multiply, "Div": np.divide, "Add": np.add, "Sub": np.subtract, "Pow": np.power,
+              "Max": np.maximum, "Min": np.minimum}
     with np.errstate(all="ignore"):
         for node in nodes:
-            args = [env[name] if name in env else float(rw.constant(name).reshape(-1)[0]) for name in node.inputs]
-            if node.op_type in unary and len(args) == 1:
-                result = unary[node.op_type](args[0])
-            elif node.op_type in binary and len(args) == 2:
-                result = binary[node.op_type](*args)
+            args = [env[name] if name in env else float(rw.constant(name).reshape(-1)[0]) if name else None
+                    for name in node.inputs]
+            op = node.op_type
+            if op in unary and len(args) == 1:
+                result = unary[op](args[0])
+            elif op in binary and len(args) == 2:
+                result = binary[op](*args)
+            elif op == "Clip":
+                if graph.opset("") < 11:
+                    lo, hi = node.attrs.get("min", -np.inf), node.attrs.get("max", np.inf)
+                else:
+                    lo, hi = (args[1:2] + [None])[0], (args[2:3] + [None])[0]
+                result = np.clip(args[0], -np.inf if lo is None else lo, np.inf if hi is None else hi)
+            elif op == "HardSigmoid" and len(args) == 1:
+                alpha, beta = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+                result = np.clip(alpha * args[0] + beta, 0.0, 1.0)
             else:
                 return None
-            env[node.outputs[0]] = np.broadcast_to(result, _GELU_SAMPLES.shape)
-    got, t = env[nodes[-1].outputs[0]], _GELU_SAMPLES
-    forms = {"none": 0.5 * t * (1.0 + erf(t / math.sqrt(2.0))),
-             "tanh": 0.5 * t * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (t + 0.044715 * t ** 3)))}
+            env[node.outputs[0]] = np.broadcast_to(result, t.shape)
+    return env[nodes[-1].outputs[0]]
+
+
+def _matching(got: np.ndarray | None, forms: dict[str, np.ndarray]) -> str | None:
+    """The form ``got`` equals to float32 rounding, if any."""
+    if got is None:
+        return None
     for name, want in forms.items():
         if np.all(np.abs(got - want) <= 1e-5 * (1.0 + np.abs(want))):
             return name
     return None
 
 
+def _which_gelu(graph: Graph, rw: Rewriter, nodes: list[Node], x: str) -> str | None:
+    t = _GELU_SAMPLES
+    erf = np.vectorize(math.erf)
+    forms = {"none": 0.5 * t * (1.0 + erf(t / math.sqrt(2.0))),
+             "tanh": 0.5 * t * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (t + 0.044715 * t ** 3)))}
+    return _matching(_evaluate(graph, rw, nodes, x, t), forms)
+
+
+# --------------------------------------------------------------------------- spelled activations
+
+
+def fuse_spelled_activations(graph: Graph) -> Graph:
+    """HardSwish, SiLU and Mish spelled out in elementwise ops, as exporters write them
+    (``x * Clip(x + 3, 0, 6) / 6``, ``HardSigmoid(x) * x``, ``x * Sigmoid(x)``,
+    ``x * Tanh(Softplus(x))`` or ``x * Tanh(Log(1 + Exp(x)))``, any order of operands, any
+    spelling of the constants), become one node: the ONNX op where the model's opset has
+    one (HardSwish from 14, Mish from 18, Swish from 24), else nncc's. Recognised by what
+    the nodes compute on sample points, as fuse_gelu recognises GELU; a near miss (another
+    constant, an inner value read elsewhere) stays as it is. Runs before fuse_activation,
+    which then takes the one node into a product's epilogue where it has the code."""
+    rw = Rewriter(graph)
+    opset = graph.opset("")
+    starts = [(name, -1) for name in graph.inputs]
+    starts += [(node.outputs[0], i) for i, node in enumerate(graph.nodes) if len(node.outputs) == 1]
+    results: set[str] = set()  # outputs of the new nodes, which may start another spelling
+    for x, start in starts:
+        if not x or (start >= 0 and id(graph.nodes[start]) in rw.drop and x not in results):
+            continue
+        found = _spelled(graph, rw, x, start, _ACTIVATION_OPS, _which_activation)
+        if found is None:
+            continue
+        nodes, name = found
+        results.add(nodes[-1].outputs[0])
+        domain, op, attrs = _activation_node(name, opset)
+        rw.replace[id(nodes[0])] = Node(op, [x], [nodes[-1].outputs[0]], attrs, domain,
+                                        nodes[-1].name or nodes[0].name)
+        rw.drop.update(id(node) for node in nodes[1:])
+    return rw.result()
+
+
+_ACTIVATION_OPS = {"Mul", "Div", "Add", "Sub", "Clip", "Max", "Min", "Relu", "HardSigmoid", "Sigmoid", "Tanh",
+                   "Softplus", "Exp", "Log"}
+_ACTIVATION_SAMPLES = np.concatenate([np.linspace(-8.0, 8.0, 161), [-3.0001, 2.9999, -20.0, 20.0]])
+
+
+def _which_activation(graph: Graph, rw: Rewriter, nodes: list[Node], x: str) -> str | None:
+    t = _ACTIVATION_SAMPLES
+    forms = {"HardSwish": t * np.clip(t / 6.0 + 0.5, 0.0, 1.0), "Silu": t / (1.0 + np.exp(-t)),
+             "Mish": t * np.tanh(np.logaddexp(0.0, t))}
+    return _matching(_evaluate(graph, rw, nodes, x, t), forms)
+
+
+def _activation_node(name: str, opset: int) -> tuple[str, str, dict]:
+    """(domain, op_type, attributes) of the one node computing activation ``name``."""
+    if name == "HardSwish" and opset >= 14 or name == "Mish" and opset >= 18:
+        return "", name, {}
+    if name == "Silu" and opset >= 24:
+        return "", "Swish", {}
+    return NNCC, name, {}
+
+
 __all__ = ["fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "batchnorm_to_scale_shift",
-           "matmul_add_to_gemm", "fuse_activation"]
+           "matmul_add_to_gemm", "fuse_activation", "fuse_spelled_gelu", "fuse_spelled_activations",
+           "fold_pad_into_conv"]

@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 from nncc.ir.graph import Graph
 from nncc.passes.attention import fuse_attention
 from nncc.passes.cleanup import remove_noops
+from nncc.passes.conv1d import conv1d_as_2d
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
 from nncc.passes.qlinear_float import carry_quantized_as_float
@@ -19,8 +20,10 @@ from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.passes.fusion import (
     batchnorm_to_scale_shift,
     fold_batchnorm_into_conv,
+    fold_pad_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
+    fuse_spelled_activations,
     fuse_spelled_gelu,
     matmul_add_to_gemm,
 )
@@ -35,7 +38,7 @@ class PassInfo(NamedTuple):
 
 
 PASSES: list[PassInfo] = [
-    PassInfo("remove_noops", 1, "remove Identity and inference-mode Dropout"),
+    PassInfo("remove_noops", 1, "remove Identity, inference-mode Dropout and Casts to the type their input has"),
     PassInfo("carry_quantized_as_float", 2,
              "quantized tensors as their exact float images: QuantizeLinear -> nncc "
              "QuantizeDequantize, QLinearConv/QLinearAdd/QGemm... and QDQ-wrapped Conv/Add/Gemm "
@@ -48,6 +51,8 @@ PASSES: list[PassInfo] = [
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
     PassInfo("fold_scale_shift_into_conv", 2,
              "fold a per-channel constant Mul or Add after a Conv into its weights and bias"),
+    PassInfo("fold_pad_into_conv", 2,
+             "a Pad of zeros on the spatial axes before a Conv -> the Conv's own pads"),
     PassInfo("batchnorm_to_scale_shift", 2,
              "inference BatchNormalization not after a Conv, with any per-channel constant "
              "Mul/Add/Sub after it -> one nncc ScaleShift"),
@@ -56,9 +61,15 @@ PASSES: list[PassInfo] = [
     PassInfo("fuse_dynamic_quantization", 2,
              "DynamicQuantizeLinear -> MatMulInteger by a constant matrix -> Cast -> Mul(scales) "
              "[-> Add(bias)] -> one com.microsoft DynamicQuantizeMatMul"),
+    PassInfo("fuse_spelled_activations", 2,
+             "HardSwish, SiLU and Mish spelled out in elementwise ops -> one HardSwish, Mish or "
+             "Swish node (nncc's before the opset that has it)"),
     PassInfo("fuse_activation", 2,
              "Conv/Gemm/MatMul/ScaleShift followed by Relu, LeakyRelu, Clip, Sigmoid, Tanh, "
-             "HardSigmoid or HardSwish -> one nncc fused node"),
+             "HardSigmoid, HardSwish, SiLU or Mish -> one nncc fused node"),
+    PassInfo("conv1d_as_2d", 2,
+             "Conv/FusedConv over [N, C, L] with constant weights -> Unsqueeze, the 2-D convolution "
+             "over [N, C, 1, L], Squeeze"),
     PassInfo("fuse_gelu", 2,
              "GELU spelled out in elementwise ops after a value no product absorbed -> one "
              "nncc Gelu"),
@@ -74,10 +85,13 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "fold_constants": fold_constants,
     "eliminate_dead_code": eliminate_dead_code,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
+    "fold_pad_into_conv": fold_pad_into_conv,
     "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
     "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
     "fuse_activation": fuse_activation,
+    "fuse_spelled_activations": fuse_spelled_activations,
+    "conv1d_as_2d": conv1d_as_2d,
     "fuse_attention": fuse_attention,
     "fuse_gelu": fuse_spelled_gelu,
     "fuse_dynamic_quantization": fuse_dynamic_quantization,

@@ -1,9 +1,9 @@
-"""2-D max and average pooling and GlobalAveragePool (conv_gen's ``pool``, or over the
-blocked layout)."""
+"""2-D max and average pooling, and GlobalAveragePool and GlobalMaxPool of any rank from 3
+(conv_gen's ``pool``, or over the blocked layout)."""
 
 from __future__ import annotations
 
-from nncc.native.conv_gen import POOL_OPS
+from nncc.native.conv_gen import GLOBAL_POOLS, POOL_OPS
 from nncc.native.ops.entry import NativeOp
 
 
@@ -13,6 +13,8 @@ class Pool(NativeOp):
 
     def refuse(self, node, graph, infos) -> str | None:
         op, attrs = node.op_type, node.attrs
+        if op in GLOBAL_POOLS:
+            return None if len(infos[node.inputs[0]].shape) >= 3 else "a global pool of rank below 3"
         if len(infos[node.inputs[0]].shape) != 4:
             return "only 2-D pooling"
         if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):

@@ -5,8 +5,9 @@ listed here. ``FUSIONS`` are tried, in order, before a node's own entry writes i
 from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native.ops import (affine, attention, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
-                             layernorm, matmul, pool, qimage, recurrent, residual, softmax, sum_concat, transpose)
+from nncc.native.ops import (affine, attention, cast, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
+                             layernorm, matmul, pool, qimage, recurrent, residual, self_gated, softmax, sum_concat,
+                             transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
@@ -16,6 +17,7 @@ ENTRIES: list[NativeOp] = [
     int8_conv.ENTRY,
     qimage.ENTRY,
     recurrent.ENTRY,
+    cast.ENTRY,  # names the types it refuses
     # entries over static float32 values
     conv.ENTRY,
     affine.ENTRY,
@@ -23,6 +25,7 @@ ENTRIES: list[NativeOp] = [
     matmul.MATMUL,
     attention.ENTRY,
     gelu.ENTRY,
+    self_gated.ENTRY,
     elementwise.ENTRY,
     sum_concat.SUM,
     sum_concat.CONCAT,
