@@ -8,16 +8,14 @@ Inputs listed in ``constant`` become initializers, so the compile route sees the
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import onnx
+from onnx import helper, numpy_helper
+import onnxruntime as ort
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.frontend.onnx import parse_model
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
 
 
 def make_model(op, inputs, opset, attrs=None, constant=(), outputs=1):

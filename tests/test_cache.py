@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 import nncc
@@ -34,7 +35,6 @@ from nncc.cache.verify import verify
 from nncc.compiler import CompileOptions
 from tests.conftest import FIXTURES, ROOT
 
-ort = pytest.importorskip("onnxruntime")
 
 MLP = FIXTURES / "mlp.onnx"
 RESNET = FIXTURES / "resnet_block.onnx"

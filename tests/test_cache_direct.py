@@ -16,6 +16,8 @@ import sys
 import time
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from nncc.cache import direct
@@ -25,8 +27,6 @@ from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from tests.conftest import FIXTURES
 
-ort = pytest.importorskip("onnxruntime")
-onnx = pytest.importorskip("onnx")
 
 _OPENED: list[str] = []
 _WATCH: set[str] = set()

@@ -277,7 +277,6 @@ def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
 
 
 def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
-    pytest.importorskip("redis", reason="the redis client is part of the test extra")
     from tests.remote_servers import free_port
 
     monkeypatch.setenv("NNCC_REMOTE", f"redis://:hunter2@127.0.0.1:{free_port()}/0")  # nothing listens there

@@ -20,14 +20,12 @@ import sys
 import time
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
 
 REAL_CC = find_toolchain()
 pytestmark = pytest.mark.skipif(REAL_CC is None, reason="no C compiler on this machine: there is no native "

@@ -11,15 +11,15 @@ import sys
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
+import pytest
 
 import nncc
 from nncc.errors import InputError, PlanFormatError
 from tests.conftest import ROOT
 from tests.test_plan_format import hostile
 
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle of these tests")
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 

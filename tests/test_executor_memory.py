@@ -5,15 +5,14 @@ and caller-provided output arrays receive results in place."""
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="fixtures are compared with onnxruntime")
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle")
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import InputError  # noqa: E402
-from tests.conftest import FIXTURES, light_models_dir  # noqa: E402
+import nncc
+from nncc.errors import InputError
+from tests.conftest import FIXTURES, light_models_dir
 
 
 def _oracle(path, feeds):

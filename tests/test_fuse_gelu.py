@@ -8,16 +8,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.passes.pipeline import run_passes
 
 SHAPE = [3, 37, 130]
 

@@ -18,20 +18,18 @@ Every model runs by both nncc routes: the interpreter, and compile -> artifact b
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import NnccError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.one_node_graphs import one_node as shared_one_node  # noqa: E402
-from tests.one_node_graphs import run_nncc, run_ort  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import NnccError
+from nncc.frontend.onnx import parse_model
+from nncc.runtime.interpreter import Interpreter
+from tests.one_node_graphs import one_node as shared_one_node
+from tests.one_node_graphs import run_nncc, run_ort
 
 
 def one_node(op, inputs, n_out, attrs, opset, domain="", outs=None):

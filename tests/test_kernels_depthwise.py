@@ -15,17 +15,15 @@ import itertools
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.depthwise import depthwise_conv  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.depthwise import depthwise_conv
+from nncc.kernels.registry import Ctx, resolve
 
 RNG = np.random.default_rng(7)
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
@@ -347,14 +350,13 @@ def test_softmax_16bit_rounds_each_node_of_its_function_body(dtype, shape, axis,
     """Softmax is defined by a function body (ReduceMax, Sub, Exp, ReduceSum, Div); in a
     16-bit type each of those nodes' results is rounded to the type, as in ONNX's stored
     results for these types. Oracle: onnx's reference evaluator."""
-    onnx = pytest.importorskip("onnx")
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
     if dtype == "float16":
         np_dtype = np.dtype(np.float16)
     else:
-        np_dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+        np_dtype = np.dtype(ml_dtypes.bfloat16)
     elem = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.BFLOAT16
     x = (RNG.standard_normal(shape) * 3).astype(np_dtype)
     # before opset 13 the input is coerced to 2-D at axis: the oracle runs on that matrix
@@ -454,7 +456,6 @@ def test_cumsum_exclusive_reverse_against_python():
 # --------------------------------------------------------------------------- onnxruntime
 
 
-ort = pytest.importorskip("onnxruntime")
 
 
 def _ort(op, inputs, attrs, opset, nout=1):

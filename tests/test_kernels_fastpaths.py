@@ -14,15 +14,13 @@ import math
 import warnings
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.kernels.registry import Ctx, resolve
 
 RNG = np.random.default_rng(7)
 F32 = TensorProto.FLOAT

@@ -12,16 +12,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper  # noqa: E402
-
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
 
 RNG = np.random.default_rng(20261124)
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 from statistics import NormalDist
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import numpy_helper  # noqa: E402
-
-from nncc.errors import NnccError  # noqa: E402
-from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort  # noqa: E402
+from nncc.errors import NnccError
+from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort
 
 ML = "ai.onnx.ml"
 

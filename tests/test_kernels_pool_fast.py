@@ -14,15 +14,13 @@ onnxruntime is the oracle: MaxPool must match bit for bit, averages to float rou
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.kernels.registry import Ctx, resolve
 
 RNG = np.random.default_rng(20240611)
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,

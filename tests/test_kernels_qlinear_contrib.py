@@ -10,12 +10,11 @@ be rare (a tie is rare in random data).
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from tests.test_kernels_quantize import build, check, run_nncc, run_ort  # noqa: E402
+from tests.test_kernels_quantize import build, check, run_nncc, run_ort
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(31)

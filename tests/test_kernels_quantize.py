@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
 
 RNG = np.random.default_rng(2024)
 

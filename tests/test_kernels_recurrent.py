@@ -17,19 +17,17 @@ oracle's outputs.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests import onnx_backend  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
+import nncc
+from tests import onnx_backend
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from tests.conftest import FIXTURES, ROOT
 
 T, B, I, H = 16, 4, 32, 64
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}

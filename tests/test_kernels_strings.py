@@ -11,15 +11,13 @@ UTF-8 locale, which these tests select; it fails to start without one installed)
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.errors import NnccError  # noqa: E402
-from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort  # noqa: E402
+from nncc.errors import NnccError
+from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort
 
 
 def strings(*values, shape=None) -> np.ndarray:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import helper  # noqa: E402
+from onnx import helper
 
 I64 = np.int64
 INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min

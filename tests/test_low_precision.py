@@ -14,22 +14,20 @@ import sys
 
 import ml_dtypes
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import ModelFormatError, PlanFormatError  # noqa: E402
-from nncc.frontend.onnx import load_model, parse_model  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
-from tests.test_plan_format import hostile, parts  # noqa: E402
+import nncc
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import ModelFormatError, PlanFormatError
+from nncc.frontend.onnx import load_model, parse_model
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, ROOT
+from tests.test_plan_format import hostile, parts
 
 RNG = np.random.default_rng(99)
 

@@ -24,19 +24,17 @@ import sys
 import zlib
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="model tests need the onnx test extra")
-ort = pytest.importorskip("onnxruntime", reason="model tests need the onnxruntime test extra")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import load_model  # noqa: E402
-from nncc.ir.graph import Graph, TensorInfo  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, ROOT, light_models_dir  # noqa: E402
+import nncc
+from nncc.frontend.onnx import load_model
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, ROOT, light_models_dir
 
 RTOL, ATOL = 1e-3, 1e-4
 

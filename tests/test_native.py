@@ -13,18 +13,16 @@ import sys
 import time
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import PlanFormatError  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.plan.format import deserialize, serialize  # noqa: E402
-from tests.conftest import FIXTURES  # noqa: E402
+import nncc
+from nncc.errors import PlanFormatError
+from nncc.native.toolchain import find_toolchain
+from nncc.plan.format import deserialize, serialize
+from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
                                 "backend selects nothing, which the no-compiler tests cover with CC set")

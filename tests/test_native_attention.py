@@ -11,18 +11,16 @@ unrepeated). Then the near misses the pass must leave as they are.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.attention import fuse_attention  # noqa: E402
-from tests import native_fuzz_cases as F  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.attention import fuse_attention
+from tests import native_fuzz_cases as F
 
 FUSED = "nncc::FusedAttention::1"
 

@@ -24,7 +24,6 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
 
 from nncc.native.toolchain import find_toolchain  # noqa: E402
 from tests import native_fuzz_cases as F  # noqa: E402

@@ -9,16 +9,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native import gemm_gen  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native import gemm_gen
+from nncc.native.toolchain import find_toolchain
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
                                 "backend selects nothing, which tests/test_native.py covers with CC set")

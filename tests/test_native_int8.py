@@ -9,15 +9,13 @@ from __future__ import annotations
 import platform
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
 TARGETS = ["native"] + (["x86-64"] if platform.machine() in ("x86_64", "AMD64") else [])

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime
 import pytest
 
-pytest.importorskip("onnx")
-onnxruntime = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: nothing native to load")
 

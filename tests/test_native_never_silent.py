@@ -11,14 +11,12 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import TARGETS, find_toolchain, missing_features, required_features  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from nncc.native.toolchain import TARGETS, find_toolchain, missing_features, required_features
+from tests.conftest import ROOT
 
 NO_CC = "no C compiler: $CC is '/nonexistent/cc', which is not an executable file"
 NOT_ON_PATH = "no C compiler: none of cc, gcc or clang is on PATH (set $CC to one)"

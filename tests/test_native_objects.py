@@ -16,16 +16,14 @@ import sys
 import pathlib
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+from blake3 import blake3
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from blake3 import blake3  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "

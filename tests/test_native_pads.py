@@ -9,16 +9,14 @@ end of each axis, also when ceil_mode makes the last window reach past the end p
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes "
                                 "nothing, so there is no generated code to check")

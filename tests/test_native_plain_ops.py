@@ -10,17 +10,15 @@ U-Net-like network built here. And what check() must refuse.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.codegen import ALIASES  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from tests.conftest import light_models_dir  # noqa: E402
+import nncc
+from nncc.native.codegen import ALIASES
+from nncc.native.toolchain import find_toolchain
+from tests.conftest import light_models_dir
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 

@@ -20,16 +20,14 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
-import pytest
 from blake3 import blake3
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
+import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: no artifact "
                                 "carries native code, so there is nothing to sign")

@@ -12,29 +12,27 @@ import dataclasses
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="pass tests build models with onnx")
-ort = pytest.importorskip("onnxruntime", reason="pass tests use onnxruntime as the oracle")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.errors import UnsupportedOpError  # noqa: E402
-from nncc.frontend.onnx import load_model, parse_model  # noqa: E402
-from nncc.ir.graph import Graph, TensorInfo  # noqa: E402
-from nncc.passes.cleanup import remove_noops  # noqa: E402
-from nncc.passes.dce import eliminate_dead_code  # noqa: E402
-from nncc.passes.fold import fold_constants  # noqa: E402
-from nncc.passes.fusion import (  # noqa: E402
+from nncc.errors import UnsupportedOpError
+from nncc.frontend.onnx import load_model, parse_model
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.passes.cleanup import remove_noops
+from nncc.passes.dce import eliminate_dead_code
+from nncc.passes.fold import fold_constants
+from nncc.passes.fusion import (
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
     matmul_add_to_gemm,
 )
-from nncc.passes.pipeline import PASSES, passes_for, run_passes  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, light_models_dir  # noqa: E402
+from nncc.passes.pipeline import PASSES, passes_for, run_passes
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, light_models_dir
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 BN_TOL = dict(rtol=1e-3, atol=1e-4)

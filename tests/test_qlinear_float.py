@@ -10,17 +10,15 @@ onnxruntime is fixed point) one quantization step is allowed.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.kernels.qimage import image, quantize, recover  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.kernels.qimage import image, quantize, recover
+from nncc.passes.pipeline import run_passes
 
 U8, S8 = TensorProto.UINT8, TensorProto.INT8
 

@@ -5,18 +5,16 @@ for bit (the same arithmetic in the same order), and match onnxruntime running t
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
+from onnxruntime import quantization
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
-from nncc.passes.quant_fusion import fuse_dynamic_quantization  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.frontend.onnx import parse_model
+from nncc.passes.pipeline import run_passes
+from nncc.passes.quant_fusion import fuse_dynamic_quantization
+from nncc.runtime.interpreter import Interpreter
 
 
 def _mlp(k=24, hidden=40, n=9, bias_on_second=False):

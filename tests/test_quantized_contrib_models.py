@@ -12,16 +12,14 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
+from onnxruntime import quantization
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+import nncc
+from tests.conftest import ROOT
 
 SHAPE = (2, 3, 12, 12)
 

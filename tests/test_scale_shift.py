@@ -8,25 +8,23 @@ model is compared with onnxruntime running the original, unfused model.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.passes.fusion import batchnorm_to_scale_shift  # noqa: E402
-from nncc.passes.pipeline import passes_for, run_passes  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import light_models_dir  # noqa: E402
+import nncc
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from nncc.model import CompiledModel
+from nncc.passes.fusion import batchnorm_to_scale_shift
+from nncc.passes.pipeline import passes_for, run_passes
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import light_models_dir
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 C = 6

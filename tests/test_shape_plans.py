@@ -13,13 +13,13 @@ import sys
 import threading
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
+import onnxruntime as ort
+import pytest
 
 from nncc.model import compile_model, prepare
 from tests.conftest import ROOT
 
-ort = pytest.importorskip("onnxruntime")
 
 SHAPE_OPS = ROOT / "fixtures" / "shape_ops.onnx"  # x [N, 3, 8, 8]; Shape/Gather/Concat/Reshape, Range, Expand
 TRANSFORMER = ROOT / "fixtures" / "transformer.onnx"  # tokens [1, S, 64]

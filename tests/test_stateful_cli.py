@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="models are built with onnx.helper")
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle")
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
+import nncc
+from tests.conftest import FIXTURES, ROOT
 
 GRU = FIXTURES / "gru_cell.onnx"
 
