@@ -7,23 +7,21 @@ defines that nncc takes. The forms nncc does not take are clear one-line errors.
 
 from __future__ import annotations
 
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnxruntime as ort
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
-from tests import native_fuzz_cases as F  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.pipeline import run_passes
+from tests import native_fuzz_cases as F
+from tests.models import benchmark_model
 
 BATCH, SEQ, HIDDEN_IN = 2, 37, 24
 
@@ -184,15 +182,8 @@ def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(
     it (benchmarks/real_models.py: its attention fusion on, the fusions into contrib ops nncc
     has no kernel for off): every com.microsoft Attention becomes a native FusedAttention,
     and the output matches onnxruntime on a padded batch."""
-    pytest.importorskip("onnxruntime.transformers.optimizer")
-    benchmarks = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
-    sys.path.insert(0, benchmarks)
-    try:
-        from real_models import _transformer, ort_fused
-    finally:
-        sys.path.remove(benchmarks)
-    model = ort_fused(_transformer("bert_small", 7, causal=False, seq=24, d=64, heads=4, ff=128, layers=2,
-                                   padding_mask=True), 4, 64)
+    model = benchmark_model('ort_fused(_transformer("bert_small", 7, causal=False, seq=24, d=64, heads=4, ff=128, '
+                            'layers=2, padding_mask=True), 4, 64)', tmp_path)
     assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == ["Attention"] * 2
     path = tmp_path / "bert_ort_fused.onnx"
     onnx.save(model, str(path))

@@ -28,18 +28,16 @@ from nncc.errors import KernelError
 from tests.conftest import ROOT
 
 BUGGY = "tests.plugins.buggy_plugin"
-EXAMPLE = "plugin_example"  # examples/plugin_example.py
+EXAMPLE = "examples.plugin_example"  # imported from the repository root, as tests.plugins.buggy_plugin is
 F = TensorProto.FLOAT
 
 
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     """Plugins are process-wide (and part of the cache key): unloaded afterwards."""
-    sys.path.insert(0, str(ROOT / "examples"))
     load_plugin(BUGGY)
     load_plugin(EXAMPLE)
     yield sys.modules[EXAMPLE]
-    sys.path.remove(str(ROOT / "examples"))
     from nncc.backends import registry as backends
     from nncc.kernels import registry as kernels
 
@@ -97,7 +95,7 @@ def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins
 
 
 def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(tmp_path, plugins):
-    """Compiled by `nncc compile --plugin plugin_example` in another process: the example
+    """Compiled by `nncc compile --plugin examples.plugin_example` in another process: the example
     backend's bytecode is its payload, in the artifact's PAYL section and byte for byte in
     the cache entry; loaded here, each of its partitions runs that bytecode (one call,
     ExampleUnit), with onnxruntime's results."""
@@ -105,7 +103,7 @@ def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(t
 
     path = chain_model(tmp_path)
     out, cache = tmp_path / "chain.nncc", tmp_path / "cache"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
                NNCC_CACHE_DIR=str(cache))
     done = subprocess.run([sys.executable, "-m", "nncc", "compile", str(path), "-o", str(out), "--plugin", EXAMPLE,
                            "--backend", "example", "--backend", "numpy"],
