@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import nncc
@@ -42,13 +41,6 @@ def one_node(op, inputs, n_out, attrs, opsets, domain="", outs=None):
                               opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     return model, {n: a for n, a in zip(names, inputs) if n}, [o for o in outs if o]
 
-
-def run_ort(model: onnx.ModelProto, feeds: dict) -> list:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def run_interpreter(model: onnx.ModelProto, feeds: dict) -> dict:

@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
@@ -22,6 +21,7 @@ from nncc.native.toolchain import find_toolchain
 from nncc.passes.pipeline import run_passes
 from tests import native_fuzz_cases as F
 from tests.models import benchmark_model
+from tests.oracle import ort_run
 
 BATCH, SEQ, HIDDEN_IN = 2, 37, 24
 
@@ -95,7 +95,7 @@ def _model(attrs, sizes, form, constant_mask, proj_bias, attention_bias, rng):
 
 
 def _onnxruntime(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return ort_run(model, feeds)[0]
 
 
 def _ops_after_passes(path) -> list[str]:
@@ -144,8 +144,7 @@ def test_present_is_computed_when_read(tmp_path):
     onnx.save(model, str(path))
     assert "Attention" in _ops_after_passes(path)
     got = nncc.compile_model(path).run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        ["y", "present"], feeds)
+    want = ort_run(model, feeds, ["y", "present"])
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=2e-5)
     np.testing.assert_allclose(got["present"], want[1], rtol=1e-5, atol=1e-5)
 
@@ -177,6 +176,7 @@ def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path, form):
     assert len(lines) == 1 and lines[0].startswith("nncc: error:") and expected in lines[0], run.stderr
 
 
+@pytest.mark.slow
 def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(tmp_path):
     """A small BERT exported with a padding mask, as onnxruntime's transformer optimizer leaves
     it (benchmarks/real_models.py: its attention fusion on, the fusions into contrib ops nncc

@@ -191,6 +191,7 @@ def test_compare_table_says_what_differs_from_onnxruntimes_defaults():
     assert "onnxruntime at its defaults except intra_op_num_threads=1" in result.stdout
 
 
+@pytest.mark.slow
 def test_compare_on_a_convnet_agrees_with_onnxruntime():
     payload, _ = bench_json(FIXTURES / "resnet_block.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime",
                             "--threads", 1)
@@ -503,6 +504,7 @@ def _onnx_conv_classes(path) -> dict[str, tuple[int, int]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet_block", "mobilenet"])
 def test_step_classes_account_for_every_convolution(name):
     """The profile's classes hold every Conv/Gemm of the model, in the class the ONNX graph
@@ -522,6 +524,7 @@ def test_step_classes_account_for_every_convolution(name):
     assert sum(v["ms"] for v in classes.values()) == pytest.approx(profile["native_ms"])
 
 
+@pytest.mark.slow  # rounds of processes
 def test_bench_peers_runs_each_runtime_alone_in_alternating_rounds(tmp_path):
     """Two rounds on the mlp fixture, OpenVINO hidden: every measurement in a process of its
     own, the order reversed in round 2, the ratio against the peer that ran, and the

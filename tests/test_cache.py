@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import nncc
@@ -34,6 +33,7 @@ from nncc.cache.token import compute_token, external_files
 from nncc.cache.verify import verify
 from nncc.compiler import CompileOptions
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_outputs, ort_run
 
 
 MLP = FIXTURES / "mlp.onnx"
@@ -55,11 +55,7 @@ _REFERENCE: dict[str, dict[str, np.ndarray]] = {}
 
 def reference(model: pathlib.Path) -> dict[str, np.ndarray]:
     if str(model) not in _REFERENCE:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        _REFERENCE[str(model)] = dict(zip(names, sess.run(names, feeds_for(model))))
+        _REFERENCE[str(model)] = ort_outputs(model, feeds_for(model))
     return _REFERENCE[str(model)]
 
 
@@ -373,8 +369,7 @@ def test_external_data_is_in_the_token(tmp_path, cache_dir):
     model, changed = prepare(path, cache_dir=cache_dir)
     assert changed.outcome == "miss" and changed.token != first.token
     np.testing.assert_allclose(model.run({"x": x})["y"], 2 * y1, rtol=1e-5)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ort_run(path, {"x": x})[0], rtol=1e-4)
 
 
 # -- tampering: detected, never prepared, recompiled, correct --------------------------

@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from nncc.cache import direct
@@ -26,6 +25,7 @@ from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from tests.conftest import FIXTURES
+from tests.oracle import ort_run
 
 
 _OPENED: list[str] = []
@@ -64,8 +64,7 @@ def aged(path: pathlib.Path) -> pathlib.Path:
 
 
 def reference(model, feeds):
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return ort_run(model, feeds)
 
 
 def matmul_model(folder: pathlib.Path, rows: int, cols: int, seed: int = 0, external: bool = False,

@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_cache import MLP
 
+pytestmark = pytest.mark.slow  # builds a wheel and two virtual environments
+
 
 def _checkout_copy(dest):
     """What a source checkout holds for a build: the package, pyproject.toml, README.md

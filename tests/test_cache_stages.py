@@ -22,7 +22,6 @@ import time
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 from nncc.native.toolchain import find_toolchain
@@ -60,8 +59,7 @@ class Setup:
         self.feeds = tmp_path / "feeds.npz"
         x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
         np.savez(self.feeds, x=x)
-        session = ort.InferenceSession(str(self.model), providers=["CPUExecutionProvider"])
-        self.want = session.run(None, {"x": x})[0]
+        self.want = ort_run(self.model, {"x": x})[0]
         np.save(tmp_path / "want.npy", self.want)
         self.cache = tmp_path / "cache"
         self.log = tmp_path / "cc.log"
@@ -145,6 +143,7 @@ def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
 _READER = r"""
 import sys, numpy as np
 from nncc.model import prepare
+from tests.oracle import ort_run
 model_path, feeds_path, want_path, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 x = np.load(feeds_path)["x"]
 want = np.load(want_path)

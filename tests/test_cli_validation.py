@@ -13,10 +13,10 @@ import pathlib
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.oracle import ort_outputs
 from tests.test_cli_errors import assert_error, assert_usage_error, nncc, relu_model, save
 
 
@@ -53,12 +53,6 @@ def dynamic_model(path: pathlib.Path, opset: int = 17) -> pathlib.Path:
         [w, one],
     )
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
-
-
-def onnxruntime_outputs(model: pathlib.Path, feeds: dict) -> dict:
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
 
 
 @pytest.fixture
@@ -107,7 +101,7 @@ def test_run_dim_fixes_the_size_and_matches_onnxruntime(work):
     np.save(work / "x5.npy", x)
     result = nncc("run", "dyn.onnx", "--dim", "N=5", "-i", "x=x5.npy", "-o", "out.npz", cwd=work)
     assert result.returncode == 0, result.stderr
-    expected = onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"]
+    expected = ort_outputs(work / "dyn.onnx", {"x": x})["y"]
     with np.load(work / "out.npz") as out:
         np.testing.assert_allclose(out["y"], expected, rtol=1e-5, atol=1e-6)
     # the model was compiled for N=5: another size is refused, naming the input and shapes
@@ -139,7 +133,7 @@ def test_compile_dim_makes_a_static_artifact(work):
     result = nncc("run", "dyn2.nncc", "-i", "x=x2.npy", "-o", "out.npz", cwd=work)
     assert result.returncode == 0, result.stderr
     with np.load(work / "out.npz") as out:
-        np.testing.assert_allclose(out["y"], onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
+        np.testing.assert_allclose(out["y"], ort_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
 
 
 def test_a_different_dim_is_a_different_cache_entry(work):
@@ -326,4 +320,4 @@ def test_wrong_output_buffer_is_named_never_broadcast(work, backends):
         model.run({"x": one}, outputs={"y": buffer})
     good = np.empty((2, 3), np.float32)
     model.run({"x": x}, outputs={"y": good})
-    np.testing.assert_allclose(good, onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
+    np.testing.assert_allclose(good, ort_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)

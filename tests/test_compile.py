@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -31,6 +30,7 @@ import nncc
 from nncc.compiler import PREFERENCES
 from nncc.errors import FileAccessError, UnsupportedOpError
 from tests.conftest import FIXTURES, ROOT, light_models_dir
+from tests.oracle import ort_outputs, ort_run
 
 RTOL, ATOL = 1e-3, 1e-4
 FIXTURE_MODELS = ["mlp", "resnet_block", "mobilenet", "transformer", "shape_ops"]
@@ -71,18 +71,9 @@ def runner_feeds(model) -> dict[str, np.ndarray]:
     return feeds
 
 
-def ort_session(model):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.log_severity_level = 3
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
 @functools.lru_cache(maxsize=None)
 def fixture_reference(name: str) -> dict[str, np.ndarray]:
-    session = ort_session(str(FIXTURES / f"{name}.onnx"))
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, fixture_feeds(name))))
+    return ort_outputs(FIXTURES / f"{name}.onnx", fixture_feeds(name))
 
 
 def assert_close(got: dict, want: dict, where: str):
@@ -171,7 +162,7 @@ def light_case(name: str, directory: str):
     last = next(n for n in model.graph.node if out in n.output)
     pre = last.input[0]
     model.graph.output.append(helper.make_tensor_value_info(pre, TensorProto.FLOAT, None))
-    expected[pre] = ort_session(model.SerializeToString()).run([pre], feeds)[0]
+    expected[pre] = ort_run(model, feeds, [pre])[0]
     exposed = pathlib.Path(directory) / f"light_{name}.onnx"
     onnx.save(model, exposed)
     if last.op_type != "Softmax":
@@ -210,6 +201,7 @@ LIGHT_CASES = [(name, level, "fast-single-answer") for name in LIGHT_MODELS for 
 LIGHT_CASES += [("squeezenet", level, p) for p in PREFERENCES[1:] for level in (0, 2)]
 
 
+@pytest.mark.slow  # whole light models
 @pytest.mark.parametrize("name,opt_level,preference", LIGHT_CASES,
                          ids=[f"{n}-O{o}-{p}" for n, o, p in LIGHT_CASES])
 def test_light_model_matches_reference(name, opt_level, preference, light_dir):
@@ -231,6 +223,7 @@ def test_light_models_are_all_covered():
             "squeezenet", "vgg19", "zfnet512"} <= set(LIGHT_MODELS)
 
 
+@pytest.mark.slow  # compiles vgg19
 def test_folded_light_model_artifact_stays_small():
     """vgg19's 143 M weights are ConstantOfShape splats: -O2 stores one element of each, and
     loading keeps them as zero-stride views (nothing is materialized)."""

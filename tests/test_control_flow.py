@@ -12,12 +12,12 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.errors import InputError, PlanFormatError
 from tests.conftest import ROOT
+from tests.oracle import ort_session
 from tests.test_plan_format import hostile
 
 
@@ -42,7 +42,7 @@ def save(tmp_path, name, nodes, inputs, outputs, initializers=(), opset=17):
 
 
 def oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
 

@@ -7,16 +7,16 @@ import tracemalloc
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.errors import InputError
 from tests.conftest import FIXTURES, light_models_dir
+from tests.oracle import ort_session
 
 
 def _oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 

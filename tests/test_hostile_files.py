@@ -19,13 +19,13 @@ import sys
 import threading
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from nncc.cache.token import external_files
 from nncc.errors import ModelFormatError
 from nncc.frontend.onnx import load_model
 from tests.conftest import FIXTURES
+from tests.oracle import ort_session
 from tests.test_cache import make_external_model
 from tests.test_cli_errors import _env, assert_error
 
@@ -53,7 +53,7 @@ def nncc(*args, cwd, cache_dir=None, stdin=None, input=None, extra_env=None) -> 
 
 
 def mlp_reference(x: np.ndarray) -> dict[str, np.ndarray]:
-    sess = ort.InferenceSession(str(MLP), providers=["CPUExecutionProvider"])
+    sess = ort_session(MLP)
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
 
 

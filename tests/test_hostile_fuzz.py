@@ -235,6 +235,7 @@ def test_mutated_models_and_artifacts_meet_only_nnccs_errors():
     assert outcomes.get("refused", 0) and outcomes.get("ok", 0), outcomes  # both paths were reached
 
 
+@pytest.mark.slow  # longer fuzzing
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_mutated_models_and_artifacts_meet_only_nnccs_errors_longer(seed):

@@ -11,12 +11,12 @@ import math
 import ml_dtypes
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(20240521)
 
@@ -471,9 +471,7 @@ def _ort(op, inputs, attrs, opset, nout=1):
         [helper.make_value_info(f"out{j}", helper.TypeProto()) for j in range(nout)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None})
 
 

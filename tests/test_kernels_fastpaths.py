@@ -16,11 +16,11 @@ import warnings
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.kernels.registry import Ctx, resolve
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(7)
 F32 = TensorProto.FLOAT
@@ -45,9 +45,7 @@ def _model(tmp_path, nodes, inputs, outputs, inits=(), opset=17, **options):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return nncc.compile_model(path, **options), sess
 
 
@@ -365,9 +363,7 @@ def _ort_one(op, inputs, attrs, opset=17, n_out=1):
                       for n, a in zip(names, inputs)],
         [helper.make_empty_tensor_value_info(f"o{k}") for k in range(n_out)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return sess.run(None, dict(zip(names, inputs)))
 
 

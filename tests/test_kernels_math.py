@@ -14,12 +14,12 @@ import math
 import numpy as np
 import onnx
 from onnx import helper
-import onnxruntime as ort
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(20261124)
 
@@ -38,9 +38,7 @@ def run_ort(op, inputs, attrs, opset, n_out):
     graph = helper.make_graph([node], "g", graph_inputs,
                               [helper.make_empty_tensor_value_info(f"out{i}") for i in range(n_out)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return sess.run(None, {n: a for n, a in zip(names, inputs) if n})
 
 

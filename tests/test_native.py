@@ -15,7 +15,6 @@ import time
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
@@ -23,6 +22,7 @@ from nncc.errors import PlanFormatError
 from nncc.native.toolchain import find_toolchain
 from nncc.plan.format import deserialize, serialize
 from tests.conftest import FIXTURES
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
                                 "backend selects nothing, which the no-compiler tests cover with CC set")
@@ -48,9 +48,7 @@ def _save(tmp_path, model, name="m.onnx") -> pathlib.Path:
 
 
 def _ort(path, feeds):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return session.run(None, feeds)
 
 
@@ -257,7 +255,7 @@ def test_pool(tmp_path, op, attrs):
 
 def _ort_shape(op, attrs, x):
     model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_f32("x", list(x.shape))], [_f32("y", None)])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, {"x": x})[0].shape
 
 
@@ -294,7 +292,7 @@ MODELS = ["mlp", "resnet_block", "mobilenet", "transformer"]
 def test_fixture_models_native_and_numpy(name):
     path = FIXTURES / f"{name}.onnx"
     rng = np.random.default_rng(11)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     feeds = {}
     for i in session.get_inputs():
         shape = [d if isinstance(d, int) else 2 for d in i.shape]

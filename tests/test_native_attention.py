@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
@@ -21,6 +20,7 @@ from nncc.frontend.onnx import parse_model
 from nncc.native.toolchain import find_toolchain
 from nncc.passes.attention import fuse_attention
 from tests import native_fuzz_cases as F
+from tests.oracle import ort_run
 
 FUSED = "nncc::FusedAttention::1"
 
@@ -130,7 +130,7 @@ def test_near_misses_are_left_as_they_are(name, tmp_path):
     feeds = {n: np.random.default_rng(1).standard_normal(s).astype(np.float32) for n, s in INPUTS}
     onnx.save(model, str(tmp_path / "m.onnx"))
     got = nncc.compile_model(tmp_path / "m.onnx").run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    want = ort_run(model, feeds, outputs)
     for n, w in zip(outputs, want):
         np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
 
@@ -206,7 +206,7 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
     if backend == "native":
         assert "y" in F.native_outputs(compiled)
     got = compiled.run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -253,7 +253,7 @@ def test_multi_head_attention_matches_onnxruntime(tmp_path, attention_bias, opt_
     compiled = nncc.compile_model(path, opt_level=opt_level)
     assert (FUSED in compiled.plan.kernels) == (opt_level == 2)  # -O0: its own kernel
     got = compiled.run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -322,7 +322,7 @@ def test_a_decoders_next_token_step_over_cached_keys_fuses_and_matches(tmp_path,
     rng = np.random.default_rng(7)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs}
     got = compiled.run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    want = ort_run(model, feeds, outputs)
     for n, w in zip(outputs, want):
         np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
 
@@ -353,5 +353,5 @@ def test_heads_repeated_as_a_whole_are_not_taken_for_grouped_heads(tmp_path):
     rng = np.random.default_rng(9)
     feeds = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs}
     got = nncc.compile_model(tmp_path / "tiled.onnx").run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -11,11 +11,11 @@ import platform
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
 TARGETS = ["native"] + (["x86-64"] if platform.machine() in ("x86_64", "AMD64") else [])
@@ -53,7 +53,7 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
         onnx.save(_model(rng, shape, n, b_zero, bias, per_column), path)
         model = nncc.compile_model(path, target=target)
         assert model.native_partitions == 1
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = ort_session(path)
         for scale in (4.0, 0.001):
             a = (rng.standard_normal(shape) * scale).astype(np.float32)
             if scale < 1:

@@ -18,12 +18,12 @@ import pathlib
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 from blake3 import blake3
 
 from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
@@ -83,7 +83,7 @@ class Setup:
         done = self.nncc("run", model, "--stage", "optimized", "--input", f"x={self.x}", "--output", out,
                          cache=cache)
         x = np.load(self.x)
-        want = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+        want = ort_run(model, {"x": x})[0]
         got = np.load(out)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         calls = [line for line in self.log.read_text().splitlines() if line.strip() != "--version"]
@@ -214,7 +214,7 @@ def test_two_processes_filling_one_object_cache_at_once(setup):
         assert proc.returncode == 0, err
     x = np.load(setup.x)
     for model, out in outs.items():
-        want = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+        want = ort_run(model, {"x": x})[0]
         np.testing.assert_allclose(np.load(out)["y"], want, rtol=1e-4, atol=1e-4)
     assert json.loads(setup.nncc("cache", "verify", "--json").stdout)["ok"]
     entries = setup.entries()

@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes "
                                 "nothing, so there is no generated code to check")
@@ -39,7 +39,7 @@ def _run_native(tmp_path, model, x):
 
 
 def _oracles(model, x):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, {"x": x})[0], ReferenceEvaluator(model).run(None, {"x": x})[0]
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.native.codegen import ALIASES
 from nncc.native.toolchain import find_toolchain
 from tests.conftest import light_models_dir
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -67,10 +67,7 @@ class Graph:
 
 
 def _ort(path, feeds, names):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(names, feeds)
+    return ort_run(path, feeds, names, optimized=False)
 
 
 def assert_one_native_partition(compiled) -> None:

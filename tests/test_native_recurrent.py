@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
@@ -27,6 +26,7 @@ from nncc.native.toolchain import find_toolchain
 from nncc.passes.shape_inference import infer_shapes
 from tests import native_fuzz_cases as F
 from tests.models import benchmark_model
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -128,7 +128,7 @@ def _compare(tmp_path, model, feeds, native: bool):
     compiled = nncc.compile_model(path)
     assert len(compiled.plan.partitions) == 1 and (compiled.native_partitions == 1) == native
     got = compiled.run(feeds)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
         np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
 

@@ -24,7 +24,6 @@ from blake3 import blake3
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 from nncc.native.toolchain import find_toolchain
@@ -42,6 +41,7 @@ PROBE = """
 import json, sys
 import numpy as np
 import nncc
+from tests.oracle import ort_session
 path, feeds, out, trust = sys.argv[1:5]
 model = nncc.load(path, trust_native=trust == "1")
 np.savez(out, **model.run(dict(np.load(feeds))))
@@ -94,7 +94,7 @@ def feeds(model) -> tuple[pathlib.Path, np.ndarray]:
     x = np.random.default_rng(3).standard_normal((3, 48)).astype(np.float32)
     path = model.parent / "feeds.npz"
     np.savez(path, x=x)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return path, session.run(None, {"x": x})[0]
 
 

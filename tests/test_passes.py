@@ -14,7 +14,6 @@ import tracemalloc
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 from nncc.errors import UnsupportedOpError
@@ -33,6 +32,7 @@ from nncc.passes.pipeline import PASSES, passes_for, run_passes
 from nncc.passes.shape_inference import infer_shapes
 from nncc.runtime.interpreter import Interpreter
 from tests.conftest import FIXTURES, light_models_dir
+from tests.oracle import ort_outputs
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 BN_TOL = dict(rtol=1e-3, atol=1e-4)
@@ -73,15 +73,6 @@ def random_feeds(graph: Graph, seed: int, symbolic: int = 2) -> dict[str, np.nda
     return feeds
 
 
-def ort_run(model, feeds) -> dict[str, np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feeds)))
-
-
 def nncc_run(graph: Graph, feeds) -> dict[str, np.ndarray]:
     return Interpreter(graph).run({k: v.copy() for k, v in feeds.items()})
 
@@ -112,7 +103,7 @@ def check_pass(model, pass_fn, *, seed=0, tol=TOL, graph: Graph | None = None, s
     graph = graph if graph is not None else to_graph(model)
     before_state = snapshot(graph)
     feeds = random_feeds(graph, seed, symbolic)
-    want = ort_run(model, feeds)
+    want = ort_outputs(model, feeds)
     before = nncc_run(graph, feeds)
     after_graph = pass_fn(graph)
     assert after_graph is not graph
@@ -575,7 +566,7 @@ def test_fixture_outputs_unchanged(name, level):
         reference = nncc_run(graph, feeds)
     except UnsupportedOpError as exc:
         pytest.skip(f"a kernel is still missing: {exc}")
-    want = ort_run(str(path), feeds)
+    want = ort_outputs(str(path), feeds)
     assert_close(reference, want, TOL, "-O0")
     state = snapshot(graph)
     optimized = run_passes(graph, level)
@@ -648,7 +639,7 @@ def test_light_model_at_O2_matches_unoptimized(name):
     result = nncc_run(optimized, feeds)
     model = onnx.load(light_models_dir() / f"light_{name}.onnx")
     model.graph.output.append(helper.make_tensor_value_info(logits, F, None))
-    oracle = ort_run(model, feeds)
+    oracle = ort_outputs(model, feeds)
     compared = [logits]
     if np.abs(reference[logits]).max() < 1e4:
         compared += graph.outputs[:-1]

@@ -12,22 +12,19 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from nncc.frontend.onnx import parse_model
 from nncc.kernels.qimage import image, quantize, recover
 from nncc.passes.pipeline import run_passes
+from tests.oracle import ort_run
 
 U8, S8 = TensorProto.UINT8, TensorProto.INT8
 
 
 def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-        None, feeds)
+    return ort_run(model, feeds)
 
 
 def _const(name, array):

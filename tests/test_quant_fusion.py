@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 from onnxruntime import quantization
 import pytest
 
@@ -15,6 +14,7 @@ from nncc.frontend.onnx import parse_model
 from nncc.passes.pipeline import run_passes
 from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.runtime.interpreter import Interpreter
+from tests.oracle import ort_run
 
 
 def _mlp(k=24, hidden=40, n=9, bias_on_second=False):
@@ -58,9 +58,7 @@ def test_each_weight_product_becomes_one_node_with_the_chains_results(quantized)
     chain = Interpreter(graph).run({"x": x})["y"]
     one = Interpreter(fused).run({"x": x})["y"]
     np.testing.assert_array_equal(one, chain)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    expected = ort.InferenceSession(str(quantized), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = ort_run(quantized, {"x": x})[0]
     np.testing.assert_allclose(one, expected, rtol=1e-5, atol=1e-5)
 
 

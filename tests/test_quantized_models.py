@@ -25,12 +25,12 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-import onnxruntime as ort
 from onnxruntime import quantization
 import pytest
 
 import nncc
 from tests.conftest import ROOT
+from tests.oracle import ort_run
 
 SHAPES = {"convnet": (2, 3, 16, 16), "mlp": (4, 32)}
 
@@ -129,14 +129,10 @@ def quantized(tmp_path_factory):
 
 
 def _onnxruntime(path, x):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if "int4" in str(path):
-        # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
-        # MatMulNBits, which computes with less precision than the model states (the MLP's
-        # output moves by some 150 steps); unoptimized, it runs the model's own ops
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
+    # MatMulNBits, which computes with less precision than the model states (the MLP's
+    # output moves by some 150 steps); unoptimized, it runs the model's own ops
+    return ort_run(path, {"x": x}, optimized="int4" not in str(path))[0]
 
 
 WEIGHTED = {"Conv", "Gemm", "MatMul", "QLinearConv", "QGemm", "QLinearMatMul"}

@@ -14,11 +14,11 @@ import threading
 
 import numpy as np
 from onnx import TensorProto, helper
-import onnxruntime as ort
 import pytest
 
 from nncc.model import compile_model, prepare
 from tests.conftest import ROOT
+from tests.oracle import ort_session
 
 
 SHAPE_OPS = ROOT / "fixtures" / "shape_ops.onnx"  # x [N, 3, 8, 8]; Shape/Gather/Concat/Reshape, Range, Expand
@@ -26,7 +26,7 @@ TRANSFORMER = ROOT / "fixtures" / "transformer.onnx"  # tokens [1, S, 64]
 
 
 def _oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 

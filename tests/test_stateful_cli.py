@@ -8,11 +8,11 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
-import onnxruntime as ort
 import pytest
 
 import nncc
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_session
 
 GRU = FIXTURES / "gru_cell.onnx"
 
@@ -39,7 +39,7 @@ def test_bound_steps_equal_separate_runs_fed_back_by_hand(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["steps"] == steps
     # the oracle: onnxruntime, one run per step, h_out fed back into h_in by hand
-    session = ort.InferenceSession(str(GRU), providers=["CPUExecutionProvider"])
+    session = ort_session(GRU)
     h = h0
     for x in xs:
         y, h = session.run(["y", "h_out"], {"x": x, "h_in": h})
