@@ -34,7 +34,8 @@ def one_node(op, inputs, n_out, attrs, opsets, domain="", outs=None):
     node = helper.make_node(op, names, outs, domain=domain, **attrs)
     graph = helper.make_graph(
         [node], "g",
-        [helper.make_tensor_value_info(n, ELEM[a.dtype], a.shape) for n, a in zip(names, inputs) if n],
+        [helper.make_tensor_value_info(n, ELEM.get(a.dtype) or helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in zip(names, inputs) if n],
         [helper.make_empty_tensor_value_info(o) for o in outs if o])
     opsets = opsets if isinstance(opsets, dict) else {"": opsets}
     model = helper.make_model(graph, ir_version=10,

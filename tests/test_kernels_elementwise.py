@@ -16,7 +16,8 @@ import pytest
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
-from tests.oracle import ort_session
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run
 
 RNG = np.random.default_rng(20240521)
 
@@ -459,20 +460,8 @@ def test_cumsum_exclusive_reverse_against_python():
 
 
 def _ort(op, inputs, attrs, opset, nout=1):
-    from onnx import helper
-    from onnx.helper import np_dtype_to_tensor_dtype
-
-    names = [f"in{j}" if a is not None else "" for j, a in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"out{j}" for j in range(nout)], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for n, a in zip(names, inputs) if a is not None],
-        [helper.make_value_info(f"out{j}", helper.TypeProto()) for j in range(nout)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-    sess = ort_session(model)
-    return sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None})
+    model, feeds, _ = one_node(op, inputs, nout, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def _f32(*shape):

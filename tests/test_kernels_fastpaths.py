@@ -20,7 +20,8 @@ import pytest
 
 import nncc
 from nncc.kernels.registry import Ctx, resolve
-from tests.oracle import ort_session
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run, ort_session
 
 RNG = np.random.default_rng(7)
 F32 = TensorProto.FLOAT
@@ -355,16 +356,8 @@ def test_float_division_by_zero_and_overflow_is_quiet():
 
 
 def _ort_one(op, inputs, attrs, opset=17, n_out=1):
-    elems = {np.dtype(np.float32): F32, np.dtype(np.float64): TensorProto.DOUBLE}
-    names = [f"i{k}" for k in range(len(inputs))]
-    node = helper.make_node(op, names, [f"o{k}" for k in range(n_out)], **attrs)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, elems[a.dtype], a.shape)
-                      for n, a in zip(names, inputs)],
-        [helper.make_empty_tensor_value_info(f"o{k}") for k in range(n_out)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    sess = ort_session(model)
-    return sess.run(None, dict(zip(names, inputs)))
+    model, feeds, _ = one_node(op, inputs, n_out, attrs, opset)
+    return ort_run(model, feeds)
 
 
 @pytest.mark.parametrize("op, attrs, make", [

@@ -10,7 +10,6 @@ be rare (a tie is rare in random data).
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 
 from tests.oracle import ort_run

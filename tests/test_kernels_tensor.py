@@ -12,6 +12,7 @@ import pytest
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
 from tests.oracle import ort_run
 
 from onnx import helper
@@ -47,18 +48,8 @@ def sym(dtype, *shape) -> TensorInfo:
 
 def ort_one_node(op, inputs, opset=18, outputs=1, **attrs):
     """Single-node model evaluated by onnxruntime (the oracle). None inputs are omitted."""
-    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
-    out_names = [f"out{i}" for i in range(outputs)]
-    node = helper.make_node(op, names, out_names, **attrs)
-    graph_inputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-        for n, x in zip(names, inputs) if x is not None
-    ]
-    graph = helper.make_graph(node and [node], "g", graph_inputs,
-                              [helper.make_empty_tensor_value_info(n) for n in out_names])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 9
-    return ort_run(model, {n: x for n, x in zip(names, inputs) if x is not None})
+    model, feeds, _ = one_node(op, inputs, outputs, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def check_against_ort(op, inputs, opset=18, outputs=1, **attrs):
