@@ -1,4 +1,4 @@
-"""Model builders the tests share.
+"""Model builders the tests share (one-node models: tests/one_node_graphs.py).
 
 ``benchmark_model``: a model benchmarks/real_models.py builds, made as the benchmarks make
 it, in a process of its own with benchmarks/ on its path (the benchmarks are scripts, not

@@ -10,10 +10,12 @@ import pathlib
 import re
 
 import grimp
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_floors_contract_is_kept(capsys):
     from importlinter.cli import lint_imports
 
@@ -101,6 +103,7 @@ def test_the_lazy_reason_finder_finds_an_unexplained_import():
     assert _unexplained_local_imports("def f():\n    import x  # lazy:\n") == [2]  # a reason, not just the tag
 
 
+@pytest.mark.slow
 def test_every_function_local_import_says_why():
     unexplained = []
     for path in sorted((ROOT / "nncc").rglob("*.py")):

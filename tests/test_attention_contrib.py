@@ -102,6 +102,7 @@ def _ops_after_passes(path) -> list[str]:
     return [n.op_type for n in run_passes(parse_model(open(path, "rb").read()), 2).nodes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_contrib_attention_fuses_runs_natively_and_matches_onnxruntime(tmp_path, name):
     if find_toolchain() is None:
@@ -149,6 +150,7 @@ def test_present_is_computed_when_read(tmp_path):
     np.testing.assert_allclose(got["present"], want[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["past", "4-D mask"])
 def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path, form):
     """Past state, a 4-D mask: `nncc run` says what is unsupported in one line and exits 2,

@@ -254,6 +254,7 @@ def test_artifact_reports_load_instead_of_compile(tmp_path):
     ([str(FIXTURES / "mlp.onnx"), "--dim", "S"], "NAME=SIZE"),
     ([str(FIXTURES / "mlp.onnx"), "--compare", "tvm"], "tvm"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     result = bench(*args, "--json", cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
@@ -333,6 +334,7 @@ def _onnx_flops(path, dims) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dims", [("resnet_block", {}), ("mobilenet", {}), ("transformer", {"S": 16}),
                                         ("mlp", {"N": 4})])
 @pytest.mark.parametrize("opt_level", [0, 2])

@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 import pytest
 
 from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 REAL_CC = find_toolchain()
 pytestmark = pytest.mark.skipif(REAL_CC is None, reason="no C compiler on this machine: there is no native "
@@ -143,7 +144,6 @@ def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
 _READER = r"""
 import sys, numpy as np
 from nncc.model import prepare
-from tests.oracle import ort_run
 model_path, feeds_path, want_path, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 x = np.load(feeds_path)["x"]
 want = np.load(want_path)

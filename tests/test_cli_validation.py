@@ -77,6 +77,7 @@ def work(tmp_path: pathlib.Path) -> pathlib.Path:
     (["compile", "relu.onnx", "-o", "x.nncc", "--depfile", "nodir/x.d"], ["nodir/x.d"]),
     (["compile", "relu.onnx", "-o", "."], ["directory"]),
 ])
+@pytest.mark.slow
 def test_bad_arguments_fail_before_any_compile(work, args, fragments):
     (work / "notes.npy").write_text("1 2 3\n4 5 6\n")
     result = nncc(*args, cwd=work)
@@ -109,6 +110,7 @@ def test_run_dim_fixes_the_size_and_matches_onnxruntime(work):
     assert_error(nncc("run", "dyn.onnx", "--dim", "N=5", "-i", "x=x3.npy", cwd=work), "'x'", "5")
 
 
+@pytest.mark.slow
 def test_random_inputs_take_the_dim_size_and_say_which_stay_at_one(work):
     sized = nncc("run", "dyn.onnx", "--random-inputs", "--dim", "N=6", "--json", cwd=work)
     assert sized.returncode == 0, sized.stderr
@@ -122,6 +124,7 @@ def test_random_inputs_take_the_dim_size_and_say_which_stay_at_one(work):
     assert "set to 1" not in quiet.stderr  # a status line: --quiet hides it
 
 
+@pytest.mark.slow
 def test_compile_dim_makes_a_static_artifact(work):
     assert nncc("compile", "dyn.onnx", "--dim", "N=2", "-o", "dyn2.nncc", cwd=work).returncode == 0
     report = json.loads(nncc("inspect", "dyn2.nncc", "--json", cwd=work).stdout)
@@ -136,6 +139,7 @@ def test_compile_dim_makes_a_static_artifact(work):
         np.testing.assert_allclose(out["y"], ort_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_different_dim_is_a_different_cache_entry(work):
     for size in ("2", "3", "2"):
         assert nncc("run", "dyn.onnx", "--random-inputs", "--dim", f"N={size}", cwd=work).returncode == 0
@@ -148,6 +152,7 @@ def test_a_different_dim_is_a_different_cache_entry(work):
     ["compile", "dyn.onnx", "-o", "out.nncc"],
     ["inspect", "dyn.onnx"],
 ])
+@pytest.mark.slow
 def test_unknown_dim_names_are_errors_naming_the_real_ones(work, command):
     line = assert_error(nncc(*command, "--dim", "batch=4", cwd=work), "'batch'", "'N'")
     assert not [f for f in cache_files() if f"{os.sep}entries{os.sep}" in f]  # nothing stored
@@ -155,6 +160,7 @@ def test_unknown_dim_names_are_errors_naming_the_real_ones(work, command):
     assert "(in x)" in line  # which input uses N
 
 
+@pytest.mark.slow
 def test_unknown_dim_on_an_artifact_and_a_static_model(work):
     assert nncc("compile", "dyn.onnx", "-o", "dyn.nncc", cwd=work).returncode == 0
     assert_error(nncc("run", "dyn.nncc", "--random-inputs", "--dim", "M=2", cwd=work), "'M'", "'N'")
@@ -170,6 +176,7 @@ def test_bench_checks_dim_names(work):
 # -- warnings instead of silence -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_threads_beyond_the_cpus_warns(work):
     cpus = len(os.sched_getaffinity(0))
     over = nncc("bench", "relu.onnx", "-n", "1", "--warmup", "0", "--threads", str(cpus + 1), "--json", cwd=work)
@@ -180,6 +187,7 @@ def test_bench_threads_beyond_the_cpus_warns(work):
     assert not [w for w in warnings(fits) if "--threads" in w], fits.stderr
 
 
+@pytest.mark.slow
 def test_compile_options_on_an_artifact_are_named_in_a_warning(work):
     assert nncc("compile", "relu.onnx", "-o", "relu.nncc", "--backend", "numpy", cwd=work).returncode == 0
     run = nncc("run", "relu.nncc", "-i", "x=x.npy", "-O", "1", "--preference", "low-power", cwd=work)
@@ -192,6 +200,7 @@ def test_compile_options_on_an_artifact_are_named_in_a_warning(work):
     assert not [w for w in warnings(plain) if "ignored" in w], plain.stderr
 
 
+@pytest.mark.slow
 def test_a_newer_opset_than_nncc_knows_is_a_warning(work):
     from nncc.ir.opsets import KNOWN_OPSETS
 
@@ -224,6 +233,7 @@ def test_known_opsets_match_the_onnx_release_that_tests_them():
 # -- inspect on a dynamic model ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_groups_fallback_reasons_and_does_not_claim_a_peak(work):
     report = json.loads(nncc("inspect", "dyn.onnx", "--json", cwd=work).stdout)
     count = len(report["fallbacks"])  # each node is still in the JSON
@@ -286,6 +296,7 @@ def test_bind_of_mismatched_shapes_names_both_and_what_fits(work):
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_artifact_names_its_file(work):
     assert nncc("compile", "relu.onnx", "-o", "relu.nncc", "--backend", "numpy", cwd=work).returncode == 0
     data = bytearray((work / "relu.nncc").read_bytes())

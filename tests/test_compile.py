@@ -117,6 +117,7 @@ def listing(directory: pathlib.Path) -> list[str]:
 # -- fixtures: every optimization level and preference, against onnxruntime -------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preference", PREFERENCES)
 @pytest.mark.parametrize("opt_level", [0, 2])
 @pytest.mark.parametrize("name", FIXTURE_MODELS)
@@ -254,6 +255,7 @@ def _source(kind: str, name: str):
     return model_path, runner_feeds(onnx.load(model_path))
 
 
+@pytest.mark.slow
 def test_cli_compile_then_run_in_new_processes_is_exact(tmp_path):
     jobs = []
     for kind, name in CLI_MODELS:
@@ -424,6 +426,7 @@ def inspected(tmp_path_factory):
     return {job: result.stdout for job, result in zip(jobs, results)}, sources
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["onnx", "nncc"])
 def test_inspect_json_has_the_documented_keys(inspected, kind):
     outputs, sources = inspected

@@ -367,6 +367,7 @@ def observed_threads(probe_model, tmp_path, *args, env=None) -> list[int]:
     return [int(line) for line in record.read_text().split()]
 
 
+@pytest.mark.slow
 def test_low_power_runs_blas_on_one_thread(probe_model, tmp_path):
     from nncc.util.threads import blas_threads
 

@@ -124,6 +124,7 @@ def nested_loop_in_if(tmp_path):
                 [vi("y1", F, None), vi("y2", F, None)])
 
 
+@pytest.mark.slow
 def test_nested_loop_in_if_with_outer_scope_values(tmp_path):
     path = nested_loop_in_if(tmp_path)
     x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
@@ -399,6 +400,7 @@ SEQUENCE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(SEQUENCE_CASES))
 def test_sequence_ops_against_onnxruntime(case, tmp_path):
     nodes, outputs = SEQUENCE_CASES[case]

@@ -54,6 +54,7 @@ def test_steady_state_reuses_buffers_and_stays_correct(fixture):
     assert model._executor.arena.ctypes.data == arena_before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backends", [["numpy"], ["native", "numpy"]])
 def test_steady_state_allocates_no_activation_buffers(backends):
     # light_resnet50's activations are 0.2-3 MB each. Once warmed up (kernels keep their

@@ -141,6 +141,7 @@ def _replace_with_dev_zero(path: pathlib.Path) -> None:
     path.symlink_to("/dev/zero")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".plan", ".data"])
 @pytest.mark.parametrize("replace", [_replace_with_fifo, _replace_with_dev_zero], ids=["fifo", "dev-zero"])
 def test_a_cache_file_that_is_not_a_regular_file_is_a_corrupt_entry(work, suffix, replace):
@@ -189,6 +190,7 @@ def test_the_token_never_reads_external_data_the_reader_refuses(tmp_path):
 # -- index rows someone edited ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column, value", [("plan_size", "abc"), ("data_size", 1.5), ("created", "yesterday"),
                                            ("last_used", b"\x00"), ("hits", -3)])
 def test_edited_index_rows_are_corrupt_entries_never_a_crash(work, column, value):

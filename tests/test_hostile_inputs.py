@@ -183,6 +183,7 @@ BAD_MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_MODELS))
 @pytest.mark.parametrize("cache", ["--no-cache", "cache"])
 def test_hostile_onnx_models_are_bad_input(tmp_path, case, cache):
@@ -204,6 +205,7 @@ def _peak(fn) -> tuple[object, int]:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_random_inputs_peak_near_their_own_size():
     from nncc.ir.graph import TensorInfo
     from nncc.runtime.random_inputs import random_feeds
@@ -214,6 +216,7 @@ def test_random_inputs_peak_near_their_own_size():
     assert peak < 4 * count + 96 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 128 MiB input"
 
 
+@pytest.mark.slow
 def test_the_output_summary_peaks_near_nothing():
     from nncc.cli.run import summarize
 
@@ -230,6 +233,7 @@ def test_the_output_summary_peaks_near_nothing():
 # -- found by fuzzing (tests/test_hostile_fuzz.py) -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["Elu", "HardSigmoid", "HardSwish", "LeakyRelu", "Selu", "Sigmoid", "Softplus"])
 def test_activations_of_a_scalar_match_onnxruntime(op):
     """0-d inputs: numpy returns scalars for 0-d operations, which these kernels then tried

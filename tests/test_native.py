@@ -86,6 +86,7 @@ CONVS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c, k, h, w, ks, stride, pad, dil, group, bias", CONVS)
 @pytest.mark.parametrize("act", ["", "Relu", "Clip"])
 def test_conv(tmp_path, c, k, h, w, ks, stride, pad, dil, group, bias, act):
@@ -176,6 +177,7 @@ BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 3, 4), (3, 1)), ((
               ((2, 3, 4, 5), (1, 3, 1, 1)), ((5,), ()), ((), (2, 2))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"])
 @pytest.mark.parametrize("sa, sb", BROADCASTS)
 def test_binary_broadcast(tmp_path, op, sa, sb):
@@ -191,6 +193,7 @@ def test_binary_broadcast(tmp_path, op, sa, sb):
     _check(path, {"a": a, "b": b})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, attrs", [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Erf", {}), ("Exp", {}),
                                        ("Neg", {}), ("Abs", {}), ("Sqrt", {}), ("Log", {}), ("Reciprocal", {}),
                                        ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
@@ -349,6 +352,7 @@ def test_failing_compiler_is_recorded_and_portable(tmp_path, monkeypatch, capfd,
                                nncc.compile_model(static_mlp, backends=["numpy"]).run(_mlp_feeds())["probs"])
 
 
+@pytest.mark.slow
 def test_compiler_that_hangs_times_out(tmp_path, monkeypatch, capfd, static_mlp):
     slow = tmp_path / "cc"
     slow.write_text("#!/bin/sh\nsleep 60\n")
@@ -409,6 +413,7 @@ def test_tampered_code_section_in_an_artifact_is_never_loaded(tmp_path, static_m
         nncc.load(bytes(data), trust_native=True)
 
 
+@pytest.mark.slow
 def test_tampered_code_in_the_cache_is_never_loaded(tmp_path, capfd, static_mlp):
     from nncc.cache.store import Cache
 
@@ -445,6 +450,7 @@ def test_code_from_a_previous_model_is_never_reused(tmp_path):
     _check(paths[1], {"x": x})
 
 
+@pytest.mark.slow
 def test_token_covers_the_compiler_and_target(tmp_path, monkeypatch, static_mlp):
     from nncc.model import prepare
 
@@ -490,6 +496,7 @@ def test_sigkill_during_a_native_build_leaves_the_cache_consistent(tmp_path, sta
     assert again.returncode == 0 and "miss" in again.stderr
 
 
+@pytest.mark.slow
 def test_cli_trust_native_flag(tmp_path, static_mlp):
     artifact = tmp_path / "mlp.nncc"
     env = dict(os.environ, NNCC_CACHE_DIR=str(tmp_path / "cache"))

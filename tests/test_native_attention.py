@@ -67,6 +67,7 @@ def _head_groups(path) -> list[int]:
     return [int(n.attrs.get("head_group", 1)) for n in _fused_nodes(path)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 def test_fused_attention_matches_onnxruntime(tmp_path, backend):
     if backend == "native" and find_toolchain() is None:
@@ -188,6 +189,7 @@ def _attention_op_model(q, k, v, mask, attrs, rng):
     return model, feeds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 @pytest.mark.parametrize("case", ATTENTION_OPS, ids=[c[0] for c in ATTENTION_OPS])
 def test_onnx_attention_op_runs_fused(tmp_path, case, backend):

@@ -91,6 +91,7 @@ def test_cache_info_says_why(model, tmp_path):
         assert info["native_off"] == NOT_ON_PATH
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler here: native code is off")
 def test_nothing_is_said_when_native_code_is_on(model, tmp_path):
     done = nncc("run", model, "--random-inputs", "-v", cache=tmp_path / "c")
@@ -103,6 +104,7 @@ def test_nothing_is_said_when_native_code_is_on(model, tmp_path):
 LACKING = [t for t in TARGETS if missing_features(required_features(t))]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LACKING or find_toolchain(sanitize=False) is None,
                     reason="this CPU has every feature of every named target (or there is no compiler)")
 def test_a_target_this_cpu_cannot_run_is_said(model, tmp_path):

@@ -109,6 +109,7 @@ def _links(calls):
     return [c for c in calls if "-shared" in c.split()]
 
 
+@pytest.mark.slow
 def test_a_shared_layer_is_compiled_once(setup):
     cold_b, _ = setup.run(setup.b, cache=setup.tmp / "other-cache")  # B alone, into an empty cache
     setup.run(setup.a)
@@ -121,6 +122,7 @@ def test_a_shared_layer_is_compiled_once(setup):
     assert len(_links(warm_b)) == 1 and len(_links(cold_b)) == 1
 
 
+@pytest.mark.slow
 def test_recompile_with_warm_objects_only_links(setup):
     setup.run(setup.a)
     token = setup.entries()["a.onnx"]["token"]
@@ -131,6 +133,7 @@ def test_recompile_with_warm_objects_only_links(setup):
     assert setup.entries()["a.onnx"]["objects"] == objects
 
 
+@pytest.mark.slow
 def test_a_tampered_object_is_rebuilt_never_linked(setup):
     setup.run(setup.a)
     entry = setup.entries()["a.onnx"]
@@ -160,6 +163,7 @@ def test_a_tampered_object_is_rebuilt_never_linked(setup):
     assert blake3(path.read_bytes()).hexdigest() == setup.object_rows()[key]["hash"]
 
 
+@pytest.mark.slow
 def test_gc_keeps_the_objects_live_entries_need(setup):
     setup.run(setup.a)
     setup.run(setup.b)
@@ -181,6 +185,7 @@ def test_gc_keeps_the_objects_live_entries_need(setup):
     assert len(calls) == 1 and _links(calls) == calls
 
 
+@pytest.mark.slow
 def test_verify_reports_and_fixes_a_corrupt_object(setup):
     setup.run(setup.a)
     entry = setup.entries()["a.onnx"]

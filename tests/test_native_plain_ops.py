@@ -384,6 +384,7 @@ def test_invalid_or_unknown_geometry_is_left_to_numpy(tmp_path):
 # -- whole models ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_light_inception_v1_is_one_native_partition(tmp_path):
     """The real file, its splat weights replaced by random ones (so every layer matters),
     its logits exposed: one native partition, LRN included, equal to onnxruntime."""
@@ -461,6 +462,7 @@ def test_efficientnet_like_model_is_one_native_partition(tmp_path):
     check_native(tmp_path, g, 18)
 
 
+@pytest.mark.slow
 def test_unet_like_model_is_one_native_partition(tmp_path):
     """Encoder (conv, max pool), decoder (nearest and bilinear Resize upsampling, Pad to
     the skip's size, Concat with the skip, a Slice crop), a channel Split, a per-pixel

@@ -71,6 +71,7 @@ def _cases():
     return cases
 
 
+@pytest.mark.slow
 def test_recurrent_matches_onnxruntime(tmp_path):
     cases = _cases()
     path = tmp_path / "recurrent.onnx"

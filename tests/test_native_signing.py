@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 import pytest
 
 from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: no artifact "
                                 "carries native code, so there is nothing to sign")
@@ -41,7 +42,6 @@ PROBE = """
 import json, sys
 import numpy as np
 import nncc
-from tests.oracle import ort_session
 path, feeds, out, trust = sys.argv[1:5]
 model = nncc.load(path, trust_native=trust == "1")
 np.savez(out, **model.run(dict(np.load(feeds))))
@@ -169,6 +169,7 @@ def fingerprint_of(key_file: pathlib.Path) -> str:
 # -- signing ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compile_creates_a_private_key_and_signs_with_a_keyed_blake3_mac(alice):
     env, raw = alice
     key_file = key_path(env)
@@ -206,6 +207,7 @@ def test_signed_by_your_own_key_runs_natively_without_trust_native(alice, feeds,
     assert f"signature: signed by your key {fingerprint_of(key_path(env))}, trusted" in text
 
 
+@pytest.mark.slow
 def test_cached_and_uncached_compiles_write_the_same_signed_bytes(alice, model, tmp_path):
     env, raw = alice
     again, uncached = tmp_path / "again.nncc", tmp_path / "uncached.nncc"
@@ -332,6 +334,7 @@ def test_a_bit_flipped_without_fixing_its_checksum_refuses_the_file(alice, tmp_p
 # -- the key file ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_key_file_others_can_read_is_refused_in_one_line(alice, model, tmp_path):
     env, raw = alice
     mallory = user(tmp_path, "mallory")

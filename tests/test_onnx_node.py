@@ -21,6 +21,8 @@ from nncc.kernels.registry import resolve
 from tests import onnx_backend
 from tests.onnx_node_exclusions import EXCLUDED
 
+pytestmark = pytest.mark.slow  # some 4,500 models, each through both routes
+
 ROUTES = ("interpreter", "compiled")
 
 

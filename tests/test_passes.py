@@ -618,6 +618,7 @@ def _with_logits(graph: Graph) -> Graph:
     return dataclasses.replace(graph, outputs=list(graph.outputs) + [producer.inputs[0]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50", "inception_v1"])
 def test_light_model_at_O2_matches_unoptimized(name):
     """-O2 against the unoptimized interpreter run and onnxruntime, on the logits.

@@ -123,6 +123,7 @@ def _compile_in_fresh_process(model: pathlib.Path, out: pathlib.Path, hashseed: 
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_identical_bytes_across_fresh_processes(tmp_path):
     jobs = []
     for name in ("resnet_block", "transformer", "shape_ops"):

@@ -98,6 +98,7 @@ def _ops(model):
     return [(n.domain, n.op_type) for n in graph.nodes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", list(WEIGHTS))
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
 def test_qlinear_conv_as_image_matches_onnxruntime_exactly(tmp_path, geometry, weights):

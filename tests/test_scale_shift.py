@@ -332,6 +332,7 @@ def test_kernel_and_shape_errors():
 # -- light_densenet121 ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_densenet121_matches_onnxruntime():
     path = light_models_dir() / "light_densenet121.onnx"
     if not path.exists():

@@ -192,6 +192,7 @@ print(outcome.outcome, before, model._shape_plans._plans[(feeds["tokens"].shape,
 """
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_prepared_dynamic_model_gets_the_shape_native_plan_from_the_cache(tmp_path):
     # fresh processes: the token depends on the plugins a process has loaded
