@@ -1,7 +1,10 @@
+import importlib.metadata
 import os
 import pathlib
+import tomllib
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -13,7 +16,32 @@ def light_models_dir() -> pathlib.Path:
     return pathlib.Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
 
+def required_distributions() -> list[Requirement]:
+    """pyproject.toml's test extra: what the suite needs installed, besides nncc's own dependencies."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    return [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
+
+
+def missing_requirements() -> list[str]:
+    missing = []
+    for requirement in required_distributions():
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(str(requirement))
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            missing.append(f"{requirement} (found {version})")
+    return missing
+
+
 def pytest_configure(config):
+    # The suite needs its test extra: without it, a test would fail on an import, or a
+    # missing oracle would pass for a skip. One message instead, before any test runs.
+    missing = missing_requirements()
+    if missing:
+        raise pytest.UsageError(f"the tests need {', '.join(missing)}: install them with pip install -e '.[test]'")
     # Code that runs before any fixture (module-level compiles, module-scoped fixtures)
     # must not sign with, nor create, the user's real key either.
     import tempfile

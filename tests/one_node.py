@@ -8,16 +8,14 @@ Inputs listed in ``constant`` become initializers, so the compile route sees the
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import onnx
+from onnx import helper, numpy_helper
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import helper, numpy_helper  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.frontend.onnx import parse_model
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
+from tests.oracle import ort_run
 
 
 def make_model(op, inputs, opset, attrs=None, constant=(), outputs=1):
@@ -45,13 +43,6 @@ def make_model(op, inputs, opset, attrs=None, constant=(), outputs=1):
     return model, feeds
 
 
-def run_ort(model, feeds):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
 
 def run_nncc(model, feeds):
     """{route: outputs} for the interpreter and the compiled (-O2) route."""
@@ -74,7 +65,7 @@ def assert_same(got, expected, rtol, atol, what=""):
 def check_against_ort(op, inputs, opset, attrs=None, constant=(), rtol=1e-5, atol=1e-6,
                       outputs=1):
     model, feeds = make_model(op, inputs, opset, attrs, constant, outputs)
-    expected = [np.asarray(e) for e in run_ort(model, feeds)]
+    expected = [np.asarray(e) for e in ort_run(model, feeds)]
     for route, got in run_nncc(model, feeds).items():
         for g, e in zip(got, expected):
             assert_same(g, e, rtol, atol, f"{op} via {route}")

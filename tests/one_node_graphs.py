@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import nncc
@@ -35,20 +34,14 @@ def one_node(op, inputs, n_out, attrs, opsets, domain="", outs=None):
     node = helper.make_node(op, names, outs, domain=domain, **attrs)
     graph = helper.make_graph(
         [node], "g",
-        [helper.make_tensor_value_info(n, ELEM[a.dtype], a.shape) for n, a in zip(names, inputs) if n],
+        [helper.make_tensor_value_info(n, ELEM.get(a.dtype) or helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+         for n, a in zip(names, inputs) if n],
         [helper.make_empty_tensor_value_info(o) for o in outs if o])
     opsets = opsets if isinstance(opsets, dict) else {"": opsets}
     model = helper.make_model(graph, ir_version=10,
                               opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     return model, {n: a for n, a in zip(names, inputs) if n}, [o for o in outs if o]
 
-
-def run_ort(model: onnx.ModelProto, feeds: dict) -> list:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
 
 
 def run_interpreter(model: onnx.ModelProto, feeds: dict) -> dict:

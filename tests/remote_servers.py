@@ -55,7 +55,6 @@ class RedisServer:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.skip("redis-server is not installed (.ci/run installs it with apt-get)")
-        pytest.importorskip("redis", reason="the redis client is part of the test extra")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -75,8 +74,8 @@ class RedisServer:
 
 class MotoServer:
     def __init__(self):
-        pytest.importorskip("moto.server", reason="moto[server] is part of the test extra")
-        boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto[server]")
+        import boto3  # lazy: slow to import, and only the S3 store's tests use it
+
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],

@@ -9,11 +9,13 @@ import ast
 import pathlib
 import re
 
+import grimp
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_floors_contract_is_kept(capsys):
     from importlinter.cli import lint_imports
 
@@ -64,7 +66,6 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_no_import_cycle_between_modules():
-    grimp = pytest.importorskip("grimp", reason="import-linter's graph builder (the test extra installs it)")
     graph = grimp.build_graph("nncc")
     # a package's __init__ re-exporting its own modules is not a cycle of its design
     edges = {m: {d for d in graph.find_modules_directly_imported_by(m) if not m.startswith(d + ".")}
@@ -102,6 +103,7 @@ def test_the_lazy_reason_finder_finds_an_unexplained_import():
     assert _unexplained_local_imports("def f():\n    import x  # lazy:\n") == [2]  # a reason, not just the tag
 
 
+@pytest.mark.slow
 def test_every_function_local_import_says_why():
     unexplained = []
     for path in sorted((ROOT / "nncc").rglob("*.py")):

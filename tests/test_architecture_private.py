@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "nncc"
 
@@ -93,6 +95,7 @@ def _offenders(package_root: pathlib.Path, top: str = "nncc") -> list[str]:
     return offenders
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_private_name_from_another():
     offenders = _offenders(PACKAGE)
     assert offenders == [], "private names used across modules:\n" + "\n".join(offenders)

@@ -7,23 +7,21 @@ defines that nncc takes. The forms nncc does not take are clear one-line errors.
 
 from __future__ import annotations
 
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
-from tests import native_fuzz_cases as F  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.pipeline import run_passes
+from tests import native_fuzz_cases as F
+from tests.models import benchmark_model
+from tests.oracle import ort_run
 
 BATCH, SEQ, HIDDEN_IN = 2, 37, 24
 
@@ -97,13 +95,14 @@ def _model(attrs, sizes, form, constant_mask, proj_bias, attention_bias, rng):
 
 
 def _onnxruntime(model, feeds):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return ort_run(model, feeds)[0]
 
 
 def _ops_after_passes(path) -> list[str]:
     return [n.op_type for n in run_passes(parse_model(open(path, "rb").read()), 2).nodes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_contrib_attention_fuses_runs_natively_and_matches_onnxruntime(tmp_path, name):
     if find_toolchain() is None:
@@ -146,12 +145,12 @@ def test_present_is_computed_when_read(tmp_path):
     onnx.save(model, str(path))
     assert "Attention" in _ops_after_passes(path)
     got = nncc.compile_model(path).run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        ["y", "present"], feeds)
+    want = ort_run(model, feeds, ["y", "present"])
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=2e-5)
     np.testing.assert_allclose(got["present"], want[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["past", "4-D mask"])
 def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path, form):
     """Past state, a 4-D mask: `nncc run` says what is unsupported in one line and exits 2,
@@ -179,20 +178,14 @@ def test_a_form_nncc_does_not_take_is_a_one_line_error(tmp_path, form):
     assert len(lines) == 1 and lines[0].startswith("nncc: error:") and expected in lines[0], run.stderr
 
 
+@pytest.mark.slow
 def test_a_bert_from_onnxruntimes_transformer_optimizer_runs_fused_and_natively(tmp_path):
     """A small BERT exported with a padding mask, as onnxruntime's transformer optimizer leaves
     it (benchmarks/real_models.py: its attention fusion on, the fusions into contrib ops nncc
     has no kernel for off): every com.microsoft Attention becomes a native FusedAttention,
     and the output matches onnxruntime on a padded batch."""
-    pytest.importorskip("onnxruntime.transformers.optimizer")
-    benchmarks = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
-    sys.path.insert(0, benchmarks)
-    try:
-        from real_models import _transformer, ort_fused
-    finally:
-        sys.path.remove(benchmarks)
-    model = ort_fused(_transformer("bert_small", 7, causal=False, seq=24, d=64, heads=4, ff=128, layers=2,
-                                   padding_mask=True), 4, 64)
+    model = benchmark_model('ort_fused(_transformer("bert_small", 7, causal=False, seq=24, d=64, heads=4, ff=128, '
+                            'layers=2, padding_mask=True), 4, 64)', tmp_path)
     assert [n.op_type for n in model.graph.node if n.domain == "com.microsoft"] == ["Attention"] * 2
     path = tmp_path / "bert_ort_fused.onnx"
     onnx.save(model, str(path))

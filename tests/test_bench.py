@@ -14,8 +14,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -151,7 +153,6 @@ def test_json_output_is_strict_json(mlp_report):
 
 
 def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
-    pytest.importorskip("onnxruntime")
     payload, _ = bench_json(FIXTURES / "mlp.onnx", "--iterations", 5, "--warmup", 1, "--compare", "onnxruntime")
     check_schema(payload, with_compare=True)
     cmp = payload["compare"]
@@ -171,7 +172,6 @@ def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
 def test_compare_runs_onnxruntime_at_its_defaults():
     """Every session option is onnxruntime's own default (a fresh SessionOptions says what
     that is) except the thread count, and no session config entry (spinning, say) is set."""
-    ort = pytest.importorskip("onnxruntime")
     from nncc.bench import onnxruntime_session
 
     ours = onnxruntime_session(str(FIXTURES / "mlp.onnx"), 3).get_session_options()
@@ -186,14 +186,13 @@ def test_compare_runs_onnxruntime_at_its_defaults():
 
 
 def test_compare_table_says_what_differs_from_onnxruntimes_defaults():
-    pytest.importorskip("onnxruntime")
     result = bench(FIXTURES / "mlp.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime", "--threads", 1)
     assert result.returncode == 0, result.stderr
     assert "onnxruntime at its defaults except intra_op_num_threads=1" in result.stdout
 
 
+@pytest.mark.slow
 def test_compare_on_a_convnet_agrees_with_onnxruntime():
-    pytest.importorskip("onnxruntime")
     payload, _ = bench_json(FIXTURES / "resnet_block.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime",
                             "--threads", 1)
     assert payload["compare"]["max_abs_diff"] < 1e-3
@@ -255,6 +254,7 @@ def test_artifact_reports_load_instead_of_compile(tmp_path):
     ([str(FIXTURES / "mlp.onnx"), "--dim", "S"], "NAME=SIZE"),
     ([str(FIXTURES / "mlp.onnx"), "--compare", "tvm"], "tvm"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     result = bench(*args, "--json", cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
@@ -334,6 +334,7 @@ def _onnx_flops(path, dims) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, dims", [("resnet_block", {}), ("mobilenet", {}), ("transformer", {"S": 16}),
                                         ("mlp", {"N": 4})])
 @pytest.mark.parametrize("opt_level", [0, 2])
@@ -433,36 +434,46 @@ def test_piped_table_title_is_one_line(tmp_path):
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def _peer_runtimes():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import peer_runtimes
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return peer_runtimes
+def _with_peer_runtimes(code: str) -> dict:
+    """What ``code`` prints as JSON, run as the benchmarks run: a process with benchmarks/ on
+    its path, peer_runtimes imported (the benchmarks are scripts, not a package to import)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS), str(ROOT)]))
+    done = subprocess.run([sys.executable, "-c", "import json\nimport peer_runtimes\n" + textwrap.dedent(code)],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_bench_peers_onnxruntime_is_at_its_defaults():
-    ort = pytest.importorskip("onnxruntime")
-    ours = _peer_runtimes().ort_session(FIXTURES / "mlp.onnx", 1).get_session_options()
-    default = ort.SessionOptions()
-    differ = {name for name in dir(default) if not name.startswith("_") and not callable(getattr(default, name))
-              and getattr(ours, name) != getattr(default, name)}
-    assert differ == {"intra_op_num_threads"} and ours.intra_op_num_threads == 1
-    with pytest.raises(Exception, match="does not have configuration"):
-        ours.get_session_config_entry("session.intra_op.allow_spinning")
+    seen = _with_peer_runtimes(f"""
+        import onnxruntime as ort
+        ours = peer_runtimes.ort_session({str(FIXTURES / "mlp.onnx")!r}, 1).get_session_options()
+        default = ort.SessionOptions()
+        differ = sorted(name for name in dir(default) if not name.startswith("_")
+                        and not callable(getattr(default, name)) and getattr(ours, name) != getattr(default, name))
+        try:
+            spinning = ours.get_session_config_entry("session.intra_op.allow_spinning")
+        except Exception as exc:
+            spinning = f"unset: {{exc}}"
+        print(json.dumps(dict(differ=differ, threads=ours.intra_op_num_threads, spinning=spinning)))
+        """)
+    assert seen["differ"] == ["intra_op_num_threads"] and seen["threads"] == 1
+    assert "does not have configuration" in seen["spinning"]
 
 
 def test_bench_peers_openvino_is_at_its_defaults():
     """Every property of the compiled model is what a plain compile_model gives, except the
     thread count."""
-    ov = pytest.importorskip("openvino")
-    ours = _peer_runtimes().openvino_model(FIXTURES / "mlp.onnx", 1)
-    default = ov.Core().compile_model(str(FIXTURES / "mlp.onnx"), "CPU")
-    differ = {name for name in default.get_property("SUPPORTED_PROPERTIES")
-              if str(ours.get_property(name)) != str(default.get_property(name))}
-    assert ours.get_property("INFERENCE_NUM_THREADS") == 1
-    assert differ <= {"INFERENCE_NUM_THREADS"}
+    seen = _with_peer_runtimes(f"""
+        import openvino as ov
+        ours = peer_runtimes.openvino_model({str(FIXTURES / "mlp.onnx")!r}, 1)
+        default = ov.Core().compile_model({str(FIXTURES / "mlp.onnx")!r}, "CPU")
+        differ = sorted(name for name in default.get_property("SUPPORTED_PROPERTIES")
+                        if str(ours.get_property(name)) != str(default.get_property(name)))
+        print(json.dumps(dict(differ=differ, threads=ours.get_property("INFERENCE_NUM_THREADS"))))
+        """)
+    assert seen["threads"] == 1
+    assert set(seen["differ"]) <= {"INFERENCE_NUM_THREADS"}
 
 
 def _onnx_conv_classes(path) -> dict[str, tuple[int, int]]:
@@ -495,6 +506,7 @@ def _onnx_conv_classes(path) -> dict[str, tuple[int, int]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet_block", "mobilenet"])
 def test_step_classes_account_for_every_convolution(name):
     """The profile's classes hold every Conv/Gemm of the model, in the class the ONNX graph
@@ -514,11 +526,11 @@ def test_step_classes_account_for_every_convolution(name):
     assert sum(v["ms"] for v in classes.values()) == pytest.approx(profile["native_ms"])
 
 
+@pytest.mark.slow  # rounds of processes
 def test_bench_peers_runs_each_runtime_alone_in_alternating_rounds(tmp_path):
     """Two rounds on the mlp fixture, OpenVINO hidden: every measurement in a process of its
     own, the order reversed in round 2, the ratio against the peer that ran, and the
     missing peer named."""
-    pytest.importorskip("onnxruntime")
     shadow = tmp_path / "shadow" / "openvino"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('openvino hidden by the test')\n")

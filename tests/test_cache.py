@@ -33,8 +33,8 @@ from nncc.preparing.token import compute_token, external_files
 from nncc.cache.verify import verify
 from nncc.compiler import CompileOptions
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_outputs, ort_run
 
-ort = pytest.importorskip("onnxruntime")
 
 MLP = FIXTURES / "mlp.onnx"
 RESNET = FIXTURES / "resnet_block.onnx"
@@ -55,11 +55,7 @@ _REFERENCE: dict[str, dict[str, np.ndarray]] = {}
 
 def reference(model: pathlib.Path) -> dict[str, np.ndarray]:
     if str(model) not in _REFERENCE:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        _REFERENCE[str(model)] = dict(zip(names, sess.run(names, feeds_for(model))))
+        _REFERENCE[str(model)] = ort_outputs(model, feeds_for(model))
     return _REFERENCE[str(model)]
 
 
@@ -179,6 +175,7 @@ def test_nncc_model_prepare_and_options_in_key(cache_dir):
     assert model.plan.options["preference"] == "low-power"
 
 
+@pytest.mark.slow
 def test_artifact_from_cache_is_byte_identical(cache_dir):
     fresh = nncc.compile_model(RESNET).to_bytes()
     m1, o1 = prepare(RESNET, cache_dir=cache_dir, stage="optimized")  # what `nncc compile` stores
@@ -188,6 +185,7 @@ def test_artifact_from_cache_is_byte_identical(cache_dir):
     assert model_mod.artifact_bytes(m2) == fresh
 
 
+@pytest.mark.slow
 def test_cached_entry_is_what_compile_produces(cache_dir):
     from nncc.plan.format import serialize_parts
 
@@ -373,8 +371,7 @@ def test_external_data_is_in_the_token(tmp_path, cache_dir):
     model, changed = prepare(path, cache_dir=cache_dir)
     assert changed.outcome == "miss" and changed.token != first.token
     np.testing.assert_allclose(model.run({"x": x})["y"], 2 * y1, rtol=1e-5)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(model.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-4)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ort_run(path, {"x": x})[0], rtol=1e-4)
 
 
 # -- tampering: detected, never prepared, recompiled, correct --------------------------
@@ -479,6 +476,7 @@ TAMPERINGS = [tamper_plan_bit, tamper_plan_header_bit, tamper_data_bit, tamper_t
               tamper_index_size, tamper_delete_data, tamper_row_version]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tamper", TAMPERINGS, ids=lambda f: f.__name__.removeprefix("tamper_"))
 def test_tampering_is_detected_and_recompiled(tamper, cache_dir, monkeypatch, capsys):
     import nncc.plan.format as fmt
@@ -617,6 +615,7 @@ def only_token_of(cache, model) -> str:
     return token
 
 
+@pytest.mark.slow
 def test_file_of_other_version_without_row_is_stale(cache_dir):
     prepare(RESNET, cache_dir=cache_dir, stage="optimized")
     entry = only_entry(cache_dir)
@@ -933,6 +932,7 @@ def test_index_counters_and_rows(tmp_path):
     again.close()
 
 
+@pytest.mark.slow
 def test_hit_does_not_import_the_frontend(cache_dir):
     # the miss in a fresh process too: plugins other tests loaded here are in this one's token
     subprocess.run([sys.executable, "-c", f"import nncc; nncc.prepare({str(MLP)!r}, cache_dir={str(cache_dir)!r})"],

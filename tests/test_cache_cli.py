@@ -95,6 +95,7 @@ def test_cache_dir_option_beats_the_environment(cli, cache_dir, tmp_path):
     assert len(json.loads(out)["entries"]) == 1
 
 
+@pytest.mark.slow
 def test_compile_uses_the_cache_and_writes_the_same_artifact(cli, cache_dir, tmp_path):
     outs = []
     for name, extra in (("a", ()), ("b", ()), ("c", ("--no-cache",))):
@@ -119,6 +120,7 @@ def test_run_with_an_unusable_cache_location_warns_once(cli, tmp_path):
     assert len([line for line in err.splitlines() if "warning" in line]) == 1
 
 
+@pytest.mark.slow
 def test_run_as_a_real_process_with_a_corrupt_index(cache_dir, tmp_path):
     env = dict(os.environ, NNCC_CACHE_DIR=str(cache_dir))
     cmd = [sys.executable, "-m", "nncc", "run", str(MLP), "--random-inputs", "--json"]
@@ -171,6 +173,7 @@ def test_help_lists_cache(cli):
         assert sub in out
 
 
+@pytest.mark.slow
 def test_ls(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     code, out, err = cli("cache", "ls", "--json")
@@ -193,6 +196,7 @@ def test_ls(cli, cache_dir, tmp_path):
     assert cli("cache", "ls", "--sort", "name")[0] == 2
 
 
+@pytest.mark.slow
 def test_info(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     code, out, _ = cli("cache", "info", "--json")
@@ -206,6 +210,7 @@ def test_info(cli, cache_dir, tmp_path):
     assert code == 0 and "Hits" in out and "Misses" in out and "Corruptions" in out and str(cache_dir) in out
 
 
+@pytest.mark.slow
 def test_verify_and_fix(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     code, out, err = cli("cache", "verify", "--json")
@@ -230,6 +235,7 @@ def test_verify_and_fix(cli, cache_dir, tmp_path):
     assert code == 0 and json.loads(out)["counts"] == {"OK": 1}
 
 
+@pytest.mark.slow
 def test_gc_commands(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     total = sum(e.size for e in entries(cache_dir))
@@ -265,6 +271,7 @@ def test_gc_commands(cli, cache_dir, tmp_path):
     assert cli("cache", "gc", "--max-age", "soon")[0] == 2
 
 
+@pytest.mark.slow
 def test_rm_with_prefixes(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     rows = entries(cache_dir)
@@ -288,6 +295,7 @@ def test_rm_with_prefixes(cli, cache_dir, tmp_path):
     assert code == 0 and entries(cache_dir) == []
 
 
+@pytest.mark.slow
 def test_clear(cli, cache_dir, tmp_path):
     populate(cli, tmp_path)
     objects = json.loads(cli("cache", "info", "--json")[1])["objects"]

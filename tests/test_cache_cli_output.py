@@ -56,6 +56,7 @@ def populate(cli, tmp_path) -> pathlib.Path:
 # -- ls at 80 columns ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 60, 40])
 def test_ls_fits_the_width_without_cutting_tokens_or_names(cli, cache_dir, tmp_path, columns):
     populate(cli, tmp_path)
@@ -76,6 +77,7 @@ def test_ls_fits_the_width_without_cutting_tokens_or_names(cli, cache_dir, tmp_p
         assert table[0].split() == ["token", "model", "size"]
 
 
+@pytest.mark.slow
 def test_ls_wide_shows_every_column_and_wide_terminals_more(cli, cache_dir, tmp_path):
     for args in ((MLP,), (RESNET,), (RESNET, "--preference", "low-power")):
         assert cli("run", *args, "--random-inputs")[0] == 0
@@ -213,6 +215,7 @@ def test_verify_wording_says_what_was_found_and_done(cli, cache_dir):
 # -- docs/cache.md -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_docs_cache_examples_run_as_shown(tmp_path):
     """Every `$ nncc ...` line of docs/cache.md's console blocks runs, in order, in a folder
     with model.onnx and a fresh cache, and exits 0; every output line shown there starts

@@ -19,6 +19,8 @@ from nncc.cache.verify import verify
 from tests.conftest import ROOT
 from tests.test_cache import MLP, RESNET, check_outputs, feeds_for, reference
 
+pytestmark = pytest.mark.slow  # many processes, killed and raced, each compiling
+
 
 # Imports everything first, says it is ready, then waits for the common "go" file, so that
 # the processes really reach the cache at the same moment.

@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+import onnx
 import pytest
 
 from nncc.cache import direct
@@ -24,9 +25,8 @@ from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
 from tests.conftest import FIXTURES
+from tests.oracle import ort_run
 
-ort = pytest.importorskip("onnxruntime")
-onnx = pytest.importorskip("onnx")
 
 _OPENED: list[str] = []
 _WATCH: set[str] = set()
@@ -64,8 +64,7 @@ def aged(path: pathlib.Path) -> pathlib.Path:
 
 
 def reference(model, feeds):
-    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return ort_run(model, feeds)
 
 
 def matmul_model(folder: pathlib.Path, rows: int, cols: int, seed: int = 0, external: bool = False,
@@ -109,6 +108,7 @@ def cache_dir(tmp_path):
 # -- direct mode ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_direct_hit_reads_neither_the_model_nor_its_external_data(tmp_path, cache_dir):
     path = matmul_model(tmp_path / "m", 64, 16, external=True)
     weights = tmp_path / "m" / "weights.bin"
@@ -121,6 +121,7 @@ def test_direct_hit_reads_neither_the_model_nor_its_external_data(tmp_path, cach
     check(model, path, 64)
 
 
+@pytest.mark.slow
 def test_content_mode_always_reads_the_model(tmp_path, cache_dir, monkeypatch):
     path = aged(matmul_model(tmp_path, 64, 16))
     prepare(path, cache_dir=cache_dir)
@@ -137,6 +138,7 @@ def test_content_mode_always_reads_the_model(tmp_path, cache_dir, monkeypatch):
     assert hit.outcome == "hit" and opened == [str(path)]
 
 
+@pytest.mark.slow
 def test_a_model_changed_in_place_is_hashed_again(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path, 64, 16, seed=0))
     _, first = prepare(path, cache_dir=cache_dir)
@@ -151,6 +153,7 @@ def test_a_model_changed_in_place_is_hashed_again(tmp_path, cache_dir):
     check(model, path, 64)
 
 
+@pytest.mark.slow
 def test_touched_but_unchanged_model_keeps_its_entry(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path, 64, 16))
     _, first = prepare(path, cache_dir=cache_dir)
@@ -160,6 +163,7 @@ def test_touched_but_unchanged_model_keeps_its_entry(tmp_path, cache_dir):
     check(model, path, 64)
 
 
+@pytest.mark.slow
 def test_changed_external_data_is_hashed_again(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path / "m", 64, 16, seed=0, external=True))
     weights = tmp_path / "m" / "weights.bin"
@@ -171,6 +175,7 @@ def test_changed_external_data_is_hashed_again(tmp_path, cache_dir):
     check(model, path, 64)
 
 
+@pytest.mark.slow
 def test_a_new_file_in_the_models_folder_is_looked_at(tmp_path, cache_dir):
     """External data is searched for in the model's folder: a file that appears there
     (it could be the one a location names) makes direct mode hash again."""
@@ -193,6 +198,7 @@ def test_a_just_written_model_is_not_remembered(tmp_path, cache_dir):
     assert hit.outcome == "hit" and opened == [str(path)]
 
 
+@pytest.mark.slow
 def test_the_same_file_under_other_options_is_another_lookup(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path, 64, 16))
     _, a = prepare(path, cache_dir=cache_dir)
@@ -201,6 +207,7 @@ def test_the_same_file_under_other_options_is_another_lookup(tmp_path, cache_dir
     assert b.outcome == "miss" and b.token != a.token and opened == [str(path)]
 
 
+@pytest.mark.slow
 def test_the_manifest_row_goes_with_its_entry(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path, 64, 16))
     _, first = prepare(path, cache_dir=cache_dir)
@@ -213,6 +220,7 @@ def test_the_manifest_row_goes_with_its_entry(tmp_path, cache_dir):
     check(model, path, 64)
 
 
+@pytest.mark.slow
 def test_cli_run_hit_does_not_read_the_model(tmp_path, cache_dir):
     path = aged(matmul_model(tmp_path, 64, 16))
     env = dict(os.environ, NNCC_CACHE_DIR=str(cache_dir))
@@ -258,6 +266,7 @@ def _flip(path: pathlib.Path, offset: int) -> None:
         f.write(bytes([byte[0] ^ 0x40]))
 
 
+@pytest.mark.slow
 def test_a_flipped_data_bit_is_found_by_the_spot_checks_then_recompiled(tmp_path, cache_dir):
     """A data cache of several chunks: each hit hashes one chosen at random. A changed
     byte gives (at worst) wrong values until the check lands on its chunk; the entry is
@@ -324,6 +333,7 @@ def test_the_indexed_full_data_hash_is_what_verify_checks(tmp_path, cache_dir):
         assert [f.token for f in report.problems] == [first.token]
 
 
+@pytest.mark.slow
 def test_flipped_data_bits_never_crash_a_run(tmp_path, cache_dir):
     """Whatever byte of the data cache changes, a run gives values or a recompile, in a
     process that exits normally: the data cache steers no address and no branch."""

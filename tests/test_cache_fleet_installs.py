@@ -1,5 +1,5 @@
 """A fleet of separate installs: two virtual environments, each with its own `pip install`
-of this checkout, made one after the other in different folders (so every file has
+of this checkout's wheel, made one after the other in different folders (so every file has
 another path and another modification time). They must compute the same cache token for
 the same model and options, and so share the remote tier's entries."""
 
@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
 from tests.conftest import ROOT
 from tests.test_cache import MLP
+
+pytestmark = pytest.mark.slow  # builds a wheel and two virtual environments
 
 
 def _checkout_copy(dest):
@@ -27,29 +31,35 @@ def _checkout_copy(dest):
     return dest
 
 
-def _make_venv(folder, checkout):
-    """A venv that sees the system's packages (numpy, onnx, ...) and holds its own nncc,
-    installed from ``checkout`` without the network."""
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(folder)],
-                   check=True)
+def _build_wheel(checkout, dest):
+    """This checkout's wheel, built once, offline, by this interpreter (whose setuptools the
+    test extra pins to one that builds wheels by itself)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--no-index", "--wheel-dir", str(dest), str(checkout)], env=venv_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = dest.glob("nncc-*.whl")
+    return wheel
+
+
+def _make_venv(folder, wheel):
+    """A venv with its own nncc, installed from ``wheel`` without the network, that sees
+    this interpreter's packages (numpy, onnx, ...) for the rest. "--system-site-packages"
+    would not do: run from a venv, it shows the base interpreter's packages, not the venv's."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     python = folder / "bin" / "python"
-    # this interpreter's pip installs into the venv; the build runs in the venv (seeing the
-    # system's setuptools and wheel, as --no-build-isolation asks)
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    # a bare path line: this interpreter's folders come after the venv's own, and their .pth
+    # files (an editable nncc among them) are not run
+    folders = dict.fromkeys(sysconfig.get_path(name) for name in ("purelib", "platlib"))
+    pathlib.Path(own, "outer-packages.pth").write_text("".join(f"{f}\n" for f in folders))
+    # --ignore-installed: the nncc this interpreter may have is neither looked at nor removed
     done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                           "--no-build-isolation", "--no-index", str(checkout)], env=venv_env(),
+                           "--ignore-installed", "--no-index", str(wheel)], env=venv_env(),
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return python
-
-
-def _can_build_wheels() -> bool:
-    """setuptools builds a wheel by itself from 70.1 on; before, it needs the wheel package."""
-    import importlib.util
-
-    import setuptools
-
-    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
-    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
 
 
 def venv_env(**extra) -> dict:
@@ -59,13 +69,10 @@ def venv_env(**extra) -> dict:
 
 @pytest.fixture(scope="module")
 def two_installs(tmp_path_factory):
-    if not _can_build_wheels():
-        pytest.skip("installing a checkout without the network needs setuptools>=70.1 or the wheel package "
-                    "(both in the test extra)")
     base = tmp_path_factory.mktemp("installs")
-    checkout = _checkout_copy(base / "checkout")
-    first = _make_venv(base / "machine-a" / "venv", checkout)
-    second = _make_venv(base / "elsewhere" / "machine-b" / "env", checkout)  # later, in another folder
+    wheel = _build_wheel(_checkout_copy(base / "checkout"), base / "wheel")
+    first = _make_venv(base / "machine-a" / "venv", wheel)
+    second = _make_venv(base / "elsewhere" / "machine-b" / "env", wheel)  # later, in another folder
     for python, folder in ((first, "machine-a"), (second, "machine-b")):
         where = subprocess.run([str(python), "-c", "import nncc; print(nncc.__file__)"], env=venv_env(),
                                check=True, capture_output=True, text=True, cwd=base).stdout

@@ -63,6 +63,7 @@ def users_folder(tmp_path) -> pathlib.Path:
     return v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", CACHE_COMMANDS, ids=" ".join)
 def test_a_foreign_folder_is_refused_and_left_alone(users_folder, command):
     before = tree(users_folder)
@@ -82,6 +83,7 @@ def test_run_with_a_foreign_folder_compiles_in_memory(users_folder):
     assert tree(users_folder) == before
 
 
+@pytest.mark.slow
 def test_an_empty_folder_becomes_a_cache(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -93,6 +95,7 @@ def test_an_empty_folder_becomes_a_cache(tmp_path):
 # -- read-only commands create nothing --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("ls",), ("info",), ("ls", "--json"), ("info", "--json"), ("verify",),
                                      ("gc",), ("clear",)], ids=" ".join)
 def test_no_cache_command_creates_a_cache(tmp_path, command):
@@ -112,6 +115,7 @@ def test_no_cache_command_creates_a_cache(tmp_path, command):
 # -- inside a real cache: only nncc's names, never through a symlink --------------------------
 
 
+@pytest.mark.slow
 def test_clear_gc_and_fix_remove_only_nncc_names(tmp_path):
     cache_dir = tmp_path / "cache"
     filled(cache_dir)
@@ -143,6 +147,7 @@ def test_clear_gc_and_fix_remove_only_nncc_names(tmp_path):
         assert c.index.entries() == []
 
 
+@pytest.mark.slow
 def test_a_symlinked_entries_folder_is_refused(tmp_path):
     cache_dir = tmp_path / "cache"
     filled(cache_dir)
@@ -161,6 +166,7 @@ def test_a_symlinked_entries_folder_is_refused(tmp_path):
 # -- an entry file replaced by a directory ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_entry_replaced_by_an_empty_directory_is_healed(tmp_path):
     cache_dir = tmp_path / "cache"
     token = filled(cache_dir)
@@ -176,6 +182,7 @@ def test_an_entry_replaced_by_an_empty_directory_is_healed(tmp_path):
     assert plan.is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [("verify", "--fix"), ("gc", "--max-size", "0"), ("clear",)], ids=" ".join)
 def test_fix_gc_and_clear_remove_an_empty_directory_entry(tmp_path, command):
     cache_dir = tmp_path / "cache"
@@ -189,6 +196,7 @@ def test_fix_gc_and_clear_remove_an_empty_directory_entry(tmp_path, command):
     assert nncc("cache", "verify", cache_dir=cache_dir).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_directory_that_cannot_go_is_reported_not_claimed(tmp_path):
     cache_dir = tmp_path / "cache"
     token = filled(cache_dir)
@@ -208,6 +216,7 @@ def test_a_directory_that_cannot_go_is_reported_not_claimed(tmp_path):
     assert (plan / "work.txt").read_text() == "someone's"
 
 
+@pytest.mark.slow
 def test_a_malformed_row_never_names_files_to_delete(tmp_path):
     """An index row whose token is not 64 hex digits (a hand-edited or damaged index) is
     dropped by clear without touching the paths it would name outside the cache."""
@@ -235,6 +244,7 @@ def test_a_malformed_row_never_names_files_to_delete(tmp_path):
         assert c.index.entries() == []
 
 
+@pytest.mark.slow
 def test_verify_neither_locks_nor_reads_what_a_malformed_row_names(tmp_path):
     cache_dir = tmp_path / "a" / "cache"
     filled(cache_dir)

@@ -87,6 +87,7 @@ def tokens(cache: pathlib.Path) -> set[str]:
         return {e.token for e in c.index.entries()}
 
 
+@pytest.mark.slow
 def test_run_on_a_full_disk_serves_hits_and_compiles_misses_in_memory(full_cache, tmp_path):
     cache, _ = full_cache
     out = tmp_path / "out.npz"
@@ -106,6 +107,7 @@ def test_run_on_a_full_disk_serves_hits_and_compiles_misses_in_memory(full_cache
     assert len(tokens(cache)) == 2  # nothing was stored
 
 
+@pytest.mark.slow
 def test_ls_and_info_read_a_cache_on_a_full_disk(full_cache, tmp_path):
     cache, _ = full_cache
     listed = nncc("cache", "ls", "--json", cache=cache, cwd=tmp_path)
@@ -119,6 +121,7 @@ def test_ls_and_info_read_a_cache_on_a_full_disk(full_cache, tmp_path):
     assert "Disk full" in text.stdout
 
 
+@pytest.mark.slow
 def test_gc_frees_space_on_a_full_disk_and_the_cache_works_again(full_cache, tmp_path):
     cache, junk = full_cache
     before = tokens(cache)
@@ -148,6 +151,7 @@ def test_gc_frees_space_on_a_full_disk_and_the_cache_works_again(full_cache, tmp
         assert_correct(model, MLP)
 
 
+@pytest.mark.slow
 def test_rm_and_clear_work_on_a_full_disk(full_cache, tmp_path):
     cache, _ = full_cache
     first, second = sorted(tokens(cache))
@@ -165,6 +169,7 @@ def test_rm_and_clear_work_on_a_full_disk(full_cache, tmp_path):
     assert not any((cache / "entries").rglob("*.plan")) and not any((cache / "entries").rglob("*.data"))
 
 
+@pytest.mark.slow
 def test_reclaiming_holds_the_index_exclusively(full_cache):
     """While files go before their rows, no other process may look an entry up."""
     cache, _ = full_cache

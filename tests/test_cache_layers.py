@@ -194,7 +194,6 @@ def test_a_local_miss_asks_the_remote_without_holding_the_token_lock(tmp_path):
     import subprocess
     import sys
 
-    pytest.importorskip("redis", reason="the redis client is part of the test extra")
     from nncc.cache.locking import try_lock
     from tests.remote_servers import KEY
 

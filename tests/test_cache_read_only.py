@@ -117,6 +117,7 @@ def test_cache_commands_still_refuse_a_read_only_cache(filled, tmp_path):
             Cache.open(view)
 
 
+@pytest.mark.slow
 def test_cache_ls_and_info_read_a_read_only_cache(filled, tmp_path):
     import json
     import sys

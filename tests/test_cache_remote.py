@@ -23,6 +23,7 @@ def counters(cache_dir) -> dict[str, int]:
         return c.index.counters()
 
 
+@pytest.mark.slow
 def test_a_cold_machine_gets_a_remote_hit(remote, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("NNCC_REMOTE_TRUST_NATIVE", "yes")  # the fleet runs the team key's native code
     compiled, first = prepare(RESNET, cache_dir=tmp_path / "a", stage="optimized")  # with native code
@@ -51,6 +52,7 @@ def shared_names(remote) -> set[str]:
     return {key.split("/", 1)[1] for key in remote.keys("manifests/")}
 
 
+@pytest.mark.slow
 def test_manifest_is_uploaded_last_and_names_its_parts(remote, tmp_path):
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a")
     (name,) = shared_names(remote)  # the quick stage: under its portable name
@@ -126,6 +128,7 @@ def poison_other_token(remote, token, tmp_path):
     return "another token"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("poison", [poison_wrong_mac, poison_swapped_parts, poison_truncated_data,
                                     poison_replaced_plan, poison_other_token])
 def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
@@ -164,6 +167,7 @@ def test_poisoned_entries_are_never_used(remote, tmp_path, capfd, poison):
     assert_correct(healed, RESNET)
 
 
+@pytest.mark.slow
 def test_a_machine_with_the_wrong_key_leaves_the_good_entry_intact(remote, tmp_path, monkeypatch, capfd):
     token = _publish(tmp_path, RESNET, remote)
     good = remote.get(f"manifests/{token}")
@@ -183,6 +187,7 @@ def test_a_machine_with_the_wrong_key_leaves_the_good_entry_intact(remote, tmp_p
     assert_correct(model, RESNET)
 
 
+@pytest.mark.slow
 def test_entries_are_created_once_and_never_replaced(remote):
     from nncc.settings import remote_settings
     from nncc.cache.remote.tier import open_store
@@ -199,6 +204,7 @@ def test_entries_are_created_once_and_never_replaced(remote):
 # -- configuration ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_without_a_key_the_tier_is_off_with_one_warning(remote, tmp_path, monkeypatch, capfd):
     monkeypatch.delenv("NNCC_REMOTE_KEY")
     for folder in ("a", "b"):
@@ -209,6 +215,7 @@ def test_without_a_key_the_tier_is_off_with_one_warning(remote, tmp_path, monkey
     assert remote.keys("manifests/") == []  # nothing was uploaded without the key
 
 
+@pytest.mark.slow
 def test_key_file(remote, tmp_path, monkeypatch, cli):
     key_file = tmp_path / "team.key"
     code, out, _ = cli("cache", "remote", "keygen", key_file)
@@ -257,6 +264,7 @@ def test_unknown_scheme_and_missing_client_are_one_clear_error(tmp_path, monkeyp
     assert code == 2 and "Redis client" in err and "nncc[redis]" in err
 
 
+@pytest.mark.slow
 def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
     """The remote is asked only on a local miss: a hit loads neither a store nor its client."""
     import subprocess
@@ -277,7 +285,6 @@ def test_a_local_hit_imports_no_remote_code(remote, tmp_path):
 
 
 def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
-    pytest.importorskip("redis", reason="the redis client is part of the test extra")
     from tests.remote_servers import free_port
 
     monkeypatch.setenv("NNCC_REMOTE", f"redis://:hunter2@127.0.0.1:{free_port()}/0")  # nothing listens there
@@ -287,6 +294,7 @@ def test_messages_never_show_a_redis_password(tmp_path, monkeypatch, capfd):
     assert outcome.outcome == "miss" and "failed" in err and "hunter2" not in err
 
 
+@pytest.mark.slow
 def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote):
     import time
 
@@ -310,6 +318,7 @@ def test_leases_are_exclusive_expire_and_are_released_only_by_their_owner(remote
         store.close()
 
 
+@pytest.mark.slow
 def test_remote_native_code_runs_only_when_trusted(remote, tmp_path, monkeypatch, capsys, cli):
     if find_toolchain() is None:
         pytest.skip("no C compiler: no native code to trust or not")
@@ -350,6 +359,7 @@ def test_remote_native_code_runs_only_when_trusted(remote, tmp_path, monkeypatch
     assert len(warned) == 1 and "remote.trust_native is off" in warned[0]
 
 
+@pytest.mark.slow
 def test_gc_with_the_wrong_key_removes_nothing(remote, tmp_path, monkeypatch, cli):
     token = _publish(tmp_path, MLP, remote)
     good = remote.get(f"manifests/{token}")

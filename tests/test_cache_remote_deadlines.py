@@ -35,11 +35,11 @@ def finished(proc) -> tuple[dict, list[str], str]:
     return json.loads(out)["cache"], warnings_in(err), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["redis", "s3"])
 def test_a_slow_drip_server_costs_one_deadline(tmp_path, kind):
     timeout = 1.0
     if kind == "redis":
-        pytest.importorskip("redis", reason="the redis client is part of the test extra")
         reply = b"$1000000\r\n" + b"x" * 64  # a bulk reply that never completes
     else:
         reply = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 64
@@ -56,6 +56,7 @@ def test_a_slow_drip_server_costs_one_deadline(tmp_path, kind):
     assert "remote wait" in err and "(timed out); compiled and stored in" in err, err
 
 
+@pytest.mark.slow
 def test_a_server_that_stops_answering_mid_run_costs_one_deadline(tmp_path):
     """Redis freezes (SIGSTOP) once the run holds its compile lease: the upload times out
     once, and the lease is not released after that (it expires by itself)."""

@@ -41,13 +41,13 @@ def test_stopped_redis_never_fails_a_run(tmp_path, monkeypatch, capfd):
     assert counters(tmp_path / "a")["remote_errors"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["redis", "s3"])
 def test_black_holed_port_never_fails_a_run(tmp_path, monkeypatch, capfd, kind):
     monkeypatch.setenv("NNCC_REMOTE_KEY", KEY)
     monkeypatch.setenv("NNCC_REMOTE_TIMEOUT", "0.5")
     with black_hole() as port:
         if kind == "redis":
-            pytest.importorskip("redis", reason="the redis client is part of the test extra")
             monkeypatch.setenv("NNCC_REMOTE", f"redis://127.0.0.1:{port}/0")
         else:
             for name, value in ACCESS.items():
@@ -59,6 +59,7 @@ def test_black_holed_port_never_fails_a_run(tmp_path, monkeypatch, capfd, kind):
     assert len(warned) == 1 and "failed" in text and ("timed out" in text or "timeout" in text), warned
 
 
+@pytest.mark.slow
 def test_stopped_s3_server_never_fails_a_run(tmp_path, monkeypatch, capfd):
     server = MotoServer()
     server.stop()
@@ -106,6 +107,7 @@ def test_full_redis_never_fails_a_run_and_shows_no_partial_entry(tmp_path, monke
 # -- commands ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_push_pull_info(remote, tmp_path, monkeypatch, cli):
     monkeypatch.delenv("NNCC_REMOTE")  # given by --remote below
     code, _, err = cli("run", MLP, "--random-inputs", "--stage", "optimized", "--cache-dir", tmp_path / "a")
@@ -138,6 +140,7 @@ def test_push_and_pull_need_a_keyed_remote(tmp_path, monkeypatch, cli):
     assert code == 2 and "no key" in err
 
 
+@pytest.mark.slow
 def test_gc_remote_applies_size_and_age(remote, tmp_path, monkeypatch, cli):
     tokens = {}
     for model in (MLP, RESNET):
@@ -169,6 +172,7 @@ def _manifest_parts(remote, token):
     return decode(remote.get(f"manifests/{token}"), mac_key(KEY.encode()), token).parts
 
 
+@pytest.mark.slow
 def test_pull_rejects_a_poisoned_entry(remote, tmp_path, cli):
     _, outcome = prepare(MLP, cache_dir=tmp_path / "a", backends=["numpy"])
     mac, body = remote.get(f"manifests/{outcome.token}").split(b"\n", 1)

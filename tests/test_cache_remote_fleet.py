@@ -13,11 +13,14 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT
 from tests.remote_servers import KEY, fresh_remote_state, redis_server  # noqa: F401
 from tests.test_cache import RESNET, check_outputs, feeds_for
 from tests.test_cache_concurrency import BARRIER_DRIVER
+
+pytestmark = pytest.mark.slow  # fleets of processes compiling against one remote
 
 
 def fleet_env(server, cache_dir, **extra) -> dict:

@@ -18,6 +18,7 @@ def moto(tmp_path):
     server.stop()
 
 
+@pytest.mark.slow
 def test_credentials_come_from_a_shared_file_and_profile(moto, tmp_path, monkeypatch):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
                  "AWS_DEFAULT_REGION"):
@@ -37,6 +38,7 @@ def test_credentials_come_from_a_shared_file_and_profile(moto, tmp_path, monkeyp
     assert_correct(model, MLP)
 
 
+@pytest.mark.slow
 def test_large_objects_go_up_in_parts_and_creates_never_replace(moto, monkeypatch):
     from nncc.cache.remote import s3_store
 

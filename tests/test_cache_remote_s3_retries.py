@@ -139,6 +139,7 @@ def counters(cache_dir) -> dict[str, int]:
         return c.index.counters()
 
 
+@pytest.mark.slow
 def test_slow_down_answers_are_retried_and_the_miss_and_hit_go_through(proxy, moto, tmp_path, request):
     refused = s3_store.RETRIES - 1  # the most one request can be refused and still succeed
     proxy.refuse(refused)
@@ -165,6 +166,7 @@ def test_slow_down_answers_are_retried_and_the_miss_and_hit_go_through(proxy, mo
     assert counters(tmp_path / "b")["remote_errors"] == 0
 
 
+@pytest.mark.slow
 def test_a_store_that_always_says_slow_down_costs_one_warning_and_the_local_cache_goes_on(proxy, tmp_path, capfd):
     proxy.refuse(-1)
     capfd.readouterr()

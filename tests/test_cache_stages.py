@@ -20,14 +20,12 @@ import sys
 import time
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 REAL_CC = find_toolchain()
 pytestmark = pytest.mark.skipif(REAL_CC is None, reason="no C compiler on this machine: there is no native "
@@ -62,8 +60,7 @@ class Setup:
         self.feeds = tmp_path / "feeds.npz"
         x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
         np.savez(self.feeds, x=x)
-        session = ort.InferenceSession(str(self.model), providers=["CPUExecutionProvider"])
-        self.want = session.run(None, {"x": x})[0]
+        self.want = ort_run(self.model, {"x": x})[0]
         np.save(tmp_path / "want.npy", self.want)
         self.cache = tmp_path / "cache"
         self.log = tmp_path / "cc.log"

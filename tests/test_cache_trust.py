@@ -66,6 +66,7 @@ def run_untrusted(cache_dir, tmp_path, *fragments, trust_hint=True):
     assert files(cache_dir) == before
 
 
+@pytest.mark.slow
 def test_a_cache_folder_others_can_write_is_not_used(tmp_path):
     cache_dir = tmp_path / "cache"
     filled(cache_dir)
@@ -88,6 +89,7 @@ def test_a_cache_folder_others_can_write_is_not_used(tmp_path):
     assert json.loads(again.stdout)["cache"]["outcome"] == "hit" and "warning" not in again.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["index.sqlite3", "entries", "locks"])
 def test_group_writable_parts_are_not_used(tmp_path, part):
     cache_dir = tmp_path / "cache"
@@ -96,6 +98,7 @@ def test_group_writable_parts_are_not_used(tmp_path, part):
     run_untrusted(cache_dir, tmp_path, str(cache_dir / part), "writable by group or others")
 
 
+@pytest.mark.slow
 @needs_root
 @pytest.mark.parametrize("part", ["", "index.sqlite3", "entries", "locks"])
 def test_a_cache_owned_by_another_user_is_not_used(tmp_path, part):
@@ -150,6 +153,7 @@ def test_the_index_is_created_private_whatever_the_umask(tmp_path, umask):
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
 
 
+@pytest.mark.slow
 def test_a_symlinked_index_is_refused(tmp_path):
     cache_dir = tmp_path / "cache"
     filled(cache_dir)

@@ -120,12 +120,14 @@ def test_model_is_a_directory(work):
     b"\xff" * 64,
     b"PK\x03\x04" + b"\x00" * 30,  # a zip (e.g. an .npz) passed as a model
 ], ids=["text", "png", "empty", "zeros", "ff", "zip"])
+@pytest.mark.slow
 def test_not_an_onnx_file(work, content):
     (work / "bad.onnx").write_bytes(content)
     line = assert_error(nncc("run", "bad.onnx", "--random-inputs", cwd=work), "bad.onnx")
     assert "ONNX" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [0.25, 0.5, 0.9])
 def test_truncated_model(work, keep):
     data = (work / "relu.onnx").read_bytes()
@@ -291,6 +293,7 @@ def test_random_inputs_json(work):
     assert output["min"] >= 0
 
 
+@pytest.mark.slow
 def test_random_inputs_are_seeded(work):
     runs = [json.loads(nncc("run", "relu.onnx", "--random-inputs", "--json", "--seed", s,
                             cwd=work).stdout)["outputs"] for s in ("1", "1", "2")]
@@ -310,6 +313,7 @@ def test_output_npz(work):
     assert not list(work.glob(".nncc-*"))  # no temporary left behind
 
 
+@pytest.mark.slow
 def test_output_named_like_savez_arguments(work):
     """Regression: np.savez(f, **outputs) broke on outputs named 'file' or 'allow_pickle'."""
     for name in ("file", "allow_pickle"):
@@ -331,6 +335,7 @@ def test_human_readable_output(work):
     ["-i", "z=x.npy"],
     [],  # missing input
 ])
+@pytest.mark.slow
 def test_failing_run_writes_no_output(work, bad):
     result = nncc("run", "relu.onnx", *bad, "--output", "out.npz", cwd=work)
     assert result.returncode == 2

@@ -13,10 +13,10 @@ import pathlib
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.oracle import ort_outputs
 from tests.test_cli_errors import assert_error, assert_usage_error, nncc, relu_model, save
 
 
@@ -55,12 +55,6 @@ def dynamic_model(path: pathlib.Path, opset: int = 17) -> pathlib.Path:
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
 
 
-def onnxruntime_outputs(model: pathlib.Path, feeds: dict) -> dict:
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds)))
-
-
 @pytest.fixture
 def work(tmp_path: pathlib.Path) -> pathlib.Path:
     relu_model(tmp_path / "relu.onnx")
@@ -83,6 +77,7 @@ def work(tmp_path: pathlib.Path) -> pathlib.Path:
     (["compile", "relu.onnx", "-o", "x.nncc", "--depfile", "nodir/x.d"], ["nodir/x.d"]),
     (["compile", "relu.onnx", "-o", "."], ["directory"]),
 ])
+@pytest.mark.slow
 def test_bad_arguments_fail_before_any_compile(work, args, fragments):
     (work / "notes.npy").write_text("1 2 3\n4 5 6\n")
     result = nncc(*args, cwd=work)
@@ -107,7 +102,7 @@ def test_run_dim_fixes_the_size_and_matches_onnxruntime(work):
     np.save(work / "x5.npy", x)
     result = nncc("run", "dyn.onnx", "--dim", "N=5", "-i", "x=x5.npy", "-o", "out.npz", cwd=work)
     assert result.returncode == 0, result.stderr
-    expected = onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"]
+    expected = ort_outputs(work / "dyn.onnx", {"x": x})["y"]
     with np.load(work / "out.npz") as out:
         np.testing.assert_allclose(out["y"], expected, rtol=1e-5, atol=1e-6)
     # the model was compiled for N=5: another size is refused, naming the input and shapes
@@ -115,6 +110,7 @@ def test_run_dim_fixes_the_size_and_matches_onnxruntime(work):
     assert_error(nncc("run", "dyn.onnx", "--dim", "N=5", "-i", "x=x3.npy", cwd=work), "'x'", "5")
 
 
+@pytest.mark.slow
 def test_random_inputs_take_the_dim_size_and_say_which_stay_at_one(work):
     sized = nncc("run", "dyn.onnx", "--random-inputs", "--dim", "N=6", "--json", cwd=work)
     assert sized.returncode == 0, sized.stderr
@@ -128,6 +124,7 @@ def test_random_inputs_take_the_dim_size_and_say_which_stay_at_one(work):
     assert "set to 1" not in quiet.stderr  # a status line: --quiet hides it
 
 
+@pytest.mark.slow
 def test_compile_dim_makes_a_static_artifact(work):
     assert nncc("compile", "dyn.onnx", "--dim", "N=2", "-o", "dyn2.nncc", cwd=work).returncode == 0
     report = json.loads(nncc("inspect", "dyn2.nncc", "--json", cwd=work).stdout)
@@ -139,9 +136,10 @@ def test_compile_dim_makes_a_static_artifact(work):
     result = nncc("run", "dyn2.nncc", "-i", "x=x2.npy", "-o", "out.npz", cwd=work)
     assert result.returncode == 0, result.stderr
     with np.load(work / "out.npz") as out:
-        np.testing.assert_allclose(out["y"], onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
+        np.testing.assert_allclose(out["y"], ort_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_different_dim_is_a_different_cache_entry(work):
     for size in ("2", "3", "2"):
         assert nncc("run", "dyn.onnx", "--random-inputs", "--dim", f"N={size}", cwd=work).returncode == 0
@@ -154,6 +152,7 @@ def test_a_different_dim_is_a_different_cache_entry(work):
     ["compile", "dyn.onnx", "-o", "out.nncc"],
     ["inspect", "dyn.onnx"],
 ])
+@pytest.mark.slow
 def test_unknown_dim_names_are_errors_naming_the_real_ones(work, command):
     line = assert_error(nncc(*command, "--dim", "batch=4", cwd=work), "'batch'", "'N'")
     assert not [f for f in cache_files() if f"{os.sep}entries{os.sep}" in f]  # nothing stored
@@ -161,6 +160,7 @@ def test_unknown_dim_names_are_errors_naming_the_real_ones(work, command):
     assert "(in x)" in line  # which input uses N
 
 
+@pytest.mark.slow
 def test_unknown_dim_on_an_artifact_and_a_static_model(work):
     assert nncc("compile", "dyn.onnx", "-o", "dyn.nncc", cwd=work).returncode == 0
     assert_error(nncc("run", "dyn.nncc", "--random-inputs", "--dim", "M=2", cwd=work), "'M'", "'N'")
@@ -176,6 +176,7 @@ def test_bench_checks_dim_names(work):
 # -- warnings instead of silence -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_threads_beyond_the_cpus_warns(work):
     cpus = len(os.sched_getaffinity(0))
     over = nncc("bench", "relu.onnx", "-n", "1", "--warmup", "0", "--threads", str(cpus + 1), "--json", cwd=work)
@@ -186,6 +187,7 @@ def test_bench_threads_beyond_the_cpus_warns(work):
     assert not [w for w in warnings(fits) if "--threads" in w], fits.stderr
 
 
+@pytest.mark.slow
 def test_compile_options_on_an_artifact_are_named_in_a_warning(work):
     assert nncc("compile", "relu.onnx", "-o", "relu.nncc", "--backend", "numpy", cwd=work).returncode == 0
     run = nncc("run", "relu.nncc", "-i", "x=x.npy", "-O", "1", "--preference", "low-power", cwd=work)
@@ -198,6 +200,7 @@ def test_compile_options_on_an_artifact_are_named_in_a_warning(work):
     assert not [w for w in warnings(plain) if "ignored" in w], plain.stderr
 
 
+@pytest.mark.slow
 def test_a_newer_opset_than_nncc_knows_is_a_warning(work):
     from nncc.ir.opsets import KNOWN_OPSETS
 
@@ -230,6 +233,7 @@ def test_known_opsets_match_the_onnx_release_that_tests_them():
 # -- inspect on a dynamic model ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_inspect_groups_fallback_reasons_and_does_not_claim_a_peak(work):
     report = json.loads(nncc("inspect", "dyn.onnx", "--json", cwd=work).stdout)
     count = len(report["fallbacks"])  # each node is still in the JSON
@@ -292,6 +296,7 @@ def test_bind_of_mismatched_shapes_names_both_and_what_fits(work):
     assert ok.returncode == 0, ok.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_artifact_names_its_file(work):
     assert nncc("compile", "relu.onnx", "-o", "relu.nncc", "--backend", "numpy", cwd=work).returncode == 0
     data = bytearray((work / "relu.nncc").read_bytes())
@@ -326,4 +331,4 @@ def test_wrong_output_buffer_is_named_never_broadcast(work, backends):
         model.run({"x": one}, outputs={"y": buffer})
     good = np.empty((2, 3), np.float32)
     model.run({"x": x}, outputs={"y": good})
-    np.testing.assert_allclose(good, onnxruntime_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)
+    np.testing.assert_allclose(good, ort_outputs(work / "dyn.onnx", {"x": x})["y"], rtol=1e-5)

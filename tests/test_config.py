@@ -17,6 +17,7 @@ import tomllib
 import pytest
 
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_session
 
 MLP = FIXTURES / "mlp.onnx"
 RESNET = FIXTURES / "resnet_block.onnx"
@@ -263,7 +264,7 @@ def test_an_entry_larger_than_the_limit_is_not_stored(cli, cache_dir, tmp_path, 
     assert cli("run", MLP, "--random-inputs")[0] == 0
     kept = entry_sizes(cache_dir)
 
-    session = ort.InferenceSession(str(RESNET), providers=["CPUExecutionProvider"])
+    session = ort_session(RESNET)
     [inp] = session.get_inputs()
     x = np.random.default_rng(3).standard_normal([d if isinstance(d, int) else 1 for d in inp.shape]) \
         .astype(np.float32)
@@ -366,6 +367,7 @@ def observed_threads(probe_model, tmp_path, *args, env=None) -> list[int]:
     return [int(line) for line in record.read_text().split()]
 
 
+@pytest.mark.slow
 def test_low_power_runs_blas_on_one_thread(probe_model, tmp_path):
     from nncc.util.threads import blas_threads
 

@@ -11,15 +11,15 @@ import sys
 
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
+import pytest
 
 import nncc
 from nncc.errors import InputError, PlanFormatError
 from tests.conftest import ROOT
+from tests.oracle import ort_session
 from tests.test_plan_format import hostile
 
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle of these tests")
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -42,7 +42,7 @@ def save(tmp_path, name, nodes, inputs, outputs, initializers=(), opset=17):
 
 
 def oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
 
@@ -124,6 +124,7 @@ def nested_loop_in_if(tmp_path):
                 [vi("y1", F, None), vi("y2", F, None)])
 
 
+@pytest.mark.slow
 def test_nested_loop_in_if_with_outer_scope_values(tmp_path):
     path = nested_loop_in_if(tmp_path)
     x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
@@ -399,6 +400,7 @@ SEQUENCE_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(SEQUENCE_CASES))
 def test_sequence_ops_against_onnxruntime(case, tmp_path):
     nodes, outputs = SEQUENCE_CASES[case]

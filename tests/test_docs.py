@@ -97,6 +97,7 @@ def newcomer(tmp_path) -> tuple[pathlib.Path, dict[str, str]]:
     return work, env
 
 
+@pytest.mark.slow  # every README example, each a process
 def test_readme_examples_run(newcomer):
     work, env = newcomer
     outputs = {}
@@ -128,6 +129,7 @@ def test_readme_examples_run(newcomer):
 CACHE_DOC = ROOT / "docs" / "cache.md"
 
 
+@pytest.mark.slow  # every cache doc example, each a process
 def test_cache_doc_examples_run(newcomer):
     """docs/cache.md's ```sh blocks run, in order, like the README's."""
     work, env = newcomer

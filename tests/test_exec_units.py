@@ -18,7 +18,6 @@ import traceback
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -26,20 +25,19 @@ import nncc
 from nncc.backends.registry import load_plugin
 from nncc.errors import KernelError
 from tests.conftest import ROOT
+from tests.oracle import ort_run, ort_session
 
 BUGGY = "tests.plugins.buggy_plugin"
-EXAMPLE = "plugin_example"  # examples/plugin_example.py
+EXAMPLE = "examples.plugin_example"  # imported from the repository root, as tests.plugins.buggy_plugin is
 F = TensorProto.FLOAT
 
 
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
     """Plugins are process-wide (and part of the cache key): unloaded afterwards."""
-    sys.path.insert(0, str(ROOT / "examples"))
     load_plugin(BUGGY)
     load_plugin(EXAMPLE)
     yield sys.modules[EXAMPLE]
-    sys.path.remove(str(ROOT / "examples"))
     from nncc.backends import registry as backends
     from nncc.kernels import registry as kernels
 
@@ -78,7 +76,7 @@ def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32),
              "y": rng.standard_normal((1, 8)).astype(np.float32)}
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     compiled = nncc.compile_model(path, backends=["example", "numpy"], plugins=[EXAMPLE])
     saved = tmp_path / "chain.nncc"
@@ -97,7 +95,7 @@ def test_a_plugin_backend_runs_its_partitions_as_its_own_units(tmp_path, plugins
 
 
 def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(tmp_path, plugins):
-    """Compiled by `nncc compile --plugin plugin_example` in another process: the example
+    """Compiled by `nncc compile --plugin examples.plugin_example` in another process: the example
     backend's bytecode is its payload, in the artifact's PAYL section and byte for byte in
     the cache entry; loaded here, each of its partitions runs that bytecode (one call,
     ExampleUnit), with onnxruntime's results."""
@@ -105,7 +103,7 @@ def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(t
 
     path = chain_model(tmp_path)
     out, cache = tmp_path / "chain.nncc", tmp_path / "cache"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "examples")]),
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
                NNCC_CACHE_DIR=str(cache))
     done = subprocess.run([sys.executable, "-m", "nncc", "compile", str(path), "-o", str(out), "--plugin", EXAMPLE,
                            "--backend", "example", "--backend", "numpy"],
@@ -125,7 +123,7 @@ def test_an_outside_plugin_payload_travels_in_the_artifact_and_the_cache_entry(t
     rng = np.random.default_rng(5)
     feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32),
              "y": rng.standard_normal((1, 8)).astype(np.float32)}
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
     model = nncc.load(out)
     assert [u.kind for u in model._executor.units] == ["example", "instructions", "example"]
@@ -276,7 +274,7 @@ def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batc
     assert [by_key(k).op_type for k in plan.kernels] == [
         "FusedMatMul", "Gemm", "LayerNormalization", "MatMul", "LogSoftmax"]
     assert [fn is not g for fn, g in zip(ran, general)] == [prepared] * 5
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
     want = session.run(None, {"x": x})[0]
     for _ in range(2):
@@ -326,6 +324,6 @@ def test_convolutions_are_prepared_once_where_shapes_are_static(tmp_path, batch,
     general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]
     assert [step[0] is not g for step, g in zip(model._executor.steps, general)] == [prepared] * 2
     x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_run(path, {"x": x})[0]
     for _ in range(2):
         np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)

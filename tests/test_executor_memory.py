@@ -5,19 +5,18 @@ and caller-provided output arrays receive results in place."""
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="fixtures are compared with onnxruntime")
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle")
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import InputError  # noqa: E402
-from tests.conftest import FIXTURES, light_models_dir  # noqa: E402
+import nncc
+from nncc.errors import InputError
+from tests.conftest import FIXTURES, light_models_dir
+from tests.oracle import ort_session
 
 
 def _oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
@@ -55,6 +54,7 @@ def test_steady_state_reuses_buffers_and_stays_correct(fixture):
     assert model._executor.arena.ctypes.data == arena_before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backends", [["numpy"], ["native", "numpy"]])
 def test_steady_state_allocates_no_activation_buffers(backends):
     # light_resnet50's activations are 0.2-3 MB each. Once warmed up (kernels keep their

@@ -13,7 +13,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from tests.one_node import run_nncc, run_ort  # skips this module where onnx is missing
+from tests.one_node import run_nncc
+from tests.oracle import ort_run
 
 import onnx  # noqa: E402
 
@@ -39,7 +40,7 @@ def test_window_partition_matches_onnxruntime(static, shape):
     if static:
         model = _with_static_input(model, shape)
     feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    expected = run_ort(model, feeds)
+    expected = ort_run(model, feeds)
     for route, got in run_nncc(model, feeds).items():
         for name, g, e in zip(("windows", "patches"), got, expected):
             assert g.shape == e.shape, f"{name} via {route}"

@@ -8,16 +8,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.passes.pipeline import run_passes
+from tests.oracle import ort_session
 
 SHAPE = [3, 37, 130]
 
@@ -58,7 +56,7 @@ def _feeds():
 
 def _onnxruntime(model, feeds):
     names = [o.name for o in model.graph.output]
-    return dict(zip(names, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip(names, ort_session(model)
                     .run(None, feeds)))
 
 

@@ -19,13 +19,13 @@ import sys
 import threading
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from nncc.preparing.token import external_files
 from nncc.errors import ModelFormatError
 from nncc.frontend.onnx import load_model
 from tests.conftest import FIXTURES
+from tests.oracle import ort_session
 from tests.test_cache import make_external_model
 from tests.test_cli_errors import _env, assert_error
 
@@ -53,7 +53,7 @@ def nncc(*args, cwd, cache_dir=None, stdin=None, input=None, extra_env=None) -> 
 
 
 def mlp_reference(x: np.ndarray) -> dict[str, np.ndarray]:
-    sess = ort.InferenceSession(str(MLP), providers=["CPUExecutionProvider"])
+    sess = ort_session(MLP)
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
 
 
@@ -141,6 +141,7 @@ def _replace_with_dev_zero(path: pathlib.Path) -> None:
     path.symlink_to("/dev/zero")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".plan", ".data"])
 @pytest.mark.parametrize("replace", [_replace_with_fifo, _replace_with_dev_zero], ids=["fifo", "dev-zero"])
 def test_a_cache_file_that_is_not_a_regular_file_is_a_corrupt_entry(work, suffix, replace):
@@ -189,6 +190,7 @@ def test_the_token_never_reads_external_data_the_reader_refuses(tmp_path):
 # -- index rows someone edited ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column, value", [("plan_size", "abc"), ("data_size", 1.5), ("created", "yesterday"),
                                            ("last_used", b"\x00"), ("hits", -3)])
 def test_edited_index_rows_are_corrupt_entries_never_a_crash(work, column, value):

@@ -234,17 +234,20 @@ def fuzz(seed: int, names: list[str], rounds: int) -> dict[str, int]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_mutated_models_and_artifacts_meet_only_nnccs_errors():
     outcomes = fuzz(seed=0, names=QUICK, rounds=12)
     assert outcomes.get("refused", 0) and outcomes.get("ok", 0), outcomes  # both paths were reached
 
 
+@pytest.mark.slow  # longer fuzzing
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_mutated_models_and_artifacts_meet_only_nnccs_errors_longer(seed):
     fuzz(seed=seed, names=ALL, rounds=100)
 
 
+@pytest.mark.slow
 def test_the_fuzzing_bounds_catch_what_they_guard():
     """The harness itself: a foreign exception, a runaway allocation and a hang each fail."""
     with pytest.raises(AssertionError, match="KeyError"):

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import nncc as nncc_api
 from nncc.plan import format as F
 from tests.conftest import FIXTURES
+from tests.oracle import ort_run
 from tests.test_cli_errors import assert_error
 from tests.test_hostile_files import MEMORY_CAP, nncc as run_nncc
 
@@ -182,6 +183,7 @@ BAD_MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_MODELS))
 @pytest.mark.parametrize("cache", ["--no-cache", "cache"])
 def test_hostile_onnx_models_are_bad_input(tmp_path, case, cache):
@@ -203,6 +205,7 @@ def _peak(fn) -> tuple[object, int]:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_random_inputs_peak_near_their_own_size():
     from nncc.ir.graph import TensorInfo
     from nncc.runtime.random_inputs import random_feeds
@@ -213,6 +216,7 @@ def test_random_inputs_peak_near_their_own_size():
     assert peak < 4 * count + 96 * 2**20, f"peak {peak / 2**20:.0f} MiB for a 128 MiB input"
 
 
+@pytest.mark.slow
 def test_the_output_summary_peaks_near_nothing():
     from nncc.cli.run import summarize
 
@@ -229,6 +233,7 @@ def test_the_output_summary_peaks_near_nothing():
 # -- found by fuzzing (tests/test_hostile_fuzz.py) -----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["Elu", "HardSigmoid", "HardSwish", "LeakyRelu", "Selu", "Sigmoid", "Softplus"])
 def test_activations_of_a_scalar_match_onnxruntime(op):
     """0-d inputs: numpy returns scalars for 0-d operations, which these kernels then tried
@@ -245,7 +250,7 @@ def test_activations_of_a_scalar_match_onnxruntime(op):
         graph = helper.make_graph(nodes, op, [_f("x", [])], [_f("y", [])])
         data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString()
         x = np.array(value, np.float32)
-        want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        want = ort_run(data, {"x": x})[0]
         for level in (0, 2):
             got = CompiledModel(compile_graph(parse_model(data), CompileOptions(opt_level=level))).run({"x": x})["y"]
             assert got.shape == () and got.dtype == np.float32
@@ -275,7 +280,7 @@ def test_strides_past_the_input_compute_what_onnxruntime_does(tmp_path, group):
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_run(path, {"x": x})[0]
     result = nncc("run", path, "--input", "x=x.npy", "-o", "out.npz", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], want, rtol=1e-5, atol=1e-5)

@@ -18,20 +18,18 @@ Every model runs by both nncc routes: the interpreter, and compile -> artifact b
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import NnccError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.one_node_graphs import one_node as shared_one_node  # noqa: E402
-from tests.one_node_graphs import run_nncc, run_ort  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import NnccError
+from nncc.frontend.onnx import parse_model
+from nncc.runtime.interpreter import Interpreter
+from tests.one_node_graphs import one_node as shared_one_node
+from tests.one_node_graphs import run_nncc
+from tests.oracle import ort_run
 
 
 def one_node(op, inputs, n_out, attrs, opset, domain="", outs=None):
@@ -41,7 +39,7 @@ def one_node(op, inputs, n_out, attrs, opset, domain="", outs=None):
 
 def check(op, inputs, n_out, attrs, opset=23, oracle=None, rtol=1e-5, atol=1e-5, outs=None):
     model, feeds, names = one_node(op, inputs, n_out, attrs, opset, outs=outs)
-    expected = oracle() if oracle is not None else run_ort(model, feeds)
+    expected = oracle() if oracle is not None else ort_run(model, feeds)
     for got in run_nncc(model, feeds, names):
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
@@ -101,7 +99,7 @@ def test_gqa_masks_per_query_head_and_batch(mask_shape):
     for m, attrs in ((mask, {}), (np.where(mask, 0.5, -3.0).astype(np.float32), {"is_causal": 1})):
         full = np.ascontiguousarray(np.broadcast_to(m, (2, 4, 3, 8)))
         oracle, feeds, _ = one_node("Attention", [q, k, v, full, past_k, past_v], 3, attrs, 23)
-        check("Attention", [q, k, v, m, past_k, past_v], 3, attrs, oracle=lambda: run_ort(oracle, feeds))
+        check("Attention", [q, k, v, m, past_k, past_v], 3, attrs, oracle=lambda: ort_run(oracle, feeds))
 
 
 def test_qk_output_with_mask_added():
@@ -111,7 +109,7 @@ def test_qk_output_with_mask_added():
     mask = rng.random((4, 4)) > 0.4
     model, feeds, names = one_node("Attention", [q, k, v, mask], 4, {"qk_matmul_output_mode": 2}, 23,
                                    outs=["y", "", "", "qk"])
-    expected = run_ort(model, feeds)
+    expected = ort_run(model, feeds)
     lowest = np.finfo(np.float32).min
     for y, qk in run_nncc(model, feeds, names):
         np.testing.assert_allclose(y, expected[0], rtol=1e-5, atol=1e-6)
@@ -144,7 +142,7 @@ def test_short_mask_is_padded_as_masked():
         else:
             padded = np.concatenate([short, np.full((3, 2), -np.inf, np.float32)], axis=1)
         full, feeds, _ = one_node("Attention", [q, k, v, padded], 1, {}, 24)
-        check("Attention", [q, k, v, short], 1, {}, opset=24, oracle=lambda: run_ort(full, feeds))
+        check("Attention", [q, k, v, short], 1, {}, opset=24, oracle=lambda: ort_run(full, feeds))
 
 
 def test_nonpad_kv_seqlen_causal():

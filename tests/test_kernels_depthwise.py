@@ -15,17 +15,15 @@ import itertools
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.depthwise import depthwise_conv  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.depthwise import depthwise_conv
+from nncc.kernels.registry import Ctx, resolve
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(7)
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE}
@@ -44,9 +42,7 @@ def _model(x_shape, w, attrs, bias=None, dtype=np.float32):
 
 
 def _oracle(model, x):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return sess.run(None, {"x": x})[0]
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
+import onnx
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run
 
 RNG = np.random.default_rng(20240521)
 
@@ -347,14 +351,13 @@ def test_softmax_16bit_rounds_each_node_of_its_function_body(dtype, shape, axis,
     """Softmax is defined by a function body (ReduceMax, Sub, Exp, ReduceSum, Div); in a
     16-bit type each of those nodes' results is rounded to the type, as in ONNX's stored
     results for these types. Oracle: onnx's reference evaluator."""
-    onnx = pytest.importorskip("onnx")
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
     if dtype == "float16":
         np_dtype = np.dtype(np.float16)
     else:
-        np_dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+        np_dtype = np.dtype(ml_dtypes.bfloat16)
     elem = onnx.TensorProto.FLOAT16 if dtype == "float16" else onnx.TensorProto.BFLOAT16
     x = (RNG.standard_normal(shape) * 3).astype(np_dtype)
     # before opset 13 the input is coerced to 2-D at axis: the oracle runs on that matrix
@@ -454,26 +457,11 @@ def test_cumsum_exclusive_reverse_against_python():
 # --------------------------------------------------------------------------- onnxruntime
 
 
-ort = pytest.importorskip("onnxruntime")
 
 
 def _ort(op, inputs, attrs, opset, nout=1):
-    from onnx import helper
-    from onnx.helper import np_dtype_to_tensor_dtype
-
-    names = [f"in{j}" if a is not None else "" for j, a in enumerate(inputs)]
-    node = helper.make_node(op, names, [f"out{j}" for j in range(nout)], **attrs)
-    graph = helper.make_graph(
-        [node], "g",
-        [helper.make_tensor_value_info(n, np_dtype_to_tensor_dtype(a.dtype), a.shape)
-         for n, a in zip(names, inputs) if a is not None],
-        [helper.make_value_info(f"out{j}", helper.TypeProto()) for j in range(nout)],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: a for n, a in zip(names, inputs) if a is not None})
+    model, feeds, _ = one_node(op, inputs, nout, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def _f32(*shape):

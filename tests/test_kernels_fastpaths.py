@@ -14,15 +14,14 @@ import math
 import warnings
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run, ort_session
 
 RNG = np.random.default_rng(7)
 F32 = TensorProto.FLOAT
@@ -47,9 +46,7 @@ def _model(tmp_path, nodes, inputs, outputs, inits=(), opset=17, **options):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return nncc.compile_model(path, **options), sess
 
 
@@ -359,18 +356,8 @@ def test_float_division_by_zero_and_overflow_is_quiet():
 
 
 def _ort_one(op, inputs, attrs, opset=17, n_out=1):
-    elems = {np.dtype(np.float32): F32, np.dtype(np.float64): TensorProto.DOUBLE}
-    names = [f"i{k}" for k in range(len(inputs))]
-    node = helper.make_node(op, names, [f"o{k}" for k in range(n_out)], **attrs)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, elems[a.dtype], a.shape)
-                      for n, a in zip(names, inputs)],
-        [helper.make_empty_tensor_value_info(f"o{k}") for k in range(n_out)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, dict(zip(names, inputs)))
+    model, feeds, _ = one_node(op, inputs, n_out, attrs, opset)
+    return ort_run(model, feeds)
 
 
 @pytest.mark.parametrize("op, attrs, make", [

@@ -11,19 +11,17 @@ depend on contents are known at compile time.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper, numpy_helper  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from nncc.model import CompiledModel
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(7)
 I64 = np.int64
@@ -57,9 +55,7 @@ def feeds(inputs, consts):
 
 
 def run_ort(data, inputs, consts):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    session = ort_session(data)
     return session.run(None, feeds(inputs, consts))
 
 
@@ -448,7 +444,7 @@ def test_mask_selection_chain_compiles_with_dynamic_shapes():
                               initializer=[numpy_helper.from_array(np.zeros((), np.float32), "zero")])
     data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
     compiled = CompiledModel(compile_graph(parse_model(data), CompileOptions(opt_level=2)))
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    session = ort_session(data)
     for _ in range(3):  # a different number of positives each run
         x = rand(3, 4)
         assert_same(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], "y")

@@ -12,16 +12,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper  # noqa: E402
-
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run
 
 RNG = np.random.default_rng(20261124)
 
@@ -31,19 +30,8 @@ def rand(*shape, dtype=np.float32, scale=1.0):
 
 
 def run_ort(op, inputs, attrs, opset, n_out):
-    names = ["" if a is None else f"in{i}" for i, a in enumerate(inputs)]
-    while names and names[-1] == "":
-        names.pop()
-    node = helper.make_node(op, names, [f"out{i}" for i in range(n_out)], **attrs)
-    graph_inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                    for n, a in zip(names, inputs) if n]
-    graph = helper.make_graph([node], "g", graph_inputs,
-                              [helper.make_empty_tensor_value_info(f"out{i}") for i in range(n_out)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, {n: a for n, a in zip(names, inputs) if n})
+    model, feeds, _ = one_node(op, inputs, n_out, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def run_nncc(op, inputs, attrs=None, opset=22, n_out=1):

@@ -11,22 +11,20 @@ from __future__ import annotations
 from statistics import NormalDist
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import numpy_helper  # noqa: E402
-
-from nncc.errors import NnccError  # noqa: E402
-from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort  # noqa: E402
+from nncc.errors import NnccError
+from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc
+from tests.oracle import ort_run
 
 ML = "ai.onnx.ml"
 
 
 def check(op, inputs, attrs, ml_opset, domain=ML, opset=20, rtol=1e-5, atol=1e-6):
     model, feeds, names = one_node(op, inputs, 1, attrs, {"": opset, ML: ml_opset}, domain=domain)
-    expected = run_ort(model, feeds)
+    expected = ort_run(model, feeds)
     for got in run_nncc(model, feeds, names):
         assert_same(got, expected, rtol=rtol, atol=atol)
 
@@ -112,7 +110,7 @@ def test_tree_ensemble_post_transforms(post):
                                    domain=ML)
     ort_code = {1: 2, 2: 1, 4: 0}.get(post, post)
     oracle, _, _ = one_node("TreeEnsemble", [x], 1, {**attrs, "post_transform": ort_code}, opsets, domain=ML)
-    expected = run_ort(oracle, feeds)
+    expected = ort_run(oracle, feeds)
     if post == 4:
         def probit(p):
             return NormalDist().inv_cdf(p) if 0 < p < 1 else -np.inf if p == 0 else np.nan

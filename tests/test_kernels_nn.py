@@ -9,28 +9,17 @@ constants) and unknown.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper  # noqa: E402
-
-from nncc.errors import KernelError, ShapeInferenceError, UnsupportedOpError  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+from nncc.errors import KernelError, ShapeInferenceError, UnsupportedOpError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run
 
 RNG = np.random.default_rng(1234)
-
-_ELEM = {
-    np.dtype(np.float32): onnx.TensorProto.FLOAT,
-    np.dtype(np.float16): onnx.TensorProto.FLOAT16,
-    np.dtype(np.float64): onnx.TensorProto.DOUBLE,
-    np.dtype(np.int64): onnx.TensorProto.INT64,
-    np.dtype(np.int32): onnx.TensorProto.INT32,
-    np.dtype(np.uint8): onnx.TensorProto.UINT8,
-    np.dtype(np.int8): onnx.TensorProto.INT8,
-}
 
 
 def rand(*shape, dtype=np.float32):
@@ -39,20 +28,8 @@ def rand(*shape, dtype=np.float32):
 
 def run_ort(op, inputs, attrs, opset, n_out):
     """inputs: list of arrays or None (omitted optional input)."""
-    names = ["" if a is None else f"in{i}" for i, a in enumerate(inputs)]
-    while names and names[-1] == "":
-        names.pop()
-    node = helper.make_node(op, names, [f"out{i}" for i in range(n_out)], **attrs)
-    graph_inputs = [helper.make_tensor_value_info(n, _ELEM[a.dtype], a.shape)
-                    for n, a in zip(names, inputs) if n]
-    graph = helper.make_graph([node], "g", graph_inputs,
-                              [helper.make_empty_tensor_value_info(f"out{i}") for i in range(n_out)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    feeds = {n: a for n, a in zip(names, inputs) if n}
-    return sess.run(None, feeds)
+    model, feeds, _ = one_node(op, inputs, n_out, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def run_nncc(op, inputs, attrs, opset, n_out):

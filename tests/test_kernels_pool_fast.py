@@ -14,15 +14,13 @@ onnxruntime is the oracle: MaxPool must match bit for bit, averages to float rou
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
+import nncc
+from nncc.kernels.registry import Ctx, resolve
+from tests.oracle import ort_session
 
 RNG = np.random.default_rng(20240611)
 _ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
@@ -38,10 +36,7 @@ def _model(op, x, attrs, opset, n_out):
 
 
 def _ort(op, x, attrs, opset=12, n_out=1):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(_model(op, x, attrs, opset, n_out).SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(_model(op, x, attrs, opset, n_out))
     return session.run(None, {"x": x})
 
 
@@ -230,7 +225,7 @@ def test_compiled_model_runs_twice_identically(tmp_path):
     path = tmp_path / "pools.onnx"
     onnx.save(model, str(path))
     compiled = nncc.compile_model(path)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     x1, x2 = rand(*shape), rand(*shape)
     first = compiled.run({"x": x1})
     first = {k: v.copy() for k, v in first.items()}

@@ -12,10 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from tests.test_kernels_quantize import build, check, run_nncc, run_ort  # noqa: E402
+from tests.oracle import ort_run
+from tests.test_kernels_quantize import build, check, run_nncc
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(31)
@@ -34,7 +32,7 @@ def within_one_step(op, inputs, consts, attrs, order):
     """nncc's result is onnxruntime's, or one step from it in at most 5% of the values
     (an average of integers lies at a tie often: about 2% in these cases)."""
     model = build(op, inputs, consts, dict(attrs, _order=order), 17, 1, MS)
-    (expected,) = run_ort(model, inputs)
+    (expected,) = ort_run(model, inputs)
     for (got,) in run_nncc(model, inputs):
         assert got.dtype == expected.dtype and got.shape == expected.shape
         diff = np.abs(got.astype(np.int32) - expected.astype(np.int32))

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
+from tests.oracle import ort_run
 
 RNG = np.random.default_rng(2024)
 
@@ -56,13 +54,6 @@ def build(op, inputs, consts, attrs=None, opset=21, n_out=1, domain="", cast_to=
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
 
 
-def run_ort(model, feeds):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 def run_nncc(model, feeds):
     graph = parse_model(model.SerializeToString())
     interpreted = Interpreter(graph).run(feeds)
@@ -81,7 +72,7 @@ def same(got, expected, atol=0.0):
 
 def check(op, inputs, consts, attrs=None, opset=21, n_out=1, domain="", atol=0.0, cast_to=None):
     model = build(op, inputs, consts, dict(attrs or {}), opset, n_out, domain, cast_to)
-    expected = run_ort(model, inputs)
+    expected = ort_run(model, inputs)
     for route in run_nncc(model, inputs):
         assert len(route) == n_out
         for got, want in zip(route, expected):
@@ -166,7 +157,7 @@ def test_quantize_to_float8(dtype, saturate):
     # onnxruntime returns no float8 arrays: both results go through an exact Cast to float
     model = build("QuantizeLinear", {"x": x}, {"s": np.float32(2.0), "z": zero}, {"saturate": saturate}, 19,
                   cast_to=TensorProto.FLOAT)
-    expected = run_ort(model, {"x": x})[0]
+    expected = ort_run(model, {"x": x})[0]
     for got, in run_nncc(model, {"x": x}):
         assert got.dtype == expected.dtype
         assert got.tobytes() == expected.tobytes()  # the same bits: NaN, infinities, -0

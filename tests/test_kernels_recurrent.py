@@ -17,19 +17,17 @@ oracle's outputs.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests import onnx_backend  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
+import nncc
+from tests import onnx_backend
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_session
 
 T, B, I, H = 16, 4, 32, 64
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -44,11 +42,8 @@ _ELEM = {
 }
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+def _session(model: onnx.ModelProto):
+    return ort_session(model)
 
 
 def _one_node(op, inputs, attrs, n_out, opset=14, out_names=None):
@@ -493,7 +488,7 @@ def test_stepped_cell_reuses_its_plan_only_for_constant_weights(tmp_path, weight
     path, w, r = _gru_model(tmp_path, weights_as_inputs)
     # the plan is the portable kernel's: constant weights would otherwise make the node native
     model = nncc.compile_model(path, backends=("numpy",))
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     rng = np.random.default_rng(12)
     h = np.zeros((1, 2, 8), np.float32)
     for step in range(4):  # new x and h each step; with runtime weights, new weights too

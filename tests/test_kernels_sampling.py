@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+from onnx import reference
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
@@ -15,7 +16,6 @@ from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
 from tests.one_node import check_against, check_against_ort
 
-reference = pytest.importorskip("onnx.reference")
 
 rng = np.random.default_rng(11)
 

@@ -11,15 +11,13 @@ UTF-8 locale, which these tests select; it fails to start without one installed)
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.errors import NnccError  # noqa: E402
-from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc, run_ort  # noqa: E402
+from nncc.errors import NnccError
+from tests.one_node_graphs import assert_same, one_node, run_interpreter, run_nncc
+from tests.oracle import ort_run
 
 
 def strings(*values, shape=None) -> np.ndarray:
@@ -30,7 +28,7 @@ def strings(*values, shape=None) -> np.ndarray:
 
 def check(op, inputs, n_out, attrs, opset=20):
     model, feeds, names = one_node(op, inputs, n_out, attrs, opset)
-    expected = run_ort(model, feeds)
+    expected = ort_run(model, feeds)
     for got in run_nncc(model, feeds, names):
         assert_same(got, expected)
 
@@ -166,7 +164,7 @@ def test_string_pipeline_with_string_initializer():
         [suffix])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
     feeds = {"x": strings("ab,c", "D,e,f", "g")}
-    expected = run_ort(model, feeds)
+    expected = ort_run(model, feeds)
     for got in run_nncc(model, feeds, ["loud", "ok", "n"]):
         assert_same(got, expected)
 
@@ -185,7 +183,7 @@ def test_cli_runs_a_string_model_from_and_to_npy_files(cli, tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10), model_path)
     x = np.array(["a-b", "", "c\u4e2d"])
     np.save(tmp_path / "x.npy", x)
-    expected = run_ort(onnx.load(model_path), {"x": x.astype(object)})
+    expected = ort_run(onnx.load(model_path), {"x": x.astype(object)})
     artifact = tmp_path / "strings.nncc"
     assert cli("compile", model_path, "-o", artifact)[0] == 0
     for source in (model_path, artifact):

@@ -6,15 +6,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import onnx
 import pytest
 
 from nncc.errors import KernelError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, resolve
+from tests.one_node_graphs import one_node
+from tests.oracle import ort_run
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import helper  # noqa: E402
+from onnx import helper
 
 I64 = np.int64
 INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
@@ -45,27 +46,14 @@ def sym(dtype, *shape) -> TensorInfo:
     return TensorInfo(np.dtype(dtype), tuple(shape))
 
 
-def ort_run(op, inputs, opset=18, outputs=1, **attrs):
+def ort_one_node(op, inputs, opset=18, outputs=1, **attrs):
     """Single-node model evaluated by onnxruntime (the oracle). None inputs are omitted."""
-    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
-    out_names = [f"out{i}" for i in range(outputs)]
-    node = helper.make_node(op, names, out_names, **attrs)
-    graph_inputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-        for n, x in zip(names, inputs) if x is not None
-    ]
-    graph = helper.make_graph(node and [node], "g", graph_inputs,
-                              [helper.make_empty_tensor_value_info(n) for n in out_names])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 9
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    feeds = {n: x for n, x in zip(names, inputs) if x is not None}
-    return session.run(None, feeds)
+    model, feeds, _ = one_node(op, inputs, outputs, attrs, opset)
+    return ort_run(model, feeds)
 
 
 def check_against_ort(op, inputs, opset=18, outputs=1, **attrs):
-    expected = ort_run(op, inputs, opset, outputs, **attrs)
+    expected = ort_one_node(op, inputs, opset, outputs, **attrs)
     got = run(op, *inputs, opset=opset, outputs=outputs, **attrs)
     got = got if isinstance(got, tuple) else (got,)
     infos = [None if x is None else TensorInfo(x.dtype, tuple(x.shape)) for x in inputs]
@@ -114,8 +102,7 @@ def test_static_shape_chain_matches_onnxruntime():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
-    (expected,) = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (expected,) = ort_run(model, {"x": x})
 
     info = {"x": TensorInfo(np.dtype(np.float32), (2, 3, 4))}
     arrays = {"x": x}
@@ -422,7 +409,7 @@ def test_cast_matches_onnxruntime(src, to):
 ])
 def test_range_matches_onnxruntime(start, limit, delta, dtype):
     inputs = [np.array(v, dtype) for v in (start, limit, delta)]
-    expected = ort_run("Range", inputs, opset=11)[0]
+    expected = ort_one_node("Range", inputs, opset=11)[0]
     got = run("Range", *inputs, opset=11)
     assert got.dtype == expected.dtype and got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-6)
@@ -444,7 +431,7 @@ def test_dropout_inference_is_identity_with_true_mask():
                     opset=13)
     np.testing.assert_array_equal(out, x)
     assert mask.dtype == np.bool_ and mask.all()
-    expected = ort_run("Dropout", [x, np.array(0.3, np.float32)], opset=13, outputs=2)
+    expected = ort_one_node("Dropout", [x, np.array(0.3, np.float32)], opset=13, outputs=2)
     np.testing.assert_array_equal(out, expected[0])
     np.testing.assert_array_equal(mask, expected[1])
 
@@ -456,7 +443,7 @@ def test_dropout_inference_is_identity_with_true_mask():
     np.array([-3, 2**40], I64),
 ])
 def test_cast_to_string_matches_onnxruntime(values):
-    expected = ort_run("Cast", [values], opset=13, to=8)[0]
+    expected = ort_one_node("Cast", [values], opset=13, to=8)[0]
     got = run("Cast", values, opset=13, to=8)
     assert got.dtype == object and got.shape == expected.shape
     assert got.tolist() == expected.tolist()
@@ -464,7 +451,7 @@ def test_cast_to_string_matches_onnxruntime(values):
 
 def test_cast_from_string_matches_onnxruntime():
     values = np.array(["0.5", "+INF", "-INF", "NaN", "-2e3", "17"], dtype=object)
-    expected = ort_run("Cast", [values], opset=13, to=1)[0]
+    expected = ort_one_node("Cast", [values], opset=13, to=1)[0]
     np.testing.assert_array_equal(run("Cast", values, opset=13, to=1), expected)
 
 

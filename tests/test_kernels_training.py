@@ -9,15 +9,12 @@ momentum step takes the whole gradient) and T > 0, by both nncc routes.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
 import pytest
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-from nncc.errors import NnccError  # noqa: E402
-from tests.one_node_graphs import one_node, run_interpreter, run_nncc  # noqa: E402
+from nncc.errors import NnccError
+from tests.one_node_graphs import one_node, run_interpreter, run_nncc
 
 TRAINING = "ai.onnx.preview.training"
 rng = np.random.default_rng(3)

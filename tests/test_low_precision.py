@@ -14,22 +14,20 @@ import sys
 
 import ml_dtypes
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import ModelFormatError, PlanFormatError  # noqa: E402
-from nncc.frontend.onnx import load_model, parse_model  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
-from tests.test_plan_format import hostile, parts  # noqa: E402
+import nncc
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import ModelFormatError, PlanFormatError
+from nncc.frontend.onnx import load_model, parse_model
+from nncc.model import CompiledModel
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_run
+from tests.test_plan_format import hostile, parts
 
 RNG = np.random.default_rng(99)
 
@@ -216,7 +214,7 @@ def test_cast_to_float8_matches_onnxruntime(code, saturate, source):
     nodes[0].attribute.append(helper.make_attribute("saturate", saturate))
     model = model_of(nodes, [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(x.dtype), None)],
                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=21)
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = ort_run(model, {"x": x})[0]
     for (got,) in both_routes(model, {"x": x}):
         assert got.tobytes() == expected.tobytes()  # bit for bit: -0, NaN and infinities included
 
@@ -248,8 +246,7 @@ def test_cast_to_bfloat16_and_4_bit_integers_match_onnxruntime():
         nodes = [helper.make_node("Cast", ["x"], ["q"], to=code), helper.make_node("Cast", ["q"], ["y"], to=back)]
         model = model_of(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                          [helper.make_tensor_value_info("y", back, None)], opset=21)
-        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-            None, {"x": x})[0]
+        expected = ort_run(model, {"x": x})[0]
         for (got,) in both_routes(model, {"x": x}):
             assert got.dtype == expected.dtype
             np.testing.assert_array_equal(got, expected)

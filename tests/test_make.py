@@ -61,6 +61,7 @@ def bump_mtime(path: pathlib.Path) -> None:
     os.utime(path, (later, later))
 
 
+@pytest.mark.slow
 def test_makefile_builds_then_does_nothing_then_rebuilds_only_what_was_touched(tree):
     build = tree / "examples" / "build"
     first = make(tree)
@@ -93,6 +94,7 @@ def test_makefile_builds_then_does_nothing_then_rebuilds_only_what_was_touched(t
     assert mtimes(build) == before
 
 
+@pytest.mark.slow
 def test_make_j4_on_a_clean_tree(tree):
     result = make(tree, "-j4")
     assert sorted(compiled(result)) == ["mlp", "resnet_block"]
@@ -108,6 +110,7 @@ def test_make_j4_on_a_clean_tree(tree):
     assert not build.exists()
 
 
+@pytest.mark.slow
 def test_depfile_makes_external_data_a_prerequisite(tmp_path):
     """A model whose weights live in weights.bin: editing the weights recompiles it."""
     from tests.test_shell import external_data_model

@@ -3,13 +3,12 @@
 import threading
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="models are built with onnx.helper")
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import InputError  # noqa: E402
+import nncc
+from nncc.errors import InputError
 
 
 def _save(tmp_path, name, nodes, inputs, outputs, inits=()):

@@ -24,19 +24,17 @@ import sys
 import zlib
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="model tests need the onnx test extra")
-ort = pytest.importorskip("onnxruntime", reason="model tests need the onnxruntime test extra")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import load_model  # noqa: E402
-from nncc.ir.graph import Graph, TensorInfo  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, ROOT, light_models_dir  # noqa: E402
+import nncc
+from nncc.frontend.onnx import load_model
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, ROOT, light_models_dir
+from tests.oracle import ort_session
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -109,10 +107,7 @@ def _runner_feeds(model) -> dict[str, np.ndarray]:
 
 
 def _ort_session(model: str | bytes):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.log_severity_level = 3  # light models carry unused initializers: no warnings
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return ort_session(model)
 
 
 @dataclasses.dataclass
@@ -279,6 +274,7 @@ def _light_run(name: str):
     return model, feeds, pre, _nncc_run(f"light:{name}", path, feeds, extra_outputs=(pre,))
 
 
+@pytest.mark.slow  # whole light models
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_matches_reference(name):
     model, feeds, pre, run = _light_run(name)
@@ -297,6 +293,7 @@ def test_light_model_matches_reference(name):
     _assert_close(f"pre-final value {pre}", run.outputs[pre], ort_values[-1])
 
 
+@pytest.mark.slow  # whole light models
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_shapes_static_and_match_runtime(name):
     *_, run = _light_run(name)

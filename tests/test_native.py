@@ -13,18 +13,16 @@ import sys
 import time
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import PlanFormatError  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.plan.format import deserialize, serialize  # noqa: E402
-from tests.conftest import FIXTURES  # noqa: E402
+import nncc
+from nncc.errors import PlanFormatError
+from nncc.native.toolchain import find_toolchain
+from nncc.plan.format import deserialize, serialize
+from tests.conftest import FIXTURES
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
                                 "backend selects nothing, which the no-compiler tests cover with CC set")
@@ -50,9 +48,7 @@ def _save(tmp_path, model, name="m.onnx") -> pathlib.Path:
 
 
 def _ort(path, feeds):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return session.run(None, feeds)
 
 
@@ -90,6 +86,7 @@ CONVS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c, k, h, w, ks, stride, pad, dil, group, bias", CONVS)
 @pytest.mark.parametrize("act", ["", "Relu", "Clip"])
 def test_conv(tmp_path, c, k, h, w, ks, stride, pad, dil, group, bias, act):
@@ -180,6 +177,7 @@ BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 3, 4), (3, 1)), ((
               ((2, 3, 4, 5), (1, 3, 1, 1)), ((5,), ()), ((), (2, 2))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"])
 @pytest.mark.parametrize("sa, sb", BROADCASTS)
 def test_binary_broadcast(tmp_path, op, sa, sb):
@@ -195,6 +193,7 @@ def test_binary_broadcast(tmp_path, op, sa, sb):
     _check(path, {"a": a, "b": b})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, attrs", [("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("Erf", {}), ("Exp", {}),
                                        ("Neg", {}), ("Abs", {}), ("Sqrt", {}), ("Log", {}), ("Reciprocal", {}),
                                        ("LeakyRelu", {"alpha": 0.2}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
@@ -259,7 +258,7 @@ def test_pool(tmp_path, op, attrs):
 
 def _ort_shape(op, attrs, x):
     model = _model([helper.make_node(op, ["x"], ["y"], **attrs)], [_f32("x", list(x.shape))], [_f32("y", None)])
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, {"x": x})[0].shape
 
 
@@ -296,7 +295,7 @@ MODELS = ["mlp", "resnet_block", "mobilenet", "transformer"]
 def test_fixture_models_native_and_numpy(name):
     path = FIXTURES / f"{name}.onnx"
     rng = np.random.default_rng(11)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     feeds = {}
     for i in session.get_inputs():
         shape = [d if isinstance(d, int) else 2 for d in i.shape]
@@ -353,6 +352,7 @@ def test_failing_compiler_is_recorded_and_portable(tmp_path, monkeypatch, capfd,
                                nncc.compile_model(static_mlp, backends=["numpy"]).run(_mlp_feeds())["probs"])
 
 
+@pytest.mark.slow
 def test_compiler_that_hangs_times_out(tmp_path, monkeypatch, capfd, static_mlp):
     slow = tmp_path / "cc"
     slow.write_text("#!/bin/sh\nsleep 60\n")
@@ -413,6 +413,7 @@ def test_tampered_code_section_in_an_artifact_is_never_loaded(tmp_path, static_m
         nncc.load(bytes(data), trust_native=True)
 
 
+@pytest.mark.slow
 def test_tampered_code_in_the_cache_is_never_loaded(tmp_path, capfd, static_mlp):
     from nncc.cache.store import Cache
 
@@ -449,6 +450,7 @@ def test_code_from_a_previous_model_is_never_reused(tmp_path):
     _check(paths[1], {"x": x})
 
 
+@pytest.mark.slow
 def test_token_covers_the_compiler_and_target(tmp_path, monkeypatch, static_mlp):
     from nncc.model import prepare
 
@@ -494,6 +496,7 @@ def test_sigkill_during_a_native_build_leaves_the_cache_consistent(tmp_path, sta
     assert again.returncode == 0 and "miss" in again.stderr
 
 
+@pytest.mark.slow
 def test_cli_trust_native_flag(tmp_path, static_mlp):
     artifact = tmp_path / "mlp.nncc"
     env = dict(os.environ, NNCC_CACHE_DIR=str(tmp_path / "cache"))

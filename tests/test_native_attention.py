@@ -11,18 +11,16 @@ unrepeated). Then the near misses the pass must leave as they are.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.attention import fuse_attention  # noqa: E402
-from tests import native_fuzz_cases as F  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.attention import fuse_attention
+from tests import native_fuzz_cases as F
+from tests.oracle import ort_run
 
 FUSED = "nncc::FusedAttention::1"
 
@@ -69,6 +67,7 @@ def _head_groups(path) -> list[int]:
     return [int(n.attrs.get("head_group", 1)) for n in _fused_nodes(path)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 def test_fused_attention_matches_onnxruntime(tmp_path, backend):
     if backend == "native" and find_toolchain() is None:
@@ -132,7 +131,7 @@ def test_near_misses_are_left_as_they_are(name, tmp_path):
     feeds = {n: np.random.default_rng(1).standard_normal(s).astype(np.float32) for n, s in INPUTS}
     onnx.save(model, str(tmp_path / "m.onnx"))
     got = nncc.compile_model(tmp_path / "m.onnx").run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    want = ort_run(model, feeds, outputs)
     for n, w in zip(outputs, want):
         np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
 
@@ -190,6 +189,7 @@ def _attention_op_model(q, k, v, mask, attrs, rng):
     return model, feeds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 @pytest.mark.parametrize("case", ATTENTION_OPS, ids=[c[0] for c in ATTENTION_OPS])
 def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
@@ -208,7 +208,7 @@ def test_onnx_attention_op_runs_fused(tmp_path, case, backend):
     if backend == "native":
         assert "y" in F.native_outputs(compiled)
     got = compiled.run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -255,7 +255,7 @@ def test_multi_head_attention_matches_onnxruntime(tmp_path, attention_bias, opt_
     compiled = nncc.compile_model(path, opt_level=opt_level)
     assert (FUSED in compiled.plan.kernels) == (opt_level == 2)  # -O0: its own kernel
     got = compiled.run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -324,7 +324,7 @@ def test_a_decoders_next_token_step_over_cached_keys_fuses_and_matches(tmp_path,
     rng = np.random.default_rng(7)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs}
     got = compiled.run(feeds)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    want = ort_run(model, feeds, outputs)
     for n, w in zip(outputs, want):
         np.testing.assert_allclose(got[n], w, rtol=1e-5, atol=1e-6)
 
@@ -355,5 +355,5 @@ def test_heads_repeated_as_a_whole_are_not_taken_for_grouped_heads(tmp_path):
     rng = np.random.default_rng(9)
     feeds = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in inputs}
     got = nncc.compile_model(tmp_path / "tiled.onnx").run(feeds)["y"]
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(model, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

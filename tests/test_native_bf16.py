@@ -16,19 +16,17 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-ml_dtypes = pytest.importorskip("ml_dtypes")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.compiler import CompileOptions, OptionError  # noqa: E402
-from nncc.native.precision import why_not_bf16  # noqa: E402
-from nncc.native.toolchain import find_toolchain, missing_features, required_features  # noqa: E402
+import nncc
+from nncc.compiler import CompileOptions, OptionError
+from nncc.native.precision import why_not_bf16
+from nncc.native.toolchain import find_toolchain, missing_features, required_features
+from tests.oracle import ort_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_COMPILER = find_toolchain() is None
@@ -77,9 +75,7 @@ class Model:
         return str(path)
 
     def reference(self, path) -> dict:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        session = ort_session(path)
         return dict(zip([o.name for o in session.get_outputs()], session.run(None, self.feeds)))
 
 

@@ -28,7 +28,6 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("onnxruntime")
 
 from nncc.native.toolchain import find_toolchain  # noqa: E402
 from tests import native_fuzz_cases as F  # noqa: E402
@@ -62,6 +61,7 @@ def _judge_all(cases, got, native) -> list[str]:
     return [report for case in cases if (report := F.judge(case, got, want, native))]
 
 
+@pytest.mark.slow  # fuzzing
 @pytest.mark.parametrize("start", range(0, PLAIN, F.BATCH))
 def test_native_code_matches_the_oracles(tmp_path, start):
     cases = F.make_cases(SEED, start, min(F.BATCH, PLAIN - start))
@@ -91,6 +91,7 @@ def _first_crash(indices, tmp_path) -> tuple[int, str]:
     return indices[lo], report
 
 
+@pytest.mark.slow  # fuzzing, built with sanitizers
 @pytest.mark.skipif(not have_sanitizer_runtime(), reason="the C compiler has no ASan/UBSan runtime to preload")
 def test_native_code_is_clean_under_sanitizers(tmp_path):
     """The first cases again (their mix of kinds is the same), built and run with

@@ -9,16 +9,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native import gemm_gen  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native import gemm_gen
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
                                 "backend selects nothing, which tests/test_native.py covers with CC set")
@@ -60,9 +58,7 @@ class _Builder:
         model.ir_version = 9
         path = str(tmp_path / "m.onnx")
         onnx.save(model, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        want = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]).run(None, self.feeds)
+        want = ort_run(path, self.feeds)
         taken, self.residuals = [], []
         emit_matmul, emit_gemm, residual = gemm_gen.emit_matmul, gemm_gen.emit_gemm, gemm_gen._residual
 

@@ -2,39 +2,26 @@
 for the host's ISA (vpdpbusd where the CPU has AVX-512 VNNI) and for the baseline x86-64
 target, whose code is the plain C fallback: both must give the operator's exact result bit
 for bit (DynamicQuantizeLinear, an exact integer product, then the float32 roundings), and
-run as native code. The exact result is computed here in int64; onnxruntime agrees with it
-bit for bit on CPUs with VNNI, and is checked there too. On plain AVX2 its u8s8 kernel sums
-pairs of products in saturating int16 (vpmaddubsw), so full-range int8 weights give it
-results tens of units off: it is no oracle there. tests/native_fuzz_cases.py covers many
-more geometries, sanitized too."""
+run as native code. The exact result is computed here in int64, and onnxruntime (told to
+compute its integer products exactly, tests/oracle.py) is checked to agree with both.
+tests/native_fuzz_cases.py covers many more geometries, sanitized too."""
 
 from __future__ import annotations
 
 import platform
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
 TARGETS = ["native"] + (["x86-64"] if platform.machine() in ("x86_64", "AMD64") else [])
 F32 = np.float32
-
-
-def _cpu_has_vnni() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_vnni", "avx_vnni"})
 
 
 def _exact(a, inits):
@@ -88,7 +75,7 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
         inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
         model = nncc.compile_model(path, target=target)
         assert model.native_partitions == 1
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]) if _cpu_has_vnni() else None
+        session = ort_session(path)
         feeds = []
         for scale in (4.0, 0.001):
             a = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -97,5 +84,4 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
         for a in feeds:
             y = model.run({"a": a})["y"]
             np.testing.assert_array_equal(y, _exact(a, inits))
-            if session is not None:
-                np.testing.assert_array_equal(y, session.run(None, {"a": a})[0])
+            np.testing.assert_array_equal(y, session.run(None, {"a": a})[0])

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-pytest.importorskip("onnx")
-onnxruntime = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: nothing native to load")
 
@@ -45,7 +43,7 @@ def test_each_load_runs_its_own_code_and_keeps_no_descriptor(tmp_path):
         for seed, artifact in enumerate(artifacts):
             model = nncc.load(artifact, trust_native=True)
             assert model.native_partitions == 1
-            expected = onnxruntime.InferenceSession(_conv_model(seed)).run(None, {"x": x})[0]
+            expected = ort_run(_conv_model(seed), {"x": x})[0]
             np.testing.assert_allclose(model.run({"x": x})["y"], expected, rtol=1e-4, atol=1e-4)
             del model
     assert _descriptors() <= before  # twelve loads, no descriptor kept for any of them

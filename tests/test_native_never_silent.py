@@ -11,14 +11,12 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import TARGETS, find_toolchain, missing_features, required_features  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from nncc.native.toolchain import TARGETS, find_toolchain, missing_features, required_features
+from tests.conftest import ROOT
 
 NO_CC = "no C compiler: $CC is '/nonexistent/cc', which is not an executable file"
 NOT_ON_PATH = "no C compiler: none of cc, gcc or clang is on PATH (set $CC to one)"
@@ -93,6 +91,7 @@ def test_cache_info_says_why(model, tmp_path):
         assert info["native_off"] == NOT_ON_PATH
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler here: native code is off")
 def test_nothing_is_said_when_native_code_is_on(model, tmp_path):
     done = nncc("run", model, "--random-inputs", "-v", cache=tmp_path / "c")
@@ -105,6 +104,7 @@ def test_nothing_is_said_when_native_code_is_on(model, tmp_path):
 LACKING = [t for t in TARGETS if missing_features(required_features(t))]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LACKING or find_toolchain(sanitize=False) is None,
                     reason="this CPU has every feature of every named target (or there is no compiler)")
 def test_a_target_this_cpu_cannot_run_is_said(model, tmp_path):

@@ -16,16 +16,14 @@ import sys
 import pathlib
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+from blake3 import blake3
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from blake3 import blake3  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
@@ -85,7 +83,7 @@ class Setup:
         done = self.nncc("run", model, "--stage", "optimized", "--input", f"x={self.x}", "--output", out,
                          cache=cache)
         x = np.load(self.x)
-        want = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+        want = ort_run(model, {"x": x})[0]
         got = np.load(out)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         calls = [line for line in self.log.read_text().splitlines() if line.strip() != "--version"]
@@ -111,6 +109,7 @@ def _links(calls):
     return [c for c in calls if "-shared" in c.split()]
 
 
+@pytest.mark.slow
 def test_a_shared_layer_is_compiled_once(setup):
     cold_b, _ = setup.run(setup.b, cache=setup.tmp / "other-cache")  # B alone, into an empty cache
     setup.run(setup.a)
@@ -123,6 +122,7 @@ def test_a_shared_layer_is_compiled_once(setup):
     assert len(_links(warm_b)) == 1 and len(_links(cold_b)) == 1
 
 
+@pytest.mark.slow
 def test_recompile_with_warm_objects_only_links(setup):
     setup.run(setup.a)
     token = setup.entries()["a.onnx"]["token"]
@@ -133,6 +133,7 @@ def test_recompile_with_warm_objects_only_links(setup):
     assert setup.entries()["a.onnx"]["objects"] == objects
 
 
+@pytest.mark.slow
 def test_a_tampered_object_is_rebuilt_never_linked(setup):
     setup.run(setup.a)
     entry = setup.entries()["a.onnx"]
@@ -162,6 +163,7 @@ def test_a_tampered_object_is_rebuilt_never_linked(setup):
     assert blake3(path.read_bytes()).hexdigest() == setup.object_rows()[key]["hash"]
 
 
+@pytest.mark.slow
 def test_gc_keeps_the_objects_live_entries_need(setup):
     setup.run(setup.a)
     setup.run(setup.b)
@@ -183,6 +185,7 @@ def test_gc_keeps_the_objects_live_entries_need(setup):
     assert len(calls) == 1 and _links(calls) == calls
 
 
+@pytest.mark.slow
 def test_verify_reports_and_fixes_a_corrupt_object(setup):
     setup.run(setup.a)
     entry = setup.entries()["a.onnx"]
@@ -216,7 +219,7 @@ def test_two_processes_filling_one_object_cache_at_once(setup):
         assert proc.returncode == 0, err
     x = np.load(setup.x)
     for model, out in outs.items():
-        want = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+        want = ort_run(model, {"x": x})[0]
         np.testing.assert_allclose(np.load(out)["y"], want, rtol=1e-4, atol=1e-4)
     assert json.loads(setup.nncc("cache", "verify", "--json").stdout)["ok"]
     entries = setup.entries()

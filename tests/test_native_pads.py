@@ -9,16 +9,14 @@ end of each axis, also when ceil_mode makes the last window reach past the end p
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes "
                                 "nothing, so there is no generated code to check")
@@ -41,7 +39,7 @@ def _run_native(tmp_path, model, x):
 
 
 def _oracles(model, x):
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, {"x": x})[0], ReferenceEvaluator(model).run(None, {"x": x})[0]
 
 

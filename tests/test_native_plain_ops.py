@@ -10,17 +10,15 @@ U-Net-like network built here. And what check() must refuse.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.native.codegen import ALIASES  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from tests.conftest import light_models_dir  # noqa: E402
+import nncc
+from nncc.native.codegen import ALIASES
+from nncc.native.toolchain import find_toolchain
+from tests.conftest import light_models_dir
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -69,10 +67,7 @@ class Graph:
 
 
 def _ort(path, feeds, names):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(names, feeds)
+    return ort_run(path, feeds, names, optimized=False)
 
 
 def assert_one_native_partition(compiled) -> None:
@@ -389,6 +384,7 @@ def test_invalid_or_unknown_geometry_is_left_to_numpy(tmp_path):
 # -- whole models ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_light_inception_v1_is_one_native_partition(tmp_path):
     """The real file, its splat weights replaced by random ones (so every layer matters),
     its logits exposed: one native partition, LRN included, equal to onnxruntime."""
@@ -466,6 +462,7 @@ def test_efficientnet_like_model_is_one_native_partition(tmp_path):
     check_native(tmp_path, g, 18)
 
 
+@pytest.mark.slow
 def test_unet_like_model_is_one_native_partition(tmp_path):
     """Encoder (conv, max pool), decoder (nearest and bilinear Resize upsampling, Pad to
     the skip's size, Concat with the skip, a Slice crop), a channel Split, a per-pixel

@@ -14,23 +14,19 @@ each against onnxruntime within 2e-5 + 2e-5 |onnxruntime|.
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native import recurrent_gen  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from tests import native_fuzz_cases as F  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.native import recurrent_gen
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.shape_inference import infer_shapes
+from tests import native_fuzz_cases as F
+from tests.models import benchmark_model
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -75,6 +71,7 @@ def _cases():
     return cases
 
 
+@pytest.mark.slow
 def test_recurrent_matches_onnxruntime(tmp_path):
     cases = _cases()
     path = tmp_path / "recurrent.onnx"
@@ -91,13 +88,7 @@ def test_recurrent_matches_onnxruntime(tmp_path):
 def test_stacked_lstm_of_the_benchmark_is_one_native_partition(tmp_path):
     """benchmarks/real_models.py's LSTM (each layer's Y squeezed into the next) at small
     sizes: both layers and the Squeezes between them in one native partition."""
-    benchmarks = str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks")
-    sys.path.insert(0, benchmarks)
-    try:
-        import real_models  # lazy: benchmarks/ is on the path only here
-    finally:
-        sys.path.remove(benchmarks)
-    model = real_models.lstm(seq=9, inp=6, hidden=21, layers=3)
+    model = benchmark_model("lstm(seq=9, inp=6, hidden=21, layers=3)", tmp_path)
     feeds = {"x": np.random.default_rng(3).standard_normal((9, 1, 6)).astype(np.float32)}
     _compare(tmp_path, model, feeds, native=True)
 
@@ -138,7 +129,7 @@ def _compare(tmp_path, model, feeds, native: bool):
     compiled = nncc.compile_model(path)
     assert len(compiled.plan.partitions) == 1 and (compiled.native_partitions == 1) == native
     got = compiled.run(feeds)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
         np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
 

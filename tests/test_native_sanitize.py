@@ -115,6 +115,7 @@ PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # built with sanitizers
 @pytest.mark.skipif(not have_sanitizer_runtime(), reason="the compiler has no ASan/UBSan runtime to preload")
 def test_a_sanitized_step_catches_a_read_past_its_input():
     done = subprocess.run([sys.executable, "-c", PROBE], env=sanitized_env(), capture_output=True, text=True)

@@ -20,16 +20,14 @@ import struct
 import subprocess
 import sys
 
-import numpy as np
-import pytest
 from blake3 import blake3
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+from nncc.native.toolchain import find_toolchain
+from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: no artifact "
                                 "carries native code, so there is nothing to sign")
@@ -96,7 +94,7 @@ def feeds(model) -> tuple[pathlib.Path, np.ndarray]:
     x = np.random.default_rng(3).standard_normal((3, 48)).astype(np.float32)
     path = model.parent / "feeds.npz"
     np.savez(path, x=x)
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return path, session.run(None, {"x": x})[0]
 
 
@@ -171,6 +169,7 @@ def fingerprint_of(key_file: pathlib.Path) -> str:
 # -- signing ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compile_creates_a_private_key_and_signs_with_a_keyed_blake3_mac(alice):
     env, raw = alice
     key_file = key_path(env)
@@ -208,6 +207,7 @@ def test_signed_by_your_own_key_runs_natively_without_trust_native(alice, feeds,
     assert f"signature: signed by your key {fingerprint_of(key_path(env))}, trusted" in text
 
 
+@pytest.mark.slow
 def test_cached_and_uncached_compiles_write_the_same_signed_bytes(alice, model, tmp_path):
     env, raw = alice
     again, uncached = tmp_path / "again.nncc", tmp_path / "uncached.nncc"
@@ -334,6 +334,7 @@ def test_a_bit_flipped_without_fixing_its_checksum_refuses_the_file(alice, tmp_p
 # -- the key file ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_key_file_others_can_read_is_refused_in_one_line(alice, model, tmp_path):
     env, raw = alice
     mallory = user(tmp_path, "mallory")

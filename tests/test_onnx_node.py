@@ -11,17 +11,17 @@ the full compile at -O2 (passes, partitioning, the plan, its arena and the execu
 import warnings
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="the node suite needs the onnx test extra")
+from nncc.errors import UnsupportedOpError
+from nncc.ir.graph import normalize_domain
+from nncc.kernels.registry import resolve
+from tests import onnx_backend
+from tests.onnx_node_exclusions import EXCLUDED
 
-from onnx import numpy_helper  # noqa: E402
-
-from nncc.errors import UnsupportedOpError  # noqa: E402
-from nncc.ir.graph import normalize_domain  # noqa: E402
-from nncc.kernels.registry import resolve  # noqa: E402
-from tests import onnx_backend  # noqa: E402
-from tests.onnx_node_exclusions import EXCLUDED  # noqa: E402
+pytestmark = pytest.mark.slow  # some 4,500 models, each through both routes
 
 ROUTES = ("interpreter", "compiled")
 

@@ -46,6 +46,7 @@ def test_output_is_an_input(work, args, names):
     refused(nncc(*args, cwd=work), work, before, *names)
 
 
+@pytest.mark.slow
 def test_hard_link_and_symlink_to_the_model(work):
     os.link(work / "m.onnx", work / "hard.nncc")
     os.symlink(work / "m.onnx", work / "soft.nncc")

@@ -17,7 +17,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +26,7 @@ import nncc
 from nncc.backends.registry import PluginError, get_backend, load_plugin, register_backend
 from nncc.errors import PlanFormatError, ShapeInferenceError
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_outputs
 
 PLUGIN = "tests.plugins.mulsub_plugin"
 MULSUB = ("mulsub", "numpy")
@@ -88,14 +88,6 @@ def node_names(compiled, partition: int) -> list[str]:
     plan = compiled.plan
     p = plan.partitions[partition]
     return [i.node for i in plan.instructions[p.first:p.first + p.count]]
-
-
-def ort_outputs(path, feeds) -> dict[str, np.ndarray]:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feeds)))
 
 
 def assert_matches_ort(compiled, path, feeds):

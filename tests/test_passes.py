@@ -12,29 +12,27 @@ import dataclasses
 import tracemalloc
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="pass tests build models with onnx")
-ort = pytest.importorskip("onnxruntime", reason="pass tests use onnxruntime as the oracle")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.errors import UnsupportedOpError  # noqa: E402
-from nncc.frontend.onnx import load_model, parse_model  # noqa: E402
-from nncc.ir.graph import Graph, TensorInfo  # noqa: E402
-from nncc.passes.cleanup import remove_noops  # noqa: E402
-from nncc.passes.dce import eliminate_dead_code  # noqa: E402
-from nncc.passes.fold import fold_constants  # noqa: E402
-from nncc.passes.fusion import (  # noqa: E402
+from nncc.errors import UnsupportedOpError
+from nncc.frontend.onnx import load_model, parse_model
+from nncc.ir.graph import Graph, TensorInfo
+from nncc.passes.cleanup import remove_noops
+from nncc.passes.dce import eliminate_dead_code
+from nncc.passes.fold import fold_constants
+from nncc.passes.fusion import (
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
     fuse_activation,
     matmul_add_to_gemm,
 )
-from nncc.passes.pipeline import PASSES, passes_for, run_passes  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import FIXTURES, light_models_dir  # noqa: E402
+from nncc.passes.pipeline import PASSES, passes_for, run_passes
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import FIXTURES, light_models_dir
+from tests.oracle import ort_outputs
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 BN_TOL = dict(rtol=1e-3, atol=1e-4)
@@ -75,15 +73,6 @@ def random_feeds(graph: Graph, seed: int, symbolic: int = 2) -> dict[str, np.nda
     return feeds
 
 
-def ort_run(model, feeds) -> dict[str, np.ndarray]:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feeds)))
-
-
 def nncc_run(graph: Graph, feeds) -> dict[str, np.ndarray]:
     return Interpreter(graph).run({k: v.copy() for k, v in feeds.items()})
 
@@ -114,7 +103,7 @@ def check_pass(model, pass_fn, *, seed=0, tol=TOL, graph: Graph | None = None, s
     graph = graph if graph is not None else to_graph(model)
     before_state = snapshot(graph)
     feeds = random_feeds(graph, seed, symbolic)
-    want = ort_run(model, feeds)
+    want = ort_outputs(model, feeds)
     before = nncc_run(graph, feeds)
     after_graph = pass_fn(graph)
     assert after_graph is not graph
@@ -577,7 +566,7 @@ def test_fixture_outputs_unchanged(name, level):
         reference = nncc_run(graph, feeds)
     except UnsupportedOpError as exc:
         pytest.skip(f"a kernel is still missing: {exc}")
-    want = ort_run(str(path), feeds)
+    want = ort_outputs(str(path), feeds)
     assert_close(reference, want, TOL, "-O0")
     state = snapshot(graph)
     optimized = run_passes(graph, level)
@@ -629,6 +618,7 @@ def _with_logits(graph: Graph) -> Graph:
     return dataclasses.replace(graph, outputs=list(graph.outputs) + [producer.inputs[0]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50", "inception_v1"])
 def test_light_model_at_O2_matches_unoptimized(name):
     """-O2 against the unoptimized interpreter run and onnxruntime, on the logits.
@@ -650,7 +640,7 @@ def test_light_model_at_O2_matches_unoptimized(name):
     result = nncc_run(optimized, feeds)
     model = onnx.load(light_models_dir() / f"light_{name}.onnx")
     model.graph.output.append(helper.make_tensor_value_info(logits, F, None))
-    oracle = ort_run(model, feeds)
+    oracle = ort_outputs(model, feeds)
     compared = [logits]
     if np.abs(reference[logits]).max() < 1e4:
         compared += graph.outputs[:-1]

@@ -25,6 +25,7 @@ from nncc.errors import PlanFormatError
 from nncc.plan import format as F
 from nncc.report import describe_plan
 from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_run
 
 FIXTURE_MODELS = ["mlp", "resnet_block", "mobilenet", "transformer", "shape_ops"]
 
@@ -122,6 +123,7 @@ def _compile_in_fresh_process(model: pathlib.Path, out: pathlib.Path, hashseed: 
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_identical_bytes_across_fresh_processes(tmp_path):
     jobs = []
     for name in ("resnet_block", "transformer", "shape_ops"):
@@ -638,5 +640,5 @@ def test_a_bfloat16_subgraph_input_survives_the_artifact(tmp_path):
     loop_attrs = [i.attrs for i in F.deserialize(raw).instructions if "body" in i.attrs]
     assert loop_attrs[0]["body"]["$graph"]["inputs"][2][:2] == ["v", "bfloat16"]
     feeds = {"n": np.array(3, np.int64), "x": np.array([0.5, -2, 300.5, 1.25], np.float32)}
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort_run(path, feeds)[0]
     np.testing.assert_array_equal(nncc.load(raw).run(feeds)["y"], want)

@@ -21,6 +21,8 @@ from nncc.errors import PlanFormatError
 from nncc.plan import format as F
 from tests.conftest import FIXTURES
 
+pytestmark = pytest.mark.slow  # fuzzing
+
 FUZZ = settings(derandomize=True, deadline=None, max_examples=120, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FEEDS = {

@@ -10,26 +10,21 @@ onnxruntime is fixed point) one quantization step is allowed.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.kernels.qimage import image, quantize, recover  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
+import nncc
+from nncc.frontend.onnx import parse_model
+from nncc.kernels.qimage import image, quantize, recover
+from nncc.passes.pipeline import run_passes
+from tests.oracle import ort_run
 
 U8, S8 = TensorProto.UINT8, TensorProto.INT8
 
 
 def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
-        None, feeds)
+    return ort_run(model, feeds)
 
 
 def _const(name, array):
@@ -103,6 +98,7 @@ def _ops(model):
     return [(n.domain, n.op_type) for n in graph.nodes]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", list(WEIGHTS))
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
 def test_qlinear_conv_as_image_matches_onnxruntime_exactly(tmp_path, geometry, weights):

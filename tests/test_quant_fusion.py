@@ -5,18 +5,16 @@ for bit (the same arithmetic in the same order), and match onnxruntime running t
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime import quantization
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
-from nncc.passes.quant_fusion import fuse_dynamic_quantization  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
+from nncc.frontend.onnx import parse_model
+from nncc.passes.pipeline import run_passes
+from nncc.passes.quant_fusion import fuse_dynamic_quantization
+from nncc.runtime.interpreter import Interpreter
+from tests.oracle import ort_run
 
 
 def _mlp(k=24, hidden=40, n=9, bias_on_second=False):
@@ -60,9 +58,7 @@ def test_each_weight_product_becomes_one_node_with_the_chains_results(quantized)
     chain = Interpreter(graph).run({"x": x})["y"]
     one = Interpreter(fused).run({"x": x})["y"]
     np.testing.assert_array_equal(one, chain)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    expected = ort.InferenceSession(str(quantized), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = ort_run(quantized, {"x": x})[0]
     np.testing.assert_allclose(one, expected, rtol=1e-5, atol=1e-5)
 
 

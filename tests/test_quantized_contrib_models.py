@@ -12,16 +12,14 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime import quantization
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+import nncc
+from tests.conftest import ROOT
+from tests.oracle import ort_run
 
 SHAPE = (2, 3, 12, 12)
 
@@ -72,9 +70,7 @@ def qoperator(tmp_path_factory):
 
 
 def _onnxruntime(path, x):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    return ort_run(path, {"x": x})[0]
 
 
 def test_qoperator_model_with_microsoft_ops_matches_onnxruntime(qoperator):

@@ -9,10 +9,12 @@ The QOperator format's defaults write two com.microsoft ops (QGemm for Gemm, QLi
 for Add); the "standard" variant quantizes only Conv and MatMul, which keeps the graph to
 standard ONNX ops (QLinearConv, QLinearMatMul, QuantizeLinear, DequantizeLinear).
 
-Tolerance: one quantization step of the output (the scale of the DequantizeLinear that
-produces it) for the static models, whose last rounding may fall on the other side of a
-tie; float rounding only for the dynamic ones, whose outputs are integer products scaled
-in float.
+Tolerance, derived from the quantization (see _tolerance): for the static models one step
+of the output's quantization (the scale of the DequantizeLinear that produces it; the last
+rounding may fall on the other side of a tie), plus the steps the float32 sum before that
+rounding may cross (its number of terms and their quantized bounds), plus the float32
+rounding of the dequantized outputs; float rounding only for the dynamic ones, whose outputs
+are integer products scaled in float.
 """
 
 from __future__ import annotations
@@ -21,16 +23,14 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime import quantization
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-quantization = pytest.importorskip("onnxruntime.quantization")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+import nncc
+from tests.conftest import ROOT
+from tests.oracle import ort_run
 
 SHAPES = {"convnet": (2, 3, 16, 16), "mlp": (4, 32)}
 
@@ -129,24 +129,60 @@ def quantized(tmp_path_factory):
 
 
 def _onnxruntime(path, x):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if "int4" in str(path):
-        # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
-        # MatMulNBits, which computes with less precision than the model states (the MLP's
-        # output moves by some 150 steps); unoptimized, it runs the model's own ops
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    # onnxruntime's optimizer turns DequantizeLinear(int4 weights) + MatMul into its
+    # MatMulNBits, which computes with less precision than the model states (the MLP's
+    # output moves by some 150 steps); unoptimized, it runs the model's own ops
+    return ort_run(path, {"x": x}, optimized="int4" not in str(path))[0]
+
+
+WEIGHTED = {"Conv", "Gemm", "MatMul", "QLinearConv", "QGemm", "QLinearMatMul"}
 
 
 def _tolerance(path) -> float:
-    """One step of the output's quantization, or float rounding for float outputs."""
+    """For a quantized output: its last rounding may fall on either side of a tie, one step;
+    the float32 sum of K terms before it may differ between two correct summation orders by
+    up to gamma_K * max|a| * sum|w| (max|a| from the activation's quantization, sum|w| over
+    one output's weights), which can cross that many more steps; and each dequantized output
+    is rounded to float32, half a unit in the last place each. 0 for float outputs."""
     model = onnx.load(path)
-    producer = next(n for n in model.graph.node if "y" in n.output)
-    if producer.op_type == "DequantizeLinear":
-        scale = next(i for i in model.graph.initializer if i.name == producer.input[1])
-        return float(numpy_helper.to_array(scale).max()) * 1.0001
-    return 0.0
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    last = producers["y"]
+    if last.op_type != "DequantizeLinear":
+        return 0.0
+    scale, zero, dtype = _quantization(inits, last.input)
+    weighted = last
+    while weighted.op_type not in WEIGHTED:  # back along the first input to the last weighted op
+        weighted = producers[weighted.input[0]]
+    a, w = _operands(weighted, producers, inits)
+    weights = np.abs(inits[w[0]].astype(np.float64)) + np.abs(inits[w[2]].astype(np.float64)).max()
+    transposed = "MatMul" in weighted.op_type or (
+        "Gemm" in weighted.op_type and not any(a.name == "transB" and a.i for a in weighted.attribute))
+    rows = weights.reshape(-1, weights.shape[-1]).T if transposed else weights.reshape(weights.shape[0], -1)
+    terms = rows.shape[1]
+    w_sum = rows.sum(axis=1).max() * float(inits[w[1]].max())  # the largest sum of |w| over one output's terms
+    gamma = terms * 2.0**-24 / (1 - terms * 2.0**-24)
+    a_scale, a_zero, a_dtype = _quantization(inits, a)
+    info = np.iinfo(a_dtype)
+    a_max = a_scale * max(abs(info.min - a_zero), abs(info.max - a_zero))
+    summation = gamma * a_max * w_sum
+    info = np.iinfo(dtype)
+    y_max = scale * max(abs(info.min - zero), abs(info.max - zero))
+    return scale * (1 + np.floor(summation / scale)) + float(np.spacing(np.float32(y_max)))
+
+
+def _quantization(inits, inputs) -> tuple[float, int, np.dtype]:
+    """(largest scale, zero point, integer type) of a DequantizeLinear's or QLinear op's
+    (value, scale, zero point) inputs; the type from the zero point, as ONNX defines it."""
+    zero = inits[inputs[2]]
+    return float(inits[inputs[1]].max()), int(zero.ravel()[0]), zero.dtype
+
+
+def _operands(node, producers, inits):
+    """The (value, scale, zero point) names of a weighted op's activation and weights."""
+    if node.op_type.startswith("Q"):  # QLinearConv, QLinearMatMul, QGemm: a, sa, za, w, sw, zw
+        return node.input[0:3], node.input[3:6]
+    return tuple(producers[name].input for name in node.input[:2])  # both through DequantizeLinear
 
 
 def _ops(path) -> set[tuple[str, str]]:

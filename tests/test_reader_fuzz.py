@@ -36,6 +36,8 @@ from tests.test_reader import (
     varint,
 )
 
+pytestmark = pytest.mark.slow  # fuzzing, and every truncation of the light models
+
 HANG_SECONDS = 20.0  # a parse still running after this is reported as a hang
 MEMORY_SLACK = 16 * 2**20
 

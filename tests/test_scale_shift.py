@@ -8,25 +8,23 @@ model is compared with onnxruntime running the original, unfused model.
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.compiler import CompileOptions, compile_graph  # noqa: E402
-from nncc.errors import KernelError, ShapeInferenceError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import TensorInfo  # noqa: E402
-from nncc.kernels.registry import Ctx, resolve  # noqa: E402
-from nncc.model import CompiledModel  # noqa: E402
-from nncc.passes.fusion import batchnorm_to_scale_shift  # noqa: E402
-from nncc.passes.pipeline import passes_for, run_passes  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
-from nncc.runtime.interpreter import Interpreter  # noqa: E402
-from tests.conftest import light_models_dir  # noqa: E402
+import nncc
+from nncc.compiler import CompileOptions, compile_graph
+from nncc.errors import KernelError, ShapeInferenceError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import TensorInfo
+from nncc.kernels.registry import Ctx, resolve
+from nncc.model import CompiledModel
+from nncc.passes.fusion import batchnorm_to_scale_shift
+from nncc.passes.pipeline import passes_for, run_passes
+from nncc.passes.shape_inference import infer_shapes
+from nncc.runtime.interpreter import Interpreter
+from tests.conftest import light_models_dir
+from tests.oracle import ort_outputs
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 C = 6
@@ -77,13 +75,6 @@ def feeds_for(model, seed=5):
     return feeds
 
 
-def ort_run(model, feeds):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
-
-
 def optimize(model):
     return run_passes(parse_model(model.SerializeToString()), 2)
 
@@ -92,7 +83,7 @@ def check(model, tol=TOL):
     """-O2 graph (interpreted, with every value checked against its inferred info) and the
     compiled plan (arena outputs) both match onnxruntime on the original model."""
     feeds = feeds_for(model)
-    want = ort_run(model, feeds)
+    want = ort_outputs(model, feeds)
     graph = optimize(model)
     infos = infer_shapes(graph, {k: TensorInfo(v.dtype, v.shape) for k, v in feeds.items()})
     got = Interpreter(graph).run({k: v.copy() for k, v in feeds.items()}, expected=infos)
@@ -143,7 +134,7 @@ def test_bn_mul_add_relu_becomes_one_scale_shift(tmp_path):
     compiled = nncc.compile_model(path)
     assert [k.split("::")[1] for k in compiled.plan.kernels] == ["ScaleShift"]
     feeds = feeds_for(model)
-    np.testing.assert_allclose(compiled.run(feeds)["y"], ort_run(model, feeds)["y"], **TOL)
+    np.testing.assert_allclose(compiled.run(feeds)["y"], ort_outputs(model, feeds)["y"], **TOL)
 
 
 @pytest.mark.parametrize("tail, consts, remaining", [
@@ -341,6 +332,7 @@ def test_kernel_and_shape_errors():
 # -- light_densenet121 ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_densenet121_matches_onnxruntime():
     path = light_models_dir() / "light_densenet121.onnx"
     if not path.exists():
@@ -353,7 +345,7 @@ def test_densenet121_matches_onnxruntime():
     assert all(i.attrs.get("activation") == "Relu" for i in relu)
     model = onnx.load(str(path))
     x = np.random.default_rng(3).random((1, 3, 224, 224)).astype(np.float32)
-    want = ort_run(model, {"data_0": x})
+    want = ort_outputs(model, {"data_0": x})
     got = compiled.run({"data_0": x})
     for name, w in want.items():
         assert np.abs(w).max() > 0.1  # a meaningful comparison (no softmax saturation)
@@ -370,7 +362,7 @@ def test_kernel_activation_on_special_values_matches_onnxruntime(act, node_input
     x[0, 0, :6] = [np.nan, -np.inf, np.inf, -0.0, 0.0, -3.0]
     x[0, 1, -3:] = [np.nan, -np.inf, -0.0]
     model = make_model([helper.make_node(act, ["x"] + node_inputs, ["y"])], x.shape, "y", consts)
-    want = ort_run(model, {"x": x})["y"]
+    want = ort_outputs(model, {"x": x})["y"]
     attrs = {"activation": act}
     if act == "Clip":
         attrs.update(activation_min=-0.25, activation_max=0.5)

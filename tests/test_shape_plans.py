@@ -13,20 +13,20 @@ import sys
 import threading
 
 import numpy as np
-import pytest
 from onnx import TensorProto, helper
+import pytest
 
 from nncc.model import compile_model, prepare
 from tests.conftest import ROOT
+from tests.oracle import ort_session
 
-ort = pytest.importorskip("onnxruntime")
 
 SHAPE_OPS = ROOT / "fixtures" / "shape_ops.onnx"  # x [N, 3, 8, 8]; Shape/Gather/Concat/Reshape, Range, Expand
 TRANSFORMER = ROOT / "fixtures" / "transformer.onnx"  # tokens [1, S, 64]
 
 
 def _oracle(path, feeds):
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
 
 
@@ -192,6 +192,7 @@ print(outcome.outcome, before, model._shape_plans._plans[(feeds["tokens"].shape,
 """
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_prepared_dynamic_model_gets_the_shape_native_plan_from_the_cache(tmp_path):
     # fresh processes: the token depends on the plugins a process has loaded

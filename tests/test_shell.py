@@ -651,6 +651,7 @@ def test_program_flushes_everything_before_its_fast_exit(tmp_path):
     assert err.read_text().startswith("nncc: error: cannot read")
 
 
+@pytest.mark.slow
 def test_no_color_and_non_tty_output_have_no_escapes(tmp_path):
     cache = str(tmp_path / "c")
     # on a terminal, inspect colours backends and fallbacks ...

@@ -71,6 +71,7 @@ def entry_names(cache_dir) -> list[str]:
     return sorted(p.name for p in (cache_dir / "entries").rglob("*") if p.is_file())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
 @pytest.mark.parametrize("command", ["compile", "run"])
 def test_an_interrupted_compile_leaves_no_half_entry(tmp_path, signame, code, command):

@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 import pytest
 
-onnx = pytest.importorskip("onnx", reason="models are built with onnx.helper")
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the oracle")
-from onnx import TensorProto, helper  # noqa: E402
-
-import nncc  # noqa: E402
-from tests.conftest import FIXTURES, ROOT  # noqa: E402
+import nncc
+from tests.conftest import FIXTURES, ROOT
+from tests.oracle import ort_session
 
 GRU = FIXTURES / "gru_cell.onnx"
 
@@ -40,7 +39,7 @@ def test_bound_steps_equal_separate_runs_fed_back_by_hand(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["steps"] == steps
     # the oracle: onnxruntime, one run per step, h_out fed back into h_in by hand
-    session = ort.InferenceSession(str(GRU), providers=["CPUExecutionProvider"])
+    session = ort_session(GRU)
     h = h0
     for x in xs:
         y, h = session.run(["y", "h_out"], {"x": x, "h_in": h})
