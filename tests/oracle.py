@@ -1,7 +1,7 @@
 """onnxruntime as the tests' oracle, opened one way everywhere: the CPU provider, one
 intra-op thread (the same summation order on every machine, and no thread pool to share
 the cores of a test run with), its log quiet below errors (its output-shape warnings
-would drown a failure), its integer products exact on every CPU.
+would drown a failure), its integer products by constant weights exact on every CPU.
 
 Sessions of models given in memory are cached by their bytes, so a model fed many times is
 loaded once; a model given by its path is opened each time (its external data may change
@@ -31,7 +31,8 @@ def ort_session(model, *, optimized: bool = True) -> ort.InferenceSession:
     options.log_severity_level = 3
     # Exact integer products on x86 CPUs without VNNI: there its u8s8 kernels add byte
     # products in saturating int16 pairs (vpmaddubsw) and are tens of units off on
-    # full-range int8 weights, unless told to take its exact, slower path.
+    # full-range int8 weights, unless told to take its exact, slower path (which it has for
+    # constant weights only: a test feeding int8 weights at run time needs another oracle).
     options.add_session_config_entry("session.x64quantprecision", "1")
     if not optimized:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
