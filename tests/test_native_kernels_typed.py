@@ -8,22 +8,20 @@ import shutil
 import subprocess
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper
 import pytest
 
-onnx = pytest.importorskip("onnx")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.backends.base import Partition  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.native import kernel  # noqa: E402
-from nncc.native.c_emit import CWriter  # noqa: E402
-from nncc.native.c_struct import Field, Struct  # noqa: E402
-from nncc.native.codegen import generate  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
-from nncc.passes.shape_inference import infer_shapes  # noqa: E402
+import nncc
+from nncc.backends.base import Partition
+from nncc.frontend.onnx import parse_model
+from nncc.native import kernel
+from nncc.native.c_emit import CWriter
+from nncc.native.c_struct import Field, Struct
+from nncc.native.codegen import generate
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.pipeline import run_passes
+from nncc.passes.shape_inference import infer_shapes
 
 needs_cc = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: generated C cannot be built here")
 

@@ -7,70 +7,32 @@ are checked against onnxruntime running the model as written."""
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.errors import NnccError  # noqa: E402
-from nncc.frontend.onnx import parse_model  # noqa: E402
-from nncc.ir.graph import Graph, Node, TensorInfo  # noqa: E402
-from nncc.native import codegen  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from nncc.passes.pipeline import run_passes  # noqa: E402
+import nncc
+from nncc.errors import NnccError
+from nncc.frontend.onnx import parse_model
+from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native import codegen
+from nncc.native.toolchain import find_toolchain
+from nncc.passes.pipeline import run_passes
+from tests.models import GraphBuilder
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
 
-class Model:
-    """A model under construction, with seeded random inputs and weights."""
-
+class Model(GraphBuilder):
     def __init__(self, opset: int = 18, seed: int = 0):
-        self.opset = opset
-        self.rng = np.random.default_rng(seed)
-        self.nodes, self.inputs, self.outputs, self.inits, self.feeds = [], [], [], [], {}
-
-    def input(self, shape, scale: float = 1.0) -> str:
-        name = f"x{len(self.inputs)}"
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
-        self.feeds[name] = (self.rng.standard_normal(shape) * scale).astype(np.float32)
-        return name
-
-    def const(self, value, dtype=np.float32) -> str:
-        name = f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def weight(self, shape) -> str:
-        return self.const(self.rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:])))
-
-    def node(self, op, inputs, **attrs) -> str:
-        out = f"y{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
-        return out
-
-    def output(self, name: str) -> None:
-        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-
-    def save(self, path) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, "longtail", self.inputs, self.outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = 8
-        onnx.save(model, path)
-        return model
+        super().__init__(opset, seed, "longtail")
 
     def optimized(self, tmp_path, level: int = 2) -> Graph:
         return run_passes(parse_model(self.save(tmp_path / "m.onnx").SerializeToString()), level)
 
 
 def onnxruntime_outputs(path, feeds, names):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return dict(zip(names, session.run(names, feeds)))
+    return dict(zip(names, ort_run(path, feeds, names)))
 
 
 def compile_and_compare(tmp_path, m: Model, rtol=1e-5, atol=1e-5, **options):

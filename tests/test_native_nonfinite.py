@@ -14,16 +14,14 @@ import sys
 import textwrap
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-pytest.importorskip("onnxruntime")
-
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from nncc.native.toolchain import find_toolchain  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
-from tests.test_native_sanitize import have_sanitizer_runtime, sanitized_env  # noqa: E402
+from nncc.native.toolchain import find_toolchain
+from tests.conftest import ROOT
+from tests.oracle import ort_outputs, ort_run
+from tests.test_native_sanitize import have_sanitizer_runtime, sanitized_env
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None,
                                 reason="no C compiler: there is no native code to feed")
@@ -126,10 +124,7 @@ def _run(tmp_path, env) -> tuple[dict, set, dict]:
 
 
 def _onnxruntime(model, feeds) -> dict:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    return ort_outputs(model, feeds)
 
 
 def _judge(got, native, want) -> None:
@@ -158,8 +153,6 @@ def _dynamic_product_oracle(case, a: np.ndarray) -> np.ndarray:
     DynamicQuantizeLinear, then the integer product exactly (int64), scaled and biased in
     float32 as the graph's Cast, Mul and Add do. (onnxruntime's u8s8 product itself adds byte
     pairs in saturating 16-bit arithmetic, so it is no oracle for the whole graph.)"""
-    import onnxruntime as ort
-
     graph = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])], "dql",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(a.shape))],
                               [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
@@ -167,8 +160,7 @@ def _dynamic_product_oracle(case, a: np.ndarray) -> np.ndarray:
                                helper.make_tensor_value_info("z", TensorProto.UINT8, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    q, scale, zero = ort.InferenceSession(model.SerializeToString(),
-                                          providers=["CPUExecutionProvider"]).run(None, {"x": a})
+    q, scale, zero = ort_run(model, {"x": a})
     get = {name[len("c0_"):]: value for name, value in case.inits.items()}
     b = get["b"].astype(np.int64) - get.get("b_zero", np.zeros((), np.int8)).astype(np.int64)
     acc = (q.astype(np.int64) - np.int64(zero)) @ b

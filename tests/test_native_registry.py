@@ -10,60 +10,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-import nncc  # noqa: E402
-from nncc.ir.graph import Graph, Node, TensorInfo  # noqa: E402
-from nncc.native import codegen  # noqa: E402
-from nncc.native.activations import CODES  # noqa: E402
-from nncc.native.ops import registry  # noqa: E402
-from nncc.native.ops.entry import NativeOp  # noqa: E402
-from nncc.native.toolchain import find_toolchain  # noqa: E402
+import nncc
+from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native import codegen
+from nncc.native.activations import CODES
+from nncc.native.ops import registry
+from nncc.native.ops.entry import NativeOp
+from nncc.native.toolchain import find_toolchain
+from tests.models import GraphBuilder
+from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
 OPSET = 18
 
 
-class Model:
-    """A model under construction with seeded random inputs and weights."""
-
+class Model(GraphBuilder):
     def __init__(self, seed: int = 0):
-        self.rng = np.random.default_rng(seed)
-        self.nodes, self.inputs, self.outputs, self.inits, self.feeds = [], [], [], [], {}
-
-    def input(self, shape) -> str:
-        name = f"x{len(self.inputs)}"
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
-        self.feeds[name] = self.rng.standard_normal(shape).astype(np.float32)
-        return name
-
-    def const(self, value, dtype=np.float32) -> str:
-        name = f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def weight(self, shape) -> str:
-        return self.const(self.rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:])))
-
-    def node(self, op, inputs, domain: str = "", **attrs) -> str:
-        out = f"y{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], domain=domain, **attrs))
-        return out
-
-    def output(self, name: str) -> None:
-        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-
-    def save(self, path, domains=()) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, "registry", self.inputs, self.outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]
-                                  + [helper.make_opsetid(d, 1) for d in domains])
-        model.ir_version = 8
-        onnx.save(model, path)
-        return model
+        super().__init__(OPSET, seed, "registry")
 
 
 def native_ops_of(compiled) -> set[str]:
@@ -80,10 +44,7 @@ def native_ops_of(compiled) -> set[str]:
 
 
 def onnxruntime_outputs(path, feeds, names):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return dict(zip(names, session.run(names, feeds)))
+    return dict(zip(names, ort_run(path, feeds, names)))
 
 
 def compile_and_compare(tmp_path, m: Model, rtol=1e-4, atol=1e-5):

@@ -74,6 +74,21 @@ class NativeOp:
         return False
 
 
+class Generated(NativeOp):
+    """An entry whose generator module both decides and writes, checking every value
+    itself (quantized, integer or optional inputs): ``generator.check(node, graph, infos)``
+    and ``generator.emit(writer, node)``."""
+
+    generator: Any = None
+    float_values = False
+
+    def check(self, node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+        return self.generator.check(node, graph, infos)
+
+    def render(self, writer, node: Node, plan: Any) -> None:
+        self.generator.emit(writer, node)
+
+
 class Fusion:
     """A node written together with a neighbour, when the writer's state allows it (a
     residual Add into the convolution before it, an Add into the LayerNormalization

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from nncc.native import int8_gemm_gen
-from nncc.native.ops.entry import NativeOp
+from nncc.native.ops.entry import Generated
 
 
-class DynamicQuantizeMatMul(NativeOp):
+class DynamicQuantizeMatMul(Generated):
+    generator = int8_gemm_gen
     ops = frozenset({("com.microsoft", "DynamicQuantizeMatMul")})
-    float_values = False  # int8 weights: int8_gemm_gen checks every value
     own_layout = True
-
-    def check(self, node, graph, infos) -> str | None:
-        return int8_gemm_gen.check(node, graph, infos)
-
-    def render(self, writer, node, plan) -> None:
-        int8_gemm_gen.emit(writer, node)
 
 
 ENTRY = DynamicQuantizeMatMul()

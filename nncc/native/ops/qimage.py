@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from nncc.native import qimage_ops_gen
-from nncc.native.ops.entry import NativeOp
+from nncc.native.ops.entry import Generated
 
 
-class QuantizedImageOps(NativeOp):
+class QuantizedImageOps(Generated):
+    generator = qimage_ops_gen
     ops = frozenset(qimage_ops_gen.OPS)
-    float_values = False  # quantization parameters: qimage_ops_gen checks every value
     own_layout = True
-
-    def check(self, node, graph, infos) -> str | None:
-        return qimage_ops_gen.check(node, graph, infos)
-
-    def render(self, writer, node, plan) -> None:
-        qimage_ops_gen.emit(writer, node)
 
 
 ENTRY = QuantizedImageOps()

@@ -4,18 +4,12 @@ sequence_lens input is int32)."""
 from __future__ import annotations
 
 from nncc.native import recurrent_gen
-from nncc.native.ops.entry import NativeOp
+from nncc.native.ops.entry import Generated
 
 
-class Recurrent(NativeOp):
+class Recurrent(Generated):
+    generator = recurrent_gen
     ops = frozenset(("", op) for op in recurrent_gen.GATES)
-    float_values = False
-
-    def check(self, node, graph, infos) -> str | None:
-        return recurrent_gen.check(node, graph, infos)
-
-    def render(self, writer, node, plan) -> None:
-        recurrent_gen.emit(writer, node)
 
 
 ENTRY = Recurrent()
