@@ -189,9 +189,10 @@ def qglobal_average_pool(ctx, x, x_scale, x_zero, y_scale, y_zero):
 
 def _qgemm_shape(ctx, a, a_scale, a_zero, b, b_scale, b_zero, c=None, y_scale=None, y_zero=None):
     shape = gemm_shape(ctx, a, b, c)[0].shape  # c: broadcast to the product
-    _scalars("QGemm", a_scale=a_scale, a_zero_point=a_zero, b_zero_point=b_zero, y_scale=y_scale,
-             y_zero_point=y_zero)
-    check_size("QGemm", "b_scale", b_scale, 1, None if shape is None else shape[1])
+    _scalars("QGemm", a_scale=a_scale, a_zero_point=a_zero, y_scale=y_scale, y_zero_point=y_zero)
+    columns = None if shape is None else shape[1]
+    check_size("QGemm", "b_scale", b_scale, 1, columns)  # B's quantization: per tensor or per column
+    check_size("QGemm", "b_zero_point", b_zero, 1, columns)
     return [TensorInfo(F32, shape)]
 
 
