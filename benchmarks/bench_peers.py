@@ -238,7 +238,7 @@ def output_diffs(outputs: dict[str, str], warm: dict) -> dict:
 # -- rendering ---------------------------------------------------------------------------------------------
 
 
-def _ms(seconds) -> str:
+def milliseconds(seconds) -> str:
     if seconds is None:
         return "-"
     ms = seconds * 1000
@@ -302,7 +302,7 @@ def render(report: dict, markdown: bool) -> str:
         s = r["runtimes"]
         nn = s.get("nncc", {})
         diffs = r.get("max_rel_diff", {})
-        body.append([r["model"]] + [_ms(s[k].get("p50_s")) if not s[k].get("error") else
+        body.append([r["model"]] + [milliseconds(s[k].get("p50_s")) if not s[k].get("error") else
                                     "not installed" if k in report["missing"] else "failed" for k in runtimes]
                     + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-")]
                     + [_x(nn["p50_s"] / s[p]["p50_s"] if nn.get("p50_s") and s[p].get("p50_s") else None)
@@ -332,7 +332,8 @@ def render(report: dict, markdown: bool) -> str:
             continue
         s = r["runtimes"]
         body.append([r["model"]] + ["-" if s[k].get("error") else
-                                    f"{_ms(s[k].get('to_first_answer_s'))} / {_ms(s[k].get('open_s'))} / "
+                                    f"{milliseconds(s[k].get('to_first_answer_s'))} / "
+                                    f"{milliseconds(s[k].get('open_s'))} / "
                                     f"{_x(s[k].get('first_over_p50'), 1)}x" for k in runtimes])
     out.append(table(header, body, markdown))
 
@@ -350,7 +351,7 @@ def render(report: dict, markdown: bool) -> str:
             for k in runtimes:
                 a, b = one["runtimes"][k].get("p50_s"), r["runtimes"][k].get("p50_s")
                 cells.append("-" if a is None or b is None else
-                             f"{_ms(a)}, {_ms(b / r['batch'])} ({b / r['batch'] / a:.2f})")
+                             f"{milliseconds(a)}, {milliseconds(b / r['batch'])} ({b / r['batch'] / a:.2f})")
             body.append([r["batch_of"]] + cells)
         out.append(table(header, body, markdown))
 
@@ -374,10 +375,10 @@ def render(report: dict, markdown: bool) -> str:
                 if e is None:
                     cells.append("-")
                 elif e.get("gflop_per_second") is None:
-                    cells.append(f"{_ms(e['ms'] / 1000)} ms")
+                    cells.append(f"{milliseconds(e['ms'] / 1000)} ms")
                 else:
                     pct = f", {100 * e['gflop_per_second'] / peak:.0f}%" if peak else ""
-                    cells.append(f"{e['gflop_per_second']:.0f}{pct}, {_ms(e['ms'] / 1000)} ms")
+                    cells.append(f"{e['gflop_per_second']:.0f}{pct}, {milliseconds(e['ms'] / 1000)} ms")
             body.append([r["model"]] + cells + [_x(r["classes"].get("native_ms"))])
         out.append(table(header, body, markdown))
     return "\n".join(out)
@@ -457,7 +458,7 @@ def main(argv=None) -> None:
             if batch_of:
                 row.update(batch_of=batch_of, batch=args.batch)
             report["models"].append(row)
-            figures = ", ".join(f"{k} {_ms(v.get('p50_s'))} ms" if not v.get("error") else f"{k} -"
+            figures = ", ".join(f"{k} {milliseconds(v.get('p50_s'))} ms" if not v.get("error") else f"{k} -"
                                 for k, v in row.get("runtimes", {}).items())
             print(f"bench_peers: {label}: {row.get('error') or figures}; nncc / best peer "
                   f"{_x(row.get('nncc_over_best_peer'))} ({time.perf_counter() - began:.0f} s)", file=sys.stderr)

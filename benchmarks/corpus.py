@@ -251,13 +251,6 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
 # -- rendering ----------------------------------------------------------------------------------------------
 
 
-def milliseconds(seconds) -> str:
-    if seconds is None:
-        return "-"
-    ms = seconds * 1000
-    return f"{ms:.3f}" if ms < 1 else f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
-
-
 def partitions(compiled: dict) -> str:
     if "error" in compiled:
         return "error"
@@ -274,7 +267,7 @@ def match_cell(m: dict | None) -> str:
 
 
 def render(report: dict, markdown: bool) -> str:
-    from bench_peers import table  # lazy: the parent's
+    from bench_peers import milliseconds, table  # lazy: the parent's
 
     rows = report["models"]
     ov_precision = sorted({r["runtimes"]["openvino"].get("precision") for r in rows
