@@ -32,8 +32,8 @@ def _model(nodes, inputs, output_shape, inits=()):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _unit(model):
-    graph = run_passes(parse_model(model.SerializeToString()), 2)
+def _unit(model, level: int = 2):
+    graph = run_passes(parse_model(model.SerializeToString()), level)
     part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
     return generate(part, graph, infer_shapes(graph), "entry", 8)
 
@@ -69,9 +69,7 @@ def test_scratch_and_blas_are_declared_by_the_step(tmp_path):
     unit; an elementwise kernel does neither."""
     model = _model([helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 2]), helper.make_node("Relu", ["c"], ["y"])],
                    [("x", [1, 3, 9, 9]), ("w", [4, 3, 3, 3])], [1, 4, 4, 4])
-    graph = run_passes(parse_model(model.SerializeToString()), 0)
-    part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
-    unit = generate(part, graph, infer_shapes(graph), "entry", 8)
+    unit = _unit(model, level=0)  # -O0: the Relu stays a step of its own
     conv, relu = unit.kernels
     assert conv.blas and conv.scratch == 3 * 3 * 3 * 4 * 4 * 4  # one column of K = C*kh*kw per output pixel
     assert conv.signature == "(const float *p0, const float *p1, float *p2, char *scratch)"
