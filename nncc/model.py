@@ -188,9 +188,9 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     unchanged model's entry by the file's identity without reading it; "content" always
     hashes the model (docs/cache.md).
 
-    Stages: a miss stores the quick portable plan and returns at once; once the entry has
-    been hit $NNCC_UPGRADE_AFTER times (default 2) a background thread builds its native
-    stage, which the next prepare() picks up. ``stage="quick"`` or ``"optimized"`` forces
+    Stages: a miss stores the quick portable plan and returns at once; a background thread
+    builds its native stage, started by the miss (or after $NNCC_UPGRADE_AFTER hits; default
+    0, the miss), which the next prepare() picks up. ``stage="quick"`` or ``"optimized"`` forces
     one (optimized: the native code is built now). ``background``: "thread" (default) or
     "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 

@@ -101,8 +101,23 @@ def _count(noun: str, none_word: str, none_spellings: tuple[str, ...]) -> Callab
     return check
 
 
-# hits before a quick entry's native stage is built (off: only on request)
-_upgrade_after = _count("hits", "off", ("off", "0", "never", "none"))
+def _upgrade_after(raw) -> int | None:
+    """Hits before a quick entry's native stage is built: 0 starts it at the miss itself;
+    off (never, none) builds it only on request."""
+    why = "use a whole number of hits (0: at the miss), or off"
+    if isinstance(raw, str) and raw.strip().lower() in ("off", "never", "none"):
+        return None
+    if isinstance(raw, bool):
+        raise ValueError(why)
+    try:
+        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+    except ValueError:
+        raise ValueError(why) from None
+    if value < 0:
+        raise ValueError(why)
+    return value
+
+
 _threads = _count("threads", "auto", ("auto", "0", ""))
 _shape_plans = _count("plans", "off", ("off", "0", "none"))
 
@@ -218,8 +233,9 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
             "chooses the code nncc runs)"),
     Setting("cache.hash_mode", "hash mode", "NNCC_CACHE_HASH_MODE", "direct", _choice(HASH_MODES),
             "how a model is looked up: direct (by file identity, then content) or content (always hash)"),
-    Setting("cache.upgrade_after", "hit count", "NNCC_UPGRADE_AFTER", "2", _upgrade_after,
-            "hits after which a quick (portable) entry gets its native stage in the background (off: never)"),
+    Setting("cache.upgrade_after", "hit count", "NNCC_UPGRADE_AFTER", "0", _upgrade_after,
+            "hits after which a quick (portable) entry gets its native stage in the background "
+            "(0: started at the miss; off: never)"),
     Setting("run.threads", "thread count", "NNCC_THREADS", "auto", _threads,
             "BLAS and native threads for `nncc run` (auto: the BLAS library's own count)"),
     Setting("run.shape_plans", "plan count", "NNCC_SHAPE_PLANS", "8", _shape_plans,
@@ -449,7 +465,7 @@ class CacheSettings:
     max_age: float | None  # seconds; None: no bound
     hash_mode: str  # "content" | "direct"
     max_size_where: str = "default"  # where the size bound came from, for messages
-    upgrade_after: int | None = 2  # hits before a quick entry's optimized stage is built; None: never
+    upgrade_after: int | None = 0  # hits before a quick entry's optimized stage is built (0: at the miss); None: never
     trust_remote_native: bool = False  # remote.trust_native
     shape_plans: int | None = 8  # run.shape_plans; None: off
     trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write

@@ -1,7 +1,8 @@
 """Two stages per cache entry, with real processes and the real C compiler.
 
-A miss stores the quick portable plan without running the compiler; after the configured
-number of hits a detached worker builds the native stage and swaps it in; readers stay
+A miss stores the quick portable plan without running the compiler and, by default,
+starts a detached worker that builds the native stage and swaps it in, so the model's
+second process runs native code (with cache.upgrade_after N, the Nth hit starts it); readers stay
 correct throughout (checked against onnxruntime), one build happens per token however
 many processes hit it, a killed worker leaves stage 1 serving, and a failed build is
 recorded and not retried. The compiler is a wrapper script that logs every call, so
@@ -54,7 +55,7 @@ def _mlp(path: pathlib.Path) -> pathlib.Path:
 class Setup:
     """A model, its feeds and onnxruntime's outputs, a cache, and a logging compiler."""
 
-    def __init__(self, tmp_path: pathlib.Path, compiler_body: str | None = None):
+    def __init__(self, tmp_path: pathlib.Path, compiler_body: str | None = None, upgrade_after: str = "0"):
         self.tmp = tmp_path
         self.model = _mlp(tmp_path / "mlp.onnx")
         self.feeds = tmp_path / "feeds.npz"
@@ -69,7 +70,7 @@ class Setup:
         # every call is logged with its arguments; a build is a call naming unit.c
         self.cc.write_text(f'#!/bin/sh\necho "$PPID $*" >> {self.log}\n{body}\n')
         self.cc.chmod(0o755)
-        self.env = dict(os.environ, CC=str(self.cc), NNCC_CACHE_DIR=str(self.cache), NNCC_UPGRADE_AFTER="2",
+        self.env = dict(os.environ, CC=str(self.cc), NNCC_CACHE_DIR=str(self.cache), NNCC_UPGRADE_AFTER=upgrade_after,
                         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def run(self, *extra, out="out.npz"):
@@ -118,8 +119,25 @@ class Setup:
         return subprocess.run([sys.executable, "-m", "nncc", *args], env=self.env, capture_output=True, text=True)
 
 
-def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
+def test_the_miss_starts_the_worker_and_the_second_process_runs_native_code(tmp_path):
+    """The default: process 1 misses, runs the quick stage and leaves a detached worker
+    building the native stage; once the worker has committed it (read from the index, and
+    its upgrade lock released), process 2 is a hit whose plan runs native code."""
     s = Setup(tmp_path)
+    first, native = s.run()
+    assert (first["outcome"], first["stage"], first["upgrade"], native) == ("miss", "quick", "process", 0)
+    lock = s.cache / "locks" / f"{first['token']}.upgrade"
+    s.wait_for(lambda: s.stage() == "optimized" and not lock.exists(), "the worker started by the miss")
+    assert s.builds() == 1
+    second, native = s.run()
+    assert (second["outcome"], second["stage"], second["upgrade"], native) == ("hit", "optimized", None, 1)
+    assert second["token"] == first["token"] and s.builds() == 1
+    info = json.loads(s.cli("cache", "info", "--json").stdout)
+    assert info["counters"]["upgrades"] == 1 and info["counters"]["misses"] == 1
+
+
+def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
+    s = Setup(tmp_path, upgrade_after="2")
     first, native = s.run()
     assert (first["outcome"], first["stage"], native) == ("miss", "quick", 0)
     assert s.calls() == 0, "a quick miss must not run the C compiler at all"
@@ -188,10 +206,8 @@ def test_sigkill_of_the_worker_mid_build_keeps_stage_one(tmp_path):
     slow_flag.touch()
     # while the flag exists the compiler announces itself and sleeps before building
     s = Setup(tmp_path, f'if [ -f {slow_flag} ]; then touch {started}; sleep 60; fi\nexec {REAL_CC.path} "$@"')
-    s.run()
-    s.run()
     third, _ = s.run()
-    assert third["upgrade"] == "process"
+    assert third["upgrade"] == "process"  # started by the miss
     s.wait_for(started.exists, "the worker to start the compiler")
     worker = int(s.log.read_text().split()[0])  # the compiler's parent: the worker
     os.killpg(worker, signal.SIGKILL)  # the worker leads its own session: it and the compiler
@@ -227,10 +243,8 @@ def _alive(pid: int) -> bool:
 def test_a_hanging_compiler_is_recorded_and_not_retried(tmp_path):
     s = Setup(tmp_path, 'case " $* " in *" -c "*) exec sleep 60 ;; esac\nexit 1')  # every compile hangs
     s.env["NNCC_CC_TIMEOUT"] = "1"
-    s.run()
-    s.run()
     third, _ = s.run()
-    assert third["upgrade"] == "process"
+    assert third["upgrade"] == "process"  # started by the miss
     s.wait_for(lambda: s.failures() != [], "the failure to be recorded")
     (token, reason), = s.failures()
     assert token == third["token"] and "timed out" in reason
@@ -292,14 +306,11 @@ def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
 
     s = Setup(tmp_path)
     monkeypatch.setenv("CC", str(s.cc))
-    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "2")
+    monkeypatch.delenv("NNCC_UPGRADE_AFTER")  # the default: the miss starts it
     x = np.load(s.feeds)["x"]
-    outcomes = []
-    for _ in range(3):
-        model, outcome = prepare(s.model, cache_dir=s.cache)
-        np.testing.assert_allclose(model.run({"x": x})["probs"], s.want, rtol=1e-4, atol=1e-5)
-        outcomes.append((outcome.outcome, outcome.stage, outcome.upgrade))
-    assert outcomes == [("miss", "quick", None), ("hit", "quick", None), ("hit", "quick", "thread")]
+    model, outcome = prepare(s.model, cache_dir=s.cache)
+    np.testing.assert_allclose(model.run({"x": x})["probs"], s.want, rtol=1e-4, atol=1e-5)
+    assert (outcome.outcome, outcome.stage, outcome.upgrade, model.native_partitions) == ("miss", "quick", "thread", 0)
     for thread in threading.enumerate():
         if thread.name.startswith("nncc-upgrade-"):
             thread.join(WAIT)

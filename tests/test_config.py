@@ -521,7 +521,7 @@ def test_upgrade_after_is_a_checked_setting(config_file, cache_dir, monkeypatch,
     from nncc import settings
 
     monkeypatch.delenv("NNCC_UPGRADE_AFTER", raising=False)
-    assert settings.resolve("cache.upgrade_after").value == 2
+    assert settings.resolve("cache.upgrade_after").value == 0  # the default: the miss starts the build
     env = dict(os.environ)
     if source == "env":
         env["NNCC_UPGRADE_AFTER"] = "soon"
@@ -537,3 +537,8 @@ def test_upgrade_after_is_a_checked_setting(config_file, cache_dir, monkeypatch,
     assert not cache_dir.exists()  # refused before the cache was touched
     monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
     assert settings.resolve("cache.upgrade_after").value is None  # only on request
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "0")
+    assert settings.resolve("cache.upgrade_after").value == 0  # 0 is at the miss, not off
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "-1")
+    with pytest.raises(settings.SettingError, match="use a whole number of hits"):
+        settings.resolve("cache.upgrade_after")

@@ -45,8 +45,9 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     ``hash_mode``: "direct" (default; the cache.hash_mode setting) finds the token of an unchanged
     model file from its identity without reading it (nncc/cache/direct.py); "content"
     always hashes.
-    ``stage``: None (a miss stores the quick stage; hits upgrade it in the ``background``,
-    "thread" or "process", see nncc/preparing/stages.py), or "quick"/"optimized" to force one.
+    ``stage``: None (a miss stores the quick stage, and the miss itself or a later hit,
+    per ``cache.upgrade_after``, starts its upgrade in the ``background``, "thread" or
+    "process", see nncc/preparing/stages.py), or "quick"/"optimized" to force one.
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings); None
     resolves them now, once.
     """
@@ -182,8 +183,9 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
     remote_seconds = time.perf_counter() - remote_started
     if found is not None:
         model, adopted = found
+        started = policy.after_miss(cache, token, source, adopted)
         return model, CacheOutcome("remote hit", token, time.perf_counter() - start, directory,
-                                   stage=adopted, remote_seconds=remote_seconds)
+                                   stage=adopted, remote_seconds=remote_seconds, upgrade=started)
     with locked(cache, token, shared=False) as held:
         # Re-check under the exclusive lock: another process may have compiled it while we
         # waited (make -j), or already replaced the entry we rejected.
@@ -231,9 +233,10 @@ def _prepare_cached(cache: Cache, token: str, source: ModelSource, policy: "Stag
     except (IndexUnavailable, IndexCorrupt, OSError):
         pass  # gc is housekeeping: it never fails a run
     detail = rejected.detail if rejected else None
+    started = policy.after_miss(cache, token, source, stage)  # outside the lock: the builder takes it
     return model, CacheOutcome(outcome, token, time.perf_counter() - start, directory, detail, evicted,
                                stage=stage, remote_seconds=None if remote_note is None else remote_seconds,
-                               remote_note=remote_note or None)
+                               remote_note=remote_note or None, upgrade=started)
 
 
 def _compile(source: ModelSource, opts, stage: str = OPTIMIZED) -> Prepared:

@@ -1,7 +1,8 @@
 """What one prepare() does about stages (nncc/preparing/stages.py): which stage a miss
-compiles, and what a hit does: start a background upgrade (a thread, or a detached worker
-process that outlives the command), build the forced optimized stage now, or serve only
-the portable plan of an optimized entry when the quick stage is forced."""
+compiles, whether the miss itself starts the background upgrade (``cache.upgrade_after``
+0, the default), and what a hit does: start a background upgrade (a thread, or a detached
+worker process that outlives the command), build the forced optimized stage now, or serve
+only the portable plan of an optimized entry when the quick stage is forced."""
 
 from __future__ import annotations
 
@@ -98,6 +99,17 @@ class StagePolicy:
         error = plan.options.get("native_error")
         if error:
             cache.index.record_failure(token, str(error), compiler_key(self.opts))
+
+    def after_miss(self, cache, token: str, source, stage: str | None) -> str | None:
+        """Start building the optimized stage of the quick entry just stored (or adopted
+        from the remote tier) when ``cache.upgrade_after`` is 0: the model's next process
+        then finds native code. Returns what was started ("thread", "process") or None."""
+        if (self.forced is not None or not self.background or stage != QUICK or cache.read_only
+                or self.settings.upgrade_after != 0 or not upgrades_wanted(self.opts, 0)):
+            return None
+        if cache.index.failure(token) is not None:
+            return None  # a failed build is not retried on every run (``nncc compile`` retries)
+        return start_upgrade(cache, token, source, self.opts, self.background, self.trust_shared, self.settings)
 
     def after_hit(self, cache, token: str, source, prepared, start: float):
         """``(prepared, CacheOutcome)`` for a verified hit, once the stage policy has acted."""

@@ -3,9 +3,10 @@
 A miss compiles the *quick* stage: every backend but those that declare themselves slow
 to build (``slow_to_build``, e.g. a C compiler's), so it costs milliseconds, and runs it at
 once. The *optimized* stage (everything asked for) replaces it in the same entry later:
-built by ``nncc compile`` or ``--stage optimized``, or automatically once the entry has
-been hit ``cache.upgrade_after`` times, in the background (a thread for the Python API, a
-detached worker process for the CLI: nncc/preparing/policy.py and upgrade.py). The stage
+built by ``nncc compile`` or ``--stage optimized``, or automatically in the background (a
+thread for the Python API, a detached worker process for the CLI: nncc/preparing/policy.py
+and upgrade.py), started by the miss itself (``cache.upgrade_after`` 0, the default: the
+model's next process runs native code) or once the entry has been hit that many times. The stage
 is an attribute of the entry, not part of its token: one entry per model and options.
 """
 
