@@ -13,7 +13,8 @@ import time
 import click
 
 from nncc.cli.cache_options import cache_options, report_cache
-from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, stage_option, verbosity_options
+from nncc.cli.options import compile_options, dim_option, options_dict, parse_dim_lists, stage_option, \
+    verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.compiler import CompileOptions
 from nncc.settings import cache_dir as resolve_cache_dir
@@ -22,13 +23,16 @@ from nncc.util.units import format_bytes
 
 @click.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), required=True,
-              metavar="OUT.nncc", help="Where to write the compiled artifact.")
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False),
+              metavar="OUT.nncc", help="Where to write the compiled artifact (required, except with a --dim "
+                                       "that lists several sizes, whose plans go to the cache only).")
 @click.option("--depfile", type=click.Path(dir_okay=False), metavar="FILE",
               help="Also write a Make dependency file: OUT.nncc depends on MODEL and the external "
                    "data files it may read.")
 @dim_option("Fix a symbolic input dimension to SIZE: the artifact is compiled for that size "
-            "(static shapes plan ahead and run faster). Repeatable.")
+            "(static shapes plan ahead and run faster). NAME=SIZE,SIZE,... lists sizes: every "
+            "combination of the listed sizes is compiled into the cache (no -o), as a run at that "
+            "shape or a prepare with those dims finds it. Repeatable, one per name.")
 @click.option("--force", is_flag=True,
               help="Rewrite OUT.nncc even when its content is unchanged (gives it a new mtime).")
 @compile_options
@@ -53,7 +57,16 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     from nncc.util.writable import check_writable  # lazy: start-up
 
     start = time.perf_counter()
-    dims = parse_dims(dim_specs)
+    lists = parse_dim_lists(dim_specs)
+    if any(len(sizes) > 1 for sizes in lists.values()):
+        return _compile_size_lists(model, lists, output, depfile, force, no_cache, as_json, start, stage,
+                                   dict(cache_dir=cache_dir, trust_shared=trust_shared, hash_mode=hash_mode),
+                                   remote_url, options_dict(preference, opt_level, backends, plugins, target, None,
+                                                            precision))
+    if output is None:
+        raise click.MissingParameter(ctx=click.get_current_context(), param_type="option",
+                                     param_hint="'-o' / '--output'")
+    dims = {name: sizes[0] for name, sizes in lists.items()}
     check_writable(output, "the artifact")  # before any compile: a typo costs no time
     if depfile:
         check_writable(depfile, "the depfile")
@@ -89,6 +102,57 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
         status(f"nncc: compiled {model} -> {output} ({format_bytes(len(data))}) in {seconds * 1000:.0f} ms")
     else:
         status(f"nncc: {output} is up to date ({format_bytes(len(data))}, unchanged; not rewritten)")
+
+
+def _compile_size_lists(model, lists: dict, output, depfile, force, no_cache, as_json, start, stage,
+                        cache_args: dict, remote_url, options: dict) -> None:
+    """--dim NAME=SIZE,SIZE,...: one cache entry per combination of the listed sizes, each
+    the one ``nncc.prepare(MODEL, stage="optimized", dims=combination)`` builds; no artifact
+    is written (which one would it be?), so -o, --depfile, --force and --no-cache are
+    refused before any work."""
+    from nncc.cli.progress import live_progress  # lazy: start-up
+    from nncc.cli.sources import read_onnx_source  # lazy: start-up
+    from nncc.model import prepare_plan, resolve_settings  # lazy: start-up
+    from nncc.preparing.size_lists import combinations, prepare_each  # lazy: start-up
+    from nncc.util import progress  # lazy: start-up
+
+    for given, flag in ((output, "-o"), (depfile, "--depfile"), (force, "--force"), (no_cache, "--no-cache")):
+        if given:
+            raise click.UsageError(f"{flag} cannot be used with a --dim that lists several sizes: their plans "
+                                   f"go to the cache, one entry per combination (compile one size to write "
+                                   f"an artifact)")
+    source = read_onnx_source(model)  # read once: MODEL may be a pipe
+    settings = resolve_settings(cache_args["cache_dir"], cache_args["hash_mode"], True, remote_url)
+    count = len(combinations(lists))
+    detail(f"nncc: {count} plan(s) for " + " ".join(f"{n}={','.join(map(str, s))}" for n, s in lists.items()))
+    entries = []
+
+    def prepare_one(path, **kwargs):
+        shown = " ".join(f"{n}={v}" for n, v in kwargs["dims"].items())
+        began = time.perf_counter()
+        with progress.task(f"compiling {os.path.basename(model)} for {shown}"):
+            prepared, outcome = prepare_plan(path, **kwargs)
+        status(f"nncc: {shown}: {_described(outcome)} in {(time.perf_counter() - began) * 1000:.0f} ms")
+        entries.append({"dims": dict(kwargs["dims"]), "cache": outcome.as_dict()})
+        return prepared, outcome
+
+    with live_progress():
+        prepare_each(model, lists, prepare_one, model_bytes=source, settings=settings,
+                     **({"stage": stage} if stage else {}), **cache_args, **options)
+    seconds = time.perf_counter() - start
+    if as_json:
+        emit_json({"model": model, "output": None, "entries": entries, "compile_seconds": seconds})
+    else:
+        status(f"nncc: {len(entries)} plan(s) of {model} in the cache in {seconds * 1000:.0f} ms")
+
+
+def _described(outcome) -> str:
+    """One entry's cache outcome in a few words: "cache miss (optimized stage), token 0123456789ab"."""
+    what = {"hit": "cache hit", "miss": "cache miss, compiled and stored", "remote hit": "remote hit",
+            "recompiled": "entry rejected, recompiled and stored"}.get(outcome.outcome, f"cache {outcome.outcome}")
+    stage = f" ({outcome.stage} stage)" if outcome.stage else ""
+    token = f", token {outcome.token[:12]}" if outcome.token else ""
+    return what + stage + token
 
 
 def _refuse_clobbering(model: str, model_bytes: bytes, output: str, depfile: str | None, cache_dir) -> None:

@@ -75,6 +75,28 @@ def parse_dims(specs) -> dict[str, int]:
     return dims
 
 
+def parse_dim_lists(specs) -> dict[str, list[int]]:
+    """``nncc compile``'s --dim NAME=SIZE[,SIZE...] options: each name with its sizes, whole
+    numbers from 1 (a plan of a zero size plans nothing). A malformed one, or a name given
+    twice, is a usage error naming the option."""
+    dims: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, listed = spec.partition("=")
+        name = name.strip()
+        sizes = []
+        for text in listed.split(","):
+            text = text.strip()
+            sizes.append(int(text) if text.isdecimal() else 0)  # isdecimal: no sign, no space, no '_'
+        if not sep or not name or not listed.strip() or min(sizes) < 1:
+            raise click.BadParameter(f"expected NAME=SIZE or NAME=SIZE,SIZE,... with sizes from 1, got {spec!r}",
+                                     param_hint="--dim")
+        if name in dims:
+            raise click.BadParameter(f"dimension {name!r} is given twice; list its sizes in one --dim "
+                                     f"(NAME=SIZE,SIZE,...)", param_hint="--dim")
+        dims[name] = list(dict.fromkeys(sizes))
+    return dims
+
+
 # the compile options an artifact cannot honour: it is compiled already (--plugin still
 # loads the modules its kernels may come from)
 _COMPILE_ONLY = {"preference": "--preference", "opt_level": "-O", "backends": "--backend", "target": "--target",
@@ -95,7 +117,8 @@ def warn_compile_options_on_artifact(path: str) -> None:
              "when it was compiled; pass them to `nncc compile` with the .onnx model instead")
 
 
-def stage_option(default=None, help_default="quick on a miss, optimized in the background once used often"):
+def stage_option(default=None, help_default="quick on a miss, whose optimized stage is then built in the "
+                                            "background (cache.upgrade_after)"):
     """--stage quick|optimized: force a cache entry's stage (nncc/preparing/stages.py)."""
     def decorate(command):
         return click.option("--stage", type=click.Choice(["quick", "optimized"]), default=default,
