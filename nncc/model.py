@@ -21,6 +21,7 @@ from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
 from nncc.preparing.shapes import native_builder
+from nncc.preparing.size_lists import plans_ahead
 from nncc.runtime.executor import Executor
 from nncc.runtime.specialize import shape_plans
 from nncc.settings import bound_memory, trust_key_file, value
@@ -197,12 +198,16 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     Dynamic input dimensions: each input shape run twice gets a plan of its own
     (nncc.runtime.specialize), and, where a stage upgrade would happen, a native plan for
     those sizes built in a background thread through the cache (nncc.preparing.shapes).
+    ``dims={"H": [480, 640]}`` (lists of sizes) builds each combination's optimized entry
+    now, then prepares the model for every size (nncc.preparing.size_lists).
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
     resolved now.
     """
     bound_memory()
     if settings is None:
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
+    options = plans_ahead(path, options, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
+                          model_bytes=model_bytes, hash_mode=hash_mode, settings=settings)
     prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
                                               trust_shared=trust_shared, model_bytes=model_bytes,
                                               hash_mode=hash_mode, stage=stage, background=background,

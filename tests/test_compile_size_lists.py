@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import nncc
+import nncc.errors
 from nncc.native.toolchain import find_toolchain
 from tests.models import GraphBuilder
 from tests.oracle import ort_run
@@ -80,3 +81,26 @@ def test_flags_about_one_artifact_are_refused_with_a_list(cli, conv_model, tmp_p
 def test_one_size_still_needs_an_output(cli, conv_model):
     code, out, err = cli("compile", conv_model, "--dim", "H=4")
     assert code == 2 and "'-o' / '--output'" in err, err
+
+
+@needs_cc
+def test_prepare_with_lists_builds_the_same_entries(conv_model):
+    """nncc.prepare(dims={"H": [...], "W": ...}) stores the entries `nncc compile` would (a
+    later prepare with each combination is a hit) and returns the model for every size."""
+    model, outcome = nncc.prepare(conv_model, dims={"H": [6, 9], "W": 7})
+    assert outcome.outcome == "miss"  # the model for every size is an entry of its own
+    x = np.random.default_rng(1).standard_normal((1, 3, 5, 11)).astype(np.float32)  # a size not listed
+    np.testing.assert_allclose(list(model.run({"x": x}).values())[0], ort_run(conv_model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-5)
+    for h in (6, 9):
+        shaped, again = nncc.prepare(conv_model, stage="optimized", dims={"H": h, "W": 7})
+        assert again.outcome == "hit" and shaped.native_partitions >= 1
+        x = np.random.default_rng(h).standard_normal((1, 3, h, 7)).astype(np.float32)
+        np.testing.assert_allclose(list(shaped.run({"x": x}).values())[0], ort_run(conv_model, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [{"H": []}, {"H": [0, 4]}, {"H": [4, "8"]}, {"H": [True]}])
+def test_prepare_refuses_a_bad_list(conv_model, dims):
+    with pytest.raises(nncc.errors.InputError, match="'H'"):
+        nncc.prepare(conv_model, dims=dims)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Mapping
 
+from nncc.compiler import OptionError
 from nncc.errors import InputError
 from nncc.preparing.flows import prepare
 from nncc.preparing.stages import OPTIMIZED
@@ -52,3 +53,17 @@ def prepare_each(path, lists: Mapping[str, tuple[int, ...]], prepare_one=prepare
         prepared, outcome = prepare_one(path, dims=dims, **kwargs)
         done.append((dims, prepared, outcome))
     return done
+
+
+def plans_ahead(path, options: dict, **prepare_args) -> dict:
+    """For ``nncc.prepare``: when ``options["dims"]`` lists sizes, build every combination's
+    entry now (prepare_each) and return the options without ``dims``: the model for every
+    size, whose runs at a listed shape find their entries. Other options come back as they are."""
+    lists = size_lists(options.get("dims"))
+    if lists is None:
+        return options
+    if not prepare_args.get("use_cache", True):
+        raise OptionError("dims that list sizes build cache entries; with use_cache=False none would be kept")
+    rest = {name: value for name, value in options.items() if name != "dims"}
+    prepare_each(path, lists, background=None, **prepare_args, **rest)
+    return rest
