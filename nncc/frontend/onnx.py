@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from nncc.errors import FileAccessError, ModelFormatError
+from nncc.frontend.dim_names import name_placeholders
 from nncc.frontend.protobuf import (
     FIXED32,
     VARINT,
@@ -133,6 +134,7 @@ class _Reader:
         for init_name, array in initializers.items():
             values[init_name] = TensorInfo.of(array, keep_value=False)
         inputs = [n for n, _ in declared_inputs if n not in initializers]
+        values = name_placeholders(values, inputs)  # "?" on two axes: two unknown sizes, not one
         return Graph(
             nodes=nodes,
             inputs=inputs,

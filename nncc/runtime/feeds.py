@@ -22,14 +22,15 @@ def as_value(value):
 def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Return the feeds as arrays, or raise InputError naming the first bad input.
 
-    Symbolic dimensions (dim_param) must be bound consistently across inputs.
+    Symbolic dimensions (dim_param) must be bound consistently across inputs: one name is
+    one size in a run (a placeholder such as "?" is a name per axis, nncc.frontend.dim_names).
     """
     unknown = [name for name in feeds if name not in declared]
     if unknown:
         raise InputError(
             f"unknown input {unknown[0]!r}; the model's inputs are: {', '.join(declared) or '(none)'}"
         )
-    bound: dict[str, tuple[int, str]] = {}
+    bound: dict[str, tuple[int, str, int]] = {}  # name -> (size, input, axis) of its first binding
     arrays: dict[str, np.ndarray] = {}
     for name, info in declared.items():
         if name not in feeds:
@@ -84,14 +85,14 @@ def _check_shape(name: str, info: TensorInfo, array: np.ndarray, bound: dict) ->
 
     if array.ndim != len(info.shape):
         raise mismatch()
-    for dim, size in zip(info.shape, array.shape):
+    for axis, (dim, size) in enumerate(zip(info.shape, array.shape)):
         if type(dim) is int:
             if dim != size:
                 raise mismatch()
         elif isinstance(dim, str):
-            previous = bound.setdefault(dim, (size, name))
+            previous = bound.setdefault(dim, (size, name, axis))
             if previous[0] != size:
                 raise InputError(
-                    f"input {name!r} binds dimension {dim!r} to {size}, "
-                    f"but input {previous[1]!r} bound it to {previous[0]}"
+                    f"input {name!r} axis {axis} has size {size}, but input {previous[1]!r} axis "
+                    f"{previous[2]} has {previous[0]}: the model names both dimension {dim!r}, one size"
                 )
