@@ -27,7 +27,7 @@ from nncc.plan.plan import Plan
 from nncc.plan.subgraph import decode_graph, is_graph
 from nncc.runtime.domain import DomainBuffer
 from nncc.runtime.expansion import expanded, is_broadcast
-from nncc.runtime.feeds import as_value, check_feeds
+from nncc.runtime.feeds import FeedChecker, as_value, check_feeds
 from nncc.util.limits import LimitError, check_bytes
 
 
@@ -78,6 +78,10 @@ class Executor:
                      if planned and all(s < 0 or s in self.buffers for s in outs) else None)
             if planned:  # its results are stored in (or copied into) those buffers
                 certain.update(outs)
+                # per output: (slot, its arena view or None, the shape and dtype of a fresh array)
+                planned = tuple((s, None if s < 0 else self.buffers.get(s),
+                                 None if s < 0 else plan.slots[s].shape, None if s < 0 else plan.slots[s].dtype)
+                                for s in outs)
             # the one output needs no bookkeeping beyond storing it (not a graph output)
             single = len(outs) == 1 and outs[0] >= 0 and outs[0] not in self.output_slots
             # slot -1 (an omitted optional input) reads the None kept at the end of env
@@ -90,6 +94,7 @@ class Executor:
             for s in plan.inputs
         }
         self.input_slots = [(s, plan.slots[s].name) for s in plan.inputs]
+        self._feeds = FeedChecker(self.input_infos)
         self.output_names = plan.slot_names(plan.outputs)
         self._output_names_by_slot = [(s, plan.slots[s].name) for s in plan.outputs]
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
@@ -186,10 +191,13 @@ class Executor:
         """Run one inference. ``outputs`` maps output names to caller-owned arrays (or
         DomainBuffers) that the results are written into, with no copy where the producing
         kernel writes in place. Every buffer is validated before any kernel runs."""
-        if not outputs and not any(isinstance(v, DomainBuffer) for v in feeds.values()):
-            arrays = check_feeds(self.input_infos, feeds)  # plain arrays in, fresh results out
-            with self._lock:
-                return self._run(arrays, {})
+        if not outputs:
+            arrays = self._feeds.unchanged(feeds)  # the same names, dtypes and shapes as the last run's
+            if arrays is None and not any(isinstance(v, DomainBuffer) for v in feeds.values()):
+                arrays = self._feeds(feeds)  # plain arrays in, fresh results out
+            if arrays is not None:
+                with self._lock:
+                    return self._run(arrays, {})
         outputs = dict(outputs or {})
         fed_buffers = {id(v) for v in feeds.values() if isinstance(v, DomainBuffer)}
         plain_feeds = {name: self._domain_input(name, v) if isinstance(v, DomainBuffer) else v
@@ -286,7 +294,7 @@ class Executor:
                 if fixed is not None:
                     result = fn(ctx, *args, out=fixed)
                 elif planned:
-                    out = self._outputs_for(outs, targets)
+                    out = _outputs_for(planned, targets)
                     result = fn(ctx, *args, out=out)
                 else:
                     result = fn(ctx, *args)
@@ -303,6 +311,10 @@ class Executor:
             # one fresh array for an intermediate
             if single and (result is out[0] if out is not None else type(result) is np.ndarray):
                 env[outs[0]] = result
+            elif result is out and out is not None:  # wrote every planned buffer (a native call)
+                for slot, value in zip(outs, out):
+                    if slot >= 0:
+                        env[slot] = value
             else:
                 try:
                     self._store(env, outs, result, out, targets, label)
@@ -311,11 +323,6 @@ class Executor:
             for slot in release:
                 env[slot] = None
         return {slots_name: env[s] for s, slots_name in self._output_names_by_slot}
-
-    def _outputs_for(self, outs, targets) -> tuple:
-        buffers, slots = self.buffers, self.plan.slots
-        return tuple(None if s < 0 else buffers[s] if s in buffers else targets[s] if s in targets
-                     else np.empty(slots[s].shape, slots[s].dtype) for s in outs)
 
     def _store(self, env, outs, result, out, targets, label) -> None:
         if not isinstance(result, tuple):
@@ -423,3 +430,10 @@ def _wrong_buffer(name: str, shape, expected) -> InputError:
                       f"has shape {want}",
                       hint=f"pass an array of shape {want} for {name!r}, or leave it out of outputs= "
                            "to receive a new array")
+
+
+def _outputs_for(planned, targets) -> tuple:
+    """A planned step's output arrays: its arena views, the caller's arrays, else fresh
+    ones (a graph output the caller owns: never the previous run's)."""
+    return tuple(None if s < 0 else view if view is not None else targets[s] if s in targets
+                 else np.empty(shape, dtype) for s, view, shape, dtype in planned)

@@ -59,6 +59,39 @@ def check_feeds(declared: Mapping[str, TensorInfo], feeds: Mapping[str, object])
     return arrays
 
 
+class FeedChecker:
+    """check_feeds for one model, remembering the last feeds that passed as they were (plain
+    arrays of the declared dtypes, nothing converted or left out): a run whose arrays have
+    those names, dtypes and shapes again passes without the checks, which would find the
+    same. Anything else is checked in full."""
+
+    __slots__ = ("declared", "passed")
+
+    def __init__(self, declared: Mapping[str, TensorInfo]):
+        self.declared = declared
+        self.passed: tuple | None = None  # ((name, dtype, shape), ...) of the last feeds that passed
+
+    def unchanged(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray] | None:
+        """The feeds as a dict when they match the last ones that passed, else None."""
+        passed = self.passed
+        if passed is None or len(feeds) != len(passed):
+            return None
+        for name, dtype, shape in passed:
+            value = feeds.get(name)
+            if type(value) is not np.ndarray or value.dtype is not dtype or value.shape != shape:
+                return None
+        return dict(feeds)
+
+    def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+        arrays = self.unchanged(feeds)
+        if arrays is not None:
+            return arrays
+        arrays = check_feeds(self.declared, feeds)
+        if len(arrays) == len(feeds) and all(type(a) is np.ndarray and a is feeds.get(n) for n, a in arrays.items()):
+            self.passed = tuple((name, array.dtype, array.shape) for name, array in arrays.items())
+        return arrays
+
+
 def _check_other(name: str, info: TensorInfo, value: object):
     """A sequence (a list of arrays) or an optional (None, or its element) input."""
     if info.kind in (OPTIONAL_TENSOR, OPTIONAL_SEQUENCE):

@@ -1,0 +1,84 @@
+"""The per-run fast paths of a small native model (feeds that match the last ones that
+passed skip their checks; a native call's outputs are stored without the general path)
+keep every promise of the slow ones: results right against onnxruntime, every run's
+outputs fresh arrays the caller owns, and changed feeds checked again in full."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nncc
+from nncc.errors import InputError
+from nncc.native.toolchain import find_toolchain
+from tests.models import GraphBuilder
+from tests.oracle import ort_run
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """Gemm 16x16 (bias) + Relu over [1, 16], and a second output (Sigmoid) from the Gemm."""
+    g = GraphBuilder(seed=4)
+    x = g.input((1, 16))
+    y = g.node("Gemm", [x, g.weight((16, 16)), g.const(np.linspace(-1, 1, 16))])
+    g.output(g.node("Relu", [y]))
+    g.output(g.node("Sigmoid", [y]))
+    path = tmp_path_factory.mktemp("small") / "small.onnx"
+    g.save(path)
+    return path
+
+
+@pytest.fixture(params=["native", "portable"])
+def model(request, small):
+    if request.param == "native" and find_toolchain() is None:
+        pytest.skip("no C compiler: there is no native plan to run")
+    stage = "optimized" if request.param == "native" else "quick"
+    model, _ = nncc.prepare(small, stage=stage, background=None)
+    assert (model.native_partitions >= 1) == (request.param == "native")
+    return model
+
+
+def test_outputs_are_right_and_never_shared_between_runs(model, small):
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(4):
+        x = rng.standard_normal((1, 16)).astype(np.float32)
+        got = model.run({"x0": x})
+        for value, want in zip(got.values(), ort_run(small, {"x0": x})):
+            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+        seen.append((got, {k: v.copy() for k, v in got.items()}))
+    for got, kept in seen:  # later runs wrote nothing into an earlier run's arrays
+        for name in got:
+            np.testing.assert_array_equal(got[name], kept[name])
+    assert len({id(got[name]) for got, _ in seen for name in got}) == 4 * 2
+
+
+def test_the_same_array_fed_again_gives_the_new_values(model, small):
+    x = np.zeros((1, 16), np.float32)
+    model.run({"x0": x})
+    x[:] = np.arange(16, dtype=np.float32) / 8 - 1  # in place: the same object, new contents
+    got = list(model.run({"x0": x}).values())
+    np.testing.assert_allclose(got[0], ort_run(small, {"x0": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_changed_feeds_are_checked_again_after_one_passed(model):
+    x = np.ones((1, 16), np.float32)
+    model.run({"x0": x})
+    with pytest.raises(InputError, match="dtype float64"):
+        model.run({"x0": x.astype(np.float64)})
+    with pytest.raises(InputError, match="shape"):
+        model.run({"x0": np.ones((2, 16), np.float32)})
+    with pytest.raises(InputError, match="missing input"):
+        model.run({})
+    with pytest.raises(InputError, match="unknown input"):
+        model.run({"x0": x, "y": x})
+    model.run({"x0": x[:, ::1]})  # a view of the same dtype and shape passes as before
+
+
+def test_caller_outputs_still_receive_the_results(model, small):
+    x = np.full((1, 16), 0.5, np.float32)
+    names = list(model.output_infos)
+    target = np.empty((1, 16), np.float32)
+    got = model.run({"x0": x}, outputs={names[0]: target})
+    assert got[names[0]] is target
+    np.testing.assert_allclose(target, ort_run(small, {"x0": x})[0], rtol=1e-5, atol=1e-6)
