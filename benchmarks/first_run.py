@@ -4,9 +4,11 @@
 
 For each model: `nncc compile` stores its optimized (native) entry in a temporary cache,
 then --processes fresh processes each prepare it (a hit), time the first run (with its
-minor page faults, from getrusage) and the median of --runs further runs. Prints one line
-per model with the medians over the processes: "first / steady" near 1 means a process's
-first run pays nothing the later ones do not.
+minor page faults, from getrusage) and the median of --runs further runs, in wall time and
+in the process's CPU time (every thread's; on a loaded machine a run's wall time includes
+the time slices other processes took, its CPU time does not). Prints one line per model
+with the medians over the processes: "first / steady" near 1 means a process's first run
+pays nothing the later ones do not.
 """
 
 from __future__ import annotations
@@ -30,18 +32,20 @@ model, outcome = prepare(path, background=None)
 assert outcome.outcome == "hit" and outcome.stage == "optimized", (outcome.outcome, outcome.stage)
 feeds = random_feeds(model.input_infos, seed=0)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-start = time.perf_counter()
+cpu, start = time.process_time(), time.perf_counter()
 model.run(feeds)
-first = time.perf_counter() - start
+first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-steady = []
+steady, steady_cpu = [], []
 for _ in range(runs):
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     model.run(feeds)
     steady.append(time.perf_counter() - start)
+    steady_cpu.append(time.process_time() - cpu)
 steady.sort()
-print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady) // 2],
-                  "native": model.native_partitions}))
+steady_cpu.sort()
+print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady) // 2], "first_cpu": first_cpu,
+                  "steady_cpu": steady_cpu[len(steady_cpu) // 2], "native": model.native_partitions}))
 """
 
 
@@ -58,7 +62,7 @@ def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
             if done.returncode:
                 raise SystemExit(f"{model.name}: the measuring process failed:\n{done.stderr}")
             seen.append(json.loads(done.stdout.splitlines()[-1]))
-    return {key: statistics.median(s[key] for s in seen) for key in ("first", "faults", "steady", "native")}
+    return {key: statistics.median(s[key] for s in seen) for key in seen[0]}
 
 
 def main() -> int:
@@ -67,12 +71,14 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    print("| model | native partitions | first run | minor faults | steady run | first / steady |")
-    print("|---|---|---|---|---|---|")
+    print("| model | native partitions | first run | minor faults | steady run | first / steady "
+          "| first run CPU | steady CPU | CPU first / steady |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models:
         m = measure(model, args.processes, args.runs)
         print(f"| {model.name} | {m['native']:.0f} | {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
-              f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} |", flush=True)
+              f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
+              f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} |", flush=True)
     return 0
 
 
