@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 from blake3 import blake3
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
@@ -174,7 +174,7 @@ def test_the_c_hash_is_defined_under_sanitizers(sanitized_driver):
     _check(sanitized_driver, _cases(seed=20261129), env)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 20000), st.booleans(), st.integers(1, 2100), st.integers(0, 2 ** 32)),
                 min_size=1, max_size=12))
 def test_random_lengths_and_pieces(driver, drawn):
