@@ -232,3 +232,21 @@ def test_cxx_code_includes_the_header_and_links_the_c_object(tmp_path):
     assert done.returncode == 0, done.stderr
     digest = subprocess.run([str(tmp_path / "user")], capture_output=True, text=True, check=True).stdout
     assert digest == blake3(b"weights").hexdigest()
+
+
+def _exported(tmp_path, *defines) -> set[str]:
+    lib = tmp_path / f"libb3{len(defines)}.so"
+    subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", "-fPIC", "-shared", *defines, str(EXPORT / "blake3.c"),
+                    "-o", str(lib)], check=True)
+    listed = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in listed.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="no nm (binutils) to list the library's symbols")
+def test_the_embedding_library_can_keep_the_functions_private(tmp_path):
+    """NN_BLAKE3_API sets the functions' visibility, so a library that checks its weights
+    with them need not export them into its user's symbol namespace."""
+    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
+             "nn_blake3_finalize"}
+    assert names <= _exported(tmp_path)
+    assert not names & _exported(tmp_path, "-DNN_BLAKE3_API=__attribute__((visibility(\"hidden\")))")
