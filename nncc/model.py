@@ -20,7 +20,7 @@ from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal
 from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
-from nncc.preparing.shapes import native_builder
+from nncc.preparing.shapes import NativeShapes
 from nncc.runtime.executor import Executor
 from nncc.runtime.specialize import shape_plans
 from nncc.settings import bound_memory, trust_key_file, value
@@ -33,7 +33,7 @@ class CompiledModel:
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
                  origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None,
-                 native_builder=None, shape_plans_limit: int | None = None, team_key_file: str | None = None):
+                 natives=None, shape_plans_limit: int | None = None, team_key_file: str | None = None):
         """``trust_native``: run the plan's native code (when it has any and this CPU can)
         even if the plan's artifact is not signed by a trusted key; otherwise its portable
         plan runs, with one warning if native code was skipped. ``foreign``: the plan was
@@ -57,14 +57,15 @@ class CompiledModel:
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin, self._team_key_file))
         self._blas_threads = plan.recorded_threads
-        self._shape_plans = shape_plans(self._executor, shape_plans_limit, native_builder)
+        self._shape_plans = shape_plans(self._executor, shape_plans_limit, natives)
+        self._last = self._executor  # what ran last: the general plan, a shape's own, a sample loop
 
     @classmethod
-    def from_prepared(cls, prepared, native_builder=None, shape_plans_limit: int | None = None):
+    def from_prepared(cls, prepared, natives=None, shape_plans_limit: int | None = None):
         """The runnable model of what nncc.preparing returned: built here, outside every
         cache lock (native code is loaded, the arena allocated)."""
         return cls(prepared.plan, trust_native=prepared.trust_native, origin=prepared.origin,
-                   foreign=prepared.foreign, cache_parts=prepared.cache_parts, native_builder=native_builder,
+                   foreign=prepared.foreign, cache_parts=prepared.cache_parts, natives=natives,
                    shape_plans_limit=shape_plans_limit)
 
     @property
@@ -81,6 +82,13 @@ class CompiledModel:
     def native_partitions(self) -> int:
         """How many partitions run as native code in this process."""
         return self._executor.native_partitions
+
+    @property
+    def last_run_native_partitions(self) -> int:
+        """How many native partitions the plan that ran last holds: for a model with
+        dynamic dimensions, the plan of the last run's input shape (before any run, the
+        general plan's)."""
+        return self._last.native_partitions
 
     @property
     def input_infos(self):
@@ -104,6 +112,7 @@ class CompiledModel:
         executor = self._executor
         if self._shape_plans is not None and isinstance(feeds, Mapping):
             executor = self._shape_plans.executor_for(feeds)
+            self._last = executor
         if self._blas_threads:
             from nncc.util.threads import limit_blas_threads  # lazy: start-up
 
@@ -194,9 +203,11 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     one (optimized: the native code is built now). ``background``: "thread" (default) or
     "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 
-    Dynamic input dimensions: each input shape run twice gets a plan of its own
-    (nncc.runtime.specialize), and, where a stage upgrade would happen, a native plan for
-    those sizes built in a background thread through the cache (nncc.preparing.shapes).
+    Dynamic input dimensions: an input shape whose native plan the cache holds (an entry
+    for those sizes: ``stage="optimized", dims=...``) runs it from its first run; otherwise,
+    where a stage upgrade would happen, that plan is built in the ``background`` (a thread,
+    or a detached process) through the cache, and the shape gets a portable plan of its own
+    on its second run (nncc.runtime.specialize, nncc.preparing.shapes).
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
     resolved now.
     """
@@ -207,14 +218,33 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                                               trust_shared=trust_shared, model_bytes=model_bytes,
                                               hash_mode=hash_mode, stage=stage, background=background,
                                               settings=settings, **options)
-    builder = None
-    if use_cache and model_bytes is None and stage is None and background is not None:
-        build = native_builder(path, {"trust_shared": trust_shared, "hash_mode": hash_mode}, options, settings)
-
-        def builder(dims, deliver):  # the shape's plan is built to run here, in the builder's thread
-            build(dims, lambda shaped: deliver(CompiledModel.from_prepared(shaped, shape_plans_limit=None).executor))
-    model = CompiledModel.from_prepared(prepared, builder, settings.shape_plans)  # outside every lock
+    natives = None
+    # the fixed-size entries are found and built from the model's file: not for a pipe
+    if use_cache and stage is None and background is not None and (model_bytes is None or os.path.isfile(path)):
+        natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
+                                              options, settings, background))
+    model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
     return model, outcome
+
+
+class ShapeExecutors:
+    """A dynamic model's fixed-size native plans from the cache (nncc.preparing.shapes), as
+    the executors its shape plans run (nncc.runtime.specialize): each is built to run
+    here, with its native code loaded."""
+
+    def __init__(self, natives):
+        self.natives = natives
+
+    def find(self, dims):
+        prepared = self.natives.find(dims)
+        return None if prepared is None else _executor_of(prepared)
+
+    def build(self, dims, deliver):
+        return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
+
+
+def _executor_of(prepared):
+    return CompiledModel.from_prepared(prepared, shape_plans_limit=None).executor
 
 
 def preparer():

@@ -11,9 +11,12 @@ static. Values whose shape depends on data (NonZero, a Loop's outputs, a Reshape
 read from an input tensor) stay dynamic and are allocated per run, as before.
 
 ``ShapePlans`` keeps one executor per input shape, least recently used first out, with a
-bound: a shape is specialised on its second run (a shape seen once costs nothing extra),
-and a shape whose specialisation fails (a shape function refusing these sizes) runs the
-general plan, which reports any real error itself.
+bound. A model prepared through the cache looks up, on a shape's first run, whether the
+cache already holds the native plan for those sizes, and runs it at once when it does;
+when it does not, it asks for that plan to be built in the background. Otherwise a shape
+is specialised on its second run (a shape seen once costs nothing extra), and a shape
+whose specialisation fails (a shape function refusing these sizes) runs the general plan,
+which reports any real error itself.
 """
 
 from __future__ import annotations
@@ -87,16 +90,16 @@ def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
     return Slot(slot.name, np.dtype(info.dtype), tuple(int(d) for d in info.shape), slot.kind)
 
 
-def shape_plans(executor, limit: int | None, native_builder=None) -> "ShapePlans | None":
+def shape_plans(executor, limit: int | None, natives=None) -> "ShapePlans | None":
     """The per-shape plans of a model with dynamic input dimensions, keeping at most
     ``limit`` (the run.shape_plans setting, resolved by the caller), or None (static
-    inputs, or ``limit`` None: off). ``native_builder``: see ShapePlans."""
+    inputs, or ``limit`` None: off). ``natives``: see ShapePlans."""
     plan = executor.plan
     dynamic = [(s, plan.slots[s].name) for s in plan.inputs
                if plan.slots[s].kind == "tensor" and not is_static(plan.slots[s])]
     if not dynamic or not limit:
         return None
-    return ShapePlans(executor, dynamic, limit, native_builder)
+    return ShapePlans(executor, dynamic, limit, natives)
 
 
 def is_static(slot: Slot) -> bool:
@@ -109,16 +112,19 @@ class ShapePlans:
     ``limit`` kept (least recently used out). ``dynamic``: (slot, name) of each input
     with a dynamic dimension, in the order the shape keys list them."""
 
-    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int, native_builder=None):
+    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int, natives=None):
         self.general = executor
         self.limit = limit
         self._dynamic = dynamic
         self._plans: OrderedDict[tuple, object] = OrderedDict()
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # shapes not specialised yet: runs
-        # builds a shape's native plan in the background: (dims, deliver) -> None, where
-        # deliver takes the executor of that plan (nncc.preparing.shapes, through nncc.model)
-        self.native_builder = native_builder
+        # a shape's native plan through the cache (nncc.preparing.shapes, through nncc.model):
+        # ``find(dims)`` -> the executor of the cached plan for those sizes, or None (no
+        # compile); ``build(dims, deliver)`` builds it in the background, and deliver
+        # takes its executor, if this process is to run it
+        self.natives = natives
         self._native_requests = 0
+        self._lookups = 0
         self._lock = threading.Lock()  # a background build delivers while runs look up
 
     def __len__(self) -> int:
@@ -134,7 +140,7 @@ class ShapePlans:
         key = []
         for _, name in self._dynamic:
             value = feeds.get(name)
-            if type(value) is not np.ndarray:
+            if not isinstance(value, np.ndarray):  # a memory domain's buffer belongs to the general plan
                 return self.general
             key.append(value.shape)
         key = tuple(key)
@@ -148,15 +154,43 @@ class ShapePlans:
                 self._seen[key] = seen
                 if len(self._seen) > 4 * self.limit:  # remember a bounded number of one-off shapes
                     self._seen.popitem(last=False)
+        if seen == 1:  # a shape met for the first time: its native plan may be in the cache already
+            found = self._find_native(key)
+            if found is not None:
+                self._keep(key, found)
+                return found
+            if seen < SEEN_BEFORE_SPECIALIZING:
                 return self.general
         executor = self._build(key)
         with self._lock:
-            plans[key] = executor  # None too: a shape that cannot be specialised is not retried
-            while len(plans) > self.limit:
-                plans.popitem(last=False)
-        if executor is not None:
-            self._request_native(key)
+            if plans.get(key) is None:  # a background build may have delivered meanwhile
+                self._keep(key, executor, locked=True)  # None too: a shape that cannot be specialised is not retried
+            executor = plans[key]
         return executor or self.general
+
+    def _keep(self, key: tuple, executor, locked: bool = False) -> None:
+        """Keep ``executor`` as the shape's plan, the least recently used out past the bound."""
+        if not locked:
+            with self._lock:
+                return self._keep(key, executor, locked=True)
+        self._plans[key] = executor
+        self._plans.move_to_end(key)
+        self._seen.pop(key, None)
+        while len(self._plans) > self.limit:
+            self._plans.popitem(last=False)
+
+    def _find_native(self, key: tuple):
+        """The executor of the shape's native plan from the cache, or None; when the cache
+        has none, its build is asked for now: the entry is what a later process wants."""
+        dims = self.dims(key) if self.natives is not None else None
+        if dims is None or self._lookups >= 4 * self.limit:  # ever-new shapes: not a lookup per run
+            return None
+        self._lookups += 1
+        found = self.natives.find(dims)
+        if found is not None and found.native_partitions:
+            return found
+        self._request_native(key, dims)
+        return None
 
     def dims(self, key: tuple) -> dict[str, int] | None:
         """The sizes these input shapes give the inputs' symbolic dimension names, or None
@@ -170,23 +204,20 @@ class ShapePlans:
                     return None
         return dims
 
-    def _request_native(self, key: tuple) -> None:
+    def _request_native(self, key: tuple, dims: dict[str, int]) -> None:
         """Ask for the shape's native plan, at most ``limit`` times per model: each is a
         compile, and a workload of ever-new shapes must not turn into a compile per run."""
-        dims = self.dims(key) if self.native_builder is not None else None
-        if dims is None or self._native_requests >= self.limit:
+        if self._native_requests >= self.limit:
             return
         self._native_requests += 1
-        self.native_builder(dims, lambda executor: self._deliver(key, executor))
+        self.natives.build(dims, lambda executor: self._deliver(key, executor))
 
     def _deliver(self, key: tuple, executor) -> None:
         """A shape's native plan is ready: its executor (which holds its native code
-        loaded) replaces the portable one, if still kept."""
+        loaded) becomes the shape's plan."""
         if executor is None or not executor.native_partitions:
             return
-        with self._lock:
-            if self._plans.get(key) is not None:
-                self._plans[key] = executor
+        self._keep(key, executor)
 
     def _build(self, key: tuple):
         general = self.general
