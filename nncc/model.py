@@ -21,6 +21,7 @@ from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
 from nncc.preparing.shapes import NativeShapes
+from nncc.preparing.stages import has_later_stage
 from nncc.runtime.executor import Executor
 from nncc.runtime.specialize import shape_plans
 from nncc.settings import bound_memory, trust_key_file, value
@@ -91,6 +92,13 @@ class CompiledModel:
         return self._last.native_partitions
 
     @property
+    def sample_axes(self) -> list[str]:
+        """The symbolic dimensions found to be sample axes (each sample's outputs computed
+        from its inputs alone: nncc.runtime.sample_axis), which run natively at any size
+        through the plan for one sample. Known once a run has met them."""
+        return [] if self._shape_plans is None else self._shape_plans.sample_axes
+
+    @property
     def input_infos(self):
         return self._executor.input_infos
 
@@ -123,8 +131,9 @@ class CompiledModel:
     @property
     def shape_plans(self) -> list[tuple]:
         """The input shapes (of the inputs with dynamic dimensions, in order) that have a
-        plan of their own, least recently used first: a shape gets one on its second run,
-        and at most the ``run.shape_plans`` setting are kept."""
+        plan of their own (or a sample loop), least recently used first: a shape gets one
+        on its first run when the cache holds its native plan, else on its second, and at
+        most the ``run.shape_plans`` setting are kept."""
         return [] if self._shape_plans is None else self._shape_plans.shapes()
 
     def allocate(self, roles, shape=None, dtype=None):
@@ -172,6 +181,7 @@ def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **o
     ``path``)."""
     bound_memory()
     return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True,  # code built just now
+                         natives=CompiledSamplePlans(path, model_bytes, options),
                          shape_plans_limit=_shape_plans_setting())
 
 
@@ -232,6 +242,8 @@ class ShapeExecutors:
     the executors its shape plans run (nncc.runtime.specialize): each is built to run
     here, with its native code loaded."""
 
+    exact = True  # looked up for every new shape: a lookup compiles nothing
+
     def __init__(self, natives):
         self.natives = natives
 
@@ -245,6 +257,27 @@ class ShapeExecutors:
 
 def _executor_of(prepared):
     return CompiledModel.from_prepared(prepared, shape_plans_limit=None).executor
+
+
+class CompiledSamplePlans:
+    """compile_model's plans for one sample of a dynamic model (nncc.runtime.specialize's
+    sample loop), compiled directly, without a cache, when first asked for: the very plan
+    ``prepare`` finds or builds through the cache."""
+
+    exact = False  # only the plan of one sample is asked for: a compile, not a lookup
+
+    def __init__(self, path, model_bytes, options: dict):
+        self.path, self.model_bytes, self.options = path, model_bytes, options
+
+    def find(self, dims):
+        if not has_later_stage(compile_options(self.options)):
+            return None  # no backend that builds native code: the general plan is as good
+        fixed = dict(self.options.get("dims") or {}) | dict(dims)
+        plan = compile_plan(self.path, self.model_bytes, dict(self.options, dims=fixed))
+        return CompiledModel(plan, trust_native=True, shape_plans_limit=None).executor  # code built just now
+
+    def build(self, dims, deliver):
+        return None
 
 
 def preparer():
