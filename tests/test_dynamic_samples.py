@@ -233,3 +233,23 @@ def test_prepare_builds_the_plan_for_one_sample_in_the_background(tmp_path, monk
             thread.join()
     _check(model, path, _feeds(builder, {"x0": {0: 4}}, seed=3))
     assert model.last_run_native_partitions >= 1
+
+
+def test_inspect_says_which_dims_are_sample_axes(tmp_path, cli):
+    import json
+
+    separable, mixing = tmp_path / "mlp.onnx", tmp_path / "stacked.onnx"
+    mlp(separable)
+    b = GraphBuilder(seed=7)
+    x = b.input((2, 12))
+    b.output(_rejected_models()["stacked"](b, x))
+    _dynamic(b, mixing, {0: "N"})
+    code, out, _ = cli("inspect", separable, "--json")
+    assert code == 0
+    assert json.loads(out)["sample_axes"]["N"]["sample_axis"] is True
+    code, out, _ = cli("inspect", mixing, "--json")
+    assert code == 0
+    found = json.loads(out)["sample_axes"]["N"]
+    assert found["sample_axis"] is False and "along the batch axis" in found["reason"]
+    code, out, _ = cli("inspect", separable)
+    assert code == 0 and "N: a sample axis" in " ".join(out.split())

@@ -124,6 +124,52 @@ def find_separation(plan, shapes_at, dim: str, decode_attr) -> Separation:
     return Separation(dim, inputs, outputs)
 
 
+def batch_candidates(plan, slots) -> list[str]:
+    """The names of the leading symbolic dimensions (the first that is not 1) of the inputs
+    ``slots``: the batch axes worth trying, at most two."""
+    names = []
+    for slot in slots:
+        lead = next((d for d in plan.slots[slot].shape or () if d != 1), None)
+        if isinstance(lead, str) and lead not in names:
+            names.append(lead)
+    return names[:2]
+
+
+def describe_sample_axes(plan, other_size: int = 4) -> dict[str, dict]:
+    """For ``nncc inspect``: each candidate batch dimension of the plan's inputs ->
+    ``{"sample_axis": bool, "reason": why not, "other_sizes": the other dimensions' sizes
+    it was decided at}``. The run decides again at its own sizes; other dimensions are
+    tried at ``other_size``, then at 1 where the shape functions refuse that."""
+    inputs = [s for s in plan.inputs if plan.slots[s].kind == "tensor" and plan.slots[s].shape is not None]
+    names = sorted({d for s in inputs for d in plan.slots[s].shape if isinstance(d, str)})
+    found = {}
+    for dim in batch_candidates(plan, inputs):
+        for size in dict.fromkeys((other_size, 1)):
+            sizes = {name: size for name in names if name != dim}
+            shapes_at = lambda n, sizes=sizes: {  # noqa: E731
+                s: tuple(n if d == dim else sizes.get(d, 1) if not isinstance(d, int) else d
+                         for d in plan.slots[s].shape) for s in inputs}
+            try:
+                find_separation(plan, shapes_at, dim, lambda v: _plain_attr(plan, v))
+                found[dim] = {"sample_axis": True, "reason": None, "other_sizes": sizes}
+            except Rejected as exc:
+                found[dim] = {"sample_axis": False, "reason": str(exc), "other_sizes": sizes}
+                if "refuse" in str(exc):
+                    continue
+            break
+    return found
+
+
+def _plain_attr(plan, value):
+    """A plan attribute as kernels take it, without an executor: tensor references as the
+    plan's constants (a subgraph stays as it is stored: its op rejects the model anyway)."""
+    if isinstance(value, dict) and "$tensor" in value:
+        return plan.constants[value["$tensor"]]
+    if isinstance(value, list):
+        return [_plain_attr(plan, v) for v in value]
+    return value
+
+
 def _classify(name: str, infos) -> _Value:
     if any(i is None or i.kind != "tensor" or not i.is_static for i in infos):
         raise Rejected(f"the shape of {name!r} is not known from the input shapes")

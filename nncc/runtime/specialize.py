@@ -37,7 +37,7 @@ import numpy as np
 from nncc.ir.graph import TensorInfo
 from nncc.plan.plan import Plan, Slot
 from nncc.runtime.executor import Executor
-from nncc.runtime.sample_axis import Rejected, find_separation
+from nncc.runtime.sample_axis import Rejected, batch_candidates, find_separation
 from nncc.runtime.sample_loop import SampleLoop
 from nncc.runtime.shape_infos import infer_infos
 from nncc.util.limits import LimitError
@@ -193,14 +193,7 @@ class ShapePlans:
     # -- the sample loop: one plan for every batch size ----------------------------------------
 
     def _candidates(self) -> list[str]:
-        """The names of the inputs' leading symbolic dimensions: the batch axes to try."""
-        names = []
-        for slot, _ in self._dynamic:
-            shape = self.general.plan.slots[slot].shape or ()
-            lead = next((d for d in shape if d != 1), None)
-            if isinstance(lead, str) and lead not in names:
-                names.append(lead)
-        return names[:2]
+        return batch_candidates(self.general.plan, [slot for slot, _ in self._dynamic])
 
     def _separates(self, dims: dict[str, int]) -> bool:
         """Whether these sizes run through a sample loop (found, or on its way)."""
