@@ -123,3 +123,30 @@ def test_an_entry_prepared_for_fixed_sizes_serves_the_first_run_even_with_upgrad
     model.run({"tokens": other})
     assert model.last_run_native_partitions == 0
     assert len(_entries(cache)) == 2
+
+
+@pytest.mark.slow
+def test_nncc_run_builds_the_plan_for_one_sample_and_the_next_runs_any_batch_size_with_it(tmp_path):
+    from tests.test_dynamic_samples import _feeds, convnet
+
+    model = tmp_path / "convnet.onnx"
+    builder = convnet(model)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, NNCC_UPGRADE_AFTER="2")
+    results = []
+    for n in (3, 6):
+        feeds = _feeds(builder, {"x0": {0: n}}, seed=n)
+        np.save(tmp_path / f"x{n}.npy", feeds["x0"])
+        proc = subprocess.run([sys.executable, "-m", "nncc", "run", str(model), "--cache-dir", str(cache),
+                               "--input", f"x0={tmp_path / f'x{n}.npy'}", "--output", str(tmp_path / f"out{n}.npz"),
+                               "--json"], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        results.append(json.loads(proc.stdout)["run_native_partitions"])
+        want = ort_outputs(model, feeds)
+        got = np.load(tmp_path / f"out{n}.npz")
+        for name, expected in want.items():
+            np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5)
+        if n == 3:
+            _wait_for_entries(cache, 1)  # the worker's entry: the plan for N = 1
+    assert results[0] == 0 and results[1] >= 1  # N = 6 ran natively, through the plan for N = 1
+    assert sorted(stage for _, stage in _entries(cache)) == ["optimized", "quick"]  # no plan for N = 6 itself
