@@ -18,8 +18,9 @@ bound. On a shape's first run:
 2. Else, when a leading symbolic dimension is a sample axis at these other sizes
    (nncc.runtime.sample_axis), the plan for one sample runs every count of samples
    (nncc.runtime.sample_loop): found in the cache or asked for once (in the background),
-   or, for compile_model, compiled now. A size that recurs also gets its own, batched,
-   native plan in the background, which takes over.
+   or, for compile_model, compiled now. A size that recurs runs the faster of the loop and
+   its portable plan (timed once each: the loop pays the per-run overhead once per
+   sample), and gets its own, batched, native plan in the background, which takes over.
 3. Else the shape's native plan is asked for in the background, and the shape is
    specialised (portable) on its second run (a shape seen once costs nothing extra); a
    shape whose specialisation fails (a shape function refusing these sizes) runs the
@@ -38,7 +39,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.plan.plan import Plan, Slot
 from nncc.runtime.executor import Executor
 from nncc.runtime.sample_axis import Rejected, batch_candidates, find_separation
-from nncc.runtime.sample_loop import SampleLoop
+from nncc.runtime.sample_loop import FasterOf, SampleLoop
 from nncc.runtime.shape_infos import infer_infos
 from nncc.util.limits import LimitError
 
@@ -155,7 +156,10 @@ class ShapePlans:
                 return found
         loop = self._sample_loop(key, dims)  # or the plan of one sample, for any count of them
         if loop is not None:
-            if seen >= SEEN_BEFORE_SPECIALIZING:  # a size that recurs: its own plan, batched, in the background
+            if seen >= SEEN_BEFORE_SPECIALIZING:  # a size that recurs: its own plan, batched, in the background,
+                portable = self._build(key)  # and meanwhile the faster of the loop and its portable plan
+                if portable is not None:
+                    loop = FasterOf(loop, portable)
                 self._keep(key, loop)
                 if self.natives.exact:
                     self._request_native(key, dims)
