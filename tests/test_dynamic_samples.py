@@ -134,6 +134,20 @@ def test_a_transformer_block_separates_its_batch_but_not_its_sequence(tmp_path):
     assert model.sample_axes == ["N"]  # S mixes positions through the attention
 
 
+@needs_cc
+def test_two_batched_inputs_multiplied_sample_by_sample(tmp_path):
+    path = tmp_path / "bmm.onnx"
+    b = GraphBuilder(seed=8)
+    x, y = b.input((2, 4, 8)), b.input((2, 8, 3))
+    b.output(b.node("Relu", [b.node("MatMul", [x, y])]))
+    _dynamic(b, path, {0: "N"})
+    model = compile_model(path)
+    for n in SIZES:
+        _check(model, path, _feeds(b, {"x0": {0: n}, "x1": {0: n}}, seed=n))
+        assert model.last_run_native_partitions >= 1, n
+    assert model.sample_axes == ["N"]
+
+
 def test_the_sample_loop_fills_caller_output_buffers(tmp_path):
     path = tmp_path / "mlp.onnx"
     builder = mlp(path)
@@ -169,8 +183,17 @@ def _rejected_models():
     def flattened_softmax(b, x):  # [N, 12] -> [1, 12N], normalised over every sample at once
         return b.node("Softmax", [b.node("Reshape", [x, b.const([1, -1], np.int64)])], axis=-1)
 
+    def gram(b, x):  # x^T x: the product contracts the batch axis
+        return b.node("MatMul", [b.node("Transpose", [x], perm=[1, 0]), x])
+
+    def positions(b, x):  # x + b for sample b: Range(0, N) used as data
+        n = b.node("Gather", [b.node("Shape", [x]), b.const(0, np.int64)], axis=0)
+        ramp = b.node("Range", [b.const(0, np.int64), n, b.const(1, np.int64)])
+        ramp = b.node("Unsqueeze", [b.node("Cast", [ramp], to=onnx.TensorProto.FLOAT), b.const([1], np.int64)])
+        return b.node("Add", [x, ramp])
+
     return {"folded": folded, "batch_mean": batch_mean, "per_count": per_count, "inward": inward,
-            "stacked": stacked, "flattened_softmax": flattened_softmax}
+            "stacked": stacked, "flattened_softmax": flattened_softmax, "gram": gram, "positions": positions}
 
 
 @pytest.mark.parametrize("name", sorted(_rejected_models()))
