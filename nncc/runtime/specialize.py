@@ -240,8 +240,12 @@ class ShapePlans:
             if rest not in self._loops:
                 self._loops[rest] = None  # asked for: a background build delivers it
                 one = dims | {name: 1}
-                found = self.natives.find(one) if self._lookups < 4 * self.limit or not self.natives.exact else None
-                self._lookups += 1
+                if self.natives.exact:  # a lookup in the cache
+                    found = self.natives.find(one) if self._lookups < 4 * self.limit else None
+                    self._lookups += 1
+                else:  # a compile (compile_model): at most ``limit`` of them, like background builds
+                    found = self.natives.find(one) if self._native_requests < self.limit else None
+                    self._native_requests += 1
                 if found is not None and found.native_partitions:
                     self._loops[rest] = SampleLoop(found, separation, self.general)
                 elif self.natives.exact and self._native_requests < self.limit:
