@@ -217,7 +217,9 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     for those sizes: ``stage="optimized", dims=...``) runs it from its first run; otherwise,
     where a stage upgrade would happen, that plan is built in the ``background`` (a thread,
     or a detached process) through the cache, and the shape gets a portable plan of its own
-    on its second run (nncc.runtime.specialize, nncc.preparing.shapes).
+    on its second run (nncc.runtime.specialize, nncc.preparing.shapes). A batch dimension
+    that is a sample axis (nncc.runtime.sample_axis) runs every size through the plan for
+    one sample, one cache entry (``use_cache=False``: compiled now, as compile_model does).
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
     resolved now.
     """
@@ -233,6 +235,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     if use_cache and stage is None and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
+    elif not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
+        natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
     return model, outcome
 

@@ -277,3 +277,14 @@ def test_inspect_says_which_dims_are_sample_axes(tmp_path, cli):
     assert found["sample_axis"] is False and "along the batch axis" in found["reason"]
     code, out, _ = cli("inspect", separable)
     assert code == 0 and "N: a sample axis" in " ".join(out.split())
+
+
+@needs_cc
+def test_without_the_cache_prepare_compiles_the_plan_for_one_sample_as_compile_model_does(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    builder = mlp(path)
+    model, outcome = prepare(path, use_cache=False)
+    assert outcome.outcome == "disabled"
+    for n in (3, 5):
+        _check(model, path, _feeds(builder, {"x0": {0: n}}, seed=n))
+        assert model.last_run_native_partitions >= 1, n
