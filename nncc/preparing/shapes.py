@@ -24,7 +24,6 @@ removed since the model was prepared (a temporary one) is neither read nor creat
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -143,6 +142,8 @@ def spawn_shape_worker(directory: str, model_path: str, options: dict, trust_sha
 
 
 def main(argv=None) -> int:
+    import argparse  # lazy: start-up (only the worker parses arguments)
+
     parser = argparse.ArgumentParser(prog="python -m nncc.preparing.shapes",
                                      description="Build the optimized cache entry of a model at fixed input sizes.")
     parser.add_argument("--cache-dir", required=True)

@@ -38,8 +38,6 @@ import numpy as np
 from nncc.ir.graph import TensorInfo
 from nncc.plan.plan import Plan, Slot
 from nncc.runtime.executor import Executor
-from nncc.runtime.sample_axis import Rejected, batch_candidates, find_separation
-from nncc.runtime.sample_loop import FasterOf, SampleLoop
 from nncc.runtime.shape_infos import infer_infos
 from nncc.util.limits import LimitError
 
@@ -118,7 +116,7 @@ class ShapePlans:
         self._lookups = 0
         self._separations: dict[tuple, object] = {}  # (dim, other sizes) -> Separation or None
         self.rejections: dict[tuple, str] = {}  # (dim, other sizes) -> why it is no sample axis
-        self._loops: dict[tuple, SampleLoop | None] = {}  # (dim, other sizes) -> the loop (None: on its way)
+        self._loops: dict[tuple, object] = {}  # (dim, other sizes) -> the loop (None: on its way)
         self._lock = threading.Lock()  # a background build delivers while runs look up
 
     def __len__(self) -> int:
@@ -159,6 +157,8 @@ class ShapePlans:
             if seen >= SEEN_BEFORE_SPECIALIZING:  # a size that recurs: its own plan, batched, in the background,
                 portable = self._build(key)  # and meanwhile the faster of the loop and its portable plan
                 if portable is not None:
+                    from nncc.runtime.sample_loop import FasterOf  # lazy: start-up (dynamic models only)
+
                     loop = FasterOf(loop, portable)
                 self._keep(key, loop)
                 if self.natives.exact:
@@ -197,6 +197,8 @@ class ShapePlans:
     # -- the sample loop: one plan for every batch size ----------------------------------------
 
     def _candidates(self) -> list[str]:
+        from nncc.runtime.sample_axis import batch_candidates  # lazy: start-up (dynamic models only)
+
         return batch_candidates(self.general.plan, [slot for slot, _ in self._dynamic])
 
     def _separates(self, dims: dict[str, int]) -> bool:
@@ -212,6 +214,8 @@ class ShapePlans:
         if rest not in self._separations:
             if len(self._separations) >= 4 * self.limit:
                 return None
+            from nncc.runtime.sample_axis import Rejected, find_separation  # lazy: start-up (dynamic models only)
+
             general = self.general
             try:
                 found = find_separation(general.plan, lambda n: self._input_shapes(dims | {name: n}), name,
@@ -232,6 +236,8 @@ class ShapePlans:
         samples and the plan for one sample is ready; asks for that plan (once) if not."""
         if dims is None:
             return None
+        from nncc.runtime.sample_loop import SampleLoop  # lazy: start-up (dynamic models only)
+
         for name in self._candidates():
             separation = self._separation(dims, name)
             if separation is None:
@@ -259,6 +265,8 @@ class ShapePlans:
         other dimensions from now on, the shapes that got a portable plan meanwhile too."""
         if executor is None or not executor.native_partitions:
             return
+        from nncc.runtime.sample_loop import SampleLoop  # lazy: start-up (dynamic models only)
+
         loop = SampleLoop(executor, separation, self.general)
         with self._lock:
             self._loops[rest] = loop
