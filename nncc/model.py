@@ -247,6 +247,7 @@ class ShapeExecutors:
     here, with its native code loaded."""
 
     exact = True  # looked up for every new shape: a lookup compiles nothing
+    builds_native = True  # an entry may be there whatever this process would build
 
     def __init__(self, natives):
         self.natives = natives
@@ -273,9 +274,15 @@ class CompiledSamplePlans:
     def __init__(self, path, model_bytes, options: dict):
         self.path, self.model_bytes, self.options = path, model_bytes, options
 
+    @functools.cached_property
+    def builds_native(self) -> bool:
+        """Whether the options ask for a backend that builds native code (else the plan
+        for one sample would run no faster than the general plan)."""
+        return has_later_stage(compile_options(self.options))
+
     def find(self, dims):
-        if not has_later_stage(compile_options(self.options)):
-            return None  # no backend that builds native code: the general plan is as good
+        if not self.builds_native:
+            return None
         fixed = dict(self.options.get("dims") or {}) | dict(dims)
         plan = compile_plan(self.path, self.model_bytes, dict(self.options, dims=fixed))
         return CompiledModel(plan, trust_native=True, shape_plans_limit=None).executor  # code built just now

@@ -110,7 +110,9 @@ class ShapePlans:
         # a shape's native plan through the cache (nncc.preparing.shapes, through nncc.model):
         # ``find(dims)`` -> the executor of the cached plan for those sizes, or None (no
         # compile); ``build(dims, deliver)`` builds it in the background, and deliver
-        # takes its executor, if this process is to run it
+        # takes its executor, if this process is to run it; ``exact``: whether fixed-size
+        # plans are looked up (True) or only compiled for one sample (compile_model);
+        # ``builds_native``: whether a plan for one sample is worth asking for at all
         self.natives = natives
         self._native_requests = 0
         self._lookups = 0
@@ -203,7 +205,7 @@ class ShapePlans:
 
     def _separates(self, dims: dict[str, int]) -> bool:
         """Whether these sizes run through a sample loop (found, or on its way)."""
-        return any(self._separation(dims, name) is not None for name in self._candidates())
+        return self.natives.builds_native and any(self._separation(dims, name) is not None for name in self._candidates())
 
     def _separation(self, dims: dict[str, int], name: str):
         """The Separation of dimension ``name`` at the other sizes of ``dims``, or None;
@@ -234,7 +236,7 @@ class ShapePlans:
     def _sample_loop(self, key: tuple, dims: dict[str, int] | None):
         """The sample loop for these sizes, when one of the batch dimensions separates the
         samples and the plan for one sample is ready; asks for that plan (once) if not."""
-        if dims is None:
+        if dims is None or not self.natives.builds_native:
             return None
         from nncc.runtime.sample_loop import SampleLoop  # lazy: start-up (dynamic models only)
 
