@@ -1,7 +1,8 @@
 """The sample axis analysis against onnxruntime on random models (nncc.runtime.sample_axis):
 seeded chains of ops that keep samples apart or mix them depending on their axes (Softmax,
 Reduce, Transpose, Concat, Gather and Slice along a random axis, MatMul, folding and keeping
-Reshapes, Flatten). Whatever the analysis accepts must give onnxruntime's outputs when each
+Reshapes, Flatten) or read sizes from Shape and Size (a Reshape target, Expand and
+ConstantOfShape shapes, and sizes used as data, which only a size other than N's may be). Whatever the analysis accepts must give onnxruntime's outputs when each
 sample runs alone through the plan for N = 1; the seeds must give both verdicts, so that
 neither half of the test is empty."""
 
@@ -18,7 +19,8 @@ from tests.models import GraphBuilder
 from tests.oracle import ort_outputs
 from tests.test_dynamic_samples import _dynamic
 
-OPS = ("softmax", "reduce", "transpose", "concat", "matmul", "fold", "keep", "flatten", "gather", "slice", "add")
+OPS = ("softmax", "reduce", "transpose", "concat", "matmul", "fold", "keep", "flatten", "gather", "slice", "add",
+       "shape_keep", "size_as_data", "dim_as_data", "expand", "fill")
 
 
 def _shape_at_two(b: GraphBuilder, value: str, folder) -> tuple | None:
@@ -68,6 +70,21 @@ def _random_model(seed: int, folder):
             h = b.node("Gather", [h, b.const([0, 0], np.int64)], axis=axis)
         elif op == "slice":
             h = b.node("Slice", [h, b.const([0], np.int64), b.const([1], np.int64), b.const([axis], np.int64)])
+        elif op == "shape_keep":  # Reshape(h, [Shape(h)[0], -1]): the first axis read at run time
+            first = b.node("Gather", [b.node("Shape", [h]), b.const([0], np.int64)], axis=0)
+            h = b.node("Reshape", [h, b.node("Concat", [first, b.const([-1], np.int64)], axis=0)])
+        elif op == "size_as_data":  # h / Size(h)
+            h = b.node("Div", [h, b.node("Cast", [b.node("Size", [h])], to=onnx.TensorProto.FLOAT)])
+        elif op == "dim_as_data":  # h + Shape(h)[axis]: data from the batch size only when that axis is N's
+            dim = b.node("Gather", [b.node("Shape", [h]), b.const(axis, np.int64)], axis=0)
+            h = b.node("Add", [h, b.node("Cast", [dim], to=onnx.TensorProto.FLOAT)])
+        elif op == "expand":  # a constant row broadcast to h's run-time shape, then added
+            row = b.const(rng.standard_normal(shape[-1:]).astype(np.float32))
+            h = b.node("Add", [h, b.node("Expand", [row, b.node("Shape", [h])])])
+        elif op == "fill":  # ConstantOfShape(Shape(h)) * h
+            fill = b.node("ConstantOfShape", [b.node("Shape", [h])],
+                          value=helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [1.5]))
+            h = b.node("Mul", [h, fill])
         else:
             h = b.node("Add", [h, b.const(rng.standard_normal(shape[-1:]).astype(np.float32))])
     if _shape_at_two(b, h, folder) is None:
