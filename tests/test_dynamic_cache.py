@@ -150,3 +150,20 @@ def test_nncc_run_builds_the_plan_for_one_sample_and_the_next_runs_any_batch_siz
             _wait_for_entries(cache, 1)  # the worker's entry: the plan for N = 1
     assert results[0] == 0 and results[1] >= 1  # N = 6 ran natively, through the plan for N = 1
     assert sorted(stage for _, stage in _entries(cache)) == ["optimized", "quick"]  # no plan for N = 6 itself
+
+
+def test_a_second_shape_worker_for_the_same_sizes_leaves_while_the_first_builds(tmp_path):
+    from nncc.cache.locking import try_lock
+    from nncc.preparing.shapes import worker_lock_path
+
+    cache = tmp_path / "cache"
+    prepare(TRANSFORMER, cache_dir=cache)  # the folder, as a run that spawns a worker has it
+    options = json.dumps({"dims": {"S": 6}})
+    held = try_lock(worker_lock_path(str(cache), str(TRANSFORMER), options))  # as a first worker holds it
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nncc.preparing.shapes", "--cache-dir", str(cache),
+                               "--model", str(TRANSFORMER), "--options", options], capture_output=True, text=True)
+    finally:
+        held.release()
+    assert proc.returncode == 0, proc.stderr
+    assert len(_entries(cache)) == 1  # it built nothing: the first worker's build is the one

@@ -16,7 +16,8 @@ model prepared through the cache meets an input shape (nncc.runtime.specialize):
    the running model when ready (exiting waits for it rather than tearing its write), or
    for a command that exits at once (``nncc run``), a detached worker process
    (``python -m nncc.preparing.shapes``) that outlives it, so that the next process finds
-   the entry. Background work never fails a run.
+   the entry (one worker per model and sizes: one started while another builds leaves at
+   once). Background work never fails a run.
 
 Each entry is an ordinary one, under the cache's size and age bounds. A cache folder
 removed since the model was prepared (a temporary one) is neither read nor created again.
@@ -24,6 +25,7 @@ removed since the model was prepared (a temporary one) is neither read nor creat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -33,11 +35,12 @@ import threading
 from nncc.cache.direct import find as find_direct
 from nncc.cache.folder import CacheUnavailable
 from nncc.cache.index import IndexCorrupt, IndexUnavailable
+from nncc.cache.locking import try_lock
 from nncc.cache.store import Cache
 from nncc.errors import NnccError
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare, resolve_settings
-from nncc.preparing.stages import OPTIMIZED, upgrades_wanted
+from nncc.preparing.stages import OPTIMIZED, upgrade_lock_path, upgrades_wanted
 from nncc.preparing.storage import Storage
 from nncc.preparing.token import model_subject, token_context, token_of
 from nncc.settings import bound_memory
@@ -141,6 +144,13 @@ def spawn_shape_worker(directory: str, model_path: str, options: dict, trust_sha
                                 close_fds=True)
 
 
+def worker_lock_path(directory: str, model_path: str, options_json: str) -> str:
+    """Held by the worker building this model at these options (their JSON form): an upgrade
+    lock's name (64 hex digits), so that gc removes one a killed worker left."""
+    key = hashlib.sha256(json.dumps([os.path.abspath(model_path), options_json]).encode()).hexdigest()
+    return upgrade_lock_path(directory, key)
+
+
 def main(argv=None) -> int:
     import argparse  # lazy: start-up (only the worker parses arguments)
 
@@ -153,6 +163,14 @@ def main(argv=None) -> int:
     parser.add_argument("--hash-mode", choices=("direct", "content"))
     args = parser.parse_args(argv)
     bound_memory()  # a command of its own: it resolves its settings itself
+    # one worker per model and sizes: the `nncc run`s that start while it builds leave at once
+    # (an upgrade lock's name, so that gc removes one a killed worker left)
+    try:
+        held = try_lock(worker_lock_path(args.cache_dir, args.model, args.options))
+        if held is None:
+            return 0
+    except OSError:  # no lock to take (prepare says what is wrong with the folder): build all the same
+        held = None
     settings = resolve_settings(args.cache_dir, args.hash_mode, True)
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.options).items()}
     try:
@@ -161,6 +179,10 @@ def main(argv=None) -> int:
     except NnccError as exc:
         warn(f"no native plan for input sizes {options.get('dims')}: {exc}")
         return 1
+    finally:
+        if held is not None:
+            held.unlink()
+            held.release()
     return 0
 
 
