@@ -246,9 +246,16 @@ def test_prepare_builds_the_plan_for_one_sample_in_the_background(tmp_path, monk
     builder = mlp(path)
     model, _ = prepare(path, cache_dir=tmp_path / "cache")
     _check(model, path, _feeds(builder, {"x0": {0: 4}}, seed=1))  # portable; the plan for N = 1 is asked for
+    for seed in (1, 2):  # a size run twice before it is ready gets its portable plan
+        _check(model, path, _feeds(builder, {"x0": {0: 6}}, seed=seed))
     for thread in threading.enumerate():
         if thread.name.startswith("nncc-shape-"):
             thread.join()
+    native = []
+    for seed in range(4):  # ... and once it is ready, the loop and that plan each run, timed, then the faster
+        _check(model, path, _feeds(builder, {"x0": {0: 6}}, seed=seed + 3))
+        native.append(model.last_run_native_partitions)
+    assert max(native) >= 1, native  # the loop ran
     for n in (4, 9):  # the shape seen before and a new one: both through the loop now
         _check(model, path, _feeds(builder, {"x0": {0: n}}, seed=n + 1))
         assert model.last_run_native_partitions >= 1, n

@@ -267,7 +267,7 @@ class ShapePlans:
         other dimensions from now on, the shapes that got a portable plan meanwhile too."""
         if executor is None or not executor.native_partitions:
             return
-        from nncc.runtime.sample_loop import SampleLoop  # lazy: start-up (dynamic models only)
+        from nncc.runtime.sample_loop import FasterOf, SampleLoop  # lazy: start-up (dynamic models only)
 
         loop = SampleLoop(executor, separation, self.general)
         with self._lock:
@@ -276,7 +276,7 @@ class ShapePlans:
                 dims = self.dims(key)
                 if (dims is not None and _rest_key(dims, separation.dim) == rest
                         and (kept is None or not kept.native_partitions)):
-                    self._plans[key] = loop
+                    self._plans[key] = loop if kept is None else FasterOf(loop, kept)  # a size that recurred
 
     @property
     def sample_axes(self) -> list[str]:
