@@ -20,8 +20,9 @@ from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal
 from nncc.plan.plan import Plan
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
-from nncc.preparing.shapes import native_builder
+from nncc.preparing.shapes import NativeShapes
 from nncc.preparing.size_lists import plans_ahead
+from nncc.preparing.stages import has_later_stage
 from nncc.runtime.executor import Executor
 from nncc.runtime.specialize import shape_plans
 from nncc.settings import bound_memory, trust_key_file, value
@@ -34,7 +35,7 @@ class CompiledModel:
 
     def __init__(self, plan: Plan, raw: bytes | None = None, trust_native: bool = False,
                  origin: str = "the artifact", foreign: bool = False, cache_parts: tuple | None = None,
-                 native_builder=None, shape_plans_limit: int | None = None, team_key_file: str | None = None):
+                 natives=None, shape_plans_limit: int | None = None, team_key_file: str | None = None):
         """``trust_native``: run the plan's native code (when it has any and this CPU can)
         even if the plan's artifact is not signed by a trusted key; otherwise its portable
         plan runs, with one warning if native code was skipped. ``foreign``: the plan was
@@ -58,14 +59,15 @@ class CompiledModel:
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin, self._team_key_file))
         self._blas_threads = plan.recorded_threads
-        self._shape_plans = shape_plans(self._executor, shape_plans_limit, native_builder)
+        self._shape_plans = shape_plans(self._executor, shape_plans_limit, natives)
+        self._last = self._executor  # what ran last: the general plan, a shape's own, a sample loop
 
     @classmethod
-    def from_prepared(cls, prepared, native_builder=None, shape_plans_limit: int | None = None):
+    def from_prepared(cls, prepared, natives=None, shape_plans_limit: int | None = None):
         """The runnable model of what nncc.preparing returned: built here, outside every
         cache lock (native code is loaded, the arena allocated)."""
         return cls(prepared.plan, trust_native=prepared.trust_native, origin=prepared.origin,
-                   foreign=prepared.foreign, cache_parts=prepared.cache_parts, native_builder=native_builder,
+                   foreign=prepared.foreign, cache_parts=prepared.cache_parts, natives=natives,
                    shape_plans_limit=shape_plans_limit)
 
     @property
@@ -82,6 +84,20 @@ class CompiledModel:
     def native_partitions(self) -> int:
         """How many partitions run as native code in this process."""
         return self._executor.native_partitions
+
+    @property
+    def last_run_native_partitions(self) -> int:
+        """How many native partitions the plan that ran last holds: for a model with
+        dynamic dimensions, the plan of the last run's input shape (before any run, the
+        general plan's)."""
+        return self._last.native_partitions
+
+    @property
+    def sample_axes(self) -> list[str]:
+        """The symbolic dimensions found to be sample axes (each sample's outputs computed
+        from its inputs alone: nncc.runtime.sample_axis), which run natively at any size
+        through the plan for one sample. Known once a run has met them."""
+        return [] if self._shape_plans is None else self._shape_plans.sample_axes
 
     @property
     def input_infos(self):
@@ -105,6 +121,7 @@ class CompiledModel:
         executor = self._executor
         if self._shape_plans is not None and isinstance(feeds, Mapping):
             executor = self._shape_plans.executor_for(feeds)
+            self._last = executor
         if self._blas_threads:
             from nncc.util.threads import limit_blas_threads  # lazy: start-up
 
@@ -115,8 +132,9 @@ class CompiledModel:
     @property
     def shape_plans(self) -> list[tuple]:
         """The input shapes (of the inputs with dynamic dimensions, in order) that have a
-        plan of their own, least recently used first: a shape gets one on its second run,
-        and at most the ``run.shape_plans`` setting are kept."""
+        plan of their own (or a sample loop), least recently used first: a shape gets one
+        on its first run when the cache holds its native plan, else on its second, and at
+        most the ``run.shape_plans`` setting are kept."""
         return [] if self._shape_plans is None else self._shape_plans.shapes()
 
     def allocate(self, roles, shape=None, dtype=None):
@@ -164,6 +182,7 @@ def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **o
     ``path``)."""
     bound_memory()
     return CompiledModel(compile_plan(path, model_bytes, options), trust_native=True,  # code built just now
+                         natives=CompiledSamplePlans(path, model_bytes, options),
                          shape_plans_limit=_shape_plans_setting())
 
 
@@ -195,9 +214,13 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     one (optimized: the native code is built now). ``background``: "thread" (default) or
     "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 
-    Dynamic input dimensions: each input shape run twice gets a plan of its own
-    (nncc.runtime.specialize), and, where a stage upgrade would happen, a native plan for
-    those sizes built in a background thread through the cache (nncc.preparing.shapes).
+    Dynamic input dimensions: an input shape whose native plan the cache holds (an entry
+    for those sizes: ``stage="optimized", dims=...``) runs it from its first run; otherwise,
+    where a stage upgrade would happen, that plan is built in the ``background`` (a thread,
+    or a detached process) through the cache, and the shape gets a portable plan of its own
+    on its second run (nncc.runtime.specialize, nncc.preparing.shapes). A batch dimension
+    that is a sample axis (nncc.runtime.sample_axis) runs every size through the plan for
+    one sample, one cache entry (``use_cache=False``: compiled now, as compile_model does).
     ``dims={"H": [480, 640]}`` (lists of sizes) builds each combination's optimized entry
     now, then prepares the model for every size (nncc.preparing.size_lists).
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else
@@ -212,14 +235,65 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                                               trust_shared=trust_shared, model_bytes=model_bytes,
                                               hash_mode=hash_mode, stage=stage, background=background,
                                               settings=settings, **options)
-    builder = None
-    if use_cache and model_bytes is None and stage is None and background is not None:
-        build = native_builder(path, {"trust_shared": trust_shared, "hash_mode": hash_mode}, options, settings)
-
-        def builder(dims, deliver):  # the shape's plan is built to run here, in the builder's thread
-            build(dims, lambda shaped: deliver(CompiledModel.from_prepared(shaped, shape_plans_limit=None).executor))
-    model = CompiledModel.from_prepared(prepared, builder, settings.shape_plans)  # outside every lock
+    natives = None
+    # the fixed-size entries are found and built from the model's file: not for a pipe
+    if use_cache and stage is None and background is not None and (model_bytes is None or os.path.isfile(path)):
+        natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
+                                              options, settings, background))
+    elif not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
+        natives = CompiledSamplePlans(path, model_bytes, options)
+    model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
     return model, outcome
+
+
+class ShapeExecutors:
+    """A dynamic model's fixed-size native plans from the cache (nncc.preparing.shapes), as
+    the executors its shape plans run (nncc.runtime.specialize): each is built to run
+    here, with its native code loaded."""
+
+    exact = True  # looked up for every new shape: a lookup compiles nothing
+    builds_native = True  # an entry may be there whatever this process would build
+
+    def __init__(self, natives):
+        self.natives = natives
+
+    def find(self, dims):
+        prepared = self.natives.find(dims)
+        return None if prepared is None else _executor_of(prepared)
+
+    def build(self, dims, deliver):
+        return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
+
+
+def _executor_of(prepared):
+    return CompiledModel.from_prepared(prepared, shape_plans_limit=None).executor
+
+
+class CompiledSamplePlans:
+    """compile_model's plans for one sample of a dynamic model (nncc.runtime.specialize's
+    sample loop), compiled directly, without a cache, when first asked for: the very plan
+    ``prepare`` finds or builds through the cache."""
+
+    exact = False  # only the plan of one sample is asked for: a compile, not a lookup
+
+    def __init__(self, path, model_bytes, options: dict):
+        self.path, self.model_bytes, self.options = path, model_bytes, options
+
+    @functools.cached_property
+    def builds_native(self) -> bool:
+        """Whether the options ask for a backend that builds native code (else the plan
+        for one sample would run no faster than the general plan)."""
+        return has_later_stage(compile_options(self.options))
+
+    def find(self, dims):
+        if not self.builds_native:
+            return None
+        fixed = dict(self.options.get("dims") or {}) | dict(dims)
+        plan = compile_plan(self.path, self.model_bytes, dict(self.options, dims=fixed))
+        return CompiledModel(plan, trust_native=True, shape_plans_limit=None).executor  # code built just now
+
+    def build(self, dims, deliver):
+        return None
 
 
 def preparer():

@@ -77,6 +77,9 @@ def inspect(path, dim_specs, preference, opt_level, backends, plugins, target, p
     warn_newer_opsets(plan.options.get("opsets") or {})
     report = describe_plan(plan, size)
     report["path"] = path
+    from nncc.runtime.sample_axis import describe_sample_axes  # lazy: start-up
+
+    report["sample_axes"] = describe_sample_axes(plan)  # which symbolic dims run natively at any size
     from nncc.cli.native_note import artifact_native_off, native_off  # lazy: start-up
 
     report["native_off"] = artifact_native_off(plan) if artifact else native_off(options.get("backends"), target)

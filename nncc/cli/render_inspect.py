@@ -40,6 +40,12 @@ def print_report(report: dict) -> None:
                 fb.add(f"{f['op']} {f['node']!r}: {escape(f['reason'])}")
         if any("static" in g["reason"] for g in report["fallback_groups"]) and _symbolic(report):
             fb.add(f"[dim]fixing {', '.join(_symbolic(report))} with --dim NAME=SIZE gives static shapes[/]")
+    for dim, found in (report.get("sample_axes") or {}).items():
+        if found["sample_axis"]:
+            tree.add(f"[green]{escape(dim)}: a sample axis[/] (runs natively at any size, through the plan for "
+                     f"{escape(dim)}=1, one run per sample)")
+        else:
+            tree.add(f"{escape(dim)}: no sample axis ({escape(found['reason'])})")
     c = report["constants"]
     line = (f"constants: {c['inline']['count']} inline ({format_bytes(c['inline']['bytes'])}), "
             f"{c['referenced']['count']} referenced ({format_bytes(c['referenced']['bytes'])})")

@@ -78,7 +78,8 @@ def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, b
     if as_json:
         emit_json({"model": model, "outputs": summarize(outputs), "timing": timing,
                    "cache": outcome.as_dict() if outcome else None, "steps": steps,
-                   "native_partitions": session.native_partitions})
+                   "native_partitions": session.native_partitions,
+                   "run_native_partitions": session.last_run_native_partitions})
     else:
         print_outputs(model, summarize(outputs), timing)
 

@@ -11,9 +11,20 @@ static. Values whose shape depends on data (NonZero, a Loop's outputs, a Reshape
 read from an input tensor) stay dynamic and are allocated per run, as before.
 
 ``ShapePlans`` keeps one executor per input shape, least recently used first out, with a
-bound: a shape is specialised on its second run (a shape seen once costs nothing extra),
-and a shape whose specialisation fails (a shape function refusing these sizes) runs the
-general plan, which reports any real error itself.
+bound. On a shape's first run:
+
+1. A model prepared through the cache looks up whether the cache already holds the native
+   plan for those sizes, and runs it at once when it does.
+2. Else, when a leading symbolic dimension is a sample axis at these other sizes
+   (nncc.runtime.sample_axis), the plan for one sample runs every count of samples
+   (nncc.runtime.sample_loop): found in the cache or asked for once (in the background),
+   or, for compile_model, compiled now. A size that recurs runs the faster of the loop and
+   its portable plan (timed once each: the loop pays the per-run overhead once per
+   sample), and gets its own, batched, native plan in the background, which takes over.
+3. Else the shape's native plan is asked for in the background, and the shape is
+   specialised (portable) on its second run (a shape seen once costs nothing extra); a
+   shape whose specialisation fails (a shape function refusing these sizes) runs the
+   general plan, which reports any real error itself.
 """
 
 from __future__ import annotations
@@ -24,11 +35,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from nncc.errors import NnccError
 from nncc.ir.graph import TensorInfo
-from nncc.kernels.registry import Ctx, by_key
 from nncc.plan.plan import Plan, Slot
 from nncc.runtime.executor import Executor
+from nncc.runtime.shape_infos import infer_infos
 from nncc.util.limits import LimitError
 
 SEEN_BEFORE_SPECIALIZING = 2  # runs of one input shape before it gets its own plan
@@ -39,37 +49,14 @@ def specialize(plan: Plan, shapes: dict[int, tuple[int, ...]], decode_attr) -> P
     shape) determine, or None when nothing more becomes static or a shape function refuses
     these sizes. ``decode_attr`` turns a plan attribute into what kernels take (tensor
     references into arrays, subgraphs into graphs): the executor's."""
-    from nncc.passes.shape_inference import infer_outputs  # lazy: start-up
-
+    infos = infer_infos(plan, shapes, decode_attr)
+    if infos is None:
+        return None
     slots = plan.slots
-    infos: dict[int, TensorInfo] = {slot: TensorInfo.of(array) for slot, array in plan.constants.items()}
-    for slot, shape in shapes.items():
-        infos[slot] = TensorInfo(slots[slot].dtype, tuple(shape), kind=slots[slot].kind)
-    opsets = plan.options.get("opsets", {})
-    try:
-        for ins in plan.instructions:
-            definition = by_key(plan.kernels[ins.kernel])
-            if definition is None:
-                return None
-            opset = int(opsets.get(definition.domain, definition.since))
-            ctx = Ctx({k: decode_attr(v) for k, v in ins.attrs.items()}, opset, len(ins.outputs),
-                      ins.node)
-            args = [None if s < 0 else infos.get(s, _declared(slots[s])) for s in ins.inputs]
-            names = [slots[s].name if s >= 0 else "" for s in ins.outputs]
-            label = f"{definition.op_type} node {ins.node!r}" if ins.node else definition.op_type
-            for slot, info in zip(ins.outputs, infer_outputs(definition, ctx, args, label, names)):
-                if slot >= 0:
-                    infos[slot] = info
-    except (NnccError, ValueError, TypeError, IndexError, ArithmeticError):
-        return None  # these sizes are refused: the general plan runs, and says so if it is an error
     specialized = [_narrowed(slot, infos.get(i)) for i, slot in enumerate(slots)]
     if all(new is old for new, old in zip(specialized, slots)):
         return None
     return replace(plan, slots=specialized, arena_bytes=0)
-
-
-def _declared(slot: Slot) -> TensorInfo:
-    return TensorInfo(slot.dtype, slot.shape, kind=slot.kind)
 
 
 def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
@@ -87,16 +74,16 @@ def _narrowed(slot: Slot, info: TensorInfo | None) -> Slot:
     return Slot(slot.name, np.dtype(info.dtype), tuple(int(d) for d in info.shape), slot.kind)
 
 
-def shape_plans(executor, limit: int | None, native_builder=None) -> "ShapePlans | None":
+def shape_plans(executor, limit: int | None, natives=None) -> "ShapePlans | None":
     """The per-shape plans of a model with dynamic input dimensions, keeping at most
     ``limit`` (the run.shape_plans setting, resolved by the caller), or None (static
-    inputs, or ``limit`` None: off). ``native_builder``: see ShapePlans."""
+    inputs, or ``limit`` None: off). ``natives``: see ShapePlans."""
     plan = executor.plan
     dynamic = [(s, plan.slots[s].name) for s in plan.inputs
                if plan.slots[s].kind == "tensor" and not is_static(plan.slots[s])]
     if not dynamic or not limit:
         return None
-    return ShapePlans(executor, dynamic, limit, native_builder)
+    return ShapePlans(executor, dynamic, limit, natives)
 
 
 def is_static(slot: Slot) -> bool:
@@ -104,21 +91,34 @@ def is_static(slot: Slot) -> bool:
     return slot.dtype is not None and slot.shape is not None and all(isinstance(d, int) for d in slot.shape)
 
 
+def _rest_key(dims: dict[str, int], name: str) -> tuple:
+    """What a sample loop is kept by: its dimension, and the sizes of all others."""
+    return (name, tuple(sorted((k, v) for k, v in dims.items() if k != name)))
+
+
 class ShapePlans:
     """Executors for the concrete input shapes a dynamic model runs with, at most
     ``limit`` kept (least recently used out). ``dynamic``: (slot, name) of each input
     with a dynamic dimension, in the order the shape keys list them."""
 
-    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int, native_builder=None):
+    def __init__(self, executor, dynamic: list[tuple[int, str]], limit: int, natives=None):
         self.general = executor
         self.limit = limit
         self._dynamic = dynamic
         self._plans: OrderedDict[tuple, object] = OrderedDict()
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # shapes not specialised yet: runs
-        # builds a shape's native plan in the background: (dims, deliver) -> None, where
-        # deliver takes the executor of that plan (nncc.preparing.shapes, through nncc.model)
-        self.native_builder = native_builder
+        # a shape's native plan through the cache (nncc.preparing.shapes, through nncc.model):
+        # ``find(dims)`` -> the executor of the cached plan for those sizes, or None (no
+        # compile); ``build(dims, deliver)`` builds it in the background, and deliver
+        # takes its executor, if this process is to run it; ``exact``: whether fixed-size
+        # plans are looked up (True) or only compiled for one sample (compile_model);
+        # ``builds_native``: whether a plan for one sample is worth asking for at all
+        self.natives = natives
         self._native_requests = 0
+        self._lookups = 0
+        self._separations: dict[tuple, object] = {}  # (dim, other sizes) -> Separation or None
+        self.rejections: dict[tuple, str] = {}  # (dim, other sizes) -> why it is no sample axis
+        self._loops: dict[tuple, object] = {}  # (dim, other sizes) -> the loop (None: on its way)
         self._lock = threading.Lock()  # a background build delivers while runs look up
 
     def __len__(self) -> int:
@@ -134,7 +134,7 @@ class ShapePlans:
         key = []
         for _, name in self._dynamic:
             value = feeds.get(name)
-            if type(value) is not np.ndarray:
+            if not isinstance(value, np.ndarray):  # a memory domain's buffer belongs to the general plan
                 return self.general
             key.append(value.shape)
         key = tuple(key)
@@ -148,15 +148,140 @@ class ShapePlans:
                 self._seen[key] = seen
                 if len(self._seen) > 4 * self.limit:  # remember a bounded number of one-off shapes
                     self._seen.popitem(last=False)
-                return self.general
+        dims = self.dims(key) if self.natives is not None else None
+        if seen == 1 and dims is not None and self.natives.exact:
+            found = self._find_native(dims)  # the cache may hold this very shape's native plan
+            if found is not None:
+                self._keep(key, found)
+                return found
+        loop = self._sample_loop(key, dims)  # or the plan of one sample, for any count of them
+        if loop is not None:
+            if seen >= SEEN_BEFORE_SPECIALIZING:  # a size that recurs: its own plan, batched, in the background,
+                portable = self._build(key)  # and meanwhile the faster of the loop and its portable plan
+                if portable is not None:
+                    from nncc.runtime.sample_loop import FasterOf  # lazy: start-up (dynamic models only)
+
+                    loop = FasterOf(loop, portable)
+                self._keep(key, loop)
+                if self.natives.exact:
+                    self._request_native(key, dims)
+            return loop
+        if seen < SEEN_BEFORE_SPECIALIZING:
+            if dims is not None and self.natives.exact and not self._separates(dims):
+                self._request_native(key, dims)  # the entry is what a later process wants
+            return self.general
         executor = self._build(key)
         with self._lock:
-            plans[key] = executor  # None too: a shape that cannot be specialised is not retried
-            while len(plans) > self.limit:
-                plans.popitem(last=False)
-        if executor is not None:
-            self._request_native(key)
+            if plans.get(key) is None:  # a background build may have delivered meanwhile
+                self._keep(key, executor, locked=True)  # None too: a shape that cannot be specialised is not retried
+            executor = plans[key]
         return executor or self.general
+
+    def _keep(self, key: tuple, executor, locked: bool = False) -> None:
+        """Keep ``executor`` as the shape's plan, the least recently used out past the bound."""
+        if not locked:
+            with self._lock:
+                return self._keep(key, executor, locked=True)
+        self._plans[key] = executor
+        self._plans.move_to_end(key)
+        self._seen.pop(key, None)
+        while len(self._plans) > self.limit:
+            self._plans.popitem(last=False)
+
+    def _find_native(self, dims: dict[str, int]):
+        """The executor of the native plan for these sizes from the cache, or None."""
+        if self._lookups >= 4 * self.limit:  # ever-new shapes: not a lookup per run
+            return None
+        self._lookups += 1
+        found = self.natives.find(dims)
+        return found if found is not None and found.native_partitions else None
+
+    # -- the sample loop: one plan for every batch size ----------------------------------------
+
+    def _candidates(self) -> list[str]:
+        from nncc.runtime.sample_axis import batch_candidates  # lazy: start-up (dynamic models only)
+
+        return batch_candidates(self.general.plan, [slot for slot, _ in self._dynamic])
+
+    def _separates(self, dims: dict[str, int]) -> bool:
+        """Whether these sizes run through a sample loop (found, or on its way)."""
+        return self.natives.builds_native and any(self._separation(dims, name) is not None for name in self._candidates())
+
+    def _separation(self, dims: dict[str, int], name: str):
+        """The Separation of dimension ``name`` at the other sizes of ``dims``, or None;
+        analysed once per name and other sizes (nncc.runtime.sample_axis)."""
+        if name not in dims:
+            return None
+        rest = _rest_key(dims, name)
+        if rest not in self._separations:
+            if len(self._separations) >= 4 * self.limit:
+                return None
+            from nncc.runtime.sample_axis import Rejected, find_separation  # lazy: start-up (dynamic models only)
+
+            general = self.general
+            try:
+                found = find_separation(general.plan, lambda n: self._input_shapes(dims | {name: n}), name,
+                                        general.decode_attr)
+            except Rejected as exc:
+                found = None
+                self.rejections[rest] = str(exc)
+            self._separations[rest] = found
+        return self._separations[rest]
+
+    def _input_shapes(self, dims: dict[str, int]) -> dict[int, tuple[int, ...]]:
+        slots = self.general.plan.slots
+        return {slot: tuple(dims[d] if isinstance(d, str) else d for d in slots[slot].shape)
+                for slot, _ in self._dynamic}
+
+    def _sample_loop(self, key: tuple, dims: dict[str, int] | None):
+        """The sample loop for these sizes, when one of the batch dimensions separates the
+        samples and the plan for one sample is ready; asks for that plan (once) if not."""
+        if dims is None or not self.natives.builds_native:
+            return None
+        from nncc.runtime.sample_loop import SampleLoop  # lazy: start-up (dynamic models only)
+
+        for name in self._candidates():
+            separation = self._separation(dims, name)
+            if separation is None:
+                continue
+            rest = _rest_key(dims, name)
+            if rest not in self._loops:
+                self._loops[rest] = None  # asked for: a background build delivers it
+                one = dims | {name: 1}
+                if self.natives.exact:  # a lookup in the cache
+                    found = self.natives.find(one) if self._lookups < 4 * self.limit else None
+                    self._lookups += 1
+                else:  # a compile (compile_model): at most ``limit`` of them, like background builds
+                    found = self.natives.find(one) if self._native_requests < self.limit else None
+                    self._native_requests += 1
+                if found is not None and found.native_partitions:
+                    self._loops[rest] = SampleLoop(found, separation, self.general)
+                elif self.natives.exact and self._native_requests < self.limit:
+                    self._native_requests += 1
+                    self.natives.build(one, lambda executor: self._deliver_loop(rest, separation, executor))
+            return self._loops[rest]
+        return None
+
+    def _deliver_loop(self, rest: tuple, separation, executor) -> None:
+        """The plan for one sample is ready: the loop over it runs every size of these
+        other dimensions from now on, the shapes that got a portable plan meanwhile too."""
+        if executor is None or not executor.native_partitions:
+            return
+        from nncc.runtime.sample_loop import FasterOf, SampleLoop  # lazy: start-up (dynamic models only)
+
+        loop = SampleLoop(executor, separation, self.general)
+        with self._lock:
+            self._loops[rest] = loop
+            for key, kept in list(self._plans.items()):
+                dims = self.dims(key)
+                if (dims is not None and _rest_key(dims, separation.dim) == rest
+                        and (kept is None or not kept.native_partitions)):
+                    self._plans[key] = loop if kept is None else FasterOf(loop, kept)  # a size that recurred
+
+    @property
+    def sample_axes(self) -> list[str]:
+        """The dimensions found to be sample axes so far (at the other sizes run)."""
+        return sorted({s.dim for s in self._separations.values() if s is not None})
 
     def dims(self, key: tuple) -> dict[str, int] | None:
         """The sizes these input shapes give the inputs' symbolic dimension names, or None
@@ -170,23 +295,20 @@ class ShapePlans:
                     return None
         return dims
 
-    def _request_native(self, key: tuple) -> None:
+    def _request_native(self, key: tuple, dims: dict[str, int]) -> None:
         """Ask for the shape's native plan, at most ``limit`` times per model: each is a
         compile, and a workload of ever-new shapes must not turn into a compile per run."""
-        dims = self.dims(key) if self.native_builder is not None else None
-        if dims is None or self._native_requests >= self.limit:
+        if self._native_requests >= self.limit:
             return
         self._native_requests += 1
-        self.native_builder(dims, lambda executor: self._deliver(key, executor))
+        self.natives.build(dims, lambda executor: self._deliver(key, executor))
 
     def _deliver(self, key: tuple, executor) -> None:
         """A shape's native plan is ready: its executor (which holds its native code
-        loaded) replaces the portable one, if still kept."""
+        loaded) becomes the shape's plan."""
         if executor is None or not executor.native_partitions:
             return
-        with self._lock:
-            if self._plans.get(key) is not None:
-                self._plans[key] = executor
+        self._keep(key, executor)
 
     def _build(self, key: tuple):
         general = self.general
