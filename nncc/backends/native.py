@@ -22,7 +22,7 @@ from nncc.backends.base import Backend, CompiledPartition, Partition
 from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.native.precision import effective, say_if_unavailable
+from nncc.native.precision import arithmetic, say_if_unavailable
 from nncc.native.toolchain import TARGETS, NativeBuildError, find_toolchain, is_sanitized
 from nncc.plan.plan import BackendPayload, Plan
 from nncc.util.notice import warn
@@ -58,12 +58,13 @@ class NativeBackend(Backend):
 
     def __init__(self, toolchain=None, precision: str = "f32", objects=None):
         self.toolchain = toolchain
-        self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
+        self.precision = precision  # of the GEMM by constant weights: the arithmetic (precision.ARITHMETICS)
         self.objects = objects  # where compiled objects are kept and found; None: this process's memory
 
     def for_compile(self, options) -> "NativeBackend":
-        say_if_unavailable(options.precision, options.target)  # once per process: the compile asked for it
-        return NativeBackend(toolchain_for(options), effective(options.precision, options.target))
+        toolchain = toolchain_for(options)
+        say_if_unavailable(options.precision, toolchain is not None)  # once per process: the compile asked for it
+        return NativeBackend(toolchain, arithmetic(options.precision, options.target))
 
     def check_options(self, options) -> str | None:
         if options.target not in TARGETS:
@@ -84,10 +85,11 @@ class NativeBackend(Backend):
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache, and so must bfloat16
-        products (named only when asked for: every float32 compile keeps its token)."""
+        arithmetic, named by kind (only when asked for: every float32 compile keeps its token)."""
         facts = {"toolchain": self.build_tool(options)}
         if options.precision != "f32":
             facts["precision"] = options.precision
+            facts["arithmetic"] = arithmetic(options.precision, options.target)  # precision.ARITHMETICS
         return facts
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:

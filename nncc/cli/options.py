@@ -27,8 +27,8 @@ def compile_options(command):
                      help="ISA the native backend builds for: this CPU's own, or an x86-64 level."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=None,
                      help="Arithmetic of native products by constant weights: f32 (exact), or bf16 "
-                          "(inputs rounded to bfloat16, float32 sums: about 2x faster, ~3 significant "
-                          "digits; needs AVX-512 BF16, else f32 with a warning). "
+                          "(~3 significant digits: with AVX-512 BF16 inputs rounded to bfloat16, about "
+                          "2x faster; elsewhere weights stored as bfloat16, half their bytes). "
                           "[default: native.precision in the config, else f32]"),
     ]):
         command = decorator(command)
@@ -44,10 +44,6 @@ def options_dict(preference, opt_level, backends, plugins, target="native", dims
     precision = value("native.precision", precision, "--precision")
     if precision != "f32":  # else the library's default
         options["precision"] = precision
-        if "native" in (backends or ("native",)):
-            from nncc.native.precision import say_if_unavailable  # lazy: start-up
-
-            say_if_unavailable(precision, target)  # before anything is compiled, and only once
     if backends:  # else the library's default: native where a compiler is found, then numpy
         options["backends"] = tuple(backends)
     if dims:  # fixed symbolic input dimensions: a different compile (and cache entry)

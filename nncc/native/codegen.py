@@ -114,7 +114,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
         # the arithmetic of the packed GEMM by constant weights, which gemm_gen's emitters read
         # (a product of two values computed at run time stays float32)
-        self.packing = gemm_bf16_gen.BF16 if precision == "bf16" else gemm_gen.F32
+        self.packing = {"f32": gemm_gen.F32, "bf16": gemm_bf16_gen.BF16, "bf16w": gemm_bf16_gen.BF16W}[precision]
         self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
@@ -306,8 +306,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
              precision: str = "f32", profile_steps: bool = False) -> Unit:
     """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa);
-    ``precision``: of the products by constant weights, "f32" or "bf16" (which the ISA
-    must have: nncc.native.gemm_bf16_gen.why_not). ``profile_steps``: a benchmark aid
+    ``precision``: the arithmetic of the products by constant weights, "f32", "bf16" (which
+    the ISA must have: nncc.native.precision.why_not_bf16) or "bf16w". ``profile_steps``: a benchmark aid
     (benchmarks/step_classes.py) timing every step into a table the entry point
     ``SYMBOL_profile`` copies out; the compiler never asks for it, so such code is never
     cached or shipped."""
