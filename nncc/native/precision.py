@@ -33,7 +33,7 @@ def arithmetic(precision: str, target: str) -> str:
     """The arithmetic (an ARITHMETICS key) native code for ``target`` computes products by
     constant weights in when ``precision`` is asked for."""
     if precision == "f32":
-        return "f32"
+        return "f32"  # auto is bf16 with some layers kept float32 (CompileOptions.keep_f32)
     return "bf16" if why_not_bf16(target) is None else "bf16w"
 
 
