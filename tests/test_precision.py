@@ -76,13 +76,11 @@ def test_the_recorded_deviation_is_the_one_onnxruntime_gives_on_the_same_inputs(
     mlp(path)
     compiled = nncc.compile_model(path, precision="bf16")
     check = check_of(compiled.plan)
-    assert check["inputs"] == 2 and check["feeds"] == "random" and check["float32_layers"] == []
-    worst = 0.0
-    for seed in (0, 1):  # the inputs the check ran on: nncc's seeded random feeds
-        feeds = random_feeds(compiled.input_infos, seed)
-        want = ort_outputs(str(path), feeds)
-        got = outputs_of(compiled, feeds)
-        worst = max(worst, max(relative(want[n], got[n]) for n in want))
+    assert check["inputs"] == 1 and check["feeds"] == "random" and check["float32_layers"] == []
+    feeds = random_feeds(compiled.input_infos, 0)  # the input the check ran on: nncc's seeded random feed
+    want = ort_outputs(str(path), feeds)
+    got = outputs_of(compiled, feeds)
+    worst = max(relative(want[n], got[n]) for n in want)
     (recorded,) = check["deviation"].values()
     assert 2.0**-12 < worst < 2.0**-5, worst  # bfloat16's cost: neither nothing nor a broken product
     assert abs(recorded - worst) <= 1e-3 * worst + 1e-6, (recorded, worst)
