@@ -178,3 +178,13 @@ def test_calibration_feeds_are_what_the_deviation_is_measured_on(tmp_path, cli):
         code, _, err = cli("compile", path, "-o", tmp_path / "x.nncc", "--precision", "bf16", *extra)
         assert code == 2 and err.strip().splitlines()[-1].startswith("nncc: error: "), err
         assert not (tmp_path / "x.nncc").exists()
+
+
+def test_the_measure_follows_its_definition_on_zeros_and_non_finite_values():
+    from nncc.preparing.calibration import relative as measured
+
+    a = np.array([2.0, -4.0, np.nan, np.inf])
+    assert measured(a, np.array([2.5, -4.0, np.nan, np.inf])) == pytest.approx(0.5 / 4)  # over a's finite values
+    assert measured(a, np.array([2.0, -4.0, 1.0, np.inf])) == np.inf  # a NaN that b lost
+    assert measured(a, np.array([np.inf, -4.0, np.nan, np.inf])) == np.inf  # b not finite where a is
+    assert measured(np.zeros(3), np.zeros(3)) == 0.0 and measured(np.zeros(3), np.ones(3)) == np.inf

@@ -107,7 +107,13 @@ def _deviation(want: list[dict], got: list[dict]) -> dict[str, float]:
     out: dict[str, float] = {}
     for a_all, b_all in zip(want, got):
         for name, a in a_all.items():
-            out[name] = max(out.get(name, 0.0), relative(np.asarray(a), np.asarray(b_all[name])))
+            b = b_all.get(name)
+            if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):  # a sequence, an empty optional
+                continue
+            if a.shape != b.shape or a.dtype.kind not in "fiub":
+                out[name] = math.inf if a.shape != b.shape else out.get(name, 0.0)
+                continue
+            out[name] = max(out.get(name, 0.0), relative(a, b))
     return out
 
 
