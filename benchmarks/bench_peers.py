@@ -201,8 +201,11 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
                                                   "native_partitions") if k in ok[0]})
         row["runtimes"][runtime] = summary
     row["other_load"] = median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
-    peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS if row["runtimes"].get(p, {}).get("p50_s")}
-    nncc = row["runtimes"].get("nncc", {}).get("p50_s")
+    # the ratio compares like with like: the peers that computed at nncc's own precision
+    mine = row["runtimes"].get("nncc", {})
+    peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS if row["runtimes"].get(p, {}).get("p50_s")
+             and same_precision(row["runtimes"][p].get("precision"), mine.get("precision"))}
+    nncc = mine.get("p50_s")
     if peers:
         best = min(peers, key=peers.get)
         row["best_peer"], row["nncc_over_best_peer"] = best, (nncc / peers[best] if nncc else None)
@@ -211,6 +214,13 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
         row["classes"], _ = spawn({"job": "profile", "path": str(path), "threads": args.threads,
                                    "runs": args.profile_runs, "dims": args.dims})
     return row
+
+
+def same_precision(a: str | None, b: str | None) -> bool:
+    """Whether two runtimes' figures compare like with like: both float32 (f32), or both
+    in bfloat16 arithmetic (nncc's bf16 and its bf16w weights count as bf16)."""
+    family = {"bf16w": "bf16"}
+    return a is not None and b is not None and family.get(a, a) == family.get(b, b)
 
 
 def output_diffs(outputs: dict[str, str], warm: dict) -> dict:
@@ -282,6 +292,10 @@ def render(report: dict, markdown: bool) -> str:
                          if r.get("runtimes", {}).get("openvino", {}).get("precision")})
     if precisions:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(precisions)}.")
+    out.append("Each column names the precision its runtime computed in (nncc: of its products by weights, bf16w "
+               "being bfloat16 weights widened to float32 on a CPU without AVX-512 BF16; OpenVINO: the "
+               "INFERENCE_PRECISION_HINT it reports). nncc / best peer compares nncc (f32) with the peers that "
+               "computed in f32 only.")
     out.append("nncc compile s: the native compile, a prepare into an empty cache. Max rel diff: the largest "
                "|nncc - peer| of an output over that output's largest |peer| value, worst output. Other load: the "
                "cores other processes kept busy while the row was measured, median over its processes (/proc/stat "
@@ -289,7 +303,10 @@ def render(report: dict, markdown: bool) -> str:
     for why in report["missing"].values():
         out.append(f"{why}: left out ({INSTALL_HINT}).")
     out.append("")
-    header = ["model"] + [f"{r} ms" for r in runtimes] + ["nncc / best peer", "best peer"] + \
+    # every column says the precision it computed in (one per runtime over the models)
+    shown = {k: "/".join(sorted({r["runtimes"][k]["precision"] for r in main
+                                 if r.get("runtimes", {}).get(k, {}).get("precision")})) or "?" for k in runtimes}
+    header = ["model"] + [f"{r} ({shown[r]}) ms" for r in runtimes] + ["nncc / best peer", "best peer"] + \
         [f"nncc / {p}" for p in peers if p != "openvino"] + ["nncc native partitions",
                                                           "nncc compile s", "other load",
                                                           "nncc max rel diff (" + ", ".join(f"vs {p}" for p in peers)
@@ -305,7 +322,8 @@ def render(report: dict, markdown: bool) -> str:
         body.append([r["model"]] + [milliseconds(s[k].get("p50_s")) if not s[k].get("error") else
                                     "not installed" if k in report["missing"] else "failed" for k in runtimes]
                     + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-")]
-                    + [_x(nn["p50_s"] / s[p]["p50_s"] if nn.get("p50_s") and s[p].get("p50_s") else None)
+                    + [_x(nn["p50_s"] / s[p]["p50_s"] if nn.get("p50_s") and s[p].get("p50_s")
+                          and same_precision(s[p].get("precision"), nn.get("precision")) else None)
                        for p in peers if p != "openvino"]
                     + [f"{nn.get('native_partitions', '-')}/{nn.get('partitions', '-')}",
                        _x(r["setup"].get("compile_s")), _x(r.get("other_load")),

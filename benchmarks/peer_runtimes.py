@@ -81,14 +81,16 @@ def open_nncc(path, threads: int, cache: str, backends=None, precision: str | No
         options["precision"] = precision
     model, outcome = nncc.prepare(path, cache_dir=cache, **options)
     info = {"version": nncc.__version__, "cache": outcome.outcome, "stage": outcome.stage,
-            "partitions": len(model.plan.partitions), "native_partitions": model.native_partitions}
+            "partitions": len(model.plan.partitions), "native_partitions": model.native_partitions,
+            # what its products by weights compute in: f32, bf16 (vdpbf16ps) or bf16w (bfloat16 weights)
+            "precision": model.plan.options.get("arithmetic", "f32") if model.native_partitions else "f32"}
     return model.run, info, lambda outputs: dict(outputs)
 
 
 def open_onnxruntime(path, threads: int, cache: str):
     session = ort_session(path, threads)
     names = [o.name for o in session.get_outputs()]
-    return (lambda feeds: session.run(None, feeds), {"version": _peer("onnxruntime").__version__},
+    return (lambda feeds: session.run(None, feeds), {"version": _peer("onnxruntime").__version__, "precision": "f32"},
             lambda outputs: dict(zip(names, outputs)))
 
 

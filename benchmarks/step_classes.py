@@ -141,8 +141,8 @@ def compile_profiled(path: str, **options):
     units: list[tuple[str, list, Any, list[str]]] = []
     generate = codegen.generate
 
-    def keep(partition, graph, infos, symbol, *rest):
-        unit = generate(partition, graph, infos, symbol, *rest, profile_steps=True)
+    def keep(partition, graph, infos, symbol, *rest, **named):
+        unit = generate(partition, graph, infos, symbol, *rest, **named, profile_steps=True)
         units.append((symbol, list(partition.nodes), infos, list(getattr(unit, "labels", []) or [])))
         return unit
 

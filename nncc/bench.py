@@ -45,6 +45,7 @@ from nncc.backends.registry import load_plugin
 from nncc.errors import NnccError
 from nncc.ir.dims import check_dim_names
 from nncc.model import preparer
+from nncc.preparing.deviation import PLAN_KEY
 from nncc.runtime.random_inputs import random_feeds
 from nncc.util import progress
 from nncc.util.files import is_artifact
@@ -558,6 +559,11 @@ def _settings_record(compiled, options, settings, dims) -> dict[str, Any]:
         "seed": settings.seed,
         "dims": dims,
         "compare": settings.compare,
+        # what nncc computed in: the precision asked, the arithmetic its native code used
+        # (f32 where no native code runs) and the deviation from float32 the compile measured
+        "precision": compiled.plan.options.get("precision", options.get("precision", "f32")),
+        "arithmetic": compiled.plan.options.get("arithmetic", "f32") if compiled.native_partitions else "f32",
+        "precision_check": compiled.plan.options.get(PLAN_KEY),
     }
 
 

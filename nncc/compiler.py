@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -14,9 +16,12 @@ if TYPE_CHECKING:
 # module stays cheap to import (the graph, and numpy with it, load with the first compile).
 PREFERENCES = ("fast-single-answer", "sustained-speed", "low-power")
 # The arithmetic of native products by constant weights: f32 (exact against the float32
-# reference), or bf16 (inputs rounded to bfloat16, sums kept in float32) where the CPU has
-# AVX-512 BF16; the same one list for nncc.settings and --precision.
-PRECISIONS = ("f32", "bf16")
+# reference), bf16 (bfloat16 products where the CPU has AVX-512 BF16, else bfloat16 weights:
+# nncc.native.precision), or auto (bf16, with the layers that cost the most accuracy kept
+# float32 until the outputs are within the tolerance: nncc.preparing.calibration); the same
+# one list for nncc.settings and --precision.
+PRECISIONS = ("f32", "bf16", "auto")
+AUTO_TOLERANCE = 1e-2  # precision auto's tolerance when none is given
 
 
 class OptionError(NnccError):
@@ -40,6 +45,10 @@ class CompileOptions:
     precision: str = "f32"  # PRECISIONS: bf16 changes native code, so the native backend's facts name it
     cc: str | None = None  # $CC: the compiler ("" names none; None: cc, gcc or clang), in the token by its file
     cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
+    # the largest relative deviation from float32 an output may have (nncc.preparing.calibration)
+    tolerance: float | None = None
+    calibration: str | None = None  # a folder of .npz feeds the deviation is measured on; None: random inputs
+    keep_f32: tuple[str, ...] = ()  # weights whose products stay float32 (what precision auto chose)
 
     def __post_init__(self):
         from nncc.backends.registry import registered_backends  # lazy: start-up
@@ -54,6 +63,13 @@ class CompileOptions:
             raise OptionError(f"unknown preference {self.preference!r}; choose from {', '.join(PREFERENCES)}")
         if self.precision not in PRECISIONS:
             raise OptionError(f"unknown precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        tolerance = self.tolerance
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                                      or not tolerance >= 0 or tolerance == float("inf")):
+            raise OptionError(f"the tolerance must be a finite number of at least 0, not {tolerance!r}")
+        object.__setattr__(self, "keep_f32", tuple(sorted(self.keep_f32)))
+        if self.calibration is not None:
+            calibration_files(self.calibration)  # an empty or missing folder is bad input, now
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
         # the options a backend owns (the native target, the C compiler's time-out and job count) are its to check
@@ -77,6 +93,12 @@ class CompileOptions:
         }
         if self.dims:  # only when given: the tokens of every other compile stay as they were
             options["dims"] = dict(self.dims)
+        if self.tolerance is not None:  # a compile over it fails, and auto's choice depends on it
+            options["tolerance"] = float(self.tolerance)
+        if self.calibration is not None:  # the feeds by content: other feeds, another measure
+            options["calibration"] = calibration_digest(self.calibration)
+        if self.keep_f32:
+            options["keep_f32"] = list(self.keep_f32)
         from nncc.backends.registry import loaded_backend  # lazy: start-up
 
         for name in self.backends:  # what else changes a backend's output (a compiler, its own options)
@@ -84,6 +106,28 @@ class CompileOptions:
             if backend is not None:
                 options.update(backend.compile_facts(self))
         return options
+
+
+def calibration_files(folder: str) -> list[str]:
+    """The .npz files of a calibration folder, sorted; none, or no folder, is bad input."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".npz"))
+    except OSError as exc:
+        raise OptionError(f"cannot read the calibration folder {folder}: {exc.strerror or exc}") from None
+    if not names:
+        raise OptionError(f"the calibration folder {folder} holds no .npz feeds")
+    return [os.path.join(folder, n) for n in names]
+
+
+def calibration_digest(folder: str) -> str:
+    """The calibration feeds' names and bytes, hashed: what a cache token needs of them."""
+    digest = hashlib.sha256()
+    for path in calibration_files(folder):
+        with open(path, "rb") as f:
+            data = f.read()
+        digest.update(f"{os.path.basename(path)}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def compile_graph(graph: Graph, options: CompileOptions, objects=None):

@@ -18,6 +18,7 @@ from nncc.ir.graph import TensorInfo
 from nncc.ir.opsets import warn_newer_opsets
 from nncc.plan.format import SEAL_SCHEME, artifact_from_parts, deserialize, seal_payload, serialize
 from nncc.plan.plan import Plan
+from nncc.preparing.calibration import checked
 from nncc.preparing.compiling import compile_options
 from nncc.preparing.flows import prepare as prepare_through_cache, resolve_settings
 from nncc.preparing.shapes import NativeShapes
@@ -191,7 +192,7 @@ def compile_plan(path: str | os.PathLike, model_bytes: bytes | None, options: di
     from nncc.frontend.onnx import load_model  # lazy: onnx
 
     bound_memory()
-    return compile_graph(load_model(path, model_bytes), compile_options(options))
+    return checked(lambda opts: compile_graph(load_model(path, model_bytes), opts), compile_options(options))
 
 
 def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,

@@ -246,8 +246,8 @@ SETTINGS: dict[str, Setting] = {s.key: s for s in (
     Setting("native.cc_timeout", "timeout", "NNCC_CC_TIMEOUT", "300", _seconds,
             "seconds one native build (a C compiler run) may take"),
     Setting("native.precision", "precision", "NNCC_PRECISION", "f32", _choice(PRECISIONS),
-            "the --precision used when none is given: f32, or bf16 (faster products by constant weights "
-            "on AVX-512 BF16, at bfloat16's accuracy)"),
+            "the --precision used when none is given: f32, bf16 (products by constant weights with bfloat16 "
+            "weights, at bfloat16's accuracy), or auto (bf16 within a tolerance)"),
     Setting("native.sanitize", "switch", "NNCC_NATIVE_SANITIZE", "off", _switch,
             "build native code with AddressSanitizer and UBSan (runs only with their runtimes "
             "preloaded; see docs/native.md)"),

@@ -368,6 +368,41 @@ def bf16_gemm(case, rng):
     case.slack = {y: bound}
 
 
+
+def bf16_weights_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The error bound of a product by weights rounded to bfloat16 and widened (what
+    precision bf16 computes on a CPU without AVX-512 BF16): each weight off by at most
+    2^-8 of itself, exact float32 products, float32 sums of K + 2 terms."""
+    terms = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    return (2.0**-8 + (k + 2) * 2.0**-24 * (1 + 2.0**-8)) * terms
+
+
+def bf16_long_gemm(case, rng):
+    """A product by constant weights compiled with precision bf16, judged by the bound of
+    the arithmetic this CPU computes it in (bfloat16 weights widened where it lacks AVX-512
+    BF16, else vdpbf16ps): K long enough to be cut into blocks, one and two rows (the
+    split sums), odd panel tails, and a residual Add the product's store takes."""
+    from nncc.native.precision import arithmetic  # lazy: only this kind asks
+
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    m = _choice(rng, [1, 2, 3, 6, 7, 13, 40])
+    k = _choice(rng, [1, 7, 33, 385, 800])
+    nn = _choice(rng, [1, 7, 16, 31, 33, 65, 100])
+    a = b.input("a", (m, k))
+    w = b.init("w", (k, nn))
+    (y,) = b.node("MatMul", [a, w], ["mm"])
+    residual = rng.random() < 0.5
+    if residual:
+        (y,) = b.node("Add", [y, b.input("r", (m, nn))], ["res"])
+    b.output(y)
+    weights_only = arithmetic("bf16", "native") == "bf16w"
+    bound = (bf16_weights_bound if weights_only else bf16_bound)(case.inputs[a], case.inits[w], k)
+    case.terms = k + 1
+    case.slack = {y: bound}
+    case.geometry = dict(M=m, K=k, N=nn, residual=residual, arithmetic="bf16w" if weights_only else "bf16")
+
+
 # -- attention ---------------------------------------------------------------------------------
 
 
@@ -843,10 +878,11 @@ def recurrent(case, rng, **given):
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
-         "recurrent": recurrent}
+         "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
+         "bf16_long_gemm"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -2,7 +2,8 @@
 nncc/native/gemm_bf16_gen.py): results within the error bound bfloat16 rounding gives
 against onnxruntime's float32, and equal (up to float32 sums) to the product of the inputs
 rounded to bfloat16 by ml_dtypes, an independent rounding; the option's place in the cache
-token; bad values; and the float32 fall-back where the target lacks AVX-512 BF16.
+token; and bad values. Where the target lacks AVX-512 BF16 the weights alone are bfloat16
+(tests/test_native_bf16_weights.py).
 
 The bound, per output element, for inputs rounded to 8 significant bits (each off by at
 most 2^-8 of itself, so each product by at most 2 * 2^-8 + 2^-16 of |a b|) and float32
@@ -24,15 +25,15 @@ import pytest
 
 import nncc
 from nncc.compiler import CompileOptions, OptionError
-from nncc.native.precision import why_not_bf16
-from nncc.native.toolchain import find_toolchain, missing_features, required_features
+from nncc.native.precision import arithmetic, why_not_bf16
+from nncc.native.toolchain import find_toolchain
 from tests.oracle import ort_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_COMPILER = find_toolchain() is None
 needs_bf16 = pytest.mark.skipif(NO_COMPILER or why_not_bf16("native") is not None,
-                                reason="no C compiler, or this CPU lacks avx512_bf16 (a bf16 compile is then "
-                                       "float32, which test_a_target_without_bf16_compiles_float32 checks)")
+                                reason="no C compiler, or this CPU lacks avx512_bf16 (a bf16 compile then keeps "
+                                       "bfloat16 weights, which test_native_bf16_weights.py checks)")
 
 
 def bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
@@ -162,7 +163,7 @@ def test_precision_is_in_the_token_only_when_not_float32():
     default, f32, bf16 = CompileOptions(), CompileOptions(precision="f32"), CompileOptions(precision="bf16")
     assert "precision" not in default.as_dict()  # every float32 token stays what it was
     assert f32.as_dict() == default.as_dict()
-    assert bf16.as_dict() == dict(default.as_dict(), precision="bf16")
+    assert bf16.as_dict() == dict(default.as_dict(), precision="bf16", arithmetic=arithmetic("bf16", "native"))
     assert token_context(f32) == token_context(default) != token_context(bf16)
 
 
@@ -188,21 +189,3 @@ def test_an_unknown_precision_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run(cli + ["-v"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "precision=bf16" in done.stderr
-
-
-@pytest.mark.skipif(NO_COMPILER or bool(missing_features(required_features("x86-64-v4"))),
-                    reason="no C compiler, or this CPU cannot run x86-64-v4 code")
-def test_a_target_without_bf16_compiles_float32_and_says_so_once(tmp_path, capfd):
-    b = Model(4)
-    b.input("x", (9, 33))
-    b.const("w", (33, 17))
-    b.output(b.op("MatMul", ["x", "w"], "y"))
-    path = b.save(tmp_path / "m.onnx")
-    capfd.readouterr()
-    asked = nncc.compile_model(path, precision="bf16", target="x86-64-v4")
-    warnings = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
-    assert warnings == ["nncc: warning: precision bf16 ignored: --target x86-64-v4 does not include avx512_bf16; "
-                        "the products stay float32"]
-    plain = nncc.compile_model(path, target="x86-64-v4")
-    assert asked.native_partitions == plain.native_partitions == 1
-    np.testing.assert_array_equal(asked.run(b.feeds)["y"], plain.run(b.feeds)["y"])

@@ -22,7 +22,7 @@ from nncc.backends.base import Backend, CompiledPartition, Partition
 from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
-from nncc.native.precision import effective, say_if_unavailable
+from nncc.native.precision import arithmetic, say_if_unavailable
 from nncc.native.toolchain import TARGETS, NativeBuildError, find_toolchain, is_sanitized
 from nncc.plan.plan import BackendPayload, Plan
 from nncc.util.notice import warn
@@ -56,14 +56,16 @@ class NativeBackend(Backend):
     payload_is_code = True
     code_noun = "native code"
 
-    def __init__(self, toolchain=None, precision: str = "f32", objects=None):
+    def __init__(self, toolchain=None, precision: str = "f32", objects=None, keep_f32: tuple[str, ...] = ()):
         self.toolchain = toolchain
-        self.precision = precision  # of the GEMM by constant weights: what the target can do of what was asked
+        self.precision = precision  # of the GEMM by constant weights: the arithmetic (precision.ARITHMETICS)
         self.objects = objects  # where compiled objects are kept and found; None: this process's memory
+        self.keep_f32 = keep_f32  # weights whose products stay float32 whatever the precision
 
     def for_compile(self, options) -> "NativeBackend":
-        say_if_unavailable(options.precision, options.target)  # once per process: the compile asked for it
-        return NativeBackend(toolchain_for(options), effective(options.precision, options.target))
+        toolchain = toolchain_for(options)
+        say_if_unavailable(options.precision, toolchain is not None)  # once per process: the compile asked for it
+        return NativeBackend(toolchain, arithmetic(options.precision, options.target), keep_f32=options.keep_f32)
 
     def check_options(self, options) -> str | None:
         if options.target not in TARGETS:
@@ -80,14 +82,15 @@ class NativeBackend(Backend):
         return None if toolchain is None else toolchain.key()
 
     def keeping_objects(self, store) -> "NativeBackend":
-        return NativeBackend(self.toolchain, self.precision, store)
+        return NativeBackend(self.toolchain, self.precision, store, self.keep_f32)
 
     def compile_facts(self, options) -> dict:
         """A compiler update or another ISA must miss the cache, and so must bfloat16
-        products (named only when asked for: every float32 compile keeps its token)."""
+        arithmetic, named by kind (only when asked for: every float32 compile keeps its token)."""
         facts = {"toolchain": self.build_tool(options)}
         if options.precision != "f32":
             facts["precision"] = options.precision
+            facts["arithmetic"] = arithmetic(options.precision, options.target)  # precision.ARITHMETICS
         return facts
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
@@ -130,7 +133,8 @@ class NativeBackend(Backend):
         portable = super().compile(partition, graph, infos)
         symbol = f"nncc_partition_{partition.index}"
         portable.entry = symbol
-        unit = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target), self.precision)
+        unit = generate(partition, graph, infos, symbol, vector_floats(self.toolchain.target), self.precision,
+                        keep_f32=self.keep_f32)
         portable.payload = unit
         portable.constants = dict(unit.constants)  # packed weights: read by native code only
         return portable

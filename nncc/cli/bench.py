@@ -13,6 +13,7 @@ import click
 
 from nncc.cli.options import (command_cache_dir, compile_options, options_dict, parse_dims, verbosity_options,
                               warn_compile_options_on_artifact)
+from nncc.preparing.deviation import summary
 from nncc.util.units import format_bytes
 
 
@@ -100,15 +101,18 @@ def render(result: dict) -> None:
     title = (f"{result['model']}: {settings['preference']}, -O{settings['opt_level']}, "
              f"{settings['threads']} threads, {result['iterations']} iterations"
              f"{' interleaved with onnxruntime ' + cmp['version'] if cmp else ''}")
+    arithmetic = settings.get("arithmetic", "f32")  # what nncc's products by weights computed in
+    like = arithmetic == "f32"  # onnxruntime computes in float32: a ratio compares like with like only then
     table = Table()
     table.add_column("measurement")
-    table.add_column("nncc", justify="right")
+    table.add_column(f"nncc ({arithmetic})", justify="right")
     if cmp:
-        table.add_column("onnxruntime", justify="right")
-        table.add_column("nncc / ort", justify="right")
+        table.add_column("onnxruntime (f32)", justify="right")
+        if like:
+            table.add_column("nncc / ort", justify="right")
 
     def row(label, ours, theirs=None, ratio=None):
-        table.add_row(label, ours, *((theirs or "-", _x(ratio)) if cmp else ()))
+        table.add_row(label, ours, *(((theirs or "-",) + ((_x(ratio),) if like else ())) if cmp else ()))
 
     c = result["compile"]
     if result["model_kind"] == "artifact":
@@ -154,11 +158,16 @@ def render(result: dict) -> None:
         notes.append(f"largest |nncc - onnxruntime| over {cmp['outputs_compared']} outputs: "
                      + ("-" if diff is None else f"{diff:.3g}")
                      + ("" if rel is None or diff is None else f" (relative to the output's scale: {rel:.2g})"))
-        notes.append("ratios are nncc / onnxruntime: below 1 nncc is faster (throughput: above 1)")
+        notes.append("ratios are nncc / onnxruntime: below 1 nncc is faster (throughput: above 1)" if like else
+                     f"no nncc / onnxruntime ratios: nncc computed its products by weights in {arithmetic}, "
+                     "onnxruntime in f32")
         set_options = ", ".join(f"{k}={v}" for k, v in cmp.get("session_options", {}).items())
         notes.append("onnxruntime at its defaults" + (f" except {set_options}" if set_options else "")
                      + "; it runs in this process, interleaved with nncc")
     elif result["compare"]:
         notes.append(f"no comparison: {result['compare']['reason']}")
+    check = settings.get("precision_check")
+    if check:
+        notes.insert(0, f"precision {settings['precision']}: {summary(check)}")
     for note in notes:
         out.print(note, style="dim")

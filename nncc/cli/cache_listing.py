@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -12,6 +13,7 @@ from nncc.cli.cache_common import (cache_dir_option, command_settings, complete_
 from nncc.cli.cache_options import remote_option
 from nncc.cli.options import verbosity_options
 from nncc.cli.output import emit_json, status
+from nncc.preparing.deviation import PLAN_KEY, describe
 
 
 SORTS = {"size": "(plan_size + data_size) DESC", "last-used": "last_used DESC", "hits": "hits DESC"}
@@ -52,7 +54,7 @@ def ls(patterns, sort, wide, cache_dir, trust_shared, as_json):
              "`nncc cache verify --fix` removes them")
     if as_json:
         emit_json({"directory": c.directory,
-                   "entries": [e.as_dict() | {"objects": linked[e.token]} for e in entries],
+                   "entries": [e.as_dict() | {"objects": linked[e.token]} | _check(e) for e in entries],
                    "objects": objects})
         return
     click.echo(f"nncc cache at {c.directory}")
@@ -85,6 +87,7 @@ def _entry_table(entries, wide: bool, linked: dict) -> str:
         add(Column("stage"), [e.stage or "-" for e in entries])
         add(Column("origin"), [(e.origin or "-").split(" ", 1)[0] for e in entries])
         add(Column("objects", right=True), [str(len(linked[e.token])) for e in entries])
+        add(Column("deviation"), [_deviation(e) for e in entries])
     add(Column("size", 6, right=True), [format_bytes(e.size) for e in entries])
     add(Column("preference", 5), [e.preference or "-" for e in entries])
     add(Column("hits", 4, right=True), [str(e.hits) for e in entries])
@@ -93,6 +96,25 @@ def _entry_table(entries, wide: bool, linked: dict) -> str:
     add(Column("version", 2), [e.nncc_version for e in entries])
     add(Column("created", 1), [used(e.created) for e in entries])
     return render(columns, rows, None if wide else terminal_width())
+
+
+def _check(entry) -> dict:
+    """A precision's measured deviation from float32, as the entry's row recorded it."""
+    try:
+        options = json.loads(entry.options or "{}")
+    except ValueError:
+        return {}
+    check = options.get(PLAN_KEY) if isinstance(options, dict) else None
+    return {"precision": options.get("precision"), PLAN_KEY: check} if isinstance(check, dict) else {}
+
+
+def _deviation(entry) -> str:
+    """The deviation column: the precision and its largest deviation from float32, or -."""
+    check = _check(entry)
+    if not check:
+        return "-"
+    values = [v for v in (check[PLAN_KEY].get("deviation") or {}).values() if isinstance(v, (int, float))]
+    return f"{check['precision']} {describe(max(values, default=0.0))}"
 
 
 def _ago(ts) -> str:

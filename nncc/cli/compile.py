@@ -13,10 +13,11 @@ import time
 import click
 
 from nncc.cli.cache_options import cache_options, report_cache
-from nncc.cli.options import compile_options, dim_option, options_dict, parse_dim_lists, stage_option, \
-    verbosity_options
+from nncc.cli.options import (compile_options, dim_option, options_dict, parse_dim_lists, precision_check_options,
+                               stage_option, verbosity_options)
 from nncc.cli.output import detail, emit_json, status
 from nncc.compiler import CompileOptions
+from nncc.preparing.deviation import PLAN_KEY, summary
 from nncc.settings import cache_dir as resolve_cache_dir
 from nncc.util.units import format_bytes
 
@@ -36,12 +37,13 @@ from nncc.util.units import format_bytes
 @click.option("--force", is_flag=True,
               help="Rewrite OUT.nncc even when its content is unchanged (gives it a new mtime).")
 @compile_options
+@precision_check_options
 @stage_option(default="optimized", help_default="optimized")
 @cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
 @verbosity_options
-def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, precision, stage,
-            cache_dir,
+def compile(model, output, depfile, force, dim_specs, preference, opt_level, backends, plugins, target, precision,
+            tolerance, calibration, stage, cache_dir,
             no_cache, trust_shared, hash_mode, remote_url, as_json):
     """Compile MODEL (.onnx) ahead of time into OUT.nncc (plan + constants + call info).
 
@@ -62,7 +64,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
         return _compile_size_lists(model, lists, output, depfile, force, no_cache, as_json, start, stage,
                                    dict(cache_dir=cache_dir, trust_shared=trust_shared, hash_mode=hash_mode),
                                    remote_url, options_dict(preference, opt_level, backends, plugins, target, None,
-                                                            precision))
+                                                            precision, tolerance, calibration))
     if output is None:
         raise click.MissingParameter(ctx=click.get_current_context(), param_type="option",
                                      param_hint="'-o' / '--output'")
@@ -72,7 +74,7 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
         check_writable(depfile, "the depfile")
     source = read_onnx_source(model)  # read once: MODEL may be a pipe
     _refuse_clobbering(model, source, output, depfile, cache_dir)
-    options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
+    options = options_dict(preference, opt_level, backends, plugins, target, dims, precision, tolerance, calibration)
 
     detail(f"nncc: options: preference={options['preference']} -O{opt_level} "
            f"backends={','.join(backends or CompileOptions.backends)} target={target}"
@@ -95,10 +97,15 @@ def compile(model, output, depfile, force, dim_specs, preference, opt_level, bac
     if depfile:
         _write_depfile(depfile, model, source, output, outcome.directory)
     seconds = time.perf_counter() - start
+    check = prepared.plan.options.get(PLAN_KEY)
     if as_json:
         emit_json({"model": model, "output": output, "bytes": len(data), "written": written,
-                   "depfile": depfile, "compile_seconds": seconds, "cache": outcome.as_dict()})
-    elif written:
+                   "depfile": depfile, "compile_seconds": seconds, "cache": outcome.as_dict(),
+                   **({"precision_check": check} if check else {})})
+        return
+    if check:
+        status(f"nncc: {summary(check)}")
+    if written:
         status(f"nncc: compiled {model} -> {output} ({format_bytes(len(data))}) in {seconds * 1000:.0f} ms")
     else:
         status(f"nncc: {output} is up to date ({format_bytes(len(data))}, unchanged; not rewritten)")

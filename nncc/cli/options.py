@@ -26,16 +26,34 @@ def compile_options(command):
         click.option("--target", type=click.Choice(TARGETS), default="native", show_default=True,
                      help="ISA the native backend builds for: this CPU's own, or an x86-64 level."),
         click.option("--precision", type=click.Choice(PRECISIONS), default=None,
-                     help="Arithmetic of native products by constant weights: f32 (exact), or bf16 "
-                          "(inputs rounded to bfloat16, float32 sums: about 2x faster, ~3 significant "
-                          "digits; needs AVX-512 BF16, else f32 with a warning). "
+                     help="Arithmetic of native products by constant weights: f32 (exact), bf16 "
+                          "(~3 significant digits: with AVX-512 BF16 inputs rounded to bfloat16, about "
+                          "2x faster; elsewhere weights stored as bfloat16, half their bytes), or auto "
+                          "(bf16, the layers that cost the most accuracy kept f32 within --tolerance). "
                           "[default: native.precision in the config, else f32]"),
     ]):
         command = decorator(command)
     return command
 
 
-def options_dict(preference, opt_level, backends, plugins, target="native", dims=None, precision=None) -> dict:
+def precision_check_options(command):
+    """Decorate ``command`` with --tolerance and --calibration: what a precision below
+    float32 may cost, and the inputs it is measured on (nncc.preparing.calibration)."""
+    for decorator in reversed([
+        click.option("--tolerance", type=float, default=None, metavar="X",
+                     help="Fail (exit 2) when an output deviates from float32 by more than X "
+                          "(max |a-b| / max |a|); with --precision auto, the deviation layers "
+                          "stay float32 to keep within. [default: none; 0.01 for auto]"),
+        click.option("--calibration", type=click.Path(file_okay=False), default=None, metavar="DIR",
+                     help="Measure the deviation on the .npz feeds in DIR (one per file, arrays "
+                          "named as the inputs) instead of random inputs."),
+    ]):
+        command = decorator(command)
+    return command
+
+
+def options_dict(preference, opt_level, backends, plugins, target="native", dims=None, precision=None,
+                 tolerance=None, calibration=None) -> dict:
     """The compile options; a --preference or --precision not given comes from the settings
     ($NNCC_PREFERENCE, else run.preference in the config file, else fast-single-answer;
     $NNCC_PRECISION, else native.precision, else f32)."""
@@ -44,10 +62,10 @@ def options_dict(preference, opt_level, backends, plugins, target="native", dims
     precision = value("native.precision", precision, "--precision")
     if precision != "f32":  # else the library's default
         options["precision"] = precision
-        if "native" in (backends or ("native",)):
-            from nncc.native.precision import say_if_unavailable  # lazy: start-up
-
-            say_if_unavailable(precision, target)  # before anything is compiled, and only once
+    if tolerance is not None:
+        options["tolerance"] = tolerance
+    if calibration is not None:
+        options["calibration"] = calibration
     if backends:  # else the library's default: native where a compiler is found, then numpy
         options["backends"] = tuple(backends)
     if dims:  # fixed symbolic input dimensions: a different compile (and cache entry)

@@ -6,6 +6,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from nncc.cli.output import console, verbosity
+from nncc.preparing.deviation import PLAN_KEY, summary
 from nncc.util.units import format_bytes
 
 
@@ -16,6 +17,8 @@ def print_report(report: dict) -> None:
     precision = f" --precision {opts['precision']}" if opts.get("precision") else ""  # only when not f32
     tree.add(f"options: preference={opts.get('preference')} -O{opts.get('opt_level')} "
              f"backends={','.join(opts.get('backends', []))}{dims}{precision}")
+    if opts.get(PLAN_KEY):  # a precision below float32: what it costs, measured at compile time
+        tree.add(escape(summary(opts[PLAN_KEY])))
     if report.get("stage"):
         tree.add(f"stage: {report['stage']}")
     io = tree.add("inputs / outputs")

@@ -106,7 +106,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
     (elementwise_gen), the blocked layout (layout), and the generator modules."""
 
     def __init__(self, partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
-                 precision: str = "f32", profile_steps: bool = False):
+                 precision: str = "f32", profile_steps: bool = False, keep_f32: tuple[str, ...] = ()):
         self.graph, self.symbol = graph, symbol
         self.profile_steps = profile_steps  # time every step (generate's docstring)
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
@@ -114,7 +114,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
         # the arithmetic of the packed GEMM by constant weights, which gemm_gen's emitters read
         # (a product of two values computed at run time stays float32)
-        self.packing = gemm_bf16_gen.BF16 if precision == "bf16" else gemm_gen.F32
+        self.low_packing = {"f32": gemm_gen.F32, "bf16": gemm_bf16_gen.BF16, "bf16w": gemm_bf16_gen.BF16W}[precision]
+        self.packing = self.low_packing
+        self.keep_f32 = frozenset(keep_f32)  # weights (by name) whose products stay float32 (precision auto)
         self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
@@ -187,6 +189,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if id(node) in self.absorbed:
                 continue
             first = len(self.steps)
+            weights = node.inputs[1] if len(node.inputs) > 1 else ""
+            self.packing = gemm_gen.F32 if weights in self.keep_f32 else self.low_packing
             self.emit(node)
             for step in self.steps[first:]:
                 step.label = step.label or f"{node.op_type} {node.name}"
@@ -304,14 +308,15 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
 
 
 def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str, vl: int = 4,
-             precision: str = "f32", profile_steps: bool = False) -> Unit:
+             precision: str = "f32", profile_steps: bool = False, keep_f32: tuple[str, ...] = ()) -> Unit:
     """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa);
-    ``precision``: of the products by constant weights, "f32" or "bf16" (which the ISA
-    must have: nncc.native.gemm_bf16_gen.why_not). ``profile_steps``: a benchmark aid
+    ``precision``: the arithmetic of the products by constant weights, "f32", "bf16" (which
+    the ISA must have: nncc.native.precision.why_not_bf16) or "bf16w"; ``keep_f32``: the
+    weights whose products stay float32 whatever it is. ``profile_steps``: a benchmark aid
     (benchmarks/step_classes.py) timing every step into a table the entry point
     ``SYMBOL_profile`` copies out; the compiler never asks for it, so such code is never
     cached or shipped."""
-    return _Writer(partition, graph, infos, symbol, vl, precision, profile_steps).build()
+    return _Writer(partition, graph, infos, symbol, vl, precision, profile_steps, keep_f32).build()
 
 
 def prelude() -> str:

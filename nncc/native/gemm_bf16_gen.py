@@ -1,6 +1,6 @@
-"""The packed GEMM of nncc/native/gemm_gen.py in bfloat16 (``precision="bf16"``), for CPUs
-with AVX-512 BF16: the products by constant weights take half the instructions and half
-the weight bytes, at bfloat16's accuracy.
+"""The packed GEMM of nncc/native/gemm_gen.py in bfloat16 (``precision="bf16"``): for CPUs
+with AVX-512 BF16 the products by constant weights take half the instructions and half
+the weight bytes, at bfloat16's accuracy; elsewhere the weights alone are bfloat16.
 
 B is rounded to bfloat16 at compile time (to nearest, ties to even) and packed in the
 layout ``vdpbf16ps`` multiplies: panels of NR columns as in the float32 GEMM, but each
@@ -16,6 +16,14 @@ Each product thus sees its inputs rounded to 8 significant bits (each off by at 
 of itself, so the product by about 2^-7) and sums in float32: per output element the error
 is at most about 2^-7 * sum_k |a_ik * b_kj| (docs/native.md gives the exact bound, which
 tests/test_native_bf16.py and the native fuzzer check).
+
+Where the CPU lacks AVX-512 BF16 (``BF16W``, nncc/native/precision.py) only the weights are
+bfloat16: B is rounded at compile time and packed as the float32 GEMM's panels, but two
+columns to a 32-bit word (column j of each pair of vectors in the low half, j + VL in the
+high half), so the micro-kernel streams half the bytes. It widens them in registers, one
+load, one shift and one mask per two vectors of B, and multiplies float32 A by them with
+the float32 GEMM's FMAs, sums and epilogue. Only B's rounding is an error: at most
+2^-8 * sum_k |a_ik * b_kj| plus float32 sums (docs/native.md).
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import graph_query
-from nncc.native.gemm_gen import (PARTIAL_VECTOR_C, TILES, Epilogue, Shape, grid_source, k_loop, kernel_head,
-                                   store_tile)
+from nncc.native.gemm_gen import (PARTIAL_VECTOR_C, TILES, Epilogue, Shape, blocking, grid_source, k_loop,
+                                   kernel_head, store_tile)
 
 # Rows per micro-tile: 6 x 4 vectors keep 24 sums in registers, B's 4 vectors beside them
 # and A's pair as the instruction's broadcast operand. NV (so NR, and the bias row's
@@ -187,3 +195,100 @@ class Bf16Packing:
 
 
 BF16 = Bf16Packing()
+
+
+# -- bfloat16 weights widened to float32 (CPUs without AVX-512 BF16) ---------------------------
+
+
+def pack_b_weights(b: np.ndarray, vl: int) -> np.ndarray:
+    """``b`` as [..., K, N] (already transposed and scaled) in bfloat16, the float32 GEMM's
+    panels of NR columns with two columns to a word: [..., NP, K, NR / 2] words, word j of
+    the u-th pair of vectors holding column 2u * VL + j (low half) and (2u + 1) * VL + j
+    (high half); carried as float32 like every constant the entry point takes."""
+    vectors = TILES[vl][1]  # per panel, an even count at every width
+    nr = vectors * vl
+    *batch, k, n = b.shape
+    panels = -(-n // nr)
+    padded = np.zeros((*batch, k, panels * nr), np.float32)
+    padded[..., :n] = b
+    halves = to_bf16(padded).reshape(*batch, k, panels, vectors // 2, 2, vl).astype(np.uint32)
+    words = (halves[..., 0, :] | (halves[..., 1, :] << 16)).reshape(*batch, k, panels, nr // 2)
+    return np.ascontiguousarray(np.moveaxis(words, -2, -3)).view(np.float32)
+
+
+# the load of a pair of B's vectors as bfloat16 words: GCC's generic vectors, so one text
+# serves every width (a shift and a mask make the two float32 vectors)
+WIDEN_C = """
+typedef uint32_t w_vu __attribute__((vector_size(NN_VL * 4)));
+static inline w_vu w_load(const uint32_t *p) { w_vu v; memcpy(&v, p, sizeof v); return v; }
+"""
+
+
+def _weights_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> str:
+    """C for a tile of ``rows`` x ``width`` (<= NR) columns of C over one block of K, B's
+    vectors widened from bfloat16 pairs."""
+    vl, words = s.vl, s.nr // 2
+    nv = -(-width // vl)
+    acc, out = kernel_head(name, "float", rows, nv, b_operand="uint32_t")
+
+    def step(q: int, p: str) -> list[str]:
+        lines = [f"    {{ const uint32_t *bp = b + ({p}) * {words};"]
+        for u in range(-(-nv // 2)):
+            lines.append(f"      w_vu x{u} = w_load(bp + {u * vl});")
+            lines.append(f"      nn_v b{2 * u} = (nn_v)(x{u} << 16);")
+            if 2 * u + 1 < nv:
+                lines.append(f"      nn_v b{2 * u + 1} = (nn_v)(x{u} & 0xFFFF0000u);")
+        for r in range(rows):
+            scalar = f"a[{r * s.sai} + ({p}) * {s.sak}]"  # spelled out: a broadcast load, not 0 + a
+            lines.append(f"      nn_v a{r} = (nn_v){{{', '.join([scalar] * vl)}}};")
+            lines += [f"      {acc[q][r][v]} = nn_vfma(a{r}, b{v}, {acc[q][r][v]});" for v in range(nv)]
+        lines.append("    }")
+        return lines
+
+    out += k_loop(step, acc)
+    out += store_tile(s, epi, width, acc[0])
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def weights_source(s: Shape, epi: Epilogue, name: str) -> str:
+    """File-scope C defining ``void name(A, Bp, bias, pre, post, C)`` for one product by
+    bfloat16 weights (pack_b_weights); the pointers the epilogue does not use may be null."""
+    kc, mc = blocking(s)
+    words = s.nr // 2
+    kernels, driver = grid_source(
+        s, epi, name, "w", lambda kernel, rows, width: _weights_kernel(kernel, s, epi, rows, width),
+        s.k, kc, mc,
+        b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {s.k * words} + k0 * {words};",
+        a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } w_job;"],
+        scratch_param="", calls=["w_job g = {A, Bp, bias, pre, post, C, tm, tn};",
+                                 f"nn_parallel(tm * tn, {s.m * s.n * s.k}, w_task, &g);"])
+    return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C, WIDEN_C] + kernels + [driver])
+
+
+class Bf16WeightsPacking:
+    """gemm_gen's emitters' arithmetic with bfloat16 weights widened to float32: the
+    codegen's writer holds BF16W when the compile's precision is bf16 and the target lacks
+    AVX-512 BF16."""
+
+    name = "bf16w"
+
+    def form(self, vl: int) -> str:
+        return f"gemm{vl}bf16w"  # in the packed constant's name: the layout it holds
+
+    def pack(self, b: np.ndarray, vl: int) -> np.ndarray:
+        return pack_b_weights(b, vl)
+
+    def shape(self, batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, ...]:
+        nr = TILES[vl][1] * vl
+        return (*batch, -(-n // nr), k, nr // 2)
+
+    def support(self, s: Shape, epi: Epilogue, entry: str) -> str:
+        return graph_query.source("simd.h") + "\n" + weights_source(s, epi, entry)
+
+    def scratch(self, s: Shape) -> int:
+        return 0
+
+
+BF16W = Bf16WeightsPacking()

@@ -169,14 +169,15 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
     return "\n".join(out) + "\n"
 
 
-def kernel_head(name: str, operand: str, rows: int, nv: int) -> tuple[list[list[list[str]]], list[str]]:
-    """A micro-kernel's signature (A and B of C type ``operand``) and its zeroed sums:
-    (the sums' names [set][row][vector], the C lines). One or two rows keep 4 or 2 sets of
-    sums over K, so enough products are in flight."""
+def kernel_head(name: str, operand: str, rows: int, nv: int,
+                b_operand: str | None = None) -> tuple[list[list[list[str]]], list[str]]:
+    """A micro-kernel's signature (A of C type ``operand``, B of ``b_operand``, else the
+    same) and its zeroed sums: (the sums' names [set][row][vector], the C lines). One or two
+    rows keep 4 or 2 sets of sums over K, so enough products are in flight."""
     split = {1: 4, 2: 2}.get(rows, 1)
     acc = [[[f"c{q}_{r}_{v}" for v in range(nv)] for r in range(rows)] for q in range(split)]
     out = [f"static inline __attribute__((always_inline)) void {name}(const {operand} *restrict a, "
-           f"const {operand} *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
+           f"const {b_operand or operand} *restrict b, float *restrict c, const float *restrict bias, const float *restrict pre, "
            "const float *restrict post, int64_t kc, int init, int final) {"]
     out.append("  nn_v " + ", ".join(f"{x} = nn_vzero()" for q in acc for r in q for x in r) + ";")
     return acc, out
@@ -252,8 +253,8 @@ def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> lis
     return out
 
 
-def _blocking(s: Shape) -> tuple[int, int]:
-    """(KC, MC): K per block and rows per block of A."""
+def blocking(s: Shape) -> tuple[int, int]:
+    """(KC, MC): K per block and rows per block of A (float32 rows, whatever B holds)."""
     kc = s.k
     if s.k > KC_MAX and s.m > s.mr:
         blocks = -(-s.k // KC_MAX)
@@ -265,7 +266,7 @@ def _blocking(s: Shape) -> tuple[int, int]:
 def source(s: Shape, epi: Epilogue, name: str) -> str:
     """File-scope C defining ``void name(A, Bp, bias, pre, post, C)`` for one product; the
     pointers the epilogue does not use may be null."""
-    kc, mc = _blocking(s)
+    kc, mc = blocking(s)
     kernels, driver = grid_source(
         s, epi, name, "g", lambda kernel, rows, width: _micro_kernel(kernel, s, epi, rows, width),
         s.k, kc, mc,
@@ -361,7 +362,7 @@ ENTRY = "g_gemm"
 class F32Packing:
     """What the emitters below ask of the arithmetic they generate: the packed B's layout
     (named in the packed constant's name), its packing and shape, the step's C and its
-    scratch. This one is float32; nncc/native/gemm_bf16_gen.py has the bfloat16 one."""
+    scratch. This one is float32; nncc/native/gemm_bf16_gen.py has the bfloat16 ones."""
 
     name = "f32"
 
@@ -428,7 +429,7 @@ def _with_residual(w, node, out: str):
 
 def emit_matmul(w, node) -> bool:
     """MatMul / FusedMatMul by a constant B as a packed GEMM step; False: not handled here.
-    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen.BF16)."""
+    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen's BF16 or BF16W)."""
     packing = getattr(w, "packing", F32)
     a, b = node.inputs[:2]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
@@ -469,7 +470,7 @@ def emit_matmul(w, node) -> bool:
 
 def emit_gemm(w, node) -> bool:
     """Gemm / FusedGemm by a constant B as a packed GEMM step; False: not handled here.
-    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen.BF16)."""
+    The writer's ``packing`` says the arithmetic (F32, or gemm_bf16_gen's BF16 or BF16W)."""
     packing = getattr(w, "packing", F32)
     a, b = node.inputs[:2]
     c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None

@@ -28,16 +28,24 @@ def compile_options(options: dict, build=None):
 
 def compile_source(source, opts, cache=None):
     """The Plan of ``source`` (a ModelSource), compiled from the bytes hashed into its
-    token; with ``cache``, native code is linked from its kernel objects."""
+    token; with ``cache``, native code is linked from its kernel objects. Below float32,
+    its deviation is measured first (nncc.preparing.calibration)."""
     from nncc.frontend.onnx import parse_model  # lazy: onnx
 
-    path = source.path
-    try:
-        graph = parse_model(source.bytes, base_dir=os.path.dirname(os.path.abspath(path)))
-    except ModelFormatError as exc:
-        raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
-    if cache is None:
-        return compile_graph(graph, opts)
-    from nncc.cache.objects import CacheObjects  # lazy: start-up
+    from nncc.preparing.calibration import checked  # lazy: the executor and numpy, not on a cache hit
 
-    return compile_graph(graph, opts, CacheObjects(cache))
+    path = source.path
+    objects = None
+    if cache is not None:
+        from nncc.cache.objects import CacheObjects  # lazy: start-up
+
+        objects = CacheObjects(cache)
+
+    def build(options):  # each compile parses again: the passes rewrite the graph they are given
+        try:
+            graph = parse_model(source.bytes, base_dir=os.path.dirname(os.path.abspath(path)))
+        except ModelFormatError as exc:
+            raise ModelFormatError(f"{os.fspath(path)} is not a valid ONNX model: {exc}") from None
+        return compile_graph(graph, options, objects)
+
+    return checked(build, opts)  # a precision below float32: its deviation measured, the tolerance held

@@ -17,6 +17,7 @@ from nncc.cache.locking import FileLock
 from nncc.cache.versions import stale_writer
 from nncc.errors import PlanFormatError
 from nncc.plan import format as plan_format
+from nncc.preparing.deviation import PLAN_KEY
 from nncc.preparing.outcome import Prepared
 from nncc.util.notice import warn
 
@@ -72,5 +73,13 @@ def store_plan(cache, token: str, plan, source, opts, compile_seconds: float,
     return cache.put(token, model_bytes, data_bytes, counter=counter, origin="local",
                      source_path=os.path.abspath(os.fspath(source.path)),
                      model_hash=blake3(source.bytes).hexdigest(), preference=opts.preference,
-                     options=json.dumps(opts.as_dict(), sort_keys=True), compile_seconds=compile_seconds,
+                     options=json.dumps(_row_options(plan, opts), sort_keys=True), compile_seconds=compile_seconds,
                      stage=stage)
+
+
+def _row_options(plan, opts) -> dict:
+    """The index row's options: the compile's, and a precision's measured deviation from
+    float32 (nncc/preparing/calibration.py), which `nncc cache ls` shows without reading
+    the plan."""
+    check = plan.options.get(PLAN_KEY)
+    return opts.as_dict() | ({PLAN_KEY: check} if check else {})

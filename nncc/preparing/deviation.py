@@ -1,0 +1,30 @@
+"""A plan's recorded deviation from float32 (nncc/preparing/calibration.py measures it):
+its key in the plan's options and its one-line summary, cheap to import for the commands
+that only show it."""
+
+from __future__ import annotations
+
+import math
+
+PLAN_KEY = "precision_check"
+
+
+def describe(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def summary(check: dict) -> str:
+    """One line of a plan's recorded check (``plan.options[PLAN_KEY]``)."""
+    deviation = check.get("deviation") or {}
+    if not check.get("inputs"):
+        line = "deviation from float32: 0 (nothing computed below float32)"
+    else:
+        name = max(deviation, key=lambda n: deviation[n])
+        line = (f"deviation from float32: {describe(deviation[name])} at most (output {name!r}; max |a-b| / max |a| "
+                f"over {check['inputs']} {check.get('feeds', 'random')} inputs)")
+    if check.get("tolerance") is not None:
+        line += f", tolerance {check['tolerance']:g}"
+    kept = check.get("float32_layers") or []
+    if kept:
+        line += f"; {len(kept)} layer(s) kept float32: {', '.join(kept)}"
+    return line
