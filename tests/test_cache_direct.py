@@ -16,7 +16,6 @@ import sys
 import time
 
 import numpy as np
-import onnx
 import pytest
 
 from nncc.cache import direct
@@ -24,7 +23,7 @@ from nncc.cache.files import CHUNK_BYTES
 from nncc.model import prepare
 from nncc.cache.store import Cache
 from nncc.cache.verify import verify
-from tests.conftest import FIXTURES
+from tests.models import matmul_model
 from tests.oracle import ort_run
 
 
@@ -65,30 +64,6 @@ def aged(path: pathlib.Path) -> pathlib.Path:
 
 def reference(model, feeds):
     return ort_run(model, feeds)
-
-
-def matmul_model(folder: pathlib.Path, rows: int, cols: int, seed: int = 0, external: bool = False,
-                 name: str = "m.onnx") -> pathlib.Path:
-    """x[2, rows] @ w[rows, cols] + b with real random weights (rows*cols*4 bytes of data)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    w = numpy_helper.from_array(rng.standard_normal((rows, cols)).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(cols).astype(np.float32), "b")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["y"])], "mm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, cols])], [w, b])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    if external:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="weights.bin", size_threshold=0)
-    else:
-        onnx.save_model(model, str(path))
-    return path
 
 
 def x_for(rows: int) -> dict:

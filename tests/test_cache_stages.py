@@ -22,10 +22,10 @@ import time
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 import pytest
 
 from nncc.native.toolchain import find_toolchain
+from tests.models import mlp
 from tests.oracle import ort_run
 
 REAL_CC = find_toolchain()
@@ -36,28 +36,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 WAIT = 120.0  # a bound on waiting for a background build, not a timing assertion
 
 
-def _mlp(path: pathlib.Path) -> pathlib.Path:
-    rng = np.random.default_rng(5)
-    inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b1"),
-             numpy_helper.from_array(rng.standard_normal((32, 10)).astype(np.float32), "w2")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
-             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["l"]),
-             helper.make_node("Softmax", ["l"], ["probs"], axis=-1)]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", 1, [4, 64])],
-                              [helper.make_tensor_value_info("probs", 1, [4, 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 class Setup:
     """A model, its feeds and onnxruntime's outputs, a cache, and a logging compiler."""
 
     def __init__(self, tmp_path: pathlib.Path, compiler_body: str | None = None, upgrade_after: str = "0"):
         self.tmp = tmp_path
-        self.model = _mlp(tmp_path / "mlp.onnx")
+        self.model = tmp_path / "mlp.onnx"
+        onnx.save(mlp([4, 64], 32, 10, seed=5, softmax=True), self.model)
         self.feeds = tmp_path / "feeds.npz"
         x = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
         np.savez(self.feeds, x=x)

@@ -16,6 +16,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.models import relu_model
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -76,15 +78,6 @@ def assert_usage_error(result: subprocess.CompletedProcess, *fragments: str) -> 
 def save(model: onnx.ModelProto, path: pathlib.Path) -> pathlib.Path:
     path.write_bytes(model.SerializeToString())
     return path
-
-
-def relu_model(path: pathlib.Path, shape=(2, 3), output: str = "y") -> pathlib.Path:
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], [output])], "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info(output, TensorProto.FLOAT, list(shape))],
-    )
-    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), path)
 
 
 @pytest.fixture

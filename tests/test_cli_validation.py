@@ -16,8 +16,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.models import relu_model
 from tests.oracle import ort_outputs
-from tests.test_cli_errors import assert_error, assert_usage_error, nncc, relu_model, save
+from tests.test_cli_errors import assert_error, assert_usage_error, nncc, save
 
 
 def cache_files() -> list[str]:

@@ -25,6 +25,7 @@ import nncc
 from nncc.backends.registry import load_plugin
 from nncc.errors import KernelError
 from tests.conftest import ROOT
+from tests.models import layernorm_mlp
 from tests.oracle import ort_run, ort_session
 
 BUGGY = "tests.plugins.buggy_plugin"
@@ -236,29 +237,6 @@ def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
 # -- two-phase kernels: prepared once with static shapes, then run ---------------------------
 
 
-def mlp_model(tmp_path: pathlib.Path, batch) -> pathlib.Path:
-    """MatMul + bias + Relu (fused by the passes), a Gemm with transB, alpha and beta,
-    LayerNormalization, a MatMul and a LogSoftmax."""
-    rng = np.random.default_rng(2)
-
-    def weight(name, *shape):
-        return onnx.numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
-
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]),
-             helper.make_node("Gemm", ["r", "w2", "b2"], ["g"], transB=1, alpha=0.5, beta=2.0),
-             helper.make_node("LayerNormalization", ["g", "scale", "shift"], ["n"], axis=-1),
-             helper.make_node("MatMul", ["n", "w3"], ["m"]),
-             helper.make_node("LogSoftmax", ["m"], ["y"], axis=-1)]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", F, [batch, 16])],
-                              [helper.make_tensor_value_info("y", F, [batch, 5])],
-                              [weight("w1", 16, 24), weight("b1", 24), weight("w2", 8, 24), weight("b2", 1, 8),
-                               weight("scale", 8), weight("shift", 8), weight("w3", 8, 5)])
-    path = tmp_path / f"mlp_{batch}.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
-
-
 @pytest.mark.parametrize("batch, prepared", [(3, True), ("N", False)])
 def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batch, prepared):
     """Static operands: the matrix products, LayerNormalization and LogSoftmax run their
@@ -266,7 +244,7 @@ def test_matrix_kernels_are_prepared_once_where_shapes_are_static(tmp_path, batc
     agree with onnxruntime."""
     from nncc.kernels.registry import by_key
 
-    path = mlp_model(tmp_path, batch)
+    path = layernorm_mlp(tmp_path / f"mlp_{batch}.onnx", batch)
     model = nncc.compile_model(path, backends=["numpy"])
     plan = model._executor.plan
     general = [by_key(plan.kernels[ins.kernel]).fn for ins in plan.instructions]

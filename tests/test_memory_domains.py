@@ -9,6 +9,7 @@ import pytest
 
 import nncc
 from nncc.errors import InputError
+from tests.models import relu_model
 
 
 def _save(tmp_path, name, nodes, inputs, outputs, inits=()):
@@ -148,8 +149,7 @@ def test_concurrent_reads_are_safe_and_concurrent_writes_do_not_crash(cell):
 
 
 def test_a_buffer_with_unknown_dimensions_takes_the_first_output_shape(tmp_path):
-    path = _save(tmp_path, "relu", [helper.make_node("Relu", ["x"], ["y"])],
-                 [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
+    path = relu_model(tmp_path / "relu.onnx", ["N", 4], opset=17)
     model = nncc.compile_model(path)
     buffer = model.allocate([("output", "y"), ("input", "x")])
     assert buffer.shape is None

@@ -20,8 +20,9 @@ import pytest
 import nncc
 from nncc.errors import PlanFormatError
 from nncc.native.toolchain import find_toolchain
-from nncc.plan.format import deserialize, serialize
+from nncc.plan.format import serialize
 from tests.conftest import FIXTURES
+from tests.models import mlp
 from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler on this machine: the native "
@@ -317,14 +318,7 @@ def test_fixture_models_native_and_numpy(name):
 
 @pytest.fixture
 def static_mlp(tmp_path_factory) -> pathlib.Path:
-    rng = np.random.default_rng(21)
-    inits = [numpy_helper.from_array(_rand(rng, (64, 32)), "w1"), numpy_helper.from_array(_rand(rng, (32,)), "b1"),
-             numpy_helper.from_array(_rand(rng, (32, 10)), "w2")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["a"]),
-             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["l"]),
-             helper.make_node("Softmax", ["l"], ["probs"], axis=-1)]
-    model = _model(nodes, [_f32("x", [4, 64])], [_f32("probs", [4, 10])], inits)
-    return _save(tmp_path_factory.mktemp("static"), model, "static_mlp.onnx")
+    return _save(tmp_path_factory.mktemp("static"), mlp([4, 64], 32, 10, seed=21, softmax=True), "static_mlp.onnx")
 
 
 def _mlp_feeds():

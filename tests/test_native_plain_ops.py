@@ -18,52 +18,10 @@ import nncc
 from nncc.native.codegen import ALIASES
 from nncc.native.toolchain import find_toolchain
 from tests.conftest import light_models_dir
+from tests.models import GraphBuilder
 from tests.oracle import ort_run
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
-
-
-class Graph:
-    """A model under construction: one independent node (or chain) per case, each with
-    its own input and output, so one compile checks them all."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
-        self.nodes, self.inputs, self.outputs, self.inits, self.feeds = [], [], [], [], {}
-
-    def input(self, shape, scale: float = 1.0) -> str:
-        name = f"x{len(self.inputs)}"
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
-        self.feeds[name] = np.asarray(self.rng.standard_normal(shape) * scale, np.float32)
-        return name
-
-    def const(self, value, dtype=np.int64) -> str:
-        name = f"c{len(self.inits)}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
-
-    def weight(self, shape) -> str:
-        fan_in = int(np.prod(shape[1:])) or 1
-        return self.const(self.rng.standard_normal(shape) * np.sqrt(2.0 / fan_in), np.float32)
-
-    def node(self, op, inputs, n_out: int = 1, **attrs) -> list[str]:
-        outs = [f"y{len(self.nodes)}_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op, list(inputs), outs, **attrs))
-        return outs
-
-    def output(self, name: str) -> None:
-        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-
-    def case(self, op, shape, *extra, n_out: int = 1, scale: float = 1.0, **attrs) -> None:
-        """One node of ``op`` reading a new input of ``shape`` (then ``extra`` inputs)."""
-        for out in self.node(op, [self.input(shape, scale), *extra], n_out, **attrs):
-            self.output(out)
-
-    def model(self, opset: int):
-        graph = helper.make_graph(self.nodes, "t", self.inputs, self.outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        model.ir_version = 8
-        return model
 
 
 def _ort(path, feeds, names):
@@ -82,7 +40,7 @@ def assert_one_native_partition(compiled) -> None:
             assert all(op.split("::")[1] in ALIASES for op in ops), ops
 
 
-def check_native(tmp_path, g: Graph, opset: int, rtol: float = 1e-4, atol: float = 1e-5, oracle=_ort):
+def check_native(tmp_path, g: GraphBuilder, opset: int, rtol: float = 1e-4, atol: float = 1e-5, oracle=_ort):
     """Compile, assert one native partition and no fallback, compare every output with
     ``oracle`` (onnxruntime unless it lacks the case)."""
     model = g.model(opset)
@@ -131,7 +89,7 @@ def _lrn_by_the_spec(path, feeds, names):
 def test_lrn(tmp_path, even):
     """onnxruntime takes odd sizes only: even ones (a window one wider after the channel
     than before it) are checked against the spec's formula."""
-    g = Graph(1 + even)
+    g = GraphBuilder(seed=1 + even)
     for i in range(12 if not even else 6):
         shape = _shape(g.rng, 4)
         shape[1] = [1, 2, 5, 9, 16][i % 5]
@@ -156,7 +114,7 @@ def _pads(rng, shape, mode):
 
 @pytest.mark.parametrize("opset", [19, 11])
 def test_pad(tmp_path, opset):
-    g = Graph(2 + opset)
+    g = GraphBuilder(seed=2 + opset)
     modes = ["constant", "reflect", "edge"] + (["wrap"] if opset >= 19 else [])
     for i in range(16):
         mode = modes[i % len(modes)]
@@ -164,13 +122,13 @@ def test_pad(tmp_path, opset):
         if i % 5 == 4:
             shape[-1] = 1  # a size-1 axis: reflect may not pad it
         pads = _pads(g.rng, shape, mode)
-        extra = [g.const(pads)]
+        extra = [g.ints(pads)]
         if mode == "constant" and i % 2:
-            extra.append(g.const(np.float32(g.rng.standard_normal()), np.float32))
+            extra.append(g.const(np.float32(g.rng.standard_normal())))
         g.case("Pad", shape, *extra, mode=mode)
     if opset >= 18:  # pads for some axes only, negative axes
-        g.case("Pad", [2, 3, 4, 5], g.const([1, 2, 0, 1]), "", g.const([-1, 1]), mode="reflect")
-        g.case("Pad", [1, 8, 6, 6], g.const([0, 0, 1, 1, 0, 0, 1, 1]), mode="constant")
+        g.case("Pad", [2, 3, 4, 5], g.ints([1, 2, 0, 1]), "", g.ints([-1, 1]), mode="reflect")
+        g.case("Pad", [1, 8, 6, 6], g.ints([0, 0, 1, 1, 0, 0, 1, 1]), mode="constant")
     check_native(tmp_path, g, opset)
 
 
@@ -194,19 +152,19 @@ def _slice_args(rng, shape):
 
 
 def test_slice(tmp_path):
-    g = Graph(3)
+    g = GraphBuilder(seed=3)
     for _ in range(20):
         shape = _shape(g.rng, int(g.rng.integers(1, 5)))
         starts, ends, axes, steps = _slice_args(g.rng, shape)
-        g.case("Slice", shape, g.const(starts), g.const(ends), g.const(axes), g.const(steps))
-    g.case("Slice", [1, 3, 4, 5], g.const([1]), g.const([3]))  # axes and steps omitted
-    g.case("Slice", [1, 32, 20, 20], g.const([0, 1]), g.const([32, 20]), g.const([1, 2]), g.const([2, 2]))
+        g.case("Slice", shape, g.ints(starts), g.ints(ends), g.ints(axes), g.ints(steps))
+    g.case("Slice", [1, 3, 4, 5], g.ints([1]), g.ints([3]))  # axes and steps omitted
+    g.case("Slice", [1, 32, 20, 20], g.ints([0, 1]), g.ints([32, 20]), g.ints([1, 2]), g.ints([2, 2]))
     check_native(tmp_path, g, 17)
 
 
 @pytest.mark.parametrize("opset", [18, 11])
 def test_split(tmp_path, opset):
-    g = Graph(4)
+    g = GraphBuilder(seed=4)
     for i in range(10):
         shape = _shape(g.rng, int(g.rng.integers(1, 5)))
         axis = int(g.rng.integers(-len(shape), len(shape)))
@@ -214,7 +172,7 @@ def test_split(tmp_path, opset):
         cuts = sorted(g.rng.integers(0, d + 1, int(g.rng.integers(0, 3))).tolist())
         sizes = np.diff([0, *cuts, d]).tolist()  # may hold zeros: empty outputs
         if opset >= 13:
-            g.case("Split", shape, g.const(sizes), n_out=len(sizes), axis=axis)
+            g.case("Split", shape, g.ints(sizes), n_out=len(sizes), axis=axis)
         else:
             g.case("Split", shape, n_out=len(sizes), axis=axis, split=sizes)
     if opset >= 18:
@@ -230,34 +188,34 @@ NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
 
 
 def test_resize_nearest(tmp_path):
-    g = Graph(5)
-    empty = g.const(np.zeros(0, np.float32), np.float32)
+    g = GraphBuilder(seed=5)
+    empty = g.const(np.zeros(0, np.float32))
     for i in range(20):
         rank = [4, 4, 3, 2][i % 4]
         shape = _shape(g.rng, rank)
         coord, mode = COORDS[i % len(COORDS)], NEAREST[(i // len(COORDS)) % len(NEAREST)]
         if i % 3:
             scales = [1.0] * (rank - 2) + [float(g.rng.choice([0.5, 0.6, 1.0, 1.5, 2.0, 3.0, 2.7])) for _ in range(2)]
-            g.case("Resize", shape, empty, g.const(scales, np.float32), mode="nearest",
+            g.case("Resize", shape, empty, g.const(scales), mode="nearest",
                    coordinate_transformation_mode=coord, nearest_mode=mode)
         else:
             sizes = shape[:-2] + _shape(g.rng, 2, 1, 12)
-            g.case("Resize", shape, empty, "", g.const(sizes), mode="nearest",
+            g.case("Resize", shape, empty, "", g.ints(sizes), mode="nearest",
                    coordinate_transformation_mode=coord, nearest_mode=mode)
     # what torch writes for nn.Upsample(scale_factor=2) and F.interpolate(size=...)
-    g.case("Resize", [1, 16, 14, 14], empty, g.const([1, 1, 2, 2], np.float32), mode="nearest",
+    g.case("Resize", [1, 16, 14, 14], empty, g.const([1, 1, 2, 2]), mode="nearest",
            coordinate_transformation_mode="asymmetric", nearest_mode="floor")
-    g.case("Resize", [1, 3, 5, 7], "", "", g.const([9, 4]), mode="nearest", axes=[2, 3],
+    g.case("Resize", [1, 3, 5, 7], "", "", g.ints([9, 4]), mode="nearest", axes=[2, 3],
            keep_aspect_ratio_policy="not_larger")
-    roi = g.const([0.1, 0.2, 0.9, 1.3], np.float32)
-    g.case("Resize", [1, 2, 6, 5], roi, "", g.const([7, 8]), axes=[2, 3], mode="nearest",
+    roi = g.const([0.1, 0.2, 0.9, 1.3])
+    g.case("Resize", [1, 2, 6, 5], roi, "", g.ints([7, 8]), axes=[2, 3], mode="nearest",
            coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-3.0)
     check_native(tmp_path, g, 19)
 
 
 def test_resize_linear_and_cubic(tmp_path):
-    g = Graph(6)
-    empty = g.const(np.zeros(0, np.float32), np.float32)
+    g = GraphBuilder(seed=6)
+    empty = g.const(np.zeros(0, np.float32))
     for i in range(16):
         rank = [4, 4, 3][i % 3]
         shape = _shape(g.rng, rank)
@@ -273,30 +231,30 @@ def test_resize_linear_and_cubic(tmp_path):
             attrs["antialias"] = 1
         if mode == "cubic" and i % 8 == 3:
             attrs.update(exclude_outside=1, cubic_coeff_a=-0.5)
-        g.case("Resize", shape, empty, g.const(scales, np.float32), **attrs)
+        g.case("Resize", shape, empty, g.const(scales), **attrs)
     # torch's bilinear upsampling (align_corners False and True), and a 3-axis trilinear one
-    g.case("Resize", [1, 8, 10, 12], empty, g.const([1, 1, 2, 2], np.float32), mode="linear",
+    g.case("Resize", [1, 8, 10, 12], empty, g.const([1, 1, 2, 2]), mode="linear",
            coordinate_transformation_mode="pytorch_half_pixel")
-    g.case("Resize", [1, 4, 7, 9], empty, "", g.const([1, 4, 13, 17]), mode="linear",
+    g.case("Resize", [1, 4, 7, 9], empty, "", g.ints([1, 4, 13, 17]), mode="linear",
            coordinate_transformation_mode="align_corners")
-    g.case("Resize", [1, 2, 3, 4, 5], empty, g.const([1, 1, 2, 1.5, 0.6], np.float32), mode="linear")
-    roi = g.const([0.0, 0.0, 0.1, 0.2, 1.0, 1.0, 0.8, 1.2], np.float32)
-    g.case("Resize", [1, 2, 6, 5], roi, g.const([1, 1, 1.5, 2.0], np.float32), mode="linear",
+    g.case("Resize", [1, 2, 3, 4, 5], empty, g.const([1, 1, 2, 1.5, 0.6]), mode="linear")
+    roi = g.const([0.0, 0.0, 0.1, 0.2, 1.0, 1.0, 0.8, 1.2])
+    g.case("Resize", [1, 2, 6, 5], roi, g.const([1, 1, 1.5, 2.0]), mode="linear",
            coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=2.5)
     check_native(tmp_path, g, 19)
 
 
 def test_resize_older_opsets_and_upsample(tmp_path):
     for opset, op in ((10, "Resize"), (13, "Resize"), (9, "Upsample")):
-        g = Graph(7)
+        g = GraphBuilder(seed=7)
         for mode in ("nearest", "linear"):
             for scales in ([1, 1, 2, 3], [1, 1, 1.5, 2.5], [1, 2, 2, 1]):
                 if op == "Resize" and opset >= 11:
-                    g.case(op, [1, 3, 4, 5], "", g.const(scales, np.float32), mode=mode)
+                    g.case(op, [1, 3, 4, 5], "", g.const(scales), mode=mode)
                 else:
-                    g.case(op, [1, 3, 4, 5], g.const(scales, np.float32), mode=mode)
+                    g.case(op, [1, 3, 4, 5], g.const(scales), mode=mode)
         if op == "Resize":
-            g.case(op, [1, 3, 6, 8], *([""] if opset >= 11 else []), g.const([1, 1, 0.5, 0.4], np.float32))
+            g.case(op, [1, 3, 6, 8], *([""] if opset >= 11 else []), g.const([1, 1, 0.5, 0.4]))
         (tmp_path / str(opset)).mkdir()
         check_native(tmp_path / str(opset), g, opset)
 
@@ -307,7 +265,7 @@ REDUCES = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "R
 
 @pytest.mark.parametrize("opset", [18, 13])
 def test_reduce(tmp_path, opset):
-    g = Graph(8)
+    g = GraphBuilder(seed=8)
     for i in range(24):
         op = REDUCES[i % len(REDUCES)]
         shape = _shape(g.rng, int(g.rng.integers(1, 5)), 1, 6)
@@ -317,24 +275,24 @@ def test_reduce(tmp_path, opset):
         keepdims = int(i % 3 != 0)
         scale = 0.5 if op == "ReduceProd" else 1.0
         if opset >= 18 or op == "ReduceSum":
-            extra = [g.const(axes)] if axes else []
+            extra = [g.ints(axes)] if axes else []
             g.case(op, shape, *extra, keepdims=keepdims, scale=scale)
         elif axes:
             g.case(op, shape, keepdims=keepdims, axes=axes, scale=scale)
         else:
             g.case(op, shape, keepdims=keepdims, scale=scale)
     # squeeze-and-excite's mean over H and W, channels-first mean, and an empty axes list
-    g.case("ReduceMean", [2, 24, 14, 14], *([g.const([2, 3])] if opset >= 18 else []),
+    g.case("ReduceMean", [2, 24, 14, 14], *([g.ints([2, 3])] if opset >= 18 else []),
            **({} if opset >= 18 else {"axes": [2, 3]}), keepdims=1)
-    g.case("ReduceMax", [2, 5, 40, 40], *([g.const([1])] if opset >= 18 else []),
+    g.case("ReduceMax", [2, 5, 40, 40], *([g.ints([1])] if opset >= 18 else []),
            **({} if opset >= 18 else {"axes": [1]}), keepdims=0)
     if opset >= 18:
-        g.case("ReduceSum", [3, 4], g.const(np.zeros(0, np.int64)), noop_with_empty_axes=1)
+        g.case("ReduceSum", [3, 4], g.ints(np.zeros(0, np.int64)), noop_with_empty_axes=1)
     check_native(tmp_path, g, opset)
 
 
 def test_softmax_inner_axis(tmp_path):
-    g = Graph(9)
+    g = GraphBuilder(seed=9)
     for i in range(10):
         shape = _shape(g.rng, int(g.rng.integers(2, 5)))
         axis = int(g.rng.integers(0, len(shape) - 1)) - (len(shape) if i % 2 else 0)
@@ -345,15 +303,15 @@ def test_softmax_inner_axis(tmp_path):
 
 
 def test_expand_tile_gather(tmp_path):
-    g = Graph(10)
+    g = GraphBuilder(seed=10)
     for _ in range(6):
         shape = _shape(g.rng, int(g.rng.integers(1, 4)))
         small = [d if g.rng.integers(0, 2) else 1 for d in shape][int(g.rng.integers(0, len(shape))):]
-        g.case("Expand", small, g.const(shape))
-        g.case("Tile", shape, g.const(g.rng.integers(0, 4, len(shape))))
+        g.case("Expand", small, g.ints(shape))
+        g.case("Tile", shape, g.ints(g.rng.integers(0, 4, len(shape))))
         axis = int(g.rng.integers(0, len(shape)))
         idx = g.rng.integers(-shape[axis], shape[axis], _shape(g.rng, int(g.rng.integers(0, 3)), 1, 4))
-        g.case("Gather", shape, g.const(idx), axis=axis)
+        g.case("Gather", shape, g.ints(idx), axis=axis)
     check_native(tmp_path, g, 17)
 
 
@@ -364,10 +322,10 @@ def test_invalid_or_unknown_geometry_is_left_to_numpy(tmp_path):
     """A reflect pad wider than the axis less one (invalid ONNX), a pad value that is a
     runtime input, Slice bounds that are (so the output shape is unknown), and LRN of 3-D
     data stay with numpy, each with its reason."""
-    g = Graph(11)
-    g.case("Pad", [2, 3], g.const([0, 3, 0, 0]), mode="reflect")
-    g.case("Pad", [2, 3], g.const([0, 1, 1, 0]), g.input([]), mode="constant")
-    g.case("Slice", [5, 4], g.const([1]), g.input([1]))
+    g = GraphBuilder(seed=11)
+    g.case("Pad", [2, 3], g.ints([0, 3, 0, 0]), mode="reflect")
+    g.case("Pad", [2, 3], g.ints([0, 1, 1, 0]), g.input([]), mode="constant")
+    g.case("Slice", [5, 4], g.ints([1]), g.input([1]))
     g.inputs[3] = helper.make_tensor_value_info("x3", TensorProto.INT64, [1])
     g.feeds["x3"] = np.array([3], np.int64)
     g.case("LRN", [2, 3, 4], size=3)
@@ -404,7 +362,7 @@ def test_light_inception_v1_is_one_native_partition(tmp_path):
     model.graph.node.extend(keep)
     logits = next(n for n in keep if n.op_type == "Softmax").input[0]
     model.graph.output.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
-    g = Graph(12)
+    g = GraphBuilder(seed=12)
     inits = {i.name for i in model.graph.initializer}
     data = next(i for i in model.graph.input if i.name not in inits)
     g.feeds = {data.name: g.rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
@@ -418,24 +376,24 @@ def test_light_inception_v1_is_one_native_partition(tmp_path):
     np.testing.assert_allclose(got[logits], want, rtol=1e-3, atol=1e-4 * float(np.abs(want).max()))
 
 
-def _efficientnet_block(g: Graph, x: str, c: int, expand: int, act: str) -> str:
+def _efficientnet_block(g: GraphBuilder, x: str, c: int, expand: int, act: str) -> str:
     """MBConv: 1x1 expand, depthwise 3x3, squeeze-and-excite, 1x1 project, residual."""
     def activation(v):
         if act == "silu":
-            return g.node("Mul", [v, g.node("Sigmoid", [v])[0]])[0]
+            return g.node("Mul", [v, g.node("Sigmoid", [v])])
         if act == "hardswish":
-            return g.node("HardSwish", [v])[0]
-        return g.node("Mul", [v, g.node("HardSigmoid", [v], alpha=1 / 6, beta=0.5)[0]])[0]
+            return g.node("HardSwish", [v])
+        return g.node("Mul", [v, g.node("HardSigmoid", [v], alpha=1 / 6, beta=0.5)])
     e = c * expand
-    h = activation(g.node("Conv", [x, g.weight([e, c, 1, 1]), g.weight([e])], kernel_shape=[1, 1])[0])
+    h = activation(g.node("Conv", [x, g.weight([e, c, 1, 1]), g.weight([e])], kernel_shape=[1, 1]))
     h = activation(g.node("Conv", [h, g.weight([e, 1, 3, 3]), g.weight([e])], kernel_shape=[3, 3],
-                          pads=[1, 1, 1, 1], group=e)[0])
-    s = g.node("ReduceMean", [h, g.const([2, 3])], keepdims=1)[0]
-    s = activation(g.node("Conv", [s, g.weight([e // 4, e, 1, 1]), g.weight([e // 4])], kernel_shape=[1, 1])[0])
-    s = g.node("Sigmoid", [g.node("Conv", [s, g.weight([e, e // 4, 1, 1]), g.weight([e])], kernel_shape=[1, 1])[0]])[0]
-    h = g.node("Mul", [h, s])[0]
-    h = g.node("Conv", [h, g.weight([c, e, 1, 1])], kernel_shape=[1, 1])[0]
-    return g.node("Add", [h, x])[0]
+                          pads=[1, 1, 1, 1], group=e))
+    s = g.node("ReduceMean", [h, g.ints([2, 3])], keepdims=1)
+    s = activation(g.node("Conv", [s, g.weight([e // 4, e, 1, 1]), g.weight([e // 4])], kernel_shape=[1, 1]))
+    s = g.node("Sigmoid", [g.node("Conv", [s, g.weight([e, e // 4, 1, 1]), g.weight([e])], kernel_shape=[1, 1])])
+    h = g.node("Mul", [h, s])
+    h = g.node("Conv", [h, g.weight([c, e, 1, 1])], kernel_shape=[1, 1])
+    return g.node("Add", [h, x])
 
 
 def test_efficientnet_like_model_is_one_native_partition(tmp_path):
@@ -443,22 +401,22 @@ def test_efficientnet_like_model_is_one_native_partition(tmp_path):
     squeeze-and-excite with ReduceMean over H and W and a broadcast Mul, BatchNorm after
     the stem (folded into it), GELU written with Erf, then global pooling, Flatten and
     the classifier."""
-    g = Graph(13)
+    g = GraphBuilder(seed=13, weight_gain=np.sqrt(2.0))
     x = g.input([2, 3, 32, 32])
-    h = g.node("Conv", [x, g.weight([16, 3, 3, 3])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])[0]
-    bn = [g.const(g.rng.uniform(0.5, 1.5, 16), np.float32), g.const(g.rng.standard_normal(16) * 0.1, np.float32),
-          g.const(g.rng.standard_normal(16) * 0.1, np.float32), g.const(g.rng.uniform(0.5, 1.5, 16), np.float32)]
-    h = g.node("BatchNormalization", [h, *bn])[0]
-    h = g.node("Mul", [h, g.node("Sigmoid", [h])[0]])[0]
+    h = g.node("Conv", [x, g.weight([16, 3, 3, 3])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    bn = [g.const(g.rng.uniform(0.5, 1.5, 16)), g.const(g.rng.standard_normal(16) * 0.1),
+          g.const(g.rng.standard_normal(16) * 0.1), g.const(g.rng.uniform(0.5, 1.5, 16))]
+    h = g.node("BatchNormalization", [h, *bn])
+    h = g.node("Mul", [h, g.node("Sigmoid", [h])])
     for act in ("silu", "hardswish", "hardsigmoid"):
         h = _efficientnet_block(g, h, 16, 4, act)
     # GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt(2)))
-    erf = g.node("Erf", [g.node("Div", [h, g.const(np.float32(np.sqrt(2.0)), np.float32)])[0]])[0]
-    h = g.node("Mul", [g.node("Mul", [h, g.const(np.float32(0.5), np.float32)])[0],
-                       g.node("Add", [erf, g.const(np.float32(1.0), np.float32)])[0]])[0]
-    h = g.node("Flatten", [g.node("GlobalAveragePool", [h])[0]])[0]
-    y = g.node("Gemm", [h, g.weight([10, 16]), g.weight([10])], transB=1)[0]
-    g.output(g.node("Softmax", [y], axis=-1)[0])
+    erf = g.node("Erf", [g.node("Div", [h, g.const(np.float32(np.sqrt(2.0)))])])
+    h = g.node("Mul", [g.node("Mul", [h, g.const(np.float32(0.5))]),
+                       g.node("Add", [erf, g.const(np.float32(1.0))])])
+    h = g.node("Flatten", [g.node("GlobalAveragePool", [h])])
+    y = g.node("Gemm", [h, g.weight([10, 16]), g.weight([10])], transB=1)
+    g.output(g.node("Softmax", [y], axis=-1))
     check_native(tmp_path, g, 18)
 
 
@@ -467,27 +425,27 @@ def test_unet_like_model_is_one_native_partition(tmp_path):
     """Encoder (conv, max pool), decoder (nearest and bilinear Resize upsampling, Pad to
     the skip's size, Concat with the skip, a Slice crop), a channel Split, a per-pixel
     Softmax over classes."""
-    g = Graph(14)
+    g = GraphBuilder(seed=14, weight_gain=np.sqrt(2.0))
     x = g.input([1, 3, 30, 30])
 
     def conv(v, cin, cout):
         return g.node("Relu", [g.node("Conv", [v, g.weight([cout, cin, 3, 3]), g.weight([cout])], kernel_shape=[3, 3],
-                                      pads=[1, 1, 1, 1])[0]])[0]
+                                      pads=[1, 1, 1, 1])])
 
     e1 = conv(x, 3, 8)                                                     # 30x30
-    e2 = conv(g.node("MaxPool", [e1], kernel_shape=[2, 2], strides=[2, 2])[0], 8, 16)  # 15x15
-    e3 = conv(g.node("MaxPool", [e2], kernel_shape=[2, 2], strides=[2, 2])[0], 16, 32)  # 7x7
-    empty = g.const(np.zeros(0, np.float32), np.float32)
-    u2 = g.node("Resize", [e3, empty, g.const([1, 1, 2, 2], np.float32)], mode="nearest",
-                coordinate_transformation_mode="asymmetric", nearest_mode="floor")[0]  # 14x14
-    u2 = g.node("Pad", [u2, g.const([0, 0, 0, 1, 0, 0, 1, 0])], mode="reflect")[0]  # 15x15
-    d2 = conv(g.node("Concat", [u2, e2], axis=1)[0], 48, 16)
-    u1 = g.node("Resize", [d2, empty, g.const([1, 1, 2, 2], np.float32)], mode="linear",
-                coordinate_transformation_mode="pytorch_half_pixel")[0]  # 30x30
-    d1 = conv(g.node("Concat", [u1, e1], axis=1)[0], 24, 8)
-    a, b = g.node("Split", [d1, g.const([4, 4])], 2, axis=1)
-    d1 = g.node("Concat", [g.node("Mul", [a, g.node("Sigmoid", [b])[0]])[0], b], axis=1)[0]
-    crop = g.node("Slice", [d1, g.const([1, 1]), g.const([-1, -1]), g.const([2, 3])])[0]  # 28x28
-    logits = g.node("Conv", [crop, g.weight([5, 8, 1, 1]), g.weight([5])], kernel_shape=[1, 1])[0]
-    g.output(g.node("Softmax", [logits], axis=1)[0])
+    e2 = conv(g.node("MaxPool", [e1], kernel_shape=[2, 2], strides=[2, 2]), 8, 16)  # 15x15
+    e3 = conv(g.node("MaxPool", [e2], kernel_shape=[2, 2], strides=[2, 2]), 16, 32)  # 7x7
+    empty = g.const(np.zeros(0, np.float32))
+    u2 = g.node("Resize", [e3, empty, g.const([1, 1, 2, 2])], mode="nearest",
+                coordinate_transformation_mode="asymmetric", nearest_mode="floor")  # 14x14
+    u2 = g.node("Pad", [u2, g.ints([0, 0, 0, 1, 0, 0, 1, 0])], mode="reflect")  # 15x15
+    d2 = conv(g.node("Concat", [u2, e2], axis=1), 48, 16)
+    u1 = g.node("Resize", [d2, empty, g.const([1, 1, 2, 2])], mode="linear",
+                coordinate_transformation_mode="pytorch_half_pixel")  # 30x30
+    d1 = conv(g.node("Concat", [u1, e1], axis=1), 24, 8)
+    a, b = g.node_outputs("Split", [d1, g.ints([4, 4])], 2, axis=1)
+    d1 = g.node("Concat", [g.node("Mul", [a, g.node("Sigmoid", [b])]), b], axis=1)
+    crop = g.node("Slice", [d1, g.ints([1, 1]), g.ints([-1, -1]), g.ints([2, 3])])  # 28x28
+    logits = g.node("Conv", [crop, g.weight([5, 8, 1, 1]), g.weight([5])], kernel_shape=[1, 1])
+    g.output(g.node("Softmax", [logits], axis=1))
     check_native(tmp_path, g, 17)

@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.test_cli_errors import assert_error, nncc, relu_model
+from tests.models import relu_model
+from tests.test_cli_errors import assert_error, nncc
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 from onnxruntime import quantization
 import pytest
 
@@ -14,27 +14,14 @@ from nncc.frontend.onnx import parse_model
 from nncc.passes.pipeline import run_passes
 from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.runtime.interpreter import Interpreter
+from tests.models import mlp
 from tests.oracle import ort_run
-
-
-def _mlp(k=24, hidden=40, n=9, bias_on_second=False):
-    rng = np.random.default_rng(8)
-
-    def w(name, shape):
-        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
-
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h1"]),
-             helper.make_node("Relu", ["h1"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 5, n])],
-                              [w("w1", (k, hidden)), w("b1", (hidden,)), w("w2", (hidden, n))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["per-tensor", "per-channel"])
 def quantized(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("dyn")
-    onnx.save(_mlp(), folder / "float.onnx")
+    onnx.save(mlp(["n", 5, 24], 40, 9, seed=8, scale=0.3), folder / "float.onnx")
     path = folder / "dynamic.onnx"
     quantization.quantize_dynamic(folder / "float.onnx", path, weight_type=quantization.QuantType.QInt8,
                                   per_channel=request.param)

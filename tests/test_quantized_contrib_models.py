@@ -19,34 +19,10 @@ import pytest
 
 import nncc
 from tests.conftest import ROOT
+from tests.models import gated_convnet
 from tests.oracle import ort_run
 
 SHAPE = (2, 3, 12, 12)
-
-
-def _convnet() -> onnx.ModelProto:
-    rng = np.random.default_rng(5)
-
-    def w(name, shape, scale):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("LeakyRelu", ["c1"], ["l1"], alpha=0.1),
-        helper.make_node("Conv", ["l1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Sigmoid", ["c2"], ["s2"]),
-        helper.make_node("Mul", ["l1", "s2"], ["m"]),
-        helper.make_node("Concat", ["m", "l1"], ["cat"], axis=1),
-        helper.make_node("AveragePool", ["cat"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-        helper.make_node("GlobalAveragePool", ["p"], ["g"]),
-        helper.make_node("Flatten", ["g"], ["f"]),
-        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
-    ]
-    weights = [w("w1", (8, 3, 3, 3), 0.3), w("b1", (8,), 0.1), w("w2", (8, 8, 3, 3), 0.2),
-               w("b2", (8,), 0.1), w("w3", (5, 16), 0.3), w("b3", (5,), 0.1)]
-    graph = helper.make_graph(nodes, "convnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 5))], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 class _Calibration(quantization.CalibrationDataReader):
@@ -61,7 +37,7 @@ class _Calibration(quantization.CalibrationDataReader):
 @pytest.fixture(scope="module")
 def qoperator(tmp_path_factory):
     folder = tmp_path_factory.mktemp("contrib")
-    onnx.save(_convnet(), folder / "float.onnx")
+    onnx.save(gated_convnet(SHAPE), folder / "float.onnx")
     path = folder / "qop.onnx"
     quantization.quantize_static(folder / "float.onnx", path, _Calibration(),
                                  quant_format=quantization.QuantFormat.QOperator,

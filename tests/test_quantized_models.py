@@ -24,54 +24,16 @@ import sys
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 from onnxruntime import quantization
 import pytest
 
 import nncc
 from tests.conftest import ROOT
+from tests.models import convnet, mlp
 from tests.oracle import ort_run
 
 SHAPES = {"convnet": (2, 3, 16, 16), "mlp": (4, 32)}
-
-
-def _weights(rng, name, shape, scale):
-    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
-
-
-def convnet(rng) -> onnx.ModelProto:
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Relu", ["c2"], ["r2"]),
-        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-        helper.make_node("Flatten", ["p"], ["f"]),
-        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1),
-    ]
-    weights = [_weights(rng, "w1", (8, 3, 3, 3), 0.3), _weights(rng, "b1", (8,), 0.1),
-               _weights(rng, "w2", (16, 8, 3, 3), 0.2), _weights(rng, "b2", (16,), 0.1),
-               _weights(rng, "w3", (10, 16 * 4 * 4), 0.1), _weights(rng, "b3", (10,), 0.1)]
-    graph = helper.make_graph(nodes, "convnet",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def mlp(rng) -> onnx.ModelProto:
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h"]),
-        helper.make_node("Add", ["h", "b1"], ["h1"]),
-        helper.make_node("Relu", ["h1"], ["r"]),
-        helper.make_node("MatMul", ["r", "w2"], ["o"]),
-        helper.make_node("Add", ["o", "b2"], ["y"]),
-    ]
-    weights = [_weights(rng, "w1", (32, 64), 0.2), _weights(rng, "b1", (64,), 0.1),
-               _weights(rng, "w2", (64, 10), 0.2), _weights(rng, "b2", (10,), 0.1)]
-    graph = helper.make_graph(nodes, "mlp",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 class Calibration(quantization.CalibrationDataReader):
@@ -109,12 +71,12 @@ def quantized(tmp_path_factory):
     """{(model, variant): path} of every quantized model, made once."""
     folder = tmp_path_factory.mktemp("quantized")
     made = {}
-    for name, build in (("convnet", convnet), ("mlp", mlp)):
+    for name, build in (("convnet", lambda opset: convnet(7, opset)),
+                        ("mlp", lambda opset: mlp(["n", 32], 64, 10, seed=7, scale=0.2, bias_scale=0.1,
+                                                  second_bias=True, opset=opset))):
         float_path = folder / f"{name}.onnx"
-        onnx.save(build(np.random.default_rng(7)), float_path)
-        model21 = build(np.random.default_rng(7))  # the same weights
-        model21.opset_import[0].version = 21
-        onnx.save(model21, folder / f"{name}-21.onnx")
+        onnx.save(build(17), float_path)
+        onnx.save(build(21), folder / f"{name}-21.onnx")  # the same weights
         for variant, (kind, options) in VARIANTS.items():
             path = folder / f"{name}-{variant}.onnx"
             if "int4" in variant:

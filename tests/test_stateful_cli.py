@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 import pytest
 
 import nncc
 from tests.conftest import FIXTURES, ROOT
+from tests.models import relu_model
 from tests.oracle import ort_session
 
 GRU = FIXTURES / "gru_cell.onnx"
@@ -72,11 +71,7 @@ def test_inputs_running_out_is_an_error(tmp_path):
 
 @pytest.fixture
 def big_relu(tmp_path):
-    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1024, 512]) for n in ("x", "y")]
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "big", [vi[0]], [vi[1]])
-    path = tmp_path / "big.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return path
+    return relu_model(tmp_path / "big.onnx", [1024, 512], opset=17)
 
 
 def test_large_outputs_are_written_in_place_through_a_memory_map(big_relu, tmp_path):
