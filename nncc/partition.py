@@ -1,8 +1,10 @@
 """Assign nodes to backends and group them into maximal acyclic sub-DAGs (partitions).
 
 Backends are asked in priority order; the first that selects a node gets it, and the
-fallback (the portable backend) takes every node nobody selected, with the reason each
-backend gave. Nodes are then grouped greedily in topological
+fallback (the portable backend) takes every node nobody selected. Every node that a
+backend ahead of its owner passed on is a fallback, with the reason each of those backends
+gave: a node outside the first backend's partitions is never silent (a numpy partition
+between two native ones says why). Nodes are then grouped greedily in topological
 order: a node joins an existing partition of the same backend and group index unless
 that would make the contracted graph cyclic, i.e. unless a partition the node reads from
 already depends (in the contracted graph) on that partition.
@@ -19,20 +21,25 @@ from nncc.ir.graph import Graph, TensorInfo
 @dataclass
 class PartitionResult:
     partitions: list[Partition]  # in an order that respects data dependencies
-    fallbacks: list[tuple[str, str, str]]  # (node name, op type, why no fast backend took it)
+    fallbacks: list[tuple[str, str, str]]  # (node name, op type, why the backends ahead of its owner passed)
 
 
 def partition_graph(graph: Graph, infos: dict[str, TensorInfo], backends: list[Backend],
                     fallback: Backend) -> PartitionResult:
     owner: dict[int, tuple[str, int | None]] = {}
-    for backend in backends:
+    rank: dict[int, int] = {}  # node -> the priority of the backend that selected it
+    for position, backend in enumerate(backends):
         for index, group in backend.partition(graph, infos).items():
-            owner.setdefault(index, (backend.name, group))
+            if index not in owner:
+                owner[index], rank[index] = (backend.name, group), position
     fallbacks = []
     for index, node in enumerate(graph.nodes):
         if index not in owner:
             owner[index] = (fallback.name, None)
-            fallbacks.append((node.name, node.op_type, _reason(node, graph, infos, backends)))
+        passed = backends[:rank.get(index, len(backends))]  # the backends ahead of its owner
+        if passed:  # an unnamed node is named by its first output, unique in the graph
+            label = node.name or next((f"output {o!r}" for o in node.outputs if o), "")
+            fallbacks.append((label, node.op_type, _reason(node, graph, infos, passed)))
 
     producer = {out: i for i, node in enumerate(graph.nodes) for out in node.outputs if out}
     part_of: dict[int, int] = {}
@@ -115,12 +122,11 @@ def _partition_order(graph, producer, part_of, count) -> list[int]:
 
 
 def _reason(node, graph, infos, backends) -> str:
-    """Why each backend passed on the node (every backend that can say), in priority order."""
+    """Why each of ``backends`` passed on the node, in priority order: a backend that cannot
+    say (no ``reject_reason``, or None from it) is named as passing without one."""
     reasons = []
     for backend in backends:
         explain = getattr(backend, "reject_reason", None)
-        if explain is not None:
-            reason = explain(node, graph, infos)
-            if reason:
-                reasons.append(f"{backend.name}: {reason}")
-    return "; ".join(reasons) or "no backend selected it"
+        reason = explain(node, graph, infos) if explain is not None else None
+        reasons.append(f"{backend.name}: {reason or 'passed on it without saying why'}")
+    return "; ".join(reasons)

@@ -119,9 +119,12 @@ class NativeBackend(Backend):
     def reject_reason(self, node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if self.toolchain is None:
             return "no C compiler"
-        from nncc.native.codegen import check  # lazy: codegen
+        from nncc.native.codegen import ALIASES, check  # lazy: codegen
 
-        return check(node, graph, infos)
+        why = check(node, graph, infos)
+        if why is None and node.op_type in ALIASES and not node.domain:  # the one node partition() leaves
+            return "a reshape-like node with no native neighbour: a free view in the portable plan"
+        return why
 
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
         from nncc.native.codegen import generate  # lazy: codegen
