@@ -840,13 +840,56 @@ def recurrent(case, rng, **given):
     case.geometry = g
 
 
+MASK_COMPARE = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"]
+
+
+def _with_specials(b, name, rng) -> None:
+    """Values rounded to whole numbers (so Equal holds somewhere), a fifth of them NaN, +inf,
+    -inf or a signed zero: a mask must follow IEEE comparisons exactly."""
+    x = np.array(np.round(b.case.inputs[name] * 2), np.float64, ndmin=1)
+    spots = rng.random(x.shape) < 0.2
+    x[spots] = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0]), size=int(spots.sum()))
+    b.case.inputs[name] = x.astype(np.float32).reshape(b.case.inputs[name].shape)
+
+
+def masks(case, rng):
+    """A comparison, IsNaN or IsInf, maybe combined with a second mask by And, Or or Xor
+    (or negated), selecting by Where between broadcast operands or -inf (the attention
+    mask idiom): exact, NaN and infinities included."""
+    b = _Builder(case, rng)
+    sa, sb = _broadcast_pair(rng)
+    if rng.random() < 0.5:
+        sa, sb = sb, sa
+    a, other = b.input("a", sa), b.input("b", sb)
+    _with_specials(b, a, rng)
+    _with_specials(b, other, rng)
+    op = _choice(rng, MASK_COMPARE + ["IsNaN", "IsInf"])
+    attrs = {}
+    if op == "IsInf":
+        attrs = dict(detect_positive=int(rng.integers(0, 2)), detect_negative=int(rng.integers(0, 2)))
+    (mask,) = b.node(op, [a, other] if op in MASK_COMPARE else [a], ["m"], **attrs)
+    logic = _choice(rng, ["", "Not", "And", "Or", "Xor"])
+    if logic == "Not":
+        (mask,) = b.node("Not", [mask], ["n"])
+    elif logic:
+        (second,) = b.node(_choice(rng, MASK_COMPARE), [other, b.init("t", np.array(0.0))], ["m2"])
+        (mask,) = b.node(logic, [mask, second], ["l"])
+    if rng.random() < 0.5:
+        chosen = [b.init("ninf", np.array(-np.inf)), a]
+    else:
+        chosen = [a, other]
+    b.output(b.node("Where", [mask, *chosen], ["y"])[0])
+    case.geometry = dict(op=op, a=sa, b=sb, logic=logic or None, where=len(chosen), **attrs)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
-         "recurrent": recurrent}
+         "recurrent": recurrent, "masks": masks}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
-         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu"]
+         "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
+         "masks"]
 
 
 def make_case(seed: int, index: int) -> Case:

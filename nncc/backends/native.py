@@ -126,6 +126,13 @@ class NativeBackend(Backend):
             return "a reshape-like node with no native neighbour: a free view in the portable plan"
         return why
 
+    def crossing_refused(self, name: str, readers, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+        """Why value ``name`` cannot enter (``readers``: the partition's nodes reading it) or
+        leave (no readers) a native partition: its arguments are float32 (a mask stays inside)."""
+        from nncc.native.arguments import crossing_refused  # lazy: codegen
+
+        return crossing_refused(name, readers, graph, infos)
+
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
         from nncc.native.codegen import generate  # lazy: codegen
         from nncc.native.isa import vector_floats  # lazy: codegen

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native.ops import (affine, attention, cast, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
-                             layernorm, matmul, pool, qimage, recurrent, residual, self_gated, softmax, sum_concat,
-                             transpose)
+                             layernorm, masks, matmul, pool, qimage, recurrent, residual, self_gated, softmax,
+                             sum_concat, transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
@@ -18,6 +18,7 @@ ENTRIES: list[NativeOp] = [
     qimage.ENTRY,
     recurrent.ENTRY,
     cast.ENTRY,  # names the types it refuses
+    masks.ENTRY,  # bool values: checks each input's type
     # entries over static float32 values
     conv.ENTRY,
     affine.ENTRY,
