@@ -882,14 +882,44 @@ def masks(case, rng):
     case.geometry = dict(op=op, a=sa, b=sb, logic=logic or None, where=len(chosen), **attrs)
 
 
+CAST_TYPES = {"int32": (TensorProto.INT32, 2.0**31), "int64": (TensorProto.INT64, 2.0**63),
+              "uint8": (TensorProto.UINT8, 256.0), "bool": (TensorProto.BOOL, math.inf)}
+
+
+def casts(case, rng):
+    """float32 to int32, int64, uint8 or bool (maybe on to a wider integer) and back, over
+    values scaled up to beyond each type's range, NaN and infinities among them (the
+    sanitized build must stay defined on them). What a float the type does not hold
+    becomes is not defined by ONNX, so the output keeps the round trip only where the value
+    fits (Where over the range test) and 0 elsewhere."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    kind = _choice(rng, list(CAST_TYPES))
+    to, limit = CAST_TYPES[kind]
+    x = b.input("x", shape)
+    scale = float(_choice(rng, [1.0, 100.0, 1e5, 1e10, 1e20]))
+    _with_specials(b, x, rng)
+    b.case.inputs[x] = (b.case.inputs[x] * scale).astype(np.float32)
+    (value,) = b.node("Cast", [x], ["c"], to=to)
+    wider = kind in ("uint8", "int32") and rng.random() < 0.5
+    if wider:
+        (value,) = b.node("Cast", [value], ["w"], to=TensorProto.INT64)
+    (back,) = b.node("Cast", [value], ["f"], to=TensorProto.FLOAT)
+    low = 0.0 if kind == "uint8" else -limit
+    (fits,) = b.node("And", [b.node("GreaterOrEqual", [x, b.init("lo", np.array(max(low, -3e38)))], ["ge"])[0],
+                             b.node("Less", [x, b.init("hi", np.array(min(limit, 3e38)))], ["lt"])[0]], ["fits"])
+    b.output(b.node("Where", [fits, back, b.init("zero", np.array(0.0))], ["y"])[0])
+    case.geometry = dict(op="Cast", to=kind, x=shape, scale=scale, wider=wider)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
-         "recurrent": recurrent, "masks": masks}
+         "recurrent": recurrent, "masks": masks, "casts": casts}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "masks"]
+         "masks", "casts"]
 
 
 def make_case(seed: int, index: int) -> Case:

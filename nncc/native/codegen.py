@@ -262,7 +262,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             for name in step.writes:
                 root = self.root(name)
                 if root not in args and root not in offsets:
-                    offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
+                    # 4 bytes an element, 8 for an int64 (a Cast's: nncc/native/cast_gen.py)
+                    width = max(4, getattr(self.infos[root].dtype, "itemsize", 4))
+                    offsets[root] = allocate(math.prod(self.shape(root)) * width, last_use[root], index)
             if step.scratch:
                 scratch_at[index] = allocate(step.scratch, index, index)
         kernels: dict[str, kernel.Kernel] = {}
