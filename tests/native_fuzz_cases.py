@@ -912,14 +912,43 @@ def casts(case, rng):
     case.geometry = dict(op="Cast", to=kind, x=shape, scale=scale, wider=wider)
 
 
+def conv_transpose(case, rng):
+    """ConvTranspose, 2-D or 1-D, with random strides, pads, output_padding (below the
+    stride, as onnxruntime asks), dilations, groups and bias."""
+    b = _Builder(case, rng)
+    nd = 1 if rng.random() < 0.25 else 2
+    group = _choice(rng, [1, 1, 1, 2, 3])
+    cg, mg = _choice(rng, [1, 2, 3, 5]), _choice(rng, [1, 2, 4, 7])
+    k = [_choice(rng, [1, 2, 3, 4]) for _ in range(nd)]
+    s = [_choice(rng, [1, 2, 2, 3]) for _ in range(nd)]
+    d = [_choice(rng, [1, 1, 2]) for _ in range(nd)]
+    size = [_choice(rng, [1, 2, 3, 5, 8]) for _ in range(nd)]
+    pads = [int(rng.integers(0, k[i] * d[i])) for i in range(nd) for _ in range(2)]
+    pads = pads[0::2] + pads[1::2]  # begins, then ends
+    out_pad = [int(rng.integers(0, s[i])) for i in range(nd)]
+    full = [(size[i] - 1) * s[i] + out_pad[i] + (k[i] - 1) * d[i] + 1 - pads[i] - pads[nd + i] for i in range(nd)]
+    if min(full) <= 0:
+        pads = [0] * (2 * nd)
+    x = b.input("x", [int(rng.integers(1, 3)), group * cg, *size])
+    ins = [x, b.init("w", [group * cg, mg, *k])]
+    if rng.random() < 0.6:
+        ins.append(b.init("b", [group * mg]))
+    b.output(b.node("ConvTranspose", ins, ["y"], strides=s, pads=pads, dilations=d, output_padding=out_pad,
+                    group=group)[0])
+    case.terms = cg * math.prod(k) + 1
+    case.geometry = dict(op="ConvTranspose", x=list(case.inputs[x].shape), k=k, strides=s, pads=pads, dilations=d,
+                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
-         "recurrent": recurrent, "masks": masks, "casts": casts}
+         "recurrent": recurrent, "masks": masks, "casts": casts,
+         "conv_transpose": conv_transpose}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "masks", "casts"]
+         "masks", "casts", "conv_transpose"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -5,9 +5,9 @@ listed here. ``FUSIONS`` are tried, in order, before a node's own entry writes i
 from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native.ops import (affine, attention, cast, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
-                             layernorm, masks, matmul, pool, qimage, recurrent, residual, self_gated, softmax,
-                             sum_concat, transpose)
+from nncc.native.ops import (affine, attention, cast, conv, conv_transpose, data_movement, elementwise, gelu,
+                             int8_conv, int8_matmul, layernorm, masks, matmul, pool, qimage, recurrent, residual,
+                             self_gated, softmax, sum_concat, transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
@@ -21,6 +21,7 @@ ENTRIES: list[NativeOp] = [
     masks.ENTRY,  # bool values: checks each input's type
     # entries over static float32 values
     conv.ENTRY,
+    conv_transpose.ENTRY,
     affine.ENTRY,
     matmul.GEMM,
     matmul.MATMUL,
