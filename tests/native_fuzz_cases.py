@@ -940,15 +940,34 @@ def conv_transpose(case, rng):
                          output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3)
 
 
+def gather(case, rng):
+    """Gather by run-time indices (int64 or int32 inputs, negative ones among them) from a
+    constant table or a computed one, along a random axis: token ids into an embedding."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    axis = int(rng.integers(-len(shape), len(shape)))
+    extent = shape[axis % len(shape)]
+    ishape = _shape(rng, int(rng.integers(0, 3)))
+    dtype = np.int64 if rng.random() < 0.7 else np.int32
+    ids = b.name("ids")
+    case.inputs[ids] = rng.integers(-extent, extent, ishape).astype(dtype)
+    if rng.random() < 0.5:
+        table = b.init("table", shape)
+    else:
+        (table,) = b.node("Neg", [b.input("x", shape)], ["table"])
+    b.output(b.node("Gather", [table, ids], ["y"], axis=axis)[0])
+    case.geometry = dict(op="Gather", data=shape, indices=ishape, axis=axis, dtype=np.dtype(dtype).name)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "masks": masks, "casts": casts,
-         "conv_transpose": conv_transpose}
+         "conv_transpose": conv_transpose, "gather": gather}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "masks", "casts", "conv_transpose"]
+         "masks", "casts", "conv_transpose", "gather"]
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -957,7 +976,8 @@ def make_case(seed: int, index: int) -> Case:
     case = Case(seed, index, kind, {}, opt_level=0 if index // len(ROUND) % 4 == 3 else 2)  # a round in 4 at -O0
     KINDS[kind](case, rng)
     specials = np.random.default_rng([seed, index, 2])
-    if specials.random() < 1 / NONFINITE and case.inputs and kind not in NO_ORACLE_FOR_NONFINITE:
+    floats = any(a.dtype == np.float32 for a in case.inputs.values())
+    if specials.random() < 1 / NONFINITE and floats and kind not in NO_ORACLE_FOR_NONFINITE:
         plant_nonfinite(case, specials)
     return case
 
@@ -979,7 +999,7 @@ def plant_nonfinite(case: Case, rng) -> None:
     the oracles (onnxruntime skips it in one code path and keeps it in another, by position),
     so a MaxPool reading the input gets infinities only, one after a Conv (where infinities
     of both signs make NaN) nothing."""
-    name = _choice(rng, sorted(case.inputs))
+    name = _choice(rng, sorted(n for n, a in case.inputs.items() if a.dtype == np.float32))
     flat = case.inputs[name].reshape(-1).copy()
     pools = [node for node in case.nodes if node.op_type == "MaxPool"]
     if pools and any(node.input[0] != name for node in pools):
@@ -1005,7 +1025,8 @@ def batch_model(cases: list[Case], oracle: bool = False) -> onnx.ModelProto:
     nodes, inputs, outputs, inits = [], [], [], []
     for case in cases:
         nodes += case.oracle_nodes if oracle and case.oracle_nodes is not None else case.nodes
-        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in case.inputs.items()]
+        inputs += [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                   for n, a in case.inputs.items()]  # float32, or a gather's int32 and int64 indices
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
         inits += [numpy_helper.from_array(a, n) for n, a in case.inits.items()]
     graph = helper.make_graph(nodes, "native_fuzz", inputs, outputs, inits)

@@ -2,7 +2,8 @@
 exactly: truncation toward zero, and on this CPU the same integers onnxruntime gives for
 NaN, infinities and values out of range (ONNX leaves those undefined; the C never performs
 an undefined conversion, which the sanitized fuzz build checks). The integer side of a
-Cast lives inside its partition; an integer graph input keeps its Cast portable, saying why."""
+Cast lives inside its partition (an int32 or int64 input comes in as it is); a bool graph
+input keeps its Cast portable, saying why."""
 
 from __future__ import annotations
 
@@ -88,13 +89,24 @@ def test_a_comparison_cast_to_float_is_one_partition(tmp_path):
     compile_and_compare(tmp_path, m)
 
 
-def test_an_integer_graph_input_keeps_its_cast_portable_saying_why(tmp_path):
+def test_an_integer_graph_input_is_cast_natively(tmp_path):
+    """Token ids as the model's int64 input come into native code as they are."""
     from onnx import helper
 
     m = GraphBuilder(18, 4, "ids")
     m.inputs.append(helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5]))
-    m.feeds["ids"] = np.arange(10, dtype=np.int64).reshape(2, 5) * 1000003
+    m.feeds["ids"] = np.arange(10, dtype=np.int64).reshape(2, 5) * 1000003 - 4
     m.output(m.node("Relu", [m.node("Cast", ["ids"], to=TensorProto.FLOAT)]))
+    compile_and_compare(tmp_path, m)
+
+
+def test_a_bool_graph_input_keeps_its_cast_portable_saying_why(tmp_path):
+    from onnx import helper
+
+    m = GraphBuilder(18, 4, "flags")
+    m.inputs.append(helper.make_tensor_value_info("flags", TensorProto.BOOL, [2, 5]))
+    m.feeds["flags"] = np.arange(10).reshape(2, 5) % 3 == 0
+    m.output(m.node("Relu", [m.node("Cast", ["flags"], to=TensorProto.FLOAT)]))
     compiled = compile_and_compare(tmp_path, m, native_only=False)
     reasons = {f["op"]: f["reason"] for f in compiled.plan.fallbacks}
-    assert "its int64 value 'ids' would cross a native partition's edge" in reasons["Cast"], reasons
+    assert "its bool value 'flags' would cross a native partition's edge" in reasons["Cast"], reasons

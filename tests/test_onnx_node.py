@@ -62,7 +62,7 @@ def _native_may_take(model) -> bool:
     from nncc.native.codegen import ALIASES, BINARY, POOL_OPS, UNARY
 
     ops = UNARY.keys() | BINARY.keys() | POOL_OPS | plain_ops.OPS | mask_gen.OPS | {
-        "Cast", "Conv", "ConvTranspose", "Gemm", "MatMul", "Softmax", "LogSoftmax", "LayerNormalization",
+        "Cast", "Conv", "ConvTranspose", "Gemm", "Gather", "MatMul", "Softmax", "LogSoftmax", "LayerNormalization",
         "Transpose", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sum", "Concat"}
     return any(node.op_type in ops and node.op_type not in ALIASES and not node.domain for node in model.graph.node)
 
