@@ -867,7 +867,13 @@ def masks(case, rng):
     attrs = {}
     if op == "IsInf":
         attrs = dict(detect_positive=int(rng.integers(0, 2)), detect_negative=int(rng.integers(0, 2)))
-    (mask,) = b.node(op, [a, other] if op in MASK_COMPARE else [a], ["m"], **attrs)
+    compared = [a, other]
+    if op in MASK_COMPARE and rng.random() < 0.3:  # integers, as an int64 attention mask or int32 ids come
+        dtype = np.int64 if rng.random() < 0.5 else np.int32
+        compared = [b.name("ia"), b.name("ib")]
+        for name, shape in zip(compared, (sa, sb)):
+            case.inputs[name] = rng.integers(-3, 4, shape).astype(dtype)
+    (mask,) = b.node(op, compared if op in MASK_COMPARE else [a], ["m"], **attrs)
     logic = _choice(rng, ["", "Not", "And", "Or", "Xor"])
     if logic == "Not":
         (mask,) = b.node("Not", [mask], ["n"])
@@ -879,7 +885,8 @@ def masks(case, rng):
     else:
         chosen = [a, other]
     b.output(b.node("Where", [mask, *chosen], ["y"])[0])
-    case.geometry = dict(op=op, a=sa, b=sb, logic=logic or None, where=len(chosen), **attrs)
+    integers = str(case.inputs[compared[0]].dtype) if compared[0] != a else None
+    case.geometry = dict(op=op, a=sa, b=sb, integers=integers, logic=logic or None, where=len(chosen), **attrs)
 
 
 CAST_TYPES = {"int32": (TensorProto.INT32, 2.0**31), "int64": (TensorProto.INT64, 2.0**63),

@@ -1,16 +1,18 @@
 """Elementwise steps over typed buffers: masks (bool values, one byte each, 0 or 1) and the
 values they select between.
 
-The comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual), IsNaN and IsInf read
-float32 and write a mask; Not, And, Or and Xor read and write masks; Where(cond, x, y)
-reads a mask and two float32 tensors. Every operand broadcasts to the output, read at
+The comparisons (Equal, Less, Greater, LessOrEqual, GreaterOrEqual) read float32, int32
+or int64 (an attention mask fed as int64) and write a mask; IsNaN and IsInf read float32;
+Not, And, Or and Xor read and write masks; Where(cond, x, y) reads a mask and two float32
+tensors. Every operand broadcasts to the output, read at
 literal strides (0 along a broadcast axis). The C follows IEEE 754 as ONNX does: the build
 has no -ffast-math, so a comparison with NaN is false (Equal(NaN, NaN) too), and Where
 copies -inf and NaN through unchanged.
 
 A mask never leaves its partition (nncc/native/arguments.py), so its buffer is a slice
 of the workspace: the kernel's parameter says ``uint8_t``. A bool constant the node reads
-is packed as float32 0/1 (every packed constant is float32) and read as ``!= 0``.
+is packed as float32 0/1 (every packed constant is float32) and read as ``!= 0``; an
+integer constant is packed as float32 when float32 holds it exactly, and read back as int64.
 """
 
 from __future__ import annotations
@@ -56,14 +58,20 @@ def expression(node) -> str:
 _INF = "(float)INFINITY"
 
 
+INTEGERS = {np.dtype(np.int32): "int32_t", np.dtype(np.int64): "int64_t"}
+EXACT_IN_FLOAT = 2**24  # an integer constant packed as float32 must come back exactly
+
+
 @dataclass(frozen=True)
 class Operand:
-    name: str  # the buffer (a packed constant's name for a bool constant)
-    load: str  # how an element is read into a local: "float", "mask" or "packed mask"
+    name: str  # the buffer (a packed constant's name for a bool or integer constant)
+    load: str  # how an element is read: "float", "mask", "packed mask", "int32_t", "int64_t", "packed int"
 
     @property
     def ctype(self) -> str:
-        return MASK_READ if self.load == "mask" else "const float *"
+        if self.load == "mask":
+            return MASK_READ
+        return f"const {self.load} *" if self.load in INTEGERS.values() else "const float *"
 
 
 def operands(writer, node) -> list[Operand]:
@@ -72,15 +80,15 @@ def operands(writer, node) -> list[Operand]:
     out = []
     for name in node.inputs:
         info = writer.infos[name]
-        if info.dtype != BOOL:
+        if info.dtype not in (BOOL, *INTEGERS):
             out.append(Operand(name, "float"))
             continue
         value = const_value(writer.graph, writer.infos, name)
         if value is None:
-            out.append(Operand(name, "mask"))
-        else:
-            packed = writer.pack(name, "mask", np.asarray(value, np.float32))
-            out.append(Operand(packed, "packed mask"))
+            out.append(Operand(name, "mask" if info.dtype == BOOL else INTEGERS[info.dtype]))
+        else:  # exact: a bool, or an integer within EXACT_IN_FLOAT (the entry checks it)
+            packed = writer.pack(name, "mask" if info.dtype == BOOL else "int", np.asarray(value, np.float32))
+            out.append(Operand(packed, "packed mask" if info.dtype == BOOL else "packed int"))
     return out
 
 
@@ -107,8 +115,10 @@ def emit(writer, node) -> None:
                 c.line(f"float {names[k]} = {element};")
             elif operand.load == "mask":
                 c.line(f"int {names[k]} = {element};")
-            else:
+            elif operand.load == "packed mask":
                 c.line(f"int {names[k]} = {element} != 0.0f;")
+            else:  # integers compare as int64: exactly
+                c.line(f"int64_t {names[k]} = (int64_t){element};")
         flat = " + ".join(f"i{d} * {math.prod(dims[d + 1:])}" for d in range(len(dims)))
         cast = "(uint8_t)" if mask_out else ""
         c.line(f"{writer.ptr(y)}[{flat}] = {cast}({expression(node)});")

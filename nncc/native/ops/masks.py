@@ -1,6 +1,6 @@
-"""Masks: the comparisons, IsNaN and IsInf (float32 in, bool out), Not, And, Or, Xor (bool
-in and out) and Where (a bool condition selecting between float32 values), with
-broadcasting (nncc/native/mask_gen.py). A bool value lives only inside its partition
+"""Masks: the comparisons (float32, int32 or int64 in, bool out), IsNaN and IsInf (float32
+in, bool out), Not, And, Or, Xor (bool in and out) and Where (a bool condition selecting
+between float32 values), with broadcasting (nncc/native/mask_gen.py). A bool value lives only inside its partition
 (nncc/native/arguments.py moves a node whose mask would cross an edge to numpy)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from nncc.native import mask_gen
-from nncc.native.mask_gen import BOOL, COMPARE, LOGIC
+from nncc.native.graph_query import const_value
+from nncc.native.mask_gen import BOOL, COMPARE, EXACT_IN_FLOAT, INTEGERS, LOGIC
 from nncc.native.ops.entry import F32, NativeOp
 
 
@@ -19,7 +20,9 @@ class Masks(NativeOp):
     def check(self, node, graph, infos) -> str | None:
         op = node.op_type
         if op in COMPARE:
-            want = [F32, F32] if op != "Equal" or _dtype(infos, node.inputs[0]) != BOOL else [BOOL, BOOL]
+            first = _dtype(infos, node.inputs[0])
+            kind = first if first in INTEGERS or (first == BOOL and op == "Equal") else F32
+            want = [kind, kind]
         elif op in LOGIC:
             want = [BOOL, BOOL]
         elif op == "Not":
@@ -36,6 +39,10 @@ class Masks(NativeOp):
             info = infos.get(name)
             if info is None or info.dtype != dtype or not info.is_static:
                 return f"value {name!r} is not a static {dtype} tensor"
+            value = const_value(graph, infos, name) if dtype in INTEGERS else None
+            if value is not None and np.size(value) and not (
+                    -EXACT_IN_FLOAT <= np.min(value) and np.max(value) <= EXACT_IN_FLOAT):
+                return f"an integer constant {name!r} beyond what a packed float32 holds exactly"
         return None
 
     def render(self, writer, node, plan) -> None:
