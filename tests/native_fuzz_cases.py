@@ -520,6 +520,7 @@ UNARY = {  # op -> input range (None: standard normal)
     "Relu": None, "Sigmoid": (-12, 12), "Tanh": (-6, 6), "Erf": (-4, 4), "Exp": (-20, 20), "Log": (0.01, 50),
     "Sqrt": (0, 50), "Neg": None, "Abs": None, "Reciprocal": (0.1, 10), "Softsign": None,
     "LeakyRelu": None, "HardSigmoid": (-6, 6), "HardSwish": (-6, 6), "Clip": None,
+    "Floor": (-40, 40), "Ceil": (-40, 40), "Round": (-40, 40), "Sign": None,
 }
 BINARY = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]
 

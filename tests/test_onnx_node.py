@@ -63,7 +63,8 @@ def _native_may_take(model) -> bool:
 
     ops = UNARY.keys() | BINARY.keys() | POOL_OPS | plain_ops.OPS | mask_gen.OPS | {
         "Cast", "Conv", "ConvTranspose", "Gemm", "Gather", "MatMul", "Softmax", "LogSoftmax", "LayerNormalization",
-        "Transpose", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sum", "Concat"}
+        "Transpose", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sum", "Concat", "Floor", "Ceil", "Round",
+        "Sign"}
     return any(node.op_type in ops and node.op_type not in ALIASES and not node.domain for node in model.graph.node)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native.ops import (affine, attention, cast, conv, conv_transpose, data_movement, elementwise,
                              gather_indices, gelu, int8_conv, int8_matmul, layernorm, masks, matmul, pool, qimage,
-                             recurrent, residual, self_gated, softmax, sum_concat, transpose)
+                             recurrent, residual, rounding, self_gated, softmax, sum_concat, transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
@@ -30,6 +30,7 @@ ENTRIES: list[NativeOp] = [
     gelu.ENTRY,
     self_gated.ENTRY,
     elementwise.ENTRY,
+    rounding.ENTRY,
     sum_concat.SUM,
     sum_concat.CONCAT,
     softmax.ENTRY,
