@@ -555,6 +555,7 @@ UNARY = {  # op -> input range (None: standard normal)
     "Relu": None, "Sigmoid": (-12, 12), "Tanh": (-6, 6), "Erf": (-4, 4), "Exp": (-20, 20), "Log": (0.01, 50),
     "Sqrt": (0, 50), "Neg": None, "Abs": None, "Reciprocal": (0.1, 10), "Softsign": None,
     "LeakyRelu": None, "HardSigmoid": (-6, 6), "HardSwish": (-6, 6), "Clip": None,
+    "Floor": (-40, 40), "Ceil": (-40, 40), "Round": (-40, 40), "Sign": None,
 }
 BINARY = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]
 
@@ -875,14 +876,141 @@ def recurrent(case, rng, **given):
     case.geometry = g
 
 
+MASK_COMPARE = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"]
+
+
+def _with_specials(b, name, rng) -> None:
+    """Values rounded to whole numbers (so Equal holds somewhere), a fifth of them NaN, +inf,
+    -inf or a signed zero: a mask must follow IEEE comparisons exactly."""
+    x = np.array(np.round(b.case.inputs[name] * 2), np.float64, ndmin=1)
+    spots = rng.random(x.shape) < 0.2
+    x[spots] = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0, -0.0]), size=int(spots.sum()))
+    b.case.inputs[name] = x.astype(np.float32).reshape(b.case.inputs[name].shape)
+
+
+def masks(case, rng):
+    """A comparison, IsNaN or IsInf, maybe combined with a second mask by And, Or or Xor
+    (or negated), selecting by Where between broadcast operands or -inf (the attention
+    mask idiom): exact, NaN and infinities included."""
+    b = _Builder(case, rng)
+    sa, sb = _broadcast_pair(rng)
+    if rng.random() < 0.5:
+        sa, sb = sb, sa
+    a, other = b.input("a", sa), b.input("b", sb)
+    _with_specials(b, a, rng)
+    _with_specials(b, other, rng)
+    op = _choice(rng, MASK_COMPARE + ["IsNaN", "IsInf"])
+    attrs = {}
+    if op == "IsInf":
+        attrs = dict(detect_positive=int(rng.integers(0, 2)), detect_negative=int(rng.integers(0, 2)))
+    compared = [a, other]
+    if op in MASK_COMPARE and rng.random() < 0.3:  # integers, as an int64 attention mask or int32 ids come
+        dtype = np.int64 if rng.random() < 0.5 else np.int32
+        compared = [b.name("ia"), b.name("ib")]
+        for name, shape in zip(compared, (sa, sb)):
+            case.inputs[name] = rng.integers(-3, 4, shape).astype(dtype)
+    (mask,) = b.node(op, compared if op in MASK_COMPARE else [a], ["m"], **attrs)
+    logic = _choice(rng, ["", "Not", "And", "Or", "Xor"])
+    if logic == "Not":
+        (mask,) = b.node("Not", [mask], ["n"])
+    elif logic:
+        (second,) = b.node(_choice(rng, MASK_COMPARE), [other, b.init("t", np.array(0.0))], ["m2"])
+        (mask,) = b.node(logic, [mask, second], ["l"])
+    if rng.random() < 0.5:
+        chosen = [b.init("ninf", np.array(-np.inf)), a]
+    else:
+        chosen = [a, other]
+    b.output(b.node("Where", [mask, *chosen], ["y"])[0])
+    integers = str(case.inputs[compared[0]].dtype) if compared[0] != a else None
+    case.geometry = dict(op=op, a=sa, b=sb, integers=integers, logic=logic or None, where=len(chosen), **attrs)
+
+
+CAST_TYPES = {"int32": (TensorProto.INT32, 2.0**31), "int64": (TensorProto.INT64, 2.0**63),
+              "uint8": (TensorProto.UINT8, 256.0), "bool": (TensorProto.BOOL, math.inf)}
+
+
+def casts(case, rng):
+    """float32 to int32, int64, uint8 or bool (maybe on to a wider integer) and back, over
+    values scaled up to beyond each type's range, NaN and infinities among them (the
+    sanitized build must stay defined on them). What a float the type does not hold
+    becomes is not defined by ONNX, so the output keeps the round trip only where the value
+    fits (Where over the range test) and 0 elsewhere."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    kind = _choice(rng, list(CAST_TYPES))
+    to, limit = CAST_TYPES[kind]
+    x = b.input("x", shape)
+    scale = float(_choice(rng, [1.0, 100.0, 1e5, 1e10, 1e20]))
+    _with_specials(b, x, rng)
+    b.case.inputs[x] = (b.case.inputs[x] * scale).astype(np.float32)
+    (value,) = b.node("Cast", [x], ["c"], to=to)
+    wider = kind in ("uint8", "int32") and rng.random() < 0.5
+    if wider:
+        (value,) = b.node("Cast", [value], ["w"], to=TensorProto.INT64)
+    (back,) = b.node("Cast", [value], ["f"], to=TensorProto.FLOAT)
+    low = 0.0 if kind == "uint8" else -limit
+    (fits,) = b.node("And", [b.node("GreaterOrEqual", [x, b.init("lo", np.array(max(low, -3e38)))], ["ge"])[0],
+                             b.node("Less", [x, b.init("hi", np.array(min(limit, 3e38)))], ["lt"])[0]], ["fits"])
+    b.output(b.node("Where", [fits, back, b.init("zero", np.array(0.0))], ["y"])[0])
+    case.geometry = dict(op="Cast", to=kind, x=shape, scale=scale, wider=wider)
+
+
+def conv_transpose(case, rng):
+    """ConvTranspose, 2-D or 1-D, with random strides, pads, output_padding (below the
+    stride, as onnxruntime asks), dilations, groups and bias."""
+    b = _Builder(case, rng)
+    nd = 1 if rng.random() < 0.25 else 2
+    group = _choice(rng, [1, 1, 1, 2, 3])
+    cg, mg = _choice(rng, [1, 2, 3, 5]), _choice(rng, [1, 2, 4, 7])
+    k = [_choice(rng, [1, 2, 3, 4]) for _ in range(nd)]
+    s = [_choice(rng, [1, 2, 2, 3]) for _ in range(nd)]
+    d = [_choice(rng, [1, 1, 2]) for _ in range(nd)]
+    size = [_choice(rng, [1, 2, 3, 5, 8]) for _ in range(nd)]
+    pads = [int(rng.integers(0, k[i] * d[i])) for i in range(nd) for _ in range(2)]
+    pads = pads[0::2] + pads[1::2]  # begins, then ends
+    out_pad = [int(rng.integers(0, s[i])) for i in range(nd)]
+    full = [(size[i] - 1) * s[i] + out_pad[i] + (k[i] - 1) * d[i] + 1 - pads[i] - pads[nd + i] for i in range(nd)]
+    if min(full) <= 0:
+        pads = [0] * (2 * nd)
+    x = b.input("x", [int(rng.integers(1, 3)), group * cg, *size])
+    ins = [x, b.init("w", [group * cg, mg, *k])]
+    if rng.random() < 0.6:
+        ins.append(b.init("b", [group * mg]))
+    b.output(b.node("ConvTranspose", ins, ["y"], strides=s, pads=pads, dilations=d, output_padding=out_pad,
+                    group=group)[0])
+    case.terms = cg * math.prod(k) + 1
+    case.geometry = dict(op="ConvTranspose", x=list(case.inputs[x].shape), k=k, strides=s, pads=pads, dilations=d,
+                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3)
+
+
+def gather(case, rng):
+    """Gather by run-time indices (int64 or int32 inputs, negative ones among them) from a
+    constant table or a computed one, along a random axis: token ids into an embedding."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    axis = int(rng.integers(-len(shape), len(shape)))
+    extent = shape[axis % len(shape)]
+    ishape = _shape(rng, int(rng.integers(0, 3)))
+    dtype = np.int64 if rng.random() < 0.7 else np.int32
+    ids = b.name("ids")
+    case.inputs[ids] = rng.integers(-extent, extent, ishape).astype(dtype)
+    if rng.random() < 0.5:
+        table = b.init("table", shape)
+    else:
+        (table,) = b.node("Neg", [b.input("x", shape)], ["table"])
+    b.output(b.node("Gather", [table, ids], ["y"], axis=axis)[0])
+    case.geometry = dict(op="Gather", data=shape, indices=ishape, axis=axis, dtype=np.dtype(dtype).name)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
-         "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm}
+         "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
+         "conv_transpose": conv_transpose, "gather": gather}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather"]
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -891,7 +1019,8 @@ def make_case(seed: int, index: int) -> Case:
     case = Case(seed, index, kind, {}, opt_level=0 if index // len(ROUND) % 4 == 3 else 2)  # a round in 4 at -O0
     KINDS[kind](case, rng)
     specials = np.random.default_rng([seed, index, 2])
-    if specials.random() < 1 / NONFINITE and case.inputs and kind not in NO_ORACLE_FOR_NONFINITE:
+    floats = any(a.dtype == np.float32 for a in case.inputs.values())
+    if specials.random() < 1 / NONFINITE and floats and kind not in NO_ORACLE_FOR_NONFINITE:
         plant_nonfinite(case, specials)
     return case
 
@@ -913,7 +1042,7 @@ def plant_nonfinite(case: Case, rng) -> None:
     the oracles (onnxruntime skips it in one code path and keeps it in another, by position),
     so a MaxPool reading the input gets infinities only, one after a Conv (where infinities
     of both signs make NaN) nothing."""
-    name = _choice(rng, sorted(case.inputs))
+    name = _choice(rng, sorted(n for n, a in case.inputs.items() if a.dtype == np.float32))
     flat = case.inputs[name].reshape(-1).copy()
     pools = [node for node in case.nodes if node.op_type == "MaxPool"]
     if pools and any(node.input[0] != name for node in pools):
@@ -939,7 +1068,8 @@ def batch_model(cases: list[Case], oracle: bool = False) -> onnx.ModelProto:
     nodes, inputs, outputs, inits = [], [], [], []
     for case in cases:
         nodes += case.oracle_nodes if oracle and case.oracle_nodes is not None else case.nodes
-        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in case.inputs.items()]
+        inputs += [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                   for n, a in case.inputs.items()]  # float32, or a gather's int32 and int64 indices
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
         inits += [numpy_helper.from_array(a, n) for n, a in case.inits.items()]
     graph = helper.make_graph(nodes, "native_fuzz", inputs, outputs, inits)

@@ -58,12 +58,13 @@ def _collect():
 def _native_may_take(model) -> bool:
     """A case with an op type the native backend generates C for gets the native route too
     (whether it takes the node depends on shapes and dtypes: the test says when it does not)."""
-    from nncc.native import plain_ops
+    from nncc.native import mask_gen, plain_ops
     from nncc.native.codegen import ALIASES, BINARY, POOL_OPS, UNARY
 
-    ops = UNARY.keys() | BINARY.keys() | POOL_OPS | plain_ops.OPS | {
-        "Conv", "Gemm", "MatMul", "Softmax", "LogSoftmax", "LayerNormalization", "Transpose", "Clip", "LeakyRelu",
-        "HardSigmoid", "HardSwish", "Sum", "Concat"}
+    ops = UNARY.keys() | BINARY.keys() | POOL_OPS | plain_ops.OPS | mask_gen.OPS | {
+        "Cast", "Conv", "ConvTranspose", "Gemm", "Gather", "MatMul", "Softmax", "LogSoftmax", "LayerNormalization",
+        "Transpose", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sum", "Concat", "Floor", "Ceil", "Round",
+        "Sign"}
     return any(node.op_type in ops and node.op_type not in ALIASES and not node.domain for node in model.graph.node)
 
 

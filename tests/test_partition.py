@@ -194,6 +194,13 @@ def mixed_model(tmp_path):
     return path, feeds
 
 
+MULSUB_PASSED = [
+    {"node": "r1", "op": "Relu", "reason": "mulsub: takes only Mul and Sub"},
+    {"node": "ii", "op": "Mul", "reason": "mulsub: value 'i' has dtype int64, not float32"},
+    {"node": "a1", "op": "Add", "reason": "mulsub: takes only Mul and Sub"},
+]
+
+
 def test_mulsub_takes_float32_mul_and_sub_only(mixed_model):
     path, feeds = mixed_model
     compiled = nncc.compile_model(path, backends=MULSUB, plugins=(PLUGIN,), opt_level=0)
@@ -216,7 +223,7 @@ def test_mulsub_takes_float32_mul_and_sub_only(mixed_model):
     assert [(p.backend, p.backend_version, p.entry) for p in parts[:3]] == [
         ("mulsub", "1.0", "mulsub_module_0"), ("numpy", "1", "numpy_partition_1"),
         ("mulsub", "1.0", "mulsub_module_2")]
-    assert compiled.plan.fallbacks == []
+    assert compiled.plan.fallbacks == MULSUB_PASSED  # every node outside mulsub's partitions says why
     assert_partition_dag(compiled.plan)
     assert_matches_ort(compiled, path, feeds)
     # and the same after a round trip through the artifact
@@ -466,7 +473,7 @@ def test_cli_plugin_inspect_and_compile(mixed_model, tmp_path):
         ("mulsub", {"Mul": 1}, 1), ("numpy", {"Add": 1}, 1), ("mulsub", {"Sub": 1}, 1),
     ]
     assert [p["entry"] for p in report["partitions"]][:2] == ["mulsub_module_0", "numpy_partition_1"]
-    assert report["fallbacks"] == []
+    assert report["fallbacks"] == MULSUB_PASSED
     assert report["options"]["plugins"] == [PLUGIN]
     assert report["options"]["backends"] == ["mulsub", "numpy"]
 

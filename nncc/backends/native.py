@@ -29,6 +29,9 @@ from nncc.util.notice import warn
 
 MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
 NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
+# what a native call's inputs may hold: float32, and the integer indices a Gather reads
+# (its outputs are float32 only)
+INPUT_TYPES = tuple(np.dtype(t) for t in (np.float32, np.int32, np.int64))
 
 
 @dataclass
@@ -122,9 +125,19 @@ class NativeBackend(Backend):
     def reject_reason(self, node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
         if self.toolchain is None:
             return "no C compiler"
-        from nncc.native.codegen import check  # lazy: codegen
+        from nncc.native.codegen import ALIASES, check  # lazy: codegen
 
-        return check(node, graph, infos)
+        why = check(node, graph, infos)
+        if why is None and node.op_type in ALIASES and not node.domain:  # the one node partition() leaves
+            return "a reshape-like node with no native neighbour: a free view in the portable plan"
+        return why
+
+    def crossing_refused(self, name: str, readers, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+        """Why value ``name`` cannot enter (``readers``: the partition's nodes reading it) or
+        leave (no readers) a native partition: its arguments are float32 (a mask stays inside)."""
+        from nncc.native.arguments import crossing_refused  # lazy: codegen
+
+        return crossing_refused(name, readers, graph, infos)
 
     def compile(self, partition: Partition, graph: Graph, infos: dict[str, TensorInfo]) -> CompiledPartition:
         from nncc.native.codegen import generate  # lazy: codegen
@@ -190,7 +203,8 @@ class NativeBackend(Backend):
 
         library = source.loaded
         step = NativeStep(library.function(call.symbol), call, source.partition.entry,
-                          pooled=library.threads > 1 and library.blas, sanitized=library.sanitized)
+                          pooled=library.threads > 1 and library.blas, sanitized=library.sanitized,
+                          input_types=[source.plan.slots[s].dtype for s in call.args[:call.n_inputs]])
         args = call.args
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],
@@ -206,7 +220,8 @@ def toolchain_for(options):
 def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:
     """The payload's call table, checked: each call names one of the payload's partitions
     once, an entry point of our own naming, and arguments that are that partition's static
-    float32 slots; outputs are never constants or graph inputs. The code itself is checked
+    float32 slots (inputs may be int32 or int64 indices too); outputs are never constants
+    or graph inputs. The code itself is checked
     by whoever loads it."""
     meta = payload.meta
     entries = meta.get("calls") if type(meta) is dict and set(meta) == {"calls"} else None
@@ -225,11 +240,13 @@ def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:
             raise PlanFormatError(f"native call for partition {part} names slots out of range")
         if not 0 <= workspace <= MAX_WORKSPACE:
             raise PlanFormatError("bad native workspace size")
-        for s in args:
+        for i, s in enumerate(args):
             info = slots[s]
-            if (info.kind != "tensor" or info.dtype != np.float32 or info.shape is None
+            types = INPUT_TYPES if i < n_inputs else (np.float32,)  # integer indices come in, never go out
+            if (info.kind != "tensor" or info.dtype not in types or info.shape is None
                     or not all(type(d) is int for d in info.shape)):
-                raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor")
+                raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor"
+                                      + (" (or int32, int64 input)" if i < n_inputs else ""))
         if any(s in plan.constants or s in inputs for s in args[n_inputs:]):
             raise PlanFormatError(f"native call for partition {part} writes a constant or an input")
         calls[part] = NativeCall(part, symbol, list(args), n_inputs, workspace)

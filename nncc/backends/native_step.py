@@ -28,12 +28,14 @@ from nncc.plan.memory import aligned_empty
 
 class NativeStep:
     __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "workspace_address", "label", "pooled",
-                 "sanitized", "__weakref__")
+                 "sanitized", "input_types", "__weakref__")
 
-    def __init__(self, fn, call, label: str, pooled: bool = False, sanitized: bool = False):
+    def __init__(self, fn, call, label: str, pooled: bool = False, sanitized: bool = False, input_types=None):
         """``call``: the nncc.backends.native.NativeCall it makes. ``pooled``: the code runs its GEMMs on its own thread pool, so BLAS keeps to one
         thread during the call (its idle workers would spin against the pool's).
-        ``sanitized``: the code was built in the sanitize mode (see the module's docstring)."""
+        ``sanitized``: the code was built in the sanitize mode (see the module's docstring).
+        ``input_types``: each input's dtype in the plan (float32 unless given; a Gather's
+        indices are int32 or int64), which its buffer is made dense in."""
         self.fn = fn
         self.pooled = pooled
         self.sanitized = sanitized
@@ -44,6 +46,8 @@ class NativeStep:
         self.workspace = aligned_empty((max(call.workspace, 64),), np.uint8)
         self.workspace_address = self.workspace.ctypes.data  # owned by the step: it never moves
         self.label = label
+        self.input_types = [np.dtype(t) for t in input_types] if input_types else \
+            [np.dtype(np.float32)] * call.n_inputs
 
     def __call__(self, ctx, *inputs, out):
         if self.sanitized:
@@ -64,7 +68,7 @@ class NativeStep:
         else:
             status = self.fn(table, self.workspace_address)
         if status != 0:
-            raise KernelError(f"native partition {self.label} failed with status {status}")
+            raise KernelError(failure(self.label, status))
         return out
 
     def _output_pointer(self, array, index: int) -> int:
@@ -79,10 +83,11 @@ class NativeStep:
         return array.ctypes.data  # empty: no memory to view
 
     def _input_pointer(self, array, index: int) -> int:
-        if array.dtype != np.float32 or not array.flags.c_contiguous:
-            # the generated code reads dense float32; a strided view from a portable kernel
-            # or a broadcast constant is copied (a constant once: it is the same every run)
-            array = np.ascontiguousarray(array, dtype=np.float32)
+        if array.dtype != self.input_types[index] or not array.flags.c_contiguous:
+            # the generated code reads dense values of the input's type; a strided view from
+            # a portable kernel or a broadcast constant is copied (a constant once: it is the
+            # same every run)
+            array = np.ascontiguousarray(array, dtype=self.input_types[index])
         self.copies[index] = array
         if array.flags.writeable and array.size:
             return _address(_view(array))
@@ -97,7 +102,7 @@ class NativeStep:
         try:
             table = (ctypes.c_void_p * len(self.call.args))()
             for i, array in enumerate(inputs):
-                dense = np.ascontiguousarray(array, dtype=np.float32)
+                dense = np.ascontiguousarray(array, dtype=self.input_types[i])
                 table[i] = _block(blocks, dense.nbytes)
                 ctypes.memmove(table[i], dense.ctypes.data, dense.nbytes)
             base = len(inputs)
@@ -107,13 +112,19 @@ class NativeStep:
             with one_blas_thread(self.pooled):
                 status = self.fn(table, workspace)
             if status != 0:
-                raise KernelError(f"native partition {self.label} failed with status {status}")
+                raise KernelError(failure(self.label, status))
             for j, array in enumerate(out):
                 ctypes.memmove(array.ctypes.data, table[base + j], array.nbytes)
         finally:
             for block in blocks:
                 _LIBC.free(block)
         return out
+
+
+def failure(label: str, status: int) -> str:
+    """Why a native call returned ``status`` (1: a step found an index outside its axis)."""
+    why = "an index out of range" if status == 1 else f"status {status}"
+    return f"native partition {label} failed: {why}"
 
 
 _FLOAT32 = np.dtype(np.float32)

@@ -40,7 +40,7 @@ def print_report(report: dict) -> None:
             fb.add(f"{group['nodes']} node{'s' if group['nodes'] > 1 else ''}: {escape(group['reason'])} ({ops})")
         if verbosity() > 0:
             for f in report["fallbacks"]:
-                fb.add(f"{f['op']} {f['node']!r}: {escape(f['reason'])}")
+                fb.add(f"{f['op']} {escape(_node_label(f['node']))}: {escape(f['reason'])}")
         if any("static" in g["reason"] for g in report["fallback_groups"]) and _symbolic(report):
             fb.add(f"[dim]fixing {', '.join(_symbolic(report))} with --dim NAME=SIZE gives static shapes[/]")
     for dim, found in (report.get("sample_axes") or {}).items():
@@ -105,6 +105,12 @@ def _signature_line(signature: dict, has_code: bool) -> str:
     if not signature["signed"] and not has_code:
         return "signature: none (no native code to trust)"
     return f"[yellow]signature: not trusted, {reason}[/]"
+
+
+def _node_label(node: str) -> str:
+    """A fallback's node: its name quoted, or, for an unnamed node, the first output the
+    plan names it by (nncc/partition.py)."""
+    return f"({node})" if node.startswith("output '") else repr(node)
 
 
 def _symbolic(report: dict) -> list[str]:

@@ -35,6 +35,7 @@ from nncc.native.graph_query import is_pair_sum, source
 from nncc.native.layout import BlockedLayout
 from nncc.native.matmul_gen import MatmulSteps
 from nncc.native.ops import registry
+from nncc.native.arguments import index_argument
 from nncc.native.ops.entry import static_f32
 from nncc.plan.memory import aligned_empty
 
@@ -79,6 +80,7 @@ class _Step:
     blas: bool = False  # calls the runtime's BLAS-backed helpers (nn_gemm, nn_conv2d)
     label: str = ""
     support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
+    status: bool = False  # the step leaves an int64 in the first bytes of its scratch: not 0, the call fails
 
 
 @dataclass
@@ -122,7 +124,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
         # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
         # are not passed: every argument is a float32 tensor the code touches
-        read = [n for n in partition.inputs if static_f32(infos.get(n))]
+        read = [n for n in partition.inputs if static_f32(infos.get(n)) or index_argument(graph, infos, n)]
         self.args = read + list(partition.outputs)
         self.n_inputs = len(read)
         self.outputs = set(partition.outputs)
@@ -216,12 +218,15 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                     return fusion.render(self, node, claim)
         entry.render(self, node, entry.plan(self, node))
 
-    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "", blas: bool = False) -> None:
+    def step(self, code: str, reads, writes, scratch: int = 0, support: str = "", blas: bool = False,
+             status: bool = False) -> None:
         """One kernel: ``code`` over the buffers it declares. ``reads`` and ``writes`` hold
         value names, or (name, C type) for a buffer of another type than float32 (a table
         a struct describes); a buffer read defaults to ``const float *``, one written to
         ``float *``. ``scratch``: bytes the code reaches as ``scratch``; ``blas``: the code
-        calls nn_gemm or nn_conv2d."""
+        calls nn_gemm or nn_conv2d; ``status``: the code stores an int64 at the start of its
+        scratch (which it asks for), and the entry point returns 1 when it is not 0 (an index
+        out of range: the call fails as the portable kernel would)."""
         reads = [r if isinstance(r, tuple) else (r, kernel.READ) for r in reads if r]
         writes = [w if isinstance(w, tuple) else (w, kernel.WRITE) for w in writes if w]
         written = {self.root(name) for name, _ in writes}
@@ -231,7 +236,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if root not in buffers and (root not in written or (name, ctype) in writes):
                 buffers[root] = ctype
         self.steps.append(_Step(code, [n for n, _ in reads], [n for n, _ in writes], list(buffers.items()),
-                                scratch, blas, support=support))
+                                scratch, blas, support=support, status=status))
 
     # -- memory and text --------------------------------------------------------------
 
@@ -266,7 +271,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             for name in step.writes:
                 root = self.root(name)
                 if root not in args and root not in offsets:
-                    offsets[root] = allocate(math.prod(self.shape(root)) * 4, last_use[root], index)
+                    # 4 bytes an element, 8 for an int64 (a Cast's: nncc/native/cast_gen.py)
+                    width = max(4, getattr(self.infos[root].dtype, "itemsize", 4))
+                    offsets[root] = allocate(math.prod(self.shape(root)) * width, last_use[root], index)
             if step.scratch:
                 scratch_at[index] = allocate(step.scratch, index, index)
         kernels: dict[str, kernel.Kernel] = {}
@@ -290,6 +297,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if self.profile_steps:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
             lines.append("  " + call)
+            if step.status:
+                lines.append(f"  if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(); return 1; }}")
         lines.append("  nn_call_end();\n  return 0;\n}\n")
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})

@@ -1,11 +1,17 @@
 """Cast. A Cast to the type its input already has (float32 to float32, as RMSNorm exports
 write) is an alias, like Reshape; the -O1 passes remove it before partitioning
-(passes/cleanup.py), so this is for -O0. A Cast to or from another type stays portable:
-every buffer of a native call is a float32 tensor, and its reason says so."""
+(passes/cleanup.py), so this is for -O0. A Cast between float32, int32, int64, uint8 and
+bool is one conversion loop (nncc/native/cast_gen.py: ONNX's rounding, and no undefined
+conversion in C); its non-float32 side lives inside the partition (nncc/native/arguments.py).
+A Cast to or from another type stays portable, and its reason names the types."""
 
 from __future__ import annotations
 
+from nncc.native import cast_gen
+from nncc.native.graph_query import const_value
 from nncc.native.ops.entry import NativeOp, static_f32
+
+HELD = "float32, int32, int64, uint8 and bool"
 
 
 class Cast(NativeOp):
@@ -16,12 +22,20 @@ class Cast(NativeOp):
         src, dst = infos.get(node.inputs[0]), infos.get(node.outputs[0])
         if static_f32(src) and static_f32(dst):
             return None
-        if src is not None and dst is not None and src.dtype == dst.dtype:
+        if src is None or dst is None or src.dtype not in cast_gen.CTYPES or dst.dtype not in cast_gen.CTYPES:
+            return f"a Cast from {_type(src)} to {_type(dst)}: native code holds {HELD} values only"
+        if not (src.is_static and dst.is_static):
             return f"a Cast of {_type(src)} values with a dynamic shape"
-        return f"a Cast from {_type(src)} to {_type(dst)}: native code holds float32 values only"
+        if src.dtype != cast_gen.FLOAT and const_value(graph, infos, node.inputs[0]) is not None:
+            return f"a Cast of a {src.dtype} constant (folded at -O1)"  # packed constants are float32
+        return None
 
     def render(self, writer, node, plan) -> None:
-        writer.reshape(node)  # the same values: an alias, or a copy into a partition output
+        src, dst = writer.infos[node.inputs[0]].dtype, writer.infos[node.outputs[0]].dtype
+        if src == dst:
+            writer.reshape(node)  # the same values: an alias, or a copy into a partition output
+        else:
+            cast_gen.emit(writer, node)
 
 
 def _type(info) -> str:

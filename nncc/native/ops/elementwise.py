@@ -10,6 +10,7 @@ import numpy as np
 
 from nncc.native.elementwise_gen import ALIASES, BINARY, PARAMETRIC, POW_BY, UNARY
 from nncc.native.graph_query import const_value, scalar_const
+from nncc.native.mask_gen import BOOL
 from nncc.native.ops.entry import NativeOp, static_values_refused
 
 
@@ -37,6 +38,8 @@ class ElementwiseOps(NativeOp):
                     return "Clip bounds are not float constant scalars"
         elif node.op_type == "Dropout" and len([o for o in node.outputs if o]) > 1:
             return "Dropout's mask output"
+        elif node.op_type in ALIASES and _static_mask(infos, node.inputs[0]) and _static_mask(infos, node.outputs[0]):
+            return None  # a mask's view: masks live inside a partition (nncc/native/mask_gen.py)
         why = static_values_refused(node, infos, self.data_inputs(node))
         if why is None and node.op_type in BINARY and len(node.inputs) != 2:
             return "variadic form"
@@ -71,6 +74,11 @@ class ElementwiseOps(NativeOp):
         if op in UNARY or op in PARAMETRIC:
             return writer.blocked_unary(node, writer.unary_expr(node))
         return False
+
+
+def _static_mask(infos, name) -> bool:
+    info = infos.get(name)
+    return info is not None and info.dtype == BOOL and info.is_static
 
 
 def _pow_by(writer, node) -> float | None:

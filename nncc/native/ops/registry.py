@@ -5,21 +5,24 @@ listed here. ``FUSIONS`` are tried, in order, before a node's own entry writes i
 from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native.ops import (affine, attention, cast, conv, data_movement, elementwise, gelu, int8_conv, int8_matmul,
-                             layernorm, matmul, pool, qimage, recurrent, residual, self_gated, softmax, sum_concat,
-                             transpose)
+from nncc.native.ops import (affine, attention, cast, conv, conv_transpose, data_movement, elementwise,
+                             gather_indices, gelu, int8_conv, int8_matmul, layernorm, masks, matmul, pool, qimage,
+                             recurrent, residual, rounding, self_gated, softmax, sum_concat, transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
 
 ENTRIES: list[NativeOp] = [
     # entries that check their own values (quantized, integer or optional inputs)
+    gather_indices.ENTRY,  # before data_movement: it takes a Gather whose indices are not constants
     data_movement.ENTRY,  # before softmax: it takes Softmax over an inner axis
     int8_matmul.ENTRY,
     int8_conv.ENTRY,
     qimage.ENTRY,
     recurrent.ENTRY,
     cast.ENTRY,  # names the types it refuses
+    masks.ENTRY,  # bool values: checks each input's type
     # entries over static float32 values
     conv.ENTRY,
+    conv_transpose.ENTRY,
     affine.ENTRY,
     matmul.GEMM,
     matmul.MATMUL,
@@ -27,6 +30,7 @@ ENTRIES: list[NativeOp] = [
     gelu.ENTRY,
     self_gated.ENTRY,
     elementwise.ENTRY,
+    rounding.ENTRY,
     sum_concat.SUM,
     sum_concat.CONCAT,
     softmax.ENTRY,
