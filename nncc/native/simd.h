@@ -16,7 +16,16 @@ typedef float nn_v __attribute__((vector_size(NN_VL * 4)));
 typedef int32_t nn_vi __attribute__((vector_size(NN_VL * 4)));
 static inline nn_v nn_vload(const float *p) { nn_v v; memcpy(&v, p, sizeof v); return v; }
 static inline void nn_vstore(float *p, nn_v v) { memcpy(p, &v, sizeof v); }
-static inline nn_v nn_vset1(float s) { return (nn_v){0} + s; }
+/* every lane s, spelled out so the compiler emits one broadcast: 0 + s costs an add per
+ * call (it is not s for s = -0), and a loop over the lanes is vectorized into inserts */
+#if NN_VL == 16
+#define NN_SPLAT(s) {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}
+#elif NN_VL == 8
+#define NN_SPLAT(s) {s, s, s, s, s, s, s, s}
+#else
+#define NN_SPLAT(s) {s, s, s, s}
+#endif
+static inline nn_v nn_vset1(float s) { return (nn_v)NN_SPLAT(s); }
 #define nn_vzero() ((nn_v){0})
 #define nn_vfma(a, b, c) ((a) * (b) + (c))
 #define nn_vadd(a, b) ((a) + (b))
