@@ -275,6 +275,7 @@ def test_forced_stages_and_compile(tmp_path):
     assert (forced["outcome"], forced["stage"], native) == ("miss", "optimized", 1) and s2.builds() == 1
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
     import threading
 

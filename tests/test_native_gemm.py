@@ -209,6 +209,7 @@ GEMMS = [
 ]
 
 
+@pytest.mark.slow  # test_native's test_gemm covers transposes, alpha and beta quickly
 def test_gemm_transposes_scales_and_c(tmp_path):
     b = _Builder(6)
     for i, (m, k, n, ta, tb, alpha, beta, c) in enumerate(GEMMS):

@@ -279,6 +279,7 @@ def _write(tmp_path, raw: bytes) -> pathlib.Path:
     return path
 
 
+@pytest.mark.slow  # test_native's untrusted artifact runs portable quickly
 def test_unsigned_artifact_runs_portable(alice, feeds, tmp_path):
     env, raw = alice
     stripped = rebuild(raw, sections(raw)[:-1])  # as an older nncc wrote it
