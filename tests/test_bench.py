@@ -185,6 +185,7 @@ def test_compare_runs_onnxruntime_at_its_defaults():
             ours.get_session_config_entry(key)
 
 
+@pytest.mark.slow  # a bench run against onnxruntime
 def test_compare_table_says_what_differs_from_onnxruntimes_defaults():
     result = bench(FIXTURES / "mlp.onnx", "-n", 2, "--warmup", 0, "--compare", "onnxruntime", "--threads", 1)
     assert result.returncode == 0, result.stderr
@@ -200,6 +201,7 @@ def test_compare_on_a_convnet_agrees_with_onnxruntime():
     assert payload["flops_by_op"].keys() == {"Conv", "Gemm"}
 
 
+@pytest.mark.slow  # a bench run in a process
 def test_compare_without_onnxruntime_says_so_once_and_goes_on(tmp_path):
     shadow = tmp_path / "shadow" / "onnxruntime"
     shadow.mkdir(parents=True)
@@ -216,6 +218,7 @@ def test_compare_without_onnxruntime_says_so_once_and_goes_on(tmp_path):
     assert payload["iterations"] == 3
 
 
+@pytest.mark.slow  # a timed bench run
 def test_duration_runs_at_least_once_and_records_it():
     payload, _ = bench_json(FIXTURES / "mlp.onnx", "--duration", 0.2, "--warmup", 0)
     assert payload["settings"]["duration"] == 0.2 and payload["settings"]["iterations"] is None
@@ -416,6 +419,7 @@ def test_table_flags_a_cache_hit_slower_than_a_cold_compile(mlp_report, capsys):
     assert "slower" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a bench run in a process
 def test_piped_table_title_is_one_line(tmp_path):
     """A title longer than 80 columns stays on one line when stdout is a pipe (it used to
     break before "threads")."""

@@ -163,6 +163,7 @@ print(" ".join(f"{stage}:{native}" for stage, native in seen))
 """
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_four_processes_hitting_one_token_build_it_once(tmp_path):
     """Four long-running readers start together on an empty cache: one miss, hits from all
     four, upgrade attempts from several, exactly one native build, and every output along
@@ -185,6 +186,7 @@ def test_four_processes_hitting_one_token_build_it_once(tmp_path):
     assert counters["misses"] == 1 and counters["upgrades"] == 1
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_sigkill_of_the_worker_mid_build_keeps_stage_one(tmp_path):
     slow_flag = tmp_path / "slow"
     started = tmp_path / "started"
@@ -225,6 +227,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_a_hanging_compiler_is_recorded_and_not_retried(tmp_path):
     s = Setup(tmp_path, 'case " $* " in *" -c "*) exec sleep 60 ;; esac\nexit 1')  # every compile hangs
     s.env["NNCC_CC_TIMEOUT"] = "1"
@@ -246,6 +249,7 @@ def test_a_hanging_compiler_is_recorded_and_not_retried(tmp_path):
     assert s.calls() == attempted  # not retried
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_low_power_never_spawns_a_worker(tmp_path):
     s = Setup(tmp_path)
     for _ in range(4):
@@ -262,6 +266,7 @@ def test_no_compiler_no_worker(tmp_path):
         assert (report["stage"], report["upgrade"], native) == ("quick", None, 0)
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_forced_stages_and_compile(tmp_path):
     s = Setup(tmp_path)
     quick, native = s.run("--stage", "quick")
@@ -284,6 +289,7 @@ def test_forced_stages_and_compile(tmp_path):
     assert (forced["outcome"], forced["stage"], native) == ("miss", "optimized", 1) and s2.builds() == 1
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
     import threading
 
@@ -305,6 +311,7 @@ def test_api_upgrades_in_a_background_thread(tmp_path, monkeypatch):
     assert s.builds() == 1
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_worker_aborts_when_the_model_no_longer_hashes_to_the_token(tmp_path):
     s = Setup(tmp_path)
     first, _ = s.run("--stage", "quick")
@@ -340,6 +347,7 @@ def test_gc_leaves_the_upgrade_lock_of_a_running_builder(tmp_path):
         assert gc.returncode == 0 and path.exists(), gc.stderr
 
 
+@pytest.mark.slow  # each waits on a background worker's native build
 def test_worker_whose_entry_cannot_be_written_warns_and_fails(tmp_path):
     """A cache that cannot take the entry once its native stage is built (here its shard
     folder becomes a symbolic link, which the store never writes through; nncc bench removes

@@ -452,6 +452,7 @@ def test_inspect_json_has_the_documented_keys(inspected, kind):
     assert report["artifact_bytes"] == len(compiled.to_bytes())
 
 
+@pytest.mark.slow  # the inspected fixture compiles resnet_block natively three times
 def test_inspect_onnx_and_artifact_agree(inspected):
     outputs, _ = inspected
     a, b = (json.loads(outputs[(kind, "json")]) for kind in ("onnx", "nncc"))
@@ -461,6 +462,7 @@ def test_inspect_onnx_and_artifact_agree(inspected):
     assert a == b
 
 
+@pytest.mark.slow  # the inspected fixture compiles resnet_block natively three times
 @pytest.mark.parametrize("kind", ["onnx", "nncc"])
 def test_inspect_text(inspected, kind):
     outputs, sources = inspected

@@ -114,6 +114,7 @@ def test_an_artifact_from_a_fifo_is_read_once_and_correctly(work):
     assert_mlp_outputs(work / "out.npz", work)
 
 
+@pytest.mark.slow  # a piped model is read once in the quick tier by test_a_model_from_a_pipe_is_read_once_and_correctly
 def test_compile_reads_a_piped_model_once(work):
     result = nncc("compile", "/dev/stdin", "-o", "mlp.nncc", cwd=work, input=MLP.read_bytes())
     assert result.returncode == 0, result.stderr

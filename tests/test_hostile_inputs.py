@@ -264,7 +264,8 @@ def test_a_value_written_twice_is_bad_input(tmp_path):
     assert_error(nncc("run", path, "--random-inputs", cwd=tmp_path), "Neg", "'b'", "'y'", "already defined")
 
 
-@pytest.mark.parametrize("group", [1, 2], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("group", [1, pytest.param(2, marks=pytest.mark.slow)],  # depthwise: slow
+                         ids=["dense", "depthwise"])
 def test_strides_past_the_input_compute_what_onnxruntime_does(tmp_path, group):
     """A Conv whose stride is far larger than its input: the stride-phase layout made one
     Python step per phase (2**26 here: hours for one node; the subprocess's timeout is the
@@ -385,7 +386,7 @@ def test_an_allocation_within_the_bound_but_beyond_the_machine_is_bad_input(tmp_
                  "more than is available")
 
 
-@pytest.mark.parametrize("mode", ["constant", "edge"])
+@pytest.mark.parametrize("mode", ["constant", pytest.param("edge", marks=pytest.mark.slow)])  # edge: slow
 def test_pads_given_at_run_time_are_checked_before_allocating(tmp_path, mode):
     """Found by fuzzing: Pad's output (and, for edge/reflect, its index tables) was
     allocated at whatever size the pads asked for."""

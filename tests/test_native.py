@@ -461,6 +461,7 @@ def test_token_covers_the_compiler_and_target(tmp_path, monkeypatch, static_mlp)
     assert model.native_partitions == 1
 
 
+@pytest.mark.slow  # a killed native build; test_cache_concurrency kills writers too
 def test_sigkill_during_a_native_build_leaves_the_cache_consistent(tmp_path, static_mlp):
     """A compile killed while the C compiler runs stores nothing half-built: verify is
     clean and the next run compiles and succeeds."""

@@ -112,6 +112,7 @@ def _activation(b: _Builder, act: str, x: str, out: str) -> str:
     return b.op(act, [x], out)
 
 
+@pytest.mark.slow  # every activation over many shapes; test_native checks the products quickly
 def test_matmul_bias_activation_shapes(tmp_path):
     b = _Builder(1)
     for i, (m, k, n, act) in enumerate(MATMULS):
@@ -143,7 +144,7 @@ def _gelu(b: _Builder, x: str, form: str, i: int) -> str:
     return b.op("Mul", [b.op("Mul", [x, b.scalar(f"h{i}", 0.5)], f"xh{i}"), t], f"g{i}")
 
 
-@pytest.mark.parametrize("shape", [(1, 24, 40), (20, 48, 70)])
+@pytest.mark.parametrize("shape", [(1, 24, 40), pytest.param((20, 48, 70), marks=pytest.mark.slow)])  # larger: slow
 def test_gelu_forms_fuse_and_run_natively(tmp_path, shape):
     m, k, n = shape
     b = _Builder(2)
@@ -208,6 +209,7 @@ GEMMS = [
 ]
 
 
+@pytest.mark.slow  # test_native's test_gemm covers transposes, alpha and beta quickly
 def test_gemm_transposes_scales_and_c(tmp_path):
     b = _Builder(6)
     for i, (m, k, n, ta, tb, alpha, beta, c) in enumerate(GEMMS):

@@ -274,7 +274,7 @@ CONV_FORMS = {  # the convolution kernels whose epilogues apply an activation la
 }
 
 
-@pytest.mark.parametrize("what", ["Silu", "Mish"])
+@pytest.mark.parametrize("what", ["Silu", pytest.param("Mish", marks=pytest.mark.slow)])  # Mish: the same epilogues
 @pytest.mark.parametrize("form", sorted(CONV_FORMS))
 def test_silu_and_mish_in_every_convolution_epilogue(tmp_path, form, what):
     """The activation after the store, as sigmoid and tanh: direct, Winograd, depthwise and

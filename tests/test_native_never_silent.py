@@ -69,6 +69,7 @@ def test_no_compiler_on_path_is_said_at_v_only(model, tmp_path):
         assert _lines(done.stderr, "native code is off") == [f"nncc: native code is off: {NOT_ON_PATH}"]
 
 
+@pytest.mark.slow  # a native compile in a process; the cache info and -v forms stay quick
 def test_inspect_says_why(model, tmp_path):
     text = nncc("inspect", model, cc="/nonexistent/cc", cache=tmp_path / "c")
     assert text.returncode == 0, text.stderr

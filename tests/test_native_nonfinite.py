@@ -143,6 +143,7 @@ def test_plain_native_code_agrees_with_onnxruntime_on_nan_and_inf(tmp_path):
     _judge(*_run(tmp_path, env))
 
 
+@pytest.mark.slow  # a sanitized build; the fuzzer's sanitized run (also slow) feeds NaN and inf too
 @pytest.mark.skipif(not have_sanitizer_runtime(), reason="the C compiler has no ASan/UBSan runtime to preload")
 def test_sanitized_native_code_is_defined_on_nan_and_inf(tmp_path):
     _judge(*_run(tmp_path, sanitized_env()))

@@ -112,7 +112,7 @@ def _pads(rng, shape, mode):
     return before + after
 
 
-@pytest.mark.parametrize("opset", [19, 11])
+@pytest.mark.parametrize("opset", [19, pytest.param(11, marks=pytest.mark.slow)])  # older opsets: slow
 def test_pad(tmp_path, opset):
     g = GraphBuilder(seed=2 + opset)
     modes = ["constant", "reflect", "edge"] + (["wrap"] if opset >= 19 else [])
@@ -162,7 +162,7 @@ def test_slice(tmp_path):
     check_native(tmp_path, g, 17)
 
 
-@pytest.mark.parametrize("opset", [18, 11])
+@pytest.mark.parametrize("opset", [18, pytest.param(11, marks=pytest.mark.slow)])
 def test_split(tmp_path, opset):
     g = GraphBuilder(seed=4)
     for i in range(10):
@@ -244,6 +244,7 @@ def test_resize_linear_and_cubic(tmp_path):
     check_native(tmp_path, g, 19)
 
 
+@pytest.mark.slow  # three more compiles; opset 19 Resize stays quick
 def test_resize_older_opsets_and_upsample(tmp_path):
     for opset, op in ((10, "Resize"), (13, "Resize"), (9, "Upsample")):
         g = GraphBuilder(seed=7)
@@ -263,7 +264,7 @@ REDUCES = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "R
            "ReduceL2"]
 
 
-@pytest.mark.parametrize("opset", [18, 13])
+@pytest.mark.parametrize("opset", [18, pytest.param(13, marks=pytest.mark.slow)])
 def test_reduce(tmp_path, opset):
     g = GraphBuilder(seed=8)
     for i in range(24):

@@ -78,6 +78,7 @@ def _conv_model(path) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # a sanitized build
 def test_without_the_runtime_it_is_refused_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "nncc", "compile", _conv_model(tmp_path / "m.onnx"),
                            "-o", str(tmp_path / "m.nncc"), "--cache-dir", str(tmp_path / "cache")],

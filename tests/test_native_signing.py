@@ -279,6 +279,7 @@ def _write(tmp_path, raw: bytes) -> pathlib.Path:
     return path
 
 
+@pytest.mark.slow  # test_native's untrusted artifact runs portable quickly
 def test_unsigned_artifact_runs_portable(alice, feeds, tmp_path):
     env, raw = alice
     stripped = rebuild(raw, sections(raw)[:-1])  # as an older nncc wrote it
@@ -293,7 +294,8 @@ def test_unsigned_artifact_runs_portable(alice, feeds, tmp_path):
                       "reason": "it is not signed"}
 
 
-@pytest.mark.parametrize("edit", ["mac bit", "code bit", "prog workspace", "data bit", "producer"])
+@pytest.mark.parametrize("edit", ["mac bit", "code bit", *(pytest.param(edit, marks=pytest.mark.slow)
+                                                          for edit in ("prog workspace", "data bit", "producer"))])
 def test_any_change_after_signing_fails_the_mac(alice, feeds, tmp_path, edit):
     env, raw = alice
     parts = dict((t, p) for t, _, p in sections(raw))
@@ -366,6 +368,7 @@ def test_a_key_file_owned_by_someone_else_is_refused(alice, tmp_path):
     assert done.returncode == 2 and "is owned by user id 65534, not by you" in done.stderr
 
 
+@pytest.mark.slow  # two users, five CLI processes and a native compile
 def test_a_team_key_is_shared_through_nncc_trust_key_file(tmp_path, model, feeds):
     team_key = secrets.token_hex(32) + "\n"
     copies = {}

@@ -576,6 +576,7 @@ def _imported(stderr: str) -> set[str]:
     return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
+@pytest.mark.slow  # an installed entry point and CLI processes
 def test_entry_points_are_read_only_for_a_backend_not_built_in(mixed_model, tmp_path):
     """With a plugin installed, a run on the built-in backends (a miss, then a hit) never
     reads the installed packages' metadata (importlib.metadata is not even imported);

@@ -100,7 +100,8 @@ def make_model(path, nodes, inputs, outputs, initializers=()):
 # -- determinism ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", FIXTURE_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in ("mobilenet", "resnet_block")
+                                  else name for name in FIXTURE_MODELS])  # the convnets, compiled six times: slow
 def test_same_model_and_options_give_identical_bytes(name):
     for options in ({}, {"opt_level": 0}, {"preference": "sustained-speed"}):
         first = compiled_fixture(name, **options).to_bytes()

@@ -341,6 +341,7 @@ def test_json_schemas(cli, populated, tmp_path, monkeypatch):
     assert artifact_run["cache"] is None
 
 
+@pytest.mark.slow  # a bench run; test_bench checks its JSON keys quickly
 @pytest.mark.skipif(not HAS_BENCH, reason=NO_BENCH)
 def test_bench_json_schema(tmp_path):
     result = nncc_process("bench", MLP, "--iterations", "3", "--warmup", "1", "--json")
@@ -464,6 +465,7 @@ def external_data_model(folder: pathlib.Path) -> pathlib.Path:
     return folder / "ext.onnx"
 
 
+@pytest.mark.slow  # a compile and three CLI processes
 def test_depfile_lists_the_model_and_its_external_data(cli, tmp_path, monkeypatch):
     external_data_model(tmp_path / "models")
     monkeypatch.chdir(tmp_path)
@@ -574,6 +576,7 @@ def colors(data: bytes) -> list[bytes]:
     return found
 
 
+@pytest.mark.slow  # CLI processes on a pseudo-terminal and a pipe
 def test_progress_is_drawn_on_a_terminal_only(tmp_path):
     cache = tmp_path / "c"
     assert nncc_process("compile", MLP, "-o", tmp_path / "m.nncc", NNCC_CACHE_DIR=str(cache)).returncode == 0
@@ -603,6 +606,7 @@ def test_run_on_a_terminal_keeps_stdout_for_the_outputs(tmp_path):
     assert b"preparing mlp.onnx" in tty
 
 
+@pytest.mark.slow  # CLI processes on a pseudo-terminal and a pipe
 def test_run_table_is_rich_on_a_terminal_and_plain_columns_when_piped(tmp_path):
     cache = str(tmp_path / "c")
     result, tty = run_on_tty("run", MLP, "--random-inputs", stream="stdout", NNCC_CACHE_DIR=cache)
@@ -694,6 +698,7 @@ def test_unknown_input_lists_the_model_inputs(tmp_path):
     assert "unknown input 'bogus'" in line and "the model's inputs are: x" in line
 
 
+@pytest.mark.slow  # a plugin compile and CLI processes
 def test_artifact_needing_a_plugin_names_it(tmp_path):
     out = tmp_path / "m.nncc"
     extra = {"PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT)])}
@@ -705,6 +710,7 @@ def test_artifact_needing_a_plugin_names_it(tmp_path):
     assert nncc_process("run", out, "--random-inputs", "--plugin", "plugin_example", **extra).returncode == 0
 
 
+@pytest.mark.slow  # CLI processes; test_partition names plugins quickly
 def test_unknown_custom_op_suggests_a_plugin(tmp_path):
     from onnx import TensorProto, helper
 

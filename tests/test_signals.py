@@ -88,7 +88,8 @@ def test_an_interrupted_compile_leaves_no_half_entry(tmp_path, signame, code, co
     assert not (tmp_path / "r.nncc").exists()
 
 
-@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+# each signal takes the same path out: the quick tier sends one of them, the full run both
+@pytest.mark.parametrize("signame, code", [("SIGINT", 130), pytest.param("SIGTERM", 143, marks=pytest.mark.slow)])
 def test_an_interrupt_just_after_the_commit_keeps_the_complete_entry(tmp_path, signame, code):
     """The row is committed: the files it names must stay (not a MISSING entry)."""
     cache_dir = tmp_path / "cache"
@@ -100,7 +101,7 @@ def test_an_interrupt_just_after_the_commit_keeps_the_complete_entry(tmp_path, s
     assert json.loads(hit.stdout)["cache"]["outcome"] == "hit" and "warning" not in hit.stderr
 
 
-@pytest.mark.parametrize("signame, code", [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.parametrize("signame, code", [pytest.param("SIGINT", 130, marks=pytest.mark.slow), ("SIGTERM", 143)])
 def test_an_interrupted_artifact_write_leaves_the_old_artifact_and_no_temp(tmp_path, signame, code):
     cache_dir = tmp_path / "cache"
     out = tmp_path / "out"
@@ -113,6 +114,7 @@ def test_an_interrupted_artifact_write_leaves_the_old_artifact_and_no_temp(tmp_p
     assert (out / "m.nncc").read_bytes() == b"the previous artifact"
 
 
+@pytest.mark.slow  # killed processes, then verify and gc in processes of their own
 def test_sigkill_debris_is_reported_by_verify_and_removed_by_gc(tmp_path):
     cache_dir = tmp_path / "cache"
     assert nncc("run", MLP, "--random-inputs", cache_dir=cache_dir).returncode == 0
