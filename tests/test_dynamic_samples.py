@@ -207,7 +207,9 @@ def test_a_dimension_that_mixes_samples_is_rejected_and_still_right(tmp_path, na
     for n in (1, 2, 5, 7, 5):
         _check(model, path, _feeds(b, {"x0": {0: n}}, seed=n))
     assert model.sample_axes == []
-    assert model.last_run_native_partitions == 0  # no plan for one sample runs it
+    # no plan for one sample runs it: the general plan does (its static scalar arithmetic,
+    # such as a Cast of the batch size, may itself be native)
+    assert model.last_run_native_partitions == model.native_partitions
 
 
 def test_rejections_say_why(tmp_path):
