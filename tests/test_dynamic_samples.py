@@ -62,6 +62,20 @@ def mlp(path):
     return b
 
 
+def mlp_batchnorm(path):
+    """A tabular MLP as exported: BatchNormalization over the features of [N, F] rows, which
+    compiles to a per-channel scale and shift (the channel is axis 1, the batch axis 0)."""
+    b = GraphBuilder(seed=4)
+    x = b.input((3, 16))
+    h = b.node("Gemm", [x, b.weight((24, 16)), b.weight((24,))], transB=1)
+    h = b.node("BatchNormalization", [h, b.const(np.linspace(0.5, 1.5, 24)), b.const(np.full(24, 0.1)),
+                                      b.const(np.linspace(-0.2, 0.2, 24)), b.const(np.full(24, 0.9))])
+    h = b.node("Relu", [h])
+    b.output(b.node("Gemm", [h, b.weight((4, 24)), b.weight((4,))], transB=1))
+    _dynamic(b, path, {0: "N"})
+    return b
+
+
 def convnet(path):
     b = GraphBuilder(seed=2)
     x = b.input((2, 3, 12, 12))
@@ -107,7 +121,7 @@ def transformer(path, dim=16, heads=2):
 
 
 @needs_cc
-@pytest.mark.parametrize("make", [mlp, convnet], ids=["mlp", "convnet"])
+@pytest.mark.parametrize("make", [mlp, mlp_batchnorm, convnet], ids=["mlp", "mlp_batchnorm", "convnet"])
 def test_a_sample_axis_runs_every_batch_size_through_the_native_plan_for_one(tmp_path, make):
     path = tmp_path / "model.onnx"
     builder = make(path)

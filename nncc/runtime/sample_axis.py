@@ -209,10 +209,10 @@ ELEMENTWISE = frozenset("""Add Sub Mul Div Pow Max Min Mean Sum Where Equal Less
 And Or Xor Not Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Erf Floor Ceil Round Sign Sin Cos Tan Asin Acos
 Atan Sinh Cosh Asinh Acosh Atanh Softplus Softsign Elu Selu Celu LeakyRelu PRelu HardSigmoid HardSwish Gelu Mish
 Clip Cast CastLike Identity Dropout IsNaN IsInf Mod ThresholdedRelu Shrink Swish BitShift BitwiseAnd BitwiseOr
-BitwiseXor BitwiseNot nncc::Silu nncc::Mish nncc::HardSwish""".split())
+BitwiseXor BitwiseNot nncc::Silu nncc::Mish nncc::HardSwish nncc::Gelu""".split())
 IMAGE = frozenset("""Conv ConvTranspose MaxPool AveragePool LpPool GlobalAveragePool GlobalMaxPool GlobalLpPool
 BatchNormalization InstanceNormalization GroupNormalization LRN Resize Upsample DepthToSpace SpaceToDepth
-nncc::FusedConv""".split())
+nncc::FusedConv nncc::ScaleShift""".split())
 REDUCE = frozenset("""ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum
 ReduceLogSumExp ReduceSumSquare""".split())
 RESHAPING = frozenset("Reshape Flatten Squeeze Unsqueeze".split())
