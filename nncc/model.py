@@ -238,7 +238,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
                                               settings=settings, **options)
     natives = None
     # the fixed-size entries are found and built from the model's file: not for a pipe
-    if use_cache and stage is None and background is not None and (model_bytes is None or os.path.isfile(path)):
+    if use_cache and stage != "quick" and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
     elif not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
