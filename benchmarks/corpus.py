@@ -50,10 +50,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import peer_runtimes  # noqa: E402  (the child's only benchmark import: its start-up stays the runtime's)
 
 MANIFEST = ROOT / "build" / "corpus" / "manifest.json"
-NNCC = ("nncc-dynamic", "nncc-fixed")
+NNCC = ("nncc-dynamic", "nncc-fixed", "nncc-cached")
 PEERS_F32 = ("onnxruntime", "openvino-f32")
 RUNTIMES = NNCC + PEERS_F32 + ("openvino",)
-COMPILES = {"nncc-dynamic": "dynamic", "nncc-fixed": "fixed"}
+COMPILES = {"nncc-dynamic": "dynamic", "nncc-fixed": "fixed"}  # compiled once, saved, loaded by each process
+VARIANTS = dict(COMPILES, **{"nncc-cached": "cached"})  # every nncc column matched and compared
 
 
 # -- the child processes ------------------------------------------------------------------------------------
@@ -100,7 +101,53 @@ def child_compile(job: dict) -> dict:
         found[variant] = {"compile_s": seconds, "partitions": len(report["partitions"]),
                           "native_partitions": model.native_partitions, "fallbacks": report["fallback_groups"],
                           "portable_ops": dict(sorted(portable.items()))}
+    found["cached"] = warm_cache(job)
     return found
+
+
+def warm_cache(job: dict) -> dict:
+    """What a user's earlier processes leave in the cache for "nncc-cached": the model
+    prepared through it, dynamic dimensions left dynamic, and run on the feeds until every
+    plan its input shapes ask for (built in the background) is there; how many native
+    partitions the plan that then runs holds."""
+    import threading
+
+    import numpy as np  # lazy: as child_compile's
+    import nncc  # lazy: as above
+
+    with np.load(job["feeds"]) as saved:
+        feeds = {k: saved[k] for k in saved.files}
+    start = time.perf_counter()
+    try:
+        model, _ = nncc.prepare(job["path"], cache_dir=job["warm_cache"], stage="optimized")
+        for _ in range(3):
+            model.run(feeds)
+            for thread in threading.enumerate():
+                if thread.name.startswith("nncc-shape-"):
+                    thread.join()
+        model.run(feeds)
+    except Exception as exc:  # a finding for the table
+        return {"error": first_line(exc)}
+    return {"compile_s": time.perf_counter() - start, "native_partitions": model.last_run_native_partitions}
+
+
+def open_cached(path, threads: int, cache: str):
+    """nncc as a user's later process has it: prepared from a warm cache hit, the model's
+    dynamic dimensions left dynamic; the info says how many native partitions the plan of
+    the last run held (a plan of the input shape, or of one sample)."""
+    import nncc  # lazy: the child's own start-up, as a user's process has it
+    from nncc.util.threads import set_blas_threads  # lazy: as above
+
+    set_blas_threads(threads)
+    model, outcome = nncc.prepare(path, cache_dir=cache)
+    info = {"version": nncc.__version__, "cache": outcome.outcome}
+
+    def run(feeds):
+        outputs = model.run(feeds)
+        info["native_partitions"] = model.last_run_native_partitions
+        return outputs
+
+    return run, info, lambda outputs: dict(outputs)
 
 
 def first_line(exc: BaseException) -> str:
@@ -113,7 +160,9 @@ def child(job: dict) -> None:
     if job["job"] == "compile":
         peer_runtimes.print_reported(lambda: child_compile(job))
         return
-    if job.get("artifact"):
+    if job["runtime"] == "nncc-cached":
+        peer_runtimes.OPENERS["nncc-cached"] = open_cached
+    elif job.get("artifact"):
         artifact = job["artifact"]
         peer_runtimes.OPENERS[job["runtime"]] = lambda path, threads, cache: open_artifact(path, threads, cache,
                                                                                              artifact)
@@ -198,21 +247,23 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
     path = str(corpus / entry["file"])
     feeds = os.path.join(work, f"{label}.npz")
     write_feeds(entry, feeds)
-    artifacts = {r: os.path.join(work, f"{label}-{COMPILES[r]}.nncc") for r in NNCC}
+    artifacts = {r: os.path.join(work, f"{label}-{COMPILES[r]}.nncc") for r in COMPILES}
+    warm = os.path.join(work, f"{label}-cache")
     compiled = spawn({"job": "compile", "path": path, "dims": entry.get("dims", {}), "threads": args.threads,
-                      "artifacts": artifacts})
+                      "artifacts": artifacts, "feeds": feeds, "warm_cache": warm})
     compiled.pop("other_load", None)
     if "error" in compiled:  # the compile process itself died
-        compiled = {v: {"error": compiled["error"]} for v in COMPILES.values()}
+        compiled = {v: {"error": compiled["error"]} for v in VARIANTS.values()}
     row = {"model": label, "exporter": entry["exporter"], "opset": entry.get("opset"), "compile": compiled,
            "runtimes": {}, "rounds": []}
-    active = [r for r in args.runtimes if r not in COMPILES or "error" not in compiled[COMPILES[r]]]
+    active = [r for r in args.runtimes if r not in VARIANTS or "error" not in compiled[VARIANTS[r]]]
     outputs = {r: os.path.join(work, f"{label}-{r}-out.npz") for r in active}
     for rnd in range(args.rounds + 1):  # round 0: untimed, writes byte code, keeps the outputs
         order = active if rnd % 2 == 0 else active[::-1]
         results = {}
         for runtime in order:
-            job = {"job": "measure", "runtime": runtime, "path": path, "feeds": feeds, "cache": work,
+            job = {"job": "measure", "runtime": runtime, "path": path, "feeds": feeds,
+                   "cache": warm if runtime == "nncc-cached" else work,
                    "threads": args.threads, "warmup": args.warmup, "iterations": args.runs,
                    "artifact": artifacts.get(runtime)}
             if rnd == 0:
@@ -227,7 +278,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
     for runtime in args.runtimes:
         per = [rd["results"][runtime] for rd in row["rounds"] if runtime in rd["results"]]
         ok = [p for p in per if "error" not in p]
-        error = (compiled[COMPILES[runtime]].get("error") if runtime in COMPILES else None) \
+        error = (compiled[VARIANTS[runtime]].get("error") if runtime in VARIANTS else None) \
             or row["warm"].get(runtime, {}).get("error") or next((p["error"] for p in per if "error" in p), None)
         summary = {"error": None if ok else error, "p50_s": median(p["p50_s"] for p in ok) if ok else None}
         if ok:
@@ -236,7 +287,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
         row["runtimes"][runtime] = summary
     row["other_load"] = median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
     warm_ok = lambda r: r in row["warm"] and "error" not in row["warm"][r]  # noqa: E731
-    row["match"] = {COMPILES[r]: (compare(outputs[r], outputs["onnxruntime"], args.tolerance)
+    row["match"] = {VARIANTS[r]: (compare(outputs[r], outputs["onnxruntime"], args.tolerance)
                                   if warm_ok(r) and warm_ok("onnxruntime") else None) for r in NNCC}
     peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS_F32 if row["runtimes"].get(p, {}).get("p50_s")}
     if peers:
@@ -244,7 +295,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
         row["best_f32_peer"] = best
         for r in NNCC:
             mine = row["runtimes"].get(r, {}).get("p50_s")
-            row[f"{COMPILES[r]}_over_best_f32"] = mine / peers[best] if mine else None
+            row[f"{VARIANTS[r]}_over_best_f32"] = mine / peers[best] if mine else None
     return row
 
 
@@ -282,18 +333,23 @@ def render(report: dict, markdown: bool) -> str:
            "processes kept busy meanwhile.", ""]
     measured = [k for k in RUNTIMES if k in report.get("runtimes", RUNTIMES)]
     titles = {"nncc-dynamic": "nncc dyn ms (f32)", "nncc-fixed": "nncc fixed ms (f32)",
+              "nncc-cached": "nncc cached ms (f32)",
               "onnxruntime": "onnxruntime ms (f32)", "openvino-f32": "openvino ms (f32)",
               "openvino": f"openvino ms ({'/'.join(ov_precision)}, its default)"}
-    header = ["model", "exporter", "partitions dyn", "partitions fixed", "match dyn (abs/rel)",
-              "match fixed (abs/rel)"] + [titles[k] for k in measured] + [
-              "nncc dyn / best f32 peer", "nncc fixed / best f32 peer", "other load"]
+    header = ["model", "exporter", "partitions dyn", "partitions fixed", "native cached", "match dyn (abs/rel)",
+              "match fixed (abs/rel)", "match cached (abs/rel)"] + [titles[k] for k in measured] + [
+              "nncc dyn / best f32 peer", "nncc fixed / best f32 peer", "nncc cached / best f32 peer", "other load"]
     body = []
     for r in rows:
         s = r["runtimes"]
+        cached = r["compile"].get("cached", {})
         body.append([r["model"], r["exporter"], partitions(r["compile"]["dynamic"]), partitions(r["compile"]["fixed"]),
-                     match_cell(r["match"]["dynamic"]), match_cell(r["match"]["fixed"])]
+                     "error" if "error" in cached else str(cached.get("native_partitions", "-")),
+                     match_cell(r["match"]["dynamic"]), match_cell(r["match"]["fixed"]),
+                     match_cell(r["match"].get("cached"))]
                     + [milliseconds(s[k]["p50_s"]) if s[k]["p50_s"] else "failed" for k in measured]
-                    + [fmt(r.get(key)) for key in ("dynamic_over_best_f32", "fixed_over_best_f32", "other_load")])
+                    + [fmt(r.get(key)) for key in ("dynamic_over_best_f32", "fixed_over_best_f32",
+                                                   "cached_over_best_f32", "other_load")])
     out.append(table(header, body, markdown))
     out += ["", summary(rows), ""]
     for r in rows:  # what failed, one line each
@@ -302,7 +358,7 @@ def render(report: dict, markdown: bool) -> str:
                 out.append(f"- {r['model']}: nncc ({variant}) compile failed: {c['error']}")
         for k in measured:
             err = r["runtimes"][k]["error"]
-            if err and not (k in COMPILES and "error" in r["compile"][COMPILES[k]]):
+            if err and not (k in VARIANTS and "error" in r["compile"].get(VARIANTS[k], {})):
                 out.append(f"- {r['model']}: {k} failed: {err}")
     out += ["", "Fallback reasons over the corpus (nodes nncc's native backend left to numpy), most models "
                 "first: models with the reason (dynamic compile, fixed compile), nodes (dynamic, fixed), ops.", ""]
@@ -357,6 +413,15 @@ def summary(rows: list[dict]) -> str:
         parts.append(f"nncc {variant}: / best f32 peer median {fmt(median(ratios))}, worst {fmt(worst)} "
                      f"({worst_model}); one native partition {single}/{len(rows)}; matches onnxruntime "
                      f"{passed}/{len(rows)}")
+    ratios = [r["cached_over_best_f32"] for r in rows if r.get("cached_over_best_f32")]
+    if ratios:
+        worst = max(ratios)
+        native = sum(1 for r in rows if (r["compile"].get("cached") or {}).get("native_partitions"))
+        passed = sum(1 for r in rows if (r["match"].get("cached") or {}).get("pass"))
+        parts.append(f"nncc cached (dynamic dimensions left dynamic, prepared from a warm cache): / best f32 peer "
+                     f"median {fmt(median(ratios))}, worst {fmt(worst)} "
+                     f"({next(r['model'] for r in rows if r.get('cached_over_best_f32') == worst)}); runs native "
+                     f"code {native}/{len(rows)}; matches onnxruntime {passed}/{len(rows)}")
     return "Summary: " + ". ".join(parts) + "."
 
 
@@ -436,7 +501,7 @@ def versions(rows: list[dict]) -> dict:
     found = {}
     for r in rows:
         for name, s in r["runtimes"].items():
-            key = "nncc" if name in COMPILES else "openvino" if name.startswith("openvino") else name
+            key = "nncc" if name in VARIANTS else "openvino" if name.startswith("openvino") else name
             if s.get("version"):
                 found.setdefault(key, s["version"])
     return found
