@@ -14,10 +14,13 @@ Columns, each runtime in float32 unless its header says otherwise:
   manifest's sizes (``dims=``, what ``--dim`` does); the fallback reasons of each compile
   are listed below the table, grouped as ``nncc inspect`` groups them (nncc.report), and
   counted over the corpus: the work queue.
-- match: nncc's outputs (both compiles) against onnxruntime's on the same feeds: the
+- native cached: the native partitions of the plan nncc-cached ran (see ms).
+- match: nncc's outputs (each column) against onnxruntime's on the same feeds: the
   largest |nncc - onnxruntime| of an output (abs), and that over the output's largest
   |onnxruntime| value (rel), worst output; pass when rel <= --tolerance.
-- ms: steady-state p50 of nncc dynamic, nncc fixed, onnxruntime at its defaults, OpenVINO
+- ms: steady-state p50 of nncc dynamic, nncc fixed, nncc cached (the model prepared through a
+  cache that an earlier process filled by running it at the manifest's sizes, dynamic
+  dimensions left dynamic: what a user's later processes run), onnxruntime at its defaults, OpenVINO
   with INFERENCE_PRECISION_HINT=f32 (the precision-matched peer), OpenVINO at its defaults
   (bfloat16 on a CPU that has it: the header names the precision it chose); then nncc
   (each compile) / the faster float32 peer.
