@@ -43,7 +43,7 @@ import nncc
 from nncc._version import __version__
 from nncc.backends.registry import load_plugin
 from nncc.errors import NnccError
-from nncc.ir.dims import check_dim_names
+from nncc.ir.dims import check_dim_names, symbolic_dims
 from nncc.model import preparer
 from nncc.preparing.deviation import PLAN_KEY
 from nncc.runtime.random_inputs import random_feeds
@@ -420,6 +420,8 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
     if artifact and settings.compare:
         raise BenchError(f"--compare needs an ONNX model; {model} is a compiled nncc artifact")
     options = dict(settings.compile_options)
+    if not artifact and "dims" not in options:
+        options = _fixed_to_the_timed_sizes(model, settings, options)
     compile_info = _empty_compile_info(settings, artifact)
 
     with limit_blas_threads(settings.threads) as threads_applied:
@@ -428,10 +430,10 @@ def run_benchmark(model: str, settings: BenchSettings | None = None,
         else:
             compiled = _time_compiles(model, settings, options, compile_info, prepare)
 
-        if settings.dims:  # a misspelt --dim must not leave its dimension at 1 unnoticed
-            check_dim_names(settings.dims, compiled.input_infos, os.fspath(model))
+        if settings.dims and artifact:  # a misspelt --dim must not leave its dimension at 1 unnoticed
+            check_dim_names(settings.dims, compiled.input_infos, os.fspath(model))  # (a model: checked before)
         feeds = random_feeds(compiled.input_infos, settings.seed, settings.dims)
-        dims = bind_dims(compiled.input_infos, feeds)
+        dims = {**options.get("dims", {}), **bind_dims(compiled.input_infos, feeds)}
         flops = count_flops(compiled.plan, dims)
 
         first_seconds, first_outputs = _first_inference(compiled, feeds, settings.warmup)
@@ -513,6 +515,22 @@ def _time_artifact_loads(model, settings, options, info):
     return compiled
 
 
+def _fixed_to_the_timed_sizes(model: str, settings, options: dict) -> dict:
+    """The compile options with the model's named symbolic input dimensions fixed to the
+    sizes the runs use (--dim, else 1): bench times the code compiled for those sizes, as
+    ``nncc compile --dim`` builds it, rather than a dynamic model's general plan, whose
+    per-shape native plans a temporary cache never gets to build."""
+    from nncc.frontend.onnx import load_model  # lazy: start-up (bench's own path reads the model once more)
+
+    graph = load_model(model)
+    infos = {name: graph.values.get(name) for name in graph.inputs}
+    check_dim_names(settings.dims, infos, model)  # a misspelt --dim is an error, not a size left at 1
+    names = symbolic_dims(infos)
+    if not names:
+        return options
+    return dict(options, dims={name: int(settings.dims.get(name, 1)) for name in names})
+
+
 def _time_compiles(model, settings, options, info, prepare):
     """Cold compiles, then cache hits; returns the model the last hit prepared (compiled in
     memory when no cache is usable here)."""
@@ -563,6 +581,7 @@ def _settings_record(compiled, options, settings, dims) -> dict[str, Any]:
         # (f32 where no native code runs) and the deviation from float32 the compile measured
         "precision": compiled.plan.options.get("precision", options.get("precision", "f32")),
         "arithmetic": compiled.plan.options.get("arithmetic", "f32") if compiled.native_partitions else "f32",
+        "native_partitions": compiled.native_partitions,  # of the model timed (0: portable code only)
         "precision_check": compiled.plan.options.get(PLAN_KEY),
     }
 
@@ -585,7 +604,10 @@ def _cache_hits(model, settings, options, info, prepare):
     compiled = None
     try:
         with progress.task("cache store, then cache hits", total=1 + max(1, settings.cache_hits)) as task:
-            outcome = prepare(model, cache_dir=directory, **options)[1]  # the model itself is dropped
+            # the store builds every stage asked for, as ``nncc compile`` does: the hits then
+            # serve (and the runs time) the code a user's warm cache gives, native included,
+            # not the quick portable stage a miss returns at once
+            outcome = prepare(model, cache_dir=directory, **dict(options, stage=options.get("stage", "optimized")))[1]
             task.advance()
             info["cache_store_outcome"] = outcome.outcome
             if outcome.outcome not in ("hit", "miss", "recompiled"):

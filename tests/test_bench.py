@@ -20,6 +20,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from nncc.model import compile_model
+from nncc.native.toolchain import find_toolchain
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 DOC = ROOT / "docs" / "bench.md"
@@ -121,6 +124,16 @@ def test_json_has_every_documented_key_with_its_type(mlp_report):
     assert payload["settings"]["iterations"] == 5 and payload["settings"]["warmup"] == 1
     assert payload["settings"]["dims"] == {"N": 1}
     assert payload["inputs"] == [{"name": "x", "shape": [1, 64], "dtype": "float32"}]
+
+
+@pytest.mark.skipif(find_toolchain() is None, reason="no C compiler here: nncc times portable code by design")
+def test_the_timed_model_runs_the_native_code_a_compile_builds(mlp_report):
+    # the cache hits must serve the optimized stage, not the quick portable one a miss
+    # returns at once: compile_model (no cache, every stage) is the independent count
+    payload, _ = mlp_report
+    compiled = compile_model(FIXTURES / "mlp.onnx", dims=payload["settings"]["dims"])
+    assert compiled.native_partitions >= 1
+    assert payload["settings"]["native_partitions"] == compiled.native_partitions
 
 
 def test_json_figures_are_consistent(mlp_report):
