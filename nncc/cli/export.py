@@ -9,6 +9,7 @@ names the model and its external data as the prerequisites of every file written
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import click
@@ -17,6 +18,8 @@ from nncc.cli.cache_options import cache_options, report_cache
 from nncc.cli.options import compile_options, dim_option, options_dict, parse_dims, verbosity_options
 from nncc.cli.output import detail, emit_json, status
 from nncc.util.units import format_bytes
+
+MAX_NODES = 20  # nodes listed when a model cannot stand alone
 
 
 @click.command()
@@ -69,8 +72,20 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     def recompile(objects):
         return compile_keeping(model, source, options, settings.build, objects)
 
-    with live_progress(), progress.task(f"exporting {os.path.basename(model)}"):
-        result = export_model(model, output, name, prepare, settings.build, embed_weights, recompile)
+    from nncc.export.standalone import NotExportable  # lazy: start-up
+
+    try:
+        with live_progress(), progress.task(f"exporting {os.path.basename(model)}"):
+            result = export_model(model, output, name, prepare, settings.build, embed_weights, recompile)
+    except NotExportable as exc:
+        if not exc.nodes:
+            raise
+        click.echo(f"nncc: error: {exc}", err=True)  # one line, then the nodes, one each
+        for line in exc.nodes[:MAX_NODES]:
+            click.echo(f"  {line}", err=True)
+        if len(exc.nodes) > MAX_NODES:
+            click.echo(f"  ... and {len(exc.nodes) - MAX_NODES} more", err=True)
+        sys.exit(exc.exit_code)
     report_cache(result.outcome)
     if depfile:
         _write_depfile(depfile, model, source, list(result.files), cache_dir)

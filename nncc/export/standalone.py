@@ -19,9 +19,14 @@ INPUT, CONSTANT, OUTPUT = 0, 1, 2  # what an argument of the entry point is (c_a
 
 
 class NotExportable(NnccError):
-    """The model cannot stand alone as a C library (bad input for `nncc export`)."""
+    """The model cannot stand alone as a C library (bad input for `nncc export`).
+    ``nodes``: one line per node that keeps it from standing alone, and why."""
 
     exit_code = 2
+
+    def __init__(self, message: str, nodes: list[str] | None = None):
+        super().__init__(message)
+        self.nodes = list(nodes or [])
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,10 @@ def standalone(plan) -> Standalone:
     calls = native_calls(native, plan) if native is not None else {}
     foreign = [p for i, p in enumerate(plan.partitions) if i not in calls]
     if foreign or len(calls) != 1:
-        raise NotExportable(_portable_nodes(plan, calls))
+        nodes = _portable_nodes(plan, calls)
+        raise NotExportable(f"the model is not one native partition ({len(calls)} native, "
+                            f"{len(plan.partitions) - len(calls)} other): only a model that runs entirely as "
+                            f"native code can stand alone; {len(nodes)} node(s) do not:", nodes)
     (call,) = calls.values()
     inputs, outputs = list(plan.inputs), list(plan.outputs)
     written = call.args[call.n_inputs:]
@@ -102,19 +110,16 @@ def _refuse_symbolic(plan) -> None:
                                 f"--dim NAME=SIZE (this version exports static shapes only)")
 
 
-def _portable_nodes(plan, calls: dict) -> str:
-    """One line, then the nodes that are not in a native call and why."""
-    why = {f.get("node"): f.get("reason") for f in plan.fallbacks if isinstance(f, dict)}
+def _portable_nodes(plan, calls: dict) -> list[str]:
+    """The nodes outside a native call, each with why no native code took it."""
+    why = {(f.get("node"), f.get("op")): f.get("reason") for f in plan.fallbacks if isinstance(f, dict)}
     lines = []
     for index, part in enumerate(plan.partitions):
         if index in calls:
             continue
         for instruction in plan.instructions[part.first:part.first + part.count]:
-            op = plan.kernels[instruction.kernel]
-            lines.append(f"  {instruction.node or '(unnamed)'} ({op}): "
-                         f"{why.get(instruction.node) or f'runs on the {part.backend} backend'}")
-    head = (f"the model is not one native partition ({len(calls)} native, "
-            f"{len(plan.partitions) - len(calls)} other): only a model that runs entirely as native code "
-            "can stand alone")
-    shown = lines[:20] + ([f"  ... and {len(lines) - 20} more"] if len(lines) > 20 else [])
-    return "\n".join([head] + shown)
+            kernel = plan.kernels[instruction.kernel]
+            op = kernel.split("::")[1] if kernel.count("::") >= 2 else kernel
+            reason = why.get((instruction.node, op)) or f"runs on the {part.backend} backend (`nncc inspect` says why)"
+            lines.append(f"{instruction.node or '(unnamed)'} ({op}): {reason}")
+    return lines
