@@ -74,7 +74,9 @@ static int nnx_check(const unsigned char *f, size_t size, const char *where) {
     if (nnx_u32(f + 8) != NNX_FORMAT || nnx_u32(f + 12) != NNX_HEADER)
         return nnx_fail(NNX_ERR(FORMAT), "%s has weights format %u; this library reads format %u", where,
                         (unsigned)nnx_u32(f + 8), (unsigned)NNX_FORMAT);
-    if (nnx_crc32(f, 60) != nnx_u32(f + 60))
+    int padding = 0;
+    for (int i = 64; i < NNX_HEADER; i++) padding |= f[i];
+    if (nnx_crc32(f, 60) != nnx_u32(f + 60) || padding)
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged (its header does not match its checksum)", where);
     if (memcmp(f + 16, nnx_token, 16) != 0)
         return nnx_fail(NNX_ERR(MISMATCH), "%s belongs to another model or build (its token differs from this "

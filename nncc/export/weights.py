@@ -11,7 +11,7 @@
     48     8    the data's size
     56     4    CRC-32 of the data
     60     4    CRC-32 of bytes 0-59
-    64     64   zero
+    64     64   zero (checked)
 
 The library knows every size and offset from its own build, never from the file: a
 hostile file can be refused or change numbers, never make it read out of bounds. The

@@ -1,0 +1,107 @@
+"""An exported library under AddressSanitizer and UBSan: the library's code and the C
+program built with them run clean and match onnxruntime, and weights files that are
+truncated, damaged, another model's, or made for other CPU features are refused with an
+error code and a message, never a crash or a read out of bounds (one sanitized process
+opens every mutation)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from nncc.native.toolchain import host_features
+from tests.export_build import compiler, driver, export, open_files, run_driver
+from tests.models import GraphBuilder
+from tests.oracle import ort_outputs
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+
+SANITIZED = {"NNCC_NATIVE_SANITIZE": "1"}
+# the header's codes (nncc/export/c_api.py's ERRORS)
+FORMAT, DAMAGED, MISMATCH, CPU = 3, 4, 5, 6
+
+
+def mlp(path, seed=0, width=48):
+    b = GraphBuilder(name="mlp", seed=seed)
+    x = b.input([2, 40])
+    h = b.node("Relu", [b.node("Gemm", [x, b.weight([width, 40]), b.const(np.full(width, 0.05))], transB=1)])
+    b.output(b.node("Sigmoid", [b.node("MatMul", [h, b.weight([width, 8])])]))
+    return b.save(path), b.feeds
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory):
+    """(model, feeds, export folder, sanitized static driver) of the MLP, exported with
+    its code built in the sanitize mode."""
+    root = tmp_path_factory.mktemp("export-asan")
+    model, feeds = mlp(root / "mlp.onnx")
+    export(root / "mlp.onnx", root / "mlp", cache=root / "cache", env=SANITIZED)
+    return model, feeds, root / "mlp", driver(root / "mlp", "mlp", "static", sanitize=True)
+
+
+def test_sanitized_library_runs_clean_and_matches_onnxruntime(sanitized, tmp_path):
+    model, feeds, folder, exe = sanitized
+    want = ort_outputs(model, feeds)[model.graph.output[0].name]
+    (got,) = run_driver(exe, str(folder / "mlp.weights"), [feeds["x0"]], [want.size], tmp_path, sanitize=True)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+
+
+def _with_header_checksum(data: bytearray) -> bytearray:
+    """The header's own CRC made right again, so the check after it is the one that refuses."""
+    data[60:64] = struct.pack("<I", zlib.crc32(bytes(data[:60])))
+    return data
+
+
+def test_hostile_weights_files_are_refused_with_a_code_and_a_message(sanitized, tmp_path):
+    model, _, folder, exe = sanitized
+    good = (folder / "mlp.weights").read_bytes()
+    rng = np.random.default_rng(7)
+    cases: dict[str, tuple[bytes, set[int]]] = {"empty": (b"", {FORMAT}),
+                                                 "header only": (good[:128], {DAMAGED}),
+                                                 "one byte more": (good + b"\0", {DAMAGED}),
+                                                 "not weights": (b"\x7fELF" + good[4:], {FORMAT})}
+    for cut in sorted({1, 7, 8, 59, 64, 127, *rng.integers(129, len(good), 6).tolist(), len(good) - 1}):
+        cases[f"truncated to {cut}"] = (good[:cut], {FORMAT, DAMAGED})
+    for position in sorted({*range(0, 128, 3), *rng.integers(64, len(good), 40).tolist()}):
+        flipped = bytearray(good)
+        flipped[position] ^= 1 << int(rng.integers(8))
+        cases[f"bit flipped at {position}"] = (bytes(flipped), {FORMAT, DAMAGED})
+    version = bytearray(good)
+    version[8] = 2
+    cases["format 2"] = (bytes(_with_header_checksum(version)), {FORMAT})
+    token = bytearray(good)
+    token[20] ^= 0xFF
+    cases["another token"] = (bytes(_with_header_checksum(token)), {MISMATCH})
+    features = bytearray(good)
+    features[32:40] = struct.pack("<Q", struct.unpack("<Q", good[32:40])[0] ^ (1 << 11))  # avx512f
+    cases["other cpu features"] = (bytes(_with_header_checksum(features)), {MISMATCH})
+    size = bytearray(good)
+    size[48:56] = struct.pack("<Q", 1 << 62)
+    cases["huge data size"] = (bytes(_with_header_checksum(size)), {DAMAGED})
+    other = tmp_path / "other"
+    mlp(tmp_path / "other.onnx", seed=1)
+    export(tmp_path / "other.onnx", other, cache=folder.parent / "cache", env=SANITIZED)
+    cases["another model's file"] = ((other / "other.weights").read_bytes(), {MISMATCH})
+    paths = [str(folder / "mlp.weights")]
+    for i, (label, (data, _)) in enumerate(cases.items()):
+        (tmp_path / f"case{i}").write_bytes(data)
+        paths.append(str(tmp_path / f"case{i}"))
+    paths.append(str(tmp_path / "no such file"))
+    results = open_files(exe, paths, sanitize=True)
+    assert results[0] == (0, "ok")
+    for (label, (_, codes)), (code, message) in zip(cases.items(), results[1:-1]):
+        assert code in codes and message, (label, code, message)
+    assert results[-1][0] == 2 and "no such file" in results[-1][1].lower()
+
+
+@pytest.mark.skipif("avx512f" in host_features(),
+                    reason="this CPU has AVX-512: code built for x86-64-v4 runs here, so nothing to refuse")
+def test_a_cpu_without_the_features_the_code_needs_is_refused(tmp_path):
+    mlp(tmp_path / "mlp.onnx")
+    export(tmp_path / "mlp.onnx", tmp_path / "v4", "--target", "x86-64-v4", cache=tmp_path / "cache")
+    exe = driver(tmp_path / "v4", "mlp", "static")
+    ((code, message),) = open_files(exe, [str(tmp_path / "v4" / "mlp.weights")])
+    assert code == CPU and "avx512f" in message, message
