@@ -92,7 +92,7 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     seconds = time.perf_counter() - start
     if as_json:
         emit_json({"model": model, "output": output, "name": name, "files": result.files,
-                   "written": result.written, "depfile": depfile, "seconds": seconds,
+                   "written": result.written, "depfile": depfile, "export_seconds": seconds,
                    "cache": result.outcome.as_dict()})
     elif result.written:
         status(f"nncc: exported {model} -> {output} as {name} ({len(result.written)} file(s) written, "

@@ -40,19 +40,30 @@ NNX_PUBLIC const int64_t *NNX_API(output_shape)(int i) { return i >= 0 && i < NN
 NNX_PUBLIC int64_t NNX_API(input_size)(int i) { return i >= 0 && i < NNX_INPUTS ? nnx_input_sizes[i] : -1; }
 NNX_PUBLIC int64_t NNX_API(output_size)(int i) { return i >= 0 && i < NNX_OUTPUTS ? nnx_output_sizes[i] : -1; }
 
+/* CRC-32 (zlib's), eight bytes a step: table[k][b] is the CRC of byte b followed by k
+ * zero bytes, so the eight lookups of a step are independent (about 2 GB/s, against 0.5
+ * for a byte at a time: a model's weights are checked at every open). */
 static uint32_t nnx_crc32(const unsigned char *p, size_t n) {
-    static uint32_t table[256];
+    static uint32_t table[8][256];
     static int ready;  /* filled under nnx_lock: open holds it */
     if (!ready) {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i;
             for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
+            table[0][i] = c;
         }
+        for (int k = 1; k < 8; k++)
+            for (int i = 0; i < 256; i++) table[k][i] = table[0][table[k - 1][i] & 0xFF] ^ (table[k - 1][i] >> 8);
         ready = 1;
     }
     uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    for (; n >= 8; n -= 8, p += 8) {
+        uint32_t lo = c ^ (p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = p[4] | p[5] << 8 | p[6] << 16 | (uint32_t)p[7] << 24;
+        c = table[7][lo & 0xFF] ^ table[6][lo >> 8 & 0xFF] ^ table[5][lo >> 16 & 0xFF] ^ table[4][lo >> 24]
+            ^ table[3][hi & 0xFF] ^ table[2][hi >> 8 & 0xFF] ^ table[1][hi >> 16 & 0xFF] ^ table[0][hi >> 24];
+    }
+    for (; n; n--, p++) c = table[0][(c ^ *p) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
 }
 
