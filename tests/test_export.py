@@ -217,3 +217,48 @@ def test_a_name_that_is_not_a_c_identifier_is_a_usage_error(exported, tmp_path):
     done = export(folder.parent / "convnet.onnx", tmp_path / "out", "--name", "3d-model",
                   cache=folder.parent / "cache", check=False)
     assert done.returncode == 2 and "C identifier" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_int8_convnet_exports_and_matches(tmp_path):
+    """A statically quantized convnet (onnxruntime's quantizer, QOperator format) is one
+    native partition of int8 steps: the exported library gives nncc's own in-process answer
+    bit for bit, and onnxruntime's within two steps of the output's quantization."""
+    from onnxruntime import quantization
+
+    b = GraphBuilder(name="int8", seed=6)
+    x = b.input([2, 3, 16, 16])
+    y = b.node("Relu", [b.node("Conv", [x, b.weight([8, 3, 3, 3]), b.const(np.full(8, 0.1))], pads=[1, 1, 1, 1])])
+    y = b.node("Relu", [b.node("Conv", [y, b.weight([16, 8, 3, 3]), b.const(np.zeros(16))], pads=[1, 1, 1, 1],
+                               strides=[2, 2])])
+    y = b.node("Flatten", [b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])])
+    b.output(b.node("Gemm", [y, b.weight([10, 256]), b.const(np.zeros(10))], transB=1))
+    b.save(tmp_path / "float.onnx")
+    rng = np.random.default_rng(11)
+
+    class Calibration(quantization.CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{"x0": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantization.quantize_static(tmp_path / "float.onnx", tmp_path / "int8.onnx", Calibration(),
+                                 quant_format=quantization.QuantFormat.QOperator)
+    model = onnx.load(tmp_path / "int8.onnx")
+    export(tmp_path / "int8.onnx", tmp_path / "lib", cache=tmp_path / "cache")
+    feeds = {"x0": b.feeds["x0"]}
+    output = model.graph.output[0].name
+    with nncc.load_library(tmp_path / "lib") as library:
+        got = library.run(feeds)[output]
+    np.testing.assert_array_equal(got, nncc.compile_model(tmp_path / "int8.onnx").run(feeds)[output])
+    last = next(n for n in model.graph.node if output in n.output)
+    scale = next(float(onnx.numpy_helper.to_array(i)) for i in model.graph.initializer if i.name == last.input[1])
+    np.testing.assert_allclose(got, ort_outputs(model, feeds)[output], rtol=0, atol=2 * scale + 1e-6)
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_first(exported, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    done = export(exported["convnet"][2].parent / "convnet.onnx", tmp_path / "a-file" / "lib",
+                  cache=tmp_path / "cache", check=False)
+    assert done.returncode == 2 and "not a folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cache").exists()  # refused before any compile

@@ -49,7 +49,7 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
     from nncc.cli.progress import live_progress  # lazy: start-up
     from nncc.cli.sources import read_onnx_source  # lazy: start-up
-    from nncc.export.writer import check_name, default_name, export as export_model  # lazy: start-up
+    from nncc.export.writer import check_folder, check_name, default_name, export as export_model  # lazy: start-up
     from nncc.export.objects import compile_keeping  # lazy: start-up
     from nncc.model import prepare_plan, resolve_settings  # lazy: start-up
     from nncc.util import progress  # lazy: start-up
@@ -58,6 +58,7 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     start = time.perf_counter()
     dims = parse_dims(dim_specs)
     name = check_name(name) if name is not None else default_name(model)
+    check_folder(output)  # before any compile: a typo costs no time
     if depfile:
         check_writable(depfile, "the depfile")
     source = read_onnx_source(model)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from nncc._version import __version__
-from nncc.errors import InputError
+from nncc.errors import FileAccessError, InputError
 from nncc.export import c_api, cpu
 from nncc.export.link import link
 from nncc.export.objects import Keeping, cached_objects, open_store
@@ -96,14 +96,27 @@ def export(model: str, folder: str, name: str, prepare, build, embed_weights: bo
     }
     if not embed_weights:
         files[f"{name}.weights"] = weights
-    os.makedirs(folder, exist_ok=True)
     result = Exported(name, weights_bytes=len(weights), outcome=outcome)
-    for file, content in files.items():
-        path = os.path.join(folder, file)
-        result.files[path] = len(content)
-        if write_if_changed(path, content):
-            result.written.append(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        for file, content in files.items():
+            path = os.path.join(folder, file)
+            result.files[path] = len(content)
+            if write_if_changed(path, content):
+                result.written.append(path)
+    except OSError as exc:
+        raise FileAccessError(f"cannot write the export into {folder}: {exc.strerror or exc}") from None
     return result
+
+
+def check_folder(folder: str) -> None:
+    """Before any work: ``folder`` is a writable folder, or can be made in one."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise FileAccessError(f"cannot write the export into {folder}: "
+                              f"{probe} is {'not writable' if os.path.isdir(probe) else 'not a folder'}")
 
 
 def pkg_config(name: str, model: str, sanitized: bool) -> str:
