@@ -77,7 +77,8 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
 
     try:
         with live_progress(), progress.task(f"exporting {os.path.basename(model)}"):
-            result = export_model(model, output, name, prepare, settings.build, embed_weights, recompile)
+            result = export_model(model, output, name, prepare, settings.build, embed_weights, recompile,
+                                  bool(trust_shared or settings.trust_shared))
     except NotExportable as exc:
         if not exc.nodes:
             raise

@@ -53,17 +53,17 @@ def check_name(name: str) -> str:
 
 
 def export(model: str, folder: str, name: str, prepare, build, embed_weights: bool = False,
-           recompile=None) -> Exported:
+           recompile=None, trust_shared: bool = False) -> Exported:
     """Export ``model`` into ``folder`` as library ``name``. ``prepare()``: the compile
     through the cache, ``(Prepared, CacheOutcome)``; ``build``: the command's
     nncc.settings.BuildSettings; ``recompile(objects)``: the same compile again in this
     process, keeping the objects it builds or finds in ``objects`` (for when the cache
-    lacks one)."""
+    lacks one); ``trust_shared``: the cache folder may be shared (--trust-shared-cache)."""
     prepared, outcome = prepare()
     spec = standalone(prepared.plan)
-    objects = cached_objects(outcome.directory, spec.objects)
+    objects = cached_objects(outcome.directory, spec.objects, trust_shared)
     if objects is None:
-        store, cache = open_store(outcome.directory)
+        store, cache = open_store(outcome.directory, trust_shared)
         keeping = Keeping(store)
         try:
             spec = standalone(recompile(keeping))
