@@ -15,44 +15,11 @@ import onnx
 import pytest
 
 import nncc
-from tests.export_build import compiler, driver, export, have, run_driver
+from tests.export_build import block, compiler, convnet, driver, export, have, run_driver
 from tests.models import GraphBuilder
 from tests.oracle import ort_outputs
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
-
-
-def convnet(path):
-    """Convolutions (blocked layout, a residual Add), pooling, a classifier."""
-    b = GraphBuilder(name="convnet", seed=1)
-    x = b.input([1, 3, 24, 24])
-    bias = b.const(b.rng.standard_normal(16) * 0.1)
-    y = b.node("Relu", [b.node("Conv", [x, b.weight([16, 3, 3, 3]), bias], pads=[1, 1, 1, 1])])
-    z = b.node("Conv", [y, b.weight([16, 16, 3, 3])], pads=[1, 1, 1, 1])
-    y = b.node("Relu", [b.node("Add", [z, y])])
-    y = b.node("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])
-    y = b.node("Conv", [y, b.weight([32, 16, 1, 1])])
-    y = b.node("Flatten", [b.node("GlobalAveragePool", [y])])
-    y = b.node("Softmax", [b.node("Gemm", [y, b.weight([10, 32]), b.const(np.zeros(10))], transB=1)], axis=1)
-    b.output(y)
-    return b.save(path), b.feeds
-
-
-def block(path):
-    """A transformer block: attention whose products multiply two run-time tensors (the
-    runtime's GEMM, which the export builds with nncc's own loops), a residual, layer
-    normalization and a two-layer MLP."""
-    b = GraphBuilder(name="block", seed=2)
-    x = b.input([1, 16, 32])
-    q, k, v = (b.node("MatMul", [x, b.weight([32, 32])]) for _ in range(3))
-    s = b.node("Mul", [b.node("MatMul", [q, b.node("Transpose", [k], perm=[0, 2, 1])]), b.const(32 ** -0.5)])
-    o = b.node("MatMul", [b.node("Softmax", [s], axis=-1), v])
-    r = b.node("Add", [o, x])
-    n = b.node("LayerNormalization", [r, b.const(np.ones(32)), b.const(np.zeros(32))], axis=-1)
-    h = b.node("Relu", [b.node("Add", [b.node("MatMul", [n, b.weight([32, 64])]), b.const(np.full(64, 0.1))])])
-    y = b.node("Add", [b.node("MatMul", [h, b.weight([64, 32])]), r])
-    b.output(y)
-    return b.save(path), b.feeds
 
 
 MODELS = {"convnet": convnet, "block": block}

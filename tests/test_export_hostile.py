@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from nncc.native.toolchain import host_features
-from tests.export_build import compiler, driver, export, open_files, run_driver
-from tests.models import GraphBuilder
+from tests.export_build import block, compiler, convnet, driver, export, mlp, open_files, run_driver
 from tests.oracle import ort_outputs
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
@@ -22,14 +21,6 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothi
 SANITIZED = {"NNCC_NATIVE_SANITIZE": "1"}
 # the header's codes (nncc/export/c_api.py's ERRORS)
 FORMAT, DAMAGED, MISMATCH, CPU = 3, 4, 5, 6
-
-
-def mlp(path, seed=0, width=48):
-    b = GraphBuilder(name="mlp", seed=seed)
-    x = b.input([2, 40])
-    h = b.node("Relu", [b.node("Gemm", [x, b.weight([width, 40]), b.const(np.full(width, 0.05))], transB=1)])
-    b.output(b.node("Sigmoid", [b.node("MatMul", [h, b.weight([width, 8])])]))
-    return b.save(path), b.feeds
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +33,21 @@ def sanitized(tmp_path_factory):
     return model, feeds, root / "mlp", driver(root / "mlp", "mlp", "static", sanitize=True)
 
 
-def test_sanitized_library_runs_clean_and_matches_onnxruntime(sanitized, tmp_path):
+@pytest.mark.parametrize("make", [convnet, block], ids=["convnet", "block"])
+def test_sanitized_library_runs_clean_and_matches_onnxruntime(sanitized, make, tmp_path):
+    """The convnet's blocked kernels and the block's GEMM of two run-time tensors (nncc's own
+    loops in an export), checked by the sanitizers in the library and the program."""
+    name = make.__name__
+    model, feeds = make(tmp_path / f"{name}.onnx")
+    export(tmp_path / f"{name}.onnx", tmp_path / name, cache=sanitized[2].parent / "cache", env=SANITIZED)
+    exe = driver(tmp_path / name, name, "shared", sanitize=True)
+    want = ort_outputs(model, feeds)[model.graph.output[0].name]
+    (got,) = run_driver(exe, str(tmp_path / name / f"{name}.weights"), [feeds["x0"]], [want.size], tmp_path,
+                        sanitize=True)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def test_sanitized_static_library_runs_clean(sanitized, tmp_path):
     model, feeds, folder, exe = sanitized
     want = ort_outputs(model, feeds)[model.graph.output[0].name]
     (got,) = run_driver(exe, str(folder / "mlp.weights"), [feeds["x0"]], [want.size], tmp_path, sanitize=True)
