@@ -184,6 +184,9 @@ def test_a_name_that_is_not_a_c_identifier_is_a_usage_error(exported, tmp_path):
     done = export(folder.parent / "convnet.onnx", tmp_path / "out", "--name", "3d-model",
                   cache=folder.parent / "cache", check=False)
     assert done.returncode == 2 and "C identifier" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = export(folder.parent / "convnet.onnx", tmp_path / "out", "--name", "nncc", cache=folder.parent / "cache",
+                  check=False)
+    assert done.returncode == 2 and "taken by nncc" in done.stderr and not (tmp_path / "out").exists()
 
 
 def test_int8_convnet_exports_and_matches(tmp_path):

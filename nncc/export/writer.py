@@ -27,6 +27,7 @@ from nncc.native.toolchain import find_toolchain
 from nncc.util.buildfiles import write_if_changed
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+RESERVED = ("nn", "nnx", "nncc")  # the prefixes of the runtime's and the API's own names
 
 
 @dataclass
@@ -42,13 +43,15 @@ def default_name(model: str) -> str:
     """The prefix a model's file name gives: lower case, other characters as '_'."""
     stem = os.path.splitext(os.path.basename(model))[0].lower()
     name = re.sub(r"[^a-z0-9_]", "_", stem) or "model"
-    return ("m_" + name if name[0].isdigit() else name)[:64]
+    return ("m_" + name if name[0].isdigit() or name in RESERVED else name)[:64]
 
 
 def check_name(name: str) -> str:
     if not NAME.fullmatch(name):
         raise InputError(f"--name {name!r} is not a C identifier (letters, digits and '_', "
                          "not starting with a digit, at most 64)")
+    if name.lower() in RESERVED:
+        raise InputError(f"--name {name!r} is taken by nncc's own C names; choose another")
     return name
 
 
