@@ -232,3 +232,13 @@ def test_an_output_folder_that_cannot_be_written_is_refused_first(exported, tmp_
                   cache=tmp_path / "cache", check=False)
     assert done.returncode == 2 and "not a folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "cache").exists()  # refused before any compile
+
+
+def test_without_a_c_compiler_the_export_is_refused(tmp_path):
+    b = GraphBuilder(name="nocc", seed=8)
+    b.output(b.node("Relu", [b.input([1, 8])]))
+    b.save(tmp_path / "nocc.onnx")
+    done = export(tmp_path / "nocc.onnx", tmp_path / "out", cache=tmp_path / "cache", check=False,
+                  env={"CC": str(tmp_path / "no-such-compiler")})
+    assert done.returncode == 2 and "no C compiler" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

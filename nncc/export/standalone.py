@@ -59,9 +59,11 @@ def standalone(plan) -> Standalone:
     foreign = [p for i, p in enumerate(plan.partitions) if i not in calls]
     if foreign or len(calls) != 1:
         nodes = _portable_nodes(plan, calls)
+        failed = plan.options.get("native_error")
+        why = f" (the native build failed: {failed})" if failed else ""
         raise NotExportable(f"the model is not one native partition ({len(calls)} native, "
-                            f"{len(plan.partitions) - len(calls)} other): only a model that runs entirely as "
-                            f"native code can stand alone; {len(nodes)} node(s) do not:", nodes)
+                            f"{len(plan.partitions) - len(calls)} other){why}: only a model that runs entirely "
+                            f"as native code can stand alone; {len(nodes)} node(s) do not:", nodes)
     (call,) = calls.values()
     inputs, outputs = list(plan.inputs), list(plan.outputs)
     written = call.args[call.n_inputs:]

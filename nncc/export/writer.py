@@ -62,6 +62,8 @@ def export(model: str, folder: str, name: str, prepare, build, embed_weights: bo
     nncc.settings.BuildSettings; ``recompile(objects)``: the same compile again in this
     process, keeping the objects it builds or finds in ``objects`` (for when the cache
     lacks one); ``trust_shared``: the cache folder may be shared (--trust-shared-cache)."""
+    if find_toolchain(cc=build.cc) is None:  # the export is native code, built and linked by it
+        raise NotExportable("no C compiler to build the library with (cc, gcc or clang on PATH, or $CC)")
     prepared, outcome = prepare()
     spec = standalone(prepared.plan)
     objects = cached_objects(outcome.directory, spec.objects, trust_shared)
