@@ -242,3 +242,20 @@ def test_without_a_c_compiler_the_export_is_refused(tmp_path):
                   env={"CC": str(tmp_path / "no-such-compiler")})
     assert done.returncode == 2 and "no C compiler" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_from_several_threads_at_once_each_get_their_answer(exported):
+    """The header's promise: any thread may run any model; runs of a library take turns on its
+    one thread pool. Four threads, two models of the library, different inputs each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, feeds, folder, _ = exported["block"]
+    rng = np.random.default_rng(9)
+    batches = [{"x0": rng.standard_normal(feeds["x0"].shape).astype(np.float32)} for _ in range(8)]
+    want = [ort_outputs(model, f) for f in batches]
+    with nncc.load_library(folder, threads=2) as first, nncc.load_library(folder, threads=2) as second:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda i: (first if i % 2 else second).run(batches[i]), range(len(batches))))
+    for g, w in zip(got, want):
+        for key, value in w.items():
+            np.testing.assert_allclose(g[key], value, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(value).max()))
