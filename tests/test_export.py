@@ -259,3 +259,37 @@ def test_runs_from_several_threads_at_once_each_get_their_answer(exported):
     for g, w in zip(got, want):
         for key, value in w.items():
             np.testing.assert_allclose(g[key], value, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(value).max()))
+
+
+@pytest.mark.skipif(not have("c++"), reason="no C++ compiler to build the C++ program with")
+def test_odd_tensor_names_survive_and_a_cpp_program_links(tmp_path):
+    """Names are the model's: a comment end, quotes, backslashes and non-ASCII come through
+    the header (compiled as C++ here) and the API exactly."""
+    b = GraphBuilder(name="odd", seed=10)
+    x = b.input([1, 8])
+    y = b.node("Relu", [b.node("MatMul", [x, b.weight([8, 4])])])
+    b.output(y)
+    proto = b.save(tmp_path / "odd.onnx")
+    odd_in, odd_out = 'in */ "q" \\ ü', "out?\u00e9"
+    for node in proto.graph.node:
+        node.input[:] = [odd_in if n == x else n for n in node.input]
+        node.output[:] = [odd_out if n == y else n for n in node.output]
+    proto.graph.input[0].name, proto.graph.output[0].name = odd_in, odd_out
+    onnx.save(proto, tmp_path / "odd.onnx")
+    export(tmp_path / "odd.onnx", tmp_path / "lib", cache=tmp_path / "cache")
+    program = tmp_path / "main.cpp"
+    program.write_text('#include "odd.h"\n#include <cstdio>\n#include <vector>\nint main() {\n'
+                       '  odd_model *m;\n  if (odd_open("' + str(tmp_path / "lib" / "odd.weights") + '", 1, &m)) return 1;\n'
+                       '  std::vector<float> x(odd_input_size(0), 1.0f), y(odd_output_size(0));\n'
+                       '  const float *in[] = {x.data()};\n  float *out[] = {y.data()};\n'
+                       '  int r = odd_run(m, in, out);\n  std::printf("%s|%g\\n", odd_input_name(0), y[0]);\n'
+                       '  odd_close(m);\n  return r;\n}\n')
+    subprocess.run(["c++", str(program), "-o", str(tmp_path / "main"), f"-I{tmp_path / 'lib'}",
+                    str(tmp_path / "lib" / "libodd.a"), "-lm", "-lpthread"], check=True)
+    done = subprocess.run([str(tmp_path / "main")], capture_output=True, check=True)
+    name, value = done.stdout.decode().strip().rsplit("|", 1)
+    feeds = {odd_in: np.ones((1, 8), np.float32)}
+    assert name == odd_in
+    assert float(value) == pytest.approx(float(ort_outputs(proto, feeds)[odd_out].ravel()[0]), rel=1e-5, abs=1e-6)
+    with nncc.load_library(tmp_path / "lib") as library:
+        assert library.inputs == [(odd_in, (1, 8))] and library.outputs == [(odd_out, (1, 4))]

@@ -32,13 +32,13 @@ FLOAT32 = 1  # ONNX's code for float32
 
 def header(prefix: str, model: str, spec: Standalone, embedded: bool) -> str:
     upper = prefix.upper()
-    tensors = "\n".join(f" *   {kind} {i}: {t.name} float32 [{', '.join(map(str, t.shape))}]"
+    tensors = "\n".join(f" *   {kind} {i}: {_in_comment(t.name)} float32 [{', '.join(map(str, t.shape))}]"
                         for kind, group in (("input", spec.inputs), ("output", spec.outputs))
                         for i, t in enumerate(group))
     errors = "\n".join(f"    {upper}_{name} = {value},  /* {meaning} */" for name, value, meaning in ERRORS)
     weights = ("NULL: the weights are inside the library (--embed-weights)" if embedded else
                f"the path of {prefix}.weights, which is mapped read-only until close")
-    return f"""/* {prefix}: {os.path.basename(model)} compiled ahead of time by nncc {__version__} (`nncc export`).
+    return f"""/* {prefix}: {_in_comment(os.path.basename(model))} compiled ahead of time by nncc {__version__} (`nncc export`).
  *
 {tensors}
  *
@@ -175,6 +175,11 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
 def _api_text() -> str:
     with open(os.path.join(os.path.dirname(__file__), "api.c")) as f:
         return f.read()
+
+
+def _in_comment(text: str) -> str:
+    """``text`` (a model's name for something: anything may be in it) inside a C comment."""
+    return "".join(c if c.isprintable() else "?" for c in text).replace("*/", "*?/")
 
 
 def _c_string(text: str) -> str:
