@@ -96,6 +96,10 @@ def test_same_model_gives_the_same_files_and_unchanged_ones_are_not_rewritten(ex
     again = tmp_path / "again"
     export(source, again, "--no-cache", cache=None)  # built without the cache: the same bytes still
     assert {p.name: p.read_bytes() for p in again.iterdir()} == {k: v[0] for k, v in before.items()}
+    embedded = exported["convnet"][3]
+    export(source, tmp_path / "embedded", "--embed-weights", cache=folder.parent / "cache")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "embedded").iterdir()} == \
+        {p.name: p.read_bytes() for p in embedded.iterdir()}
 
 
 def test_depfile_names_the_model_and_its_external_data(tmp_path):
