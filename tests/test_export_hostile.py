@@ -12,6 +12,8 @@ import zlib
 import numpy as np
 import pytest
 
+import nncc
+
 from nncc.native.toolchain import host_features
 from tests.export_build import block, compiler, convnet, driver, export, mlp, open_files, run_driver
 from tests.oracle import ort_outputs
@@ -110,3 +112,14 @@ def test_a_cpu_without_the_features_the_code_needs_is_refused(tmp_path):
     exe = driver(tmp_path / "v4", "mlp", "static")
     ((code, message),) = open_files(exe, [str(tmp_path / "v4" / "mlp.weights")])
     assert code == CPU and "avx512f" in message, message
+
+
+def test_load_library_refuses_a_sanitized_library_in_a_plain_process(sanitized):
+    """Loaded without the sanitizer runtime, the library would abort the process: refused."""
+    from nncc.errors import InputError
+    from nncc.native.toolchain import sanitizer_loaded
+
+    if sanitizer_loaded():
+        pytest.skip("this process runs with the sanitizer runtime: the library loads")
+    with pytest.raises(InputError, match="AddressSanitizer"):
+        nncc.load_library(sanitized[2])

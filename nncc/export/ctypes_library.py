@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from nncc.errors import InputError, NnccError
+from nncc.native.toolchain import sanitizer_loaded, sanitizer_preload
 
 
 class LibraryError(NnccError):
@@ -103,5 +104,18 @@ def load_library(directory: str | os.PathLike, name: str | None = None, threads:
     library = os.path.join(directory, f"lib{name}.so")
     if not os.path.isfile(library):
         raise InputError(f"no exported library {library}")
+    if _sanitized(os.path.join(directory, f"{name}.pc")) and not sanitizer_loaded():
+        # dlopen'ed into a process without the sanitizer runtime, it would abort the process
+        raise InputError(f"{library} was built with AddressSanitizer and loads only into a process started "
+                         "with the sanitizer runtime", hint=f"LD_PRELOAD=\"{sanitizer_preload()}\"")
     weights = os.path.join(directory, f"{name}.weights")
     return ExportedLibrary(library, name, weights if os.path.exists(weights) else None, threads)
+
+
+def _sanitized(pc_file: str) -> bool:
+    """Whether the export's pkg-config file says its code was built with the sanitizers."""
+    try:
+        with open(pc_file) as f:
+            return "-fsanitize=" in f.read()
+    except OSError:
+        return False
