@@ -57,16 +57,19 @@ def check_name(name: str) -> str:
 
 def export(model: str, folder: str, name: str, prepare, build, embed_weights: bool = False,
            recompile=None, trust_shared: bool = False) -> Exported:
-    """Export ``model`` into ``folder`` as library ``name``. ``prepare()``: the compile
-    through the cache, ``(Prepared, CacheOutcome)``; ``build``: the command's
+    """Export ``model`` into ``folder`` as library ``name``. ``prepare(objects)``: the
+    compile through the cache, ``(Prepared, CacheOutcome)``; one that compiles in this
+    process (no cache) keeps its kernel objects in ``objects``; ``build``: the command's
     nncc.settings.BuildSettings; ``recompile(objects)``: the same compile again in this
     process, keeping the objects it builds or finds in ``objects`` (for when the cache
     lacks one); ``trust_shared``: the cache folder may be shared (--trust-shared-cache)."""
     if find_toolchain(cc=build.cc) is None:  # the export is native code, built and linked by it
         raise NotExportable("no C compiler to build the library with (cc, gcc or clang on PATH, or $CC)")
-    prepared, outcome = prepare()
+    compiled = Keeping()
+    prepared, outcome = prepare(compiled)
     spec = standalone(prepared.plan)
-    objects = cached_objects(outcome.directory, spec.objects, trust_shared)
+    objects = compiled.kept if all(key in compiled.kept for key in spec.objects) else None
+    objects = objects or cached_objects(outcome.directory, spec.objects, trust_shared)
     if objects is None:
         store, cache = open_store(outcome.directory, trust_shared)
         keeping = Keeping(store)
