@@ -1,0 +1,252 @@
+"""The portable C BLAKE3 (nncc/export/blake3.c), which an exported library uses to check its
+weights file without Python, against the ``blake3`` package nncc's cache hashes with.
+
+The C file is built at test time with the system compiler into a driver program. For each
+case the driver hashes the input in one call and again incrementally, in pieces of a given
+size, finalizing half-way too (finalizing leaves the hasher as it was, so more input may
+follow); all three must equal the package's digest. Every buffer the driver hands over is
+its own exactly-sized heap block, so the sanitized build (AddressSanitizer and UBSan)
+catches a read one byte past the input or a piece."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import struct
+import subprocess
+
+import pytest
+from blake3 import blake3
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
+from tests.conftest import ROOT
+from tests.test_native_sanitize import have_sanitizer_runtime
+
+EXPORT = ROOT / "nncc" / "export"
+TOOLCHAIN = find_toolchain(sanitize=False)
+pytestmark = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler to build the C BLAKE3 with")
+
+STRICT = ("-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wcast-qual", "-Wconversion", "-Wstrict-prototypes",
+          "-Werror")
+# Around every block (64 bytes) and chunk (1024 bytes) edge, trees of 2, 3, 4, 8, 16, 31
+# and 1024 chunks plus one, and a tree deeper than the stack of a few entries.
+LENGTHS = (0, 1, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 3073, 4096, 4097, 8192, 16385,
+           31744 + 1, (1 << 20) + 7)
+PIECES = (1, 7, 64, 65, 1000, 1024, 4099)
+
+# Reads records from stdin until it ends: a keyed flag (one byte), the key (32 bytes, when
+# keyed), the input's length (8 bytes) and the piece size (4 bytes, both little-endian),
+# then the input. Writes a line per record: the one-call digest, the incremental one, and
+# the byte count and digest of the half-way finalize.
+DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "blake3.h"
+
+static int read_exact(void *p, size_t n) { return n == 0 || fread(p, 1, n, stdin) == n; }
+
+static unsigned long long read_le(int bytes)
+{
+    unsigned char b[8];
+    unsigned long long v = 0;
+    if (!read_exact(b, (size_t)bytes)) exit(3);
+    for (int i = bytes - 1; i >= 0; i--) v = v << 8 | b[i];
+    return v;
+}
+
+static void print_hex(const uint8_t out[32], const char *end)
+{
+    for (int i = 0; i < 32; i++) printf("%02x", out[i]);
+    fputs(end, stdout);
+}
+
+int main(void)
+{
+    int flag;
+    while ((flag = getchar()) != EOF) {
+        uint8_t key[32], out[32];
+        if (flag && !read_exact(key, 32)) return 3;
+        size_t len = (size_t)read_le(8), piece = (size_t)read_le(4);
+        uint8_t *data = len ? malloc(len) : NULL;
+        if ((len && !data) || !read_exact(data, len) || piece == 0) return 3;
+
+        if (flag) nn_blake3_keyed(key, data, len, out); else nn_blake3(data, len, out);
+        print_hex(out, " ");
+
+        nn_blake3_hasher h;
+        if (flag) nn_blake3_init_keyed(&h, key); else nn_blake3_init(&h);
+        size_t pieces = (len + piece - 1) / piece, half = 0;
+        uint8_t mid[32];
+        nn_blake3_finalize(&h, mid);
+        for (size_t i = 0, at = 0; at < len; i++) {
+            size_t n = len - at < piece ? len - at : piece;
+            uint8_t *copy = malloc(n);
+            if (!copy) return 3;
+            memcpy(copy, data + at, n);
+            nn_blake3_update(&h, copy, n);
+            free(copy);
+            at += n;
+            if (i + 1 == pieces / 2) { nn_blake3_finalize(&h, mid); half = at; }
+        }
+        nn_blake3_finalize(&h, out);
+        print_hex(out, " ");
+        printf("%zu ", half);
+        print_hex(mid, "\n");
+        free(data);
+    }
+    return 0;
+}
+"""
+
+
+def _build(tmp_dir, name: str, flags=()) -> str:
+    driver = tmp_dir / "driver.c"
+    driver.write_text(DRIVER)
+    exe = tmp_dir / name
+    done = subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", *flags, "-I", str(EXPORT), str(driver),
+                           str(EXPORT / "blake3.c"), "-o", str(exe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return str(exe)
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("blake3"), "driver")
+
+
+@pytest.fixture(scope="module")
+def sanitized_driver(tmp_path_factory):
+    if not have_sanitizer_runtime():
+        pytest.skip(reason="the C compiler has no ASan/UBSan runtime to link")
+    return _build(tmp_path_factory.mktemp("blake3_sanitized"), "driver", (*SANITIZE_FLAGS, "-g"))
+
+
+def _cases(seed: int):
+    """(data, key or None, piece size) for every length, unkeyed and keyed, random bytes."""
+    rng = random.Random(seed)
+    cases = []
+    for i, length in enumerate(LENGTHS):
+        for keyed in (False, True):
+            piece = PIECES[(2 * i + keyed) % len(PIECES)]
+            cases.append((rng.randbytes(length), rng.randbytes(32) if keyed else None, piece))
+    return cases
+
+
+def _run(exe: str, cases, env=None) -> list[list[str]]:
+    records = b"".join((b"\1" + key if key is not None else b"\0") + struct.pack("<QI", len(data), piece) + data
+                       for data, key, piece in cases)
+    done = subprocess.run([exe], input=records, capture_output=True, env=env)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == len(cases)
+    return [line.split() for line in lines]
+
+
+def _oracle(data: bytes, key: bytes | None) -> str:
+    return (blake3(data, key=key) if key is not None else blake3(data)).hexdigest()
+
+
+def _check(exe: str, cases, env=None):
+    wrong = []
+    for (data, key, piece), (whole, pieces, half, mid) in zip(cases, _run(exe, cases, env)):
+        expected = _oracle(data, key)
+        what = f"{len(data)} bytes {'keyed' if key is not None else 'unkeyed'}, pieces of {piece}"
+        if whole != expected:
+            wrong.append(f"{what}: one call gives {whole}, blake3 {expected}")
+        if pieces != expected:
+            wrong.append(f"{what}: incrementally {pieces}, blake3 {expected}")
+        if mid != _oracle(data[:int(half)], key):
+            wrong.append(f"{what}: finalized after {half} bytes {mid}, blake3 {_oracle(data[:int(half)], key)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_c_hash_is_blake3_at_every_tree_shape(driver):
+    _check(driver, _cases(seed=20261128))
+
+
+def test_the_c_hash_is_defined_under_sanitizers(sanitized_driver):
+    """Out-of-bounds reads (past the input, a piece or a block) and undefined behaviour
+    (shifts, overflow of signed values) stop the sanitized driver with a report."""
+    env = {"PATH": "/usr/bin:/bin", "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    _check(sanitized_driver, _cases(seed=20261129), env)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20000), st.booleans(), st.integers(1, 2100), st.integers(0, 2 ** 32)),
+                min_size=1, max_size=12))
+def test_random_lengths_and_pieces(driver, drawn):
+    cases = []
+    for length, keyed, piece, seed in drawn:
+        rng = random.Random(seed)
+        cases.append((rng.randbytes(length), rng.randbytes(32) if keyed else None, piece))
+    _check(driver, cases)
+
+
+@pytest.mark.parametrize("std", ["c99", "c11"])
+def test_it_compiles_without_warnings_under_strict_flags(tmp_path, std):
+    done = subprocess.run([TOOLCHAIN.path, f"-std={std}", "-O2", *STRICT, "-c", str(EXPORT / "blake3.c"),
+                           "-o", str(tmp_path / "blake3.o")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="no nm (binutils) to list the object's symbols")
+def test_it_needs_only_libc_memory_functions_and_holds_no_mutable_state(tmp_path):
+    """Nothing writable at file scope (no data or bss symbol: the tables are constant), so
+    threads share nothing; nothing called beyond libc's memcpy and memset (and the
+    stack protector a distribution's compiler may add)."""
+    obj = tmp_path / "blake3.o"
+    subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", "-c", str(EXPORT / "blake3.c"), "-o", str(obj)], check=True)
+    symbols = [line.split() for line in subprocess.run(["nm", str(obj)], capture_output=True, text=True,
+                                                        check=True).stdout.splitlines()]
+    writable = [s for s in symbols if len(s) == 3 and s[1] in "bBdDgGsS"]
+    assert not writable, writable
+    undefined = {s[-1] for s in symbols if s[-2] == "U"}
+    assert undefined <= {"memcpy", "memset", "memmove", "__stack_chk_fail", "__memcpy_chk", "__memset_chk"}, undefined
+
+
+CPP_USER = r"""
+#include <cstdio>
+#include "blake3.h"
+int main()
+{
+    const char text[] = "weights";
+    uint8_t out[32];
+    nn_blake3(text, sizeof text - 1, out);
+    for (int i = 0; i < 32; i++) std::printf("%02x", out[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not any(map(shutil.which, ("c++", "g++", "clang++"))), reason="no C++ compiler")
+def test_cxx_code_includes_the_header_and_links_the_c_object(tmp_path):
+    cxx = next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))))
+    obj = tmp_path / "blake3.o"
+    subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", "-c", str(EXPORT / "blake3.c"), "-o", str(obj)], check=True)
+    (tmp_path / "user.cpp").write_text(CPP_USER)
+    done = subprocess.run([cxx, "-Wall", "-Werror", "-I", str(EXPORT), str(tmp_path / "user.cpp"), str(obj),
+                           "-o", str(tmp_path / "user")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    digest = subprocess.run([str(tmp_path / "user")], capture_output=True, text=True, check=True).stdout
+    assert digest == blake3(b"weights").hexdigest()
+
+
+def _exported(tmp_path, *defines) -> set[str]:
+    lib = tmp_path / f"libb3{len(defines)}.so"
+    subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", "-fPIC", "-shared", *defines, str(EXPORT / "blake3.c"),
+                    "-o", str(lib)], check=True)
+    listed = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in listed.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="no nm (binutils) to list the library's symbols")
+def test_the_embedding_library_can_keep_the_functions_private(tmp_path):
+    """NN_BLAKE3_API sets the functions' visibility, so a library that checks its weights
+    with them need not export them into its user's symbol namespace."""
+    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
+             "nn_blake3_finalize"}
+    assert names <= _exported(tmp_path)
+    assert not names & _exported(tmp_path, "-DNN_BLAKE3_API=__attribute__((visibility(\"hidden\")))")
