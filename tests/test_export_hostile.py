@@ -1,8 +1,9 @@
 """An exported library under AddressSanitizer and UBSan: the library's code and the C
 program built with them run clean and match onnxruntime, and weights files that are
-truncated, damaged, another model's, or made for other CPU features are refused with an
-error code and a message, never a crash or a read out of bounds (one sanitized process
-opens every mutation)."""
+truncated, damaged, another model's, made for other CPU features, or tampered with (data
+edited and the header's checks recomputed to match) are refused with an error code and a
+message, never a crash or a read out of bounds (one sanitized process opens every
+mutation)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import zlib
 
 import numpy as np
 import pytest
+from blake3 import blake3
 
 import nncc
 
@@ -58,8 +60,15 @@ def test_sanitized_static_library_runs_clean(sanitized, tmp_path):
 
 def _with_header_checksum(data: bytearray) -> bytearray:
     """The header's own CRC made right again, so the check after it is the one that refuses."""
-    data[60:64] = struct.pack("<I", zlib.crc32(bytes(data[:60])))
+    data[88:92] = struct.pack("<I", zlib.crc32(bytes(data[:88])))
     return data
+
+
+def _forged(data: bytearray) -> bytearray:
+    """What an editor of the file can do: the header's BLAKE3 of the data and its CRC made
+    to match the edited data, so only the digest built into the library can refuse it."""
+    data[56:88] = blake3(bytes(data[128:])).digest()
+    return _with_header_checksum(data)
 
 
 def test_hostile_weights_files_are_refused_with_a_code_and_a_message(sanitized, tmp_path):
@@ -77,8 +86,9 @@ def test_hostile_weights_files_are_refused_with_a_code_and_a_message(sanitized, 
         flipped[position] ^= 1 << int(rng.integers(8))
         cases[f"bit flipped at {position}"] = (bytes(flipped), {FORMAT, DAMAGED})
     version = bytearray(good)
-    version[8] = 2
-    cases["format 2"] = (bytes(_with_header_checksum(version)), {FORMAT})
+    for number in (1, 3):  # 1: the format whose data was checked by CRC-32 only
+        version[8] = number
+        cases[f"format {number}"] = (bytes(_with_header_checksum(version)), {FORMAT})
     token = bytearray(good)
     token[20] ^= 0xFF
     cases["another token"] = (bytes(_with_header_checksum(token)), {MISMATCH})
@@ -88,6 +98,14 @@ def test_hostile_weights_files_are_refused_with_a_code_and_a_message(sanitized, 
     size = bytearray(good)
     size[48:56] = struct.pack("<Q", 1 << 62)
     cases["huge data size"] = (bytes(_with_header_checksum(size)), {DAMAGED})
+    for position in sorted({128, len(good) - 1, *rng.integers(128, len(good), 4).tolist()}):
+        edited = bytearray(good)
+        edited[position] ^= 0x40
+        cases[f"data edited at {position}, header CRC recomputed"] = (bytes(_with_header_checksum(edited)), {DAMAGED})
+        cases[f"data edited at {position}, header digest and CRC rewritten"] = (bytes(_forged(edited)), {DAMAGED})
+    scaled = bytearray(good)
+    scaled[128:] = (np.frombuffer(good[128:], "<f4") * 2).astype("<f4").tobytes()
+    cases["every weight doubled, header rewritten"] = (bytes(_forged(scaled)), {DAMAGED})
     other = tmp_path / "other"
     mlp(tmp_path / "other.onnx", seed=1)
     export(tmp_path / "other.onnx", other, cache=folder.parent / "cache", env=SANITIZED)
@@ -101,6 +119,8 @@ def test_hostile_weights_files_are_refused_with_a_code_and_a_message(sanitized, 
     assert results[0] == (0, "ok")
     for (label, (_, codes)), (code, message) in zip(cases.items(), results[1:-1]):
         assert code in codes and message, (label, code, message)
+        if "edited" in label or "doubled" in label:
+            assert "built into this library" in message, (label, message)
     assert results[-1][0] == 2 and "no such file" in results[-1][1].lower()
 
 

@@ -21,7 +21,7 @@ ERRORS = (  # (name, value, meaning): the header's enumeration, in this order
     ("ERR_ARGUMENT", 1, "a NULL pointer or a bad argument"),
     ("ERR_IO", 2, "the weights file cannot be opened, read or mapped"),
     ("ERR_FORMAT", 3, "not an nncc weights file, or another format version"),
-    ("ERR_DAMAGED", 4, "the weights file is truncated or its checksum fails"),
+    ("ERR_DAMAGED", 4, "the weights file is truncated, damaged or altered (not this library's BLAKE3)"),
     ("ERR_MISMATCH", 5, "the weights file belongs to another model or build"),
     ("ERR_CPU", 6, "this CPU lacks a feature the library's code needs"),
     ("ERR_MEMORY", 7, "out of memory"),
@@ -110,10 +110,11 @@ def exported_names(prefix: str) -> list[str]:
 WEIGHTS_MARK = "@WEIGHTS@"  # the embedded weights file's path, which the linker's caller writes in
 
 
-def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, token: bytes, features: int,
-         embedded: bool) -> str:
-    """The API's translation unit: the model's tables, then api.c. ``embedded``: the
-    weights are assembled into it from the file WEIGHTS_MARK stands for."""
+def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, token: bytes, digest: bytes,
+         features: int, embedded: bool) -> str:
+    """The API's translation unit: the model's tables, then api.c. ``digest``: the data's
+    BLAKE3, which open checks the file against; ``embedded``: the weights are assembled
+    into it from the file WEIGHTS_MARK stands for."""
     upper = prefix.upper()
 
     def strings(values):
@@ -150,6 +151,7 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
         f"int {spec.symbol}(void **args, char *ws);",
         "int nncc_set_threads(int want);",
         f"static const unsigned char nnx_token[16] = {{{', '.join(str(b) for b in token)}}};",
+        f"static const unsigned char nnx_digest[32] = {{{', '.join(str(b) for b in digest)}}};",
         f"static const char *const nnx_feature_table[] = {strings(name for name, _ in cpu.FEATURES)};",
         f"static const char *const nnx_input_names[] = {strings(t.name for t in spec.inputs)};",
         f"static const char *const nnx_output_names[] = {strings(t.name for t in spec.outputs)};",
@@ -169,11 +171,23 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
             f".incbin \\\"{WEIGHTS_MARK}\\\"\\n.previous\\n\");",
             "extern const unsigned char nnx_embedded_weights[] __attribute__((visibility(\"hidden\")));",
         ]
-    return "\n".join(lines) + "\n" + cpu.c_function() + "\n" + _api_text()
+    return "\n".join(lines) + "\n" + _blake3_header() + cpu.c_function() + "\n" + _text("api.c")
 
 
-def _api_text() -> str:
-    with open(os.path.join(os.path.dirname(__file__), "api.c")) as f:
+def hash_unit() -> str:
+    """blake3.c as a translation unit of its own, its functions hidden from the library's
+    users (the link makes them local too)."""
+    return _blake3_header() + "".join(line for line in _text("blake3.c").splitlines(keepends=True)
+                                      if line.strip() != '#include "blake3.h"')
+
+
+def _blake3_header() -> str:
+    """blake3.h with hidden functions: the compiler sees the text, not the file."""
+    return '#define NN_BLAKE3_API __attribute__((visibility("hidden")))\n' + _text("blake3.h") + "\n"
+
+
+def _text(name: str) -> str:
+    with open(os.path.join(os.path.dirname(__file__), name)) as f:
         return f.read()
 
 

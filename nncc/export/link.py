@@ -22,9 +22,9 @@ class ExportBuildError(NnccError):
     """A tool failed while linking the exported library."""
 
 
-def link(toolchain, objects: list[bytes], api_source: str, prefix: str, exported: list[str],
+def link(toolchain, objects: list[bytes], api_source: str, hash_source: str, prefix: str, exported: list[str],
          weights: bytes | None = None) -> tuple[bytes, bytes]:
-    """(libPREFIX.so, libPREFIX.a). ``weights``: the weights file to put inside the library
+    """(libPREFIX.so, libPREFIX.a). ``hash_source``: the weights check's BLAKE3; ``weights``: the weights file to put inside the library
     (the API's source then includes it from a file this function writes: see ``WEIGHTS``)."""
     with tempfile.TemporaryDirectory(prefix="nncc-export-") as tmp:
         if weights is not None:
@@ -32,7 +32,8 @@ def link(toolchain, objects: list[bytes], api_source: str, prefix: str, exported
                 f.write(weights)
             api_source = api_source.replace(WEIGHTS_MARK, _plain_path(os.path.join(tmp, WEIGHTS)))
         paths = []
-        for i, data in enumerate([toolchain.compile_object(api_source)] + list(objects)):
+        for i, data in enumerate([toolchain.compile_object(api_source), toolchain.compile_object(hash_source)]
+                                 + list(objects)):
             paths.append(os.path.join(tmp, f"u{i}.o"))
             with open(paths[-1], "wb") as f:
                 f.write(data)

@@ -9,16 +9,16 @@
     32     8    the CPU features the code needs, one bit per nncc.export.cpu.FEATURES entry
     40     8    the data's offset (= HEADER)
     48     8    the data's size
-    56     4    CRC-32 of the data
-    60     4    CRC-32 of bytes 0-59
-    64     64   zero (checked)
+    56     32   BLAKE3 of the data (plain, unkeyed)
+    88     4    CRC-32 of bytes 0-87
+    92     36   zero (checked)
 
 The library knows every size and offset from its own build, never from the file: a
-hostile file can be refused or change numbers, never make it read out of bounds. The
-checksum is CRC-32 (zlib's polynomial), not a cryptographic hash, on purpose: the file is
-data, not code, and whoever can write it can change the results anyway, so the check is
-for damage (a truncated copy, a flipped bit), which CRC-32 finds (every burst of up to 32
-bits, any other change but for 1 in 2^32), in a few lines of C that run at open.
+hostile file can be refused, never make it read out of bounds. It also carries the data's
+BLAKE3 digest, compiled in at export, and hashes the data at every open: data edited to
+match a rewritten header is refused all the same, because it must match the library. The
+header's own check stays CRC-32: every field it covers is compared with the library's own
+value anyway, so it only tells damage (DAMAGED) from another build's file (MISMATCH).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 from blake3 import blake3
 
 MAGIC = b"NNCCWTS\0"
-FORMAT = 1
+FORMAT = 2
 HEADER = 128
 ALIGN = 64
 
@@ -56,11 +56,16 @@ def data_bytes(constants: list[np.ndarray]) -> bytes:
 def token(description: str, data: bytes) -> bytes:
     """16 bytes naming this library's build and constants: another model's file (or
     another build's of this model) carries another token."""
-    return blake3(description.encode() + b"\0" + blake3(data).digest()).digest(16)
+    return blake3(description.encode() + b"\0" + digest(data)).digest(16)
+
+
+def digest(data: bytes) -> bytes:
+    """The data's plain BLAKE3, in the header and compiled into the library."""
+    return blake3(data).digest()
 
 
 def weights_file(model_token: bytes, features_mask: int, data: bytes) -> bytes:
-    head = struct.pack("<8sII16sQQQI", MAGIC, FORMAT, HEADER, model_token, features_mask, HEADER, len(data),
-                       zlib.crc32(data))
+    head = struct.pack("<8sII16sQQQ32s", MAGIC, FORMAT, HEADER, model_token, features_mask, HEADER, len(data),
+                       digest(data))
     head += struct.pack("<I", zlib.crc32(head))
     return head + bytes(HEADER - len(head)) + data

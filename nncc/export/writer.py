@@ -22,7 +22,7 @@ from nncc.export import c_api, cpu
 from nncc.export.link import link
 from nncc.export.objects import Keeping, cached_objects, open_store
 from nncc.export.standalone import NotExportable, standalone
-from nncc.export.weights import data_bytes, layout, token, weights_file
+from nncc.export.weights import data_bytes, digest, layout, token, weights_file
 from nncc.native.toolchain import find_toolchain
 from nncc.util.buildfiles import write_if_changed
 
@@ -92,9 +92,9 @@ def export(model: str, folder: str, name: str, prepare, build, embed_weights: bo
                         spec.workspace, features, spec.objects, offsets, spec.sanitized))
     model_token = token(description, data)
     weights = weights_file(model_token, features, data)
-    unit = c_api.unit(name, spec, offsets, size, model_token, features, embed_weights)
-    shared, archive = link(toolchain, [objects[k] for k in dict.fromkeys(spec.objects)], unit, name,
-                           c_api.exported_names(name), weights if embed_weights else None)
+    unit = c_api.unit(name, spec, offsets, size, model_token, digest(data), features, embed_weights)
+    shared, archive = link(toolchain, [objects[k] for k in dict.fromkeys(spec.objects)], unit, c_api.hash_unit(),
+                           name, c_api.exported_names(name), weights if embed_weights else None)
     files = {
         f"{name}.h": c_api.header(name, model, spec, embed_weights).encode(),
         f"lib{name}.so": shared,
