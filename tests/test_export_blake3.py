@@ -43,8 +43,9 @@ PIECES = (1, 7, 64, 65, 1000, 1024, 4099, 8192, 8193, 20000)
 
 # Reads records from stdin until it ends: a keyed flag (one byte), the key (32 bytes, when
 # keyed), the input's length (8 bytes) and the piece size (4 bytes, both little-endian),
-# then the input. Writes a line per record: the one-call digest, the incremental one, and
-# the byte count and digest of the half-way finalize.
+# then the input. Writes a line per record: the one-call digest, the incremental one, the
+# byte count and digest of the half-way finalize, and the digest made of subtrees (2^(piece
+# size % 7) chunks each, as a thread pool would hash them) and the rest.
 DRIVER = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,7 +104,25 @@ int main(int argc, char **argv)
         nn_blake3_finalize(&h, out);
         print_hex(out, " ");
         printf("%zu ", half);
-        print_hex(mid, "\n");
+        print_hex(mid, " ");
+
+        /* subtrees of 2^(piece % 7) chunks while input follows them, then the rest */
+        uint64_t chunks = (uint64_t)1 << (piece % 7);
+        size_t size = (size_t)chunks * 1024, whole = len ? (len - 1) / size : 0;
+        nn_blake3_hasher mode, tree;
+        if (flag) nn_blake3_init_keyed(&mode, key); else nn_blake3_init(&mode);
+        tree = mode;
+        for (size_t i = 0; i < whole; i++) {
+            uint8_t *copy = malloc(size), cv[32];
+            if (!copy) return 3;
+            memcpy(copy, data + i * size, size);
+            nn_blake3_subtree(&mode, copy, size, i * chunks, cv);
+            free(copy);
+            nn_blake3_push_subtree(&tree, cv, chunks);
+        }
+        nn_blake3_update(&tree, data + whole * size, len - whole * size);
+        nn_blake3_finalize(&tree, out);
+        print_hex(out, "\n");
         free(data);
     }
     return 0;
@@ -176,13 +195,15 @@ def _oracle(data: bytes, key: bytes | None) -> str:
 
 def _check(exe: str, cases, env=None):
     wrong = []
-    for (data, key, piece), (whole, pieces, half, mid) in zip(cases, _run(exe, cases, env)):
+    for (data, key, piece), (whole, pieces, half, mid, tree) in zip(cases, _run(exe, cases, env)):
         expected = _oracle(data, key)
         what = f"{len(data)} bytes {'keyed' if key is not None else 'unkeyed'}, pieces of {piece}"
         if whole != expected:
             wrong.append(f"{what}: one call gives {whole}, blake3 {expected}")
         if pieces != expected:
             wrong.append(f"{what}: incrementally {pieces}, blake3 {expected}")
+        if tree != expected:
+            wrong.append(f"{what}: from subtrees of {1 << piece % 7} chunks {tree}, blake3 {expected}")
         if mid != _oracle(data[:int(half)], key):
             wrong.append(f"{what}: finalized after {half} bytes {mid}, blake3 {_oracle(data[:int(half)], key)}")
     assert not wrong, "\n".join(wrong)
@@ -272,7 +293,7 @@ def _exported(tmp_path, *defines) -> set[str]:
 def test_the_embedding_library_can_keep_the_functions_private(tmp_path):
     """NN_BLAKE3_API sets the functions' visibility, so a library that checks its weights
     with them need not export them into its user's symbol namespace."""
-    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_lanes", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
+    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_lanes", "nn_blake3_subtree", "nn_blake3_push_subtree", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
              "nn_blake3_finalize"}
     assert names <= _exported(tmp_path)
     assert not names & _exported(tmp_path, "-DNN_BLAKE3_API=__attribute__((visibility(\"hidden\")))")

@@ -263,9 +263,9 @@ static int popcount64(uint64_t x)
  * is a complete subtree and the subtrees' sizes are the powers of two that add up to
  * chunks_done, so the stack keeps one entry per 1-bit of it: the two on top merge into
  * their parent until it does. These parents are never the root, as more input follows. */
-static void push_chunk(nn_blake3_hasher *h, const uint32_t cv[8], uint64_t chunks_done)
+static void push_cv(nn_blake3_hasher *h, const uint8_t cv[32], uint64_t chunks_done)
 {
-    store_words(h->stack[h->stack_len++], cv, 8);
+    memcpy(h->stack[h->stack_len++], cv, 32);
     while (h->stack_len > (uint32_t)popcount64(chunks_done)) {
         uint8_t children[BLOCK_LEN];
         uint32_t parent[8];
@@ -277,11 +277,19 @@ static void push_chunk(nn_blake3_hasher *h, const uint32_t cv[8], uint64_t chunk
     }
 }
 
+static void push_chunk(nn_blake3_hasher *h, const uint32_t cv[8])
+{
+    uint8_t bytes[32];
+    store_words(bytes, cv, 8);
+    push_cv(h, bytes, h->chunk_counter + 1 - h->first_chunk);
+}
+
 static void init_with(nn_blake3_hasher *h, const uint32_t key[8], uint32_t flags)
 {
     memcpy(h->key, key, sizeof h->key);
     h->flags = flags;
     h->lanes = simd_lanes();
+    h->first_chunk = 0;
     h->stack_len = 0;
     start_chunk(h, 0);
 }
@@ -304,7 +312,7 @@ void nn_blake3_update(nn_blake3_hasher *h, const void *data, size_t len)
         if (h->blocks_done == BLOCKS_PER_CHUNK - 1 && h->block_len == BLOCK_LEN) {
             uint32_t cv[8];
             compress(h->cv, h->block, h->chunk_counter, BLOCK_LEN, block_flags(h) | CHUNK_END, cv);
-            push_chunk(h, cv, h->chunk_counter + 1);
+            push_chunk(h, cv);
             start_chunk(h, h->chunk_counter + 1);
         }
         if (h->block_len == BLOCK_LEN) {
@@ -317,9 +325,11 @@ void nn_blake3_update(nn_blake3_hasher *h, const void *data, size_t len)
         while (h->lanes == 8 && h->blocks_done == 0 && h->block_len == 0 && len > 8 * CHUNK_LEN) {
             uint32_t cvs[8][8];
             hash8_chunks(h->key, p, h->chunk_counter, h->flags, cvs);
-            for (uint64_t k = 0; k < 8; k++)
-                push_chunk(h, cvs[k], h->chunk_counter + k + 1);
-            start_chunk(h, h->chunk_counter + 8);
+            for (int k = 0; k < 8; k++) {
+                push_chunk(h, cvs[k]);
+                h->chunk_counter++;
+            }
+            start_chunk(h, h->chunk_counter);
             p += 8 * CHUNK_LEN;
             len -= 8 * CHUNK_LEN;
         }
@@ -342,7 +352,7 @@ void nn_blake3_update(nn_blake3_hasher *h, const void *data, size_t len)
 /* The pending node starts as the current chunk's last block; each stacked subtree, from
  * the right, becomes the left child of a parent over it. The last pending node is the
  * root. */
-void nn_blake3_finalize(const nn_blake3_hasher *h, uint8_t out[NN_BLAKE3_OUT_LEN])
+static void finish(const nn_blake3_hasher *h, uint32_t root, uint8_t out[NN_BLAKE3_OUT_LEN])
 {
     uint32_t cv[8], child[8];
     uint8_t block[BLOCK_LEN];
@@ -360,8 +370,31 @@ void nn_blake3_finalize(const nn_blake3_hasher *h, uint8_t out[NN_BLAKE3_OUT_LEN
         len = BLOCK_LEN;
         flags = h->flags | PARENT;
     }
-    compress(cv, block, counter, len, flags | ROOT, child);
+    compress(cv, block, counter, len, flags | root, child);
     store_words(out, child, 8);
+}
+
+void nn_blake3_finalize(const nn_blake3_hasher *h, uint8_t out[NN_BLAKE3_OUT_LEN]) { finish(h, ROOT, out); }
+
+/* A hasher started at chunk first_chunk counts its chunks from there, so its stack holds
+ * the subtree's own structure; its finish without ROOT is the subtree's chaining value. */
+void nn_blake3_subtree(const nn_blake3_hasher *mode, const void *data, size_t len, uint64_t first_chunk,
+                       uint8_t cv[NN_BLAKE3_OUT_LEN])
+{
+    nn_blake3_hasher h;
+    init_with(&h, mode->key, mode->flags);
+    h.first_chunk = first_chunk;
+    start_chunk(&h, first_chunk);
+    nn_blake3_update(&h, data, len);
+    finish(&h, 0, cv);
+}
+
+/* The subtree's chaining value goes on the stack as a finished chunk's does: the subtree
+ * is aligned, so the merges below it are the carries of adding its size to the count. */
+void nn_blake3_push_subtree(nn_blake3_hasher *h, const uint8_t cv[NN_BLAKE3_OUT_LEN], uint64_t chunks)
+{
+    push_cv(h, cv, h->chunk_counter + chunks);
+    start_chunk(h, h->chunk_counter + chunks);
 }
 
 void nn_blake3(const void *data, size_t len, uint8_t out[NN_BLAKE3_OUT_LEN])
