@@ -50,45 +50,6 @@ static uint32_t nnx_crc32(const unsigned char *p, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-/* The data's BLAKE3. With a thread pool, its aligned subtrees of NNX_SUBTREE_CHUNKS chunks
- * (all but what ends the data) are hashed by the pool's threads, each a share of them, and
- * joined here in order; the pool is shared, so this holds the run lock. */
-#define NNX_SUBTREE_CHUNKS 64
-#define NNX_SUBTREE_BYTES ((uint64_t)NNX_SUBTREE_CHUNKS * 1024)
-
-struct nnx_hash_job {
-    const unsigned char *data;
-    uint8_t (*cvs)[NN_BLAKE3_OUT_LEN];
-    nn_blake3_hasher mode;
-};
-
-static void nnx_hash_subtrees(void *p, int64_t lo, int64_t hi) {
-    struct nnx_hash_job *job = p;
-    for (int64_t i = lo; i < hi; i++)
-        nn_blake3_subtree(&job->mode, job->data + (uint64_t)i * NNX_SUBTREE_BYTES, NNX_SUBTREE_BYTES,
-                          (uint64_t)i * NNX_SUBTREE_CHUNKS, job->cvs[i]);
-}
-
-static void nnx_blake3(const unsigned char *data, uint64_t size, uint8_t out[NN_BLAKE3_OUT_LEN]) {
-    uint64_t whole = size ? (size - 1) / NNX_SUBTREE_BYTES : 0;
-    struct nnx_hash_job job = {data, 0, {{0}}};
-    if (whole >= 2 && nn_thread_count() > 1) job.cvs = malloc(whole * NN_BLAKE3_OUT_LEN);
-    if (!job.cvs) {  /* one thread, little data, or no memory for the subtrees' values */
-        nn_blake3(data, size, out);
-        return;
-    }
-    nn_blake3_init(&job.mode);
-    pthread_mutex_lock(&nnx_lock);
-    nn_parallel((int64_t)whole, (int64_t)size, nnx_hash_subtrees, &job);
-    pthread_mutex_unlock(&nnx_lock);
-    nn_blake3_hasher h;
-    nn_blake3_init(&h);
-    for (uint64_t i = 0; i < whole; i++) nn_blake3_push_subtree(&h, job.cvs[i], NNX_SUBTREE_CHUNKS);
-    nn_blake3_update(&h, data + whole * NNX_SUBTREE_BYTES, size - whole * NNX_SUBTREE_BYTES);
-    nn_blake3_finalize(&h, out);
-    free(job.cvs);
-}
-
 static uint32_t nnx_u32(const unsigned char *p) { return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t nnx_u64(const unsigned char *p) { return nnx_u32(p) | (uint64_t)nnx_u32(p + 4) << 32; }
 
@@ -125,7 +86,7 @@ static int nnx_check(const unsigned char *f, size_t size, const char *where) {
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its header's BLAKE3 of the data is not the "
                         "one built into this library", where);
     uint8_t digest[NN_BLAKE3_OUT_LEN];
-    nnx_blake3(f + NNX_HEADER, NNX_DATA_BYTES, digest);
+    nn_blake3(f + NNX_HEADER, NNX_DATA_BYTES, digest);
     if (memcmp(digest, nnx_digest, 32) != 0)
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its data's BLAKE3 differs from the one "
                         "built into this library", where);
@@ -178,6 +139,12 @@ NNX_PUBLIC int NNX_API(open)(const char *weights, int threads, NNX_STRUCT_T **mo
         return nnx_fail(NNX_ERR(CPU), "this CPU lacks %s, which this library's code needs", lacks);
     }
     if (threads < 0) return nnx_fail(NNX_ERR(ARGUMENT), "threads must be 0 (one per core) or more, not %d", threads);
+    NNX_STRUCT_T *m = calloc(1, sizeof *m);
+    if (!m) return nnx_fail(NNX_ERR(MEMORY), "out of memory");
+    int status = nnx_map(weights, m);  /* touches nothing shared: no lock while the data is hashed */
+    if (status) { nnx_release(m); return status; }
+    m->workspace = aligned_alloc(64, NNX_WORKSPACE_BYTES);
+    if (!m->workspace) { nnx_release(m); return nnx_fail(NNX_ERR(MEMORY), "out of memory for the workspace"); }
     if (threads == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores > 0 ? (int)cores : 1;
@@ -185,12 +152,6 @@ NNX_PUBLIC int NNX_API(open)(const char *weights, int threads, NNX_STRUCT_T **mo
     pthread_mutex_lock(&nnx_lock);
     nncc_set_threads(threads);  /* the first open that asks for more than one thread makes the pool */
     pthread_mutex_unlock(&nnx_lock);
-    NNX_STRUCT_T *m = calloc(1, sizeof *m);
-    if (!m) return nnx_fail(NNX_ERR(MEMORY), "out of memory");
-    int status = nnx_map(weights, m);  /* the lock only while the pool hashes the data */
-    if (status) { nnx_release(m); return status; }
-    m->workspace = aligned_alloc(64, NNX_WORKSPACE_BYTES);
-    if (!m->workspace) { nnx_release(m); return nnx_fail(NNX_ERR(MEMORY), "out of memory for the workspace"); }
     *model = m;
     return 0;
 }

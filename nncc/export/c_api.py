@@ -150,8 +150,6 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
         f"#define NNX_ENTRY {spec.symbol}",
         f"int {spec.symbol}(void **args, char *ws);",
         "int nncc_set_threads(int want);",
-        "int nn_thread_count(void);",
-        "void nn_parallel(int64_t n, int64_t work, void (*fn)(void *ctx, int64_t lo, int64_t hi), void *ctx);",
         f"static const unsigned char nnx_token[16] = {{{', '.join(str(b) for b in token)}}};",
         f"static const unsigned char nnx_digest[32] = {{{', '.join(str(b) for b in digest)}}};",
         f"static const char *const nnx_feature_table[] = {strings(name for name, _ in cpu.FEATURES)};",
