@@ -176,6 +176,10 @@ def _cases(seed: int):
         for keyed in (False, True):
             piece = PIECES[(2 * i + keyed) % len(PIECES)]
             cases.append((rng.randbytes(length), rng.randbytes(32) if keyed else None, piece))
+    # updates of more than 64 chunks that start inside a chunk: the AVX2 path takes batches
+    # of eight until the count reaches a multiple of 64, then joins 64 chunks at a time
+    for keyed, piece in ((False, 70001), (True, 200003)):
+        cases.append((rng.randbytes((2 << 20) + 12345), rng.randbytes(32) if keyed else None, piece))
     return cases
 
 

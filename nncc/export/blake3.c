@@ -161,29 +161,31 @@ AVX2 static inline void transpose8(__m256i r[8])
     }
 }
 
-/* The chaining values of the eight chunks at input, input + 1024, ..., the first of them
- * chunk number counter; none of them may be the root. */
-AVX2 static void hash8_chunks(const uint32_t key[8], const uint8_t *input, uint64_t counter, uint32_t flags,
-                              uint32_t out[8][8])
+/* Eight compressions of `blocks` blocks each: lane k's blocks follow each other from
+ * input + k * stride, its counter is counter + k * step, and its first and last blocks
+ * carry first and last besides flags. Every input is read before out is written, so out
+ * may overlap it. */
+AVX2 static void compress8(const uint32_t key[8], const uint8_t *input, size_t stride, int blocks, uint64_t counter,
+                           uint64_t step, uint32_t flags, uint32_t first, uint32_t last, uint32_t out[8][8])
 {
     __m256i cv[8], v[16], m[16];
     for (int i = 0; i < 8; i++)
         cv[i] = _mm256_set1_epi32((int)key[i]);
     uint32_t lo[8], hi[8];
     for (int k = 0; k < 8; k++) {
-        lo[k] = (uint32_t)(counter + (uint64_t)k);
-        hi[k] = (uint32_t)((counter + (uint64_t)k) >> 32);
+        lo[k] = (uint32_t)(counter + (uint64_t)k * step);
+        hi[k] = (uint32_t)((counter + (uint64_t)k * step) >> 32);
     }
     __m256i counter_lo = _mm256_loadu_si256((const __m256i *)(const void *)lo);
     __m256i counter_hi = _mm256_loadu_si256((const __m256i *)(const void *)hi);
-    for (int b = 0; b < BLOCKS_PER_CHUNK; b++) {
+    for (int b = 0; b < blocks; b++) {
         for (int half = 0; half < 2; half++) {
             for (int k = 0; k < 8; k++)
                 m[8 * half + k] = _mm256_loadu_si256(
-                    (const __m256i *)(const void *)(input + (size_t)k * CHUNK_LEN + (size_t)b * BLOCK_LEN + 32 * half));
+                    (const __m256i *)(const void *)(input + (size_t)k * stride + (size_t)b * BLOCK_LEN + 32 * half));
             transpose8(m + 8 * half);
         }
-        uint32_t block_flags8 = flags | (b == 0 ? CHUNK_START : 0) | (b == BLOCKS_PER_CHUNK - 1 ? CHUNK_END : 0);
+        uint32_t block_flags8 = flags | (b == 0 ? first : 0) | (b == blocks - 1 ? last : 0);
         for (int i = 0; i < 8; i++)
             v[i] = cv[i];
         for (int i = 0; i < 4; i++)
@@ -206,9 +208,24 @@ AVX2 static void hash8_chunks(const uint32_t key[8], const uint8_t *input, uint6
         for (int i = 0; i < 8; i++)
             cv[i] = _mm256_xor_si256(v[i], v[i + 8]);
     }
-    transpose8(cv); /* now cv[k] holds chunk k's eight words */
+    transpose8(cv); /* now cv[k] holds lane k's eight words */
     for (int k = 0; k < 8; k++)
         _mm256_storeu_si256((__m256i *)(void *)out[k], cv[k]);
+}
+
+/* The chaining values of the eight chunks at input, input + 1024, ..., the first of them
+ * chunk number counter; none of them may be the root. */
+AVX2 static void hash8_chunks(const uint32_t key[8], const uint8_t *input, uint64_t counter, uint32_t flags,
+                              uint32_t out[8][8])
+{
+    compress8(key, input, CHUNK_LEN, BLOCKS_PER_CHUNK, counter, 1, flags, CHUNK_START, CHUNK_END, out);
+}
+
+/* Eight parents, none the root: parent k of children[2k] and children[2k + 1] (chaining
+ * values as words; x86 is little-endian, so their bytes are the parent's block). */
+AVX2 static void parents8(const uint32_t key[8], const uint32_t children[16][8], uint32_t flags, uint32_t out[8][8])
+{
+    compress8(key, (const uint8_t *)children, BLOCK_LEN, 1, 0, 0, flags | PARENT, 0, 0, out);
 }
 
 /* AVX2 usable: the CPU has it and the operating system saves the vector registers. */
@@ -320,18 +337,36 @@ void nn_blake3_update(nn_blake3_hasher *h, const void *data, size_t len)
             h->block_len = 0;
         }
 #ifdef NN_BLAKE3_AVX2
-        /* Eight whole chunks straight from the input, while more input follows them (so
-         * none of them is the root). */
+        /* Whole chunks straight from the input, eight at a time, while more input follows
+         * them (so none of them is the root). Where 64 start at a multiple of 64, their
+         * parents up to the eight subtrees of eight chunks are made eight at a time too. */
         while (h->lanes == 8 && h->blocks_done == 0 && h->block_len == 0 && len > 8 * CHUNK_LEN) {
-            uint32_t cvs[8][8];
-            hash8_chunks(h->key, p, h->chunk_counter, h->flags, cvs);
-            for (int k = 0; k < 8; k++) {
-                push_chunk(h, cvs[k]);
-                h->chunk_counter++;
+            uint32_t cvs[64][8];
+            if (len > 64 * CHUNK_LEN && ((h->chunk_counter - h->first_chunk) & 63) == 0) {
+                for (int b = 0; b < 8; b++)
+                    hash8_chunks(h->key, p + (size_t)b * 8 * CHUNK_LEN, h->chunk_counter + 8 * (uint64_t)b, h->flags,
+                                 cvs + 8 * b);
+                for (int n = 64; n > 8; n /= 2)
+                    for (int i = 0; i < n / 2; i += 8)
+                        parents8(h->key, (const uint32_t(*)[8])(cvs + 2 * i), h->flags, cvs + i);
+                for (int k = 0; k < 8; k++) {
+                    uint8_t bytes[32];
+                    store_words(bytes, cvs[k], 8);
+                    push_cv(h, bytes, h->chunk_counter + 8 - h->first_chunk);
+                    h->chunk_counter += 8;
+                }
+                p += 64 * CHUNK_LEN;
+                len -= 64 * CHUNK_LEN;
+            } else {
+                hash8_chunks(h->key, p, h->chunk_counter, h->flags, cvs);
+                for (int k = 0; k < 8; k++) {
+                    push_chunk(h, cvs[k]);
+                    h->chunk_counter++;
+                }
+                p += 8 * CHUNK_LEN;
+                len -= 8 * CHUNK_LEN;
             }
             start_chunk(h, h->chunk_counter);
-            p += 8 * CHUNK_LEN;
-            len -= 8 * CHUNK_LEN;
         }
 #endif
         /* Whole blocks straight from the input, short of the chunk's last block and the
