@@ -39,13 +39,13 @@ STRICT = ("-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wcast-qual", "-Wconver
 # its multiples, with a partial batch after whole ones.
 LENGTHS = (0, 1, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 3073, 4096, 4097, 8191, 8192, 8193,
            9217, 16384, 16385, 24576 + 1, 31744 + 1, 65536, 65536 + 1024 * 7 + 1, (1 << 20) + 7, 3 << 20)
-PIECES = (1, 7, 64, 65, 1000, 1024, 4099, 8192, 8193, 20000)
+PIECES = (1, 7, 64, 65, 1000, 1024, 4101, 8192, 8193, 20000)  # % 9: subtrees of 1 to 256 chunks
 
 # Reads records from stdin until it ends: a keyed flag (one byte), the key (32 bytes, when
 # keyed), the input's length (8 bytes) and the piece size (4 bytes, both little-endian),
 # then the input. Writes a line per record: the one-call digest, the incremental one, the
 # byte count and digest of the half-way finalize, and the digest made of subtrees (2^(piece
-# size % 7) chunks each, as a thread pool would hash them) and the rest.
+# size % 9) chunks each, as a thread pool would hash them) and the rest.
 DRIVER = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,8 +106,8 @@ int main(int argc, char **argv)
         printf("%zu ", half);
         print_hex(mid, " ");
 
-        /* subtrees of 2^(piece % 7) chunks while input follows them, then the rest */
-        uint64_t chunks = (uint64_t)1 << (piece % 7);
+        /* subtrees of 2^(piece % 9) chunks while input follows them, then the rest */
+        uint64_t chunks = (uint64_t)1 << (piece % 9);
         size_t size = (size_t)chunks * 1024, whole = len ? (len - 1) / size : 0;
         nn_blake3_hasher mode, tree;
         if (flag) nn_blake3_init_keyed(&mode, key); else nn_blake3_init(&mode);
@@ -207,7 +207,7 @@ def _check(exe: str, cases, env=None):
         if pieces != expected:
             wrong.append(f"{what}: incrementally {pieces}, blake3 {expected}")
         if tree != expected:
-            wrong.append(f"{what}: from subtrees of {1 << piece % 7} chunks {tree}, blake3 {expected}")
+            wrong.append(f"{what}: from subtrees of {1 << piece % 9} chunks {tree}, blake3 {expected}")
         if mid != _oracle(data[:int(half)], key):
             wrong.append(f"{what}: finalized after {half} bytes {mid}, blake3 {_oracle(data[:int(half)], key)}")
     assert not wrong, "\n".join(wrong)

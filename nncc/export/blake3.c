@@ -301,6 +301,27 @@ static void push_chunk(nn_blake3_hasher *h, const uint32_t cv[8])
     push_cv(h, bytes, h->chunk_counter + 1 - h->first_chunk);
 }
 
+#ifdef NN_BLAKE3_AVX2
+/* 64 whole chunks at p, the hasher's count a multiple of 64 and nothing buffered: hashed
+ * eight at a time, their parents too up to eight subtrees of eight chunks, which are
+ * stacked. None of them may be the root. */
+static void push64(nn_blake3_hasher *h, const uint8_t *p)
+{
+    uint32_t cvs[64][8];
+    for (int b = 0; b < 8; b++)
+        hash8_chunks(h->key, p + (size_t)b * 8 * CHUNK_LEN, h->chunk_counter + 8 * (uint64_t)b, h->flags, cvs + 8 * b);
+    for (int n = 64; n > 8; n /= 2)
+        for (int i = 0; i < n / 2; i += 8)
+            parents8(h->key, (const uint32_t(*)[8])(cvs + 2 * i), h->flags, cvs + i);
+    for (int k = 0; k < 8; k++) {
+        uint8_t bytes[32];
+        store_words(bytes, cvs[k], 8);
+        push_cv(h, bytes, h->chunk_counter + 8 - h->first_chunk);
+        h->chunk_counter += 8;
+    }
+}
+#endif
+
 static void init_with(nn_blake3_hasher *h, const uint32_t key[8], uint32_t flags)
 {
     memcpy(h->key, key, sizeof h->key);
@@ -343,18 +364,7 @@ void nn_blake3_update(nn_blake3_hasher *h, const void *data, size_t len)
         while (h->lanes == 8 && h->blocks_done == 0 && h->block_len == 0 && len > 8 * CHUNK_LEN) {
             uint32_t cvs[64][8];
             if (len > 64 * CHUNK_LEN && ((h->chunk_counter - h->first_chunk) & 63) == 0) {
-                for (int b = 0; b < 8; b++)
-                    hash8_chunks(h->key, p + (size_t)b * 8 * CHUNK_LEN, h->chunk_counter + 8 * (uint64_t)b, h->flags,
-                                 cvs + 8 * b);
-                for (int n = 64; n > 8; n /= 2)
-                    for (int i = 0; i < n / 2; i += 8)
-                        parents8(h->key, (const uint32_t(*)[8])(cvs + 2 * i), h->flags, cvs + i);
-                for (int k = 0; k < 8; k++) {
-                    uint8_t bytes[32];
-                    store_words(bytes, cvs[k], 8);
-                    push_cv(h, bytes, h->chunk_counter + 8 - h->first_chunk);
-                    h->chunk_counter += 8;
-                }
+                push64(h, p);
                 p += 64 * CHUNK_LEN;
                 len -= 64 * CHUNK_LEN;
             } else {
@@ -420,6 +430,16 @@ void nn_blake3_subtree(const nn_blake3_hasher *mode, const void *data, size_t le
     init_with(&h, mode->key, mode->flags);
     h.first_chunk = first_chunk;
     start_chunk(&h, first_chunk);
+#ifdef NN_BLAKE3_AVX2
+    /* A subtree is never the root, so unlike update this may take its last 64 chunks in
+     * eight lanes too; its size is a power of two, so the stack ends as one entry. */
+    if (h.lanes == 8 && len >= 64 * CHUNK_LEN && len % (64 * CHUNK_LEN) == 0) {
+        for (size_t at = 0; at < len; at += 64 * CHUNK_LEN)
+            push64(&h, (const uint8_t *)data + at);
+        memcpy(cv, h.stack[0], 32);
+        return;
+    }
+#endif
     nn_blake3_update(&h, data, len);
     finish(&h, 0, cv);
 }
