@@ -96,7 +96,8 @@ def hash_times(weights: pathlib.Path, work: pathlib.Path, cc: str) -> list[str]:
         lanes, size, wall_s, cpu_s = subprocess.run([str(exe), str(weights)], capture_output=True, text=True,
                                                     check=True).stdout.split()
         mb = int(size) / 1e6
-        lines.append(f"  {label:8} ({lanes} chunks at once): {float(wall_s) * 1000:6.1f} ms wall, "
+        lanes = f"{lanes} chunks at once" if lanes != "1" else "1 chunk at a time"
+        lines.append(f"  {label:8} ({lanes}): {float(wall_s) * 1000:6.1f} ms wall, "
                      f"{float(cpu_s) * 1000:6.1f} ms CPU ({mb / float(cpu_s):.0f} MB/s)")
     return lines
 
