@@ -10,7 +10,7 @@ The package stays cheap to import: heavy modules load on first use of what needs
 
 from nncc._version import __version__
 
-__all__ = ["__version__", "compile_model", "load", "load_onnx", "prepare", "CompiledModel"]
+__all__ = ["__version__", "compile_model", "load", "load_library", "load_onnx", "prepare", "CompiledModel"]
 
 
 def load_onnx(path):
@@ -19,6 +19,14 @@ def load_onnx(path):
     from nncc.runtime.interpreter import Interpreter  # lazy: start-up
 
     return Interpreter(load_model(path))
+
+
+def load_library(directory, name=None, threads: int = 0):
+    """Open a model `nncc export` wrote into ``directory`` and run it through its C API:
+    ``load_library(dir).run({"x": x})`` (nncc.export.ctypes_library)."""
+    from nncc.export.ctypes_library import load_library as load  # lazy: start-up
+
+    return load(directory, name, threads)
 
 
 def __getattr__(name):

@@ -1,5 +1,7 @@
-"""The portable C BLAKE3 (nncc/export/blake3.c), which an exported library uses to check its
-weights file without Python, against the ``blake3`` package nncc's cache hashes with.
+"""The C BLAKE3 (nncc/export/blake3.c), which an exported library uses to check its weights
+file without Python, against the ``blake3`` package nncc's cache hashes with: both its
+paths, the portable one (built with NN_BLAKE3_PORTABLE) and the default build's, which
+hashes eight chunks at once with AVX2 where the CPU has it.
 
 The C file is built at test time with the system compiler into a driver program. For each
 case the driver hashes the input in one call and again incrementally, in pieces of a given
@@ -10,6 +12,7 @@ catches a read one byte past the input or a piece."""
 
 from __future__ import annotations
 
+import platform
 import random
 import shutil
 import struct
@@ -20,7 +23,7 @@ from blake3 import blake3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
+from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain, host_features
 from tests.conftest import ROOT
 from tests.test_native_sanitize import have_sanitizer_runtime
 
@@ -31,15 +34,18 @@ pytestmark = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler to buil
 STRICT = ("-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wcast-qual", "-Wconversion", "-Wstrict-prototypes",
           "-Werror")
 # Around every block (64 bytes) and chunk (1024 bytes) edge, trees of 2, 3, 4, 8, 16, 31
-# and 1024 chunks plus one, and a tree deeper than the stack of a few entries.
-LENGTHS = (0, 1, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 3073, 4096, 4097, 8192, 16385,
-           31744 + 1, (1 << 20) + 7)
-PIECES = (1, 7, 64, 65, 1000, 1024, 4099)
+# and 1024 chunks plus one, and a tree deeper than the stack of a few entries; around
+# eight chunks (the AVX2 path's batch: it takes eight only while more input follows) and
+# its multiples, with a partial batch after whole ones.
+LENGTHS = (0, 1, 63, 64, 65, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 3073, 4096, 4097, 8191, 8192, 8193,
+           9217, 16384, 16385, 24576 + 1, 31744 + 1, 65536, 65536 + 1024 * 7 + 1, (1 << 20) + 7, 3 << 20)
+PIECES = (1, 7, 64, 65, 1000, 1024, 4101, 8192, 8193, 20000)  # % 9: subtrees of 1 to 256 chunks
 
 # Reads records from stdin until it ends: a keyed flag (one byte), the key (32 bytes, when
 # keyed), the input's length (8 bytes) and the piece size (4 bytes, both little-endian),
-# then the input. Writes a line per record: the one-call digest, the incremental one, and
-# the byte count and digest of the half-way finalize.
+# then the input. Writes a line per record: the one-call digest, the incremental one, the
+# byte count and digest of the half-way finalize, and the digest made of subtrees (2^(piece
+# size % 9) chunks each, as a thread pool would hash them) and the rest.
 DRIVER = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,8 +69,12 @@ static void print_hex(const uint8_t out[32], const char *end)
     fputs(end, stdout);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "lanes") == 0) {
+        printf("%u\n", (unsigned)nn_blake3_lanes());
+        return 0;
+    }
     int flag;
     while ((flag = getchar()) != EOF) {
         uint8_t key[32], out[32];
@@ -94,7 +104,25 @@ int main(void)
         nn_blake3_finalize(&h, out);
         print_hex(out, " ");
         printf("%zu ", half);
-        print_hex(mid, "\n");
+        print_hex(mid, " ");
+
+        /* subtrees of 2^(piece % 9) chunks while input follows them, then the rest */
+        uint64_t chunks = (uint64_t)1 << (piece % 9);
+        size_t size = (size_t)chunks * 1024, whole = len ? (len - 1) / size : 0;
+        nn_blake3_hasher mode, tree;
+        if (flag) nn_blake3_init_keyed(&mode, key); else nn_blake3_init(&mode);
+        tree = mode;
+        for (size_t i = 0; i < whole; i++) {
+            uint8_t *copy = malloc(size), cv[32];
+            if (!copy) return 3;
+            memcpy(copy, data + i * size, size);
+            nn_blake3_subtree(&mode, copy, size, i * chunks, cv);
+            free(copy);
+            nn_blake3_push_subtree(&tree, cv, chunks);
+        }
+        nn_blake3_update(&tree, data + whole * size, len - whole * size);
+        nn_blake3_finalize(&tree, out);
+        print_hex(out, "\n");
         free(data);
     }
     return 0;
@@ -112,16 +140,32 @@ def _build(tmp_dir, name: str, flags=()) -> str:
     return str(exe)
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory):
-    return _build(tmp_path_factory.mktemp("blake3"), "driver")
+PATHS = {"default": (), "portable": ("-DNN_BLAKE3_PORTABLE",)}
 
 
-@pytest.fixture(scope="module")
-def sanitized_driver(tmp_path_factory):
+@pytest.fixture(scope="module", params=list(PATHS))
+def driver(request, tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("blake3"), "driver", PATHS[request.param])
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def sanitized_driver(request, tmp_path_factory):
     if not have_sanitizer_runtime():
         pytest.skip(reason="the C compiler has no ASan/UBSan runtime to link")
-    return _build(tmp_path_factory.mktemp("blake3_sanitized"), "driver", (*SANITIZE_FLAGS, "-g"))
+    flags = (*PATHS[request.param], *SANITIZE_FLAGS, "-g")
+    return _build(tmp_path_factory.mktemp("blake3_sanitized"), "driver", flags)
+
+
+def _lanes(exe: str) -> int:
+    return int(subprocess.run([exe, "lanes"], capture_output=True, text=True, check=True).stdout)
+
+
+def test_the_default_build_takes_the_avx2_path_where_the_cpu_has_it(tmp_path):
+    """So the tests of the default build test the eight-chunk code on such a CPU."""
+    default = _lanes(_build(tmp_path, "default"))
+    portable = _lanes(_build(tmp_path, "portable", PATHS["portable"]))
+    assert portable == 1
+    assert default == (8 if platform.machine() == "x86_64" and "avx2" in host_features() else 1)
 
 
 def _cases(seed: int):
@@ -132,6 +176,10 @@ def _cases(seed: int):
         for keyed in (False, True):
             piece = PIECES[(2 * i + keyed) % len(PIECES)]
             cases.append((rng.randbytes(length), rng.randbytes(32) if keyed else None, piece))
+    # updates of more than 64 chunks that start inside a chunk: the AVX2 path takes batches
+    # of eight until the count reaches a multiple of 64, then joins 64 chunks at a time
+    for keyed, piece in ((False, 70001), (True, 200003)):
+        cases.append((rng.randbytes((2 << 20) + 12345), rng.randbytes(32) if keyed else None, piece))
     return cases
 
 
@@ -151,13 +199,15 @@ def _oracle(data: bytes, key: bytes | None) -> str:
 
 def _check(exe: str, cases, env=None):
     wrong = []
-    for (data, key, piece), (whole, pieces, half, mid) in zip(cases, _run(exe, cases, env)):
+    for (data, key, piece), (whole, pieces, half, mid, tree) in zip(cases, _run(exe, cases, env)):
         expected = _oracle(data, key)
         what = f"{len(data)} bytes {'keyed' if key is not None else 'unkeyed'}, pieces of {piece}"
         if whole != expected:
             wrong.append(f"{what}: one call gives {whole}, blake3 {expected}")
         if pieces != expected:
             wrong.append(f"{what}: incrementally {pieces}, blake3 {expected}")
+        if tree != expected:
+            wrong.append(f"{what}: from subtrees of {1 << piece % 9} chunks {tree}, blake3 {expected}")
         if mid != _oracle(data[:int(half)], key):
             wrong.append(f"{what}: finalized after {half} bytes {mid}, blake3 {_oracle(data[:int(half)], key)}")
     assert not wrong, "\n".join(wrong)
@@ -175,7 +225,7 @@ def test_the_c_hash_is_defined_under_sanitizers(sanitized_driver):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 20000), st.booleans(), st.integers(1, 2100), st.integers(0, 2 ** 32)),
+@given(st.lists(st.tuples(st.integers(0, 70000), st.booleans(), st.integers(1, 20000), st.integers(0, 2 ** 32)),
                 min_size=1, max_size=12))
 def test_random_lengths_and_pieces(driver, drawn):
     cases = []
@@ -185,9 +235,10 @@ def test_random_lengths_and_pieces(driver, drawn):
     _check(driver, cases)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("std", ["c99", "c11"])
-def test_it_compiles_without_warnings_under_strict_flags(tmp_path, std):
-    done = subprocess.run([TOOLCHAIN.path, f"-std={std}", "-O2", *STRICT, "-c", str(EXPORT / "blake3.c"),
+def test_it_compiles_without_warnings_under_strict_flags(tmp_path, std, path):
+    done = subprocess.run([TOOLCHAIN.path, f"-std={std}", "-O2", *STRICT, *PATHS[path], "-c", str(EXPORT / "blake3.c"),
                            "-o", str(tmp_path / "blake3.o")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -246,7 +297,7 @@ def _exported(tmp_path, *defines) -> set[str]:
 def test_the_embedding_library_can_keep_the_functions_private(tmp_path):
     """NN_BLAKE3_API sets the functions' visibility, so a library that checks its weights
     with them need not export them into its user's symbol namespace."""
-    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
+    names = {"nn_blake3", "nn_blake3_keyed", "nn_blake3_lanes", "nn_blake3_subtree", "nn_blake3_push_subtree", "nn_blake3_init", "nn_blake3_init_keyed", "nn_blake3_update",
              "nn_blake3_finalize"}
     assert names <= _exported(tmp_path)
     assert not names & _exported(tmp_path, "-DNN_BLAKE3_API=__attribute__((visibility(\"hidden\")))")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import nncc
+from nncc.native.toolchain import find_toolchain
 from tests.conftest import FIXTURES, ROOT
 
 MLP = FIXTURES / "mlp.onnx"
@@ -150,6 +151,10 @@ SCHEMAS = {
     ("compile",): {
         "model": str, "output": str, "bytes": int, "written": bool, "depfile": (str, null),
         "compile_seconds": number, "cache": CACHE_OUTCOME,
+    },
+    ("export",): {
+        "model": str, "output": str, "name": str, "files": {"*": int}, "written": [str], "depfile": (str, null),
+        "export_seconds": number, "cache": CACHE_OUTCOME,
     },
     ("inspect",): {
         "path": str, "format_version": int, "producer": str,
@@ -323,6 +328,8 @@ def test_json_schemas(cli, populated, tmp_path, monkeypatch):
     cli("run", MLP, "--random-inputs")  # an entry for clear to remove
     outputs[("cache", "zero-stats")] = json_of(cli, "cache", "zero-stats", "--json")
     outputs[("cache", "clear")] = json_of(cli, "cache", "clear", "--json")
+    if find_toolchain() is not None:  # an export links C: without a compiler it is refused
+        outputs[("export",)] = json_of(cli, "export", MLP, "-o", tmp_path / "mlp-c", "--dim", "N=1", "--json")
     outputs[("config", "path")] = json_of(cli, "config", "path", "--json")
     outputs[("config", "set")] = json_of(cli, "config", "set", "cache.max_age", "30d", "--json")
     outputs[("config", "show")] = json_of(cli, "config", "show", "--json")

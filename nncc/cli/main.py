@@ -34,6 +34,7 @@ COMMANDS = {
     "cache": ("nncc.cli.cache", "cache", "Inspect, verify and garbage-collect the compilation cache."),
     "compile": ("nncc.cli.compile", "compile", "Compile an ONNX model ahead of time into an artifact."),
     "config": ("nncc.cli.config", "config", "Show and edit settings (config.toml, environment, defaults)."),
+    "export": ("nncc.cli.export", "export", "Export a model as a C library (header, .so, .a, weights)."),
     "inspect": ("nncc.cli.inspect", "inspect", "Show partitions, fallbacks, memory and constants."),
     "run": ("nncc.cli.run", "run", "Run a model or artifact on the native and numpy backends."),
 }

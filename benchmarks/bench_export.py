@@ -1,0 +1,165 @@
+"""An exported C library against onnxruntime from a cold process: time to the first answer.
+
+    python benchmarks/bench_export.py                       # MobileNetV2, real weights
+    python benchmarks/bench_export.py --model MODEL.onnx [--runs 5] [--dim N=1 ...]
+
+Exports MODEL with `nncc export` (through a fresh cache folder), builds a C program over
+its API (the README's example: zeros in, the first values of each output out) against the
+static library, and times, as the median of --runs fresh processes each:
+- c: the C program, from process start to its first answer (open: map and check the
+  weights; one run; exit), one thread;
+- ort: `python -c` importing onnxruntime and numpy, making a session (one intra-op
+  thread) and running once on zeros.
+It also times the open's weights check alone: the C BLAKE3 over the weights file's data, in
+its default build (eight chunks at once with AVX2 where the CPU has it) and its portable
+one, best of 9 in one process, as wall and CPU time (the CPU time is the steadier figure
+on a shared machine). It also reports the library sizes: libNAME.so and libNAME.a without the weights, the
+weights file, and libNAME.so with --embed-weights. The model file is in the page cache
+for both (each is run once before timing). Without --model the model is
+benchmarks/real_models.py's mobilenetv2(), written once into build/real-models/. A script,
+not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def wall(cmd: list[str], env=None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return time.perf_counter() - start
+
+
+def median_of(runs: int, cmd: list[str], env=None) -> float:
+    wall(cmd, env)  # the files into the page cache
+    return statistics.median(wall(cmd, env) for _ in range(runs))
+
+
+HASH_TIMER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "blake3.h"
+
+static double now(clockid_t clock)
+{
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    FILE *f = fopen(argv[1], "rb");
+    if (!f || fseek(f, 0, SEEK_END) != 0) return 2;
+    long size = ftell(f) - 128;  /* the data after the header */
+    unsigned char *data = malloc((size_t)size);
+    if (!data || fseek(f, 128, SEEK_SET) != 0 || fread(data, 1, (size_t)size, f) != (size_t)size) return 2;
+    double wall = 1e9, cpu = 1e9;
+    uint8_t out[32];
+    for (int i = 0; i < 9; i++) {
+        double w = now(CLOCK_MONOTONIC), c = now(CLOCK_THREAD_CPUTIME_ID);
+        nn_blake3(data, (size_t)size, out);
+        c = now(CLOCK_THREAD_CPUTIME_ID) - c;
+        w = now(CLOCK_MONOTONIC) - w;
+        wall = w < wall ? w : wall;
+        cpu = c < cpu ? c : cpu;
+    }
+    printf("%u %ld %.6f %.6f\n", (unsigned)nn_blake3_lanes(), size, wall, cpu);
+    return out[0] == 0 && out[1] == 0 && out[2] == 0 && out[3] == 0;  /* keeps the hash */
+}
+"""
+
+
+def hash_times(weights: pathlib.Path, work: pathlib.Path, cc: str) -> list[str]:
+    """One line per build of the C BLAKE3: its time over the weights' data."""
+    source = work / "hash_timer.c"
+    source.write_text(HASH_TIMER)
+    export = ROOT / "nncc" / "export"
+    lines = []
+    for label, flags in (("default", []), ("portable", ["-DNN_BLAKE3_PORTABLE"])):
+        exe = work / f"hash_{label}"
+        subprocess.run([cc, "-O3", *flags, f"-I{export}", str(source), str(export / "blake3.c"), "-o", str(exe)],
+                       check=True)
+        lanes, size, wall_s, cpu_s = subprocess.run([str(exe), str(weights)], capture_output=True, text=True,
+                                                    check=True).stdout.split()
+        mb = int(size) / 1e6
+        lanes = f"{lanes} chunks at once" if lanes != "1" else "1 chunk at a time"
+        lines.append(f"  {label:8} ({lanes}): {float(wall_s) * 1000:6.1f} ms wall, "
+                     f"{float(cpu_s) * 1000:6.1f} ms CPU ({mb / float(cpu_s):.0f} MB/s)")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="ONNX model (default: real_models.py's mobilenetv2)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--dim", action="append", default=[], help="NAME=SIZE, as nncc export takes it")
+    args = parser.parse_args()
+    if args.model is None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from real_models import write_one
+
+        args.model = write_one(str(ROOT / "build" / "real-models"), "mobilenetv2")
+    from nncc.export.writer import default_name, example_program
+    from nncc.native.toolchain import find_toolchain
+
+    name = default_name(args.model)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="nncc-bench-export-"))
+    try:
+        dims = [a for d in args.dim for a in ("--dim", d)]
+        base = [sys.executable, "-m", "nncc", "export", args.model, "--cache-dir", str(work / "cache"), *dims]
+        subprocess.run(base + ["-o", str(work / "lib")], check=True)
+        subprocess.run(base + ["-o", str(work / "embedded"), "--embed-weights"], check=True)
+        program = work / "example.c"
+        program.write_text(example_program(name, embedded=False))
+        exe = work / "example"
+        subprocess.run([find_toolchain().path, "-O2", str(program), "-o", str(exe), f"-I{work / 'lib'}",
+                        str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
+        import onnx
+
+        graph = onnx.load(args.model, load_external_data=False).graph
+        fixed = dict(d.split("=") for d in args.dim)
+        feeds = {i.name: [int(fixed.get(d.dim_param, d.dim_value or 1)) for d in i.type.tensor_type.shape.dim]
+                 for i in graph.input if i.name not in {t.name for t in graph.initializer}}
+        ort = ("import numpy as np, onnxruntime as ort\n"
+               "o = ort.SessionOptions(); o.intra_op_num_threads = 1\n"
+               f"s = ort.InferenceSession({args.model!r}, o, providers=['CPUExecutionProvider'])\n"
+               f"s.run(None, {{k: np.zeros(v, np.float32) for k, v in {feeds!r}.items()}})\n")
+        c_env = dict(os.environ)
+        c_seconds = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
+        # the C program opens with 0 threads (one per core); one thread is the fair match
+        program.write_text(example_program(name, embedded=False).replace(", 0, &model)", ", 1, &model)"))
+        subprocess.run([find_toolchain().path, "-O2", str(program), "-o", str(exe), f"-I{work / 'lib'}",
+                        str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
+        c_one = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
+        ort_seconds = median_of(args.runs, [sys.executable, "-c", ort])
+        size = {f: (work / "lib" / f).stat().st_size for f in (f"lib{name}.so", f"lib{name}.a", f"{name}.weights")}
+        embedded = (work / "embedded" / f"lib{name}.so").stat().st_size
+        print(f"model {args.model} ({name}), median of {args.runs} processes, first answer:")
+        print(f"  C program (static library), 1 thread:      {c_one * 1000:8.1f} ms")
+        print(f"  C program (static library), 1 per core:    {c_seconds * 1000:8.1f} ms")
+        print(f"  python -c onnxruntime, 1 intra-op thread:  {ort_seconds * 1000:8.1f} ms")
+        print(f"the open's BLAKE3 over {name}.weights' data, best of 9:")
+        print("\n".join(hash_times(work / "lib" / f"{name}.weights", work, find_toolchain().path)))
+        print(f"sizes: lib{name}.so {size[f'lib{name}.so'] / 1024:.0f} KiB, lib{name}.a "
+              f"{size[f'lib{name}.a'] / 1024:.0f} KiB (without weights); {name}.weights "
+              f"{size[f'{name}.weights'] / 1024:.0f} KiB; lib{name}.so with --embed-weights {embedded / 1024:.0f} KiB")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
