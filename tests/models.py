@@ -224,3 +224,20 @@ def gated_convnet(shape=(2, 3, 12, 12), seed: int = 5) -> onnx.ModelProto:
                _normal(rng, "w3", (5, 16), 0.3), _normal(rng, "b3", (5,), 0.1)]
     graph = helper.make_graph(nodes, "convnet", [_float("x", shape)], [_float("y", (shape[0], 5))], weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def one_native_partition(tmp_path, builder: GraphBuilder):
+    """``builder``'s model saved under ``tmp_path`` and compiled, checked to be one native
+    partition with no fallback; ``(compiled, nncc's first output, onnxruntime's)`` on the
+    builder's feeds."""
+    import nncc  # lazy: the builders serve tests that never compile
+    from tests.oracle import ort_run  # lazy: as above
+
+    path = tmp_path / "m.onnx"
+    builder.save(path)
+    compiled = nncc.compile_model(path)
+    assert compiled.native_partitions == 1 and len(compiled.plan.partitions) == 1, compiled.plan.fallbacks
+    assert compiled.plan.fallbacks == []
+    name = builder.outputs[0].name
+    (want,) = ort_run(path, builder.feeds, [name])
+    return compiled, compiled.run(builder.feeds)[name], want

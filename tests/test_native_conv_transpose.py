@@ -8,10 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import nncc
 from nncc.native.toolchain import find_toolchain
-from tests.models import GraphBuilder
-from tests.oracle import ort_run
+from tests.models import GraphBuilder, one_native_partition
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -40,14 +38,7 @@ def model(shape, wshape, attrs, bias: bool, seed: int = 0) -> GraphBuilder:
 
 
 def compile_and_compare(tmp_path, m: GraphBuilder):
-    path = tmp_path / "m.onnx"
-    m.save(path)
-    compiled = nncc.compile_model(path)
-    assert compiled.native_partitions == 1 and len(compiled.plan.partitions) == 1, compiled.plan.fallbacks
-    assert compiled.plan.fallbacks == []
-    name = m.outputs[0].name
-    (want,) = ort_run(path, m.feeds, [name])
-    got = compiled.run(m.feeds)[name]
+    compiled, got, want = one_native_partition(tmp_path, m)
     assert got.shape == want.shape
     scale = max(1.0, float(np.nanmax(np.abs(want[np.isfinite(want)]), initial=0.0)))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale)  # NaN where onnxruntime has NaN

@@ -12,8 +12,7 @@ from onnx import TensorProto, helper
 import nncc
 from nncc.errors import NnccError
 from nncc.native.toolchain import find_toolchain
-from tests.models import GraphBuilder
-from tests.oracle import ort_run
+from tests.models import GraphBuilder, one_native_partition
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -31,14 +30,8 @@ def embedding(ids: np.ndarray, table_shape, axis: int = 0, computed_table: bool 
 
 def compile_and_compare(tmp_path, m: GraphBuilder, rtol: float = 0.0):
     """Rows copied exactly (``rtol``: a computed table's Tanh rounds as its own)."""
-    path = tmp_path / "m.onnx"
-    m.save(path)
-    compiled = nncc.compile_model(path)
-    assert compiled.native_partitions == 1 and len(compiled.plan.partitions) == 1, compiled.plan.fallbacks
-    assert compiled.plan.fallbacks == []
-    name = m.outputs[0].name
-    (want,) = ort_run(path, m.feeds, [name])
-    np.testing.assert_allclose(compiled.run(m.feeds)[name], want, rtol=rtol, atol=rtol)
+    compiled, got, want = one_native_partition(tmp_path, m)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
     return compiled
 
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import nncc
 from nncc.native.toolchain import find_toolchain
-from tests.models import GraphBuilder
-from tests.oracle import ort_run
+from tests.models import GraphBuilder, one_native_partition
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -19,14 +17,7 @@ VALUES = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 2.4, -2.6, 0.0, 
 
 
 def compare(tmp_path, m: GraphBuilder, exact: bool = True):
-    path = tmp_path / "m.onnx"
-    m.save(path)
-    compiled = nncc.compile_model(path)
-    assert compiled.native_partitions == 1 and len(compiled.plan.partitions) == 1, compiled.plan.fallbacks
-    assert compiled.plan.fallbacks == []
-    name = m.outputs[0].name
-    (want,) = ort_run(path, m.feeds, [name])
-    got = compiled.run(m.feeds)[name]
+    compiled, got, want = one_native_partition(tmp_path, m)
     if exact:
         np.testing.assert_array_equal(got, want)
         assert np.array_equal(np.signbit(got), np.signbit(want)), "a signed zero differs"
