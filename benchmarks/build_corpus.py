@@ -53,6 +53,8 @@ def declared_axes(path: str) -> tuple[dict[str, list], int]:
     can fix), and the default domain's opset."""
     import onnx  # lazy: --help needs no onnx
 
+    from nncc.frontend.dim_names import is_placeholder  # lazy: as onnx
+
     model = onnx.load(path, load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
     axes = {}
@@ -60,8 +62,10 @@ def declared_axes(path: str) -> tuple[dict[str, list], int]:
         if value.name in initializers:
             continue
         dims = value.type.tensor_type.shape.dim
-        axes[value.name] = [d.dim_param if d.HasField("dim_param") else
-                            None if d.HasField("dim_value") and d.dim_value >= 0 else "" for d in dims]
+        # a placeholder name ("?") is one dimension per input axis, named as nncc names it
+        axes[value.name] = [(f"{value.name}:{axis}" if is_placeholder(d.dim_param) else d.dim_param)
+                            if d.HasField("dim_param") else
+                            None if d.HasField("dim_value") and d.dim_value >= 0 else "" for axis, d in enumerate(dims)]
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return axes, opset
 
