@@ -81,9 +81,11 @@ def _choice(choices: tuple[str, ...]) -> Callable:
     return check
 
 
-def _count(noun: str, none_word: str, none_spellings: tuple[str, ...]) -> Callable:
-    """A whole number, at least 1; 0 or one of ``none_spellings`` means None."""
-    why = f"use a whole number of {noun}, at least 1, or {none_word}"
+def _count(noun: str, none_word: str, none_spellings: tuple[str, ...], zero: str | None = None) -> Callable:
+    """A whole number, at least 1; 0 or one of ``none_spellings`` means None. With ``zero``
+    (what 0 does), 0 is a value of its own and only ``none_spellings`` mean None."""
+    why = (f"use a whole number of {noun} (0: {zero}), or {none_word}" if zero is not None
+           else f"use a whole number of {noun}, at least 1, or {none_word}")
 
     def check(raw):
         if isinstance(raw, str) and raw.strip().lower() in none_spellings:
@@ -96,28 +98,14 @@ def _count(noun: str, none_word: str, none_spellings: tuple[str, ...]) -> Callab
             raise ValueError(why) from None
         if value < 0:
             raise ValueError(why)
-        return value or None
+        return value if zero is not None else value or None
 
     return check
 
 
-def _upgrade_after(raw) -> int | None:
-    """Hits before a quick entry's native stage is built: 0 starts it at the miss itself;
-    off (never, none) builds it only on request."""
-    why = "use a whole number of hits (0: at the miss), or off"
-    if isinstance(raw, str) and raw.strip().lower() in ("off", "never", "none"):
-        return None
-    if isinstance(raw, bool):
-        raise ValueError(why)
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ValueError(why) from None
-    if value < 0:
-        raise ValueError(why)
-    return value
-
-
+# hits before a quick entry's native stage is built: 0 starts it at the miss itself; off
+# (never, none) builds it only on request
+_upgrade_after = _count("hits", "off", ("off", "never", "none"), zero="at the miss")
 _threads = _count("threads", "auto", ("auto", "0", ""))
 _shape_plans = _count("plans", "off", ("off", "0", "none"))
 
