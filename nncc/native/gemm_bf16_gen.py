@@ -239,8 +239,7 @@ def _weights_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -
             if 2 * u + 1 < nv:
                 lines.append(f"      nn_v b{2 * u + 1} = (nn_v)(x{u} & 0xFFFF0000u);")
         for r in range(rows):
-            scalar = f"a[{r * s.sai} + ({p}) * {s.sak}]"  # spelled out: a broadcast load, not 0 + a
-            lines.append(f"      nn_v a{r} = (nn_v){{{', '.join([scalar] * vl)}}};")
+            lines.append(f"      nn_v a{r} = nn_vset1(a[{r * s.sai} + ({p}) * {s.sak}]);")
             lines += [f"      {acc[q][r][v]} = nn_vfma(a{r}, b{v}, {acc[q][r][v]});" for v in range(nv)]
         lines.append("    }")
         return lines
