@@ -92,9 +92,11 @@ PRODUCTS = [
 ]
 
 
-@needs_bf16
-def test_bf16_products_are_within_the_bound_of_onnxruntime_and_round_like_ml_dtypes(tmp_path):
-    b = Model(1)
+def products_model(tmp_path, seed: int):
+    """A model of every product of PRODUCTS (MatMul by constant weights, a bias, an
+    activation), saved: (its Model, path, output -> (input, weights, bias, K, activation),
+    onnxruntime's outputs)."""
+    b = Model(seed)
     cases = {}
     for i, (batch, m, k, n, bias, act) in enumerate(PRODUCTS):
         a = b.input(f"x{i}", (*batch, m, k))
@@ -109,6 +111,12 @@ def test_bf16_products_are_within_the_bound_of_onnxruntime_and_round_like_ml_dty
         cases[y] = (a, w, c, k, act)
     path = b.save(tmp_path / "m.onnx")
     want = b.reference(path)
+    return b, path, cases, want
+
+
+@needs_bf16
+def test_bf16_products_are_within_the_bound_of_onnxruntime_and_round_like_ml_dtypes(tmp_path):
+    b, path, cases, want = products_model(tmp_path, 1)
     compiled = nncc.compile_model(path, precision="bf16")
     assert compiled.native_partitions == len(compiled.plan.partitions), "a partition stayed portable"
     packed = [s.name for s in compiled.plan.slots if "#gemm" in s.name]

@@ -23,7 +23,7 @@ from nncc.compiler import CompileOptions
 from nncc.native.isa import vector_floats
 from nncc.native.toolchain import find_toolchain, missing_features, required_features
 from nncc.preparing.token import token_context
-from tests.test_native_bf16 import PRODUCTS, Model
+from tests.test_native_bf16 import PRODUCTS, Model, products_model
 
 NO_COMPILER = find_toolchain() is None
 # targets without AVX-512 BF16 at each vector width: each runs where this CPU has its features
@@ -48,21 +48,7 @@ ACTS = {"": lambda x: x, "Relu": lambda x: np.maximum(x, 0), "Tanh": np.tanh, "S
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_bf16_weights_are_within_the_bound_and_round_like_ml_dtypes(tmp_path, target):
-    b = Model(11)
-    cases = {}
-    for i, (batch, m, k, n, bias, act) in enumerate(PRODUCTS):
-        a = b.input(f"x{i}", (*batch, m, k))
-        w = b.const(f"w{i}", (k, n), 1 / np.sqrt(k))
-        y = b.op("MatMul", [f"x{i}", f"w{i}"], f"p{i}")
-        c = b.const(f"b{i}", (n,)) if bias else np.zeros(n, np.float32)
-        if bias:
-            y = b.op("Add", [y, f"b{i}"], f"z{i}")
-        if act:
-            y = b.op(act, [y], f"a{i}")
-        b.output(y)
-        cases[y] = (a, w, c, k, act)
-    path = b.save(tmp_path / "m.onnx")
-    want = b.reference(path)
+    b, path, cases, want = products_model(tmp_path, 11)
     compiled = nncc.compile_model(path, precision="bf16", target=target)
     assert compiled.native_partitions == len(compiled.plan.partitions), "a partition stayed portable"
     vl = vector_floats(target)
