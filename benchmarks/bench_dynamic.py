@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -63,7 +62,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 from bench_peers import table  # noqa: E402
 from machine_load import busy_seconds, children_cpu, other_load  # noqa: E402
-from peer_runtimes import openvino_model, ort_session, print_reported  # noqa: E402
+from peer_runtimes import join_shape_builds, openvino_model, ort_session, print_reported  # noqa: E402
 
 NNCC_RUNNERS = ("general", "shape plan", "native shape plan", "native shape plan bf16")
 PEERS = ("onnxruntime", "openvino")
@@ -140,9 +139,7 @@ def measure(path: pathlib.Path, shape: tuple, runner: str, threads: int, blocks:
     if model is not None:
         for _ in range(2):  # a shape's second run specialises it
             run(feeds)
-        for thread in threading.enumerate():  # the shape's native plan, built in the background
-            if thread.name.startswith("nncc-shape-"):
-                thread.join()
+        join_shape_builds()  # the shape's native plan, built in the background
     times = []
     for _ in range(blocks):
         run(feeds)

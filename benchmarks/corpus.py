@@ -113,8 +113,6 @@ def warm_cache(job: dict) -> dict:
     prepared through it, dynamic dimensions left dynamic, and run on the feeds until every
     plan its input shapes ask for (built in the background) is there; how many native
     partitions the plan that then runs holds."""
-    import threading
-
     import numpy as np  # lazy: as child_compile's
     import nncc  # lazy: as above
 
@@ -125,9 +123,7 @@ def warm_cache(job: dict) -> dict:
         model, _ = nncc.prepare(job["path"], cache_dir=job["warm_cache"], stage="optimized")
         for _ in range(3):
             model.run(feeds)
-            for thread in threading.enumerate():
-                if thread.name.startswith("nncc-shape-"):
-                    thread.join()
+            peer_runtimes.join_shape_builds()
         model.run(feeds)
     except Exception as exc:  # a finding for the table
         return {"error": first_line(exc)}

@@ -113,6 +113,17 @@ OPENERS = {"nncc": open_nncc, "onnxruntime": open_onnxruntime, "openvino": open_
 # -- child processes ------------------------------------------------------------------------------------
 
 
+def join_shape_builds() -> int:
+    """Wait for the native plans of input shapes nncc builds in background threads (named
+    nncc-shape-...: nncc.preparing.shapes); how many there were."""
+    import threading
+
+    building = [t for t in threading.enumerate() if t.name.startswith("nncc-shape-")]
+    for thread in building:
+        thread.join()
+    return len(building)
+
+
 def child_measure(job: dict) -> dict:
     """One runtime in this fresh process: first answer, first run, steady state."""
     import numpy as np
@@ -132,12 +143,8 @@ def child_measure(job: dict) -> dict:
     for _ in range(job["warmup"]):
         run(feeds)
     if job["runtime"].startswith("nncc"):  # a shape's own native plan builds in the background: wait
-        import threading
-
-        for thread in threading.enumerate():
-            if thread.name.startswith("nncc-shape-"):
-                thread.join()
-                run(feeds)
+        for _ in range(join_shape_builds()):
+            run(feeds)
     times = []
     for _ in range(job["iterations"]):
         start = clock()
