@@ -243,8 +243,12 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
     def finish(self) -> Unit:
         if self.deferred:  # a deferred Conv whose Add was not emitted: cannot happen
             raise AssertionError("a residual Conv was never written")
-        self.args = self.args[:self.n_inputs] + list(self.packed) + self.args[self.n_inputs:]
-        self.n_inputs += len(self.packed)
+        # an input no kernel takes (a weight every reader reads packed) is not an argument:
+        # an exported library would otherwise carry it in its weights file for nothing
+        taken = {root for step in self.steps for root, _ in step.buffers}
+        read = [name for name in self.args[:self.n_inputs] if name in taken]
+        self.args = read + list(self.packed) + self.args[self.n_inputs:]
+        self.n_inputs = len(read) + len(self.packed)
         args = {name: i for i, name in enumerate(self.args)}
         last_use: dict[str, int] = {}
         for index, step in enumerate(self.steps):
