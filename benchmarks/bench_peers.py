@@ -48,6 +48,7 @@ nothing about speed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -199,6 +200,8 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
             summary["rounds"] = len(ok)
             summary.update({k: ok[0][k] for k in ("version", "precision", "cache", "stage", "partitions",
                                                   "native_partitions") if k in ok[0]})
+        if summary.get("precision") and quantized_file(str(path)):
+            summary["precision"] = "int8"  # the file's own arithmetic, the same in every runtime
         row["runtimes"][runtime] = summary
     row["other_load"] = median(res.get("other_load") for rd in row["rounds"] for res in rd["results"].values())
     # the ratio compares like with like: the peers that computed at nncc's own precision
@@ -214,6 +217,20 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
         row["classes"], _ = spawn({"job": "profile", "path": str(path), "threads": args.threads,
                                    "runs": args.profile_runs, "dims": args.dims})
     return row
+
+
+# the operators of a quantized model: its products are int8 in every runtime, whatever the
+# float precision each runtime was told, so its columns all compare as int8
+QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                 "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm", "QLinearAdd"}
+
+
+@functools.lru_cache(maxsize=None)
+def quantized_file(path) -> bool:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(node.op_type in QUANTIZED_OPS for node in graph.node)
 
 
 def same_precision(a: str | None, b: str | None) -> bool:
@@ -289,13 +306,13 @@ def render(report: dict, markdown: bool) -> str:
                + ", ".join(f"{k} {v}" for k, v in versions.items())
                + f"; OpenBLAS kernel {blas.get('corename') or 'unknown'}.")
     precisions = sorted({r["runtimes"]["openvino"].get("precision") for r in main
-                         if r.get("runtimes", {}).get("openvino", {}).get("precision")})
+                         if r.get("runtimes", {}).get("openvino", {}).get("precision") not in (None, "int8")})
     if precisions:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(precisions)}.")
     out.append("Each column names the precision its runtime computed in (nncc: of its products by weights, bf16w "
                "being bfloat16 weights widened to float32 on a CPU without AVX-512 BF16; OpenVINO: the "
-               "INFERENCE_PRECISION_HINT it reports). nncc / best peer compares nncc (f32) with the peers that "
-               "computed in f32 only.")
+               "INFERENCE_PRECISION_HINT it reports; int8: a quantized model, whose products are int8 in every "
+               "runtime). nncc / best peer compares columns of the same precision only.")
     out.append("nncc compile s: the native compile, a prepare into an empty cache. Max rel diff: the largest "
                "|nncc - peer| of an output over that output's largest |peer| value, worst output. Other load: the "
                "cores other processes kept busy while the row was measured, median over its processes (/proc/stat "

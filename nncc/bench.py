@@ -581,9 +581,20 @@ def _settings_record(compiled, options, settings, dims) -> dict[str, Any]:
         # (f32 where no native code runs) and the deviation from float32 the compile measured
         "precision": compiled.plan.options.get("precision", options.get("precision", "f32")),
         "arithmetic": compiled.plan.options.get("arithmetic", "f32") if compiled.native_partitions else "f32",
+        # int8 where the model itself is quantized: its products are int8 in every runtime
+        "quantized": _quantized(compiled.plan),
         "native_partitions": compiled.native_partitions,  # of the model timed (0: portable code only)
         "precision_check": compiled.plan.options.get(PLAN_KEY),
     }
+
+
+# the operators whose products are integer: a model with one is quantized by its file
+_INTEGER_PRODUCTS = {"DynamicQuantizeMatMul", "QConv", "QGemm", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+                     "ConvInteger", "QAttention", "QLinearAdd", "QAdd"}
+
+
+def _quantized(plan) -> bool:
+    return any(kernel.split("::")[1] in _INTEGER_PRODUCTS for kernel in plan.kernels if kernel.count("::") >= 2)
 
 
 def _arena_bytes(compiled) -> int:

@@ -7,7 +7,7 @@ Small fixed models: ``relu_model`` (one Relu), ``matmul_model`` (x @ w + b, its 
 inline or external), ``mlp`` (two products with a Relu between, maybe a Softmax),
 ``layernorm_mlp`` (Gemm, LayerNormalization, LogSoftmax), and two convnets to quantize:
 ``convnet`` (Conv, MaxPool, Gemm) and ``gated_convnet`` (LeakyRelu, a Sigmoid gate,
-Concat, AveragePool).
+Concat, AveragePool); ``dynamic_quantize_matmul`` (one com.microsoft DynamicQuantizeMatMul).
 
 ``benchmark_model``: a model benchmarks/real_models.py builds, made as the benchmarks make
 it, in a process of its own with benchmarks/ on its path (the benchmarks are scripts, not
@@ -241,3 +241,27 @@ def one_native_partition(tmp_path, builder: GraphBuilder):
     name = builder.outputs[0].name
     (want,) = ort_run(path, builder.feeds, [name])
     return compiled, compiled.run(builder.feeds)[name], want
+
+
+def dynamic_quantize_matmul(rng, shape, n, b_zero, bias, per_column) -> onnx.ModelProto:
+    """One com.microsoft DynamicQuantizeMatMul of a float32 input ``shape`` by a constant int8
+    (K, n) matrix: scale per column or one, with a zero point and a bias or not."""
+    k = shape[-1]
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "b"),
+             numpy_helper.from_array((rng.uniform(0.01, 0.03, n) if per_column else np.array(0.02)).astype(np.float32),
+                                     "bs")]
+    names = ["a", "b", "bs", "", ""]
+    if b_zero:
+        zero = rng.integers(-9, 10, n) if per_column else np.array(4)
+        inits.append(numpy_helper.from_array(zero.astype(np.int8), "bz"))
+        names[3] = "bz"
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+        names[4] = "bias"
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("DynamicQuantizeMatMul", names, ["y"], domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 1, shape)],
+                              [helper.make_tensor_value_info("y", 1, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])

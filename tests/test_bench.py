@@ -17,11 +17,13 @@ import sys
 import textwrap
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
 from nncc.model import compile_model
 from nncc.native.toolchain import find_toolchain
+from tests.models import dynamic_quantize_matmul
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -196,6 +198,20 @@ def test_compare_runs_onnxruntime_at_its_defaults():
     for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
         with pytest.raises(Exception, match="does not have configuration"):
             ours.get_session_config_entry(key)
+
+
+def test_a_quantized_model_compares_int8_with_int8(tmp_path):
+    """A model its file quantizes computes its products in int8 in nncc and onnxruntime
+    alike: both columns say int8 and the ratios are given; a float model's say f32."""
+    path = tmp_path / "q.onnx"
+    onnx.save(dynamic_quantize_matmul(np.random.default_rng(0), (4, 32), 16, True, True, False), path)
+    for model, label in ((path, "int8"), (FIXTURES / "mlp.onnx", "f32")):
+        result = bench(model, "-n", 2, "--warmup", 0, "--compare", "onnxruntime", "--threads", 1)
+        assert result.returncode == 0, result.stderr
+        assert f"nncc ({label})" in result.stdout and f"onnxruntime ({label})" in result.stdout, result.stdout
+        assert "nncc / ort" in result.stdout
+    payload, _ = bench_json(path, "-n", 2, "--warmup", 0)
+    assert payload["settings"]["quantized"] is True
 
 
 @pytest.mark.slow  # a bench run against onnxruntime

@@ -17,6 +17,7 @@ import pytest
 
 import nncc
 from nncc.native.toolchain import find_toolchain
+from tests.models import dynamic_quantize_matmul
 from tests.oracle import ort_session
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
@@ -41,28 +42,6 @@ def _exact(a, inits):
     return y + inits["bias"] if "bias" in inits else y
 
 
-def _model(rng, shape, n, b_zero, bias, per_column):
-    k = shape[-1]
-    inits = [numpy_helper.from_array(rng.integers(-128, 128, (k, n)).astype(np.int8), "b"),
-             numpy_helper.from_array((rng.uniform(0.01, 0.03, n) if per_column else np.array(0.02)).astype(np.float32),
-                                     "bs")]
-    names = ["a", "b", "bs", "", ""]
-    if b_zero:
-        zero = rng.integers(-9, 10, n) if per_column else np.array(4)
-        inits.append(numpy_helper.from_array(zero.astype(np.int8), "bz"))
-        names[3] = "bz"
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
-        names[4] = "bias"
-    while not names[-1]:
-        names.pop()
-    node = helper.make_node("DynamicQuantizeMatMul", names, ["y"], domain="com.microsoft")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 1, shape)],
-                              [helper.make_tensor_value_info("y", 1, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                   helper.make_opsetid("com.microsoft", 1)])
-
-
 # the baseline x86-64 build is another compile of the same kernels: slow
 @pytest.mark.parametrize("target", [t if t == "native" else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS])
 def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
@@ -71,7 +50,7 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
                   ((2, 3, 13, 128), 130, True, True, True), ((200, 17), 65, False, True, False)]
     for i, (shape, n, b_zero, bias, per_column) in enumerate(geometries):
         path = tmp_path / f"m{i}.onnx"
-        proto = _model(rng, shape, n, b_zero, bias, per_column)
+        proto = dynamic_quantize_matmul(rng, shape, n, b_zero, bias, per_column)
         onnx.save(proto, path)
         inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
         model = nncc.compile_model(path, target=target)

@@ -102,12 +102,15 @@ def render(result: dict) -> None:
              f"{settings['threads']} threads, {result['iterations']} iterations"
              f"{' interleaved with onnxruntime ' + cmp['version'] if cmp else ''}")
     arithmetic = settings.get("arithmetic", "f32")  # what nncc's products by weights computed in
-    like = arithmetic == "f32"  # onnxruntime computes in float32: a ratio compares like with like only then
+    peer = "f32"  # onnxruntime computes in float32, or in int8 where the model is quantized
+    if settings.get("quantized"):
+        arithmetic = peer = "int8"
+    like = arithmetic == peer  # a ratio compares like with like only
     table = Table()
     table.add_column("measurement")
     table.add_column(f"nncc ({arithmetic})", justify="right")
     if cmp:
-        table.add_column("onnxruntime (f32)", justify="right")
+        table.add_column(f"onnxruntime ({peer})", justify="right")
         if like:
             table.add_column("nncc / ort", justify="right")
 
