@@ -12,7 +12,7 @@ import platform
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 import pytest
 
 import nncc
