@@ -90,19 +90,21 @@ class CompileOptions:
         if rest:  # a plugin's backend may own them
             for module in own.get("plugins", ()):
                 load_plugin(module)
-        settled = None
+        settled, taken = None, set()
         for backend in registered_backends():
             if backend.options_type is None:
                 continue
-            mine = {k: rest.pop(k) for k in backend.option_names() if k in rest}
+            mine = {k: rest[k] for k in backend.option_names() if k in rest}  # each owner of a name takes it
+            taken.update(mine)
             given = records.get(backend.name)
             if given is None:
                 if settled is None:
                     settled = dict(backend_records(resolved() if resolved is not None else ()))
                 given = settled.get(backend.name)
             records[backend.name] = backend.options_from(given, **mine)
-        if rest:
-            raise OptionError(f"unknown compile option {sorted(rest)[0]!r}")
+        unknown = sorted(set(rest) - taken)
+        if unknown:
+            raise OptionError(f"unknown compile option {unknown[0]!r}")
         return cls(**own, backend_options=records)
 
     def options_of(self, backend: str):
