@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nncc.errors import OptionError
-from nncc.native.toolchain import TARGETS
 
 NAME = "native"  # the native backend's name, under which the compile options carry its record
 
@@ -28,8 +27,11 @@ class NativeOptions:
     def __post_init__(self):
         if not isinstance(self.sanitize, bool):
             raise OptionError(f"the sanitize mode must be True or False, not {self.sanitize!r}")
-        if self.target not in TARGETS:
-            raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
+        if self.target != "native":  # the default needs no look-up: `nncc cache ls` makes this record too
+            from nncc.native.toolchain import TARGETS  # lazy: start-up
+
+            if not isinstance(self.target, str) or self.target not in TARGETS:
+                raise OptionError(f"unknown target {self.target!r}; choose from {', '.join(TARGETS)}")
         timeout = self.cc_timeout
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0):
