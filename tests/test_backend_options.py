@@ -42,6 +42,17 @@ def test_the_target_keyword_builds_for_that_isa_and_matches_onnxruntime(mlp_path
     np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler: the native backend builds nothing to target")
+def test_the_target_flag_reaches_the_artifact(cli, mlp_path, tmp_path):
+    out = tmp_path / "mlp.nncc"
+    code, stdout, _ = cli("compile", mlp_path, "-o", out, "--target", "x86-64-v2", "--no-cache", "--json")
+    assert code == 0 and json.loads(stdout)["written"]
+    model = nncc.load(out.read_bytes())
+    assert model.plan.options["native"]["target"] == "x86-64-v2" and model.native_partitions == 1
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ort_outputs(mlp_path, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_a_keyword_a_record_and_its_json_form_are_the_same_options():
     by_keyword = compile_options({"target": "x86-64-v3"}, DEFAULTS)
     by_record = compile_options({"backend_options": {"native": NativeOptions(target="x86-64-v3")}}, DEFAULTS)
