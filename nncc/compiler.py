@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from nncc.errors import ModelFormatError, NnccError
+from nncc.errors import ModelFormatError, OptionError
 
 if TYPE_CHECKING:
     from nncc.ir.graph import Graph
@@ -24,31 +25,26 @@ PRECISIONS = ("f32", "bf16", "auto")
 AUTO_TOLERANCE = 1e-2  # precision auto's tolerance when none is given
 
 
-class OptionError(NnccError):
-    exit_code = 2
-
-
 @dataclass(frozen=True)
 class CompileOptions:
     """Everything that changes the compiled result (and so belongs in a cache key), and
-    how native code is built: the command resolves those settings and the options carry
-    them to the C toolchain, which reads none itself."""
+    each backend's own options (``backend_options``: the native backend's target ISA and
+    how its C compiler runs, which the command resolves from its settings), which only
+    that backend reads and which reach the cache key through its ``compile_facts``."""
 
     preference: str = "fast-single-answer"
     opt_level: int = 2
     backends: tuple[str, ...] = ("native", "numpy")
     plugins: tuple[str, ...] = field(default_factory=tuple)
-    target: str = "native"  # the ISA native code is built for (nncc.native.toolchain.TARGETS)
     dims: tuple[tuple[str, int], ...] = ()  # symbolic input dimensions fixed to a size (a dict works too)
-    sanitize: bool = False  # native.sanitize: in the token through the toolchain's key (its flags)
-    cc_timeout: float | None = None  # native.cc_timeout, seconds per compiler run; None: the toolchain's default
     precision: str = "f32"  # PRECISIONS: bf16 changes native code, so the native backend's facts name it
-    cc: str | None = None  # $CC: the compiler ("" names none; None: cc, gcc or clang), in the token by its file
-    cc_jobs: int | None = None  # $NNCC_CC_JOBS, compiler runs at once; None: one per core (changes no code)
     # the largest relative deviation from float32 an output may have (nncc.preparing.calibration)
     tolerance: float | None = None
     calibration: str | None = None  # a folder of .npz feeds the deviation is measured on; None: random inputs
     keep_f32: tuple[str, ...] = ()  # weights whose products stay float32 (what precision auto chose)
+    # each backend's own option record by the backend's name, sorted (a dict works too, and
+    # a record's plain JSON form): nncc.backends.base.Backend.options_from checks it
+    backend_options: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         from nncc.backends.registry import registered_backends  # lazy: start-up
@@ -72,11 +68,48 @@ class CompileOptions:
             calibration_files(self.calibration)  # an empty or missing folder is bad input, now
         if self.opt_level not in (0, 1, 2):
             raise OptionError(f"optimization level must be 0, 1 or 2, not {self.opt_level}")
-        # the options a backend owns (the native target, the C compiler's time-out and job count) are its to check
+        object.__setattr__(self, "backend_options", backend_records(self.backend_options, self.plugins))
         for backend in registered_backends():
             problem = backend.check_options(self)
             if problem:
                 raise OptionError(problem)
+
+    @classmethod
+    def from_keywords(cls, keywords: dict, resolved=None) -> "CompileOptions":
+        """The options keyword options name, as the public API takes them: this record's
+        fields, and each backend's own options by their names (``target=``: the native
+        backend's), set in that backend's record. A backend given no record gets the one
+        ``resolved()`` returns for it (the command's settings, resolved only when a record
+        is missing), else its default. A keyword nobody takes is bad input."""
+        from nncc.backends.registry import load_plugin, registered_backends  # lazy: start-up
+
+        names = {f.name for f in dataclasses.fields(cls)}
+        own = {k: v for k, v in keywords.items() if k in names}
+        rest = {k: v for k, v in keywords.items() if k not in names}
+        records = dict(backend_records(own.pop("backend_options", ()), own.get("plugins", ())))
+        if rest:  # a plugin's backend may own them
+            for module in own.get("plugins", ()):
+                load_plugin(module)
+        settled, taken = None, set()
+        for backend in registered_backends():
+            if backend.options_type is None:
+                continue
+            mine = {k: rest[k] for k in backend.option_names() if k in rest}  # each owner of a name takes it
+            taken.update(mine)
+            given = records.get(backend.name)
+            if given is None:
+                if settled is None:
+                    settled = dict(backend_records(resolved() if resolved is not None else ()))
+                given = settled.get(backend.name)
+            records[backend.name] = backend.options_from(given, **mine)
+        unknown = sorted(set(rest) - taken)
+        if unknown:
+            raise OptionError(f"unknown compile option {unknown[0]!r}")
+        return cls(**own, backend_options=records)
+
+    def options_of(self, backend: str):
+        """The option record of the backend named ``backend``, or None when none was given."""
+        return dict(self.backend_options).get(backend)
 
     @property
     def threads(self) -> int:
@@ -106,6 +139,26 @@ class CompileOptions:
             if backend is not None:
                 options.update(backend.compile_facts(self))
         return options
+
+
+def backend_records(given, plugins=()) -> tuple[tuple[str, object], ...]:
+    """Backends' option records (a dict, or (name, record) pairs) by each backend's own
+    name, sorted, each checked by its backend: a record, or its plain JSON form. A name no
+    backend has is bad input (the ``plugins`` modules are loaded to look for it)."""
+    from nncc.backends.registry import get_backend, load_plugin, loaded_backend  # lazy: start-up
+
+    records = {}
+    for pair in given.items() if isinstance(given, dict) else given:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise OptionError(f"backend options are (backend name, options) pairs, not {pair!r}")
+        name, record = pair
+        backend = loaded_backend(name)
+        if backend is None:
+            for module in plugins:
+                load_plugin(module)
+            backend = get_backend(name)
+        records[backend.name] = backend.options_from(record)
+    return tuple(sorted(records.items(), key=lambda item: item[0]))
 
 
 def calibration_files(folder: str) -> list[str]:

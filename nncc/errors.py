@@ -15,6 +15,12 @@ class NnccError(Exception):
             self.hint = hint
 
 
+class OptionError(NnccError):
+    """A compile option (or a backend's own option) is wrong."""
+
+    exit_code = 2
+
+
 class ModelFormatError(NnccError):
     """The model file is not a well-formed ONNX model."""
 

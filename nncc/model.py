@@ -178,7 +178,9 @@ def _same_seal(seal, message: bytes) -> bytes | None:
 
 def compile_model(path: str | os.PathLike, model_bytes: bytes | None = None, **options) -> CompiledModel:
     """Read an ONNX model and compile it. Options: preference, opt_level, backends, plugins,
-    target, dims, precision ("bf16": products by constant weights in bfloat16, docs/native.md).
+    dims, precision ("bf16": products by constant weights in bfloat16, docs/native.md), and
+    a backend's own options by name (``target``: the native backend's ISA), or whole
+    records by backend name (``backend_options``: nncc.backends.base.Backend.options_from).
     ``model_bytes``: the file's bytes when already read (external data is found next to
     ``path``)."""
     bound_memory()

@@ -426,21 +426,15 @@ def _compiler_jobs() -> int | None:
     return chosen if chosen > 0 else None
 
 
-@dataclass(frozen=True)
-class BuildSettings:
-    """How native code is built (native.sanitize, native.cc_timeout, $CC, $NNCC_CC_JOBS),
-    resolved once per command: the compile options carry it to the C toolchain, which
-    reads none itself."""
+def build_settings() -> tuple[tuple[str, Any], ...]:
+    """The backends' own option records as this command's settings make them, by backend
+    name: the native backend's (nncc.backends.native_options) sanitize mode, compiler
+    time-out, $CC and $NNCC_CC_JOBS, since its toolchain reads none itself (a --target, a
+    compile option, is set over it)."""
+    from nncc.backends.native_options import NativeOptions  # lazy: start-up (the toolchain module)
 
-    sanitize: bool = False
-    cc_timeout: float | None = None  # seconds per compiler run; None: the toolchain's default
-    cc: str | None = None  # $CC: the compiler to use ("" names none); None: the first of cc, gcc, clang
-    cc_jobs: int | None = None  # compiler processes at once; None: one per core this process may use
-
-
-def build_settings() -> BuildSettings:
-    return BuildSettings(bool(value("native.sanitize")), value("native.cc_timeout"), c_compiler(),
-                         _compiler_jobs())
+    return (("native", NativeOptions(sanitize=bool(value("native.sanitize")), cc_timeout=value("native.cc_timeout"),
+                                     cc=c_compiler(), cc_jobs=_compiler_jobs())),)
 
 
 @dataclass(frozen=True)
@@ -457,7 +451,8 @@ class CacheSettings:
     trust_remote_native: bool = False  # remote.trust_native
     shape_plans: int | None = 8  # run.shape_plans; None: off
     trust_shared: bool = False  # cache.trust_shared: use a folder another user owns or others can write
-    build: BuildSettings = BuildSettings()  # how native code is built
+    # the backends' own option records (build_settings: how native code is built), by backend name
+    backend_options: tuple[tuple[str, Any], ...] = ()
     # the remote tier's record (nncc.cache.remote.record.RemoteSettings), resolved on
     # first use and then kept for the command (with_remote): a local hit never reads the
     # key file nor imports remote code. None: no remote tier for this prepare.
@@ -472,7 +467,7 @@ def cache_settings(cache_dir_flag=None, hash_mode_flag=None) -> CacheSettings:
                          upgrade_after=value("cache.upgrade_after"),
                          trust_remote_native=bool(value("remote.trust_native")),
                          shape_plans=value("run.shape_plans"), trust_shared=value("cache.trust_shared"),
-                         build=build_settings())
+                         backend_options=build_settings())
 
 
 REMOTE_KEYS = ("remote.url", "remote.key_file", "remote.trust_native", "remote.timeout", "remote.lease",

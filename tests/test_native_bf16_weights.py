@@ -109,7 +109,7 @@ def test_the_weights_arithmetic_has_its_own_token():
     """No x86-64 level includes AVX-512 BF16, so each computes bf16 as bfloat16 weights, and
     the backend's facts say so: a CPU with it (vdpbf16ps, another arithmetic) names "bf16"."""
     native = NativeBackend()
-    f32, v3, v4 = (CompileOptions(precision=p, target=t) for p, t in
+    f32, v3, v4 = (CompileOptions.from_keywords({"precision": p, "target": t}) for p, t in
                    (("f32", "x86-64-v3"), ("bf16", "x86-64-v3"), ("bf16", "x86-64-v4")))
     assert "arithmetic" not in native.compile_facts(f32)
     assert native.compile_facts(v3)["arithmetic"] == native.compile_facts(v4)["arithmetic"] == "bf16w"

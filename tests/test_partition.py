@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 import nncc
 from nncc.backends.registry import PluginError, get_backend, load_plugin, register_backend
-from nncc.errors import PlanFormatError, ShapeInferenceError
+from nncc.errors import OptionError, PlanFormatError, ShapeInferenceError
 from tests.conftest import FIXTURES, ROOT
 from tests.oracle import ort_outputs
 
@@ -237,6 +237,25 @@ def test_backend_priority_order_decides(mixed_model):
     compiled = nncc.compile_model(path, backends=("numpy", "mulsub"), plugins=(PLUGIN,), opt_level=0)
     assert [b for b, _ in partitions_of(compiled)] == ["numpy"]  # numpy asked first takes all
     assert_matches_ort(compiled, path, feeds)
+
+
+def test_a_plugin_backends_own_option_reaches_it_and_the_token(mixed_model, plugin):
+    """A plugin backend's own option (its record, MulSubOptions) is a keyword like the
+    native backend's target: it reaches the backend's compile and, through the backend's
+    facts, the cache token."""
+    from nncc.preparing.compiling import compile_options
+    from nncc.preparing.token import token_context
+
+    path, feeds = mixed_model
+    compiled = nncc.compile_model(path, backends=MULSUB, plugins=(PLUGIN,), opt_level=0, mulsub_ops=["Sub"])
+    taken = [i for i, (backend, _) in enumerate(partitions_of(compiled)) if backend == "mulsub"]
+    assert [name for i in taken for name in node_names(compiled, i)] == ["s1", "s2"]
+    assert {"node": "m1", "op": "Mul", "reason": "mulsub: takes only Sub"} in compiled.plan.fallbacks
+    assert_matches_ort(compiled, path, feeds)
+    plain = {"backends": MULSUB, "plugins": (PLUGIN,)}
+    assert token_context(compile_options(dict(plain, mulsub_ops=["Sub"]))) != token_context(compile_options(plain))
+    with pytest.raises(OptionError, match=r"mulsub_ops must name some of Mul, Sub, not \['Div'\]"):
+        nncc.compile_model(path, backends=MULSUB, plugins=(PLUGIN,), mulsub_ops=["Div"])
 
 
 def test_independent_chains_share_one_partition(tmp_path):

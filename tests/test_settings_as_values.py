@@ -1,6 +1,7 @@
 """The core receives its settings as values: a command resolves them once, and the compile
-options carry how native code is built (sanitize mode, compiler time-out) to the C
-toolchain, which reads no setting itself (the floors' contract keeps it so)."""
+options carry how native code is built (sanitize mode, compiler time-out), in the native
+backend's own record, to the C toolchain, which reads no setting itself (the floors'
+contract keeps it so)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_the_compile_options_carry_the_native_settings_to_the_toolchain(monkeypa
     from nncc.preparing.token import token_context
     from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain
     from nncc.preparing.compiling import compile_options
-    from nncc.settings import BuildSettings
+    from nncc.backends.native_options import NativeOptions
 
     if find_toolchain() is None:
         pytest.skip("no C compiler on this machine: no toolchain to carry the settings to")
@@ -33,15 +34,18 @@ def test_the_compile_options_carry_the_native_settings_to_the_toolchain(monkeypa
     monkeypatch.setenv("NNCC_CC_TIMEOUT", "7")
     opts = compile_options({})  # no resolved record given: resolved now, from the environment
     toolchain = get_backend("native").for_compile(opts).toolchain  # the backend finds the compiler
-    assert (opts.sanitize, opts.cc_timeout) == (True, 7.0)
+    native_record = opts.options_of("native")
+    assert (native_record.sanitize, native_record.cc_timeout) == (True, 7.0)
     assert toolchain.sanitize and toolchain.timeout == 7.0 and set(SANITIZE_FLAGS) <= set(toolchain.flags)
     # the token's toolchain key is the one a sanitizing toolchain has, whoever asked for it
     assert toolchain.key() == find_toolchain(sanitize=True).key() != find_toolchain(sanitize=False).key()
-    plain = compile_options({}, BuildSettings(sanitize=False, cc_timeout=7.0))  # a record wins over the env
+    # a resolved record wins over the environment
+    plain = compile_options({}, (("native", NativeOptions(sanitize=False, cc_timeout=7.0)),))
     native = get_backend("native")
     assert not native.for_compile(plain).toolchain.sanitize and token_context(plain) != token_context(opts)
     # the time-out changes no code: not in the token
-    assert token_context(plain) == token_context(compile_options({}, BuildSettings(False, 300.0)))
+    resolved = (("native", NativeOptions(sanitize=False, cc_timeout=300.0)),)
+    assert token_context(plain) == token_context(compile_options({}, resolved))
 
 
 def test_a_command_that_prepares_many_times_resolves_its_settings_once(tmp_path, monkeypatch):

@@ -7,8 +7,16 @@ order the user lists backends, through these hooks:
   finds its C compiler here); ``compile_facts(options)``: what else changes its output
   (a compiler's version, an option only it reads such as the native precision), merged
   into the options a cache key covers.
-* ``check_options(options)``: why options this backend owns (the native backend's
-  target ISA) are wrong, asked of every registered backend when options are made.
+* ``options_type``: the frozen record of the options only this backend reads (the native
+  backend's: nncc.backends.native_options), or None. The compile options carry one record
+  per backend, by its name (``CompileOptions.backend_options``); ``default_options()`` is
+  the record when a compile gives none, ``options_from(given, **changes)`` checks one (a
+  record or its plain JSON form, with keyword options such as ``target=`` over it, which
+  ``option_names()`` lists), and ``own_options(options)`` finds it in a compile's options.
+  The cache token sees a record only through ``compile_facts``.
+* ``check_options(options)``: why compile options are wrong for this backend (beyond
+  its own record, which checks itself), asked of every registered backend when options
+  are made.
 * ``build_tool(options)``: the key of the tool a slow backend builds with here (a C
   compiler), or None when it has none: what a failed build is recorded against, and
   whether a later, optimized stage can be built at all.
@@ -39,12 +47,14 @@ order the user lists backends, through these hooks:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from nncc.backends.unit import Unit, UnitSource, instruction_unit
+from nncc.errors import OptionError
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.kernels.registry import resolve
 from nncc.plan.plan import BackendPayload, Plan
@@ -100,6 +110,8 @@ class Backend:
     # Its payload is machine code: it runs only when trusted (signed, or nncc's own cache).
     payload_is_code: bool = False
     code_noun: str = "compiled code"  # what warnings call its payload
+    # The frozen dataclass of the options only this backend reads, or None: it owns none.
+    options_type: type | None = None
 
     def for_compile(self, options) -> "Backend":
         """This backend set up for one compile with ``options`` (nncc.compiler.CompileOptions)."""
@@ -108,6 +120,43 @@ class Backend:
     def check_options(self, options) -> str | None:
         """Why ``options`` are wrong for this backend (one clause), or None."""
         return None
+
+    def default_options(self):
+        """This backend's option record when a compile gives none (None: it owns none)."""
+        return None if self.options_type is None else self.options_type()
+
+    def option_names(self) -> tuple[str, ...]:
+        """The keyword options that are this backend's own (``compile_model(path,
+        target=...)``): the fields of its record."""
+        return () if self.options_type is None else tuple(f.name for f in dataclasses.fields(self.options_type))
+
+    def options_from(self, given=None, **changes):
+        """This backend's option record: ``given`` (a record, its plain JSON form, or None
+        for the defaults) with ``changes`` (keyword options it owns) over it, checked."""
+        if self.options_type is None:
+            if given is None and not changes:
+                return None
+            raise OptionError(f"backend {self.name!r} takes no options")
+        if given is None:
+            record = self.default_options()
+        elif isinstance(given, self.options_type):
+            record = given
+        elif isinstance(given, dict):
+            unknown = sorted(set(given) - set(self.option_names()))
+            if unknown:
+                raise OptionError(f"backend {self.name!r} has no option {unknown[0]!r}; "
+                                  f"its options: {', '.join(self.option_names())}")
+            record = self.options_type(**given)
+        else:
+            raise OptionError(f"backend {self.name!r} takes its options as a {self.options_type.__name__} "
+                              f"or a dict, not {type(given).__name__}")
+        return dataclasses.replace(record, **changes) if changes else record
+
+    def own_options(self, options):
+        """This backend's record in the compile ``options`` (nncc.compiler.CompileOptions),
+        else its default."""
+        record = options.options_of(self.name)
+        return self.default_options() if record is None else record
 
     def build_tool(self, options) -> dict[str, Any] | None:
         """The JSON key of the tool this backend builds with for ``options`` here (a C

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from nncc.backends.base import Backend, CompiledPartition, Partition
+from nncc.backends.native_options import NAME, NativeOptions
 from nncc.backends.unit import Call, Unit, UnitSource
 from nncc.errors import PlanFormatError
 from nncc.ir.graph import Graph, TensorInfo
 from nncc.native.precision import arithmetic, say_if_unavailable
-from nncc.native.toolchain import TARGETS, NativeBuildError, find_toolchain, is_sanitized
+from nncc.native.toolchain import NativeBuildError, find_toolchain, is_sanitized
 from nncc.plan.plan import BackendPayload, Plan
 from nncc.util.notice import warn
 
@@ -51,13 +52,14 @@ class NativeCall:
 
 
 class NativeBackend(Backend):
-    name = "native"
+    name = NAME
     version = "1"
     maker = "nncc"
     targets = "cpu (generated C, system compiler, BLAS)"
     slow_to_build = True
     payload_is_code = True
     code_noun = "native code"
+    options_type = NativeOptions  # the target ISA and how the C compiler runs
 
     def __init__(self, toolchain=None, precision: str = "f32", objects=None, keep_f32: tuple[str, ...] = ()):
         self.toolchain = toolchain
@@ -66,22 +68,13 @@ class NativeBackend(Backend):
         self.keep_f32 = keep_f32  # weights whose products stay float32 whatever the precision
 
     def for_compile(self, options) -> "NativeBackend":
-        toolchain = toolchain_for(options)
+        native = self.own_options(options)
+        toolchain = toolchain_for(native)
         say_if_unavailable(options.precision, toolchain is not None)  # once per process: the compile asked for it
-        return NativeBackend(toolchain, arithmetic(options.precision, options.target), keep_f32=options.keep_f32)
-
-    def check_options(self, options) -> str | None:
-        if options.target not in TARGETS:
-            return f"unknown target {options.target!r}; choose from {', '.join(TARGETS)}"
-        if options.cc_timeout is not None and not options.cc_timeout > 0:
-            return f"the C compiler's time-out must be a number of seconds above 0, not {options.cc_timeout}"
-        jobs = options.cc_jobs
-        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
-            return f"the compiler runs at once must be a whole number above 0, not {jobs!r}"
-        return None
+        return NativeBackend(toolchain, arithmetic(options.precision, native.target), keep_f32=options.keep_f32)
 
     def build_tool(self, options) -> dict | None:
-        toolchain = toolchain_for(options)
+        toolchain = toolchain_for(self.own_options(options))
         return None if toolchain is None else toolchain.key()
 
     def keeping_objects(self, store) -> "NativeBackend":
@@ -93,7 +86,7 @@ class NativeBackend(Backend):
         facts = {"toolchain": self.build_tool(options)}
         if options.precision != "f32":
             facts["precision"] = options.precision
-            facts["arithmetic"] = arithmetic(options.precision, options.target)  # precision.ARITHMETICS
+            facts["arithmetic"] = arithmetic(options.precision, self.own_options(options).target)  # ARITHMETICS
         return facts
 
     def partition(self, graph: Graph, infos: dict[str, TensorInfo]) -> dict[int, int | None]:
@@ -211,10 +204,10 @@ class NativeBackend(Backend):
                     kind="native")
 
 
-def toolchain_for(options):
-    """The C compiler the compile options ask for (target, sanitize mode, time-out, $CC,
+def toolchain_for(native: NativeOptions):
+    """The C compiler the native options ask for (target, sanitize mode, time-out, $CC,
     jobs: the command's resolved settings), or None when there is none."""
-    return find_toolchain(options.target, options.sanitize, options.cc_timeout, options.cc, options.cc_jobs)
+    return find_toolchain(native.target, native.sanitize, native.cc_timeout, native.cc, native.cc_jobs)
 
 
 def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:

@@ -47,6 +47,7 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     with the nodes that keep it from doing so. Exit codes: 0 exported (or up to date), 1
     failure, 2 usage error or bad input (a model that cannot stand alone included), 130
     interrupted (Ctrl-C), 143 terminated (SIGTERM)."""
+    from nncc.backends.native_options import native_options  # lazy: start-up
     from nncc.cli.progress import live_progress  # lazy: start-up
     from nncc.cli.sources import read_onnx_source  # lazy: start-up
     from nncc.export.writer import check_folder, check_name, default_name, export as export_model  # lazy: start-up
@@ -72,20 +73,20 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
 
             started = time.perf_counter()
             bound_memory()
-            plan = compile_keeping(model, source, options, settings.build, objects)
+            plan = compile_keeping(model, source, options, settings.backend_options, objects)
             return Prepared(plan), CacheOutcome("disabled", None, time.perf_counter() - started)
         return prepare_plan(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                             trust_shared=trust_shared, hash_mode=hash_mode, stage="optimized", settings=settings,
                             **options)
 
     def recompile(objects):
-        return compile_keeping(model, source, options, settings.build, objects)
+        return compile_keeping(model, source, options, settings.backend_options, objects)
 
     from nncc.export.standalone import NotExportable  # lazy: start-up
 
     try:
         with live_progress(), progress.task(f"exporting {os.path.basename(model)}"):
-            result = export_model(model, output, name, prepare, settings.build, embed_weights, recompile,
+            result = export_model(model, output, name, prepare, native_options(settings.backend_options), embed_weights, recompile,
                                   bool(trust_shared or settings.trust_shared))
     except NotExportable as exc:
         if not exc.nodes:

@@ -28,7 +28,7 @@ def cache_report(path: str, model_bytes: bytes, options: dict, cache_dir, trust_
     be read (``detail`` says why). ``token`` is the one `nncc run` with the same options
     stores under (and `nncc cache pull` takes), whether or not it is cached."""
     settings = cache_settings(cache_dir)
-    opts = compile_options(options, settings.build)  # built as a run would build it: the same token
+    opts = compile_options(options, settings.backend_options)  # built as a run would build it: the same token
     directory = settings.directory
     trust_shared = settings.trust_shared if trust_shared is None else trust_shared
 

@@ -72,8 +72,9 @@ def open_store(directory: str | None, trust_shared: bool = False):
 
 def compile_keeping(model: str, model_bytes: bytes, options: dict, build, objects: Keeping):
     """The Plan of ``model`` compiled in this process as the cache's compile does
-    (``options`` as nncc.model.prepare takes them, ``build``: the command's BuildSettings),
-    every kernel object it builds or finds kept in ``objects``."""
+    (``options`` as nncc.model.prepare takes them, ``build``: the backends' option records
+    the command's settings resolved), every kernel object it builds or finds kept in
+    ``objects``."""
     from nncc.frontend.onnx import load_model  # lazy: onnx
 
     return compile_graph(load_model(model, model_bytes), compile_options(options, build), objects)

@@ -55,15 +55,15 @@ def check_name(name: str) -> str:
     return name
 
 
-def export(model: str, folder: str, name: str, prepare, build, embed_weights: bool = False,
+def export(model: str, folder: str, name: str, prepare, native, embed_weights: bool = False,
            recompile=None, trust_shared: bool = False) -> Exported:
     """Export ``model`` into ``folder`` as library ``name``. ``prepare(objects)``: the
     compile through the cache, ``(Prepared, CacheOutcome)``; one that compiles in this
-    process (no cache) keeps its kernel objects in ``objects``; ``build``: the command's
-    nncc.settings.BuildSettings; ``recompile(objects)``: the same compile again in this
+    process (no cache) keeps its kernel objects in ``objects``; ``native``: how the
+    command's settings build native code (nncc.backends.native_options); ``recompile(objects)``: the same compile again in this
     process, keeping the objects it builds or finds in ``objects`` (for when the cache
     lacks one); ``trust_shared``: the cache folder may be shared (--trust-shared-cache)."""
-    if find_toolchain(cc=build.cc) is None:  # the export is native code, built and linked by it
+    if find_toolchain(cc=native.cc) is None:  # the export is native code, built and linked by it
         raise NotExportable("no C compiler to build the library with (cc, gcc or clang on PATH, or $CC)")
     compiled = Keeping()
     prepared, outcome = prepare(compiled)
@@ -82,7 +82,7 @@ def export(model: str, folder: str, name: str, prepare, build, embed_weights: bo
         if any(key not in objects for key in spec.objects):
             raise NotExportable("the compiled native code's objects could not be found or rebuilt")
     target = (prepared.plan.options.get("native") or {}).get("target", "native")
-    toolchain = find_toolchain(target, spec.sanitized, build.cc_timeout, build.cc, build.cc_jobs)
+    toolchain = find_toolchain(target, spec.sanitized, native.cc_timeout, native.cc, native.cc_jobs)
     if toolchain is None:
         raise NotExportable("no C compiler to link the library with")
     offsets, size = layout(spec.constants)

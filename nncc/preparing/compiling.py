@@ -11,19 +11,14 @@ from nncc.errors import ModelFormatError
 from nncc.settings import build_settings
 
 
-BUILD_FIELDS = ("sanitize", "cc_timeout", "cc", "cc_jobs")  # how native code is built: BuildSettings' fields
-
-
 def compile_options(options: dict, build=None):
-    """CompileOptions from keyword options or their JSON form (lists become tuples).
-    ``build``: the command's resolved nncc.settings.BuildSettings, for how native code is
-    built where the options do not say (their JSON form does); None resolves them now."""
+    """CompileOptions from keyword options or their JSON form (lists become tuples): a
+    backend's own options (``target=``) go into its record. ``build``: the backends' option
+    records the command's settings resolved (nncc.settings.build_settings), the base of a
+    backend's record the options do not give whole (their JSON form does); None resolves
+    them now, only when one is missing."""
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    if any(name not in options for name in BUILD_FIELDS):
-        if build is None:
-            build = build_settings()
-        options = {name: getattr(build, name) for name in BUILD_FIELDS} | options
-    return CompileOptions(**options)
+    return CompileOptions.from_keywords(options, build_settings if build is None else lambda: build)
 
 
 def compile_source(source, opts, cache=None):

@@ -55,7 +55,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     source = ModelSource(path, model_bytes)
     if settings is None:
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
-    opts = compile_options(options, settings.build)
+    opts = compile_options(options, settings.backend_options)
     if trust_shared is None:
         trust_shared = settings.trust_shared
     policy = StagePolicy(opts, stage, background, settings, trust_shared)
@@ -108,7 +108,7 @@ def resolve_settings(cache_dir, hash_mode, use_cache: bool, remote_url: str | No
     if not use_cache:  # only what a compile without the cache uses
         return CacheSettings("", None, None, "content", upgrade_after=value("cache.upgrade_after"),
                              shape_plans=value("run.shape_plans"),  # trust_shared: no folder is used
-                             build=build_settings())
+                             backend_options=build_settings())
     return with_remote(cache_settings(cache_dir, hash_mode), remote_url)  # the remote tier's too, now
 
 

@@ -74,7 +74,7 @@ class NativeShapes:
         nothing and never fails a run: a cache that cannot be read is a miss."""
         if not os.path.isdir(self.directory):
             return None
-        opts = compile_options(self.options_for(dims), self.settings.build)
+        opts = compile_options(self.options_for(dims), self.settings.backend_options)
         trust_shared = self.prepare_args.get("trust_shared")
         if trust_shared is None:
             trust_shared = self.settings.trust_shared
@@ -98,7 +98,7 @@ class NativeShapes:
     def wanted(self) -> bool:
         """Whether a fixed-size native plan is ever built in the background here."""
         if self._wanted is None:
-            opts = compile_options(self.options, self.settings.build)
+            opts = compile_options(self.options, self.settings.backend_options)
             self._wanted = upgrades_wanted(opts, self.settings.upgrade_after)
         return self._wanted
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from nncc.backends.base import Backend, CompiledPartition, Instruction
 from nncc.backends.registry import register_backend
-from nncc.errors import ShapeInferenceError
+from nncc.errors import OptionError, ShapeInferenceError
 from nncc.ir.graph import TensorInfo
 from nncc.kernels.registry import Ctx, kernel, resolve
 from nncc.kernels.shapes import broadcast
@@ -136,12 +136,40 @@ def sub(ctx: Ctx, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # -- the backend ------------------------------------------------------------------------------
 
 
+OPS = ("Mul", "Sub")
+
+
+@dataclass(frozen=True)
+class MulSubOptions:
+    """The backend's own option, which only it reads: the ops it takes
+    (``compile_model(path, mulsub_ops=["Mul"])``)."""
+
+    mulsub_ops: tuple[str, ...] = OPS
+
+    def __post_init__(self):
+        object.__setattr__(self, "mulsub_ops", tuple(self.mulsub_ops))  # its JSON form has a list
+        unknown = [op for op in self.mulsub_ops if op not in OPS]
+        if unknown or not self.mulsub_ops:
+            raise OptionError(f"mulsub_ops must name some of {', '.join(OPS)}, not {list(self.mulsub_ops)}")
+
+
 class MulSubBackend(Backend):
     name = "mulsub"
     version = __version__
     maker = "nncc test suite"
     targets = "float32 Mul and Sub (numpy)"
-    OPS = ("Mul", "Sub")
+    options_type = MulSubOptions
+
+    def __init__(self, ops: tuple[str, ...] = OPS):
+        self.ops = ops
+
+    def for_compile(self, options) -> "MulSubBackend":
+        return type(self)(self.own_options(options).mulsub_ops)
+
+    def compile_facts(self, options) -> dict:
+        """Fewer ops is another compile; the default keeps every other token as it was."""
+        ops = self.own_options(options).mulsub_ops
+        return {} if ops == OPS else {"mulsub_ops": list(ops)}
 
     def partition(self, graph, infos):
         return {
@@ -155,8 +183,8 @@ class MulSubBackend(Backend):
         return None
 
     def reject_reason(self, node, graph, infos) -> str | None:
-        if node.domain != "" or node.op_type not in self.OPS:
-            return f"takes only {' and '.join(self.OPS)}"
+        if node.domain != "" or node.op_type not in self.ops:
+            return f"takes only {' and '.join(self.ops)}"
         if graph.opset("") < 7:
             return "needs opset 7 or later (numpy broadcasting)"
         for name in list(node.inputs) + list(node.outputs):
