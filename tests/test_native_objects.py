@@ -226,3 +226,30 @@ def test_two_processes_filling_one_object_cache_at_once(setup):
     rows = setup.object_rows()
     for key in set(entries["a.onnx"]["objects"]) | set(entries["b.onnx"]["objects"]):
         assert blake3(setup.object_path(key).read_bytes()).hexdigest() == rows[key]["hash"]
+
+
+def test_one_process_filling_two_caches_compiles_each_unit_once(setup):
+    """A process that prepares a model into one cache, then into another (a build script, a
+    test suite), compiles each unit once: the second cache gets the same objects, stored
+    and listed as its own, and its compile only links."""
+    script = ("import sys, numpy as np, nncc\n"
+              "model, cache_a, cache_b, x, log = sys.argv[1:]\n"
+              "nncc.prepare(model, cache_dir=cache_a, stage='optimized')\n"
+              "first = open(log).read(); open(log, 'w').close()\n"
+              "b, _ = nncc.prepare(model, cache_dir=cache_b, stage='optimized')\n"
+              "assert b.native_partitions == 1\n"
+              "np.save(x + '.out.npy', b.run({'x': np.load(x)})['y'])\n")
+    setup.log.write_text("")
+    cache_b = setup.tmp / "cache-b"
+    env = dict(os.environ, CC=str(setup.cc), PYTHONPATH=str(ROOT))
+    env.pop("NNCC_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-c", script, str(setup.a), str(setup.cache), str(cache_b), str(setup.x),
+                           str(setup.log)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    calls = [line for line in setup.log.read_text().splitlines() if line.strip() != "--version"]
+    assert len(calls) == 1 and _links(calls) == calls, calls
+    a_objects, b_objects = setup.entries()["a.onnx"]["objects"], setup.entries(cache_b)["a.onnx"]["objects"]
+    assert a_objects == b_objects and len(b_objects) >= 3  # the runtime, a kernel, the entry points
+    assert set(setup.object_rows(cache_b)) == set(b_objects)
+    want = ort_run(setup.a, {"x": np.load(setup.x)})[0]
+    np.testing.assert_allclose(np.load(str(setup.x) + ".out.npy"), want, rtol=1e-4, atol=1e-4)

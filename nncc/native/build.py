@@ -2,11 +2,13 @@
 parallel, then link the shared object from every unit's object.
 
 Objects are named by ``Toolchain.object_key`` (source, compiler, version, flags), so a unit
-that is the same text under the same compiler is compiled once: by this process without a
-cache directory (``MemoryObjects``), for good with one (the cache's kernel object store,
-nncc/cache/objects.py, which the caller that opened the cache passes down as ``store``). A
-store hands back only bytes it has verified, and the link reads those bytes, never a file
-in the cache.
+that is the same text under the same compiler is compiled once: by this process
+(``MemoryObjects``, which also serves a cache that lacks an object this process built: the
+runtime unit alone costs a second and a half of compiler time, and a process that fills
+several caches, a test suite or a build script, would pay it for each), and for good with a
+cache directory (the cache's kernel object store, nncc/cache/objects.py, which the caller
+that opened the cache passes down as ``store``). A store hands back only bytes it has
+verified, and the link reads those bytes, never a file in the cache.
 How many compiler runs go at once is the toolchain's (``Toolchain.jobs``, from the
 command's settings).
 """
@@ -20,15 +22,23 @@ class MemoryObjects:
     """Objects and linked libraries kept for the life of the process (linking is skipped
     only here: with a cache, the link is what turns verified objects into code)."""
 
+    LIMIT = 256 << 20  # bytes of objects kept; the oldest go first beyond it
+
     def __init__(self):
         self.objects: dict[str, bytes] = {}
         self.linked: dict[tuple, bytes] = {}
+        self.size = 0
 
     def load(self, key: str) -> bytes | None:
         return self.objects.get(key)
 
     def save(self, key: str, data: bytes) -> None:
+        if key in self.objects:
+            return
         self.objects[key] = data
+        self.size += len(data)
+        while self.size > self.LIMIT and len(self.objects) > 1:
+            self.size -= len(self.objects.pop(next(iter(self.objects))))
 
 
 _MEMORY = MemoryObjects()
@@ -46,12 +56,20 @@ def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, l
         if key in objects or key in missing:
             continue
         data = store.load(key)
+        if data is None and store is not _MEMORY:
+            data = _MEMORY.load(key)  # built by this process for another cache (or none)
+            if data is not None:
+                store.save(key, data)
         if data is None:
             missing[key] = source
         else:
             objects[key] = data
     if missing:
-        objects.update(_compile_all(toolchain, missing, store))
+        built = _compile_all(toolchain, missing, store)
+        if store is not _MEMORY:
+            for key, data in built.items():
+                _MEMORY.save(key, data)
+        objects.update(built)
     link_key = tuple(keys)  # each key covers the compiler already
     if store is _MEMORY and link_key in _MEMORY.linked:
         return _MEMORY.linked[link_key], keys
