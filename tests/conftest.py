@@ -36,6 +36,20 @@ def missing_requirements() -> list[str]:
     return missing
 
 
+def marked_slow_as_a_whole(path: pathlib.Path) -> bool:
+    """The test file says ``pytestmark = pytest.mark.slow`` (a comment after it may say why)."""
+    return any(line.split("#")[0].strip() == "pytestmark = pytest.mark.slow" for line in path.read_text().splitlines())
+
+
+def pytest_ignore_collect(collection_path, config):
+    # The quick tier would deselect every test of such a file: not importing it saves its
+    # collection (enumerating the ONNX node cases alone takes seconds).
+    if config.option.markexpr.strip() == "not slow" and collection_path.suffix == ".py" \
+            and collection_path.name.startswith("test_") and marked_slow_as_a_whole(collection_path):
+        return True
+    return None
+
+
 def pytest_configure(config):
     # The suite needs its test extra: without it, a test would fail on an import, or a
     # missing oracle would pass for a skip. One message instead, before any test runs.
@@ -50,10 +64,9 @@ def pytest_configure(config):
     os.environ.pop("NNCC_TRUST_KEY_FILE", None)
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    # No test may touch the user's real nncc cache, nor sign with (or create) their key, nor
-    # read or write the user's config file.
+def isolate(monkeypatch, tmp_path_factory) -> None:
+    """No test may touch the user's real nncc cache, nor sign with (or create) their key, nor
+    read or write the user's config file."""
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
     monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
@@ -61,6 +74,20 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     # No background build of a native stage behind a test's back (a detached worker would
     # outlive the test); tests of the stages turn it on themselves.
     monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    isolate(monkeypatch, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def module_isolated(tmp_path_factory):
+    """The same isolation for a module-scoped fixture that compiles once for a whole file
+    (it is set up before any test's own isolation): a cache and config of the module's own."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        isolate(monkeypatch, tmp_path_factory)
+        yield
 
 
 @pytest.fixture

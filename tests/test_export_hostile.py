@@ -37,6 +37,9 @@ def sanitized(tmp_path_factory):
     return model, feeds, root / "mlp", driver(root / "mlp", "mlp", "static", sanitize=True)
 
 
+# slow: two more sanitized exports; the MLP's sanitized library and program stay quick below,
+# and test_export runs both models' libraries (plain) against onnxruntime quickly
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [convnet, block], ids=["convnet", "block"])
 def test_sanitized_library_runs_clean_and_matches_onnxruntime(sanitized, make, tmp_path):
     """The convnet's blocked kernels and the block's GEMM of two run-time tensors (nncc's own

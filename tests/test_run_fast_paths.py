@@ -28,8 +28,10 @@ def small(tmp_path_factory):
     return path
 
 
-@pytest.fixture(params=["native", "portable"])
-def model(request, small):
+@pytest.fixture(scope="module", params=["native", "portable"])
+def model(request, small, module_isolated):
+    """One prepared model per route for the whole file: each test feeds it as a caller would,
+    whatever runs came before (the fast paths' promises hold after any history)."""
     if request.param == "native" and find_toolchain() is None:
         pytest.skip("no C compiler: there is no native plan to run")
     stage = "optimized" if request.param == "native" else "quick"
