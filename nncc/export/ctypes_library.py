@@ -1,5 +1,6 @@
 """``nncc.load_library(DIR)``: run an exported library from Python through ctypes, numpy
 arrays in and out, through the same C API a C program calls (names and shapes included).
+A library that takes its batch at run time runs whatever batch the inputs hold.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class ExportedLibrary:
             f(f"{kind}_name", ctypes.c_char_p, [ctypes.c_int])
             f(f"{kind}_rank", ctypes.c_int, [ctypes.c_int])
             f(f"{kind}_shape", ctypes.POINTER(ctypes.c_int64), [ctypes.c_int])
+            f(f"{kind}_batch_axis", ctypes.c_int, [ctypes.c_int])
         f("open", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)])
-        f("run", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
+        f("run_batch", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p])
         f("close", None, [ctypes.c_void_p])
         self.inputs = self._tensors("input")
         self.outputs = self._tensors("output")
@@ -51,12 +53,14 @@ class ExportedLibrary:
     def api(self, name: str):
         return getattr(self.lib, f"{self.prefix}_{name}")
 
-    def _tensors(self, kind: str) -> list[tuple[str, tuple[int, ...]]]:
+    def _tensors(self, kind: str) -> list[tuple[str, tuple[int | None, ...]]]:
+        """(name, shape) of each input or output, None on the batch's axis."""
         out = []
         for i in range(self.api(f"{kind}_count")()):
             rank = self.api(f"{kind}_rank")(i)
             shape = self.api(f"{kind}_shape")(i)
-            out.append((self.api(f"{kind}_name")(i).decode(), tuple(shape[d] for d in range(rank))))
+            out.append((self.api(f"{kind}_name")(i).decode(), tuple(None if shape[d] < 0 else shape[d]
+                                                                    for d in range(rank))))
         return out
 
     def _check(self, code: int) -> None:
@@ -66,18 +70,25 @@ class ExportedLibrary:
     def run(self, feeds: dict) -> dict[str, np.ndarray]:
         if not self.handle:
             raise InputError(f"{self.prefix}: the model is closed")
-        arrays = []
+        arrays, batch = [], None
         for name, shape in self.inputs:
             if name not in feeds:
                 raise InputError(f"missing input {name!r}")
             array = np.ascontiguousarray(feeds[name], dtype=np.float32)
-            if array.shape != shape:
-                raise InputError(f"input {name!r} has shape {array.shape}, the library takes {shape}")
+            if len(array.shape) != len(shape) or any(d is not None and d != a for d, a in zip(shape, array.shape)):
+                raise InputError(f"input {name!r} has shape {array.shape}, the library takes {_shape_text(shape)}")
+            if None in shape:
+                size = array.shape[shape.index(None)]
+                if batch is not None and size != batch:
+                    raise InputError(f"input {name!r} holds a batch of {size}, another input one of {batch}")
+                batch = size
             arrays.append(array)
-        results = {name: np.empty(shape, np.float32) for name, shape in self.outputs}
+        batch = 1 if batch is None else batch
+        results = {name: np.empty(tuple(batch if d is None else d for d in shape), np.float32)
+                   for name, shape in self.outputs}
         inputs = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
         outputs = (ctypes.c_void_p * max(1, len(results)))(*[a.ctypes.data for a in results.values()])
-        self._check(self.api("run")(self.handle, inputs, outputs))
+        self._check(self.api("run_batch")(self.handle, batch, inputs, outputs))
         return results
 
     def close(self) -> None:
@@ -90,6 +101,10 @@ class ExportedLibrary:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("N" if d is None else str(d) for d in shape) + "]"
 
 
 def load_library(directory: str | os.PathLike, name: str | None = None, threads: int = 0) -> ExportedLibrary:
