@@ -120,6 +120,8 @@ def main() -> int:
                       f"onnxruntime (largest difference {row['relative_error']:.1e} of the output's scale{batch})")
             else:
                 print(f"{row['model']:20} refused: {row['why']}")
+                for line in row.get("nodes", []):
+                    print(f"{'':20} {line.strip()}")
     return 0 if all(r.get("matches", True) for r in rows) else 1
 
 
