@@ -95,8 +95,8 @@ def test_header_and_introspection_name_the_batch(exported):
 
 @pytest.mark.parametrize("kind", ["plain", "sanitized"])
 def test_c_program_runs_any_batch_size(exported, kind, tmp_path):
-    """The driver (sanitized with the sanitized library) at 1, 3 and 5 samples, and the
-    sizes run_batch refuses before touching a buffer."""
+    """The driver (sanitized with the sanitized library) at 1, 3 and 5 samples (and run, one
+    sample), and the sizes run_batch refuses before touching a buffer."""
     sanitize = kind == "sanitized"
     model, folder = exported["xf", kind]
     exe = driver(folder, "xf", "shared", sanitize=sanitize)
@@ -106,6 +106,10 @@ def test_c_program_runs_any_batch_size(exported, kind, tmp_path):
         (got,) = run_driver(exe, str(folder / "xf.weights"), [feeds["hidden_in"]], [want.size], tmp_path,
                             sanitize=sanitize, batch=n)
         close(got.reshape(want.shape), want)
+        if n == 1:  # NAME_run: one sample
+            (got,) = run_driver(exe, str(folder / "xf.weights"), [feeds["hidden_in"]], [want.size], tmp_path,
+                                sanitize=sanitize)
+            close(got.reshape(want.shape), want)
     refused = refused_batches(exe, str(folder / "xf.weights"), [0, -1, -(2 ** 63), 2 ** 62, 2 ** 63 - 1],
                               sanitize=sanitize)
     assert [code for code, _ in refused] == [ARGUMENT] * 5
