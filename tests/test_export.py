@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothi
 
 
 MODELS = {"convnet": convnet, "block": block}
-API = ["open", "run", "run_batch", "close", "last_error", "input_count", "output_count"] + [
+API = ["open", "run", "run_batch", "close", "last_error", "batch_name", "input_count", "output_count"] + [
     f"{kind}_{what}" for kind in ("input", "output") for what in ("name", "type", "rank", "shape", "size", "batch_axis")]
 
 

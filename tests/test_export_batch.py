@@ -2,12 +2,16 @@
 the library is compiled for one sample and its C API runs any batch size. A transformer
 (reshapes computed from the run-time shape, as an export with dynamic axes writes them)
 exported without --dim for its batch runs 1, 3 and 5 samples from a C program, plain and
-under AddressSanitizer and UBSan, and through load_library, against onnxruntime; an
+under AddressSanitizer and UBSan, through load_library and `nncc run DIR`, against
+onnxruntime; an
 unbatched input goes whole to every sample and an unbatched output is the first sample's;
 a batch size of 0, a negative one or one too large for memory is an error code and a
 message; a symbolic dimension that is not a batch is refused, naming it."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -16,6 +20,7 @@ import pytest
 import nncc
 from nncc.errors import InputError
 from nncc.export.ctypes_library import LibraryError
+from tests.conftest import ROOT
 from tests.export_build import compiler, driver, export, refused_batches, run_driver
 from tests.models import GraphBuilder, benchmark_model
 from tests.oracle import ort_outputs
@@ -87,10 +92,12 @@ def test_header_and_introspection_name_the_batch(exported):
         assert library.outputs == [("hidden_out", (None, 8, 32))]
         assert library.api("input_batch_axis")(0) == 0 and library.api("output_batch_axis")(0) == 0
         assert library.api("input_size")(0) == 8 * 32  # one sample's elements
+        assert library.batch == "batch"
     _, folder = exported["mixed", "plain"]
     with nncc.load_library(folder) as library:
         assert [library.api("input_batch_axis")(i) for i in range(2)] == [0, -1]
         assert [library.api("output_batch_axis")(j) for j in range(2)] == [0, -1]
+        assert library.batch == "n"
 
 
 @pytest.mark.parametrize("kind", ["plain", "sanitized"])
@@ -143,6 +150,22 @@ def test_load_library_runs_any_batch_size(exported):
                     close(got[key], value)
 
 
+def test_nncc_run_runs_the_folder_at_any_batch_size(exported, tmp_path):
+    """`nncc run DIR` runs the exported library on the inputs given, any batch size."""
+    model, folder = exported["xf", "plain"]
+    for n in (2, 4):
+        feeds = batch_feeds(model, n, seed=20 + n)
+        np.savez(tmp_path / "in.npz", **feeds)
+        done = subprocess.run([sys.executable, "-m", "nncc", "run", str(folder), "--inputs", str(tmp_path / "in.npz"),
+                               "-o", str(tmp_path / "out.npz")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        close(np.load(tmp_path / "out.npz")["hidden_out"], ort_outputs(model, feeds)["hidden_out"])
+    done = subprocess.run([sys.executable, "-m", "nncc", "run", str(tmp_path), "--random-inputs"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "holding no exported library" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_load_library_refuses_what_the_library_cannot_take(exported):
     model, folder = exported["xf", "plain"]
     with nncc.load_library(folder) as library:
@@ -164,6 +187,8 @@ def test_a_library_with_every_size_fixed_runs_one_sample_only(tmp_path):
     close(got.reshape(2, 8), ort_outputs(model, b.feeds)[model.graph.output[0].name])
     ((code, message),) = refused_batches(exe, str(tmp_path / "fixed" / "fixed.weights"), [2])
     assert code == ARGUMENT and "no batch axis" in message
+    with nncc.load_library(tmp_path / "fixed") as library:
+        assert library.batch is None
 
 
 def test_a_symbolic_dimension_that_is_not_a_batch_is_refused(tmp_path):

@@ -27,6 +27,7 @@ static int nnx_fail(int code, const char *format, ...) {
 }
 
 NNX_PUBLIC const char *NNX_API(last_error)(void) { return nnx_message; }
+NNX_PUBLIC const char *NNX_API(batch_name)(void) { return nnx_batch_name; }
 NNX_PUBLIC int NNX_API(input_count)(void) { return NNX_INPUTS; }
 NNX_PUBLIC int NNX_API(output_count)(void) { return NNX_OUTPUTS; }
 NNX_PUBLIC const char *NNX_API(input_name)(int i) { return i >= 0 && i < NNX_INPUTS ? nnx_input_names[i] : 0; }

@@ -101,6 +101,7 @@ int64_t {prefix}_input_size(int i);  /* elements (of one sample) */
 int64_t {prefix}_output_size(int i);
 int {prefix}_input_batch_axis(int i);  /* the axis that holds the batch; -1: the same for every sample */
 int {prefix}_output_batch_axis(int i);
+const char *{prefix}_batch_name(void);  /* the batch's dimension name; NULL: every size fixed */
 
 #ifdef __cplusplus
 }}
@@ -117,7 +118,7 @@ def shape_text(tensor, batch: str | None) -> str:
 
 def exported_names(prefix: str) -> list[str]:
     """Every symbol the library exports."""
-    names = ["open", "run", "run_batch", "close", "last_error", "input_count", "output_count"]
+    names = ["open", "run", "run_batch", "close", "last_error", "batch_name", "input_count", "output_count"]
     names += [f"{kind}_{what}" for kind in ("input", "output")
               for what in ("name", "type", "rank", "shape", "size", "batch_axis")]
     return [f"{prefix}_{name}" for name in names]
@@ -185,6 +186,7 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
         f"static const int64_t nnx_output_sizes[] = {{{', '.join(str(math.prod(t.shape)) for t in spec.outputs)}}};",
         f"static const int nnx_input_batch_axes[] = {axes(spec.inputs)};",
         f"static const int nnx_output_batch_axes[] = {axes(spec.outputs)};",
+        f"static const char *const nnx_batch_name = {_c_string(spec.batch) if spec.batch is not None else '0'};",
         f"#define NNX_BATCHED {int(bool(batched))}",
         f"#define NNX_LARGEST_SAMPLE INT64_C({max(batched + [1])})  /* elements: bounds the batch size */",
         f"#define NNX_SCRATCH_FLOATS {scratch}  /* the unbatched outputs of the samples after the first */",

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from nncc.errors import InputError, NnccError
+from nncc.ir.graph import TensorInfo
 from nncc.native.toolchain import sanitizer_loaded, sanitizer_preload
 
 
@@ -31,6 +32,7 @@ class ExportedLibrary:
         self.prefix = prefix
         f = self._function
         f("last_error", ctypes.c_char_p, [])
+        f("batch_name", ctypes.c_char_p, [])
         for kind in ("input", "output"):
             f(f"{kind}_count", ctypes.c_int, [])
             f(f"{kind}_name", ctypes.c_char_p, [ctypes.c_int])
@@ -42,6 +44,8 @@ class ExportedLibrary:
         f("close", None, [ctypes.c_void_p])
         self.inputs = self._tensors("input")
         self.outputs = self._tensors("output")
+        batch = self.api("batch_name")()
+        self.batch = None if batch is None else batch.decode(errors="replace")  # the batch's dimension name
         self.handle = ctypes.c_void_p()
         self._check(self.api("open")(None if weights is None else os.fsencode(weights), threads,
                                      ctypes.byref(self.handle)))
@@ -67,7 +71,39 @@ class ExportedLibrary:
         if code != 0:
             raise LibraryError(f"{self.prefix}: {self.api('last_error')().decode(errors='replace')}", code)
 
-    def run(self, feeds: dict) -> dict[str, np.ndarray]:
+    # what `nncc run DIR` reads of a model, as of a CompiledModel: the library is one native call
+    native_partitions = last_run_native_partitions = 1
+
+    def _infos(self, tensors) -> dict[str, TensorInfo]:
+        return {name: TensorInfo(np.dtype(np.float32), tuple(self.batch if d is None else d for d in shape))
+                for name, shape in tensors}
+
+    @property
+    def input_infos(self) -> dict[str, TensorInfo]:
+        """Each input's dtype and shape, the batch's axis by its dimension name."""
+        return self._infos(self.inputs)
+
+    @property
+    def output_infos(self) -> dict[str, TensorInfo]:
+        return self._infos(self.outputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [name for name, _ in self.outputs]
+
+    def run(self, feeds: dict, outputs: dict | None = None) -> dict[str, np.ndarray]:
+        """The outputs for ``feeds``; ``outputs``: arrays to write them into (by name)."""
+        results = self._run(feeds)
+        for name, target in (outputs or {}).items():
+            if name not in results:
+                raise InputError(f"no output {name!r}")
+            if target.shape != results[name].shape:
+                raise InputError(f"output {name!r} has shape {results[name].shape}, not {target.shape}")
+            np.copyto(target, results[name])
+            results[name] = target
+        return results
+
+    def _run(self, feeds: dict) -> dict[str, np.ndarray]:
         if not self.handle:
             raise InputError(f"{self.prefix}: the model is closed")
         arrays, batch = [], None
@@ -113,7 +149,10 @@ def load_library(directory: str | os.PathLike, name: str | None = None, threads:
     directory = os.fspath(directory)
     if name is None:
         found = sorted(os.path.basename(p)[3:-3] for p in glob.glob(os.path.join(glob.escape(directory), "lib*.so")))
-        if len(found) != 1:
+        if not found:
+            raise InputError(f"{directory} is a directory holding no exported library "
+                             "(no libNAME.so from nncc export)")
+        if len(found) > 1:
             raise InputError(f"{directory} holds {len(found)} exported libraries; name the one to load")
         name = found[0]
     library = os.path.join(directory, f"lib{name}.so")
