@@ -47,8 +47,9 @@ def find_batch(plan) -> Batch | None:
         return None
     if len(names) > 1:
         axes = [d for d, found in describe_sample_axes(plan).items() if found["sample_axis"]]
-        keep = f" ({axes[0]} may stay: it is a batch axis)" if len(axes) == 1 else ""
-        fix = [d for d in names if d not in axes[:1]]
+        stays = axes if len(axes) == 1 else []  # the one batch that may stay open
+        keep = f" ({stays[0]} may stay: it is a batch axis)" if stays else ""
+        fix = [d for d in names if d not in stays]
         raise NotExportable(f"symbolic dimension(s) {', '.join(fix)} must be fixed with --dim NAME=SIZE: an exported "
                             f"library takes only one size at run time, a batch of samples{keep}")
     dim = names[0]
