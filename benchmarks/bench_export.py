@@ -2,6 +2,7 @@
 
     python benchmarks/bench_export.py                       # MobileNetV2, real weights
     python benchmarks/bench_export.py --model MODEL.onnx [--runs 5] [--dim N=1 ...]
+    python benchmarks/bench_export.py --model MODEL.onnx --sizes-only    # the libraries' sizes, no timing
 
 Exports MODEL with `nncc export` (through a fresh cache folder), builds a C program over
 its API (the README's example: zeros in, the first values of each output out) against the
@@ -102,11 +103,29 @@ def hash_times(weights: pathlib.Path, work: pathlib.Path, cc: str) -> list[str]:
     return lines
 
 
+def sizes(work: pathlib.Path, name: str) -> str:
+    """The exported files' sizes, and the shared library's code and read-only data apart
+    (binutils' size, when installed)."""
+    size = {f: (work / "lib" / f).stat().st_size for f in (f"lib{name}.so", f"lib{name}.a", f"{name}.weights")}
+    embedded = (work / "embedded" / f"lib{name}.so").stat().st_size
+    text = (f"sizes: lib{name}.so {size[f'lib{name}.so'] / 1024:.0f} KiB, lib{name}.a "
+            f"{size[f'lib{name}.a'] / 1024:.0f} KiB (without weights); {name}.weights "
+            f"{size[f'{name}.weights'] / 1024:.0f} KiB; lib{name}.so with --embed-weights {embedded / 1024:.0f} KiB")
+    if shutil.which("size"):
+        rows = subprocess.run(["size", "-A", str(work / "lib" / f"lib{name}.so")], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+        sections = {r.split()[0]: int(r.split()[1]) for r in rows if r.startswith(".") and len(r.split()) >= 2}
+        text += "\n  lib{}.so: .text {:.0f} KiB, .rodata {:.0f} KiB, .data {:.0f} KiB".format(
+            name, *(sections.get(s, 0) / 1024 for s in (".text", ".rodata", ".data")))
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="ONNX model (default: real_models.py's mobilenetv2)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--dim", action="append", default=[], help="NAME=SIZE, as nncc export takes it")
+    parser.add_argument("--sizes-only", action="store_true", help="export and report the sizes, time nothing")
     args = parser.parse_args()
     if args.model is None:
         sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -123,6 +142,10 @@ def main() -> None:
         base = [sys.executable, "-m", "nncc", "export", args.model, "--cache-dir", str(work / "cache"), *dims]
         subprocess.run(base + ["-o", str(work / "lib")], check=True)
         subprocess.run(base + ["-o", str(work / "embedded"), "--embed-weights"], check=True)
+        if args.sizes_only:
+            print(f"model {args.model} ({name}):")
+            print(sizes(work, name))
+            return
         program = work / "example.c"
         program.write_text(example_program(name, embedded=False))
         exe = work / "example"
@@ -146,17 +169,13 @@ def main() -> None:
                         str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
         c_one = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
         ort_seconds = median_of(args.runs, [sys.executable, "-c", ort])
-        size = {f: (work / "lib" / f).stat().st_size for f in (f"lib{name}.so", f"lib{name}.a", f"{name}.weights")}
-        embedded = (work / "embedded" / f"lib{name}.so").stat().st_size
         print(f"model {args.model} ({name}), median of {args.runs} processes, first answer:")
         print(f"  C program (static library), 1 thread:      {c_one * 1000:8.1f} ms")
         print(f"  C program (static library), 1 per core:    {c_seconds * 1000:8.1f} ms")
         print(f"  python -c onnxruntime, 1 intra-op thread:  {ort_seconds * 1000:8.1f} ms")
         print(f"the open's BLAKE3 over {name}.weights' data, best of 9:")
         print("\n".join(hash_times(work / "lib" / f"{name}.weights", work, find_toolchain().path)))
-        print(f"sizes: lib{name}.so {size[f'lib{name}.so'] / 1024:.0f} KiB, lib{name}.a "
-              f"{size[f'lib{name}.a'] / 1024:.0f} KiB (without weights); {name}.weights "
-              f"{size[f'{name}.weights'] / 1024:.0f} KiB; lib{name}.so with --embed-weights {embedded / 1024:.0f} KiB")
+        print(sizes(work, name))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

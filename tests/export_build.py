@@ -108,17 +108,31 @@ def driver_env(sanitize: bool) -> dict:
 
 
 def run_driver(exe: pathlib.Path, weights: str, feeds: list[np.ndarray], sizes: list[int], work: pathlib.Path,
-               sanitize: bool = False) -> list[np.ndarray]:
-    """The outputs (flat) the driver computes from ``feeds`` (in the library's input order)."""
+               sanitize: bool = False, batch: int | None = None) -> list[np.ndarray]:
+    """The outputs (flat) the driver computes from ``feeds`` (in the library's input order);
+    ``batch``: through run_batch with that many samples."""
     inputs, outputs = work / "in.bin", work / "out.bin"
     inputs.write_bytes(b"".join(np.ascontiguousarray(f, np.float32).tobytes() for f in feeds))
-    done = subprocess.run([str(exe), "run", weights, str(inputs), str(outputs)], capture_output=True, text=True,
-                          timeout=300, env=driver_env(sanitize))
+    count = [] if batch is None else [str(batch)]
+    done = subprocess.run([str(exe), "run", weights, str(inputs), str(outputs), *count], capture_output=True,
+                          text=True, timeout=300, env=driver_env(sanitize))
     assert done.returncode == 0, done.stderr
     assert not done.stderr, done.stderr
     flat = np.frombuffer(outputs.read_bytes(), np.float32)
     assert flat.size == sum(sizes)
     return np.split(flat, np.cumsum(sizes)[:-1])
+
+
+def refused_batches(exe: pathlib.Path, weights: str, sizes: list[int], sanitize: bool = False) -> list[tuple[int, str]]:
+    """(code, message) of run_batch with each of ``sizes`` in one driver process (sizes it
+    refuses before touching a buffer)."""
+    done = subprocess.run([str(exe), "batch", weights, *map(str, sizes)], capture_output=True, text=True,
+                          timeout=300, env=driver_env(sanitize))
+    assert done.returncode == 0, done.stderr
+    assert not done.stderr, done.stderr
+    rows = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    assert len(rows) == len(sizes), done.stdout
+    return [(int(code), message) for code, message in rows]
 
 
 def open_files(exe: pathlib.Path, paths: list[str], sanitize: bool = False) -> list[tuple[int, str]]:

@@ -66,21 +66,24 @@ def export(model, output, name, embed_weights, depfile, dim_specs, preference, o
     options = options_dict(preference, opt_level, backends, plugins, target, dims, precision)
     settings = resolve_settings(cache_dir, hash_mode, not no_cache, remote_url)
 
-    def prepare(objects):
+    def fixing(more):  # the options with the sizes ``more`` fixed besides --dim's (the batch's, at 1)
+        return dict(options, dims={**dims, **more}) if more else options
+
+    def prepare(objects, more):
         if no_cache:  # compiled here, its kernel objects kept for the link; no cache read or written
             from nncc.preparing.outcome import CacheOutcome, Prepared  # lazy: start-up
             from nncc.settings import bound_memory  # lazy: start-up
 
             started = time.perf_counter()
             bound_memory()
-            plan = compile_keeping(model, source, options, settings.backend_options, objects)
+            plan = compile_keeping(model, source, fixing(more), settings.backend_options, objects)
             return Prepared(plan), CacheOutcome("disabled", None, time.perf_counter() - started)
         return prepare_plan(model, cache_dir=cache_dir, use_cache=not no_cache, model_bytes=source,
                             trust_shared=trust_shared, hash_mode=hash_mode, stage="optimized", settings=settings,
-                            **options)
+                            **fixing(more))
 
-    def recompile(objects):
-        return compile_keeping(model, source, options, settings.backend_options, objects)
+    def recompile(objects, more):
+        return compile_keeping(model, source, fixing(more), settings.backend_options, objects)
 
     from nncc.export.standalone import NotExportable  # lazy: start-up
 

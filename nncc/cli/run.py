@@ -48,17 +48,21 @@ from nncc.settings import bound_memory, cache_dir as resolve_cache_dir, value as
 def run(model, input_specs, npz, random_inputs, seed, output_path, output_dir, binds, steps, per_step_dir,
         dim_specs, preference, opt_level, backends, plugins, target, precision, threads, stage, trust_native, cache_dir,
         no_cache, trust_shared, hash_mode, remote_url, as_json):
-    """Run MODEL (an .onnx model, compiled on the fly through the cache, or a compiled
-    .nncc artifact)."""
+    """Run MODEL (an .onnx model, compiled on the fly through the cache, a compiled
+    .nncc artifact, or a folder `nncc export` wrote)."""
     start = time.perf_counter()
     bound_memory()  # $NNCC_MAX_MEMORY bounds every input, model and plan this command reads
     # every argument is checked, and every input file read, before anything is compiled
     named_inputs, bound, dims = _check_arguments(input_specs, binds, dim_specs, steps, per_step_dir, output_path)
     _apply_threads(threads)  # before preparing: the native pool is sized like BLAS
-    source, artifact, inputs = _read_model(model, npz, input_specs, per_step_dir, cache_dir, output_path, output_dir)
+    library = os.path.isdir(model)  # a folder nncc export wrote: its library runs as it was built
+    source, artifact, inputs = (None, False, []) if library else _read_model(model, npz, input_specs, per_step_dir,
+                                                                             cache_dir, output_path, output_dir)
     feeds, per_step = _load_feeds(npz, named_inputs, per_step_dir)
     outcome = None
-    if artifact:
+    if library:
+        session = nncc.load_library(model)
+    elif artifact:
         session = _load_artifact(model, source, plugins, trust_native, dims)
     else:
         session, outcome = _prepare_model(model, source, preference, opt_level, backends, plugins, target, precision,

@@ -27,6 +27,7 @@ static int nnx_fail(int code, const char *format, ...) {
 }
 
 NNX_PUBLIC const char *NNX_API(last_error)(void) { return nnx_message; }
+NNX_PUBLIC const char *NNX_API(batch_name)(void) { return nnx_batch_name; }
 NNX_PUBLIC int NNX_API(input_count)(void) { return NNX_INPUTS; }
 NNX_PUBLIC int NNX_API(output_count)(void) { return NNX_OUTPUTS; }
 NNX_PUBLIC const char *NNX_API(input_name)(int i) { return i >= 0 && i < NNX_INPUTS ? nnx_input_names[i] : 0; }
@@ -39,6 +40,8 @@ NNX_PUBLIC const int64_t *NNX_API(input_shape)(int i) { return i >= 0 && i < NNX
 NNX_PUBLIC const int64_t *NNX_API(output_shape)(int i) { return i >= 0 && i < NNX_OUTPUTS ? nnx_output_shapes[i] : 0; }
 NNX_PUBLIC int64_t NNX_API(input_size)(int i) { return i >= 0 && i < NNX_INPUTS ? nnx_input_sizes[i] : -1; }
 NNX_PUBLIC int64_t NNX_API(output_size)(int i) { return i >= 0 && i < NNX_OUTPUTS ? nnx_output_sizes[i] : -1; }
+NNX_PUBLIC int NNX_API(input_batch_axis)(int i) { return i >= 0 && i < NNX_INPUTS ? nnx_input_batch_axes[i] : -1; }
+NNX_PUBLIC int NNX_API(output_batch_axis)(int i) { return i >= 0 && i < NNX_OUTPUTS ? nnx_output_batch_axes[i] : -1; }
 
 /* CRC-32 (zlib's), for the header's own check: a byte at a time, as the header is 88 bytes. */
 static uint32_t nnx_crc32(const unsigned char *p, size_t n) {
@@ -156,27 +159,69 @@ NNX_PUBLIC int NNX_API(open)(const char *weights, int threads, NNX_STRUCT_T **mo
     return 0;
 }
 
-NNX_PUBLIC int NNX_API(run)(NNX_STRUCT_T *model, const float *const *inputs, float *const *outputs) {
+/* n samples through the code compiled for one: a batched buffer moves on by its sample's
+ * elements from one sample to the next; an unbatched input goes whole to each; an unbatched
+ * output is the first sample's (the later ones write theirs into scratch). */
+NNX_PUBLIC int NNX_API(run_batch)(NNX_STRUCT_T *model, int64_t n, const float *const *inputs,
+                                  float *const *outputs) {
     if (!model) return nnx_fail(NNX_ERR(ARGUMENT), "the model is NULL");
     if (!inputs || !outputs) return nnx_fail(NNX_ERR(ARGUMENT), "the %s array is NULL", inputs ? "outputs" : "inputs");
+    if (n < 1) return nnx_fail(NNX_ERR(ARGUMENT), "the batch size must be 1 or more, not %lld", (long long)n);
+    if (!NNX_BATCHED && n != 1)
+        return nnx_fail(NNX_ERR(ARGUMENT), "this library has no batch axis (every size was fixed at export): the "
+                        "batch size must be 1, not %lld", (long long)n);
+    if (n > PTRDIFF_MAX / (int64_t)sizeof(float) / NNX_LARGEST_SAMPLE)
+        return nnx_fail(NNX_ERR(ARGUMENT), "a batch of %lld samples is too large: its buffers would not fit in the "
+                        "address space", (long long)n);
     void *args[NNX_ARGS + 1];
+    int64_t step[NNX_ARGS + 1];  /* elements from one sample to the next; 0: the same buffer */
     for (int a = 0; a < NNX_ARGS; a++) {
         int k = nnx_arg_index[a];
+        step[a] = 0;
         if (nnx_arg_kind[a] == 0) {
             if (!inputs[k]) return nnx_fail(NNX_ERR(ARGUMENT), "input %d (%s) is NULL", k, nnx_input_names[k]);
             args[a] = (void *)inputs[k];
+            if (nnx_input_batch_axes[k] >= 0) step[a] = nnx_input_sizes[k];
         } else if (nnx_arg_kind[a] == 1) {
             args[a] = (void *)(model->file + NNX_HEADER + nnx_constant_offsets[k]);
         } else {
             if (!outputs[k]) return nnx_fail(NNX_ERR(ARGUMENT), "output %d (%s) is NULL", k, nnx_output_names[k]);
             args[a] = outputs[k];
+            if (nnx_output_batch_axes[k] >= 0) step[a] = nnx_output_sizes[k];
         }
     }
+    float *scratch = 0;
+    if (NNX_SCRATCH_FLOATS > 0 && n > 1 && !(scratch = malloc(NNX_SCRATCH_FLOATS * sizeof(float))))
+        return nnx_fail(NNX_ERR(MEMORY), "out of memory for the batch's unbatched outputs");
     pthread_mutex_lock(&nnx_lock);
-    int status = NNX_ENTRY(args, model->workspace);
+    int status = 0;
+    int64_t b = 0;
+    for (; b < n && !status; b++) {
+        if (b == 1 && scratch) {  /* the unbatched outputs are written: the later samples' go to scratch */
+            size_t used = 0;
+            for (int a = 0; a < NNX_ARGS; a++)
+                if (nnx_arg_kind[a] == 2 && nnx_output_batch_axes[nnx_arg_index[a]] < 0) {
+                    args[a] = scratch + used;
+                    used += (size_t)nnx_output_sizes[nnx_arg_index[a]];
+                }
+        }
+        if (b > 0)
+            for (int a = 0; a < NNX_ARGS; a++)
+                if (step[a]) args[a] = (float *)args[a] + step[a];
+        status = NNX_ENTRY(args, model->workspace);
+    }
     pthread_mutex_unlock(&nnx_lock);
-    if (status) return nnx_fail(NNX_ERR(RUN), "the model's code failed with status %d", status);
+    free(scratch);
+    if (status) {
+        if (n == 1) return nnx_fail(NNX_ERR(RUN), "the model's code failed with status %d", status);
+        return nnx_fail(NNX_ERR(RUN), "the model's code failed with status %d on sample %lld of %lld", status,
+                        (long long)(b - 1), (long long)n);
+    }
     return 0;
+}
+
+NNX_PUBLIC int NNX_API(run)(NNX_STRUCT_T *model, const float *const *inputs, float *const *outputs) {
+    return NNX_API(run_batch)(model, 1, inputs, outputs);
 }
 
 NNX_PUBLIC void NNX_API(close)(NNX_STRUCT_T *model) { nnx_release(model); }

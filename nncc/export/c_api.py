@@ -32,16 +32,20 @@ FLOAT32 = 1  # ONNX's code for float32
 
 def header(prefix: str, model: str, spec: Standalone, embedded: bool) -> str:
     upper = prefix.upper()
-    tensors = "\n".join(f" *   {kind} {i}: {_in_comment(t.name)} float32 [{', '.join(map(str, t.shape))}]"
+    tensors = "\n".join(f" *   {kind} {i}: {_in_comment(t.name)} float32 [{shape_text(t, spec.batch)}]"
                         for kind, group in (("input", spec.inputs), ("output", spec.outputs))
                         for i, t in enumerate(group))
+    batch = (f" *\n * {_in_comment(spec.batch)} is the batch, chosen at run time: {prefix}_run_batch runs n samples, "
+             f"n on each batched\n * tensor's axis {prefix}_input_batch_axis(i) (or _output_), which _shape gives "
+             "as -1; _size counts\n * one sample's elements.\n" if spec.batch is not None else
+             f" *\n * Every size was fixed at export: {prefix}_run_batch takes n = 1 only.\n")
     errors = "\n".join(f"    {upper}_{name} = {value},  /* {meaning} */" for name, value, meaning in ERRORS)
     weights = ("NULL: the weights are inside the library (--embed-weights)" if embedded else
                f"the path of {prefix}.weights, which is mapped read-only until close")
     return f"""/* {prefix}: {_in_comment(os.path.basename(model))} compiled ahead of time by nncc {__version__} (`nncc export`).
  *
 {tensors}
- *
+{batch} *
  * Every tensor is dense, row-major float32. Functions return {upper}_OK (0) or an error code;
  * {prefix}_last_error() then says why, in this thread. Nothing aborts and nothing prints.
  *
@@ -72,9 +76,13 @@ enum {{
  * threads: the size of the library's thread pool (0: one per core); the first open that asks
  * for more than one thread makes the pool, later opens share it. */
 int {prefix}_open(const char *weights, int threads, {prefix}_model **model);
-/* Run once: inputs[i] holds input i's {prefix}_input_size(i) floats, outputs[j] receives output
- * j's {prefix}_output_size(j) floats. Buffers are the caller's; outputs must not overlap inputs. */
+/* Run one sample: inputs[i] holds input i's {prefix}_input_size(i) floats, outputs[j] receives
+ * output j's {prefix}_output_size(j) floats. Buffers are the caller's; outputs must not overlap
+ * inputs. The same as {prefix}_run_batch with n = 1. */
 int {prefix}_run({prefix}_model *model, const float *const *inputs, float *const *outputs);
+/* Run n samples (n >= 1): a batched tensor's buffer holds n times its _size floats, sample after
+ * sample; an unbatched input is read whole by every sample, an unbatched output written once. */
+int {prefix}_run_batch({prefix}_model *model, int64_t n, const float *const *inputs, float *const *outputs);
 void {prefix}_close({prefix}_model *model);
 /* Why the last call that failed in this thread failed (empty if none did). */
 const char *{prefix}_last_error(void);
@@ -87,10 +95,13 @@ int {prefix}_input_type(int i);  /* {upper}_FLOAT32 */
 int {prefix}_output_type(int i);
 int {prefix}_input_rank(int i);
 int {prefix}_output_rank(int i);
-const int64_t *{prefix}_input_shape(int i);  /* rank dimensions */
+const int64_t *{prefix}_input_shape(int i);  /* rank dimensions; -1: the batch's */
 const int64_t *{prefix}_output_shape(int i);
-int64_t {prefix}_input_size(int i);  /* elements */
+int64_t {prefix}_input_size(int i);  /* elements (of one sample) */
 int64_t {prefix}_output_size(int i);
+int {prefix}_input_batch_axis(int i);  /* the axis that holds the batch; -1: the same for every sample */
+int {prefix}_output_batch_axis(int i);
+const char *{prefix}_batch_name(void);  /* the batch's dimension name; NULL: every size fixed */
 
 #ifdef __cplusplus
 }}
@@ -100,10 +111,16 @@ int64_t {prefix}_output_size(int i);
 """
 
 
+def shape_text(tensor, batch: str | None) -> str:
+    """A tensor's dimensions for the header and the README, the batch's by its name."""
+    return ", ".join(batch if a == tensor.batch_axis else str(d) for a, d in enumerate(tensor.shape))
+
+
 def exported_names(prefix: str) -> list[str]:
     """Every symbol the library exports."""
-    names = ["open", "run", "close", "last_error", "input_count", "output_count"]
-    names += [f"{kind}_{what}" for kind in ("input", "output") for what in ("name", "type", "rank", "shape", "size")]
+    names = ["open", "run", "run_batch", "close", "last_error", "batch_name", "input_count", "output_count"]
+    names += [f"{kind}_{what}" for kind in ("input", "output")
+              for what in ("name", "type", "rank", "shape", "size", "batch_axis")]
     return [f"{prefix}_{name}" for name in names]
 
 
@@ -120,10 +137,16 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
     def strings(values):
         return "{" + ", ".join(_c_string(v) for v in values) + "}"
 
-    def rows(tensors):
+    def rows(tensors):  # the shapes, -1 on a batch axis
         width = max([len(t.shape) for t in tensors] + [1])
-        return "{" + ", ".join("{" + ", ".join(str(d) for d in t.shape + (0,) * (width - len(t.shape))) + "}"
-                               for t in tensors) + "}", width
+        return "{" + ", ".join("{" + ", ".join(str(-1 if a == t.batch_axis else d) for a, d in enumerate(
+            t.shape + (0,) * (width - len(t.shape)))) + "}" for t in tensors) + "}", width
+
+    def axes(tensors):
+        return "{" + ", ".join(str(-1 if t.batch_axis is None else t.batch_axis) for t in tensors) + "}"
+
+    batched = [math.prod(t.shape) for t in spec.inputs + spec.outputs if t.batch_axis is not None]
+    scratch = sum(math.prod(t.shape) for t in spec.outputs if t.batch_axis is None) if batched else 0
 
     in_shapes, in_width = rows(spec.inputs)
     out_shapes, out_width = rows(spec.outputs)
@@ -161,6 +184,12 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
         f"static const int64_t nnx_output_shapes[][{out_width}] = {out_shapes};",
         f"static const int64_t nnx_input_sizes[] = {{{', '.join(str(math.prod(t.shape)) for t in spec.inputs)}}};",
         f"static const int64_t nnx_output_sizes[] = {{{', '.join(str(math.prod(t.shape)) for t in spec.outputs)}}};",
+        f"static const int nnx_input_batch_axes[] = {axes(spec.inputs)};",
+        f"static const int nnx_output_batch_axes[] = {axes(spec.outputs)};",
+        f"static const char *const nnx_batch_name = {_c_string(spec.batch) if spec.batch is not None else '0'};",
+        f"#define NNX_BATCHED {int(bool(batched))}",
+        f"#define NNX_LARGEST_SAMPLE INT64_C({max(batched + [1])})  /* elements: bounds the batch size */",
+        f"#define NNX_SCRATCH_FLOATS {scratch}  /* the unbatched outputs of the samples after the first */",
         f"static const signed char nnx_arg_kind[] = {{{', '.join(str(kind) for kind, _ in spec.bindings)}}};",
         f"static const int nnx_arg_index[] = {{{', '.join(str(index) for _, index in spec.bindings)}}};",
         f"static const uint64_t nnx_constant_offsets[] = {{{', '.join(map(str, offsets)) or '0'}}};",

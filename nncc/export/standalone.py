@@ -31,8 +31,12 @@ class NotExportable(NnccError):
 
 @dataclass(frozen=True)
 class Tensor:
+    """``shape``: one sample's when the library takes a batch; ``batch_axis``: the axis that
+    scales with the batch (None: every sample reads or writes the whole tensor)."""
+
     name: str
     shape: tuple[int, ...]
+    batch_axis: int | None = None
 
 
 @dataclass
@@ -49,10 +53,12 @@ class Standalone:
     features: tuple[str, ...]
     objects: list[str]  # the kernel objects' keys, in link order
     sanitized: bool
+    batch: str | None = None  # the batch's dimension name, when the library takes one at run time
 
 
-def standalone(plan) -> Standalone:
-    """The plan's one call, or NotExportable naming what keeps it from standing alone."""
+def standalone(plan, batch=None) -> Standalone:
+    """The plan's one call, or NotExportable naming what keeps it from standing alone.
+    ``batch``: the run-time batch (nncc.export.batch.Batch) of the plan for one sample."""
     _refuse_symbolic(plan)
     native = plan.payloads.get("native")
     calls = native_calls(native, plan) if native is not None else {}
@@ -92,14 +98,16 @@ def standalone(plan) -> Standalone:
             raise NotExportable(f"input {info.name!r} is {info.dtype}, not float32")
     native_info = plan.options.get("native") or {}
     flags = native_info.get("flags") or []
-    return Standalone([_tensor(plan, s) for s in inputs], [_tensor(plan, s) for s in outputs], call.symbol,
-                      bindings, constants, call.workspace, tuple(native_info.get("features") or ()),
-                      list(native_info.get("objects") or ()), "-fsanitize=address,undefined" in flags)
+    axes_in, axes_out = (batch.inputs, batch.outputs) if batch is not None else ({}, {})
+    return Standalone([_tensor(plan, s, axes_in) for s in inputs], [_tensor(plan, s, axes_out) for s in outputs],
+                      call.symbol, bindings, constants, call.workspace, tuple(native_info.get("features") or ()),
+                      list(native_info.get("objects") or ()), "-fsanitize=address,undefined" in flags,
+                      batch.dim if batch is not None else None)
 
 
-def _tensor(plan, slot: int) -> Tensor:
+def _tensor(plan, slot: int, batch_axes: dict) -> Tensor:
     info = plan.slots[slot]
-    return Tensor(info.name, tuple(int(d) for d in info.shape))
+    return Tensor(info.name, tuple(int(d) for d in info.shape), batch_axes.get(info.name))
 
 
 def _refuse_symbolic(plan) -> None:
@@ -109,7 +117,7 @@ def _refuse_symbolic(plan) -> None:
         if info.shape is None or symbolic:
             dims = ", ".join(str(d) for d in symbolic if d is not None) or "?"
             raise NotExportable(f"{info.name!r} has symbolic dimension(s) {dims}: fix them with "
-                                f"--dim NAME=SIZE (this version exports static shapes only)")
+                                f"--dim NAME=SIZE")
 
 
 def _portable_nodes(plan, calls: dict) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from nncc._version import __version__
 from nncc.errors import FileAccessError, InputError
 from nncc.export import c_api, cpu
+from nncc.export.batch import find_batch
 from nncc.export.link import link
 from nncc.export.objects import Keeping, cached_objects, open_store
 from nncc.export.standalone import NotExportable, standalone
@@ -57,24 +58,31 @@ def check_name(name: str) -> str:
 
 def export(model: str, folder: str, name: str, prepare, native, embed_weights: bool = False,
            recompile=None, trust_shared: bool = False) -> Exported:
-    """Export ``model`` into ``folder`` as library ``name``. ``prepare(objects)``: the
-    compile through the cache, ``(Prepared, CacheOutcome)``; one that compiles in this
-    process (no cache) keeps its kernel objects in ``objects``; ``native``: how the
-    command's settings build native code (nncc.backends.native_options); ``recompile(objects)``: the same compile again in this
-    process, keeping the objects it builds or finds in ``objects`` (for when the cache
-    lacks one); ``trust_shared``: the cache folder may be shared (--trust-shared-cache)."""
+    """Export ``model`` into ``folder`` as library ``name``. ``prepare(objects, dims)``:
+    the compile through the cache with the symbolic dimensions ``dims`` fixed besides the
+    command's, ``(Prepared, CacheOutcome)``; one that compiles in this process (no cache)
+    keeps its kernel objects in ``objects``; ``native``: how the command's settings build
+    native code (nncc.backends.native_options); ``recompile(objects, dims)``: the same
+    compile again in this process, keeping the objects it builds or finds in ``objects``
+    (for when the cache lacks one); ``trust_shared``: the cache folder may be shared
+    (--trust-shared-cache). A batch dimension left open (nncc.export.batch) is compiled at 1
+    and taken at run time."""
     if find_toolchain(cc=native.cc) is None:  # the export is native code, built and linked by it
         raise NotExportable("no C compiler to build the library with (cc, gcc or clang on PATH, or $CC)")
     compiled = Keeping()
-    prepared, outcome = prepare(compiled)
-    spec = standalone(prepared.plan)
+    prepared, outcome = prepare(compiled, {})
+    batch = find_batch(prepared.plan)
+    one = {batch.dim: 1} if batch is not None else {}
+    if batch is not None:  # the general plan said which axes scale with the batch: the code is one sample's
+        prepared, outcome = prepare(compiled, one)
+    spec = standalone(prepared.plan, batch)
     objects = compiled.kept if all(key in compiled.kept for key in spec.objects) else None
     objects = objects or cached_objects(outcome.directory, spec.objects, trust_shared)
     if objects is None:
         store, cache = open_store(outcome.directory, trust_shared)
         keeping = Keeping(store)
         try:
-            spec = standalone(recompile(keeping))
+            spec = standalone(recompile(keeping, one), batch)
         finally:
             if cache is not None:
                 cache.close()
@@ -88,8 +96,9 @@ def export(model: str, folder: str, name: str, prepare, native, embed_weights: b
     offsets, size = layout(spec.constants)
     data = data_bytes(spec.constants)
     features = cpu.mask(spec.features)
-    description = repr((spec.symbol, spec.bindings, [(t.name, t.shape) for t in spec.inputs + spec.outputs],
-                        spec.workspace, features, spec.objects, offsets, spec.sanitized))
+    tensors = [(t.name, t.shape, t.batch_axis) for t in spec.inputs + spec.outputs]
+    description = repr((spec.symbol, spec.bindings, tensors, spec.workspace, features, spec.objects, offsets,
+                        spec.sanitized))
     model_token = token(description, data)
     weights = weights_file(model_token, features, data)
     unit = c_api.unit(name, spec, offsets, size, model_token, digest(data), features, embed_weights)
@@ -177,8 +186,11 @@ int main(int argc, char **argv) {{
 
 
 def readme(name: str, model: str, spec, embedded: bool) -> str:
-    tensors = "\n".join(f"  {kind} {t.name}: float32 [{', '.join(map(str, t.shape))}]"
+    tensors = "\n".join(f"  {kind} {t.name}: float32 [{c_api.shape_text(t, spec.batch)}]"
                         for kind, group in (("input ", spec.inputs), ("output", spec.outputs)) for t in group)
+    if spec.batch is not None:
+        tensors += (f"\n\n{spec.batch} is the batch, chosen at run time: {name}_run_batch runs n samples "
+                    f"({name}_run one,\nas the example does).")
     weights = ("The weights are inside the library (--embed-weights): pass NULL to open." if embedded else
                f"{name}.weights holds the weights; the library maps it at open and checks that it is this\n"
                "build's, undamaged, and that the CPU has the features the code needs.")

@@ -150,7 +150,7 @@ def describe_sample_axes(plan, other_size: int = 4) -> dict[str, dict]:
                 s: tuple(n if d == dim else sizes.get(d, 1) if not isinstance(d, int) else d
                          for d in plan.slots[s].shape) for s in inputs}
             try:
-                find_separation(plan, shapes_at, dim, lambda v: _plain_attr(plan, v))
+                find_separation(plan, shapes_at, dim, lambda v: plain_attr(plan, v))
                 found[dim] = {"sample_axis": True, "reason": None, "other_sizes": sizes}
             except Rejected as exc:
                 found[dim] = {"sample_axis": False, "reason": str(exc), "other_sizes": sizes}
@@ -160,13 +160,13 @@ def describe_sample_axes(plan, other_size: int = 4) -> dict[str, dict]:
     return found
 
 
-def _plain_attr(plan, value):
+def plain_attr(plan, value):
     """A plan attribute as kernels take it, without an executor: tensor references as the
     plan's constants (a subgraph stays as it is stored: its op rejects the model anyway)."""
     if isinstance(value, dict) and "$tensor" in value:
         return plan.constants[value["$tensor"]]
     if isinstance(value, list):
-        return [_plain_attr(plan, v) for v in value]
+        return [plain_attr(plan, v) for v in value]
     return value
 
 
