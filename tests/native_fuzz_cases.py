@@ -4,9 +4,11 @@ A case is one op (or a short chain) with its own inputs and outputs; case ``inde
 ``seed`` is drawn from its own generator (``default_rng([seed, index])``), so it can be
 rebuilt alone. Kinds take turns by index, so any run of consecutive indices covers them
 all; one round in four is compiled at -O0 (nothing fused), the others at -O2. One case in
-``NONFINITE`` (drawn from the case's third generator, so the geometries stay as they were)
-has NaN, +inf and -inf planted at random places of one of its inputs: an output must then
-be NaN exactly where onnxruntime's is, and infinite where it is.
+``NONFINITE`` (drawn from the case's third generator, so the geometries stay as they were;
+``NNCC_FUZZ_NONFINITE=1`` plants them in every case) has NaN, +inf and -inf planted at
+random places of one of its inputs: an output must then be NaN exactly where onnxruntime's
+is, and infinite where it is. ``indices(count, kinds)`` are the first ``count`` indices
+whose kind is one of ``kinds`` (all kinds when empty).
 ``batch_model(cases)`` puts many cases side by side into one model, so one compile builds
 all their kernels in parallel.
 
@@ -32,6 +34,7 @@ with the sanitizer runtimes preloaded, and compares in the parent).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -40,7 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
-NONFINITE = 8  # one case in this many is fed NaN, +inf and -inf
+NONFINITE = int(os.environ.get("NNCC_FUZZ_NONFINITE") or 8)  # one case in this many is fed NaN, +inf and -inf
 BATCH = 120  # cases per model: one compile builds all their kernels in parallel
 ATOL_PER_TERM = 1e-6
 RTOL = 1e-5
@@ -1061,6 +1064,16 @@ def plant_nonfinite(case: Case, rng) -> None:
 
 def make_cases(seed: int, start: int, count: int) -> list[Case]:
     return [make_case(seed, i) for i in range(start, start + count)]
+
+
+def indices(count: int, kinds=()) -> list[int]:
+    """The first ``count`` case indices of the given kinds (every kind when none is given)."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"no fuzz kind {', '.join(sorted(unknown))}; the kinds are {', '.join(sorted(KINDS))}")
+    chosen = [i for i, kind in enumerate(ROUND) if not kinds or kind in kinds]
+    rounds = -(-count // len(chosen))
+    return [r * len(ROUND) + i for r in range(rounds) for i in chosen][:count]
 
 
 # -- models and judging ------------------------------------------------------------------------
