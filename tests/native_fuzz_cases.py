@@ -4,9 +4,11 @@ A case is one op (or a short chain) with its own inputs and outputs; case ``inde
 ``seed`` is drawn from its own generator (``default_rng([seed, index])``), so it can be
 rebuilt alone. Kinds take turns by index, so any run of consecutive indices covers them
 all; one round in four is compiled at -O0 (nothing fused), the others at -O2. One case in
-``NONFINITE`` (drawn from the case's third generator, so the geometries stay as they were)
-has NaN, +inf and -inf planted at random places of one of its inputs: an output must then
-be NaN exactly where onnxruntime's is, and infinite where it is.
+``NONFINITE`` (drawn from the case's third generator, so the geometries stay as they were;
+``NNCC_FUZZ_NONFINITE=1`` plants them in every case) has NaN, +inf and -inf planted at
+random places of one of its inputs: an output must then be NaN exactly where onnxruntime's
+is, and infinite where it is. ``indices(count, kinds)`` are the first ``count`` indices
+whose kind is one of ``kinds`` (all kinds when empty).
 ``batch_model(cases)`` puts many cases side by side into one model, so one compile builds
 all their kernels in parallel.
 
@@ -32,6 +34,7 @@ with the sanitizer runtimes preloaded, and compares in the parent).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -40,7 +43,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
-NONFINITE = 8  # one case in this many is fed NaN, +inf and -inf
+NONFINITE = int(os.environ.get("NNCC_FUZZ_NONFINITE") or 8)  # one case in this many is fed NaN, +inf and -inf
 BATCH = 120  # cases per model: one compile builds all their kernels in parallel
 ATOL_PER_TERM = 1e-6
 RTOL = 1e-5
@@ -63,6 +66,9 @@ class Case:
     # the same computation as onnxruntime can run it, when it cannot run ``nodes`` (a
     # batch-major recurrent node: its layout-0 twin between Transposes)
     oracle_nodes: list | None = None
+    # the same computation in standard ops, for the onnx reference evaluator when ``nodes``
+    # hold a com.microsoft one (a DynamicQuantizeMatMul's chain)
+    reference_nodes: list | None = None
     nonfinite: str | None = None  # the input NaN, +inf and -inf were planted in
 
 
@@ -509,7 +515,8 @@ def attention(case, rng, **given):
 def dynamic_int8(case, rng):
     """A product by an int8 weight matrix as quantize_dynamic writes it (DynamicQuantizeLinear,
     MatMulInteger, Cast, Mul by the scales, maybe Add of a bias), which -O2 makes one
-    DynamicQuantizeMatMul; at -O0 that node itself, as onnxruntime's optimizer writes it."""
+    DynamicQuantizeMatMul; at -O0 that node itself, as onnxruntime's optimizer writes it (the
+    chain then stays the reference evaluator's, which knows no com.microsoft op)."""
     b = _Builder(case, rng)
     m = int(rng.integers(1, 201)) if rng.random() < 0.7 else _choice(rng, [1, 2, 6, 7, 12, 64, 128])
     k, nn = (_choice(rng, ODD + [16, 48, 64, 128, 65, 200]) for _ in range(2))
@@ -531,19 +538,19 @@ def dynamic_int8(case, rng):
                  "column": rng.integers(-20, 21, nn)}[zero_form]
         case.inits[b_zero] = value.astype(np.int8)
     bias = b.init("bias", (nn,)) if rng.random() < 0.6 else ""
+    aq, a_scale, a_zero = b.node("DynamicQuantizeLinear", [a], ["aq", "as", "az"])
+    (scales,) = b.node("Mul", [a_scale, scale], ["scales"])
+    (product,) = b.node("MatMulInteger", [aq, weights, a_zero] + ([b_zero] if b_zero else []), ["mmi"])
+    (y,) = b.node("Cast", [product], ["cast"], to=TensorProto.FLOAT)
+    (y,) = b.node("Mul", [y, scales], ["scaled" if bias else "y"])
+    if bias:
+        (y,) = b.node("Add", [y, bias], ["y"])
     if case.opt_level == 0:
+        case.reference_nodes, case.nodes = case.nodes, []
         ins = [a, weights, scale, b_zero, bias]
         while not ins[-1]:
             ins.pop()
-        (y,) = b.node("DynamicQuantizeMatMul", ins, ["dqmm"], domain="com.microsoft")
-    else:
-        aq, a_scale, a_zero = b.node("DynamicQuantizeLinear", [a], ["aq", "as", "az"])
-        (scales,) = b.node("Mul", [a_scale, scale], ["scales"])
-        (product,) = b.node("MatMulInteger", [aq, weights, a_zero] + ([b_zero] if b_zero else []), ["mmi"])
-        (y,) = b.node("Cast", [product], ["cast"], to=TensorProto.FLOAT)
-        (y,) = b.node("Mul", [y, scales], ["scaled"])
-        if bias:
-            (y,) = b.node("Add", [y, bias], ["biased"])
+        b.node("DynamicQuantizeMatMul", ins, ["y"], domain="com.microsoft")
     b.output(y)
     case.terms = k + 1
     case.geometry = dict(a=[*batch, m, k], N=nn, per_column=per_column, b_zero=zero_form, bias=bool(bias))
@@ -1025,16 +1032,15 @@ def make_case(seed: int, index: int) -> Case:
     return case
 
 
-# Kinds whose oracle stops being one on NaN and inf. DynamicQuantizeLinear: any of them makes
-# a quotient NaN (NaN over the scale, or an infinity over the infinite scale an infinity
-# makes), and how a NaN becomes a byte is not defined: onnxruntime and the reference
-# evaluator agree with nncc on some rows and not on others (case 20261127:2939, K = 3).
-# onnxruntime's RNN, GRU and LSTM clamp a gate's input before its activation, so a NaN there
-# becomes a saturated gate (its Sigmoid and Tanh ops keep NaN, as the reference evaluator's
-# recurrent ops and nncc's do). The quantized convolutions take them in their float input:
-# their fixed scales send an infinity to an end of the byte range, and onnxruntime's exact
-# integer products (tests/oracle.py) then agree with nncc's.
-NO_ORACLE_FOR_NONFINITE = {"dynamic_int8", "recurrent"}
+# Kinds whose oracle stops being one on NaN and inf. onnxruntime's RNN, GRU and LSTM clamp a
+# gate's input before its activation, so a NaN there becomes a saturated gate (its Sigmoid
+# and Tanh ops keep NaN, as the reference evaluator's recurrent ops and nncc's do). The
+# quantized convolutions take them in their float input: their fixed scales send an infinity
+# to an end of the byte range, and onnxruntime's exact integer products (tests/oracle.py)
+# then agree with nncc's. A dynamically quantized product's NaN makes the range, so every
+# result, NaN, as the reference evaluator computes it (onnxruntime's vector min/max keeps or
+# loses it by its place in memory: tests/test_dynamic_quantize_nonfinite.py).
+NO_ORACLE_FOR_NONFINITE = {"recurrent"}
 
 
 def plant_nonfinite(case: Case, rng) -> None:
@@ -1060,15 +1066,29 @@ def make_cases(seed: int, start: int, count: int) -> list[Case]:
     return [make_case(seed, i) for i in range(start, start + count)]
 
 
+def indices(count: int, kinds=()) -> list[int]:
+    """The first ``count`` case indices of the given kinds (every kind when none is given)."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"no fuzz kind {', '.join(sorted(unknown))}; the kinds are {', '.join(sorted(KINDS))}")
+    chosen = [i for i, kind in enumerate(ROUND) if not kinds or kind in kinds]
+    rounds = -(-count // len(chosen))
+    return [r * len(ROUND) + i for r in range(rounds) for i in chosen][:count]
+
+
 # -- models and judging ------------------------------------------------------------------------
 
 
-def batch_model(cases: list[Case], oracle: bool = False) -> onnx.ModelProto:
+def batch_model(cases: list[Case], oracle: bool = False, reference: bool = False) -> onnx.ModelProto:
     """One model holding every case side by side (each its own inputs and outputs); with
-    ``oracle``, each case's nodes as onnxruntime runs them (``Case.oracle_nodes``)."""
+    ``oracle``, each case's nodes as onnxruntime runs them (``Case.oracle_nodes``), with
+    ``reference`` as the onnx reference evaluator does (``Case.reference_nodes``)."""
     nodes, inputs, outputs, inits = [], [], [], []
     for case in cases:
-        nodes += case.oracle_nodes if oracle and case.oracle_nodes is not None else case.nodes
+        if reference and case.reference_nodes is not None:
+            nodes += case.reference_nodes
+        else:
+            nodes += case.oracle_nodes if oracle and case.oracle_nodes is not None else case.nodes
         inputs += [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
                    for n, a in case.inputs.items()]  # float32, or a gather's int32 and int64 indices
         outputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in case.outputs]
@@ -1132,7 +1152,7 @@ def run_onnxruntime(cases: list[Case]) -> dict:
 def run_reference(case: Case) -> dict:
     from onnx.reference import ReferenceEvaluator
 
-    return dict(zip(case.outputs, ReferenceEvaluator(batch_model([case])).run(None, case.inputs)))
+    return dict(zip(case.outputs, ReferenceEvaluator(batch_model([case], reference=True)).run(None, case.inputs)))
 
 
 def worst(case: Case, got, want, name: str = "") -> tuple[float, float] | None:

@@ -12,9 +12,13 @@ the C code, so it fails). Cases are compiled ``BATCH`` to a model, so one compil
 many kernels in parallel, and kernels already built in the process are reused.
 
 Scale it up with ``NNCC_FUZZ_CASES=N`` (plain cases; the sanitized run takes a third as
-many, at least 1) and pick other geometries with ``NNCC_FUZZ_SEED=S``, e.g.::
+many, at least 1), pick other geometries with ``NNCC_FUZZ_SEED=S``, only some kinds with
+``NNCC_FUZZ_KINDS=casts,qconv`` (each case keeps its index, so its geometry) and NaN and
+infinities in every case with ``NNCC_FUZZ_NONFINITE=1``, e.g.::
 
     NNCC_FUZZ_CASES=3000 NNCC_FUZZ_SEED=7 PYTHONPATH=$PWD python -m pytest -q tests/test_native_fuzz.py
+    NNCC_FUZZ_KINDS=casts,dynamic_int8 NNCC_FUZZ_NONFINITE=1 NNCC_FUZZ_CASES=300 PYTHONPATH=$PWD \
+        python -m pytest -q tests/test_native_fuzz.py -k sanitizers
 
 A failure names each failing case's geometry and the one-line command that reproduces it.
 """
@@ -39,6 +43,8 @@ pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None,
 SEED = int(os.environ.get("NNCC_FUZZ_SEED") or 20261127)
 PLAIN = int(os.environ.get("NNCC_FUZZ_CASES") or 480)
 SANITIZED = max(1, PLAIN // 3)
+KINDS = [kind for kind in (os.environ.get("NNCC_FUZZ_KINDS") or "").split(",") if kind]
+INDICES = F.indices(PLAIN, KINDS)
 
 
 def _outputs(cases, tmp_path):
@@ -64,7 +70,7 @@ def _judge_all(cases, got, native) -> list[str]:
 @pytest.mark.slow  # fuzzing
 @pytest.mark.parametrize("start", range(0, PLAIN, F.BATCH))
 def test_native_code_matches_the_oracles(tmp_path, start):
-    cases = F.make_cases(SEED, start, min(F.BATCH, PLAIN - start))
+    cases = [F.make_case(SEED, i) for i in INDICES[start:start + F.BATCH]]
     got, native = _outputs(cases, tmp_path)
     failures = _judge_all(cases, got, native)
     assert not failures, f"{len(failures)} of {len(cases)} cases fail:\n" + "\n".join(failures)
@@ -98,7 +104,7 @@ def test_native_code_is_clean_under_sanitizers(tmp_path):
     AddressSanitizer and UBSan in a process that preloads their runtimes, with every
     argument of a native call in its own exactly-sized heap block: any access past a
     tensor, or undefined behaviour, ends the process with the sanitizer's report."""
-    indices = list(range(SANITIZED))
+    indices = INDICES[:SANITIZED]
     done = _run_sanitized(indices, tmp_path / "out.npz")
     if done.returncode != 0:
         index, report = _first_crash(indices, tmp_path)

@@ -20,7 +20,7 @@ import pytest
 
 from nncc.native.toolchain import find_toolchain
 from tests.conftest import ROOT
-from tests.oracle import ort_outputs, ort_run
+from tests.oracle import ort_outputs
 from tests.test_native_sanitize import have_sanitizer_runtime, sanitized_env
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None,
@@ -147,49 +147,3 @@ def test_plain_native_code_agrees_with_onnxruntime_on_nan_and_inf(tmp_path):
 @pytest.mark.skipif(not have_sanitizer_runtime(), reason="the C compiler has no ASan/UBSan runtime to preload")
 def test_sanitized_native_code_is_defined_on_nan_and_inf(tmp_path):
     _judge(*_run(tmp_path, sanitized_env()))
-
-
-def _dynamic_product_oracle(case, a: np.ndarray) -> np.ndarray:
-    """The quantized product of a dynamic_int8 case: A quantized by onnxruntime's own
-    DynamicQuantizeLinear, then the integer product exactly (int64), scaled and biased in
-    float32 as the graph's Cast, Mul and Add do. (onnxruntime's u8s8 product itself adds byte
-    pairs in saturating 16-bit arithmetic, so it is no oracle for the whole graph.)"""
-    graph = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])], "dql",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(a.shape))],
-                              [helper.make_tensor_value_info("q", TensorProto.UINT8, None),
-                               helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("z", TensorProto.UINT8, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    q, scale, zero = ort_run(model, {"x": a})
-    get = {name[len("c0_"):]: value for name, value in case.inits.items()}
-    b = get["b"].astype(np.int64) - get.get("b_zero", np.zeros((), np.int8)).astype(np.int64)
-    acc = (q.astype(np.int64) - np.int64(zero)) @ b
-    y = acc.astype(np.float32) * (np.float32(scale) * get["b_scale"].astype(np.float32))
-    return y + get["bias"] if "bias" in get else y
-
-
-@pytest.mark.parametrize("backends", [None, ("numpy",)], ids=["native", "portable"])
-def test_dynamic_quantization_leaves_nan_out_of_the_range(tmp_path, backends):
-    """A product by int8 weights as quantize_dynamic writes it, A holding NaN: the range (so
-    the scale and zero point) is the other values', NaN quantizes to 0, as onnxruntime's
-    DynamicQuantizeLinear gives them (no infinity here: with an infinite scale every value
-    lands on a byte range end, where the oracle's own product is no longer exact)."""
-    import nncc
-    from tests import native_fuzz_cases as F
-
-    case = F.Case(0, 0, "dynamic_int8", {}, opt_level=2)
-    rng = np.random.default_rng(20261128)
-    F.dynamic_int8(case, rng)
-    (name,) = case.inputs
-    a = case.inputs[name].reshape(-1)
-    a[rng.permutation(a.size)[:4]] = np.nan
-    onnx.save(F.batch_model([case]), str(tmp_path / "m.onnx"))
-    options = {} if backends is None else {"backends": backends}
-    model = nncc.compile_model(tmp_path / "m.onnx", opt_level=2, **options)
-    (out,) = case.outputs
-    got = model.run(F.feeds([case]))[out]
-    if backends is None:
-        assert out in F.native_outputs(model)
-    want = _dynamic_product_oracle(case, case.inputs[name])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * case.terms * max(1.0, float(np.abs(want).max())))

@@ -289,7 +289,8 @@ def _scaled_product(op, a_q, a_zero, b, b_zero, scale, bias) -> np.ndarray:
     n = b.shape[-1]
     b_zero = None if b_zero is None else _per_column(b_zero, n, "b_zero_point", op)
     acc = integer_matmul(op, a_q, b, a_zero, b_zero).astype(np.int32, copy=False)
-    y = acc.astype(F32) * scale
+    with np.errstate(invalid="ignore"):  # 0 times an infinite scale (an infinity in A) is NaN, as in float
+        y = acc.astype(F32) * scale
     if bias is not None:
         if bias.dtype != F32 or bias.size != n:
             raise KernelError(f"{op}: bias must be {n} float32 values, got {bias.dtype}{list(bias.shape)}")

@@ -265,17 +265,19 @@ def dynamic_quantize_linear(ctx, x):
     if x.dtype != np.float32:
         raise KernelError(f"DynamicQuantizeLinear expects float32 input, got {x.dtype}")
     qmin, qmax = np.float32(0), np.float32(255)
-    # the range always includes 0, so that 0 is exactly representable; NaN is left out of
-    # it (fmax/fmin skip NaN), as onnxruntime leaves it out
-    high = np.float32(max(0.0, float(np.fmax.reduce(x, axis=None)))) if x.size else np.float32(0)
-    low = np.float32(min(0.0, float(np.fmin.reduce(x, axis=None)))) if x.size else np.float32(0)
+    # the range always includes 0, so that 0 is exactly representable. A NaN anywhere makes
+    # it NaN (ONNX's max(x) and min(x), as the reference evaluator takes them), so the scale
+    # is NaN, and so is every product computed with it: onnxruntime's vector min/max instead
+    # keeps or drops a NaN, and values sharing its lane, by where it lies in memory
+    high = np.maximum(np.float32(0), np.max(x)) if x.size else np.float32(0)
+    low = np.minimum(np.float32(0), np.min(x)) if x.size else np.float32(0)
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.float32((high - low) / (qmax - qmin))
         if scale == 0:
             scale = np.float32(1)  # an all-zero input: any scale works, zero point 0
-        # infinities of both signs make the zero point NaN: onnxruntime's clamp gives 255
+        # a NaN zero point (the scale NaN, or infinities of both signs): onnxruntime's clamp gives 255
         zero = np.float32(qmax) if np.isnan(qmin - low / scale) else np.rint(np.clip(qmin - low / scale, qmin, qmax))
-        # NaN (NaN, or an infinity over an infinite scale) quantizes to 0, as onnxruntime's
+        # NaN (over a NaN scale, or an infinity over an infinite one) quantizes to 0, as onnxruntime's
         y = np.minimum(np.fmax(np.rint(x / scale) + zero, qmin), qmax)
     return (y.astype(np.uint8), np.array(scale, dtype=np.float32), np.array(zero, dtype=np.uint8))
 

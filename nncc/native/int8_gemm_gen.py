@@ -2,9 +2,9 @@
 
 ``Y = float(int32 (Aq - a_zero)(B - b_zero)) * (a_scale * b_scale) + bias``, where A
 (float32, any batch dims folded into M rows) is quantized in the step itself exactly as
-DynamicQuantizeLinear does: one range for the whole tensor (always including 0), scale =
-(max - min) / 255, zero point = round(-min / scale), u8 = saturate(round(x / scale) + zero),
-rounding half to even. B is a constant int8 matrix, packed at compile time (below) with its
+DynamicQuantizeLinear does: one range for the whole tensor (always including 0; NaN when A
+holds a NaN, so every result is NaN), scale = (max - min) / 255, zero point = round(-min /
+scale), u8 = saturate(round(x / scale) + zero), rounding half to even. B is a constant int8 matrix, packed at compile time (below) with its
 column sums, so the zero points cost nothing in the inner loop:
 
     sum_k (a - za)(b - zb) = sum_k a*b - zb * rowsum(a) - za * colsum(b) + K * za * zb
@@ -182,6 +182,7 @@ def source(m: int, n: int, k: int, name: str) -> str:
         float v = A[i];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
+        nan |= v != v;
     }}
 """
     return f"""
@@ -203,7 +204,7 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
         int32_t sum = 0;
         for (int64_t p = 0; p < {k}; p++) {{
             float v = rintf(a[p] / scale) + zero;  /* half to even, the default rounding mode */
-            v = v > 0.0f ? v : 0.0f;  /* NaN (an infinite a over an infinite scale) to 0, as onnxruntime */
+            v = v > 0.0f ? v : 0.0f;  /* NaN (over a NaN scale, or an infinite a over an infinite one) to 0 */
             v = v < 255.0f ? v : 255.0f;
             q[p] = (uint8_t)(int32_t)v;
         }}
@@ -246,11 +247,13 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
 }}
 
 static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
-    /* the range of the whole tensor, always including 0 (so 0 is exact) */
+    /* the range of the whole tensor, always including 0 (so 0 is exact); a NaN anywhere
+     * makes it NaN, as DynamicQuantizeLinear's max and min (the portable kernel's) */
     /* sixteen lanes at a time (the compiler does not vectorise a float min reduction) */
     typedef float q_vf __attribute__((vector_size(64)));
     typedef int32_t q_vi __attribute__((vector_size(64)));
     q_vf los = {{0}}, his = {{0}};
+    q_vi nans = {{0}};
     int64_t i = 0;
     for (; i + 16 <= {m * k}; i += 16) {{
         q_vf v;
@@ -258,17 +261,21 @@ static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float
         q_vi below = v < los, above = v > his;
         los = (q_vf)((below & (q_vi)v) | (~below & (q_vi)los));
         his = (q_vf)((above & (q_vi)v) | (~above & (q_vi)his));
+        nans |= v != v;
     }}
     float lo = 0.0f, hi = 0.0f;
+    int nan = 0;
     for (int t = 0; t < 16; t++) {{
         lo = los[t] < lo ? los[t] : lo;
         hi = his[t] > hi ? his[t] : hi;
+        nan |= nans[t] != 0;
     }}
 {tail_range}
-    float scale = (hi - lo) / 255.0f;
+    /* NaN: every quantized value 0, the zero point 255 and every product NaN, below */
+    float scale = nan ? NAN : (hi - lo) / 255.0f;
     if (scale == 0.0f) scale = 1.0f;  /* all zeros: any scale, zero point 0 */
     float zero = 0.0f - lo / scale;
-    /* NaN (infinities of both signs in A) to 255, as onnxruntime's min(255, zero) gives it */
+    /* NaN (the scale NaN, or infinities of both signs in A) to 255, as onnxruntime's min(255, zero) gives it */
     zero = nearbyintf(zero < 0.0f ? 0.0f : (zero > 255.0f || zero != zero ? 255.0f : zero));
     q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, Bp,
                table->colsum, table->zero, table->scale, table->bias, Y, scale, zero, (int32_t)zero}};

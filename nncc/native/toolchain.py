@@ -47,8 +47,11 @@ BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fno-trapping-math
               "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
 LINK_FLAGS = ("-shared",)
 # The sanitize mode (native.sanitize, $NNCC_NATIVE_SANITIZE): the same -O3 code, checked for
-# out-of-bounds accesses and undefined behaviour, stopping at the first one.
-SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer")
+# out-of-bounds accesses and undefined behaviour, stopping at the first one. GCC's
+# "undefined" leaves out a float converted to an integer that cannot hold it (NaN, an
+# infinity, out of range), the undefined behaviour kernels fed non-finite values risk most.
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fsanitize=float-cast-overflow", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer")
 DEFAULT_TIMEOUT = 300.0  # seconds one compiler run may take, unless the caller says (= native.cc_timeout's default)
 
 
