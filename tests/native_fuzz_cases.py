@@ -179,7 +179,7 @@ def conv(case, rng, pointwise=False):
     bias = rng.random() < 0.6
     if bias:
         ins.append(b.init("b", (wshape[0],)))
-    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu"])
+    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu", "Sigmoid", "Silu"])
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
     oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
     ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
@@ -188,6 +188,11 @@ def conv(case, rng, pointwise=False):
     elif epilogue == "Clip":
         lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
         (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue == "Silu":  # x * Sigmoid(x), which -O2 fuses into the convolution as SiLU
+        (s,) = b.node("Sigmoid", [y], ["sigmoid"])
+        (y,) = b.node("Mul", [y, s], ["silu"])
     elif epilogue.startswith("residual"):
         (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
         if epilogue == "residual_relu":

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nncc.native.activations import SCALAR_ONLY
+from nncc.native.activations import CODES, SCALAR_ONLY
 
 
 @dataclass(frozen=True)
@@ -152,14 +152,35 @@ def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
     return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
 
 
+# The activations nn_vact cannot compute (SCALAR_ONLY) are applied after the store, so their
+# constants and temporaries never compete with a tile's accumulators for registers. Those
+# simd.h has a vector function for run it vector by vector; the lane-by-lane loop (which
+# the compiler vectorizes, but with every range check of the scalar exp) cost several times
+# the convolution itself in a SiLU network's depthwise layers.
+LOGISTIC = {CODES["Sigmoid"]: "nn_vsigmoid", CODES["Silu"]: "nn_vsilu"}
+
+
 def stored(v: str, residual: str | None, act: int, p0: str, p1: str) -> str:
     """The vector a store writes: ``v`` plus the residual vector at ``residual`` (a C
-    pointer expression), activated (the SCALAR_ONLY ones are applied after the store)."""
+    pointer expression), activated (the SCALAR_ONLY ones are applied after the store, by
+    ``after_store``)."""
     if residual:
         v = f"nn_vadd({v}, nn_vload({residual}))"
     if act and act not in SCALAR_ONLY:
         v = f"nn_vact({act}, {v}, {p0}, {p1})"
     return v
+
+
+def after_store(act: int, start: str, vectors: int | str, vl: int, p0: str, p1: str) -> str:
+    """C applying a SCALAR_ONLY activation in place to ``vectors`` vectors stored from the
+    C pointer ``start``; empty for any other activation (``stored`` applied it)."""
+    if act not in SCALAR_ONLY:
+        return ""
+    if act in LOGISTIC:
+        return (f"for (int64_t q = 0; q < {vectors}; q++) {{ float *e = {start} + q * {vl}; "
+                f"nn_vstore(e, {LOGISTIC[act]}(nn_vload(e))); }}")
+    return (f"for (int64_t q = 0; q < ({vectors}) * {vl}; q++) {{ float *e = {start} + q; "
+            f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
 
 
 def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
@@ -169,11 +190,9 @@ def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: 
         for r in range(rw):
             off = f"{o * plane} + (ow0 + {r}) * {vl}"
             lines.append(f"nn_vstore(y + {off}, {stored(f'a{r}_{o}', f'res + {off}' if has_res else None, act, p0, p1)});")
-    if act in SCALAR_ONLY:  # sigmoid, tanh, ...: lane by lane after the store (the loop vectorizes)
-        for o in range(ocb):
-            lines.append(f"for (int q = 0; q < {rw * vl}; q++) {{ float *e = y + {o * plane} + ow0 * {vl} + q; "
-                         f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
-    return lines
+    for o in range(ocb):
+        lines.append(after_store(act, f"y + {o * plane} + ow0 * {vl}", rw, vl, p0, p1))
+    return [line for line in lines if line]
 
 
 def _row_taps(g: Conv2d, indent: str) -> list[str]:
