@@ -17,7 +17,9 @@ clipped at run time (once per row). The work is shared over the pool as (image, 
 group, output row, column chunk) tasks, so a batch is part of the same tiling.
 
 A depthwise convolution is the same tiling with one vector of channels per pixel and no
-broadcast: every tap is a vector multiply-add of input and weight.
+broadcast: every tap is a vector multiply-add of input and weight. A grouped convolution
+whose groups are whole blocks is the direct one per group: a tile's channel blocks stay in
+one group, and its task reads that group's input blocks only.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ class Conv2d:
     @property
     def depthwise(self) -> bool:
         return self.group == self.c == self.k
+
+    def whole_block_groups(self, vl: int) -> bool:
+        """A grouped convolution whose every group's input and output channels are whole
+        blocks: each output block then reads its own group's input blocks only, so it runs
+        as a dense convolution over those (the weights [K, C/group, KH, KW] are already
+        that dense convolution's)."""
+        return self.group > 1 and not self.depthwise and (self.c // self.group) % vl == 0 \
+            and (self.k // self.group) % vl == 0
 
     def interior(self) -> tuple[int, int]:
         """Output columns [lo, hi) whose every tap lies inside the input row."""
@@ -108,7 +118,7 @@ def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
     (OCB x RW vectors) plus the OCB weight vectors and a broadcast must fit the register
     file: 32 vectors with AVX-512, 16 otherwise."""
     budget = 24 if vl == 16 else 12
-    kb = blocks(g.k, vl)
+    kb = blocks(g.k // g.group, vl)  # a tile's channel blocks stay inside one group
     ocb = max(d for d in range(1, (4 if vl == 16 else 3) + 1) if kb % d == 0)
     widest = budget // ocb
     width = _row_width(g)
@@ -146,9 +156,12 @@ class _Addressing:
 
 
 def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
+    """Of a group's input channels (all of them, ungrouped): ``blocks`` counts one group's."""
     if plain:
         return _Addressing(g.c * g.h * g.w, g.c * g.h * g.w, g.w, 1, g.h * g.w, g.c, 1, g.c)
     icb = blocks(g.c, vl)
+    if g.group > 1:  # whole_block_groups: every group's blocks are full
+        return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb // g.group, vl)
     return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
 
 
@@ -240,6 +253,8 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     nkc = -(-a.blocks // kc)
     plane = g.oh * g.ow * vl  # floats per output channel block
     full_blocks = a.blocks if a.last == a.lanes else a.blocks - 1
+    # a grouped convolution's channel group g reads its own convolution group's input blocks
+    group_x = f" + g / {ocg // g.group} * {a.blocks * a.c}" if g.group > 1 else ""
     if flat:  # one long row per image, cut into rows of whole tiles
         pixels = g.oh * g.ow
         roww = rw * max(1, min(16, -(-pixels // rw) // 4 or 1))
@@ -331,7 +346,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
         body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {roww * vl};",
                  "        float *y = yp + yo;",
                  "        const float *res = rp ? rp + yo : 0;",
-                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w};",
+                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w}{group_x};",
                  "        const int i0 = 0, i1 = 1;",
                  f"        if (oh < {rows - 1}) {{",
                  f"          for (int64_t q = 0; q < {roww // rw}; q++) {call(0, 1, f'q * {rw}', rw)}",
@@ -346,7 +361,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
         body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
                  "        float *y = yp + yo;",
                  "        const float *res = rp ? rp + yo : 0;",
-                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h};"]
+                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h}{group_x};"]
         body += [f"        {call(s, 0)}" for s in left]
         if inner:
             body.append(f"        for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
@@ -354,7 +369,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     body += ["      }", "    }", "  }", "}"]
     support.append("\n".join(body))
     total = g.n * ocg * row_chunks
-    flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
+    flops = 2 * g.n * g.k * g.oh * g.ow * (g.c // g.group) * g.kh * g.kw
     return "\n".join(support) + "\n", parallel_call(ptrs, total, flops, "conv_task")
 
 
