@@ -113,13 +113,26 @@ def pack_channels(v: np.ndarray, channels: int, vl: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- choices
 
 
+def vector_registers(vl: int) -> int:
+    """The vector registers of the ISA whose vectors hold ``vl`` floats (nncc/native/isa.py):
+    32 zmm with AVX-512, 16 ymm with AVX2 (and 16 xmm or NEON q registers otherwise)."""
+    return 32 if vl == 16 else 16
+
+
+# The register tiles, by the size of the vector register file, in this one place:
+# (accumulators of a direct tile, its most channel blocks, pixels of a depthwise tile). A
+# direct tile's accumulators, its OCB weight vectors and one broadcast fill the file
+# (AVX2: 12 + 3 + 1 of 16; AVX-512: 24 + 4 + 1 of 32, with room to spare); a depthwise tile
+# leaves room for its weight vector, the input vector and the epilogue's constants.
+TILES = {32: (24, 4, 12), 16: (12, 3, 8)}
+
+
 def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
-    """(OCB, RW): channel blocks and pixels per micro-kernel tile. The accumulators
-    (OCB x RW vectors) plus the OCB weight vectors and a broadcast must fit the register
-    file: 32 vectors with AVX-512, 16 otherwise."""
-    budget = 24 if vl == 16 else 12
+    """(OCB, RW): channel blocks and pixels per micro-kernel tile, within the register
+    file's budget (TILES)."""
+    budget, most, _ = TILES[vector_registers(vl)]
     kb = blocks(g.k // g.group, vl)  # a tile's channel blocks stay inside one group
-    ocb = max(d for d in range(1, (4 if vl == 16 else 3) + 1) if kb % d == 0)
+    ocb = max(d for d in range(1, most + 1) if kb % d == 0)
     widest = budget // ocb
     width = _row_width(g)
     if width <= widest:
@@ -377,7 +390,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     """(support C, call statement) for a depthwise convolution, blocked in and out."""
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
     cb = blocks(g.c, vl)
-    rw = min(g.ow, 12 if vl == 16 else 8)
+    rw = min(g.ow, TILES[vector_registers(vl)][2])
     plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
     lo, hi = g.interior()
 
