@@ -129,11 +129,14 @@ ODD = [1, 2, 3, 5, 7, 17]
 # -- convolution ---------------------------------------------------------------------------
 
 
-def _conv_geometry(rng, c, depthwise=False, pointwise=False):
+def _conv_geometry(rng, c, depthwise=False, pointwise=False, groups=None):
     """Attributes and the weight shape of a random 2-D Conv over ``c`` channels;
-    ``pointwise``: a 1x1 kernel, mostly stride 1 (a GEMM over the input when unpadded)."""
+    ``pointwise``: a 1x1 kernel, mostly stride 1 (a GEMM over the input when unpadded);
+    ``groups``: (group, output channels per group) as given."""
     if depthwise:
         group, k = c, c
+    elif groups:
+        group, k = groups[0], groups[0] * groups[1]
     else:
         group = _choice(rng, [1, 1, 1] + [g for g in (2, 3) if c % g == 0])
         k = group * int(rng.integers(1, 4))
@@ -177,7 +180,13 @@ def conv(case, rng, pointwise=False):
     b = _Builder(case, rng)
     depthwise = not pointwise and rng.random() < 0.3
     c = _choice(rng, [1, 2, 3, 4, 5, 6, 7, 9]) if not depthwise else _choice(rng, [1, 2, 3, 5, 8, 16])
-    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise)
+    groups = None
+    if not depthwise and not pointwise and rng.random() < 0.2:
+        # groups of 8 or 16 channels in and out: whole channel blocks with AVX2 (16: with
+        # AVX-512 too), written as a dense convolution per group over the blocked layout
+        groups = (_choice(rng, [2, 3]), _choice(rng, [8, 16]))
+        c = groups[0] * _choice(rng, [8, 16])
+    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise, groups)
     n = _choice(rng, [1, 1, 2, 3])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
     x = b.input("x", (n, c, h, w))
@@ -185,7 +194,7 @@ def conv(case, rng, pointwise=False):
     bias = rng.random() < 0.6
     if bias:
         ins.append(b.init("b", (wshape[0],)))
-    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu"])
+    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu", "Sigmoid", "Silu"])
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
     oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
     ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
@@ -194,6 +203,11 @@ def conv(case, rng, pointwise=False):
     elif epilogue == "Clip":
         lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
         (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue == "Silu":  # x * Sigmoid(x), which -O2 fuses into the convolution as SiLU
+        (s,) = b.node("Sigmoid", [y], ["sigmoid"])
+        (y,) = b.node("Mul", [y, s], ["silu"])
     elif epilogue.startswith("residual"):
         (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
         if epilogue == "residual_relu":

@@ -271,6 +271,7 @@ CONV_FORMS = {  # the convolution kernels whose epilogues apply an activation la
     "winograd": dict(x=[1, 64, 24, 24], w=[64, 64, 3, 3], group=1),
     "depthwise": dict(x=[1, 24, 10, 10], w=[24, 1, 3, 3], group=24),
     "grouped": dict(x=[1, 12, 8, 8], w=[12, 4, 3, 3], group=3),
+    "grouped_blocks": dict(x=[1, 32, 9, 9], w=[32, 16, 3, 3], group=2),  # whole blocks: blocked
 }
 
 

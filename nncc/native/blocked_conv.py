@@ -17,7 +17,9 @@ clipped at run time (once per row). The work is shared over the pool as (image, 
 group, output row, column chunk) tasks, so a batch is part of the same tiling.
 
 A depthwise convolution is the same tiling with one vector of channels per pixel and no
-broadcast: every tap is a vector multiply-add of input and weight.
+broadcast: every tap is a vector multiply-add of input and weight. A grouped convolution
+whose groups are whole blocks is the direct one per group: a tile's channel blocks stay in
+one group, and its task reads that group's input blocks only.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nncc.native.activations import SCALAR_ONLY
+from nncc.native.activations import CODES, SCALAR_ONLY
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,14 @@ class Conv2d:
     @property
     def depthwise(self) -> bool:
         return self.group == self.c == self.k
+
+    def whole_block_groups(self, vl: int) -> bool:
+        """A grouped convolution whose every group's input and output channels are whole
+        blocks: each output block then reads its own group's input blocks only, so it runs
+        as a dense convolution over those (the weights [K, C/group, KH, KW] are already
+        that dense convolution's)."""
+        return self.group > 1 and not self.depthwise and (self.c // self.group) % vl == 0 \
+            and (self.k // self.group) % vl == 0
 
     def interior(self) -> tuple[int, int]:
         """Output columns [lo, hi) whose every tap lies inside the input row."""
@@ -103,13 +113,26 @@ def pack_channels(v: np.ndarray, channels: int, vl: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- choices
 
 
+def vector_registers(vl: int) -> int:
+    """The vector registers of the ISA whose vectors hold ``vl`` floats (nncc/native/isa.py):
+    32 zmm with AVX-512, 16 ymm with AVX2 (and 16 xmm or NEON q registers otherwise)."""
+    return 32 if vl == 16 else 16
+
+
+# The register tiles, by the size of the vector register file, in this one place:
+# (accumulators of a direct tile, its most channel blocks, pixels of a depthwise tile). A
+# direct tile's accumulators, its OCB weight vectors and one broadcast fill the file
+# (AVX2: 12 + 3 + 1 of 16; AVX-512: 24 + 4 + 1 of 32, with room to spare); a depthwise tile
+# leaves room for its weight vector, the input vector and the epilogue's constants.
+TILES = {32: (24, 4, 12), 16: (12, 3, 8)}
+
+
 def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
-    """(OCB, RW): channel blocks and pixels per micro-kernel tile. The accumulators
-    (OCB x RW vectors) plus the OCB weight vectors and a broadcast must fit the register
-    file: 32 vectors with AVX-512, 16 otherwise."""
-    budget = 24 if vl == 16 else 12
-    kb = blocks(g.k, vl)
-    ocb = max(d for d in range(1, (4 if vl == 16 else 3) + 1) if kb % d == 0)
+    """(OCB, RW): channel blocks and pixels per micro-kernel tile, within the register
+    file's budget (TILES)."""
+    budget, most, _ = TILES[vector_registers(vl)]
+    kb = blocks(g.k // g.group, vl)  # a tile's channel blocks stay inside one group
+    ocb = max(d for d in range(1, most + 1) if kb % d == 0)
     widest = budget // ocb
     width = _row_width(g)
     if width <= widest:
@@ -146,20 +169,44 @@ class _Addressing:
 
 
 def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
+    """Of a group's input channels (all of them, ungrouped): ``blocks`` counts one group's."""
     if plain:
         return _Addressing(g.c * g.h * g.w, g.c * g.h * g.w, g.w, 1, g.h * g.w, g.c, 1, g.c)
     icb = blocks(g.c, vl)
+    if g.group > 1:  # whole_block_groups: every group's blocks are full
+        return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb // g.group, vl)
     return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
+
+
+# The activations nn_vact cannot compute (SCALAR_ONLY) are applied after the store, so their
+# constants and temporaries never compete with a tile's accumulators for registers. Those
+# simd.h has a vector function for run it vector by vector; the lane-by-lane loop (which
+# the compiler vectorizes, but with every range check of the scalar exp) cost several times
+# the convolution itself in a SiLU network's depthwise layers.
+LOGISTIC = {CODES["Sigmoid"]: "nn_vsigmoid", CODES["Silu"]: "nn_vsilu"}
 
 
 def stored(v: str, residual: str | None, act: int, p0: str, p1: str) -> str:
     """The vector a store writes: ``v`` plus the residual vector at ``residual`` (a C
-    pointer expression), activated (the SCALAR_ONLY ones are applied after the store)."""
+    pointer expression), activated (the SCALAR_ONLY ones are applied after the store, by
+    ``after_store``)."""
     if residual:
         v = f"nn_vadd({v}, nn_vload({residual}))"
     if act and act not in SCALAR_ONLY:
         v = f"nn_vact({act}, {v}, {p0}, {p1})"
     return v
+
+
+def after_store(act: int, start: str, vectors: int | str, vl: int, p0: str, p1: str) -> str:
+    """C applying a SCALAR_ONLY activation in place to ``vectors`` vectors stored from the
+    C pointer ``start``; empty for any other activation (``stored`` applied it)."""
+    if act not in SCALAR_ONLY:
+        return ""
+    if act in LOGISTIC:
+        return (f"for (int64_t q = 0; q < {vectors}; q++) {{ float *e = {start} + q * {vl}; "
+                f"nn_vstore(e, {LOGISTIC[act]}(nn_vload(e))); }}")
+    return (f"for (int64_t q = 0; q < ({vectors}) * {vl}; q++) {{ float *e = {start} + q; "
+            f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
 
 
 def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
@@ -169,11 +216,9 @@ def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: 
         for r in range(rw):
             off = f"{o * plane} + (ow0 + {r}) * {vl}"
             lines.append(f"nn_vstore(y + {off}, {stored(f'a{r}_{o}', f'res + {off}' if has_res else None, act, p0, p1)});")
-    if act in SCALAR_ONLY:  # sigmoid, tanh, ...: lane by lane after the store (the loop vectorizes)
-        for o in range(ocb):
-            lines.append(f"for (int q = 0; q < {rw * vl}; q++) {{ float *e = y + {o * plane} + ow0 * {vl} + q; "
-                         f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
-    return lines
+    for o in range(ocb):
+        lines.append(after_store(act, f"y + {o * plane} + ow0 * {vl}", rw, vl, p0, p1))
+    return [line for line in lines if line]
 
 
 def _row_taps(g: Conv2d, indent: str) -> list[str]:
@@ -221,6 +266,8 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     nkc = -(-a.blocks // kc)
     plane = g.oh * g.ow * vl  # floats per output channel block
     full_blocks = a.blocks if a.last == a.lanes else a.blocks - 1
+    # a grouped convolution's channel group g reads its own convolution group's input blocks
+    group_x = f" + g / {ocg // g.group} * {a.blocks * a.c}" if g.group > 1 else ""
     if flat:  # one long row per image, cut into rows of whole tiles
         pixels = g.oh * g.ow
         roww = rw * max(1, min(16, -(-pixels // rw) // 4 or 1))
@@ -312,7 +359,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
         body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {roww * vl};",
                  "        float *y = yp + yo;",
                  "        const float *res = rp ? rp + yo : 0;",
-                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w};",
+                 f"        const int64_t xrow = n * {a.n} + oh * {roww * a.w}{group_x};",
                  "        const int i0 = 0, i1 = 1;",
                  f"        if (oh < {rows - 1}) {{",
                  f"          for (int64_t q = 0; q < {roww // rw}; q++) {call(0, 1, f'q * {rw}', rw)}",
@@ -327,7 +374,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
         body += [f"        const int64_t yo = (n * {kb} + g * {ocb}) * {plane} + oh * {g.ow * vl};",
                  "        float *y = yp + yo;",
                  "        const float *res = rp ? rp + yo : 0;",
-                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h};"]
+                 f"        const int64_t xrow = n * {a.n} + ih0 * {a.h}{group_x};"]
         body += [f"        {call(s, 0)}" for s in left]
         if inner:
             body.append(f"        for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
@@ -335,7 +382,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     body += ["      }", "    }", "  }", "}"]
     support.append("\n".join(body))
     total = g.n * ocg * row_chunks
-    flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
+    flops = 2 * g.n * g.k * g.oh * g.ow * (g.c // g.group) * g.kh * g.kw
     return "\n".join(support) + "\n", parallel_call(ptrs, total, flops, "conv_task")
 
 
@@ -343,7 +390,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     """(support C, call statement) for a depthwise convolution, blocked in and out."""
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
     cb = blocks(g.c, vl)
-    rw = min(g.ow, 12 if vl == 16 else 8)
+    rw = min(g.ow, TILES[vector_registers(vl)][2])
     plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
     lo, hi = g.interior()
 

@@ -6,8 +6,7 @@ call statement) with every size a literal; pointers are C expressions the caller
 
 from __future__ import annotations
 
-from nncc.native.activations import SCALAR_ONLY
-from nncc.native.blocked_conv import blocks
+from nncc.native.blocked_conv import after_store, blocks, stored
 
 
 def _call(args: list[str], tasks: int, work: int, task: str) -> str:
@@ -208,9 +207,8 @@ def scale_shift(shape, vl: int, x: str, scale: str, shift: str, y: str, act: int
     whole blocks): one vector multiply-add per pixel."""
     n, c, h, w = shape
     cb, hw = blocks(c, vl), h * w
-    vact = f"nn_vact({act}, v, {p0}, {p1})" if act not in SCALAR_ONLY else "v"
-    scalar = (f"for (int64_t i = 0; i < {hw * vl}; i++) yb[i] = nn_act({act}, yb[i], {p0}, {p1});"
-              if act in SCALAR_ONLY else "")
+    vact = stored("v", None, act, p0, p1)
+    scalar = after_store(act, "yb", hw, vl, p0, p1)
     support = f"""NN_REQUIRE_VL({vl});
 static void affine_task(void *p, int64_t lo, int64_t hi) {{
   const float *const *a = p;

@@ -99,13 +99,14 @@ class BlockedLayout:
     def blocked_conv(self, node: Node, pads, bias: str | None, residual: str | None, target: str,
                      act: tuple[int, float, float], fmt) -> bool:
         """Write ``node`` as a blocked convolution; False when it cannot be (grouped
-        convolutions other than depthwise, or weights that are not constants)."""
+        convolutions other than depthwise whose groups are not whole channel blocks, or
+        weights that are not constants)."""
         g = self.geometry(node, pads)
         weights = self.constant_value(node.inputs[1])
         bias_value = self.constant_value(bias) if bias else None
         if weights is None or (bias and bias_value is None):
             return False
-        if g.group != 1 and not g.depthwise:
+        if g.group != 1 and not g.depthwise and not g.whole_block_groups(self.vl):
             return False
         vl = self.vl
         code_act, p0, p1 = act

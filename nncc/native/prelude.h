@@ -122,7 +122,7 @@ static inline float nn_act(int act, float v, float p0, float p1) {
     }
 }
 
-/* The runtime's thread pool (runtime.c): fn over [0, n) split statically among its threads. */
+/* The runtime's thread pool (runtime.c): fn over [0, n), in chunks its threads claim. */
 typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx);
 int nn_thread_count(void);

@@ -16,22 +16,31 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     return 0;
 }
 
-/* One thread pool for everything the native code does. Jobs are split statically: worker
- * i of t takes [n*i/t, n*(i+1)/t) of every job (possibly empty), and the caller waits for
- * all of them, so a job's fields are never rewritten while a worker may still read them.
+/* One thread pool for everything the native code does. A job's range [0, n) is cut into
+ * chunks that the caller and the workers claim one at a time, and the caller waits only
+ * for chunks that were claimed: on a machine whose cores other processes keep busy, a
+ * worker that has not been scheduled yet does not hold the caller up (a static split,
+ * worker i taking the i-th slice, made every parallel step wait for the slowest thread to
+ * be scheduled, and a loaded 2-core machine ran a convnet many times slower on 2 threads
+ * than on 1). A claim is a compare-and-swap on one word holding the job's generation and
+ * the chunks left, so a worker that wakes late can never claim a chunk of a later job with
+ * an earlier job's fields: the fields are written before the word is published and stay
+ * until every claimed chunk is done.
  * Within a native call a worker spins briefly for the next job (a partition issues many
  * short parallel loops, and waking a sleeping thread costs tens of microseconds); when
  * the call returns (nn_call_end) spinning stops at once and the workers sleep on a
  * condition variable, so between calls they take no core from the user's other work. */
 #define NN_MAX_THREADS 16
 #define NN_SPIN 4096
+#define NN_CHUNKS_PER_THREAD 4
 static int nn_threads = 1;
 static pthread_mutex_t nn_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
 static nn_task nn_job_fn;
 static void *nn_job_ctx;
-static int64_t nn_job_n;
-static int nn_job_gen, nn_job_left, nn_in_call;
+static int64_t nn_job_n, nn_job_chunks, nn_job_done;
+static uint64_t nn_job_claim;  /* generation << 32 | chunks not yet claimed */
+static int nn_job_gen, nn_in_call;
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -41,8 +50,22 @@ static inline void nn_relax(void) {
 #endif
 }
 
+/* Claims and runs chunks of job ``gen`` until none is left (or another job is published). */
+static void nn_run_chunks(uint32_t gen) {
+    uint64_t w = __atomic_load_n(&nn_job_claim, __ATOMIC_ACQUIRE);
+    while ((uint32_t)(w >> 32) == gen && (uint32_t)w != 0) {
+        if (!__atomic_compare_exchange_n(&nn_job_claim, &w, w - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;  /* w now holds the word as it is */
+        int64_t n = nn_job_n, c = nn_job_chunks, i = c - (int64_t)(uint32_t)w;
+        nn_job_fn(nn_job_ctx, n * i / c, n * (i + 1) / c);
+        __atomic_add_fetch(&nn_job_done, 1, __ATOMIC_RELEASE);
+        w = __atomic_load_n(&nn_job_claim, __ATOMIC_ACQUIRE);
+    }
+}
+
 static void *nn_worker(void *arg) {
-    int id = (int)(intptr_t)arg, seen = 0;
+    (void)arg;
+    int seen = 0;
     for (;;) {
         int spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
@@ -51,10 +74,8 @@ static void *nn_worker(void *arg) {
             while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
             pthread_mutex_unlock(&nn_mu);
         }
-        seen++;
-        int64_t n = nn_job_n, t = nn_threads;
-        nn_job_fn(nn_job_ctx, n * id / t, n * (id + 1) / t);
-        __atomic_sub_fetch(&nn_job_left, 1, __ATOMIC_RELEASE);
+        seen = __atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE);
+        nn_run_chunks((uint32_t)seen);
     }
     return 0;
 }
@@ -84,19 +105,22 @@ int nn_thread_count(void) { return nn_threads; }
 void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
 void nn_call_end(void) { __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED); }
 
-/* fn over [0, n) split statically among the pool; small jobs (work: a rough count of
- * operations) run inline. */
+/* fn over [0, n) in chunks the pool's threads claim, the caller among them; small jobs
+ * (work: a rough count of operations) run inline. */
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
-    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
-    __atomic_store_n(&nn_job_left, t - 1, __ATOMIC_RELAXED);
+    int64_t chunks = n < (int64_t)t * NN_CHUNKS_PER_THREAD ? n : (int64_t)t * NN_CHUNKS_PER_THREAD;
+    uint32_t gen = (uint32_t)nn_job_gen + 1;
+    nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n; nn_job_chunks = chunks;
+    __atomic_store_n(&nn_job_done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&nn_job_claim, (uint64_t)gen << 32 | (uint64_t)chunks, __ATOMIC_RELEASE);
     pthread_mutex_lock(&nn_mu);
-    __atomic_add_fetch(&nn_job_gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&nn_job_gen, (int)gen, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&nn_go);
     pthread_mutex_unlock(&nn_mu);
-    fn(ctx, 0, n / t);
-    while (__atomic_load_n(&nn_job_left, __ATOMIC_ACQUIRE)) nn_relax();
+    nn_run_chunks(gen);
+    while (__atomic_load_n(&nn_job_done, __ATOMIC_ACQUIRE) != chunks) nn_relax();
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, in the calling thread. */

@@ -60,3 +60,31 @@ static inline nn_v nn_vact(int act, nn_v v, float p0, float p1) {
     }
 }
 #define nn_vact_needs_scalar(act) ((act) == NN_SIGMOID || (act) == NN_TANH)
+
+/* The logistic function on a vector, 1 / (1 + e^-v), for the epilogues that apply Sigmoid or
+ * SiLU after a store: prelude.h's nn_exp in vector form, with the range checks it needs here
+ * only. e^x for x clamped to [-87, 88] (below, 1 + e^x is 1 anyway), so 2^n is one normal
+ * float built from its exponent bits; above 88 e^x is taken as infinite, so a sigmoid of -inf
+ * is exactly 0 (SiLU of -inf is then NaN, as onnxruntime's x * sigmoid(x)); a NaN stays NaN
+ * (the clamps keep it). n = round(x log2 e) by the 1.5 * 2^23 trick, which leaves n in the
+ * low bits of the sum, so no conversion instruction is needed. */
+static inline nn_v nn_vsigmoid(nn_v v) {
+    const nn_v magic = nn_vset1(12582912.0f);
+    nn_v x = nn_vmax(nn_vmin(-v, nn_vset1(88.0f)), nn_vset1(-87.0f));
+    nn_vi overflow = -v > nn_vset1(88.0f);
+    nn_v t = nn_vfma(x, nn_vset1(1.44269504f), magic);
+    nn_v n = t - magic;
+    nn_v r = x - n * nn_vset1(0.693359375f) + n * nn_vset1(2.12194440e-4f);
+    nn_v p = nn_vset1(1.98412698e-4f);
+    p = nn_vfma(p, r, nn_vset1(1.38888889e-3f));
+    p = nn_vfma(p, r, nn_vset1(8.33333333e-3f));
+    p = nn_vfma(p, r, nn_vset1(4.16666667e-2f));
+    p = nn_vfma(p, r, nn_vset1(1.66666667e-1f));
+    p = nn_vfma(p, r, nn_vset1(0.5f));
+    p = nn_vfma(p, r, nn_vset1(1.0f));
+    p = nn_vfma(p, r, nn_vset1(1.0f));
+    nn_vi bits = ((nn_vi)t - (nn_vi)magic + 127) << 23;
+    nn_v e = nn_vselect(overflow, nn_vset1(INFINITY), p * (nn_v)bits);
+    return nn_vset1(1.0f) / (nn_vset1(1.0f) + e);
+}
+static inline nn_v nn_vsilu(nn_v v) { return v * nn_vsigmoid(v); }

@@ -23,8 +23,8 @@ from fractions import Fraction as Fr
 import numpy as np
 
 from nncc.native.activations import SCALAR_ONLY
-from nncc.native.blocked_conv import (Conv2d, blocks, choose_tiling, direct_conv, pack_direct_weights, parallel_call,
-                                      stored)
+from nncc.native.blocked_conv import (Conv2d, after_store, blocks, choose_tiling, direct_conv, pack_direct_weights,
+                                      parallel_call, stored)
 
 BT = [[4, 0, -5, 0, 1, 0],
       [0, -4, -4, 1, 1, 0],
@@ -162,7 +162,7 @@ def winograd_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0:
             out.append(f"      nn_v v = {stored(f'nn_vadd({e}, bias)', 'rp + o' if has_res else None, act, p0, p1)};")
             out.append("      nn_vstore(yp + o, v);")
             if act in SCALAR_ONLY:
-                out.append(f"      for (int q = 0; q < {vl}; q++) yp[o + q] = nn_act({act}, yp[o + q], {p0}, {p1});")
+                out.append(f"      {after_store(act, 'yp + o', 1, vl, p0, p1)}")
             out.append("    }")
     out += ["  }", "}"]
 
