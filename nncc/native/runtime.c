@@ -16,9 +16,14 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
     return 0;
 }
 
-/* One thread pool for everything the native code does. Jobs are split statically: worker
- * i of t takes [n*i/t, n*(i+1)/t) of every job (possibly empty), and the caller waits for
- * all of them, so a job's fields are never rewritten while a worker may still read them.
+/* One thread pool for everything the native code does. A job over [0, n) is cut into one
+ * share per thread, share i being [n*i/t, n*(i+1)/t), and each share is run by whichever
+ * thread claims it first, the caller included: the caller, done with its own share, takes
+ * the ones no worker has started. On a machine busier than its cores a woken worker may
+ * not be scheduled for milliseconds; the caller then runs the whole job itself instead of
+ * spinning until that worker arrives. The shares and their ranges are the same whoever
+ * runs them, so results are too. The caller waits only for shares a worker has claimed,
+ * so a job's fields are never rewritten while a worker may still read them.
  * Within a native call a worker spins briefly for the next job (a partition issues many
  * short parallel loops, and waking a sleeping thread costs tens of microseconds); when
  * the call returns (nn_call_end) spinning stops at once and the workers sleep on a
@@ -31,7 +36,11 @@ static pthread_cond_t nn_go = PTHREAD_COND_INITIALIZER;
 static nn_task nn_job_fn;
 static void *nn_job_ctx;
 static int64_t nn_job_n;
-static int nn_job_gen, nn_job_left, nn_in_call;
+static unsigned nn_job_gen;
+static int nn_job_done, nn_in_call;
+/* (job generation << 32) | the next share to claim: one word, so a claim made for an
+ * earlier job can never take a share of a later one */
+static uint64_t nn_job_claim;
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -41,20 +50,36 @@ static inline void nn_relax(void) {
 #endif
 }
 
+/* Claim and run shares of the current job until none is left: how many this thread ran. */
+static int nn_take_shares(void) {
+    int ran = 0;
+    uint64_t v = __atomic_load_n(&nn_job_claim, __ATOMIC_ACQUIRE);
+    for (;;) {
+        int64_t share = (int64_t)(uint32_t)v, t = nn_threads;
+        if (share >= t) return ran;
+        if (!__atomic_compare_exchange_n(&nn_job_claim, &v, v + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;  /* v now holds the word another thread left */
+        int64_t n = nn_job_n;
+        nn_job_fn(nn_job_ctx, n * share / t, n * (share + 1) / t);
+        ran++;
+        v++;
+    }
+}
+
 static void *nn_worker(void *arg) {
-    int id = (int)(intptr_t)arg, seen = 0;
+    (void)arg;
+    unsigned seen = 0, gen;
     for (;;) {
         int spins = 0;
-        while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
+        while ((gen = __atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE)) == seen) {
             if (__atomic_load_n(&nn_in_call, __ATOMIC_RELAXED) && ++spins < NN_SPIN) { nn_relax(); continue; }
             pthread_mutex_lock(&nn_mu);
             while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
             pthread_mutex_unlock(&nn_mu);
         }
-        seen++;
-        int64_t n = nn_job_n, t = nn_threads;
-        nn_job_fn(nn_job_ctx, n * id / t, n * (id + 1) / t);
-        __atomic_sub_fetch(&nn_job_left, 1, __ATOMIC_RELEASE);
+        seen = gen;  /* jobs the caller ran alone meanwhile are skipped */
+        int ran = nn_take_shares();
+        if (ran) __atomic_add_fetch(&nn_job_done, ran, __ATOMIC_RELEASE);
     }
     return 0;
 }
@@ -84,19 +109,21 @@ int nn_thread_count(void) { return nn_threads; }
 void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
 void nn_call_end(void) { __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED); }
 
-/* fn over [0, n) split statically among the pool; small jobs (work: a rough count of
+/* fn over [0, n) cut into the pool's shares; small jobs (work: a rough count of
  * operations) run inline. */
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
     nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n;
-    __atomic_store_n(&nn_job_left, t - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&nn_job_done, 0, __ATOMIC_RELAXED);
+    unsigned gen = nn_job_gen + 1;  /* only the caller writes it */
+    __atomic_store_n(&nn_job_claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);
     pthread_mutex_lock(&nn_mu);
-    __atomic_add_fetch(&nn_job_gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&nn_job_gen, gen, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&nn_go);
     pthread_mutex_unlock(&nn_mu);
-    fn(ctx, 0, n / t);
-    while (__atomic_load_n(&nn_job_left, __ATOMIC_ACQUIRE)) nn_relax();
+    int others = t - nn_take_shares();
+    while (__atomic_load_n(&nn_job_done, __ATOMIC_ACQUIRE) != others) nn_relax();
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, in the calling thread. */
