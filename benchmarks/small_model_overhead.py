@@ -49,6 +49,7 @@ _FEEDS = r"""
 import json, sys
 import numpy as np
 import onnx
+from nncc.frontend.dim_names import is_placeholder
 path, dims, target = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 graph = onnx.load(path, load_external_data=False).graph
 constant = {i.name for i in graph.initializer}
@@ -58,8 +59,11 @@ for value in graph.input:
     if value.name in constant:
         continue
     kind = value.type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else dims.get(d.dim_param, 1)
-             for d in kind.shape.dim]
+    # a dimension by the name nncc gives it: a "?" or a missing size is "<input>:<axis>"
+    names = [d.dim_param if d.dim_param and not is_placeholder(d.dim_param) else f"{value.name}:{axis}"
+             for axis, d in enumerate(kind.shape.dim)]
+    shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else dims.get(name, 1)
+             for d, name in zip(kind.shape.dim, names)]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)
     if dtype.kind == "f":
         feeds[value.name] = rng.standard_normal(shape).astype(dtype)
