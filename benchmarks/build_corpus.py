@@ -48,9 +48,9 @@ def specs(with_torch: bool) -> list:
 
 
 def declared_axes(path: str) -> tuple[dict[str, list], int]:
-    """Per graph input, each axis's dimension name as the file declares it (None: a fixed
-    size; "": dynamic without a name, a missing or negative size, which no ``dims`` entry
-    can fix), and the default domain's opset."""
+    """Per graph input, each axis's dimension name as nncc reads it (None: a fixed size; a
+    placeholder such as "?", a missing or a negative size: ``<input>:<axis>``, the name nncc
+    gives such an axis), and the default domain's opset."""
     import onnx  # lazy: --help needs no onnx
 
     from nncc.frontend.dim_names import is_placeholder  # lazy: as onnx
@@ -62,10 +62,11 @@ def declared_axes(path: str) -> tuple[dict[str, list], int]:
         if value.name in initializers:
             continue
         dims = value.type.tensor_type.shape.dim
-        # a placeholder name ("?") is one dimension per input axis, named as nncc names it
+        # a placeholder name ("?") or no name at all is one dimension per input axis, named as nncc names it
         axes[value.name] = [(f"{value.name}:{axis}" if is_placeholder(d.dim_param) else d.dim_param)
                             if d.HasField("dim_param") else
-                            None if d.HasField("dim_value") and d.dim_value >= 0 else "" for axis, d in enumerate(dims)]
+                            None if d.HasField("dim_value") and d.dim_value >= 0 else f"{value.name}:{axis}"
+                            for axis, d in enumerate(dims)]
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return axes, opset
 

@@ -134,7 +134,8 @@ class _Reader:
         for init_name, array in initializers.items():
             values[init_name] = TensorInfo.of(array, keep_value=False)
         inputs = [n for n, _ in declared_inputs if n not in initializers]
-        values = name_placeholders(values, inputs)  # "?" on two axes: two unknown sizes, not one
+        # "?" on two axes: two unknown sizes, not one; a model input's unnamed axis gets a name
+        values = name_placeholders(values, inputs, unnamed=depth == 0)
         return Graph(
             nodes=nodes,
             inputs=inputs,
