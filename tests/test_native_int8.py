@@ -68,7 +68,9 @@ def _model(rng, shape, n, b_zero, bias, per_column):
 def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
     rng = np.random.default_rng(4)
     geometries = [((1, 64), 64, False, True, False), ((7, 33), 19, True, False, True),
-                  ((2, 3, 13, 128), 130, True, True, True), ((200, 17), 65, False, True, False)]
+                  ((2, 3, 13, 128), 130, True, True, True), ((200, 17), 65, False, True, False),
+                  # K past two of the AVX2 kernel's blocks of A widened at a time (int8_gemm_gen.PAIR_BLOCK)
+                  ((9, 1030), 70, True, True, True)]
     for i, (shape, n, b_zero, bias, per_column) in enumerate(geometries):
         path = tmp_path / f"m{i}.onnx"
         proto = _model(rng, shape, n, b_zero, bias, per_column)
