@@ -186,8 +186,8 @@ def pair_sums(kp: int) -> str:
     return f"""typedef int16_t q_v16s __attribute__((vector_size(32)));
     typedef int32_t q_v8i __attribute__((vector_size(32)));
     const int16_t *b16 = (const int16_t *)bp;  /* the constant's alignment: float32 */
-    int16_t wa[{MR}][{2 * PAIR_BLOCK}];
-    memset(wa, 0, sizeof wa);
+    int16_t wa[{MR}][{2 * min(pairs, PAIR_BLOCK)}];
+    for (int r = rows; r < {MR}; r++) memset(wa[r], 0, sizeof wa[r]);  /* only the tail sliver's */
     for (int64_t k0 = 0; k0 < {pairs}; k0 += {PAIR_BLOCK}) {{
         int64_t count = {pairs} - k0 < {PAIR_BLOCK} ? {pairs} - k0 : {PAIR_BLOCK};
         for (int r = 0; r < rows; r++)
