@@ -7,7 +7,10 @@ The input image is quantized into padded byte planes (C x Hp x Wp, the padding t
 point), then packed as A4: for each group of four rows of K (K ordered channel, kernel row,
 kernel column, as the weights lie), the pixels' four bytes side by side, pixels padded to a
 multiple of 64. ``vpdpbusd`` multiplies 64 pixels' bytes (four vectors) by one output
-channel's four weight bytes broadcast, six channels at a time; plain C elsewhere. The
+channel's four weight bytes broadcast, six channels at a time. On AVX2 (``pairs``: the
+weights packed as int16) 4 pixels' bytes are widened to int16 per vector, and ``vpmaddwd``
+by a channel's four int16 weights broadcast sums two products into each int32 lane, exact;
+a pixel's two lanes are added at the end of the tile. Plain C elsewhere. The
 epilogue is int8_conv_gen's (zero points through the pixels' and channels' sums, the int32
 bias, float32 requantization, the output's image), vectorised over 64 pixels and stored
 contiguously in NCHW.
@@ -42,10 +45,10 @@ def table(m: int) -> Struct:
     return int8_tables.columns(-(-m // MRC) * MRC)
 
 
-def pack_weights(matrix: np.ndarray) -> np.ndarray:
-    """[M, K] int8 -> [Mp, Kp] bytes, zero-padded."""
+def pack_weights(matrix: np.ndarray, pairs: bool = False) -> np.ndarray:
+    """[M, K] int8 -> [Mp, Kp], zero-padded: int8, or int16 for the AVX2 kernel (``pairs``)."""
     m, k = matrix.shape
-    out = np.zeros((-(-m // MRC) * MRC, -(-k // 4) * 4), np.int8)
+    out = np.zeros((-(-m // MRC) * MRC, -(-k // 4) * 4), np.int16 if pairs else np.int8)
     out[:m, :k] = matrix
     return out.reshape(-1)
 
@@ -57,7 +60,7 @@ class Layer:
     dilations ``dh``, ``dw``, padded ``pt`` rows above and ``pl`` columns left.
     ``zero_points``: some weight zero point is not 0, so the pixels' sums are needed;
     ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
-    plus this shift (int8_bytes)."""
+    plus this shift (int8_bytes); ``pairs``: the weights are int16, for the AVX2 kernel."""
 
     n: int
     c: int
@@ -77,6 +80,7 @@ class Layer:
     zero_points: bool = True
     byte_in: bool = False
     byte_out: int | None = None
+    pairs: bool = False
 
     @property
     def padded(self) -> tuple[int, int]:
@@ -259,6 +263,9 @@ def _dots(c: CWriter, layer: Layer) -> None:
               "so the tile loop's epilogue constants do not crowd its 24 sums out of the registers")
     with c.function(f"static __attribute__((noinline)) void qm_dots(const uint8_t *a, const int8_t *w, int rows, "
                     f"int32_t acc[{MRC}][{NP}])"):
+        if layer.pairs:
+            c.raw(_pair_sums(layer))
+            return
         c.directive("#ifdef Q_VNNI")
         c.raw(vnni_sums(MRC, groups, [f"_mm512_loadu_si512(a + g * {p64 * 4} + {64 * v})" for v in range(4)],
                         lambda r: f"w + {r * kp} + g * 4", vector_unsigned=True))
@@ -272,6 +279,50 @@ def _dots(c: CWriter, layer: Layer) -> None:
                     c.line("c[q] += ag[4 * q] * w0 + ag[4 * q + 1] * w1 + ag[4 * q + 2] * w2 + ag[4 * q + 3] * w3;")
         c.directive("#endif")
     c.line("")
+
+
+def _pair_sums(layer: Layer) -> str:
+    """The AVX2 body of qm_dots (module docstring): per 8 pixels, MRC channels x 2 vectors of
+    int32 sums, each lane two products of one pixel (its bytes 0 and 1, or 2 and 3), the
+    lanes of a pixel added at the end. Every padded channel's weights are 0, so all MRC
+    are computed. The loop's count is hidden from the optimizer, as in vnni_sums."""
+    groups, p64, kp = layer.kp // 4, layer.p64, layer.kp
+    names = [[f"c{r}_{h}" for h in range(2)] for r in range(MRC)]
+    zero = ", ".join(f"{n} = {{0}}" for row in names for n in row)
+    products = "\n".join(
+        f"            {{ int64_t four; memcpy(&four, w16 + {r * kp} + 4 * g, 8); "
+        f"const q_v4l s = {{four, four, four, four}}; "
+        f"{row[0]} += __builtin_ia32_pmaddwd256(v0, (q_v16s)s); {row[1]} += __builtin_ia32_pmaddwd256(v1, (q_v16s)s); }}"
+        for r, row in enumerate(names))
+    # vphaddd adds each pixel's two lanes, in the order of pixels 0, 1, 4, 5 | 2, 3, 6, 7
+    sums = "\n".join(
+        f"        {{ const q_v8i h = __builtin_shuffle(__builtin_ia32_phaddd256({row[0]}, {row[1]}), order); "
+        f"memcpy(acc[{r}] + q0, &h, 32); }}"
+        for r, row in enumerate(names))
+    return f"""#if !defined(__AVX2__)
+#error "weights packed as int16 for AVX2, built for a target without it"
+#endif
+    typedef int16_t q_v16s __attribute__((vector_size(32)));
+    typedef int32_t q_v8i __attribute__((vector_size(32)));
+    typedef int64_t q_v4l __attribute__((vector_size(32)));
+    typedef uint8_t q_v16b __attribute__((vector_size(16)));
+    const int16_t *w16 = (const int16_t *)w;  /* the constant's alignment: float32 */
+    const q_v8i order = {{0, 1, 4, 5, 2, 3, 6, 7}};
+    (void)rows;
+    for (int q0 = 0; q0 < {NP}; q0 += 8) {{
+        q_v8i {zero};
+        int64_t n = {groups};
+        __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
+        for (int64_t g = 0; g < n; g++) {{
+            q_v16b b0, b1;  /* pixels q0..q0+3 and q0+4..q0+7, four bytes each */
+            memcpy(&b0, a + g * {p64 * 4} + q0 * 4, 16);
+            memcpy(&b1, a + g * {p64 * 4} + q0 * 4 + 16, 16);
+            const q_v16s v0 = __builtin_convertvector(b0, q_v16s), v1 = __builtin_convertvector(b1, q_v16s);
+{products}
+        }}
+{sums}
+    }}
+"""
 
 
 def _tiles(c: CWriter, layer: Layer, t: Struct) -> None:
@@ -296,7 +347,7 @@ def _tiles(c: CWriter, layer: Layer, t: Struct) -> None:
                    f"int64_t p0 = b * {NP}, m0 = s * {MRC};",
                    f"int rows = s == {slivers - 1} ? {layer.m - (slivers - 1) * MRC} : {MRC};",
                    f"int width = b == {blocks - 1} ? {layer.p - (blocks - 1) * NP} : {NP};",
-                   f"qm_dots(j->a + p0 * 4, j->w + m0 * {layer.kp}, rows, acc);")
+                   f"qm_dots(j->a + p0 * 4, j->w + m0 * {layer.kp * (2 if layer.pairs else 1)}, rows, acc);")
             with c.loop("r", "rows", ctype="int"):
                 c.line("int64_t o = m0 + r;")
                 c.comment("unsigned: wraps as the portable kernel's int32 accumulator")

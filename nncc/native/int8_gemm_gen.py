@@ -10,18 +10,26 @@ column sums, so the zero points cost nothing in the inner loop:
     sum_k (a - za)(b - zb) = sum_k a*b - zb * rowsum(a) - za * colsum(b) + K * za * zb
 
 The product accumulates u8 x s8 in int32: on AVX-512 VNNI with ``vpdpbusd`` (four products
-summed into each int32 lane, no saturation), elsewhere with plain C over the same layout
-that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the
-int32 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
+summed into each int32 lane, no saturation); on AVX2 with ``vpmaddwd`` over B widened to
+int16 at compile time (two int16 products summed into each int32 lane: exact, where
+``vpmaddubsw`` would saturate its int16 pair sums); elsewhere with plain C that the C
+compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
+result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
 are the epilogue, written once per output element, each rounded as the unfused graph rounds
 it (no fused multiply-add): the result is the portable kernel's (nncc/kernels/
 qlinear_contrib.py), bit for bit.
 
-Layout of the packed B (bytes): panels of NR = 64 columns; in a panel, for each group of
-four rows of K (K zero-padded to a multiple of 4), 64 columns of four consecutive int8
-values: byte ((panel * G + group) * 64 + column) * 4 + t holds B[4 * group + t, 64 * panel
-+ column], zero beyond B. A second constant holds, per padded column, the column sum and
-zero point of B (int32) and its scale and bias (float32).
+Layout of the packed B, chosen from the vector width the code is built for (``pairs``):
+panels of NR = 64 columns, K zero-padded to a multiple of 4, zero beyond B.
+- Quads (AVX-512 and the plain C): int8; in a panel, for each group of four rows of K, 64
+  columns of four consecutive values: byte ((panel * G + group) * 64 + column) * 4 + t
+  holds B[4 * group + t, 64 * panel + column].
+- Pairs (AVX2, 8-float vectors): int16; a panel is four slices of CHUNK = 16 columns (two
+  ymm of int32 lanes), and a slice, for each pair of rows of K, 16 columns of two
+  consecutive values: element (((panel * 4 + slice) * KP/2 + pair) * 16 + column) * 2 + t
+  holds B[2 * pair + t, 64 * panel + 16 * slice + column].
+A second constant holds, per padded column, the column sum and zero point of B (int32) and
+its scale and bias (float32).
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from nncc.native.kernel import scratch_arg
 NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
+CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
+PAIR_BLOCK = 256  # pairs layout: pairs of K whose A bytes are widened to int16 at a time (6 KiB)
 ENTRY = "q_dynamic_matmul"
 
 
@@ -69,14 +79,29 @@ def check(node, graph, infos) -> str | None:
     return None
 
 
-def pack_b(b: np.ndarray) -> np.ndarray:
-    """The int8 matrix [K, N] in the micro-kernel's layout, as bytes."""
+def pairs_layout(vl: int) -> bool:
+    """Whether code built for ``vl`` floats per vector (nncc/native/isa.py) multiplies B in
+    the int16 pairs layout: AVX2 (8), which has no ``vpdpbusd``."""
+    return vl == 8
+
+
+def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
+    """The int8 matrix [K, N] in the micro-kernel's layout (module docstring): int8 quads,
+    or int16 pairs."""
     k, n = b.shape
     groups, panels = -(-k // 4), -(-n // NR)
-    padded = np.zeros((groups * 4, panels * NR), np.int8)
+    padded = np.zeros((groups * 4, panels * NR), np.int16 if pairs else np.int8)
     padded[:k, :n] = b
+    if pairs:  # [KP/2, 2, P, 4, CHUNK] -> [P, 4, KP/2, CHUNK, 2]
+        shape = (groups * 2, 2, panels, NR // CHUNK, CHUNK)
+        return np.ascontiguousarray(padded.reshape(shape).transpose(2, 3, 0, 4, 1)).reshape(-1)
     # [G, 4, P, NR] -> [P, G, NR, 4]
     return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
+
+
+def panel_bytes(groups: int, pairs: bool) -> int:
+    """The bytes of one packed panel of B with ``groups`` groups of four rows of K."""
+    return groups * NR * 4 * (2 if pairs else 1)
 
 
 def columns(n: int) -> Struct:
@@ -139,10 +164,71 @@ def vnni_sums(tile_rows: int, groups: int, loads: list[str], row_bytes, vector_u
     }}"""
 
 
-def dots_source(kp: int, groups: int) -> str:
+def pair_sums(kp: int) -> str:
+    """C for the AVX2 micro-kernel over the pairs layout (module docstring): the body of
+    ``q_dots``. Per block of PAIR_BLOCK pairs of K, the tile's rows of A are widened to int16
+    (rows past ``rows`` stay 0: they are never read from A); then per slice of CHUNK
+    columns, MR rows x 2 vectors of int32 sums, each pair of A broadcast as one 32-bit lane
+    and multiplied by a vector of B's pairs with ``vpmaddwd`` (int16 x int16, two products
+    summed into int32: exact). The loop's count is hidden from the optimizer, as in
+    vnni_sums."""
+    pairs = kp // 2
+    names = [[f"c{r}_{h}" for h in range(2)] for r in range(MR)]
+    declare = ", ".join(n for row in names for n in row)
+    load = " ".join(f"memcpy(&{n}, acc[{r}] + col + {8 * h}, 32);" for r, row in enumerate(names)
+                    for h, n in enumerate(row))
+    store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
+                     for h, n in enumerate(row))
+    products = "\n".join(
+        f"                {{ int32_t two; memcpy(&two, wa[{r}] + 2 * p, 4); const q_v8i s = {{two, two, two, two, two, two, two, two}}; "
+        f"{row[0]} += __builtin_ia32_pmaddwd256(v0, (q_v16s)s); {row[1]} += __builtin_ia32_pmaddwd256(v1, (q_v16s)s); }}"
+        for r, row in enumerate(names))
+    return f"""typedef int16_t q_v16s __attribute__((vector_size(32)));
+    typedef int32_t q_v8i __attribute__((vector_size(32)));
+    const int16_t *b16 = (const int16_t *)bp;  /* the constant's alignment: float32 */
+    int16_t wa[{MR}][{2 * min(pairs, PAIR_BLOCK)}];
+    for (int r = rows; r < {MR}; r++) memset(wa[r], 0, sizeof wa[r]);  /* only the tail sliver's */
+    for (int64_t k0 = 0; k0 < {pairs}; k0 += {PAIR_BLOCK}) {{
+        int64_t count = {pairs} - k0 < {PAIR_BLOCK} ? {pairs} - k0 : {PAIR_BLOCK};
+        for (int r = 0; r < rows; r++)
+            for (int64_t t = 0; t < 2 * count; t++) wa[r][t] = a[r * {kp} + 2 * k0 + t];
+        for (int col = 0; col < {NR}; col += {CHUNK}) {{
+            const int16_t *bc = b16 + ((col / {CHUNK}) * {pairs} + k0) * {2 * CHUNK};
+            q_v8i {declare};
+            if (k0 == 0) {{
+                {declare.replace(", ", " = ")} = (q_v8i){{0}};
+            }} else {{
+                {load}
+            }}
+            int64_t n = count;
+            __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
+            for (int64_t p = 0; p < n; p++) {{
+                q_v16s v0, v1;
+                memcpy(&v0, bc + p * {2 * CHUNK}, 32);
+                memcpy(&v1, bc + p * {2 * CHUNK} + 16, 32);
+{products}
+            }}
+            {store}
+        }}
+    }}"""
+
+
+def dots_source(kp: int, groups: int, pairs: bool = False) -> str:
     """File-scope C: ``q_dots(a, bp, rows, acc)``, the int32 dot products of ``rows`` (at
     most MR) u8 rows of A, ``kp`` bytes apart, with one panel of packed B (``groups``
-    groups of four rows of K), into ``acc[MR][NR]``."""
+    groups of four rows of K, in the pairs layout when ``pairs``), into ``acc[MR][NR]``."""
+    if pairs:
+        return f"""#if !defined(__AVX2__)
+#error "B packed as int16 pairs for AVX2, built for a target without it"
+#endif
+/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[MR][NR] (rows
+ * past ``rows`` hold 0); out of line, as below */
+static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
+                                                         int32_t acc[{MR}][{NR}]) {{
+    {pair_sums(kp)}
+}}
+
+"""
     return f"""/* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[rows][NR]; out of
  * line, so the tile loop's epilogue constants do not crowd its 24 sums out of the registers */
 static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
@@ -168,8 +254,9 @@ static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp,
 """
 
 
-def source(m: int, n: int, k: int, name: str) -> str:
-    """File-scope C defining ``void name(A, Bp, table, Y, scratch)``."""
+def source(m: int, n: int, k: int, name: str, pairs: bool = False) -> str:
+    """File-scope C defining ``void name(A, Bp, table, Y, scratch)``, B packed in the pairs
+    layout when ``pairs``."""
     kp = -(-k // 4) * 4
     groups = kp // 4
     panels = -(-n // NR)
@@ -214,7 +301,7 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-{dots_source(kp, groups)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
+{dots_source(kp, groups, pairs)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
 static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const q_job *j = ctx;
     int32_t acc[{MR}][{NR}];
@@ -225,7 +312,7 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
         const uint8_t *a = j->aq + i0 * {kp};
-        const int8_t *bp = j->b + q * {groups * NR * 4};
+        const int8_t *bp = j->b + q * {panel_bytes(groups, pairs)};
         q_dots(a, bp, rows, acc);
         const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
         const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
@@ -297,11 +384,12 @@ def emit(w, node) -> None:
     bv = np.asarray(const_value(w.graph, w.infos, b))
     k, n = bv.shape
     value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
-    bp = w.pack(b, "int8 panels", as_floats(pack_b(bv)))
+    pairs = pairs_layout(w.vl)
+    bp = w.pack(b, "int16 pair panels" if pairs else "int8 panels", as_floats(pack_b(bv, pairs)))
     table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]
     m = math.prod(w.shape(a)[:-1])
     code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, {scratch_arg(scratch_bytes(m, k))});"
     w.step(code, [a, (bp, "const int8_t *"), (table, columns(n).pointer)], [out], scratch_bytes(m, k),
-           support=source(m, n, k, ENTRY))
+           support=source(m, n, k, ENTRY, pairs))
