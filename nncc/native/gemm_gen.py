@@ -57,8 +57,23 @@ SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
 
 
 # activations applied by a call per stored row rather than a loop in the micro-kernel's own
-# function, where their constants would take the accumulators' registers
+# function, where their constants would take the accumulators' registers: the prelude's, and
+# for the other SCALAR_ACTS the product's own (act_row_source)
 ROW_ACTS = {"Gelu": "nn_gelu_erf_row"}
+ACT_ROW = "g_act_row"
+
+
+def act_row_source(epi: Epilogue) -> str:
+    """C of ``void g_act_row(c, post, n)``: the activation over a stored row of n floats (plus
+    the residual row, when the epilogue has one), out of line like nn_gelu_erf_row. Inlined
+    into a micro-kernel, the loop kept its constants in the accumulators' registers, or was
+    not vectorized at all: llama's SiLU cost more than its GEMM. Empty when not needed."""
+    if epi.act not in SCALAR_ACTS or epi.act in ROW_ACTS:
+        return ""
+    tail = " + post[j]" if epi.post else ""
+    return (f"__attribute__((noinline)) static void {ACT_ROW}(float *restrict c, const float *restrict post, "
+            f"int64_t n) {{\n  (void)post;\n  for (int64_t j = 0; j < n; j++) {{ float v = c[j]; "
+            f"c[j] = {SCALAR_ACTS[epi.act]}{tail}; }}\n}}\n")
 
 
 @dataclass(frozen=True)
@@ -246,9 +261,8 @@ def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> lis
             post = f"post + {r * s.n}" if epi.post else "NULL"
             out.append(f"    if (final) {ROW_ACTS[epi.act]}(cr, {post}, {width});")
         elif scalar_act is not None:
-            tail = f" + post[{r * s.n} + j]" if epi.post else ""
-            out.append(f"    if (final) for (int64_t j = 0; j < {width}; j++) {{ float v = cr[j]; "
-                       f"cr[j] = {scalar_act}{tail}; }}")
+            post = f"post + {r * s.n}" if epi.post else "NULL"
+            out.append(f"    if (final) {ACT_ROW}(cr, {post}, {width});")
         out.append("  }")
     return out
 
@@ -292,7 +306,7 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
-    kernels = []
+    kernels = [act_row_source(epi)]  # what the micro-kernels' stores call
     variants = {}  # (rows, width) -> kernel name
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
