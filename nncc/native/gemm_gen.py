@@ -46,34 +46,34 @@ KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
 
 VECTOR_ACTS = VECTOR_CODES  # applied to the accumulators in the micro-kernel (nn_vact)
-SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
+SCALAR_ACTS = {  # applied to the stored tile by a loop the C compiler vectorizes (act_tile_source)
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",
     "Silu": "(v * nn_sigmoid(v))",
     "Mish": "(v * nn_tanh(v > 20.0f ? v : log1pf(nn_exp(v))))",
-    "Gelu": "nn_gelu_erf(v)",  # through nn_gelu_erf_row (ROW_ACTS)
+    "Gelu": "nn_gelu_erf(v)",
     "GeluTanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
 }
 
 
-# activations applied by a call per stored row rather than a loop in the micro-kernel's own
-# function, where their constants would take the accumulators' registers: the prelude's, and
-# for the other SCALAR_ACTS the product's own (act_row_source)
-ROW_ACTS = {"Gelu": "nn_gelu_erf_row"}
-ACT_ROW = "g_act_row"
+def act_tile_name(rows: int, width: int) -> str:
+    return f"g_act_{rows}x{width}"
 
 
-def act_row_source(epi: Epilogue) -> str:
-    """C of ``void g_act_row(c, post, n)``: the activation over a stored row of n floats (plus
-    the residual row, when the epilogue has one), out of line like nn_gelu_erf_row. Inlined
-    into a micro-kernel, the loop kept its constants in the accumulators' registers, or was
-    not vectorized at all: llama's SiLU cost more than its GEMM. Empty when not needed."""
-    if epi.act not in SCALAR_ACTS or epi.act in ROW_ACTS:
+def act_tile_source(s: Shape, epi: Epilogue, rows: int, width: int) -> str:
+    """C of ``void g_act_RxW(c, post)``: a SCALAR_ACTS activation over a stored tile of rows x
+    width floats (plus the residual's tile, when the epilogue has one), the tile's store calls
+    it once. Out of line: inlined into the micro-kernel, the activation's constants took the
+    accumulators' registers, or its loop was not vectorized at all (llama's SiLU cost more
+    than its GEMM); and once per tile with literal sizes, not per row, because a row of the
+    AVX2 tile is only two vectors. Empty when the epilogue has none."""
+    if epi.act not in SCALAR_ACTS:
         return ""
-    tail = " + post[j]" if epi.post else ""
-    return (f"__attribute__((noinline)) static void {ACT_ROW}(float *restrict c, const float *restrict post, "
-            f"int64_t n) {{\n  (void)post;\n  for (int64_t j = 0; j < n; j++) {{ float v = c[j]; "
-            f"c[j] = {SCALAR_ACTS[epi.act]}{tail}; }}\n}}\n")
+    tail = f" + post[r * {s.n} + j]" if epi.post else ""
+    return (f"__attribute__((noinline)) static void {act_tile_name(rows, width)}(float *restrict c, "
+            f"const float *restrict post) {{\n  (void)post;\n"
+            f"  for (int r = 0; r < {rows}; r++) for (int j = 0; j < {width}; j++) {{ float v = c[r * {s.n} + j]; "
+            f"c[r * {s.n} + j] = {SCALAR_ACTS[epi.act]}{tail}; }}\n}}\n")
 
 
 @dataclass(frozen=True)
@@ -257,13 +257,9 @@ def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> lis
                 out.append(f"    nn_vstore(cr + {v * vl}, {x});")
             else:
                 out.append(f"    g_storen(cr + {v * vl}, {x}, {lanes});")
-        if epi.act in ROW_ACTS:
-            post = f"post + {r * s.n}" if epi.post else "NULL"
-            out.append(f"    if (final) {ROW_ACTS[epi.act]}(cr, {post}, {width});")
-        elif scalar_act is not None:
-            post = f"post + {r * s.n}" if epi.post else "NULL"
-            out.append(f"    if (final) {ACT_ROW}(cr, {post}, {width});")
         out.append("  }")
+    if scalar_act is not None:
+        out.append(f"  if (final) {act_tile_name(rows, width)}(c, {'post' if epi.post else 'NULL'});")
     return out
 
 
@@ -306,11 +302,12 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
-    kernels = [act_row_source(epi)]  # what the micro-kernels' stores call
+    kernels = []
     variants = {}  # (rows, width) -> kernel name
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
             variants[(rows, width)] = f"{prefix}_tile_{rows}x{width}"
+            kernels.append(act_tile_source(s, epi, rows, width))  # what its store calls
             kernels.append(micro_kernel(variants[(rows, width)], rows, width))
 
     def call(rows: int, width: int) -> str:
