@@ -201,6 +201,46 @@ def test_residual_computed_later_is_a_separate_add(tmp_path):
     assert b.residuals == []
 
 
+def _silu(b: _Builder, x: str, i: int) -> str:
+    return b.op("Mul", [x, b.op("Sigmoid", [x], f"sg{i}")], f"g{i}")
+
+
+# (M, K, N, activation, residual): the activations the store applies lane by lane, over a
+# stored row (gemm_gen.SCALAR_ACTS), with and without a residual Add after them; partial
+# tiles of rows and columns, and K long enough to be blocked
+ROW_ACTIVATIONS = [(7, 24, 40, "Silu", False), (13, 30, 17, "Silu", True), (8, 700, 33, "Silu", True),
+                   (7, 24, 40, "GeluTanh", True), (1, 24, 19, "GeluTanh", False), (9, 40, 21, "Sigmoid", True),
+                   (6, 16, 37, "Tanh", True), (5, 20, 24, "Mish", False)]
+
+
+def test_lane_by_lane_activations_with_a_residual(tmp_path):
+    """SiLU, tanh-GELU, Sigmoid, Tanh and Mish after a product by constant weights are
+    applied to each stored row, and a residual Add after them in the same pass: the result
+    is onnxruntime's, and the Add is the store's."""
+    b = _Builder(9)
+    for i, (m, k, n, act, residual) in enumerate(ROW_ACTIVATIONS):
+        x = b.input(f"x{i}", (m, k))
+        z = b.op("Add", [b.op("MatMul", [x, b.const(f"w{i}", (k, n), 1 / math.sqrt(k))], f"p{i}"),
+                         b.const(f"b{i}", (n,))], f"z{i}")
+        if act == "Silu":
+            g = _silu(b, z, i)
+        elif act == "GeluTanh":
+            g = _gelu(b, z, "tanh", i)
+        elif act == "Mish":
+            g = b.op("Mul", [z, b.op("Tanh", [b.op("Softplus", [z], f"sp{i}")], f"th{i}")], f"g{i}")
+        else:
+            g = b.op(act, [z], f"g{i}")
+        if residual:
+            b.op("Add", [g, b.input(f"res{i}", (m, n))], f"y{i}")
+        else:
+            b.op("Identity", [g], f"y{i}")
+        b.output(f"y{i}", (m, n))
+    model = b.check(tmp_path, opset=20, packed=len(ROW_ACTIVATIONS))
+    kernels = {model.plan.kernels[i.kernel].split("::")[1] for i in model.plan.instructions}
+    assert kernels == {"FusedMatMul", "Add"}, f"an activation did not fuse: {kernels}"  # Add: the residuals
+    assert sorted(b.residuals) == sorted(f"y{i}" for i, row in enumerate(ROW_ACTIVATIONS) if row[4])
+
+
 # (M, K, N, transA, transB, alpha, beta, C: shape or "input" for a run-time [M, N] matrix)
 GEMMS = [
     (5, 7, 3, 0, 0, 1.0, 1.0, (3,)), (5, 7, 3, 1, 0, 0.5, 2.0, (1, 3)), (5, 7, 3, 0, 1, 1.0, 0.25, (5, 1)),

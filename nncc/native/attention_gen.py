@@ -33,6 +33,7 @@ import numpy as np
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import const_value
+from nncc.native.isa import REGISTERS_BY_WIDTH
 
 F32 = np.dtype(np.float32)
 BQ = 32  # query rows per task
@@ -194,23 +195,27 @@ def _offsets(geo: _Geometry) -> list[str]:
     return lines
 
 
-def _score_rows(name: str, rows: int, geo: _Geometry, nv: int) -> str:
-    """A register tile: ``rows`` query rows against the packed key block, stored to s."""
+def _score_rows(name: str, rows: int, geo: _Geometry, nv: int, cv: int) -> str:
+    """A register tile: ``rows`` query rows against the packed key block, stored to s; the
+    block's ``nv`` vectors of keys are taken ``cv`` at a time, so rows x cv sums, the cv
+    vectors of K they share and a broadcast of Q fit the ISA's registers."""
     qs, qd = geo.q[1], geo.q[2]
     body = [f"static inline void {name}(const float *qp, const float *kt, float *s) {{"]
-    body.append(f"  nn_v acc[{rows}][{nv}];")
-    body.append(f"  for (int u = 0; u < {rows}; u++) for (int w = 0; w < {nv}; w++) acc[u][w] = nn_vzero();")
-    body.append(f"  for (int64_t d = 0; d < {geo.d}; d++) {{")
-    body.append(f"    const float *kr = kt + d * {BK};")
-    body.append(f"    nn_v kv[{nv}];")
-    body.append(f"    for (int w = 0; w < {nv}; w++) kv[w] = nn_vload(kr + w * NN_VL);")
-    body.append(f"    for (int u = 0; u < {rows}; u++) {{")
-    body.append(f"      const nn_v qv = nn_vset1(qp[u * {qs} + d * {qd}]);")
-    body.append(f"      for (int w = 0; w < {nv}; w++) acc[u][w] = nn_vfma(qv, kv[w], acc[u][w]);")
+    body.append(f"  for (int c = 0; c < {nv}; c += {cv}) {{")
+    body.append(f"    nn_v acc[{rows}][{cv}];")
+    body.append(f"    for (int u = 0; u < {rows}; u++) for (int w = 0; w < {cv}; w++) acc[u][w] = nn_vzero();")
+    body.append(f"    for (int64_t d = 0; d < {geo.d}; d++) {{")
+    body.append(f"      const float *kr = kt + d * {BK} + c * NN_VL;")
+    body.append(f"      nn_v kv[{cv}];")
+    body.append(f"      for (int w = 0; w < {cv}; w++) kv[w] = nn_vload(kr + w * NN_VL);")
+    body.append(f"      for (int u = 0; u < {rows}; u++) {{")
+    body.append(f"        const nn_v qv = nn_vset1(qp[u * {qs} + d * {qd}]);")
+    body.append(f"        for (int w = 0; w < {cv}; w++) acc[u][w] = nn_vfma(qv, kv[w], acc[u][w]);")
+    body.append("      }")
     body.append("    }")
+    body.append(f"    for (int u = 0; u < {rows}; u++) for (int w = 0; w < {cv}; w++) "
+                f"nn_vstore(s + u * {BK} + (c + w) * NN_VL, acc[u][w]);")
     body.append("  }")
-    body.append(f"  for (int u = 0; u < {rows}; u++) for (int w = 0; w < {nv}; w++) "
-                f"nn_vstore(s + u * {BK} + w * NN_VL, acc[u][w]);")
     body.append("}")
     return "\n".join(body)
 
@@ -262,14 +267,18 @@ def emit(w, node: Node) -> None:
     tasks = geo.groups * qblocks
     scale = float(node.attrs.get("scale", 1.0))
     ranges = _hidden_ranges(node, w.graph, w.infos, geo)
-    # rows per register tile: 24 accumulators of the 32 AVX-512 registers, 12 of 16 otherwise
-    budget = 24 if vl == 16 else 12
-    group = max(1, min(6, budget // nv))
+    # sums per register tile: three quarters of the ISA's vector registers (24 of AVX-512's
+    # 32, 12 of AVX2's 16), the rest for the operands; the scores take the key block 4 vectors
+    # at a time when 6 rows of them fit (AVX-512), else 2 (a 6 x 2 tile: one row of 8 vectors
+    # loaded all of K for each row's 8 multiply-adds, bound by loads)
+    budget = REGISTERS_BY_WIDTH[vl] * 3 // 4
+    cv = min(nv, 4 if budget >= 24 else 2)
+    group = max(1, min(6, budget // cv))
     pv_rows = max(1, min(6, budget // min(4, dvp // vl)))
     ks, kd, vs, vd = geo.k[1], geo.k[2], geo.v[1], geo.v[2]
     os_, od = geo.o[1], geo.o[2]
     support = [w.simd, f"NN_REQUIRE_VL({vl});",
-               _score_rows("att_rows_n", group, geo, nv), _score_rows("att_rows_1", 1, geo, nv), _pv_code(vl, dvp, pv_rows)]
+               *(_score_rows(f"att_rows{r}", r, geo, nv, cv) for r in range(1, group + 1)), _pv_code(vl, dvp, pv_rows)]
     if ranges is not None:
         support.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
         support.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
@@ -322,8 +331,8 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
       const int64_t j0 = jb * {BK}, cols = {geo.skv} - j0 < {BK} ? {geo.skv} - j0 : {BK};
       const float *kt = kall + jb * {BK * geo.d}, *vb = vall + j0 * {dvp};
       int64_t r = 0;
-      for (; r + {group} <= rows; r += {group}) att_rows_n(qp + r * {geo.q[1]}, kt, s + r * {BK});
-      for (; r < rows; r++) att_rows_1(qp + r * {geo.q[1]}, kt, s + r * {BK});
+      for (; r + {group} <= rows; r += {group}) att_rows{group}(qp + r * {geo.q[1]}, kt, s + r * {BK});
+      switch (rows - r) {{ {' '.join(f"case {i}: att_rows{i}(qp + r * {geo.q[1]}, kt, s + r * {BK}); break;" for i in range(1, group))} default: break; }}
       for (r = 0; r < rows; r++) {{
         float *sr = s + r * {BK};
         {add_bias}

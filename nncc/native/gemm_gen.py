@@ -12,8 +12,9 @@ The micro-kernel keeps MR x NV vectors of C in registers (24 of the 32 AVX-512 r
 12 of the 16 AVX2 ones) and walks K with one broadcast of A and NV loads of B per step.
 Every size is a literal in the generated code. The loops around it: K in blocks when it is
 long and M is not tiny (a block of A rows stays in L2 while the panels of B stream past
-it), then blocks of MC rows, panels, and slivers of MR rows. Threads take a rectangle of
-the (row sliver x panel) grid each (nn_parallel), chosen at run time for the pool's size.
+it), then blocks of MC rows, panels, and slivers of MR rows. The (row sliver x panel) grid
+is cut into a few rectangles per thread, chosen at run time for the pool's size, which the
+threads claim one after another as they come free (nn_parallel, and a counter in the job).
 One or two rows (a decoder's next token) use a kernel that splits K over several
 accumulators instead: that product is a pass over the packed B, bound by memory.
 
@@ -42,23 +43,42 @@ from nncc.native.kernel import SCRATCH
 # at 1.1-1.9x numpy's matmul and faster than the BLAS path it replaced at every shape, so
 # OpenBLAS is kept only for products whose B is computed at run time.
 TILES = {16: (6, 4), 8: (6, 2), 4: (6, 2)}
+# rectangles of the grid per thread, claimed as threads come free: on a machine shared with
+# other work a thread the OS holds back leaves its part to the others instead of making the
+# whole product wait for it; more would cut the panels of B into more pieces each thread reads
+SHARES = 4
 KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while a block runs
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
 
 VECTOR_ACTS = VECTOR_CODES  # applied to the accumulators in the micro-kernel (nn_vact)
-SCALAR_ACTS = {  # applied to the stored row, a loop the C compiler vectorizes
+SCALAR_ACTS = {  # applied to the stored tile by a loop the C compiler vectorizes (act_tile_source)
     "Sigmoid": "nn_sigmoid(v)",
     "Tanh": "nn_tanh(v)",
     "Silu": "(v * nn_sigmoid(v))",
     "Mish": "(v * nn_tanh(v > 20.0f ? v : log1pf(nn_exp(v))))",
-    "Gelu": "nn_gelu_erf(v)",  # through nn_gelu_erf_row (ROW_ACTS)
+    "Gelu": "nn_gelu_erf(v)",
     "GeluTanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
 }
 
 
-# activations applied by a call per stored row rather than a loop in the micro-kernel's own
-# function, where their constants would take the accumulators' registers
-ROW_ACTS = {"Gelu": "nn_gelu_erf_row"}
+def act_tile_name(rows: int, width: int) -> str:
+    return f"g_act_{rows}x{width}"
+
+
+def act_tile_source(s: Shape, epi: Epilogue, rows: int, width: int) -> str:
+    """C of ``void g_act_RxW(c, post)``: a SCALAR_ACTS activation over a stored tile of rows x
+    width floats (plus the residual's tile, when the epilogue has one), the tile's store calls
+    it once. Out of line: inlined into the micro-kernel, the activation's constants took the
+    accumulators' registers, or its loop was not vectorized at all (llama's SiLU cost more
+    than its GEMM); and once per tile with literal sizes, not per row, because a row of the
+    AVX2 tile is only two vectors. Empty when the epilogue has none."""
+    if epi.act not in SCALAR_ACTS:
+        return ""
+    tail = f" + post[r * {s.n} + j]" if epi.post else ""
+    return (f"__attribute__((noinline)) static void {act_tile_name(rows, width)}(float *restrict c, "
+            f"const float *restrict post) {{\n  (void)post;\n"
+            f"  for (int r = 0; r < {rows}; r++) for (int j = 0; j < {width}; j++) {{ float v = c[r * {s.n} + j]; "
+            f"c[r * {s.n} + j] = {SCALAR_ACTS[epi.act]}{tail}; }}\n}}\n")
 
 
 @dataclass(frozen=True)
@@ -242,14 +262,9 @@ def store_tile(s: Shape, epi: Epilogue, width: int, acc: list[list[str]]) -> lis
                 out.append(f"    nn_vstore(cr + {v * vl}, {x});")
             else:
                 out.append(f"    g_storen(cr + {v * vl}, {x}, {lanes});")
-        if epi.act in ROW_ACTS:
-            post = f"post + {r * s.n}" if epi.post else "NULL"
-            out.append(f"    if (final) {ROW_ACTS[epi.act]}(cr, {post}, {width});")
-        elif scalar_act is not None:
-            tail = f" + post[{r * s.n} + j]" if epi.post else ""
-            out.append(f"    if (final) for (int64_t j = 0; j < {width}; j++) {{ float v = cr[j]; "
-                       f"cr[j] = {scalar_act}{tail}; }}")
         out.append("  }")
+    if scalar_act is not None:
+        out.append(f"  if (final) {act_tile_name(rows, width)}(c, {'post' if epi.post else 'NULL'});")
     return out
 
 
@@ -272,7 +287,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
         s.k, kc, mc,
         b_line=f"const float *bp = g->b + q * {s.k * s.nr} + k0 * {s.nr};",
         a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
-        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } g_job;"],
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn, next; } g_job;"],
         scratch_param="", calls=["g_job g = {A, Bp, bias, pre, post, C, tm, tn};",
                                  f"nn_parallel(tm * tn, {s.m * s.n * s.k}, g_task, &g);"])
     return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C] + kernels + [driver])
@@ -287,7 +302,9 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     panels and slivers of one thread's rectangle (``b_line`` and ``a_line`` point ``bp`` and
     ``a`` at the block's operands), the task over the pool, and the entry point, which
     splits the grid and runs ``calls`` (``scratch_param``: its parameters after C). ``lead``:
-    C lines before the rest (the job's type, when not declared earlier)."""
+    C lines before the rest (the job's type, when not declared earlier). The job type ends
+    with ``int64_t tm, tn, next``: the split, and the count of rectangles claimed, zero at
+    the start."""
     mr, nr, n = s.mr, s.nr, s.n
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
@@ -297,6 +314,7 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     for rows in ([mr] if s.m >= mr else []) + ([tail_rows] if tail_rows else []):
         for width in ([nr] if s.panels > 1 or tail_cols == nr else []) + ([tail_cols] if tail_cols != nr else []):
             variants[(rows, width)] = f"{prefix}_tile_{rows}x{width}"
+            kernels.append(act_tile_source(s, epi, rows, width))  # what its store calls
             kernels.append(micro_kernel(variants[(rows, width)], rows, width))
 
     def call(rows: int, width: int) -> str:
@@ -331,9 +349,14 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
         body.append("          " + by_rows(tail_cols))
     body += [
         "        }", "      }", "    }", "  }", "}",
+        "/* every thread of the pool claims rectangles of the grid until none is left ([lo, hi)",
+        " * only says it takes part): a thread the OS holds back takes fewer, the others the rest */",
         f"static void {prefix}_task(void *ctx, int64_t lo, int64_t hi) {{",
-        f"  const {prefix}_job *g = ctx;",
-        "  for (int64_t w = lo; w < hi; w++) {",
+        f"  {prefix}_job *g = ctx;",
+        "  (void)lo; (void)hi;",
+        "  for (;;) {",
+        "    int64_t w = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED);",
+        "    if (w >= g->tm * g->tn) break;",
         "    int64_t jn = w % g->tn, im = w / g->tn;",
         f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
         f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
@@ -343,10 +366,11 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
         "}",
         f"static void {name}(const float *A, const float *Bp, const float *bias, const float *pre, "
         f"const float *post, float *C{scratch_param}) {{",
-        "  /* the split of the (row sliver x panel) grid over t threads with the smallest share */",
-        "  int64_t t = nn_thread_count(), tm = 1, tn = 1, best = -1;",
-        "  for (int64_t cn = 1; cn <= t; cn++) {",
-        f"    int64_t cm = t / cn; if (cm > {blocks}) cm = {blocks};",
+        "  /* the (row sliver x panel) grid in tm x tn rectangles, SHARES per thread of the pool,",
+        "   * the split with the smallest rectangle */",
+        f"  int64_t t = nn_thread_count(), shares = t > 1 ? {SHARES} * t : 1, tm = 1, tn = 1, best = -1;",
+        "  for (int64_t cn = 1; cn <= shares; cn++) {",
+        f"    int64_t cm = shares / cn; if (cm > {blocks}) cm = {blocks};",
         f"    int64_t cost = ({s.panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
         f"    if (cn <= {s.panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
         "  }",

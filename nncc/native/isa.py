@@ -18,3 +18,14 @@ def vector_floats(target: str) -> int:
     if {"avx2", "fma"} <= features:
         return 8
     return 4
+
+
+# vector registers the C compiler has for each vector width above: AVX-512's 32 zmm, AVX2's
+# 16 ymm, and 16 for the generic vectors (SSE's xmm); a register tile of a micro-kernel is
+# sized from this, leaving room for its operands
+REGISTERS_BY_WIDTH = {16: 32, 8: 16, 4: 16}
+
+
+def vector_registers(target: str) -> int:
+    """The vector registers of the target's ISA, for the vector width vector_floats gives."""
+    return REGISTERS_BY_WIDTH[vector_floats(target)]

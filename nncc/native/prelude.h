@@ -94,16 +94,6 @@ static inline float nn_gelu_erf(float v) {
     return 0.5f * v * (1.0f + e);
 }
 
-/* nn_gelu_erf over a stored row (plus a residual row, when given), kept out of line: inlined
-   into a GEMM's micro-kernel, its constants held vector registers the accumulators needed,
-   and they spilled (the bfloat16 kernel ran 9x slower). */
-__attribute__((noinline)) static void nn_gelu_erf_row(float *c, const float *post, int64_t n) {
-    if (post)
-        for (int64_t j = 0; j < n; j++) c[j] = nn_gelu_erf(c[j]) + post[j];
-    else
-        for (int64_t j = 0; j < n; j++) c[j] = nn_gelu_erf(c[j]);
-}
-
 /* Activations applied in epilogues. */
 NN_ACTIVATION_CODES /* nncc/native/activations.py writes the enumeration here */
 
