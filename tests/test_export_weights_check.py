@@ -1,5 +1,6 @@
 """The exported library's weights check on weights of many chunks (several of the AVX2
-path's eight-chunk batches), opened with one thread and with a thread pool: the file the
+path's eight-chunk batches), opened with one thread and with two (which hash the data's
+subtrees side by side and join them): the file the
 export wrote is accepted, which means the library's BLAKE3 of it equals the digest the
 ``blake3`` package computed at export (built into the library), and the model then
 matches onnxruntime; a byte edited anywhere in the data, with the header's CRC made right,
@@ -27,12 +28,14 @@ DAMAGED = 4
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
-    """An MLP whose weights span more than 3 x 64 KiB, exported."""
+    """An MLP whose weights span more than 2 MiB, exported."""
     root = tmp_path_factory.mktemp("export-wide")
-    model, feeds = mlp(root / "wide.onnx", width=1024)
+    model, feeds = mlp(root / "wide.onnx", width=12288)
     export(root / "wide.onnx", root / "wide", cache=root / "cache")
     data = (root / "wide" / "wide.weights").stat().st_size - HEADER
     assert data > 3 * SPAN, "the weights must span the places the edits are made"
+    # and, opened with two threads, be hashed on both (the library splits data from 1 MiB)
+    assert data > 2 * 2**20
     return model, feeds, root / "wide"
 
 
@@ -47,8 +50,8 @@ def test_the_exported_weights_are_accepted_and_the_model_runs(wide, threads):
 
 
 @pytest.mark.parametrize("threads", [2, 1])
-@pytest.mark.parametrize("where", [HEADER, HEADER + SPAN + 5, HEADER + 2 * SPAN, -1],
-                         ids=["first byte", "inside the second 64 KiB", "at 128 KiB", "last byte"])
+@pytest.mark.parametrize("where", [HEADER, HEADER + SPAN + 5, HEADER + 2 * SPAN, HEADER + 3 * 2**19 + 7, -1],
+                         ids=["first byte", "inside the second 64 KiB", "at 128 KiB", "at 1.5 MiB", "last byte"])
 def test_edited_data_is_refused_with_any_thread_count(wide, tmp_path, threads, where):
     """Each case is a copy of the export (its own library): one data byte
     changed and the header's CRC made right, so only the data's BLAKE3 can refuse it."""

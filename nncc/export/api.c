@@ -64,8 +64,67 @@ static void nnx_feature_names(uint64_t bits, char *out, size_t room) {
             used += (size_t)snprintf(out + used, room - used, "%s%s", used ? " " : "", nnx_feature_table[i]);
 }
 
+/* The data's BLAKE3 on up to `threads` threads. Large data is cut into equal subtrees of a
+ * power-of-two count of 1 KiB chunks (at least four per thread, so a thread the operating
+ * system schedules late leaves its share to the others: each claims the next subtree from
+ * a counter), whose chaining values are then joined in order, with the tail after the last
+ * subtree hashed as usual: the digest is the one-call hash's. Below NNX_HASH_SPLIT a thread
+ * costs more than it saves. */
+#define NNX_HASH_SPLIT (1u << 20)
+#define NNX_HASH_PIECES 64
+#define NNX_HASH_THREADS 8
+
+struct nnx_hash_job {
+    nn_blake3_hasher mode;
+    const unsigned char *data;
+    uint64_t piece_chunks;
+    int count, next;
+    uint8_t cv[NNX_HASH_PIECES][NN_BLAKE3_OUT_LEN];
+};
+
+static void *nnx_hash_pieces(void *arg) {
+    struct nnx_hash_job *job = arg;
+    int i;
+    while ((i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->count)
+        nn_blake3_subtree(&job->mode, job->data + (size_t)i * job->piece_chunks * 1024, job->piece_chunks * 1024,
+                          (uint64_t)i * job->piece_chunks, job->cv[i]);
+    return 0;
+}
+
+static void nnx_hash(const unsigned char *data, size_t len, int threads, uint8_t out[NN_BLAKE3_OUT_LEN]) {
+    static struct nnx_hash_job job;  /* 2 KiB of chaining values: off the caller's stack */
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+    nn_blake3_hasher h;
+    nn_blake3_init(&h);
+    if (threads < 2 || len < NNX_HASH_SPLIT) {
+        nn_blake3_update(&h, data, len);
+        nn_blake3_finalize(&h, out);
+        return;
+    }
+    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
+    pthread_mutex_lock(&once);  /* two opens at once take turns with the one job */
+    uint64_t chunks = len / 1024, piece = 1;
+    while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
+    while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
+    job.mode = h;
+    job.data = data;
+    job.piece_chunks = piece;
+    job.count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
+    job.next = 0;
+    pthread_t helpers[NNX_HASH_THREADS];
+    int started = 0;
+    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, &job) == 0) started++;
+    nnx_hash_pieces(&job);  /* the caller claims pieces too, all of them if no thread started */
+    for (int t = 0; t < started; t++) pthread_join(helpers[t], 0);
+    for (int i = 0; i < job.count; i++) nn_blake3_push_subtree(&h, job.cv[i], piece);
+    size_t done = (size_t)job.count * piece * 1024;
+    pthread_mutex_unlock(&once);
+    nn_blake3_update(&h, data + done, len - done);
+    nn_blake3_finalize(&h, out);
+}
+
 /* The header and the data, checked against this build: every size is the library's own. */
-static int nnx_check(const unsigned char *f, size_t size, const char *where) {
+static int nnx_check(const unsigned char *f, size_t size, const char *where, int threads) {
     if (size < NNX_HEADER || memcmp(f, NNX_MAGIC, 8) != 0)
         return nnx_fail(NNX_ERR(FORMAT), "%s is not an nncc weights file", where);
     if (nnx_u32(f + 8) != NNX_FORMAT || nnx_u32(f + 12) != NNX_HEADER)
@@ -89,19 +148,19 @@ static int nnx_check(const unsigned char *f, size_t size, const char *where) {
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its header's BLAKE3 of the data is not the "
                         "one built into this library", where);
     uint8_t digest[NN_BLAKE3_OUT_LEN];
-    nn_blake3(f + NNX_HEADER, NNX_DATA_BYTES, digest);
+    nnx_hash(f + NNX_HEADER, NNX_DATA_BYTES, threads, digest);
     if (memcmp(digest, nnx_digest, 32) != 0)
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its data's BLAKE3 differs from the one "
                         "built into this library", where);
     return 0;
 }
 
-static int nnx_map(const char *path, NNX_STRUCT_T *m) {
+static int nnx_map(const char *path, NNX_STRUCT_T *m, int threads) {
 #if NNX_EMBEDDED
     (void)path;
     m->file = nnx_embedded_weights;
     m->size = NNX_HEADER + NNX_DATA_BYTES;
-    return nnx_check(m->file, m->size, "the embedded weights");
+    return nnx_check(m->file, m->size, "the embedded weights", threads);
 #else
     if (!path) return nnx_fail(NNX_ERR(ARGUMENT), "no weights file given (the path is NULL)");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -121,7 +180,7 @@ static int nnx_map(const char *path, NNX_STRUCT_T *m) {
     m->file = p;
     m->size = (size_t)st.st_size;
     m->mapped = 1;
-    return nnx_check(m->file, m->size, path);
+    return nnx_check(m->file, m->size, path, threads);
 #endif
 }
 
@@ -142,16 +201,16 @@ NNX_PUBLIC int NNX_API(open)(const char *weights, int threads, NNX_STRUCT_T **mo
         return nnx_fail(NNX_ERR(CPU), "this CPU lacks %s, which this library's code needs", lacks);
     }
     if (threads < 0) return nnx_fail(NNX_ERR(ARGUMENT), "threads must be 0 (one per core) or more, not %d", threads);
-    NNX_STRUCT_T *m = calloc(1, sizeof *m);
-    if (!m) return nnx_fail(NNX_ERR(MEMORY), "out of memory");
-    int status = nnx_map(weights, m);  /* touches nothing shared: no lock while the data is hashed */
-    if (status) { nnx_release(m); return status; }
-    m->workspace = aligned_alloc(64, NNX_WORKSPACE_BYTES);
-    if (!m->workspace) { nnx_release(m); return nnx_fail(NNX_ERR(MEMORY), "out of memory for the workspace"); }
     if (threads == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores > 0 ? (int)cores : 1;
     }
+    NNX_STRUCT_T *m = calloc(1, sizeof *m);
+    if (!m) return nnx_fail(NNX_ERR(MEMORY), "out of memory");
+    int status = nnx_map(weights, m, threads);  /* the run lock is not held while the data is hashed */
+    if (status) { nnx_release(m); return status; }
+    m->workspace = aligned_alloc(64, NNX_WORKSPACE_BYTES);
+    if (!m->workspace) { nnx_release(m); return nnx_fail(NNX_ERR(MEMORY), "out of memory for the workspace"); }
     pthread_mutex_lock(&nnx_lock);
     nncc_set_threads(threads);  /* the first open that asks for more than one thread makes the pool */
     pthread_mutex_unlock(&nnx_lock);
