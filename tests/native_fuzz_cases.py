@@ -194,7 +194,7 @@ def conv(case, rng, pointwise=False):
     bias = rng.random() < 0.6
     if bias:
         ins.append(b.init("b", (wshape[0],)))
-    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu", "Sigmoid", "Silu"])
+    epilogue = _choice(rng, ["", "", "Relu", "Clip", "residual", "residual_relu", "Sigmoid", "Silu", "Mish"])
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
     oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
     ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
@@ -208,6 +208,9 @@ def conv(case, rng, pointwise=False):
     elif epilogue == "Silu":  # x * Sigmoid(x), which -O2 fuses into the convolution as SiLU
         (s,) = b.node("Sigmoid", [y], ["sigmoid"])
         (y,) = b.node("Mul", [y, s], ["silu"])
+    elif epilogue == "Mish":  # x * Tanh(Softplus(x)), which -O2 fuses into the convolution as Mish
+        (t,) = b.node("Tanh", [b.node("Softplus", [y], ["softplus"])[0]], ["tanh"])
+        (y,) = b.node("Mul", [y, t], ["mish"])
     elif epilogue.startswith("residual"):
         (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
         if epilogue == "residual_relu":

@@ -291,6 +291,27 @@ def test_silu_and_mish_in_every_convolution_epilogue(tmp_path, form, what):
     assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=5e-6))
 
 
+@pytest.mark.parametrize("what", ["Silu", "Mish"])
+def test_a_convolutions_vector_activation_at_the_extremes(tmp_path, what):
+    """The activations a convolution applies vector by vector after its store, on values
+    from -200 to 200 and on NaN and the infinities, against onnxruntime's spelled-out form:
+    the exponential's clamps (below -87, above 20 or 88) and NaN's way through."""
+    m = Model(opset=13, seed=3)
+    x = m.input([1, 8, 4, 8])
+    m.feeds[x] = np.concatenate([np.linspace(-200, 200, 248), [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30,
+                                                               -87.5]]).astype(np.float32).reshape(1, 8, 4, 8)
+    eye = np.eye(8, dtype=np.float32).reshape(8, 8, 1, 1)  # the convolution passes x through
+    y = m.node("Conv", [x, m.const(eye)])
+    m.output((_silu if what == "Silu" else _mish_softplus)(m, y))
+    path = tmp_path / "m.onnx"
+    m.save(path)
+    compiled = nncc.compile_model(path)
+    assert_one_native_partition(compiled)
+    name = m.outputs[0].name
+    (want,) = ort_run(path, m.feeds, [name])
+    np.testing.assert_allclose(compiled.run(m.feeds)[name], want, rtol=1e-5, atol=1e-6)  # NaN where it has NaN
+
+
 def _near_misses():
     def clip_bound(m, x):  # 6.5 where HardSwish has 6
         gate = m.node("Clip", [m.node("Add", [x, m.const(3.0)]), m.const(0.0), m.const(6.5)])

@@ -183,7 +183,7 @@ def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
 # simd.h has a vector function for run it vector by vector; the lane-by-lane loop (which
 # the compiler vectorizes, but with every range check of the scalar exp) cost several times
 # the convolution itself in a SiLU network's depthwise layers.
-LOGISTIC = {CODES["Sigmoid"]: "nn_vsigmoid", CODES["Silu"]: "nn_vsilu"}
+VECTOR_AFTER_STORE = {CODES["Sigmoid"]: "nn_vsigmoid", CODES["Silu"]: "nn_vsilu", CODES["Mish"]: "nn_vmish"}
 
 
 def stored(v: str, residual: str | None, act: int, p0: str, p1: str) -> str:
@@ -202,9 +202,9 @@ def after_store(act: int, start: str, vectors: int | str, vl: int, p0: str, p1: 
     C pointer ``start``; empty for any other activation (``stored`` applied it)."""
     if act not in SCALAR_ONLY:
         return ""
-    if act in LOGISTIC:
+    if act in VECTOR_AFTER_STORE:
         return (f"for (int64_t q = 0; q < {vectors}; q++) {{ float *e = {start} + q * {vl}; "
-                f"nn_vstore(e, {LOGISTIC[act]}(nn_vload(e))); }}")
+                f"nn_vstore(e, {VECTOR_AFTER_STORE[act]}(nn_vload(e))); }}")
     return (f"for (int64_t q = 0; q < ({vectors}) * {vl}; q++) {{ float *e = {start} + q; "
             f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
 

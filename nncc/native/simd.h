@@ -61,17 +61,16 @@ static inline nn_v nn_vact(int act, nn_v v, float p0, float p1) {
 }
 #define nn_vact_needs_scalar(act) ((act) == NN_SIGMOID || (act) == NN_TANH)
 
-/* The logistic function on a vector, 1 / (1 + e^-v), for the epilogues that apply Sigmoid or
- * SiLU after a store: prelude.h's nn_exp in vector form, with the range checks it needs here
- * only. e^x for x clamped to [-87, 88] (below, 1 + e^x is 1 anyway), so 2^n is one normal
- * float built from its exponent bits; above 88 e^x is taken as infinite, so a sigmoid of -inf
- * is exactly 0 (SiLU of -inf is then NaN, as onnxruntime's x * sigmoid(x)); a NaN stays NaN
- * (the clamps keep it). n = round(x log2 e) by the 1.5 * 2^23 trick, which leaves n in the
- * low bits of the sum, so no conversion instruction is needed. */
-static inline nn_v nn_vsigmoid(nn_v v) {
+/* e^u on a vector, for the epilogues that apply Sigmoid, SiLU or Mish after a store:
+ * prelude.h's nn_exp in vector form, with the range checks they need only. u is clamped to
+ * [-87, 88] (below, e^u is too small to matter to 1 + e^u), so 2^n is one normal float built
+ * from its exponent bits; above 88 e^u is taken as infinite; a NaN stays NaN (the clamps keep
+ * it). n = round(u log2 e) by the 1.5 * 2^23 trick, which leaves n in the low bits of the
+ * sum, so no conversion instruction is needed. */
+static inline nn_v nn_vexp(nn_v u) {
     const nn_v magic = nn_vset1(12582912.0f);
-    nn_v x = nn_vmax(nn_vmin(-v, nn_vset1(88.0f)), nn_vset1(-87.0f));
-    nn_vi overflow = -v > nn_vset1(88.0f);
+    nn_v x = nn_vmax(nn_vmin(u, nn_vset1(88.0f)), nn_vset1(-87.0f));
+    nn_vi overflow = u > nn_vset1(88.0f);
     nn_v t = nn_vfma(x, nn_vset1(1.44269504f), magic);
     nn_v n = t - magic;
     nn_v r = x - n * nn_vset1(0.693359375f) + n * nn_vset1(2.12194440e-4f);
@@ -84,7 +83,20 @@ static inline nn_v nn_vsigmoid(nn_v v) {
     p = nn_vfma(p, r, nn_vset1(1.0f));
     p = nn_vfma(p, r, nn_vset1(1.0f));
     nn_vi bits = ((nn_vi)t - (nn_vi)magic + 127) << 23;
-    nn_v e = nn_vselect(overflow, nn_vset1(INFINITY), p * (nn_v)bits);
-    return nn_vset1(1.0f) / (nn_vset1(1.0f) + e);
+    return nn_vselect(overflow, nn_vset1(INFINITY), p * (nn_v)bits);
 }
+/* The logistic function, 1 / (1 + e^-v): a sigmoid of -inf is exactly 0 (SiLU of -inf is
+ * then NaN, as onnxruntime's x * sigmoid(x)). */
+static inline nn_v nn_vsigmoid(nn_v v) { return nn_vset1(1.0f) / (nn_vset1(1.0f) + nn_vexp(-v)); }
 static inline nn_v nn_vsilu(nn_v v) { return v * nn_vsigmoid(v); }
+/* Mish, v tanh(softplus(v)), with one exponential: for e = e^v, tanh(log(1 + e)) is
+ * m / (m + 2) with m = e (e + 2), exact algebra without the cancellation of 1 + e near 1
+ * (a small e keeps its digits in m). Above 20 it is v (tanh of softplus is 1 to float32, and
+ * e^v would overflow m); below -87 the factor is 0 (e^v is below the smallest normal float),
+ * so -inf gives NaN, and NaN stays NaN, as v * tanh(softplus(v)) does. */
+static inline nn_v nn_vmish(nn_v v) {
+    nn_v e = nn_vexp(nn_vmin(v, nn_vset1(20.0f)));
+    nn_v m = e * (e + nn_vset1(2.0f));
+    nn_v factor = nn_vselect(v < nn_vset1(-87.0f), nn_vzero(), m / (m + nn_vset1(2.0f)));
+    return nn_vselect(v > nn_vset1(20.0f), v, v * factor);
+}
