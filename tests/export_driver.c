@@ -27,15 +27,35 @@ static int64_t elements(int kind, int i, int64_t n) {
     return axis >= 0 && n > 0 ? size * n : size;
 }
 
-static int run(const char *weights, const char *in_path, const char *out_path, int64_t n) {
+/* The model opened on `threads` threads (NULL, said on stderr, when it cannot be), and
+ * arrays for its input and output pointers. */
+static API(model) *opened(const char *weights, int threads, const float ***inputs, float ***outputs) {
     API(model) *model;
-    if (API(open)(weights_arg(weights), 2, &model) != 0) {
+    if (API(open)(weights_arg(weights), threads, &model) != 0) {
         fprintf(stderr, "open: %s\n", API(last_error)());
-        return 3;
+        return NULL;
     }
+    *inputs = calloc(API(input_count)() + 1, sizeof **inputs);
+    *outputs = calloc(API(output_count)() + 1, sizeof **outputs);
+    return model;
+}
+
+/* Frees every buffer and the pointer arrays, closes the model: 0. */
+static int closed(API(model) *model, const float **inputs, float **outputs) {
+    for (int i = 0; i < API(input_count)(); i++) free((void *)inputs[i]);
+    for (int j = 0; j < API(output_count)(); j++) free(outputs[j]);
+    free(inputs);
+    free(outputs);
+    API(close)(model);
+    return 0;
+}
+
+static int run(const char *weights, const char *in_path, const char *out_path, int64_t n) {
+    const float **inputs;
+    float **outputs;
+    API(model) *model = opened(weights, 2, &inputs, &outputs);
+    if (!model) return 3;
     int n_in = API(input_count)(), n_out = API(output_count)();
-    const float **inputs = calloc(n_in + 1, sizeof *inputs);
-    float **outputs = calloc(n_out + 1, sizeof *outputs);
     FILE *in = fopen(in_path, "rb");
     if (!in || !inputs || !outputs) return 4;
     for (int i = 0; i < n_in; i++) {
@@ -53,23 +73,15 @@ static int run(const char *weights, const char *in_path, const char *out_path, i
     if (!out) return 4;
     for (int j = 0; j < n_out; j++) fwrite(outputs[j], sizeof(float), elements(1, j, n), out);
     fclose(out);
-    for (int i = 0; i < n_in; i++) free((void *)inputs[i]);
-    for (int j = 0; j < n_out; j++) free(outputs[j]);
-    free(inputs);
-    free(outputs);
-    API(close)(model);
-    return 0;
+    return closed(model, inputs, outputs);
 }
 
 static int refused_batches(const char *weights, int count, char **sizes) {
-    API(model) *model;
-    if (API(open)(weights_arg(weights), 1, &model) != 0) {
-        fprintf(stderr, "open: %s\n", API(last_error)());
-        return 3;
-    }
+    const float **inputs;
+    float **outputs;
+    API(model) *model = opened(weights, 1, &inputs, &outputs);
+    if (!model) return 3;
     int n_in = API(input_count)(), n_out = API(output_count)();
-    const float **inputs = calloc(n_in + 1, sizeof *inputs);
-    float **outputs = calloc(n_out + 1, sizeof *outputs);
     if (!inputs || !outputs) return 4;
     for (int i = 0; i < n_in; i++) inputs[i] = calloc(API(input_size)(i), sizeof(float));
     for (int j = 0; j < n_out; j++) outputs[j] = calloc(API(output_size)(j), sizeof(float));
@@ -77,12 +89,7 @@ static int refused_batches(const char *weights, int count, char **sizes) {
         int code = API(run_batch)(model, strtoll(sizes[k], NULL, 10), inputs, outputs);
         printf("%d %s\n", code, code ? API(last_error)() : "ok");
     }
-    for (int i = 0; i < n_in; i++) free((void *)inputs[i]);
-    for (int j = 0; j < n_out; j++) free(outputs[j]);
-    free(inputs);
-    free(outputs);
-    API(close)(model);
-    return 0;
+    return closed(model, inputs, outputs);
 }
 
 int main(int argc, char **argv) {
