@@ -159,7 +159,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
             "static inline __m512bh h_load(const uint32_t *p) { __m512i v; memcpy(&v, p, sizeof v); "
             "return (__m512bh)v; }\n",
             "typedef struct { const float *a; uint32_t *ab; const float *b, *bias, *pre, *post; float *c; "
-            "int64_t tm, tn, next; } h_job;\n", _convert(s)]
+            "int64_t tm, tn; } h_job;\n", _convert(s)]
     kernels, driver = grid_source(
         s, epi, name, "h", lambda kernel, rows, width: _micro_kernel(kernel, s, rows, width, epi),
         pairs, kc, mc,
@@ -260,7 +260,7 @@ def weights_source(s: Shape, epi: Epilogue, name: str) -> str:
         s.k, kc, mc,
         b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {s.k * words} + k0 * {words};",
         a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
-        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn, next; } w_job;"],
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } w_job;"],
         scratch_param="", calls=["w_job g = {A, Bp, bias, pre, post, C, tm, tn};",
                                  f"nn_parallel(tm * tn, {s.m * s.n * s.k}, w_task, &g);"])
     return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C, WIDEN_C] + kernels + [driver])

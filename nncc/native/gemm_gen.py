@@ -14,7 +14,7 @@ Every size is a literal in the generated code. The loops around it: K in blocks 
 long and M is not tiny (a block of A rows stays in L2 while the panels of B stream past
 it), then blocks of MC rows, panels, and slivers of MR rows. The (row sliver x panel) grid
 is cut into a few rectangles per thread, chosen at run time for the pool's size, which the
-threads claim one after another as they come free (nn_parallel, and a counter in the job).
+threads claim one after another as they come free (nn_parallel's chunks, one rectangle each).
 One or two rows (a decoder's next token) use a kernel that splits K over several
 accumulators instead: that product is a pass over the packed B, bound by memory.
 
@@ -43,9 +43,10 @@ from nncc.native.kernel import SCRATCH
 # at 1.1-1.9x numpy's matmul and faster than the BLAS path it replaced at every shape, so
 # OpenBLAS is kept only for products whose B is computed at run time.
 TILES = {16: (6, 4), 8: (6, 2), 4: (6, 2)}
-# rectangles of the grid per thread, claimed as threads come free: on a machine shared with
-# other work a thread the OS holds back leaves its part to the others instead of making the
-# whole product wait for it; more would cut the panels of B into more pieces each thread reads
+# rectangles of the grid per thread, claimed as threads come free (the pool's chunks, as
+# many per thread: one rectangle each): on a machine shared with other work a thread the OS
+# holds back leaves its part to the others instead of making the whole product wait for it;
+# more would cut the panels of B into more pieces each thread reads
 SHARES = 4
 KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while a block runs
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
@@ -287,7 +288,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
         s.k, kc, mc,
         b_line=f"const float *bp = g->b + q * {s.k * s.nr} + k0 * {s.nr};",
         a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
-        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn, next; } g_job;"],
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } g_job;"],
         scratch_param="", calls=["g_job g = {A, Bp, bias, pre, post, C, tm, tn};",
                                  f"nn_parallel(tm * tn, {s.m * s.n * s.k}, g_task, &g);"])
     return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C] + kernels + [driver])
@@ -303,8 +304,7 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     ``a`` at the block's operands), the task over the pool, and the entry point, which
     splits the grid and runs ``calls`` (``scratch_param``: its parameters after C). ``lead``:
     C lines before the rest (the job's type, when not declared earlier). The job type ends
-    with ``int64_t tm, tn, next``: the split, and the count of rectangles claimed, zero at
-    the start."""
+    with ``int64_t tm, tn``: the split."""
     mr, nr, n = s.mr, s.nr, s.n
     blocks = -(-s.m // mr)  # row slivers
     tail_cols = n - (s.panels - 1) * nr
@@ -349,14 +349,10 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
         body.append("          " + by_rows(tail_cols))
     body += [
         "        }", "      }", "    }", "  }", "}",
-        "/* every thread of the pool claims rectangles of the grid until none is left ([lo, hi)",
-        " * only says it takes part): a thread the OS holds back takes fewer, the others the rest */",
+        "/* rectangles [lo, hi) of the grid, as the pool's threads claim them */",
         f"static void {prefix}_task(void *ctx, int64_t lo, int64_t hi) {{",
         f"  {prefix}_job *g = ctx;",
-        "  (void)lo; (void)hi;",
-        "  for (;;) {",
-        "    int64_t w = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED);",
-        "    if (w >= g->tm * g->tn) break;",
+        "  for (int64_t w = lo; w < hi; w++) {",
         "    int64_t jn = w % g->tn, im = w / g->tn;",
         f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
         f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
