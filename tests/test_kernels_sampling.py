@@ -38,8 +38,8 @@ def reference_run(op, inputs, opset, attrs):
 # --------------------------------------------------------------------------- GridSample
 
 
-@pytest.mark.parametrize("mode,padding,align", itertools.product(
-    ["linear", "nearest", "cubic"], ["zeros", "border", "reflection"], [0, 1]))
+@pytest.mark.parametrize("mode,padding,align", list(itertools.product(
+    ["linear", "nearest", "cubic"], ["zeros", "border", "reflection"], [0, 1])))
 def test_gridsample_2d_matches_onnxruntime(mode, padding, align):
     # positions well outside [-1, 1] exercise every padding mode, repeated reflections too
     x = normal(2, 3, 5, 7)
@@ -49,8 +49,8 @@ def test_gridsample_2d_matches_onnxruntime(mode, padding, align):
                       rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode,padding,align", itertools.product(
-    ["linear", "nearest"], ["zeros", "border", "reflection"], [0, 1]))
+@pytest.mark.parametrize("mode,padding,align", list(itertools.product(
+    ["linear", "nearest"], ["zeros", "border", "reflection"], [0, 1])))
 def test_gridsample_3d_matches_onnxruntime(mode, padding, align):
     x = normal(2, 2, 4, 5, 6, dtype=np.float64)
     grid = uniform(-1.8, 1.8, 2, 3, 4, 2, 3, dtype=np.float64)

@@ -7,7 +7,7 @@ are vectors over keys), computes the BQ x BK scores in registers, scales them an
 bias, then folds them into a running softmax (online: a row's maximum and sum so far, its
 output rescaled when the maximum grows) and adds probabilities·V into the output rows. The
 scores of a block live in L1; a row is divided by its sum once, at the end. Tasks are
-(batch x heads x query blocks), shared statically by the thread pool.
+(batch x heads x query blocks), claimed in chunks by the thread pool's threads.
 
 Every operand is read through the strides its permutation gives (nncc.kernels.fused_attention),
 so the Transposes that split and merge heads cost nothing. Grouped-query heads (``head_group``)

@@ -378,7 +378,7 @@ static void nn_depthwise_task(void *p, int64_t lo, int64_t hi) {
 static void nn_depthwise(const float *x, const float *w, const float *bias, const float *res, float *y, int64_t C,
                          int64_t H, int64_t W, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                          int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act, float p0, float p1) {
-    nn_args a = {x, w, bias, res, y, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1, 0};
+    nn_args a = {x, w, bias, res, y, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, act, p0, p1, 0, 0, 0};
     nn_parallel(C, C * OH * OW * kh * kw, nn_depthwise_task, &a);
 }
 
@@ -391,7 +391,7 @@ static void nn_maxpool_task(void *p, int64_t lo, int64_t hi) {
 void nn_maxpool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                          int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                          int64_t dw) {
-    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_args a = {x, 0, 0, 0, y, NC, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0, 0, 0};
     nn_parallel(NC, NC * OH * OW * kh * kw, nn_maxpool_task, &a);
 }
 
@@ -420,13 +420,13 @@ void nn_epilogue(float *y, const float *bias, const float *res, int64_t C, int64
     if (!bias && !res && act == NN_NONE) return;
     if (C == 1 && n >= 65536) { /* one long row (a flat activation): split it as rows of 4096 */
         int64_t rows = n / 4096, tail = n - rows * 4096;
-        nn_args a = {0, 0, 0, res, y, rows, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4096, act, p0, p1, 0};
+        nn_args a = {0, 0, 0, res, y, rows, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4096, act, p0, p1, 0, 0, 0};
         if (bias) { nn_epilogue_serial(y, bias, res, C, n, act, p0, p1); return; }
         nn_parallel(rows, n, nn_epilogue_task, &a);
         if (tail) nn_epilogue_serial(y + rows * 4096, 0, res ? res + rows * 4096 : 0, 1, tail, act, p0, p1);
         return;
     }
-    nn_args a = {0, 0, bias, res, y, C, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n, act, p0, p1, 0};
+    nn_args a = {0, 0, bias, res, y, C, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n, act, p0, p1, 0, 0, 0};
     nn_parallel(C, C * n, nn_epilogue_task, &a);
 }
 
@@ -438,7 +438,7 @@ static void nn_im2col_task(void *p, int64_t lo, int64_t hi) {
 
 static void nn_im2col(const float *x, float *col, int64_t C, int64_t H, int64_t W, int64_t kh, int64_t kw,
                       int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW) {
-    nn_args a = {x, col, 0, 0, 0, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0};
+    nn_args a = {x, col, 0, 0, 0, C, H, W, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW, 0, 0.0f, 0.0f, 0, 0, 0};
     nn_parallel(C, C * kh * kw * OH * OW, nn_im2col_task, &a);
 }
 
