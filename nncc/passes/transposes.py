@@ -51,7 +51,7 @@ def sink_transposes(graph: Graph) -> Graph:
     sinker = Sinker(graph)
     # each rewrite moves a Transpose down its finite path or removes one: bounded
     for _ in range(4 * len(graph.nodes) + 1):
-        if not sinker.step():
+        if not sinker.sweep():
             break
     if not sinker.changed:
         return rebuild(graph)
@@ -59,7 +59,11 @@ def sink_transposes(graph: Graph) -> Graph:
 
 
 class Sinker:
-    """The graph under rewrite: a node list and its maps, rebuilt after each rewrite."""
+    """The graph under rewrite, by sweeps over its node list. The producer and consumer maps
+    are built once per sweep; a rewrite claims every value whose readers or producer it
+    changes or relies on, and one that would need a value an earlier rewrite of the sweep
+    claimed waits for the next sweep, so each sees maps that are still true for it. A chain
+    then takes one sweep per op the Transpose moves past, whatever the graph's size."""
 
     def __init__(self, graph: Graph):
         self.base = graph
@@ -73,22 +77,46 @@ class Sinker:
     def graph(self) -> Graph:
         return rebuild(self.base, nodes=self.nodes, initializers=self.initializers, values=self.values)
 
-    def step(self) -> bool:
-        """One rewrite, the first the node list offers; False when none is left."""
+    def sweep(self) -> bool:
+        """Every rewrite the node list offers whose values no other one claimed; False when
+        there was none."""
         self.producers = {out: node for node in self.nodes for out in node.outputs if out}
         self.consumers: dict[str, list[Node]] = {}
         for node in self.nodes:
             for name in node.inputs:
                 if name:
                     self.consumers.setdefault(name, []).append(node)
+        self.claimed: set[str] = set()
+        self.replaced: dict[int, list[Node]] = {}
+        self.dropped: set[int] = set()
+        self.renamed: dict[str, str] = {}
+        done = False
         for node in self.nodes:
             perm = self.perm(node)
-            if perm is None:
+            if perm is None or node.inputs[0] in self.claimed or node.outputs[0] in self.claimed:
                 continue
             if self.compose(node, perm) or self.push(node, perm) or self.fold_reduce(node, perm):
-                self.changed = True
-                return True
-        return False
+                done = self.changed = True
+        if done:
+            nodes = []
+            for node in self.nodes:
+                if id(node) in self.dropped:
+                    continue
+                for new in self.replaced.get(id(node), [node]):
+                    if any(name in self.renamed for name in new.inputs):
+                        new = Node(new.op_type, [self.renamed.get(n, n) for n in new.inputs], list(new.outputs),
+                                   dict(new.attrs), new.domain, new.name)
+                    nodes.append(new)
+            self.nodes = nodes
+        return done
+
+    def claim(self, names) -> bool:
+        """Claim ``names`` for this sweep's rewrite, unless one of them is already claimed."""
+        names = {name for name in names if name}
+        if names & self.claimed:
+            return False
+        self.claimed |= names
+        return True
 
     # ----------------------------------------------------------------------- facts
 
@@ -169,10 +197,11 @@ class Sinker:
 
     def reaches_meeting(self, transpose: Node, perm: list[int]) -> bool:
         """Walking down from ``transpose`` through the elementwise ops that alone read each
-        value, do we meet another Transpose or a Reduce?"""
+        value, do we meet another Transpose or a Reduce? (Not through a value this sweep
+        changed: the next sweep walks it.)"""
         name = transpose.outputs[0]
         for _ in range(len(self.nodes)):
-            reader = self.only_reader(name)
+            reader = None if name in self.claimed else self.only_reader(name)
             if reader is None:
                 return False
             if self.perm(reader) is not None:
@@ -195,14 +224,10 @@ class Sinker:
         return name
 
     def replace(self, old: Node, new: list[Node], drop: Node | None = None) -> None:
-        """``new`` in ``old``'s place; ``drop`` leaves the list."""
-        nodes = []
-        for node in self.nodes:
-            if node is old:
-                nodes.extend(new)
-            elif node is not drop:
-                nodes.append(node)
-        self.nodes = nodes
+        """``new`` in ``old``'s place at the end of the sweep; ``drop`` leaves the list."""
+        self.replaced[id(old)] = new
+        if drop is not None:
+            self.dropped.add(id(drop))
 
     def compose(self, second: Node, perm: list[int]) -> bool:
         """Transpose of a Transpose: one Transpose of the first one's input, or none."""
@@ -211,21 +236,18 @@ class Sinker:
         if inner is None or len(inner) != len(perm):
             return False
         source, out = first.inputs[0], second.outputs[0]
+        if not self.claim([source, second.inputs[0], out]):
+            return False
+        if self.only_reader(second.inputs[0]) is second:
+            self.dropped.add(id(first))  # dead now: it must not count as a reader of its input
         combined = [inner[axis] for axis in perm]
         if combined != list(range(len(perm))):
             self.replace(second, [Node("Transpose", [source], [out], {"perm": combined}, "", second.name)])
         elif out in self.pinned:
             self.replace(second, [Node("Identity", [source], [out], {}, "", second.name)])
         else:  # the pair cancels: the readers of the result read the source
-            renamed = []
-            for node in self.nodes:
-                if node is second:
-                    continue
-                if out in node.inputs:
-                    node = Node(node.op_type, [source if n == out else n for n in node.inputs],
-                                list(node.outputs), dict(node.attrs), node.domain, node.name)
-                renamed.append(node)
-            self.nodes = renamed
+            self.renamed[out] = source
+            self.dropped.add(id(second))
             self.values.pop(out, None)
         return True
 
@@ -236,8 +258,13 @@ class Sinker:
         if op is None or not self.reaches_meeting(transpose, perm):
             return False
         plan = self.operands(op, moved, perm)
-        if plan is None:
+        if plan is None or not self.claim([transpose.inputs[0], *op.inputs, op.outputs[0],
+                                           *(how for how in plan if isinstance(how, str))]):
             return False
+        for name in op.inputs:  # the same Transposes of other values, dead once op reads those
+            source = self.producers.get(name)
+            if name != moved and source is not None and self.perm(source) == perm and self.only_reader(name) is op:
+                self.dropped.add(id(source))
         inverse = list(np.argsort(perm))
         inputs = []
         for name, how in zip(op.inputs, plan):
@@ -261,7 +288,7 @@ class Sinker:
         if reduce is None or reduce.inputs[0] != moved:
             return False
         axes = self.reduce_axes(reduce, len(perm))
-        if axes is None:
+        if axes is None or not self.claim([transpose.inputs[0], moved, reduce.outputs[0]]):
             return False
         keep = int(reduce.attrs.get("keepdims", 1))
         source, out = transpose.inputs[0], reduce.outputs[0]
