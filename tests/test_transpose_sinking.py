@@ -10,6 +10,7 @@ import pytest
 import nncc
 from nncc.report import describe_plan
 from tests.models import GraphBuilder, one_native_partition
+from tests.test_compile import nncc_cli, no_cache_flag
 from tests.oracle import ort_run
 
 
@@ -167,3 +168,16 @@ def test_rank_5_chain_cancels_or_composes(tmp_path):
     y = b.node("Pow", [b.node("Abs", [y]), b.const(np.full((1, 1, 1), 1.5))])
     b.output(b.node("Transpose", [y], perm=[4, 3, 2, 1, 0]))  # composes into one
     assert compiled_and_checked(tmp_path, b, rtol=1e-4)["Transpose"] == 1
+
+
+def test_a_bad_transpose_pair_is_still_reported(tmp_path):
+    """A perm of the wrong length does not cancel with its inverse: the model is refused
+    with one line, exit 2, as without the rewrite."""
+    b = GraphBuilder(seed=8)
+    x = b.node("Transpose", [b.input((2, 3, 4))], perm=[0, 2, 3, 1])
+    b.output(b.node("Transpose", [b.node("Relu", [x])], perm=[0, 3, 1, 2]))
+    b.save(tmp_path / "bad.onnx")
+    done = nncc_cli("compile", tmp_path / "bad.onnx", "-o", tmp_path / "bad.nncc", *no_cache_flag(), check=False)
+    assert done.returncode == 2, done.stderr
+    assert "Transpose" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.ir.graph import Graph, Node
+from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.passes.cleanup import all_names, fresh_name, frozen, rebuild, subgraph_references
 from nncc.passes.dce import eliminate_dead_code
 
@@ -126,14 +126,17 @@ class Sinker:
         if node.op_type != "Transpose" or node.domain != "" or len(node.inputs) != 1 \
                 or not node.inputs[0] or len(node.outputs) != 1 or not node.outputs[0]:
             return None
+        info = self.values.get(node.inputs[0])
+        rank = None if info is None or info.shape is None else len(info.shape)
         perm = node.attrs.get("perm")
         if perm is None:
-            info = self.values.get(node.inputs[0])
-            if info is None or info.shape is None:
+            if rank is None:
                 return None
-            perm = list(range(len(info.shape)))[::-1]
+            perm = list(range(rank))[::-1]
         perm = [int(axis) for axis in perm]
-        return perm if sorted(perm) == list(range(len(perm))) else None
+        if sorted(perm) != list(range(len(perm))) or rank not in (None, len(perm)):
+            return None  # a bad Transpose stays for its kernel to report
+        return perm
 
     def only_reader(self, name: str) -> Node | None:
         """The one node reading ``name`` (perhaps more than once), when nothing else needs it."""
@@ -221,6 +224,7 @@ class Sinker:
     def constant(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)
         self.initializers[name] = frozen(array)
+        self.values[name] = TensorInfo.of(self.initializers[name], keep_value=False)
         return name
 
     def replace(self, old: Node, new: list[Node], drop: Node | None = None) -> None:
