@@ -181,3 +181,49 @@ def test_a_bad_transpose_pair_is_still_reported(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Transpose" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def random_chain(b: GraphBuilder, rng) -> None:
+    """A Transpose of a random perm, then elementwise ops (constants of random broadcasting
+    shapes, the same Transpose of another input, a scalar), maybe a second reader, and an
+    end: the inverse, another Transpose, a Reduce or the output itself."""
+    rank = int(rng.integers(2, 6))
+    shape = tuple(int(d) for d in rng.integers(1, 5, rank))
+    perm = [int(a) for a in rng.permutation(rank)]
+    tshape = [shape[a] for a in perm]
+    x = b.node("Transpose", [b.input(shape)], perm=perm)
+    for _ in range(int(rng.integers(1, 4))):
+        kind = rng.integers(0, 5)
+        if kind == 0:
+            x = b.node(str(rng.choice(["Relu", "Sigmoid", "Neg", "Softsign"])), [x])
+        elif kind == 1:  # a constant over some trailing axes, some of them 1
+            k = int(rng.integers(0, rank + 1))
+            cshape = [d if rng.random() < 0.7 else 1 for d in tshape[rank - k:]]
+            x = b.node(str(rng.choice(["Mul", "Add", "Sub"])), [x, b.const(rng.uniform(0.5, 1.5, cshape))])
+        elif kind == 2:
+            x = b.node("Add", [x, b.node("Transpose", [b.input(shape)], perm=perm)])
+        elif kind == 3:
+            x = b.node("Clip", [x, b.const(-0.7), b.const(0.9)])
+        else:
+            x = b.node("Max", [b.const(rng.uniform(-1, 1, tshape[-1:])), x, b.const(0.1)])
+    if rng.random() < 0.25:
+        b.output(b.node("Exp", [x]))  # a second reader
+    end = rng.integers(0, 4)
+    if end == 0:
+        x = b.node("Transpose", [x], perm=[int(a) for a in np.argsort(perm)])
+    elif end == 1:
+        x = b.node("Transpose", [x], perm=[int(a) for a in rng.permutation(rank)])
+    elif end == 2:
+        axes = sorted(int(a) for a in rng.choice(rank, int(rng.integers(1, rank + 1)), replace=False))
+        x = b.node(str(rng.choice(["ReduceSum", "ReduceMax", "ReduceMean"])), [x, b.ints(axes)],
+                   keepdims=int(rng.integers(0, 2)))
+    b.output(x)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_chains_keep_their_values(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder(seed=seed)
+    for _ in range(8):
+        random_chain(b, rng)
+    compiled_and_checked(tmp_path, b, rtol=1e-5)
