@@ -185,7 +185,8 @@ def test_a_bad_transpose_pair_is_still_reported(tmp_path):
 
 def random_chain(b: GraphBuilder, rng) -> None:
     """A Transpose of a random perm, then elementwise ops (constants of random broadcasting
-    shapes, the same Transpose of another input, a scalar), maybe a second reader, and an
+    shapes, the same Transpose of another input, a scalar) and Softmaxes over a random
+    axis, maybe a second reader, and an
     end: the inverse, another Transpose, a Reduce or the output itself."""
     rank = int(rng.integers(2, 6))
     shape = tuple(int(d) for d in rng.integers(1, 5, rank))
@@ -193,7 +194,7 @@ def random_chain(b: GraphBuilder, rng) -> None:
     tshape = [shape[a] for a in perm]
     x = b.node("Transpose", [b.input(shape)], perm=perm)
     for _ in range(int(rng.integers(1, 4))):
-        kind = rng.integers(0, 5)
+        kind = rng.integers(0, 6)
         if kind == 0:
             x = b.node(str(rng.choice(["Relu", "Sigmoid", "Neg", "Softsign"])), [x])
         elif kind == 1:  # a constant over some trailing axes, some of them 1
@@ -204,6 +205,8 @@ def random_chain(b: GraphBuilder, rng) -> None:
             x = b.node("Add", [x, b.node("Transpose", [b.input(shape)], perm=perm)])
         elif kind == 3:
             x = b.node("Clip", [x, b.const(-0.7), b.const(0.9)])
+        elif kind == 4:
+            x = b.node("Softmax", [x], axis=int(rng.integers(-rank, rank)))
         else:
             x = b.node("Max", [b.const(rng.uniform(-1, 1, tshape[-1:])), x, b.const(0.1)])
     if rng.random() < 0.25:
@@ -227,3 +230,16 @@ def test_random_chains_keep_their_values(tmp_path, seed):
     for _ in range(8):
         random_chain(b, rng)
     compiled_and_checked(tmp_path, b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [11, 13])  # before 13 a Softmax flattens around its axis: it stays
+def test_concat_and_softmax_renumber_their_axis(tmp_path, opset):
+    b = GraphBuilder(opset=opset, seed=9)
+    perm, inverse = [0, 2, 3, 1], [0, 3, 1, 2]
+    x = b.node("Transpose", [b.input((2, 3, 4, 5))], perm=perm)  # [2, 4, 5, 3]
+    y = b.node("Transpose", [b.input((2, 6, 4, 5))], perm=perm)  # [2, 4, 5, 6]
+    z = b.node("Concat", [x, b.const(b.rng.standard_normal((2, 4, 5, 2))), y], axis=-1)
+    z = b.node("Softmax", [z], axis=3)  # over the channels, as in the NHWC layout
+    b.output(b.node("Transpose", [z], perm=inverse))
+    ops = compiled_and_checked(tmp_path, b)
+    assert ops.get("Transpose", 0) == (0 if opset >= 13 else 3), ops

@@ -49,8 +49,8 @@ PASSES: list[PassInfo] = [
              "becomes a zero-copy splat"),
     PassInfo("eliminate_dead_code", 1, "drop nodes and initializers that reach no output"),
     PassInfo("sink_transposes", 2,
-             "a Transpose moves down past the elementwise ops that alone read it (their "
-             "constants permuted) until it cancels or composes with another Transpose or turns "
+             "a Transpose moves down past the elementwise ops, Concats and Softmaxes that alone "
+             "read it (their constants permuted, their axis renumbered) until it cancels or composes with another Transpose or turns "
              "into a Reduce's axes; runs before the fusions, which then see a plain chain"),
     PassInfo("fold_batchnorm_into_conv", 2,
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),

@@ -5,7 +5,8 @@ per-channel elementwise ops and back to NCHW for the next convolution.
 A Transpose moves down past the elementwise op that alone reads it (the op then runs on
 the untransposed value: a constant operand is brought to full rank, as broadcasting
 would, and permuted by the inverse; an operand that is the same Transpose of another value
-reads that value; a scalar stays), until it meets:
+reads that value; a scalar stays), or past a Concat or a Softmax (its axis renumbered),
+until it meets:
 
 * another Transpose: the two become one (composed permutations), or nothing when they
   are inverses;
@@ -41,6 +42,9 @@ BROADCASTING = frozenset({
     "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
     "Max", "Mean", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",
 })
+# along one axis, which the move renumbers (the Softmax family only from opset 13, before
+# which it flattened the axes around its axis)
+ALONG_AXIS = frozenset({"Concat", "Hardmax", "LogSoftmax", "Softmax"})
 REDUCES = frozenset({
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
     "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare",
@@ -161,16 +165,17 @@ class Sinker:
         if op.op_type in UNARY:
             others_ok = all(not name or (name != moved and self.scalar(name)) for name in op.inputs[1:])
             return list(op.inputs) if op.inputs[0] == moved and others_ok else None
-        if op.op_type not in BROADCASTING:
+        along = op.op_type in ALONG_AXIS
+        if (self.moved_attrs(op, perm) is None) if along else op.op_type not in BROADCASTING:
             return None
         plan = []
         for name in op.inputs:
-            if not name or name == moved or self.scalar(name):
+            if not name or name == moved or (not along and self.scalar(name)):
                 plan.append(name)
                 continue
             array = self.initializers.get(name)
             if array is not None:
-                if array.ndim > len(perm):
+                if array.ndim > len(perm) or (along and array.ndim != len(perm)):
                     return None
                 plan.append(array)
                 continue
@@ -179,6 +184,17 @@ class Sinker:
                 return None
             plan.append(source.inputs[0])
         return plan
+
+    def moved_attrs(self, op: Node, perm: list[int]) -> dict | None:
+        """``op``'s attributes once it runs before the Transpose: its axis renumbered."""
+        if op.op_type not in ALONG_AXIS:
+            return dict(op.attrs)
+        if op.op_type != "Concat" and self.base.opset("") < 13:
+            return None
+        axis = op.attrs.get("axis", -1 if op.op_type != "Concat" else None)
+        if axis is None or not -len(perm) <= int(axis) < len(perm):
+            return None
+        return {**op.attrs, "axis": perm[int(axis) % len(perm)]}
 
     def reduce_axes(self, node: Node, rank: int) -> list[int] | None:
         """The normalized axes of a Reduce we can rewrite ([] for all of them), else None."""
@@ -279,7 +295,7 @@ class Sinker:
                 inputs.append(transpose.inputs[0] if how == moved else how)
         out = op.outputs[0]
         inner = self.fresh(f"{out}/untransposed")
-        self.replace(op, [Node(op.op_type, inputs, [inner], dict(op.attrs), op.domain, op.name),
+        self.replace(op, [Node(op.op_type, inputs, [inner], self.moved_attrs(op, perm), op.domain, op.name),
                           Node("Transpose", [inner], [out], {"perm": perm}, "", transpose.name)],
                      drop=transpose)
         self.values.pop(moved, None)
