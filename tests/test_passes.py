@@ -537,7 +537,7 @@ def test_pass_list_describes_every_level():
     assert [p.name for p in passes_for(2)][:4] == ["remove_noops", "carry_quantized_as_float", "fold_constants",
                                                    "eliminate_dead_code"]
     assert [p.name for p in passes_for(2)][4:] == [
-        "fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "fold_pad_into_conv", "batchnorm_to_scale_shift",
+        "sink_transposes", "fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "fold_pad_into_conv", "batchnorm_to_scale_shift",
         "matmul_add_to_gemm", "fuse_dynamic_quantization", "fuse_spelled_activations", "fuse_activation", "conv1d_as_2d", "fuse_gelu",
         "fuse_attention", "eliminate_dead_code"]
     for name, level, description in PASSES:

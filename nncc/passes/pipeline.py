@@ -17,6 +17,7 @@ from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
 from nncc.passes.qlinear_float import carry_quantized_as_float
 from nncc.passes.quant_fusion import fuse_dynamic_quantization
+from nncc.passes.transposes import sink_transposes
 from nncc.passes.fusion import (
     batchnorm_to_scale_shift,
     fold_batchnorm_into_conv,
@@ -47,6 +48,10 @@ PASSES: list[PassInfo] = [
              "evaluate constant subgraphs and static Shape/Size once; ConstantOfShape "
              "becomes a zero-copy splat"),
     PassInfo("eliminate_dead_code", 1, "drop nodes and initializers that reach no output"),
+    PassInfo("sink_transposes", 2,
+             "a Transpose moves down past the elementwise ops, Concats and Softmaxes that alone "
+             "read it (their constants permuted, their axis renumbered) until it cancels or composes with another Transpose or turns "
+             "into a Reduce's axes; runs before the fusions, which then see a plain chain"),
     PassInfo("fold_batchnorm_into_conv", 2,
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
     PassInfo("fold_scale_shift_into_conv", 2,
@@ -84,6 +89,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "remove_noops": remove_noops,
     "fold_constants": fold_constants,
     "eliminate_dead_code": eliminate_dead_code,
+    "sink_transposes": sink_transposes,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
     "fold_pad_into_conv": fold_pad_into_conv,
     "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
