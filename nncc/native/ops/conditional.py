@@ -19,10 +19,11 @@ import numpy as np
 
 from nncc.errors import NnccError
 from nncc.ir.graph import CAPTURES, Graph, Node, TensorInfo, closed
-from nncc.native.ops.entry import NativeOp, static_values_refused
+from nncc.native.ops.entry import NativeOp, static_f32
 
 BRANCHES = (("then_branch", True), ("else_branch", False))  # (attribute, the condition that runs it)
 BOOL = np.dtype(np.bool_)
+UNKNOWN = TensorInfo(None, None)
 
 
 @dataclass
@@ -54,13 +55,19 @@ class If(NativeOp):
         cond = infos.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
         if cond is None or cond.dtype != BOOL or not cond.is_static or int(np.prod(cond.shape)) != 1:
             return "a condition that is not a bool scalar"
-        why = static_values_refused(node, infos, [])
-        if why is not None:
-            return why
+        branches = {}
         for key, _ in BRANCHES:
-            branch = branch_of(node, key, infos)
-            if isinstance(branch, str):
-                return f"its {key}: {branch}"
+            branches[key] = branch_of(node, key, infos)
+            if isinstance(branches[key], str):
+                return f"its {key}: {branches[key]}"
+        then, other = (branches[key] for key, _ in BRANCHES)
+        for a, b, name in zip(then.outputs, other.outputs, node.outputs):
+            shown = [(x.infos.get(o) or infos.get(o) or UNKNOWN).describe() for x, o in ((then, a), (other, b))]
+            if shown[0] != shown[1]:
+                return f"branches whose outputs differ ({shown[0]} and {shown[1]})"
+            if not static_f32(infos.get(name)) or shown[0] != infos[name].describe():
+                return f"branch outputs ({shown[0]}) that are not the If's static float32 output"
+        for key, branch in branches.items():
             scope, seen = branch.scope(graph), {**infos, **branch.infos}
             for inner in branch.nodes:
                 why = self.refused(inner, scope, seen)
@@ -100,12 +107,6 @@ def branch_of(node: Node, key: str, infos: dict[str, TensorInfo]) -> Branch | st
     def rename(name: str) -> str:
         return prefix + name if name in own else name
 
-    for out, want in zip(graph.outputs, node.outputs):
-        got, expected = inferred.get(out), infos.get(want)
-        if got is None or expected is None or got.dtype != expected.dtype or not got.is_static \
-                or got.shape != expected.shape:
-            shown = "unknown" if got is None else got.describe()
-            return f"output {out!r} is {shown}, the If's {'unknown' if expected is None else expected.describe()}"
     nodes = [Node(n.op_type, [rename(i) if i else i for i in n.inputs], [rename(o) if o else o for o in n.outputs],
                   n.attrs, n.domain, n.name and prefix + n.name) for n in graph.nodes]
     return Branch(nodes, [rename(o) for o in graph.outputs],
