@@ -8,6 +8,9 @@ entry takes) stays portable, says why in the plan and in `nncc inspect`, and is 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -15,8 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nncc
 from nncc.native.toolchain import find_toolchain
+from tests.conftest import ROOT
 from tests.models import GraphBuilder
 from tests.oracle import ort_run
+from tests.test_native_sanitize import have_sanitizer_runtime, sanitized_env
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -137,7 +142,7 @@ def test_branches_reading_different_outer_values(tmp_path):
     assert_matches_both_ways(path, compiled, m, flag)
 
 
-def test_branches_that_are_chains_of_several_ops(tmp_path):
+def chains() -> Model:
     """Several ops per branch, two outputs each, and a MatMul by constant weights in one."""
     m = Model(3)
     x = m.input([4, 16])
@@ -155,10 +160,15 @@ def test_branches_that_are_chains_of_several_ops(tmp_path):
     y0, y1 = m.if_node(flag, then, other, count=2)
     m.output(m.node("Add", [y0, y1]))
     m.output(y1)
+    return m
+
+
+def test_branches_that_are_chains_of_several_ops(tmp_path):
+    m = chains()
     path = save(tmp_path, m)
     compiled = nncc.compile_model(path)
     assert_one_native_partition(compiled)
-    assert_matches_both_ways(path, compiled, m, flag)
+    assert_matches_both_ways(path, compiled, m, "flag1")
 
 
 def test_a_branch_that_returns_an_outer_value(tmp_path):
@@ -255,3 +265,52 @@ def test_a_branch_node_no_entry_takes_stays_portable(tmp_path, cli):
                      lambda g: [g.node("CumSum", [x, g.ints(1)])])
     m.output(m.node("Sigmoid", [y]))
     portable_if(tmp_path, cli, m, flag, "its else_branch: CumSum: no C generator for CumSum")
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import nncc
+
+    model = nncc.compile_model(sys.argv[1])
+    assert model.native_partitions == 1 and len(model.plan.partitions) == 1, model.plan.fallbacks
+    with np.load(sys.argv[2]) as saved:
+        feeds = {name: saved[name] for name in saved.files}
+    got = {}
+    for value in (True, False):
+        feeds[sys.argv[4]] = np.array(value)
+        got.update((f"{value}:{name}", y) for name, y in model.run(feeds).items())
+    np.savez(sys.argv[3], **got)
+""")
+
+
+@pytest.mark.parametrize("sanitized", [
+    False, pytest.param(True, marks=[
+        pytest.mark.slow,  # a sanitized build
+        pytest.mark.skipif(not have_sanitizer_runtime(), reason="the compiler has no ASan/UBSan runtime to preload")])])
+def test_nan_and_inf_through_both_branches(tmp_path, sanitized):
+    """NaN, +inf and -inf in the input of the corpus pattern and of the chains: both
+    branches give onnxruntime's outputs, NaN where it has NaN; built with AddressSanitizer
+    and UBSan, the guarded blocks and the workspace shared between them read and write
+    nothing out of bounds."""
+    env = sanitized_env()
+    if not sanitized:
+        env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "NNCC_NATIVE_SANITIZE")}
+    for m, flag in ((corpus_pattern(), "flag1"), (chains(), "flag1")):
+        x = m.inputs[0].name
+        flat = m.feeds[x].reshape(-1)
+        flat[[1, 7, 20]] = [np.nan, np.inf, -np.inf]
+        path = save(tmp_path, m)
+        np.savez(tmp_path / "feeds.npz", **m.feeds)
+        done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(tmp_path / "feeds.npz"),
+                               str(tmp_path / "out.npz"), flag], env=env, cwd=str(ROOT), capture_output=True,
+                              text=True)
+        report = [line for line in done.stderr.splitlines() if "runtime error" in line or "ERROR" in line]
+        assert done.returncode == 0, "\n".join(report) or done.stderr[-3000:]
+        names = [o.name for o in m.outputs]
+        with np.load(tmp_path / "out.npz") as got:
+            for value in (True, False):
+                feeds = dict(m.feeds, **{flag: np.array(value)})
+                for name, want in zip(names, ort_run(path, feeds, names)):
+                    np.testing.assert_allclose(got[f"{value}:{name}"], want, rtol=1e-4, atol=1e-4, equal_nan=True,
+                                               err_msg=f"{name} with the condition {value}")
