@@ -30,9 +30,9 @@ from nncc.util.notice import warn
 
 MAX_WORKSPACE = 2**40  # bytes of scratch a native call may ask for
 NATIVE_OP = "NativeCall"  # the op type of a native call in the executor's program
-# what a native call's inputs may hold: float32, and the integer indices a Gather reads
-# (its outputs are float32 only)
-INPUT_TYPES = tuple(np.dtype(t) for t in (np.float32, np.int32, np.int64))
+# what a native call's inputs may hold: float32, the integer indices a Gather reads, and
+# the bool condition of an If (its outputs are float32 only)
+INPUT_TYPES = tuple(np.dtype(t) for t in (np.float32, np.int32, np.int64, np.bool_))
 
 
 @dataclass
@@ -213,7 +213,7 @@ def toolchain_for(native: NativeOptions):
 def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:
     """The payload's call table, checked: each call names one of the payload's partitions
     once, an entry point of our own naming, and arguments that are that partition's static
-    float32 slots (inputs may be int32 or int64 indices too); outputs are never constants
+    float32 slots (inputs may be int32 or int64 indices, or an If's bool condition, too); outputs are never constants
     or graph inputs. The code itself is checked
     by whoever loads it."""
     meta = payload.meta
@@ -239,7 +239,7 @@ def native_calls(payload: BackendPayload, plan: Plan) -> dict[int, NativeCall]:
             if (info.kind != "tensor" or info.dtype not in types or info.shape is None
                     or not all(type(d) is int for d in info.shape)):
                 raise PlanFormatError(f"native argument slot {s} is not a static float32 tensor"
-                                      + (" (or int32, int64 input)" if i < n_inputs else ""))
+                                      + (" (or int32, int64, bool input)" if i < n_inputs else ""))
         if any(s in plan.constants or s in inputs for s in args[n_inputs:]):
             raise PlanFormatError(f"native call for partition {part} writes a constant or an input")
         calls[part] = NativeCall(part, symbol, list(args), n_inputs, workspace)

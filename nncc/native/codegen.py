@@ -22,7 +22,7 @@ registry): the writer here asks the entry that owns a node to check it and to wr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -81,6 +81,7 @@ class _Step:
     label: str = ""
     support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
     status: bool = False  # the step leaves an int64 in the first bytes of its scratch: not 0, the call fails
+    guard: tuple[str, bool] | None = None  # (a bool scalar, its value): the step runs only then (an If's branch)
 
 
 @dataclass
@@ -124,7 +125,10 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
         # compile-time constants the C code never reads (a Reshape's shape, Clip's bounds)
         # are not passed: every argument is a float32 tensor the code touches
-        read = [n for n in partition.inputs if static_f32(infos.get(n)) or index_argument(graph, infos, n)]
+        # an If's condition comes in as it is, one byte the entry point tests (``branch``)
+        conditions = {n.inputs[0] for n in partition.nodes if n.op_type == "If" and not n.domain}
+        read = [n for n in partition.inputs if static_f32(infos.get(n)) or index_argument(graph, infos, n)
+                or n in conditions]
         self.args = read + list(partition.outputs)
         self.n_inputs = len(read)
         self.outputs = set(partition.outputs)
@@ -140,6 +144,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.deferred: dict[str, Node] = {}  # conv output -> conv node, written by its Add
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
         self.byte_images: dict[str, str] = {}  # quantized images stored as bytes: their layout (int8_bytes)
+        self.guard: tuple[str, bool] | None = None  # the guard of the steps being written (``branch``)
+        self.lent: dict[str, np.ndarray] = {}  # float32 constants of If branches: inputs when a step reads them
         self.init_layout()
         self.simd = source("simd.h") + "\n"
 
@@ -188,15 +194,49 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
 
     def build(self) -> Unit:
         for node in self.nodes:
-            if id(node) in self.absorbed:
-                continue
-            first = len(self.steps)
-            weights = node.inputs[1] if len(node.inputs) > 1 else ""
-            self.packing = gemm_gen.F32 if weights in self.keep_f32 else self.low_packing
-            self.emit(node)
-            for step in self.steps[first:]:
-                step.label = step.label or f"{node.op_type} {node.name}"
+            self.write(node)
         return self.finish()
+
+    def write(self, node: Node) -> None:
+        if id(node) in self.absorbed:
+            return
+        first = len(self.steps)
+        weights = node.inputs[1] if len(node.inputs) > 1 else ""
+        self.packing = gemm_gen.F32 if weights in self.keep_f32 else self.low_packing
+        self.emit(node)
+        for step in self.steps[first:]:
+            step.label = step.label or f"{node.op_type} {node.name}"
+
+    def branch(self, condition: str, taken: bool, branch, targets: list[str]) -> None:
+        """The steps of one branch of an If (nncc/native/ops/conditional.py), run when the
+        bool scalar ``condition`` is ``taken``; its outputs land in ``targets``, the If's.
+        The layout state the branch changes is restored after it: a reorder of an outer
+        value written under the guard has not run when the other branch or a later node
+        needs it, so they write their own."""
+        saved = dict(self.blocked), set(self.plain_ready), set(self.outputs)
+        self.infos.update(branch.infos)
+        self.graph = replace(self.graph, initializers={**self.graph.initializers, **branch.constants})
+        self.lent.update((name, value) for name, value in branch.constants.items() if value.dtype == F32)
+        for node in branch.nodes:
+            for name in node.inputs:
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+        produced = {o for node in branch.nodes for o in node.outputs if o}
+        for out, target in zip(branch.outputs, targets):
+            if out in produced:  # written in place of the If's output, plain (as a partition output is)
+                self.alias[out] = target
+                self.outputs.add(out)
+        self.guard = (condition, taken)
+        for node in branch.nodes:
+            self.write(node)
+        for out, target in zip(branch.outputs, targets):
+            if self.root(out) != self.root(target):  # an outer value or a constant, or a view of one
+                out = self.as_plain(out)
+                size = math.prod(self.shape(target))
+                self.step(f"memcpy({self.ptr(target)}, {self.ptr(out)}, {size} * sizeof(float));", [out], [target])
+                self.steps[-1].label = f"If output {target}"
+        self.guard = None
+        self.blocked, self.plain_ready, self.outputs = saved
 
     def emit(self, node: Node) -> None:
         """Write ``node`` as the entry that accepted it in ``check`` says: in the blocked
@@ -236,7 +276,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             if root not in buffers and (root not in written or (name, ctype) in writes):
                 buffers[root] = ctype
         self.steps.append(_Step(code, [n for n, _ in reads], [n for n, _ in writes], list(buffers.items()),
-                                scratch, blas, support=support, status=status))
+                                scratch, blas, support=support, status=status, guard=self.guard))
 
     # -- memory and text --------------------------------------------------------------
 
@@ -246,13 +286,15 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         # an input no kernel takes (a weight every reader reads packed) is not an argument:
         # an exported library would otherwise carry it in its weights file for nothing
         taken = {root for step in self.steps for root, _ in step.buffers}
+        taken |= {self.root(step.guard[0]) for step in self.steps if step.guard}
+        self.packed.update((name, value) for name, value in self.lent.items() if name in taken)
         read = [name for name in self.args[:self.n_inputs] if name in taken]
         self.args = read + list(self.packed) + self.args[self.n_inputs:]
         self.n_inputs = len(read) + len(self.packed)
         args = {name: i for i, name in enumerate(self.args)}
         last_use: dict[str, int] = {}
         for index, step in enumerate(self.steps):
-            for name in step.reads + step.writes:
+            for name in step.reads + step.writes + ([step.guard[0]] if step.guard else []):
                 last_use[self.root(name)] = index
         offsets: dict[str, int] = {}
         live: list[tuple[int, int, int]] = []  # (offset, size, last step)
@@ -292,7 +334,12 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         for name, offset in offsets.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
         lines.append("  nn_call_begin();")
+        tested: dict[str, str] = {}  # condition -> the local holding it, read once before its first block
+        guard = None
         for index, step in enumerate(self.steps):
+            if step.guard != guard:
+                lines.extend(self.guard_lines(guard, step.guard, tested))
+                guard = step.guard
             made, pointers = self.make_kernel(step)
             kernels.setdefault(made.name, made)
             if made.scratch:
@@ -300,15 +347,30 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             call = f"{made.name}({', '.join(pointers)});"
             if self.profile_steps:
                 call = f"{{ int64_t t0 = nn_now(); {call} {self.symbol}_ns[{index}] += nn_now() - t0; }}"
-            lines.append("  " + call)
+            pad = "    " if step.guard else "  "  # inside an If's block
+            lines.append(pad + call)
             if step.status:
-                lines.append(f"  if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(); return 1; }}")
+                lines.append(f"{pad}if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(); return 1; }}")
+        lines.extend(self.guard_lines(guard, None, tested))
         lines.append("  nn_call_end();\n  return 0;\n}\n")
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
                     any(k.blas for k in kernels.values()), dict(self.byte_images))
+
+    def guard_lines(self, before, after, tested: dict[str, str]) -> list[str]:
+        """C between a step guarded by ``before`` and one guarded by ``after`` (None: none).
+        A condition is read into a local once, before its first block: a branch may reuse
+        its workspace bytes, and the other branch is tested after it."""
+        lines = ["  }"] if before is not None else []
+        if after is not None:
+            condition, taken = after
+            if condition not in tested:
+                tested[condition] = f"c_{len(tested)}"
+                lines.append(f"  const int {tested[condition]} = *(const uint8_t *)v_{self._cname(self.root(condition))};")
+            lines.append(f"  if ({'' if taken else '!'}{tested[condition]}) {{")
+        return lines
 
     def make_kernel(self, step: _Step) -> tuple[kernel.Kernel, list[str]]:
         """The kernel a step declares, and the entry point's pointers to call it with."""

@@ -5,7 +5,7 @@ listed here. ``FUSIONS`` are tried, in order, before a node's own entry writes i
 from __future__ import annotations
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native.ops import (affine, attention, cast, conv, conv_transpose, data_movement, elementwise,
+from nncc.native.ops import (affine, attention, cast, conditional, conv, conv_transpose, data_movement, elementwise,
                              gather_indices, gelu, int8_conv, int8_matmul, layernorm, masks, matmul, pool, qimage,
                              recurrent, residual, rounding, self_gated, softmax, sum_concat, transpose)
 from nncc.native.ops.entry import Fusion, NativeOp
@@ -20,6 +20,8 @@ ENTRIES: list[NativeOp] = [
     recurrent.ENTRY,
     cast.ENTRY,  # names the types it refuses
     masks.ENTRY,  # bool values: checks each input's type
+    # an If on a run-time condition: its branch nodes are checked as any node is, below
+    conditional.If(lambda node, graph, infos: branch_node_refused(node, graph, infos)),
     # entries over static float32 values
     conv.ENTRY,
     conv_transpose.ENTRY,
@@ -44,6 +46,14 @@ FUSIONS: list[Fusion] = [layernorm.ADD_LAYERNORM, residual.ENTRY]
 def owner(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> NativeOp | None:
     """The entry that checks and writes ``node``, or None: no C generator for it."""
     return next((entry for entry in ENTRIES if entry.takes(node, graph, infos)), None)
+
+
+def branch_node_refused(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
+    """Why no entry writes ``node``, a node inside a branch of an If (None: one does)."""
+    entry = owner(node, graph, infos)
+    if entry is None:
+        return f"no C generator for {node.domain + '::' if node.domain else ''}{node.op_type}"
+    return entry.check(node, graph, infos)
 
 
 def native_ops() -> list[str]:
