@@ -79,7 +79,7 @@ struct nnx_hash_job {
     const unsigned char *data;
     uint64_t piece_chunks;
     int count, next;
-    uint8_t cv[NNX_HASH_PIECES][NN_BLAKE3_OUT_LEN];
+    uint8_t cv[][NN_BLAKE3_OUT_LEN];  /* one chaining value per subtree: count of them */
 };
 
 static void *nnx_hash_pieces(void *arg) {
@@ -91,34 +91,40 @@ static void *nnx_hash_pieces(void *arg) {
     return 0;
 }
 
+/* The job is the call's own, on the heap and sized to its subtrees, so models opened at once
+ * from several threads hash side by side; without the memory for it the hash runs on the
+ * calling thread alone. */
 static void nnx_hash(const unsigned char *data, size_t len, int threads, uint8_t out[NN_BLAKE3_OUT_LEN]) {
-    static struct nnx_hash_job job;  /* 2 KiB of chaining values: off the caller's stack */
-    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
     nn_blake3_hasher h;
     nn_blake3_init(&h);
-    if (threads < 2 || len < NNX_HASH_SPLIT) {
+    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
+    struct nnx_hash_job *job = 0;
+    uint64_t chunks = len / 1024, piece = 1;
+    int count = 0;
+    if (threads >= 2 && len >= NNX_HASH_SPLIT) {
+        while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
+        while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
+        count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
+        job = malloc(sizeof *job + (size_t)count * sizeof job->cv[0]);
+    }
+    if (!job) {
         nn_blake3_update(&h, data, len);
         nn_blake3_finalize(&h, out);
         return;
     }
-    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
-    pthread_mutex_lock(&once);  /* two opens at once take turns with the one job */
-    uint64_t chunks = len / 1024, piece = 1;
-    while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
-    while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
-    job.mode = h;
-    job.data = data;
-    job.piece_chunks = piece;
-    job.count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
-    job.next = 0;
+    job->mode = h;
+    job->data = data;
+    job->piece_chunks = piece;
+    job->count = count;
+    job->next = 0;
     pthread_t helpers[NNX_HASH_THREADS];
     int started = 0;
-    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, &job) == 0) started++;
-    nnx_hash_pieces(&job);  /* the caller claims pieces too, all of them if no thread started */
+    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, job) == 0) started++;
+    nnx_hash_pieces(job);  /* the caller claims pieces too, all of them if no thread started */
     for (int t = 0; t < started; t++) pthread_join(helpers[t], 0);
-    for (int i = 0; i < job.count; i++) nn_blake3_push_subtree(&h, job.cv[i], piece);
-    size_t done = (size_t)job.count * piece * 1024;
-    pthread_mutex_unlock(&once);
+    for (int i = 0; i < job->count; i++) nn_blake3_push_subtree(&h, job->cv[i], piece);
+    size_t done = (size_t)job->count * piece * 1024;
+    free(job);
     nn_blake3_update(&h, data + done, len - done);
     nn_blake3_finalize(&h, out);
 }
