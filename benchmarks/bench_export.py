@@ -11,7 +11,9 @@ static library, and times, as the median of --runs fresh processes each:
   weights; one run; exit), one thread;
 - ort: `python -c` importing onnxruntime and numpy, making a session (one intra-op
   thread) and running once on zeros.
-It also times the open's weights check alone: the C BLAKE3 over the weights file's data, in
+It also splits the C program's time, in one thread, into the open, the first run and a second
+run (process CPU time and page faults, medians of --runs processes), and times the open's
+weights check alone: the C BLAKE3 over the weights file's data, in
 its default build (eight chunks at once with AVX2 where the CPU has it) and its portable
 one, best of 9 in one process, as wall and CPU time (the CPU time is the steadier figure
 on a shared machine). It also reports the library sizes: libNAME.so and libNAME.a without the weights, the
@@ -37,15 +39,24 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def wall(cmd: list[str], env=None) -> float:
+def timed(cmd: list[str], env=None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one process: the CPU time, its threads' user and system time
+    together, is the steadier figure on a shared machine."""
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    return time.perf_counter() - start
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, cmd)
+    return seconds, usage.ru_utime + usage.ru_stime
 
 
-def median_of(runs: int, cmd: list[str], env=None) -> float:
-    wall(cmd, env)  # the files into the page cache
-    return statistics.median(wall(cmd, env) for _ in range(runs))
+def median_of(runs: int, cmd: list[str], env=None) -> tuple[float, float]:
+    """Median wall and median CPU seconds of ``runs`` processes."""
+    timed(cmd, env)  # the files into the page cache
+    walls, cpus = zip(*(timed(cmd, env) for _ in range(runs)))
+    return statistics.median(walls), statistics.median(cpus)
 
 
 HASH_TIMER = r"""
@@ -82,6 +93,72 @@ int main(int argc, char **argv)
     return out[0] == 0 && out[1] == 0 && out[2] == 0 && out[3] == 0;  /* keeps the hash */
 }
 """
+
+
+STAGES = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <sys/resource.h>
+
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define API(n) CAT(PFX, n)
+
+static double cpu(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static long faults(void)
+{
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_minflt + r.ru_majflt;
+}
+
+/* One line: CPU seconds and page faults of the open, the first run and the second. */
+int main(int argc, char **argv)
+{
+    double t[4];
+    long f[4];
+    API(model) *model;
+    const float **inputs = calloc(API(input_count)(), sizeof *inputs);
+    float **outputs = calloc(API(output_count)(), sizeof *outputs);
+    for (int i = 0; i < API(input_count)(); i++) inputs[i] = calloc(API(input_size)(i), sizeof(float));
+    for (int j = 0; j < API(output_count)(); j++) outputs[j] = calloc(API(output_size)(j), sizeof(float));
+    t[0] = cpu(), f[0] = faults();
+    if (argc != 3 || API(open)(argv[1], atoi(argv[2]), &model) != 0) return 2;
+    t[1] = cpu(), f[1] = faults();
+    for (int k = 2; k < 4; k++) {
+        if (API(run)(model, inputs, outputs) != 0) return 2;
+        t[k] = cpu(), f[k] = faults();
+    }
+    printf("%.6f %ld %.6f %ld %.6f %ld\n", t[1] - t[0], f[1] - f[0], t[2] - t[1], f[2] - f[1], t[3] - t[2],
+           f[3] - f[2]);
+    return 0;
+}
+"""
+
+
+def stages(work: pathlib.Path, name: str, runs: int, cc: str) -> str:
+    """The first answer's parts in one thread, as process CPU time (steadier than wall time on
+    a shared machine) and page faults, medians of ``runs`` processes: the open (map, hash,
+    workspace), the first run and a second one (the steady state)."""
+    source = work / "stages.c"
+    source.write_text(STAGES)
+    exe = work / "stages"
+    subprocess.run([cc, "-O2", f"-DPFX={name}", "-include", str(work / "lib" / f"{name}.h"), str(source),
+                    str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread", "-o", str(exe)], check=True)
+    cmd = [str(exe), str(work / "lib" / f"{name}.weights"), "1"]
+    rows = [[float(v) for v in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()]
+            for _ in range(runs)]
+    open_s, open_f, first_s, first_f, second_s, second_f = (statistics.median(c) for c in zip(*rows))
+    return (f"the parts, 1 thread, process CPU time (median of {runs}): open {open_s * 1000:.1f} ms "
+            f"({open_f:.0f} page faults), first run {first_s * 1000:.1f} ms ({first_f:.0f}), second run "
+            f"{second_s * 1000:.1f} ms ({second_f:.0f})")
 
 
 def hash_times(weights: pathlib.Path, work: pathlib.Path, cc: str) -> list[str]:
@@ -169,10 +246,14 @@ def main() -> None:
                         str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
         c_one = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
         ort_seconds = median_of(args.runs, [sys.executable, "-c", ort])
-        print(f"model {args.model} ({name}), median of {args.runs} processes, first answer:")
-        print(f"  C program (static library), 1 thread:      {c_one * 1000:8.1f} ms")
-        print(f"  C program (static library), 1 per core:    {c_seconds * 1000:8.1f} ms")
-        print(f"  python -c onnxruntime, 1 intra-op thread:  {ort_seconds * 1000:8.1f} ms")
+        print(f"model {args.model} ({name}), median of {args.runs} processes, first answer (wall, CPU):")
+        for label, (w, c) in (("C program (static library), 1 thread", c_one),
+                              ("C program (static library), 1 per core", c_seconds),
+                              ("python -c onnxruntime, 1 intra-op thread", ort_seconds)):
+            print(f"  {label + ':':43}{w * 1000:8.1f} ms {c * 1000:8.1f} ms")
+        print(f"  C / onnxruntime: 1 thread {c_one[0] / ort_seconds[0]:.3f} (CPU {c_one[1] / ort_seconds[1]:.3f}), "
+              f"1 per core {c_seconds[0] / ort_seconds[0]:.3f}")
+        print(stages(work, name, args.runs, find_toolchain().path))
         print(f"the open's BLAKE3 over {name}.weights' data, best of 9:")
         print("\n".join(hash_times(work / "lib" / f"{name}.weights", work, find_toolchain().path)))
         print(sizes(work, name))

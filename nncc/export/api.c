@@ -13,6 +13,7 @@ struct NNX_STRUCT {
     size_t size;
     int mapped;
     char *workspace;
+    size_t workspace_bytes;  /* the workspace's mapping */
 };
 
 static pthread_mutex_t nnx_lock = PTHREAD_MUTEX_INITIALIZER;  /* one run at a time: the pool is shared */
@@ -79,7 +80,7 @@ struct nnx_hash_job {
     const unsigned char *data;
     uint64_t piece_chunks;
     int count, next;
-    uint8_t cv[NNX_HASH_PIECES][NN_BLAKE3_OUT_LEN];
+    uint8_t cv[][NN_BLAKE3_OUT_LEN];  /* one chaining value per subtree: count of them */
 };
 
 static void *nnx_hash_pieces(void *arg) {
@@ -91,34 +92,40 @@ static void *nnx_hash_pieces(void *arg) {
     return 0;
 }
 
+/* The job is the call's own, on the heap and sized to its subtrees, so models opened at once
+ * from several threads hash side by side; without the memory for it the hash runs on the
+ * calling thread alone. */
 static void nnx_hash(const unsigned char *data, size_t len, int threads, uint8_t out[NN_BLAKE3_OUT_LEN]) {
-    static struct nnx_hash_job job;  /* 2 KiB of chaining values: off the caller's stack */
-    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
     nn_blake3_hasher h;
     nn_blake3_init(&h);
-    if (threads < 2 || len < NNX_HASH_SPLIT) {
+    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
+    struct nnx_hash_job *job = 0;
+    uint64_t chunks = len / 1024, piece = 1;
+    int count = 0;
+    if (threads >= 2 && len >= NNX_HASH_SPLIT) {
+        while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
+        while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
+        count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
+        job = malloc(sizeof *job + (size_t)count * sizeof job->cv[0]);
+    }
+    if (!job) {
         nn_blake3_update(&h, data, len);
         nn_blake3_finalize(&h, out);
         return;
     }
-    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
-    pthread_mutex_lock(&once);  /* two opens at once take turns with the one job */
-    uint64_t chunks = len / 1024, piece = 1;
-    while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
-    while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
-    job.mode = h;
-    job.data = data;
-    job.piece_chunks = piece;
-    job.count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
-    job.next = 0;
+    job->mode = h;
+    job->data = data;
+    job->piece_chunks = piece;
+    job->count = count;
+    job->next = 0;
     pthread_t helpers[NNX_HASH_THREADS];
     int started = 0;
-    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, &job) == 0) started++;
-    nnx_hash_pieces(&job);  /* the caller claims pieces too, all of them if no thread started */
+    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, job) == 0) started++;
+    nnx_hash_pieces(job);  /* the caller claims pieces too, all of them if no thread started */
     for (int t = 0; t < started; t++) pthread_join(helpers[t], 0);
-    for (int i = 0; i < job.count; i++) nn_blake3_push_subtree(&h, job.cv[i], piece);
-    size_t done = (size_t)job.count * piece * 1024;
-    pthread_mutex_unlock(&once);
+    for (int i = 0; i < job->count; i++) nn_blake3_push_subtree(&h, job->cv[i], piece);
+    size_t done = (size_t)job->count * piece * 1024;
+    free(job);
     nn_blake3_update(&h, data + done, len - done);
     nn_blake3_finalize(&h, out);
 }
@@ -184,10 +191,44 @@ static int nnx_map(const char *path, NNX_STRUCT_T *m, int threads) {
 #endif
 }
 
+/* The workspace, mapped and faulted in at open rather than a page at a time by the first
+ * run. One of 2 MiB or more starts on a 2 MiB boundary and asks for transparent huge pages
+ * (granted where the system's setting allows them on request), so its faults are a few
+ * instead of thousands, and the runs miss the TLB less. NULL when there is no memory.
+ * Under AddressSanitizer it comes from the heap instead, where the sanitizer checks its
+ * bounds to the byte. */
+#define NNX_PAGE 4096u
+#define NNX_HUGE_PAGE (2u << 20)
+
+static char *nnx_workspace(size_t *bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+    *bytes = 0;
+    return aligned_alloc(64, NNX_WORKSPACE_BYTES);
+#else
+    size_t size = (NNX_WORKSPACE_BYTES + NNX_PAGE - 1) / NNX_PAGE * NNX_PAGE;
+    size_t slack = size >= NNX_HUGE_PAGE ? NNX_HUGE_PAGE : 0;  /* room to move the start to a boundary */
+    char *p = mmap(0, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 0;
+    if (slack) {
+        size_t head = (NNX_HUGE_PAGE - (uintptr_t)p % NNX_HUGE_PAGE) % NNX_HUGE_PAGE;
+        if (head) munmap(p, head);
+        if (slack - head) munmap(p + head + size, slack - head);
+        p += head;
+#ifdef MADV_HUGEPAGE
+        madvise(p, size, MADV_HUGEPAGE);  /* advice only: without it the pages are 4 KiB */
+#endif
+    }
+    for (size_t i = 0; i < size; i += NNX_PAGE) p[i] = 0;
+    *bytes = size;
+    return p;
+#endif
+}
+
 static void nnx_release(NNX_STRUCT_T *m) {
     if (!m) return;
     if (m->mapped) munmap((void *)m->file, m->size);
-    free(m->workspace);
+    if (m->workspace_bytes) munmap(m->workspace, m->workspace_bytes);
+    else free(m->workspace);
     free(m);
 }
 
@@ -209,7 +250,7 @@ NNX_PUBLIC int NNX_API(open)(const char *weights, int threads, NNX_STRUCT_T **mo
     if (!m) return nnx_fail(NNX_ERR(MEMORY), "out of memory");
     int status = nnx_map(weights, m, threads);  /* the run lock is not held while the data is hashed */
     if (status) { nnx_release(m); return status; }
-    m->workspace = aligned_alloc(64, NNX_WORKSPACE_BYTES);
+    m->workspace = nnx_workspace(&m->workspace_bytes);
     if (!m->workspace) { nnx_release(m); return nnx_fail(NNX_ERR(MEMORY), "out of memory for the workspace"); }
     pthread_mutex_lock(&nnx_lock);
     nncc_set_threads(threads);  /* the first open that asks for more than one thread makes the pool */

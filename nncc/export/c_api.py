@@ -152,6 +152,7 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
     out_shapes, out_width = rows(spec.outputs)
     lines = [
         "#define _POSIX_C_SOURCE 200809L",
+        "#define _DEFAULT_SOURCE",  # anonymous mappings and madvise's advice
         "#include <errno.h>", "#include <fcntl.h>", "#include <pthread.h>", "#include <stdarg.h>",
         "#include <stdint.h>", "#include <stdio.h>", "#include <stdlib.h>", "#include <string.h>",
         "#include <sys/mman.h>", "#include <sys/stat.h>", "#include <unistd.h>",
