@@ -265,7 +265,7 @@ def source(m: int, n: int, k: int, name: str, pairs: bool = False) -> str:
     tail = m - (slivers - 1) * MR
     last = n - (panels - 1) * NR
     table = columns(n)
-    tail_range = "" if (m * k) % 16 == 0 else f"""    for (; i < {m * k}; i++) {{
+    tail_range = "" if (m * k) % 8 == 0 else f"""    for (; i < {m * k}; i++) {{
         float v = A[i];
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
@@ -336,13 +336,15 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
 static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     /* the range of the whole tensor, always including 0 (so 0 is exact); a NaN anywhere
      * makes it NaN, as DynamicQuantizeLinear's max and min (the portable kernel's) */
-    /* sixteen lanes at a time (the compiler does not vectorise a float min reduction) */
-    typedef float q_vf __attribute__((vector_size(64)));
-    typedef int32_t q_vi __attribute__((vector_size(64)));
+    /* eight lanes at a time (the compiler does not vectorise a float min reduction); 32-byte
+     * vectors, which every x86 target with AVX holds in one register: GCC splits a 64-byte
+     * one into scalars on AVX2, which made this scan a fifth of a BERT layer's time */
+    typedef float q_vf __attribute__((vector_size(32)));
+    typedef int32_t q_vi __attribute__((vector_size(32)));
     q_vf los = {{0}}, his = {{0}};
     q_vi nans = {{0}};
     int64_t i = 0;
-    for (; i + 16 <= {m * k}; i += 16) {{
+    for (; i + 8 <= {m * k}; i += 8) {{
         q_vf v;
         memcpy(&v, A + i, sizeof v);
         q_vi below = v < los, above = v > his;
@@ -352,7 +354,7 @@ static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float
     }}
     float lo = 0.0f, hi = 0.0f;
     int nan = 0;
-    for (int t = 0; t < 16; t++) {{
+    for (int t = 0; t < 8; t++) {{
         lo = los[t] < lo ? los[t] : lo;
         hi = his[t] > hi ? his[t] : hi;
         nan |= nans[t] != 0;
