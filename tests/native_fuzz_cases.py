@@ -1027,15 +1027,48 @@ def gather(case, rng):
     case.geometry = dict(op="Gather", data=shape, indices=ishape, axis=axis, dtype=np.dtype(dtype).name)
 
 
+def int_gather(case, rng):
+    """Integer index paths: ids picked out of an int64 or int32 input by constant indices
+    (negative ones among them) along a random axis, as a tabular model picks its categorical
+    columns, or by run-time positions (an integer Gather by integer ids), then looked up in
+    a constant or computed embedding table."""
+    b = _Builder(case, rng)
+    rows = int(_choice(rng, ODD))
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    axis = int(rng.integers(-len(shape), len(shape)))
+    extent = shape[axis % len(shape)]
+    dtype = np.int64 if rng.random() < 0.7 else np.int32
+    cats = b.name("cats")
+    case.inputs[cats] = rng.integers(-rows, rows, shape).astype(dtype)
+    pshape = _shape(rng, int(rng.integers(0, 2)))
+    runtime = rng.random() < 0.3
+    if runtime:
+        pos = b.name("pos")
+        case.inputs[pos] = rng.integers(-extent, extent, pshape).astype(np.int64 if rng.random() < 0.5 else np.int32)
+    else:
+        pos = b.name("pick")
+        case.inits[pos] = rng.integers(-extent, extent, pshape).astype(np.int64)
+    (ids,) = b.node("Gather", [cats, pos], ["ids"], axis=axis)
+    width = int(_choice(rng, ODD))
+    if rng.random() < 0.5:
+        table = b.init("table", [rows, width])
+    else:
+        (table,) = b.node("Neg", [b.input("x", [rows, width])], ["table"])
+    b.output(b.node("Gather", [table, ids], ["y"])[0])
+    case.geometry = dict(op="Gather of Gather", data=shape, picks=pshape, axis=axis, runtime_picks=runtime,
+                         rows=rows, width=width, dtype=np.dtype(dtype).name)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
-         "conv_transpose": conv_transpose, "gather": gather}
+         "conv_transpose": conv_transpose, "gather": gather,
+         "int_gather": int_gather}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather"]
 
 
 def make_case(seed: int, index: int) -> Case:
