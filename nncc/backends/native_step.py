@@ -21,7 +21,7 @@ import ctypes
 
 import numpy as np
 
-from nncc.errors import KernelError
+from nncc.errors import IndexRangeError, KernelError
 from nncc.util.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
 
@@ -68,7 +68,7 @@ class NativeStep:
         else:
             status = self.fn(table, self.workspace_address)
         if status != 0:
-            raise KernelError(failure(self.label, status))
+            raise _failure(self.label, status)
         return out
 
     def _output_pointer(self, array, index: int) -> int:
@@ -112,7 +112,7 @@ class NativeStep:
             with one_blas_thread(self.pooled):
                 status = self.fn(table, workspace)
             if status != 0:
-                raise KernelError(failure(self.label, status))
+                raise _failure(self.label, status)
             for j, array in enumerate(out):
                 ctypes.memmove(array.ctypes.data, table[base + j], array.nbytes)
         finally:
@@ -121,10 +121,12 @@ class NativeStep:
         return out
 
 
-def failure(label: str, status: int) -> str:
-    """Why a native call returned ``status`` (1: a step found an index outside its axis)."""
-    why = "an index out of range" if status == 1 else f"status {status}"
-    return f"native partition {label} failed: {why}"
+def _failure(label: str, status: int) -> KernelError:
+    """Why a native call returned ``status``: 1, a step found an index outside its axis (a
+    Gather's id outside its table), which is the feeds' fault, not the code's."""
+    if status == 1:
+        return IndexRangeError(f"native partition {label}: an index out of range (a Gather id outside its axis)")
+    return KernelError(f"native partition {label} failed: status {status}")
 
 
 _FLOAT32 = np.dtype(np.float32)
