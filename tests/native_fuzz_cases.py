@@ -104,6 +104,12 @@ class _Builder:
             self.case.inits[name] = self._values(shape_or_value, low, high)
         return name
 
+    def init_ints(self, short, values) -> str:
+        """An int64 constant: positions, axes."""
+        name = self.name(short)
+        self.case.inits[name] = np.asarray(values, np.int64)
+        return name
+
     def node(self, op, inputs, outputs, **attrs) -> list[str]:
         outs = [self.name(o) for o in outputs]
         self.case.nodes.append(helper.make_node(op, list(inputs), outs, name=self.name(f"{op}{len(self.case.nodes)}"),
@@ -1030,8 +1036,9 @@ def gather(case, rng):
 def int_gather(case, rng):
     """Integer index paths: ids picked out of an int64 or int32 input by constant indices
     (negative ones among them) along a random axis, as a tabular model picks its categorical
-    columns, or by run-time positions (an integer Gather by integer ids), then looked up in
-    a constant or computed embedding table."""
+    columns, or by run-time positions (an integer Gather by integer ids), maybe joined to a
+    second pick (Concat), flattened, unsqueezed or cast to the other integer type, then
+    looked up in a constant or computed embedding table."""
     b = _Builder(case, rng)
     rows = int(_choice(rng, ODD))
     shape = _shape(rng, int(rng.integers(1, 4)))
@@ -1046,9 +1053,30 @@ def int_gather(case, rng):
         pos = b.name("pos")
         case.inputs[pos] = rng.integers(-extent, extent, pshape).astype(np.int64 if rng.random() < 0.5 else np.int32)
     else:
-        pos = b.name("pick")
-        case.inits[pos] = rng.integers(-extent, extent, pshape).astype(np.int64)
+        pos = b.init_ints("pick", rng.integers(-extent, extent, pshape))
     (ids,) = b.node("Gather", [cats, pos], ["ids"], axis=axis)
+    between = []  # what comes between the pick and the lookup, as exporters write it
+    if rng.random() < 0.4:  # a second pick joined to the first, along one of its axes (a scalar's unsqueezed)
+        (more,) = b.node("Gather", [cats, b.init_ints("pick2", rng.integers(-extent, extent, pshape))],
+                         ["more"], axis=axis)
+        rank = len(shape) - 1 + len(pshape)
+        if rank == 0:
+            ids, more = (b.node("Unsqueeze", [v, b.init_ints(f"at_{v[-4:]}", [0])], [f"{v[-4:]}_1d"])[0]
+                         for v in (ids, more))
+            rank = 1
+        join = int(rng.integers(-rank, rank))
+        (ids,) = b.node("Concat", [ids, more], ["joined"], axis=join)
+        between.append(f"Concat axis {join}")
+    if rng.random() < 0.3:
+        (ids,) = b.node("Flatten", [ids], ["flat"], axis=0)
+        between.append("Flatten")
+    if rng.random() < 0.3:
+        (ids,) = b.node("Unsqueeze", [ids, b.init_ints("axes", [0])], ["unsqueezed"])
+        between.append("Unsqueeze")
+    if rng.random() < 0.3:
+        to = TensorProto.INT32 if dtype == np.int64 else TensorProto.INT64
+        (ids,) = b.node("Cast", [ids], ["cast"], to=to)
+        between.append("Cast")
     width = int(_choice(rng, ODD))
     if rng.random() < 0.5:
         table = b.init("table", [rows, width])
@@ -1056,7 +1084,7 @@ def int_gather(case, rng):
         (table,) = b.node("Neg", [b.input("x", [rows, width])], ["table"])
     b.output(b.node("Gather", [table, ids], ["y"])[0])
     case.geometry = dict(op="Gather of Gather", data=shape, picks=pshape, axis=axis, runtime_picks=runtime,
-                         rows=rows, width=width, dtype=np.dtype(dtype).name)
+                         between=between, rows=rows, width=width, dtype=np.dtype(dtype).name)
 
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,

@@ -70,3 +70,22 @@ for (int64_t j = 0; j < {count}; j++) {{
 }}"""
     index_ctype = INDEX_CTYPES[str(writer.infos[indices].dtype)]
     writer.step(code, reads + [(indices, f"const {index_ctype} *")], writes, scratch=8, status=True)
+
+
+def concat(writer, node) -> None:
+    """Concat of int32 or int64 values (picked ids joined into one index tensor): per row
+    of the axes before ``axis``, each input's block copied in turn."""
+    y = node.outputs[0]
+    shape = writer.shape(y)
+    axis = int(node.attrs["axis"]) % len(shape)
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    ctype = DATA_CTYPES[str(writer.infos[y].dtype)]
+    width, lines, at = shape[axis] * inner, [], 0
+    for x in node.inputs:
+        block = writer.shape(x)[axis] * inner
+        if block:
+            lines.append(f"    memcpy({writer.ptr(y)} + o * {width} + {at}, {writer.ptr(x)} + o * {block}, "
+                         f"{block} * sizeof({ctype}));")
+        at += block
+    code = f"for (int64_t o = 0; o < {outer}; o++) {{\n" + "\n".join(lines) + "\n}"
+    writer.step(code, [(x, f"const {ctype} *") for x in dict.fromkeys(node.inputs)], [(y, f"{ctype} *")])

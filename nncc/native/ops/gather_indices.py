@@ -2,8 +2,9 @@
 by run-time int32 or int64 indices (from the model's inputs or a step of the partition)
 over float32, int32 or int64 data, constant or not (embeddings); and by constant indices
 over run-time int32 or int64 data (a categorical column picked out of a model's integer
-input, whose ids then index an embedding table). Gather of float32 data by constant
-indices is an element move (ops/data_movement.py)."""
+input, whose ids then index an embedding table). And Concat of run-time int32 or int64
+values (such ids joined). Gather of float32 data by constant indices is an element move
+(ops/data_movement.py)."""
 
 from __future__ import annotations
 
@@ -64,4 +65,33 @@ class GatherByIndices(NativeOp):
         gather_gen.emit(writer, node, plan)
 
 
+class IndexConcat(NativeOp):
+    """Concat of run-time int32 or int64 values: ids picked apart, joined into one index
+    tensor (a float32 Concat is ops/sum_concat.py's)."""
+
+    ops = frozenset({("", "Concat")})
+    float_values = False  # integers: checked below
+
+    def takes(self, node, graph, infos) -> bool:
+        first = infos.get(node.inputs[0]) if node.inputs and node.inputs[0] else None
+        return super().takes(node, graph, infos) and first is not None and \
+            str(first.dtype) in gather_gen.INDEX_CTYPES
+
+    def check(self, node, graph, infos) -> str | None:
+        out = infos.get(node.outputs[0])
+        for name in [*node.inputs, node.outputs[0]]:
+            info = infos.get(name) if name else None
+            if info is None or out is None or info.dtype != out.dtype or not info.is_static:
+                return f"value {name!r} is not a static {out.dtype if out is not None else 'integer'} tensor"
+            if name != node.outputs[0] and const_value(graph, infos, name) is not None:
+                return f"a Concat of a {info.dtype} constant (packed constants are float32)"
+        if not out.shape or not -len(out.shape) <= int(node.attrs.get("axis", 0)) < len(out.shape):
+            return "a Concat axis out of range"
+        return None
+
+    def render(self, writer, node, plan) -> None:
+        gather_gen.concat(writer, node)
+
+
 ENTRY = GatherByIndices()
+CONCAT = IndexConcat()
