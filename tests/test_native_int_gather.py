@@ -73,6 +73,28 @@ def test_picked_columns_and_their_embeddings_are_one_native_partition(tmp_path, 
     compare(compiled.run(m.feeds)[name], want)
 
 
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_casts_views_and_joins_between_the_picks_and_the_lookup_stay_native(tmp_path, opt_level):
+    """int32 ids cast to int64, two columns picked and joined, flattened, squeezed and
+    unsqueezed, then looked up: the rows onnxruntime gives, exactly."""
+    m = GraphBuilder(18, 4, "joined")
+    m.inputs.append(helper.make_tensor_value_info("categorical", TensorProto.INT32, [7, 4]))
+    m.feeds["categorical"] = m.rng.integers(-ROWS, ROWS, (7, 4)).astype(np.int32)
+    ids = m.node("Cast", ["categorical"], to=TensorProto.INT64)
+    joined = m.node("Concat", [m.node("Gather", [ids, m.ints([0])], axis=1),
+                               m.node("Gather", [ids, m.ints([-1])], axis=1)], axis=1)
+    flat = m.node("Squeeze", [m.node("Flatten", [joined], axis=0), m.ints([0])])
+    rows = m.node("Gather", [m.weight([ROWS, WIDTH]), m.node("Unsqueeze", [flat, m.ints([1])])])
+    m.output(m.node("Relu", [rows]))
+    path = tmp_path / "m.onnx"
+    m.save(path)
+    compiled = nncc.compile_model(path, opt_level=opt_level)
+    one_native_partition(compiled.plan)
+    name = m.outputs[0].name
+    (want,) = ort_run(path, m.feeds, [name])
+    np.testing.assert_array_equal(compiled.run(m.feeds)[name], want)
+
+
 def test_a_dynamic_batch_runs_the_native_plan_of_one_sample(tmp_path):
     m = tabular("batch")
     path = tmp_path / "m.onnx"
