@@ -18,6 +18,7 @@ in the result.
 from __future__ import annotations
 
 import ctypes
+from operator import is_
 
 import numpy as np
 
@@ -53,10 +54,11 @@ class NativeStep:
         if self.sanitized:
             return self._call_fenced(inputs, out)
         table, held = self.table, self.held
-        for i, array in enumerate(inputs):
-            if array is not held[i]:
-                table[i] = self._input_pointer(array, i)
-                held[i] = array
+        if not all(map(is_, inputs, held)):  # one C-level pass: constants and reused feeds match
+            for i, array in enumerate(inputs):
+                if array is not held[i]:
+                    table[i] = self._input_pointer(array, i)
+                    held[i] = array
         base = len(inputs)
         for j, array in enumerate(out):
             if array is not held[base + j]:
