@@ -1036,17 +1036,29 @@ def gather(case, rng):
 def int_gather(case, rng):
     """Integer index paths: ids picked out of an int64 or int32 input by constant indices
     (negative ones among them) along a random axis, as a tabular model picks its categorical
-    columns, or by run-time positions (an integer Gather by integer ids), maybe joined to a
-    second pick (Concat), flattened, unsqueezed or cast to the other integer type, then
-    looked up in a constant or computed embedding table."""
+    columns (maybe out of a Slice of it, a run of columns), or by run-time positions (an
+    integer Gather by integer ids), maybe joined to a second pick (Concat), flattened,
+    unsqueezed or cast to the other integer type, then looked up in a constant or computed
+    embedding table."""
     b = _Builder(case, rng)
     rows = int(_choice(rng, ODD))
     shape = _shape(rng, int(rng.integers(1, 4)))
-    axis = int(rng.integers(-len(shape), len(shape)))
-    extent = shape[axis % len(shape)]
     dtype = np.int64 if rng.random() < 0.7 else np.int32
     cats = b.name("cats")
     case.inputs[cats] = rng.integers(-rows, rows, shape).astype(dtype)
+    sliced = None
+    if rng.random() < 0.3:  # a run of the input's columns first: a Slice along one axis, never empty
+        cut = int(rng.integers(0, len(shape)))
+        d, step = shape[cut], _choice(rng, [1, 2, -1])
+        start = int(rng.integers(0, d))
+        end = int(rng.integers(start + 1, d + 1)) if step > 0 else _choice(rng, [-(d + 1), *range(start)])
+        (cats,) = b.node("Slice", [cats, b.init_ints("starts", [start]), b.init_ints("ends", [end]),
+                                   b.init_ints("cut", [cut]), b.init_ints("steps", [step])], ["run"])
+        shape = list(shape)
+        shape[cut] = len(range(start, max(end, -1), step))
+        sliced = dict(axis=cut, start=start, end=end, step=step)
+    axis = int(rng.integers(-len(shape), len(shape)))
+    extent = shape[axis % len(shape)]
     pshape = _shape(rng, int(rng.integers(0, 2)))
     runtime = rng.random() < 0.3
     if runtime:
@@ -1084,7 +1096,7 @@ def int_gather(case, rng):
         (table,) = b.node("Neg", [b.input("x", [rows, width])], ["table"])
     b.output(b.node("Gather", [table, ids], ["y"])[0])
     case.geometry = dict(op="Gather of Gather", data=shape, picks=pshape, axis=axis, runtime_picks=runtime,
-                         between=between, rows=rows, width=width, dtype=np.dtype(dtype).name)
+                         between=between, sliced=sliced, rows=rows, width=width, dtype=np.dtype(dtype).name)
 
 
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,

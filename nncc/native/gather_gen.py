@@ -30,12 +30,13 @@ def constant_positions(indices, extent: int) -> np.ndarray | None:
     return np.where(flat < 0, flat + extent, flat)
 
 
-def emit(writer, node, positions: np.ndarray | None = None) -> None:
-    """The step of ``node``; ``positions``: its constant indices as ``constant_positions``
-    gives them, or None when they come at run time."""
-    data, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
+def emit(writer, node, positions: np.ndarray | None = None, axis: int | None = None) -> None:
+    """The step of ``node`` (a Gather, or a Slice of integers along one ``axis``);
+    ``positions``: its constant indices as ``constant_positions`` gives them, or None when
+    they come at run time."""
+    data, y = node.inputs[0], node.outputs[0]
     shape = writer.shape(data)
-    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    axis = int(node.attrs.get("axis", 0) if axis is None else axis) % len(shape)
     outer, extent, inner = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     ctype = DATA_CTYPES[str(writer.infos[data].dtype)]
     px, py = writer.ptr(data), writer.ptr(y)
@@ -56,6 +57,7 @@ for (int64_t o = 0; o < {outer}; o++)
     }}"""
         writer.step(code, reads, writes)
         return
+    indices = node.inputs[1]
     count = math.prod(writer.shape(indices))
     copy = copy.replace("COUNT", str(count))
     pi = writer.ptr(indices)

@@ -3,13 +3,16 @@ by run-time int32 or int64 indices (from the model's inputs or a step of the par
 over float32, int32 or int64 data, constant or not (embeddings); and by constant indices
 over run-time int32 or int64 data (a categorical column picked out of a model's integer
 input, whose ids then index an embedding table). And Concat of run-time int32 or int64
-values (such ids joined). Gather of float32 data by constant indices is an element move
-(ops/data_movement.py)."""
+values (such ids joined), and Slice of them along one axis (a run of columns). Gather and
+Slice of float32 data by constant indices are element moves (ops/data_movement.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from nncc.errors import KernelError
+from nncc.kernels import tensor as tensor_math
+from nncc.kernels.registry import Ctx
 from nncc.native import gather_gen
 from nncc.native.graph_query import const_value
 from nncc.native.ops.entry import NativeOp
@@ -93,5 +96,65 @@ class IndexConcat(NativeOp):
         gather_gen.concat(writer, node)
 
 
+class IndexSlice(NativeOp):
+    """Slice of run-time int32 or int64 values along one axis (a run of categorical columns,
+    ``ids[:, 1:3]``), by constant bounds: a pick of the positions the bounds give."""
+
+    ops = frozenset({("", "Slice")})
+    float_values = False  # integers: checked below
+
+    def takes(self, node, graph, infos) -> bool:
+        data = infos.get(node.inputs[0]) if node.inputs else None
+        return super().takes(node, graph, infos) and data is not None and \
+            str(data.dtype) in gather_gen.INDEX_CTYPES
+
+    def check(self, node, graph, infos) -> str | None:
+        data, out = infos.get(node.inputs[0]), infos.get(node.outputs[0])
+        if out is None or data.dtype != out.dtype or not (data.is_static and out.is_static) or not data.shape:
+            return f"a Slice of {data.dtype} values with a dynamic shape or another output type"
+        if const_value(graph, infos, node.inputs[0]) is not None:
+            return f"a Slice of a {data.dtype} constant (folded at -O1)"  # packed constants are float32
+        try:
+            axis, positions = slice_positions(node, graph, infos)
+        except KernelError as why:
+            return str(why)
+        if positions.size == 0:
+            return "an empty Slice"
+        if tuple(out.shape) != tuple(data.shape[:axis]) + (positions.size,) + tuple(data.shape[axis + 1:]):
+            return f"output shape {list(out.shape)} differs from the Slice's"
+        return None
+
+    def plan(self, writer, node):
+        return slice_positions(node, writer.graph, writer.infos)
+
+    def render(self, writer, node, plan) -> None:
+        axis, positions = plan
+        gather_gen.emit(writer, node, positions, axis)
+
+
+def slice_positions(node, graph, infos) -> tuple[int, np.ndarray]:
+    """(axis, the positions a Slice keeps along it), with the portable kernel's reading of
+    its bounds; KernelError when they are not constants or cut more than one axis."""
+    shape = infos[node.inputs[0]].shape
+    ctx = Ctx(node.attrs, graph.opset(node.domain), len(node.outputs), node.name)
+    values = []
+    for name in (list(node.inputs[1:5]) + [""] * 4)[:4] if ctx.opset >= 10 else ["", "", "", ""]:
+        value = const_value(graph, infos, name) if name else None
+        if name and value is None:
+            raise KernelError("Slice bounds that are not constants")
+        values.append(value)
+    lists = tensor_math.slice_inputs(ctx, *values, KernelError)
+    cut = []
+    for axis, start, end, step in tensor_math.slice_spec(ctx, len(shape), *lists, KernelError):
+        bounds, length = tensor_math.slice_bounds(shape[axis], start, end, step)
+        positions = np.arange(shape[axis], dtype=np.int64)[bounds][:length]
+        if not np.array_equal(positions, np.arange(shape[axis])):
+            cut.append((axis, positions))
+    if len(cut) > 1:
+        raise KernelError("a Slice of integers along more than one axis")
+    return cut[0] if cut else (0, np.arange(shape[0], dtype=np.int64))
+
+
 ENTRY = GatherByIndices()
 CONCAT = IndexConcat()
+SLICE = IndexSlice()
