@@ -59,6 +59,13 @@ class KernelError(NnccError):
     exit_code = 1
 
 
+class IndexRangeError(KernelError):
+    """An index a run was fed (or computed from its feeds) lies outside the axis it picks
+    from, such as an id outside its embedding table: bad input, never read past the data."""
+
+    exit_code = 2
+
+
 class FileAccessError(NnccError):
     """A file named by the user is missing or cannot be read."""
 

@@ -104,6 +104,12 @@ class _Builder:
             self.case.inits[name] = self._values(shape_or_value, low, high)
         return name
 
+    def init_ints(self, short, values) -> str:
+        """An int64 constant: positions, axes."""
+        name = self.name(short)
+        self.case.inits[name] = np.asarray(values, np.int64)
+        return name
+
     def node(self, op, inputs, outputs, **attrs) -> list[str]:
         outs = [self.name(o) for o in outputs]
         self.case.nodes.append(helper.make_node(op, list(inputs), outs, name=self.name(f"{op}{len(self.case.nodes)}"),
@@ -1027,15 +1033,82 @@ def gather(case, rng):
     case.geometry = dict(op="Gather", data=shape, indices=ishape, axis=axis, dtype=np.dtype(dtype).name)
 
 
+def int_gather(case, rng):
+    """Integer index paths: ids picked out of an int64 or int32 input by constant indices
+    (negative ones among them) along a random axis, as a tabular model picks its categorical
+    columns (maybe out of a Slice of it, a run of columns), or by run-time positions (an
+    integer Gather by integer ids), maybe joined to a second pick (Concat), flattened,
+    unsqueezed or cast to the other integer type, then looked up in a constant or computed
+    embedding table."""
+    b = _Builder(case, rng)
+    rows = int(_choice(rng, ODD))
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    dtype = np.int64 if rng.random() < 0.7 else np.int32
+    cats = b.name("cats")
+    case.inputs[cats] = rng.integers(-rows, rows, shape).astype(dtype)
+    sliced = None
+    if rng.random() < 0.3:  # a run of the input's columns first: a Slice along one axis, never empty
+        cut = int(rng.integers(0, len(shape)))
+        d, step = shape[cut], _choice(rng, [1, 2, -1])
+        start = int(rng.integers(0, d))
+        end = int(rng.integers(start + 1, d + 1)) if step > 0 else _choice(rng, [-(d + 1), *range(start)])
+        (cats,) = b.node("Slice", [cats, b.init_ints("starts", [start]), b.init_ints("ends", [end]),
+                                   b.init_ints("cut", [cut]), b.init_ints("steps", [step])], ["run"])
+        shape = list(shape)
+        shape[cut] = len(range(start, max(end, -1), step))
+        sliced = dict(axis=cut, start=start, end=end, step=step)
+    axis = int(rng.integers(-len(shape), len(shape)))
+    extent = shape[axis % len(shape)]
+    pshape = _shape(rng, int(rng.integers(0, 2)))
+    runtime = rng.random() < 0.3
+    if runtime:
+        pos = b.name("pos")
+        case.inputs[pos] = rng.integers(-extent, extent, pshape).astype(np.int64 if rng.random() < 0.5 else np.int32)
+    else:
+        pos = b.init_ints("pick", rng.integers(-extent, extent, pshape))
+    (ids,) = b.node("Gather", [cats, pos], ["ids"], axis=axis)
+    between = []  # what comes between the pick and the lookup, as exporters write it
+    if rng.random() < 0.4:  # a second pick joined to the first, along one of its axes (a scalar's unsqueezed)
+        (more,) = b.node("Gather", [cats, b.init_ints("pick2", rng.integers(-extent, extent, pshape))],
+                         ["more"], axis=axis)
+        rank = len(shape) - 1 + len(pshape)
+        if rank == 0:
+            ids, more = (b.node("Unsqueeze", [v, b.init_ints(f"at_{v[-4:]}", [0])], [f"{v[-4:]}_1d"])[0]
+                         for v in (ids, more))
+            rank = 1
+        join = int(rng.integers(-rank, rank))
+        (ids,) = b.node("Concat", [ids, more], ["joined"], axis=join)
+        between.append(f"Concat axis {join}")
+    if rng.random() < 0.3:
+        (ids,) = b.node("Flatten", [ids], ["flat"], axis=0)
+        between.append("Flatten")
+    if rng.random() < 0.3:
+        (ids,) = b.node("Unsqueeze", [ids, b.init_ints("axes", [0])], ["unsqueezed"])
+        between.append("Unsqueeze")
+    if rng.random() < 0.3:
+        to = TensorProto.INT32 if dtype == np.int64 else TensorProto.INT64
+        (ids,) = b.node("Cast", [ids], ["cast"], to=to)
+        between.append("Cast")
+    width = int(_choice(rng, ODD))
+    if rng.random() < 0.5:
+        table = b.init("table", [rows, width])
+    else:
+        (table,) = b.node("Neg", [b.input("x", [rows, width])], ["table"])
+    b.output(b.node("Gather", [table, ids], ["y"])[0])
+    case.geometry = dict(op="Gather of Gather", data=shape, picks=pshape, axis=axis, runtime_picks=runtime,
+                         between=between, sliced=sliced, rows=rows, width=width, dtype=np.dtype(dtype).name)
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
-         "conv_transpose": conv_transpose, "gather": gather}
+         "conv_transpose": conv_transpose, "gather": gather,
+         "int_gather": int_gather}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -18,10 +18,11 @@ in the result.
 from __future__ import annotations
 
 import ctypes
+from operator import is_
 
 import numpy as np
 
-from nncc.errors import KernelError
+from nncc.errors import IndexRangeError, KernelError
 from nncc.util.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
 
@@ -53,10 +54,11 @@ class NativeStep:
         if self.sanitized:
             return self._call_fenced(inputs, out)
         table, held = self.table, self.held
-        for i, array in enumerate(inputs):
-            if array is not held[i]:
-                table[i] = self._input_pointer(array, i)
-                held[i] = array
+        if not all(map(is_, inputs, held)):  # one C-level pass: constants and reused feeds match
+            for i, array in enumerate(inputs):
+                if array is not held[i]:
+                    table[i] = self._input_pointer(array, i)
+                    held[i] = array
         base = len(inputs)
         for j, array in enumerate(out):
             if array is not held[base + j]:
@@ -68,7 +70,7 @@ class NativeStep:
         else:
             status = self.fn(table, self.workspace_address)
         if status != 0:
-            raise KernelError(failure(self.label, status))
+            raise _failure(self.label, status)
         return out
 
     def _output_pointer(self, array, index: int) -> int:
@@ -112,7 +114,7 @@ class NativeStep:
             with one_blas_thread(self.pooled):
                 status = self.fn(table, workspace)
             if status != 0:
-                raise KernelError(failure(self.label, status))
+                raise _failure(self.label, status)
             for j, array in enumerate(out):
                 ctypes.memmove(array.ctypes.data, table[base + j], array.nbytes)
         finally:
@@ -121,10 +123,12 @@ class NativeStep:
         return out
 
 
-def failure(label: str, status: int) -> str:
-    """Why a native call returned ``status`` (1: a step found an index outside its axis)."""
-    why = "an index out of range" if status == 1 else f"status {status}"
-    return f"native partition {label} failed: {why}"
+def _failure(label: str, status: int) -> KernelError:
+    """Why a native call returned ``status``: 1, a step found an index outside its axis (a
+    Gather's id outside its table), which is the feeds' fault, not the code's."""
+    if status == 1:
+        return IndexRangeError(f"native partition {label}: an index out of range (a Gather id outside its axis)")
+    return KernelError(f"native partition {label} failed: status {status}")
 
 
 _FLOAT32 = np.dtype(np.float32)

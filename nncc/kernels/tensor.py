@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from nncc.errors import KernelError, ShapeInferenceError
+from nncc.errors import IndexRangeError, KernelError, ShapeInferenceError
 from nncc.ir.graph import Dim, TensorInfo
 from nncc.kernels.registry import kernel
 from nncc.kernels.shapes import broadcast, known_value
@@ -415,13 +415,13 @@ def _gather(ctx, data, indices):
     if indices.ndim == 0:
         i = int(indices)
         if not -dim <= i < dim:
-            raise KernelError(f"Gather index {i} is out of range for axis length {dim}")
+            raise IndexRangeError(f"Gather index {i} is out of range for axis length {dim}")
         return data[(slice(None),) * axis + (i,)]  # a view
     if indices.size:
         low, high = int(indices.min()), int(indices.max())
         if low < -dim or high >= dim:
             bad = low if low < -dim else high
-            raise KernelError(f"Gather index {bad} is out of range for axis length {dim}")
+            raise IndexRangeError(f"Gather index {bad} is out of range for axis length {dim}")
     return np.take(data, indices, axis=axis)
 
 

@@ -435,5 +435,8 @@ def _wrong_buffer(name: str, shape, expected) -> InputError:
 def _outputs_for(planned, targets) -> tuple:
     """A planned step's output arrays: its arena views, the caller's arrays, else fresh
     ones (a graph output the caller owns: never the previous run's)."""
+    if not targets:  # the common run: no caller's arrays (a list, not a generator: a tiny model feels it)
+        return tuple([None if s < 0 else view if view is not None else np.empty(shape, dtype)
+                      for s, view, shape, dtype in planned])
     return tuple(None if s < 0 else view if view is not None else targets[s] if s in targets
                  else np.empty(shape, dtype) for s, view, shape, dtype in planned)

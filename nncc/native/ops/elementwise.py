@@ -40,6 +40,8 @@ class ElementwiseOps(NativeOp):
             return "Dropout's mask output"
         elif node.op_type in ALIASES and _static_mask(infos, node.inputs[0]) and _static_mask(infos, node.outputs[0]):
             return None  # a mask's view: masks live inside a partition (nncc/native/mask_gen.py)
+        elif node.op_type in INDEX_VIEWS and _run_time_ints(graph, infos, node.inputs[0], node.outputs[0]):
+            return None  # a view of ids (a picked column unsqueezed): they live inside a partition too
         why = static_values_refused(node, infos, self.data_inputs(node))
         if why is None and node.op_type in BINARY and len(node.inputs) != 2:
             return "variadic form"
@@ -79,6 +81,18 @@ class ElementwiseOps(NativeOp):
 def _static_mask(infos, name) -> bool:
     info = infos.get(name)
     return info is not None and info.dtype == BOOL and info.is_static
+
+
+INDEX_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+INTS = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _run_time_ints(graph, infos, x, y) -> bool:
+    """``x`` and ``y``: int32 or int64 values of one type with static shapes, known only at
+    run time (a constant's view is folded at -O1, and packed constants are float32)."""
+    a, b = infos.get(x), infos.get(y)
+    return (a is not None and b is not None and a.dtype in INTS and a.dtype == b.dtype and a.is_static
+            and b.is_static and const_value(graph, infos, x) is None)
 
 
 def _pow_by(writer, node) -> float | None:

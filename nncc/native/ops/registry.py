@@ -13,6 +13,8 @@ from nncc.native.ops.entry import Fusion, NativeOp
 ENTRIES: list[NativeOp] = [
     # entries that check their own values (quantized, integer or optional inputs)
     gather_indices.ENTRY,  # before data_movement: it takes a Gather whose indices are not constants
+    gather_indices.CONCAT,  # before sum_concat: it takes a Concat of integers
+    gather_indices.SLICE,  # before data_movement: it takes a Slice of integers
     data_movement.ENTRY,  # before softmax: it takes Softmax over an inner axis
     int8_matmul.ENTRY,
     int8_conv.ENTRY,
