@@ -1,14 +1,28 @@
 """First run after a cache hit against the steady state, each in a fresh process.
 
     python benchmarks/first_run.py MODEL.onnx [MODEL.onnx ...] [--processes 5] [--runs 30]
+    python benchmarks/first_run.py --corpus [--model NAME ...] [--processes 5] [--runs 30]
 
-For each model: `nncc compile` stores its optimized (native) entry in a temporary cache,
-then --processes fresh processes each prepare it (a hit), time the first run (with its
-minor page faults, from getrusage) and the median of --runs further runs, in wall time and
-in the process's CPU time (every thread's; on a loaded machine a run's wall time includes
-the time slices other processes took, its CPU time does not). Prints one line per model
-with the medians over the processes: "first / steady" near 1 means a process's first run
-pays nothing the later ones do not.
+Models given as files: `nncc compile` stores their optimized (native) entry in a temporary
+cache, and every measuring process prepares it (a hit) and runs random inputs.
+
+--corpus (the manifest of benchmarks/build_corpus.py, --manifest to name another): each
+model runs at its manifest's feeds with its dynamic dimensions left as exported, as a
+user's processes have it. A first, seeding process prepares it in a temporary cache (a
+miss), runs the feeds once and exits, which waits for what it started in the background
+(the optimized stage of the general plan, the native plan of the feeds' shape); the
+"seeding" columns say what it found and how long that wait took. Every measuring process
+after it prepares it from the cache as a later process of the user's does (a hit, the
+default background setting), and its first run is the first of a shape the cache has
+seen: the "ran" column is the partitions of the plan that ran (native / all), the claim
+being that the second process runs native code.
+
+Each measuring process (--processes of them) times its first run (with its minor page
+faults, from getrusage) and the median of --runs further runs, in wall time and in the
+process's CPU time (every thread's; on a loaded machine a run's wall time includes the
+time slices other processes took, its CPU time does not). Prints one line per model with
+the medians over the processes: "first / steady" near 1 means a process's first run pays
+nothing the later ones do not.
 """
 
 from __future__ import annotations
@@ -21,16 +35,29 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "build" / "corpus" / "manifest.json"
+
+# argv: model, runs, the feeds (.npz) or "" for random ones, whether to prepare as a later process of the
+# user's does (background upgrades and shape lookups on) or only to load the optimized entry `nncc compile` stored
 _CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 from nncc.model import prepare
-from nncc.runtime.random_inputs import random_feeds
-path, runs = sys.argv[1], int(sys.argv[2])
-model, outcome = prepare(path, background=None)
-assert outcome.outcome == "hit" and outcome.stage == "optimized", (outcome.outcome, outcome.stage)
-feeds = random_feeds(model.input_infos, seed=0)
+path, runs, feeds_path, as_user = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "user"
+start = time.perf_counter()
+model, outcome = prepare(path, background="thread" if as_user else None)
+prepared = time.perf_counter() - start
+if not as_user:
+    assert outcome.outcome == "hit" and outcome.stage == "optimized", (outcome.outcome, outcome.stage)
+if feeds_path:
+    with np.load(feeds_path) as saved:
+        feeds = {k: saved[k] for k in saved.files}
+else:
+    from nncc.runtime.random_inputs import random_feeds
+    feeds = random_feeds(model.input_infos, seed=0)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 cpu, start = time.process_time(), time.perf_counter()
 model.run(feeds)
@@ -45,8 +72,45 @@ for _ in range(runs):
 steady.sort()
 steady_cpu.sort()
 print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady) // 2], "first_cpu": first_cpu,
-                  "steady_cpu": steady_cpu[len(steady_cpu) // 2], "native": model.native_partitions}))
+                  "steady_cpu": steady_cpu[len(steady_cpu) // 2], "prepare": prepared,
+                  "native": model.last_run_native_partitions, "partitions": model.last_run_partitions,
+                  "outcome": outcome.outcome, "stage": outcome.stage}))
 """
+
+# argv: model, feeds (.npz). A user's first process: prepares (a miss), runs once, exits; exiting waits for the
+# background builds it started, timed here by joining them
+_SEED = r"""
+import json, sys, threading, time
+import numpy as np
+from nncc.model import prepare
+path, feeds_path = sys.argv[1], sys.argv[2]
+with np.load(feeds_path) as saved:
+    feeds = {k: saved[k] for k in saved.files}
+start = time.perf_counter()
+model, outcome = prepare(path)
+model.run(feeds)
+ran = time.perf_counter() - start
+start = time.perf_counter()
+for thread in threading.enumerate():
+    if thread is not threading.current_thread() and not thread.daemon:
+        thread.join()
+print(json.dumps({"outcome": outcome.outcome, "stage": outcome.stage, "ran": ran,
+                  "wait": time.perf_counter() - start, "native": model.last_run_native_partitions,
+                  "partitions": model.last_run_partitions}))
+"""
+
+
+def child(code: str, args: list[str], env: dict, name: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{name}: the measuring process failed:\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def medians(seen: list[dict]) -> dict:
+    """Each figure's median over the processes; the words (outcome, stage) of the last."""
+    return {key: statistics.median(s[key] for s in seen) if isinstance(value, (int, float)) else value
+            for key, value in seen[-1].items()}
 
 
 def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
@@ -55,30 +119,70 @@ def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
         subprocess.run([sys.executable, "-m", "nncc", "compile", str(model), "-q", "-o",
                         os.path.join(cache, "artifact.nncc")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        seen = []
-        for _ in range(processes):
-            done = subprocess.run([sys.executable, "-c", _CHILD, str(model), str(runs)], env=env,
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"{model.name}: the measuring process failed:\n{done.stderr}")
-            seen.append(json.loads(done.stdout.splitlines()[-1]))
-    return {key: statistics.median(s[key] for s in seen) for key in seen[0]}
+        return medians([child(_CHILD, [str(model), str(runs), "", "compiled"], env, model.name)
+                        for _ in range(processes)])
+
+
+def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int) -> dict:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from corpus import write_feeds  # lazy: the corpus's own feeds, only in this mode
+
+    path = str(corpus / entry["file"])
+    with tempfile.TemporaryDirectory(prefix="nncc-first-run-") as folder:
+        env = dict(os.environ, NNCC_CACHE_DIR=os.path.join(folder, "cache"))  # a folder of nncc's own
+        env.pop("NNCC_UPGRADE_AFTER", None)  # the default: the miss starts the upgrade
+        feeds = os.path.join(folder, "feeds.npz")
+        write_feeds(entry, feeds)
+        started = time.perf_counter()
+        seed = child(_SEED, [path, feeds], env, entry["name"])
+        seed["process"] = time.perf_counter() - started
+        found = medians([child(_CHILD, [path, str(runs), feeds, "user"], env, entry["name"])
+                         for _ in range(processes)])
+    return found | {"seed": seed}
+
+
+def row(name: str, m: dict) -> str:
+    return (f"| {name} | {m['native']:.0f}/{m['partitions']:.0f} | {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
+            f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
+            f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} |")
+
+
+HEADER = ("| model | ran (native/all) | first run | minor faults | steady run | first / steady "
+          "| first run CPU | steady CPU | CPU first / steady |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="+", type=pathlib.Path)
+    parser.add_argument("models", nargs="*", type=pathlib.Path)
+    parser.add_argument("--corpus", action="store_true", help="the corpus manifest's models at its feeds")
+    parser.add_argument("--manifest", type=pathlib.Path, default=MANIFEST, help=f"default {MANIFEST}")
+    parser.add_argument("--model", action="append", metavar="NAME", help="with --corpus: only these (repeatable)")
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    print("| model | native partitions | first run | minor faults | steady run | first / steady "
-          "| first run CPU | steady CPU | CPU first / steady |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for model in args.models:
-        m = measure(model, args.processes, args.runs)
-        print(f"| {model.name} | {m['native']:.0f} | {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
-              f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
-              f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} |", flush=True)
+    if args.corpus == bool(args.models):
+        parser.error("give model files, or --corpus")
+    if not args.corpus:
+        print(HEADER + "\n" + "|---" * 9 + "|")
+        for model in args.models:
+            print(row(model.name, measure(model, args.processes, args.runs)), flush=True)
+        return 0
+    try:
+        entries = json.loads(args.manifest.read_text())["models"]
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"cannot read the manifest {args.manifest} ({exc}); build it with benchmarks/build_corpus.py")
+    if args.model:
+        unknown = sorted(set(args.model) - {e["name"] for e in entries})
+        if unknown:
+            parser.error(f"no model {', '.join(unknown)} in {args.manifest}")
+        entries = [e for e in entries if e["name"] in args.model]
+    print(HEADER + " seeding process: outcome, ran, wait for its background builds | later process: cache "
+          "outcome, stage |\n" + "|---" * 11 + "|")
+    for entry in entries:
+        m = measure_corpus(entry, args.manifest.parent, args.processes, args.runs)
+        seed = m["seed"]
+        print(row(entry["name"], m) + f" {seed['outcome']} ({seed['stage']}), {seed['native']}/{seed['partitions']}, "
+              f"{seed['wait']:.1f} s | {m['outcome']}, {m['stage']} |", flush=True)
     return 0
 
 

@@ -94,6 +94,12 @@ class CompiledModel:
         return self._last.native_partitions
 
     @property
+    def last_run_partitions(self) -> int:
+        """How many partitions the plan that ran last holds, native or not (see
+        last_run_native_partitions)."""
+        return max(len(self._last.plan.partitions), 1)
+
+    @property
     def sample_axes(self) -> list[str]:
         """The symbolic dimensions found to be sample axes (each sample's outputs computed
         from its inputs alone: nncc.runtime.sample_axis), which run natively at any size
