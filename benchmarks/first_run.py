@@ -17,7 +17,12 @@ default background setting), and its first run is the first of a shape the cache
 seen: the "ran" column is the partitions of the plan that ran (native / all), the claim
 being that the second process runs native code.
 
-Each measuring process (--processes of them) times its first run (with its minor page
+--trees OLD NEW (with --corpus) measures the nncc of each checkout, a row each: each tree
+seeds a cache of its own, and their measuring processes alternate, so that one run
+compares them on the same machine load.
+
+Every child writes and reuses byte code, as an installed nncc has it. Each measuring
+process (--processes of them) times its prepare, then its first run (with its minor page
 faults, from getrusage) and the median of --runs further runs, in wall time and in the
 process's CPU time (every thread's; on a loaded machine a run's wall time includes the
 time slices other processes took, its CPU time does not). Prints one line per model with
@@ -115,7 +120,7 @@ def medians(seen: list[dict]) -> dict:
 
 def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="nncc-first-run-") as cache:
-        env = dict(os.environ, NNCC_CACHE_DIR=cache, NNCC_UPGRADE_AFTER="off")
+        env = child_env(NNCC_CACHE_DIR=cache, NNCC_UPGRADE_AFTER="off")
         subprocess.run([sys.executable, "-m", "nncc", "compile", str(model), "-q", "-o",
                         os.path.join(cache, "artifact.nncc")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
@@ -123,31 +128,47 @@ def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
                         for _ in range(processes)])
 
 
-def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int) -> dict:
+def child_env(tree: str | None = None, **values) -> dict:
+    """The children's environment: byte code written and reused, as an installed nncc has
+    it; nncc imported from ``tree`` when given."""
+    env = dict(os.environ, **values)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    return env
+
+
+def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int, trees: list) -> list[dict]:
+    """One result per tree (None: the nncc this script finds), each tree with a cache of
+    its own (the token covers nncc's code), the measuring processes alternating between them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from corpus import write_feeds  # lazy: the corpus's own feeds, only in this mode
 
     path = str(corpus / entry["file"])
     with tempfile.TemporaryDirectory(prefix="nncc-first-run-") as folder:
-        env = dict(os.environ, NNCC_CACHE_DIR=os.path.join(folder, "cache"))  # a folder of nncc's own
-        env.pop("NNCC_UPGRADE_AFTER", None)  # the default: the miss starts the upgrade
         feeds = os.path.join(folder, "feeds.npz")
         write_feeds(entry, feeds)
-        started = time.perf_counter()
-        seed = child(_SEED, [path, feeds], env, entry["name"])
-        seed["process"] = time.perf_counter() - started
-        found = medians([child(_CHILD, [path, str(runs), feeds, "user"], env, entry["name"])
-                         for _ in range(processes)])
-    return found | {"seed": seed}
+        envs, seeds, seen = [], [], [[] for _ in trees]
+        for i, tree in enumerate(trees):
+            env = child_env(tree, NNCC_CACHE_DIR=os.path.join(folder, f"cache{i}"))  # a folder of nncc's own
+            env.pop("NNCC_UPGRADE_AFTER", None)  # the default: the miss starts the upgrade
+            envs.append(env)
+            seeds.append(child(_SEED, [path, feeds], env, entry["name"]))
+        for n in range(processes):
+            order = range(len(trees)) if n % 2 == 0 else reversed(range(len(trees)))
+            for i in order:
+                seen[i].append(child(_CHILD, [path, str(runs), feeds, "user"], envs[i], entry["name"]))
+    return [medians(s) | {"seed": seed} for s, seed in zip(seen, seeds)]
 
 
 def row(name: str, m: dict) -> str:
-    return (f"| {name} | {m['native']:.0f}/{m['partitions']:.0f} | {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
+    return (f"| {name} | {m['native']:.0f}/{m['partitions']:.0f} | {m['prepare'] * 1000:.1f} ms "
+            f"| {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
             f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
             f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} |")
 
 
-HEADER = ("| model | ran (native/all) | first run | minor faults | steady run | first / steady "
+HEADER = ("| model | ran (native/all) | prepare | first run | minor faults | steady run | first / steady "
           "| first run CPU | steady CPU | CPU first / steady |")
 
 
@@ -157,13 +178,16 @@ def main() -> int:
     parser.add_argument("--corpus", action="store_true", help="the corpus manifest's models at its feeds")
     parser.add_argument("--manifest", type=pathlib.Path, default=MANIFEST, help=f"default {MANIFEST}")
     parser.add_argument("--model", action="append", metavar="NAME", help="with --corpus: only these (repeatable)")
+    parser.add_argument("--trees", nargs="+", metavar="TREE",
+                        help="with --corpus: measure the nncc of each of these checkouts (their PYTHONPATH), "
+                             "alternating, one row each")
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
     if args.corpus == bool(args.models):
         parser.error("give model files, or --corpus")
     if not args.corpus:
-        print(HEADER + "\n" + "|---" * 9 + "|")
+        print(HEADER + "\n" + "|---" * 10 + "|")
         for model in args.models:
             print(row(model.name, measure(model, args.processes, args.runs)), flush=True)
         return 0
@@ -176,13 +200,15 @@ def main() -> int:
         if unknown:
             parser.error(f"no model {', '.join(unknown)} in {args.manifest}")
         entries = [e for e in entries if e["name"] in args.model]
-    print(HEADER + " seeding process: outcome, ran, wait for its background builds | later process: cache "
-          "outcome, stage |\n" + "|---" * 11 + "|")
+    trees = args.trees or [None]
+    print(HEADER + (" tree |" if args.trees else "") + " seeding process: outcome, ran, wait for its background "
+          "builds | later process: cache outcome, stage |\n" + "|---" * (12 + bool(args.trees)) + "|")
     for entry in entries:
-        m = measure_corpus(entry, args.manifest.parent, args.processes, args.runs)
-        seed = m["seed"]
-        print(row(entry["name"], m) + f" {seed['outcome']} ({seed['stage']}), {seed['native']}/{seed['partitions']}, "
-              f"{seed['wait']:.1f} s | {m['outcome']}, {m['stage']} |", flush=True)
+        for tree, m in zip(trees, measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees)):
+            seed = m["seed"]
+            print(row(entry["name"], m) + (f" {tree} |" if args.trees else "")
+                  + f" {seed['outcome']} ({seed['stage']}), {seed['native']}/{seed['partitions']}, "
+                  f"{seed['wait']:.1f} s | {m['outcome']}, {m['stage']} |", flush=True)
     return 0
 
 
