@@ -82,10 +82,10 @@ print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady)
                   "outcome": outcome.outcome, "stage": outcome.stage}))
 """
 
-# argv: model, feeds (.npz). A user's first process: prepares (a miss), runs once, exits; exiting waits for the
-# background builds it started, timed here by joining them
+# argv: model, feeds (.npz). A user's first process: prepares (a miss), runs once and exits, and exiting waits for
+# the background builds it started; "ended" is the wall clock when its script ended, for the parent to time the wait
 _SEED = r"""
-import json, sys, threading, time
+import json, sys, time
 import numpy as np
 from nncc.model import prepare
 path, feeds_path = sys.argv[1], sys.argv[2]
@@ -94,22 +94,23 @@ with np.load(feeds_path) as saved:
 start = time.perf_counter()
 model, outcome = prepare(path)
 model.run(feeds)
-ran = time.perf_counter() - start
-start = time.perf_counter()
-for thread in threading.enumerate():
-    if thread is not threading.current_thread() and not thread.daemon:
-        thread.join()
-print(json.dumps({"outcome": outcome.outcome, "stage": outcome.stage, "ran": ran,
-                  "wait": time.perf_counter() - start, "native": model.last_run_native_partitions,
-                  "partitions": model.last_run_partitions}))
+print(json.dumps({"outcome": outcome.outcome, "stage": outcome.stage, "ran": time.perf_counter() - start,
+                  "native": model.last_run_native_partitions, "partitions": model.last_run_partitions,
+                  "ended": time.time()}))
 """
 
 
 def child(code: str, args: list[str], env: dict, name: str) -> dict:
     done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    exited = time.time()
     if done.returncode:
         raise SystemExit(f"{name}: the measuring process failed:\n{done.stderr}")
-    return json.loads(done.stdout.splitlines()[-1])
+    found = json.loads(done.stdout.splitlines()[-1])
+    if "ended" in found:  # the seeding process: how long its exit waited for its background builds
+        found["wait"] = exited - found.pop("ended")
+    if done.stderr.strip():  # a background build that failed says so there
+        print(f"{name}: {done.stderr.strip().splitlines()[-1][:300]}", file=sys.stderr)
+    return found
 
 
 def medians(seen: list[dict]) -> dict:

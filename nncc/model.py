@@ -103,12 +103,6 @@ class CompiledModel:
         return self._last.native_partitions
 
     @property
-    def shape_plans_on(self) -> bool:
-        """Whether input shapes get plans of their own (dynamic input dimensions, and the
-        ``run.shape_plans`` setting not 0)."""
-        return self._shape_plans is not None
-
-    @property
     def last_run_partitions(self) -> int:
         """How many partitions the plan that ran last holds, native or not (see
         last_run_native_partitions)."""
@@ -264,20 +258,20 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
     options = plans_ahead(path, options, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
                           model_bytes=model_bytes, hash_mode=hash_mode, settings=settings)
-    prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
-                                              trust_shared=trust_shared, model_bytes=model_bytes,
-                                              hash_mode=hash_mode, stage=stage, background=background,
-                                              settings=settings, **options)
     natives = None
     # the fixed-size entries are found and built from the model's file: not for a pipe
     if use_cache and stage != "quick" and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
-    elif not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
+        # before the general plan is read: the two overlap (only a model with dynamic dimensions has such entries)
+        natives.load_ahead(min(settings.shape_plans or 0, LOAD_AHEAD))
+    prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
+                                              trust_shared=trust_shared, model_bytes=model_bytes,
+                                              hash_mode=hash_mode, stage=stage, background=background,
+                                              settings=settings, **options)
+    if not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
         natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
-    if natives is not None and model.shape_plans_on:
-        natives.load_ahead(min(settings.shape_plans, LOAD_AHEAD))
     return model, outcome
 
 
