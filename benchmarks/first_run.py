@@ -22,7 +22,9 @@ seeds a cache of its own, and their measuring processes alternate, so that one r
 compares them on the same machine load.
 
 Every child writes and reuses byte code, as an installed nncc has it. Each measuring
-process (--processes of them) times its prepare, then its first run (with its minor page
+process (--processes of them) times its prepare, pauses --pause seconds (default 0: the
+first run right after the prepare; a process that reads its input first has the time
+that pause stands for), then times its first run (with its minor page
 faults, from getrusage) and the median of --runs further runs, in wall time and in the
 process's CPU time (every thread's; on a loaded machine a run's wall time includes the
 time slices other processes took, its CPU time does not). Prints one line per model with
@@ -46,12 +48,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "build" / "corpus" / "manifest.json"
 
 # argv: model, runs, the feeds (.npz) or "" for random ones, whether to prepare as a later process of the
-# user's does (background upgrades and shape lookups on) or only to load the optimized entry `nncc compile` stored
+# user's does (background upgrades and shape lookups on) or only to load the optimized entry `nncc compile` stored,
+# the seconds to pause between the prepare and the first run
 _CHILD = r"""
 import json, resource, sys, time
 import numpy as np
 from nncc.model import prepare
 path, runs, feeds_path, as_user = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "user"
+pause = float(sys.argv[5])
 start = time.perf_counter()
 model, outcome = prepare(path, background="thread" if as_user else None)
 prepared = time.perf_counter() - start
@@ -63,6 +67,7 @@ if feeds_path:
 else:
     from nncc.runtime.random_inputs import random_feeds
     feeds = random_feeds(model.input_infos, seed=0)
+time.sleep(pause)  # what a process does between its prepare and its first run (reading its input)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 cpu, start = time.process_time(), time.perf_counter()
 model.run(feeds)
@@ -119,13 +124,13 @@ def medians(seen: list[dict]) -> dict:
             for key, value in seen[-1].items()}
 
 
-def measure(model: pathlib.Path, processes: int, runs: int) -> dict:
+def measure(model: pathlib.Path, processes: int, runs: int, pause: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="nncc-first-run-") as cache:
         env = child_env(NNCC_CACHE_DIR=cache, NNCC_UPGRADE_AFTER="off")
         subprocess.run([sys.executable, "-m", "nncc", "compile", str(model), "-q", "-o",
                         os.path.join(cache, "artifact.nncc")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
-        return medians([child(_CHILD, [str(model), str(runs), "", "compiled"], env, model.name)
+        return medians([child(_CHILD, [str(model), str(runs), "", "compiled", str(pause)], env, model.name)
                         for _ in range(processes)])
 
 
@@ -139,7 +144,8 @@ def child_env(tree: str | None = None, **values) -> dict:
     return env
 
 
-def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int, trees: list) -> list[dict]:
+def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int, trees: list,
+                   pause: float) -> list[dict]:
     """One result per tree (None: the nncc this script finds), each tree with a cache of
     its own (the token covers nncc's code), the measuring processes alternating between them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -158,7 +164,7 @@ def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int,
         for n in range(processes):
             order = range(len(trees)) if n % 2 == 0 else reversed(range(len(trees)))
             for i in order:
-                seen[i].append(child(_CHILD, [path, str(runs), feeds, "user"], envs[i], entry["name"]))
+                seen[i].append(child(_CHILD, [path, str(runs), feeds, "user", str(pause)], envs[i], entry["name"]))
     return [medians(s) | {"seed": seed} for s, seed in zip(seen, seeds)]
 
 
@@ -184,13 +190,15 @@ def main() -> int:
                              "alternating, one row each")
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
+                        help="between the prepare and the first run, as a process reading its input has (default 0)")
     args = parser.parse_args()
     if args.corpus == bool(args.models):
         parser.error("give model files, or --corpus")
     if not args.corpus:
         print(HEADER + "\n" + "|---" * 10 + "|")
         for model in args.models:
-            print(row(model.name, measure(model, args.processes, args.runs)), flush=True)
+            print(row(model.name, measure(model, args.processes, args.runs, args.pause)), flush=True)
         return 0
     try:
         entries = json.loads(args.manifest.read_text())["models"]
@@ -205,7 +213,8 @@ def main() -> int:
     print(HEADER + (" tree |" if args.trees else "") + " seeding process: outcome, ran, wait for its background "
           "builds | later process: cache outcome, stage |\n" + "|---" * (12 + bool(args.trees)) + "|")
     for entry in entries:
-        for tree, m in zip(trees, measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees)):
+        for tree, m in zip(trees, measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees,
+                                                          args.pause)):
             seed = m["seed"]
             print(row(entry["name"], m) + (f" {tree} |" if args.trees else "")
                   + f" {seed['outcome']} ({seed['stage']}), {seed['native']}/{seed['partitions']}, "
