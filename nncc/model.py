@@ -312,7 +312,7 @@ class ShapeExecutors:
             self._guessed.set()  # a run's lookup waits for the guess, never longer
         for dims, ahead in loading:
             try:
-                ahead.executor = self.find_now(dims, settled=True)
+                ahead.executor = self.find_now(dims)
                 ahead.loaded = True
             except Exception:  # noqa: BLE001 - background work never fails a run: the run looks it up itself
                 pass
@@ -328,17 +328,12 @@ class ShapeExecutors:
                 return ahead.executor
         return self.find_now(dims)
 
-    def find_now(self, dims, settled: bool = False):
+    def find_now(self, dims):
         """The executor of the cache's plan for these sizes, looked up and loaded now, or
-        None; ``settled``: its constants and arena faulted in before it is handed over
-        (else that goes on beside the run)."""
+        None. Its memory is faulted in on a thread of its own, which a run does not wait
+        for (it faults in what it touches first itself)."""
         prepared = self.natives.find(dims)
-        if prepared is None:
-            return None
-        model = CompiledModel.from_prepared(prepared, shape_plans_limit=None)
-        if settled and model.prefaulting is not None:
-            model.prefaulting.join()
-        return model.executor
+        return None if prepared is None else _executor_of(prepared)
 
     def build(self, dims, deliver):
         return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
