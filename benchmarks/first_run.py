@@ -53,6 +53,7 @@ MANIFEST = ROOT / "build" / "corpus" / "manifest.json"
 _CHILD = r"""
 import json, resource, sys, time
 import numpy as np
+import nncc
 from nncc.model import prepare
 path, runs, feeds_path, as_user = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "user"
 pause = float(sys.argv[5])
@@ -84,7 +85,7 @@ steady_cpu.sort()
 print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady) // 2], "first_cpu": first_cpu,
                   "steady_cpu": steady_cpu[len(steady_cpu) // 2], "prepare": prepared,
                   "native": model.last_run_native_partitions, "partitions": model.last_run_partitions,
-                  "outcome": outcome.outcome, "stage": outcome.stage}))
+                  "outcome": outcome.outcome, "stage": outcome.stage, "nncc": nncc.__file__}))
 """
 
 # argv: model, feeds (.npz). A user's first process: prepares (a miss), runs once and exits, and exiting waits for
@@ -106,7 +107,8 @@ print(json.dumps({"outcome": outcome.outcome, "stage": outcome.stage, "ran": tim
 
 
 def child(code: str, args: list[str], env: dict, name: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    # -P: the working directory is not put first on sys.path, where a checkout's nncc would win over PYTHONPATH's
+    done = subprocess.run([sys.executable, "-P", "-c", code, *args], env=env, capture_output=True, text=True)
     exited = time.time()
     if done.returncode:
         raise SystemExit(f"{name}: the measuring process failed:\n{done.stderr}")
@@ -127,7 +129,7 @@ def medians(seen: list[dict]) -> dict:
 def measure(model: pathlib.Path, processes: int, runs: int, pause: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="nncc-first-run-") as cache:
         env = child_env(NNCC_CACHE_DIR=cache, NNCC_UPGRADE_AFTER="off")
-        subprocess.run([sys.executable, "-m", "nncc", "compile", str(model), "-q", "-o",
+        subprocess.run([sys.executable, "-P", "-m", "nncc", "compile", str(model), "-q", "-o",
                         os.path.join(cache, "artifact.nncc")], env=env, check=True,
                        stdout=subprocess.DEVNULL)
         return medians([child(_CHILD, [str(model), str(runs), "", "compiled", str(pause)], env, model.name)
@@ -136,11 +138,10 @@ def measure(model: pathlib.Path, processes: int, runs: int, pause: float) -> dic
 
 def child_env(tree: str | None = None, **values) -> dict:
     """The children's environment: byte code written and reused, as an installed nncc has
-    it; nncc imported from ``tree`` when given."""
+    it; nncc imported from ``tree`` when given, else from this checkout."""
     env = dict(os.environ, **values)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree or str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -164,7 +165,10 @@ def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int,
         for n in range(processes):
             order = range(len(trees)) if n % 2 == 0 else reversed(range(len(trees)))
             for i in order:
-                seen[i].append(child(_CHILD, [path, str(runs), feeds, "user", str(pause)], envs[i], entry["name"]))
+                found = child(_CHILD, [path, str(runs), feeds, "user", str(pause)], envs[i], entry["name"])
+                if trees[i] is not None and not found["nncc"].startswith(os.path.abspath(trees[i])):
+                    raise SystemExit(f"{entry['name']}: {trees[i]} was to be measured, {found['nncc']} was imported")
+                seen[i].append(found)
     return [medians(s) | {"seed": seed} for s, seed in zip(seen, seeds)]
 
 
