@@ -6,6 +6,7 @@ import contextlib
 import functools
 import mmap
 import os
+import threading
 from typing import Mapping
 
 import numpy as np
@@ -29,6 +30,10 @@ from nncc.runtime.specialize import shape_plans
 from nncc.settings import bound_memory, trust_key_file, value
 from nncc.util.files import read_source
 from nncc.util.notice import warn
+from nncc.util.prefault import populate_in_background
+
+
+LOAD_AHEAD = 2  # the shapes of a dynamic model's earlier processes loaded ahead by a prepare, at most
 
 
 class CompiledModel:
@@ -59,6 +64,10 @@ class CompiledModel:
             with naming_the_artifact(None if origin == "the artifact" else origin):
                 check_plan_shapes(plan)
         self._executor = Executor(plan, loaded=activate_payloads(plan, trust_native, origin, self._team_key_file))
+        # the first run would fault in every page of the mapped constants, the arena and the native calls'
+        # workspaces: mapped now, beside the caller's own work (the data cache's mapping, as a hit verified it)
+        data = cache_parts[1] if cache_parts is not None else None
+        self.prefaulting = populate_in_background([(data, False)] + [(b, True) for b in scratch(self._executor)])
         self._blas_threads = plan.recorded_threads
         self._shape_plans = shape_plans(self._executor, shape_plans_limit, natives)
         self._last = self._executor  # what ran last: the general plan, a shape's own, a sample loop
@@ -92,6 +101,12 @@ class CompiledModel:
         dynamic dimensions, the plan of the last run's input shape (before any run, the
         general plan's)."""
         return self._last.native_partitions
+
+    @property
+    def last_run_partitions(self) -> int:
+        """How many partitions the plan that ran last holds, native or not (see
+        last_run_native_partitions)."""
+        return max(len(self._last.plan.partitions), 1)
 
     @property
     def sample_axes(self) -> list[str]:
@@ -155,6 +170,15 @@ class CompiledModel:
         from nncc.util.atomic import write_atomic  # lazy: start-up
 
         write_atomic(path, self.to_bytes())
+
+
+def scratch(executor) -> list[np.ndarray]:
+    """The memory an executor writes on every run and allocated up front: its arena and
+    each native call's workspace."""
+    found = [getattr(executor, "arena", None)]
+    found += [getattr(call.fn, "workspace", None) for unit in executor.units if unit.kind == "native"
+              for call in unit.calls]
+    return [b for b in found if isinstance(b, np.ndarray) and b.nbytes]
 
 
 def _serialize(plan: Plan, foreign: bool, team_key_file: str | None) -> bytes:
@@ -234,16 +258,18 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
     options = plans_ahead(path, options, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
                           model_bytes=model_bytes, hash_mode=hash_mode, settings=settings)
-    prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
-                                              trust_shared=trust_shared, model_bytes=model_bytes,
-                                              hash_mode=hash_mode, stage=stage, background=background,
-                                              settings=settings, **options)
     natives = None
     # the fixed-size entries are found and built from the model's file: not for a pipe
     if use_cache and stage != "quick" and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
-    elif not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
+        # before the general plan is read: the two overlap (only a model with dynamic dimensions has such entries)
+        natives.load_ahead(min(settings.shape_plans or 0, LOAD_AHEAD))
+    prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
+                                              trust_shared=trust_shared, model_bytes=model_bytes,
+                                              hash_mode=hash_mode, stage=stage, background=background,
+                                              settings=settings, **options)
+    if not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
         natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
     return model, outcome
@@ -252,20 +278,75 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
 class ShapeExecutors:
     """A dynamic model's fixed-size native plans from the cache (nncc.preparing.shapes), as
     the executors its shape plans run (nncc.runtime.specialize): each is built to run
-    here, with its native code loaded."""
+    here, with its native code loaded.
+
+    ``load_ahead`` loads the plans of the shapes the model's earlier processes ran (the
+    cache's entries for it) in a thread, from the prepare on: a process's first run of
+    such a shape then finds its plan loaded (or waits for the load under way) instead of
+    looking it up, verifying, parsing and loading it itself."""
 
     exact = True  # looked up for every new shape: a lookup compiles nothing
     builds_native = True  # an entry may be there whatever this process would build
 
     def __init__(self, natives):
         self.natives = natives
+        self._ahead: dict[frozenset, "LoadedAhead"] = {}
+        self._guessed = threading.Event()  # set once _ahead holds every shape being loaded ahead
+        self._guessed.set()
+
+    def load_ahead(self, most: int) -> threading.Thread | None:
+        """Start loading, in a thread, the plans of at most ``most`` shapes this model ran
+        before (most recently used first); the thread, or None (``most`` 0)."""
+        if most < 1:
+            return None
+        self._guessed.clear()
+        thread = threading.Thread(target=self._load_ahead, args=(most,), name="nncc-load-ahead", daemon=True)
+        thread.start()
+        return thread
+
+    def _load_ahead(self, most: int) -> None:
+        try:
+            loading = [(dims, LoadedAhead()) for dims in self.natives.seen_sizes(most)]
+            self._ahead.update((frozenset(dims.items()), ahead) for dims, ahead in loading)
+        finally:
+            self._guessed.set()  # a run's lookup waits for the guess, never longer
+        for dims, ahead in loading:
+            try:
+                ahead.executor = self.find_now(dims)
+                ahead.loaded = True
+            except Exception:  # noqa: BLE001 - background work never fails a run: the run looks it up itself
+                pass
+            finally:
+                ahead.done.set()
 
     def find(self, dims):
+        self._guessed.wait()
+        ahead = self._ahead.pop(frozenset(dims.items()), None)
+        if ahead is not None:
+            ahead.done.wait()
+            if ahead.loaded:
+                return ahead.executor
+        return self.find_now(dims)
+
+    def find_now(self, dims):
+        """The executor of the cache's plan for these sizes, looked up and loaded now, or
+        None. Its memory is faulted in on a thread of its own, which a run does not wait
+        for (it faults in what it touches first itself)."""
         prepared = self.natives.find(dims)
         return None if prepared is None else _executor_of(prepared)
 
     def build(self, dims, deliver):
         return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
+
+
+class LoadedAhead:
+    """A shape's plan being loaded ahead: ``done`` once tried, ``loaded`` when the lookup
+    ran to its end (``executor``: what it found, None for nothing)."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.loaded = False
+        self.executor = None
 
 
 def _executor_of(prepared):

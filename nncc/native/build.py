@@ -15,7 +15,8 @@ command's settings).
 
 from __future__ import annotations
 
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+import queue
+import threading
 
 
 class MemoryObjects:
@@ -80,20 +81,40 @@ def build(toolchain, units: list[tuple[str, str]], store=None) -> tuple[bytes, l
 
 
 def _compile_all(toolchain, sources: dict[str, str], store) -> dict[str, bytes]:
-    """Compile every source, ``toolchain.jobs`` at a time; each object is stored as soon as it is
-    built, so a failure later on keeps the work done. The first failure cancels the rest."""
+    """Compile every source, ``toolchain.jobs`` at a time; each object is stored (by this
+    thread, which owns the store) as soon as it is built, so a failure later on keeps the work
+    done. The first failure leaves the rest unstarted. Plain threads, not a concurrent.futures
+    pool: a pool refuses work once the interpreter has begun to exit, which is when a
+    background build (a stage upgrade, a shape's native plan) of a short process runs."""
     built: dict[str, bytes] = {}
-    with ThreadPoolExecutor(max_workers=min(toolchain.jobs, len(sources))) as pool:
-        futures = {pool.submit(toolchain.compile_object, source): key for key, source in sources.items()}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-            for future in done:
-                if future.exception() is not None:
-                    for other in pending:
-                        other.cancel()
-                    raise future.exception()
-                key = futures[future]
-                built[key] = future.result()
-                store.save(key, built[key])
+    todo = list(sources.items())
+    results: queue.Queue = queue.Queue()
+    taking = threading.Lock()
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with taking:
+                if not todo:
+                    return
+                key, source = todo.pop(0)
+            try:
+                results.put((key, toolchain.compile_object(source), None))
+            except BaseException as exc:  # noqa: BLE001 - raised again by the thread that waits
+                results.put((key, None, exc))
+
+    workers = [threading.Thread(target=work, name="nncc-cc") for _ in range(min(toolchain.jobs, len(sources)))]
+    for worker in workers:
+        worker.start()
+    try:
+        for _ in range(len(sources)):
+            key, data, exc = results.get()
+            if exc is not None:
+                raise exc
+            built[key] = data
+            store.save(key, data)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
     return built

@@ -95,6 +95,36 @@ class NativeShapes:
         except (CacheUnavailable, IndexUnavailable, IndexCorrupt, NnccError, OSError):
             return None
 
+    def seen_sizes(self, most: int) -> list[dict[str, int]]:
+        """The sizes of this model's fixed-size optimized entries, most recently used first
+        (at most ``most``): the input shapes its earlier processes ran, worth loading before
+        a run asks for them. Only the index is read, so this is a guess that ``find``
+        verifies (another compile's options at the same sizes, say, is a miss there); the
+        dimensions the model's own options fix are left out, as a run's sizes leave them.
+        Never fails: a cache that cannot be read has seen nothing."""
+        if most < 1 or not os.path.isdir(self.directory):
+            return []
+        own = dict(self.options.get("dims") or {})
+        path = os.path.abspath(os.fspath(self.path))
+        trust_shared = self.prepare_args.get("trust_shared")
+        try:
+            with Cache.open(self.directory, create=False, read_only_ok=True,
+                            trust_shared=self.settings.trust_shared if trust_shared is None else trust_shared) as cache:
+                entries = [e for e in cache.index.entries() if e.source_path == path and e.stage == OPTIMIZED]
+        except (CacheUnavailable, IndexUnavailable, IndexCorrupt, NnccError, OSError):
+            return []
+        found: list[dict[str, int]] = []
+        for entry in entries:  # most recently used first
+            dims = _entry_dims(entry.options)
+            if dims is None or any(dims.get(name) != size for name, size in own.items()):
+                continue
+            sizes = {name: size for name, size in dims.items() if name not in own}
+            if sizes and sizes not in found:
+                found.append(sizes)
+                if len(found) == most:
+                    break
+        return found
+
     def wanted(self) -> bool:
         """Whether a fixed-size native plan is ever built in the background here."""
         if self._wanted is None:
@@ -119,6 +149,20 @@ class NativeShapes:
                                   args=(self.path, args, options, deliver))
         thread.start()  # not a daemon: exiting waits for the build rather than tearing its write
         return "thread"
+
+
+def _entry_dims(options: str | None) -> dict[str, int] | None:
+    """The fixed dimension sizes an index row's options record, or None (none, or not a
+    mapping of names to sizes)."""
+    try:
+        dims = json.loads(options or "{}").get("dims")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(dims, dict) or not dims:
+        return None
+    if not all(isinstance(k, str) and type(v) is int and v > 0 for k, v in dims.items()):
+        return None
+    return dims
 
 
 def _build(path, prepare_args: dict, options: dict, deliver) -> None:
