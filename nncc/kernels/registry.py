@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -217,11 +218,23 @@ def registered_ops() -> list[tuple[str, str, int]]:
 
 
 _loaded = False
+_loading = False
+# A process may resolve ops on two threads at once (a plan loaded ahead beside the caller's
+# own prepare): the second waits until every family is registered instead of seeing a half
+# filled registry. Reentrant, so a family that resolves an op while it is imported passes.
+_LOAD_LOCK = threading.RLock()
 
 
 def _ensure_loaded() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-
-        load_all()  # registers the built-in op families
+    global _loaded, _loading
+    if _loaded:
+        return
+    with _LOAD_LOCK:
+        if _loaded or _loading:
+            return
+        _loading = True
+        try:
+            load_all()  # registers the built-in op families
+            _loaded = True
+        finally:
+            _loading = False
