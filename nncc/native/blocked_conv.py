@@ -149,7 +149,7 @@ def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
 # multiply-add's latency, as each accumulator waits for its previous one. A tile of fewer
 # accumulators runs no faster than this, so narrowing every tile to spare the last one its
 # waste (a row of 32 as eight tiles of 4, 8 accumulators with 2 channel blocks) costs more
-# than the waste does (five tiles of 6 and one of 2).
+# than the waste does (six tiles of 5 and one of 2).
 FMA_LATENCY_SLOTS = 10
 
 
