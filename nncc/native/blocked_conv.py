@@ -121,10 +121,13 @@ def vector_registers(vl: int) -> int:
 
 # The register tiles, by the size of the vector register file, in this one place:
 # (accumulators of a direct tile, its most channel blocks, pixels of a depthwise tile). A
-# direct tile's accumulators, its OCB weight vectors and one broadcast fill the file
-# (AVX2: 12 + 3 + 1 of 16; AVX-512: 24 + 4 + 1 of 32, with room to spare); a depthwise tile
-# leaves room for its weight vector, the input vector and the epilogue's constants.
-TILES = {32: (24, 4, 12), 16: (12, 3, 8)}
+# direct tile's accumulators, its OCB weight vectors and one broadcast fit the file
+# (AVX-512: 24 + 4 + 1 of 32). With AVX2, 10 accumulators, not 12: the compiler keeps a
+# row's taps' weight vectors live too, and a 2-block tile 6 pixels wide ran slower than one
+# 5 wide (measured on 3x3 stride-2 layers: 5 wide took 0.75-0.8 of the time 4 wide did,
+# 6 wide 1.2); a depthwise tile leaves room for its weight vector, the input vector and the
+# epilogue's constants.
+TILES = {32: (24, 4, 12), 16: (10, 3, 8)}
 
 
 def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
@@ -137,9 +140,25 @@ def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
     width = _row_width(g)
     if width <= widest:
         return ocb, width
-    # the widest tile that wastes least in the last, partial tile of a row
-    best = min(range(max(1, widest // 2), widest + 1), key=lambda r: (-(-width // r) * r - width, -r))
+    # the width whose tiles, the row's last partial one included, cost least
+    best = min(range(max(1, widest // 2), widest + 1), key=lambda r: (_row_cost(width, r, ocb), -r))
     return ocb, best
+
+
+# FMA slots (two a cycle) a tile's step takes at least, however few its accumulators: the
+# multiply-add's latency, as each accumulator waits for its previous one. A tile of fewer
+# accumulators runs no faster than this, so narrowing every tile to spare the last one its
+# waste (a row of 32 as eight tiles of 4, 8 accumulators with 2 channel blocks) costs more
+# than the waste does (six tiles of 5 and one of 2).
+FMA_LATENCY_SLOTS = 10
+
+
+def _row_cost(width: int, r: int, ocb: int) -> int:
+    """FMA slots per input channel and tap of a row of ``width`` pixels in tiles of ``r``:
+    each tile's multiply-adds, its loads (two a cycle too) or the latency, whichever bounds."""
+    def tile(p: int) -> int:
+        return max(ocb * p, ocb + p, FMA_LATENCY_SLOTS)
+    return width // r * tile(r) + (tile(width % r) if width % r else 0)
 
 
 def _flat(g: Conv2d) -> bool:
