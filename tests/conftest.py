@@ -1,6 +1,7 @@
 import importlib.metadata
 import os
 import pathlib
+import tempfile
 import tomllib
 
 import pytest
@@ -58,35 +59,45 @@ def pytest_configure(config):
         raise pytest.UsageError(f"the tests need {', '.join(missing)}: install them with pip install -e '.[test]'")
     # Code that runs before any fixture (module-level compiles, module-scoped fixtures)
     # must not sign with, nor create, the user's real key either.
-    import tempfile
-
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="nncc-test-config-")
     os.environ.pop("NNCC_TRUST_KEY_FILE", None)
 
 
-def isolate(monkeypatch, tmp_path_factory) -> None:
+@pytest.fixture(scope="session")
+def isolation_root(tmp_path_factory) -> pathlib.Path:
+    """The folder that holds every test's isolated cache and config. pytest finds the next
+    number of a numbered folder by listing its parent: three of them per test beside each
+    other made each new one a scan of all the others (seconds per thousand tests, growing
+    with the square of the count); a random name in a folder of their own costs one mkdir."""
+    return tmp_path_factory.mktemp("isolated")
+
+
+def isolate(monkeypatch, root: pathlib.Path) -> None:
     """No test may touch the user's real nncc cache, nor sign with (or create) their key, nor
     read or write the user's config file."""
-    monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path_factory.mktemp("nncc-cache")))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("nncc-config")))
+    folder = pathlib.Path(tempfile.mkdtemp(dir=root))
+    for name in ("nncc-cache", "nncc-config", "nncc-config-file"):
+        (folder / name).mkdir(mode=0o700)
+    monkeypatch.setenv("NNCC_CACHE_DIR", str(folder / "nncc-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder / "nncc-config"))
     monkeypatch.delenv("NNCC_TRUST_KEY_FILE", raising=False)
-    monkeypatch.setenv("NNCC_CONFIG_FILE", str(tmp_path_factory.mktemp("nncc-config-file") / "config.toml"))
+    monkeypatch.setenv("NNCC_CONFIG_FILE", str(folder / "nncc-config-file" / "config.toml"))
     # No background build of a native stage behind a test's back (a detached worker would
     # outlive the test); tests of the stages turn it on themselves.
     monkeypatch.setenv("NNCC_UPGRADE_AFTER", "off")
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    isolate(monkeypatch, tmp_path_factory)
+def _isolated_cache(isolation_root, monkeypatch):
+    isolate(monkeypatch, isolation_root)
 
 
 @pytest.fixture(scope="module")
-def module_isolated(tmp_path_factory):
+def module_isolated(isolation_root):
     """The same isolation for a module-scoped fixture that compiles once for a whole file
     (it is set up before any test's own isolation): a cache and config of the module's own."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        isolate(monkeypatch, tmp_path_factory)
+        isolate(monkeypatch, isolation_root)
         yield
 
 

@@ -51,18 +51,23 @@ def mixed(path):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """name -> (model, folder): the transformer (its sequence fixed at 8, its batch left
-    open) and the mixed model, each plain and sanitized."""
+    """(name, kind) -> (model, folder): the transformer (its sequence fixed at 8, its batch
+    left open) and the mixed model, plain or sanitized, each exported the first time a test
+    asks for it (so the quick tier, which runs no sanitized test, builds no sanitized one)."""
     root = tmp_path_factory.mktemp("export-batch")
     models = {"xf": onnx.load(_transformer_file(root)), "mixed": mixed(root / "mixed.onnx")}
     dims = {"xf": ["--dim", "seq=8"], "mixed": []}
-    out = {}
-    for name, model in models.items():
-        for kind, env in (("plain", None), ("sanitized", SANITIZED)):
+
+    class Exports(dict):
+        def __missing__(self, key):
+            name, kind = key
             folder = root / f"{name}-{kind}"
-            export(root / f"{name}.onnx", folder, *dims[name], cache=root / f"cache-{kind}", env=env)
-            out[name, kind] = (model, folder)
-    return out
+            export(root / f"{name}.onnx", folder, *dims[name], cache=root / f"cache-{kind}",
+                   env=SANITIZED if kind == "sanitized" else None)
+            self[key] = (models[name], folder)
+            return self[key]
+
+    return Exports()
 
 
 def _transformer_file(root):
@@ -100,7 +105,8 @@ def test_header_and_introspection_name_the_batch(exported):
         assert library.batch == "n"
 
 
-@pytest.mark.parametrize("kind", ["plain", "sanitized"])
+# sanitized: slow (test_export_hostile keeps a sanitized export in the quick tier)
+@pytest.mark.parametrize("kind", ["plain", pytest.param("sanitized", marks=pytest.mark.slow)])
 def test_c_program_runs_any_batch_size(exported, kind, tmp_path):
     """The driver (sanitized with the sanitized library) at 1, 3 and 5 samples (and run, one
     sample), and the sizes run_batch refuses before touching a buffer."""
@@ -124,7 +130,8 @@ def test_c_program_runs_any_batch_size(exported, kind, tmp_path):
     assert all("too large" in message for _, message in refused[3:]), refused
 
 
-@pytest.mark.parametrize("kind", ["plain", "sanitized"])
+# sanitized: slow (test_export_hostile keeps a sanitized export in the quick tier)
+@pytest.mark.parametrize("kind", ["plain", pytest.param("sanitized", marks=pytest.mark.slow)])
 def test_unbatched_input_goes_whole_to_each_sample_and_unbatched_output_is_written(exported, kind, tmp_path):
     sanitize = kind == "sanitized"
     model, folder = exported["mixed", kind]

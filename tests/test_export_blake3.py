@@ -148,7 +148,9 @@ def driver(request, tmp_path_factory):
     return _build(tmp_path_factory.mktemp("blake3"), "driver", PATHS[request.param])
 
 
-@pytest.fixture(scope="module", params=list(PATHS))
+# the portable path under sanitizers: slow (it is checked quickly unsanitized at every tree
+# shape, and the default path stays quick under sanitizers)
+@pytest.fixture(scope="module", params=["default", pytest.param("portable", marks=pytest.mark.slow)])
 def sanitized_driver(request, tmp_path_factory):
     if not have_sanitizer_runtime():
         pytest.skip(reason="the C compiler has no ASan/UBSan runtime to link")

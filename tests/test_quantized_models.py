@@ -179,7 +179,10 @@ def test_default_qoperator_uses_microsoft_ops(quantized):
     assert ("com.microsoft", "QLinearAdd") in _ops(quantized["mlp", "qoperator"])
 
 
-@pytest.mark.parametrize("model, variant", [("convnet", "qoperator"), ("mlp", "qdq"), ("convnet", "dynamic")])
+# one variant's CLI run stays quick: test_quantized_model_matches_onnxruntime runs every
+# variant in-process, and the others' processes are slow
+@pytest.mark.parametrize("model, variant", [("convnet", "qoperator"), pytest.param("mlp", "qdq", marks=pytest.mark.slow),
+                                            pytest.param("convnet", "dynamic", marks=pytest.mark.slow)])
 def test_nncc_run_cli_on_quantized_model(quantized, tmp_path, model, variant):
     path = quantized[model, variant]
     x = np.random.default_rng(5).standard_normal(SHAPES[model]).astype(np.float32)
