@@ -26,8 +26,12 @@ from nncc.cache.store import Cache
 from tests.conftest import ROOT
 from tests.test_cache import MLP, RESNET
 
+# A process started in the background of a non-interactive shell inherits SIGINT ignored,
+# and Python keeps it so: the driver takes Ctrl-C's handler back, as a process a terminal
+# starts in the foreground has it, whatever started the test run.
 DRIVER = textwrap.dedent("""
     import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signame, when, *argv = sys.argv[1:]
     real_replace = os.replace
     def replace(src, dst, *a, **k):
