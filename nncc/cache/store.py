@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,13 @@ TOKEN_RE = re.compile(r"^[0-9a-f]{64}$")
 ENTRY_FILE_RE = ENTRY_NAME  # <token>.plan, <token>.data
 TEMP_FILE_RE = TEMP_NAME  # .<token>.<kind>.<pid>-<8 hex>.tmp, as write_file_atomic names them
 ENV_DIR = "NNCC_CACHE_DIR"
+# Held while a thread of this process opens a connection to an index or rebuilds one. The
+# rebuild unlinks the index and its -wal and -shm files one by one, and SQLite shares one
+# record of a file's locks and shared memory among a process's connections: a connection
+# another thread opened in between (the load-ahead thread's, say) would make a stray -shm
+# that the rebuild then unlinks, and the rebuilt index fails with "disk I/O error".
+# Processes do not share that record, and the file lock serializes their rebuilds.
+_INDEX_OPENING = threading.RLock()
 
 
 @dataclass
@@ -136,7 +144,8 @@ class Cache:
         if not reclaim:  # serve and show what is there, store nothing
             return cache._open_read_only()
         try:
-            cache.index = cache._new_index().open(exclusive=True)
+            with _INDEX_OPENING:
+                cache.index = cache._new_index().open(exclusive=True)
         except (IndexCorrupt, IndexUnavailable) as exc:
             raise CacheUnavailable(f"{path} is on a full disk and its index cannot be read ({exc})") from None
         cache.reclaiming = True
@@ -194,7 +203,8 @@ class Cache:
 
     def _open_read_only(self) -> "Cache":
         try:
-            self.index = self._new_index().open_read_only()
+            with _INDEX_OPENING:
+                self.index = self._new_index().open_read_only()
         except (IndexUnavailable, IndexCorrupt) as exc:
             why = "on a full disk" if self.disk_full else "read-only"
             raise CacheUnavailable(f"{self.directory} is {why} and its index cannot serve ({exc})") from None
@@ -206,7 +216,8 @@ class Cache:
 
     def _open_index(self) -> Index:
         try:
-            return self._new_index().open()
+            with _INDEX_OPENING:
+                return self._new_index().open()
         except IndexCorrupt as exc:
             return self.rebuild_index(str(exc))
         except IndexUnavailable as exc:
@@ -219,7 +230,7 @@ class Cache:
             self.index.close()
             self.index = None
         try:
-            with FileLock(os.path.join(self.locks_dir, "index.lock")):
+            with _INDEX_OPENING, FileLock(os.path.join(self.locks_dir, "index.lock")):
                 try:
                     index = self._new_index().open()
                     if index.healthy():  # someone else rebuilt it meanwhile
