@@ -243,6 +243,20 @@ def one_native_partition(tmp_path, builder: GraphBuilder):
     return compiled, compiled.run(builder.feeds)[name], want
 
 
+def assert_one_native_partition_matches(tmp_path, builder: GraphBuilder, rtol: float = 1e-5) -> None:
+    """``builder``'s model compiles to one native partition with no fallback, and every
+    output agrees with onnxruntime's within ``rtol``, the absolute tolerance scaled by the
+    output's largest magnitude (a deep chain's sums grow with it)."""
+    from tests.oracle import ort_run  # lazy: the builders serve tests that never compile
+
+    compiled, _, _ = one_native_partition(tmp_path, builder)
+    names = [o.name for o in builder.outputs]
+    got = compiled.run(builder.feeds)
+    for name, want in zip(names, ort_run(tmp_path / "m.onnx", builder.feeds, names)):
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got[name], want, rtol=rtol, atol=rtol * scale, err_msg=name)
+
+
 def dynamic_quantize_matmul(rng, shape, n, b_zero, bias, per_column) -> onnx.ModelProto:
     """One com.microsoft DynamicQuantizeMatMul of a float32 input ``shape`` by a constant int8
     (K, n) matrix: scale per column or one, with a zero point and a bias or not."""

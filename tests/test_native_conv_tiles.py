@@ -11,13 +11,10 @@ networks' layers."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-import nncc
 from nncc.native.toolchain import find_toolchain
-from tests.models import GraphBuilder
-from tests.oracle import ort_run
+from tests.models import GraphBuilder, assert_one_native_partition_matches
 
 pytestmark = pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 
@@ -61,13 +58,4 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blocked_convolutions_match_onnxruntime(tmp_path, case):
-    m = CASES[case]()
-    path = tmp_path / "m.onnx"
-    m.save(path)
-    compiled = nncc.compile_model(path)
-    assert compiled.native_partitions == 1 and compiled.plan.fallbacks == []
-    names = [o.name for o in m.outputs]
-    got = compiled.run(m.feeds)
-    for name, want in zip(names, ort_run(path, m.feeds, names)):
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+    assert_one_native_partition_matches(tmp_path, CASES[case]())

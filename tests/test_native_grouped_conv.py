@@ -5,18 +5,15 @@ against onnxruntime, and for the path taken by the generated code itself."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-import nncc
 from nncc.backends.base import Partition
 from nncc.frontend.onnx import parse_model
 from nncc.native.codegen import generate
 from nncc.native.toolchain import find_toolchain
 from nncc.passes.pipeline import run_passes
 from nncc.passes.shape_inference import infer_shapes
-from tests.models import GraphBuilder
-from tests.oracle import ort_run
+from tests.models import GraphBuilder, assert_one_native_partition_matches
 
 # (input [N, C, H, W], group, output channels, kernel, strides, pads, dilations, epilogue)
 CASES = {
@@ -67,13 +64,4 @@ def test_whole_block_groups_are_written_blocked_at_either_width(case):
 @pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_grouped_convolutions_match_onnxruntime(tmp_path, case):
-    m = _model(*CASES[case])
-    path = tmp_path / "m.onnx"
-    m.save(path)
-    compiled = nncc.compile_model(path)
-    assert compiled.native_partitions == 1 and compiled.plan.fallbacks == []
-    names = [o.name for o in m.outputs]
-    got = compiled.run(m.feeds)
-    for name, want in zip(names, ort_run(path, m.feeds, names)):
-        scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+    assert_one_native_partition_matches(tmp_path, _model(*CASES[case]))
