@@ -32,6 +32,7 @@ def mlp_path(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler: the native backend builds nothing to target")
 def test_the_target_keyword_builds_for_that_isa_and_matches_onnxruntime(mlp_path):
     model = nncc.compile_model(mlp_path, target="x86-64-v2")

@@ -117,6 +117,7 @@ def mlp_report() -> tuple[dict, str]:
     return bench_json(FIXTURES / "mlp.onnx", "--iterations", 5, "--warmup", 1)
 
 
+@pytest.mark.slow
 def test_json_has_every_documented_key_with_its_type(mlp_report):
     payload, _ = mlp_report
     check_schema(payload, with_compare=False)
@@ -128,6 +129,7 @@ def test_json_has_every_documented_key_with_its_type(mlp_report):
     assert payload["inputs"] == [{"name": "x", "shape": [1, 64], "dtype": "float32"}]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain() is None, reason="no C compiler here: nncc times portable code by design")
 def test_the_timed_model_runs_the_native_code_a_compile_builds(mlp_report):
     # the cache hits must serve the optimized stage, not the quick portable one a miss
@@ -167,6 +169,7 @@ def test_json_output_is_strict_json(mlp_report):
     assert json.loads(text) == payload
 
 
+@pytest.mark.slow
 def test_compare_onnxruntime_adds_ratios_and_a_small_difference():
     payload, _ = bench_json(FIXTURES / "mlp.onnx", "--iterations", 5, "--warmup", 1, "--compare", "onnxruntime")
     check_schema(payload, with_compare=True)
@@ -200,6 +203,7 @@ def test_compare_runs_onnxruntime_at_its_defaults():
             ours.get_session_config_entry(key)
 
 
+@pytest.mark.slow
 def test_a_quantized_model_compares_int8_with_int8(tmp_path):
     """A model its file quantizes computes its products in int8 in nncc and onnxruntime
     alike: both columns say int8 and the ratios are given; a float model's say f32."""
@@ -255,6 +259,7 @@ def test_duration_runs_at_least_once_and_records_it():
     assert payload["latency_seconds"]["min"] > 0
 
 
+@pytest.mark.slow
 def test_table_output(tmp_path):
     # the MLP: the table's rows are the same for any model, and it compiles in a fraction of
     # the transformer's time

@@ -186,6 +186,7 @@ def test_verify_reports_an_index_it_had_to_rebuild(cli, cache_dir):
 # -- the remote tier is asked outside every local lock ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_local_miss_asks_the_remote_without_holding_the_token_lock(tmp_path):
     """While a run is inside its remote read-through (connected to the remote, waiting for
     an answer), the token's local lock is free: another process on this machine is not held

@@ -104,6 +104,7 @@ class Setup:
         return subprocess.run([sys.executable, "-m", "nncc", *args], env=self.env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_the_miss_starts_the_worker_and_the_second_process_runs_native_code(tmp_path):
     """The default: process 1 misses, runs the quick stage and leaves a detached worker
     building the native stage; once the worker has committed it (read from the index, and
@@ -121,6 +122,7 @@ def test_the_miss_starts_the_worker_and_the_second_process_runs_native_code(tmp_
     assert info["counters"]["upgrades"] == 1 and info["counters"]["misses"] == 1
 
 
+@pytest.mark.slow
 def test_miss_is_quick_and_a_worker_upgrades_after_n_hits(tmp_path):
     s = Setup(tmp_path, upgrade_after="2")
     first, native = s.run()
@@ -258,6 +260,7 @@ def test_low_power_never_spawns_a_worker(tmp_path):
     assert s.calls() == 0
 
 
+@pytest.mark.slow
 def test_no_compiler_no_worker(tmp_path):
     s = Setup(tmp_path)
     s.env["CC"] = str(tmp_path / "no-such-cc")
@@ -336,6 +339,7 @@ def test_worker_aborts_when_the_model_no_longer_hashes_to_the_token(tmp_path):
     assert s.stage() == "optimized" and s.builds() == 1
 
 
+@pytest.mark.slow
 def test_gc_leaves_the_upgrade_lock_of_a_running_builder(tmp_path):
     from nncc.cache.locking import FileLock
 

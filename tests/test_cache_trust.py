@@ -122,6 +122,7 @@ def test_nothing_is_written_into_another_users_empty_folder(tmp_path):
     assert list(folder.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_empty_folder_of_ones_own_is_made_private(tmp_path):
     folder = tmp_path / "mine"
     folder.mkdir()

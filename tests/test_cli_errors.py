@@ -247,6 +247,7 @@ def test_input_spec_without_name_or_file(work, spec):
     assert_usage_error(nncc("run", "relu.onnx", "--input", spec, cwd=work), "--input", spec)
 
 
+@pytest.mark.slow
 def test_unknown_input_name(work):
     assert_error(nncc("run", "relu.onnx", "-i", "z=x.npy", cwd=work), "'z'", "x")
     np.savez(work / "extra.npz", x=np.zeros((2, 3), np.float32), bogus=np.zeros(1))

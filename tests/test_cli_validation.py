@@ -89,6 +89,7 @@ def test_bad_arguments_fail_before_any_compile(work, args, fragments):
     assert cache_files() == [], "the model was compiled before the bad argument was noticed"
 
 
+@pytest.mark.slow
 def test_the_cache_check_would_see_a_compile(work):
     """The control for the test above: a good command does fill the cache."""
     assert nncc("run", "relu.onnx", "-i", "x=x.npy", cwd=work).returncode == 0
@@ -98,6 +99,7 @@ def test_the_cache_check_would_see_a_compile(work):
 # -- --dim on run, compile and inspect -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_dim_fixes_the_size_and_matches_onnxruntime(work):
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     np.save(work / "x5.npy", x)
@@ -258,6 +260,7 @@ def test_inspect_groups_fallback_reasons_and_does_not_claim_a_peak(work):
 # -- messages that said the wrong thing --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_text_file_given_as_npy(work):
     (work / "notes.npy").write_text("1 2 3\n4 5 6\n")
     line = assert_error(nncc("run", "relu.onnx", "-i", "x=notes.npy", cwd=work), "notes.npy", "text")
@@ -279,6 +282,7 @@ def test_missing_external_data_points_at_the_model_folder(work):
     assert "relative paths start at" not in line
 
 
+@pytest.mark.slow
 def test_bind_of_mismatched_shapes_names_both_and_what_fits(work):
     graph = helper.make_graph(
         [helper.make_node("Concat", ["h_in", "x"], ["h_out"], axis=2),

@@ -142,6 +142,7 @@ def test_preferences_change_what_is_compiled():
     assert len({m.to_bytes() for m in by_preference.values()}) == len(PREFERENCES)
 
 
+@pytest.mark.slow
 def test_optimization_shrinks_the_program():
     o0 = nncc.compile_model(FIXTURES / "resnet_block.onnx", opt_level=0)
     o2 = nncc.compile_model(FIXTURES / "resnet_block.onnx", opt_level=2)

@@ -33,6 +33,7 @@ def conv_model(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @needs_cc
 def test_every_combination_is_the_entry_prepare_would_build(cli, conv_model, tmp_path):
     code, out, err = cli("compile", conv_model, "--dim", "H=8,12", "--dim", "W=10", "--json")
@@ -83,6 +84,7 @@ def test_one_size_still_needs_an_output(cli, conv_model):
     assert code == 2 and "'-o' / '--output'" in err, err
 
 
+@pytest.mark.slow
 @needs_cc
 def test_prepare_with_lists_builds_the_same_entries(conv_model):
     """nncc.prepare(dims={"H": [...], "W": ...}) stores the entries `nncc compile` would (a

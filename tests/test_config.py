@@ -420,6 +420,7 @@ def test_a_bad_thread_count_is_refused_like_any_setting(cli, probe_model, monkey
 # -- cheap to read -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_config_file_costs_a_cache_hit_only_tomllib(tmp_path):
     """A hit imports the same modules with or without a config file, but tomllib and the
     standard-library modules it uses (and never click or rich: the settings live in the core)."""

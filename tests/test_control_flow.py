@@ -166,6 +166,7 @@ def test_scan_reversed_along_axis_1(tmp_path):
     check_routes(path, tmp_path, [{"init": np.zeros(3, np.float32), "xs": xs}])
 
 
+@pytest.mark.slow
 def test_loop_whose_body_has_a_conv(tmp_path):
     rng = np.random.default_rng(2)
     weight = numpy_helper.from_array((rng.standard_normal((2, 2, 3, 3)) / 4).astype(np.float32), "w")
@@ -186,6 +187,7 @@ def test_loop_whose_body_has_a_conv(tmp_path):
                                   {"x": x, "n": np.array(0, np.int64)}])
 
 
+@pytest.mark.slow
 def test_loop_with_a_condition_builds_a_sequence_of_dynamic_length(tmp_path):
     body = helper.make_graph(
         [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
@@ -238,6 +240,7 @@ def test_split_map_concat_and_optionals(tmp_path):
     check_routes(path, tmp_path, [feeds])
 
 
+@pytest.mark.slow
 def test_sequence_output_in_the_cli_summary_and_refused_as_a_file(tmp_path):
     path = save(tmp_path, "split", [helper.make_node("SplitToSequence", ["x"], ["parts"], axis=0)],
                 [vi("x", F, [3, 2])], [helper.make_tensor_sequence_value_info("parts", F, None)])

@@ -43,6 +43,7 @@ def _check(model, path, shape, seed=0):
     np.testing.assert_allclose(got, ort_run(path, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_question_marks_bind_independently(paddle_style):
     model = nncc.compile_model(paddle_style)
     for shape in [(1, 3, 48, 192), (2, 3, 30, 20), (1, 3, 48, 192)]:  # the repeat runs a shape plan

@@ -105,6 +105,7 @@ def test_nncc_run_leaves_a_worker_that_builds_the_shape_plan_for_the_next_run(tm
     np.testing.assert_allclose(np.load(tmp_path / "second.npz")["hidden"], want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_an_entry_prepared_for_fixed_sizes_serves_the_first_run_even_with_upgrades_off(tmp_path):
     # what `nncc compile --dim S=13` stores; conftest turns background builds off, so only
     # the lookup can make the run native

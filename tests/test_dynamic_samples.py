@@ -136,6 +136,7 @@ def test_a_sample_axis_runs_every_batch_size_through_the_native_plan_for_one(tmp
             _check(model, path, _feeds(builder, {"x0": {0: n}}, seed=10 * seed + n))
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_transformer_block_separates_its_batch_but_not_its_sequence(tmp_path):
     path = tmp_path / "block.onnx"
@@ -253,6 +254,7 @@ def test_prepare_runs_the_cached_plan_for_one_sample_at_every_size_from_the_firs
         assert model.last_run_native_partitions == one.native_partitions
 
 
+@pytest.mark.slow
 @needs_cc
 def test_prepare_builds_the_plan_for_one_sample_in_the_background(tmp_path, monkeypatch):
     import threading

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from nncc.model import compile_model
@@ -95,6 +96,7 @@ def _random_model(seed: int, folder):
     return path, b
 
 
+@pytest.mark.slow
 def test_what_the_analysis_accepts_runs_sample_by_sample_as_onnxruntime_runs_the_batch(tmp_path):
     verdicts = {"accepted": 0, "rejected": 0}
     for seed in range(150):

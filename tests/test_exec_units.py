@@ -219,6 +219,7 @@ def test_a_result_of_another_shape_than_its_planned_buffer_is_an_error(tmp_path)
         model.run({"x": np.arange(6, dtype=np.float32).reshape(2, 3)})
 
 
+@pytest.mark.slow
 def test_a_kernel_bug_is_an_internal_error_at_the_cli(tmp_path):
     """One line that says it is nncc's fault (exit 1), and the full traceback on request."""
     path = buggy_model(tmp_path, "Broken")

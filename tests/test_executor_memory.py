@@ -35,6 +35,7 @@ def test_intermediates_are_planned_into_one_arena():
     assert model.plan.arena_bytes > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["resnet_block", "mobilenet", "transformer", "mlp"])
 def test_steady_state_reuses_buffers_and_stays_correct(fixture):
     path = FIXTURES / f"{fixture}.onnx"

@@ -19,7 +19,8 @@ from tests.export_build import block, compiler, convnet, driver, export, have, r
 from tests.models import GraphBuilder
 from tests.oracle import ort_outputs
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 
 MODELS = {"convnet": convnet, "block": block}

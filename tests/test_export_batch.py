@@ -25,7 +25,8 @@ from tests.export_build import compiler, driver, export, refused_batches, run_dr
 from tests.models import GraphBuilder, benchmark_model
 from tests.oracle import ort_outputs
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 SANITIZED = {"NNCC_NATIVE_SANITIZE": "1"}
 ARGUMENT = 1  # NAME_ERR_ARGUMENT (nncc/export/c_api.py's ERRORS)

@@ -29,7 +29,8 @@ from tests.test_native_sanitize import have_sanitizer_runtime
 
 EXPORT = ROOT / "nncc" / "export"
 TOOLCHAIN = find_toolchain(sanitize=False)
-pytestmark = pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler to build the C BLAKE3 with")
+pytestmark = [pytest.mark.skipif(TOOLCHAIN is None, reason="no C compiler to build the C BLAKE3 with"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 STRICT = ("-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wcast-qual", "-Wconversion", "-Wstrict-prototypes",
           "-Werror")

@@ -16,7 +16,8 @@ from tests.export_build import SANITIZE, compiler, driver_env, export, mlp
 from tests.conftest import ROOT
 from tests.oracle import ort_outputs
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 PROGRAM = ROOT / "tests" / "export_two_models.c"
 SPLIT = 1 << 20  # api.c's NNX_HASH_SPLIT: from this size on an open hashes on several threads

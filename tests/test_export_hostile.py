@@ -20,7 +20,8 @@ from nncc.native.toolchain import host_features
 from tests.export_build import block, compiler, convnet, driver, export, mlp, open_files, run_driver
 from tests.oracle import ort_outputs
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 SANITIZED = {"NNCC_NATIVE_SANITIZE": "1"}
 # the header's codes (nncc/export/c_api.py's ERRORS)

@@ -13,7 +13,8 @@ from tests.export_build import compiler, export
 from tests.conftest import ROOT
 from tests.models import GraphBuilder
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 PROGRAM = ROOT / "tests" / "export_first_run_faults.c"
 PAGE = 4096

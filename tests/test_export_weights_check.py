@@ -20,7 +20,8 @@ from nncc.export.ctypes_library import LibraryError
 from tests.export_build import compiler, export, mlp
 from tests.oracle import ort_outputs
 
-pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked")
+pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: nothing can be exported or linked"),
+              pytest.mark.slow]  # every test builds, links or runs a C library
 
 HEADER, SPAN = 128, 64 * 1024  # edits at 64 KiB steps: each in another part of BLAKE3's tree
 DAMAGED = 4

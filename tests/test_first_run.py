@@ -163,6 +163,7 @@ threading.Thread(target=build).start()
 """
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_native_build_in_a_thread_still_builds_while_the_interpreter_exits(tmp_path):
     path = tmp_path / "mlp.onnx"

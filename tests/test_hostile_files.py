@@ -97,6 +97,7 @@ def test_a_model_from_a_pipe_is_read_once_and_correctly(work):
     assert_mlp_outputs(work / "out.npz", work)
 
 
+@pytest.mark.slow
 def test_an_artifact_from_a_fifo_is_read_once_and_correctly(work):
     assert nncc("compile", MLP, "-o", "mlp.nncc", cwd=work).returncode == 0
     os.mkfifo(work / "fifo")

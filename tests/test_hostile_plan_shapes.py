@@ -152,6 +152,7 @@ FUSED = {"nncc::FusedConv::1", "nncc::FusedGemm::1", "nncc::FusedMatMul::1", "nn
          "nncc::QuantizeDequantize::1", "com.microsoft::DynamicQuantizeMatMul::1"}
 
 
+@pytest.mark.slow
 def test_every_operand_of_every_fused_op_is_checked(tmp_path):
     """Each constant operand and each graph input of every op nncc's passes create,
     declared 1-D of 3 GiB in turn: the check refuses every one (a shape the operator's own

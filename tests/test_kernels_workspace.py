@@ -2,6 +2,7 @@
 faults them in as huge pages), aligned, never overlapping, zeroed on request."""
 
 import numpy as np
+import pytest
 
 import nncc
 from nncc.kernels.workspace import SLAB, carve, kept
@@ -44,6 +45,7 @@ def test_kept_returns_the_same_buffer_for_the_same_key():
     assert kept(ws, "tmp", 16, np.float32).shape == (16,)
 
 
+@pytest.mark.slow
 def test_a_model_workspace_lives_in_a_few_slabs():
     model = nncc.compile_model(light_models_dir() / "light_resnet50.onnx", backends=["numpy"])  # numpy kernels
     feeds = {n: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], i.dtype)

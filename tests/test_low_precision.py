@@ -86,6 +86,7 @@ def _in_fresh_python(code: str) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_float32_models_never_import_ml_dtypes():
     code = (
         "import sys, numpy as np, nncc, nncc.cli.main\n"
@@ -388,6 +389,7 @@ def test_artifact_refuses_dtypes_outside_the_list(tmp_path, name):
 # ---------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_nncc_run_with_bfloat16_npy_input_and_random_inputs(tmp_path):
     model = model_of([helper.make_node("Transpose", ["x"], ["t"]),
                       helper.make_node("Cast", ["t"], ["y"], to=TensorProto.FLOAT)],

@@ -295,6 +295,7 @@ def test_a_fused_attention_node_in_a_model_that_makes_no_attention_is_a_clear_er
         nncc.compile_model(tmp_path / "hostile.onnx").run(feeds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "numpy"])
 def test_a_decoders_next_token_step_over_cached_keys_fuses_and_matches(tmp_path, backend):
     """A KV-cache decoder step as exporters write it: the new token's key and value are

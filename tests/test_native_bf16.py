@@ -175,6 +175,7 @@ def test_precision_is_in_the_token_only_when_not_float32():
     assert token_context(f32) == token_context(default) != token_context(bf16)
 
 
+@pytest.mark.slow
 def test_an_unknown_precision_is_one_line_and_exit_2(tmp_path):
     with pytest.raises(OptionError, match="unknown precision 'fp8'; choose from f32, bf16"):
         CompileOptions(precision="fp8")

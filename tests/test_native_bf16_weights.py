@@ -53,6 +53,7 @@ ACTS = {"": lambda x: x, "Relu": lambda x: np.maximum(x, 0), "Tanh": np.tanh, "S
 
 # x86-64-v2 slow: the bound is checked quickly at the wider targets, and v2's four-float
 # widening stays quick in the Gemm forms' test below
+@pytest.mark.slow
 @pytest.mark.parametrize("target", targets(slow=("x86-64-v2",)))
 def test_bf16_weights_are_within_the_bound_and_round_like_ml_dtypes(tmp_path, target):
     b, path, cases, want = products_model(tmp_path, 11)
@@ -81,6 +82,7 @@ def _packed_bytes(compiled) -> int:
     return sum(int(np.prod(s.shape)) * 4 for s in compiled.plan.slots if "#gemm" in s.name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", targets())
 def test_bf16_weights_gemm_reads_transposed_operands_folds_alpha_and_c_in_half_the_bytes(tmp_path, target):
     b = Model(12)

@@ -56,6 +56,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blocked_convolutions_match_onnxruntime(tmp_path, case):
     assert_one_native_partition_matches(tmp_path, CASES[case]())

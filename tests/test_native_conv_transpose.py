@@ -59,6 +59,7 @@ def test_nan_and_infinities_propagate(tmp_path):
     assert np.isnan(got).any() and np.isinf(got).any()
 
 
+@pytest.mark.slow
 def test_a_unet_decoder_step_stays_one_partition(tmp_path):
     """Conv, ConvTranspose up, Concat with the skip, Conv: one native partition."""
     m = GraphBuilder(18, 5, "unet")

@@ -50,6 +50,7 @@ def assert_every_portable_node_has_a_reason(plan) -> dict[str, str]:
     return reasons
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture, dims", [
     ("shape_ops", {"N": 2}), ("transformer", {"S": 8}), ("mlp", {"N": 3}), ("mlp", {}),
     ("mobilenet", {}), ("resnet_block", {}), ("gru_cell", {}),
@@ -75,6 +76,7 @@ def mixed_model() -> GraphBuilder:
     return m
 
 
+@pytest.mark.slow
 def test_unsupported_ops_and_a_lone_reshape_are_each_explained(tmp_path):
     m = mixed_model()
     path = tmp_path / "mixed.onnx"

@@ -144,6 +144,7 @@ def _gelu(b: _Builder, x: str, form: str, i: int) -> str:
     return b.op("Mul", [b.op("Mul", [x, b.scalar(f"h{i}", 0.5)], f"xh{i}"), t], f"g{i}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 24, 40), pytest.param((20, 48, 70), marks=pytest.mark.slow)])  # larger: slow
 def test_gelu_forms_fuse_and_run_natively(tmp_path, shape):
     m, k, n = shape
@@ -159,6 +160,7 @@ def test_gelu_forms_fuse_and_run_natively(tmp_path, shape):
     assert kernels == {"FusedMatMul"}, f"GELU did not fuse: {kernels}"
 
 
+@pytest.mark.slow
 def test_gelu_shared_input_is_not_fused(tmp_path):
     """A GELU whose input is read elsewhere too stays as it is written (and right)."""
     b = _Builder(3)
@@ -171,6 +173,7 @@ def test_gelu_shared_input_is_not_fused(tmp_path):
     assert any("Erf" in model.plan.kernels[i.kernel] for i in model.plan.instructions)
 
 
+@pytest.mark.slow
 def test_residual_add_in_the_store(tmp_path):
     """The Add of a residual connection is done by the product's store: after the bias and
     the activation, with the shortcut an input, an earlier value, or the product's own A."""
@@ -213,6 +216,7 @@ ROW_ACTIVATIONS = [(7, 24, 40, "Silu", False), (13, 30, 17, "Silu", True), (8, 7
                    (6, 16, 37, "Tanh", True), (5, 20, 24, "Mish", False)]
 
 
+@pytest.mark.slow
 def test_lane_by_lane_activations_with_a_residual(tmp_path):
     """SiLU, tanh-GELU, Sigmoid, Tanh and Mish after a product by constant weights are
     applied to each stored row, and a residual Add after them in the same pass: the result
@@ -269,6 +273,7 @@ BATCHED = [((2, 3, 5), (5, 4)), ((2, 3, 4, 5), (3, 5, 6)), ((2, 1, 4, 5), (3, 5,
            ((1, 3, 4, 5), (2, 1, 5, 2)), ((3, 1, 17), (3, 17, 33))]
 
 
+@pytest.mark.slow
 def test_batched_matmul_by_constant_b(tmp_path):
     b = _Builder(7)
     for i, (sa, sb) in enumerate(BATCHED):

@@ -61,6 +61,7 @@ def test_whole_block_groups_are_written_blocked_at_either_width(case):
     assert _blas_steps(m, 16) == (per_group % 16 != 0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_grouped_convolutions_match_onnxruntime(tmp_path, case):

@@ -118,6 +118,7 @@ def assert_one_native_partition(compiled) -> None:
     assert compiled.plan.fallbacks == []
 
 
+@pytest.mark.slow
 def test_the_corpus_pattern_is_one_native_partition(tmp_path):
     m = corpus_pattern()
     path = save(tmp_path, m)
@@ -126,6 +127,7 @@ def test_the_corpus_pattern_is_one_native_partition(tmp_path):
     assert_matches_both_ways(path, compiled, m, "flag1")
 
 
+@pytest.mark.slow
 def test_branches_reading_different_outer_values(tmp_path):
     """Each branch reads an outer value the other does not (and one both read): all three
     are inputs of the partition, and the branch not taken never touches its own."""
@@ -163,6 +165,7 @@ def chains() -> Model:
     return m
 
 
+@pytest.mark.slow
 def test_branches_that_are_chains_of_several_ops(tmp_path):
     m = chains()
     path = save(tmp_path, m)
@@ -187,6 +190,7 @@ def test_a_branch_that_returns_an_outer_value(tmp_path):
     assert_matches_both_ways(path, compiled, m, flag)
 
 
+@pytest.mark.slow
 def test_a_condition_computed_in_the_graph(tmp_path):
     """The condition is a Greater of a scalar input: its mask stays in the workspace, and
     the If tests it there."""
@@ -204,6 +208,7 @@ def test_a_condition_computed_in_the_graph(tmp_path):
         np.testing.assert_allclose(compiled.run(feeds)[m.outputs[0].name], want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [2, 5])
 def test_a_dynamic_batch_at_two_sizes(tmp_path, batch):
     """The corpus pattern with a symbolic batch: fixed at each size it is one native
@@ -284,6 +289,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sanitized", [
     False, pytest.param(True, marks=[
         pytest.mark.slow,  # a sanitized build

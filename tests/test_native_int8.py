@@ -48,6 +48,7 @@ def _exact(a, inits):
 
 
 # the baseline x86-64 build is another compile of the same kernels: slow
+@pytest.mark.slow
 @pytest.mark.parametrize("target", [t if t == "native" else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS])
 def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
     rng = np.random.default_rng(4)

@@ -60,6 +60,7 @@ def compare(got, want) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("batch", [1, 7, 32])
 def test_picked_columns_and_their_embeddings_are_one_native_partition(tmp_path, batch, dtype):
@@ -123,6 +124,7 @@ def out_of_range(m: GraphBuilder) -> list[dict]:
     return feeds
 
 
+@pytest.mark.slow
 def test_an_id_outside_its_table_fails_the_run_with_a_clear_error(tmp_path):
     m = tabular(4)
     path = tmp_path / "m.onnx"
@@ -140,6 +142,7 @@ def test_an_id_outside_its_table_fails_the_run_with_a_clear_error(tmp_path):
     compare(compiled.run(m.feeds)[name], want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", [["--stage", "optimized"], ["--backend", "numpy"]], ids=["native", "portable"])
 def test_the_cli_refuses_an_id_outside_its_table_in_one_line_with_exit_2(tmp_path, route):
     m = tabular(4)

@@ -32,6 +32,7 @@ def _descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_each_load_runs_its_own_code_and_keeps_no_descriptor(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 4, 10, 10)).astype(np.float32)
     artifacts = []

@@ -83,6 +83,7 @@ def test_a_float32_to_float32_cast_is_removed_at_O1(tmp_path):
     assert "Cast" in op_types(m.optimized(tmp_path, level=0))
 
 
+@pytest.mark.slow
 def test_an_rms_norm_export_is_one_native_partition(tmp_path):
     m = Model()
     m.output(_rms_norm(m))
@@ -154,6 +155,7 @@ def _global_max_model(blocked: bool, shape) -> Model:
     return m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blocked,shape", [(False, [2, 19, 5, 7]), (True, [2, 19, 5, 7]), (False, [3, 10, 33]),
                                            (True, [1, 8, 16, 16])])
 def test_global_max_pool_is_native(tmp_path, blocked, shape):
@@ -161,6 +163,7 @@ def test_global_max_pool_is_native(tmp_path, blocked, shape):
     assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=0, atol=0 if not blocked else 1e-6))
 
 
+@pytest.mark.slow
 def test_global_max_pool_propagates_nan(tmp_path):
     """A NaN anywhere in a channel makes its maximum NaN, in the plain and the blocked step,
     as the ONNX reference evaluator computes it. onnxruntime agrees on a channel of NaN only:
@@ -251,6 +254,7 @@ def test_a_spelled_activation_becomes_one_native_node(tmp_path, spelling, opset)
     assert_one_native_partition(compile_and_compare(tmp_path, m, rtol=2e-5, atol=2e-6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
 def test_a_spelled_activation_after_a_product_goes_into_its_epilogue(tmp_path, spelling):
     build, what = SPELLINGS[spelling]
@@ -275,6 +279,7 @@ CONV_FORMS = {  # the convolution kernels whose epilogues apply an activation la
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["Silu", pytest.param("Mish", marks=pytest.mark.slow)])  # Mish: the same epilogues
 @pytest.mark.parametrize("form", sorted(CONV_FORMS))
 def test_silu_and_mish_in_every_convolution_epilogue(tmp_path, form, what):
@@ -373,6 +378,7 @@ def _whisper_stem(m, mels=80, frames=120, width=96):
     return _gelu_erf(m, y)
 
 
+@pytest.mark.slow
 def test_a_whisper_style_conv1d_stem_is_one_native_partition(tmp_path):
     m = Model(opset=17, seed=12)
     m.output(_whisper_stem(m))
@@ -461,6 +467,7 @@ NOT_FOLDED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NOT_FOLDED))
 def test_a_pad_the_conv_cannot_do_stays(tmp_path, name):
     m = Model(opset=18, seed=3)

@@ -78,6 +78,7 @@ def test_comparisons_broadcast_and_follow_ieee(tmp_path, op, shapes):
     compile_and_compare(tmp_path, m)
 
 
+@pytest.mark.slow
 def test_logic_ops_over_masks(tmp_path):
     m = Model(3)
     a, b = m.special_input([4, 6]), m.special_input([6])

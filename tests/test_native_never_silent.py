@@ -57,6 +57,7 @@ def test_a_missing_cc_warns_once_even_without_v(model, tmp_path):
         f"nncc: warning: native code is off: {NO_CC} (unset CC to use cc, gcc or clang)"]
 
 
+@pytest.mark.slow
 def test_no_compiler_on_path_is_said_at_v_only(model, tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -80,6 +81,7 @@ def test_inspect_says_why(model, tmp_path):
     assert all(p["backend"] == "numpy" for p in report["partitions"])
 
 
+@pytest.mark.slow
 def test_cache_info_says_why(model, tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()

@@ -138,6 +138,7 @@ def _judge(got, native, want) -> None:
     assert not wrong, "\n\n".join(wrong)
 
 
+@pytest.mark.slow
 def test_plain_native_code_agrees_with_onnxruntime_on_nan_and_inf(tmp_path):
     env = {k: v for k, v in sanitized_env().items() if k not in ("LD_PRELOAD", "NNCC_NATIVE_SANITIZE")}
     _judge(*_run(tmp_path, env))

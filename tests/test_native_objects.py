@@ -206,6 +206,7 @@ def test_verify_reports_and_fixes_a_corrupt_object(setup):
     assert len(calls) == 2 and len(_links(calls)) == 1
 
 
+@pytest.mark.slow
 def test_two_processes_filling_one_object_cache_at_once(setup):
     """Both build the runtime and the shared kernel at the same time: each writes its
     objects atomically, and whichever row lands last matches the file that is there."""
@@ -228,6 +229,7 @@ def test_two_processes_filling_one_object_cache_at_once(setup):
         assert blake3(setup.object_path(key).read_bytes()).hexdigest() == rows[key]["hash"]
 
 
+@pytest.mark.slow
 def test_one_process_filling_two_caches_compiles_each_unit_once(setup):
     """A process that prepares a model into one cache, then into another (a build script, a
     test suite), compiles each unit once: the second cache gets the same objects, stored

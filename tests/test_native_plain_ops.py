@@ -85,6 +85,7 @@ def _lrn_by_the_spec(path, feeds, names):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("even", [False, True])
 def test_lrn(tmp_path, even):
     """onnxruntime takes odd sizes only: even ones (a window one wider after the channel
@@ -112,6 +113,7 @@ def _pads(rng, shape, mode):
     return before + after
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [19, pytest.param(11, marks=pytest.mark.slow)])  # older opsets: slow
 def test_pad(tmp_path, opset):
     g = GraphBuilder(seed=2 + opset)
@@ -162,6 +164,7 @@ def test_slice(tmp_path):
     check_native(tmp_path, g, 17)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [18, pytest.param(11, marks=pytest.mark.slow)])
 def test_split(tmp_path, opset):
     g = GraphBuilder(seed=4)
@@ -187,6 +190,7 @@ COORDS = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "ha
 NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
 
 
+@pytest.mark.slow
 def test_resize_nearest(tmp_path):
     g = GraphBuilder(seed=5)
     empty = g.const(np.zeros(0, np.float32))
@@ -213,6 +217,7 @@ def test_resize_nearest(tmp_path):
     check_native(tmp_path, g, 19)
 
 
+@pytest.mark.slow
 def test_resize_linear_and_cubic(tmp_path):
     g = GraphBuilder(seed=6)
     empty = g.const(np.zeros(0, np.float32))
@@ -264,6 +269,7 @@ REDUCES = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "R
            "ReduceL2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [18, pytest.param(13, marks=pytest.mark.slow)])
 def test_reduce(tmp_path, opset):
     g = GraphBuilder(seed=8)
@@ -292,6 +298,7 @@ def test_reduce(tmp_path, opset):
     check_native(tmp_path, g, opset)
 
 
+@pytest.mark.slow
 def test_softmax_inner_axis(tmp_path):
     g = GraphBuilder(seed=9)
     for i in range(10):
@@ -303,6 +310,7 @@ def test_softmax_inner_axis(tmp_path):
     check_native(tmp_path, g, 17)
 
 
+@pytest.mark.slow
 def test_expand_tile_gather(tmp_path):
     g = GraphBuilder(seed=10)
     for _ in range(6):
@@ -397,6 +405,7 @@ def _efficientnet_block(g: GraphBuilder, x: str, c: int, expand: int, act: str) 
     return g.node("Add", [h, x])
 
 
+@pytest.mark.slow
 def test_efficientnet_like_model_is_one_native_partition(tmp_path):
     """SiLU (x * Sigmoid(x)), HardSwish and x * HardSigmoid(x), depthwise convolutions,
     squeeze-and-excite with ReduceMean over H and W and a broadcast Mul, BatchNorm after

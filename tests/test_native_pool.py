@@ -33,6 +33,7 @@ def _convnet() -> GraphBuilder:
     return m
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_how_the_pool_shared_the_chunks(tmp_path):
     if blas_threads() is None:
         pytest.skip("numpy's BLAS here has no known thread-count entry point: the pool's size cannot be set")

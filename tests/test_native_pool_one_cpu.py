@@ -46,6 +46,7 @@ print(pools)
 """
 
 
+@pytest.mark.slow
 @needs_cc
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the process cannot confine itself to one CPU here")
 def test_a_pool_larger_than_its_cores_runs_every_share_once(tmp_path):

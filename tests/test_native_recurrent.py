@@ -85,6 +85,7 @@ def test_recurrent_matches_onnxruntime(tmp_path):
     assert not reports, "\n".join(reports)
 
 
+@pytest.mark.slow
 def test_stacked_lstm_of_the_benchmark_is_one_native_partition(tmp_path):
     """benchmarks/real_models.py's LSTM (each layer's Y squeezed into the next) at small
     sizes: both layers and the Squeezes between them in one native partition."""

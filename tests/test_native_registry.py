@@ -151,6 +151,7 @@ def test_the_table_lists_every_activation_the_tests_run():
     assert set(CODES) == {""} | set(ACTIVATIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["Conv", "MatMul by weights", "MatMul of two inputs", "Gemm by weights"])
 def test_fused_activations_match_onnxruntime(tmp_path, form):
     """Each activation after a product, which the passes fuse into it: its code reaches C
@@ -172,6 +173,7 @@ def test_fused_activations_match_onnxruntime(tmp_path, form):
     assert compiled.plan.fallbacks == []
 
 
+@pytest.mark.slow
 def test_activation_ops_over_the_blocked_layout_match_onnxruntime(tmp_path):
     """The activations as ops of their own after a convolution (a blocked output) and on
     plain rows: the same codes through the unary expressions."""

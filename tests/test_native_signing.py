@@ -189,6 +189,7 @@ def test_compile_creates_a_private_key_and_signs_with_a_keyed_blake3_mac(alice):
     assert blake3(message, key=secret).digest() == mac
 
 
+@pytest.mark.slow
 def test_signed_by_your_own_key_runs_natively_without_trust_native(alice, feeds, tmp_path):
     env, raw = alice
     native, got, err = load(env, raw, feeds, tmp_path)
@@ -255,6 +256,7 @@ def test_concurrent_first_uses_agree_on_one_key(tmp_path):
 # -- what is not trusted runs its portable plan, with one warning naming why ------------------
 
 
+@pytest.mark.slow
 def test_signed_by_another_users_key_runs_portable_and_names_the_key(alice, feeds, tmp_path):
     env, raw = alice
     bob = user(tmp_path, "bob")

@@ -64,6 +64,7 @@ def test_hard_link_and_symlink_to_the_model(work):
     assert (work / "m.onnx").read_bytes() == before["m.onnx"]
 
 
+@pytest.mark.slow
 def test_external_data_files_are_inputs(tmp_path):
     w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "w")
     graph = helper.make_graph(
@@ -83,6 +84,7 @@ def test_external_data_files_are_inputs(tmp_path):
             "weights.bin")
 
 
+@pytest.mark.slow
 def test_output_dir_file_is_an_input(work):
     """--output-dir DIR writes DIR/y.npy: an input read from that very file is refused."""
     out = work / "out"

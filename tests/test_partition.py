@@ -483,6 +483,7 @@ def nncc_cli(*args, check=True):
     return result
 
 
+@pytest.mark.slow
 def test_cli_plugin_inspect_and_compile(mixed_model, tmp_path):
     path, feeds = mixed_model
     flags = ["--plugin", PLUGIN, "--backend", "mulsub", "--backend", "numpy", "-O", "0"]
@@ -512,6 +513,7 @@ def test_cli_fallbacks_reported(tmp_path):
     assert {p["backend"] for p in report["partitions"]} == {"numpy"}
 
 
+@pytest.mark.slow
 def test_artifact_never_imports_the_plugin_it_names(mixed_model, tmp_path):
     """Loading an artifact whose kernels come from a plugin, without --plugin: a clear
     PlanFormatError, and the plugin module (named in the artifact's options) stays unimported."""
@@ -575,6 +577,7 @@ def _fake_distribution(root, group="nncc.backends"):
     return root
 
 
+@pytest.mark.slow
 def test_entry_point_plugin_is_found_without_plugin_flag(mixed_model, tmp_path):
     path, _ = mixed_model
     site = _fake_distribution(tmp_path / "site")

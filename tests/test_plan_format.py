@@ -505,6 +505,7 @@ def test_an_arena_layout_from_an_older_artifact_is_not_used(resnet_raw):
                                   nncc.load(resnet_raw).run({"x": x})["logits"])
 
 
+@pytest.mark.slow
 def test_cli_reports_a_hostile_artifact_in_one_line(resnet_raw, tmp_path):
     bad = tmp_path / "bad.nncc"
     bad.write_bytes(hostile(resnet_raw, SEMANTIC_CASES["unicode dtype"][0]))

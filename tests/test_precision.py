@@ -71,6 +71,7 @@ def check_of(plan) -> dict:
     return plan.options[PLAN_KEY]
 
 
+@pytest.mark.slow
 def test_the_recorded_deviation_is_the_one_onnxruntime_gives_on_the_same_inputs(tmp_path):
     path = tmp_path / "mlp.onnx"
     mlp(path)
@@ -88,6 +89,7 @@ def test_the_recorded_deviation_is_the_one_onnxruntime_gives_on_the_same_inputs(
     assert PLAN_KEY not in nncc.compile_model(path).plan.options
 
 
+@pytest.mark.slow
 def test_auto_keeps_the_cancelling_layer_float32_and_meets_the_tolerance(tmp_path):
     path = tmp_path / "cancelling.onnx"
     g, first = cancelling(path)

@@ -194,6 +194,7 @@ def _qdq_conv_model(seed=0, residual=True):
     return model, rng.standard_normal((2, 4, 9, 9)).astype(np.float32) * 3
 
 
+@pytest.mark.slow
 def test_qdq_graph_becomes_the_quantized_ops_and_matches_onnxruntime(tmp_path):
     model, x = _qdq_conv_model()
     ops = _ops(model)
@@ -308,6 +309,7 @@ def _chain_model(rng, x_signed: bool):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("x_signed", [pytest.param(False, marks=pytest.mark.slow), True],
                          ids=["uint8", "int8"])  # the quick tier takes the signed (shifted) form
 def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path, x_signed):

@@ -101,6 +101,7 @@ LARGE = 60_000_000
 
 
 # the quick tier takes bfloat16, the type whose input once took three times its size
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype_name, itemsize", [pytest.param("FLOAT", 4, marks=pytest.mark.slow), ("BFLOAT16", 2)])
 def test_a_large_random_input_is_made_in_place(tmp_path, dtype_name, itemsize):
     """`nncc run --random-inputs` of a model declaring one large input peaks near that

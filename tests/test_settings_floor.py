@@ -10,6 +10,8 @@ import ast
 import pathlib
 import tomllib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # (module file, function) where the environment may be read, and the only variable it may name
@@ -89,6 +91,7 @@ def test_the_floors_below_settings_are_the_ones_the_contract_names():
     assert "nncc.preparing" not in below and "nncc.settings" not in below
 
 
+@pytest.mark.slow
 def test_no_module_below_settings_reads_the_environment():
     wrong = []
     for layer in floors_below_settings():

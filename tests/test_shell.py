@@ -306,6 +306,7 @@ def json_of(cli, *args) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_json_schemas(cli, populated, tmp_path, monkeypatch):
     shared = tmp_path / "shared"  # a remote tier on a shared folder, for push and pull
     shared.mkdir()
@@ -630,6 +631,7 @@ def test_run_table_is_rich_on_a_terminal_and_plain_columns_when_piped(tmp_path):
     assert not any(ch in piped.stdout for ch in "┃│─━")
 
 
+@pytest.mark.slow
 def test_scripted_cache_hit_imports_neither_rich_nor_importlib_metadata(tmp_path):
     """A piped `nncc run` on a cache hit is a start-up path: rich (about 30 ms) and
     importlib.metadata (20 ms or more) stay unimported when no plugin is installed."""
@@ -644,6 +646,7 @@ def test_scripted_cache_hit_imports_neither_rich_nor_importlib_metadata(tmp_path
     assert "importlib.metadata" not in imported
 
 
+@pytest.mark.slow
 def test_program_flushes_everything_before_its_fast_exit(tmp_path):
     """`nncc` ends with os._exit (no interpreter teardown): what it printed must still be
     complete in a file, and exit codes must survive."""
@@ -937,6 +940,7 @@ def test_fish_completion_end_to_end(tmp_path):
     assert name[0] == "mlp.onnx", name
 
 
+@pytest.mark.slow
 def test_fast_exit_still_runs_what_plugins_left_to_finish(tmp_path):
     """nncc skips the interpreter's finalization, not a normal exit's duties: a plugin's
     atexit handler runs and its non-daemon thread is waited for."""

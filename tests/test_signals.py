@@ -93,6 +93,7 @@ def test_an_interrupted_compile_leaves_no_half_entry(tmp_path, signame, code, co
 
 
 # each signal takes the same path out: the quick tier sends one of them, the full run both
+@pytest.mark.slow
 @pytest.mark.parametrize("signame, code", [("SIGINT", 130), pytest.param("SIGTERM", 143, marks=pytest.mark.slow)])
 def test_an_interrupt_just_after_the_commit_keeps_the_complete_entry(tmp_path, signame, code):
     """The row is committed: the files it names must stay (not a MISSING entry)."""
@@ -105,6 +106,7 @@ def test_an_interrupt_just_after_the_commit_keeps_the_complete_entry(tmp_path, s
     assert json.loads(hit.stdout)["cache"]["outcome"] == "hit" and "warning" not in hit.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame, code", [pytest.param("SIGINT", 130, marks=pytest.mark.slow), ("SIGTERM", 143)])
 def test_an_interrupted_artifact_write_leaves_the_old_artifact_and_no_temp(tmp_path, signame, code):
     cache_dir = tmp_path / "cache"
@@ -159,6 +161,7 @@ def read_until(fd: int, want: bytes, seen: bytearray) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_sigterm_during_bench_gives_the_cursor_back(tmp_path):
     """At a terminal, `nncc bench` shows a rich progress bar, which hides the cursor.
     SIGTERM in the middle of it must still show the cursor again before nncc exits."""

@@ -22,6 +22,7 @@ def nncc_cli(*args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_bound_steps_equal_separate_runs_fed_back_by_hand(tmp_path):
     steps = 12
     rng = np.random.default_rng(5)
@@ -46,6 +47,7 @@ def test_bound_steps_equal_separate_runs_fed_back_by_hand(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), y, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_binding_errors_are_one_line(tmp_path):
     for args, needle in [
         (["--bind", "nope=h_in", "--steps", "2"], "no output 'nope'"),

@@ -60,6 +60,7 @@ def nhwc_convnet(b: GraphBuilder, shape, channels) -> str:
     return b.node("ReduceMean", [b.node("Transpose", [x], perm=[0, 2, 3, 1])], axes=[1, 2], keepdims=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, channels", [((1, 16, 16, 3), (8, 16)), ((2, 33, 29, 3), (16, 32, 64))])
 def test_nhwc_convnet_is_one_convolution_chain(tmp_path, shape, channels):
     b = GraphBuilder(opset=13, seed=len(channels), weight_gain=np.sqrt(2))

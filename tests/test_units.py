@@ -26,6 +26,7 @@ def test_kernel_catalog_names_the_family_of_every_builtin_op():
     assert done.stdout.strip() == str(sorted(f"{k}=nncc.kernels.{v}" for k, v in FAMILY_OF.items()))
 
 
+@pytest.mark.slow
 def test_a_cached_plan_imports_only_the_families_it_uses(tmp_path):
     """A hit on the MLP fixture (MatMul/Gemm and Relu) loads a few families, not all."""
     import subprocess
