@@ -272,6 +272,19 @@ def test_a_branch_node_no_entry_takes_stays_portable(tmp_path, cli):
     portable_if(tmp_path, cli, m, flag, "its else_branch: CumSum: no C generator for CumSum")
 
 
+def test_a_branch_node_too_large_for_generated_code_stays_portable(tmp_path, cli):
+    """A branch node gets the size limits every node gets: an axis longer than generated
+    code unrolls (only a damaged or hostile model has one) keeps the If portable."""
+    m = Model(10)
+    x = m.input([1, 1])
+    flag = m.flag()
+    long_axis = m.ints([1, (1 << 24) + 1])
+    (y,) = m.if_node(flag, lambda g: [g.node("ReduceMax", [g.node("Expand", [x, long_axis])], axes=[1])],
+                     lambda g: [g.node("Neg", [x])])
+    m.output(m.node("Sigmoid", [y]))
+    portable_if(tmp_path, cli, m, flag, "its then_branch: Expand: an output too large for generated code")
+
+
 CHILD = textwrap.dedent("""
     import sys
     import numpy as np

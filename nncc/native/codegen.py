@@ -41,33 +41,11 @@ from nncc.plan.memory import aligned_empty
 
 F32 = np.dtype(np.float32)
 ALIGN = 64
-# Generated loops are unrolled per tile of a row, and element moves keep a table per axis:
-# an output beyond these (only a damaged or hostile model has one) stays portable, whose
-# kernels refuse it with a clear error.
-MAX_ELEMENTS = 1 << 31
-MAX_EXTENT = 1 << 24
 
 
 def check(node: Node, graph: Graph, infos: dict[str, TensorInfo]) -> str | None:
-    """None when the node can become C, else why not: the size limits every node gets,
-    then the checks of the entry that owns it (nncc/native/ops/registry.py)."""
-    if _too_large(node, infos):
-        return "an output too large for generated code"  # the portable plan reports it
-    entry = registry.owner(node, graph, infos)
-    if entry is None:
-        return f"no C generator for {node.domain + '::' if node.domain else ''}{node.op_type}"
-    return entry.check(node, graph, infos)
-
-
-def _too_large(node: Node, infos: dict[str, TensorInfo]) -> bool:
-    """An output beyond MAX_ELEMENTS, or an axis beyond MAX_EXTENT (generated code unrolls
-    tiles and tables along an axis): only a damaged or hostile model has one."""
-    for name in [o for o in node.outputs if o]:
-        info = infos.get(name)
-        if info is not None and info.is_static and info.shape and (
-                math.prod(info.shape) > MAX_ELEMENTS or max(info.shape) > MAX_EXTENT):
-            return True
-    return False
+    """None when the node can become C, else why not (nncc/native/ops/registry.py)."""
+    return registry.node_refused(node, graph, infos)
 
 
 @dataclass
