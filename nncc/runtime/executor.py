@@ -7,6 +7,8 @@ shapes are certain. Intermediates whose calls accept preallocated outputs live i
 arena, allocated once and reused by liveness (nncc.plan.memory), so a steady-state run
 allocates nothing for them; graph outputs go into arrays the caller provides, or fresh
 ones. One inference runs at a time per executor (calls keep scratch state between runs).
+A program of one call (a small model that is one native partition) is run directly, its
+arguments found at load, without the general loop over slots.
 """
 
 from __future__ import annotations
