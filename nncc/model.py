@@ -135,7 +135,8 @@ class CompiledModel:
         A plan compiled with a thread count (low-power: 1) runs BLAS at that count, and the
         count before is restored afterwards (the native pool was sized at activation)."""
         executor = self._executor
-        if self._shape_plans is not None and isinstance(feeds, Mapping):
+        # a dict first: the Mapping check is an ABC's, slower than a small model's whole run
+        if self._shape_plans is not None and (type(feeds) is dict or isinstance(feeds, Mapping)):
             executor = self._shape_plans.executor_for(feeds)
             self._last = executor
         if self._blas_threads:

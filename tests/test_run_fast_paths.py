@@ -84,3 +84,27 @@ def test_caller_outputs_still_receive_the_results(model, small):
     got = model.run({"x0": x}, outputs={names[0]: target})
     assert got[names[0]] is target
     np.testing.assert_allclose(target, ort_run(small, {"x0": x})[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op, attrs", [("Relu", {}), ("Softmax", {"axis": 1}), ("Erf", {})])
+def test_a_model_of_one_step_runs_it_directly_and_keeps_every_promise(tmp_path, op, attrs):
+    """One portable step writing into its planned output: each run's results right, and
+    the caller's alone (the native model of one call is the ``model`` fixture's)."""
+    g = GraphBuilder(seed=6, opset=18)
+    x = g.input((4, 6))
+    g.output(g.node(op, [x], **attrs))
+    path = tmp_path / f"{op}.onnx"
+    g.save(path)
+    model = nncc.compile_model(path, backends=("numpy",))
+    assert model.executor._one_call is not None  # the path under test
+    names = [o.name for o in g.outputs]
+    kept = []
+    for seed in range(3):
+        feeds = {"x0": np.random.default_rng(seed).standard_normal((4, 6)).astype(np.float32)}
+        got = model.run(feeds)
+        for name, want in zip(names, ort_run(path, feeds, names)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+        kept.append((got, {n: v.copy() for n, v in got.items()}))
+    for got, copies in kept:  # a later run wrote nothing into an earlier run's results
+        for name in names:
+            np.testing.assert_array_equal(got[name], copies[name])

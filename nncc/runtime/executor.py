@@ -7,6 +7,8 @@ shapes are certain. Intermediates whose calls accept preallocated outputs live i
 arena, allocated once and reused by liveness (nncc.plan.memory), so a steady-state run
 allocates nothing for them; graph outputs go into arrays the caller provides, or fresh
 ones. One inference runs at a time per executor (calls keep scratch state between runs).
+A program of one call (a small model that is one native partition) is run directly, its
+arguments found at load, without the general loop over slots.
 """
 
 from __future__ import annotations
@@ -100,15 +102,31 @@ class Executor:
         self._output_slot = {name: s for s, name in self._output_names_by_slot}
         if shared is not None:
             self.template, self._lock = shared.template, shared._lock
-            return
-        self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
-        try:
-            dense = expanded(plan.constants)
-        except MemoryError:  # within the bound, but not available right now
-            raise LimitError("expanding this model's constants needs more memory than is available") from None
-        for slot, array in dense.items():
-            self.template[slot] = array
-        self._lock = threading.Lock()
+        else:
+            self.template: list[np.ndarray | None] = [None] * (len(plan.slots) + 1)
+            try:
+                dense = expanded(plan.constants)
+            except MemoryError:  # within the bound, but not available right now
+                raise LimitError("expanding this model's constants needs more memory than is available") from None
+            for slot, array in dense.items():
+                self.template[slot] = array
+            self._lock = threading.Lock()
+        self._one_call = self._as_one_call()
+
+    def _as_one_call(self) -> tuple | None:
+        """A program that is one call writing every graph output into a planned buffer (a
+        small model that is one native partition), as what a run needs of it, found once:
+        (fn, ctx, where each argument comes from: a feed's name or the constant itself,
+        the planned outputs, (output name, position in the call's outputs)), else None."""
+        if len(self.steps) != 1:
+            return None
+        fn, ctx, ins, outs, _, planned, _, _, _, tensor_only = self.steps[0]
+        if not planned or tensor_only or not all(s in outs for s in self.plan.outputs):
+            return None
+        feeds = dict(self.input_slots)
+        arguments = tuple((feeds[s], None) if s in feeds else (None, self.template[s]) for s in ins)
+        results = tuple((name, outs.index(s)) for s, name in self._output_names_by_slot)
+        return fn, ctx, arguments, planned, results
 
     def _program(self, loaded) -> list[Call]:
         """The calls this executor runs: each partition's unit, made by the backend that
@@ -197,6 +215,8 @@ class Executor:
                 arrays = self._feeds(feeds)  # plain arrays in, fresh results out
             if arrays is not None:
                 with self._lock:
+                    if self._one_call is not None:
+                        return self._run_one_call(arrays)
                     return self._run(arrays, {})
         outputs = dict(outputs or {})
         fed_buffers = {id(v) for v in feeds.values() if isinstance(v, DomainBuffer)}
@@ -281,6 +301,27 @@ class Executor:
             return None
         return buffer.target(tuple(shape), also_read)
 
+    def _run_one_call(self, arrays) -> dict[str, np.ndarray]:
+        """_run for a program of one call (_as_one_call) fed plain arrays, with no
+        caller's buffers: its arguments and fresh outputs straight into the call."""
+        fn, ctx, arguments, planned, results = self._one_call
+        args = [arrays[name] if name is not None else constant for name, constant in arguments]
+        try:
+            out = _outputs_for(planned, None)
+            result = fn(ctx, *args, out=out)
+        except Exception as exc:
+            _raise_kernel_failure(self.steps[0][4], exc)
+            raise
+        if result is not out and not (len(out) == 1 and result is out[0]):  # not written in place (or
+            # one output's array returned as it is): stored as the general run stores it
+            env, outs, label = self.template.copy(), self.steps[0][3], self.steps[0][4]
+            try:
+                self._store(env, outs, result, out, {}, label)
+            except (ValueError, TypeError) as exc:  # a result that does not fit its planned buffer
+                raise KernelError(f"{label} gave a result that does not fit its output: {exc}") from exc
+            return {name: env[s] for s, name in self._output_names_by_slot}
+        return {name: out[i] for name, i in results}
+
     def _run(self, arrays, targets) -> dict[str, np.ndarray]:
         env = self.template.copy()
         for slot, name in self.input_slots:
@@ -298,15 +339,9 @@ class Executor:
                     result = fn(ctx, *args, out=out)
                 else:
                     result = fn(ctx, *args)
-            except LimitError as exc:
-                raise LimitError(f"{label}: {exc}") from None
-            except NnccError:
+            except Exception as exc:
+                _raise_kernel_failure(label, exc)
                 raise
-            except (ValueError, FloatingPointError) as exc:  # numpy refusing these values
-                # (a TypeError or IndexError is a bug in the kernel: it keeps its traceback)
-                raise KernelError(f"{label} failed: {exc}") from exc
-            except MemoryError:  # numpy refused an allocation before touching it: too big for this machine
-                raise LimitError(f"{label} needs more memory than this machine can give") from None
             # the common cases first: the kernel wrote into its planned buffer, or returned
             # one fresh array for an intermediate
             if single and (result is out[0] if out is not None else type(result) is np.ndarray):
@@ -430,6 +465,20 @@ def _wrong_buffer(name: str, shape, expected) -> InputError:
                       f"has shape {want}",
                       hint=f"pass an array of shape {want} for {name!r}, or leave it out of outputs= "
                            "to receive a new array")
+
+
+def _raise_kernel_failure(label: str, exc: Exception) -> None:
+    """Raise what a kernel's exception means to the caller of a run, the step's label in
+    front; return for one that is a bug in the kernel (a TypeError, an IndexError), which
+    the caller then re-raises as it is, with its traceback."""
+    if isinstance(exc, LimitError):
+        raise LimitError(f"{label}: {exc}") from None
+    if isinstance(exc, NnccError):
+        raise exc
+    if isinstance(exc, (ValueError, FloatingPointError)):  # numpy refusing these values
+        raise KernelError(f"{label} failed: {exc}") from exc
+    if isinstance(exc, MemoryError):  # numpy refused an allocation before touching it: too big for this machine
+        raise LimitError(f"{label} needs more memory than this machine can give") from None
 
 
 def _outputs_for(planned, targets) -> tuple:

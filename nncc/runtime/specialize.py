@@ -120,6 +120,9 @@ class ShapePlans:
         self.rejections: dict[tuple, str] = {}  # (dim, other sizes) -> why it is no sample axis
         self._loops: dict[tuple, object] = {}  # (dim, other sizes) -> the loop (None: on its way)
         self._lock = threading.Lock()  # a background build delivers while runs look up
+        # (shape key, executor) of the last run that found its shape's plan kept: the same
+        # shapes again are one tuple compare; anything that changes the kept plans drops it
+        self._last_hit: tuple | None = None
 
     def __len__(self) -> int:
         return sum(1 for executor in self._plans.values() if executor is not None)
@@ -138,11 +141,16 @@ class ShapePlans:
                 return self.general
             key.append(value.shape)
         key = tuple(key)
+        hit = self._last_hit
+        if hit is not None and hit[0] == key:  # still the most recently used: nothing to reorder
+            return hit[1]
         plans = self._plans
         with self._lock:
             if key in plans:
                 plans.move_to_end(key)
-                return plans[key] or self.general
+                executor = plans[key] or self.general
+                self._last_hit = (key, executor)
+                return executor
             seen = self._seen.pop(key, 0) + 1
             if seen < SEEN_BEFORE_SPECIALIZING:
                 self._seen[key] = seen
@@ -182,6 +190,7 @@ class ShapePlans:
         if not locked:
             with self._lock:
                 return self._keep(key, executor, locked=True)
+        self._last_hit = None
         self._plans[key] = executor
         self._plans.move_to_end(key)
         self._seen.pop(key, None)
@@ -271,6 +280,7 @@ class ShapePlans:
 
         loop = SampleLoop(executor, separation, self.general)
         with self._lock:
+            self._last_hit = None
             self._loops[rest] = loop
             for key, kept in list(self._plans.items()):
                 dims = self.dims(key)
