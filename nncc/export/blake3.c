@@ -210,9 +210,9 @@ AVX2 static inline void transpose8(__m256i r[8])
 AVX2 static void compress8(const uint32_t key[8], const uint8_t *input, size_t stride, int blocks, uint64_t counter,
                            uint64_t step, uint32_t flags, uint32_t first, uint32_t last, uint32_t out[8][8])
 {
-    __m256i cv[8], v[16], m[17];
+    __m256i v[16], m[17]; /* v[0..7]: the chaining values, which each block's rounds leave there */
     for (int i = 0; i < 8; i++)
-        cv[i] = _mm256_set1_epi32((int)key[i]);
+        v[i] = _mm256_set1_epi32((int)key[i]);
     uint32_t lo[8], hi[8];
     for (int k = 0; k < 8; k++) {
         lo[k] = (uint32_t)(counter + (uint64_t)k * step);
@@ -221,7 +221,7 @@ AVX2 static void compress8(const uint32_t key[8], const uint8_t *input, size_t s
     __m256i counter_lo = _mm256_loadu_si256((const __m256i *)(const void *)lo);
     __m256i counter_hi = _mm256_loadu_si256((const __m256i *)(const void *)hi);
     for (int b = 0; b < blocks; b++) {
-        if (stride == CHUNK_LEN) /* the next eight chunks, an eighth at each of these 16 blocks */
+        if (stride == CHUNK_LEN) /* the next eight chunks, a sixteenth at each of these 16 blocks */
             for (int k = 0; k < 8; k++)
                 _mm_prefetch((const char *)input + 8 * CHUNK_LEN + (size_t)(8 * b + k) * BLOCK_LEN, _MM_HINT_T0);
         for (int half = 0; half < 2; half++) {
@@ -231,8 +231,6 @@ AVX2 static void compress8(const uint32_t key[8], const uint8_t *input, size_t s
             transpose8(m + 8 * half);
         }
         uint32_t block_flags8 = flags | (b == 0 ? first : 0) | (b == blocks - 1 ? last : 0);
-        for (int i = 0; i < 8; i++)
-            v[i] = cv[i];
         for (int i = 0; i < 4; i++)
             v[8 + i] = _mm256_set1_epi32((int)IV[i]);
         v[12] = counter_lo;
@@ -240,12 +238,10 @@ AVX2 static void compress8(const uint32_t key[8], const uint8_t *input, size_t s
         v[14] = _mm256_set1_epi32(BLOCK_LEN);
         v[15] = _mm256_set1_epi32((int)block_flags8);
         rounds8(v, m);
-        for (int i = 0; i < 8; i++)
-            cv[i] = v[i];
     }
-    transpose8(cv); /* now cv[k] holds lane k's eight words */
+    transpose8(v); /* now v[k] holds lane k's eight words */
     for (int k = 0; k < 8; k++)
-        _mm256_storeu_si256((__m256i *)(void *)out[k], cv[k]);
+        _mm256_storeu_si256((__m256i *)(void *)out[k], v[k]);
 }
 
 /* The chaining values of the eight chunks at input, input + 1024, ..., the first of them
