@@ -284,11 +284,13 @@ int main(void)
 MIB = 1 << 20
 # Below the split (1 MiB) and around it; 2^k chunks and a byte or a chunk either side,
 # where the subtrees tile the input exactly but for the tail; sizes that cut unevenly
-# into 2, 3 and 4 threads' subtrees; and the largest, where eight threads would make more
-# than the 64 subtrees a call keeps, so the subtrees grow instead.
+# into 2, 3 and 4 threads' subtrees, with what the equal subtrees leave cut into subtrees
+# of its binary digits (6 MiB + 448 KiB: 256 + 128 + 64 chunks after twelve of 512); and
+# the largest, where eight threads would make more than the 64 subtrees a call keeps, so
+# the subtrees grow instead.
 THREADED_LENGTHS = (0, 1, 1024, MIB - 1, MIB, MIB + 1, MIB + 1024, 2 * MIB - 1024, 2 * MIB - 1, 2 * MIB,
                     2 * MIB + 1, 2 * MIB + 1025, 3 * MIB + 12345, 4 * MIB - 1, 4 * MIB + 1, 5 * MIB + 777,
-                    8 * MIB + 1)
+                    6 * MIB + 448 * 1024 + 100, 8 * MIB + 1)
 THREADS = (1, 2, 3, 4, 5, 8, 16)  # 16: more than it starts, it uses eight
 
 
