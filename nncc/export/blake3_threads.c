@@ -1,7 +1,8 @@
 /* BLAKE3 of one input on several threads: the digest nn_blake3 gives, made faster by
  * hashing the tree's subtrees side by side. An exported library checks its weights with it
  * on the threads its model is opened with. POSIX threads and one heap block per call, so
- * calls from several threads at once stay independent. */
+ * calls from several threads at once stay independent. An exported library compiles this
+ * text after blake3.c's in one translation unit: no file-scope name here may be one of its. */
 #include "blake3.h"
 
 #include <pthread.h>
@@ -42,14 +43,6 @@ static void *hash_pieces(void *arg)
     return 0;
 }
 
-static int popcount64(uint64_t x)
-{
-    int n = 0;
-    for (; x; x &= x - 1)
-        n++;
-    return n;
-}
-
 /* The whole chunks that have input after them are cut into equal subtrees of a power-of-two
  * count of chunks, at least four per thread, and what is left of them into the subtrees of
  * its binary digits (each aligned: the count before it is a multiple of its size), down to
@@ -72,7 +65,7 @@ void nn_blake3_threaded(const void *input, size_t len, int threads, uint8_t out[
             piece *= 2;
         equal = whole / piece;
         rest = (whole - equal * piece) / SMALLEST * SMALLEST;
-        job = malloc(sizeof *job + (size_t)(equal + (uint64_t)popcount64(rest)) * sizeof job->pieces[0]);
+        job = malloc(sizeof *job + (size_t)(equal + (uint64_t)__builtin_popcountll(rest)) * sizeof job->pieces[0]);
     }
     if (!job) {
         nn_blake3_update(&h, data, len);
