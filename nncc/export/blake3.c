@@ -4,7 +4,8 @@
  * left subtree complete and at least as big as its right sibling; the last compression of
  * the root (the only chunk, or the top parent) carries ROOT, and its first 32 bytes are
  * the hash. Scalar code, plus an AVX2 path for eight whole chunks at a time on x86-64
- * (chosen at run time); no allocation, nothing mutable outside the caller's hasher. */
+ * (chosen at run time; its rounds in inline assembly); no allocation, nothing mutable
+ * outside the caller's hasher. */
 #include "blake3.h"
 
 #include <string.h>
@@ -182,6 +183,14 @@ AVX2 static void rounds8(__m256i v[16], __m256i m[17])
         : "memory", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
           "xmm12", "xmm13", "xmm14", "xmm15");
 }
+#undef Y
+#undef ADD_MSG
+#undef ADD
+#undef XOR
+#undef SHUFFLE
+#undef ROTATE
+#undef HALF_G
+#undef ROUND
 
 /* An 8x8 matrix of 32-bit words, rows in r[0..7], transposed in place. */
 AVX2 static inline void transpose8(__m256i r[8])
