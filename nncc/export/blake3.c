@@ -344,22 +344,21 @@ static void push_chunk(nn_blake3_hasher *h, const uint32_t cv[8])
 
 #ifdef NN_BLAKE3_AVX2
 /* 64 whole chunks at p, the hasher's count a multiple of 64 and nothing buffered: hashed
- * eight at a time, their parents too up to eight subtrees of eight chunks, which are
- * stacked. None of them may be the root. */
+ * eight at a time, their parents too, eight at a time down to the one of all 64, which is
+ * stacked (the top three levels leave lanes idle, yet cost less than seven parents
+ * compressed one at a time). None of them may be the root. */
 static void push64(nn_blake3_hasher *h, const uint8_t *p)
 {
     uint32_t cvs[64][8];
     for (int b = 0; b < 8; b++)
         hash8_chunks(h->key, p + (size_t)b * 8 * CHUNK_LEN, h->chunk_counter + 8 * (uint64_t)b, h->flags, cvs + 8 * b);
-    for (int n = 64; n > 8; n /= 2)
+    for (int n = 64; n > 1; n /= 2) /* n / 2 parents of n children; past eight, idle lanes read stale ones */
         for (int i = 0; i < n / 2; i += 8)
             parents8(h->key, (const uint32_t(*)[8])(cvs + 2 * i), h->flags, cvs + i);
-    for (int k = 0; k < 8; k++) {
-        uint8_t bytes[32];
-        store_words(bytes, cvs[k], 8);
-        push_cv(h, bytes, h->chunk_counter + 8 - h->first_chunk);
-        h->chunk_counter += 8;
-    }
+    uint8_t bytes[32];
+    store_words(bytes, cvs[0], 8);
+    push_cv(h, bytes, h->chunk_counter + 64 - h->first_chunk);
+    h->chunk_counter += 64;
 }
 #endif
 
