@@ -11,11 +11,13 @@ static library, and times, as the median of --runs fresh processes each:
   weights; one run; exit), one thread;
 - ort: `python -c` importing onnxruntime and numpy, making a session (one intra-op
   thread) and running once on zeros.
-It also splits the C program's time, in one thread, into the open, the first run and a second
-run (process CPU time and page faults, medians of --runs processes), and times the open's
+It also splits the C program's time into the open, the first run and a second run (in one
+thread: process CPU time and page faults; with one thread per core: wall and CPU time;
+medians of --runs processes), and times the open's
 weights check alone: the C BLAKE3 over the weights file's data, in
-its default build (eight chunks at once with AVX2 where the CPU has it) and its portable
-one, best of 9 in one process, as wall and CPU time (the CPU time is the steadier figure
+its default build (eight chunks at once with AVX2 where the CPU has it), its portable
+one, and on one thread per core (nn_blake3_threaded, as an open with that many threads
+hashes), best of 9 in one process, as wall and CPU time (the CPU time is the steadier figure
 on a shared machine). It also reports the library sizes: libNAME.so and libNAME.a without the weights, the
 weights file, and libNAME.so with --embed-weights. The model file is in the page cache
 for both (each is run once before timing). Without --model the model is
@@ -82,9 +84,13 @@ int main(int argc, char **argv)
     double wall = 1e9, cpu = 1e9;
     uint8_t out[32];
     for (int i = 0; i < 9; i++) {
-        double w = now(CLOCK_MONOTONIC), c = now(CLOCK_THREAD_CPUTIME_ID);
+        double w = now(CLOCK_MONOTONIC), c = now(CLOCK_PROCESS_CPUTIME_ID);
+#ifdef THREADS
+        nn_blake3_threaded(data, (size_t)size, THREADS, out);
+#else
         nn_blake3(data, (size_t)size, out);
-        c = now(CLOCK_THREAD_CPUTIME_ID) - c;
+#endif
+        c = now(CLOCK_PROCESS_CPUTIME_ID) - c;
         w = now(CLOCK_MONOTONIC) - w;
         wall = w < wall ? w : wall;
         cpu = c < cpu ? c : cpu;
@@ -105,12 +111,14 @@ STAGES = r"""
 #define CAT(a, b) CAT_(a, b)
 #define API(n) CAT(PFX, n)
 
-static double cpu(void)
+static double clock_seconds(clockid_t clock)
 {
     struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(clock, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
+
+static double cpu(void) { return clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
 
 static long faults(void)
 {
@@ -119,57 +127,71 @@ static long faults(void)
     return r.ru_minflt + r.ru_majflt;
 }
 
-/* One line: CPU seconds and page faults of the open, the first run and the second. */
+/* One line: CPU seconds and page faults of the open, the first run and the second, then
+ * the wall seconds of the three. */
 int main(int argc, char **argv)
 {
-    double t[4];
+    double t[4], w[4];
     long f[4];
     API(model) *model;
     const float **inputs = calloc(API(input_count)(), sizeof *inputs);
     float **outputs = calloc(API(output_count)(), sizeof *outputs);
     for (int i = 0; i < API(input_count)(); i++) inputs[i] = calloc(API(input_size)(i), sizeof(float));
     for (int j = 0; j < API(output_count)(); j++) outputs[j] = calloc(API(output_size)(j), sizeof(float));
-    t[0] = cpu(), f[0] = faults();
+    t[0] = cpu(), f[0] = faults(), w[0] = clock_seconds(CLOCK_MONOTONIC);
     if (argc != 3 || API(open)(argv[1], atoi(argv[2]), &model) != 0) return 2;
-    t[1] = cpu(), f[1] = faults();
+    t[1] = cpu(), f[1] = faults(), w[1] = clock_seconds(CLOCK_MONOTONIC);
     for (int k = 2; k < 4; k++) {
         if (API(run)(model, inputs, outputs) != 0) return 2;
-        t[k] = cpu(), f[k] = faults();
+        t[k] = cpu(), f[k] = faults(), w[k] = clock_seconds(CLOCK_MONOTONIC);
     }
-    printf("%.6f %ld %.6f %ld %.6f %ld\n", t[1] - t[0], f[1] - f[0], t[2] - t[1], f[2] - f[1], t[3] - t[2],
-           f[3] - f[2]);
+    printf("%.6f %ld %.6f %ld %.6f %ld %.6f %.6f %.6f\n", t[1] - t[0], f[1] - f[0], t[2] - t[1], f[2] - f[1],
+           t[3] - t[2], f[3] - f[2], w[1] - w[0], w[2] - w[1], w[3] - w[2]);
     return 0;
 }
 """
 
 
 def stages(work: pathlib.Path, name: str, runs: int, cc: str) -> str:
-    """The first answer's parts in one thread, as process CPU time (steadier than wall time on
-    a shared machine) and page faults, medians of ``runs`` processes: the open (map, hash,
-    workspace), the first run and a second one (the steady state)."""
+    """The first answer's parts, medians of ``runs`` processes: the open (map, hash,
+    workspace), the first run and a second one (the steady state). In one thread, as process
+    CPU time (steadier than wall time on a shared machine) and page faults; with one thread
+    per core (the open hashes on all of them), as wall and CPU time."""
     source = work / "stages.c"
     source.write_text(STAGES)
     exe = work / "stages"
     subprocess.run([cc, "-O2", f"-DPFX={name}", "-include", str(work / "lib" / f"{name}.h"), str(source),
                     str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread", "-o", str(exe)], check=True)
-    cmd = [str(exe), str(work / "lib" / f"{name}.weights"), "1"]
-    rows = [[float(v) for v in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()]
-            for _ in range(runs)]
-    open_s, open_f, first_s, first_f, second_s, second_f = (statistics.median(c) for c in zip(*rows))
-    return (f"the parts, 1 thread, process CPU time (median of {runs}): open {open_s * 1000:.1f} ms "
-            f"({open_f:.0f} page faults), first run {first_s * 1000:.1f} ms ({first_f:.0f}), second run "
-            f"{second_s * 1000:.1f} ms ({second_f:.0f})")
+    lines = []
+    for threads in ("1", "0"):
+        cmd = [str(exe), str(work / "lib" / f"{name}.weights"), threads]
+        rows = [[float(v) for v in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()]
+                for _ in range(runs)]
+        open_s, open_f, first_s, first_f, second_s, second_f, open_w, first_w, second_w = (
+            statistics.median(c) for c in zip(*rows))
+        if threads == "1":
+            lines.append(f"the parts, 1 thread, process CPU time (median of {runs}): open {open_s * 1000:.1f} ms "
+                         f"({open_f:.0f} page faults), first run {first_s * 1000:.1f} ms ({first_f:.0f}), second "
+                         f"run {second_s * 1000:.1f} ms ({second_f:.0f})")
+        else:
+            lines.append(f"the parts, 1 thread per core, wall / CPU (median of {runs}): open {open_w * 1000:.1f} / "
+                         f"{open_s * 1000:.1f} ms, first run {first_w * 1000:.1f} / {first_s * 1000:.1f} ms, second "
+                         f"run {second_w * 1000:.1f} / {second_s * 1000:.1f} ms")
+    return "\n".join(lines)
 
 
 def hash_times(weights: pathlib.Path, work: pathlib.Path, cc: str) -> list[str]:
-    """One line per build of the C BLAKE3: its time over the weights' data."""
+    """One line per build of the C BLAKE3: its time over the weights' data, on one thread, and
+    on one per core as an open with as many hashes."""
     source = work / "hash_timer.c"
     source.write_text(HASH_TIMER)
     export = ROOT / "nncc" / "export"
     lines = []
-    for label, flags in (("default", []), ("portable", ["-DNN_BLAKE3_PORTABLE"])):
-        exe = work / f"hash_{label}"
-        subprocess.run([cc, "-O3", *flags, f"-I{export}", str(source), str(export / "blake3.c"), "-o", str(exe)],
+    cores = os.cpu_count() or 1
+    threaded = [f"-DTHREADS={cores}", str(export / "blake3_threads.c"), "-lpthread"]
+    for label, flags in (("default", []), ("portable", ["-DNN_BLAKE3_PORTABLE"]), (f"{cores} threads", threaded)):
+        exe = work / f"hash_{label.replace(' ', '_')}"
+        subprocess.run([cc, "-O3", f"-I{export}", str(source), str(export / "blake3.c"), *flags, "-o", str(exe)],
                        check=True)
         lanes, size, wall_s, cpu_s = subprocess.run([str(exe), str(weights)], capture_output=True, text=True,
                                                     check=True).stdout.split()

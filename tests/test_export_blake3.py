@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from nncc.native.toolchain import SANITIZE_FLAGS, find_toolchain, host_features
 from tests.conftest import ROOT
+from tests.test_export_concurrent import tsan_works
 from tests.test_native_sanitize import have_sanitizer_runtime
 
 EXPORT = ROOT / "nncc" / "export"
@@ -236,6 +237,101 @@ def test_random_lengths_and_pieces(driver, drawn):
         rng = random.Random(seed)
         cases.append((rng.randbytes(length), rng.randbytes(32) if keyed else None, piece))
     _check(driver, cases)
+
+
+# Reads the input's length (8 bytes, little-endian) and the input, then records of a thread
+# count (4 bytes) and a length (8 bytes) until stdin ends: for each, hashes the input's
+# first `length` bytes, copied into a heap block of exactly that size (so AddressSanitizer
+# sees a read past it), with nn_blake3_threaded, and writes the digest on a line.
+THREADED_DRIVER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "blake3.h"
+
+static unsigned long long read_le(int bytes, int *ok)
+{
+    unsigned char b[8];
+    unsigned long long v = 0;
+    *ok = fread(b, 1, (size_t)bytes, stdin) == (size_t)bytes;
+    for (int i = bytes; i-- > 0;) v = v << 8 | b[i];
+    return v;
+}
+
+int main(void)
+{
+    int ok;
+    size_t size = (size_t)read_le(8, &ok);
+    unsigned char *data = malloc(size ? size : 1);
+    if (!ok || !data || fread(data, 1, size, stdin) != size) return 3;
+    for (;;) {
+        int threads = (int)read_le(4, &ok);
+        if (!ok) break;
+        size_t len = (size_t)read_le(8, &ok);
+        if (!ok || len > size) return 3;
+        unsigned char *copy = malloc(len ? len : 1), out[32];
+        if (!copy) return 3;
+        memcpy(copy, data, len);
+        nn_blake3_threaded(copy, len, threads, out);
+        free(copy);
+        for (int i = 0; i < 32; i++) printf("%02x", out[i]);
+        printf("\n");
+    }
+    free(data);
+    return 0;
+}
+"""
+
+MIB = 1 << 20
+# Below the split (1 MiB) and around it; 2^k chunks and a byte or a chunk either side,
+# where the subtrees tile the input exactly but for the tail; sizes that cut unevenly
+# into 2, 3 and 4 threads' subtrees, with what the equal subtrees leave cut into subtrees
+# of its binary digits (6 MiB + 448 KiB: 256 + 128 + 64 chunks after twelve of 512); and
+# the largest, where eight threads would make more than the 64 subtrees a call keeps, so
+# the subtrees grow instead.
+THREADED_LENGTHS = (0, 1, 1024, MIB - 1, MIB, MIB + 1, MIB + 1024, 2 * MIB - 1024, 2 * MIB - 1, 2 * MIB,
+                    2 * MIB + 1, 2 * MIB + 1025, 3 * MIB + 12345, 4 * MIB - 1, 4 * MIB + 1, 5 * MIB + 777,
+                    6 * MIB + 448 * 1024 + 100, 8 * MIB + 1)
+THREADS = (1, 2, 3, 4, 5, 8, 16)  # 16: more than it starts, it uses eight
+
+
+def _threaded_driver(tmp_path, flags=()) -> str:
+    (tmp_path / "threaded.c").write_text(THREADED_DRIVER)
+    exe = tmp_path / "threaded"
+    done = subprocess.run([TOOLCHAIN.path, "-std=c99", "-O2", *flags, "-I", str(EXPORT), str(tmp_path / "threaded.c"),
+                           str(EXPORT / "blake3.c"), str(EXPORT / "blake3_threads.c"), "-lpthread", "-o", str(exe)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return str(exe)
+
+
+@pytest.mark.parametrize("mode", ["plain", "portable", "asan", "tsan"])
+def test_the_hash_on_several_threads_is_the_one_call_hash(tmp_path, mode):
+    """Each thread count, at each length, gives the blake3 package's digest of the input:
+    the subtrees' chaining values joined in order equal the tree hashed in one call,
+    however the length divides among the threads. Under AddressSanitizer and UBSan a read
+    past the input stops the driver; under ThreadSanitizer, a race between the threads."""
+    if mode == "asan" and not have_sanitizer_runtime():
+        pytest.skip(reason="the C compiler has no ASan/UBSan runtime to link")
+    if mode == "tsan" and not tsan_works():
+        pytest.skip(reason="the C compiler cannot build with -fsanitize=thread")
+    flags = {"plain": (), "portable": PATHS["portable"], "asan": (*SANITIZE_FLAGS, "-g"),
+             "tsan": ("-fsanitize=thread", "-g")}[mode]
+    exe = _threaded_driver(tmp_path, flags)
+    data = random.Random(20261129).randbytes(max(THREADED_LENGTHS))
+    cases = [(threads, length) for length in THREADED_LENGTHS for threads in THREADS]
+    records = struct.pack("<Q", len(data)) + data + b"".join(struct.pack("<IQ", t, n) for t, n in cases)
+    env = {"PATH": "/usr/bin:/bin", "ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1",
+           "TSAN_OPTIONS": "halt_on_error=1"}
+    done = subprocess.run([exe], input=records, capture_output=True, env=env)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    assert not done.stderr, done.stderr.decode(errors="replace")[-3000:]
+    digests = done.stdout.decode().split()
+    assert len(digests) == len(cases)
+    expected = {length: blake3(data[:length]).hexdigest() for length in THREADED_LENGTHS}
+    wrong = [f"{length} bytes on {threads} threads: {got}, blake3 {expected[length]}"
+             for (threads, length), got in zip(cases, digests) if got != expected[length]]
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("path", list(PATHS))

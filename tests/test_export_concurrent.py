@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.skipif(compiler() is None, reason="no C compiler: noth
               pytest.mark.slow]  # every test builds, links or runs a C library
 
 PROGRAM = ROOT / "tests" / "export_two_models.c"
-SPLIT = 1 << 20  # api.c's NNX_HASH_SPLIT: from this size on an open hashes on several threads
+SPLIT = 1 << 20  # blake3_threads.c's SPLIT_BYTES: from this size on an open hashes on several threads
 WIDTHS = {"first": 24000, "second": 20000}  # hidden widths whose weights pass SPLIT (5.5 and 4.6 MB)
 
 
-def _tsan_works() -> bool:
+def tsan_works() -> bool:
     probe = subprocess.run([compiler(), "-fsanitize=thread", "-x", "c", "-", "-o", "/dev/null"],
                            input="int main(void) { return 0; }", capture_output=True, text=True)
     return probe.returncode == 0
@@ -47,7 +47,7 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["plain", "asan", "tsan"])
 def test_opens_at_once_from_three_threads_refuse_and_answer_each_their_own(models, mode, tmp_path):
-    if mode == "tsan" and not _tsan_works():
+    if mode == "tsan" and not tsan_works():
         pytest.skip("the C compiler cannot build with -fsanitize=thread")
     built = models["asan" if mode == "asan" else "plain"]
     flags = {"plain": [], "asan": list(SANITIZE), "tsan": ["-fsanitize=thread"]}[mode]

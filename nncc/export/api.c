@@ -65,71 +65,6 @@ static void nnx_feature_names(uint64_t bits, char *out, size_t room) {
             used += (size_t)snprintf(out + used, room - used, "%s%s", used ? " " : "", nnx_feature_table[i]);
 }
 
-/* The data's BLAKE3 on up to `threads` threads. Large data is cut into equal subtrees of a
- * power-of-two count of 1 KiB chunks (at least four per thread, so a thread the operating
- * system schedules late leaves its share to the others: each claims the next subtree from
- * a counter), whose chaining values are then joined in order, with the tail after the last
- * subtree hashed as usual: the digest is the one-call hash's. Below NNX_HASH_SPLIT a thread
- * costs more than it saves. */
-#define NNX_HASH_SPLIT (1u << 20)
-#define NNX_HASH_PIECES 64
-#define NNX_HASH_THREADS 8
-
-struct nnx_hash_job {
-    nn_blake3_hasher mode;
-    const unsigned char *data;
-    uint64_t piece_chunks;
-    int count, next;
-    uint8_t cv[][NN_BLAKE3_OUT_LEN];  /* one chaining value per subtree: count of them */
-};
-
-static void *nnx_hash_pieces(void *arg) {
-    struct nnx_hash_job *job = arg;
-    int i;
-    while ((i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->count)
-        nn_blake3_subtree(&job->mode, job->data + (size_t)i * job->piece_chunks * 1024, job->piece_chunks * 1024,
-                          (uint64_t)i * job->piece_chunks, job->cv[i]);
-    return 0;
-}
-
-/* The job is the call's own, on the heap and sized to its subtrees, so models opened at once
- * from several threads hash side by side; without the memory for it the hash runs on the
- * calling thread alone. */
-static void nnx_hash(const unsigned char *data, size_t len, int threads, uint8_t out[NN_BLAKE3_OUT_LEN]) {
-    nn_blake3_hasher h;
-    nn_blake3_init(&h);
-    if (threads > NNX_HASH_THREADS) threads = NNX_HASH_THREADS;
-    struct nnx_hash_job *job = 0;
-    uint64_t chunks = len / 1024, piece = 1;
-    int count = 0;
-    if (threads >= 2 && len >= NNX_HASH_SPLIT) {
-        while (piece * 2 * 4 * (uint64_t)threads <= chunks) piece *= 2;
-        while ((len - 1) / (piece * 1024) > NNX_HASH_PIECES) piece *= 2;
-        count = (int)((len - 1) / (piece * 1024));  /* a subtree has input after it: the tail is never empty */
-        job = malloc(sizeof *job + (size_t)count * sizeof job->cv[0]);
-    }
-    if (!job) {
-        nn_blake3_update(&h, data, len);
-        nn_blake3_finalize(&h, out);
-        return;
-    }
-    job->mode = h;
-    job->data = data;
-    job->piece_chunks = piece;
-    job->count = count;
-    job->next = 0;
-    pthread_t helpers[NNX_HASH_THREADS];
-    int started = 0;
-    while (started < threads - 1 && pthread_create(&helpers[started], 0, nnx_hash_pieces, job) == 0) started++;
-    nnx_hash_pieces(job);  /* the caller claims pieces too, all of them if no thread started */
-    for (int t = 0; t < started; t++) pthread_join(helpers[t], 0);
-    for (int i = 0; i < job->count; i++) nn_blake3_push_subtree(&h, job->cv[i], piece);
-    size_t done = (size_t)job->count * piece * 1024;
-    free(job);
-    nn_blake3_update(&h, data + done, len - done);
-    nn_blake3_finalize(&h, out);
-}
-
 /* The header and the data, checked against this build: every size is the library's own. */
 static int nnx_check(const unsigned char *f, size_t size, const char *where, int threads) {
     if (size < NNX_HEADER || memcmp(f, NNX_MAGIC, 8) != 0)
@@ -155,7 +90,7 @@ static int nnx_check(const unsigned char *f, size_t size, const char *where, int
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its header's BLAKE3 of the data is not the "
                         "one built into this library", where);
     uint8_t digest[NN_BLAKE3_OUT_LEN];
-    nnx_hash(f + NNX_HEADER, NNX_DATA_BYTES, threads, digest);
+    nn_blake3_threaded(f + NNX_HEADER, NNX_DATA_BYTES, threads, digest);  /* on the open's threads */
     if (memcmp(digest, nnx_digest, 32) != 0)
         return nnx_fail(NNX_ERR(DAMAGED), "%s is damaged or altered: its data's BLAKE3 differs from the one "
                         "built into this library", where);

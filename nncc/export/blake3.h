@@ -60,6 +60,11 @@ NN_BLAKE3_API void nn_blake3_subtree(const nn_blake3_hasher *mode, const void *d
 NN_BLAKE3_API void nn_blake3_push_subtree(nn_blake3_hasher *h, const uint8_t cv[NN_BLAKE3_OUT_LEN],
                                           uint64_t chunks);
 
+/* The one-call hash (unkeyed) on up to `threads` threads (at most eight), for inputs of 1 MiB
+ * or more: the same digest. In blake3_threads.c, which needs POSIX threads and allocates one
+ * heap block per call (without it, or without a thread, the caller hashes alone). */
+NN_BLAKE3_API void nn_blake3_threaded(const void *data, size_t len, int threads, uint8_t out[NN_BLAKE3_OUT_LEN]);
+
 /* How many whole chunks this build hashes at once on this CPU: 8 where AVX2 is usable (the
  * CPU has it and the operating system saves its registers), else 1. The digest is the same
  * either way. */

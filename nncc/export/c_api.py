@@ -205,9 +205,10 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
 
 
 def hash_unit() -> str:
-    """blake3.c as a translation unit of its own, its functions hidden from the library's
-    users (the link makes them local too)."""
-    return _blake3_header() + "".join(line for line in _text("blake3.c").splitlines(keepends=True)
+    """blake3.c and blake3_threads.c as a translation unit of their own, their functions
+    hidden from the library's users (the link makes them local too)."""
+    return _blake3_header() + "".join(line for name in ("blake3.c", "blake3_threads.c")
+                                      for line in _text(name).splitlines(keepends=True)
                                       if line.strip() != '#include "blake3.h"')
 
 
