@@ -6,11 +6,13 @@
 
 Exports MODEL with `nncc export` (through a fresh cache folder), builds a C program over
 its API (the README's example: zeros in, the first values of each output out) against the
-static library, and times, as the median of --runs fresh processes each:
-- c: the C program, from process start to its first answer (open: map and check the
-  weights; one run; exit), one thread;
-- ort: `python -c` importing onnxruntime and numpy, making a session (one intra-op
-  thread) and running once on zeros.
+static library, and times, as the median of --runs fresh processes each, the four taking
+turns in a rotating order:
+- the C program, from process start to its first answer (open: map and check the
+  weights; one run; exit), with one thread and with one per core;
+- `python -c` importing onnxruntime and numpy, making a session and running once on
+  zeros, with one intra-op thread and at its defaults (one per core);
+each C form compared with onnxruntime's like it.
 It also splits the C program's time into the open, the first run and a second run (in one
 thread: process CPU time and page faults; with one thread per core: wall and CPU time;
 medians of --runs processes), and times the open's
@@ -54,11 +56,18 @@ def timed(cmd: list[str], env=None) -> tuple[float, float]:
     return seconds, usage.ru_utime + usage.ru_stime
 
 
-def median_of(runs: int, cmd: list[str], env=None) -> tuple[float, float]:
-    """Median wall and median CPU seconds of ``runs`` processes."""
-    timed(cmd, env)  # the files into the page cache
-    walls, cpus = zip(*(timed(cmd, env) for _ in range(runs)))
-    return statistics.median(walls), statistics.median(cpus)
+def alternating(runs: int, commands: dict) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU seconds of ``runs`` processes of each command (name -> (argv,
+    env)), run in turn, each round starting one further along, so drift on a shared
+    machine falls on all of them alike."""
+    names = list(commands)
+    for argv, env in commands.values():
+        timed(argv, env)  # the files into the page cache
+    times = {name: [] for name in names}
+    for round_ in range(runs):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            times[name].append(timed(*commands[name]))
+    return {name: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for name, t in times.items()}
 
 
 HASH_TIMER = r"""
@@ -256,25 +265,31 @@ def main() -> None:
         fixed = dict(d.split("=") for d in args.dim)
         feeds = {i.name: [int(fixed.get(d.dim_param, d.dim_value or 1)) for d in i.type.tensor_type.shape.dim]
                  for i in graph.input if i.name not in {t.name for t in graph.initializer}}
-        ort = ("import numpy as np, onnxruntime as ort\n"
-               "o = ort.SessionOptions(); o.intra_op_num_threads = 1\n"
-               f"s = ort.InferenceSession({args.model!r}, o, providers=['CPUExecutionProvider'])\n"
-               f"s.run(None, {{k: np.zeros(v, np.float32) for k, v in {feeds!r}.items()}})\n")
-        c_env = dict(os.environ)
-        c_seconds = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
-        # the C program opens with 0 threads (one per core); one thread is the fair match
+        zeros = f"s.run(None, {{k: np.zeros(v, np.float32) for k, v in {feeds!r}.items()}})\n"
+        session = f"s = ort.InferenceSession({args.model!r}, o, providers=['CPUExecutionProvider'])\n"
+        ort_one = ("import numpy as np, onnxruntime as ort\n"
+                   "o = ort.SessionOptions(); o.intra_op_num_threads = 1\n" + session + zeros)
+        ort_cores = "import numpy as np, onnxruntime as ort\no = ort.SessionOptions()\n" + session + zeros
+        weights = str(work / "lib" / f"{name}.weights")
+        exe_one = work / "example_one_thread"  # the C program opens with 0 threads (one per core)
         program.write_text(example_program(name, embedded=False).replace(", 0, &model)", ", 1, &model)"))
-        subprocess.run([find_toolchain().path, "-O2", str(program), "-o", str(exe), f"-I{work / 'lib'}",
+        subprocess.run([find_toolchain().path, "-O2", str(program), "-o", str(exe_one), f"-I{work / 'lib'}",
                         str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
-        c_one = median_of(args.runs, [str(exe), str(work / "lib" / f"{name}.weights")], c_env)
-        ort_seconds = median_of(args.runs, [sys.executable, "-c", ort])
-        print(f"model {args.model} ({name}), median of {args.runs} processes, first answer (wall, CPU):")
-        for label, (w, c) in (("C program (static library), 1 thread", c_one),
-                              ("C program (static library), 1 per core", c_seconds),
-                              ("python -c onnxruntime, 1 intra-op thread", ort_seconds)):
-            print(f"  {label + ':':43}{w * 1000:8.1f} ms {c * 1000:8.1f} ms")
-        print(f"  C / onnxruntime: 1 thread {c_one[0] / ort_seconds[0]:.3f} (CPU {c_one[1] / ort_seconds[1]:.3f}), "
-              f"1 per core {c_seconds[0] / ort_seconds[0]:.3f}")
+        commands = {"c_one": ([str(exe_one), weights], dict(os.environ)),
+                    "c_cores": ([str(exe), weights], dict(os.environ)),
+                    "ort_one": ([sys.executable, "-c", ort_one], None),
+                    "ort_cores": ([sys.executable, "-c", ort_cores], None)}
+        took = alternating(args.runs, commands)
+        print(f"model {args.model} ({name}), median of {args.runs} processes each, the four in turn "
+              "(a rotating order), first answer (wall, CPU):")
+        for key, label in (("c_one", "C program (static library), 1 thread"),
+                           ("c_cores", "C program (static library), 1 per core"),
+                           ("ort_one", "python -c onnxruntime, 1 intra-op thread"),
+                           ("ort_cores", "python -c onnxruntime, at its defaults")):
+            print(f"  {label + ':':43}{took[key][0] * 1000:8.1f} ms {took[key][1] * 1000:8.1f} ms")
+        print(f"  C / onnxruntime, like for like: 1 thread {took['c_one'][0] / took['ort_one'][0]:.3f} "
+              f"(CPU {took['c_one'][1] / took['ort_one'][1]:.3f}), 1 per core against its defaults "
+              f"{took['c_cores'][0] / took['ort_cores'][0]:.3f} (CPU {took['c_cores'][1] / took['ort_cores'][1]:.3f})")
         print(stages(work, name, args.runs, find_toolchain().path))
         print(f"the open's BLAKE3 over {name}.weights' data, best of 9:")
         print("\n".join(hash_times(work / "lib" / f"{name}.weights", work, find_toolchain().path)))
