@@ -354,6 +354,34 @@ def matmul(case, rng):
     case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
 
 
+def sibling_matmuls(case, rng):
+    """Two to four products of one input by constant weights of one shape, each maybe with
+    a bias, most with one shared activation (those run as one packed GEMM, each storing its
+    own output: gemm_gen.siblings), some with another or ending in a residual Add (kept
+    apart)."""
+    b = _Builder(case, rng)
+    m, k, nn = (_choice(rng, ODD + [4, 16, 33]) for _ in range(3))
+    batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 2)))]
+    a = b.input("a", (*batch, m, k))
+    shared = _choice(rng, ["", "", "Relu", "Sigmoid", "Tanh"])
+    products = []
+    for i in range(int(rng.integers(2, 5))):
+        (y,) = b.node("MatMul", [a, b.init(f"w{i}", (k, nn))], [f"mm{i}"])
+        bias = rng.random() < 0.5
+        if bias:
+            (y,) = b.node("Add", [y, b.init(f"bias{i}", (nn,))], [f"add{i}"])
+        act = shared if rng.random() < 0.8 else _choice(rng, ["", "Relu", "Tanh"])
+        if act:
+            (y,) = b.node(act, [y], [f"act{i}"])
+        residual = k == nn and rng.random() < 0.2
+        if residual:
+            (y,) = b.node("Add", [y, a], [f"res{i}"])
+        b.output(y)
+        products.append(dict(bias=bias, act=act or None, residual=residual))
+    case.terms = k + 2
+    case.geometry = dict(a=[*batch, m, k], n=nn, products=products)
+
+
 def bf16_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The error bound of a product computed in bfloat16 (the compile's ``precision="bf16"``),
     per element of ``a @ b`` (batch dims broadcast): each input rounded to 8 significant
@@ -443,7 +471,11 @@ def attention(case, rng, **given):
     Grouped-query heads (``kv_heads`` dividing ``heads``, drawn from the case's second
     generator so the other geometries stay as they were): K and V with fewer heads, each
     repeated for its group of query heads as exporters write it (Unsqueeze, Expand, Reshape),
-    which -O2 reads unrepeated. ``given`` fixes any of the geometry's keys
+    which -O2 reads unrepeated. From the case's fourth generator (so again the other
+    geometries stay): the scale split as torch's scaled_dot_product_attention writes it
+    (Q and Kᵀ each times the square root of the factor, ``scale="split"``), and its guard
+    after the Softmax (``guard``: Where(IsNaN(p), 0, p)), with rows whose keys are all
+    hidden (-inf) by the padding mask then. ``given`` fixes any of the geometry's keys
     (tests/test_native_attention.py)."""
     b = _Builder(case, rng)
     g = dict(batch=_choice(rng, [1, 1, 2, 3]), heads=_choice(rng, [1, 2, 3, 5, 8]),
@@ -460,6 +492,10 @@ def attention(case, rng, **given):
         g["heads"], g["kv_heads"] = _choice(grouped, [(4, 2), (6, 3), (9, 3), (15, 5), (8, 1), (5, 1), (12, 4),
                                                       (3, 1), (6, 2)])
     g["kv_heads"] = g.get("kv_heads", g["heads"])
+    torch_forms = np.random.default_rng([case.seed, case.index, 3])
+    if torch_forms.random() < 0.3:
+        g["scale"] = "split"
+    g["guard"] = bool(torch_forms.random() < 0.4)
     g.update(given)
     if "heads" in given and "kv_heads" not in given:
         g["kv_heads"] = g["heads"]
@@ -503,8 +539,12 @@ def attention(case, rng, **given):
         q, kt, v = b.input("q", (batch * heads, sq, d)), b.input("k", (batch * heads, d, skv)), \
             b.input("v", (batch * heads, skv, dv))
         lead = (batch * heads,)
-    y = b.node("MatMul", [q, kt], ["scores"])[0]
     factor = 1.0 / math.sqrt(d)
+    if g["scale"] == "split":
+        root = b.init("root", np.array(math.sqrt(factor)))
+        q = b.node("Mul", [q, root], ["q_scaled"])[0]
+        kt = b.node("Mul", [root, kt], ["k_scaled"])[0]
+    y = b.node("MatMul", [q, kt], ["scores"])[0]
     if g["scale"] == "mul":
         y = b.node("Mul", [y, b.init("scale", np.array(factor))], ["scaled"])[0]
     elif g["scale"] == "mul_first":
@@ -512,9 +552,14 @@ def attention(case, rng, **given):
     elif g["scale"] == "div":
         y = b.node("Div", [y, b.init("scale", np.array(math.sqrt(d)))], ["scaled"])[0]
     if g["mask"] == "padding":  # keys past a random length hidden, per batch
-        keep = np.arange(skv)[None, :] < rng.integers(1, skv + 1, size=(batch, 1))
+        lengths = rng.integers(1, skv + 1, size=(batch, 1))
+        fill = -10000.0
+        if g["guard"] and torch_forms.random() < 0.5:  # a sample with every key hidden
+            lengths[int(torch_forms.integers(batch))] = 0
+            fill = -np.inf
+        keep = np.arange(skv)[None, :] < lengths
         name = b.name("mask")
-        case.inputs[name] = np.where(keep, 0.0, -10000.0).astype(np.float32).reshape(batch, 1, 1, skv)
+        case.inputs[name] = np.where(keep, 0.0, fill).astype(np.float32).reshape(batch, 1, 1, skv)
         y = b.node("Add", [y, name], ["masked"])[0]
     elif g["mask"] in ("causal", "causal_inf"):  # query i sees keys up to i + (skv - sq), at least key 0
         offset = max(skv - sq, 0)
@@ -524,6 +569,9 @@ def attention(case, rng, **given):
     elif g["mask"] == "random":
         y = b.node("Add", [y, b.init("mask", (lead[-1], sq, skv))], ["masked"])[0]
     y = b.node("Softmax", [y], ["probs"], axis=-1)[0]
+    if g["guard"]:
+        nan = b.node("IsNaN", [y], ["nan"])[0]
+        y = b.node("Where", [nan, b.init("zero", np.array([0.0])), y], ["guarded"])[0]
     y = b.node("MatMul", [y, v], ["context"])[0]
     if g["merge"] and len(lead) == 2:
         y = b.node("Transpose", [y], ["merged"], perm=[0, 2, 1, 3])[0]
@@ -1104,11 +1152,12 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather}
+         "int_gather": int_gather, "sibling_matmuls": sibling_matmuls}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather",
+         "sibling_matmuls"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -40,6 +40,13 @@ PINNED = [  # (geometry keys the case fixes); the rest drawn from the case's gen
     dict(batch=1, heads=5, kv_heads=1, d=8, dv=5, sq=1, skv=130, split="given", mask="", scale="div", merge=False),
     dict(batch=1, heads=6, kv_heads=2, d=64, dv=64, sq=200, skv=200, split="transpose", mask="causal", scale="mul",
          merge=True),
+    # torch's scaled_dot_product_attention: the scale split over Q and Kᵀ, the NaN guard after
+    # the Softmax (with a sample whose keys are all hidden, when the case draws one)
+    dict(batch=2, heads=4, d=64, dv=64, sq=64, skv=64, split="transpose", mask="padding", scale="split", guard=True,
+         merge=True),
+    dict(batch=1, heads=8, kv_heads=4, d=32, dv=32, sq=64, skv=64, split="given", mask="causal_inf", scale="split",
+         guard=True, merge=True),
+    dict(batch=2, heads=3, d=17, dv=5, sq=33, skv=130, split="rank3", mask="", scale="split", guard=True, merge=False),
 ]
 
 
