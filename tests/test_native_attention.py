@@ -118,12 +118,22 @@ def _attention_nodes(softmax_axis=-1, scale="s", extra_probs_reader=False):
     return nodes
 
 
+def _guarded_nodes(fill: str):
+    """The pattern with a guard after the Softmax that puts ``fill`` where p is NaN."""
+    nodes = _attention_nodes()
+    nodes[-1:] = [helper.make_node("IsNaN", ["probs"], ["nan"]),
+                  helper.make_node("Where", ["nan", fill, "probs"], ["guarded"]),
+                  helper.make_node("MatMul", ["guarded", "v"], ["y"])]
+    return nodes
+
+
 INPUTS = [("q", [2, 3, 6, 4]), ("kt", [2, 3, 4, 6]), ("v", [2, 3, 6, 5])]
 NEAR_MISSES = {
     "softmax over the keys' other axis": (_attention_nodes(softmax_axis=-2), ["y"], [("s", 0.5)]),
     "a scale that varies per key": (_attention_nodes(), ["y"], [("s", np.linspace(0.1, 1.0, 6))]),
     "the probabilities read twice": (_attention_nodes(extra_probs_reader=True), ["y", "probs_too"], [("s", 0.5)]),
     "the scores a graph output": (_attention_nodes(), ["y", "scores"], [("s", 0.5)]),
+    "a NaN guard that fills another value": (_guarded_nodes("one"), ["y"], [("s", 0.5), ("one", 1.0)]),
 }
 
 
@@ -150,6 +160,14 @@ def test_the_pattern_itself_fuses():
     after = fuse_attention(parse_model(model.SerializeToString()))
     assert [n.op_type for n in after.nodes] == ["FusedAttention"]
     assert after.nodes[0].attrs["scale"] == 0.5
+
+
+def test_the_guard_that_fills_zeros_fuses():
+    """The baseline of the guard's near miss: Where(IsNaN(p), 0, p) joins the node."""
+    model = _model(_guarded_nodes("zero"), INPUTS, ["y"], [("s", 0.5), ("zero", 0.0)])
+    after = fuse_attention(parse_model(model.SerializeToString()))
+    assert [n.op_type for n in after.nodes] == ["FusedAttention"]
+    assert after.nodes[0].attrs["zero_nan_rows"] == 1
 
 
 # -- the ONNX Attention op ------------------------------------------------------------------------

@@ -523,7 +523,8 @@ def product_key(w, node):
 def siblings(w, node) -> list:
     """The MatMuls after ``node`` in its partition that read the same A and share its
     product_key (the query, key and value projections of attention; a gated unit's two
-    products): ``node`` computes them with its own as one GEMM, so A is read once, the
+    products only when both have the same activation): ``node`` computes them with its own
+    as one GEMM, so A is read once, the
     pool is started once and the grid is wider where each product alone is narrow (a
     256-column product is 16 panels for 2 threads to share). None when the arithmetic is
     not float32 or when one of them ends in a residual Add (its store adds it)."""
