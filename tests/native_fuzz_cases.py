@@ -354,34 +354,6 @@ def matmul(case, rng):
     case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
 
 
-def sibling_matmuls(case, rng):
-    """Two to four products of one input by constant weights of one shape, each maybe with
-    a bias, most with one shared activation (those run as one packed GEMM, each storing its
-    own output: gemm_gen.siblings), some with another or ending in a residual Add (kept
-    apart)."""
-    b = _Builder(case, rng)
-    m, k, nn = (_choice(rng, ODD + [4, 16, 33]) for _ in range(3))
-    batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 2)))]
-    a = b.input("a", (*batch, m, k))
-    shared = _choice(rng, ["", "", "Relu", "Sigmoid", "Tanh"])
-    products = []
-    for i in range(int(rng.integers(2, 5))):
-        (y,) = b.node("MatMul", [a, b.init(f"w{i}", (k, nn))], [f"mm{i}"])
-        bias = rng.random() < 0.5
-        if bias:
-            (y,) = b.node("Add", [y, b.init(f"bias{i}", (nn,))], [f"add{i}"])
-        act = shared if rng.random() < 0.8 else _choice(rng, ["", "Relu", "Tanh"])
-        if act:
-            (y,) = b.node(act, [y], [f"act{i}"])
-        residual = k == nn and rng.random() < 0.2
-        if residual:
-            (y,) = b.node("Add", [y, a], [f"res{i}"])
-        b.output(y)
-        products.append(dict(bias=bias, act=act or None, residual=residual))
-    case.terms = k + 2
-    case.geometry = dict(a=[*batch, m, k], n=nn, products=products)
-
-
 def bf16_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The error bound of a product computed in bfloat16 (the compile's ``precision="bf16"``),
     per element of ``a @ b`` (batch dims broadcast): each input rounded to 8 significant
@@ -1152,12 +1124,11 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather, "sibling_matmuls": sibling_matmuls}
+         "int_gather": int_gather}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather",
-         "sibling_matmuls"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather"]
 
 
 def make_case(seed: int, index: int) -> Case:

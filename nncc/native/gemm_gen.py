@@ -119,9 +119,6 @@ class Shape:
     sai: int
     sak: int
     vl: int
-    # products of the same A side by side (sibling_products): B holds each one's panels in
-    # turn, and each writes its own [M, N] output
-    segments: int = 1
 
     @property
     def mr(self) -> int:
@@ -291,15 +288,10 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
         s.k, kc, mc,
         b_line=f"const float *bp = g->b + q * {s.k * s.nr} + k0 * {s.nr};",
         a_line=f"const float *a = g->a + i * {s.sai} + k0 * {s.sak};",
-        lead=[f"typedef struct {{ const float *a, *b, *bias, *pre, *post; float *{c_type(s)}c; int64_t tm, tn; }} g_job;"],
+        lead=["typedef struct { const float *a, *b, *bias, *pre, *post; float *c; int64_t tm, tn; } g_job;"],
         scratch_param="", calls=["g_job g = {A, Bp, bias, pre, post, C, tm, tn};",
-                                 f"nn_parallel(tm * tn, {s.m * s.n * s.k * s.segments}, g_task, &g);"])
+                                 f"nn_parallel(tm * tn, {s.m * s.n * s.k}, g_task, &g);"])
     return f"NN_REQUIRE_VL({s.vl});\n" + "".join([PARTIAL_VECTOR_C] + kernels + [driver])
-
-
-def c_type(s: Shape) -> str:
-    """What follows ``float *`` in the C parameter: one output, or one per segment."""
-    return "const *" if s.segments > 1 else ""
 
 
 def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k_extent: int, kc: int, mc: int,
@@ -315,7 +307,6 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
     with ``int64_t tm, tn``: the split."""
     mr, nr, n = s.mr, s.nr, s.n
     blocks = -(-s.m // mr)  # row slivers
-    panels = s.panels * s.segments  # of the grid: each segment's, one segment after another
     tail_cols = n - (s.panels - 1) * nr
     tail_rows = s.m % mr
     kernels = []
@@ -349,12 +340,10 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
         f"        int64_t j = q * {nr};",
         f"        for (int64_t i = i0; i < i1; i += {mr}) {{",
         f"          {a_line}",
-        f"          float *cp = g->c + i * {n} + j;" if s.segments == 1 else
-        f"          float *cp = g->c[q / {s.panels}] + i * {n} + q % {s.panels} * {nr};",
+        f"          float *cp = g->c + i * {n} + j;",
     ]
-    last = f"q == {s.panels - 1}" if s.segments == 1 else f"q % {s.panels} == {s.panels - 1}"
     if tail_cols != nr and s.panels > 1:
-        body.append(f"          if ({last}) {{ {by_rows(tail_cols)} }}")
+        body.append(f"          if (q == {s.panels - 1}) {{ {by_rows(tail_cols)} }}")
         body.append(f"          else {{ {by_rows(nr)} }}")
     else:
         body.append("          " + by_rows(tail_cols))
@@ -365,21 +354,21 @@ def grid_source(s: Shape, epi: Epilogue, name: str, prefix: str, micro_kernel, k
         f"  {prefix}_job *g = ctx;",
         "  for (int64_t w = lo; w < hi; w++) {",
         "    int64_t jn = w % g->tn, im = w / g->tn;",
-        f"    int64_t q0 = {panels} * jn / g->tn, q1 = {panels} * (jn + 1) / g->tn;",
+        f"    int64_t q0 = {s.panels} * jn / g->tn, q1 = {s.panels} * (jn + 1) / g->tn;",
         f"    int64_t r0 = {blocks} * im / g->tm * {mr}, r1 = {blocks} * (im + 1) / g->tm * {mr};",
         f"    if (r1 > {s.m}) r1 = {s.m};",
         f"    if (q0 < q1 && r0 < r1) {prefix}_block(g, r0, r1, q0, q1);",
         "  }",
         "}",
         f"static void {name}(const float *A, const float *Bp, const float *bias, const float *pre, "
-        f"const float *post, float *{c_type(s)}C{scratch_param}) {{",
+        f"const float *post, float *C{scratch_param}) {{",
         "  /* the (row sliver x panel) grid in tm x tn rectangles, SHARES per thread of the pool,",
         "   * the split with the smallest rectangle */",
         f"  int64_t t = nn_thread_count(), shares = t > 1 ? {SHARES} * t : 1, tm = 1, tn = 1, best = -1;",
         "  for (int64_t cn = 1; cn <= shares; cn++) {",
         f"    int64_t cm = shares / cn; if (cm > {blocks}) cm = {blocks};",
-        f"    int64_t cost = ({panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
-        f"    if (cn <= {panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
+        f"    int64_t cost = ({s.panels} + cn - 1) / cn * (({blocks} + cm - 1) / cm);",
+        f"    if (cn <= {s.panels} && (best < 0 || cost < best)) {{ best = cost; tm = cm; tn = cn; }}",
         "  }",
     ] + [f"  {line}" for line in calls] + ["}"]
     return kernels, "\n".join(body) + "\n"
@@ -473,10 +462,6 @@ def emit_matmul(w, node) -> bool:
     m, k, n = sa[-2], sa[-1], sb[-1]
     if 0 in (m, k, n) or 0 in so:
         return False
-    group = siblings(w, node)
-    if group:
-        emit_siblings(w, [node] + group, Shape(math.prod(so[:-1]), n, k, k, 1, w.vl, 1 + len(group)), act)
-        return True
     matrix = np.asarray(b_value, np.float32).reshape(-1, k, n)
     bp = _packed(w, b, packing.form(w.vl), matrix, packing, matrix.shape[:1], k, n)
     b_size = math.prod(w.shape(bp)[1:])
@@ -501,81 +486,6 @@ def emit_matmul(w, node) -> bool:
         code = "\n".join(lines)
     w.step(code, [a, bp, bias_name, other], [target], scratch, support=packing.support(s, epi, ENTRY))
     return True
-
-
-def product_key(w, node):
-    """What products of one A must share to run as one GEMM (siblings), or None when
-    ``node`` is not a MatMul by constant 2-D weights with an activation this GEMM applies:
-    A's, B's and the output's shapes and the activation. A bias may differ (a missing one
-    is a row of zeros)."""
-    if (node.domain, node.op_type) not in graph_query.MATMUL_OPS or len(node.inputs) < 2:
-        return None
-    b = node.inputs[1]
-    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
-    act = activation(node.attrs)
-    if act is None or graph_query.const_value(w.graph, w.infos, b) is None or len(w.shape(b)) != 2:
-        return None
-    if bias and graph_query.const_value(w.graph, w.infos, bias) is None:
-        return None
-    return tuple(w.shape(node.inputs[0])), tuple(w.shape(b)), tuple(w.shape(node.outputs[0])), act
-
-
-def siblings(w, node) -> list:
-    """The MatMuls after ``node`` in its partition that read the same A and share its
-    product_key (the query, key and value projections of attention; a gated unit's two
-    products only when both have the same activation): ``node`` computes them with its own
-    as one GEMM, so A is read once, the
-    pool is started once and the grid is wider where each product alone is narrow (a
-    256-column product is 16 panels for 2 threads to share). None when the arithmetic is
-    not float32 or when one of them ends in a residual Add (its store adds it)."""
-    if getattr(w, "packing", F32) is not F32:
-        return []
-    here = next((i for i, n in enumerate(w.nodes) if n is node), None)
-    key = product_key(w, node)
-    if here is None or key is None:  # a node of an If's branch, or not one of these products
-        return []
-    later = {id(n) for n in w.nodes[here + 1:]}
-    f32 = getattr(w, "low_packing", F32) is F32
-    found, seen = [], set()
-    for other in w.consumers.get(node.inputs[0], []):
-        if id(other) in seen or id(other) not in later or id(other) in w.absorbed:
-            continue
-        seen.add(id(other))
-        if other.inputs[0] == node.inputs[0] and product_key(w, other) == key \
-                and (f32 or other.inputs[1] in getattr(w, "keep_f32", ())):
-            found.append(other)
-    if not found or _residual(w, node, node.outputs[0]) is not None:
-        return []
-    return [other for other in found if _residual(w, other, other.outputs[0]) is None]
-
-
-def emit_siblings(w, nodes: list, s: Shape, act: tuple[str, float, float]) -> None:
-    """``nodes`` (the first and its siblings) as one packed GEMM step: B is each product's
-    panels in turn (each zero-padded to whole panels), the bias likewise, and panel q writes
-    product q // panels' output, so each output is stored where it lives and nothing is
-    split afterwards. The siblings are absorbed: they are not written again."""
-    a = nodes[0].inputs[0]
-    k, n = s.k, s.n
-    width = s.panels * s.nr
-    matrix = np.zeros((k, width * len(nodes)), np.float32)
-    row = np.zeros(width * len(nodes), np.float32)
-    biases = [node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None for node in nodes]
-    for i, (node, bias) in enumerate(zip(nodes, biases)):
-        matrix[:, i * width:i * width + n] = np.asarray(graph_query.const_value(w.graph, w.infos, node.inputs[1]),
-                                                        np.float32).reshape(k, n)
-        if bias:
-            row[i * width:(i + 1) * width] = pack_row(graph_query.const_value(w.graph, w.infos, bias), n, w.vl)
-    names = "+".join(node.inputs[1] for node in nodes[1:])
-    bp = _packed(w, nodes[0].inputs[1], f"{F32.form(w.vl)}+{names}", matrix, F32, (), k, matrix.shape[1])
-    bias_name = None
-    if any(biases):
-        bias_name = w.pack(biases[0] or nodes[0].inputs[1], f"row{n}x{len(nodes)}/{w.vl}+{names}", row)
-    for node in nodes[1:]:
-        w.absorbed.add(id(node))
-    outs = [node.outputs[0] for node in nodes]
-    code = (f"{{ float *cs[{len(nodes)}] = {{{', '.join(w.ptr(o) for o in outs)}}};\n"
-            f"  {ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(bias_name) if bias_name else '0'}, 0, 0, cs); }}")
-    w.step(code, [a, bp, bias_name], outs, 0, support=F32.support(s, Epilogue(*act, bias=bias_name is not None), ENTRY))
 
 
 def emit_gemm(w, node) -> bool:
