@@ -443,7 +443,11 @@ def attention(case, rng, **given):
     Grouped-query heads (``kv_heads`` dividing ``heads``, drawn from the case's second
     generator so the other geometries stay as they were): K and V with fewer heads, each
     repeated for its group of query heads as exporters write it (Unsqueeze, Expand, Reshape),
-    which -O2 reads unrepeated. ``given`` fixes any of the geometry's keys
+    which -O2 reads unrepeated. From the case's fourth generator (so again the other
+    geometries stay): the scale split as torch's scaled_dot_product_attention writes it
+    (Q and Kᵀ each times the square root of the factor, ``scale="split"``), and its guard
+    after the Softmax (``guard``: Where(IsNaN(p), 0, p)), with rows whose keys are all
+    hidden (-inf) by the padding mask then. ``given`` fixes any of the geometry's keys
     (tests/test_native_attention.py)."""
     b = _Builder(case, rng)
     g = dict(batch=_choice(rng, [1, 1, 2, 3]), heads=_choice(rng, [1, 2, 3, 5, 8]),
@@ -460,6 +464,10 @@ def attention(case, rng, **given):
         g["heads"], g["kv_heads"] = _choice(grouped, [(4, 2), (6, 3), (9, 3), (15, 5), (8, 1), (5, 1), (12, 4),
                                                       (3, 1), (6, 2)])
     g["kv_heads"] = g.get("kv_heads", g["heads"])
+    torch_forms = np.random.default_rng([case.seed, case.index, 3])
+    if torch_forms.random() < 0.3:
+        g["scale"] = "split"
+    g["guard"] = bool(torch_forms.random() < 0.4)
     g.update(given)
     if "heads" in given and "kv_heads" not in given:
         g["kv_heads"] = g["heads"]
@@ -503,8 +511,12 @@ def attention(case, rng, **given):
         q, kt, v = b.input("q", (batch * heads, sq, d)), b.input("k", (batch * heads, d, skv)), \
             b.input("v", (batch * heads, skv, dv))
         lead = (batch * heads,)
-    y = b.node("MatMul", [q, kt], ["scores"])[0]
     factor = 1.0 / math.sqrt(d)
+    if g["scale"] == "split":
+        root = b.init("root", np.array(math.sqrt(factor)))
+        q = b.node("Mul", [q, root], ["q_scaled"])[0]
+        kt = b.node("Mul", [root, kt], ["k_scaled"])[0]
+    y = b.node("MatMul", [q, kt], ["scores"])[0]
     if g["scale"] == "mul":
         y = b.node("Mul", [y, b.init("scale", np.array(factor))], ["scaled"])[0]
     elif g["scale"] == "mul_first":
@@ -512,9 +524,14 @@ def attention(case, rng, **given):
     elif g["scale"] == "div":
         y = b.node("Div", [y, b.init("scale", np.array(math.sqrt(d)))], ["scaled"])[0]
     if g["mask"] == "padding":  # keys past a random length hidden, per batch
-        keep = np.arange(skv)[None, :] < rng.integers(1, skv + 1, size=(batch, 1))
+        lengths = rng.integers(1, skv + 1, size=(batch, 1))
+        fill = -10000.0
+        if g["guard"] and torch_forms.random() < 0.5:  # a sample with every key hidden
+            lengths[int(torch_forms.integers(batch))] = 0
+            fill = -np.inf
+        keep = np.arange(skv)[None, :] < lengths
         name = b.name("mask")
-        case.inputs[name] = np.where(keep, 0.0, -10000.0).astype(np.float32).reshape(batch, 1, 1, skv)
+        case.inputs[name] = np.where(keep, 0.0, fill).astype(np.float32).reshape(batch, 1, 1, skv)
         y = b.node("Add", [y, name], ["masked"])[0]
     elif g["mask"] in ("causal", "causal_inf"):  # query i sees keys up to i + (skv - sq), at least key 0
         offset = max(skv - sq, 0)
@@ -524,6 +541,9 @@ def attention(case, rng, **given):
     elif g["mask"] == "random":
         y = b.node("Add", [y, b.init("mask", (lead[-1], sq, skv))], ["masked"])[0]
     y = b.node("Softmax", [y], ["probs"], axis=-1)[0]
+    if g["guard"]:
+        nan = b.node("IsNaN", [y], ["nan"])[0]
+        y = b.node("Where", [nan, b.init("zero", np.array([0.0])), y], ["guarded"])[0]
     y = b.node("MatMul", [y, v], ["context"])[0]
     if g["merge"] and len(lead) == 2:
         y = b.node("Transpose", [y], ["merged"], perm=[0, 2, 1, 3])[0]

@@ -40,6 +40,13 @@ PINNED = [  # (geometry keys the case fixes); the rest drawn from the case's gen
     dict(batch=1, heads=5, kv_heads=1, d=8, dv=5, sq=1, skv=130, split="given", mask="", scale="div", merge=False),
     dict(batch=1, heads=6, kv_heads=2, d=64, dv=64, sq=200, skv=200, split="transpose", mask="causal", scale="mul",
          merge=True),
+    # torch's scaled_dot_product_attention: the scale split over Q and Kᵀ, the NaN guard after
+    # the Softmax (with a sample whose keys are all hidden, when the case draws one)
+    dict(batch=2, heads=4, d=64, dv=64, sq=64, skv=64, split="transpose", mask="padding", scale="split", guard=True,
+         merge=True),
+    dict(batch=1, heads=8, kv_heads=4, d=32, dv=32, sq=64, skv=64, split="given", mask="causal_inf", scale="split",
+         guard=True, merge=True),
+    dict(batch=2, heads=3, d=17, dv=5, sq=33, skv=130, split="rank3", mask="", scale="split", guard=True, merge=False),
 ]
 
 
@@ -111,12 +118,22 @@ def _attention_nodes(softmax_axis=-1, scale="s", extra_probs_reader=False):
     return nodes
 
 
+def _guarded_nodes(fill: str):
+    """The pattern with a guard after the Softmax that puts ``fill`` where p is NaN."""
+    nodes = _attention_nodes()
+    nodes[-1:] = [helper.make_node("IsNaN", ["probs"], ["nan"]),
+                  helper.make_node("Where", ["nan", fill, "probs"], ["guarded"]),
+                  helper.make_node("MatMul", ["guarded", "v"], ["y"])]
+    return nodes
+
+
 INPUTS = [("q", [2, 3, 6, 4]), ("kt", [2, 3, 4, 6]), ("v", [2, 3, 6, 5])]
 NEAR_MISSES = {
     "softmax over the keys' other axis": (_attention_nodes(softmax_axis=-2), ["y"], [("s", 0.5)]),
     "a scale that varies per key": (_attention_nodes(), ["y"], [("s", np.linspace(0.1, 1.0, 6))]),
     "the probabilities read twice": (_attention_nodes(extra_probs_reader=True), ["y", "probs_too"], [("s", 0.5)]),
     "the scores a graph output": (_attention_nodes(), ["y", "scores"], [("s", 0.5)]),
+    "a NaN guard that fills another value": (_guarded_nodes("one"), ["y"], [("s", 0.5), ("one", 1.0)]),
 }
 
 
@@ -143,6 +160,14 @@ def test_the_pattern_itself_fuses():
     after = fuse_attention(parse_model(model.SerializeToString()))
     assert [n.op_type for n in after.nodes] == ["FusedAttention"]
     assert after.nodes[0].attrs["scale"] == 0.5
+
+
+def test_the_guard_that_fills_zeros_fuses():
+    """The baseline of the guard's near miss: Where(IsNaN(p), 0, p) joins the node."""
+    model = _model(_guarded_nodes("zero"), INPUTS, ["y"], [("s", 0.5), ("zero", 0.0)])
+    after = fuse_attention(parse_model(model.SerializeToString()))
+    assert [n.op_type for n in after.nodes] == ["FusedAttention"]
+    assert after.nodes[0].attrs["zero_nan_rows"] == 1
 
 
 # -- the ONNX Attention op ------------------------------------------------------------------------

@@ -45,7 +45,8 @@ _BY_OP = {
 _FUSED = {"activation": (STRING,), "activation_alpha": (FLOAT,), "activation_beta": (FLOAT,),
           "activation_min": (FLOAT,), "activation_max": (FLOAT,), "activation_approximate": (STRING,),
           "onnx_opset": (INT,), "q_perm": (INTS,), "k_perm": (INTS,), "v_perm": (INTS,),
-          "out_perm": (INTS,), "scale": (FLOAT,), "zero_hidden_rows": (INT,), "head_group": (INT,)}
+          "out_perm": (INTS,), "scale": (FLOAT,), "zero_hidden_rows": (INT,), "zero_nan_rows": (INT,),
+          "head_group": (INT,)}
 
 
 def _is(kind: str, value) -> bool:

@@ -14,6 +14,9 @@ heads (and the one that merges them back) are absorbed rather than copied:
 * ``bias`` (optional input): added to the scaled scores, broadcast as the Add it came from;
 * ``zero_hidden_rows`` (int, default 0): a query row whose every score is -inf gives zeros,
   as the ONNX Attention op defines it, rather than Softmax's NaN;
+* ``zero_nan_rows`` (int, default 0): the probabilities Softmax makes NaN (a row whose
+  scores are all -inf, or hold a NaN or +inf) are zeros, as ``Where(IsNaN(p), 0, p)``
+  after the Softmax makes them; the row's output is then 0·V;
 * ``head_group`` (int, default 1): grouped-query heads. On the last batch axis (the heads)
   K and V have ``1 / head_group`` as many entries as Q and the output, and query head ``h``
   reads K/V head ``h // head_group``; K and V are never copied per query head.
@@ -150,6 +153,8 @@ def fused_attention(ctx, q, k, v, bias=None):
             scores = scores + bias.astype(scores.dtype, copy=False)
         with np.errstate(invalid="ignore", over="ignore"):  # as Softmax: an all -inf row is NaN
             probs = softmax_last(scores, bool(ctx.get("zero_hidden_rows", 0)))
+        if ctx.get("zero_nan_rows", 0):
+            probs[np.isnan(probs)] = 0
         if group > 1:
             probs = probs.reshape(probs.shape[:-3] + (k.shape[-3], -1, probs.shape[-1]))
         y = np.matmul(probs, v)

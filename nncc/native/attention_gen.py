@@ -297,6 +297,14 @@ def emit(w, node: Node) -> None:
         add_bias = f"for (int64_t jj = 0; jj < cols; jj++) sr[jj] *= {c_float(scale)};"
     # a row that saw no key: 0/0, NaN as Softmax gives, or zeros as ONNX Attention defines
     inverse = "l[r] == 0.0f ? 0.0f : 1.0f / l[r]" if node.attrs.get("zero_hidden_rows") else "1.0f / l[r]"
+    # Where(IsNaN(p), 0, p) after the Softmax: a row whose probabilities are NaN (its sum is
+    # 0: every score -inf, or NaN: a NaN or +inf score) has all of them 0, so its output is
+    # the sum of 0 * V over the keys (NaN where V holds a NaN or an infinity, as there)
+    nan_rows = ""
+    if node.attrs.get("zero_nan_rows"):
+        nan_rows = (f"if (!(l[r] > 0.0f && l[r] < INFINITY)) {{ for (int64_t c = 0; c < {geo.dv}; c++) {{ "
+                    f"float z = 0.0f; for (int64_t j = 0; j < {geo.skv}; j++) z += 0.0f * vp[j * {vs} + c * {vd}]; "
+                    f"y[c * {od}] = z; }} continue; }}")
     body = f"""
 typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 
@@ -358,6 +366,7 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
     for (int64_t r = 0; r < rows; r++) {{
       const float inv = {inverse};
       float *y = a->out + oo + (i0 + r) * {os_};
+      {nan_rows}
       for (int64_t c = 0; c < {geo.dv}; c++) y[c * {od}] = o[r * {dvp} + c] * inv;
     }}
   }}

@@ -4,12 +4,16 @@ as one kernel that never materialises the score matrix.
 
 The pattern, matched from each Softmax over the last axis::
 
-    [Transpose] Q ──┐
-    [Transpose] Kᵀ ─┴ MatMul -> [Mul or Div by a scalar constant] -> [Add(bias)]
-        -> Softmax(last axis) -> MatMul(., [Transpose] V) -> [Transpose]
+    [Transpose] Q  -> [Mul by a scalar constant] ──┐
+    [Transpose] Kᵀ -> [Mul by a scalar constant] ──┴ MatMul -> [Mul or Div by a scalar
+        constant] -> [Add(bias)] -> Softmax(last axis) -> [Where(IsNaN(p), 0, p)]
+        -> MatMul(., [Transpose] V) -> [Transpose]
 
 A Transpose feeding Q, Kᵀ or V, or reading the result, is absorbed as the node's ``*_perm``
-attribute when the fused node is its only reader. Every intermediate (scores, scaled,
+attribute when the fused node is its only reader. The scalars Q and Kᵀ are multiplied by
+(torch's scaled_dot_product_attention scales each by the fourth root of the depth) join
+the scores' scale. ``Where(IsNaN(p), 0, p)`` (the same function's guard for a row whose
+keys are all masked) becomes the node's ``zero_nan_rows``. Every intermediate (scores, scaled,
 biased, probabilities) must be read by the next op alone and be no graph output; anything
 else leaves the graph as it was. Only float32 attention is fused (what the native kernel
 computes; other dtypes keep their exact unfused rounding). The ONNX Attention op becomes
@@ -100,6 +104,41 @@ def _softmax_last(graph: Graph, node: Node, rank: int | None) -> bool:
     return axis % rank == rank - 1 if -rank <= axis < rank else False
 
 
+def _scaled_operand(m: _Match, name: str, scores: Node) -> tuple[float, str, Node] | None:
+    """(factor, the value multiplied, the Mul) when ``name``, an operand of the scores'
+    MatMul read by it alone, is a float32 value times a scalar constant of no higher rank."""
+    mul = m.producer.get(name)
+    if not _plain(mul, "Mul", 2) or not m.only_into(name, scores) or id(mul) in m.rw.drop:
+        return None
+    a, b = mul.inputs
+    if a == b:
+        return None
+    factor = _scalar(m.rw, b)
+    if factor is None:
+        factor, a = _scalar(m.rw, a), b
+    if factor is None or not m.f32(a) or m.rank(a) != m.rank(name):
+        return None
+    return factor, a, mul
+
+
+def _nan_guard(m: _Match, softmax: Node) -> tuple[str, list[Node]]:
+    """(the probabilities the product reads, the guard's nodes): ``Where(IsNaN(p), 0, p)``
+    after the Softmax when that is the only use of p and of its IsNaN, else (p, [])."""
+    p = softmax.outputs[0]
+    users = m.rw.consumers.get(p, [])
+    if p in m.rw.pinned or len(users) != 2:
+        return p, []
+    isnan = next((n for n in users if _plain(n, "IsNaN", 1)), None)
+    where = next((n for n in users if _plain(n, "Where", 3)), None)
+    if isnan is None or where is None or m.rw.sole_consumer(isnan.outputs[0]) is not where:
+        return p, []
+    zero = m.rw.constant(where.inputs[1])
+    if where.inputs[0] != isnan.outputs[0] or where.inputs[2] != p or zero is None or zero.size != 1 \
+            or zero.dtype != F32 or zero.reshape(-1)[0] != 0 or m.rank(where.outputs[0]) != m.rank(p):
+        return p, []
+    return where.outputs[0], [isnan, where]
+
+
 def _fuse_one(m: _Match, softmax: Node) -> tuple[Node, list[Node]] | None:
     rw = m.rw
     rank = m.rank(softmax.inputs[0])
@@ -143,15 +182,26 @@ def _fuse_one(m: _Match, softmax: Node) -> tuple[Node, list[Node]] | None:
         return None
     scores = node
     chain.append(scores)
-    product = rw.sole_consumer(softmax.outputs[0])
-    if not _plain(product, "MatMul", 2) or product.inputs[0] != softmax.outputs[0]:
+    operands = []  # Q and Kᵀ: (the value, its reader), past a scalar Mul that joins the scale
+    for name in scores.inputs:
+        found = _scaled_operand(m, name, scores)
+        if found is None:
+            operands.append((name, scores))
+            continue
+        factor, value, mul = found
+        scale *= factor
+        chain.append(mul)
+        operands.append((value, mul))
+    probs, guard = _nan_guard(m, softmax)
+    product = rw.sole_consumer(probs)
+    if not _plain(product, "MatMul", 2) or product.inputs[0] != probs:
         return None
-    chain.append(product)
+    chain += guard + [product]
     if m.rank(product.outputs[0]) != rank or any(id(n) in rw.drop or id(n) in rw.replace for n in chain):
         return None
     m.absorbed = []
-    q = m.operand(scores.inputs[0], scores, swap=False)
-    k = m.operand(scores.inputs[1], scores, swap=True)
+    q = m.operand(*operands[0], swap=False)
+    k = m.operand(*operands[1], swap=True)
     v = m.operand(product.inputs[1], product, swap=False)
     if q is None or k is None or v is None or not all(m.f32(n) for n in (q[0], k[0], v[0])):
         return None
@@ -164,6 +214,8 @@ def _fuse_one(m: _Match, softmax: Node) -> tuple[Node, list[Node]] | None:
             out, out_perm = after.outputs[0], perm
             m.absorbed.append(after)
     attrs = {"scale": float(np.float32(scale))}
+    if guard:
+        attrs["zero_nan_rows"] = 1
     for key, perm in (("q_perm", q[1]), ("k_perm", k[1]), ("v_perm", v[1]), ("out_perm", out_perm)):
         if perm != list(range(len(perm))):
             attrs[key] = perm
