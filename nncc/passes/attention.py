@@ -116,7 +116,8 @@ def _scaled_operand(m: _Match, name: str, scores: Node) -> tuple[float, str, Nod
     factor = _scalar(m.rw, b)
     if factor is None:
         factor, a = _scalar(m.rw, a), b
-    if factor is None or not m.f32(a) or m.rank(a) != m.rank(name):
+    # a factor that is not finite would turn a zero of Q or Kᵀ into NaN, which the scale does not
+    if factor is None or not np.isfinite(factor) or not m.f32(a) or m.rank(a) != m.rank(name):
         return None
     return factor, a, mul
 
