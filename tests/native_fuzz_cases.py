@@ -1007,11 +1007,18 @@ def conv_transpose(case, rng):
     ins = [x, b.init("w", [group * cg, mg, *k])]
     if rng.random() < 0.6:
         ins.append(b.init("b", [group * mg]))
-    b.output(b.node("ConvTranspose", ins, ["y"], strides=s, pads=pads, dilations=d, output_padding=out_pad,
-                    group=group)[0])
+    # a 2-D Conv reading it takes the blocked layout, which an ungrouped 2-D ConvTranspose
+    # scatters straight into (a 1-D Conv is native from -O2 only)
+    then_conv = rng.random() < 0.4 and nd == 2
+    (y,) = b.node("ConvTranspose", ins, ["up" if then_conv else "y"], strides=s, pads=pads, dilations=d,
+                  output_padding=out_pad, group=group)
     case.terms = cg * math.prod(k) + 1
+    if then_conv:
+        (y,) = b.node("Conv", [y, b.init("w2", [3, group * mg, *[1] * nd])], ["y"])
+        case.terms *= group * mg
+    b.output(y)
     case.geometry = dict(op="ConvTranspose", x=list(case.inputs[x].shape), k=k, strides=s, pads=pads, dilations=d,
-                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3)
+                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3, then_conv=then_conv)
 
 
 def gather(case, rng):
