@@ -58,7 +58,7 @@ class BlockedLayout:
         buf = self.blocked_buffer(name)
         self.plain_ready.add(name)
         support, code = bo.to_blocked(shape, self.vl, self.ptr(name), self.ptr(buf))
-        self.step(code, [name], [buf], support=support)
+        self.step(code, [name], [buf], support=self.simd + support)
         self.steps[-1].label = f"reorder {name} to NCHW{self.vl}c"
         return buf
 
@@ -72,7 +72,7 @@ class BlockedLayout:
             self.alias[name] = buf  # [N, C, 1, 1] with whole blocks: the same bytes
             return name
         support, code = bo.to_plain((n, c, h, w), self.vl, self.ptr(buf), self.ptr(name))
-        self.step(code, [buf], [name], support=support)
+        self.step(code, [buf], [name], support=self.simd + support)
         self.steps[-1].label = f"reorder {name} to NCHW"
         return name
 
