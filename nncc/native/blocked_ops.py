@@ -225,30 +225,45 @@ static void gmp_task(void *p, int64_t lo, int64_t hi) {{
 
 
 def concat_channels(shapes, vl: int, xs: list[str], y: str) -> tuple[str, str]:
-    """Blocked inputs [N, C_i, H, W] -> blocked [N, sum C_i, H, W]. Whole blocks are
-    copied at once when an input starts on a block boundary and fills whole blocks;
-    otherwise channel by channel."""
+    """Blocked inputs [N, C_i, H, W] -> blocked [N, sum C_i, H, W], a task per (image,
+    input): whole blocks are copied at once when an input starts on a block boundary and
+    fills whole blocks (or ends the output); otherwise channel by channel."""
     n, _, h, w = shapes[0]
     hw = h * w
     total = sum(s[1] for s in shapes)
     out_cb = blocks(total, vl)
-    lines = ["for (int64_t n = 0; n < %d; n++) {" % n]
+    cases = []
     offset = 0
     for i, shape in enumerate(shapes):
         c = shape[1]
         in_cb = blocks(c, vl)
+        lines = [f"      case {i}: {{"]
         if offset % vl == 0 and (c % vl == 0 or offset + c == total):
-            lines.append(f"  memcpy({y} + (n * {out_cb} + {offset // vl}) * {hw * vl}, {xs[i]} + n * {in_cb * hw * vl}, "
+            lines.append(f"        memcpy(y + (n * {out_cb} + {offset // vl}) * {hw * vl}, x[{i}] + n * {in_cb * hw * vl}, "
                          f"{in_cb * hw * vl} * sizeof(float));")
         else:
-            lines.append(f"  for (int64_t ch = 0; ch < {c}; ch++) {{")
-            lines.append(f"    const float *src = {xs[i]} + (n * {in_cb} + ch / {vl}) * {hw * vl} + ch % {vl};")
-            lines.append(f"    float *dst = {y} + (n * {out_cb} + (ch + {offset}) / {vl}) * {hw * vl} + (ch + {offset}) % {vl};")
-            lines.append(f"    for (int64_t i = 0; i < {hw}; i++) dst[i * {vl}] = src[i * {vl}];")
-            lines.append("  }")
+            lines += [f"        for (int64_t ch = 0; ch < {c}; ch++) {{",
+                      f"          const float *src = x[{i}] + (n * {in_cb} + ch / {vl}) * {hw * vl} + ch % {vl};",
+                      f"          float *dst = y + (n * {out_cb} + (ch + {offset}) / {vl}) * {hw * vl} + (ch + {offset}) % {vl};",
+                      f"          for (int64_t i = 0; i < {hw}; i++) dst[i * {vl}] = src[i * {vl}];",
+                      "        }"]
+        lines += ["        break;", "      }"]
+        cases += lines
         offset += c
-    lines.append("}")
-    return "", "\n".join(lines)
+    k = len(shapes)
+    support = "\n".join([
+        "static void concat_task(void *p, int64_t lo, int64_t hi) {",
+        "  const float *const *x = p;",
+        f"  float *y = (float *)x[{k}];",
+        "  for (int64_t t = lo; t < hi; t++) {",
+        f"    const int64_t n = t / {k};",
+        f"    switch (t % {k}) {{",
+        *cases,
+        "    }",
+        "  }",
+        "}",
+        ""])
+    return support, _call([*xs, f"(const float *){y}"], n * k, n * out_cb * vl * hw, "concat_task")
 
 
 def scale_shift(shape, vl: int, x: str, scale: str, shift: str, y: str, act: int, p0: str,
