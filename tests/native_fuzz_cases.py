@@ -228,7 +228,8 @@ def conv(case, rng, pointwise=False):
 
 
 def conv_chain(case, rng):
-    """Conv -> Conv, or Conv -> MaxPool -> Conv: intermediates in the workspace."""
+    """Conv -> Conv, or Conv -> MaxPool -> Conv, maybe a channel Concat before the second
+    Conv: intermediates in the workspace."""
     b = _Builder(case, rng)
     c = _choice(rng, [1, 2, 3, 4, 5])
     a1, w1, (eh1, ew1) = _conv_geometry(rng, c)
@@ -245,7 +246,17 @@ def conv_chain(case, rng):
         oh, ow = _out(oh, 0, ph, 2, stride), _out(ow, 0, pw, 2, stride)
         chain.append("MaxPool")
     (y,) = b.node("Relu", [y], ["relu"])
-    a2, w2, (eh2, ew2) = _conv_geometry(rng, w1[0])
+    channels = w1[0]
+    if rng.random() < 0.3:  # a channel Concat over the blocked layout, half the time with an NCHW input
+        if rng.random() < 0.5:
+            (other,), extra = b.node("Neg", [y], ["neg"]), w1[0]
+        else:
+            extra = _choice(rng, [1, 3, 8])
+            other = b.input("side", (n, extra, oh, ow))
+        (y,) = b.node("Concat", [y, other] if rng.random() < 0.5 else [other, y], ["joined"], axis=1)
+        channels += extra
+        chain.append("Concat")
+    a2, w2, (eh2, ew2) = _conv_geometry(rng, channels)
     a2["pads"] = [min(p, 1) for p in a2["pads"]]
     if rng.random() < 0.5 or eh2 > oh + a2["pads"][0] + a2["pads"][2] or ew2 > ow + a2["pads"][1] + a2["pads"][3]:
         a2.update(kernel_shape=[1, 1], dilations=[1, 1], strides=[1, 1])  # pointwise, which always fits
@@ -1027,11 +1038,18 @@ def conv_transpose(case, rng):
     ins = [x, b.init("w", [group * cg, mg, *k])]
     if rng.random() < 0.6:
         ins.append(b.init("b", [group * mg]))
-    b.output(b.node("ConvTranspose", ins, ["y"], strides=s, pads=pads, dilations=d, output_padding=out_pad,
-                    group=group)[0])
+    # a 2-D Conv reading it takes the blocked layout, which an ungrouped 2-D ConvTranspose
+    # scatters straight into (a 1-D Conv is native from -O2 only)
+    then_conv = rng.random() < 0.4 and nd == 2
+    (y,) = b.node("ConvTranspose", ins, ["up" if then_conv else "y"], strides=s, pads=pads, dilations=d,
+                  output_padding=out_pad, group=group)
     case.terms = cg * math.prod(k) + 1
+    if then_conv:
+        (y,) = b.node("Conv", [y, b.init("w2", [3, group * mg, *[1] * nd])], ["y"])
+        case.terms *= group * mg
+    b.output(y)
     case.geometry = dict(op="ConvTranspose", x=list(case.inputs[x].shape), k=k, strides=s, pads=pads, dilations=d,
-                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3)
+                         output_padding=out_pad, group=group, mg=mg, bias=len(ins) == 3, then_conv=then_conv)
 
 
 def gather(case, rng):

@@ -27,13 +27,19 @@ CASES = {  # name: (input shape, weight shape, attributes)
 }
 
 
-def model(shape, wshape, attrs, bias: bool, seed: int = 0) -> GraphBuilder:
+def model(shape, wshape, attrs, bias: bool, seed: int = 0, then_conv: bool = False) -> GraphBuilder:
+    """The ConvTranspose alone, or read by a 1x1 Conv (``then_conv``): a 2-D ungrouped one
+    then scatters straight into the channel-blocked layout the Conv reads."""
     m = GraphBuilder(18, seed, "conv_transpose")
     x = m.input(shape)
     ins = [x, m.weight(wshape)]
+    channels = wshape[1] * attrs.get("group", 1)
     if bias:
-        ins.append(m.const(m.rng.standard_normal(wshape[1] * attrs.get("group", 1))))
-    m.output(m.node("ConvTranspose", ins, **attrs))
+        ins.append(m.const(m.rng.standard_normal(channels)))
+    y = m.node("ConvTranspose", ins, **attrs)
+    if then_conv:
+        y = m.node("Conv", [y, m.weight([3, channels, *[1] * (len(shape) - 2)])])
+    m.output(y)
     return m
 
 
@@ -51,8 +57,14 @@ def test_conv_transpose_is_native_and_matches(tmp_path, case, bias):
     compile_and_compare(tmp_path, model(*CASES[case], bias=bias))
 
 
-def test_nan_and_infinities_propagate(tmp_path):
-    m = model(*CASES["detector_k4_s2_p1"], bias=True, seed=3)
+@pytest.mark.parametrize("case", list(CASES))
+def test_conv_transpose_read_by_a_conv_matches(tmp_path, case):
+    compile_and_compare(tmp_path, model(*CASES[case], bias=True, then_conv=True))
+
+
+@pytest.mark.parametrize("then_conv", [False, True], ids=["alone", "read_by_a_conv"])
+def test_nan_and_infinities_propagate(tmp_path, then_conv):
+    m = model(*CASES["detector_k4_s2_p1"], bias=True, seed=3, then_conv=then_conv)
     x = m.feeds[m.inputs[0].name]
     x[0, 1, 2, 3], x[1, 0, 0, 0], x[1, 5, 6, 8] = np.nan, np.inf, -np.inf
     got = compile_and_compare(tmp_path, m)

@@ -14,28 +14,67 @@ def _call(args: list[str], tasks: int, work: int, task: str) -> str:
             f"nn_parallel({tasks}, {work}, {task}, (void *)a); }}")
 
 
+def transpose_lines(vl: int, indent: str) -> list[str]:
+    """C that transposes the vl x vl floats held in vectors r0..r{vl-1} in place (r_i[j]
+    becomes r_j[i]): log2(vl) rounds of butterflies, each pair of vectors trading blocks of
+    d lanes, all shuffles with literal lanes the compiler maps to the ISA's permutes."""
+    lines = []
+    d = 1
+    while d < vl:
+        for r in range(vl):
+            if r & d:
+                continue
+            lo = ", ".join(str(j if not j & d else vl + j - d) for j in range(vl))
+            hi = ", ".join(str(j + d if not j & d else vl + j) for j in range(vl))
+            lines.append(f"{indent}{{ const nn_v t0 = __builtin_shufflevector(r{r}, r{r + d}, {lo}), "
+                         f"t1 = __builtin_shufflevector(r{r}, r{r + d}, {hi}); r{r} = t0; r{r + d} = t1; }}")
+        d *= 2
+    return lines
+
+
 def to_blocked(shape, vl: int, x: str, y: str) -> tuple[str, str]:
-    """NCHW -> blocked; the padding lanes of the last block are written as zeros."""
+    """NCHW -> blocked; the padding lanes of the last block are written as zeros. A whole
+    block moves vl pixels at a time: vl channel rows loaded, transposed in registers, stored
+    as vl pixel vectors."""
     n, c, h, w = shape
+    loads = "".join(f"r{l} = nn_vload(xc + {l * h * w} + i), " for l in range(vl))[:-2]
+    stores = " ".join(f"nn_vstore(yb + (i + {p}) * {vl}, r{p});" for p in range(vl))
+    vector = "\n".join(["#ifdef NN_SHUFFLE", f"      for (; i + {vl} <= i1; i += {vl}) {{", f"        nn_v {loads};",
+                         *transpose_lines(vl, "        "), f"        {stores}", "      }", "#endif"])
     return _reorder(shape, vl, x, y, f"""
+    int64_t i = i0;
+    if (cb * {vl} + {vl} <= {c}) {{
+      const float *xc = x + (n * {c} + cb * {vl}) * {h * w};
+{vector}
+    }}
     for (int l = 0; l < {vl}; l++) {{
       const int64_t ch = cb * {vl} + l;
       if (ch < {c}) {{
         const float *xc = x + (n * {c} + ch) * {h * w};
-        for (int64_t i = i0; i < i1; i++) yb[i * {vl} + l] = xc[i];
+        for (int64_t k = i; k < i1; k++) yb[k * {vl} + l] = xc[k];
       }} else {{
-        for (int64_t i = i0; i < i1; i++) yb[i * {vl} + l] = 0.0f;
+        for (int64_t k = i; k < i1; k++) yb[k * {vl} + l] = 0.0f;
       }}
     }}""", out_blocked=True)
 
 
 def to_plain(shape, vl: int, x: str, y: str) -> tuple[str, str]:
-    """blocked -> NCHW (the padding lanes are dropped)."""
+    """blocked -> NCHW (the padding lanes are dropped). A whole block moves vl pixels at a
+    time: vl pixel vectors loaded, transposed in registers, stored into vl channel rows."""
     n, c, h, w = shape
+    loads = "".join(f"r{p} = nn_vload(xb + (i + {p}) * {vl}), " for p in range(vl))[:-2]
+    stores = " ".join(f"nn_vstore(yc + {l * h * w} + i, r{l});" for l in range(vl))
+    vector = "\n".join(["#ifdef NN_SHUFFLE", f"      for (; i + {vl} <= i1; i += {vl}) {{", f"        nn_v {loads};",
+                         *transpose_lines(vl, "        "), f"        {stores}", "      }", "#endif"])
     return _reorder(shape, vl, x, y, f"""
+    int64_t i = i0;
+    if (cb * {vl} + {vl} <= {c}) {{
+      float *yc = y + (n * {c} + cb * {vl}) * {h * w};
+{vector}
+    }}
     for (int l = 0; l < {vl} && cb * {vl} + l < {c}; l++) {{
       float *yc = y + (n * {c} + cb * {vl} + l) * {h * w};
-      for (int64_t i = i0; i < i1; i++) yc[i] = xb[i * {vl} + l];
+      for (int64_t k = i; k < i1; k++) yc[k] = xb[k * {vl} + l];
     }}""", out_blocked=False)
 
 
@@ -53,7 +92,7 @@ def _reorder(shape, vl: int, x: str, y: str, body: str, out_blocked: bool) -> tu
     n, c, h, w = shape
     cb, hw = blocks(c, vl), h * w
     side = (f"float *yb = y + t * {hw * vl};" if out_blocked else f"const float *xb = x + t * {hw * vl};")
-    support = f"""
+    support = f"""NN_REQUIRE_VL({vl});
 static void reorder_task(void *p, int64_t lo, int64_t hi) {{
   const float *const *a = p;
   const float *x = a[0];
@@ -186,30 +225,45 @@ static void gmp_task(void *p, int64_t lo, int64_t hi) {{
 
 
 def concat_channels(shapes, vl: int, xs: list[str], y: str) -> tuple[str, str]:
-    """Blocked inputs [N, C_i, H, W] -> blocked [N, sum C_i, H, W]. Whole blocks are
-    copied at once when an input starts on a block boundary and fills whole blocks;
-    otherwise channel by channel."""
+    """Blocked inputs [N, C_i, H, W] -> blocked [N, sum C_i, H, W], a task per (image,
+    input): whole blocks are copied at once when an input starts on a block boundary and
+    fills whole blocks (or ends the output); otherwise channel by channel."""
     n, _, h, w = shapes[0]
     hw = h * w
     total = sum(s[1] for s in shapes)
     out_cb = blocks(total, vl)
-    lines = ["for (int64_t n = 0; n < %d; n++) {" % n]
+    cases = []
     offset = 0
     for i, shape in enumerate(shapes):
         c = shape[1]
         in_cb = blocks(c, vl)
+        lines = [f"      case {i}: {{"]
         if offset % vl == 0 and (c % vl == 0 or offset + c == total):
-            lines.append(f"  memcpy({y} + (n * {out_cb} + {offset // vl}) * {hw * vl}, {xs[i]} + n * {in_cb * hw * vl}, "
+            lines.append(f"        memcpy(y + (n * {out_cb} + {offset // vl}) * {hw * vl}, x[{i}] + n * {in_cb * hw * vl}, "
                          f"{in_cb * hw * vl} * sizeof(float));")
         else:
-            lines.append(f"  for (int64_t ch = 0; ch < {c}; ch++) {{")
-            lines.append(f"    const float *src = {xs[i]} + (n * {in_cb} + ch / {vl}) * {hw * vl} + ch % {vl};")
-            lines.append(f"    float *dst = {y} + (n * {out_cb} + (ch + {offset}) / {vl}) * {hw * vl} + (ch + {offset}) % {vl};")
-            lines.append(f"    for (int64_t i = 0; i < {hw}; i++) dst[i * {vl}] = src[i * {vl}];")
-            lines.append("  }")
+            lines += [f"        for (int64_t ch = 0; ch < {c}; ch++) {{",
+                      f"          const float *src = x[{i}] + (n * {in_cb} + ch / {vl}) * {hw * vl} + ch % {vl};",
+                      f"          float *dst = y + (n * {out_cb} + (ch + {offset}) / {vl}) * {hw * vl} + (ch + {offset}) % {vl};",
+                      f"          for (int64_t i = 0; i < {hw}; i++) dst[i * {vl}] = src[i * {vl}];",
+                      "        }"]
+        lines += ["        break;", "      }"]
+        cases += lines
         offset += c
-    lines.append("}")
-    return "", "\n".join(lines)
+    k = len(shapes)
+    support = "\n".join([
+        "static void concat_task(void *p, int64_t lo, int64_t hi) {",
+        "  const float *const *x = p;",
+        f"  float *y = (float *)x[{k}];",
+        "  for (int64_t t = lo; t < hi; t++) {",
+        f"    const int64_t n = t / {k};",
+        f"    switch (t % {k}) {{",
+        *cases,
+        "    }",
+        "  }",
+        "}",
+        ""])
+    return support, _call([*xs, f"(const float *){y}"], n * k, n * out_cb * vl * hw, "concat_task")
 
 
 def scale_shift(shape, vl: int, x: str, scale: str, shift: str, y: str, act: int, p0: str,

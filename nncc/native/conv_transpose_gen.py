@@ -8,7 +8,8 @@ starts from its bias and adds, for every tap, the column values at
 output channels are independent, so the scatter runs over the thread pool by channel.
 Strides, dilations, pads (negative ones too, from an ``output_shape``), output_padding and
 groups are literals; the output's size is the shape inference's. A 1-D ConvTranspose is
-the 2-D one with a height of 1.
+the 2-D one with a height of 1. A 2-D ungrouped one whose readers all take the
+channel-blocked layout scatters into that layout instead (``emit_blocked``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nncc.native import kernel
-from nncc.native.graph_query import const_value
+from nncc.native.graph_query import CONV_OPS, const_value
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,25 @@ def geometry(node, infos) -> Geometry:
                     dilations[0], dilations[1], tops[0], tops[1], int(a.get("group", 1)))
 
 
+def writes_blocked(writer, node, g: Geometry) -> bool:
+    """Whether the output goes straight into the channel-blocked layout: a 2-D, ungrouped
+    ConvTranspose whose every reader takes that layout (a convolution, or a Concat, which
+    joins blocked inputs blocked), as a decoder's upsampling is, with a constant bias or
+    none; its scatter then adds whole blocks of channels at once, and no reorder follows."""
+    y = node.outputs[0]
+    users = writer.consumers.get(y, [])
+    bias = node.inputs[2] if len(node.inputs) > 2 else ""
+    if g.group != 1 or len(writer.shape(y)) != 4 or y in writer.outputs or not users or \
+            (bias and const_value(writer.graph, writer.infos, bias) is None):  # packed to whole blocks
+        return False
+    return all((u.domain, u.op_type) in CONV_OPS or
+               ((u.domain, u.op_type) == ("", "Concat") and int(u.attrs.get("axis", 1)) % 4 == 1) for u in users)
+
+
 def emit(writer, node) -> None:
     g = geometry(node, writer.infos)
+    if writes_blocked(writer, node, g):
+        return emit_blocked(writer, node, g)
     x, y = node.inputs[0], node.outputs[0]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     cg, mg, taps, pixels = g.c // g.group, g.m // g.group, g.kh * g.kw, g.h * g.w
@@ -135,3 +153,80 @@ static void ct_scatter(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}"""
     writer.step(code, [x, packed, bias], [y], scratch=scratch, support=support, blas=True)
+
+
+def emit_blocked(writer, node, g: Geometry) -> None:
+    """The product transposed, then scattered into the blocked layout [N, M/VL, OH, OW, VL].
+    ``cols[(h, w), (kh, kw, m)]`` (x read transposed by nn_gemm; the weights packed as
+    ``[C, kH*kW, MB*VL]``, zero past M) puts a channel block's VL values of one tap at one
+    input pixel side by side, so each lands on its output pixel as one vector add. A task
+    per output channel block starts its plane from the bias, adds every tap, and zeroes the
+    padding lanes of the last block (a reorder into the layout writes them as zeros too);
+    blocks split the work, so no two threads write one cache line."""
+    vl = writer.vl
+    x, y = node.inputs[0], node.outputs[0]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    taps, pixels, area = g.kh * g.kw, g.h * g.w, g.oh * g.ow
+    mb = -(-g.m // vl)
+    width = mb * vl
+    weights = np.asarray(const_value(writer.graph, writer.infos, node.inputs[1]), np.float32)
+    packed = np.zeros((g.c, taps, width), np.float32)
+    packed[:, :, :g.m] = weights.reshape(g.c, g.m, taps).transpose(0, 2, 1)
+    packed_w = writer.pack(node.inputs[1], f"convT{vl}c", packed)
+    packed_b = writer.pack(bias, f"bias{vl}c", pack_bias(writer, bias, width)) if bias else None
+    pw = writer.ptr(packed_w)
+    row = taps * width  # floats per input pixel in cols
+    buf = writer.blocked_buffer(y)
+    px, py = writer.ptr(x), writer.ptr(buf)
+    start = "nn_vload(j->b + blk * %d)" % vl if bias else "nn_vzero()"
+    fields = "const float *cols; " + ("const float *b; " if bias else "") + "float *y;"
+    padding = ""
+    if g.m % vl:
+        padding = f"""        if (blk == {mb - 1})
+            for (int64_t i = 0; i < {area}; i++)
+                for (int l = {g.m % vl}; l < {vl}; l++) yb[i * {vl} + l] = 0.0f;
+"""
+    support = f"""NN_REQUIRE_VL({vl});
+typedef struct {{ {fields} }} ctb_job;
+static void ctb_scatter(void *ctx, int64_t lo, int64_t hi) {{
+    const ctb_job *j = ctx;
+    for (int64_t blk = lo; blk < hi; blk++) {{
+        float *yb = j->y + blk * {area * vl};
+        const nn_v start = {start};
+        for (int64_t i = 0; i < {area}; i++) nn_vstore(yb + i * {vl}, start);
+        for (int64_t t = 0; t < {taps}; t++) {{
+            const int64_t th = t / {g.kw}, tw = t % {g.kw};
+            const float *col = j->cols + t * {width} + blk * {vl};
+            for (int64_t h = 0; h < {g.h}; h++) {{
+                const int64_t oh = h * {g.sh} - {g.top} + th * {g.dh};
+                if (oh < 0 || oh >= {g.oh}) continue;
+                for (int64_t w = 0; w < {g.w}; w++) {{
+                    const int64_t ow = w * {g.sw} - {g.left} + tw * {g.dw};
+                    if (ow < 0 || ow >= {g.ow}) continue;
+                    float *o = yb + (oh * {g.ow} + ow) * {vl};
+                    nn_vstore(o, nn_vadd(nn_vload(o), nn_vload(col + (h * {g.w} + w) * {row})));
+                }}
+            }}
+        }}
+{padding}    }}
+}}
+"""
+    cols = kernel.SCRATCH
+    job = f"ctb_job job = {{(const float *){cols}, {writer.ptr(packed_b) + ', ' if bias else ''}" \
+          f"{py} + n * {mb * area * vl}}};"
+    code = f"""for (int64_t n = 0; n < {g.n}; n++) {{
+    nn_gemm(1, 0, {pixels}, {row}, {g.c}, 1.0f, {px} + n * {g.c * pixels}, {pixels}, {pw}, {row}, 0.0f,
+            (float *){cols}, {row});
+    {job}
+    nn_parallel({mb}, {mb * vl * taps * pixels}, ctb_scatter, &job);
+}}"""
+    writer.step(code, [x, packed_w, packed_b], [buf], scratch=pixels * row * 4, support=writer.simd + support,
+                blas=True)
+
+
+def pack_bias(writer, bias: str, width: int) -> np.ndarray:
+    """The bias zero-padded to whole channel blocks."""
+    values = np.asarray(const_value(writer.graph, writer.infos, bias), np.float32).reshape(-1)
+    out = np.zeros(width, np.float32)
+    out[:values.size] = values
+    return out

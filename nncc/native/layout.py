@@ -2,7 +2,8 @@
 
 Decided node by node, in the partition's order: a convolution always writes the blocked
 layout; pooling, global average pooling, elementwise ops, Sum and channel Concat stay
-blocked when their data input is; every other op reads NCHW. A value lives in one layout
+blocked when their data input is (a Concat with inputs in both layouts when that reorders
+fewer elements); every other op reads NCHW. A value lives in one layout
 or both: ``as_plain`` and ``as_blocked`` give the name of the buffer holding the layout
 asked for, adding a reorder step the first time it is needed, so reorders happen only
 where a blocked value meets an op (or a partition edge) that needs NCHW, and the other
@@ -22,6 +23,7 @@ from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
 from nncc.native import winograd
+from nncc.native.graph_query import CONV_OPS
 from nncc.native.kernel import SCRATCH
 
 F32 = np.dtype(np.float32)
@@ -56,7 +58,7 @@ class BlockedLayout:
         buf = self.blocked_buffer(name)
         self.plain_ready.add(name)
         support, code = bo.to_blocked(shape, self.vl, self.ptr(name), self.ptr(buf))
-        self.step(code, [name], [buf], support=support)
+        self.step(code, [name], [buf], support=self.simd + support)
         self.steps[-1].label = f"reorder {name} to NCHW{self.vl}c"
         return buf
 
@@ -70,7 +72,7 @@ class BlockedLayout:
             self.alias[name] = buf  # [N, C, 1, 1] with whole blocks: the same bytes
             return name
         support, code = bo.to_plain((n, c, h, w), self.vl, self.ptr(buf), self.ptr(name))
-        self.step(code, [buf], [name], support=support)
+        self.step(code, [buf], [name], support=self.simd + support)
         self.steps[-1].label = f"reorder {name} to NCHW"
         return name
 
@@ -268,14 +270,28 @@ class BlockedLayout:
         self.finish_blocked_output(y)
         return True
 
+    def concat_stays_blocked(self, node: Node) -> bool:
+        """Whether a channel Concat with some inputs blocked is cheaper joined blocked: the
+        elements reordered either way are weighed (the inputs not yet in the layout chosen,
+        and the output when a convolution, which reads it blocked, consumes it). A decoder's
+        or a split-and-join block's Concat, one input upsampled or sliced in NCHW and the
+        others straight from convolutions, then reorders only the plain ones."""
+        to_blocked = sum(math.prod(self.shape(n)) for n in node.inputs if n not in self.blocked)
+        to_plain = sum(math.prod(self.shape(n)) for n in node.inputs
+                       if n in self.blocked and n not in self.plain_ready)
+        y = node.outputs[0]
+        if any((user.domain, user.op_type) in CONV_OPS for user in self.consumers.get(y, [])):
+            to_plain += math.prod(self.shape(y))
+        return to_blocked <= to_plain
+
     def blocked_concat(self, node: Node) -> bool:
         y = node.outputs[0]
         out = self.shape(y)
         if len(out) != 4 or int(node.attrs.get("axis", 1)) % 4 != 1:
             return False
-        if not all(n in self.blocked for n in node.inputs):
+        if not self.concat_stays_blocked(node):
             return False
-        srcs = [self.blocked[n] for n in node.inputs]
+        srcs = [self.as_blocked(n) for n in node.inputs]
         dst = self.blocked_buffer(y)
         support, code = bo.concat_channels([self.shape(n) for n in node.inputs], self.vl,
                                            [self.ptr(s) for s in srcs], self.ptr(dst))

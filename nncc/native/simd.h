@@ -100,3 +100,10 @@ static inline nn_v nn_vmish(nn_v v) {
     nn_v factor = nn_vselect(v < nn_vset1(-87.0f), nn_vzero(), m / (m + nn_vset1(2.0f)));
     return nn_vselect(v > nn_vset1(20.0f), v, v * factor);
 }
+/* Lane permutes with literal lanes (GCC 12 and later, clang): a reorder between layouts
+ * transposes vl x vl tiles in registers with them; without, it moves lane by lane. */
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector) && !defined(NN_SHUFFLE)
+#define NN_SHUFFLE 1
+#endif
+#endif
