@@ -275,10 +275,12 @@ def main() -> None:
         program.write_text(example_program(name, embedded=False).replace(", 0, &model)", ", 1, &model)"))
         subprocess.run([find_toolchain().path, "-O2", str(program), "-o", str(exe_one), f"-I{work / 'lib'}",
                         str(work / "lib" / f"lib{name}.a"), "-lm", "-lpthread"], check=True)
+        python_env = dict(os.environ)
+        python_env.pop("PYTHONDONTWRITEBYTECODE", None)  # byte code written and reused, as installed
         commands = {"c_one": ([str(exe_one), weights], dict(os.environ)),
                     "c_cores": ([str(exe), weights], dict(os.environ)),
-                    "ort_one": ([sys.executable, "-c", ort_one], None),
-                    "ort_cores": ([sys.executable, "-c", ort_cores], None)}
+                    "ort_one": ([sys.executable, "-c", ort_one], python_env),
+                    "ort_cores": ([sys.executable, "-c", ort_cores], python_env)}
         took = alternating(args.runs, commands)
         print(f"model {args.model} ({name}), median of {args.runs} processes each, the four in turn "
               "(a rotating order), first answer (wall, CPU):")
