@@ -197,6 +197,13 @@ def spawn(job: dict) -> dict:
 
 
 def write_feeds(entry: dict, path: str) -> None:
+    """The model's inputs (model_inputs) saved as an .npz for the children."""
+    import numpy as np  # lazy: the parent's; a child imports it with its runtime
+
+    np.savez(path, **model_inputs(entry))
+
+
+def model_inputs(entry: dict) -> dict:
     """The model's inputs at the manifest's shapes, from a generator seeded by its name:
     floats standard normal, integers uniform in the input's range, fills as given."""
     import numpy as np  # lazy: the parent's; a child imports it with its runtime
@@ -212,7 +219,7 @@ def write_feeds(entry: dict, path: str) -> None:
         else:
             low, high = spec.get("range", [0, 2])
             feeds[spec["name"]] = rng.integers(low, high, size=shape).astype(dtype)
-    np.savez(path, **feeds)
+    return feeds
 
 
 def compare(ours_path: str, reference_path: str, tolerance: float) -> dict:

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 
 import numpy as np
+
+from corpus import model_inputs  # this directory's: run as a script from benchmarks/
 
 WARM = """
 import sys, threading
@@ -45,18 +46,7 @@ def corpus_feeds(corpus: pathlib.Path, name: str) -> tuple[str, dict[str, np.nda
     """The model's path and its inputs at the manifest's shapes, drawn as corpus.py draws them."""
     manifest = json.loads((corpus / "manifest.json").read_text())
     entry = next(m for m in manifest["models"] if m["name"] == name)
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    feeds = {}
-    for spec in entry["inputs"]:
-        shape, dtype = spec["shape"], np.dtype(spec["dtype"])
-        if "fill" in spec:
-            feeds[spec["name"]] = np.full(shape, spec["fill"], dtype)
-        elif dtype.kind == "f":
-            feeds[spec["name"]] = rng.standard_normal(shape).astype(dtype)
-        else:
-            low, high = spec.get("range", [0, 2])
-            feeds[spec["name"]] = rng.integers(low, high, size=shape).astype(dtype)
-    return str(corpus / entry["file"]), feeds
+    return str(corpus / entry["file"]), model_inputs(entry)
 
 
 def layers(model, feeds) -> dict:
