@@ -62,13 +62,7 @@ class NativeStep:
         base = len(inputs)
         for j, array in enumerate(out):
             if array is not held[base + j]:  # a graph output: a fresh array every run
-                if array.dtype is _FLOAT32 and array.size:
-                    try:
-                        table[base + j] = _address(_view(array))  # refuses a strided or read-only array
-                    except (TypeError, ValueError):
-                        table[base + j] = self._output_pointer(array, j)
-                else:
-                    table[base + j] = self._output_pointer(array, j)
+                table[base + j] = self._output_pointer(array, j)
                 held[base + j] = array
         if self.pooled:
             with one_blas_thread(True):
