@@ -477,3 +477,24 @@ def test_subgraph_reading_a_value_nobody_produces_is_a_model_error(tmp_path):
         nncc.compile_model(path)
     with pytest.raises(ModelFormatError, match="ghost.*(produces|nobody)|nobody produces: ghost"):
         nncc_interpreter(path)
+
+
+def test_a_branch_node_with_too_many_inputs_is_a_model_error(tmp_path):
+    """A node inside an If's branch gets the arity check every top-level node gets: a
+    Relu given two inputs is refused at compile, as onnxruntime refuses the model, and
+    the command line says so in one line with exit 2 (it used to compile natively,
+    the extra input silently ignored)."""
+    bad = helper.make_graph([helper.make_node("Relu", ["x", "x"], ["t"])], "then", [], [vi("t", F, [4])])
+    good = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [vi("e", F, [4])])
+    path = save(tmp_path, "arity", [helper.make_node("If", ["c"], ["y"], then_branch=bad, else_branch=good)],
+                [vi("c", B, []), vi("x", F, [4])], [vi("y", F, [4])])
+    from nncc.errors import ModelFormatError
+
+    with pytest.raises(Exception):
+        ort_session(path)
+    with pytest.raises(ModelFormatError, match="Relu node has 2 inputs; Relu takes at most 1"):
+        nncc.compile_model(path)
+    done = subprocess.run([sys.executable, "-m", "nncc", "inspect", path], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "NNCC_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["nncc: error: Relu node has 2 inputs; Relu takes at most 1"]

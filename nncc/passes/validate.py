@@ -25,14 +25,25 @@ def validate_graph(graph: Graph) -> None:
                                        "(an input, an initializer or another node's output)")
             if name:
                 defined.add(name)
-        check_attributes(node)
-        try:
-            definition = resolve(node.op_type, node.domain, graph.opset(node.domain))
-        except UnsupportedOpError:
-            continue
-        why = definition.check_inputs([bool(name) for name in node.inputs], node.label())
-        if why:
-            raise ModelFormatError(why)
+        check_node(node, graph)
+
+
+def check_node(node, graph: Graph) -> None:
+    """A node's attributes and inputs, and those of every node in its subgraphs (an If's
+    or a Loop's branches), which a native compile writes as code like any other node."""
+    check_attributes(node)
+    for value in node.attrs.values():
+        for sub in value if isinstance(value, list) else [value]:
+            if isinstance(sub, Graph):
+                for inner in sub.nodes:
+                    check_node(inner, graph)  # a subgraph runs at its model's opsets
+    try:
+        definition = resolve(node.op_type, node.domain, graph.opset(node.domain))
+    except UnsupportedOpError:
+        return
+    why = definition.check_inputs([bool(name) for name in node.inputs], node.label())
+    if why:
+        raise ModelFormatError(why)
 
 
 def check_attributes(node) -> None:
