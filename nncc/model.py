@@ -273,6 +273,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     if not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
         natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
+    if natives is not None:
+        natives.wait_ahead()  # the model returned runs the shapes it ran before from its first run
     return model, outcome
 
 
@@ -294,6 +296,7 @@ class ShapeExecutors:
         self._ahead: dict[frozenset, "LoadedAhead"] = {}
         self._guessed = threading.Event()  # set once _ahead holds every shape being loaded ahead
         self._guessed.set()
+        self._thread: threading.Thread | None = None
 
     def load_ahead(self, most: int) -> threading.Thread | None:
         """Start loading, in a thread, the plans of at most ``most`` shapes this model ran
@@ -303,7 +306,16 @@ class ShapeExecutors:
         self._guessed.clear()
         thread = threading.Thread(target=self._load_ahead, args=(most,), name="nncc-load-ahead", daemon=True)
         thread.start()
+        self._thread = thread
         return thread
+
+    def wait_ahead(self) -> None:
+        """Wait until the shapes loaded ahead are loaded (or failed to be: a run then looks
+        its shape up itself). The load overlaps the general plan's in prepare; waiting here
+        leaves none of it to a process's first run, whose latency is what a service that
+        prepares at start-up answers its first request with."""
+        if self._thread is not None:
+            self._thread.join()
 
     def _load_ahead(self, most: int) -> None:
         try:

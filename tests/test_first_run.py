@@ -87,18 +87,17 @@ def test_the_second_process_runs_the_native_plan_of_the_shape_the_first_process_
     np.testing.assert_allclose(np.load(tmp_path / "hidden.npy"), want, rtol=1e-4, atol=1e-5)
 
 
-# A later process: its prepare loads the seen shape's plan ahead; with the cache folder then
-# gone, a lookup finds nothing, so only the plan loaded ahead can run natively. A process of
-# its own, as a user's is: the test process's own state (plugins, settings other tests left)
-# would make another token.
+# A later process: its prepare loads the seen shape's plan ahead, and returns once it is
+# loaded (nothing of the load is left to the first run); with the cache folder then gone, a
+# lookup finds nothing, so only the plan loaded ahead can run natively. A process of its own,
+# as a user's is: the test process's own state (plugins, settings other tests left) would
+# make another token.
 LOADED_AHEAD_PROCESS = """
 import json, shutil, sys, threading
 import numpy as np
 from nncc.model import prepare
 model, outcome = prepare(sys.argv[1], cache_dir=sys.argv[2])
-for thread in threading.enumerate():
-    if thread.name == "nncc-load-ahead":
-        thread.join()
+assert "nncc-load-ahead" not in [thread.name for thread in threading.enumerate()], "still loading"
 shutil.rmtree(sys.argv[2])
 out = model.run({"tokens": np.load(sys.argv[3])})
 np.save(sys.argv[4], out["hidden"])
@@ -108,7 +107,7 @@ print(json.dumps({"outcome": outcome.outcome, "native": model.last_run_native_pa
 
 @pytest.mark.slow
 @needs_cc
-def test_a_prepare_loads_the_seen_shapes_plan_ahead_so_the_run_needs_no_lookup(tmp_path):
+def test_a_prepare_returns_with_the_seen_shapes_plan_loaded_so_the_run_needs_no_lookup(tmp_path):
     cache = tmp_path / "cache"
     tokens, tokens_file = _tokens(tmp_path, 7)
     _first_process(tmp_path, cache, tokens_file)
