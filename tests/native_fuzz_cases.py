@@ -1137,16 +1137,87 @@ def int_gather(case, rng):
                          between=between, sliced=sliced, rows=rows, width=width, dtype=np.dtype(dtype).name)
 
 
+TYPED_MOVES = ["Expand", "Tile", "Gather", "Slice", "Split", "GatherND"]
+
+
+def typed_moves(case, rng):
+    """Element moves of bool and integer values inside a partition, as exporters build an
+    attention mask (an int64 input compared, then expanded, gathered or sliced, then
+    Where between 0 and -inf) or move integers (then Cast to float32), or float32 values
+    (then Neg, so that the move is not the partition's edge): Expand, Tile,
+    Gather with constant indices, Slice, Split and GatherND with constant index tuples
+    (negative ones among them), each along a random axis."""
+    b = _Builder(case, rng)
+    shape = _shape(rng, int(rng.integers(1, 4)))
+    dtype = np.int64 if rng.random() < 0.6 else np.int32
+    ints = b.name("ints")
+    case.inputs[ints] = rng.integers(-2, 3, shape).astype(dtype)
+    mask = rng.random() < 0.6
+    value = ints
+    floats = not mask and rng.random() < 0.3  # float32 data: GatherND's own case
+    if floats:
+        value = b.input("x", shape)
+    if mask:
+        zero = b.name("zero")
+        case.inits[zero] = np.zeros((), dtype)
+        (value,) = b.node("Equal", [ints, zero], ["m"])
+    move = _choice(rng, TYPED_MOVES)
+    axis = int(rng.integers(0, len(shape)))
+    geometry = dict(op=move, data=shape, dtype=np.dtype(dtype).name, mask=mask, axis=axis)
+    if move == "Expand":
+        target = [_choice(rng, [1, 2, 3])] + [d if d != 1 else _choice(rng, [1, 4]) for d in shape]
+        (value,) = b.node("Expand", [value, b.init_ints("to", target)], ["moved"])
+        geometry["to"] = target
+    elif move == "Tile":
+        reps = [_choice(rng, [1, 2, 3]) for _ in shape]
+        (value,) = b.node("Tile", [value, b.init_ints("reps", reps)], ["moved"])
+        geometry["repeats"] = reps
+    elif move == "Gather":
+        picks = rng.integers(-shape[axis], shape[axis], _shape(rng, int(rng.integers(0, 3))))
+        (value,) = b.node("Gather", [value, b.init_ints("pick", picks)], ["moved"], axis=axis)
+        geometry["picks"] = picks.tolist()
+    elif move == "Slice":
+        d, step = shape[axis], _choice(rng, [1, 2, -1])
+        start = int(rng.integers(0, d))
+        end = int(rng.integers(start + 1, d + 1)) if step > 0 else _choice(rng, [-(d + 1), *range(start)])
+        (value,) = b.node("Slice", [value, b.init_ints("starts", [start]), b.init_ints("ends", [end]),
+                                    b.init_ints("axes", [axis]), b.init_ints("steps", [step])], ["moved"])
+        geometry.update(start=start, end=end, step=step)
+    elif move == "Split":
+        if shape[axis] < 2:
+            shape[axis] = 2
+            case.inputs[ints] = rng.integers(-2, 3, shape).astype(dtype)
+            if floats:
+                case.inputs[value] = rng.standard_normal(shape).astype(np.float32)
+        first = int(rng.integers(1, shape[axis]))
+        outs = b.node("Split", [value, b.init_ints("sizes", [first, shape[axis] - first])], ["s0", "s1"], axis=axis)
+        value = outs[int(rng.integers(0, 2))]
+        geometry.update(data=shape, first=first)
+    else:  # GatherND: tuples over the leading k axes
+        k = int(rng.integers(1, len(shape) + 1))
+        count = _shape(rng, int(rng.integers(0, 2)))
+        tuples = np.stack([rng.integers(-shape[i], shape[i], count) for i in range(k)], axis=-1)
+        (value,) = b.node("GatherND", [value, b.init_ints("tuples", tuples)], ["moved"])
+        geometry.update(depth=k, tuples=list(tuples.shape))
+    if mask:  # the attention mask idiom: 0 where kept, -inf where hidden
+        (y,) = b.node("Where", [value, b.init("kept", np.array(0.0)), b.init("ninf", np.array(-np.inf))], ["y"])
+    else:
+        (y,) = b.node("Cast" if not floats else "Neg", [value], ["y"], **({} if floats else {"to": TensorProto.FLOAT}))
+    b.output(y)
+    geometry["dtype"] = "float32" if floats else geometry["dtype"]
+    case.geometry = geometry
+
+
 KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chain, "pool": pool, "gemm": gemm,
          "matmul": matmul, "elementwise": elementwise, "rows": rows, "shuffle": shuffle, "attention": attention,
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather}
+         "int_gather": int_gather, "typed_moves": typed_moves}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -179,3 +179,30 @@ def test_an_int64_attention_mask_input_is_compared_natively(tmp_path):
     assert [(f["op"], f["reason"].split(": ", 1)[1]) for f in compiled.plan.fallbacks] == [
         ("Less", f"an integer constant {limits!r} beyond what a packed float32 holds exactly"),
         ("Where", f"its bool value {big!r} would cross a native partition's edge (native arguments are float32)")]
+
+
+def test_a_mask_moved_by_gather_expand_and_gathernd_stays_in_one_native_partition(tmp_path):
+    """The attention mask as torch's exporters build it for BERT, GPT-2 and LLaMA: the
+    int64 input cast to bool, flattened and gathered with constant indices (TorchScript),
+    or picked by GatherND with constant index tuples (dynamo), reshaped, combined by And
+    with a causal mask, expanded over the heads, then selecting -inf by Where. The bool
+    values are moved natively (as bytes), so the model is one native partition with no
+    fallback, and exact against onnxruntime."""
+    m = Model(11)
+    m.inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [2, 6]))
+    m.feeds["attention_mask"] = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1]], np.int64)
+    keep = m.node("Cast", ["attention_mask"], to=TensorProto.BOOL)
+    flat = m.node("Flatten", [keep], axis=0)  # [1, 12]
+    rows = m.node("Gather", [flat, m.ints([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, -1]])], axis=1)  # [1, 2, 6]
+    rows = m.node("Reshape", [rows, m.ints([2, 1, 1, 6])])
+    tuples = np.array([[[0, 0], [0, 1], [0, 2], [0, 3], [0, -2], [0, 5]],
+                       [[1, 0], [1, 1], [-1, 2], [1, 3], [1, 4], [1, 5]]], np.int64)
+    picked = m.node("Reshape", [m.node("GatherND", [keep, m.ints(tuples)]), m.ints([2, 1, 1, 6])])
+    causal = m.node("Cast", [m.const(np.tril(np.ones((6, 6))).reshape(1, 1, 6, 6))], to=TensorProto.BOOL)
+    both = m.node("And", [m.node("And", [rows, picked]), causal])  # [2, 1, 6, 6]
+    wide = m.node("Expand", [both, m.ints([2, 3, 6, 6])])
+    scores = m.node("Where", [wide, m.special_input([2, 3, 6, 6]), m.const(-np.inf)])
+    m.output(m.node("Softmax", [scores], axis=-1))
+    sliced = m.node("Slice", [m.node("Tile", [keep, m.ints([1, 2])]), m.ints([1]), m.ints([11]), m.ints([1])])
+    m.output(m.node("Where", [sliced, m.const(1.0), m.const(-1.0)]))
+    compile_and_compare(tmp_path, m, rtol=1e-6)

@@ -1,10 +1,11 @@
 """Native C for the data-movement, reduction and normalisation ops of convnets, over plain
 (NCHW, row-major) float32 data with static shapes: LRN, Pad, Slice, Split, Resize and
-Upsample, Expand, Tile, Gather with constant indices, the Reduce family, and
+Upsample, Expand, Tile, Gather and GatherND with constant indices, the Reduce family, and
 Softmax/LogSoftmax over an inner axis.
 
-The ops that only move elements (Pad, Slice, Split, nearest Resize, Expand, Tile, Gather)
-are one generator, ``gather``: per axis, the input position every output position reads
+The ops that only move elements (Pad, Slice, Split, nearest Resize, Expand, Tile, Gather,
+GatherND) are one generator, ``gather``, which also moves bool and integer values as they
+are (all but Pad, the one that fills): per axis, the input position every output position reads
 is computed here at compile time (with the numpy kernels' own attribute handling, so the
 two backends agree), checked to lie inside the input, and written into the code as a
 literal table or, for a run of consecutive positions, as a copy. A generated loop
@@ -34,7 +35,13 @@ from nncc.native.c_literal import c_float
 from nncc.native.kernel import scratch_arg
 
 F32 = np.dtype(np.float32)
-GATHERS = {"Pad", "Slice", "Split", "Expand", "Tile", "Gather"}
+GATHERS = {"Pad", "Slice", "Split", "Expand", "Tile", "Gather", "GatherND"}
+# the element types a gather that fills nothing moves as they are (a mask, integers from a
+# Cast): only inside a partition, whose edges carry float32 and run-time indices
+# (nncc/native/arguments.py)
+ELEMENT_CTYPES = {F32: "float", np.dtype(np.bool_): "uint8_t", np.dtype(np.int32): "int32_t",
+                  np.dtype(np.int64): "int64_t"}
+TYPED_GATHERS = GATHERS - {"Pad"}
 REDUCES = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
            "ReduceL2"}
 OPS = GATHERS | REDUCES | {"LRN", "Resize", "Upsample", "Softmax", "LogSoftmax"}
@@ -57,10 +64,15 @@ def emit(writer, node: Node, plan) -> None:
     outputs = [o for o in node.outputs if o]
     support, code, scratch = "", [], 0
     if isinstance(plan, list):  # gathers, one per output
+        ctype = element_ctype(writer.infos, node.inputs[0])
         for i, (gather, out) in enumerate(zip(plan, outputs)):
-            s, c = gather_code(gather, ptr(node.inputs[0]), ptr(out), f"gather{i}")
+            s, c = gather_code(gather, ptr(node.inputs[0]), ptr(out), f"gather{i}", ctype)
             support += s
             code.append(c)
+        if ctype != "float":
+            writer.step("\n".join(code) or ";", [(node.inputs[0], f"const {ctype} *")],
+                        [(o, f"{ctype} *") for o in outputs], support=support)
+            return
     else:
         x, y = ptr(node.inputs[0]), ptr(outputs[0])
         if isinstance(plan, Lrn):
@@ -109,9 +121,13 @@ def _static_f32(info: TensorInfo | None) -> bool:
 def _plan(node: Node, view: _View):
     op = node.op_type
     outputs = [o for o in node.outputs if o]
-    for name in [node.inputs[0] if node.inputs else ""] + outputs:
-        if not _static_f32(view.infos.get(name)):
-            raise Refused(f"value {name!r} is not a static float32 tensor")
+    data = node.inputs[0] if node.inputs else ""
+    if op not in TYPED_GATHERS or _static_f32(view.infos.get(data)):
+        for name in [data] + outputs:
+            if not _static_f32(view.infos.get(name)):
+                raise Refused(f"value {name!r} is not a static float32 tensor")
+    else:
+        _check_typed(data, outputs, view)
     if op == "Split" and len(outputs) != len(node.outputs):
         raise Refused("Split with an omitted output")
     try:
@@ -127,6 +143,8 @@ def _plan(node: Node, view: _View):
             plans = [_tile(node, view)]
         elif op == "Gather":
             plans = [_gather(node, view)]
+        elif op == "GatherND":
+            plans = [_gather_nd(node, view)]
         elif op in ("Resize", "Upsample"):
             return _resize(node, view)
         elif op == "LRN":
@@ -141,6 +159,25 @@ def _plan(node: Node, view: _View):
         if plan.out_shape != view.shape(out):
             raise Refused(f"output shape {list(view.shape(out))} differs from {list(plan.out_shape)}")
     return plans
+
+
+def _check_typed(data: str, outputs: list[str], view: _View) -> None:
+    """A gather of a bool or integer value: static, its outputs of its type, and computed
+    at run time (a constant of another type is packed as float32, so not readable so)."""
+    info = view.infos.get(data)
+    if info is None or info.dtype not in ELEMENT_CTYPES or not info.is_static:
+        raise Refused(f"value {data!r} is not a static float32, bool, int32 or int64 tensor")
+    if data in view.graph.initializers or info.value is not None:
+        raise Refused(f"a {info.dtype} constant {data!r} (packed constants are float32)")
+    for name in outputs:
+        out = view.infos.get(name)
+        if out is None or out.dtype != info.dtype or not out.is_static:
+            raise Refused(f"value {name!r} is not a static {info.dtype} tensor")
+
+
+def element_ctype(infos: dict[str, TensorInfo], name: str) -> str:
+    """The C type of one element of ``name`` (float for a float32 value)."""
+    return ELEMENT_CTYPES[infos[name].dtype]
 
 
 # -- element gathers ---------------------------------------------------------------------------
@@ -278,6 +315,29 @@ def _gather(node: Node, view: _View) -> Gather:
     return gather
 
 
+def _gather_nd(node: Node, view: _View) -> Gather:
+    """GatherND with constant indices and no batch axes (how torch's exporter writes
+    ``x[rows, cols]``): the first k axes of the data, one axis of prod(dims) rows in
+    memory, read through one table of row numbers."""
+    shape = view.shape(node.inputs[0])
+    indices = view.const(node.inputs[1], "GatherND indices")
+    if int(node.attrs.get("batch_dims", 0)):
+        raise Refused("GatherND with batch_dims")
+    if indices.dtype.kind not in "iu" or indices.ndim < 1 or not 1 <= indices.shape[-1] <= len(shape):
+        raise Refused("GatherND indices that are not integer tuples of at most the data's rank")
+    k = indices.shape[-1]
+    dims, rest = shape[:k], shape[k:]
+    tuples = indices.astype(np.int64).reshape(-1, k)
+    sizes = np.asarray(dims, np.int64)
+    if tuples.size and ((tuples < -sizes).any() or (tuples >= sizes).any()):
+        raise Refused("GatherND index out of range")
+    tuples = np.where(tuples < 0, tuples + sizes, tuples)
+    rows = np.ravel_multi_index(tuple(tuples.T), dims) if tuples.size else np.zeros(0, np.int64)
+    gather = Gather((math.prod(dims),) + tuple(rest), [rows] + [None] * len(rest))
+    gather.out_shape = tuple(indices.shape[:-1]) + tuple(rest)  # the same elements in order
+    return gather
+
+
 def _axes_of(gather: Gather):
     """(out size, in size, input stride, table or None, run start) per axis, with axes of one
     output position folded into a base offset and runs merged with the identity axes inside
@@ -329,12 +389,13 @@ def _segments(table: np.ndarray) -> list[tuple[str, int, int, int]]:
     return [tuple(p) for p in pieces]
 
 
-def gather_code(gather: Gather, x: str, y: str, name: str) -> tuple[str, str]:
-    """C for one gather: parallel over output rows (every axis but the last)."""
+def gather_code(gather: Gather, x: str, y: str, name: str, ctype: str = "float") -> tuple[str, str]:
+    """C for one gather of ``ctype`` elements: parallel over output rows (every axis but
+    the last)."""
     total = math.prod(gather.sizes)
     if total == 0:
         return "", ""
-    fill = c_float(gather.fill)
+    fill = c_float(gather.fill) if ctype == "float" else f"({ctype})0"  # only Pad fills, float32 only
     base, axes = _axes_of(gather)
     if not axes:
         return "", f"{y}[0] = {x}[{base}];"
@@ -353,10 +414,10 @@ def gather_code(gather: Gather, x: str, y: str, name: str) -> tuple[str, str]:
                 body.append(f"if ({name}_t{d}[i{d}] < 0) {{ for (int64_t j = 0; j < {n_last}; j++) "
                             f"yr[j] = {fill}; continue; }}")
             body.append(f"off += {name}_t{d}[i{d}];")
-    body.insert(0, f"float *yr = y + t * {n_last};")
+    body.insert(0, f"{ctype} *yr = y + t * {n_last};")
     if table_last is None:
         if stride_last == 1:
-            body.append(f"memcpy(yr, x + off + {start_last}, {n_last} * sizeof(float));")
+            body.append(f"memcpy(yr, x + off + {start_last}, {n_last} * sizeof({ctype}));")
         else:
             body.append(f"for (int64_t j = 0; j < {n_last}; j++) yr[j] = x[off + (j + {start_last}) * {stride_last}];")
     else:
@@ -366,7 +427,7 @@ def gather_code(gather: Gather, x: str, y: str, name: str) -> tuple[str, str]:
                 if kind == "fill":
                     body.append(f"for (int64_t j = {j0}; j < {j0 + count}; j++) yr[j] = {fill};")
                 elif kind == "copy":
-                    body.append(f"memcpy(yr + {j0}, x + off + {src}, {count} * sizeof(float));")
+                    body.append(f"memcpy(yr + {j0}, x + off + {src}, {count} * sizeof({ctype}));")
                 else:
                     body.append(f"yr[{j0}] = x[off + {src}];")
         else:
@@ -375,7 +436,7 @@ def gather_code(gather: Gather, x: str, y: str, name: str) -> tuple[str, str]:
             if table_last.min() < 0:
                 read = f"({name}_tl[j] < 0 ? {fill} : {read})"
             body.append(f"for (int64_t j = 0; j < {n_last}; j++) yr[j] = {read};")
-    return _task(name, ["x", "y"], [x, y], rows, total, body, "".join(tables))
+    return _task(name, ["x", "y"], [x, y], rows, total, body, "".join(tables), ctype)
 
 
 def _table(name: str, values: np.ndarray) -> str:
@@ -384,13 +445,14 @@ def _table(name: str, values: np.ndarray) -> str:
 
 
 def _task(name: str, names: list[str], pointers: list[str], tasks: int, work: int, body: list[str],
-          statics: str = "") -> tuple[str, str]:
+          statics: str = "", ctype: str = "float") -> tuple[str, str]:
     """(support, call): ``body`` run for every task index t in [0, tasks), split over the
-    thread pool, with the buffers ``pointers`` known inside it as ``names``: the last one
-    written, the others read."""
+    thread pool, with the buffers ``pointers`` (of ``ctype`` elements) known inside it as
+    ``names``: the last one written, the others read."""
     lines = "\n    ".join(body)
-    fields = " ".join([f"const float *{n};" for n in names[:-1]] + [f"float *{names[-1]};"])
-    unpack = " ".join([f"const float *{n} = a->{n};" for n in names[:-1]] + [f"float *{names[-1]} = a->{names[-1]};"])
+    fields = " ".join([f"const {ctype} *{n};" for n in names[:-1]] + [f"{ctype} *{names[-1]};"])
+    unpack = " ".join([f"const {ctype} *{n} = a->{n};" for n in names[:-1]]
+                      + [f"{ctype} *{names[-1]} = a->{names[-1]};"])
     support = f"""{statics}
 typedef struct {{ {fields} }} {name}_job;
 static void {name}(void *p, int64_t lo, int64_t hi) {{
