@@ -65,6 +65,15 @@ def huge_pages_on_request() -> bool:
     return chosen is not None and chosen.group(1) in ("always", "madvise")
 
 
+def huge_page_fallbacks() -> int:
+    """How many times this kernel had no huge page for a mapping that could take one."""
+    for line in pathlib.Path("/proc/vmstat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "thp_fault_fallback":
+            return int(value)
+    return 0
+
+
 @pytest.mark.skipif(not huge_pages_on_request(), reason="this kernel grants no transparent huge pages on request")
 def test_a_workspace_between_1_and_2_mib_takes_one_huge_page(tmp_path):
     """One intermediate tensor of 1.1 MiB (32 channels of 96x96): its 288 pages of 4 KiB are
@@ -74,8 +83,11 @@ def test_a_workspace_between_1_and_2_mib_takes_one_huge_page(tmp_path):
     y = b.node("Relu", [b.node("Conv", [x, b.weight([32, 3, 3, 3])], pads=[1, 1, 1, 1])])
     b.output(b.node("Flatten", [b.node("GlobalAveragePool", [y])]))
     b.save(tmp_path / "onewide.onnx")
+    fallbacks = huge_page_fallbacks()
     first, second, opened, huge_kib = faults(tmp_path, "onewide")
     intermediate_pages = 32 * 96 * 96 * 4 // PAGE
+    if huge_kib < 2048 and huge_page_fallbacks() > fallbacks:
+        pytest.skip("the kernel found no free huge page meanwhile (its thp_fault_fallback count rose)")
     assert huge_kib >= 2048, (huge_kib, opened)
     assert opened < intermediate_pages // 4, (opened, intermediate_pages)
     assert first <= second + intermediate_pages // 10, (first, second)
