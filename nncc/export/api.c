@@ -127,12 +127,13 @@ static int nnx_map(const char *path, NNX_STRUCT_T *m, int threads) {
 }
 
 /* The workspace, mapped and faulted in at open rather than a page at a time by the first
- * run. One of 1 MiB or more is rounded up to whole 2 MiB pages (at most 2 MiB more, and less
- * than its own size), starts on a 2 MiB boundary and asks for transparent huge pages (granted
- * where the system's setting allows them on request): faulting in a 2 MiB page costs about
- * what 50 pages of 4 KiB do, so its faults are a few instead of hundreds or thousands, and
- * the runs miss the TLB less. NULL when there is no memory. Under AddressSanitizer it comes
- * from the heap instead, where the sanitizer checks its bounds to the byte. */
+ * run. One of 1 MiB or more is rounded up to whole 2 MiB pages (less than 2 MiB more, and
+ * no more than its own size), starts on a 2 MiB boundary and asks for transparent huge
+ * pages (granted where the system's setting allows them on request): faulting in a 2 MiB
+ * page costs about what 60 pages of 4 KiB do, so its faults are a few instead of hundreds
+ * or thousands, and the runs miss the TLB less. NULL when there is no memory. Under
+ * AddressSanitizer it comes from the heap instead, where the sanitizer checks its bounds
+ * to the byte. */
 #define NNX_PAGE 4096u
 #define NNX_HUGE_PAGE (2u << 20)
 #define NNX_HUGE_FROM (1u << 20)
