@@ -120,7 +120,10 @@ void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     pthread_cond_broadcast(&nn_go);
     pthread_mutex_unlock(&nn_mu);
     nn_run_chunks(gen);
-    while (__atomic_load_n(&nn_job_done, __ATOMIC_ACQUIRE) != chunks) nn_relax();
+    /* a worker that claimed a chunk may share this core (the scheduler puts a new or woken
+     * thread beside its waker until it balances them): past a short spin, yield it the core */
+    for (int spins = 0; __atomic_load_n(&nn_job_done, __ATOMIC_ACQUIRE) != chunks;)
+        if (++spins < NN_SPIN) nn_relax(); else sched_yield();
 }
 
 /* C = alpha * op(A) @ op(B) + beta * C, row-major, in the calling thread. */
