@@ -43,7 +43,7 @@ def percentile(ordered: list[float], q: float) -> float:
 
 def child_time(job: dict) -> dict:
     """In this fresh process: open the runtime, warm it, time single runs; the times in us."""
-    import numpy as np
+    import numpy as np  # lazy: the child's, with its runtime
 
     with np.load(job["feeds"]) as saved:
         feeds = {k: saved[k] for k in saved.files}
