@@ -7,6 +7,9 @@ gets its own plan."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +20,7 @@ import pytest
 import nncc
 from nncc.native.toolchain import find_toolchain
 from nncc.util.threads import blas_threads, limit_blas_threads
+from tests.conftest import ROOT
 from tests.models import mlp
 from tests.oracle import ort_run
 
@@ -93,3 +97,32 @@ def test_a_shape_change_on_two_threads_gets_its_own_plan_and_onnxruntimes_answer
             for thread in [t for t in threading.enumerate() if t.name.startswith("nncc-shape-")]:
                 thread.join()
     assert ((5, FEATURES),) in model.shape_plans
+
+
+def test_an_idle_process_takes_no_core_once_the_workers_stop_spinning(tmp_path):
+    """After a run a worker spins a bounded while, then sleeps: over 0.3 s of the caller
+    asleep the process's other threads take next to no CPU time (a worker that kept
+    spinning would take most of a core). In a fresh process: no other test's threads."""
+    path = _model(tmp_path)
+    code = f"""
+import resource, time
+import numpy as np
+import nncc
+from nncc.util.threads import limit_blas_threads
+with limit_blas_threads(2):
+    model = nncc.compile_model({str(path)!r}, dims={{"batch": {ROWS}}})
+assert model._executor.loaded["native"].threads == 2
+feeds = {{"x": np.ones(({ROWS}, {FEATURES}), np.float32)}}
+for _ in range(50):
+    model.run(feeds)
+time.sleep(0.01)  # the spin after the last call is over
+cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+before, own = cpu(), time.thread_time()
+time.sleep(0.3)
+print((cpu() - before) - (time.thread_time() - own))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    others = float(done.stdout.split()[-1])
+    assert others < 0.03, f"the pool's workers took {others:.3f} s of CPU while the process was idle"
