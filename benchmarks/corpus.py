@@ -18,7 +18,8 @@ Columns, each runtime in float32 unless its header says otherwise:
 - match: nncc's outputs (each column) against onnxruntime's on the same feeds: the
   largest |nncc - onnxruntime| of an output (abs), and that over the output's largest
   |onnxruntime| value (rel), worst output; pass when rel <= --tolerance.
-- ms: steady-state p50 of nncc dynamic, nncc fixed, nncc cached (the model prepared through a
+- ms: steady-state p50 (each process times at least --runs runs and on until they took
+  --min-seconds, every runtime alike) of nncc dynamic, nncc fixed, nncc cached (the model prepared through a
   cache that an earlier process filled by running it at the manifest's sizes, dynamic
   dimensions left dynamic: what a user's later processes run), onnxruntime at its defaults, OpenVINO
   with INFERENCE_PRECISION_HINT=f32 (the precision-matched peer), OpenVINO at its defaults
@@ -271,7 +272,7 @@ def measure_model(entry: dict, corpus: pathlib.Path, args, work: str) -> dict:
             job = {"job": "measure", "runtime": runtime, "path": path, "feeds": feeds,
                    "cache": warm if runtime == "nncc-cached" else work,
                    "threads": args.threads, "warmup": args.warmup, "iterations": args.runs,
-                   "artifact": artifacts.get(runtime)}
+                   "min_seconds": args.min_seconds, "artifact": artifacts.get(runtime)}
             if rnd == 0:
                 job["outputs"] = outputs[runtime]
             results[runtime] = spawn(job)
@@ -331,7 +332,8 @@ def render(report: dict, markdown: bool) -> str:
                            if r["runtimes"].get("openvino", {}).get("precision")}) or ["default"]
     out = [f"`{report['command']}`, {report['date']}.",
            f"Steady state, {report['threads']} threads, median over {report['rounds']} rounds of per-process p50 "
-           f"({report['runs']} timed runs after {report['warmup']} warm-up runs); "
+           f"(at least {report['runs']} timed runs and {report.get('min_seconds', 0):g} s of them, after "
+           f"{report['warmup']} warm-up runs); "
            + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".",
            "partitions: nncc's native / all, dynamic dimensions left dynamic, then fixed to the manifest's sizes. "
            "match: nncc (dynamic; fixed) against onnxruntime, worst output's max abs / max rel difference (rel: over "
@@ -462,6 +464,9 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of one process per runtime "
                                                               "(default 3)")
     parser.add_argument("--runs", type=int, default=20, help="timed runs in each process (default 20)")
+    parser.add_argument("--min-seconds", type=float, default=0.5,
+                        help="each process also times runs until they took this long in all, every runtime "
+                             "alike (default 0.5): a row of microseconds is a median over hundreds of runs")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs in each process (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="threads for every runtime (default 2)")
     parser.add_argument("--tolerance", type=float, default=1e-4,
@@ -478,8 +483,8 @@ def parse_args(argv=None):
     for name in ("rounds", "runs", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    if args.warmup < 0 or not args.tolerance > 0:
-        parser.error("--warmup must be at least 0 and --tolerance above 0")
+    if args.warmup < 0 or not args.tolerance > 0 or not args.min_seconds >= 0:
+        parser.error("--warmup and --min-seconds must be at least 0 and --tolerance above 0")
     if args.render:
         try:
             args.report = json.loads(pathlib.Path(args.render).read_text())
@@ -522,7 +527,7 @@ def main(argv=None) -> int:
     command = "python benchmarks/corpus.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = {"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "threads": args.threads, "rounds": args.rounds, "runs": args.runs, "warmup": args.warmup,
-              "tolerance": args.tolerance, "runtimes": args.runtimes, "models": []}
+              "min_seconds": args.min_seconds, "tolerance": args.tolerance, "runtimes": args.runtimes, "models": []}
     with tempfile.TemporaryDirectory(prefix="nncc-corpus-") as work:
         for entry in args.entries:
             began = time.perf_counter()

@@ -145,13 +145,23 @@ def child_measure(job: dict) -> dict:
     if job["runtime"].startswith("nncc"):  # a shape's own native plan builds in the background: wait
         for _ in range(join_shape_builds()):
             run(feeds)
-    times = []
-    for _ in range(job["iterations"]):
+    times = timed_runs(run, feeds, job["iterations"], job.get("min_seconds", 0.0))
+    return {**info, "pid": os.getpid(), "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
+            "p50_s": median(times), "min_s": min(times), "timed_runs": len(times)}
+
+
+def timed_runs(run, feeds, runs: int, min_seconds: float) -> list[float]:
+    """Each run's seconds: at least ``runs`` runs, and on until they took ``min_seconds`` in
+    all, so that a run of microseconds is a median over hundreds, whatever the runtime."""
+    clock = time.perf_counter
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < runs or spent < min_seconds:
         start = clock()
         run(feeds)
         times.append(clock() - start)
-    return {**info, "pid": os.getpid(), "answered_at": answered, "open_s": t1 - t0, "first_s": t2 - t1,
-            "p50_s": median(times), "min_s": min(times)}
+        spent += times[-1]
+    return times
 
 
 def child_setup(job: dict) -> dict:

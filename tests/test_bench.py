@@ -501,6 +501,23 @@ def test_bench_peers_onnxruntime_is_at_its_defaults():
     assert "does not have configuration" in seen["spinning"]
 
 
+def test_a_measuring_process_times_at_least_its_runs_and_its_time_budget():
+    """Every runtime's process (peer_runtimes.timed_runs) times --runs runs, and goes on
+    until they took --min-seconds in all: a run of microseconds is a median over hundreds."""
+    seen = _with_peer_runtimes("""
+        import time
+        calls = []
+        run = lambda feeds: (calls.append(feeds), time.sleep(0.001))
+        counted = peer_runtimes.timed_runs(run, "feeds", 7, 0.0)
+        budget = peer_runtimes.timed_runs(run, "feeds", 2, 0.05)
+        print(json.dumps(dict(counted=len(counted), budget=len(budget), spent=sum(budget), calls=len(calls),
+                              fed=sorted(set(calls)))))
+        """)
+    assert seen["counted"] == 7
+    assert seen["spent"] >= 0.05  # two runs of 1 ms each fill it only by going on
+    assert seen["calls"] == seen["counted"] + seen["budget"] and seen["fed"] == ["feeds"]
+
+
 def test_bench_peers_openvino_is_at_its_defaults():
     """Every property of the compiled model is what a plain compile_model gives, except the
     thread count."""

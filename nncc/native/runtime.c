@@ -26,12 +26,20 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
  * the chunks left, so a worker that wakes late can never claim a chunk of a later job with
  * an earlier job's fields: the fields are written before the word is published and stay
  * until every claimed chunk is done.
- * Within a native call a worker spins briefly for the next job (a partition issues many
- * short parallel loops, and waking a sleeping thread costs tens of microseconds); when
- * the call returns (nn_call_end) spinning stops at once and the workers sleep on a
- * condition variable, so between calls they take no core from the user's other work. */
+ * A worker that finds no job spins for the next one, then sleeps on a condition variable:
+ * within a native call for up to NN_SPIN_NS (a partition issues many short parallel loops,
+ * and waking a sleeping thread costs the caller a system call and the job tens of
+ * microseconds before the worker runs), and after the call returns (nn_call_end) for
+ * NN_LINGER_NS more, so a caller that runs the model again at once finds it awake; an idle
+ * process pays at most NN_LINGER_NS of one core per worker after its last call, then the
+ * workers take no core from the user's other work.
+ * A job that finds the workers asleep wakes them for the jobs after it, but when its work
+ * is under NN_WAKE_WORK the caller runs it alone: it would be done before a woken worker
+ * ran, and a worker that claimed a chunk late would make the caller wait for it. */
 #define NN_MAX_THREADS 16
-#define NN_SPIN 4096
+#define NN_SPIN_NS 200000
+#define NN_LINGER_NS 100000
+#define NN_WAKE_WORK (1 << 20)
 #define NN_CHUNKS_PER_THREAD 4
 static int nn_threads = 1;
 static pthread_mutex_t nn_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -41,6 +49,10 @@ static void *nn_job_ctx;
 static int64_t nn_job_n, nn_job_chunks, nn_job_done;
 static uint64_t nn_job_claim;  /* generation << 32 | chunks not yet claimed */
 static int nn_job_gen, nn_in_call;
+static int nn_wakes;              /* wake-ups without a job (under nn_mu) */
+static int nn_sleepers;           /* workers asleep on nn_go, or about to be */
+static int nn_waking;             /* a wake-up is under way: no second system call for it */
+static int64_t nn_linger_until;   /* CLOCK_MONOTONIC ns: after a call, workers spin until then */
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,6 +60,12 @@ static inline void nn_relax(void) {
 #else
     __asm__ __volatile__("" ::: "memory");
 #endif
+}
+
+static inline int64_t nn_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 /* Claims and runs chunks of job ``gen`` until none is left (or another job is published). */
@@ -63,16 +81,33 @@ static void nn_run_chunks(uint32_t gen) {
     }
 }
 
+/* Whether a worker that has waited since ``since`` keeps spinning. */
+static int nn_keep_spinning(int64_t since) {
+    int64_t now = nn_now_ns();
+    if (__atomic_load_n(&nn_in_call, __ATOMIC_RELAXED)) return now - since < NN_SPIN_NS;
+    return now < __atomic_load_n(&nn_linger_until, __ATOMIC_RELAXED);
+}
+
 static void *nn_worker(void *arg) {
     (void)arg;
     int seen = 0;
     for (;;) {
-        int spins = 0;
+        int64_t since = nn_now_ns();
+        unsigned spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
-            if (__atomic_load_n(&nn_in_call, __ATOMIC_RELAXED) && ++spins < NN_SPIN) { nn_relax(); continue; }
+            nn_relax();
+            if (++spins % 64 || nn_keep_spinning(since)) continue;  /* the clock read every 64 pauses */
             pthread_mutex_lock(&nn_mu);
-            while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&nn_go, &nn_mu);
+            int wakes = nn_wakes;
+            /* sequentially consistent with nn_parallel's publish: either it sees this sleeper and
+             * wakes it, or this load sees its job */
+            __atomic_add_fetch(&nn_sleepers, 1, __ATOMIC_SEQ_CST);
+            while (__atomic_load_n(&nn_job_gen, __ATOMIC_SEQ_CST) == seen && nn_wakes == wakes)
+                pthread_cond_wait(&nn_go, &nn_mu);
+            __atomic_sub_fetch(&nn_sleepers, 1, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&nn_waking, 0, __ATOMIC_RELAXED);
             pthread_mutex_unlock(&nn_mu);
+            since = nn_now_ns();
         }
         seen = __atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE);
         nn_run_chunks((uint32_t)seen);
@@ -101,24 +136,42 @@ NN_EXPORT int nncc_set_threads(int want) {
 int nn_thread_count(void) { return nn_threads; }
 
 /* An entry point brackets its steps with these: workers spin between the jobs of a call,
- * never after it. */
+ * and for NN_LINGER_NS after it. */
 void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
-void nn_call_end(void) { __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED); }
+void nn_call_end(void) {
+    __atomic_store_n(&nn_linger_until, nn_now_ns() + NN_LINGER_NS, __ATOMIC_RELAXED);
+    __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED);
+}
+
+/* Wakes the sleeping workers, to spin for the next job (or run one just published): one
+ * system call, none while they all spin or a wake-up is already under way. */
+static void nn_wake(void) {
+    if (!__atomic_load_n(&nn_sleepers, __ATOMIC_SEQ_CST) || __atomic_exchange_n(&nn_waking, 1, __ATOMIC_ACQ_REL))
+        return;
+    pthread_mutex_lock(&nn_mu);
+    nn_wakes++;
+    pthread_cond_broadcast(&nn_go);
+    pthread_mutex_unlock(&nn_mu);
+}
 
 /* fn over [0, n) in chunks the pool's threads claim, the caller among them; small jobs
- * (work: a rough count of operations) run inline. */
+ * (work: a rough count of operations) run inline, and so do jobs under NN_WAKE_WORK that
+ * find the workers asleep (which they wake for the next job). */
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
+    if (work < NN_WAKE_WORK && __atomic_load_n(&nn_sleepers, __ATOMIC_SEQ_CST) == t - 1) {
+        nn_wake();
+        fn(ctx, 0, n);
+        return;
+    }
     int64_t chunks = n < (int64_t)t * NN_CHUNKS_PER_THREAD ? n : (int64_t)t * NN_CHUNKS_PER_THREAD;
     uint32_t gen = (uint32_t)nn_job_gen + 1;
     nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n; nn_job_chunks = chunks;
     __atomic_store_n(&nn_job_done, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&nn_job_claim, (uint64_t)gen << 32 | (uint64_t)chunks, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&nn_mu);
-    __atomic_store_n(&nn_job_gen, (int)gen, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&nn_go);
-    pthread_mutex_unlock(&nn_mu);
+    __atomic_store_n(&nn_job_gen, (int)gen, __ATOMIC_SEQ_CST);
+    nn_wake();
     nn_run_chunks(gen);
     /* a worker that claimed a chunk may share this core (the scheduler puts a new or woken
      * thread beside its waker until it balances them): past a short spin, yield it the core */
