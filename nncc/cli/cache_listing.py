@@ -113,8 +113,13 @@ def _deviation(entry) -> str:
     check = _check(entry)
     if not check:
         return "-"
-    values = [v for v in (check[PLAN_KEY].get("deviation") or {}).values() if isinstance(v, (int, float))]
-    return f"{check['precision']} {describe(max(values, default=0.0))}"
+    record = check[PLAN_KEY]
+    values = [v for v in (record.get("deviation") or {}).values() if isinstance(v, (int, float))]
+    text = f"{check['precision']} {describe(max(values, default=0.0))}"
+    if isinstance(record.get("bfloat16_layers"), int):  # how many layers run bfloat16 weights, how many stayed float32
+        widening = (record.get("float32_widening") or {}).get("layers") or []
+        text += f" ({record['bfloat16_layers']} bf16, {len(widening) + len(record.get('float32_layers') or [])} f32)"
+    return text
 
 
 def _ago(ts) -> str:

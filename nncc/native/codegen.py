@@ -28,6 +28,7 @@ import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import gemm_bf16_gen, gemm_gen, kernel
+from nncc.native.precision import weights_pay
 from nncc.native.activations import c_enum
 from nncc.native.conv_gen import POOL_OPS, ConvSteps  # noqa: F401  (POOL_OPS: for callers listing ops)
 from nncc.native.elementwise_gen import ALIASES, BINARY, UNARY, ElementwiseSteps  # noqa: F401  (as POOL_OPS)
@@ -95,6 +96,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
         # the arithmetic of the packed GEMM by constant weights, which gemm_gen's emitters read
         # (a product of two values computed at run time stays float32)
+        self.arithmetic = precision
         self.low_packing = {"f32": gemm_gen.F32, "bf16": gemm_bf16_gen.BF16, "bf16w": gemm_bf16_gen.BF16W}[precision]
         self.packing = self.low_packing
         self.keep_f32 = frozenset(keep_f32)  # weights (by name) whose products stay float32 (precision auto)
@@ -179,11 +181,24 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         if id(node) in self.absorbed:
             return
         first = len(self.steps)
-        weights = node.inputs[1] if len(node.inputs) > 1 else ""
-        self.packing = gemm_gen.F32 if weights in self.keep_f32 else self.low_packing
+        self.packing = self.weights_packing(node)
         self.emit(node)
         for step in self.steps[first:]:
             step.label = step.label or f"{node.op_type} {node.name}"
+
+    def weights_packing(self, node: Node):
+        """The packing of ``node``'s product by constant weights (its second input), should
+        it have one: float32 when precision auto kept that layer, or when its rows of A make
+        widened bfloat16 weights cost more than they save (precision.weights_pay)."""
+        weights = node.inputs[1] if len(node.inputs) > 1 else ""
+        if self.low_packing is gemm_gen.F32 or weights in self.keep_f32:
+            return gemm_gen.F32
+        out = self.infos.get(node.outputs[0]) if node.outputs else None
+        b = self.infos.get(weights)
+        if out is None or b is None or not out.shape or not all(isinstance(d, int) for d in (*out.shape, *b.shape)):
+            return self.low_packing
+        rows = math.prod(out.shape[:-1]) // max(1, math.prod(b.shape[:-2]))  # per weight matrix
+        return self.low_packing if weights_pay(self.arithmetic, rows) else gemm_gen.F32
 
     def branch(self, condition: str, taken: bool, branch, targets: list[str]) -> None:
         """The steps of one branch of an If (nncc/native/ops/conditional.py), run when the

@@ -6,7 +6,11 @@ a product are rounded to bfloat16 and ``vdpbf16ps`` multiplies them ("bf16": hal
 instructions and half the weight bytes). Everywhere else only the weights are stored as
 bfloat16 and widened to float32 in registers ("bf16w": half the weight bytes the
 micro-kernel streams, float32 products and sums). Only a plan without native code (no C
-compiler) computes everything in float32, and the user is told so once per process."""
+compiler) computes everything in float32, and the user is told so once per process.
+
+Without a bfloat16 dot product the weights are widened on every read, so a layer keeps
+bfloat16 weights only where that pays (``weights_pay``); the others stay float32 and the
+plan's record names them with the reason (``WIDENING_COSTS``)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,26 @@ FEATURE = "avx512_bf16"  # as /proc/cpuinfo names it
 # the arithmetic of each kind, as the native backend's identity names it
 ARITHMETICS = {"f32": "float32", "bf16": "bfloat16 products (vdpbf16ps)",
                "bf16w": "bfloat16 weights widened to float32"}
+
+
+# Widened bfloat16 weights pay where reading the weights bounds a product: few rows of A,
+# each packed panel of B streamed once. With many rows each panel is read again from cache
+# by every tile of rows and widened again each time (a shift and a mask per two vectors),
+# which costs the micro-kernel more issue slots than the halved bytes save. Measured with
+# benchmarks/bench_gemm.py --precision bf16 --threads 1 --stat best on the AVX2 EPYC, K and
+# N 512 or 2048, on a busy machine: up to 64 rows the widened GEMM ran 0.98-1.53x as fast
+# as float32's, at 256 rows 0.89-1.10x, at 1024 and 3136 rows 0.76-1.03x. The boundary is
+# between 64 and 256 rows; 128 keeps one-row decoding, small batches and a 128-token
+# sequence (where whole transformers gained) in bfloat16.
+WIDENED_ROWS_MAX = 128
+WIDENING_COSTS = "no bf16 dot product on this CPU: widening costs more than it saves"
+
+
+def weights_pay(kind: str, rows: int) -> bool:
+    """Whether a product by constant weights with ``rows`` rows of A per weight matrix
+    keeps its weights below float32 under arithmetic ``kind`` (an ARITHMETICS key): always with
+    a bfloat16 dot product, with widened weights only up to WIDENED_ROWS_MAX rows."""
+    return kind != "bf16w" or rows <= WIDENED_ROWS_MAX
 
 
 def why_not_bf16(target: str) -> str | None:

@@ -24,6 +24,7 @@ over, twice as many more layers stay float32.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from nncc.backends.payloads import activate_payloads
 from nncc.compiler import AUTO_TOLERANCE, OptionError, calibration_files
 from nncc.errors import InputError
+from nncc.native.precision import WIDENING_COSTS
 from nncc.runtime.executor import Executor
 from nncc.runtime.random_inputs import random_feeds
 from nncc.preparing.deviation import PLAN_KEY, describe
@@ -41,6 +43,7 @@ from nncc.util import progress
 # should cost a small part of a compile; --calibration gives as many inputs as wanted
 RANDOM_SEEDS = (0,)
 LOW_FORMS = ("bf16",)  # a packed constant whose form names one of these is computed below float32
+FLOAT32_GEMM_FORM = re.compile(r"gemm\d+(T|\*|$)")  # the float32 GEMM's packed weights (gemm_gen.F32.form)
 
 
 class ToleranceExceeded(OptionError):
@@ -80,6 +83,17 @@ def low_layers(plan) -> list[str]:
     for slot in plan.slots:
         source, _, form = slot.name.partition("#")
         if form and any(low in form for low in LOW_FORMS) and source not in names:
+            names.append(source)
+    return names
+
+
+def float32_layers(plan) -> list[str]:
+    """The weights (by name) of the products by constant weights the plan computes in
+    float32 with native code."""
+    names = []
+    for slot in plan.slots:
+        source, _, form = slot.name.partition("#")
+        if form and FLOAT32_GEMM_FORM.match(form) and source not in names:
             names.append(source)
     return names
 
@@ -195,5 +209,10 @@ def _record(plan, deviation: dict[str, float], inputs: int, opts, tolerance):
         "deviation": dict(sorted(deviation.items())),
         "tolerance": tolerance,
         "float32_layers": [name for name in plan.options.get("keep_f32", [])],
+        "bfloat16_layers": len(low_layers(plan)),
     }
+    kept = set(plan.options.get("keep_f32", []))
+    widening = [name for name in float32_layers(plan) if name not in kept]
+    if widening and plan.options.get("arithmetic") == "bf16w":
+        plan.options[PLAN_KEY]["float32_widening"] = {"layers": widening, "why": WIDENING_COSTS}
     return plan

@@ -27,4 +27,17 @@ def summary(check: dict) -> str:
     kept = check.get("float32_layers") or []
     if kept:
         line += f"; {len(kept)} layer(s) kept float32: {', '.join(kept)}"
+    line += layer_counts(check)
+    return line
+
+
+def layer_counts(check: dict) -> str:
+    """"; N layer(s) with bfloat16 weights, M kept float32 (why)": the layers the CPU rule
+    kept float32, with its reason, when the record has them (older records do not)."""
+    if "bfloat16_layers" not in check:
+        return ""
+    widening = check.get("float32_widening") or {}
+    line = f"; {check['bfloat16_layers']} layer(s) with bfloat16 weights"
+    if widening.get("layers"):
+        line += f", {len(widening['layers'])} kept float32 ({widening.get('why', '')})"
     return line
