@@ -259,13 +259,14 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
     options = plans_ahead(path, options, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
                           model_bytes=model_bytes, hash_mode=hash_mode, settings=settings)
-    natives = None
+    natives = loading = None
     # the fixed-size entries are found and built from the model's file: not for a pipe
     if use_cache and stage != "quick" and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
         # before the general plan is read: the two overlap (only a model with dynamic dimensions has such entries)
         natives.load_ahead(min(settings.shape_plans or 0, LOAD_AHEAD))
+        loading = natives
     prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
                                               trust_shared=trust_shared, model_bytes=model_bytes,
                                               hash_mode=hash_mode, stage=stage, background=background,
@@ -273,8 +274,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     if not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
         natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
-    if natives is not None:
-        natives.wait_ahead()  # the model returned runs the shapes it ran before from its first run
+    if loading is not None:
+        loading.wait_ahead()  # the model returned runs the shapes it ran before from its first run
     return model, outcome
 
 
