@@ -365,6 +365,44 @@ def matmul(case, rng):
     case.geometry = dict(a=[*batch_a, m, k], b=[*batch_b, k, nn], weights=weights, bias=bias, act=act or None)
 
 
+
+def product_act(case, rng):
+    """A product by constant weights (and a bias) with an activation its store applies on
+    vectors after the tile is stored (gemm_gen.TILE_VECTOR_ACTS), spelled out as exporters
+    write it: GELU's erf and tanh forms, SiLU, Mish, Sigmoid; then, sometimes, a residual
+    Add the same store takes. Widths that are not whole vectors give partial last vectors;
+    pre-activations spread over the functions' tails (standard normal inputs and weights)."""
+    b = _Builder(case, rng)
+    m, k = _choice(rng, ODD + [6, 13]), _choice(rng, ODD + [16, 40])
+    nn = _choice(rng, ODD + [8, 16, 19, 40, 70])
+    x = b.input("a", (m, k))
+    (y,) = b.node("MatMul", [x, b.init("w", (k, nn))], ["mm"])
+    (y,) = b.node("Add", [y, b.init("bias", (nn,))], ["z"])
+    act = _choice(rng, ["GeluErf", "GeluTanh", "Silu", "Mish", "Sigmoid"])
+    half, one = b.init("half", np.array(0.5)), b.init("one", np.array(1.0))
+    if act == "GeluErf":
+        inner = b.node("Erf", [b.node("Div", [y, b.init("r2", np.array(math.sqrt(2.0)))], ["d"])[0]], ["e"])[0]
+        (g,) = b.node("Mul", [b.node("Mul", [y, half], ["hs"])[0], b.node("Add", [inner, one], ["g1"])[0]], ["g"])
+    elif act == "GeluTanh":
+        cube = b.node("Mul", [b.node("Mul", [y, y], ["y2"])[0], y], ["y3"])[0]
+        u = b.node("Add", [y, b.node("Mul", [cube, b.init("c", np.array(0.044715))], ["cc"])[0]], ["u"])[0]
+        inner = b.node("Tanh", [b.node("Mul", [u, b.init("k", np.array(math.sqrt(2.0 / math.pi)))], ["uk"])[0]],
+                       ["t"])[0]
+        (g,) = b.node("Mul", [b.node("Mul", [y, half], ["hs"])[0], b.node("Add", [inner, one], ["g1"])[0]], ["g"])
+    elif act == "Silu":
+        (g,) = b.node("Mul", [y, b.node("Sigmoid", [y], ["sg"])[0]], ["g"])
+    elif act == "Mish":
+        (sp,) = b.node("Log", [b.node("Add", [b.node("Exp", [y], ["ex"])[0], one], ["ex1"])[0]], ["sp"])
+        (g,) = b.node("Mul", [y, b.node("Tanh", [sp], ["th"])[0]], ["g"])
+    else:
+        (g,) = b.node("Sigmoid", [y], ["g"])
+    residual = rng.random() < 0.4
+    if residual:
+        (g,) = b.node("Add", [g, b.input("res", (m, nn))], ["y"])
+    b.output(g)
+    case.terms = k + 3
+    case.geometry = dict(M=m, K=k, N=nn, act=act, residual=residual)
+
 def bf16_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The error bound of a product computed in bfloat16 (the compile's ``precision="bf16"``),
     per element of ``a @ b`` (batch dims broadcast): each input rounded to 8 significant
@@ -1213,11 +1251,11 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather, "typed_moves": typed_moves}
+         "int_gather": int_gather, "typed_moves": typed_moves, "product_act": product_act}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act"]
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -30,9 +30,9 @@ BINARY = {"Add": "(a + b)", "Sub": "(a - b)", "Mul": "(a * b)", "Div": "(a / b)"
 PARAMETRIC = ("Clip", "LeakyRelu", "HardSigmoid", "HardSwish")
 ALIASES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
 GELU_OPS = {("", "Gelu"), ("nncc", "Gelu")}  # nncc's: a GELU spelled out in ops (passes/fusion.py)
-GELU_FORMS = {  # approximate -> the expression, as a product's epilogue computes it (gemm_gen)
-    "none": "nn_gelu_erf(v)",
-    "tanh": "(0.5f * v * (1.0f + nn_tanh(0.797884561f * (v + 0.044715f * v * v * v))))",
+GELU_FORMS = {  # approximate -> simd.h's function of a vector, as a product's epilogue applies it (gemm_gen)
+    "none": "nn_vgelu_erf",
+    "tanh": "nn_vgelu_tanh",
 }
 _GELU_CHUNK = 4096  # elements per task
 POW_BY = {2.0: "(v * v)", 3.0: "(v * v * v)", 0.5: "sqrtf(v)", 1.0: "v", -1.0: "(1.0f / v)"}  # constant exponents
@@ -61,17 +61,23 @@ class ElementwiseSteps:
         """GELU over the pool, a chunk per task: a transformer's largest elementwise step."""
         x, y = node.inputs[0], node.outputs[0]
         size = math.prod(self.shape(y))
-        expr = GELU_FORMS[node.attrs.get("approximate", "none")]
+        gelu = GELU_FORMS[node.attrs.get("approximate", "none")]
         chunks = -(-size // _GELU_CHUNK)
         support = f"""typedef struct {{ const float *x; float *y; }} gelu_job;
 static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
     const gelu_job *j = ctx;
-    int64_t end = hi * {_GELU_CHUNK} < {size} ? hi * {_GELU_CHUNK} : {size};
-    for (int64_t i = lo * {_GELU_CHUNK}; i < end; i++) {{ float v = j->x[i]; j->y[i] = {expr}; }}
+    int64_t i = lo * {_GELU_CHUNK}, end = hi * {_GELU_CHUNK} < {size} ? hi * {_GELU_CHUNK} : {size};
+    for (; i + NN_VL <= end; i += NN_VL) nn_vstore(j->y + i, {gelu}(nn_vload(j->x + i)));
+    if (i < end) {{  /* the last, partial vector: through a buffer, never past the tensor */
+        float t[NN_VL] = {{0}};
+        memcpy(t, j->x + i, (size_t)(end - i) * sizeof(float));
+        nn_vstore(t, {gelu}(nn_vload(t)));
+        memcpy(j->y + i, t, (size_t)(end - i) * sizeof(float));
+    }}
 }}
 """
         self.step(f"gelu_job job = {{{self.ptr(x)}, {self.ptr(y)}}}; nn_parallel({chunks}, {size * 16}, gelu_chunks, &job);",
-                  [x], [y], support=support)
+                  [x], [y], support=self.simd + support)
 
     def unary_expr(self, node: Node) -> str:
         op = node.op_type

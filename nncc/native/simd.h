@@ -100,6 +100,35 @@ static inline nn_v nn_vmish(nn_v v) {
     nn_v factor = nn_vselect(v < nn_vset1(-87.0f), nn_vzero(), m / (m + nn_vset1(2.0f)));
     return nn_vselect(v > nn_vset1(20.0f), v, v * factor);
 }
+/* GELU's erf form, prelude.h's nn_gelu_erf on a vector (the same rational erf, the same
+ * clamps: NaN stays NaN, -inf gives NaN as -inf * 0 does). Written on vectors because the
+ * compiler turned the scalar one's clamps into compare-and-blend chains twice as long. */
+static inline nn_v nn_vgelu_erf(nn_v v) {
+    nn_v x = nn_vmin(nn_vmax(v * nn_vset1(0.707106781f), nn_vset1(-4.0f)), nn_vset1(4.0f));
+    nn_v t = x * x;
+    nn_v p = nn_vset1(1.911075778e-08f);
+    p = nn_vfma(p, t, nn_vset1(-1.942183456e-06f));
+    p = nn_vfma(p, t, nn_vset1(1.472625705e-04f));
+    p = nn_vfma(p, t, nn_vset1(3.989674753e-03f));
+    p = nn_vfma(p, t, nn_vset1(5.152214941e-02f));
+    p = nn_vfma(p, t, nn_vset1(2.071049134e-01f));
+    p = nn_vfma(p, t, nn_vset1(1.128379095e+00f));
+    nn_v q = nn_vset1(1.020886626e-03f);
+    q = nn_vfma(q, t, nn_vset1(1.495629467e-02f));
+    q = nn_vfma(q, t, nn_vset1(1.179622937e-01f));
+    q = nn_vfma(q, t, nn_vset1(5.168732071e-01f));
+    q = nn_vfma(q, t, nn_vset1(1.0f));
+    nn_v e = nn_vmin(nn_vmax(x * p / q, nn_vset1(-1.0f)), nn_vset1(1.0f));
+    return nn_vset1(0.5f) * v * (nn_vset1(1.0f) + e);
+}
+/* GELU's tanh form, 0.5 v (1 + tanh(u)) with u = sqrt(2/pi) (v + 0.044715 v^3), computed as
+ * v / (1 + e^(-2u)) (1 + tanh(u) is 2 sigmoid(2u)): one exponential and one division, and no
+ * cancellation where tanh(u) is near -1, so a negative v's small result keeps its digits.
+ * +inf gives +inf, -inf NaN (-inf / inf, as the tanh form's -inf * 0), NaN stays NaN. */
+static inline nn_v nn_vgelu_tanh(nn_v v) {
+    nn_v u2 = v * nn_vfma(v * v, nn_vset1(-0.0713548162f), nn_vset1(-1.59576912f));  /* -2u */
+    return v / (nn_vset1(1.0f) + nn_vexp(u2));
+}
 /* Lane permutes with literal lanes (GCC 12 and later, clang): a reorder between layouts
  * transposes vl x vl tiles in registers with them; without, it moves lane by lane. */
 #if defined(__has_builtin)
