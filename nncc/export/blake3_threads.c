@@ -3,9 +3,13 @@
  * on the threads its model is opened with. POSIX threads and one heap block per call, so
  * calls from several threads at once stay independent. An exported library compiles this
  * text after blake3.c's in one translation unit: no file-scope name here may be one of its. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getcpu, CPU_SET and pthread_attr_setaffinity_np, before any header */
+#endif
 #include "blake3.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 /* Below SPLIT_BYTES a thread costs more than it saves; at most MAX_PIECES equal subtrees
@@ -41,6 +45,23 @@ static void *hash_pieces(void *arg)
         nn_blake3_subtree(&job->mode, job->data + p->first * CHUNK, p->chunks * CHUNK, p->first, p->cv);
     }
     return 0;
+}
+
+/* The helpers start on the CPUs the process may use other than the caller's: Linux tends to
+ * start a thread on its creator's core and to move it only milliseconds later, which on a
+ * quiet two-core machine made the open's hash run on one core about half the time. */
+static void start_apart(pthread_attr_t *attr)
+{
+#ifdef __linux__
+    cpu_set_t set;
+    int cpu = sched_getcpu();
+    if (cpu >= 0 && sched_getaffinity(0, sizeof set, &set) == 0 && CPU_ISSET(cpu, &set) && CPU_COUNT(&set) > 1) {
+        CPU_CLR(cpu, &set);
+        pthread_attr_setaffinity_np(attr, sizeof set, &set);
+    }
+#else
+    (void)attr;
+#endif
 }
 
 /* The whole chunks that have input after them are cut into equal subtrees of a power-of-two
@@ -85,9 +106,14 @@ void nn_blake3_threaded(const void *input, size_t len, int threads, uint8_t out[
             done += size;
         }
     pthread_t helpers[MAX_THREADS];
-    int started = 0;
-    while (started < threads - 1 && pthread_create(&helpers[started], 0, hash_pieces, job) == 0)
+    pthread_attr_t attr;
+    int started = 0, placed = pthread_attr_init(&attr) == 0;
+    if (placed)
+        start_apart(&attr);
+    while (started < threads - 1 && pthread_create(&helpers[started], placed ? &attr : 0, hash_pieces, job) == 0)
         started++;
+    if (placed)
+        pthread_attr_destroy(&attr);
     hash_pieces(job); /* the caller claims subtrees too, all of them if no thread started */
     for (int t = 0; t < started; t++)
         pthread_join(helpers[t], 0);

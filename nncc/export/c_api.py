@@ -206,8 +206,9 @@ def unit(prefix: str, spec: Standalone, offsets: list[int], data_size: int, toke
 
 def hash_unit() -> str:
     """blake3.c and blake3_threads.c as a translation unit of their own, their functions
-    hidden from the library's users (the link makes them local too)."""
-    return _blake3_header() + "".join(line for name in ("blake3.c", "blake3_threads.c")
+    hidden from the library's users (the link makes them local too); _GNU_SOURCE before
+    any header, for the CPU affinity of blake3_threads.c's helpers."""
+    return "#define _GNU_SOURCE\n" + _blake3_header() + "".join(line for name in ("blake3.c", "blake3_threads.c")
                                       for line in _text(name).splitlines(keepends=True)
                                       if line.strip() != '#include "blake3.h"')
 
