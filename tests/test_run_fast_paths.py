@@ -108,3 +108,26 @@ def test_a_model_of_one_step_runs_it_directly_and_keeps_every_promise(tmp_path, 
     for got, copies in kept:  # a later run wrote nothing into an earlier run's results
         for name in names:
             np.testing.assert_array_equal(got[name], copies[name])
+
+
+def test_a_native_models_constants_are_bound_before_its_first_run(small, monkeypatch, module_isolated):
+    """The addresses of a one-call native model's constants (the Gemm's weight and bias)
+    are taken when the model is built, so its first run takes only the feed's, as every
+    later run does; and that first run is right against onnxruntime."""
+    if find_toolchain() is None:
+        pytest.skip("no C compiler: there is no native plan to run")
+    from nncc.backends.native_step import NativeStep
+
+    taken = []
+    original = NativeStep._input_pointer
+    monkeypatch.setattr(NativeStep, "_input_pointer",
+                        lambda self, array, index: taken.append(index) or original(self, array, index))
+    model, _ = nncc.prepare(small, stage="optimized", background=None)
+    assert model.native_partitions == 1
+    built = len(taken)
+    assert built >= 2  # the weight and the bias, bound while the model was built
+    x = np.random.default_rng(8).standard_normal((1, 16)).astype(np.float32)
+    got = model.run({"x0": x})
+    assert len(taken) == built + 1  # the first run takes the feed's address only
+    for value, want in zip(got.values(), ort_run(small, {"x0": x})):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)

@@ -73,6 +73,15 @@ class NativeStep:
             raise _failure(self.label, status)
         return out
 
+    def bind_constants(self, constants: dict) -> None:
+        """Take the addresses of the inputs that are the same array every run (input index
+        -> array) before the first run, which then finds them held as a later run does."""
+        if self.sanitized:
+            return  # a fenced call copies every input into a block of its own each run
+        for index, array in constants.items():
+            self.table[index] = self._input_pointer(array, index)
+            self.held[index] = array
+
     def _output_pointer(self, array, index: int) -> int:
         dense = array.dtype is _FLOAT32 or array.dtype == _FLOAT32
         if dense and array.size:

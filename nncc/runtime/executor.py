@@ -126,6 +126,9 @@ class Executor:
         feeds = dict(self.input_slots)
         arguments = tuple((feeds[s], None) if s in feeds else (None, self.template[s]) for s in ins)
         results = tuple((name, outs.index(s)) for s, name in self._output_names_by_slot)
+        bind = getattr(fn, "bind_constants", None)
+        if bind is not None:  # the constants' addresses taken now, not by the first run
+            bind({i: constant for i, (name, constant) in enumerate(arguments) if name is None})
         return fn, ctx, arguments, planned, results
 
     def _program(self, loaded) -> list[Call]:
