@@ -259,14 +259,13 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         settings = resolve_settings(cache_dir, hash_mode, use_cache)
     options = plans_ahead(path, options, cache_dir=cache_dir, use_cache=use_cache, trust_shared=trust_shared,
                           model_bytes=model_bytes, hash_mode=hash_mode, settings=settings)
-    natives = loading = None
+    natives = ahead = None
     # the fixed-size entries are found and built from the model's file: not for a pipe
     if use_cache and stage != "quick" and background is not None and (model_bytes is None or os.path.isfile(path)):
         natives = ShapeExecutors(NativeShapes(path, {"trust_shared": trust_shared, "hash_mode": hash_mode},
                                               options, settings, background))
         # before the general plan is read: the two overlap (only a model with dynamic dimensions has such entries)
-        natives.load_ahead(min(settings.shape_plans or 0, LOAD_AHEAD))
-        loading = natives
+        ahead = natives.load_ahead(min(settings.shape_plans or 0, LOAD_AHEAD))
     prepared, outcome = prepare_through_cache(path, cache_dir=cache_dir, use_cache=use_cache,
                                               trust_shared=trust_shared, model_bytes=model_bytes,
                                               hash_mode=hash_mode, stage=stage, background=background,
@@ -274,8 +273,10 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     if not use_cache and stage != "quick" and outcome.outcome == "disabled":  # as compile_model: compiled now
         natives = CompiledSamplePlans(path, model_bytes, options)
     model = CompiledModel.from_prepared(prepared, natives, settings.shape_plans)  # outside every lock
-    if loading is not None:
-        loading.wait_ahead()  # the model returned runs the shapes it ran before from its first run
+    if ahead is not None:
+        # the load overlapped the general plan's; what is left of it is waited for here, not
+        # by the first run, whose latency is a service's first answer after its start-up
+        ahead.join()
     return model, outcome
 
 
@@ -297,7 +298,6 @@ class ShapeExecutors:
         self._ahead: dict[frozenset, "LoadedAhead"] = {}
         self._guessed = threading.Event()  # set once _ahead holds every shape being loaded ahead
         self._guessed.set()
-        self._thread: threading.Thread | None = None
 
     def load_ahead(self, most: int) -> threading.Thread | None:
         """Start loading, in a thread, the plans of at most ``most`` shapes this model ran
@@ -307,16 +307,7 @@ class ShapeExecutors:
         self._guessed.clear()
         thread = threading.Thread(target=self._load_ahead, args=(most,), name="nncc-load-ahead", daemon=True)
         thread.start()
-        self._thread = thread
         return thread
-
-    def wait_ahead(self) -> None:
-        """Wait until the shapes loaded ahead are loaded (or failed to be: a run then looks
-        its shape up itself). The load overlaps the general plan's in prepare; waiting here
-        leaves none of it to a process's first run, whose latency is what a service that
-        prepares at start-up answers its first request with."""
-        if self._thread is not None:
-            self._thread.join()
 
     def _load_ahead(self, most: int) -> None:
         try:
