@@ -4,7 +4,8 @@ pool of two threads, then run by four Python threads together, each thread with 
 its own. Every result must be onnxruntime's for that thread's own input, both when it is
 returned and after every thread has finished (a result array that a later run, or another
 thread's, wrote into would change under its owner), and a caller's own output arrays must
-hold that caller's results.
+hold that caller's results. Then the convnet with its batch dimension open, the callers'
+batch sizes differing, so the shape plans are made and used while other threads run.
 """
 
 from __future__ import annotations
@@ -145,3 +146,34 @@ def test_one_prepared_model_runs_from_four_threads_at_once(tmp_path):
     for caller, kept in enumerate(_run_together([caller_job(c) for c in range(CALLERS)])):
         for run, got_bert, got_conv in kept:  # unchanged since it was returned
             check(caller, run, got_bert, got_conv)
+
+
+def test_a_dynamic_batch_runs_from_four_threads_at_once_with_different_sizes(tmp_path):
+    """The convnet with its batch dimension left open: the callers' batch sizes differ and
+    change from run to run, so the runs go through the shape plans (a sample loop over the
+    plan for one sample, plans of their own for sizes that recur) while other threads run."""
+    path = tmp_path / "convnet.onnx"
+    onnx.save(convnet(seed=6), str(path))
+    with limit_blas_threads(2):
+        model = nncc.compile_model(path)
+    wants = {}
+    for caller in range(CALLERS):
+        for run in range(RUNS):
+            x = np.random.default_rng(100 * caller + run).standard_normal((1 + (caller + run) % 4, 3, 16, 16))
+            wants[caller, run] = (x.astype(np.float32), ort_run(path, {"x": x.astype(np.float32)}, ["y"])[0])
+
+    def caller_job(caller):
+        def job():
+            kept = []
+            for run in range(RUNS):
+                x, want = wants[caller, run]
+                got = model.run({"x": x})["y"]
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"caller {caller}, run {run}")
+                kept.append((got, want))
+            return kept
+        return job
+
+    for caller, kept in enumerate(_run_together([caller_job(c) for c in range(CALLERS)])):
+        for run, (got, want) in enumerate(kept):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"caller {caller}, run {run}")
+    assert model.shape_plans  # the sizes that recurred got plans of their own
