@@ -197,7 +197,8 @@ class NativeBackend(Backend):
         library = source.loaded
         step = NativeStep(library.function(call.symbol), call, source.partition.entry,
                           pooled=library.threads > 1 and library.blas, sanitized=library.sanitized,
-                          input_types=[source.plan.slots[s].dtype for s in call.args[:call.n_inputs]])
+                          input_types=[source.plan.slots[s].dtype for s in call.args[:call.n_inputs]],
+                          scratch_failure=library.scratch_failure)
         args = call.args
         return Unit(source.partition.entry, [Call(step, args[:call.n_inputs], args[call.n_inputs:],
                                                   call.symbol, 1, op_type=NATIVE_OP, domain="nncc")],

@@ -22,21 +22,25 @@ from operator import is_
 
 import numpy as np
 
-from nncc.errors import IndexRangeError, KernelError
+from nncc.errors import IndexRangeError, KernelError, NnccError
+from nncc.native.loader import SCRATCH_STATUS
+from nncc.util.limits import LimitError
 from nncc.util.threads import one_blas_thread
 from nncc.plan.memory import aligned_empty
 
 
 class NativeStep:
     __slots__ = ("fn", "call", "table", "held", "copies", "workspace", "workspace_address", "label", "pooled",
-                 "sanitized", "input_types", "__weakref__")
+                 "sanitized", "input_types", "scratch_failure", "__weakref__")
 
-    def __init__(self, fn, call, label: str, pooled: bool = False, sanitized: bool = False, input_types=None):
+    def __init__(self, fn, call, label: str, pooled: bool = False, sanitized: bool = False, input_types=None,
+                 scratch_failure=None):
         """``call``: the nncc.backends.native.NativeCall it makes. ``pooled``: the code runs its GEMMs on its own thread pool, so BLAS keeps to one
         thread during the call (its idle workers would spin against the pool's).
         ``sanitized``: the code was built in the sanitize mode (see the module's docstring).
         ``input_types``: each input's dtype in the plan (float32 unless given; a Gather's
-        indices are int32 or int64), which its buffer is made dense in."""
+        indices are int32 or int64), which its buffer is made dense in. ``scratch_failure``:
+        the library's record of a call that ran out of scratch memory (Library.scratch_failure)."""
         self.fn = fn
         self.pooled = pooled
         self.sanitized = sanitized
@@ -49,6 +53,7 @@ class NativeStep:
         self.label = label
         self.input_types = [np.dtype(t) for t in input_types] if input_types else \
             [np.dtype(np.float32)] * call.n_inputs
+        self.scratch_failure = scratch_failure
 
     def __call__(self, ctx, *inputs, out):
         if self.sanitized:
@@ -70,7 +75,7 @@ class NativeStep:
         else:
             status = self.fn(table, self.workspace_address)
         if status != 0:
-            raise _failure(self.label, status)
+            raise self._failure(status)
         return out
 
     def bind_constants(self, constants: dict) -> None:
@@ -123,7 +128,7 @@ class NativeStep:
             with one_blas_thread(self.pooled):
                 status = self.fn(table, workspace)
             if status != 0:
-                raise _failure(self.label, status)
+                raise self._failure(status)
             for j, array in enumerate(out):
                 ctypes.memmove(array.ctypes.data, table[base + j], array.nbytes)
         finally:
@@ -132,12 +137,18 @@ class NativeStep:
         return out
 
 
-def _failure(label: str, status: int) -> KernelError:
-    """Why a native call returned ``status``: 1, a step found an index outside its axis (a
-    Gather's id outside its table), which is the feeds' fault, not the code's."""
-    if status == 1:
-        return IndexRangeError(f"native partition {label}: an index out of range (a Gather id outside its axis)")
-    return KernelError(f"native partition {label} failed: status {status}")
+    def _failure(self, status: int) -> NnccError:
+        """Why a native call returned ``status``: 1, a step found an index outside its axis
+        (a Gather's id outside its table), which is the feeds' fault, not the code's;
+        SCRATCH_STATUS, a step's scratch could not be allocated (memory ran out)."""
+        if status == 1:
+            return IndexRangeError(f"native partition {self.label}: an index out of range (a Gather id outside its axis)")
+        if status == SCRATCH_STATUS and self.scratch_failure is not None:
+            nbytes, step = self.scratch_failure()
+            # the executor puts the partition's label in front
+            return LimitError(f"native step {step} could not allocate {nbytes:,} bytes of scratch memory",
+                              hint="free memory, or raise the process's memory limit (ulimit -v)")
+        return KernelError(f"native partition {self.label} failed: status {status}")
 
 
 _FLOAT32 = np.dtype(np.float32)

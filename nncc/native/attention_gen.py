@@ -20,8 +20,11 @@ key still reaches the rows, as 0 * NaN and NaN scores do in the unfused ops). A 
 max), which is 0 in float32 unless scores reach a magnitude near the bias. Skipping is only used
 when every query row keeps at least one key, so a row never loses all its terms.
 
-Per-task buffers (the packed block of K and V, the scores, the output rows) come from one
-allocation per worker and call: any head size runs, and the sanitizers check them exactly.
+Per-task buffers (the packed K and V, the scores, the output rows) are the thread's scratch
+(``nn_scratch``, runtime.c), kept for its life: no step allocates once each thread has run it,
+any head size runs, and the sanitize mode gives each request a block of exactly its size. When
+memory runs out the task does nothing and the call fails with a status, never returning rows it
+did not compute.
 """
 
 from __future__ import annotations
@@ -289,6 +292,14 @@ def emit(w, node: Node) -> None:
     kfloats, vfloats = kblocks * BK * geo.d, kblocks * BK * dvp
     floats = kfloats + vfloats + BQ * BK + BQ * dvp + 3 * BQ
     floats = -(-floats // 16) * 16
+    # the buffer is the thread's, left as its last task left it: everything read is written
+    # first (the output rows are zeroed per task, m, l and al set per row), and the pads the
+    # vector loops read past K's last key and V's last column are zeroed when packed (the
+    # scores of the keys past the end are then set to -inf, the columns past dv dropped)
+    v_pad = (f"for (int64_t c = {geo.dv}; c < {dvp}; c++) vall[j * {dvp} + c] = 0.0f;" if dvp > geo.dv else "")
+    tail = geo.skv % BK
+    k_pad = (f"for (int64_t d = 0; d < {geo.d}; d++) memset(kall + {(kblocks - 1) * BK * geo.d} + d * {BK} + "
+             f"{tail}, 0, {BK - tail} * sizeof(float));" if tail else "")
     if geo.bias is not None:
         bs, bj = geo.bias[1], geo.bias[2]
         add_bias = (f"const float *br = bias + ob + (i0 + r) * {bs} + j0 * {bj}; "
@@ -311,9 +322,8 @@ typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 static void att_task(void *p, int64_t lo, int64_t hi) {{
   const att_args *a = p;
   const float *bias = a->bias; (void)bias;
-  float *buf = aligned_alloc(64, {floats} * sizeof(float));
-  if (!buf) return;
-  memset(buf, 0, {floats} * sizeof(float));
+  float *buf = nn_scratch(NN_SCRATCH_ATTENTION, {floats});
+  if (!buf) return;  /* recorded: the call fails after this step */
   float *kall = buf, *vall = kall + {kfloats}, *s = vall + {vfloats}, *o = s + {BQ * BK}, *m = o + {BQ * dvp};
   float *l = m + {BQ}, *al = l + {BQ};
   int64_t packed_k = -1, packed_v = -1;  /* where the packed K and V were read from */
@@ -331,7 +341,9 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
         float *kc = kall + (j / {BK}) * {BK * geo.d} + j % {BK};
         for (int64_t d = 0; d < {geo.d}; d++) {{ float x = kp[j * {ks} + d * {kd}]; kc[d * {BK}] = x; kv_finite &= x - x == 0.0f; }}
         for (int64_t c = 0; c < {geo.dv}; c++) {{ float x = vp[j * {vs} + c * {vd}]; vall[j * {dvp} + c] = x; kv_finite &= x - x == 0.0f; }}
+        {v_pad}
       }}
+      {k_pad}
       packed_k = ok;
       packed_v = ov;
     }}
@@ -370,7 +382,6 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
       for (int64_t c = 0; c < {geo.dv}; c++) y[c * {od}] = o[r * {dvp} + c] * inv;
     }}
   }}
-  free(buf);
 }}
 """
     support.append(body)

@@ -344,6 +344,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             lines.append(pad + call)
             if step.status:
                 lines.append(f"{pad}if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(); return 1; }}")
+            # a scratch request that failed in the step (nn_scratch, prelude.h) fails the call
+            lines.append(f"{pad}if (__atomic_load_n(&nn_scratch_short, __ATOMIC_RELAXED)) "
+                         f"{{ nn_call_end(); return nn_scratch_failed({index}); }}")
         lines.extend(self.guard_lines(guard, None, tested))
         lines.append("  nn_call_end();\n  return 0;\n}\n")
         declarations = [k.declaration for k in kernels.values()]

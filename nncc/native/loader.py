@@ -67,6 +67,16 @@ class Library:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         return fn
 
+    def scratch_failure(self) -> tuple[int, int]:
+        """(bytes, step) of this library's last call that returned SCRATCH_STATUS: the
+        scratch request that failed, and the index of the step that made it."""
+        record = (ctypes.c_int64 * 2)()
+        self.handle.nncc_scratch_failure(record)
+        return record[0], record[1]
+
+
+SCRATCH_STATUS = 2  # a call's status when a step's scratch could not be allocated (prelude.h)
+
 
 _loads = itertools.count()
 

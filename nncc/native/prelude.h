@@ -119,6 +119,17 @@ int nn_thread_count(void);
 void nn_call_begin(void);
 void nn_call_end(void);
 
+/* Per-thread scratch (runtime.c): ``floats`` floats of the calling thread's buffer in slot
+ * ``which``, kept for the thread's life (its contents are the last user's: write before
+ * reading), or 0 when memory ran out. Then the kernel returns without its work: the entry
+ * point checks nn_scratch_short after every step and returns nn_scratch_failed(step), which
+ * is NN_STATUS_SCRATCH, so the call fails instead of handing back what was not computed. */
+enum { NN_SCRATCH_PLANE, NN_SCRATCH_ACC, NN_SCRATCH_ATTENTION, NN_SCRATCH_SLOTS };
+#define NN_STATUS_SCRATCH 2
+float *nn_scratch(int which, int64_t floats);
+extern __attribute__((visibility("hidden"))) int64_t nn_scratch_short;
+int nn_scratch_failed(int step);
+
 /* The runtime (runtime.c): GEMM through the BLAS numpy has loaded, convolution, pooling,
  * row-wise ops, each parallel over the runtime's one thread pool. */
 void nn_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,

@@ -345,16 +345,83 @@ static void nn_act_row(float *row, const float *res, int64_t n, int act, float p
     else if (act != NN_NONE) for (int64_t i = 0; i < n; i++) row[i] = nn_act(act, row[i], p0, p1);
 }
 
-/* A per-thread scratch buffer that grows (never shrinks) for the life of the thread. */
-static float *nn_scratch(int which, int64_t floats) {
-    static _Thread_local float *buf[2];
-    static _Thread_local int64_t cap[2];
-    if (floats > cap[which]) {
-        free(buf[which]);
-        buf[which] = (float *)malloc(sizeof(float) * floats);
-        cap[which] = buf[which] ? floats : 0;
+/* Scratch a kernel's tasks keep per thread: each thread, a pool worker or a caller, has one
+ * buffer per slot (NN_SCRATCH_SLOTS, prelude.h) that grows (never shrinks), 64-byte aligned,
+ * kept for the thread's life and freed when it exits, so a step allocates nothing once each
+ * thread has run it (an allocation per task cost a memset and, in a worker's first one, a
+ * new malloc arena). A request that cannot be met returns 0 and is recorded in
+ * nn_scratch_short: the kernel skips its work, and the entry point, which checks after every
+ * step, fails the call with NN_STATUS_SCRATCH (nncc raises a one-line error naming the
+ * bytes), so no step computes on past it. In the sanitize mode every request gets a block of
+ * exactly its size, so AddressSanitizer catches an access past what the kernel asked for. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NN_SCRATCH_EXACT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NN_SCRATCH_EXACT 1
+#endif
+#endif
+#ifndef NN_SCRATCH_EXACT
+#define NN_SCRATCH_EXACT 0
+#endif
+typedef struct { void *buf[NN_SCRATCH_SLOTS]; int64_t cap[NN_SCRATCH_SLOTS]; } nn_scratch_set;
+static _Thread_local nn_scratch_set *nn_my_scratch;
+int64_t nn_scratch_short;             /* bytes of a request that failed in this step (0: none) */
+static int64_t nn_scratch_failure[2];  /* the last failed call's (bytes, step), for nncc's message */
+
+/* glibc's per-thread destructors (what C++ thread_local objects use): unlike a pthread key,
+ * of which a process has 1024, one per library that is never unloaded would run out in a
+ * process that loads many models. Without it (another libc) a caller thread that exits
+ * leaves its buffers behind; the pool's workers never exit. */
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *obj, void *dso) __attribute__((weak));
+extern void *__dso_handle;
+
+static void nn_scratch_free(void *p) {
+    nn_scratch_set *set = p;
+    for (int i = 0; i < NN_SCRATCH_SLOTS; i++) free(set->buf[i]);
+    free(set);
+    nn_my_scratch = 0;
+}
+
+static float *nn_scratch_fail(int64_t bytes) {
+    __atomic_store_n(&nn_scratch_short, bytes, __ATOMIC_RELAXED);
+    return 0;
+}
+
+float *nn_scratch(int which, int64_t floats) {
+    nn_scratch_set *set = nn_my_scratch;
+    if (!set) {
+        set = calloc(1, sizeof *set);
+        if (!set) return nn_scratch_fail((int64_t)sizeof *set);
+        if (__cxa_thread_atexit_impl) __cxa_thread_atexit_impl(nn_scratch_free, set, &__dso_handle);
+        nn_my_scratch = set;
     }
-    return buf[which];
+    if (floats > set->cap[which] || (NN_SCRATCH_EXACT && floats != set->cap[which])) {
+        size_t bytes = (size_t)floats * sizeof(float);
+        if (!NN_SCRATCH_EXACT) bytes = (bytes + 63) / 64 * 64;
+        free(set->buf[which]);
+        set->buf[which] = 0;
+        set->cap[which] = 0;
+        if (posix_memalign(&set->buf[which], 64, bytes ? bytes : 64) != 0) {
+            set->buf[which] = 0;
+            return nn_scratch_fail((int64_t)bytes);
+        }
+        set->cap[which] = floats;
+    }
+    return set->buf[which];
+}
+
+int nn_scratch_failed(int step) {
+    nn_scratch_failure[0] = __atomic_exchange_n(&nn_scratch_short, 0, __ATOMIC_RELAXED);
+    nn_scratch_failure[1] = step;
+    return NN_STATUS_SCRATCH;
+}
+
+/* (bytes, step) of the last call that failed for want of scratch memory (nncc's message). */
+NN_EXPORT int nncc_scratch_failure(int64_t *out) {
+    out[0] = nn_scratch_failure[0];
+    out[1] = nn_scratch_failure[1];
+    return 0;
 }
 
 /* Depthwise convolution (group == C == K). Each channel is copied into a zero-padded plane,
@@ -366,9 +433,9 @@ static void nn_depthwise_serial(const float *x, const float *w, const float *bia
                                 int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t OH, int64_t OW, int act,
                                 float p0, float p1) {
     int64_t Hp = (OH - 1) * sh + (kh - 1) * dh + 1, Wp = (OW - 1) * sw + (kw - 1) * dw + 1;
-    float *xp = nn_scratch(0, Hp * Wp);
-    float *acc = nn_scratch(1, OH * Wp);
-    if (!xp || !acc) return;
+    float *xp = nn_scratch(NN_SCRATCH_PLANE, Hp * Wp);
+    float *acc = nn_scratch(NN_SCRATCH_ACC, OH * Wp);
+    if (!xp || !acc) return;  /* recorded: the call fails after this step */
     for (int64_t c = 0; c < C; c++) {
         const float *xc = x + c * H * W;
         const float *wc = w + c * kh * kw;

@@ -475,7 +475,7 @@ def _raise_kernel_failure(label: str, exc: Exception) -> None:
     front; return for one that is a bug in the kernel (a TypeError, an IndexError), which
     the caller then re-raises as it is, with its traceback."""
     if isinstance(exc, LimitError):
-        raise LimitError(f"{label}: {exc}") from None
+        raise LimitError(f"{label}: {exc}", hint=exc.hint) from None
     if isinstance(exc, NnccError):
         raise exc
     if isinstance(exc, (ValueError, FloatingPointError)):  # numpy refusing these values
