@@ -174,9 +174,9 @@ class CompiledModel:
 
 
 def scratch(executor) -> list[np.ndarray]:
-    """The memory an executor writes on every run and allocated up front: its arena and
-    each native call's workspace."""
-    found = [getattr(executor, "arena", None)]
+    """The memory an executor writes on every run and allocated up front: its arena, each
+    native call's workspace, and the outputs of its first run."""
+    found = [getattr(executor, "arena", None), *(getattr(executor, "first_outputs", None) or ())]
     found += [getattr(call.fn, "workspace", None) for unit in executor.units if unit.kind == "native"
               for call in unit.calls]
     return [b for b in found if isinstance(b, np.ndarray) and b.nbytes]
@@ -277,6 +277,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         # the load overlapped the general plan's; what is left of it is waited for here, not
         # by the first run, whose latency is a service's first answer after its start-up
         ahead.join()
+        if model._shape_plans is not None:  # kept now: a seen shape's first run finds its plan as a later run does
+            model._shape_plans.adopt(natives.loaded_ahead())
     return model, outcome
 
 
@@ -317,12 +319,22 @@ class ShapeExecutors:
             self._guessed.set()  # a run's lookup waits for the guess, never longer
         for dims, ahead in loading:
             try:
-                ahead.executor = self.find_now(dims)
+                ahead.executor = self.find_now(dims, populated=True)
                 ahead.loaded = True
             except Exception:  # noqa: BLE001 - background work never fails a run: the run looks it up itself
                 pass
             finally:
                 ahead.done.set()
+
+    def loaded_ahead(self) -> list[tuple[dict[str, int], object]]:
+        """The plans the load ahead found, (sizes, executor) most recently used first, taken
+        over by the caller (a later ``find`` of those sizes looks them up again). Called
+        once the load is over."""
+        taken = [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items()
+                 if ahead.done.is_set() and ahead.loaded and ahead.executor is not None]
+        for dims, _ in taken:
+            self._ahead.pop(frozenset(dims.items()), None)
+        return taken
 
     def find(self, dims):
         self._guessed.wait()
@@ -333,12 +345,14 @@ class ShapeExecutors:
                 return ahead.executor
         return self.find_now(dims)
 
-    def find_now(self, dims):
+    def find_now(self, dims, populated: bool = False):
         """The executor of the cache's plan for these sizes, looked up and loaded now, or
         None. Its memory is faulted in on a thread of its own, which a run does not wait
-        for (it faults in what it touches first itself)."""
+        for (it faults in what it touches first itself); ``populated``: before this returns
+        (the load ahead's thread, which the first run does not wait on: its faults would
+        fall in the run, beside it)."""
         prepared = self.natives.find(dims)
-        return None if prepared is None else _executor_of(prepared)
+        return None if prepared is None else _executor_of(prepared, populated)
 
     def build(self, dims, deliver):
         return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
@@ -354,8 +368,11 @@ class LoadedAhead:
         self.executor = None
 
 
-def _executor_of(prepared):
-    return CompiledModel.from_prepared(prepared, shape_plans_limit=None).executor
+def _executor_of(prepared, populated: bool = False):
+    model = CompiledModel.from_prepared(prepared, shape_plans_limit=None)
+    if populated and model.prefaulting is not None:
+        model.prefaulting.join()
+    return model.executor
 
 
 class CompiledSamplePlans:
