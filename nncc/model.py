@@ -327,14 +327,11 @@ class ShapeExecutors:
                 ahead.done.set()
 
     def loaded_ahead(self) -> list[tuple[dict[str, int], object]]:
-        """The plans the load ahead found, (sizes, executor) most recently used first, taken
-        over by the caller (a later ``find`` of those sizes looks them up again). Called
-        once the load is over."""
-        taken = [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items()
-                 if ahead.done.is_set() and ahead.loaded and ahead.executor is not None]
-        for dims, _ in taken:
-            self._ahead.pop(frozenset(dims.items()), None)
-        return taken
+        """The plans the load ahead found, (sizes, executor) most recently used first; a
+        ``find`` of those sizes still gets them (a sample loop asks for the plan of one
+        sample by its sizes). Called once the load is over."""
+        return [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items()
+                if ahead.done.is_set() and ahead.loaded and ahead.executor is not None]
 
     def find(self, dims):
         self._guessed.wait()
