@@ -149,7 +149,8 @@ class CompiledModel:
     @property
     def shape_plans(self) -> list[tuple]:
         """The input shapes (of the inputs with dynamic dimensions, in order) that have a
-        plan of their own (or a sample loop), least recently used first: a shape gets one
+        plan of their own (or a sample loop), least recently used first: a shape an earlier
+        process ran gets one from the prepare on (its native plan, loaded ahead), another
         on its first run when the cache holds its native plan, else on its second, and at
         most the ``run.shape_plans`` setting are kept."""
         return [] if self._shape_plans is None else self._shape_plans.shapes()
@@ -243,7 +244,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 
     Dynamic input dimensions: an input shape whose native plan the cache holds (an entry
-    for those sizes: ``stage="optimized", dims=...``) runs it from its first run; otherwise,
+    for those sizes: ``stage="optimized", dims=...``) runs it from its first run (the plans
+    of the shapes earlier processes ran are loaded and kept by the prepare); otherwise,
     where a stage upgrade would happen, that plan is built in the ``background`` (a thread,
     or a detached process) through the cache, and the shape gets a portable plan of its own
     on its second run (nncc.runtime.specialize, nncc.preparing.shapes). A batch dimension
