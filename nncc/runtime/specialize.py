@@ -192,8 +192,9 @@ class ShapePlans:
         for dims, executor in reversed(found):
             key = self.key_of(dims)
             if key is not None and executor is not None and executor.native_partitions:
-                self._keep(key, executor)
-                self._last_hit = (key, executor)  # the most recently used: its first run is one compare
+                with self._lock:
+                    self._keep(key, executor, locked=True)
+                    self._last_hit = (key, executor)  # the most recently used: its first run is one compare
 
     def key_of(self, dims: dict[str, int]) -> tuple | None:
         """The input shapes (the shape key) these sizes of the symbolic dimensions give, or
