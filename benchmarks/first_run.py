@@ -29,7 +29,9 @@ faults, from getrusage) and the median of --runs further runs, in wall time and 
 process's CPU time (every thread's; on a loaded machine a run's wall time includes the
 time slices other processes took, its CPU time does not). Prints one line per model with
 the medians over the processes: "first / steady" near 1 means a process's first run pays
-nothing the later ones do not.
+nothing the later ones do not; and each process's first run, in order (with --corpus, the
+first measuring process may find in the cache only what the seeding process built, such
+as the plan for one sample, and build the shape's own plan for the later ones).
 """
 
 from __future__ import annotations
@@ -121,9 +123,11 @@ def child(code: str, args: list[str], env: dict, name: str) -> dict:
 
 
 def medians(seen: list[dict]) -> dict:
-    """Each figure's median over the processes; the words (outcome, stage) of the last."""
+    """Each figure's median over the processes; the words (outcome, stage) of the last; and
+    every process's first run in order ("firsts": the first process after the seeding one
+    may run another plan than the later ones, which the median alone hides)."""
     return {key: statistics.median(s[key] for s in seen) if isinstance(value, (int, float)) else value
-            for key, value in seen[-1].items()}
+            for key, value in seen[-1].items()} | {"firsts": [s["first"] for s in seen]}
 
 
 def measure(model: pathlib.Path, processes: int, runs: int, pause: float) -> dict:
@@ -176,11 +180,12 @@ def row(name: str, m: dict) -> str:
     return (f"| {name} | {m['native']:.0f}/{m['partitions']:.0f} | {m['prepare'] * 1000:.1f} ms "
             f"| {m['first'] * 1000:.2f} ms | {m['faults']:.0f} "
             f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
-            f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} |")
+            f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} "
+            f"| {' '.join(f'{f * 1000:.2f}' for f in m['firsts'])} |")
 
 
 HEADER = ("| model | ran (native/all) | prepare | first run | minor faults | steady run | first / steady "
-          "| first run CPU | steady CPU | CPU first / steady |")
+          "| first run CPU | steady CPU | CPU first / steady | each process's first run, ms |")
 
 
 def main() -> int:
@@ -200,7 +205,7 @@ def main() -> int:
     if args.corpus == bool(args.models):
         parser.error("give model files, or --corpus")
     if not args.corpus:
-        print(HEADER + "\n" + "|---" * 10 + "|")
+        print(HEADER + "\n" + "|---" * 11 + "|")
         for model in args.models:
             print(row(model.name, measure(model, args.processes, args.runs, args.pause)), flush=True)
         return 0
@@ -215,7 +220,7 @@ def main() -> int:
         entries = [e for e in entries if e["name"] in args.model]
     trees = args.trees or [None]
     print(HEADER + (" tree |" if args.trees else "") + " seeding process: outcome, ran, wait for its background "
-          "builds | later process: cache outcome, stage |\n" + "|---" * (12 + bool(args.trees)) + "|")
+          "builds | later process: cache outcome, stage |\n" + "|---" * (13 + bool(args.trees)) + "|")
     for entry in entries:
         for tree, m in zip(trees, measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees,
                                                           args.pause)):

@@ -149,7 +149,8 @@ class CompiledModel:
     @property
     def shape_plans(self) -> list[tuple]:
         """The input shapes (of the inputs with dynamic dimensions, in order) that have a
-        plan of their own (or a sample loop), least recently used first: a shape gets one
+        plan of their own (or a sample loop), least recently used first: a shape an earlier
+        process ran gets one from the prepare on (its native plan, loaded ahead), another
         on its first run when the cache holds its native plan, else on its second, and at
         most the ``run.shape_plans`` setting are kept."""
         return [] if self._shape_plans is None else self._shape_plans.shapes()
@@ -174,9 +175,9 @@ class CompiledModel:
 
 
 def scratch(executor) -> list[np.ndarray]:
-    """The memory an executor writes on every run and allocated up front: its arena and
-    each native call's workspace."""
-    found = [getattr(executor, "arena", None)]
+    """The memory an executor writes on every run and allocated up front: its arena, each
+    native call's workspace, and the outputs of its first run."""
+    found = [getattr(executor, "arena", None), *(getattr(executor, "first_outputs", None) or ())]
     found += [getattr(call.fn, "workspace", None) for unit in executor.units if unit.kind == "native"
               for call in unit.calls]
     return [b for b in found if isinstance(b, np.ndarray) and b.nbytes]
@@ -243,7 +244,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     "process" (a detached worker, for a command that exits at once), or None: no upgrade.
 
     Dynamic input dimensions: an input shape whose native plan the cache holds (an entry
-    for those sizes: ``stage="optimized", dims=...``) runs it from its first run; otherwise,
+    for those sizes: ``stage="optimized", dims=...``) runs it from its first run (the plans
+    of the shapes earlier processes ran are loaded and kept by the prepare); otherwise,
     where a stage upgrade would happen, that plan is built in the ``background`` (a thread,
     or a detached process) through the cache, and the shape gets a portable plan of its own
     on its second run (nncc.runtime.specialize, nncc.preparing.shapes). A batch dimension
@@ -277,6 +279,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         # the load overlapped the general plan's; what is left of it is waited for here, not
         # by the first run, whose latency is a service's first answer after its start-up
         ahead.join()
+        if model._shape_plans is not None:  # kept now: a seen shape's first run finds its plan as a later run does
+            model._shape_plans.adopt(natives.loaded_ahead())
     return model, outcome
 
 
@@ -317,12 +321,19 @@ class ShapeExecutors:
             self._guessed.set()  # a run's lookup waits for the guess, never longer
         for dims, ahead in loading:
             try:
-                ahead.executor = self.find_now(dims)
+                ahead.executor = self.find_now(dims, populated=True)
                 ahead.loaded = True
             except Exception:  # noqa: BLE001 - background work never fails a run: the run looks it up itself
                 pass
             finally:
                 ahead.done.set()
+
+    def loaded_ahead(self) -> list[tuple[dict[str, int], object]]:
+        """The plans the load ahead found, (sizes, executor) most recently used first; a
+        ``find`` of those sizes still gets them (a sample loop asks for the plan of one
+        sample by its sizes). Called once the load is over."""
+        return [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items()
+                if ahead.done.is_set() and ahead.loaded and ahead.executor is not None]
 
     def find(self, dims):
         self._guessed.wait()
@@ -333,12 +344,14 @@ class ShapeExecutors:
                 return ahead.executor
         return self.find_now(dims)
 
-    def find_now(self, dims):
+    def find_now(self, dims, populated: bool = False):
         """The executor of the cache's plan for these sizes, looked up and loaded now, or
         None. Its memory is faulted in on a thread of its own, which a run does not wait
-        for (it faults in what it touches first itself)."""
+        for (it faults in what it touches first itself); ``populated``: before this returns
+        (the load ahead's thread, which the first run does not wait on: its faults would
+        fall in the run, beside it)."""
         prepared = self.natives.find(dims)
-        return None if prepared is None else _executor_of(prepared)
+        return None if prepared is None else _executor_of(prepared, populated)
 
     def build(self, dims, deliver):
         return self.natives.build(dims, lambda prepared: deliver(_executor_of(prepared)))
@@ -354,8 +367,11 @@ class LoadedAhead:
         self.executor = None
 
 
-def _executor_of(prepared):
-    return CompiledModel.from_prepared(prepared, shape_plans_limit=None).executor
+def _executor_of(prepared, populated: bool = False):
+    model = CompiledModel.from_prepared(prepared, shape_plans_limit=None)
+    if populated and model.prefaulting is not None:
+        model.prefaulting.join()
+    return model.executor
 
 
 class CompiledSamplePlans:

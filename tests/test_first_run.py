@@ -123,6 +123,28 @@ def test_a_prepare_returns_with_the_seen_shapes_plan_loaded_so_the_run_needs_no_
 
 
 @needs_cc
+def test_a_prepare_keeps_the_plan_of_a_shape_the_cache_holds_so_its_first_run_looks_nothing_up(tmp_path):
+    """The plan of a shape the cache holds (an earlier process ran it; here stored for S=13
+    as ``nncc compile --dim`` does) is loaded by the prepare and kept as that shape's plan
+    before any run, with its memory faulted in: with the cache folder gone, only the kept
+    plan can run natively, and its first run matches onnxruntime."""
+    import shutil
+
+    cache = tmp_path / "cache"
+    fixed, _ = prepare(TRANSFORMER, cache_dir=cache, stage="optimized", dims={"S": 13})
+    assert fixed.native_partitions >= 1
+    model, _ = prepare(TRANSFORMER, cache_dir=cache)  # the general plan: a miss, portable (dynamic)
+    assert model.shape_plans == [((1, 13, 64),)]  # kept before any run
+    kept = model._shape_plans._plans[((1, 13, 64),)]
+    assert kept.first_outputs is not None  # the one native call's outputs, made ahead
+    shutil.rmtree(cache)
+    tokens = np.random.default_rng(13).standard_normal((1, 13, 64)).astype(np.float32)
+    got = model.run({"tokens": tokens})["hidden"]
+    assert model._last is kept and model.last_run_native_partitions == fixed.native_partitions
+    np.testing.assert_allclose(got, ort_outputs(TRANSFORMER, {"tokens": tokens})["hidden"], rtol=1e-4, atol=1e-5)
+
+
+@needs_cc
 def test_a_model_prepared_from_a_hit_with_its_memory_faulted_in_ahead_matches_onnxruntime(tmp_path):
     path = tmp_path / "mlp.onnx"
     path.write_bytes(mlp([4, 48], 96, 10, seed=3, second_bias=True).SerializeToString())

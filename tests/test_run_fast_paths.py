@@ -131,3 +131,59 @@ def test_a_native_models_constants_are_bound_before_its_first_run(small, monkeyp
     assert len(taken) == built + 1  # the first run takes the feed's address only
     for value, want in zip(got.values(), ort_run(small, {"x0": x})):
         np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_fixed_size_models_first_run_skips_the_full_feed_check_and_still_refuses_other_feeds(
+        small, monkeypatch, module_isolated):
+    """Every input of the model is a tensor of known dtype and shape, so its first run's
+    feeds pass as a later run's do, without the full check; feeds of another dtype or
+    shape, or another name, are still checked in full and refused, on a first run too."""
+    import nncc.runtime.feeds as feeds_module
+
+    checked = []
+    original = feeds_module.check_feeds
+    monkeypatch.setattr(feeds_module, "check_feeds", lambda *a: checked.append(1) or original(*a))
+    x = np.random.default_rng(9).standard_normal((1, 16)).astype(np.float32)
+    model = nncc.compile_model(small, backends=("numpy",))
+    got = model.run({"x0": x})
+    assert checked == []  # the first run: no full check
+    for value, want in zip(got.values(), ort_run(small, {"x0": x})):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    for bad, message in [({"x0": x.astype(np.float64)}, "dtype float64"), ({"x0": x[:, :8]}, "shape"),
+                         ({"x1": x}, "unknown input"), ({}, "missing input")]:
+        fresh = nncc.compile_model(small, backends=("numpy",))
+        with pytest.raises(InputError, match=message):
+            fresh.run(bad)  # its first run
+    assert len(checked) == 4
+
+
+def test_a_native_models_first_outputs_are_made_and_bound_before_its_first_run_then_the_callers(
+        small, module_isolated):
+    """A one-call native model allocates its first run's outputs when it is built (their
+    memory faulted in with the arena, their addresses taken): the first run writes its
+    results into those very arrays and hands them to the caller, and every later run
+    writes fresh ones, never the caller's."""
+    if find_toolchain() is None:
+        pytest.skip("no C compiler: there is no native plan to run")
+    model, _ = nncc.prepare(small, stage="optimized", background=None)
+    executor = model.executor
+    assert model.native_partitions == 1 and executor.first_outputs is not None
+    made = executor.first_outputs
+    step = executor.steps[0][0]
+    assert [array.shape for array in made] == [(1, 16), (1, 16)]
+    assert all(held is array for held, array in zip(step.held[-len(made):], made))  # bound already
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    first = model.run({"x0": x})
+    assert [id(v) for v in first.values()] == [id(a) for a in made]
+    assert executor.first_outputs is None
+    kept = {name: value.copy() for name, value in first.items()}
+    for value, want in zip(first.values(), ort_run(small, {"x0": x})):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    y = rng.standard_normal((1, 16)).astype(np.float32)
+    second = model.run({"x0": y})
+    assert not any(v is a for v in second.values() for a in made)
+    for value, want in zip(second.values(), ort_run(small, {"x0": y})):
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+    for name in first:  # the second run left the first run's results alone
+        np.testing.assert_array_equal(first[name], kept[name])

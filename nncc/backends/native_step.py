@@ -87,6 +87,16 @@ class NativeStep:
             self.table[index] = self._input_pointer(array, index)
             self.held[index] = array
 
+    def bind_outputs(self, outputs) -> None:
+        """Take the addresses of the arrays the next run writes its outputs into (the
+        first run's, allocated with the executor), which it then finds held."""
+        if self.sanitized:
+            return
+        base = self.call.n_inputs
+        for j, array in enumerate(outputs):
+            self.table[base + j] = self._output_pointer(array, j)
+            self.held[base + j] = array
+
     def _output_pointer(self, array, index: int) -> int:
         dense = array.dtype is _FLOAT32 or array.dtype == _FLOAT32
         if dense and array.size:

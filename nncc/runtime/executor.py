@@ -111,6 +111,7 @@ class Executor:
             for slot, array in dense.items():
                 self.template[slot] = array
             self._lock = threading.Lock()
+        self.first_outputs = None  # a one-call program's outputs for its next run, made ahead (_as_one_call)
         self._one_call = self._as_one_call()
 
     def _as_one_call(self) -> tuple | None:
@@ -129,6 +130,12 @@ class Executor:
         bind = getattr(fn, "bind_constants", None)
         if bind is not None:  # the constants' addresses taken now, not by the first run
             bind({i: constant for i, (name, constant) in enumerate(arguments) if name is None})
+        # the first run's outputs allocated now (and faulted in with the arena, nncc.model.scratch),
+        # their addresses taken: the caller owns them after that run, and later runs get fresh ones
+        self.first_outputs = _outputs_for(planned, None)
+        bind = getattr(fn, "bind_outputs", None)
+        if bind is not None:
+            bind(self.first_outputs)
         return fn, ctx, arguments, planned, results
 
     def _program(self, loaded) -> list[Call]:
@@ -310,7 +317,11 @@ class Executor:
         fn, ctx, arguments, planned, results = self._one_call
         args = [arrays[name] if name is not None else constant for name, constant in arguments]
         try:
-            out = _outputs_for(planned, None)
+            out = self.first_outputs
+            if out is None:
+                out = _outputs_for(planned, None)
+            else:
+                self.first_outputs = None  # the caller's from now on
             result = fn(ctx, *args, out=out)
         except Exception as exc:
             _raise_kernel_failure(self.steps[0][4], exc)

@@ -185,6 +185,29 @@ class ShapePlans:
             executor = plans[key]
         return executor or self.general
 
+    def adopt(self, found: list[tuple[dict[str, int], object]]) -> None:
+        """Keep the native plans of shapes an earlier process ran, loaded while the model was
+        prepared ((sizes, executor), most recently used first): such a shape's first run
+        then finds its plan kept, as a later run does, instead of looking it up then."""
+        for dims, executor in reversed(found):
+            key = self.key_of(dims)
+            if key is not None and executor is not None and executor.native_partitions:
+                with self._lock:
+                    self._keep(key, executor, locked=True)
+                    self._last_hit = (key, executor)  # the most recently used: its first run is one compare
+
+    def key_of(self, dims: dict[str, int]) -> tuple | None:
+        """The input shapes (the shape key) these sizes of the symbolic dimensions give, or
+        None when they leave a dimension unknown or name one the inputs do not have."""
+        key = []
+        for slot, _ in self._dynamic:
+            shape = self.general.plan.slots[slot].shape
+            if shape is None or not all(isinstance(d, int) or d in dims for d in shape):
+                return None
+            key.append(tuple(d if isinstance(d, int) else dims[d] for d in shape))
+        key = tuple(key)
+        return key if self.dims(key) == dims else None
+
     def _keep(self, key: tuple, executor, locked: bool = False) -> None:
         """Keep ``executor`` as the shape's plan, the least recently used out past the bound."""
         if not locked:
