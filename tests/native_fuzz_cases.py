@@ -192,6 +192,11 @@ def conv(case, rng, pointwise=False):
         # AVX-512 too), written as a dense convolution per group over the blocked layout
         groups = (_choice(rng, [2, 3]), _choice(rng, [8, 16]))
         c = groups[0] * _choice(rng, [8, 16])
+    elif pointwise and rng.random() < 0.3:
+        # groups that are not whole channel blocks (ShuffleNet's), written over NCHW as one
+        # step of register tiles that stay in a group: rows past a tile, pixels past a vector
+        groups = (_choice(rng, [2, 3, 4]), _choice(rng, [1, 5, 7, 12, 34]))
+        c = groups[0] * _choice(rng, [3, 6, 17, 34])
     attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise, groups)
     n = _choice(rng, [1, 1, 2, 3])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
