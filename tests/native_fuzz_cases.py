@@ -192,6 +192,11 @@ def conv(case, rng, pointwise=False):
         # AVX-512 too), written as a dense convolution per group over the blocked layout
         groups = (_choice(rng, [2, 3]), _choice(rng, [8, 16]))
         c = groups[0] * _choice(rng, [8, 16])
+    elif pointwise and rng.random() < 0.3:
+        # groups that are not whole channel blocks (ShuffleNet's), written over NCHW as one
+        # step of register tiles that stay in a group: rows past a tile, pixels past a vector
+        groups = (_choice(rng, [2, 3, 4]), _choice(rng, [1, 5, 7, 12, 34]))
+        c = groups[0] * _choice(rng, [3, 6, 17, 34])
     attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise, groups)
     n = _choice(rng, [1, 1, 2, 3])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
@@ -274,7 +279,8 @@ def conv_chain(case, rng):
 def pool(case, rng):
     b = _Builder(case, rng)
     op = _choice(rng, ["MaxPool", "MaxPool", "AveragePool", "AveragePool", "GlobalAveragePool"])
-    n, c = _choice(rng, [1, 2, 3]), _choice(rng, [1, 2, 3, 5])
+    # from half a vector of channels up an NCHW average pool runs over the blocked layout
+    n, c = _choice(rng, [1, 2, 3]), _choice(rng, [1, 2, 3, 5, 9, 16])
     if op == "GlobalAveragePool":
         h, w = int(rng.integers(1, 12)), int(rng.integers(1, 12))
         b.output(b.node(op, [b.input("x", (n, c, h, w))], ["y"])[0])
@@ -766,7 +772,10 @@ def rows(case, rng):
 
 def shuffle(case, rng):
     b = _Builder(case, rng)
-    if rng.random() < 0.5:
+    form = rng.random()
+    if form < 0.3:
+        return channel_shuffle(case, rng)
+    if form < 0.65:
         rank = int(rng.integers(1, 6))
         shape = _shape(rng, rank)
         perm = [int(p) for p in rng.permutation(rank)]
@@ -784,6 +793,36 @@ def shuffle(case, rng):
         ins = [b.input(f"x{i}", s) for i, s in enumerate(shapes)]
         b.output(b.node("Concat", ins, ["y"], axis=axis)[0])
         case.geometry = dict(op="Concat", inputs=shapes, axis=axis)
+
+
+def channel_shuffle(case, rng):
+    """ShuffleNet's channel shuffle (Reshape to [N, G, K, H, W], Transpose of G and K, Reshape
+    back) read by a convolution, which takes it as its reorder into the blocked layout; its
+    input straight from the caller (NCHW) or from a convolution (blocked), and sometimes
+    read by an elementwise op too (which wants it in NCHW)."""
+    b = _Builder(case, rng)
+    g, k = _choice(rng, [2, 3, 4]), _choice(rng, [1, 2, 5, 8, 17])
+    n, c = _choice(rng, [1, 2]), g * k
+    h, w = int(rng.integers(1, 9)), int(rng.integers(1, 9))
+    x = b.input("x", (n, c, h, w))
+    before = rng.random() < 0.5
+    if before:
+        (x,) = b.node("Conv", [x, b.init("w0", (c, c, 1, 1)), b.init("b0", (c,))], ["conv0"], kernel_shape=[1, 1])
+    (y,) = b.node("Reshape", [x, b.init_ints("split_shape", [n, g, k, h, w])], ["split"])
+    (y,) = b.node("Transpose", [y], ["swapped"], perm=[0, 2, 1, 3, 4])
+    (y,) = b.node("Reshape", [y, b.init_ints("joined_shape", [n, c, h, w])], ["shuffled"])
+    depthwise = rng.random() < 0.5
+    wshape = (c, 1, 3, 3) if depthwise else (_choice(rng, [1, 8, 9]), c, 1, 1)
+    attrs = dict(kernel_shape=list(wshape[2:]), pads=[1, 1, 1, 1] if depthwise else [0, 0, 0, 0],
+                 group=c if depthwise else 1)
+    (out,) = b.node("Conv", [y, b.init("w", wshape), b.init("b", (wshape[0],))], ["conv"], **attrs)
+    b.output(out)
+    also = rng.random() < 0.3
+    if also:
+        b.output(b.node("Neg", [y], ["neg"])[0])
+    case.terms = (c + 1 if before else 1) * (wshape[1] * wshape[2] * wshape[3] + 1)
+    case.geometry = dict(op="channel shuffle", x=[n, c, h, w], groups=g, after_conv=before,
+                         w=list(wshape), depthwise=depthwise, plain_reader=also)
 
 
 def qconv(case, rng):

@@ -1,7 +1,9 @@
 """Grouped convolutions whose groups are whole channel blocks (RegNet's and ResNeXt's groups
 of 8, 16 or more channels) run over the blocked layout, each group as a dense convolution
-over its own input blocks, instead of im2col and a BLAS GEMM per group in NCHW; checked
-against onnxruntime, and for the path taken by the generated code itself."""
+over its own input blocks, instead of im2col and a BLAS GEMM per group in NCHW; grouped 1x1
+convolutions whose groups are not (ShuffleNet's 4 groups of 34 channels) as one step of
+register tiles over NCHW; checked against onnxruntime, and for the path taken by the
+generated code itself."""
 
 from __future__ import annotations
 
@@ -58,7 +60,31 @@ def test_whole_block_groups_are_written_blocked_at_either_width(case):
     x, group, k = CASES[case][:3]
     per_group = min(x[1], k) // group
     assert not _blas_steps(m, 8)
-    assert _blas_steps(m, 16) == (per_group % 16 != 0)
+    pointwise = CASES[case][3] == 1  # every such case is stride 1, unpadded
+    assert _blas_steps(m, 16) == (per_group % 16 != 0 and not pointwise)
+
+
+# ShuffleNet's grouped 1x1 layers, groups not whole blocks at either width: (input, group,
+# output channels, epilogue); pixels past the last whole vector, rows past the last whole tile
+POINTWISE = {
+    "shufflenet_stage2": ([1, 136, 9, 11], 4, 136, "Relu"),
+    "expand_from_few": ([2, 24, 8, 7], 4, 112, None),
+    "residual_sum": ([1, 102, 5, 5], 3, 102, "residual_relu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POINTWISE))
+def test_grouped_pointwise_layers_run_without_blas(case):
+    x, group, k, epilogue = POINTWISE[case]
+    m = _model(x, group, k, 1, [1, 1], [0, 0, 0, 0], [1, 1], epilogue)
+    assert not _blas_steps(m, 8) and not _blas_steps(m, 16)
+
+
+@pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
+@pytest.mark.parametrize("case", sorted(POINTWISE))
+def test_grouped_pointwise_layers_match_onnxruntime(tmp_path, case):
+    x, group, k, epilogue = POINTWISE[case]
+    assert_one_native_partition_matches(tmp_path, _model(x, group, k, 1, [1, 1], [0, 0, 0, 0], [1, 1], epilogue))
 
 
 @pytest.mark.slow

@@ -135,14 +135,22 @@ def choose_tiling(g: Conv2d, vl: int) -> tuple[int, int]:
     file's budget (TILES)."""
     budget, most, _ = TILES[vector_registers(vl)]
     kb = blocks(g.k // g.group, vl)  # a tile's channel blocks stay inside one group
-    ocb = max(d for d in range(1, most + 1) if kb % d == 0)
-    widest = budget // ocb
     width = _row_width(g)
-    if width <= widest:
-        return ocb, width
-    # the width whose tiles, the row's last partial one included, cost least
-    best = min(range(max(1, widest // 2), widest + 1), key=lambda r: (_row_cost(width, r, ocb), -r))
-    return ocb, best
+
+    def widest_cheapest(ocb: int) -> tuple[float, int]:
+        """(cost per channel block of a row, width) of the cheapest tile width for ``ocb``."""
+        widest = budget // ocb
+        if width <= widest:
+            return _row_cost(width, width, ocb) / ocb, width
+        # the width whose tiles, the row's last partial one included, cost least
+        best = min(range(max(1, widest // 2), widest + 1), key=lambda r: (_row_cost(width, r, ocb), -r))
+        return _row_cost(width, best, ocb) / ocb, best
+
+    # the channel blocks whose tiles cost least per block: 2 x 5 pixels (10 accumulators)
+    # before 3 x 3 (9, each step below the multiply-add's latency), the larger on a tie
+    options = {ocb: widest_cheapest(ocb) for ocb in range(1, most + 1) if kb % ocb == 0}
+    ocb = min(options, key=lambda o: (options[o][0], -o))
+    return ocb, options[ocb][1]
 
 
 # FMA slots (two a cycle) a tile's step takes at least, however few its accumulators: the

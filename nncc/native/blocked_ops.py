@@ -32,30 +32,45 @@ def transpose_lines(vl: int, indent: str) -> list[str]:
     return lines
 
 
-def to_blocked(shape, vl: int, x: str, y: str) -> tuple[str, str]:
+def to_blocked(shape, vl: int, x: str, y: str, channels: list[int] | None = None) -> tuple[str, str]:
     """NCHW -> blocked; the padding lanes of the last block are written as zeros. A whole
     block moves vl pixels at a time: vl channel rows loaded, transposed in registers, stored
-    as vl pixel vectors."""
+    as vl pixel vectors. ``channels``: the input channel each output channel is read from (a
+    channel shuffle folded into the reorder), else the same one."""
     n, c, h, w = shape
-    loads = "".join(f"r{l} = nn_vload(xc + {l * h * w} + i), " for l in range(vl))[:-2]
+    table = ""
+    if channels is None:
+        def plane(ch: str) -> str:
+            return f"(n * {c} + {ch}) * {h * w}"
+        rows = f"const float *xc = x + {plane(f'cb * {vl}')};"
+        loads = "".join(f"r{l} = nn_vload(xc + {l * h * w} + i), " for l in range(vl))[:-2]
+    else:
+        assert sorted(channels) == list(range(c)), "a permutation of the channels"
+        table = f"static const int32_t source_channel[{c}] = {{{', '.join(map(str, channels))}}};\n"
+
+        def plane(ch: str) -> str:
+            return f"(n * {c} + source_channel[{ch}]) * {h * w}"
+        rows = " ".join(f"const float *x{l} = x + {plane(f'cb * {vl} + {l}')};" for l in range(vl))
+        loads = "".join(f"r{l} = nn_vload(x{l} + i), " for l in range(vl))[:-2]
     stores = " ".join(f"nn_vstore(yb + (i + {p}) * {vl}, r{p});" for p in range(vl))
     vector = "\n".join(["#ifdef NN_SHUFFLE", f"      for (; i + {vl} <= i1; i += {vl}) {{", f"        nn_v {loads};",
                          *transpose_lines(vl, "        "), f"        {stores}", "      }", "#endif"])
-    return _reorder(shape, vl, x, y, f"""
+    support, call = _reorder(shape, vl, x, y, f"""
     int64_t i = i0;
     if (cb * {vl} + {vl} <= {c}) {{
-      const float *xc = x + (n * {c} + cb * {vl}) * {h * w};
+      {rows}
 {vector}
     }}
     for (int l = 0; l < {vl}; l++) {{
       const int64_t ch = cb * {vl} + l;
       if (ch < {c}) {{
-        const float *xc = x + (n * {c} + ch) * {h * w};
+        const float *xc = x + {plane('ch')};
         for (int64_t k = i; k < i1; k++) yb[k * {vl} + l] = xc[k];
       }} else {{
         for (int64_t k = i; k < i1; k++) yb[k * {vl} + l] = 0.0f;
       }}
     }}""", out_blocked=True)
+    return table + support, call
 
 
 def to_plain(shape, vl: int, x: str, y: str) -> tuple[str, str]:

@@ -183,6 +183,34 @@ class BlockedLayout:
         self.finish_blocked_output(y)
         return True
 
+    def shuffle_into_blocked(self, node: Node) -> bool:
+        """A channel shuffle read by a convolution (ShuffleNet's Reshape to [N, G, K, H, W],
+        Transpose swapping G and K, Reshape back to [N, K * G, H, W]): written as the reorder
+        into the blocked layout the convolution needs anyway, each output channel read from
+        its source channel's plane, instead of a Transpose and then that reorder. The
+        Reshape after it is absorbed; a reader that needs NCHW gets a reorder back."""
+        x, y = node.inputs[0], node.outputs[0]
+        shape = self.shape(x)
+        if len(shape) != 5 or list(node.attrs.get("perm") or []) != [0, 2, 1, 3, 4]:
+            return False
+        after = self.only_consumer(y)
+        if after is None or after.domain or after.op_type != "Reshape":
+            return False
+        n, g, k, h, w = shape
+        out = after.outputs[0]
+        if tuple(self.shape(out)) != (n, g * k, h, w):
+            return False
+        if not any((user.domain, user.op_type) in CONV_OPS for user in self.consumers.get(out, [])):
+            return False
+        # output channel c = k' * G + g' is the input's channel g' * K + k'
+        channels = [(c % g) * k + c // g for c in range(g * k)]
+        dst = self.blocked_buffer(out)
+        support, code = bo.to_blocked((n, g * k, h, w), self.vl, self.ptr(x), self.ptr(dst), channels)
+        self.step(code, [x], [dst], support=self.simd + support)
+        self.absorbed.add(id(after))
+        self.finish_blocked_output(out)
+        return True
+
     def blocked_scale_shift(self, node: Node, act, fmt) -> bool:
         x, scale, shift = node.inputs[:3]
         y = node.outputs[0]
