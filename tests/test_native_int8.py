@@ -1,6 +1,7 @@
 """The native int8 GEMM (nncc/native/int8_gemm_gen.py) for com.microsoft DynamicQuantizeMatMul,
 for the host's ISA (vpdpbusd where the CPU has AVX-512 VNNI), for x86-64-v3 where the host
-runs it (AVX2: vpmaddwd over B packed as int16 pairs) and for the baseline x86-64 target,
+runs it (AVX2: vpmaddubsw over B's pairs bounded to |b0| + |b1| <= 128, the rest added
+exactly) and for the baseline x86-64 target,
 whose code is the plain C fallback: each must give the operator's exact result bit
 for bit (DynamicQuantizeLinear, an exact integer product, then the float32 roundings), and
 run as native code. The exact result is computed here in int64, and onnxruntime (told to
@@ -54,7 +55,7 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
     rng = np.random.default_rng(4)
     geometries = [((1, 64), 64, False, True, False), ((7, 33), 19, True, False, True),
                   ((2, 3, 13, 128), 130, True, True, True), ((200, 17), 65, False, True, False),
-                  # K past two of the AVX2 kernel's blocks of A widened at a time (int8_gemm_gen.PAIR_BLOCK)
+                  # a long K, its remainder entries' rows past 1024
                   ((9, 1030), 70, True, True, True)]
     for i, (shape, n, b_zero, bias, per_column) in enumerate(geometries):
         path = tmp_path / f"m{i}.onnx"
@@ -75,19 +76,38 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
             np.testing.assert_array_equal(y, session.run(None, {"a": a})[0])
 
 
-@pytest.mark.parametrize("k, n", [(5, 3), (8, 64), (13, 130)])
+@pytest.mark.parametrize("k, n", [(5, 3), (8, 64), (13, 130), (64, 200)])
 def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n):
-    """The int16 pairs layout of the AVX2 kernel, element by element as int8_gemm_gen's
-    docstring defines it: (((panel * 4 + slice) * KP/2 + pair) * 16 + column) * 2 + t holds
-    B[2 * pair + t, 64 * panel + 16 * slice + column], 0 past B."""
-    b = np.random.default_rng(k * n).integers(-128, 128, (k, n)).astype(np.int8)
-    packed = pack_b(b, pairs=True)
-    kp, panels = -(-k // 4) * 4, -(-n // NR)
-    assert packed.dtype == np.int16 and packed.size == kp * panels * NR
-    for index, value in enumerate(packed):
-        rest, t = divmod(index, 2)
-        rest, column = divmod(rest, CHUNK)
-        rest, pair = divmod(rest, kp // 2)
-        panel, slice_ = divmod(rest, NR // CHUNK)
-        row, col = 2 * pair + t, NR * panel + CHUNK * slice_ + column
-        assert value == (b[row, col] if row < k and col < n else 0), (index, row, col)
+    """The pairs layout of the AVX2 kernel, byte by byte as int8_gemm_gen's docstring
+    defines it: per panel, byte (((panel * 4 + slice) * G + group) * 16 + column) * 4 + t of
+    the main part, then the remainder's count and entries. Main plus entries give B back,
+    and every pair of main's rows has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
+    rng = np.random.default_rng(k * n)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    if n >= 4:  # pairs both extreme, at the bound, one over it
+        b[:2, :4] = [[-128, -128, 127, 64], [-128, 0, 127, -65]]
+    packed = pack_b(b, pairs=True).view(np.uint8)
+    groups, panels = -(-k // 4), -(-n // NR)
+    stride = packed.size // panels
+    assert packed.size % panels == 0 and stride % 64 == 0 and stride >= groups * 4 * NR + 4
+    main = np.zeros((groups * 4, panels * NR), np.int64)
+    rebuilt = np.zeros_like(main)
+    for panel in range(panels):
+        block = packed[panel * stride:(panel + 1) * stride]
+        for index, value in enumerate(block[:groups * 4 * NR].view(np.int8)):
+            rest, t = divmod(index, 4)
+            rest, column = divmod(rest, CHUNK)
+            slice_, group = divmod(rest, groups)
+            main[4 * group + t, NR * panel + CHUNK * slice_ + column] = value
+        words = block[groups * 4 * NR:].view(np.uint32)
+        rebuilt[:, panel * NR:(panel + 1) * NR] = main[:, panel * NR:(panel + 1) * NR]
+        assert not words[1 + words[0]:].any()  # zeros past the entries
+        for word in words[1:1 + words[0]]:
+            row, col, value = int(word) & 0xFFFF, (int(word) >> 16) & 63, np.uint8(int(word) >> 24).view(np.int8)
+            rebuilt[row, panel * NR + col] += int(value)
+    expected = np.zeros_like(main)
+    expected[:k, :n] = b
+    np.testing.assert_array_equal(rebuilt, expected)
+    assert (np.abs(main[0::2]) + np.abs(main[1::2])).max() <= 128
+    if n >= 4:  # a pair over the bound keeps its larger weight whole, the other shrinks to fit
+        assert list(main[:2, :4].T.reshape(-1)) == [-128, 0, -128, 0, 127, 1, 63, -65]
