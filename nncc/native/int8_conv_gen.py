@@ -652,14 +652,15 @@ def emit(wr, node) -> None:
     pairs = pairs_layout(wr.vl)  # the AVX2 kernels' layouts (int8_gemm_gen, int8_conv_cm)
     if not pixel_major(graph, infos, node):
         matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
-        wp_ = wr.pack(w, "int16 conv rows" if pairs else "int8 conv rows",
+        wp_ = wr.pack(w, "int8 bounded pair conv rows" if pairs else "int8 conv rows",
                       as_floats(int8_conv_cm.pack_weights(matrix, pairs)))
         table = int8_conv_cm.table(m)
         packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
                          table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=1), w_zero=zero_w - shift,
                                     bias=bias, mult=mult))
         layer = int8_conv_cm.Layer(n, *shape, zero_points=bool(np.any(zero_w - shift)), byte_in=bool(byte_in),
-                                   byte_out=byte_out, pairs=pairs)
+                                   byte_out=byte_out, pairs=pairs,
+                                   capacity=int8_conv_cm.remainder_capacity(matrix) if pairs else 0)
         scratch = layer.scratch_bytes
         code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
         source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, layer)
