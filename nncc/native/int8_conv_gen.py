@@ -295,13 +295,15 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
         const float *mq = mult + q * {NR};
         {tile_type} tile[{MR}][{NR}];
+        /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
+         * exact value of every sum of products fits; the terms no row changes, once a tile */
+        uint32_t fixed[{NR}];
+        for (int col = 0; col < {NR}; col++)
+            fixed[col] = (uint32_t)bq[col] - (uint32_t)za * (uint32_t)csq[col] + (uint32_t)({k} * za) * (uint32_t)zwq[col];
         for (int r = 0; r < rows; r++) {{
-            /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
-             * exact value of every sum of products fits */
             uint32_t rs = {row_sum_read};
             for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
-                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
-                             + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
+                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs + fixed[col];
                 float v = rintf((float)(int32_t)e * mq[col]) + yzero;
                 v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;
                 tile[r][col] = {to_tile};

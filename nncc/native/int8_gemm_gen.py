@@ -368,13 +368,19 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
         const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
         const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
         int32_t za = j->azero, kza = {k} * za;
+        int32_t fixed[{NR}];  /* the terms no row changes, and each column's scale, once a tile */
+        float scale[{NR}];
+        for (int col = 0; col < {NR}; col++) {{
+            fixed[col] = kza * zb[col] - za * cs[col];
+            scale[col] = j->scale * bs[col];
+        }}
         for (int r = 0; r < rows; r++) {{
             int32_t rs = j->rowsum[i0 + r];
             float *y = j->y + (i0 + r) * {n} + q * {NR};
             float t[{NR}];
             for (int col = 0; col < {NR}; col++) {{
-                int32_t exact = acc[r][col] - zb[col] * rs - za * cs[col] + kza * zb[col];
-                t[col] = (float)exact * (j->scale * bs[col]);
+                int32_t exact = acc[r][col] - zb[col] * rs + fixed[col];
+                t[col] = (float)exact * scale[col];
             }}
             /* the product rounded on its own, then the bias added, as the unfused graph
              * computes it: the compiler may not contract the two into one multiply-add */
