@@ -220,15 +220,23 @@ def pair_sums(kp: int, capacity: int) -> str:
     ``q_dots``. Per slice of CHUNK columns, MR rows x 2 vectors of int32 sums: per group of
     four rows of K, each row's four bytes of A broadcast to every 32-bit lane,
     ``vpmaddubsw`` by a vector of the main part's bytes (no pair can saturate), then
-    ``vpmaddwd`` by ones sums each lane's two pairs into int32. Then the panel's remainder
-    entries, each added to its column of every row. Rows past ``rows`` read row 0 again
-    (A has no bytes beyond its rows) and are never read back. The loop's count is hidden
-    from the optimizer, as in vnni_sums."""
+    ``vpmaddwd`` by ones sums each lane's two pairs into int32. The panel's remainder
+    entries come first, each added to its column of every row of ``acc``, zeroed by 32-bit
+    stores, and the sums are added to them: a 32-bit load of a value a vector store has just
+    written waits for the store to reach the cache (the entries added after the products'
+    vector stores ran three to five times slower on Zen 3), and by the time the sums are
+    added the entries' stores have long left. Rows past ``rows`` read row 0 again (A has no
+    bytes beyond its rows) and are never read back. The loop's count is hidden from the
+    optimizer, as in vnni_sums."""
     groups = kp // 4
     names = [[f"c{r}_{h}" for h in range(2)] for r in range(MR)]
     declare = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
                      for h, n in enumerate(row))
+    if capacity:  # the sums added to the entries' (below)
+        store = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
+                         f"memcpy(acc[{r}] + col + {8 * h}, &t, 32); }}" for r, row in enumerate(names)
+                         for h, n in enumerate(row))
     products = "\n".join(
         f"                {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
         f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v0), ones); "
@@ -237,17 +245,19 @@ def pair_sums(kp: int, capacity: int) -> str:
     rows_at = " ".join(f"const uint8_t *ar{r} = a + (rows > {r} ? {r * kp} : 0);" for r in range(MR))
     remainder = "" if capacity == 0 else f"""
     const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, then the entries */
-    const uint8_t *const ars[{MR}] = {{{", ".join(f"ar{r}" for r in range(MR))}}};
-    for (uint32_t e = 1; e <= rest[0]; e++) {{
+    const uint32_t count = rest[0];
+    for (int r = 0; r < {MR}; r++)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
+        for (int col = 0; col < {NR}; col++) ((volatile int32_t *)acc[r])[col] = 0;
+    for (uint32_t e = 1; e <= count; e++) {{  /* every row, unrolled: rows past ``rows`` are never read */
         uint32_t entry = rest[e];
         int32_t k = (int32_t)(entry & 0xffff), col = (int32_t)((entry >> 16) & 63), value = (int8_t)(entry >> 24);
-        for (int r = 0; r < rows; r++) acc[r][col] += (int32_t)ars[r][k] * value;
+        {" ".join(f"acc[{r}][col] += (int32_t)ar{r}[k] * value;" for r in range(MR))}
     }}"""
     return f"""typedef int16_t q_v16s __attribute__((vector_size(32)));
     typedef int32_t q_v8i __attribute__((vector_size(32)));
     typedef char q_v32b __attribute__((vector_size(32)));
     const q_v16s ones = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
-    {rows_at}
+    {rows_at}{remainder}
     for (int col = 0; col < {NR}; col += {CHUNK}) {{
         const int8_t *bc = bp + (col / {CHUNK}) * {groups * CHUNK * 4};
         q_v8i {declare};
@@ -260,7 +270,7 @@ def pair_sums(kp: int, capacity: int) -> str:
 {products}
         }}
         {store}
-    }}{remainder}"""
+    }}"""
 
 
 def dots_source(kp: int, groups: int, pairs: bool = False, capacity: int = 0) -> str:
