@@ -15,7 +15,7 @@ products summed into an int16 lane, saturating) and ``vpmaddwd`` by ones (two in
 into int32). Saturation is ruled out at compile time: B is split into a main part whose
 pairs of rows (2p, 2p + 1) have |b0| + |b1| <= PAIR_BOUND in every column, so a pair's sum
 is at most 255 * 128 < 2**15 whatever A holds, and a sparse remainder (one weight of each
-pair over the bound) added to the sums exactly afterwards, a scalar product per row and
+pair over the bound) whose products join the sums exactly, a scalar product per row and
 entry; elsewhere with plain C that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
 are the epilogue, written once per output element, each rounded as the unfused graph rounds
