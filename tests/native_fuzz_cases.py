@@ -607,16 +607,18 @@ def attention(case, rng, **given):
 def _int8_weights(rng, shape, lo: int, hi: int) -> np.ndarray:
     """int64 weights in [lo, hi] in one of the forms the AVX2 int8 kernel treats apart
     (int8_gemm_gen.split_pairs, which bounds |w0| + |w1| of each pair of rows by 128 and
-    adds the rest exactly): uniform (about half the pairs past the bound: a dense
-    remainder); bell-shaped as trained weights are, a few at the extremes (a sparse one);
+    adds the rest exactly): uniform (about half the pairs past the bound: a remainder
+    multiplied whole); bell-shaped as trained weights are, 1% at the extremes (a sparse
+    one, its entries added one by one);
     drawn from values whose pairs land at, just under and just over the bound (64 + 64,
     64 + 65, 127 + 1, -128 + 0...); or every weight lo or hi (every pair far over it, and
     with bytes of 255 the largest sums there are)."""
     form = _choice(rng, ["uniform", "bell", "edge", "extreme"])
     if form == "uniform":
         return rng.integers(lo, hi + 1, shape)
-    if form == "bell":
-        return np.clip(np.round(rng.standard_normal(shape) * 20.0), lo, hi).astype(np.int64)
+    if form == "bell":  # a few at the extremes: a sparse remainder (a dense one where K is short)
+        bell = np.clip(np.round(rng.standard_normal(shape) * 20.0), lo, hi).astype(np.int64)
+        return np.where(rng.random(shape) < 0.01, rng.choice([lo, hi], shape), bell)
     if form == "edge":
         return np.clip(rng.choice([-128, -127, -65, -64, -63, -1, 0, 1, 63, 64, 65, 127], shape), lo, hi)
     return np.where(rng.random(shape) < 0.5, lo, hi)

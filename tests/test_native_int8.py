@@ -18,7 +18,7 @@ from onnx import numpy_helper
 import pytest
 
 import nncc
-from nncc.native.int8_gemm_gen import CHUNK, NR, pack_b
+from nncc.native.int8_gemm_gen import CHUNK, DENSE, NR, pack_b, remainder_capacity
 from nncc.native.toolchain import find_toolchain, missing_features, required_features
 from tests.models import dynamic_quantize_matmul
 from tests.oracle import ort_session
@@ -76,38 +76,57 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
             np.testing.assert_array_equal(y, session.run(None, {"a": a})[0])
 
 
-@pytest.mark.parametrize("k, n", [(5, 3), (8, 64), (13, 130), (64, 200)])
-def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n):
+def _decode_slices(block, groups, panel, out):
+    """Writes the bytes of one panel's four slices (byte (((slice * G + group) * 16 +
+    column) * 4 + t of the panel) where they belong in ``out``: row 4 * group + t, column
+    64 * panel + 16 * slice + column."""
+    for index, value in enumerate(block.view(np.int8)):
+        rest, t = divmod(index, 4)
+        rest, column = divmod(rest, CHUNK)
+        slice_, group = divmod(rest, groups)
+        out[4 * group + t, NR * panel + CHUNK * slice_ + column] = value
+
+
+@pytest.mark.parametrize("k, n, form", [(5, 3, "sparse"), (8, 64, "sparse"), (13, 130, "sparse"), (64, 200, "sparse"),
+                                        (13, 130, "uniform"), (64, 200, "uniform")])
+def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n, form):
     """The pairs layout of the AVX2 kernel, byte by byte as int8_gemm_gen's docstring
-    defines it: per panel, byte (((panel * 4 + slice) * G + group) * 16 + column) * 4 + t of
-    the main part, then the remainder's count and entries. Main plus entries give B back,
-    and every pair of main's rows has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
+    defines it: per panel, the main part's four slices, then the remainder's count and
+    entries, or, where the entries would be many (uniform weights: about half the pairs
+    over the bound), the remainder's four slices instead. Main plus remainder give B back,
+    and every pair of either has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
     rng = np.random.default_rng(k * n)
-    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    if form == "uniform":
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    else:  # mostly small, as trained weights: the pairs below the only ones over the bound
+        b = np.clip(np.round(rng.standard_normal((k, n)) * 20), -60, 60).astype(np.int8)
     if n >= 4:  # pairs both extreme, at the bound, one over it
         b[:2, :4] = [[-128, -128, 127, 64], [-128, 0, 127, -65]]
+    dense = remainder_capacity(b) == DENSE
+    assert dense == (form == "uniform")
     packed = pack_b(b, pairs=True).view(np.uint8)
     groups, panels = -(-k // 4), -(-n // NR)
+    part = groups * 4 * NR
     stride = packed.size // panels
-    assert packed.size % panels == 0 and stride % 64 == 0 and stride >= groups * 4 * NR + 4
+    assert packed.size % panels == 0 and stride % 64 == 0
+    assert stride == 2 * part if dense else stride >= part + 4
     main = np.zeros((groups * 4, panels * NR), np.int64)
-    rebuilt = np.zeros_like(main)
+    rest = np.zeros_like(main)
     for panel in range(panels):
         block = packed[panel * stride:(panel + 1) * stride]
-        for index, value in enumerate(block[:groups * 4 * NR].view(np.int8)):
-            rest, t = divmod(index, 4)
-            rest, column = divmod(rest, CHUNK)
-            slice_, group = divmod(rest, groups)
-            main[4 * group + t, NR * panel + CHUNK * slice_ + column] = value
-        words = block[groups * 4 * NR:].view(np.uint32)
-        rebuilt[:, panel * NR:(panel + 1) * NR] = main[:, panel * NR:(panel + 1) * NR]
+        _decode_slices(block[:part], groups, panel, main)
+        if dense:
+            _decode_slices(block[part:], groups, panel, rest)
+            continue
+        words = block[part:].view(np.uint32)
         assert not words[1 + words[0]:].any()  # zeros past the entries
         for word in words[1:1 + words[0]]:
             row, col, value = int(word) & 0xFFFF, (int(word) >> 16) & 63, np.uint8(int(word) >> 24).view(np.int8)
-            rebuilt[row, panel * NR + col] += int(value)
+            rest[row, panel * NR + col] += int(value)
     expected = np.zeros_like(main)
     expected[:k, :n] = b
-    np.testing.assert_array_equal(rebuilt, expected)
-    assert (np.abs(main[0::2]) + np.abs(main[1::2])).max() <= 128
+    np.testing.assert_array_equal(main + rest, expected)
+    for matrix in (main, rest):
+        assert (np.abs(matrix[0::2]) + np.abs(matrix[1::2])).max() <= 128
     if n >= 4:  # a pair over the bound keeps its larger weight whole, the other shrinks to fit
         assert list(main[:2, :4].T.reshape(-1)) == [-128, 0, -128, 0, 127, 1, 63, -65]

@@ -34,7 +34,9 @@ panels of NR = 64 columns, K zero-padded to a multiple of 4, zero beyond B.
   After the panel's 4 * G * 64 bytes, its remainder: an int32 count, then that many uint32
   entries (row k in bits 0-15, column in the panel in bits 16-21, the int8 value in bits
   24-31), then zeros up to the capacity every panel shares (the most entries any panel
-  has), the panel's bytes rounded up to 64.
+  has), the panel's bytes rounded up to 64. Where the entries would cost more than a
+  second pass of the micro-kernel (remainder_capacity: DENSE), the panel's remainder
+  follows its main part instead, whole and in the same layout.
 A second constant holds, per padded column, the column sum and zero point of B (int32) and
 its scale and bias (float32).
 """
@@ -54,6 +56,8 @@ MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
 CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
 PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's pairs; 255 * 128 fits int16
+DENSE = -1  # a remainder capacity: the remainder packed whole, as the main part, and multiplied as it is
+ENTRIES_PER_GROUP = 3  # remainder entries a panel may have per group of K before DENSE costs less
 ENTRY = "q_dynamic_matmul"
 
 
@@ -111,11 +115,18 @@ def split_pairs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def remainder_capacity(b: np.ndarray) -> int:
-    """The most remainder entries (split_pairs) any panel of B has: every panel's room."""
+    """The most remainder entries (split_pairs) any panel of B has: every panel's room; or
+    DENSE where that passes ENTRIES_PER_GROUP per group of four rows of K. An entry costs
+    about 14 cycles (six scalar products and their sums), a group of every panel's 4
+    slices about 48, so past 3 entries a group a second pass of the micro-kernel over the
+    remainder packed whole (its pairs are within the bound: one weight of each is 0)
+    costs less; weights quantized from a trained layer stay far below (0.2% of pairs,
+    0.06 entries a group), uniformly drawn ones have about 32."""
     rest = split_pairs(b)[1] != 0
     padded = np.zeros((rest.shape[0], -(-rest.shape[1] // NR) * NR), bool)
     padded[:, :rest.shape[1]] = rest
-    return int(padded.reshape(rest.shape[0], -1, NR).sum(axis=(0, 2)).max(initial=0))
+    most = int(padded.reshape(rest.shape[0], -1, NR).sum(axis=(0, 2)).max(initial=0))
+    return DENSE if most > ENTRIES_PER_GROUP * -(-b.shape[0] // 4) else most
 
 
 def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
@@ -128,12 +139,17 @@ def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
         padded[:k, :n] = b
         return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
     main, rest = split_pairs(b)
-    padded = np.zeros((groups * 4, panels * NR), np.int8)
-    padded[:k, :n] = main
-    # [G, 4, P, 4, CHUNK] -> [P, 4, G, CHUNK, 4]
-    shape = (groups, 4, panels, NR // CHUNK, CHUNK)
-    mains = np.ascontiguousarray(padded.reshape(shape).transpose(2, 3, 0, 4, 1)).reshape(panels, -1)
-    stride = panel_bytes(groups, True, remainder_capacity(b))
+
+    def slices(part):  # [G, 4, P, 4, CHUNK] -> [P, 4, G, CHUNK, 4]
+        padded = np.zeros((groups * 4, panels * NR), np.int8)
+        padded[:k, :n] = part
+        shape = (groups, 4, panels, NR // CHUNK, CHUNK)
+        return np.ascontiguousarray(padded.reshape(shape).transpose(2, 3, 0, 4, 1)).reshape(panels, -1)
+    mains = slices(main)
+    capacity = remainder_capacity(b)
+    if capacity == DENSE:  # each panel's main part, then its remainder in the same layout
+        return np.concatenate([mains, slices(rest)], axis=1).reshape(-1)
+    stride = panel_bytes(groups, True, capacity)
     out = np.zeros((panels, stride), np.uint8)
     out[:, :mains.shape[1]] = mains.view(np.uint8)
     rows, cols = np.nonzero(rest)
@@ -149,9 +165,12 @@ def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
 
 def panel_bytes(groups: int, pairs: bool, capacity: int = 0) -> int:
     """The bytes of one packed panel of B with ``groups`` groups of four rows of K; in the
-    pairs layout, with room for ``capacity`` remainder entries (remainder_capacity)."""
+    pairs layout, with room for ``capacity`` remainder entries (remainder_capacity), or with
+    the remainder whole (DENSE)."""
     if not pairs:
         return groups * NR * 4
+    if capacity == DENSE:
+        return 2 * groups * NR * 4
     return -(-(groups * NR * 4 + 4 + 4 * capacity) // 64) * 64
 
 
@@ -233,17 +252,17 @@ def pair_sums(kp: int, capacity: int) -> str:
     declare = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
                      for h, n in enumerate(row))
-    if capacity:  # the sums added to the entries' (below)
+    if capacity > 0:  # the sums added to the entries' (below)
         store = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
                          f"memcpy(acc[{r}] + col + {8 * h}, &t, 32); }}" for r, row in enumerate(names)
                          for h, n in enumerate(row))
     products = "\n".join(
-        f"                {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
+        f"                    {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
         f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v0), ones); "
         f"{row[1]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v1), ones); }}"
         for r, row in enumerate(names))
     rows_at = " ".join(f"const uint8_t *ar{r} = a + (rows > {r} ? {r * kp} : 0);" for r in range(MR))
-    remainder = "" if capacity == 0 else f"""
+    remainder = "" if capacity in (0, DENSE) else f"""
     const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, then the entries */
     const uint32_t count = rest[0];
     for (int r = 0; r < {MR}; r++)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
@@ -259,15 +278,17 @@ def pair_sums(kp: int, capacity: int) -> str:
     const q_v16s ones = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
     {rows_at}{remainder}
     for (int col = 0; col < {NR}; col += {CHUNK}) {{
-        const int8_t *bc = bp + (col / {CHUNK}) * {groups * CHUNK * 4};
         q_v8i {declare};
-        int64_t n = {groups};
-        __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
-        for (int64_t g = 0; g < n; g++) {{
-            q_v32b v0, v1;
-            memcpy(&v0, bc + g * {CHUNK * 4}, 32);
-            memcpy(&v1, bc + g * {CHUNK * 4} + 32, 32);
+        for (int part = 0; part < {2 if capacity == DENSE else 1}; part++) {{  /* the main part, then a DENSE remainder */
+            const int8_t *bc = bp + part * {groups * NR * 4} + (col / {CHUNK}) * {groups * CHUNK * 4};
+            int64_t n = {groups};
+            __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
+            for (int64_t g = 0; g < n; g++) {{
+                q_v32b v0, v1;
+                memcpy(&v0, bc + g * {CHUNK * 4}, 32);
+                memcpy(&v1, bc + g * {CHUNK * 4} + 32, 32);
 {products}
+            }}
         }}
         {store}
     }}"""
