@@ -28,7 +28,7 @@ from nncc.native import int8_tables
 from nncc.native.c_emit import CWriter
 from nncc.native.c_struct import Struct
 from nncc.native.int8_bytes import byte_store, image_at
-from nncc.native.int8_gemm_gen import split_pairs, vnni_sums
+from nncc.native.int8_gemm_gen import DENSE, ENTRIES_PER_GROUP, split_pairs, vnni_sums
 
 MRC = 6  # output channels per micro-tile
 NP = 64  # pixels per micro-tile: four AVX-512 vectors of int32 lanes
@@ -49,19 +49,24 @@ def table(m: int) -> Struct:
 
 def remainder_capacity(matrix: np.ndarray) -> int:
     """The most remainder entries (int8_gemm_gen.split_pairs, along K) any sliver of MRC
-    output channels of the [M, K] weights has: every sliver's room in the pairs layout."""
+    output channels of the [M, K] weights has: every sliver's room in the pairs layout; or
+    DENSE past ENTRIES_PER_GROUP per group of four rows of K, as int8_gemm_gen decides (an
+    entry here is 64 pixels' products, a group 4 x 16 pixels' micro-kernel steps)."""
     rest = split_pairs(matrix.T)[1].T != 0
     padded = np.zeros((-(-rest.shape[0] // MRC) * MRC, rest.shape[1]), bool)
     padded[:rest.shape[0]] = rest
-    return int(padded.reshape(-1, MRC * rest.shape[1]).sum(axis=1).max(initial=0))
+    most = int(padded.reshape(-1, MRC * rest.shape[1]).sum(axis=1).max(initial=0))
+    return DENSE if most > ENTRIES_PER_GROUP * -(-matrix.shape[1] // 4) else most
 
 
 def sliver_bytes(k: int, pairs: bool, capacity: int) -> int:
     """The packed bytes of MRC output channels' weights: MRC rows of K padded to whole
     groups of four; in the pairs layout then an int32 count and ``capacity`` uint32
     remainder entries (row k in bits 0-15, the channel in the sliver in bits 16-23, the int8
-    value in bits 24-31), rounded up to 64 bytes."""
+    value in bits 24-31), rounded up to 64 bytes; or, DENSE, the remainder's MRC rows."""
     rows = MRC * (-(-k // 4) * 4)
+    if pairs and capacity == DENSE:
+        return 2 * rows
     return -(-(rows + 4 + 4 * capacity) // 64) * 64 if pairs else rows
 
 
@@ -76,7 +81,12 @@ def pack_weights(matrix: np.ndarray, pairs: bool = False) -> np.ndarray:
     if not pairs:
         return rows.reshape(-1)
     rest = rest.T
-    stride = sliver_bytes(k, True, remainder_capacity(matrix))
+    capacity = remainder_capacity(matrix)
+    if capacity == DENSE:  # each sliver's main rows, then its remainder's
+        rests = np.zeros((slivers * MRC, kp), np.int8)
+        rests[:m, :k] = rest
+        return np.concatenate([rows.reshape(slivers, -1), rests.reshape(slivers, -1)], axis=1).reshape(-1)
+    stride = sliver_bytes(k, True, capacity)
     out = np.zeros((slivers, stride), np.uint8)
     out[:, :MRC * kp] = rows.reshape(slivers, -1).view(np.uint8)
     channels, ks = np.nonzero(rest)
@@ -329,20 +339,20 @@ def _pair_sums(layer: Layer) -> str:
     of 8 pixels' int32 sums; per group of four rows of K, ``vpmaddubsw`` of the pixels'
     bytes by a channel's four weight bytes broadcast, then ``vpmaddwd`` by ones. Every
     padded channel's weights are 0, so all MRC are computed. Then the sliver's remainder
-    entries, each added to its channel's 64 sums. The loop's count is hidden from the
-    optimizer, as in vnni_sums."""
+    entries, each added to its channel's 64 sums, or (DENSE) a second pass over its rows.
+    The loop's count is hidden from the optimizer, as in vnni_sums."""
     groups, p64, kp = layer.kp // 4, layer.p64, layer.kp
     names = [[f"c{r}_{h}" for h in range(2)] for r in range(MRC)]
     zero = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     products = "\n".join(
-        f"            {{ int32_t four; memcpy(&four, w + {r * kp} + 4 * g, 4); "
+        f"                {{ int32_t four; memcpy(&four, w + {r * kp} + 4 * g, 4); "
         f"const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
         f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(v0, (q_v32b)s), ones); "
         f"{row[1]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(v1, (q_v32b)s), ones); }}"
         for r, row in enumerate(names))
     store = "\n".join(f"        memcpy(acc[{r}] + q0, &{row[0]}, 32); memcpy(acc[{r}] + q0 + 8, &{row[1]}, 32);"
                        for r, row in enumerate(names))
-    remainder = "" if layer.capacity == 0 else f"""
+    remainder = "" if layer.capacity in (0, DENSE) else f"""
     const uint32_t *rest = (const uint32_t *)(w + {MRC * kp});  /* the count, then the entries */
     for (uint32_t e = 1; e <= rest[0]; e++) {{
         uint32_t entry = rest[e];
@@ -358,16 +368,20 @@ def _pair_sums(layer: Layer) -> str:
     typedef int32_t q_v8i __attribute__((vector_size(32)));
     typedef char q_v32b __attribute__((vector_size(32)));
     const q_v16s ones = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    const int8_t *const w0 = w;
     (void)rows;
     for (int q0 = 0; q0 < {NP}; q0 += 16) {{
         q_v8i {zero};
-        int64_t n = {groups};
-        __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
-        for (int64_t g = 0; g < n; g++) {{
-            q_v32b v0, v1;  /* pixels q0..q0+7 and q0+8..q0+15, four bytes each */
-            memcpy(&v0, a + g * {p64 * 4} + q0 * 4, 32);
-            memcpy(&v1, a + g * {p64 * 4} + q0 * 4 + 32, 32);
+        for (int part = 0; part < {2 if layer.capacity == DENSE else 1}; part++) {{  /* the main rows, then a DENSE remainder's */
+            const int8_t *w = w0 + part * {MRC * kp};
+            int64_t n = {groups};
+            __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
+            for (int64_t g = 0; g < n; g++) {{
+                q_v32b v0, v1;  /* pixels q0..q0+7 and q0+8..q0+15, four bytes each */
+                memcpy(&v0, a + g * {p64 * 4} + q0 * 4, 32);
+                memcpy(&v1, a + g * {p64 * 4} + q0 * 4 + 32, 32);
 {products}
+            }}
         }}
 {store}
     }}{remainder}
