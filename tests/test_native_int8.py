@@ -87,13 +87,13 @@ def _decode_slices(block, groups, panel, out):
         out[4 * group + t, NR * panel + CHUNK * slice_ + column] = value
 
 
-@pytest.mark.parametrize("k, n, form", [(5, 3, "sparse"), (8, 64, "sparse"), (13, 130, "sparse"), (64, 200, "sparse"),
+@pytest.mark.parametrize("k, n, form", [(5, 3, "sparse"), (40, 64, "sparse"), (131, 130, "sparse"), (64, 200, "sparse"),
                                         (13, 130, "uniform"), (64, 200, "uniform")])
 def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n, form):
     """The pairs layout of the AVX2 kernel, byte by byte as int8_gemm_gen's docstring
     defines it: per panel, the main part's four slices, then the remainder's count and
-    entries, or, where the entries would be many (uniform weights: about half the pairs
-    over the bound), the remainder's four slices instead. Main plus remainder give B back,
+    entries, or, where the entries would cost more than a second pass (uniform weights:
+    about half the pairs over the bound), the remainder's four slices instead. Main plus remainder give B back,
     and every pair of either has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
     rng = np.random.default_rng(k * n)
     if form == "uniform":

@@ -50,8 +50,9 @@ def table(m: int) -> Struct:
 def remainder_capacity(matrix: np.ndarray) -> int:
     """The most remainder entries (int8_gemm_gen.split_pairs, along K) any sliver of MRC
     output channels of the [M, K] weights has: every sliver's room in the pairs layout; or
-    DENSE past ENTRIES_PER_GROUP per group of four rows of K, as int8_gemm_gen decides (an
-    entry here is 64 pixels' products, a group 4 x 16 pixels' micro-kernel steps)."""
+    DENSE past ENTRIES_PER_GROUP per group of four rows of K, where a second pass over the
+    remainder rows costs less (an entry here is 64 pixels' products, vectorised, a group
+    4 x 16 pixels' micro-kernel steps)."""
     rest = split_pairs(matrix.T)[1].T != 0
     padded = np.zeros((-(-rest.shape[0] // MRC) * MRC, rest.shape[1]), bool)
     padded[:rest.shape[0]] = rest

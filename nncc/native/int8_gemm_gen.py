@@ -57,7 +57,9 @@ MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
 CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
 PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's pairs; 255 * 128 fits int16
 DENSE = -1  # a remainder capacity: the remainder packed whole, as the main part, and multiplied as it is
-ENTRIES_PER_GROUP = 3  # remainder entries a panel may have per group of K before DENSE costs less
+ENTRIES_PER_GROUP = 3  # the channel-major form's remainder entries a sliver may have per group of K
+# the GEMM's costs on one Zen 3 core, ns: a remainder entry; zeroing a tile for them; a group of K over a panel
+ENTRY_NS, ZEROING_NS, GROUP_NS = 3.2, 70.0, 16.6
 ENTRY = "q_dynamic_matmul"
 
 
@@ -116,17 +118,17 @@ def split_pairs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def remainder_capacity(b: np.ndarray) -> int:
     """The most remainder entries (split_pairs) any panel of B has: every panel's room; or
-    DENSE where that passes ENTRIES_PER_GROUP per group of four rows of K. An entry costs
-    about 14 cycles (six scalar products and their sums), a group of every panel's 4
-    slices about 48, so past 3 entries a group a second pass of the micro-kernel over the
-    remainder packed whole (its pairs are within the bound: one weight of each is 0)
-    costs less; weights quantized from a trained layer stay far below (0.2% of pairs,
-    0.06 entries a group), uniformly drawn ones have about 32."""
+    DENSE where a second pass of the micro-kernel over the remainder packed whole (its
+    pairs are within the bound: one weight of each is 0) costs less than the entries and
+    the zeroing of the tile they need (ENTRY_NS, ZEROING_NS, GROUP_NS, measured: six
+    scalar products and their sums an entry, 12 multiply steps of 4 slices a group).
+    Weights quantized from a trained layer stay far below with K past a few dozen (0.2% of
+    pairs, 0.06 entries a group); uniformly drawn ones have about 32 a group."""
     rest = split_pairs(b)[1] != 0
     padded = np.zeros((rest.shape[0], -(-rest.shape[1] // NR) * NR), bool)
     padded[:, :rest.shape[1]] = rest
     most = int(padded.reshape(rest.shape[0], -1, NR).sum(axis=(0, 2)).max(initial=0))
-    return DENSE if most > ENTRIES_PER_GROUP * -(-b.shape[0] // 4) else most
+    return DENSE if most and most * ENTRY_NS + ZEROING_NS > GROUP_NS * -(-b.shape[0] // 4) else most
 
 
 def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
@@ -252,10 +254,11 @@ def pair_sums(kp: int, capacity: int) -> str:
     declare = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
                      for h, n in enumerate(row))
-    if capacity > 0:  # the sums added to the entries' (below)
-        store = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
+    if capacity > 0:  # the sums added to the entries' (below), if the panel has any
+        added = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
                          f"memcpy(acc[{r}] + col + {8 * h}, &t, 32); }}" for r, row in enumerate(names)
                          for h, n in enumerate(row))
+        store = f"if (count) {{ {added} }} else {{ {store} }}"
     products = "\n".join(
         f"                    {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
         f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v0), ones); "
@@ -265,8 +268,9 @@ def pair_sums(kp: int, capacity: int) -> str:
     remainder = "" if capacity in (0, DENSE) else f"""
     const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, then the entries */
     const uint32_t count = rest[0];
-    for (int r = 0; r < {MR}; r++)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
-        for (int col = 0; col < {NR}; col++) ((volatile int32_t *)acc[r])[col] = 0;
+    if (count)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
+        for (int r = 0; r < {MR}; r++)
+            for (int col = 0; col < {NR}; col++) ((volatile int32_t *)acc[r])[col] = 0;
     for (uint32_t e = 1; e <= count; e++) {{  /* every row, unrolled: rows past ``rows`` are never read */
         uint32_t entry = rest[e];
         int32_t k = (int32_t)(entry & 0xffff), col = (int32_t)((entry >> 16) & 63), value = (int8_t)(entry >> 24);
