@@ -610,6 +610,26 @@ def attention(case, rng, **given):
 # -- dynamic quantization -------------------------------------------------------------------
 
 
+def _int8_weights(rng, shape, lo: int, hi: int) -> np.ndarray:
+    """int64 weights in [lo, hi] in one of the forms the AVX2 int8 kernel treats apart
+    (int8_gemm_gen.split_pairs, which bounds |w0| + |w1| of each pair of rows by 128 and
+    adds the rest exactly): uniform (about half the pairs past the bound: a remainder
+    multiplied whole); bell-shaped as trained weights are, 1% at the extremes (a sparse
+    one, its entries added one by one);
+    drawn from values whose pairs land at, just under and just over the bound (64 + 64,
+    64 + 65, 127 + 1, -128 + 0...); or every weight lo or hi (every pair far over it, and
+    with bytes of 255 the largest sums there are)."""
+    form = _choice(rng, ["uniform", "bell", "edge", "extreme"])
+    if form == "uniform":
+        return rng.integers(lo, hi + 1, shape)
+    if form == "bell":  # a few at the extremes: a sparse remainder (a dense one where K is short)
+        bell = np.clip(np.round(rng.standard_normal(shape) * 20.0), lo, hi).astype(np.int64)
+        return np.where(rng.random(shape) < 0.01, rng.choice([lo, hi], shape), bell)
+    if form == "edge":
+        return np.clip(rng.choice([-128, -127, -65, -64, -63, -1, 0, 1, 63, 64, 65, 127], shape), lo, hi)
+    return np.where(rng.random(shape) < 0.5, lo, hi)
+
+
 def dynamic_int8(case, rng):
     """A product by an int8 weight matrix as quantize_dynamic writes it (DynamicQuantizeLinear,
     MatMulInteger, Cast, Mul by the scales, maybe Add of a bias), which -O2 makes one
@@ -617,7 +637,7 @@ def dynamic_int8(case, rng):
     chain then stays the reference evaluator's, which knows no com.microsoft op)."""
     b = _Builder(case, rng)
     m = int(rng.integers(1, 201)) if rng.random() < 0.7 else _choice(rng, [1, 2, 6, 7, 12, 64, 128])
-    # K = 1030: past two of the blocks the AVX2 kernel widens A by (int8_gemm_gen.PAIR_BLOCK)
+    # K = 1030: a long K, remainder entries' rows past 1024 (int8_gemm_gen's pairs layout)
     k, nn = _choice(rng, ODD + [16, 48, 64, 128, 65, 200, 1030]), _choice(rng, ODD + [16, 48, 64, 128, 65, 200])
     batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 3)))]
     if math.prod(batch) * m > 256:
@@ -626,7 +646,7 @@ def dynamic_int8(case, rng):
     zero_form = _choice(rng, [None, "zero", "scalar", "column"])
     a = b.input("a", (*batch, m, k), -3.0, float(_choice(rng, [3.0, 0.5, 10.0])))
     weights = b.name("b")
-    case.inits[weights] = rng.integers(-128, 128, (k, nn)).astype(np.int8)
+    case.inits[weights] = _int8_weights(rng, (k, nn), -128, 127).astype(np.int8)
     scale = b.name("b_scale")
     scales = rng.uniform(0.005, 0.05, nn) if per_column else np.array(rng.uniform(0.005, 0.05))
     case.inits[scale] = scales.astype(np.float32)
@@ -850,7 +870,8 @@ def qconv(case, rng):
     h, w = _spatial(rng, eh, ew, attrs["pads"])
     x = b.input("x", (n, c, h, w))
     lo, hi = (-127, 127) if signed else (0, 255)
-    weights = rng.integers(lo, hi + 1, wshape).astype(np.int8 if signed else np.uint8)
+    shift = 0 if signed else 128  # uint8 weights: their forms about 128, as the kernel shifts them
+    weights = (_int8_weights(rng, wshape, lo - shift, hi - shift) + shift).astype(np.int8 if signed else np.uint8)
     count = m if per_channel else 1
     w_scale = rng.uniform(0.002, 0.02, count).astype(np.float32).reshape((count,) if per_channel else ())
     if signed:
@@ -926,7 +947,7 @@ def qconv_chain(case, rng):
         if (h + 2 * pad - k) < 0 or (w + 2 * pad - k) < 0:
             k, pad = 1, 0
         m = c if depthwise else _choice(rng, [1, 3, 17, 24, 64, 70])
-        weights = rng.integers(-127, 128, (m, 1 if depthwise else c, k, k)).astype(np.int8)
+        weights = _int8_weights(rng, (m, 1 if depthwise else c, k, k), -127, 127).astype(np.int8)
         w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
         taps = (1 if depthwise else c) * k * k
         y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))

@@ -1,6 +1,7 @@
 """The native int8 GEMM (nncc/native/int8_gemm_gen.py) for com.microsoft DynamicQuantizeMatMul,
 for the host's ISA (vpdpbusd where the CPU has AVX-512 VNNI), for x86-64-v3 where the host
-runs it (AVX2: vpmaddwd over B packed as int16 pairs) and for the baseline x86-64 target,
+runs it (AVX2: vpmaddubsw over B's pairs bounded to |b0| + |b1| <= 128, the rest added
+exactly) and for the baseline x86-64 target,
 whose code is the plain C fallback: each must give the operator's exact result bit
 for bit (DynamicQuantizeLinear, an exact integer product, then the float32 roundings), and
 run as native code. The exact result is computed here in int64, and onnxruntime (told to
@@ -17,7 +18,7 @@ from onnx import numpy_helper
 import pytest
 
 import nncc
-from nncc.native.int8_gemm_gen import CHUNK, NR, pack_b
+from nncc.native.int8_gemm_gen import CHUNK, DENSE, NR, pack_b, remainder_capacity
 from nncc.native.toolchain import find_toolchain, missing_features, required_features
 from tests.models import dynamic_quantize_matmul
 from tests.oracle import ort_session
@@ -54,7 +55,7 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
     rng = np.random.default_rng(4)
     geometries = [((1, 64), 64, False, True, False), ((7, 33), 19, True, False, True),
                   ((2, 3, 13, 128), 130, True, True, True), ((200, 17), 65, False, True, False),
-                  # K past two of the AVX2 kernel's blocks of A widened at a time (int8_gemm_gen.PAIR_BLOCK)
+                  # a long K, its remainder entries' rows past 1024
                   ((9, 1030), 70, True, True, True)]
     for i, (shape, n, b_zero, bias, per_column) in enumerate(geometries):
         path = tmp_path / f"m{i}.onnx"
@@ -75,19 +76,57 @@ def test_int8_gemm_matches_onnxruntime_bit_for_bit(tmp_path, target):
             np.testing.assert_array_equal(y, session.run(None, {"a": a})[0])
 
 
-@pytest.mark.parametrize("k, n", [(5, 3), (8, 64), (13, 130)])
-def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n):
-    """The int16 pairs layout of the AVX2 kernel, element by element as int8_gemm_gen's
-    docstring defines it: (((panel * 4 + slice) * KP/2 + pair) * 16 + column) * 2 + t holds
-    B[2 * pair + t, 64 * panel + 16 * slice + column], 0 past B."""
-    b = np.random.default_rng(k * n).integers(-128, 128, (k, n)).astype(np.int8)
-    packed = pack_b(b, pairs=True)
-    kp, panels = -(-k // 4) * 4, -(-n // NR)
-    assert packed.dtype == np.int16 and packed.size == kp * panels * NR
-    for index, value in enumerate(packed):
-        rest, t = divmod(index, 2)
+def _decode_slices(block, groups, panel, out):
+    """Writes the bytes of one panel's four slices (byte (((slice * G + group) * 16 +
+    column) * 4 + t of the panel) where they belong in ``out``: row 4 * group + t, column
+    64 * panel + 16 * slice + column."""
+    for index, value in enumerate(block.view(np.int8)):
+        rest, t = divmod(index, 4)
         rest, column = divmod(rest, CHUNK)
-        rest, pair = divmod(rest, kp // 2)
-        panel, slice_ = divmod(rest, NR // CHUNK)
-        row, col = 2 * pair + t, NR * panel + CHUNK * slice_ + column
-        assert value == (b[row, col] if row < k and col < n else 0), (index, row, col)
+        slice_, group = divmod(rest, groups)
+        out[4 * group + t, NR * panel + CHUNK * slice_ + column] = value
+
+
+@pytest.mark.parametrize("k, n, form", [(5, 3, "sparse"), (40, 64, "sparse"), (131, 130, "sparse"), (64, 200, "sparse"),
+                                        (13, 130, "uniform"), (64, 200, "uniform")])
+def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n, form):
+    """The pairs layout of the AVX2 kernel, byte by byte as int8_gemm_gen's docstring
+    defines it: per panel, the main part's four slices, then the remainder's count and
+    entries, or, where the entries would cost more than a second pass (uniform weights:
+    about half the pairs over the bound), the remainder's four slices instead. Main plus remainder give B back,
+    and every pair of either has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
+    rng = np.random.default_rng(k * n)
+    if form == "uniform":
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    else:  # mostly small, as trained weights: the pairs below the only ones over the bound
+        b = np.clip(np.round(rng.standard_normal((k, n)) * 20), -60, 60).astype(np.int8)
+    if n >= 4:  # pairs both extreme, at the bound, one over it
+        b[:2, :4] = [[-128, -128, 127, 64], [-128, 0, 127, -65]]
+    dense = remainder_capacity(b) == DENSE
+    assert dense == (form == "uniform")
+    packed = pack_b(b, pairs=True).view(np.uint8)
+    groups, panels = -(-k // 4), -(-n // NR)
+    part = groups * 4 * NR
+    stride = packed.size // panels
+    assert packed.size % panels == 0 and stride % 64 == 0
+    assert stride == 2 * part if dense else stride >= part + 4
+    main = np.zeros((groups * 4, panels * NR), np.int64)
+    rest = np.zeros_like(main)
+    for panel in range(panels):
+        block = packed[panel * stride:(panel + 1) * stride]
+        _decode_slices(block[:part], groups, panel, main)
+        if dense:
+            _decode_slices(block[part:], groups, panel, rest)
+            continue
+        words = block[part:].view(np.uint32)
+        assert not words[1 + words[0]:].any()  # zeros past the entries
+        for word in words[1:1 + words[0]]:
+            row, col, value = int(word) & 0xFFFF, (int(word) >> 16) & 63, np.uint8(int(word) >> 24).view(np.int8)
+            rest[row, panel * NR + col] += int(value)
+    expected = np.zeros_like(main)
+    expected[:k, :n] = b
+    np.testing.assert_array_equal(main + rest, expected)
+    for matrix in (main, rest):
+        assert (np.abs(matrix[0::2]) + np.abs(matrix[1::2])).max() <= 128
+    if n >= 4:  # a pair over the bound keeps its larger weight whole, the other shrinks to fit
+        assert list(main[:2, :4].T.reshape(-1)) == [-128, 0, -128, 0, 127, 1, 63, -65]

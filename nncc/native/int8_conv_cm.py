@@ -7,10 +7,12 @@ The input image is quantized into padded byte planes (C x Hp x Wp, the padding t
 point), then packed as A4: for each group of four rows of K (K ordered channel, kernel row,
 kernel column, as the weights lie), the pixels' four bytes side by side, pixels padded to a
 multiple of 64. ``vpdpbusd`` multiplies 64 pixels' bytes (four vectors) by one output
-channel's four weight bytes broadcast, six channels at a time. On AVX2 (``pairs``: the
-weights packed as int16) 4 pixels' bytes are widened to int16 per vector, and ``vpmaddwd``
-by a channel's four int16 weights broadcast sums two products into each int32 lane, exact;
-a pixel's two lanes are added at the end of the tile. Plain C elsewhere. The
+channel's four weight bytes broadcast, six channels at a time. On AVX2 (``pairs``) 8 pixels'
+bytes are a vector, ``vpmaddubsw`` by a channel's four weight bytes broadcast sums each
+pixel's two pairs of products into int16 lanes and ``vpmaddwd`` by ones adds the two into
+the pixel's int32 lane; the weights are split as int8_gemm_gen splits B (split_pairs), so
+no pair saturates, and a sliver's few remainder entries are added to its sums exactly
+after the products. Plain C elsewhere. The
 epilogue is int8_conv_gen's (zero points through the pixels' and channels' sums, the int32
 bias, float32 requantization, the output's image), vectorised over 64 pixels and stored
 contiguously in NCHW.
@@ -26,7 +28,7 @@ from nncc.native import int8_tables
 from nncc.native.c_emit import CWriter
 from nncc.native.c_struct import Struct
 from nncc.native.int8_bytes import byte_store, image_at
-from nncc.native.int8_gemm_gen import vnni_sums
+from nncc.native.int8_gemm_gen import DENSE, ENTRIES_PER_GROUP, split_pairs, vnni_sums
 
 MRC = 6  # output channels per micro-tile
 NP = 64  # pixels per micro-tile: four AVX-512 vectors of int32 lanes
@@ -45,12 +47,58 @@ def table(m: int) -> Struct:
     return int8_tables.columns(-(-m // MRC) * MRC)
 
 
+def remainder_capacity(matrix: np.ndarray) -> int:
+    """The most remainder entries (int8_gemm_gen.split_pairs, along K) any sliver of MRC
+    output channels of the [M, K] weights has: every sliver's room in the pairs layout; or
+    DENSE past ENTRIES_PER_GROUP per group of four rows of K, where a second pass over the
+    remainder rows costs less (an entry here is 64 pixels' products, vectorised, a group
+    4 x 16 pixels' micro-kernel steps)."""
+    rest = split_pairs(matrix.T)[1].T != 0
+    padded = np.zeros((-(-rest.shape[0] // MRC) * MRC, rest.shape[1]), bool)
+    padded[:rest.shape[0]] = rest
+    most = int(padded.reshape(-1, MRC * rest.shape[1]).sum(axis=1).max(initial=0))
+    return DENSE if most > ENTRIES_PER_GROUP * -(-matrix.shape[1] // 4) else most
+
+
+def sliver_bytes(k: int, pairs: bool, capacity: int) -> int:
+    """The packed bytes of MRC output channels' weights: MRC rows of K padded to whole
+    groups of four; in the pairs layout then an int32 count and ``capacity`` uint32
+    remainder entries (row k in bits 0-15, the channel in the sliver in bits 16-23, the int8
+    value in bits 24-31), rounded up to 64 bytes; or, DENSE, the remainder's MRC rows."""
+    rows = MRC * (-(-k // 4) * 4)
+    if pairs and capacity == DENSE:
+        return 2 * rows
+    return -(-(rows + 4 + 4 * capacity) // 64) * 64 if pairs else rows
+
+
 def pack_weights(matrix: np.ndarray, pairs: bool = False) -> np.ndarray:
-    """[M, K] int8 -> [Mp, Kp], zero-padded: int8, or int16 for the AVX2 kernel (``pairs``)."""
+    """[M, K] int8 -> slivers of MRC zero-padded rows of Kp bytes (sliver_bytes); in the
+    pairs layout the rows hold the main part and each sliver its remainder entries."""
     m, k = matrix.shape
-    out = np.zeros((-(-m // MRC) * MRC, -(-k // 4) * 4), np.int16 if pairs else np.int8)
-    out[:m, :k] = matrix
-    return out.reshape(-1)
+    kp, slivers = -(-k // 4) * 4, -(-m // MRC)
+    main, rest = split_pairs(matrix.T) if pairs else (matrix.T, None)
+    rows = np.zeros((slivers * MRC, kp), np.int8)
+    rows[:m, :k] = main.T
+    if not pairs:
+        return rows.reshape(-1)
+    rest = rest.T
+    capacity = remainder_capacity(matrix)
+    if capacity == DENSE:  # each sliver's main rows, then its remainder's
+        rests = np.zeros((slivers * MRC, kp), np.int8)
+        rests[:m, :k] = rest
+        return np.concatenate([rows.reshape(slivers, -1), rests.reshape(slivers, -1)], axis=1).reshape(-1)
+    stride = sliver_bytes(k, True, capacity)
+    out = np.zeros((slivers, stride), np.uint8)
+    out[:, :MRC * kp] = rows.reshape(slivers, -1).view(np.uint8)
+    channels, ks = np.nonzero(rest)
+    for sliver in range(slivers):
+        mine = channels // MRC == sliver
+        o, kk = channels[mine], ks[mine]
+        words = (kk.astype(np.uint32) | ((o - sliver * MRC).astype(np.uint32) << 16)
+                 | (rest[o, kk].view(np.uint8).astype(np.uint32) << 24))
+        block = np.concatenate([np.array([len(words)], np.uint32), words.astype(np.uint32)])
+        out[sliver, MRC * kp:MRC * kp + 4 * block.size] = block.view(np.uint8)
+    return out.reshape(-1).view(np.int8)
 
 
 @dataclass(frozen=True)
@@ -60,7 +108,8 @@ class Layer:
     dilations ``dh``, ``dw``, padded ``pt`` rows above and ``pl`` columns left.
     ``zero_points``: some weight zero point is not 0, so the pixels' sums are needed;
     ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
-    plus this shift (int8_bytes); ``pairs``: the weights are int16, for the AVX2 kernel."""
+    plus this shift (int8_bytes); ``pairs``: the weights are in the AVX2 kernel's layout,
+    with room for ``capacity`` remainder entries a sliver (sliver_bytes)."""
 
     n: int
     c: int
@@ -81,6 +130,7 @@ class Layer:
     byte_in: bool = False
     byte_out: int | None = None
     pairs: bool = False
+    capacity: int = 0
 
     @property
     def padded(self) -> tuple[int, int]:
@@ -95,6 +145,10 @@ class Layer:
     @property
     def kp(self) -> int:  # K padded to whole groups of four bytes
         return -(-self.k // 4) * 4
+
+    @property
+    def sliver_bytes(self) -> int:  # the packed weights of MRC output channels
+        return sliver_bytes(self.k, self.pairs, self.capacity)
 
     @property
     def p(self) -> int:  # output pixels per image
@@ -282,46 +336,56 @@ def _dots(c: CWriter, layer: Layer) -> None:
 
 
 def _pair_sums(layer: Layer) -> str:
-    """The AVX2 body of qm_dots (module docstring): per 8 pixels, MRC channels x 2 vectors of
-    int32 sums, each lane two products of one pixel (its bytes 0 and 1, or 2 and 3), the
-    lanes of a pixel added at the end. Every padded channel's weights are 0, so all MRC
-    are computed. The loop's count is hidden from the optimizer, as in vnni_sums."""
+    """The AVX2 body of qm_dots (module docstring): per 16 pixels, MRC channels x 2 vectors
+    of 8 pixels' int32 sums; per group of four rows of K, ``vpmaddubsw`` of the pixels'
+    bytes by a channel's four weight bytes broadcast, then ``vpmaddwd`` by ones. Every
+    padded channel's weights are 0, so all MRC are computed. Then the sliver's remainder
+    entries, each added to its channel's 64 sums, or (DENSE) a second pass over its rows.
+    The loop's count is hidden from the optimizer, as in vnni_sums."""
     groups, p64, kp = layer.kp // 4, layer.p64, layer.kp
     names = [[f"c{r}_{h}" for h in range(2)] for r in range(MRC)]
     zero = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     products = "\n".join(
-        f"            {{ int64_t four; memcpy(&four, w16 + {r * kp} + 4 * g, 8); "
-        f"const q_v4l s = {{four, four, four, four}}; "
-        f"{row[0]} += __builtin_ia32_pmaddwd256(v0, (q_v16s)s); {row[1]} += __builtin_ia32_pmaddwd256(v1, (q_v16s)s); }}"
+        f"                {{ int32_t four; memcpy(&four, w + {r * kp} + 4 * g, 4); "
+        f"const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
+        f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(v0, (q_v32b)s), ones); "
+        f"{row[1]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(v1, (q_v32b)s), ones); }}"
         for r, row in enumerate(names))
-    # vphaddd adds each pixel's two lanes, in the order of pixels 0, 1, 4, 5 | 2, 3, 6, 7
-    sums = "\n".join(
-        f"        {{ const q_v8i h = __builtin_shuffle(__builtin_ia32_phaddd256({row[0]}, {row[1]}), order); "
-        f"memcpy(acc[{r}] + q0, &h, 32); }}"
-        for r, row in enumerate(names))
+    store = "\n".join(f"        memcpy(acc[{r}] + q0, &{row[0]}, 32); memcpy(acc[{r}] + q0 + 8, &{row[1]}, 32);"
+                       for r, row in enumerate(names))
+    remainder = "" if layer.capacity in (0, DENSE) else f"""
+    const uint32_t *rest = (const uint32_t *)(w + {MRC * kp});  /* the count, then the entries */
+    for (uint32_t e = 1; e <= rest[0]; e++) {{
+        uint32_t entry = rest[e];
+        int32_t k = (int32_t)(entry & 0xffff), value = (int8_t)(entry >> 24);
+        int32_t *c = acc[(entry >> 16) & 0xff];
+        const uint8_t *ak = a + (k / 4) * {p64 * 4} + k % 4;
+        for (int q = 0; q < {NP}; q++) c[q] += (int32_t)ak[4 * q] * value;
+    }}"""
     return f"""#if !defined(__AVX2__)
-#error "weights packed as int16 for AVX2, built for a target without it"
+#error "weights packed in pairs for AVX2, built for a target without it"
 #endif
     typedef int16_t q_v16s __attribute__((vector_size(32)));
     typedef int32_t q_v8i __attribute__((vector_size(32)));
-    typedef int64_t q_v4l __attribute__((vector_size(32)));
-    typedef uint8_t q_v16b __attribute__((vector_size(16)));
-    const int16_t *w16 = (const int16_t *)w;  /* the constant's alignment: float32 */
-    const q_v8i order = {{0, 1, 4, 5, 2, 3, 6, 7}};
+    typedef char q_v32b __attribute__((vector_size(32)));
+    const q_v16s ones = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    const int8_t *const w0 = w;
     (void)rows;
-    for (int q0 = 0; q0 < {NP}; q0 += 8) {{
+    for (int q0 = 0; q0 < {NP}; q0 += 16) {{
         q_v8i {zero};
-        int64_t n = {groups};
-        __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
-        for (int64_t g = 0; g < n; g++) {{
-            q_v16b b0, b1;  /* pixels q0..q0+3 and q0+4..q0+7, four bytes each */
-            memcpy(&b0, a + g * {p64 * 4} + q0 * 4, 16);
-            memcpy(&b1, a + g * {p64 * 4} + q0 * 4 + 16, 16);
-            const q_v16s v0 = __builtin_convertvector(b0, q_v16s), v1 = __builtin_convertvector(b1, q_v16s);
+        for (int part = 0; part < {2 if layer.capacity == DENSE else 1}; part++) {{  /* the main rows, then a DENSE remainder's */
+            const int8_t *w = w0 + part * {MRC * kp};
+            int64_t n = {groups};
+            __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
+            for (int64_t g = 0; g < n; g++) {{
+                q_v32b v0, v1;  /* pixels q0..q0+7 and q0+8..q0+15, four bytes each */
+                memcpy(&v0, a + g * {p64 * 4} + q0 * 4, 32);
+                memcpy(&v1, a + g * {p64 * 4} + q0 * 4 + 32, 32);
 {products}
+            }}
         }}
-{sums}
-    }}
+{store}
+    }}{remainder}
 """
 
 
@@ -347,7 +411,7 @@ def _tiles(c: CWriter, layer: Layer, t: Struct) -> None:
                    f"int64_t p0 = b * {NP}, m0 = s * {MRC};",
                    f"int rows = s == {slivers - 1} ? {layer.m - (slivers - 1) * MRC} : {MRC};",
                    f"int width = b == {blocks - 1} ? {layer.p - (blocks - 1) * NP} : {NP};",
-                   f"qm_dots(j->a + p0 * 4, j->w + m0 * {layer.kp * (2 if layer.pairs else 1)}, rows, acc);")
+                   f"qm_dots(j->a + p0 * 4, j->w + s * {layer.sliver_bytes}, rows, acc);")
             with c.loop("r", "rows", ctype="int"):
                 c.line("int64_t o = m0 + r;")
                 c.comment("unsigned: wraps as the portable kernel's int32 accumulator")

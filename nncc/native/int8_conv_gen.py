@@ -35,7 +35,7 @@ from nncc.native import int8_conv_cm, int8_tables
 from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
-from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b, pairs_layout, panel_bytes
+from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b, pairs_layout, panel_bytes, remainder_capacity
 from nncc.native.kernel import scratch_arg
 
 QCONV = ("nncc", "QConv")
@@ -168,11 +168,12 @@ static void {name}(const float *X, {QD_TABLE.pointer}table, float *Y) {{
 
 def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
                  byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False,
-                 zero_points: bool = True, pairs: bool = False) -> str:
+                 zero_points: bool = True, pairs: bool = False, capacity: int = 0) -> str:
     """``byte_in``: the layout of the input's bytes, None for a float image; ``byte_out``:
     store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes).
     ``zero_points``: some weight zero point is not 0 (after the shift), so each row's sum of
-    bytes is needed. ``pairs``: the weights are packed in int8_gemm_gen's int16 pairs layout."""
+    bytes is needed. ``pairs``: the weights are packed in int8_gemm_gen's pairs layout, with room
+    for ``capacity`` remainder entries a panel."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     k = c * kh * kw
@@ -275,7 +276,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-{dots_source(kp, groups, pairs)}
+{dots_source(kp, groups, pairs, capacity)}
 /* the (pixel sliver x channel panel) tiles [lo, hi): products, zero points, bias, requantization */
 static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
@@ -290,17 +291,19 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int64_t p0 = s * {MR};
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
-        q_dots(j->a + p0 * {kp}, j->b + q * {panel_bytes(groups, pairs)}, rows, acc);
+        q_dots(j->a + p0 * {kp}, j->b + q * {panel_bytes(groups, pairs, capacity)}, rows, acc);
         const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
         const float *mq = mult + q * {NR};
         {tile_type} tile[{MR}][{NR}];
+        /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
+         * exact value of every sum of products fits; the terms no row changes, once a tile */
+        uint32_t fixed[{NR}];
+        for (int col = 0; col < {NR}; col++)
+            fixed[col] = (uint32_t)bq[col] - (uint32_t)za * (uint32_t)csq[col] + (uint32_t)({k} * za) * (uint32_t)zwq[col];
         for (int r = 0; r < rows; r++) {{
-            /* unsigned: int32 wraps as the portable kernel's int32 accumulator does, and the
-             * exact value of every sum of products fits */
             uint32_t rs = {row_sum_read};
             for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
-                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs - (uint32_t)za * (uint32_t)csq[col]
-                             + (uint32_t)({k} * za) * (uint32_t)zwq[col] + (uint32_t)bq[col];
+                uint32_t e = (uint32_t)acc[r][col] - (uint32_t)zwq[col] * rs + fixed[col];
                 float v = rintf((float)(int32_t)e * mq[col]) + yzero;
                 v = v < qlo ? qlo : v; v = v > qhi ? qhi : v;
                 tile[r][col] = {to_tile};
@@ -648,17 +651,18 @@ def emit(wr, node) -> None:
     signed = (wv.astype(np.int16) - shift).astype(np.int8)
     p = oh * ow
     shape = (c, h, wd, m, kh, kw) + geometry
-    pairs = pairs_layout(wr.vl)  # the AVX2 kernels' int16 weights (int8_gemm_gen)
+    pairs = pairs_layout(wr.vl)  # the AVX2 kernels' layouts (int8_gemm_gen, int8_conv_cm)
     if not pixel_major(graph, infos, node):
         matrix = signed.reshape(m, -1)  # K ordered channel, kernel row, kernel column
-        wp_ = wr.pack(w, "int16 conv rows" if pairs else "int8 conv rows",
+        wp_ = wr.pack(w, "int8 bounded pair conv rows" if pairs else "int8 conv rows",
                       as_floats(int8_conv_cm.pack_weights(matrix, pairs)))
         table = int8_conv_cm.table(m)
         packed = wr.pack(w, f"int8 conv rows table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
                          table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=1), w_zero=zero_w - shift,
                                     bias=bias, mult=mult))
         layer = int8_conv_cm.Layer(n, *shape, zero_points=bool(np.any(zero_w - shift)), byte_in=bool(byte_in),
-                                   byte_out=byte_out, pairs=pairs)
+                                   byte_out=byte_out, pairs=pairs,
+                                   capacity=int8_conv_cm.remainder_capacity(matrix) if pairs else 0)
         scratch = layer.scratch_bytes
         code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
         source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, layer)
@@ -667,7 +671,7 @@ def emit(wr, node) -> None:
     # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
     matrix = signed.transpose(0, 2, 3, 1).reshape(m, -1).T
     table = int8_tables.columns(-(-m // NR) * NR)
-    bp = wr.pack(w, "int16 pair conv panels" if pairs else "int8 conv panels",
+    bp = wr.pack(w, "int8 bounded pair conv panels" if pairs else "int8 conv panels",
                  as_floats(pack_b(np.ascontiguousarray(matrix), pairs)))
     packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
                      table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=0), w_zero=zero_w - shift,
@@ -680,4 +684,5 @@ def emit(wr, node) -> None:
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
     wr.step(code, [x, (bp, "const int8_t *"), (packed, table.pointer)], [out], scratch,
             support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc",
-                                 zero_points=bool(np.any(zero_w - shift)), pairs=pairs))
+                                 zero_points=bool(np.any(zero_w - shift)), pairs=pairs,
+                                 capacity=remainder_capacity(matrix) if pairs else 0))

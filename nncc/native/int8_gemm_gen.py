@@ -10,10 +10,13 @@ column sums, so the zero points cost nothing in the inner loop:
     sum_k (a - za)(b - zb) = sum_k a*b - zb * rowsum(a) - za * colsum(b) + K * za * zb
 
 The product accumulates u8 x s8 in int32: on AVX-512 VNNI with ``vpdpbusd`` (four products
-summed into each int32 lane, no saturation); on AVX2 with ``vpmaddwd`` over B widened to
-int16 at compile time (two int16 products summed into each int32 lane: exact, where
-``vpmaddubsw`` would saturate its int16 pair sums); elsewhere with plain C that the C
-compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
+summed into each int32 lane, no saturation); on AVX2 with ``vpmaddubsw`` (two u8 x s8
+products summed into an int16 lane, saturating) and ``vpmaddwd`` by ones (two int16 lanes
+into int32). Saturation is ruled out at compile time: B is split into a main part whose
+pairs of rows (2p, 2p + 1) have |b0| + |b1| <= PAIR_BOUND in every column, so a pair's sum
+is at most 255 * 128 < 2**15 whatever A holds, and a sparse remainder (one weight of each
+pair over the bound) whose products join the sums exactly, a scalar product per row and
+entry; elsewhere with plain C that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
 are the epilogue, written once per output element, each rounded as the unfused graph rounds
 it (no fused multiply-add): the result is the portable kernel's (nncc/kernels/
@@ -24,10 +27,16 @@ panels of NR = 64 columns, K zero-padded to a multiple of 4, zero beyond B.
 - Quads (AVX-512 and the plain C): int8; in a panel, for each group of four rows of K, 64
   columns of four consecutive values: byte ((panel * G + group) * 64 + column) * 4 + t
   holds B[4 * group + t, 64 * panel + column].
-- Pairs (AVX2, 8-float vectors): int16; a panel is four slices of CHUNK = 16 columns (two
-  ymm of int32 lanes), and a slice, for each pair of rows of K, 16 columns of two
-  consecutive values: element (((panel * 4 + slice) * KP/2 + pair) * 16 + column) * 2 + t
-  holds B[2 * pair + t, 64 * panel + 16 * slice + column].
+- Pairs (AVX2, 8-float vectors): int8, the main part of B (split_pairs); a panel is four
+  slices of CHUNK = 16 columns (two ymm of int32 lanes), and a slice, for each group of
+  four rows of K, 16 columns of four consecutive values: byte (((panel * 4 + slice) * G +
+  group) * 16 + column) * 4 + t holds main[4 * group + t, 64 * panel + 16 * slice + column].
+  After the panel's 4 * G * 64 bytes, its remainder: an int32 count, then that many uint32
+  entries (row k in bits 0-15, column in the panel in bits 16-21, the int8 value in bits
+  24-31), then zeros up to the capacity every panel shares (the most entries any panel
+  has), the panel's bytes rounded up to 64. Where the entries would cost more than a
+  second pass of the micro-kernel (remainder_capacity: DENSE), the panel's remainder
+  follows its main part instead, whole and in the same layout.
 A second constant holds, per padded column, the column sum and zero point of B (int32) and
 its scale and bias (float32).
 """
@@ -46,7 +55,11 @@ NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
 CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
-PAIR_BLOCK = 256  # pairs layout: pairs of K whose A bytes are widened to int16 at a time (6 KiB)
+PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's pairs; 255 * 128 fits int16
+DENSE = -1  # a remainder capacity: the remainder packed whole, as the main part, and multiplied as it is
+ENTRIES_PER_GROUP = 3  # the channel-major form's remainder entries a sliver may have per group of K
+# the GEMM's costs on one Zen 3 core, ns: a remainder entry; zeroing a tile for them; a group of K over a panel
+ENTRY_NS, ZEROING_NS, GROUP_NS = 3.2, 70.0, 16.6
 ENTRY = "q_dynamic_matmul"
 
 
@@ -85,23 +98,82 @@ def pairs_layout(vl: int) -> bool:
     return vl == 8
 
 
+def split_pairs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(main, rest), int8, main + rest == b: in every column each pair of rows (2p, 2p + 1)
+    of main has |b0| + |b1| <= PAIR_BOUND (B's rows are taken as zero past an odd K). Where
+    b's pair is over, main keeps the larger weight and shrinks the other towards 0 until
+    the pair fits, so rest holds at most one weight of a pair, that one's shrinkage."""
+    w = np.zeros((-(-b.shape[0] // 2) * 2, b.shape[1]), np.int32)
+    w[:b.shape[0]] = b
+    w0, w1 = w[0::2], w[1::2]
+    big0 = np.abs(w0) >= np.abs(w1)
+    room = PAIR_BOUND - np.maximum(np.abs(w0), np.abs(w1))  # left for the smaller one, >= 0
+    over = np.abs(w0) + np.abs(w1) > PAIR_BOUND
+    main = w.copy()
+    main[0::2] = np.where(over & ~big0, np.sign(w0) * room, w0)
+    main[1::2] = np.where(over & big0, np.sign(w1) * room, w1)
+    main, rest = main[:b.shape[0]], (w - main)[:b.shape[0]]
+    return main.astype(np.int8), rest.astype(np.int8)
+
+
+def remainder_capacity(b: np.ndarray) -> int:
+    """The most remainder entries (split_pairs) any panel of B has: every panel's room; or
+    DENSE where a second pass of the micro-kernel over the remainder packed whole (its
+    pairs are within the bound: one weight of each is 0) costs less than the entries and
+    the zeroing of the tile they need (ENTRY_NS, ZEROING_NS, GROUP_NS, measured: six
+    scalar products and their sums an entry, 12 multiply steps of 4 slices a group).
+    Weights quantized from a trained layer stay far below with K past a few dozen (0.2% of
+    pairs, 0.06 entries a group); uniformly drawn ones have about 32 a group."""
+    rest = split_pairs(b)[1] != 0
+    padded = np.zeros((rest.shape[0], -(-rest.shape[1] // NR) * NR), bool)
+    padded[:, :rest.shape[1]] = rest
+    most = int(padded.reshape(rest.shape[0], -1, NR).sum(axis=(0, 2)).max(initial=0))
+    return DENSE if most and most * ENTRY_NS + ZEROING_NS > GROUP_NS * -(-b.shape[0] // 4) else most
+
+
 def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
     """The int8 matrix [K, N] in the micro-kernel's layout (module docstring): int8 quads,
-    or int16 pairs."""
+    or the pairs layout's panels, each its main part and its remainder entries."""
     k, n = b.shape
     groups, panels = -(-k // 4), -(-n // NR)
-    padded = np.zeros((groups * 4, panels * NR), np.int16 if pairs else np.int8)
-    padded[:k, :n] = b
-    if pairs:  # [KP/2, 2, P, 4, CHUNK] -> [P, 4, KP/2, CHUNK, 2]
-        shape = (groups * 2, 2, panels, NR // CHUNK, CHUNK)
-        return np.ascontiguousarray(padded.reshape(shape).transpose(2, 3, 0, 4, 1)).reshape(-1)
-    # [G, 4, P, NR] -> [P, G, NR, 4]
-    return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
+    if not pairs:  # [G, 4, P, NR] -> [P, G, NR, 4]
+        padded = np.zeros((groups * 4, panels * NR), np.int8)
+        padded[:k, :n] = b
+        return np.ascontiguousarray(padded.reshape(groups, 4, panels, NR).transpose(2, 0, 3, 1)).reshape(-1)
+    main, rest = split_pairs(b)
+
+    def slices(part):  # [G, 4, P, 4, CHUNK] -> [P, 4, G, CHUNK, 4]
+        padded = np.zeros((groups * 4, panels * NR), np.int8)
+        padded[:k, :n] = part
+        shape = (groups, 4, panels, NR // CHUNK, CHUNK)
+        return np.ascontiguousarray(padded.reshape(shape).transpose(2, 3, 0, 4, 1)).reshape(panels, -1)
+    mains = slices(main)
+    capacity = remainder_capacity(b)
+    if capacity == DENSE:  # each panel's main part, then its remainder in the same layout
+        return np.concatenate([mains, slices(rest)], axis=1).reshape(-1)
+    stride = panel_bytes(groups, True, capacity)
+    out = np.zeros((panels, stride), np.uint8)
+    out[:, :mains.shape[1]] = mains.view(np.uint8)
+    rows, cols = np.nonzero(rest)
+    for panel in range(panels):
+        mine = (cols >= panel * NR) & (cols < (panel + 1) * NR)
+        r, c = rows[mine], cols[mine]
+        words = (r.astype(np.uint32) | ((c - panel * NR).astype(np.uint32) << 16)
+                 | (rest[r, c].view(np.uint8).astype(np.uint32) << 24))
+        block = np.concatenate([np.array([len(words)], np.uint32), words.astype(np.uint32)])
+        out[panel, mains.shape[1]:mains.shape[1] + 4 * block.size] = block.view(np.uint8)
+    return out.reshape(-1).view(np.int8)
 
 
-def panel_bytes(groups: int, pairs: bool) -> int:
-    """The bytes of one packed panel of B with ``groups`` groups of four rows of K."""
-    return groups * NR * 4 * (2 if pairs else 1)
+def panel_bytes(groups: int, pairs: bool, capacity: int = 0) -> int:
+    """The bytes of one packed panel of B with ``groups`` groups of four rows of K; in the
+    pairs layout, with room for ``capacity`` remainder entries (remainder_capacity), or with
+    the remainder whole (DENSE)."""
+    if not pairs:
+        return groups * NR * 4
+    if capacity == DENSE:
+        return 2 * groups * NR * 4
+    return -(-(groups * NR * 4 + 4 + 4 * capacity) // 64) * 64
 
 
 def columns(n: int) -> Struct:
@@ -164,68 +236,82 @@ def vnni_sums(tile_rows: int, groups: int, loads: list[str], row_bytes, vector_u
     }}"""
 
 
-def pair_sums(kp: int) -> str:
+def pair_sums(kp: int, capacity: int) -> str:
     """C for the AVX2 micro-kernel over the pairs layout (module docstring): the body of
-    ``q_dots``. Per block of PAIR_BLOCK pairs of K, the tile's rows of A are widened to int16
-    (rows past ``rows`` stay 0: they are never read from A); then per slice of CHUNK
-    columns, MR rows x 2 vectors of int32 sums, each pair of A broadcast as one 32-bit lane
-    and multiplied by a vector of B's pairs with ``vpmaddwd`` (int16 x int16, two products
-    summed into int32: exact). The loop's count is hidden from the optimizer, as in
-    vnni_sums."""
-    pairs = kp // 2
+    ``q_dots``. Per slice of CHUNK columns, MR rows x 2 vectors of int32 sums: per group of
+    four rows of K, each row's four bytes of A broadcast to every 32-bit lane,
+    ``vpmaddubsw`` by a vector of the main part's bytes (no pair can saturate), then
+    ``vpmaddwd`` by ones sums each lane's two pairs into int32. The panel's remainder
+    entries come first, each added to its column of every row of ``acc``, zeroed by 32-bit
+    stores, and the sums are added to them: a 32-bit load of a value a vector store has just
+    written waits for the store to reach the cache (the entries added after the products'
+    vector stores ran three to five times slower on Zen 3), and by the time the sums are
+    added the entries' stores have long left. Rows past ``rows`` read row 0 again (A has no
+    bytes beyond its rows) and are never read back. The loop's count is hidden from the
+    optimizer, as in vnni_sums."""
+    groups = kp // 4
     names = [[f"c{r}_{h}" for h in range(2)] for r in range(MR)]
-    declare = ", ".join(n for row in names for n in row)
-    load = " ".join(f"memcpy(&{n}, acc[{r}] + col + {8 * h}, 32);" for r, row in enumerate(names)
-                    for h, n in enumerate(row))
+    declare = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
                      for h, n in enumerate(row))
+    if capacity > 0:  # the sums added to the entries' (below), if the panel has any
+        added = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
+                         f"memcpy(acc[{r}] + col + {8 * h}, &t, 32); }}" for r, row in enumerate(names)
+                         for h, n in enumerate(row))
+        store = f"if (count) {{ {added} }} else {{ {store} }}"
     products = "\n".join(
-        f"                {{ int32_t two; memcpy(&two, wa[{r}] + 2 * p, 4); const q_v8i s = {{two, two, two, two, two, two, two, two}}; "
-        f"{row[0]} += __builtin_ia32_pmaddwd256(v0, (q_v16s)s); {row[1]} += __builtin_ia32_pmaddwd256(v1, (q_v16s)s); }}"
+        f"                    {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
+        f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v0), ones); "
+        f"{row[1]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v1), ones); }}"
         for r, row in enumerate(names))
+    rows_at = " ".join(f"const uint8_t *ar{r} = a + (rows > {r} ? {r * kp} : 0);" for r in range(MR))
+    remainder = "" if capacity in (0, DENSE) else f"""
+    const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, then the entries */
+    const uint32_t count = rest[0];
+    if (count)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
+        for (int r = 0; r < {MR}; r++)
+            for (int col = 0; col < {NR}; col++) ((volatile int32_t *)acc[r])[col] = 0;
+    for (uint32_t e = 1; e <= count; e++) {{  /* every row, unrolled: rows past ``rows`` are never read */
+        uint32_t entry = rest[e];
+        int32_t k = (int32_t)(entry & 0xffff), col = (int32_t)((entry >> 16) & 63), value = (int8_t)(entry >> 24);
+        {" ".join(f"acc[{r}][col] += (int32_t)ar{r}[k] * value;" for r in range(MR))}
+    }}"""
     return f"""typedef int16_t q_v16s __attribute__((vector_size(32)));
     typedef int32_t q_v8i __attribute__((vector_size(32)));
-    const int16_t *b16 = (const int16_t *)bp;  /* the constant's alignment: float32 */
-    int16_t wa[{MR}][{2 * min(pairs, PAIR_BLOCK)}];
-    for (int r = rows; r < {MR}; r++) memset(wa[r], 0, sizeof wa[r]);  /* only the tail sliver's */
-    for (int64_t k0 = 0; k0 < {pairs}; k0 += {PAIR_BLOCK}) {{
-        int64_t count = {pairs} - k0 < {PAIR_BLOCK} ? {pairs} - k0 : {PAIR_BLOCK};
-        for (int r = 0; r < rows; r++)
-            for (int64_t t = 0; t < 2 * count; t++) wa[r][t] = a[r * {kp} + 2 * k0 + t];
-        for (int col = 0; col < {NR}; col += {CHUNK}) {{
-            const int16_t *bc = b16 + ((col / {CHUNK}) * {pairs} + k0) * {2 * CHUNK};
-            q_v8i {declare};
-            if (k0 == 0) {{
-                {declare.replace(", ", " = ")} = (q_v8i){{0}};
-            }} else {{
-                {load}
-            }}
-            int64_t n = count;
+    typedef char q_v32b __attribute__((vector_size(32)));
+    const q_v16s ones = {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}};
+    {rows_at}{remainder}
+    for (int col = 0; col < {NR}; col += {CHUNK}) {{
+        q_v8i {declare};
+        for (int part = 0; part < {2 if capacity == DENSE else 1}; part++) {{  /* the main part, then a DENSE remainder */
+            const int8_t *bc = bp + part * {groups * NR * 4} + (col / {CHUNK}) * {groups * CHUNK * 4};
+            int64_t n = {groups};
             __asm__("" : "+r"(n));  /* an unknown count to the optimizer (see vnni_sums) */
-            for (int64_t p = 0; p < n; p++) {{
-                q_v16s v0, v1;
-                memcpy(&v0, bc + p * {2 * CHUNK}, 32);
-                memcpy(&v1, bc + p * {2 * CHUNK} + 16, 32);
+            for (int64_t g = 0; g < n; g++) {{
+                q_v32b v0, v1;
+                memcpy(&v0, bc + g * {CHUNK * 4}, 32);
+                memcpy(&v1, bc + g * {CHUNK * 4} + 32, 32);
 {products}
             }}
-            {store}
         }}
+        {store}
     }}"""
 
 
-def dots_source(kp: int, groups: int, pairs: bool = False) -> str:
+def dots_source(kp: int, groups: int, pairs: bool = False, capacity: int = 0) -> str:
     """File-scope C: ``q_dots(a, bp, rows, acc)``, the int32 dot products of ``rows`` (at
     most MR) u8 rows of A, ``kp`` bytes apart, with one panel of packed B (``groups``
-    groups of four rows of K, in the pairs layout when ``pairs``), into ``acc[MR][NR]``."""
+    groups of four rows of K, in the pairs layout when ``pairs``, its panels with room for
+    ``capacity`` remainder entries), into ``acc[MR][NR]``."""
     if pairs:
         return f"""#if !defined(__AVX2__)
-#error "B packed as int16 pairs for AVX2, built for a target without it"
+#error "B packed in pairs for AVX2, built for a target without it"
 #endif
 /* int32 dot products of ``rows`` quantized rows with one panel of B, into acc[MR][NR] (rows
- * past ``rows`` hold 0); out of line, as below */
+ * past ``rows`` hold anything); out of line, as below */
 static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp, int rows,
                                                          int32_t acc[{MR}][{NR}]) {{
-    {pair_sums(kp)}
+    {pair_sums(kp, capacity)}
 }}
 
 """
@@ -254,9 +340,9 @@ static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp,
 """
 
 
-def source(m: int, n: int, k: int, name: str, pairs: bool = False) -> str:
+def source(m: int, n: int, k: int, name: str, pairs: bool = False, capacity: int = 0) -> str:
     """File-scope C defining ``void name(A, Bp, table, Y, scratch)``, B packed in the pairs
-    layout when ``pairs``."""
+    layout when ``pairs``, with room for ``capacity`` remainder entries a panel."""
     kp = -(-k // 4) * 4
     groups = kp // 4
     panels = -(-n // NR)
@@ -301,7 +387,7 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-{dots_source(kp, groups, pairs)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
+{dots_source(kp, groups, pairs, capacity)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
 static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const q_job *j = ctx;
     int32_t acc[{MR}][{NR}];
@@ -312,18 +398,24 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
         const uint8_t *a = j->aq + i0 * {kp};
-        const int8_t *bp = j->b + q * {panel_bytes(groups, pairs)};
+        const int8_t *bp = j->b + q * {panel_bytes(groups, pairs, capacity)};
         q_dots(a, bp, rows, acc);
         const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
         const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
         int32_t za = j->azero, kza = {k} * za;
+        int32_t fixed[{NR}];  /* the terms no row changes, and each column's scale, once a tile */
+        float scale[{NR}];
+        for (int col = 0; col < {NR}; col++) {{
+            fixed[col] = kza * zb[col] - za * cs[col];
+            scale[col] = j->scale * bs[col];
+        }}
         for (int r = 0; r < rows; r++) {{
             int32_t rs = j->rowsum[i0 + r];
             float *y = j->y + (i0 + r) * {n} + q * {NR};
             float t[{NR}];
             for (int col = 0; col < {NR}; col++) {{
-                int32_t exact = acc[r][col] - zb[col] * rs - za * cs[col] + kza * zb[col];
-                t[col] = (float)exact * (j->scale * bs[col]);
+                int32_t exact = acc[r][col] - zb[col] * rs + fixed[col];
+                t[col] = (float)exact * scale[col];
             }}
             /* the product rounded on its own, then the bias added, as the unfused graph
              * computes it: the compiler may not contract the two into one multiply-add */
@@ -387,11 +479,11 @@ def emit(w, node) -> None:
     k, n = bv.shape
     value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
     pairs = pairs_layout(w.vl)
-    bp = w.pack(b, "int16 pair panels" if pairs else "int8 panels", as_floats(pack_b(bv, pairs)))
+    bp = w.pack(b, "int8 bounded pair panels" if pairs else "int8 panels", as_floats(pack_b(bv, pairs)))
     table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]
     m = math.prod(w.shape(a)[:-1])
     code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, {scratch_arg(scratch_bytes(m, k))});"
     w.step(code, [a, (bp, "const int8_t *"), (table, columns(n).pointer)], [out], scratch_bytes(m, k),
-           support=source(m, n, k, ENTRY, pairs))
+           support=source(m, n, k, ENTRY, pairs, remainder_capacity(bv) if pairs else 0))
