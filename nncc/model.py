@@ -250,7 +250,8 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
     or a detached process) through the cache, and the shape gets a portable plan of its own
     on its second run (nncc.runtime.specialize, nncc.preparing.shapes). A batch dimension
     that is a sample axis (nncc.runtime.sample_axis) runs every size through the plan for
-    one sample, one cache entry (``use_cache=False``: compiled now, as compile_model does).
+    one sample, one cache entry (``use_cache=False``: compiled now, as compile_model does),
+    until the size's own native plan, asked for on its first run, is built.
     ``dims={"H": [480, 640]}`` (lists of sizes) builds each combination's optimized entry
     now, then prepares the model for every size (nncc.preparing.size_lists).
     ``settings``: the command's resolved settings (nncc.settings.CacheSettings), else

@@ -284,6 +284,31 @@ def test_prepare_builds_the_plan_for_one_sample_in_the_background(tmp_path, monk
     assert model.last_run_native_partitions >= 1
 
 
+@pytest.mark.slow
+@needs_cc
+def test_a_later_process_runs_the_batch_size_an_earlier_one_ran_through_its_own_plan(tmp_path, monkeypatch):
+    """The first process of a batch size asks for that size's own native plan as well as the
+    plan for one sample, so a later process's prepare keeps it and its first run of that
+    size needs no lookup, no sample-axis analysis and no loop."""
+    import threading
+
+    monkeypatch.setenv("NNCC_UPGRADE_AFTER", "0")
+    path = tmp_path / "mlp.onnx"
+    builder = mlp(path)
+    cache = tmp_path / "cache"
+    first, _ = prepare(path, cache_dir=cache)
+    _check(first, path, _feeds(builder, {"x0": {0: 5}}, seed=1))
+    for thread in threading.enumerate():
+        if thread.name.startswith("nncc-"):
+            thread.join()
+    later, outcome = prepare(path, cache_dir=cache)
+    assert outcome.outcome == "hit"
+    assert ((5, 16),) in later.shape_plans, later.shape_plans  # kept by the prepare, before any run
+    _check(later, path, _feeds(builder, {"x0": {0: 5}}, seed=2))
+    assert later.last_run_native_partitions >= 1
+    assert later.shape_plans[-1] == ((5, 16),)  # its own plan ran, not the loop over the plan for one sample
+
+
 def test_inspect_says_which_dims_are_sample_axes(tmp_path, cli):
     import json
 

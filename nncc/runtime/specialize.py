@@ -115,6 +115,7 @@ class ShapePlans:
         # ``builds_native``: whether a plan for one sample is worth asking for at all
         self.natives = natives
         self._native_requests = 0
+        self._requested: set[frozenset] = set()  # the sizes whose native plan was asked for
         self._lookups = 0
         self._separations: dict[tuple, object] = {}  # (dim, other sizes) -> Separation or None
         self.rejections: dict[tuple, str] = {}  # (dim, other sizes) -> why it is no sample axis
@@ -163,6 +164,11 @@ class ShapePlans:
                 self._keep(key, found)
                 return found
         loop = self._sample_loop(key, dims)  # or the plan of one sample, for any count of them
+        if seen == 1 and dims is not None and self.natives.exact:
+            # the entry a later process wants: loaded while it prepares, its first run of this
+            # shape then needs no lookup, no sample-axis analysis and no loop; here too, once
+            # built, it replaces the loop or the general plan
+            self._request_native(key, dims)
         if loop is not None:
             if seen >= SEEN_BEFORE_SPECIALIZING:  # a size that recurs: its own plan, batched, in the background,
                 portable = self._build(key)  # and meanwhile the faster of the loop and its portable plan
@@ -175,8 +181,6 @@ class ShapePlans:
                     self._request_native(key, dims)
             return loop
         if seen < SEEN_BEFORE_SPECIALIZING:
-            if dims is not None and self.natives.exact and not self._separates(dims):
-                self._request_native(key, dims)  # the entry is what a later process wants
             return self.general
         executor = self._build(key)
         with self._lock:
@@ -235,10 +239,6 @@ class ShapePlans:
 
         return batch_candidates(self.general.plan, [slot for slot, _ in self._dynamic])
 
-    def _separates(self, dims: dict[str, int]) -> bool:
-        """Whether these sizes run through a sample loop (found, or on its way)."""
-        return self.natives.builds_native and any(self._separation(dims, name) is not None for name in self._candidates())
-
     def _separation(self, dims: dict[str, int], name: str):
         """The Separation of dimension ``name`` at the other sizes of ``dims``, or None;
         analysed once per name and other sizes (nncc.runtime.sample_axis)."""
@@ -290,6 +290,7 @@ class ShapePlans:
                     self._loops[rest] = SampleLoop(found, separation, self.general)
                 elif self.natives.exact and self._native_requests < self.limit:
                     self._native_requests += 1
+                    self._requested.add(frozenset(one.items()))
                     self.natives.build(one, lambda executor: self._deliver_loop(rest, separation, executor))
             return self._loops[rest]
         return None
@@ -330,10 +331,13 @@ class ShapePlans:
 
     def _request_native(self, key: tuple, dims: dict[str, int]) -> None:
         """Ask for the shape's native plan, at most ``limit`` times per model: each is a
-        compile, and a workload of ever-new shapes must not turn into a compile per run."""
-        if self._native_requests >= self.limit:
+        compile, and a workload of ever-new shapes must not turn into a compile per run; once
+        per sizes (the plan for one sample may be the very one)."""
+        sizes = frozenset(dims.items())
+        if self._native_requests >= self.limit or sizes in self._requested:
             return
         self._native_requests += 1
+        self._requested.add(sizes)
         self.natives.build(dims, lambda executor: self._deliver(key, executor))
 
     def _deliver(self, key: tuple, executor) -> None:
