@@ -7,6 +7,7 @@
 #define NNX_HEADER 128
 #define NNX_PUBLIC __attribute__((visibility("default")))
 #define NNX_MAGIC "NNCCWTS"  /* and a zero byte */
+#define NNX_STATUS_SCRATCH 2  /* the generated code's status when a step's scratch could not be allocated */
 
 struct NNX_STRUCT {
     const unsigned char *file;  /* the weights file's bytes: mapped, or the library's own */
@@ -252,6 +253,11 @@ NNX_PUBLIC int NNX_API(run_batch)(NNX_STRUCT_T *model, int64_t n, const float *c
     }
     pthread_mutex_unlock(&nnx_lock);
     free(scratch);
+    if (status == NNX_STATUS_SCRATCH) {  /* the step computed nothing: not a result to hand back */
+        if (n == 1) return nnx_fail(NNX_ERR(MEMORY), "out of memory for a step's scratch");
+        return nnx_fail(NNX_ERR(MEMORY), "out of memory for a step's scratch on sample %lld of %lld",
+                        (long long)(b - 1), (long long)n);
+    }
     if (status) {
         if (n == 1) return nnx_fail(NNX_ERR(RUN), "the model's code failed with status %d", status);
         return nnx_fail(NNX_ERR(RUN), "the model's code failed with status %d on sample %lld of %lld", status,
