@@ -122,6 +122,7 @@ def test_a_prepare_returns_with_the_seen_shapes_plan_loaded_so_the_run_needs_no_
     np.testing.assert_allclose(np.load(tmp_path / "hidden.npy"), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @needs_cc
 def test_a_prepare_keeps_the_plan_of_a_shape_the_cache_holds_so_its_first_run_looks_nothing_up(tmp_path):
     """The plan of a shape the cache holds (an earlier process ran it; here stored for S=13

@@ -80,6 +80,7 @@ def test_grouped_pointwise_layers_run_without_blas(case):
     assert not _blas_steps(m, 8) and not _blas_steps(m, 16)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: the native backend takes nothing")
 @pytest.mark.parametrize("case", sorted(POINTWISE))
 def test_grouped_pointwise_layers_match_onnxruntime(tmp_path, case):

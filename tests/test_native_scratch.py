@@ -65,6 +65,7 @@ def _pool_threads(model) -> int:
     return model._executor.loaded["native"].threads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_sharing_a_threads_scratch_match_onnxruntime_run_after_run(tmp_path, threads):
     if blas_threads() is None:
@@ -142,6 +143,7 @@ def _big_depthwise(tmp_path):
     return path, m.feeds
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="the child reads its address space's size there")
 @pytest.mark.parametrize("make, threads", [(_big_attention, 2), (_big_depthwise, 1)], ids=["attention", "depthwise"])
 def test_a_run_whose_scratch_cannot_be_allocated_fails_in_one_line(tmp_path, make, threads):

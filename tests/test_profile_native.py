@@ -32,6 +32,7 @@ def model(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_toolchain() is None, reason="no C compiler: there is no native code to profile")
 def test_the_batch_comes_from_dim_or_from_the_feeds(tmp_path, model):
     by_dim = _profile(model, "--dim", "n=2")

@@ -95,6 +95,7 @@ def _run_together(jobs) -> list:
     return results
 
 
+@pytest.mark.slow
 def test_one_prepared_model_runs_from_four_threads_at_once(tmp_path):
     if blas_threads() is None:
         pytest.skip("numpy's BLAS here has no known thread-count entry point: the pool's size cannot be set")
