@@ -32,6 +32,10 @@ from nncc.runtime.expansion import expanded, is_broadcast
 from nncc.runtime.feeds import FeedChecker, as_value, check_feeds
 from nncc.util.limits import LimitError, check_bytes
 
+# a one-call program's outputs up to this many bytes are made when it is built, not by its
+# first run (for a model that runs in microseconds their allocation and first touch count)
+FIRST_OUTPUTS_AHEAD = 4 << 20
+
 
 class Executor:
     def __init__(self, plan: Plan, loaded: dict | None = None, shared: "Executor | None" = None):
@@ -130,12 +134,18 @@ class Executor:
         bind = getattr(fn, "bind_constants", None)
         if bind is not None:  # the constants' addresses taken now, not by the first run
             bind({i: constant for i, (name, constant) in enumerate(arguments) if name is None})
-        # the first run's outputs allocated now (and faulted in with the arena, nncc.model.scratch),
-        # their addresses taken: the caller owns them after that run, and later runs get fresh ones
-        self.first_outputs = _outputs_for(planned, None)
-        bind = getattr(fn, "bind_outputs", None)
-        if bind is not None:
-            bind(self.first_outputs)
+        # small outputs, the first run's, allocated now (and faulted in with the arena,
+        # nncc.model.scratch), their addresses taken: the caller owns them after that run,
+        # and later runs get fresh ones. Larger ones are left to the run: their allocation is
+        # a small part of it, and a plan whose outputs could never be allocated (a run would
+        # refuse its inputs first) must still load
+        fresh = sum(math.prod(shape) * np.dtype(dtype).itemsize for s, view, shape, dtype in planned
+                    if s >= 0 and view is None)
+        if fresh <= FIRST_OUTPUTS_AHEAD:
+            self.first_outputs = _outputs_for(planned, None)
+            bind = getattr(fn, "bind_outputs", None)
+            if bind is not None:
+                bind(self.first_outputs)
         return fn, ctx, arguments, planned, results
 
     def _program(self, loaded) -> list[Call]:

@@ -40,7 +40,7 @@ def populate(buffer, write: bool = False) -> bool:
     """Map every page of ``buffer`` (an mmap, or an array or other buffer over memory this
     process owns) now: read-only for a file mapping, writable (``write``) for scratch
     memory such as an arena. Whether the kernel did; never raises."""
-    if buffer is None or isinstance(buffer, (bytes, bytearray)) or not len(buffer):
+    if buffer is None or isinstance(buffer, (bytes, bytearray)) or not _size(buffer):
         return False
     try:
         view = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer
@@ -63,10 +63,15 @@ def populate_in_background(buffers: list[tuple[object, bool]]) -> threading.Thre
     """``populate`` each (buffer, write) in a daemon thread, in order; the thread, or None
     when there is nothing to do. A run that starts meanwhile is not held up: it faults in
     what it touches first itself."""
-    buffers = [(b, w) for b, w in buffers if b is not None and not isinstance(b, (bytes, bytearray)) and len(b)]
+    buffers = [(b, w) for b, w in buffers if b is not None and not isinstance(b, (bytes, bytearray)) and _size(b)]
     if not buffers:
         return None
     thread = threading.Thread(target=lambda: [populate(b, w) for b, w in buffers], name="nncc-prefault",
                               daemon=True)
     thread.start()
     return thread
+
+
+def _size(buffer) -> int:
+    """Its bytes: an array's (a 0-d one, a model's scalar output, has no len), else its length."""
+    return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
