@@ -333,8 +333,7 @@ class ShapeExecutors:
         """The plans the load ahead found, (sizes, executor) most recently used first; a
         ``find`` of those sizes still gets them (a sample loop asks for the plan of one
         sample by its sizes). Called once the load is over."""
-        return [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items()
-                if ahead.done.is_set() and ahead.loaded and ahead.executor is not None]
+        return [(dict(dims), ahead.executor) for dims, ahead in self._ahead.items() if ahead.executor is not None]
 
     def find(self, dims):
         self._guessed.wait()
