@@ -23,6 +23,7 @@ import ctypes
 import functools
 import glob
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -148,24 +149,33 @@ def limit_blas_threads(n: int | None) -> Iterator[bool]:
 
 
 class one_blas_thread:
-    """BLAS at one thread for a block, then as it was (``active=False``: nothing). Cheaper
-    than limit_blas_threads on a hot path: the count is read once per process."""
+    """BLAS at one thread for a block, then as it was (``active=False``: nothing). Blocks on
+    several threads at once (one model run from two threads, or two models) nest: BLAS's
+    count is process-wide, so it is set to one when the first block enters and restored
+    only when the last one leaves, never in the middle of another thread's block."""
 
     __slots__ = ("active",)
     _previous: int | None = None
+    _inside = 0  # blocks entered and not yet left, over every thread
+    _lock = threading.Lock()
 
     def __init__(self, active: bool):
         self.active = active
 
     def __enter__(self):
         if self.active:
-            if one_blas_thread._previous is None:
-                one_blas_thread._previous = blas_threads() or 1
-            set_blas_threads(1)
+            with one_blas_thread._lock:
+                one_blas_thread._inside += 1
+                if one_blas_thread._inside == 1:
+                    one_blas_thread._previous = blas_threads()
+                    set_blas_threads(1)
 
     def __exit__(self, *exc):
-        if self.active and one_blas_thread._previous:
-            set_blas_threads(one_blas_thread._previous)
+        if self.active:
+            with one_blas_thread._lock:
+                one_blas_thread._inside -= 1
+                if one_blas_thread._inside == 0 and one_blas_thread._previous:
+                    set_blas_threads(one_blas_thread._previous)
         return False
 
 
