@@ -31,9 +31,11 @@ from nncc.settings import bound_memory, trust_key_file, value
 from nncc.util.files import read_source
 from nncc.util.notice import warn
 from nncc.util.prefault import populate_in_background
+from nncc.runtime.warm_up import warm_up
 
 
 LOAD_AHEAD = 2  # the shapes of a dynamic model's earlier processes loaded ahead by a prepare, at most
+WARM_UP_PLANS = LOAD_AHEAD  # the shape plans a prepare warms up (nncc.runtime.warm_up), at most
 
 
 class CompiledModel:
@@ -71,6 +73,17 @@ class CompiledModel:
         self._blas_threads = plan.recorded_threads
         self._shape_plans = shape_plans(self._executor, shape_plans_limit, natives)
         self._last = self._executor  # what ran last: the general plan, a shape's own, a sample loop
+        self.warmed_up = 0  # runs on zeros done ahead of the caller's first (warm_up)
+
+    def warm_up(self) -> int:
+        """Run the plans a first run may take on zeros, where that is cheap (a small model
+        that is one native call: nncc.runtime.warm_up), the most recently used last; the
+        runs done. ``prepare`` does it, so that a service's first answer is not its slowest."""
+        executors = [self._executor]
+        if self._shape_plans is not None:
+            executors += self._shape_plans.executors()[-WARM_UP_PLANS:]
+        self.warmed_up = sum(warm_up(executor) for executor in executors)
+        return self.warmed_up
 
     @classmethod
     def from_prepared(cls, prepared, natives=None, shape_plans_limit: int | None = None):
@@ -282,6 +295,7 @@ def prepare(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
         ahead.join()
         if model._shape_plans is not None:  # kept now: a seen shape's first run finds its plan as a later run does
             model._shape_plans.adopt(natives.loaded_ahead())
+    model.warm_up()
     return model, outcome
 
 

@@ -139,6 +139,10 @@ class Executor:
         # and later runs get fresh ones. Larger ones are left to the run: their allocation is
         # a small part of it, and a plan whose outputs could never be allocated (a run would
         # refuse its inputs first) must still load
+        self._make_first_outputs(fn, planned)
+        return fn, ctx, arguments, planned, results
+
+    def _make_first_outputs(self, fn, planned) -> None:
         fresh = sum(math.prod(shape) * np.dtype(dtype).itemsize for s, view, shape, dtype in planned
                     if s >= 0 and view is None)
         if fresh <= FIRST_OUTPUTS_AHEAD:
@@ -146,7 +150,17 @@ class Executor:
             bind = getattr(fn, "bind_outputs", None)
             if bind is not None:
                 bind(self.first_outputs)
-        return fn, ctx, arguments, planned, results
+
+    @property
+    def runs_as_one_call(self) -> bool:
+        """Whether a run fed plain arrays is one call of native code and nothing else."""
+        return self._one_call is not None
+
+    def remake_first_outputs(self) -> None:
+        """Make the next run's outputs ahead again (after a run nobody asked for took them)."""
+        if self._one_call is not None and self.first_outputs is None:
+            fn, _, _, planned, _ = self._one_call
+            self._make_first_outputs(fn, planned)
 
     def _program(self, loaded) -> list[Call]:
         """The calls this executor runs: each partition's unit, made by the backend that

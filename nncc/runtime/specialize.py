@@ -132,6 +132,10 @@ class ShapePlans:
         """The input shapes that have a plan of their own, least recently used first."""
         return [key for key, executor in self._plans.items() if executor is not None]
 
+    def executors(self) -> list:
+        """The plans of those shapes, in the same order."""
+        return [executor for executor in self._plans.values() if executor is not None]
+
     def executor_for(self, feeds) -> object:
         """The executor for these feeds: a specialised one when their shapes have (or now
         get) one, the general one otherwise (and for anything but plain arrays)."""
