@@ -15,8 +15,8 @@ warm-up does. It is done only where it is cheap and changes nothing a caller see
   so its run is short;
 - at most ``WARM_UP_RUNS`` runs, stopping once they took ``WARM_UP_SECONDS``;
 - any failure (zeros a kernel refuses) ends it silently: a real run reports its own;
-- the outputs made ahead for the first run are made again, so the caller's first results
-  are arrays no warm-up wrote into and nothing keeps.
+- the outputs made ahead for the first run are made again (and faulted in), so the
+  caller's first results are arrays no warm-up wrote into and nothing keeps.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import math
 import time
 
 import numpy as np
+
+from nncc.util.prefault import populate
 
 WARM_UP_BYTES = 2 << 20
 WARM_UP_RUNS = 6
@@ -67,4 +69,6 @@ def warm_up(executor) -> int:
     except Exception:  # noqa: BLE001 - a warm-up never fails a prepare: the caller's run reports its own
         pass
     executor.remake_first_outputs()
+    for array in executor.first_outputs or ():  # faulted in now, as the ones the runs took were
+        populate(array, write=True)
     return runs
