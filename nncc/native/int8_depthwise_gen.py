@@ -202,22 +202,44 @@ static inline float q_centred(float v, float inv, float lo, float hi) {{
     return q != q ? lo : q;  /* NaN: the lowest value, as the portable kernel */
 }}
 
-/* n bytes less the centre (x_zero plus the bytes' shift): q - x_zero */
-static inline void qd_widen(int16_t *dst, const uint8_t *src, int64_t n, int32_t centre) {{
-    for (int64_t i = 0; i < n; i++) dst[i] = (int16_t)(src[i] - centre);
-}}
-/* the same for a row's even bytes into `even` and its odd ones into `odd` (stride 2's phases) */
+/* n bytes less the centre (x_zero plus the bytes' shift): q - x_zero; 16 at a time, the
+ * last 16 overlapping their predecessors */
+typedef uint8_t qd_bytes __attribute__((vector_size(16)));
 typedef uint16_t qd_words __attribute__((vector_size(32)));
 typedef int16_t qd_halves __attribute__((vector_size(32)));
+static inline void qd_widen16(int16_t *dst, const uint8_t *src, int32_t centre) {{
+    qd_bytes b;
+    memcpy(&b, src, sizeof b);
+    const qd_halves v = __builtin_convertvector(b, qd_halves) - (int16_t)centre;
+    memcpy(dst, &v, sizeof v);
+}}
+static inline void qd_widen(int16_t *dst, const uint8_t *src, int64_t n, int32_t centre) {{
+    if (n < 16) {{
+        for (int64_t i = 0; i < n; i++) dst[i] = (int16_t)(src[i] - centre);
+        return;
+    }}
+    for (int64_t i = 0;; i += 16) {{
+        if (i + 16 > n) i = n - 16;
+        qd_widen16(dst + i, src + i, centre);
+        if (i + 16 >= n) return;
+    }}
+}}
+/* the same for a row's even bytes into `even` and its odd ones into `odd` (stride 2's phases) */
+static inline void qd_split16(int16_t *even, int16_t *odd, const uint8_t *src, int32_t centre) {{
+    qd_words words;
+    memcpy(&words, src, sizeof words);
+    const qd_halves e = (qd_halves)(words & 0xff) - (int16_t)centre, o = (qd_halves)(words >> 8) - (int16_t)centre;
+    memcpy(even, &e, sizeof e);
+    memcpy(odd, &o, sizeof o);
+}}
 static inline void qd_split(int16_t *even, int16_t *odd, const uint8_t *src, int64_t n, int32_t centre) {{
     int64_t k = 0;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__  /* a word's low byte is the even one */
-    for (; 2 * (k + 16) <= n; k += 16) {{
-        qd_words words;
-        memcpy(&words, src + 2 * k, sizeof words);
-        const qd_halves e = (qd_halves)(words & 0xff) - (int16_t)centre, o = (qd_halves)(words >> 8) - (int16_t)centre;
-        memcpy(even + k, &e, sizeof e);
-        memcpy(odd + k, &o, sizeof o);
+    for (; 2 * (k + 16) <= n; k += 16) qd_split16(even + k, odd + k, src + 2 * k, centre);
+    if (k > 0 && k < n / 2) {{  /* the last whole pairs: a vector that overlaps its predecessor */
+        k = n / 2 - 16;
+        qd_split16(even + k, odd + k, src + 2 * k, centre);
+        k = n / 2;
     }}
 #endif
     for (int64_t i = k; i < (n + 1) / 2; i++) even[i] = (int16_t)(src[2 * i] - centre);
