@@ -28,6 +28,7 @@ from nncc.native.kernel import scratch_arg
 _VEC = 16  # output positions per vector: 16 int16 lanes of an AVX2 register
 _BLOCK = 512  # output positions (row length wps) summed per block of short output rows
 _UNROLLED_PAIRS = 32  # kernels up to this many tap pairs are written out, larger ones loop
+_STAGE = 8192  # a channel of short rows up to this many pixels is widened as one run (on the stack)
 
 
 def depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl) -> tuple[int, int]:
@@ -82,7 +83,8 @@ def _phase_columns(w, pl, sw, wps, ph) -> tuple[int, int]:
 def _fill(h, w, pt, pl, sh, sw, hps, wps, byte_in) -> str:
     """C that writes the channel's image rows into their phase planes, each row's border
     columns zeroed around its pixels. Bytes go straight in, widened (two phases: the even
-    and odd bytes of each 16-bit word, a mask and a shift); floats are recovered into `line`
+    and odd bytes of each 16-bit word, a mask and a shift), or, rows shorter than a vector,
+    the whole channel's first, then copied row by row; floats are recovered into `line`
     first, then placed."""
     src_type = "uint8_t" if byte_in else "float"
     placed = []
@@ -91,11 +93,27 @@ def _fill(h, w, pt, pl, sh, sw, hps, wps, byte_in) -> str:
         base = f"dst + {ph * hps * wps}"
         placed.append(f"for (int64_t col = 0; col < {lo}; col++) ({base})[col] = 0;")
         placed.append(f"for (int64_t col = {hi}; col < {wps}; col++) ({base})[col] = 0;")
-    if byte_in and sw == 1:
+    staged = ""
+    even = f"dst + {(pl % 2) * hps * wps + pl // 2}"
+    odd = f"dst + {((pl + 1) % 2) * hps * wps + (pl + 1) // 2}"
+    # rows shorter than a vector: the whole channel widened (or split) as one run first
+    stage = byte_in and h * w <= _STAGE and ((sw == 1 and _VEC <= h * w and w < _VEC)
+                                            or (sw == 2 and 2 * _VEC <= h * w and w < 2 * _VEC and w % 2 == 0))
+    channel = f"(const uint8_t *)j->x + ch * {h * w}"
+    if stage and sw == 1:
+        staged = f"""        int16_t stage[{h * w}];
+        qd_widen(stage, {channel}, {h * w}, centre);
+"""
+        placed.append(f"memcpy(dst + {pl}, stage + ih * {w}, {w * 2});")
+    elif stage:
+        staged = f"""        int16_t evens[{h * w // 2}], odds[{h * w // 2}];
+        qd_split(evens, odds, {channel}, {h * w}, centre);
+"""
+        placed.append(f"memcpy({even}, evens + ih * {w // 2}, {w});")
+        placed.append(f"memcpy({odd}, odds + ih * {w // 2}, {w});")
+    elif byte_in and sw == 1:
         placed.append(f"qd_widen(dst + {pl}, src, {w}, centre);")
     elif byte_in and sw == 2:
-        even = f"dst + {(pl % 2) * hps * wps + pl // 2}"
-        odd = f"dst + {((pl + 1) % 2) * hps * wps + (pl + 1) // 2}"
         placed.append(f"qd_split({even}, {odd}, src, {w}, centre);")
     else:
         line = "src" if byte_in else "line"
@@ -107,7 +125,7 @@ def _fill(h, w, pt, pl, sh, sw, hps, wps, byte_in) -> str:
             value = f"({line}[col * {sw} + {ph - pl}]{' - centre' if byte_in else ''})"
             placed.append(f"for (int64_t col = {lo}; col < {hi}; col++) (dst + {ph * hps * wps})[col] = (int16_t){value};")
     body = "\n            ".join(placed)
-    return f"""        for (int64_t ih = 0; ih < {h}; ih++) {{
+    return f"""{staged}        for (int64_t ih = 0; ih < {h}; ih++) {{
             const int64_t r = ih + {pt};
             const {src_type} *src = (const {src_type} *)j->x + ch * {h * w} + ih * {w};
             int16_t *dst = xp + r % {sh} * {sw * hps * wps} + r / {sh} * {wps};
