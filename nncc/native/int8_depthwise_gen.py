@@ -144,9 +144,20 @@ def _vector_sums(pairs: list[tuple[int, int]]) -> str:
                          for k, (o0, o1) in enumerate(pairs))
     return """            for (int64_t k = 0; k < QD_PAIRS; k++) {
                 const qd_v16 x0 = qd_load(a + qd_off[k][0]), x1 = qd_load(a + qd_off[k][1]);
-                lo += __builtin_ia32_pmaddwd256(__builtin_shuffle(x0, x1, QD_LO), wv[k]);
-                hi += __builtin_ia32_pmaddwd256(__builtin_shuffle(x0, x1, QD_HI), wv[k]);
+                const qd_v16 pair = (qd_v16)((qd_v8i){0} + wk[k]);
+                lo += __builtin_ia32_pmaddwd256(__builtin_shuffle(x0, x1, QD_LO), pair);
+                hi += __builtin_ia32_pmaddwd256(__builtin_shuffle(x0, x1, QD_HI), pair);
             }"""
+
+
+def _pair_vectors(count: int) -> str:
+    """C that broadcasts each pair of weights into a vector once per run, when the pairs
+    are written out (a loop over many pairs broadcasts as it goes: no array of them on the
+    stack)."""
+    if count > _UNROLLED_PAIRS:
+        return ""
+    return f"""        qd_v16 wv[{count}];
+        for (int64_t i = 0; i < {count}; i++) wv[i] = (qd_v16)((qd_v8i){{0}} + wk[i]);"""
 
 
 def _vector_store(byte_out: bool) -> str:
@@ -291,8 +302,7 @@ static void qd_run(const int16_t *at, int64_t n, {out_type} *dst, const int32_t 
     int64_t p = 0;
 #if defined(__AVX2__)
     if (n >= {_VEC}) {{
-        qd_v16 wv[QD_PAIRS];
-        for (int64_t i = 0; i < QD_PAIRS; i++) wv[i] = (qd_v16)((qd_v8i){{0}} + wk[i]);
+{_pair_vectors(len(pairs))}
         const qd_v8i start = (qd_v8i){{0}} + bias;
         const qd_v8f m = (qd_v8f){{0}} + k.mult, ylo = (qd_v8f){{0}} + k.ylo, yhi = (qd_v8f){{0}} + k.yhi;
         const qd_v8f yconv = (qd_v8f){{0}} + k.yconv;
