@@ -968,6 +968,82 @@ def qconv_chain(case, rng):
     case.geometry = dict(x=list(case.inputs[x].shape), activations=np.dtype(act).name, layers=layers)
 
 
+def qconv_depthwise(case, rng):
+    """A quantized depthwise convolution (QOperator) at the edges of its integer ranges:
+    kernel 3 or 5 (sometimes 1 or 3x5), stride 1 or 2 (sometimes 3), dilation, uneven pads,
+    rows shorter and longer than a vector of the native kernel (16 positions); its input
+    quantized straight from the float image or, after a 1x1 convolution that quantizes with
+    the scale and zero point it recovers with, read as that one's bytes; activations uint8
+    (zero point 0, 128, 255 or any) or int8 (-128, 0, 127 or any), the input's scale small
+    enough that most bytes saturate at 0 and 255; weights int8 or uint8, per channel or per
+    tensor, at -128 and 127 and about the pairs' saturation bound (|w0| + |w1| = 128), the
+    output saturating at times. Exact, as every quantized convolution is."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 2])
+    c = _choice(rng, [1, 3, 8, 17])
+    kh, kw = _choice(rng, [(3, 3), (3, 3), (5, 5), (1, 1), (3, 5)])
+    stride = _choice(rng, [1, 1, 2, 2, 3])
+    dil = _choice(rng, [1, 1, 1, 2])
+    pads = [int(rng.integers(0, (k - 1) * dil + 1)) for k in (kh, kw, kh, kw)]
+    eh, ew = (kh - 1) * dil + 1, (kw - 1) * dil + 1
+    h = max(1, eh - pads[0] - pads[2]) + int(rng.integers(0, 12))
+    w = max(1, ew - pads[1] - pads[3]) + _choice(rng, [0, 3, 9, 17, 30, 45])
+    act = np.int8 if rng.random() < 0.3 else np.uint8
+    info = np.iinfo(act)
+    x = b.input("x", (n, c, h, w))
+
+    def activation(tag, scale):
+        zero = _choice(rng, [info.min, 0, 128, info.max, int(rng.integers(info.min, info.max + 1))])
+        zero = int(np.clip(zero, info.min, info.max))
+        names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
+        case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
+        return names
+
+    xs, xz = activation("a0", np.float32(rng.uniform(0.004, 0.01)))  # x ~ N(0, 1): many bytes at the ends
+    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    through_bytes = rng.random() < 0.6
+    if through_bytes:  # a 1x1 convolution first: the depthwise one reads its bytes
+        ys, yz = activation("a1", np.float32(rng.uniform(0.05, 0.5)))
+        names = [b.name(short) for short in ("pw", "pws", "pwz")]
+        case.inits[names[0]] = _int8_weights(rng, (c, c, 1, 1), -128, 127).astype(np.int8)
+        case.inits[names[1]] = rng.uniform(0.002, 0.02, c).astype(np.float32)
+        case.inits[names[2]] = np.zeros(c, np.int8)
+        (q,) = b.node("QLinearConv", [q, xs, xz, *names, ys, yz], ["q1"], kernel_shape=[1, 1])
+        xs, xz = ys, yz
+    signed = act == np.int8 or rng.random() < 0.6
+    per_channel = rng.random() < 0.5
+    lo, hi = (-128, 127) if signed else (0, 255)
+    shift = 0 if signed else 128  # uint8 weights: their forms about 128
+    weights = (_int8_weights(rng, (c, 1, kh, kw), lo - shift, hi - shift) + shift).astype(np.int8 if signed else np.uint8)
+    count = c if per_channel else 1
+    w_scale = rng.uniform(0.002, 0.02, count).astype(np.float32).reshape((count,) if per_channel else ())
+    if signed:
+        w_zero = rng.integers(-20, 21, count) if rng.random() < 0.3 else np.zeros(count, np.int64)
+    else:  # onnxruntime takes one uint8 zero point for all channels
+        w_zero = np.full(count, _choice(rng, [0, 128, 255, int(rng.integers(0, 256))]))
+    w_zero = w_zero.astype(weights.dtype).reshape(w_scale.shape)
+    taps = kh * kw
+    x_scale = float(np.asarray(case.inits[xs]))
+    y_scale = np.float32(x_scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(5, 60)))
+    ys, yz = activation("a2", y_scale)
+    names = [b.name(short) for short in ("w", "ws", "wz")]
+    case.inits[names[0]], case.inits[names[1]], case.inits[names[2]] = weights, w_scale, w_zero
+    ins = [q, xs, xz, *names, ys, yz]
+    if rng.random() < 0.7:
+        ins.append(b.name("b"))
+        case.inits[ins[-1]] = rng.integers(-30000, 30000, c).astype(np.int32)
+    (q,) = b.node("QLinearConv", ins, ["q2"], kernel_shape=[kh, kw], strides=[stride, stride],
+                  dilations=[dil, dil], pads=pads, group=c)
+    (y,) = b.node("DequantizeLinear", [q, ys, yz], ["y"])
+    b.output(y)
+    case.terms = taps + 2
+    case.geometry = dict(x=[n, c, h, w], kernel=[kh, kw], stride=stride, dilation=dil, pads=pads,
+                         activations=np.dtype(act).name, through_bytes=through_bytes,
+                         weights="int8" if signed else "uint8", per_channel=per_channel,
+                         w_zero=np.asarray(w_zero).reshape(-1)[:3].tolist())
+
+
 def pointwise_conv(case, rng):
     conv(case, rng, pointwise=True)
 
@@ -1316,6 +1392,8 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
          "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act"]
+KINDS["qconv_depthwise"] = qconv_depthwise
+ROUND.append("qconv_depthwise")
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -1,6 +1,7 @@
-"""The tables the native int8 convolutions read (nncc/native/int8_conv_gen.py and its
-channel-major form, int8_conv_cm.py), each a C struct (nncc/native/c_struct.py) filled at
-compile time: the layer's quantization scalars, then its per-channel arrays.
+"""The tables the native int8 convolutions read (nncc/native/int8_conv_gen.py, its
+channel-major form int8_conv_cm.py, the depthwise int8_depthwise_gen.py), each a C struct
+(nncc/native/c_struct.py) filled at compile time: the layer's quantization scalars, then
+its per-channel arrays.
 
 The scalars: 1 / x_scale (the image's integers are recovered by it), x_zero, x's range, the
 shift that makes x unsigned, y_scale, y_zero and y's range.
@@ -41,9 +42,10 @@ def columns(n: int) -> Struct:
         Field("mult", "float", n)))
 
 
-def depthwise(channels: int, taps: int) -> Struct:
-    """A depthwise convolution: each channel's taps, weights less their zero point (float32:
-    its sums are exact, int8_conv_gen), then per channel the int32 bias and the multiplier."""
-    return Struct(f"nn_q8_depthwise_{channels}x{taps}", SCALARS + (
-        Field("weights", "float", channels * taps), Field("bias", "int32_t", channels),
+def depthwise(channels: int, pairs: int) -> Struct:
+    """A depthwise convolution: each channel's taps in pairs, weights less their zero point
+    as two int16 in an int32 word (int8_depthwise_gen.pair_weights), then per channel the
+    int32 bias and the multiplier."""
+    return Struct(f"nn_q8_depthwise_{channels}x{pairs}p", SCALARS + (
+        Field("pairs", "int32_t", channels * pairs), Field("bias", "int32_t", channels),
         Field("mult", "float", channels)))
