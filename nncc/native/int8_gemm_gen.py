@@ -13,9 +13,9 @@ The product accumulates u8 x s8 in int32: on AVX-512 VNNI with ``vpdpbusd`` (fou
 summed into each int32 lane, no saturation); on AVX2 with ``vpmaddubsw`` (two u8 x s8
 products summed into an int16 lane, saturating) and ``vpmaddwd`` by ones (two int16 lanes
 into int32). Saturation is ruled out at compile time: B is split into a main part whose
-pairs of rows (2p, 2p + 1) have |b0| + |b1| <= PAIR_BOUND in every column, so a pair's sum
-is at most 255 * 128 < 2**15 whatever A holds, and a sparse remainder (one weight of each
-pair over the bound) whose products join the sums exactly, a scalar product per row and
+pairs of rows (2p, 2p + 1) cannot saturate in any column (opposite signs, or the same sign
+with |b0| + |b1| <= PAIR_BOUND, so a pair's sum is within 255 * 128 < 2**15 whatever A
+holds), and a sparse remainder (one weight of each same-sign pair over the bound) whose products join the sums exactly, a scalar product per row and
 entry; elsewhere with plain C that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
 are the epilogue, written once per output element, each rounded as the unfused graph rounds
@@ -55,7 +55,7 @@ NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
 CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
-PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's pairs; 255 * 128 fits int16
+PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's same-sign pairs; 255 * 128 fits int16
 DENSE = -1  # a remainder capacity: the remainder packed whole, as the main part, and multiplied as it is
 ENTRIES_PER_GROUP = 3  # the channel-major form's remainder entries a sliver may have per group of K
 # the GEMM's costs on one Zen 3 core, ns: a remainder entry; zeroing a tile for them; a group of K over a panel
@@ -99,16 +99,21 @@ def pairs_layout(vl: int) -> bool:
 
 
 def split_pairs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(main, rest), int8, main + rest == b: in every column each pair of rows (2p, 2p + 1)
-    of main has |b0| + |b1| <= PAIR_BOUND (B's rows are taken as zero past an odd K). Where
-    b's pair is over, main keeps the larger weight and shrinks the other towards 0 until
-    the pair fits, so rest holds at most one weight of a pair, that one's shrinkage."""
+    """(main, rest), int8, main + rest == b: no pair of rows (2p, 2p + 1) of main can
+    saturate ``vpmaddubsw`` in any column (B's rows are taken as zero past an odd K). The
+    bytes of A are unsigned, so a pair's sum lies between 255 times the sum of its negative
+    weights and 255 times the sum of its positive ones: a pair of opposite signs (or with a
+    0) can never saturate, whatever its weights, and one of the same sign cannot while
+    |b0| + |b1| <= PAIR_BOUND. Where a pair of the same sign is over, main keeps the larger
+    weight and shrinks the other towards 0 until the pair fits, so rest holds at most one
+    weight of a pair, that one's shrinkage. Telling the signs apart halves the remainder of
+    trained weights against bounding every pair's |b0| + |b1|."""
     w = np.zeros((-(-b.shape[0] // 2) * 2, b.shape[1]), np.int32)
     w[:b.shape[0]] = b
     w0, w1 = w[0::2], w[1::2]
     big0 = np.abs(w0) >= np.abs(w1)
     room = PAIR_BOUND - np.maximum(np.abs(w0), np.abs(w1))  # left for the smaller one, >= 0
-    over = np.abs(w0) + np.abs(w1) > PAIR_BOUND
+    over = (np.abs(w0) + np.abs(w1) > PAIR_BOUND) & (np.sign(w0) == np.sign(w1))
     main = w.copy()
     main[0::2] = np.where(over & ~big0, np.sign(w0) * room, w0)
     main[1::2] = np.where(over & big0, np.sign(w1) * room, w1)
