@@ -612,13 +612,14 @@ def attention(case, rng, **given):
 
 def _int8_weights(rng, shape, lo: int, hi: int) -> np.ndarray:
     """int64 weights in [lo, hi] in one of the forms the AVX2 int8 kernel treats apart
-    (int8_gemm_gen.split_pairs, which bounds |w0| + |w1| of each pair of rows by 128 and
-    adds the rest exactly): uniform (about half the pairs past the bound: a remainder
-    multiplied whole); bell-shaped as trained weights are, 1% at the extremes (a sparse
+    (int8_gemm_gen.split_pairs, which bounds |w0| + |w1| of each same-sign pair of rows by
+    128, keeps pairs of opposite signs whole and adds the rest exactly): uniform (about a
+    quarter of the pairs past the bound: a remainder multiplied whole); bell-shaped as trained weights are, 1% at the extremes (a sparse
     one, its entries added one by one);
     drawn from values whose pairs land at, just under and just over the bound (64 + 64,
-    64 + 65, 127 + 1, -128 + 0...); or every weight lo or hi (every pair far over it, and
-    with bytes of 255 the largest sums there are)."""
+    64 + 65, 127 + 1, 127 - 128, -128 + 0...); or every weight lo or hi (half the pairs far
+    over it, the other half kept whole at the extremes of opposite signs, and with bytes of
+    255 the largest sums there are)."""
     form = _choice(rng, ["uniform", "bell", "edge", "extreme"])
     if form == "uniform":
         return rng.integers(lo, hi + 1, shape)
@@ -645,6 +646,10 @@ def dynamic_int8(case, rng):
     per_column = rng.random() < 0.4
     zero_form = _choice(rng, [None, "zero", "scalar", "column"])
     a = b.input("a", (*batch, m, k), -3.0, float(_choice(rng, [3.0, 0.5, 10.0])))
+    extremes = rng.random() < 0.15  # A only at its range's ends: every byte 0 or 255
+    if extremes:
+        values = case.inputs[a]
+        case.inputs[a] = np.where(values < 0.0, values.min(), values.max()).astype(np.float32)
     weights = b.name("b")
     case.inits[weights] = _int8_weights(rng, (k, nn), -128, 127).astype(np.int8)
     scale = b.name("b_scale")
@@ -672,7 +677,8 @@ def dynamic_int8(case, rng):
         b.node("DynamicQuantizeMatMul", ins, ["y"], domain="com.microsoft")
     b.output(y)
     case.terms = k + 1
-    case.geometry = dict(a=[*batch, m, k], N=nn, per_column=per_column, b_zero=zero_form, bias=bool(bias))
+    case.geometry = dict(a=[*batch, m, k], N=nn, per_column=per_column, b_zero=zero_form, bias=bool(bias),
+                         extremes=extremes)
 
 
 # -- elementwise and row-wise ops -----------------------------------------------------------
@@ -868,7 +874,10 @@ def qconv(case, rng):
     m, taps = wshape[0], wshape[1] * wshape[2] * wshape[3]
     n = _choice(rng, [1, 1, 2])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
-    x = b.input("x", (n, c, h, w))
+    # saturating: about half the activations quantize to the ends of their range (bytes 0
+    # and 255 after the kernel's shift), where the AVX2 kernel's pairs sum to the most
+    saturating = rng.random() < 0.2
+    x = b.input("x", (n, c, h, w), -8.0, 8.0) if saturating else b.input("x", (n, c, h, w))
     lo, hi = (-127, 127) if signed else (0, 255)
     shift = 0 if signed else 128  # uint8 weights: their forms about 128, as the kernel shifts them
     weights = (_int8_weights(rng, wshape, lo - shift, hi - shift) + shift).astype(np.int8 if signed else np.uint8)
@@ -909,7 +918,8 @@ def qconv(case, rng):
     (y,) = b.node("DequantizeLinear", [yq, names["ys"], names["yz"]], ["y"])
     b.output(y)
     case.terms = taps + 2
-    case.geometry = dict(form="QDQ" if qdq else "QOperator", x=[n, c, h, w], w=list(wshape), bias=bias,
+    case.geometry = dict(form="QDQ" if qdq else "QOperator", x=[n, c, h, w], saturating=saturating,
+                         w=list(wshape), bias=bias,
                          weights="int8" if signed else "uint8", per_channel=per_channel, asymmetric=asymmetric,
                          **{k: v for k, v in attrs.items() if k != "kernel_shape"})
 

@@ -91,10 +91,10 @@ def _decode_slices(block, groups, panel, out):
                                         (13, 130, "uniform"), (64, 200, "uniform")])
 def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n, form):
     """The pairs layout of the AVX2 kernel, byte by byte as int8_gemm_gen's docstring
-    defines it: per panel, the main part's four slices, then the remainder's count and
-    entries, or, where the entries would cost more than a second pass (uniform weights:
-    about half the pairs over the bound), the remainder's four slices instead. Main plus remainder give B back,
-    and every pair of either has |b0| + |b1| <= 128, so vpmaddubsw cannot saturate."""
+    defines it: per panel, the main part's four slices, then the remainder's count, column
+    mask and entries, or, where the entries would cost more than a second pass (uniform weights:
+    a quarter of the pairs over the bound), the remainder's four slices instead. Main plus remainder give B
+    back, and no pair of either can saturate vpmaddubsw on bytes up to 255."""
     rng = np.random.default_rng(k * n)
     if form == "uniform":
         b = rng.integers(-128, 128, (k, n)).astype(np.int8)
@@ -119,14 +119,23 @@ def test_pairs_layout_holds_each_weight_where_the_kernel_reads_it(k, n, form):
             _decode_slices(block[part:], groups, panel, rest)
             continue
         words = block[part:].view(np.uint32)
-        assert not words[1 + words[0]:].any()  # zeros past the entries
-        for word in words[1:1 + words[0]]:
+        count, touched = int(words[0]), int(words[1]) | int(words[2]) << 32
+        assert not words[3 + count:].any()  # zeros past the entries
+        seen = set()
+        for word in words[3:3 + count]:
             row, col, value = int(word) & 0xFFFF, (int(word) >> 16) & 63, np.uint8(int(word) >> 24).view(np.int8)
+            assert (int(word) >> 23) & 1 == (col not in seen)  # the column's first entry sets, the others add
+            seen.add(col)
             rest[row, panel * NR + col] += int(value)
+        assert touched == sum(1 << col for col in seen)  # the mask of the columns with entries
     expected = np.zeros_like(main)
     expected[:k, :n] = b
     np.testing.assert_array_equal(main + rest, expected)
-    for matrix in (main, rest):
-        assert (np.abs(matrix[0::2]) + np.abs(matrix[1::2])).max() <= 128
-    if n >= 4:  # a pair over the bound keeps its larger weight whole, the other shrinks to fit
-        assert list(main[:2, :4].T.reshape(-1)) == [-128, 0, -128, 0, 127, 1, 63, -65]
+    for matrix in (main, rest):  # u8 bytes of A up to 255 times each pair stay within int16
+        pairs = matrix.reshape(-1, 2, matrix.shape[1])
+        highest = 255 * np.clip(pairs, 0, None).sum(axis=1).max()
+        lowest = 255 * np.clip(pairs, None, 0).sum(axis=1).min()
+        assert highest <= 2 ** 15 - 1 and lowest >= -2 ** 15
+    if n >= 4:  # a same-sign pair over the bound keeps its larger weight whole, the other
+        # shrinks to fit; a pair of opposite signs stays whole, however large
+        assert list(main[:2, :4].T.reshape(-1)) == [-128, 0, -128, 0, 127, 1, 64, -65]

@@ -5,7 +5,8 @@ The input image's integers are recovered once per element into a padded NHWC byt
 (the padding is the zero point, which is 0 after removing it), as the portable kernel
 recovers them: x times float32(1 / x_scale) rounded half to even, plus x_zero, saturated.
 Each output pixel's row of A is then gathered from it, C bytes per kernel tap (K ordered
-tap-major, channel-minor), and multiplied by the weights packed at compile time in int8_gemm_gen's panel layout (the same
+tap-major, channel-minor; with one panel of output channels by the task that multiplies the
+rows, just before, else in a pass of its own that every panel's tasks then read), and multiplied by the weights packed at compile time in int8_gemm_gen's panel layout (the same
 micro-kernel: ``vpdpbusd`` on AVX-512 VNNI, ``vpmaddwd`` on AVX2, plain C elsewhere). The zero points come out
 in the epilogue through the rows' and columns' sums:
 
@@ -222,6 +223,10 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
             {y_type} *y = ({y_type} *)j->y + (q * {NR} + col) * {p} + p0;
             for (int r = 0; r < rows; r++) y[r] = tile[r][col];
         }}"""
+    if panels == 1:  # each sliver's rows gathered by the task that multiplies them, read from L1 at once
+        gather_here, gather_apart = "        qc_gather(ctx, p0, p0 + rows);\n", ""
+    else:  # every panel reads each sliver's rows: gathered once, in a pass of their own
+        gather_here, gather_apart = "", f"        nn_parallel({p}, {p * kp}, qc_gather, &j);"
     if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
         gather = f"""        for (int64_t i = 0; i < {kh}; i++)
             memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
@@ -290,7 +295,7 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int64_t p0 = s * {MR};
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
-        q_dots(j->a + p0 * {kp}, j->b + q * {panel_bytes(groups, pairs, capacity)}, rows, acc);
+{gather_here}        q_dots(j->a + p0 * {kp}, j->b + q * {panel_bytes(groups, pairs, capacity)}, rows, acc);
         const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
         const float *mq = mult + q * {NR};
         {tile_type} tile[{MR}][{NR}];
@@ -319,7 +324,7 @@ static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
         j.y = {image_at("Y", m * p, byte_out is not None)};
         nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);
-        nn_parallel({p}, {p * kp}, qc_gather, &j);
+{gather_apart}
         nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
     }}
 }}

@@ -13,9 +13,9 @@ The product accumulates u8 x s8 in int32: on AVX-512 VNNI with ``vpdpbusd`` (fou
 summed into each int32 lane, no saturation); on AVX2 with ``vpmaddubsw`` (two u8 x s8
 products summed into an int16 lane, saturating) and ``vpmaddwd`` by ones (two int16 lanes
 into int32). Saturation is ruled out at compile time: B is split into a main part whose
-pairs of rows (2p, 2p + 1) have |b0| + |b1| <= PAIR_BOUND in every column, so a pair's sum
-is at most 255 * 128 < 2**15 whatever A holds, and a sparse remainder (one weight of each
-pair over the bound) whose products join the sums exactly, a scalar product per row and
+pairs of rows (2p, 2p + 1) cannot saturate in any column (opposite signs, or the same sign
+with |b0| + |b1| <= PAIR_BOUND, so a pair's sum is within 255 * 128 < 2**15 whatever A
+holds), and a sparse remainder (one weight of each same-sign pair over the bound) whose products join the sums exactly, a scalar product per row and
 entry; elsewhere with plain C that the C compiler vectorises. Every partial sum stays below 2**31 for K <= MAX_K, so the int32
 result is exact, as is MatMulInteger's. The dequantisation, per-column scale and bias
 are the epilogue, written once per output element, each rounded as the unfused graph rounds
@@ -31,10 +31,12 @@ panels of NR = 64 columns, K zero-padded to a multiple of 4, zero beyond B.
   slices of CHUNK = 16 columns (two ymm of int32 lanes), and a slice, for each group of
   four rows of K, 16 columns of four consecutive values: byte (((panel * 4 + slice) * G +
   group) * 16 + column) * 4 + t holds main[4 * group + t, 64 * panel + 16 * slice + column].
-  After the panel's 4 * G * 64 bytes, its remainder: an int32 count, then that many uint32
-  entries (row k in bits 0-15, column in the panel in bits 16-21, the int8 value in bits
-  24-31), then zeros up to the capacity every panel shares (the most entries any panel
-  has), the panel's bytes rounded up to 64. Where the entries would cost more than a
+  After the panel's 4 * G * 64 bytes, its remainder: an int32 count, the 64-bit mask of
+  the panel's columns that have entries (two uint32, low half first), then that many
+  uint32 entries (row k in bits 0-15, column in the panel in bits 16-21, bit 23 set on
+  the first entry of its column, the int8 value in bits 24-31), then zeros up to the
+  capacity every panel shares (the most entries any panel has), the panel's bytes rounded
+  up to 64. Where the entries would cost more than a
   second pass of the micro-kernel (remainder_capacity: DENSE), the panel's remainder
   follows its main part instead, whole and in the same layout.
 A second constant holds, per padded column, the column sum and zero point of B (int32) and
@@ -55,11 +57,12 @@ NR = 64  # columns per panel: four AVX-512 vectors of int32 lanes
 MR = 6  # rows per micro-tile: 24 accumulators of the 32 vector registers
 MAX_K = 16384  # |each partial sum| <= 4 * 255 * 128 * K < 2**31
 CHUNK = 16  # pairs layout: columns of a slice, two ymm of int32 sums (6 rows: 12 of the 16 registers)
-PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's pairs; 255 * 128 fits int16
+PAIR_BOUND = 128  # pairs layout: |b0| + |b1| of the main part's same-sign pairs; 255 * 128 fits int16
 DENSE = -1  # a remainder capacity: the remainder packed whole, as the main part, and multiplied as it is
 ENTRIES_PER_GROUP = 3  # the channel-major form's remainder entries a sliver may have per group of K
-# the GEMM's costs on one Zen 3 core, ns: a remainder entry; zeroing a tile for them; a group of K over a panel
-ENTRY_NS, ZEROING_NS, GROUP_NS = 3.2, 70.0, 16.6
+# the GEMM's costs on one Zen 3 core, ns: a remainder entry (measured); a tile's masked add of its
+# sums to the entries' columns (counted: 48 vector steps and the masks); a group of K over a panel (measured)
+ENTRY_NS, MASKING_NS, GROUP_NS = 3.2, 10.0, 16.6
 ENTRY = "q_dynamic_matmul"
 
 
@@ -99,16 +102,21 @@ def pairs_layout(vl: int) -> bool:
 
 
 def split_pairs(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(main, rest), int8, main + rest == b: in every column each pair of rows (2p, 2p + 1)
-    of main has |b0| + |b1| <= PAIR_BOUND (B's rows are taken as zero past an odd K). Where
-    b's pair is over, main keeps the larger weight and shrinks the other towards 0 until
-    the pair fits, so rest holds at most one weight of a pair, that one's shrinkage."""
+    """(main, rest), int8, main + rest == b: no pair of rows (2p, 2p + 1) of main can
+    saturate ``vpmaddubsw`` in any column (B's rows are taken as zero past an odd K). The
+    bytes of A are unsigned, so a pair's sum lies between 255 times the sum of its negative
+    weights and 255 times the sum of its positive ones: a pair of opposite signs (or with a
+    0) can never saturate, whatever its weights, and one of the same sign cannot while
+    |b0| + |b1| <= PAIR_BOUND. Where a pair of the same sign is over, main keeps the larger
+    weight and shrinks the other towards 0 until the pair fits, so rest holds at most one
+    weight of a pair, that one's shrinkage. Telling the signs apart halves the remainder of
+    trained weights against bounding every pair's |b0| + |b1|."""
     w = np.zeros((-(-b.shape[0] // 2) * 2, b.shape[1]), np.int32)
     w[:b.shape[0]] = b
     w0, w1 = w[0::2], w[1::2]
     big0 = np.abs(w0) >= np.abs(w1)
     room = PAIR_BOUND - np.maximum(np.abs(w0), np.abs(w1))  # left for the smaller one, >= 0
-    over = np.abs(w0) + np.abs(w1) > PAIR_BOUND
+    over = (np.abs(w0) + np.abs(w1) > PAIR_BOUND) & (np.sign(w0) == np.sign(w1))
     main = w.copy()
     main[0::2] = np.where(over & ~big0, np.sign(w0) * room, w0)
     main[1::2] = np.where(over & big0, np.sign(w1) * room, w1)
@@ -120,7 +128,7 @@ def remainder_capacity(b: np.ndarray) -> int:
     """The most remainder entries (split_pairs) any panel of B has: every panel's room; or
     DENSE where a second pass of the micro-kernel over the remainder packed whole (its
     pairs are within the bound: one weight of each is 0) costs less than the entries and
-    the zeroing of the tile they need (ENTRY_NS, ZEROING_NS, GROUP_NS, measured: six
+    the masked add of the tile's sums they need (ENTRY_NS, MASKING_NS, GROUP_NS: six
     scalar products and their sums an entry, 12 multiply steps of 4 slices a group).
     Weights quantized from a trained layer stay far below with K past a few dozen (0.2% of
     pairs, 0.06 entries a group); uniformly drawn ones have about 32 a group."""
@@ -128,7 +136,7 @@ def remainder_capacity(b: np.ndarray) -> int:
     padded = np.zeros((rest.shape[0], -(-rest.shape[1] // NR) * NR), bool)
     padded[:, :rest.shape[1]] = rest
     most = int(padded.reshape(rest.shape[0], -1, NR).sum(axis=(0, 2)).max(initial=0))
-    return DENSE if most and most * ENTRY_NS + ZEROING_NS > GROUP_NS * -(-b.shape[0] // 4) else most
+    return DENSE if most and most * ENTRY_NS + MASKING_NS > GROUP_NS * -(-b.shape[0] // 4) else most
 
 
 def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
@@ -158,9 +166,14 @@ def pack_b(b: np.ndarray, pairs: bool = False) -> np.ndarray:
     for panel in range(panels):
         mine = (cols >= panel * NR) & (cols < (panel + 1) * NR)
         r, c = rows[mine], cols[mine]
-        words = (r.astype(np.uint32) | ((c - panel * NR).astype(np.uint32) << 16)
+        column = (c - panel * NR).astype(np.uint32)
+        first = np.zeros(len(c), np.uint32)  # the first entry of its column, in the order they are added
+        first[np.unique(column, return_index=True)[1]] = 1
+        words = (r.astype(np.uint32) | (column << 16) | (first << 23)
                  | (rest[r, c].view(np.uint8).astype(np.uint32) << 24))
-        block = np.concatenate([np.array([len(words)], np.uint32), words.astype(np.uint32)])
+        touched = np.bitwise_or.reduce(np.uint64(1) << column.astype(np.uint64), initial=np.uint64(0))
+        head = np.array([len(words), int(touched) & 0xFFFFFFFF, int(touched) >> 32], np.uint32)
+        block = np.concatenate([head, words.astype(np.uint32)])
         out[panel, mains.shape[1]:mains.shape[1] + 4 * block.size] = block.view(np.uint8)
     return out.reshape(-1).view(np.int8)
 
@@ -173,7 +186,7 @@ def panel_bytes(groups: int, pairs: bool, capacity: int = 0) -> int:
         return groups * NR * 4
     if capacity == DENSE:
         return 2 * groups * NR * 4
-    return -(-(groups * NR * 4 + 4 + 4 * capacity) // 64) * 64
+    return -(-(groups * NR * 4 + 12 + 4 * capacity) // 64) * 64
 
 
 def columns(n: int) -> Struct:
@@ -242,11 +255,13 @@ def pair_sums(kp: int, capacity: int) -> str:
     four rows of K, each row's four bytes of A broadcast to every 32-bit lane,
     ``vpmaddubsw`` by a vector of the main part's bytes (no pair can saturate), then
     ``vpmaddwd`` by ones sums each lane's two pairs into int32. The panel's remainder
-    entries come first, each added to its column of every row of ``acc``, zeroed by 32-bit
-    stores, and the sums are added to them: a 32-bit load of a value a vector store has just
-    written waits for the store to reach the cache (the entries added after the products'
-    vector stores ran three to five times slower on Zen 3), and by the time the sums are
-    added the entries' stores have long left. Rows past ``rows`` read row 0 again (A has no
+    entries come first, into ``acc`` by 32-bit stores: the first entry of a column sets its
+    products in every row, the later ones add theirs; then the sums are added to the
+    columns the panel's mask says have entries, and stored over the others: a 32-bit load
+    of a value a vector store has just written waits for the store to reach the cache (the
+    entries added after the products' vector stores ran three to five times slower on Zen
+    3), and by the time the sums are added the entries' stores have long left. The first
+    entry's setting, not zeroing the tile before, saves 384 stores a tile. Rows past ``rows`` read row 0 again (A has no
     bytes beyond its rows) and are never read back. The loop's count is hidden from the
     optimizer, as in vnni_sums."""
     groups = kp // 4
@@ -254,11 +269,13 @@ def pair_sums(kp: int, capacity: int) -> str:
     declare = ", ".join(f"{n} = {{0}}" for row in names for n in row)
     store = " ".join(f"memcpy(acc[{r}] + col + {8 * h}, &{n}, 32);" for r, row in enumerate(names)
                      for h, n in enumerate(row))
-    if capacity > 0:  # the sums added to the entries' (below), if the panel has any
-        added = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t += {n}; "
+    if capacity > 0:  # the sums added to the entries' columns (below), if the panel has any
+        masks = " ".join(f"const q_v8i m{h} = -((((q_v8i){{0}} + (int32_t)((touched >> (col + {8 * h})) & 0xff)) >> lanes) & 1);"
+                         for h in range(2))
+        added = " ".join(f"{{ q_v8i t; memcpy(&t, acc[{r}] + col + {8 * h}, 32); t = (t & m{h}) + {n}; "
                          f"memcpy(acc[{r}] + col + {8 * h}, &t, 32); }}" for r, row in enumerate(names)
                          for h, n in enumerate(row))
-        store = f"if (count) {{ {added} }} else {{ {store} }}"
+        store = f"if (count) {{ {masks} {added} }} else {{ {store} }}"
     products = "\n".join(
         f"                    {{ int32_t four; memcpy(&four, ar{r} + 4 * g, 4); const q_v8i s = {{four, four, four, four, four, four, four, four}}; "
         f"{row[0]} += __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256((q_v32b)s, v0), ones); "
@@ -266,15 +283,17 @@ def pair_sums(kp: int, capacity: int) -> str:
         for r, row in enumerate(names))
     rows_at = " ".join(f"const uint8_t *ar{r} = a + (rows > {r} ? {r * kp} : 0);" for r in range(MR))
     remainder = "" if capacity in (0, DENSE) else f"""
-    const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, then the entries */
+    const uint32_t *rest = (const uint32_t *)(bp + {groups * NR * 4});  /* the count, the mask, the entries */
     const uint32_t count = rest[0];
-    if (count)  /* 32-bit stores, as the entries' loads (volatile: not vectorised) */
-        for (int r = 0; r < {MR}; r++)
-            for (int col = 0; col < {NR}; col++) ((volatile int32_t *)acc[r])[col] = 0;
-    for (uint32_t e = 1; e <= count; e++) {{  /* every row, unrolled: rows past ``rows`` are never read */
+    const uint64_t touched = rest[1] | (uint64_t)rest[2] << 32;  /* the columns with entries */
+    const q_v8i lanes = {{0, 1, 2, 3, 4, 5, 6, 7}};
+    for (uint32_t e = 3; e < count + 3; e++) {{  /* every row, unrolled: rows past ``rows`` are never read */
         uint32_t entry = rest[e];
         int32_t k = (int32_t)(entry & 0xffff), col = (int32_t)((entry >> 16) & 63), value = (int8_t)(entry >> 24);
-        {" ".join(f"acc[{r}][col] += (int32_t)ar{r}[k] * value;" for r in range(MR))}
+        /* all ones, or 0 on the column's first entry: what acc held before (another
+         * tile's) is dropped without a branch */
+        int32_t keep = (int32_t)((entry >> 23) & 1) - 1;
+        {" ".join(f"acc[{r}][col] = (acc[{r}][col] & keep) + (int32_t)ar{r}[k] * value;" for r in range(MR))}
     }}"""
     return f"""typedef int16_t q_v16s __attribute__((vector_size(32)));
     typedef int32_t q_v8i __attribute__((vector_size(32)));
