@@ -174,8 +174,8 @@ def sweeps_groups(g: Conv2d, vl: int, ocb: int, weights_per_image: bool) -> bool
     """Whether a task of the direct convolution takes every channel group over its rows
     (the input read once, each row reused by every group while in L2) rather than one group
     over them (each group's weights read once): where the input's bytes exceed the weights'.
-    On the AVX2 EPYC this took the early layers of ResNet-50 from 0.6-0.8 of the time they
-    took one group a task (256 to 64 channels over 56 x 56: 1.80 ms to 1.39 at one thread)."""
+    On the AVX2 EPYC, ResNet-50's early layers ran in 0.63-0.77 of the time they took with
+    one group a task (256 to 64 channels over 56 x 56: 1.80 ms to 1.39 at one thread)."""
     if weights_per_image or g.group > 1:
         return False
     ocg = blocks(g.k, vl) // ocb
@@ -283,7 +283,7 @@ def _column_tiles(width: int, rw: int, lo: int, hi: int) -> tuple[list[int], lis
 
 
 L2_WEIGHTS = 384 * 1024  # bytes of packed weights a task keeps hot while it sweeps its rows
-# Bytes of one group's packed weights a row's tiles stream from L1 (a quarter of it). A
+# Bytes of one group's packed weights a row's tiles stream from L1 (a quarter of 32 KiB). A
 # chunk that small costs a load and a store of the tile's partial sums per chunk, far less
 # than streaming the weights from L2: on the AVX2 EPYC the layers whose weights outweigh
 # their input (ResNet-50's last stages) ran at 0.74-0.9 of the time chunks sized for L2 took.
