@@ -182,12 +182,17 @@ def _out(size, pb, pe, extent, stride, ceil=False):
     return span // stride + 1
 
 
-def conv(case, rng, pointwise=False):
+def conv(case, rng, pointwise=False, wide=False):
     b = _Builder(case, rng)
-    depthwise = not pointwise and rng.random() < 0.3
+    depthwise = not pointwise and not wide and rng.random() < 0.3
     c = _choice(rng, [1, 2, 3, 4, 5, 6, 7, 9]) if not depthwise else _choice(rng, [1, 2, 3, 5, 8, 16])
     groups = None
-    if not depthwise and not pointwise and rng.random() < 0.2:
+    if wide:
+        # several output channel blocks over an input larger than the weights: each task
+        # then sweeps every block of output channels over its rows (blocked_conv.sweeps_groups)
+        c = _choice(rng, [3, 8, 13, 20])
+        groups = (1, _choice(rng, [16, 17, 24, 33, 40, 48]))
+    elif not depthwise and not pointwise and rng.random() < 0.2:
         # groups of 8 or 16 channels in and out: whole channel blocks with AVX2 (16: with
         # AVX-512 too), written as a dense convolution per group over the blocked layout
         groups = (_choice(rng, [2, 3]), _choice(rng, [8, 16]))
@@ -200,6 +205,8 @@ def conv(case, rng, pointwise=False):
     attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise, pointwise, groups)
     n = _choice(rng, [1, 1, 2, 3])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
+    if wide:  # enough pixels that the image outweighs the weights
+        h, w = h + int(rng.integers(8, 24)), w + int(rng.integers(8, 24))
     x = b.input("x", (n, c, h, w))
     ins = [x, b.init("w", wshape)]
     bias = rng.random() < 0.6
@@ -1058,6 +1065,10 @@ def pointwise_conv(case, rng):
     conv(case, rng, pointwise=True)
 
 
+def wide_conv(case, rng):
+    conv(case, rng, wide=True)
+
+
 # -- recurrent ---------------------------------------------------------------------------------
 
 RECURRENT_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -1397,11 +1408,11 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather, "typed_moves": typed_moves, "product_act": product_act}
+         "int_gather": int_gather, "typed_moves": typed_moves, "product_act": product_act, "wide_conv": wide_conv}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act", "wide_conv"]
 KINDS["qconv_depthwise"] = qconv_depthwise
 ROUND.append("qconv_depthwise")
 

@@ -48,7 +48,22 @@ def _wide_rows(size: int) -> GraphBuilder:
     return m
 
 
+def _swept_groups() -> GraphBuilder:
+    """Convolutions whose input outweighs their weights, so each task sweeps every block of
+    output channels over its rows (blocked_conv.sweeps_groups): a 1x1 over 512 channels (its
+    input channels cut into two chunks whose partial sums wait in the output), a 3x3 and a
+    stride-2 1x1, with bias, Relu and a residual in the epilogues."""
+    m = GraphBuilder(13, 7, "swept_groups", weight_gain=2 ** 0.5)
+    x = m.input([1, 512, 28, 28])
+    y = m.node("Relu", [m.node("Conv", [x, m.weight([256, 512, 1, 1]), m.weight([256])], kernel_shape=[1, 1])])
+    z = m.node("Conv", [y, m.weight([256, 256, 3, 3]), m.weight([256])], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    z = m.node("Relu", [m.node("Add", [z, y])])
+    m.output(m.node("Conv", [z, m.weight([40, 256, 1, 1])], kernel_shape=[1, 1], strides=[2, 2]))
+    return m
+
+
 CASES = {
+    "swept_groups": _swept_groups,
     "tf_same_128": lambda: _tf_same_chain(1, 128, (16, 32, 64, 128)),  # rows of 64, 32, 16, 8
     "tf_same_batch_odd": lambda: _tf_same_chain(2, 75, (16, 24, 40)),  # rows of 38, 19, 10
     "wide_rows_100": lambda: _wide_rows(100),  # planes of 10000 pixels: 156 runs of 64 and 16
