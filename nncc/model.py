@@ -82,7 +82,7 @@ class CompiledModel:
         executors = [self._executor]
         if self._shape_plans is not None:
             executors += self._shape_plans.executors()[-WARM_UP_PLANS:]
-        self.warmed_up = sum(warm_up(executor) for executor in executors)
+        self.warmed_up = sum(warm_up(executor, self.run) for executor in executors)
         return self.warmed_up
 
     @classmethod
