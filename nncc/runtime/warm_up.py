@@ -53,10 +53,10 @@ def plan_bytes(executor) -> int:
     return constants + (arena.nbytes if isinstance(arena, np.ndarray) else 0) + outputs
 
 
-def warm_up(executor, run=None) -> int:
+def warm_up(executor, run) -> int:
     """Run ``executor`` on zeros where that is cheap (see the module's docstring); the number
     of runs done. ``run``: what the caller's runs go through (the model's ``run``, which
-    finds this executor for these shapes), so that path is warm too; else the executor's."""
+    finds this executor for these shapes), so that path is warm too."""
     if not executor.runs_as_one_call:
         return 0
     feeds = zero_feeds(executor, WARM_UP_BYTES - plan_bytes(executor))
@@ -65,7 +65,7 @@ def warm_up(executor, run=None) -> int:
     runs, start = 0, time.perf_counter()
     try:
         while runs < WARM_UP_RUNS and time.perf_counter() - start < WARM_UP_SECONDS:
-            (run or executor.run)(feeds)
+            run(feeds)
             runs += 1
     except Exception:  # noqa: BLE001 - a warm-up never fails a prepare: the caller's run reports its own
         pass
