@@ -212,6 +212,14 @@ def measure_model(label: str, path: pathlib.Path, args, runtimes: list[str], cac
     if peers:
         best = min(peers, key=peers.get)
         row["best_peer"], row["nncc_over_best_peer"] = best, (nncc / peers[best] if nncc else None)
+    # nncc's bfloat16 column against the peers that computed in bfloat16 (OpenVINO's default
+    # where the CPU has it), so a lower precision is judged like for like too
+    low = row["runtimes"].get("nncc-bf16", {})
+    low_peers = {p: row["runtimes"][p]["p50_s"] for p in PEERS if row["runtimes"].get(p, {}).get("p50_s")
+                 and same_precision(row["runtimes"][p].get("precision"), low.get("precision"))}
+    if low_peers and low.get("p50_s"):
+        best = min(low_peers, key=low_peers.get)
+        row["best_bf16_peer"], row["nncc_bf16_over_best_peer"] = best, low["p50_s"] / low_peers[best]
     row["max_rel_diff"] = output_diffs(outputs, row.get("warm", {}))
     if profile and setup.get("native_partitions"):
         row["classes"], _ = spawn({"job": "profile", "path": str(path), "threads": args.threads,
@@ -313,7 +321,8 @@ def render(report: dict, markdown: bool) -> str:
                "being bfloat16 weights widened to float32 on a CPU without AVX-512 BF16, bf16amx bfloat16 "
                "products on AMX tiles; OpenVINO: the "
                "INFERENCE_PRECISION_HINT it reports; int8: a quantized model, whose products are int8 in every "
-               "runtime). nncc / best peer compares columns of the same precision only.")
+               "runtime). nncc / best peer compares columns of the same precision only, as does nncc-bf16 / best "
+               "bf16 peer.")
     out.append("nncc compile s: the native compile, a prepare into an empty cache. Max rel diff: the largest "
                "|nncc - peer| of an output over that output's largest |peer| value, worst output. Other load: the "
                "cores other processes kept busy while the row was measured, median over its processes (/proc/stat "
@@ -324,7 +333,9 @@ def render(report: dict, markdown: bool) -> str:
     # every column says the precision it computed in (one per runtime over the models)
     shown = {k: "/".join(sorted({r["runtimes"][k]["precision"] for r in main
                                  if r.get("runtimes", {}).get(k, {}).get("precision")})) or "?" for k in runtimes}
+    bf16_ratio = any(r.get("nncc_bf16_over_best_peer") is not None for r in main)
     header = ["model"] + [f"{r} ({shown[r]}) ms" for r in runtimes] + ["nncc / best peer", "best peer"] + \
+        (["nncc-bf16 / best bf16 peer"] if bf16_ratio else []) + \
         [f"nncc / {p}" for p in peers if p != "openvino"] + ["nncc native partitions",
                                                           "nncc compile s", "other load",
                                                           "nncc max rel diff (" + ", ".join(f"vs {p}" for p in peers)
@@ -340,6 +351,7 @@ def render(report: dict, markdown: bool) -> str:
         body.append([r["model"]] + [milliseconds(s[k].get("p50_s")) if not s[k].get("error") else
                                     "not installed" if k in report["missing"] else "failed" for k in runtimes]
                     + [_x(r.get("nncc_over_best_peer")), r.get("best_peer", "-")]
+                    + ([_x(r.get("nncc_bf16_over_best_peer"))] if bf16_ratio else [])
                     + [_x(nn["p50_s"] / s[p]["p50_s"] if nn.get("p50_s") and s[p].get("p50_s")
                           and same_precision(s[p].get("precision"), nn.get("precision")) else None)
                        for p in peers if p != "openvino"]
@@ -497,7 +509,10 @@ def main(argv=None) -> None:
             figures = ", ".join(f"{k} {milliseconds(v.get('p50_s'))} ms" if not v.get("error") else f"{k} -"
                                 for k, v in row.get("runtimes", {}).items())
             print(f"bench_peers: {label}: {row.get('error') or figures}; nncc / best peer "
-                  f"{_x(row.get('nncc_over_best_peer'))} ({time.perf_counter() - began:.0f} s)", file=sys.stderr)
+                  f"{_x(row.get('nncc_over_best_peer'))}"
+                  + (f", nncc-bf16 / best bf16 peer {_x(row['nncc_bf16_over_best_peer'])}"
+                     if row.get("nncc_bf16_over_best_peer") is not None else "")
+                  + f" ({time.perf_counter() - began:.0f} s)", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
