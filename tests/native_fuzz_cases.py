@@ -1479,6 +1479,63 @@ KINDS["gemm_amx"] = gemm_amx
 ROUND.append("gemm_amx")
 
 
+def qgemm(case, rng):
+    """A QDQ Gemm as onnxruntime's quantizer writes one (Q -> DQ -> Gemm of dequantized
+    int8 or uint8 weights, transposed or not, per-tensor or per-column scales, an int32 bias
+    -> Q -> DQ), which -O2 makes one native QGemm step (nncc/native/qimage_ops_gen.py): K
+    not a multiple of four, N on both sides of sixteen, rows 1 to 5. The oracles
+    quantize a float32 sum, the step an exact integer one: the slack is one step of the
+    output's scale (a wrong layout or zero point is off by many)."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    m = _choice(rng, [1, 1, 2, 5])
+    k = _choice(rng, [1, 3, 4, 17, 64, 130])
+    n = _choice(rng, [1, 7, 16, 17, 70, 300])
+    trans_b = rng.random() < 0.5
+    signed = rng.random() < 0.6
+    per_column = rng.random() < 0.5
+    x = b.input("x", (m, k))
+    lo, hi = (-127, 127) if signed else (0, 255)
+    shift = 0 if signed else 128
+    weights = (_int8_weights(rng, (k, n), lo - shift, hi - shift) + shift).astype(np.int8 if signed else np.uint8)
+    weights = weights.T.copy() if trans_b else weights
+    count = n if per_column else 1
+    w_scale = rng.uniform(0.002, 0.02, count).astype(np.float32).reshape((count,) if per_column else ())
+    w_zero = np.full(count, 0 if signed else 128).astype(weights.dtype).reshape(w_scale.shape)
+    x_scale = np.float32(rng.uniform(0.01, 0.03))
+    y_scale = np.float32(x_scale * float(np.mean(w_scale)) * math.sqrt(k) * float(rng.uniform(20, 60)))
+    x_zero = np.array(int(rng.integers(100, 156)), np.uint8)
+    names = {}
+    for short, value in (("xs", np.array(x_scale)), ("xz", x_zero), ("w", weights), ("ws", w_scale), ("wz", w_zero),
+                         ("ys", np.array(y_scale)), ("yz", np.array(int(rng.integers(60, 196)), np.uint8))):
+        names[short] = b.name(short)
+        case.inits[names[short]] = value
+    (xq,) = b.node("QuantizeLinear", [x, names["xs"], names["xz"]], ["xq"])
+    (xf,) = b.node("DequantizeLinear", [xq, names["xs"], names["xz"]], ["xf"])
+    axis = 0 if trans_b else 1
+    (wf,) = b.node("DequantizeLinear", [names["w"], names["ws"], names["wz"]], ["wf"], axis=axis)
+    ins = [xf, wf]
+    bias = rng.random() < 0.7
+    if bias:
+        names["b"], names["bs"], names["bz"] = b.name("b"), b.name("bs"), b.name("bz")
+        case.inits[names["b"]] = rng.integers(-3000, 3000, n).astype(np.int32)
+        case.inits[names["bs"]] = (x_scale * np.broadcast_to(w_scale, (n,))).astype(np.float32)
+        case.inits[names["bz"]] = np.zeros(n, np.int32)
+        ins += b.node("DequantizeLinear", [names["b"], names["bs"], names["bz"]], ["bf"], axis=0)
+    (yf,) = b.node("Gemm", ins, ["gemm"], transB=int(trans_b))
+    (yq,) = b.node("QuantizeLinear", [yf, names["ys"], names["yz"]], ["yq"])
+    (y,) = b.node("DequantizeLinear", [yq, names["ys"], names["yz"]], ["y"])
+    b.output(y)
+    case.terms = k + 2
+    case.slack[y] = float(y_scale) * 1.001
+    case.geometry = dict(m=m, k=k, n=n, transB=trans_b, weights="int8" if signed else "uint8",
+                         per_column=per_column, bias=bias)
+
+
+KINDS["qgemm"] = qgemm
+ROUND.append("qgemm")
+
+
 def make_case(seed: int, index: int) -> Case:
     rng = np.random.default_rng([seed, index])
     kind = ROUND[index % len(ROUND)]

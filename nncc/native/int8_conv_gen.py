@@ -166,6 +166,66 @@ static void {name}(const float *X, {QD_TABLE.pointer}table, float *Y) {{
 """
 
 
+# AVX-512: a tile's six rows of bytes (six pixels) stored transposed, into each of the
+# first `width` channels' planes (P bytes apart) as its six pixels in a row: per 16 channels
+# the rows are interleaved into each channel's first four bytes (32-bit lanes) and last two
+# (16-bit lanes), then each channel takes one 4-byte and one 2-byte store instead of six
+_STORE6 = """#ifdef Q_VNNI
+static inline void qc_store6(uint8_t tile[6][64], uint8_t *y, int width) {
+    for (int c0 = 0; c0 < width; c0 += 16) {
+        const __m128i r0 = _mm_loadu_si128((const __m128i *)(tile[0] + c0)), r1 = _mm_loadu_si128((const __m128i *)(tile[1] + c0));
+        const __m128i r2 = _mm_loadu_si128((const __m128i *)(tile[2] + c0)), r3 = _mm_loadu_si128((const __m128i *)(tile[3] + c0));
+        const __m128i r4 = _mm_loadu_si128((const __m128i *)(tile[4] + c0)), r5 = _mm_loadu_si128((const __m128i *)(tile[5] + c0));
+        const __m128i a01l = _mm_unpacklo_epi8(r0, r1), a01h = _mm_unpackhi_epi8(r0, r1);
+        const __m128i a23l = _mm_unpacklo_epi8(r2, r3), a23h = _mm_unpackhi_epi8(r2, r3);
+        uint32_t quad[16];
+        uint16_t pair[16];
+        _mm_storeu_si128((__m128i *)(quad + 0), _mm_unpacklo_epi16(a01l, a23l));
+        _mm_storeu_si128((__m128i *)(quad + 4), _mm_unpackhi_epi16(a01l, a23l));
+        _mm_storeu_si128((__m128i *)(quad + 8), _mm_unpacklo_epi16(a01h, a23h));
+        _mm_storeu_si128((__m128i *)(quad + 12), _mm_unpackhi_epi16(a01h, a23h));
+        _mm_storeu_si128((__m128i *)(pair + 0), _mm_unpacklo_epi8(r4, r5));
+        _mm_storeu_si128((__m128i *)(pair + 8), _mm_unpackhi_epi8(r4, r5));
+        const int n = width - c0 < 16 ? width - c0 : 16;
+        for (int c = 0; c < n; c++) {
+            uint8_t *d = y + (int64_t)(c0 + c) * {P};
+            memcpy(d, quad + c, 4);
+            memcpy(d + 4, pair + c, 2);
+        }
+    }
+}
+#endif
+"""
+
+
+def _wide_epilogue(byte_out: int | None, row_sum_read: str) -> str:
+    """The tile's requantization on AVX-512 (where the sums are VNNI's): each row's columns
+    16 at a time, the float32 value clamped to the output's integer bounds less its zero
+    point before it is rounded (the clamp of the rounded value, as the portable kernel),
+    into the tile as bytes (``vpmovdb``) or floats."""
+    if byte_out is None:
+        put = ("_mm512_storeu_ps(tile[r] + 16 * v, _mm512_mul_ps(_mm512_roundscale_ps(f, "
+               "_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), ys));")
+    else:
+        put = ("_mm_storeu_si128((__m128i *)(tile[r] + 16 * v), "
+               "_mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(f), centre)));")
+    return f"""        {{
+            const __m512 flo = _mm512_set1_ps(qlo - yzero), fhi = _mm512_set1_ps(qhi - yzero), ys = _mm512_set1_ps(yscale);
+            const __m512i centre = _mm512_set1_epi32((int32_t)(yzero + {float(byte_out or 0)}f));
+            (void)ys; (void)centre;
+            for (int r = 0; r < rows; r++) {{
+                const __m512i rs = _mm512_set1_epi32((int32_t){row_sum_read});
+                for (int v = 0; v < {NR // 16}; v++) {{  /* padded columns have multiplier 0 */
+                    const __m512i e = _mm512_add_epi32(_mm512_sub_epi32(_mm512_loadu_si512(acc[r] + 16 * v),
+                        _mm512_mullo_epi32(_mm512_loadu_si512(zwq + 16 * v), rs)), _mm512_loadu_si512(fixed + 16 * v));
+                    const __m512 f = _mm512_min_ps(fhi, _mm512_max_ps(flo, _mm512_mul_ps(_mm512_cvtepi32_ps(e),
+                        _mm512_loadu_ps(mq + 16 * v))));
+                    {put}
+                }}
+            }}
+        }}"""
+
+
 def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
                  byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False,
                  zero_points: bool = True, pairs: bool = False, capacity: int = 0) -> str:
@@ -223,6 +283,12 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
             {y_type} *y = ({y_type} *)j->y + (q * {NR} + col) * {p} + p0;
             for (int r = 0; r < rows; r++) y[r] = tile[r][col];
         }}"""
+        if byte_out is not None and MR == 6:  # AVX-512: each channel's six bytes as a word and a half-word
+            store = f"""#ifdef Q_VNNI
+        if (rows == {MR}) qc_store6(tile, (uint8_t *)j->y + q * {NR} * {p} + p0, width);
+        else
+#endif
+{store}"""
     if panels == 1:  # each sliver's rows gathered by the task that multiplies them, read from L1 at once
         gather_here, gather_apart = "        qc_gather(ctx, p0, p0 + rows);\n", ""
     else:  # every panel reads each sliver's rows: gathered once, in a pass of their own
@@ -281,6 +347,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
 }}
 
 {dots_source(kp, groups, pairs, capacity)}
+{_STORE6.replace("{P}", str(p)) if byte_out is not None and not out_nhwc and MR == 6 else ""}
 /* the (pixel sliver x channel panel) tiles [lo, hi): products, zero points, bias, requantization */
 static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
@@ -304,6 +371,9 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         uint32_t fixed[{NR}];
         for (int col = 0; col < {NR}; col++)
             fixed[col] = (uint32_t)bq[col] - (uint32_t)za * (uint32_t)csq[col] + (uint32_t)({k} * za) * (uint32_t)zwq[col];
+#ifdef Q_VNNI
+{_wide_epilogue(byte_out, row_sum_read)}
+#else
         for (int r = 0; r < rows; r++) {{
             uint32_t rs = {row_sum_read};
             for (int col = 0; col < {NR}; col++) {{  /* padded columns have multiplier 0 */
@@ -313,6 +383,7 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
                 tile[r][col] = {to_tile};
             }}
         }}
+#endif
 {store}
     }}
 }}

@@ -160,6 +160,45 @@ def _pair_vectors(count: int) -> str:
         for (int64_t i = 0; i < {count}; i++) wv[i] = (qd_v16)((qd_v8i){{0}} + wk[i]);"""
 
 
+def _wide_sums(pairs: list[tuple[int, int]]) -> str:
+    """_vector_sums on AVX-512: 32 positions at `a`, lo (positions 0-3, 8-11, 16-19, 24-27)
+    and hi (the other four of each eight), ``vpdpwssd`` adding each pair's two products to
+    the sums in one instruction."""
+    if len(pairs) <= _UNROLLED_PAIRS:
+        return "\n".join(f"""            {{ const __m512i x0 = _mm512_loadu_si512(a + {o0}), x1 = _mm512_loadu_si512(a + {o1});
+              lo = _mm512_dpwssd_epi32(lo, _mm512_unpacklo_epi16(x0, x1), wz[{k}]);
+              hi = _mm512_dpwssd_epi32(hi, _mm512_unpackhi_epi16(x0, x1), wz[{k}]); }}"""
+                         for k, (o0, o1) in enumerate(pairs))
+    return """            for (int64_t k = 0; k < QD_PAIRS; k++) {
+                const __m512i x0 = _mm512_loadu_si512(a + qd_off[k][0]), x1 = _mm512_loadu_si512(a + qd_off[k][1]);
+                const __m512i pair = _mm512_set1_epi32(wk[k]);
+                lo = _mm512_dpwssd_epi32(lo, _mm512_unpacklo_epi16(x0, x1), pair);
+                hi = _mm512_dpwssd_epi32(hi, _mm512_unpackhi_epi16(x0, x1), pair);
+            }"""
+
+
+def _wide_pair_vectors(count: int) -> str:
+    """_pair_vectors for the AVX-512 loop."""
+    if count > _UNROLLED_PAIRS:
+        return ""
+    return f"""        __m512i wz[{count}];
+        for (int64_t i = 0; i < {count}; i++) wz[i] = _mm512_set1_epi32(wk[i]);"""
+
+
+def _wide_store(byte_out: bool) -> str:
+    """_vector_store for 32 positions: bytes through ``vpackssdw`` (per 128-bit lane it
+    puts lo's four and hi's four back in order) and ``vpmovwb``; floats through two
+    two-source permutes."""
+    if byte_out:  # rounding after the clamp to integer bounds is the clamp of the rounded value
+        return """            const __m512i bl = _mm512_add_epi32(_mm512_cvtps_epi32(qd_clamp16(lo, m, ylo, yhi)), yconv);
+            const __m512i bh = _mm512_add_epi32(_mm512_cvtps_epi32(qd_clamp16(hi, m, ylo, yhi)), yconv);
+            _mm256_storeu_si256((__m256i *)(dst + p), _mm512_cvtepi16_epi8(_mm512_packs_epi32(bl, bh)));"""
+    return """            const __m512 fl = _mm512_mul_ps(_mm512_roundscale_ps(qd_clamp16(lo, m, ylo, yhi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), yconv);
+            const __m512 fh = _mm512_mul_ps(_mm512_roundscale_ps(qd_clamp16(hi, m, ylo, yhi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), yconv);
+            _mm512_storeu_ps(dst + p, _mm512_permutex2var_ps(fl, _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23), fh));
+            _mm512_storeu_ps(dst + p + 16, _mm512_permutex2var_ps(fl, _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31), fh));"""
+
+
 def _vector_store(byte_out: bool) -> str:
     """C that requantizes lo and hi (float32, as the portable kernel) and stores the 16
     positions in order at dst + p."""
@@ -190,12 +229,15 @@ def _scalar_sums(pairs: list[tuple[int, int]]) -> str:
 
 
 def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
-           byte_in: bool = False, byte_out: int | None = None) -> str:
+           byte_in: bool = False, byte_out: int | None = None, wide: bool = False) -> str:
     """In the phase planes output pixel (oy, ox) reads, for each tap, position oy * wps + ox
     plus that tap's offset: a run of output positions reads a run of each tap's. Rows of
     at least a vector are runs of their own, stored straight into the output; shorter rows
     go a block at a time as one run (the wps - ow positions between rows computed and
-    dropped). A run's last vector overlaps its predecessor rather than reading past it."""
+    dropped). A run's last vector overlaps its predecessor rather than reading past it.
+    ``wide``: code for 16-float vectors (AVX-512), whose runs take 32 positions a vector
+    where the CPU has AVX-512 BW and VNNI, so rows of fewer than 32 go in blocks."""
+    vec = 2 * _VEC if wide else _VEC
     hps, wps = depthwise_plane(h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl)
     size = hps * wps  # one phase plane
     taps = kh * kw
@@ -211,7 +253,7 @@ def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     offsets = "" if len(pairs) <= _UNROLLED_PAIRS else (  # each pair's taps' offsets, for the loops
         f"static const int32_t qd_off[QD_PAIRS][2] = {{{', '.join(f'{{{o0}, {o1}}}' for o0, o1 in pairs)}}};\n")
     scalar_value = "v * k.yconv" if byte_out is None else "(uint8_t)(int32_t)(v + k.yconv)"
-    if ow >= _VEC:
+    if ow >= vec:
         runs = f"""        for (int64_t oy = 0; oy < {oh}; oy++)
             qd_run(xp + oy * {wps}, {ow}, y + oy * {ow}, wk, bias[ch], k);"""
     else:
@@ -297,9 +339,35 @@ static inline qd_v8f qd_requantize(qd_v8i acc, qd_v8f m, qd_v8f lo, qd_v8f hi) {
 }}
 #endif
 
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define QD_WIDE 1
+/* float32(acc) * mult saturated to lo and hi, not yet rounded: the bounds are integers, so
+ * rounding after the clamp gives the clamp of the rounded value, as qd_requantize */
+static inline __m512 qd_clamp16(__m512i acc, __m512 m, __m512 lo, __m512 hi) {{
+    return _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(_mm512_cvtepi32_ps(acc), m)));
+}}
+#endif
+
 /* n output positions from `at` (a run in the phase planes) into dst[0, n) */
 static void qd_run(const int16_t *at, int64_t n, {out_type} *dst, const int32_t *wk, int32_t bias, qd_consts k) {{
     int64_t p = 0;
+#if defined(QD_WIDE)
+    if (n >= {2 * _VEC}) {{
+{_wide_pair_vectors(len(pairs))}
+        const __m512i start = _mm512_set1_epi32(bias);
+        const __m512 m = _mm512_set1_ps(k.mult), ylo = _mm512_set1_ps(k.ylo), yhi = _mm512_set1_ps(k.yhi);
+        {"const __m512 yconv = _mm512_set1_ps(k.yconv);" if byte_out is None else "const __m512i yconv = _mm512_set1_epi32((int32_t)k.yconv);"}
+        for (;; p += {2 * _VEC}) {{
+            if (p + {2 * _VEC} > n) p = n - {2 * _VEC};  /* the last vector overlaps */
+            const int16_t *a = at + p;
+            __m512i lo = start, hi = start;
+{_wide_sums(pairs)}
+{_wide_store(byte_out is not None)}
+            if (p + {2 * _VEC} >= n) return;
+        }}
+    }}
+#endif
 #if defined(__AVX2__)
     if (n >= {_VEC}) {{
 {_pair_vectors(len(pairs))}
@@ -371,4 +439,5 @@ def emit(wr, x, w, out, key: str, wv, zero_w, bias, mult, scalars, x_shape, geom
     scratch = depthwise_scratch(c, h, wd, kh, kw, *geometry)
     code = f"q_depthwise({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
     wr.step(code, [x, (packed, table.pointer)], [out], scratch,
-            support=wr.simd + source("q_depthwise", n, c, h, wd, kh, kw, *geometry, byte_in, byte_out))
+            support=wr.simd + source("q_depthwise", n, c, h, wd, kh, kw, *geometry, byte_in, byte_out,
+                                     wide=wr.vl == 16))

@@ -143,19 +143,35 @@ def _emit_gemm(wr, node, ins, out) -> None:
     else:
         py = [1.0, 0.0, 0.0, 0.0]
         columns = scale.astype(f32)
-    table = _gemm_table(k, n)
     scalars = dict(zip(_fields("a", True) + _fields("y", False), pa + py))
-    packed = wr.pack(ins[3], f"qgemm {'|'.join(ins[1:9])}|{node.attrs}",
-                     table.pack(**scalars, bias=bias, col=columns, zero=zero - shift, b=signed))
+    wide = wr.vl == 16  # AVX-512: B in groups of four rows, for vpdpbusd where the CPU has VNNI
+    table = _gemm_table(k, n, wide)
+    if wide:
+        kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+        grouped = np.zeros((kp, n16), np.int8)
+        grouped[:k, :n] = signed
+        grouped = grouped.reshape(kp // 4, 4, n16).transpose(0, 2, 1)
+        fields = dict(b=grouped, bsum=signed.astype(np.int64).sum(axis=0).astype(np.int32))
+    else:
+        fields = dict(b=signed)
+    packed = wr.pack(ins[3], f"qgemm{'4' if wide else ''} {'|'.join(ins[1:9])}|{node.attrs}",
+                     table.pack(**scalars, bias=bias, col=columns, zero=zero - shift, **fields))
     wr.as_plain(a)
     wr.step(f"q_gemm({wr.ptr(a)}, {wr.ptr(packed)}, {wr.ptr(out)});", [a, (packed, table.pointer)], [out],
-            support=_gemm_source(m, k, n, quantized))
+            support=(_gemm4_source if wide else _gemm_source)(m, k, n, quantized))
 
 
-def _gemm_table(k: int, n: int) -> Struct:
+def _gemm_table(k: int, n: int, grouped: bool = False) -> Struct:
     """A QGemm's table: A's and Y's quantization (1 / scale for A, whose integers are
     recovered by it), then per column of B the int32 bias, the float32 scale, the zero
-    point (shifted with B), and B itself, [K, N] int8."""
+    point (shifted with B), and B itself, [K, N] int8; ``grouped``: then each column's sum,
+    and B as [K / 4, N16, 4] (K padded to fours, N to sixteens, with zeros: each column's
+    four bytes of a group side by side, as ``vpdpbusd`` reads them)."""
+    if grouped:
+        kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+        per_column = (Field("bias", "int32_t", n), Field("col", "float", n), Field("zero", "int32_t", n),
+                      Field("bsum", "int32_t", n), Field("b", "int8_t", kp * n16))
+        return Struct(f"nn_qgemm4_{k}x{n}", _floats(*_fields("a", True), *_fields("y", False)) + per_column)
     per_column = (Field("bias", "int32_t", n), Field("col", "float", n), Field("zero", "int32_t", n),
                   Field("b", "int8_t", k * n))
     return Struct(f"nn_qgemm_{k}x{n}", _floats(*_fields("a", True), *_fields("y", False)) + per_column)
@@ -263,6 +279,85 @@ static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
         for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)bias[j] - (uint32_t)zero[j] * sum);
         for (int64_t p = 0; p < {k}; p++)
             for (int64_t j = j0; j < j1; j++) acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)(a[p] * b[p * {n} + j]));
+        float *y = jb->y + i * {n};
+        for (int64_t j = j0; j < j1; j++) {{
+            {finish}
+        }}
+    }}
+}}
+
+static void q_gemm(const float *A, {table.pointer}t, float *Y) {{
+    qg_job jb = {{A, t, Y}};
+    nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
+}}
+"""
+
+
+def _gemm4_source(m: int, k: int, n: int, quantized: bool) -> str:
+    """_gemm_source over B in groups of four rows (_gemm_table's grouped form): A's row as
+    bytes u = q - a_lo (0..255, so unsigned for ``vpdpbusd``), its centred values being
+    u - (a_zero - a_lo), whose sum with a column is taken off through the column's sum. The
+    int32 sums wrap as the portable kernel's; the rest is _gemm_source's."""
+    if quantized:  # the portable kernel requantizes in float64
+        finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t->y_zero;
+            v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
+            y[j] = (float)(v - t->y_zero) * t->y_scale;"""
+    else:
+        finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
+    kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+    groups = kp // 4
+    blocks = -(-n // _COLUMNS)
+    table = _gemm_table(k, n, True)
+    return f"""
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define QG_VNNI 1
+#endif
+{_RECOVER}
+{table.declaration}
+typedef struct {{ const float *a; {table.pointer}t; float *y; }} qg_job;
+
+/* column blocks [lo, hi) of every row */
+static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
+    const qg_job *jb = ctx;
+    {table.pointer}t = jb->t;
+    const int32_t *bias = t->bias, *zero = t->zero, *bsum = t->bsum;
+    const float *col = t->col;
+    const int8_t *b = t->b;
+    int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
+    const int32_t dz = (int32_t)(t->a_zero - t->a_lo);  /* centred = u - dz */
+    uint8_t u[{kp}];
+    int32_t acc[{n16}];
+    for (int64_t i = 0; i < {m}; i++) {{
+        uint32_t usum = 0;
+        for (int64_t p = 0; p < {k}; p++) {{
+            u[p] = (uint8_t)(int32_t)(qi_centred(jb->a[i * {k} + p], t->a_inv, t->a_zero, t->a_lo, t->a_hi) + (float)dz);
+            usum += u[p];
+        }}
+        for (int64_t p = {k}; p < {kp}; p++) u[p] = 0;
+        const uint32_t sum = usum - (uint32_t){k} * (uint32_t)dz;  /* of the centred values */
+#ifdef QG_VNNI
+        for (int64_t jv = j0; jv < j1; jv += 16) {{
+            __m512i c = _mm512_setzero_si512();
+            for (int64_t g = 0; g < {groups}; g++) {{
+                int32_t four;
+                memcpy(&four, u + 4 * g, 4);
+                c = _mm512_dpbusd_epi32(c, _mm512_set1_epi32(four), _mm512_loadu_si512(b + (g * {n16} + jv) * 4));
+            }}
+            _mm512_storeu_si512(acc + jv, c);
+        }}
+#else
+        for (int64_t j = j0; j < j1; j++) acc[j] = 0;
+        for (int64_t g = 0; g < {groups}; g++)
+            for (int64_t j = j0; j < j1; j++) {{
+                const int8_t *bj = b + (g * {n16} + j) * 4;
+                acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)(u[4 * g] * bj[0] + u[4 * g + 1] * bj[1]
+                                                                 + u[4 * g + 2] * bj[2] + u[4 * g + 3] * bj[3]));
+            }}
+#endif
+        /* unsigned: wraps as the portable kernel's int32 accumulator */
+        for (int64_t j = j0; j < j1; j++)
+            acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)bias[j] - (uint32_t)zero[j] * sum - (uint32_t)dz * (uint32_t)bsum[j]);
         float *y = jb->y + i * {n};
         for (int64_t j = j0; j < j1; j++) {{
             {finish}
