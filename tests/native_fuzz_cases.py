@@ -1479,6 +1479,33 @@ KINDS["gemm_amx"] = gemm_amx
 ROUND.append("gemm_amx")
 
 
+def _bf16_values(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to the nearest bfloat16 values, kept as float32."""
+    from nncc.native.gemm_bf16_gen import to_bf16  # lazy: only the bfloat16 kinds ask
+
+    return (to_bf16(x).astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
+
+
+def recurrent_bf16(case, rng, **given):
+    """A recurrent case compiled with precision bf16 (the projection on the compile's
+    bfloat16 GEMM, R widened from bfloat16 words in the recurrence: nncc/native/
+    recurrent_gen.py), every input and weight drawn as a bfloat16 value. Rounding such a
+    value is exact, so whatever the arithmetic (AMX tiles, vdpbf16ps, widened weights) the
+    node must compute what onnxruntime's float32 node does with the same values, within
+    the recurrent kind's own float32 tolerance: a wrong word, half or panel of the packed
+    R is off by the order of the values."""
+    recurrent(case, rng, **given)
+    case.precision = "bf16"
+    for table in (case.inputs, case.inits):
+        for name, value in table.items():
+            if value.dtype == np.float32:
+                table[name] = _bf16_values(value)
+
+
+KINDS["recurrent_bf16"] = recurrent_bf16
+ROUND.append("recurrent_bf16")
+
+
 def qgemm(case, rng):
     """A QDQ Gemm as onnxruntime's quantizer writes one (Q -> DQ -> Gemm of dequantized
     int8 or uint8 weights, transposed or not, per-tensor or per-column scales, an int32 bias
@@ -1556,7 +1583,7 @@ def make_case(seed: int, index: int) -> Case:
 # then agree with nncc's. A dynamically quantized product's NaN makes the range, so every
 # result, NaN, as the reference evaluator computes it (onnxruntime's vector min/max keeps or
 # loses it by its place in memory: tests/test_dynamic_quantize_nonfinite.py).
-NO_ORACLE_FOR_NONFINITE = {"recurrent"}
+NO_ORACLE_FOR_NONFINITE = {"recurrent", "recurrent_bf16"}
 
 
 def plant_nonfinite(case: Case, rng) -> None:

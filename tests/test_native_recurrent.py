@@ -159,3 +159,45 @@ def test_computed_weights_stay_portable():
     graph.input.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(w.dims)))
     graph.initializer.remove(w)
     assert "W is not a constant" in _why(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op, lbr, widened", [("LSTM", 0, True), ("GRU", 0, True), ("RNN", 0, True),
+                                              ("GRU", 1, False)])
+def test_precision_bf16_computes_the_node_of_bfloat16_weights(tmp_path, op, lbr, widened):
+    """Under precision bf16 the projection is the compile's bfloat16 GEMM and R is widened
+    from bfloat16 (GRU with linear_before_reset keeps R float32: its panel is an odd number
+    of vectors). The oracle: onnxruntime's float32 node given the weights rounded to
+    bfloat16 by ml_dtypes (and X too where the arithmetic rounds the GEMM's A), which nncc
+    must match to float32's tolerance; against the unrounded node it must differ."""
+    import ml_dtypes
+
+    from nncc.native.precision import arithmetic
+
+    model, feeds = recurrent_model(op, 12, 2, 24, 40)
+    if lbr:
+        model.graph.node[0].attribute.append(helper.make_attribute("linear_before_reset", 1))
+    path = tmp_path / "rnn.onnx"
+    onnx.save(model, str(path))
+    compiled = nncc.compile_model(path, precision="bf16")
+    assert compiled.native_partitions == 1
+    forms = {s.name.partition("#")[0]: s.name.partition("#")[2] for s in compiled.plan.slots if "#" in s.name}
+    assert "bf16" in forms["W"] and ("bf16w" in forms["R"]) == widened, forms
+    got = compiled.run(feeds)
+
+    def rounded(a):
+        return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+    low = onnx.ModelProto()
+    low.CopyFrom(model)
+    for init in low.graph.initializer:
+        if init.name in ("W", "R") and (init.name == "W" or widened):
+            init.CopyFrom(numpy_helper.from_array(rounded(numpy_helper.to_array(init)), init.name))
+    low_feeds = dict(feeds)
+    if arithmetic("bf16", "native") != "bf16w":  # a bfloat16 dot product rounds X as well
+        low_feeds["X"] = rounded(feeds["X"])
+    session, exact = ort_session(low), ort_session(model)
+    names = [o.name for o in session.get_outputs()]
+    for name, want, unrounded in zip(names, session.run(None, low_feeds), exact.run(None, feeds)):
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+        assert np.max(np.abs(got[name] - unrounded)) > 1e-4, name  # bfloat16 did change the node

@@ -20,6 +20,15 @@ step is two passes: the update and reset gates (and r ⊙ h), then the candidate
 At batch 1 a step is bound by reading all of R (1 MB for an LSTM of hidden 256) from L2:
 one thread runs as fast as onnxruntime's, two split R over two cores' caches.
 
+Under precision bf16 the projection is the packed GEMM of the compile's bfloat16
+arithmetic (the writer's packing: AMX tiles, vdpbf16ps or widened weights), and R is kept
+in bfloat16 and widened to float32 in registers (one shift or one mask per vector, two
+columns to a 32-bit word as gemm_bf16_gen's widened weights): the step reads half the
+bytes, while the hidden state and every sum stay float32, so R's rounding (at most 2^-8
+of each weight) is the recurrence's only error beyond float32's. A panel whose width is an
+odd number of vectors (GRU with linear_before_reset: three gates of one vector) keeps R
+float32.
+
 Every index is in range by construction: time t < S, batch row b < B, unit j = j0 + i with
 i < min(U, H - j0), direction d < D, so a projection row is below S x B and a state below
 D x B x H; a task's panel of R starts at task x H x G x U, below the packed D x blocks x H x
@@ -38,6 +47,7 @@ import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
 from nncc.native import gemm_gen
+from nncc.native.gemm_bf16_gen import to_bf16
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import const_value
 from nncc.native.kernel import scratch_arg
@@ -191,21 +201,39 @@ def pack_recurrence(r: np.ndarray, gates: list[int], h: int, u: int) -> np.ndarr
     return out
 
 
-def _dot_source(name: str, rows: int, h: int, gu: int, vl: int) -> str:
+def pack_recurrence_bf16(packed: np.ndarray, vl: int) -> np.ndarray:
+    """pack_recurrence's [D, blocks, H, GU] in bfloat16, two columns to a 32-bit word: word j
+    of the u-th pair of vectors of a row holds column 2u * VL + j (low half) and
+    (2u + 1) * VL + j (high half); [D, blocks, H, GU / 2] words, carried as float32."""
+    *lead, gu = packed.shape
+    halves = to_bf16(packed).reshape(*lead, gu // (2 * vl), 2, vl).astype(np.uint32)
+    words = (halves[..., 0, :] | (halves[..., 1, :] << 16)).reshape(*lead, gu // 2)
+    return np.ascontiguousarray(words).view(np.float32)
+
+
+def _dot_source(name: str, rows: int, h: int, gu: int, vl: int, widened: bool = False) -> str:
     """``name(hs, rp, s)``: s[r][0..GU) = Σ_k hs[r * H + k] · rp[k * GU + ...] for ``rows``
-    batch rows; one row keeps two sets of sums (even and odd k) so products overlap."""
+    batch rows; one row keeps two sets of sums (even and odd k) so products overlap.
+    ``widened``: rp holds pack_recurrence_bf16's words, GU / 2 to a row of k."""
     nv = gu // vl
     sets = 2 if rows == 1 else 1
+    rp_type = "uint32_t" if widened else "float"
     lines = [(f"static inline __attribute__((always_inline)) void {name}(const float *restrict hs, "
-              "const float *restrict rp, float *restrict s) {"),
+              f"const {rp_type} *restrict rp, float *restrict s) {{"),
              f"  nn_v a[{sets}][{rows}][{nv}];",
              (f"  for (int q = 0; q < {sets}; q++) for (int r = 0; r < {rows}; r++) for (int v = 0; v < {nv}; v++) "
               "a[q][r][v] = nn_vzero();"),
              "  int64_t k = 0;"]
 
     def k_step(q: int, k: str) -> list[str]:
-        return [f"    {{ const float *bp = rp + ({k}) * {gu}; nn_v bv[{nv}];",
-                f"      for (int v = 0; v < {nv}; v++) bv[v] = nn_vload(bp + v * NN_VL);",
+        if widened:
+            load = [f"    {{ const uint32_t *bp = rp + ({k}) * {gu // 2}; nn_v bv[{nv}];",
+                    f"      for (int u = 0; u < {nv // 2}; u++) {{ rnn_vu x; memcpy(&x, bp + u * NN_VL, sizeof x);",
+                    "        bv[2 * u] = (nn_v)(x << 16); bv[2 * u + 1] = (nn_v)(x & 0xFFFF0000u); }"]
+        else:
+            load = [f"    {{ const float *bp = rp + ({k}) * {gu}; nn_v bv[{nv}];",
+                    f"      for (int v = 0; v < {nv}; v++) bv[v] = nn_vload(bp + v * NN_VL);"]
+        return load + [
                 f"      for (int r = 0; r < {rows}; r++) {{ const nn_v hv = nn_vset1(hs[r * {h} + ({k})]);",
                 f"        for (int v = 0; v < {nv}; v++) a[{q}][r][v] = nn_vfma(hv, bv[v], a[{q}][r][v]); }} }}"]
 
@@ -224,7 +252,8 @@ def _dot_source(name: str, rows: int, h: int, gu: int, vl: int) -> str:
     return "\n".join(lines)
 
 
-def _task_source(n: _Node, name: str, dot: str, gates: int, u: int, body: list[str], src: str) -> tuple[str, int]:
+def _task_source(n: _Node, name: str, dot: str, gates: int, u: int, body: list[str], src: str,
+                 widened: bool = False) -> tuple[str, int]:
     """A pass of one time step over tasks (direction, block of U units): the product of
     ``src`` (the old hidden state, or r ⊙ h) with the block's packed R, then ``body``, the C
     of one unit (j of the node, i of the block) of batch row b: the block's sums in sr (gate
@@ -247,7 +276,8 @@ def _task_source(n: _Node, name: str, dot: str, gates: int, u: int, body: list[s
         f"    const int64_t d = task / {blocks}, j0 = task % {blocks} * {u};",
         f"    const int64_t nu = {h} - j0 < {u} ? {h} - j0 : {u};",
         f"    const int64_t t = ({reverse}) ? {n.seq - 1} - c->t : c->t;",
-        f"    const float *rp = c->{src}_r + (task * {h}) * {gu};",
+        (f"    const uint32_t *rp = (const uint32_t *)c->{src}_r + (task * {h}) * {gu // 2};" if widened else
+         f"    const float *rp = c->{src}_r + (task * {h}) * {gu};"),
         f"    const float *ho = c->h + c->cur * {n.d * batch * h} + d * {batch * h};",
         f"    float *hn = c->h + (1 - c->cur) * {n.d * batch * h} + d * {batch * h};",
         "    (void)hn; (void)ho; (void)t;",
@@ -360,13 +390,20 @@ def emit(w, node: Node) -> None:
     rows = n.seq * batch
     # the projection: X [rows, I] by W of every direction as one [I, D*G*H] matrix
     wt = np.ascontiguousarray(wv.transpose(2, 0, 1).reshape(n.inp, cols))
-    wp = w.pack(n.w, f"rnn-x{vl}", gemm_gen.pack_b(wt, vl))
+    # the writer's packing: the compile's arithmetic for this node's weights (float32, or
+    # bfloat16 under precision bf16 unless precision auto kept W float32)
+    packing = getattr(w, "packing", gemm_gen.F32)
+    low = packing is not gemm_gen.F32
+    wp = w.pack(n.w, f"rnn-x{vl}" if not low else f"rnn-x-{packing.form(vl)}", packing.pack(wt, vl))
     bias = _projection_bias(n, bv)
     bias_name = None
     if bias is not None:
         bias_name = w.pack(n.b, f"rnn-b{vl}-{n.op}{n.lbr}", gemm_gen.pack_row(bias, cols, vl))
     shape = gemm_gen.Shape(rows, cols, n.inp, n.inp, 1, vl)
-    support = [w.simd, gemm_gen.source(shape, gemm_gen.Epilogue(bias=bias is not None), "rnn_xproj")]
+    support = [packing.support(shape, gemm_gen.Epilogue(bias=bias is not None), "rnn_xproj")]
+    if low:  # R's words, two bfloat16 columns each, as a vector of the ISA's width
+        support.append("typedef uint32_t rnn_vu __attribute__((vector_size(NN_VL * 4)));")
+    gemm_scratch = packing.scratch(shape)
     if n.clip is not None:
         bound = c_float(n.clip)
         support.append(f"static inline float rnn_clip(float v) {{ return v < -{bound} ? -{bound} : "
@@ -381,13 +418,15 @@ def emit(w, node: Node) -> None:
             chosen = [0, 1] if src == "h" else [2]
         else:
             chosen = list(range(g))
-        form = f"rnn-r{vl}-{''.join(map(str, chosen))}"
-        packed_r[src] = w.pack(n.r, form, pack_recurrence(rv, chosen, h, u))
         gu = gates * u
+        widened = low and (gu // vl) % 2 == 0  # whole pairs of vectors to a panel's row
+        form = f"rnn-r{vl}-{''.join(map(str, chosen))}" + ("bf16w" if widened else "")
+        packed = pack_recurrence(rv, chosen, h, u)
+        packed_r[src] = w.pack(n.r, form, pack_recurrence_bf16(packed, vl) if widened else packed)
         for r in sorted({min(RB, batch), batch % RB} - {0}):
-            support.append(_dot_source(f"{dot}_{r}", r, h, gu, vl))
+            support.append(_dot_source(f"{dot}_{r}", r, h, gu, vl, widened))
         body = [line.replace("UNITS", str(u)) for line in body]  # the block's width, known here
-        text, tasks = _task_source(n, name, dot, gates, u, body, src)
+        text, tasks = _task_source(n, name, dot, gates, u, body, src, widened)
         support.append(text)
         passes.append((name, tasks, 2 * batch * h * gu * tasks))
     states = dirs * batch * h
@@ -405,7 +444,8 @@ def emit(w, node: Node) -> None:
     init_h = f"{ptr(n.h0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.h0 else "0.0f"
     init_c = f"{ptr(n.c0)}[{_state_index(n, 'd', 'b', 'j')}]" if n.c0 else "0.0f"
     final = f"hs + {(n.seq % 2) * states}"
-    scratch = 4 * _scratch_floats(n)
+    state_bytes = 4 * _scratch_floats(n)
+    scratch = state_bytes + gemm_scratch  # the GEMM's (a bfloat16 arithmetic's rounded X) after the states
     code = [
         "{",
         f"  float *xp = (float *){scratch_arg(scratch)};",
@@ -414,7 +454,8 @@ def emit(w, node: Node) -> None:
         (f"  float *zs = cs + {_pad16(states)}, *rh = zs + {_pad16(states)};" if gru0 else
          "  float *zs = 0, *rh = 0;"),
         "  (void)cs; (void)zs; (void)rh;",
-        f"  rnn_xproj({w.ptr(n.x)}, {w.ptr(wp)}, {ptr(bias_name)}, 0, 0, xp);",
+        (f"  rnn_xproj({w.ptr(n.x)}, {w.ptr(wp)}, {ptr(bias_name)}, 0, 0, xp, (char *)xp + {state_bytes});"
+         if gemm_scratch else f"  rnn_xproj({w.ptr(n.x)}, {w.ptr(wp)}, {ptr(bias_name)}, 0, 0, xp);"),
         (f"  for (int64_t d = 0; d < {dirs}; d++) for (int64_t b = 0; b < {batch}; b++) "
          f"for (int64_t j = 0; j < {h}; j++) {{"),
         f"    hs[(d * {batch} + b) * {h} + j] = {init_h};",
