@@ -201,3 +201,25 @@ def test_precision_bf16_computes_the_node_of_bfloat16_weights(tmp_path, op, lbr,
     for name, want, unrounded in zip(names, session.run(None, low_feeds), exact.run(None, feeds)):
         np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
         assert np.max(np.abs(got[name] - unrounded)) > 1e-4, name  # bfloat16 did change the node
+
+
+@pytest.mark.slow
+def test_precision_auto_keeps_a_recurrent_node_float32_under_a_tight_tolerance(tmp_path):
+    """precision auto names W and R apart (each a weight it can keep float32): under a
+    tolerance bfloat16 cannot meet both stay float32 and the node then matches onnxruntime's
+    float32 to float32's tolerance; under a loose one both stay bfloat16."""
+    from nncc.preparing.deviation import PLAN_KEY
+
+    model, feeds = recurrent_model("LSTM", 12, 2, 24, 40)
+    path = tmp_path / "rnn.onnx"
+    onnx.save(model, str(path))
+    tight = nncc.compile_model(path, precision="auto", tolerance=1e-5)
+    assert sorted(tight.plan.options[PLAN_KEY]["float32_layers"]) == ["R", "W"]
+    assert not any("bf16" in s.name for s in tight.plan.slots)
+    got = tight.run(feeds)
+    session = ort_session(model)
+    for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+    loose = nncc.compile_model(path, precision="auto", tolerance=1.0)
+    assert loose.plan.options[PLAN_KEY]["float32_layers"] == []
+    assert sum("bf16" in s.name for s in loose.plan.slots) == 2

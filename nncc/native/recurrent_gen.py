@@ -419,7 +419,9 @@ def emit(w, node: Node) -> None:
         else:
             chosen = list(range(g))
         gu = gates * u
-        widened = low and (gu // vl) % 2 == 0  # whole pairs of vectors to a panel's row
+        # whole pairs of vectors to a panel's row, and R not kept float32 by precision auto
+        # (which names W and R apart: calibration.low_layers lists both)
+        widened = low and (gu // vl) % 2 == 0 and n.r not in getattr(w, "keep_f32", ())
         form = f"rnn-r{vl}-{''.join(map(str, chosen))}" + ("bf16w" if widened else "")
         packed = pack_recurrence(rv, chosen, h, u)
         packed_r[src] = w.pack(n.r, form, pack_recurrence_bf16(packed, vl) if widened else packed)
