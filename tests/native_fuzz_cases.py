@@ -703,10 +703,27 @@ def dynamic_int8(case, rng):
     MatMulInteger, Cast, Mul by the scales, maybe Add of a bias), which -O2 makes one
     DynamicQuantizeMatMul; at -O0 that node itself, as onnxruntime's optimizer writes it (the
     chain then stays the reference evaluator's, which knows no com.microsoft op)."""
-    b = _Builder(case, rng)
     m = int(rng.integers(1, 201)) if rng.random() < 0.7 else _choice(rng, [1, 2, 6, 7, 12, 64, 128])
     # K = 1030: a long K, remainder entries' rows past 1024 (int8_gemm_gen's pairs layout)
     k, nn = _choice(rng, ODD + [16, 48, 64, 128, 65, 200, 1030]), _choice(rng, ODD + [16, 48, 64, 128, 65, 200])
+    _dynamic_int8_product(case, rng, m, k, nn)
+
+
+def qgemm_amx(case, rng):
+    """dynamic_int8 at the AMX int8 GEMM's edges (nncc/native/int8_gemm_amx_gen.py; the
+    vpdpbusd or plain GEMM where the CPU or target lacks amx_int8): M around the 16-row tile
+    and the 32-row block (and below AMX_MIN_ROWS), K around the tile's 64 bytes and not a
+    multiple of 4, N around the 16-column tile and the 64-column panel."""
+    m = _choice(rng, [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 96, 100])
+    k = _choice(rng, [1, 3, 5, 62, 63, 64, 65, 66, 67, 127, 128, 129, 191, 257, 770])
+    nn = _choice(rng, [1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 80, 127, 129, 200])
+    _dynamic_int8_product(case, rng, m, k, nn)
+
+
+def _dynamic_int8_product(case, rng, m: int, k: int, nn: int):
+    """The model of dynamic_int8 for A of ``m`` rows (maybe split into batch dimensions) and
+    ``k`` columns by weights of ``nn`` columns."""
+    b = _Builder(case, rng)
     batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(0, 3)))]
     if math.prod(batch) * m > 256:
         batch = []
@@ -1477,6 +1494,8 @@ KINDS["qconv_depthwise"] = qconv_depthwise
 ROUND.append("qconv_depthwise")
 KINDS["gemm_amx"] = gemm_amx
 ROUND.append("gemm_amx")
+KINDS["qgemm_amx"] = qgemm_amx
+ROUND.append("qgemm_amx")
 
 
 def _bf16_values(x: np.ndarray) -> np.ndarray:

@@ -49,6 +49,7 @@ import math
 
 import numpy as np
 
+from nncc.native import int8_gemm_amx_gen
 from nncc.native.c_struct import Field, Struct
 from nncc.native.graph_query import const_value
 from nncc.native.kernel import scratch_arg
@@ -64,6 +65,7 @@ ENTRIES_PER_GROUP = 3  # the channel-major form's remainder entries a sliver may
 # sums to the entries' columns (counted: 48 vector steps and the masks); a group of K over a panel (measured)
 ENTRY_NS, MASKING_NS, GROUP_NS = 3.2, 10.0, 16.6
 ENTRY = "q_dynamic_matmul"
+assert int8_gemm_amx_gen.NR == NR  # the tiles read these panels
 
 
 def check(node, graph, infos) -> str | None:
@@ -359,11 +361,13 @@ static __attribute__((noinline)) void q_dots(const uint8_t *a, const int8_t *bp,
 """
 
 
-def source(m: int, n: int, k: int, name: str, pairs: bool = False, capacity: int = 0) -> str:
+def source(m: int, n: int, k: int, name: str, pairs: bool = False, capacity: int = 0, tiles: bool = False) -> str:
     """File-scope C defining ``void name(A, Bp, table, Y, scratch)``, B packed in the pairs
-    layout when ``pairs``, with room for ``capacity`` remainder entries a panel."""
-    kp = -(-k // 4) * 4
-    groups = kp // 4
+    layout when ``pairs``, with room for ``capacity`` remainder entries a panel; ``tiles``:
+    B packed with K padded to whole tiles (padded_k), and the AMX product beside the
+    vpdpbusd one where the code is built with AMX-INT8 (int8_gemm_amx_gen)."""
+    kp = padded_k(k, tiles)  # A's row stride and B's rows a panel
+    groups = -(-k // 4)  # the groups vpdpbusd multiplies: never the tiles' zero padding
     panels = -(-n // NR)
     slivers = -(-m // MR)
     rowsum_bytes = -(-m * 4 // 64) * 64
@@ -406,7 +410,34 @@ static void q_quantize(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
-{dots_source(kp, groups, pairs, capacity)}/* the (row sliver x panel) tiles [lo, hi): dot products, zero-point corrections, scales, bias */
+{dots_source(kp, groups, pairs, capacity)}/* rows [i0, i0 + rows) of panel q from their int32 dot products ``acc``: zero-point
+ * corrections, scales, bias (the first ``width`` columns) */
+static inline void q_store(const q_job *j, const int32_t (*acc)[{NR}], int64_t i0, int rows, int64_t q, int width) {{
+    const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
+    const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
+    int32_t za = j->azero, kza = {k} * za;
+    int32_t fixed[{NR}];  /* the terms no row changes, and each column's scale, once a tile */
+    float scale[{NR}];
+    for (int col = 0; col < {NR}; col++) {{
+        fixed[col] = kza * zb[col] - za * cs[col];
+        scale[col] = j->scale * bs[col];
+    }}
+    for (int r = 0; r < rows; r++) {{
+        int32_t rs = j->rowsum[i0 + r];
+        float *y = j->y + (i0 + r) * {n} + q * {NR};
+        float t[{NR}];
+        for (int col = 0; col < {NR}; col++) {{
+            int32_t exact = acc[r][col] - zb[col] * rs + fixed[col];
+            t[col] = (float)exact * scale[col];
+        }}
+        /* the product rounded on its own, then the bias added, as the unfused graph
+         * computes it: the compiler may not contract the two into one multiply-add */
+        __asm__ volatile("" : : "r"(t) : "memory");
+        for (int col = 0; col < width; col++) y[col] = t[col] + bias[col];
+    }}
+}}
+
+/* the (row sliver x panel) tiles [lo, hi): dot products, then q_store */
 static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
     const q_job *j = ctx;
     int32_t acc[{MR}][{NR}];
@@ -416,34 +447,11 @@ static void q_tiles(void *ctx, int64_t lo, int64_t hi) {{
         int64_t i0 = s * {MR};
         int rows = s == {slivers - 1} ? {tail} : {MR};
         int width = q == {panels - 1} ? {last} : {NR};
-        const uint8_t *a = j->aq + i0 * {kp};
-        const int8_t *bp = j->b + q * {panel_bytes(groups, pairs, capacity)};
-        q_dots(a, bp, rows, acc);
-        const int32_t *cs = j->colsum + q * {NR}, *zb = j->bzero + q * {NR};
-        const float *bs = j->bscale + q * {NR}, *bias = j->bias + q * {NR};
-        int32_t za = j->azero, kza = {k} * za;
-        int32_t fixed[{NR}];  /* the terms no row changes, and each column's scale, once a tile */
-        float scale[{NR}];
-        for (int col = 0; col < {NR}; col++) {{
-            fixed[col] = kza * zb[col] - za * cs[col];
-            scale[col] = j->scale * bs[col];
-        }}
-        for (int r = 0; r < rows; r++) {{
-            int32_t rs = j->rowsum[i0 + r];
-            float *y = j->y + (i0 + r) * {n} + q * {NR};
-            float t[{NR}];
-            for (int col = 0; col < {NR}; col++) {{
-                int32_t exact = acc[r][col] - zb[col] * rs + fixed[col];
-                t[col] = (float)exact * scale[col];
-            }}
-            /* the product rounded on its own, then the bias added, as the unfused graph
-             * computes it: the compiler may not contract the two into one multiply-add */
-            __asm__ volatile("" : : "r"(t) : "memory");
-            for (int col = 0; col < width; col++) y[col] = t[col] + bias[col];
-        }}
+        q_dots(j->aq + i0 * {kp}, j->b + q * {panel_bytes(kp // 4, pairs, capacity)}, rows, acc);
+        q_store(j, (const int32_t (*)[{NR}])acc, i0, rows, q, width);
     }}
 }}
-
+{int8_gemm_amx_gen.source(m, n, kp) if tiles else ""}
 static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     /* the range of the whole tensor, always including 0 (so 0 is exact); a NaN anywhere
      * makes it NaN, as DynamicQuantizeLinear's max and min (the portable kernel's) */
@@ -480,13 +488,23 @@ static void {name}(const float *A, const int8_t *Bp, {table.pointer}table, float
     q_job j = {{A, (uint8_t *)(scratch + {rowsum_bytes}), (int32_t *)scratch, Bp,
                table->colsum, table->zero, table->scale, table->bias, Y, scale, zero, (int32_t)zero}};
     nn_parallel({m}, {m * k}, q_quantize, &j);
-    nn_parallel({slivers * panels}, {m * n * k}, q_tiles, &j);
+{int8_gemm_amx_gen.dispatch(m, n, k, kp) if tiles else ""}    nn_parallel({slivers * panels}, {m * n * k}, q_tiles, &j);
 }}
 """
 
 
-def scratch_bytes(m: int, k: int) -> int:
-    return -(-m * 4 // 64) * 64 + m * (-(-k // 4) * 4)
+def padded_k(k: int, tiles: bool = False) -> int:
+    """A quantized row's bytes and B's rows a panel: K rounded up to a group of four, or
+    to a tile's 64 bytes where the AMX product may read them (zeros on both sides)."""
+    step = int8_gemm_amx_gen.TILE_K if tiles else 4
+    return -(-k // step) * step
+
+
+def scratch_bytes(m: int, k: int, tiles: bool = False) -> int:
+    """The row sums, then A quantized: with ``tiles``, its rows rounded up to the AMX
+    product's 32-row blocks (the padding rows zero)."""
+    rows = int8_gemm_amx_gen.padded_rows(m) if tiles else m
+    return -(-m * 4 // 64) * 64 + rows * padded_k(k, tiles)
 
 
 def emit(w, node) -> None:
@@ -498,11 +516,14 @@ def emit(w, node) -> None:
     k, n = bv.shape
     value = lambda name: None if not name else np.asarray(const_value(w.graph, w.infos, name))  # noqa: E731
     pairs = pairs_layout(w.vl)
-    bp = w.pack(b, "int8 bounded pair panels" if pairs else "int8 panels", as_floats(pack_b(bv, pairs)))
+    tiles = int8_gemm_amx_gen.wanted(w.vl, m := math.prod(w.shape(a)[:-1]))
+    packed = pack_b(np.pad(bv, ((0, padded_k(k, tiles) - k), (0, 0))) if tiles else bv, pairs)
+    bp = w.pack(b, "int8 bounded pair panels" if pairs else "int8 tile panels" if tiles else "int8 panels",
+                as_floats(packed))
     table = w.pack(b, f"int8 columns {b_scale}|{b_zero}|{bias}",
                    column_table(bv, value(b_scale), value(b_zero), value(bias)))
     out = node.outputs[0]
-    m = math.prod(w.shape(a)[:-1])
-    code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, {scratch_arg(scratch_bytes(m, k))});"
-    w.step(code, [a, (bp, "const int8_t *"), (table, columns(n).pointer)], [out], scratch_bytes(m, k),
-           support=source(m, n, k, ENTRY, pairs, remainder_capacity(bv) if pairs else 0))
+    scratch = scratch_bytes(m, k, tiles)
+    code = f"{ENTRY}({w.ptr(a)}, {w.ptr(bp)}, {w.ptr(table)}, {w.ptr(out)}, {scratch_arg(scratch)});"
+    w.step(code, [a, (bp, "const int8_t *"), (table, columns(n).pointer)], [out], scratch,
+           support=source(m, n, k, ENTRY, pairs, remainder_capacity(bv) if pairs else 0, tiles))
