@@ -26,6 +26,7 @@ from nncc.native import conv_bf16, gemm_bf16_gen
 from nncc.native import winograd
 from nncc.native.graph_query import CONV_OPS
 from nncc.native.kernel import SCRATCH
+from nncc.native.precision import convolutions_in_bf16
 
 F32 = np.dtype(np.float32)
 
@@ -132,7 +133,8 @@ class BlockedLayout:
             # in bfloat16 pairs where this layer's arithmetic is (asked of the conv node: a residual
             # one is written by its Add; the packed form names it, so
             # the plan's record counts the layer: nncc/preparing/calibration.low_layers)
-            bf16 = self.weights_packing(node) is gemm_bf16_gen.BF16 and not plain_input
+            bf16 = self.weights_packing(node) is gemm_bf16_gen.BF16 and not plain_input and \
+                convolutions_in_bf16(self.arithmetic)
             if bf16:
                 wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}bf16", conv_bf16.pack_weights(packed))
             else:
