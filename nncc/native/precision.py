@@ -44,11 +44,12 @@ def weights_pay(kind: str, rows: int) -> bool:
 
 
 # The blocked convolutions (nncc/native/conv_bf16.py) multiply in bfloat16 only where
-# vdpbf16ps outruns float32's FMAs. On AMD's Zen 4 it does twice their work at their rate;
-# on Intel's Sapphire Rapids family (the CPUs with AMX tiles) it issues at a quarter of the
-# FMA's rate, so half its arithmetic: measured on such a Xeon, 1.5-1.7 vdpbf16ps a
-# nanosecond against 4.4-6.2 FMAs, and light_resnet50's direct convolutions took 1.1-1.9x
-# their float32 time in bfloat16. There they stay float32.
+# vdpbf16ps outruns float32's FMAs. On AMD's Zen 4 the bfloat16 GEMM ran at about twice
+# float32's (nncc/native/gemm_bf16_gen.py); on Intel's Sapphire Rapids family (the CPUs
+# with AMX tiles) it issues at a quarter of the FMA's rate, so half its arithmetic:
+# measured on such a Xeon, 1.5-1.7 vdpbf16ps a nanosecond against 4.4-6.2 FMAs, and
+# light_resnet50's direct convolutions took 1.1-1.9x their float32 time in bfloat16.
+# There they stay float32.
 SLOW_DOT = "amx_tile"
 
 
