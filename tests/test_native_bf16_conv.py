@@ -125,3 +125,46 @@ def test_convolutions_stay_float32_where_kept_or_where_vdpbf16ps_is_slow(tmp_pat
     monkeypatch.setattr(toolchain, "_host_features", lambda: real - {precision.SLOW_DOT})
     kept = nncc.compile_model(path, precision="bf16", keep_f32=("w0", "w2"))
     assert sorted(low_layers(kept.plan)) == sorted(f"w{i}" for i in range(len(CONVS)) if i not in (0, 2))
+
+
+def residual_model(tmp_path) -> str:
+    """Conv -> Relu -> Conv + the first's output (a residual Add writes the second): two
+    layers whose deviation from float32 in bfloat16 is far over 1e-5."""
+    rng = np.random.default_rng(5)
+    w0 = (rng.standard_normal((32, 24, 3, 3)) / 15).astype(np.float32)
+    w1 = (rng.standard_normal((32, 32, 1, 1)) / 6).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["c1", "r0"], ["y"])]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 10, 10])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = str(tmp_path / "residual.onnx")
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.slow
+@needs_bf16
+def test_auto_keeps_bf16_convolutions_float32_to_meet_the_tolerance(tmp_path, fast_dot):
+    from nncc.compiler import OptionError
+    from tests.oracle import ort_outputs
+
+    path = residual_model(tmp_path)
+    low = nncc.compile_model(path, precision="bf16")
+    assert sorted(low_layers(low.plan)) == ["w0", "w1"]
+    check = low.plan.options["precision_check"]
+    assert check["bfloat16_layers"] == 2 and check["deviation"]["y"] > 1e-5
+    with pytest.raises(OptionError, match="over the tolerance"):  # ToleranceExceeded
+        nncc.compile_model(path, precision="bf16", tolerance=1e-5)
+    auto = nncc.compile_model(path, precision="auto", tolerance=1e-5)
+    check = auto.plan.options["precision_check"]
+    # the residual convolution is written by its Add: keep_f32 must still reach it
+    assert sorted(check["float32_layers"]) == ["w0", "w1"] and not low_layers(auto.plan)
+    assert check["deviation"]["y"] <= 1e-5
+    x = np.random.default_rng(9).standard_normal((1, 24, 10, 10)).astype(np.float32)
+    want = ort_outputs(path, {"x": x})["y"]
+    np.testing.assert_allclose(auto.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
