@@ -21,6 +21,10 @@ A depthwise convolution is the same tiling with one vector of channels per pixel
 broadcast: every tap is a vector multiply-add of input and weight. A grouped convolution
 whose groups are whole blocks is the direct one per group: a tile's channel blocks stay in
 one group, and its task reads that group's input blocks only.
+
+Under precision bf16, where vdpbf16ps pays, the direct convolution over a blocked input
+multiplies pairs of input channels in bfloat16 (nncc/native/conv_bf16.py): the same tiling
+over words of two channels, its input rounded into scratch first.
 """
 
 from __future__ import annotations

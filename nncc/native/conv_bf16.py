@@ -45,8 +45,9 @@ def scratch_bytes(n: int, c: int, h: int, w: int, vl: int) -> int:
 
 
 def convert(n: int, c: int, h: int, w: int, vl: int) -> tuple[str, str]:
-    """(support C, call) rounding a blocked [N, C, H, W] input at ``cvt_in[0]`` to bfloat16
-    pairs at ``cvt_in[1]``; the call expects ``x`` and ``xb`` C expressions substituted."""
+    """(support C, call) rounding a blocked [N, C, H, W] input to bfloat16 pairs: the call
+    reads the input at ``cvt_in[0]`` and writes the pairs at ``cvt_in[1]``, a C array of two
+    pointers the caller declares around it (blocked_conv.direct_conv)."""
     icb = -(-c // vl)
     last = c - (icb - 1) * vl
     pixels = h * w

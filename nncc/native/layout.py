@@ -130,9 +130,10 @@ class BlockedLayout:
             x = node.inputs[0] if plain_input else self.as_blocked(node.inputs[0])
             ocb, _ = bc.choose_tiling(g, vl)
             packed = bc.pack_direct_weights(weights, vl, ocb, plain_input)
-            # in bfloat16 pairs where this layer's arithmetic is (asked of the conv node: a residual
-            # one is written by its Add; the packed form names it, so
-            # the plan's record counts the layer: nncc/preparing/calibration.low_layers)
+            # in bfloat16 pairs where this layer's arithmetic is bf16 (asked of the Conv itself: a
+            # residual one is written while its Add is the node being written) and vdpbf16ps
+            # pays; the packed form names it, so the plan's record counts the layer
+            # (nncc/preparing/calibration.low_layers)
             bf16 = self.weights_packing(node) is gemm_bf16_gen.BF16 and not plain_input and \
                 convolutions_in_bf16(self.arithmetic)
             if bf16:
