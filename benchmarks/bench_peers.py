@@ -235,8 +235,8 @@ def quantized_file(path) -> bool:
 
 def same_precision(a: str | None, b: str | None) -> bool:
     """Whether two runtimes' figures compare like with like: both float32 (f32), or both
-    in bfloat16 arithmetic (nncc's bf16 and its bf16w weights count as bf16)."""
-    family = {"bf16w": "bf16"}
+    in bfloat16 arithmetic (nncc's bf16, its bf16amx tiles and its bf16w weights count as bf16)."""
+    family = {"bf16w": "bf16", "bf16amx": "bf16"}
     return a is not None and b is not None and family.get(a, a) == family.get(b, b)
 
 
@@ -310,7 +310,8 @@ def render(report: dict, markdown: bool) -> str:
     if precisions:
         out.append(f"OpenVINO's inference precision (its default on this CPU): {', '.join(precisions)}.")
     out.append("Each column names the precision its runtime computed in (nncc: of its products by weights, bf16w "
-               "being bfloat16 weights widened to float32 on a CPU without AVX-512 BF16; OpenVINO: the "
+               "being bfloat16 weights widened to float32 on a CPU without AVX-512 BF16, bf16amx bfloat16 "
+               "products on AMX tiles; OpenVINO: the "
                "INFERENCE_PRECISION_HINT it reports; int8: a quantized model, whose products are int8 in every "
                "runtime). nncc / best peer compares columns of the same precision only.")
     out.append("nncc compile s: the native compile, a prepare into an empty cache. Max rel diff: the largest "

@@ -423,9 +423,14 @@ def bf16_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     per element of ``a @ b`` (batch dims broadcast): each input rounded to 8 significant
     bits is off by at most 2^-8 of itself, so each product by (2 * 2^-8 + 2^-16) of |a b|;
     float32 sums of K + 2 terms (the bias and a rounding) add (K + 2) * 2^-24 of the
-    absolute sum. The activations tested are 1-Lipschitz, so the bound passes through."""
-    terms = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
-    return (2 * 2.0**-8 + 2.0**-16 + (k + 2) * 2.0**-24) * terms
+    absolute sum. vdpbf16ps and tdpbf16ps read a denormal as zero and flush a denormal
+    result: each input off by at most 2^-126 more, each of the K + 2 sums too, so
+    2^-126 * (sum_k |a_ik| + sum_k |b_kj|) * (1 + 2^-8) + (K + 2) * 2^-126 (docs/native.md).
+    The activations tested are 1-Lipschitz, so the bound passes through."""
+    a64, b64 = np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))
+    terms = a64 @ b64
+    denormal = 2.0**-126 * ((a64.sum(-1, keepdims=True) + b64.sum(-2, keepdims=True)) * (1 + 2.0**-8) + k + 2)
+    return (2 * 2.0**-8 + 2.0**-16 + (k + 2) * 2.0**-24) * terms + denormal
 
 
 def bf16_gemm(case, rng):
@@ -572,6 +577,61 @@ def bf16_long_gemm(case, rng):
     case.terms = k + 1
     case.slack = {y: bound}
     case.geometry = dict(M=m, K=k, N=nn, residual=residual, arithmetic="bf16w" if weights_only else "bf16")
+
+
+def gemm_amx(case, rng):
+    """A product by constant weights compiled with precision bf16, which CPUs with AMX
+    multiply on tiles (nncc/native/gemm_amx_gen.py; elsewhere vdpbf16ps or widened
+    weights, each judged by its own bound): M around the 16-row tile (below 8 the
+    vdpbf16ps GEMM), K around the tile's 32 values, N around its 16 columns and the
+    64-column panel; MatMul with batch dims on A or on both, or Gemm with transposed
+    operands, alpha and C as a bias row or a full matrix; an activation, a residual Add;
+    one case in four with A scaled near float32's smallest normal, so some of it is
+    denormal (which the tiles read as zero)."""
+    from nncc.native.precision import arithmetic  # lazy: only this kind asks
+
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    m = _choice(rng, [1, 5, 8, 15, 16, 17, 31, 32, 33, 47, 64, 100])
+    k = _choice(rng, [1, 2, 15, 31, 32, 33, 63, 64, 65, 100, 129])
+    nn = _choice(rng, [1, 15, 16, 17, 48, 63, 64, 65, 100, 130])
+    weights_only = arithmetic("bf16", "native") == "bf16w"
+    bound_of = bf16_weights_bound if weights_only else bf16_bound
+    tiny = rng.random() < 0.25
+    form = _choice(rng, ["matmul", "batched", "gemm"])
+    if form == "gemm":
+        ta, tb = int(rng.integers(0, 2)), int(rng.integers(0, 2))
+        alpha = float(_choice(rng, [1.0, 0.5, -1.25]))
+        a = b.input("a", (k, m) if ta else (m, k))
+        w = b.init("w", (nn, k) if tb else (k, nn))
+        c_form = _choice(rng, ["row", "full"])
+        c = b.init("c", (nn,)) if c_form == "row" else b.input("c", (m, nn))
+        if tiny:
+            case.inputs[a] *= np.float32(2.0**-124)
+        (y,) = b.node("Gemm", [a, w, c], ["gemm"], transA=ta, transB=tb, alpha=alpha)
+        av, wv = case.inputs[a], case.inits[w]
+        bound = abs(alpha) * bound_of(av.T if ta else av, wv.T if tb else wv, k)
+        case.geometry = dict(M=m, K=k, N=nn, transA=ta, transB=tb, alpha=alpha, C=c_form)
+    else:
+        batch = [_choice(rng, [1, 2, 3]) for _ in range(int(rng.integers(1, 3)))]
+        a = b.input("a", (*batch, m, k))
+        w = b.init("w", (batch[-1], k, nn) if form == "batched" else (k, nn))
+        if tiny:
+            case.inputs[a] *= np.float32(2.0**-124)
+        (y,) = b.node("MatMul", [a, w], ["mm"])
+        if rng.random() < 0.6:
+            (y,) = b.node("Add", [y, b.init("bias", (nn,))], ["add"])
+        bound = bound_of(case.inputs[a], case.inits[w], k)
+        case.geometry = dict(a=[*batch, m, k], w=list(case.inits[w].shape))
+    act = _choice(rng, ["", "Relu", "Sigmoid", "Tanh", "LeakyRelu"])
+    if act:
+        (y,) = b.node(act, [y], ["act"])
+    if rng.random() < 0.4:
+        (y,) = b.node("Add", [y, b.input("res", bound.shape)], ["res_add"])
+    b.output(y)
+    case.terms = k + 2
+    case.slack = {y: bound}
+    case.geometry.update(act=act or None, tiny=tiny, arithmetic=arithmetic("bf16", "native"))
 
 
 # -- attention ---------------------------------------------------------------------------------
@@ -1496,6 +1556,8 @@ ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm",
          "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act", "wide_conv", "conv_bf16"]
 KINDS["qconv_depthwise"] = qconv_depthwise
 ROUND.append("qconv_depthwise")
+KINDS["gemm_amx"] = gemm_amx
+ROUND.append("gemm_amx")
 
 
 def make_case(seed: int, index: int) -> Case:

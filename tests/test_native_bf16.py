@@ -8,7 +8,11 @@ token; and bad values. Where the target lacks AVX-512 BF16 the weights alone are
 The bound, per output element, for inputs rounded to 8 significant bits (each off by at
 most 2^-8 of itself, so each product by at most 2 * 2^-8 + 2^-16 of |a b|) and float32
 sums of K + 2 terms (bias, Gemm's C): ``(2 * 2^-8 + 2^-16 + (K + 2) * 2^-24) * sum_k |a_ik
-b_kj|``. The activations used here change by no more than their input does.
+b_kj|``, plus a denormal term: A's conversion, vdpbf16ps and AMX's tdpbf16ps read a
+denormal as zero and flush a denormal result, so ``2^-126 * ((sum_k |a_ik| + sum_k |b_kj|)
+* (1 + 2^-8) + K + 2)``. The activations used here change by no more than their input does.
+Where the CPU has AMX the products run on its tiles (nncc/native/gemm_amx_gen.py), and
+``NNCC_AMX=0`` makes the same code take its vdpbf16ps path.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from tests.oracle import ort_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_COMPILER = find_toolchain() is None
+needs_amx = pytest.mark.skipif(NO_COMPILER or arithmetic("bf16", "native") != "bf16amx",
+                               reason="no C compiler, or this CPU lacks amx_tile or amx_bf16 (bf16 then multiplies "
+                                      "with vdpbf16ps, which the other tests here check)")
 needs_bf16 = pytest.mark.skipif(NO_COMPILER or why_not_bf16("native") is not None,
                                 reason="no C compiler, or this CPU lacks avx512_bf16 (a bf16 compile then keeps "
                                        "bfloat16 weights, which test_native_bf16_weights.py checks)")
@@ -40,6 +47,13 @@ def bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The module docstring's bound for ``a @ b`` (batch dims broadcast)."""
     terms = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     return (2 * 2.0**-8 + 2.0**-16 + (k + 2) * 2.0**-24) * terms
+
+
+def denormal_term(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """The module docstring's denormal term: each input read as zero when denormal (at most
+    2^-126 off), each of the K + 2 sums flushed when denormal."""
+    a64, b64 = np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))
+    return 2.0**-126 * ((a64.sum(-1, keepdims=True) + b64.sum(-2, keepdims=True)) * (1 + 2.0**-8) + k + 2)
 
 
 class Model:
@@ -120,7 +134,8 @@ def test_bf16_products_are_within_the_bound_of_onnxruntime_and_round_like_ml_dty
     compiled = nncc.compile_model(path, precision="bf16")
     assert compiled.native_partitions == len(compiled.plan.partitions), "a partition stayed portable"
     packed = [s.name for s in compiled.plan.slots if "#gemm" in s.name]
-    assert len(packed) == len(PRODUCTS) and all(name.endswith("#gemm16bf16") for name in packed), packed
+    layout = "#gemm16bf16amx" if arithmetic("bf16", "native") == "bf16amx" else "#gemm16bf16"  # AMX pads K
+    assert len(packed) == len(PRODUCTS) and all(name.endswith(layout) for name in packed), packed
     got = compiled.run(b.feeds)
     exact_f32 = 0
     for name, (a, w, c, k, act) in cases.items():
@@ -198,3 +213,81 @@ def test_an_unknown_precision_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run(cli + ["-v"], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "precision=bf16" in done.stderr
+
+
+# (M, K, N): M at and around the 16-row tile (8, the smallest AMX product, up to 47), K
+# around the 32 values of a tile step (padded with zero pairs on both sides), N around the
+# 16-column tile and the 64-column panel
+AMX_PRODUCTS = [(8, 1, 1), (15, 31, 17), (16, 32, 64), (17, 33, 65), (31, 63, 15), (33, 100, 130),
+                (47, 129, 48), (64, 768, 200)]
+
+
+def amx_model(tmp_path, seed: int):
+    """MatMul + bias + Relu per AMX_PRODUCTS shape, A mixing normal values with values near
+    and below float32's smallest normal (2^-126): (Model, path, output -> (a, w, c, k))."""
+    b = Model(seed)
+    cases = {}
+    for i, (m, k, n) in enumerate(AMX_PRODUCTS):
+        a = b.input(f"x{i}", (m, k))
+        a[: m // 2] *= np.float32(2.0**-125)  # the first rows tiny: about a third of them denormal
+        w = b.const(f"w{i}", (k, n), 1 / np.sqrt(k))
+        c = b.const(f"b{i}", (n,))
+        b.op("MatMul", [f"x{i}", f"w{i}"], f"p{i}")
+        b.op("Add", [f"p{i}", f"b{i}"], f"z{i}")
+        b.output(b.op("Relu", [f"z{i}"], f"y{i}"))
+        cases[f"y{i}"] = (a, w, c, k)
+    return b, b.save(tmp_path / "amx.onnx"), cases
+
+
+def check_amx_products(got: dict, cases: dict) -> None:
+    """Each output within the bound (denormal term included) of the float64 product, and of
+    the product of the inputs rounded by ml_dtypes up to float32 sums: no other rounding."""
+    for name, (a, w, c, k) in cases.items():
+        exact = np.maximum(a.astype(np.float64) @ w.astype(np.float64) + c, 0)
+        limit = bound(a, w, k) + denormal_term(a, w, k) + 2.0**-22 * np.abs(exact)
+        err = np.abs(got[name] - exact)
+        assert (err <= limit).all(), f"{name}: off by {err.max():.3g}, bound {limit[err > limit].min():.3g}"
+        rounded = np.maximum(a.astype(ml_dtypes.bfloat16).astype(np.float64)
+                             @ w.astype(ml_dtypes.bfloat16).astype(np.float64) + c, 0)
+        sums = (k + 2) * 2.0**-24 * np.abs(a.astype(np.float64)) @ np.abs(w.astype(np.float64)) \
+            + denormal_term(a, w, k) + 2.0**-22 * np.abs(rounded)
+        off = np.abs(got[name] - rounded)
+        assert (off <= sums).all(), f"{name}: {off.max():.3g} from the bfloat16-rounded product"
+
+
+@needs_amx
+def test_amx_products_are_within_the_bound_with_denormals_and_every_tile_remainder(tmp_path):
+    b, path, cases = amx_model(tmp_path, 4)
+    compiled = nncc.compile_model(path, precision="bf16")
+    assert compiled.native_partitions == len(compiled.plan.partitions), "a partition stayed portable"
+    assert compiled.plan.options.get("arithmetic") == "bf16amx"
+    check_amx_products(compiled.run(b.feeds), cases)
+
+
+AMX_OFF_SCRIPT = """
+import sys, numpy as np, nncc
+feeds = dict(np.load(sys.argv[2]))
+np.savez(sys.argv[3], **nncc.compile_model(sys.argv[1], precision="bf16").run(feeds))
+"""
+
+
+@pytest.mark.slow
+@needs_amx
+def test_amx_off_computes_what_vdpbf16ps_computes(tmp_path, monkeypatch):
+    """NNCC_AMX=0 (what the runtime also does when Linux refuses the tiles): the AMX code
+    takes its vdpbf16ps path, the very sums of code compiled without AMX."""
+    b, path, cases = amx_model(tmp_path, 5)
+    np.savez(tmp_path / "feeds.npz", **b.feeds)
+    env = dict(os.environ, PYTHONPATH=ROOT, NNCC_AMX="0", NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", AMX_OFF_SCRIPT, path, str(tmp_path / "feeds.npz"),
+                           str(tmp_path / "off.npz")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    off = dict(np.load(tmp_path / "off.npz"))
+    check_amx_products(off, cases)
+    from nncc.native import amx
+    monkeypatch.setattr(amx, "usable", lambda target, feature="amx_bf16": False)  # compile for vdpbf16ps alone
+    compiled = nncc.compile_model(path, precision="bf16")
+    assert compiled.plan.options.get("arithmetic") == "bf16"
+    vdp = compiled.run(b.feeds)
+    for name in cases:
+        np.testing.assert_array_equal(off[name], vdp[name], err_msg=f"{name}: NNCC_AMX=0 did not take vdpbf16ps")

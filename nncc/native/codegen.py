@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import gemm_bf16_gen, gemm_gen, kernel
+from nncc.native import gemm_amx_gen, gemm_bf16_gen, gemm_gen, kernel
 from nncc.native.precision import weights_pay
 from nncc.native.activations import c_enum
 from nncc.native.conv_gen import POOL_OPS, ConvSteps  # noqa: F401  (POOL_OPS: for callers listing ops)
@@ -92,12 +92,14 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.graph, self.symbol = graph, symbol
         self.profile_steps = profile_steps  # time every step (generate's docstring)
         self.vl = vl  # floats per vector: the blocked layout's channel block (nncc/native/isa.py)
-        if precision == "bf16" and vl != 16:
+        if precision in ("bf16", "bf16amx") and vl != 16:
             raise ValueError("the bfloat16 GEMM needs AVX-512 (16 floats per vector)")
         # the arithmetic of the packed GEMM by constant weights, which gemm_gen's emitters read
-        # (a product of two values computed at run time stays float32)
-        self.arithmetic = precision
-        self.low_packing = {"f32": gemm_gen.F32, "bf16": gemm_bf16_gen.BF16, "bf16w": gemm_bf16_gen.BF16W}[precision]
+        # (a product of two values computed at run time stays float32); on AMX the products
+        # are vdpbf16ps's, so the other steps see "bf16"
+        self.arithmetic = "bf16" if precision == "bf16amx" else precision
+        self.low_packing = {"f32": gemm_gen.F32, "bf16": gemm_bf16_gen.BF16, "bf16w": gemm_bf16_gen.BF16W,
+                            "bf16amx": gemm_amx_gen.AMX}[precision]
         self.packing = self.low_packing
         self.keep_f32 = frozenset(keep_f32)  # weights (by name) whose products stay float32 (precision auto)
         self.infos = dict(infos)  # plus the packed constants this partition adds
@@ -382,7 +384,8 @@ def generate(partition, graph: Graph, infos: dict[str, TensorInfo], symbol: str,
              precision: str = "f32", profile_steps: bool = False, keep_f32: tuple[str, ...] = ()) -> Unit:
     """``vl``: the floats per vector of the ISA the code is built for (nncc.native.isa);
     ``precision``: the arithmetic of the products by constant weights, "f32", "bf16" (which
-    the ISA must have: nncc.native.precision.why_not_bf16) or "bf16w"; ``keep_f32``: the
+    the ISA must have: nncc.native.precision.why_not_bf16), "bf16amx" (AMX tiles too:
+    nncc.native.amx.usable) or "bf16w"; ``keep_f32``: the
     weights whose products stay float32 whatever it is. ``profile_steps``: a benchmark aid
     (benchmarks/step_classes.py) timing every step into a table the entry point
     ``SYMBOL_profile`` copies out; the compiler never asks for it, so such code is never

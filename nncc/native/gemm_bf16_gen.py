@@ -55,13 +55,14 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint16)
 
 
-def pack_b(b: np.ndarray, vl: int) -> np.ndarray:
+def pack_b(b: np.ndarray, vl: int, pair_multiple: int = 1) -> np.ndarray:
     """``b`` as [..., K, N] (already transposed and scaled) in bfloat16 pairs, panels of NR
     columns: [..., NP, ceil(K/2), NR] 32-bit words, carried as float32 (every constant the
-    entry point takes is one)."""
+    entry point takes is one). ``pair_multiple``: the pairs of each panel padded with zeros
+    to a multiple of it (the AMX GEMM reads whole tiles of 16 pairs)."""
     nr = TILES[vl][1] * vl
     *batch, k, n = b.shape
-    panels, pairs = -(-n // nr), -(-k // 2)
+    panels, pairs = -(-n // nr), padded_pairs(k, pair_multiple)
     padded = np.zeros((*batch, pairs * 2, panels * nr), np.uint16)
     padded[..., :k, :n] = to_bf16(b)
     low = padded[..., 0::2, :].astype(np.uint32)
@@ -70,9 +71,14 @@ def pack_b(b: np.ndarray, vl: int) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(words, -2, -3)).view(np.float32)
 
 
-def packed_shape(batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, ...]:
+def padded_pairs(k: int, pair_multiple: int = 1) -> int:
+    """Pairs of K per packed panel: ceil(K/2), rounded up to ``pair_multiple``."""
+    return -(-k // (2 * pair_multiple)) * pair_multiple
+
+
+def packed_shape(batch: tuple[int, ...], k: int, n: int, vl: int, pair_multiple: int = 1) -> tuple[int, ...]:
     nr = TILES[vl][1] * vl
-    return (*batch, -(-n // nr), -(-k // 2), nr)
+    return (*batch, -(-n // nr), padded_pairs(k, pair_multiple), nr)
 
 
 def _row_words(k: int) -> int:
@@ -148,11 +154,13 @@ def _blocking(s: Shape) -> tuple[int, int]:
     return kc, mc
 
 
-def source(s: Shape, epi: Epilogue, name: str) -> str:
+def source(s: Shape, epi: Epilogue, name: str, panel_pairs: int | None = None) -> str:
     """File-scope C defining ``void name(A, Bp, bias, pre, post, C, scratch)`` for one
     product; the pointers the epilogue does not use may be null. ``scratch`` holds
-    scratch_bytes(s) for A's pairs, 64-byte aligned."""
+    scratch_bytes(s) for A's pairs, 64-byte aligned. ``panel_pairs``: the pairs each packed
+    panel holds, when padded beyond ceil(K/2) (pack_b's ``pair_multiple``)."""
     pairs = -(-s.k // 2)
+    stride = panel_pairs or pairs
     kc, mc = _blocking(s)
     head = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 GEMM built without AVX-512 BF16\"\n"
             "#endif\n", PARTIAL_VECTOR_C,
@@ -163,7 +171,7 @@ def source(s: Shape, epi: Epilogue, name: str) -> str:
     kernels, driver = grid_source(
         s, epi, name, "h", lambda kernel, rows, width: _micro_kernel(kernel, s, rows, width, epi),
         pairs, kc, mc,
-        b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {pairs * s.nr} + k0 * {s.nr};",
+        b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {stride * s.nr} + k0 * {s.nr};",
         a_line=f"const uint32_t *a = g->ab + i * {_row_words(s.k)} + k0;",
         lead=[], scratch_param=", char *scratch",
         calls=["h_job g = {A, (uint32_t *)scratch, Bp, bias, pre, post, C, tm, tn};",

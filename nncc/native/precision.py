@@ -1,9 +1,11 @@
 """The arithmetic of native products by constant weights: what a target can do of what the
 compile options ask.
 
-``precision="bf16"`` has two arithmetics. Where the target has AVX-512 BF16 both inputs of
-a product are rounded to bfloat16 and ``vdpbf16ps`` multiplies them ("bf16": half the
-instructions and half the weight bytes). Everywhere else only the weights are stored as
+``precision="bf16"`` has three arithmetics. Where the target has AVX-512 BF16 both inputs
+of a product are rounded to bfloat16 and ``vdpbf16ps`` multiplies them ("bf16": half the
+instructions and half the weight bytes); where it also has AMX (amx_tile, amx_bf16) the
+same roundings are multiplied on AMX tiles ("bf16amx", nncc/native/gemm_amx_gen.py: the
+same bound, and the vdpbf16ps code where the OS refuses the tiles). Everywhere else only the weights are stored as
 bfloat16 and widened to float32 in registers ("bf16w": half the weight bytes the
 micro-kernel streams, float32 products and sums). Only a plan without native code (no C
 compiler) computes everything in float32, and the user is told so once per process.
@@ -14,12 +16,14 @@ plan's record names them with the reason (``WIDENING_COSTS``)."""
 
 from __future__ import annotations
 
+from nncc.native import amx
 from nncc.native.toolchain import required_features
 from nncc.util.notice import warn_once
 
 FEATURE = "avx512_bf16"  # as /proc/cpuinfo names it
 # the arithmetic of each kind, as the native backend's identity names it
 ARITHMETICS = {"f32": "float32", "bf16": "bfloat16 products (vdpbf16ps)",
+               "bf16amx": "bfloat16 products on AMX tiles (tdpbf16ps; vdpbf16ps where the OS refuses the tiles)",
                "bf16w": "bfloat16 weights widened to float32"}
 
 
@@ -74,7 +78,9 @@ def arithmetic(precision: str, target: str) -> str:
     constant weights in when ``precision`` is asked for."""
     if precision == "f32":
         return "f32"  # auto is bf16 with some layers kept float32 (CompileOptions.keep_f32)
-    return "bf16" if why_not_bf16(target) is None else "bf16w"
+    if why_not_bf16(target) is not None:
+        return "bf16w"
+    return "bf16amx" if amx.usable(target, "amx_bf16") else "bf16"
 
 
 def say_if_unavailable(precision: str, has_compiler: bool) -> None:

@@ -116,6 +116,9 @@ static inline float nn_act(int act, float v, float p0, float p1) {
 typedef void (*nn_task)(void *ctx, int64_t lo, int64_t hi);
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx);
 int nn_thread_count(void);
+/* Whether this process may use AMX tiles (runtime.c; nncc/native/amx.py): asked of the OS
+ * once, on the first call; 0 when refused, when $NNCC_AMX turns them off, or off Linux. */
+int nn_amx_permitted(void);
 void nn_call_begin(void);
 void nn_call_end(void);
 

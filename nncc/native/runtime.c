@@ -136,6 +136,34 @@ NN_EXPORT int nncc_set_threads(int want) {
 
 int nn_thread_count(void) { return nn_threads; }
 
+/* AMX tiles (nncc/native/amx.py): Linux lets a process use the tiles' register state only
+ * after it asks (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the
+ * first tile instruction is SIGILL). Asked once per library, by whichever thread first
+ * wants the tiles; the grant is the whole process's. $NNCC_AMX = 0, off, no or false never
+ * asks, so every kernel takes its path without tiles: a user's switch, like a BLAS's ISA
+ * cap, read here because exported libraries run without nncc's Python. */
+#if defined(__linux__) && defined(__x86_64__)
+#include <strings.h>
+#include <sys/syscall.h>
+long syscall(long number, ...); /* unistd.h declares it only beyond _POSIX_C_SOURCE */
+#define NN_ARCH_REQ_XCOMP_PERM 0x1023
+#define NN_XFEATURE_XTILEDATA 18
+#endif
+static pthread_once_t nn_amx_once = PTHREAD_ONCE_INIT;
+static int nn_amx_ok;
+static void nn_amx_request(void) {
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+    const char *off = getenv("NNCC_AMX");
+    if (off && (!strcmp(off, "0") || !strcasecmp(off, "off") || !strcasecmp(off, "no") || !strcasecmp(off, "false")))
+        return;
+    nn_amx_ok = syscall(SYS_arch_prctl, NN_ARCH_REQ_XCOMP_PERM, NN_XFEATURE_XTILEDATA) == 0;
+#endif
+}
+int nn_amx_permitted(void) {
+    pthread_once(&nn_amx_once, nn_amx_request);
+    return nn_amx_ok;
+}
+
 /* An entry point brackets its steps with these: workers spin between the jobs of a call,
  * and for NN_LINGER_NS after it. */
 void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }

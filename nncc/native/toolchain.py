@@ -42,7 +42,7 @@ _LEVEL_FEATURES = {
 # "-march=native" without making the token change with unrelated flags.
 _RELEVANT = ("sse2", "ssse3", "sse4_1", "sse4_2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2",
              "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16",
-             "amx_tile", "asimd", "sve")
+             "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
 BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast",
               "-fvisibility=hidden", "-Wno-unused-function", "-Wno-unused-variable")
 LINK_FLAGS = ("-shared",)
