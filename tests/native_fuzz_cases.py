@@ -545,6 +545,57 @@ def conv_bf16(case, rng):
                          **{k: v for k, v in attrs.items() if k != "kernel_shape"})
 
 
+def conv_amx(case, rng):
+    """A convolution over a channel-blocked input compiled with precision bf16, which CPUs
+    with AMX multiply on tiles where it is 1x1, stride 1 and unpadded (nncc/native/conv_amx.py;
+    elsewhere vdpbf16ps or float32, both within the same bound): input channels of every
+    remainder of a block and odd and even counts of blocks (one or two blocks per tile),
+    output channels around the 16-channel tile and the 32-channel micro-tile, pixels
+    around the 16-pixel tile (fewer than 16, the 32-pixel micro-tile's remainders),
+    batches, bias and the epilogues; one case in four with the input near float32's
+    smallest normal, so some of it is denormal (which the tiles read as zero)."""
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    c = _choice(rng, [16, 17, 24, 31, 32, 33, 48, 64, 65, 96])
+    k = _choice(rng, [1, 5, 16, 17, 31, 32, 33, 48, 64])
+    attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+    n = _choice(rng, [1, 1, 2])
+    h, w = _choice(rng, [(1, 1), (3, 5), (4, 4), (2, 8), (4, 8), (5, 7), (7, 7), (3, 11), (6, 6), (9, 9), (1, 33)])
+    x = b.input("x", (n, c, h, w))
+    if rng.random() < 0.25:
+        case.inputs[x] *= np.float32(2.0**-124)
+    ins = [x, b.init("w", (k, c, 1, 1))]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (k,)))
+    epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue.startswith("residual"):
+        (y,) = b.node("Add", [y, b.input("skip", (n, k, h, w))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    b.output(y)
+    taps = c
+    case.terms = taps + 2
+    wv = case.inits[ins[1]]
+    # bf16_bound over the taps, its denormal term included: |x| summed over each output's
+    # taps and |w| over each output channel's
+    with np.errstate(invalid="ignore"):
+        xsum = conv_terms(case.inputs[x], np.ones_like(wv), attrs)
+        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
+        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
+        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
+                      * conv_terms(case.inputs[x], wv, attrs) + denormal}
+    case.geometry = dict(x=[n, c, h, w], w=[k, c, 1, 1], bias=bias, epilogue=epilogue or None)
+
+
 def bf16_weights_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The error bound of a product by weights rounded to bfloat16 and widened (what
     precision bf16 computes on a CPU without AVX-512 BF16): each weight off by at most
@@ -1558,6 +1609,8 @@ KINDS["qconv_depthwise"] = qconv_depthwise
 ROUND.append("qconv_depthwise")
 KINDS["gemm_amx"] = gemm_amx
 ROUND.append("gemm_amx")
+KINDS["conv_amx"] = conv_amx
+ROUND.append("conv_amx")
 
 
 def make_case(seed: int, index: int) -> Case:

@@ -11,6 +11,10 @@ taps (input channels x kernel), a bias and a rounding: ``(2 * 2^-8 + 2^-16 + (T 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -19,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nncc
 from nncc.native import precision, toolchain
-from nncc.native.precision import why_not_bf16
+from nncc.native.precision import arithmetic, why_not_bf16
 from nncc.native.toolchain import find_toolchain
 from nncc.preparing.calibration import low_layers
 from tests.native_fuzz_cases import conv_terms
@@ -121,7 +125,9 @@ def test_convolutions_stay_float32_where_kept_or_where_vdpbf16ps_is_slow(tmp_pat
     real = toolchain._host_features()
     monkeypatch.setattr(toolchain, "_host_features", lambda: real | {precision.SLOW_DOT})
     slow = nncc.compile_model(path, precision="bf16")
-    assert not low_layers(slow.plan), "a convolution took vdpbf16ps on a CPU where it runs at half FMA's rate"
+    # on AMX tiles the 1x1 stride-1 one (w0) is bfloat16 (test_amx_convolutions_...)
+    on_tiles = {"w0"} if arithmetic("bf16", "native") == "bf16amx" else set()
+    assert set(low_layers(slow.plan)) == on_tiles, "a convolution took vdpbf16ps on a CPU where it runs at half FMA's rate"
     monkeypatch.setattr(toolchain, "_host_features", lambda: real - {precision.SLOW_DOT})
     kept = nncc.compile_model(path, precision="bf16", keep_f32=("w0", "w2"))
     assert sorted(low_layers(kept.plan)) == sorted(f"w{i}" for i in range(len(CONVS)) if i not in (0, 2))
@@ -168,3 +174,102 @@ def test_auto_keeps_bf16_convolutions_float32_to_meet_the_tolerance(tmp_path, fa
     x = np.random.default_rng(9).standard_normal((1, 24, 10, 10)).astype(np.float32)
     want = ort_outputs(path, {"x": x})["y"]
     np.testing.assert_allclose(auto.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+needs_amx = pytest.mark.skipif(find_toolchain() is None or arithmetic("bf16", "native") != "bf16amx",
+                               reason="no C compiler, or this CPU lacks amx_tile or amx_bf16 (the convolutions "
+                                      "then take vdpbf16ps or stay float32, which the tests above check)")
+
+# 1x1 stride-1 convolutions, which CPUs with AMX compute on tiles (nncc/native/conv_amx.py):
+# (C, K, H, W, bias, activation, tiny): two input blocks per tile and one (an odd count),
+# channel remainders, pixels under one tile, between one and two, many micro-tiles and a
+# remainder, an odd count of output blocks; tiny: inputs near float32's smallest normal
+AMX_CONVS = [(64, 64, 7, 7, True, "Relu", False), (33, 17, 3, 5, False, "", False),
+             (48, 32, 4, 4, True, "", True), (256, 48, 13, 11, True, "Relu", False), (96, 80, 1, 33, False, "", True)]
+
+
+def amx_model(tmp_path):
+    rng = np.random.default_rng(11)
+    nodes, inits, inputs, outputs, cases = [], [], [], [], {}
+    for i, (c, k, h, w, bias, act, tiny) in enumerate(AMX_CONVS):
+        x = rng.standard_normal((2, c, h, w)).astype(np.float32) * np.float32(2.0**-124 if tiny else 1)
+        wt = (rng.standard_normal((k, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+        b = rng.standard_normal(k).astype(np.float32) if bias else np.zeros(k, np.float32)
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, list(x.shape)))
+        inits.append(numpy_helper.from_array(wt, f"w{i}"))
+        ins = [f"x{i}", f"w{i}"]
+        if bias:
+            inits.append(numpy_helper.from_array(b, f"b{i}"))
+            ins.append(f"b{i}")
+        attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0] * 4, dilations=[1, 1], group=1)
+        nodes.append(helper.make_node("Conv", ins, [f"y{i}"], **attrs))
+        out = f"y{i}"
+        if act:
+            nodes.append(helper.make_node(act, [out], [f"a{i}"]))
+            out = f"a{i}"
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+        cases[out] = (x, wt, b, attrs, act)
+    model = helper.make_model(helper.make_graph(nodes, "convs", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = str(tmp_path / "amx_convs.onnx")
+    onnx.save(model, path)
+    feeds = {f"x{i}": cases[name][0] for i, name in enumerate(cases)}
+    return path, cases, feeds
+
+
+def check_amx_bound(got: dict, cases: dict) -> None:
+    """Each output within the bfloat16 bound of the float64 convolution, with the denormal
+    term of tdpbf16ps (denormal inputs read as zero, denormal sums flushed)."""
+    for name, (x, w, b, attrs, act) in cases.items():
+        taps = w.shape[1]
+        terms = conv_terms(x, w, attrs)
+        want = activated(conv64(x, w, b, attrs), act)
+        xsum = conv_terms(x, np.ones_like(w), attrs)
+        wsum = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1).sum(1)[None, :, None, None]
+        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
+        limit = (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24) * terms + denormal + 2.0**-22 * np.abs(want)
+        err = np.abs(got[name].astype(np.float64) - want)
+        assert (err <= limit).all(), f"{name}: off by {err.max():.3g}"
+
+
+@pytest.mark.slow
+@needs_amx
+def test_amx_convolutions_are_within_the_bound_of_float64(tmp_path):
+    path, cases, feeds = amx_model(tmp_path)
+    compiled = nncc.compile_model(path, precision="bf16")
+    assert sorted(low_layers(compiled.plan)) == sorted(f"w{i}" for i in range(len(AMX_CONVS)))
+    got = compiled.run(feeds)
+    check_amx_bound(got, cases)
+    # a bias swamps a tiny input's sums: only the others tell bfloat16 from float32
+    assert not any(np.allclose(got[name], activated(conv64(x, w, b, attrs), act), rtol=2.0**-20, atol=2.0**-140)
+                   for name, (x, w, b, attrs, act) in cases.items() if not b.any() or np.abs(x).max() > 2.0**-100), \
+        "a convolution was computed in float32"
+
+
+AMX_OFF_SCRIPT = """
+import sys, numpy as np, nncc
+feeds = dict(np.load(sys.argv[2]))
+np.savez(sys.argv[3], **nncc.compile_model(sys.argv[1], precision="bf16").run(feeds))
+"""
+
+
+@pytest.mark.slow
+@needs_amx
+def test_amx_off_convolutions_compute_what_vdpbf16ps_computes(tmp_path, monkeypatch):
+    """NNCC_AMX=0 (what the runtime also does when Linux refuses the tiles): the step takes
+    its vdpbf16ps convolution, the very sums of the code built for a CPU without AMX."""
+    path, cases, feeds = amx_model(tmp_path)
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, NNCC_AMX="0", NNCC_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", AMX_OFF_SCRIPT, path, str(tmp_path / "feeds.npz"),
+                           str(tmp_path / "off.npz")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    off = dict(np.load(tmp_path / "off.npz"))
+    check_amx_bound(off, cases)
+    real = toolchain._host_features()
+    monkeypatch.setattr(toolchain, "_host_features", lambda: real - {precision.SLOW_DOT})  # vdpbf16ps alone
+    vdp = nncc.compile_model(path, precision="bf16").run(feeds)
+    for name in cases:
+        np.testing.assert_array_equal(off[name], vdp[name], err_msg=f"{name}: NNCC_AMX=0 did not take vdpbf16ps")

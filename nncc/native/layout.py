@@ -22,7 +22,7 @@ import numpy as np
 from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
-from nncc.native import conv_bf16, gemm_bf16_gen
+from nncc.native import conv_amx, conv_bf16, gemm_amx_gen, gemm_bf16_gen
 from nncc.native import winograd
 from nncc.native.graph_query import CONV_OPS
 from nncc.native.kernel import SCRATCH
@@ -134,8 +134,12 @@ class BlockedLayout:
             # residual one is written while its Add is the node being written) and vdpbf16ps
             # pays; the packed form names it, so the plan's record counts the layer
             # (nncc/preparing/calibration.low_layers)
-            bf16 = self.weights_packing(node) is gemm_bf16_gen.BF16 and not plain_input and \
-                convolutions_in_bf16(self.arithmetic)
+            packing = self.weights_packing(node)
+            # on AMX tiles (tdpbf16ps) the 1x1 stride-1 ones (nncc/native/conv_amx.py), which
+            # keep the vdpbf16ps convolution for where the tiles are refused
+            on_tiles = packing is gemm_amx_gen.AMX and not plain_input and conv_amx.applies(g, vl)
+            bf16 = on_tiles or (packing is gemm_bf16_gen.BF16 and not plain_input and
+                                convolutions_in_bf16(self.arithmetic))
             if bf16:
                 wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}bf16", conv_bf16.pack_weights(packed))
             else:
@@ -160,6 +164,10 @@ class BlockedLayout:
                 scratch = conv_bf16.scratch_bytes(g.n, g.c, g.h, g.w, vl)
                 ptrs["xb"] = SCRATCH
             support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1), bf16=bf16)
+            if on_tiles:
+                scratch = max(scratch, conv_amx.scratch_bytes(g, vl))
+                tiles_support, code = conv_amx.conv(g, vl, ocb, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH, code)
+                support += tiles_support
         self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)
         self.finish_blocked_output(target)
         return True
