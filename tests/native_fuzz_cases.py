@@ -547,24 +547,31 @@ def conv_bf16(case, rng):
 
 def conv_amx(case, rng):
     """A convolution over a channel-blocked input compiled with precision bf16, which CPUs
-    with AMX multiply on tiles where it is 1x1, stride 1 and unpadded (nncc/native/conv_amx.py;
-    elsewhere vdpbf16ps or float32, both within the same bound): input channels of every
-    remainder of a block and odd and even counts of blocks (one or two blocks per tile),
-    output channels around the 16-channel tile and the 32-channel micro-tile, pixels
-    around the 16-pixel tile (fewer than 16, the 32-pixel micro-tile's remainders),
-    batches, bias and the epilogues; one case in four with the input near float32's
+    with AMX multiply on tiles (nncc/native/conv_amx.py; elsewhere vdpbf16ps or float32,
+    both within the same bound): half 1x1 stride-1 unpadded (the product over all pixels),
+    half any kernel, stride, padding and dilation (tap by tap, output rows of fewer, as
+    many and more pixels than a tile); input channels of every remainder of a block and
+    odd and even counts of blocks (one or two blocks per tile of the product), output
+    channels around the 16-channel tile and the 32-channel micro-tile, pixels around the
+    16-pixel tile, batches, bias and the epilogues; one case in four with the input near float32's
     smallest normal, so some of it is denormal (which the tiles read as zero)."""
     b = _Builder(case, rng)
     case.precision = "bf16"
     c = _choice(rng, [16, 17, 24, 31, 32, 33, 48, 64, 65, 96])
     k = _choice(rng, [1, 5, 16, 17, 31, 32, 33, 48, 64])
-    attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
     n = _choice(rng, [1, 1, 2])
-    h, w = _choice(rng, [(1, 1), (3, 5), (4, 4), (2, 8), (4, 8), (5, 7), (7, 7), (3, 11), (6, 6), (9, 9), (1, 33)])
+    if rng.random() < 0.5:  # 1x1, stride 1, unpadded: the product over all pixels
+        attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+        h, w = _choice(rng, [(1, 1), (3, 5), (4, 4), (2, 8), (4, 8), (5, 7), (7, 7), (3, 11), (6, 6), (9, 9), (1, 33)])
+    else:  # tap by tap: kernels, strides, pads, dilations, rows under, at and over 16 pixels
+        attrs, wshape, (eh, ew) = _conv_geometry(rng, c, groups=(1, k))
+        h, w = _spatial(rng, eh, ew, attrs["pads"])
+        w += _choice(rng, [0, 0, 10, 30])
     x = b.input("x", (n, c, h, w))
     if rng.random() < 0.25:
         case.inputs[x] *= np.float32(2.0**-124)
-    ins = [x, b.init("w", (k, c, 1, 1))]
+    kh, kw = attrs["kernel_shape"]
+    ins = [x, b.init("w", (k, c, kh, kw))]
     bias = rng.random() < 0.6
     if bias:
         ins.append(b.init("b", (k,)))
@@ -578,11 +585,13 @@ def conv_amx(case, rng):
     elif epilogue == "Sigmoid":
         (y,) = b.node("Sigmoid", [y], ["sigmoid"])
     elif epilogue.startswith("residual"):
-        (y,) = b.node("Add", [y, b.input("skip", (n, k, h, w))], ["add"])
+        oh = _out(h, attrs["pads"][0], attrs["pads"][2], (kh - 1) * attrs["dilations"][0] + 1, attrs["strides"][0])
+        ow = _out(w, attrs["pads"][1], attrs["pads"][3], (kw - 1) * attrs["dilations"][1] + 1, attrs["strides"][1])
+        (y,) = b.node("Add", [y, b.input("skip", (n, k, oh, ow))], ["add"])
         if epilogue == "residual_relu":
             (y,) = b.node("Relu", [y], ["relu"])
     b.output(y)
-    taps = c
+    taps = c * kh * kw
     case.terms = taps + 2
     wv = case.inits[ins[1]]
     # bf16_bound over the taps, its denormal term included: |x| summed over each output's
@@ -593,7 +602,8 @@ def conv_amx(case, rng):
         denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
         case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
                       * conv_terms(case.inputs[x], wv, attrs) + denormal}
-    case.geometry = dict(x=[n, c, h, w], w=[k, c, 1, 1], bias=bias, epilogue=epilogue or None)
+    case.geometry = dict(x=[n, c, h, w], w=[k, c, kh, kw], bias=bias, epilogue=epilogue or None,
+                         **{key: v for key, v in attrs.items() if key != "kernel_shape"})
 
 
 def bf16_weights_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:

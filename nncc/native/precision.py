@@ -53,7 +53,8 @@ def weights_pay(kind: str, rows: int) -> bool:
 # with AMX tiles) it issues at a quarter of the FMA's rate, so half its arithmetic:
 # measured on such a Xeon, 1.5-1.7 vdpbf16ps a nanosecond against 4.4-6.2 FMAs, and
 # light_resnet50's direct convolutions took 1.1-1.9x their float32 time in bfloat16.
-# There they stay float32.
+# There they run on AMX tiles instead where the compile's arithmetic is bf16amx
+# (nncc/native/conv_amx.py, chosen in layout.blocked_conv), else stay float32.
 SLOW_DOT = "amx_tile"
 
 
