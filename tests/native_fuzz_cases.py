@@ -33,6 +33,8 @@ with the sanitizer runtimes preloaded, and compares in the parent).
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import os
 import sys
@@ -463,6 +465,145 @@ def bf16_gemm(case, rng):
     case.terms = k + 1
     case.slack = {y: bound}
 
+
+
+def conv_terms(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
+    """sum |x * w| over each output element's taps, in float64: what bounds the error of a
+    convolution computed in bfloat16 as bf16_bound's row sums bound a product's."""
+    (sh, sw), (dh, dw), pads, group = attrs["strides"], attrs["dilations"], attrs["pads"], attrs["group"]
+    n, c, h, wd = x.shape
+    k, cg, kh, kw = w.shape
+    xp = np.zeros((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]))
+    xp[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] = np.abs(x.astype(np.float64))
+    oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
+    ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
+    out = np.zeros((n, k, oh, ow))
+    aw = np.abs(w.astype(np.float64))
+    kg = k // group
+    for g in range(group):
+        for i in range(kh):
+            for j in range(kw):
+                taps = xp[:, g * cg:(g + 1) * cg, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                out[:, g * kg:(g + 1) * kg] += np.einsum("nchw,kc->nkhw", taps, aw[g * kg:(g + 1) * kg, :, i, j])
+    return out
+
+
+# the precision of a case whose convolutions must compute in bfloat16 pairs on vdpbf16ps:
+# precision bf16 built as for a CPU whose vdpbf16ps pays (nncc.native.precision.SLOW_DOT
+# left out of the host's features, so the cache token differs too)
+BF16_CONV = "bf16+conv"
+
+
+def conv_bf16(case, rng):
+    """A convolution over a channel-blocked input in bfloat16 (nncc/native/conv_bf16.py):
+    input channels of every remainder of a 16-lane block and in pairs (odd counts leave a
+    half pair), strides, pads, dilations, whole-block groups, bias and the epilogues,
+    judged by bf16_bound's reasoning over the taps (conv_terms)."""
+    b = _Builder(case, rng)
+    case.precision = BF16_CONV
+    groups = None
+    if rng.random() < 0.2:
+        groups = (2, 16)
+        c = 32
+    else:
+        c = _choice(rng, [16, 17, 18, 20, 23, 24, 31, 32, 33, 40, 47])
+    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, groups=groups)
+    attrs["group"] = 1 if groups is None else attrs["group"]
+    if groups is None:
+        k = _choice(rng, [1, 5, 16, 17, 33, 48])
+        wshape = (k, c, *wshape[2:])
+    n = _choice(rng, [1, 1, 2])
+    h, w = _spatial(rng, eh, ew, attrs["pads"])
+    x = b.input("x", (n, c, h, w))
+    ins = [x, b.init("w", wshape)]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (wshape[0],)))
+    epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
+    ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue.startswith("residual"):
+        (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    b.output(y)
+    taps = wshape[1] * wshape[2] * wshape[3]
+    case.terms = taps + 2
+    # the activations here are 1-Lipschitz, so the products' bound passes through them
+    with np.errstate(invalid="ignore"):
+        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
+                      * conv_terms(case.inputs[x], case.inits[ins[1]], attrs)}
+    case.geometry = dict(x=[n, c, h, w], w=list(wshape), bias=bias, epilogue=epilogue or None,
+                         **{k: v for k, v in attrs.items() if k != "kernel_shape"})
+
+
+def conv_amx(case, rng):
+    """A convolution over a channel-blocked input compiled with precision bf16, which CPUs
+    with AMX multiply on tiles (nncc/native/conv_amx.py; elsewhere vdpbf16ps or float32,
+    both within the same bound): half 1x1 stride-1 unpadded (the product over all pixels),
+    half any kernel, stride, padding and dilation (tap by tap, output rows of fewer, as
+    many and more pixels than a tile); input channels of every remainder of a block and
+    odd and even counts of blocks (one or two blocks per tile of the product), output
+    channels around the 16-channel tile and the 32-channel micro-tile, pixels around the
+    16-pixel tile, batches, bias and the epilogues; one case in four with the input near float32's
+    smallest normal, so some of it is denormal (which the tiles read as zero)."""
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    c = _choice(rng, [16, 17, 24, 31, 32, 33, 48, 64, 65, 96])
+    k = _choice(rng, [1, 5, 16, 17, 31, 32, 33, 48, 64])
+    n = _choice(rng, [1, 1, 2])
+    if rng.random() < 0.5:  # 1x1, stride 1, unpadded: the product over all pixels
+        attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=1)
+        h, w = _choice(rng, [(1, 1), (3, 5), (4, 4), (2, 8), (4, 8), (5, 7), (7, 7), (3, 11), (6, 6), (9, 9), (1, 33)])
+    else:  # tap by tap: kernels, strides, pads, dilations, rows under, at and over 16 pixels
+        attrs, wshape, (eh, ew) = _conv_geometry(rng, c, groups=(1, k))
+        h, w = _spatial(rng, eh, ew, attrs["pads"])
+        w += _choice(rng, [0, 0, 10, 30])
+    x = b.input("x", (n, c, h, w))
+    if rng.random() < 0.25:
+        case.inputs[x] *= np.float32(2.0**-124)
+    kh, kw = attrs["kernel_shape"]
+    ins = [x, b.init("w", (k, c, kh, kw))]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (k,)))
+    epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue.startswith("residual"):
+        oh = _out(h, attrs["pads"][0], attrs["pads"][2], (kh - 1) * attrs["dilations"][0] + 1, attrs["strides"][0])
+        ow = _out(w, attrs["pads"][1], attrs["pads"][3], (kw - 1) * attrs["dilations"][1] + 1, attrs["strides"][1])
+        (y,) = b.node("Add", [y, b.input("skip", (n, k, oh, ow))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    b.output(y)
+    taps = c * kh * kw
+    case.terms = taps + 2
+    wv = case.inits[ins[1]]
+    # bf16_bound over the taps, its denormal term included: |x| summed over each output's
+    # taps and |w| over each output channel's
+    with np.errstate(invalid="ignore"):
+        xsum = conv_terms(case.inputs[x], np.ones_like(wv), attrs)
+        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
+        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
+        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
+                      * conv_terms(case.inputs[x], wv, attrs) + denormal}
+    case.geometry = dict(x=[n, c, h, w], w=[k, c, kh, kw], bias=bias, epilogue=epilogue or None,
+                         **{key: v for key, v in attrs.items() if key != "kernel_shape"})
 
 
 def bf16_weights_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
@@ -1485,11 +1626,12 @@ KINDS = {"conv": conv, "pointwise_conv": pointwise_conv, "conv_chain": conv_chai
          "dynamic_int8": dynamic_int8, "bf16_gemm": bf16_gemm, "qconv": qconv, "qconv_chain": qconv_chain, "gelu": gelu,
          "recurrent": recurrent, "bf16_long_gemm": bf16_long_gemm, "masks": masks, "casts": casts,
          "conv_transpose": conv_transpose, "gather": gather,
-         "int_gather": int_gather, "typed_moves": typed_moves, "product_act": product_act, "wide_conv": wide_conv}
+         "int_gather": int_gather, "typed_moves": typed_moves, "product_act": product_act, "wide_conv": wide_conv,
+         "conv_bf16": conv_bf16}
 # how often each kind comes up in a round: convolution has the most geometry to cover
 ROUND = ["conv", "conv", "pointwise_conv", "conv_chain", "pool", "pool", "gemm", "matmul", "matmul", "elementwise",
          "rows", "shuffle", "attention", "dynamic_int8", "bf16_gemm", "qconv", "qconv_chain", "recurrent", "gelu",
-         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act", "wide_conv"]
+         "bf16_long_gemm", "masks", "casts", "conv_transpose", "gather", "int_gather", "typed_moves", "product_act", "wide_conv", "conv_bf16"]
 KINDS["qconv_depthwise"] = qconv_depthwise
 ROUND.append("qconv_depthwise")
 KINDS["gemm_amx"] = gemm_amx
@@ -1580,6 +1722,8 @@ def qgemm(case, rng):
 
 KINDS["qgemm"] = qgemm
 ROUND.append("qgemm")
+KINDS["conv_amx"] = conv_amx
+ROUND.append("conv_amx")
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -1675,10 +1819,29 @@ def run_nncc(cases: list[Case], path) -> tuple[dict, set]:
     for level, precision in sorted({(case.opt_level, case.precision) for case in cases}):
         group = [case for case in cases if (case.opt_level, case.precision) == (level, precision)]
         onnx.save(batch_model(group), str(path))
-        model = nncc.compile_model(path, opt_level=level, precision=precision)
-        got.update(model.run(feeds(group)))
+        with dot_convolutions(precision == BF16_CONV):
+            model = nncc.compile_model(path, opt_level=level, precision="bf16" if precision == BF16_CONV else precision)
+            got.update(model.run(feeds(group)))
         native |= native_outputs(model)
     return got, native
+
+
+@contextlib.contextmanager
+def dot_convolutions(on: bool):
+    """With ``on``, the host's features as a CPU whose vdpbf16ps outruns float32's FMAs has
+    them (nncc.native.precision.SLOW_DOT left out), so precision bf16 builds its blocked
+    convolutions in bfloat16 on this CPU too (the features are in the cache token)."""
+    from nncc.native import precision, toolchain  # lazy: the native backend's modules
+
+    if not on:
+        yield
+        return
+    real = toolchain._host_features
+    toolchain._host_features = lambda: real() - {precision.SLOW_DOT}
+    try:
+        yield
+    finally:
+        toolchain._host_features = real
 
 
 def native_outputs(model) -> set:

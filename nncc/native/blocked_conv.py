@@ -21,6 +21,10 @@ A depthwise convolution is the same tiling with one vector of channels per pixel
 broadcast: every tap is a vector multiply-add of input and weight. A grouped convolution
 whose groups are whole blocks is the direct one per group: a tile's channel blocks stay in
 one group, and its task reads that group's input blocks only.
+
+Under precision bf16, where vdpbf16ps pays, the direct convolution over a blocked input
+multiplies pairs of input channels in bfloat16 (nncc/native/conv_bf16.py): the same tiling
+over words of two channels, its input rounded into scratch first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nncc.native import conv_bf16
 from nncc.native.activations import CODES, SCALAR_ONLY
 
 
@@ -220,6 +225,12 @@ def _input_addressing(g: Conv2d, vl: int, plain: bool) -> _Addressing:
     return _Addressing(icb * g.h * g.w * vl, g.h * g.w * vl, g.w * vl, vl, 1, vl, icb, g.c - (icb - 1) * vl)
 
 
+def _pair_addressing(a: _Addressing) -> _Addressing:
+    """A blocked input's addressing in 32-bit words of bfloat16 pairs (nncc/native/conv_bf16.py):
+    every stride and block halved, the last block's channels rounded up to whole pairs."""
+    return _Addressing(a.n // 2, a.c // 2, a.h // 2, a.w // 2, 1, a.lanes // 2, a.blocks, -(-a.last // 2))
+
+
 # The activations nn_vact cannot compute (SCALAR_ONLY) are applied after the store, so their
 # constants and temporaries never compete with a tile's accumulators for registers. Those
 # simd.h has a vector function for run it vector by vector; the lane-by-lane loop (which
@@ -292,7 +303,7 @@ TASKS = 8  # at least this many tasks per convolution, so two to four threads sh
 
 
 def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | None],
-                act: int, p0: str, p1: str, weights_per_image: bool = False) -> tuple[str, str]:
+                act: int, p0: str, p1: str, weights_per_image: bool = False, bf16: bool = False) -> tuple[str, str]:
     """(support C, call statement) for a direct convolution writing the blocked layout.
     ``ptrs``: C expressions for x (input), w (packed weights), b (packed bias), r (the
     blocked residual) and y; b and r may be None.
@@ -308,6 +319,10 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     ocb, rw = choose_tiling(g, vl)
     flat = _flat(g)
     a = _input_addressing(g, vl, plain_input)
+    if bf16:
+        if plain_input or weights_per_image:
+            raise ValueError("the bfloat16 convolution reads a blocked input")
+        a = _pair_addressing(a)
     kb = blocks(g.k, vl)
     ocg = kb // ocb
     per_block = g.kh * g.kw * a.lanes * ocb * vl  # packed floats per input block and group
@@ -361,7 +376,8 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
                     body.append(f"        const nn_v w{j}_{o} = nn_vload(wi + ({j * a.lanes} + l) * {ocb * vl} + {o * vl});")
                 for r in range(r_count):
                     col = f"((ow0 + {r}) * {g.sw} + {j * g.dw - g.pl})"
-                    fmas = " ".join(f"a{r}_{o} = nn_vfma(xv, w{j}_{o}, a{r}_{o});" for o in range(ocb))
+                    fmas = " ".join(conv_bf16.fma(f"a{r}_{o}", "xv", f"w{j}_{o}") if bf16 else
+                                    f"a{r}_{o} = nn_vfma(xv, w{j}_{o}, a{r}_{o});" for o in range(ocb))
                     load = f"const nn_v xv = nn_vset1(xi[{col} * {a.w} + l * {a.lane}]);"
                     if flat:
                         body.append(f"        {{ {load} {fmas} }}")
@@ -392,6 +408,12 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     if flat and last_w % rw:
         widths.add(last_w % rw)
     support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in sorted(widths)]
+    convert = ""
+    if bf16:
+        cvt_support, cvt_call = conv_bf16.convert(g.n, g.c, g.h, g.w, vl)
+        support = [conv_bf16.HEADER, cvt_support] + support
+        convert = f"{{ const float *cvt_in[2] = {{{ptrs['x']}, (const float *)({ptrs['xb']})}}; {cvt_call} }}\n"
+        ptrs = {**ptrs, "x": f"(const float *)({ptrs['xb']})"}
 
     def call(s: int, inner_flag: int, pos: str | None = None, w: int | None = None) -> str:
         """Edge tiles get literal positions, so their out-of-row taps vanish at compile time."""
@@ -440,7 +462,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
     support.append("\n".join(body))
     total = g.n * groups * row_chunks
     flops = 2 * g.n * g.k * g.oh * g.ow * (g.c // g.group) * g.kh * g.kw
-    return "\n".join(support) + "\n", parallel_call(ptrs, total, flops, "conv_task")
+    return "\n".join(support) + "\n", convert + parallel_call(ptrs, total, flops // (2 if bf16 else 1), "conv_task")
 
 
 def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str) -> tuple[str, str]:

@@ -22,9 +22,11 @@ import numpy as np
 from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
+from nncc.native import conv_amx, conv_bf16, gemm_amx_gen, gemm_bf16_gen
 from nncc.native import winograd
 from nncc.native.graph_query import CONV_OPS
 from nncc.native.kernel import SCRATCH
+from nncc.native.precision import convolutions_in_bf16
 
 F32 = np.dtype(np.float32)
 
@@ -114,11 +116,12 @@ class BlockedLayout:
         code_act, p0, p1 = act
         ptrs = {"y": self.ptr(self.blocked_buffer(target))}
         reads = []
-        use_winograd = False
+        use_winograd = bf16 = False
         if g.depthwise:
             x = self.as_blocked(node.inputs[0])
             wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
-        elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl):
+        elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl) and not \
+                (self.weights_packing(node) is gemm_amx_gen.AMX and conv_amx.applies_direct(g, vl)):
             use_winograd = True
             x = self.as_blocked(node.inputs[0])
             packed, ocb = winograd.pack_weights(weights, g, vl)
@@ -127,8 +130,21 @@ class BlockedLayout:
             plain_input = node.inputs[0] not in self.blocked and g.c < vl
             x = node.inputs[0] if plain_input else self.as_blocked(node.inputs[0])
             ocb, _ = bc.choose_tiling(g, vl)
-            wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}{'p' if plain_input else ''}",
-                              bc.pack_direct_weights(weights, vl, ocb, plain_input))
+            packed = bc.pack_direct_weights(weights, vl, ocb, plain_input)
+            # in bfloat16 pairs where this layer's arithmetic is bf16 (asked of the Conv itself: a
+            # residual one is written while its Add is the node being written) and vdpbf16ps
+            # pays; the packed form names it, so the plan's record counts the layer
+            # (nncc/preparing/calibration.low_layers)
+            packing = self.weights_packing(node)
+            # on AMX tiles (tdpbf16ps) the 1x1 stride-1 ones (nncc/native/conv_amx.py), which
+            # keep the vdpbf16ps convolution for where the tiles are refused
+            on_tiles = packing is gemm_amx_gen.AMX and not plain_input and conv_amx.applies_direct(g, vl)
+            bf16 = on_tiles or (packing is gemm_bf16_gen.BF16 and not plain_input and
+                                convolutions_in_bf16(self.arithmetic))
+            if bf16:
+                wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}bf16", conv_bf16.pack_weights(packed))
+            else:
+                wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}{'p' if plain_input else ''}", packed)
         ptrs.update(x=self.ptr(x), w=self.ptr(wname))
         reads += [x, wname]
         if bias:
@@ -145,7 +161,14 @@ class BlockedLayout:
         elif use_winograd:
             support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH)
         else:
-            support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1))
+            if bf16:
+                scratch = conv_bf16.scratch_bytes(g.n, g.c, g.h, g.w, vl)
+                ptrs["xb"] = SCRATCH
+            support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1), bf16=bf16)
+            if on_tiles:
+                scratch = max(scratch, conv_amx.tiles_scratch_bytes(g, vl))
+                tiles_support, code = conv_amx.conv(g, vl, ocb, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH, code)
+                support += tiles_support
         self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)
         self.finish_blocked_output(target)
         return True

@@ -47,6 +47,23 @@ def weights_pay(kind: str, rows: int) -> bool:
     return kind != "bf16w" or rows <= WIDENED_ROWS_MAX
 
 
+# The blocked convolutions (nncc/native/conv_bf16.py) multiply in bfloat16 only where
+# vdpbf16ps outruns float32's FMAs. On AMD's Zen 4 the bfloat16 GEMM ran at about twice
+# float32's (nncc/native/gemm_bf16_gen.py); on Intel's Sapphire Rapids family (the CPUs
+# with AMX tiles) it issues at a quarter of the FMA's rate, so half its arithmetic:
+# measured on such a Xeon, 1.5-1.7 vdpbf16ps a nanosecond against 4.4-6.2 FMAs, and
+# light_resnet50's direct convolutions took 1.1-1.9x their float32 time in bfloat16.
+# There they run on AMX tiles instead where the compile's arithmetic is bf16amx
+# (nncc/native/conv_amx.py, chosen in layout.blocked_conv), else stay float32.
+SLOW_DOT = "amx_tile"
+
+
+def convolutions_in_bf16(kind: str) -> bool:
+    """Whether the blocked convolutions compute in bfloat16 under arithmetic ``kind`` (an
+    ARITHMETICS key) on this host (only "native" code has AVX-512 BF16: SLOW_DOT)."""
+    return kind == "bf16" and SLOW_DOT not in required_features("native")
+
+
 def why_not_bf16(target: str) -> str | None:
     """Why code for ``target`` cannot multiply in bfloat16 (one clause), or None: it then
     keeps its weights in bfloat16 and multiplies in float32 (``arithmetic``)."""
