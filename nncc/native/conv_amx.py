@@ -163,19 +163,8 @@ def amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], act: int
     support += [_mt_kernel(r, c, icb // p, a_stride, p * half, b_stride, b_step, a_step)
                 for r in (1, 2) for c in (1, 2)]
     support.append(_store(vl, has_bias, has_res, act, p0, p1))
-    body = [
-        "static void ax_task(void *q_, int64_t lo, int64_t hi) {",
-        "  const float *const *a = q_;",
-        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
-        "  (void)bp; (void)rp;",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"] + amx.task_c(CONFIG, [
-        "  for (int64_t t = lo; t < hi; t++) {",
-        f"    const int64_t cq = t % {cc}, pq = (t / {cc}) % {pc}, n = t / {cc * pc};",
-        f"    const int64_t r1 = (pq + 1) * {rows_per} < {rows2} ? (pq + 1) * {rows_per} : {rows2};",
-        f"    const int64_t c1 = (cq + 1) * {cols_per} < {cols2} ? (cq + 1) * {cols_per} : {cols2};",
-        f"    for (int64_t pr = pq * {rows_per}; pr < r1; pr++) {{",
+    body = _task_head("ax_task") + amx.task_c(CONFIG, _task_loops(
+        cc, pc, rows_per, rows2, cols_per, cols2) + [
         f"      const int64_t px = pr * {2 * TILE}, left = {pixels} - px;",
         f"      const uint32_t *xa = xb + n * {icb // p * a_step} + px * {a_stride};",
         f"      for (int64_t cl = cq * {cols_per}; cl < c1; cl++) {{",
@@ -333,19 +322,8 @@ def direct_amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], a
     support.append(cvt_support)
     support += [_direct_mt(g, r, c, icb, hp, wp, b_stride) for r in (1, 2) for c in (1, 2)]
     support.append(_store(vl, has_bias, has_res, act, p0, p1))
-    body = [
-        "static void kx_task(void *q_, int64_t lo, int64_t hi) {",
-        "  const float *const *a = q_;",
-        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
-        "  (void)bp; (void)rp;",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"] + amx.task_c(CONFIG, [
-        "  for (int64_t t = lo; t < hi; t++) {",
-        f"    const int64_t cq = t % {cc}, pq = (t / {cc}) % {pc}, n = t / {cc * pc};",
-        f"    const int64_t r1 = (pq + 1) * {rows_per} < {rows2} ? (pq + 1) * {rows_per} : {rows2};",
-        f"    const int64_t c1 = (cq + 1) * {cols_per} < {cols2} ? (cq + 1) * {cols_per} : {cols2};",
-        f"    for (int64_t pr = pq * {rows_per}; pr < r1; pr++) {{",
+    body = _task_head("kx_task") + amx.task_c(CONFIG, _task_loops(
+        cc, pc, rows_per, rows2, cols_per, cols2) + [
         "      int64_t oh[2], ow0[2], rows[2];",
         "      const uint32_t *xa[2];",
         f"      const int two_s = 2 * pr + 1 < {stretches};",
@@ -379,3 +357,27 @@ def direct_amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], a
             f"{{ const float *a[5] = {{(const float *)({scratch}), {ptrs['w']}, {args}, (const float *){ptrs['y']}}}; "
             f"nn_parallel({g.n * pc * cc}, {flops}, kx_task, (void *)a); }}")
     return "\n".join(support), call
+
+
+def _task_head(name: str) -> list[str]:
+    """C opening a pool task of either convolution: its operands (the rounded input, the
+    packed weights, bias, residual, output) and the stack buffer the tiles are stored to."""
+    return [
+        f"static void {name}(void *q_, int64_t lo, int64_t hi) {{",
+        "  const float *const *a = q_;",
+        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
+        "  const float *bp = a[2], *rp = a[3];",
+        "  float *yp = (float *)a[4];",
+        "  (void)bp; (void)rp;",
+        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"]
+
+
+def _task_loops(cc: int, pc: int, rows_per: int, rows2: int, cols_per: int, cols2: int) -> list[str]:
+    """C of a task's loops: over its tasks (image, chunk of row pairs, chunk of column pairs),
+    then the row pairs of its chunk (the caller's lines go inside, and close both)."""
+    return [
+        "  for (int64_t t = lo; t < hi; t++) {",
+        f"    const int64_t cq = t % {cc}, pq = (t / {cc}) % {pc}, n = t / {cc * pc};",
+        f"    const int64_t r1 = (pq + 1) * {rows_per} < {rows2} ? (pq + 1) * {rows_per} : {rows2};",
+        f"    const int64_t c1 = (cq + 1) * {cols_per} < {cols2} ? (cq + 1) * {cols_per} : {cols2};",
+        f"    for (int64_t pr = pq * {rows_per}; pr < r1; pr++) {{"]
