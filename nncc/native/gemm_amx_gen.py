@@ -62,7 +62,7 @@ def packed_shape(batch: tuple[int, ...], k: int, n: int, vl: int) -> tuple[int, 
 def scratch_bytes(s: Shape) -> int:
     """A's pairs for every micro-tile of rows: M rounded up to 32 rows (gemm_bf16_gen's row
     length is whole 16-pair vectors already)."""
-    return -(-s.m // ROWS) * ROWS * gemm_bf16_gen._row_words(s.k) * 4
+    return -(-s.m // ROWS) * ROWS * gemm_bf16_gen.row_words(s.k) * 4
 
 
 def _mt_kernel(name: str, s: Shape, row_tiles: int, col_tiles: int) -> str:
@@ -72,7 +72,7 @@ def _mt_kernel(name: str, s: Shape, row_tiles: int, col_tiles: int) -> str:
     serves two products (one tile of each loaded per product served twice, where a 16-row
     x 64-column micro-tile loads five per four: measured 1.04-1.6x as fast)."""
     pairs = gemm_bf16_gen.padded_pairs(s.k, PAIRS)
-    stride = gemm_bf16_gen._row_words(s.k)
+    stride = gemm_bf16_gen.row_words(s.k)
     nr = s.nr
     lines = [f"static inline void {name}(const uint32_t *a, const uint32_t *b, float *buf) {{"]
     lines += [f"  _tile_zero({2 * r + c});" for r in range(row_tiles) for c in range(col_tiles)]
@@ -133,7 +133,7 @@ def _amx_source(s: Shape, epi: Epilogue, fallback: str, name: str) -> str:
     """The tiles' micro-kernels, their grid and the entry point ``name``, which calls
     ``a_vdp`` (the vdpbf16ps GEMM in ``fallback``) where the tiles are refused."""
     pairs = gemm_bf16_gen.padded_pairs(s.k, PAIRS)
-    stride = gemm_bf16_gen._row_words(s.k)
+    stride = gemm_bf16_gen.row_words(s.k)
     blocks = -(-s.m // ROWS)
     tail = s.n - (s.panels - 1) * s.nr
     out = [amx.tile_config(CONFIG, [(TILE, COLS * 4)] * 4 + [(TILE, PAIRS * 4)] * 2 + [(PAIRS, COLS * 4)] * 2)]

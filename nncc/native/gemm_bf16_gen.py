@@ -81,7 +81,7 @@ def packed_shape(batch: tuple[int, ...], k: int, n: int, vl: int, pair_multiple:
     return (*batch, -(-n // nr), padded_pairs(k, pair_multiple), nr)
 
 
-def _row_words(k: int) -> int:
+def row_words(k: int) -> int:
     """32-bit words per row of A's pairs: whole vectors, and never a multiple of 4 KB (rows
     that far apart share the L1 sets the micro-kernel's rows are read through)."""
     words = -(-k // 32) * 16
@@ -89,13 +89,13 @@ def _row_words(k: int) -> int:
 
 
 def scratch_bytes(s: Shape) -> int:
-    return s.m * _row_words(s.k) * 4
+    return s.m * row_words(s.k) * 4
 
 
 def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> str:
     vl, nr = s.vl, s.nr
     nv = -(-width // vl)
-    stride = _row_words(s.k)
+    stride = row_words(s.k)
     acc, out = kernel_head(name, "uint32_t", rows, nv)
 
     def step(q: int, p: str) -> list[str]:
@@ -117,7 +117,7 @@ def _micro_kernel(name: str, s: Shape, rows: int, width: int, epi: Epilogue) -> 
 def _convert(s: Shape) -> str:
     """C rounding rows [lo, hi) of A to bfloat16 pairs (32 floats per conversion; the last
     ones, and a strided A, through a zeroed buffer, so K's padding is zero)."""
-    stride = _row_words(s.k)
+    stride = row_words(s.k)
     full = s.k // 32 if s.sak == 1 else 0  # conversions read straight from a row of A
     return f"""
 static void h_convert(void *ctx, int64_t lo, int64_t hi) {{
@@ -172,7 +172,7 @@ def source(s: Shape, epi: Epilogue, name: str, panel_pairs: int | None = None) -
         s, epi, name, "h", lambda kernel, rows, width: _micro_kernel(kernel, s, rows, width, epi),
         pairs, kc, mc,
         b_line=f"const uint32_t *bp = (const uint32_t *)g->b + q * {stride * s.nr} + k0 * {s.nr};",
-        a_line=f"const uint32_t *a = g->ab + i * {_row_words(s.k)} + k0;",
+        a_line=f"const uint32_t *a = g->ab + i * {row_words(s.k)} + k0;",
         lead=[], scratch_param=", char *scratch",
         calls=["h_job g = {A, (uint32_t *)scratch, Bp, bias, pre, post, C, tm, tn};",
                f"nn_parallel({s.m}, {s.m * s.k}, h_convert, &g);",
