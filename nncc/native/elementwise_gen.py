@@ -16,6 +16,7 @@ import numpy as np
 from nncc.ir.graph import Node
 from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
+from nncc.native.concat_slices import Slice
 from nncc.native.graph_query import batch_strides, const_value
 
 UNARY = {
@@ -136,11 +137,22 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
         self.step(f"for (int64_t i = 0; i < {size}; i++) {self.ptr(y)}[i] = {terms};", list(node.inputs), [y])
 
     def concat(self, node: Node) -> None:
-        """Each input's rows copied into its place in the output's rows."""
+        """Each input's rows copied into its place in the output's rows. Where the axis is
+        the outermost one larger than 1, each input is one range of the output: copies
+        the plan may drop, its producer writing there (nncc/native/concat_slices.py)."""
         y = node.outputs[0]
         out = self.shape(y)
         axis = int(node.attrs.get("axis", 1)) % len(out)
         outer, row = math.prod(out[:axis]), math.prod(out[axis:])
+        if outer == 1 and row:
+            slices, offset = [], 0
+            for x in node.inputs:
+                width = math.prod(self.shape(x))
+                if width:
+                    slices.append(Slice(x, y, offset, width))
+                offset += width
+            self.copy_slices(slices)
+            return
         lines, offset = [], 0
         for x in node.inputs:
             width = math.prod(self.shape(x)[axis:])
