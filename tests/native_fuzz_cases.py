@@ -1762,31 +1762,44 @@ def concat_graph(case, rng):
         if rng.random() < 0.3:
             parts.append(parts[0])
         (y,) = b.node("Concat", parts, ["plain"], axis=axis)
+        if rng.random() < 0.5:
+            (y,) = b.node("Relu", [y], ["plain_read"])
         b.output(y)
         if rng.random() < 0.5:
             (r,) = b.node("Relu", [parts[-1]], ["after"])
             b.output(r)
+        if rng.random() < 0.5:  # the same inputs and one more joined anew (a nested Concat)
+            (z,) = b.node("Concat", [*parts, parts[int(rng.integers(0, len(parts)))]], ["again"], axis=axis)
+            (z,) = b.node("Neg", [z], ["again_read"])
+            b.output(z)
         case.geometry = dict(kind="plain", n=n, axis=axis, parts=len(parts))
         return
     channels = _choice(rng, [8, 16, 16, 32])
     last = conv(x, c0, channels, "0")
-    values, shown = [(last, channels)], set()
+    values, shown, joins = [(last, channels)], set(), []
     for step in range(int(rng.integers(2, 6))):
-        event = _choice(rng, ["grow", "grow", "grow", "fan", "input", "reread"])
+        event = _choice(rng, ["grow", "grow", "grow", "again", "fan", "input", "reread"])
         events.append(event)
-        if event == "grow":  # a dense layer: Relu, Conv, and the Concat of all before with it
+        if event in ("grow", "again"):  # a dense layer: Relu, Conv, and the Concat of all before with it
             growth = _choice(rng, [8, 16, 16, 32, 5])
             (r,) = b.node("Relu", [last], [f"pre{step}"])
             new = conv(r, channels, growth, str(step + 1))
             values.append((new, growth))
-            (last,) = b.node("Concat", [last, new], [f"dense{step}"], axis=1)
-            channels += growth
+            if event == "again" and joins:  # torchvision's form: an earlier Concat's inputs joined anew
+                inputs, width = joins[int(rng.integers(0, len(joins)))]
+                (last,) = b.node("Concat", [*inputs, new], [f"again{step}"], axis=1)
+                channels = width + growth
+            else:
+                (last,) = b.node("Concat", [last, new], [f"dense{step}"], axis=1)
+                channels += growth
+            joins.append((list(case.nodes[-1].input), channels))
         elif event == "fan":  # an Inception block's join of earlier values, maybe one twice
             picks = [values[int(i)] for i in rng.integers(0, len(values), int(rng.integers(2, 4)))]
             picks.append((last, channels))
             rng.shuffle(picks)
             (last,) = b.node("Concat", [p[0] for p in picks], [f"fan{step}"], axis=1)
             channels = sum(p[1] for p in picks)
+            joins.append(([p[0] for p in picks], channels))
         elif event == "input":  # a graph input or a constant joined to a convolution's output
             extra = _choice(rng, [8, 16, 3])
             other = b.input(f"side{step}", (n, extra, h, w)) if rng.random() < 0.5 else \

@@ -244,3 +244,24 @@ def test_a_chain_nests_and_its_offsets_add():
     placed = _place(steps, infos)
     assert placed == {"a": ("y", 0), "b": ("y", 16), "c": ("z", 0), "y": ("z", 16)}
     assert concat_slices.top("b", placed) == ("z", 32)
+
+
+@needs_compiler
+@pytest.mark.parametrize("vl", [8, 16])
+def test_a_dense_block_joining_every_layer_again_becomes_a_chain(tmp_path, vl):
+    """torchvision's DenseNet: each layer joins every output so far anew, Concat(x0, x1),
+    then Concat(x0, x1, x2): the later one's leading inputs are the earlier Concat's, so it
+    joins that Concat's output and the new layer, nested into one buffer."""
+    m = GraphBuilder(18, 8, "torchvision_dense", weight_gain=2 ** 0.5)
+    x = m.input([1, 3, 6, 6])
+    features, channels = [_conv(m, x, 3, 16)], 16
+    for _ in range(3):
+        joined = m.node("Concat", features, axis=1) if len(features) > 1 else features[0]
+        features.append(_conv(m, m.node("Relu", [joined]), channels, 16))
+        channels += 16
+    last = m.node("Concat", features, axis=1)
+    m.output(_conv(m, last, channels, 8, 1))
+    unit = _unit(m, vl)
+    assert _copies(unit) == []
+    assert {concat_slices.top(f + f"#nchw{vl}c", unit.placed)[0] for f in features} == {last + f"#nchw{vl}c"}
+    assert_one_native_partition_matches(tmp_path, m, rtol=1e-4)

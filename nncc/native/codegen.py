@@ -130,6 +130,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
         self.byte_images: dict[str, str] = {}  # quantized images stored as bytes: their layout (int8_bytes)
         self.guard: tuple[str, bool] | None = None  # the guard of the steps being written (``branch``)
+        self.joined: dict[tuple, str] = {}  # (axis, inputs, guard) -> the Concat output joining them
         self.lent: dict[str, np.ndarray] = {}  # float32 constants of If branches: inputs when a step reads them
         self.init_layout()
         self.simd = source("simd.h") + "\n"
