@@ -1725,6 +1725,102 @@ ROUND.append("qgemm")
 KINDS["conv_amx"] = conv_amx
 ROUND.append("conv_amx")
 
+def concat_graph(case, rng):
+    """Channel Concats as dense blocks and Inception blocks join them (the plan may place
+    an input inside its Concat's output, its producer writing there: nncc/native/
+    concat_slices.py): a chain where each Concat is the previous one plus a new
+    convolution's output, fan-outs joining earlier values in any order (one twice, or in
+    two Concats), a graph input or a constant joined in, a value read again after it was
+    joined, a Concat that is a graph output, batches of 2 (whose slices are not contiguous),
+    channel counts that are not whole blocks, and an NCHW Concat of elementwise results on
+    any axis. Convolution weights are scaled by 1/sqrt(fan-in), so values stay O(1)."""
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 1, 2])
+    h, w = int(rng.integers(1, 7)), int(rng.integers(1, 7))
+    c0 = _choice(rng, [3, 8, 16, 16, 32])
+    x = b.input("x", (n, c0, h, w))
+    terms, events = 0, []
+
+    def conv(src: str, cin: int, cout: int, tag: str) -> str:
+        nonlocal terms
+        k = _choice(rng, [1, 3])
+        weights = rng.standard_normal((cout, cin, k, k)) / math.sqrt(cin * k * k)
+        (y,) = b.node("Conv", [src, b.init(f"w{tag}", weights), b.init(f"b{tag}", (cout,))], [f"conv{tag}"],
+                      pads=[k // 2] * 4)
+        terms += cin * k * k + 1  # each layer's rounding, carried on at a gain of about 1
+        return y
+
+    if rng.random() < 0.2:  # NCHW values (no convolution): a Concat on any axis
+        shape = [n, c0, h, w]
+        axis = int(rng.integers(0, 4))
+        parts = []
+        for i in range(int(rng.integers(2, 5))):
+            part = list(shape)
+            part[axis] = int(rng.integers(1, 5))
+            (v,) = b.node("Sigmoid", [b.input(f"p{i}", part)], [f"sig{i}"])
+            parts.append(v)
+        if rng.random() < 0.3:
+            parts.append(parts[0])
+        (y,) = b.node("Concat", parts, ["plain"], axis=axis)
+        if rng.random() < 0.5:
+            (y,) = b.node("Relu", [y], ["plain_read"])
+        b.output(y)
+        if rng.random() < 0.5:
+            (r,) = b.node("Relu", [parts[-1]], ["after"])
+            b.output(r)
+        if rng.random() < 0.5:  # the same inputs and one more joined anew (a nested Concat)
+            (z,) = b.node("Concat", [*parts, parts[int(rng.integers(0, len(parts)))]], ["again"], axis=axis)
+            (z,) = b.node("Neg", [z], ["again_read"])
+            b.output(z)
+        case.geometry = dict(kind="plain", n=n, axis=axis, parts=len(parts))
+        return
+    channels = _choice(rng, [8, 16, 16, 32])
+    last = conv(x, c0, channels, "0")
+    values, shown, joins = [(last, channels)], set(), []
+    for step in range(int(rng.integers(2, 6))):
+        event = _choice(rng, ["grow", "grow", "grow", "again", "fan", "input", "reread"])
+        events.append(event)
+        if event in ("grow", "again"):  # a dense layer: Relu, Conv, and the Concat of all before with it
+            growth = _choice(rng, [8, 16, 16, 32, 5])
+            (r,) = b.node("Relu", [last], [f"pre{step}"])
+            new = conv(r, channels, growth, str(step + 1))
+            values.append((new, growth))
+            if event == "again" and joins:  # torchvision's form: an earlier Concat's inputs joined anew
+                inputs, width = joins[int(rng.integers(0, len(joins)))]
+                (last,) = b.node("Concat", [*inputs, new], [f"again{step}"], axis=1)
+                channels = width + growth
+            else:
+                (last,) = b.node("Concat", [last, new], [f"dense{step}"], axis=1)
+                channels += growth
+            joins.append((list(case.nodes[-1].input), channels))
+        elif event == "fan":  # an Inception block's join of earlier values, maybe one twice
+            picks = [values[int(i)] for i in rng.integers(0, len(values), int(rng.integers(2, 4)))]
+            picks.append((last, channels))
+            rng.shuffle(picks)
+            (last,) = b.node("Concat", [p[0] for p in picks], [f"fan{step}"], axis=1)
+            channels = sum(p[1] for p in picks)
+            joins.append(([p[0] for p in picks], channels))
+        elif event == "input":  # a graph input or a constant joined to a convolution's output
+            extra = _choice(rng, [8, 16, 3])
+            other = b.input(f"side{step}", (n, extra, h, w)) if rng.random() < 0.5 else \
+                b.init(f"const{step}", (n, extra, h, w))
+            (last,) = b.node("Concat", [last, other] if rng.random() < 0.5 else [other, last], [f"join{step}"], axis=1)
+            channels += extra
+        else:  # a joined value read again, and the Concat made a graph output
+            (r,) = b.node("Neg", [values[-1][0]], [f"neg{step}"])
+            b.output(r)
+            if last not in shown:
+                shown.add(last)
+                b.output(last)
+        values.append((last, channels))
+    b.output(conv(last, channels, _choice(rng, [4, 16]), "out"))
+    case.terms = terms
+    case.geometry = dict(kind="blocked", n=n, x=[n, c0, h, w], events=events)
+
+
+KINDS["concat_graph"] = concat_graph
+ROUND.append("concat_graph")
+
 
 def make_case(seed: int, index: int) -> Case:
     rng = np.random.default_rng([seed, index])
@@ -1960,3 +2056,4 @@ def _maxdiff(a, b):
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
-from nncc.native import gemm_amx_gen, gemm_bf16_gen, gemm_gen, kernel
+from nncc.native import concat_slices, gemm_amx_gen, gemm_bf16_gen, gemm_gen, kernel
 from nncc.native.precision import weights_pay
 from nncc.native.activations import c_enum
 from nncc.native.conv_gen import POOL_OPS, ConvSteps  # noqa: F401  (POOL_OPS: for callers listing ops)
@@ -61,6 +61,7 @@ class _Step:
     support: str = ""  # file-scope C the step's code calls (micro-kernels, parallel tasks)
     status: bool = False  # the step leaves an int64 in the first bytes of its scratch: not 0, the call fails
     guard: tuple[str, bool] | None = None  # (a bool scalar, its value): the step runs only then (an If's branch)
+    slices: tuple = ()  # a Concat's copies (concat_slices.Slice), which ``finish`` may drop
 
 
 @dataclass
@@ -78,6 +79,8 @@ class Unit:
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
     blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
     byte_images: dict[str, str] = field(default_factory=dict)  # quantized values int8 steps pass as bytes: layout
+    # buffers living inside a Concat's output (nncc/native/concat_slices.py): (that output, offset in floats)
+    placed: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
@@ -127,6 +130,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.absorbed: set[int] = set()  # ids of activation nodes fused into a residual Add
         self.byte_images: dict[str, str] = {}  # quantized images stored as bytes: their layout (int8_bytes)
         self.guard: tuple[str, bool] | None = None  # the guard of the steps being written (``branch``)
+        self.joined: dict[tuple, str] = {}  # (axis, inputs, guard) -> the Concat output joining them
         self.lent: dict[str, np.ndarray] = {}  # float32 constants of If branches: inputs when a step reads them
         self.init_layout()
         self.simd = source("simd.h") + "\n"
@@ -262,6 +266,10 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         calls nn_gemm or nn_conv2d; ``status``: the code stores an int64 at the start of its
         scratch (which it asks for), and the entry point returns 1 when it is not 0 (an index
         out of range: the call fails as the portable kernel would)."""
+        self.steps.append(self.make_step(code, reads, writes, scratch, support, blas, status, self.guard))
+
+    def make_step(self, code: str, reads, writes, scratch: int = 0, support: str = "", blas: bool = False,
+                  status: bool = False, guard=None) -> _Step:
         reads = [r if isinstance(r, tuple) else (r, kernel.READ) for r in reads if r]
         writes = [w if isinstance(w, tuple) else (w, kernel.WRITE) for w in writes if w]
         written = {self.root(name) for name, _ in writes}
@@ -270,8 +278,35 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             root = self.root(name)
             if root not in buffers and (root not in written or (name, ctype) in writes):
                 buffers[root] = ctype
-        self.steps.append(_Step(code, [n for n, _ in reads], [n for n, _ in writes], list(buffers.items()),
-                                scratch, blas, support=support, status=status, guard=self.guard))
+        return _Step(code, [n for n, _ in reads], [n for n, _ in writes], list(buffers.items()),
+                     scratch, blas, support=support, status=status, guard=guard)
+
+    def copy_slices(self, slices: list[concat_slices.Slice]) -> None:
+        """A Concat whose inputs are whole contiguous ranges of its output: one step of
+        copies, each of which ``finish`` drops when the copied buffer can live in its range
+        instead (nncc/native/concat_slices.py)."""
+        self.steps.append(self.slices_step(slices, self.guard))
+
+    def slices_step(self, slices, guard) -> _Step:
+        support, code = concat_slices.copy_code(slices, self.ptr)
+        made = self.make_step(code, [s.source for s in slices], [slices[0].target], support=support, guard=guard)
+        made.slices = tuple(slices)
+        return made
+
+    def place_slices(self, args) -> dict[str, tuple[str, int]]:
+        """Drop the Concat copies whose sources can live in their ranges instead; the
+        steps left copy the rest (nncc/native/concat_slices.py)."""
+        placed = concat_slices.place(self.steps, self.root, set(args), self.infos)
+        steps = []
+        for step in self.steps:
+            kept = [s for s in step.slices if placed.get(self.root(s.source)) != (self.root(s.target), s.offset)]
+            if len(kept) < len(step.slices):
+                if not kept:
+                    continue
+                step = replace(self.slices_step(kept, step.guard), label=step.label)
+            steps.append(step)
+        self.steps = steps
+        return placed
 
     # -- memory and text --------------------------------------------------------------
 
@@ -287,10 +322,15 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         self.args = read + list(self.packed) + self.args[self.n_inputs:]
         self.n_inputs = len(read) + len(self.packed)
         args = {name: i for i, name in enumerate(self.args)}
+        placed = self.place_slices(args)
+
+        def buffer(name: str) -> str:  # the buffer holding a value's bytes: a Concat's output for a placed one
+            return concat_slices.top(self.root(name), placed)[0]
+
         last_use: dict[str, int] = {}
         for index, step in enumerate(self.steps):
             for name in step.reads + step.writes + ([step.guard[0]] if step.guard else []):
-                last_use[self.root(name)] = index
+                last_use[buffer(name)] = index
         offsets: dict[str, int] = {}
         live: list[tuple[int, int, int]] = []  # (offset, size, last step)
         scratch_at: dict[int, int] = {}
@@ -310,7 +350,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
 
         for index, step in enumerate(self.steps):
             for name in step.writes:
-                root = self.root(name)
+                root = buffer(name)
                 if root not in args and root not in offsets:
                     # 4 bytes an element, 8 for an int64 (a Cast's: nncc/native/cast_gen.py)
                     width = max(4, getattr(self.infos[root].dtype, "itemsize", 4))
@@ -328,6 +368,9 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
         for name, offset in offsets.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offset});")
+        for name in placed:  # inside a Concat's output, which lives in the workspace
+            holder, at = concat_slices.top(name, placed)
+            lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offsets[holder] + 4 * at});")
         lines.append("  nn_call_begin();")
         tested: dict[str, str] = {}  # condition -> the local holding it, read once before its first block
         guard = None
@@ -355,7 +398,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
-                    any(k.blas for k in kernels.values()), dict(self.byte_images))
+                    any(k.blas for k in kernels.values()), dict(self.byte_images), placed)
 
     def guard_lines(self, before, after, tested: dict[str, str]) -> list[str]:
         """C between a step guarded by ``before`` and one guarded by ``after`` (None: none).

@@ -16,6 +16,7 @@ import numpy as np
 from nncc.ir.graph import Node
 from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
+from nncc.native.concat_slices import Slice
 from nncc.native.graph_query import batch_strides, const_value
 
 UNARY = {
@@ -136,19 +137,53 @@ static void gelu_chunks(void *ctx, int64_t lo, int64_t hi) {{
         self.step(f"for (int64_t i = 0; i < {size}; i++) {self.ptr(y)}[i] = {terms};", list(node.inputs), [y])
 
     def concat(self, node: Node) -> None:
-        """Each input's rows copied into its place in the output's rows."""
+        """Each input's rows copied into its place in the output's rows. Where the axis is
+        the outermost one larger than 1, each input is one range of the output: copies
+        the plan may drop, its producer writing there (nncc/native/concat_slices.py)."""
         y = node.outputs[0]
         out = self.shape(y)
         axis = int(node.attrs.get("axis", 1)) % len(out)
         outer, row = math.prod(out[:axis]), math.prod(out[axis:])
+        inputs = self.concat_inputs(node, blocked=False)
+        self.joined_as(node)
+        if outer == 1 and row:
+            slices, offset = [], 0
+            for x in inputs:
+                width = math.prod(self.shape(x))
+                if width:
+                    slices.append(Slice(x, y, offset, width))
+                offset += width
+            self.copy_slices(slices)
+            return
         lines, offset = [], 0
-        for x in node.inputs:
+        for x in inputs:
             width = math.prod(self.shape(x)[axis:])
             if width:
                 lines.append(f"for (int64_t o = 0; o < {outer}; o++) memcpy({self.ptr(y)} + o * {row} + {offset}, "
                              f"{self.ptr(x)} + o * {width}, {width} * sizeof(float));")
             offset += width
-        self.step("\n".join(lines), list(node.inputs), [y])
+        self.step("\n".join(lines), inputs, [y])
+
+    def concat_inputs(self, node: Node, blocked: bool) -> list[str]:
+        """``node``'s inputs, the longest leading run of them that an earlier Concat on the
+        same axis joined (in this partition, in the layout asked for, under the same guard)
+        replaced by that Concat's output: a dense block exported as the Concat of every
+        layer so far, at each layer, becomes a chain, each Concat the previous one plus the
+        new layer, which the plan then nests into one buffer."""
+        axis = int(node.attrs.get("axis", 1)) % len(self.shape(node.outputs[0]))
+        inputs = list(node.inputs)
+        for k in range(len(inputs) - 1, 1, -1):
+            earlier = self.joined.get((axis, tuple(inputs[:k]), self.guard))
+            if earlier is None:
+                continue
+            if (earlier in self.blocked) if blocked else (earlier not in self.blocked or earlier in self.plain_ready):
+                return [earlier, *inputs[k:]]
+        return inputs
+
+    def joined_as(self, node: Node) -> None:
+        """Record ``node``'s output as the join of its inputs (``concat_inputs``)."""
+        axis = int(node.attrs.get("axis", 1)) % len(self.shape(node.outputs[0]))
+        self.joined[(axis, tuple(node.inputs), self.guard)] = node.outputs[0]
 
     def softmax_rows(self, node: Node, rows: int, n: int, log: bool) -> None:
         """Softmax (``log``: LogSoftmax) of each of ``rows`` contiguous rows of ``n``."""

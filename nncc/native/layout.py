@@ -25,6 +25,7 @@ from nncc.native import blocked_ops as bo
 from nncc.native import conv_amx, conv_bf16, gemm_amx_gen, gemm_bf16_gen
 from nncc.native import winograd
 from nncc.native.graph_query import CONV_OPS
+from nncc.native.concat_slices import Slice
 from nncc.native.kernel import SCRATCH
 from nncc.native.precision import convolutions_in_bf16
 
@@ -342,10 +343,33 @@ class BlockedLayout:
             return False
         if not self.concat_stays_blocked(node):
             return False
-        srcs = [self.as_blocked(n) for n in node.inputs]
+        inputs = self.concat_inputs(node, blocked=True)
+        srcs = [self.as_blocked(n) for n in inputs]
         dst = self.blocked_buffer(y)
-        support, code = bo.concat_channels([self.shape(n) for n in node.inputs], self.vl,
-                                           [self.ptr(s) for s in srcs], self.ptr(dst))
-        self.step(code, srcs, [dst], support=support)
+        slices = self.blocked_slices(y, inputs, srcs, dst)
+        if slices:
+            self.copy_slices(slices)
+        else:
+            support, code = bo.concat_channels([self.shape(n) for n in inputs], self.vl,
+                                               [self.ptr(s) for s in srcs], self.ptr(dst))
+            self.step(code, srcs, [dst], support=support)
+        self.joined_as(node)
         self.finish_blocked_output(y)
         return True
+
+    def blocked_slices(self, y: str, inputs: list[str], srcs: list[str], dst: str) -> list[Slice] | None:
+        """One image's blocked Concat as ranges of its output, each input's buffer whole:
+        every input starts on a block boundary and fills whole blocks (the last one may end
+        in a partial block, as the output does). None otherwise (copied channel by channel)."""
+        n, total, h, w = self.shape(y)
+        if n != 1:  # an image's blocks are not contiguous with the next image's
+            return None
+        slices, channels = [], 0
+        for x, src in zip(inputs, srcs):
+            c = self.shape(x)[1]
+            if channels % self.vl or (c % self.vl and channels + c != total):
+                return None
+            if c:
+                slices.append(Slice(src, dst, channels * h * w, math.prod(self.shape(src))))
+            channels += c
+        return slices
