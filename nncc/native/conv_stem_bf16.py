@@ -53,7 +53,10 @@ def applies(g: Conv2d, vl: int) -> bool:
 
 
 def pays(g: Conv2d, vl: int) -> bool:
-    """Whether the stem runs on tiles rather than in float32 (measured: docs/native.md)."""
+    """Whether the stem runs on tiles rather than in float32: wherever it applies. Measured
+    on stems over 1x3x224x224 (docs/native.md): 7x7 stride 2 to 64 channels took a sixth of
+    float32's time at one thread, a fifth at two; 3x3 stride 2 to 32 channels, bound by its
+    output's bytes either way, 0.8-0.95 of it, never more."""
     return applies(g, vl)
 
 
