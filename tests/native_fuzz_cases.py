@@ -606,6 +606,67 @@ def conv_amx(case, rng):
                          **{key: v for key, v in attrs.items() if key != "kernel_shape"})
 
 
+def conv_stem_amx(case, rng):
+    """A network's first convolution (a few channels read straight from the NCHW input)
+    compiled with precision bf16, which CPUs with AMX multiply on tiles over gathered
+    receptive fields (nncc/native/conv_stem_bf16.py; elsewhere float32, within the same
+    bound): one to four channels, square and oblong kernels up to 7x7 (a kernel row's values
+    up to 28, the receptive field one to five tiles), strides, pads of either end, row
+    dilations, output channels around the 16-channel tile and the 32-channel micro-tile,
+    pixels around the 32-pixel block, batches, bias and the epilogues; one case in four with
+    the input near float32's smallest normal, so some of it is denormal (which the tiles
+    read as zero)."""
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    c = _choice(rng, [1, 2, 3, 3, 3, 4])
+    k = _choice(rng, [1, 5, 16, 17, 24, 32, 33, 48, 64])
+    n = _choice(rng, [1, 1, 2])
+    kh, kw = _choice(rng, [(7, 7), (7, 7), (3, 3), (3, 3), (5, 5), (1, 1),
+                           (int(rng.integers(1, 8)), int(rng.integers(1, 8)))])
+    strides = [_choice(rng, [1, 2, 2, 3]), _choice(rng, [1, 2, 2, 3])]
+    dil = [_choice(rng, [1, 1, 1, 2]), 1]
+    eh, ew = (kh - 1) * dil[0] + 1, kw
+    pads = [int(rng.integers(0, eh)), int(rng.integers(0, ew)), int(rng.integers(0, eh)), int(rng.integers(0, ew))]
+    attrs = dict(kernel_shape=[kh, kw], strides=strides, pads=pads, dilations=dil, group=1)
+    h, w = _spatial(rng, eh, ew, pads)
+    h, w = h + _choice(rng, [0, 3, 12]), w + _choice(rng, [0, 5, 20, 40])
+    x = b.input("x", (n, c, h, w))
+    if rng.random() < 0.25:
+        case.inputs[x] *= np.float32(2.0**-124)
+    ins = [x, b.init("w", (k, c, kh, kw))]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (k,)))
+    epilogue = _choice(rng, ["", "Relu", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue.startswith("residual"):
+        oh = _out(h, pads[0], pads[2], eh, strides[0])
+        ow = _out(w, pads[1], pads[3], ew, strides[1])
+        (y,) = b.node("Add", [y, b.input("skip", (n, k, oh, ow))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    b.output(y)
+    taps = c * kh * kw
+    case.terms = taps + 2
+    wv = case.inits[ins[1]]
+    # conv_amx's bound: bf16_bound over the taps, its denormal term included
+    with np.errstate(invalid="ignore"):
+        xsum = conv_terms(case.inputs[x], np.ones_like(wv), attrs)
+        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
+        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
+        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
+                      * conv_terms(case.inputs[x], wv, attrs) + denormal}
+    case.geometry = dict(x=[n, c, h, w], w=[k, c, kh, kw], bias=bias, epilogue=epilogue or None,
+                         **{key: v for key, v in attrs.items() if key != "kernel_shape"})
+
+
 def bf16_weights_bound(a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
     """The error bound of a product by weights rounded to bfloat16 and widened (what
     precision bf16 computes on a CPU without AVX-512 BF16): each weight off by at most
@@ -1724,6 +1785,8 @@ KINDS["qgemm"] = qgemm
 ROUND.append("qgemm")
 KINDS["conv_amx"] = conv_amx
 ROUND.append("conv_amx")
+KINDS["conv_stem_amx"] = conv_stem_amx
+ROUND.append("conv_stem_amx")
 
 def concat_graph(case, rng):
     """Channel Concats as dense blocks and Inception blocks join them (the plan may place

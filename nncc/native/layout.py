@@ -22,7 +22,7 @@ import numpy as np
 from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
-from nncc.native import conv_amx, conv_bf16, gemm_amx_gen, gemm_bf16_gen
+from nncc.native import conv_amx, conv_bf16, conv_stem_bf16, gemm_amx_gen, gemm_bf16_gen
 from nncc.native import winograd
 from nncc.native.graph_query import CONV_OPS
 from nncc.native.concat_slices import Slice
@@ -117,7 +117,7 @@ class BlockedLayout:
         code_act, p0, p1 = act
         ptrs = {"y": self.ptr(self.blocked_buffer(target))}
         reads = []
-        use_winograd = bf16 = False
+        use_winograd = bf16 = stem_tiles = False
         if g.depthwise:
             x = self.as_blocked(node.inputs[0])
             wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
@@ -142,6 +142,9 @@ class BlockedLayout:
             on_tiles = packing is gemm_amx_gen.AMX and not plain_input and conv_amx.applies_direct(g, vl)
             bf16 = on_tiles or (packing is gemm_bf16_gen.BF16 and not plain_input and
                                 convolutions_in_bf16(self.arithmetic))
+            # a stem (few channels of a plain input) on tiles too (nncc/native/conv_stem_bf16.py),
+            # which keeps this float32 convolution for where the tiles are refused
+            stem_tiles = packing is gemm_amx_gen.AMX and plain_input and conv_stem_bf16.pays(g, vl)
             if bf16:
                 wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}bf16", conv_bf16.pack_weights(packed))
             else:
@@ -166,6 +169,13 @@ class BlockedLayout:
                 scratch = conv_bf16.scratch_bytes(g.n, g.c, g.h, g.w, vl)
                 ptrs["xb"] = SCRATCH
             support, code = bc.direct_conv(g, vl, plain_input, ptrs, code_act, fmt(p0), fmt(p1), bf16=bf16)
+            if stem_tiles:
+                sname = self.pack(node.inputs[1], f"stem{vl}bf16", conv_stem_bf16.pack_weights(weights, vl))
+                reads.append(sname)
+                scratch = conv_stem_bf16.scratch_bytes(g)
+                stem_support, code = conv_stem_bf16.conv(g, vl, {**ptrs, "w": self.ptr(sname)}, code_act,
+                                                         fmt(p0), fmt(p1), SCRATCH, code)
+                support += stem_support
             if on_tiles:
                 scratch = max(scratch, conv_amx.tiles_scratch_bytes(g, vl))
                 tiles_support, code = conv_amx.conv(g, vl, ocb, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH, code)
