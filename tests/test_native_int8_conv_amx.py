@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 import pytest
 
@@ -88,7 +89,6 @@ def test_every_layer_takes_the_pixel_major_form():
 
 
 def test_tiles_give_onnxruntimes_result_and_the_vpdpbusd_bits(tmp_path, monkeypatch):
-    ort = pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(12)
     path = tmp_path / "q.onnx"
     _model(rng, path)
