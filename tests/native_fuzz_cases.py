@@ -1137,7 +1137,7 @@ def channel_shuffle(case, rng):
                          w=list(wshape), depthwise=depthwise, plain_reader=also)
 
 
-def qconv(case, rng):
+def qconv(case, rng, tiles=False):
     """A quantized convolution as onnxruntime's quantizer writes one: QOperator
     (QuantizeLinear -> QLinearConv -> DequantizeLinear) or QDQ (Q -> DQ -> Conv of
     dequantized weights and int32 bias -> Q -> DQ); int8 or uint8 weights, per-tensor or
@@ -1147,10 +1147,16 @@ def qconv(case, rng):
     requantizes in float32 as nncc does: the outputs agree exactly."""
     case.opt_level = 2
     b = _Builder(case, rng)
-    depthwise = rng.random() < 0.3
+    depthwise = not tiles and rng.random() < 0.3
     c = _choice(rng, [1, 2, 3, 4, 5, 9, 16]) if depthwise else _choice(rng, [1, 3, 4, 7, 16, 33])
     attrs, wshape, (eh, ew) = _conv_geometry(rng, c, depthwise)
-    if not depthwise:  # other groupings stay portable
+    if tiles:  # K = C x taps around the tile's 64 bytes, enough output channels for the pixel-major form
+        c = _choice(rng, [1, 3, 7, 16, 21, 32, 63, 64, 65, 100])
+        kh = kw = _choice(rng, [1, 1, 3])
+        stride = _choice(rng, [1, 1, 2])
+        attrs = dict(kernel_shape=[kh, kw], strides=[stride, stride], pads=[kh // 2] * 4, dilations=[1, 1], group=1)
+        wshape, (eh, ew) = (_choice(rng, [40, 48, 63, 64, 65, 96, 128, 130]), c, kh, kw), (kh, kw)
+    elif not depthwise:  # other groupings stay portable
         attrs["group"] = 1
         wshape = (_choice(rng, [1, 3, 17, 64, 65, 70]), c) + wshape[2:]
     qdq = rng.random() < 0.4
@@ -1160,6 +1166,12 @@ def qconv(case, rng):
     m, taps = wshape[0], wshape[1] * wshape[2] * wshape[3]
     n = _choice(rng, [1, 1, 2])
     h, w = _spatial(rng, eh, ew, attrs["pads"])
+    if tiles:  # output pixels below, at and past the 32-pixel block
+        pixels = _choice(rng, [8, 9, 16, 31, 32, 33, 49, 64, 65, 96, 100])
+        w = _choice(rng, [1, 4, 7, 8, 16])
+        h = -(-pixels // w)
+        if attrs["strides"][0] == 2:
+            h, w = 2 * h, 2 * w
     # saturating: about half the activations quantize to the ends of their range (bytes 0
     # and 255 after the kernel's shift), where the AVX2 kernel's pairs sum to the most
     saturating = rng.random() < 0.2
@@ -1699,6 +1711,18 @@ KINDS["gemm_amx"] = gemm_amx
 ROUND.append("gemm_amx")
 KINDS["qgemm_amx"] = qgemm_amx
 ROUND.append("qgemm_amx")
+
+
+def qconv_amx(case, rng):
+    """qconv at the AMX int8 convolution's edges (nncc/native/int8_conv_amx_gen.py; the
+    vpdpbusd tiles where the CPU or target lacks amx_int8): ungrouped 1x1 and 3x3 layers,
+    stride 1 or 2, K around the tile's 64 bytes, output pixels around the 32-pixel block,
+    output channels around the 16-channel tile and the 64-channel panel. Exact, as qconv."""
+    qconv(case, rng, tiles=True)
+
+
+KINDS["qconv_amx"] = qconv_amx
+ROUND.append("qconv_amx")
 
 
 def _bf16_values(x: np.ndarray) -> np.ndarray:

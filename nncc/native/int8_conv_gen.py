@@ -31,7 +31,7 @@ from nncc.kernels.conv import conv_geometry, conv_params
 from nncc.kernels.qimage import multipliers
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
-from nncc.native import int8_conv_cm, int8_depthwise_gen, int8_tables
+from nncc.native import int8_conv_amx_gen, int8_conv_cm, int8_depthwise_gen, int8_tables
 from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
@@ -228,26 +228,32 @@ def _wide_epilogue(byte_out: int | None, row_sum_read: str) -> str:
 
 def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
                  byte_in: str | None = None, byte_out: int | None = None, out_nhwc: bool = False,
-                 zero_points: bool = True, pairs: bool = False, capacity: int = 0) -> str:
+                 zero_points: bool = True, pairs: bool = False, capacity: int = 0, tiles: bool = False) -> str:
     """``byte_in``: the layout of the input's bytes, None for a float image; ``byte_out``:
     store the output as bytes, q plus this shift, NHWC if ``out_nhwc`` (int8_bytes).
     ``zero_points``: some weight zero point is not 0 (after the shift), so each row's sum of
     bytes is needed. ``pairs``: the weights are packed in int8_gemm_gen's pairs layout, with room
-    for ``capacity`` remainder entries a panel."""
+    for ``capacity`` remainder entries a panel. ``tiles``: K padded for the AMX tiles, and
+    their product beside the vpdpbusd one where the code is built with AMX-INT8
+    (int8_conv_amx_gen)."""
     hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
     wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
     k = c * kh * kw
-    kp = -(-k // 4) * 4
-    groups = kp // 4
+    kp = int8_conv_amx_gen.padded_k(k, tiles)  # a gathered row's bytes, the packed weights' rows a panel
+    groups = -(-k // 4)  # the groups vpdpbusd multiplies: never the tiles' zero padding
     panels = -(-m // NR)
+    panel_stride = panel_bytes(kp // 4, pairs, capacity)
     p = oh * ow
     slivers = -(-p // MR)
     xp_bytes = -(-hp * wp * c // 64) * 64
-    rows_bytes = -(-p * kp // 64) * 64
+    rows_bytes = -(-int8_conv_amx_gen.padded_rows(p, tiles) * kp // 64) * 64
     np_ = panels * NR
     tail = p - (slivers - 1) * MR
     last = m - (panels - 1) * NR
     table = int8_tables.columns(np_)
+    padding = (int8_conv_amx_gen.padded_rows(p, tiles) - p) * kp
+    # the tiles' last block reads rows past the pixels (their sums never stored): zero, defined
+    pad_rows = f"    memset(j.a + {p * kp}, 0, {padding});\n" if padding else ""
     if byte_in == "nhwc":  # whole image rows of bytes, q plus the shift already
         quantize_pixel = ""
     elif byte_in:  # the bytes are q plus the shift already
@@ -348,21 +354,15 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
 
 {dots_source(kp, groups, pairs, capacity)}
 {_STORE6.replace("{P}", str(p)) if byte_out is not None and not out_nhwc and MR == 6 else ""}
-/* the (pixel sliver x channel panel) tiles [lo, hi): products, zero points, bias, requantization */
-static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
-    const qc_job *j = ctx;
+/* pixels [p0, p0 + rows) (at most {MR}) of panel q from their int32 sums ``acc``: zero points,
+ * bias, requantization, the store */
+static inline void qc_finish(const qc_job *j, const int32_t (*acc)[{NR}], int64_t p0, int rows, int64_t q, int width) {{
     {table.pointer}t = j->t;
     const float zero = t->x_zero + t->x_shift, yscale = t->y_scale, yzero = t->y_zero, qlo = t->y_lo, qhi = t->y_hi;
     const int32_t za = (int32_t)zero;
     const int32_t *cs = t->w_sum, *zw = t->w_zero, *bias = t->bias;
     const float *mult = t->mult;
-    int32_t acc[{MR}][{NR}];
-    for (int64_t task = lo; task < hi; task++) {{
-        int64_t q = task / {slivers}, s = task % {slivers};
-        int64_t p0 = s * {MR};
-        int rows = s == {slivers - 1} ? {tail} : {MR};
-        int width = q == {panels - 1} ? {last} : {NR};
-{gather_here}        q_dots(j->a + p0 * {kp}, j->b + q * {panel_bytes(groups, pairs, capacity)}, rows, acc);
+    {{
         const int32_t *csq = cs + q * {NR}, *zwq = zw + q * {NR}, *bq = bias + q * {NR};
         const float *mq = mult + q * {NR};
         {tile_type} tile[{MR}][{NR}];
@@ -388,15 +388,29 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
     }}
 }}
 
+/* the (pixel sliver x channel panel) tiles [lo, hi): products, then qc_finish */
+static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
+    const qc_job *j = ctx;
+    int32_t acc[{MR}][{NR}];
+    for (int64_t task = lo; task < hi; task++) {{
+        int64_t q = task / {slivers}, s = task % {slivers};
+        int64_t p0 = s * {MR};
+        int rows = s == {slivers - 1} ? {tail} : {MR};
+        int width = q == {panels - 1} ? {last} : {NR};
+{gather_here}        q_dots(j->a + p0 * {kp}, j->b + q * {panel_stride}, rows, acc);
+        qc_finish(j, (const int32_t (*)[{NR}])acc, p0, rows, q, width);
+    }}
+}}
+{int8_conv_amx_gen.source(p, m, kp, panel_stride, panels == 1) if tiles else ""}
 static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     qc_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {xp_bytes}),
                 (int32_t *)(scratch + {xp_bytes + rows_bytes}), Bp, table, 0}};
-    for (int64_t img = 0; img < {n}; img++) {{
+{pad_rows}    for (int64_t img = 0; img < {n}; img++) {{
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
         j.y = {image_at("Y", m * p, byte_out is not None)};
         nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);
 {gather_apart}
-        nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
+{int8_conv_amx_gen.dispatch(p, m, k, kp) if tiles else ""}        nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
     }}
 }}
 """
@@ -476,18 +490,21 @@ def emit(wr, node) -> None:
     # K ordered tap-major, channel-minor: [M, KH, KW, C] -> [K, M]
     matrix = signed.transpose(0, 2, 3, 1).reshape(m, -1).T
     table = int8_tables.columns(-(-m // NR) * NR)
-    bp = wr.pack(w, "int8 bounded pair conv panels" if pairs else "int8 conv panels",
-                 as_floats(pack_b(np.ascontiguousarray(matrix), pairs)))
+    tiles = int8_conv_amx_gen.wanted(wr.vl, p)  # K padded with zero rows for the AMX tiles
+    padded = np.pad(matrix, ((0, int8_conv_amx_gen.padded_k(matrix.shape[0], tiles) - matrix.shape[0]), (0, 0)))
+    bp = wr.pack(w, "int8 bounded pair conv panels" if pairs else "int8 tile conv panels" if tiles else "int8 conv panels",
+                 as_floats(pack_b(np.ascontiguousarray(padded), pairs)))
     packed = wr.pack(w, f"int8 conv table {xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}",
                      table.pack(**scalars, w_sum=matrix.astype(np.int32).sum(axis=0), w_zero=zero_w - shift,
                                 bias=bias, mult=mult))
     hp = max(h + pads[0], (oh - 1) * strides[0] + (kh - 1) * dilations[0] + 1)
     wp = max(wd + pads[1], (ow - 1) * strides[1] + (kw - 1) * dilations[1] + 1)
     k = c * kh * kw
-    kp = -(-k // 4) * 4
-    scratch = -(-hp * wp * c // 64) * 64 + -(-p * kp // 64) * 64 + p * 4
+    kp = int8_conv_amx_gen.padded_k(k, tiles)
+    rows = int8_conv_amx_gen.padded_rows(p, tiles)
+    scratch = -(-hp * wp * c // 64) * 64 + -(-rows * kp // 64) * 64 + p * 4
     code = f"q_conv({wr.ptr(x)}, {wr.ptr(bp)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
     wr.step(code, [x, (bp, "const int8_t *"), (packed, table.pointer)], [out], scratch,
             support=_conv_source("q_conv", n, c, h, wd, m, kh, kw, *geometry, byte_in, byte_out, layout == "nhwc",
                                  zero_points=bool(np.any(zero_w - shift)), pairs=pairs,
-                                 capacity=remainder_capacity(matrix) if pairs else 0))
+                                 capacity=remainder_capacity(matrix) if pairs else 0, tiles=tiles))

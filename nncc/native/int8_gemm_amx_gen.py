@@ -71,6 +71,25 @@ def _micro(rows: int, cols: int, kp: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def micro_kernels(kp: int) -> str:
+    """C of the four micro-kernels ``q_mt_{1,2}x{1,2}`` over all of K (``kp`` bytes)."""
+    return "".join(_micro(r, c, kp) for r in (1, 2) for c in (1, 2))
+
+
+def block_products() -> list[str]:
+    """C lines: one block's int32 sums into ``buf[ROWS][NR]``, from ``a`` (its first row of
+    A, ``rows`` valid) and ``bp`` (the panel, ``width`` valid columns), multiplying only the
+    tiles that hold valid rows and columns."""
+    halves = []
+    for h in range(NR // HALF):
+        lo = h * HALF
+        pick = (f"if (rows > {TILE}) {{ if (width > {lo + TILE}) q_mt_2x2(a, b, out); else q_mt_2x1(a, b, out); }} "
+                f"else {{ if (width > {lo + TILE}) q_mt_1x2(a, b, out); else q_mt_1x1(a, b, out); }}")
+        halves.append(f"        if (width > {lo}) {{ const int8_t *b = bp + {lo * 4}; int32_t *out = &buf[0][{lo}]; "
+                      f"{pick} }}")
+    return halves
+
+
 def source(m: int, n: int, kp: int) -> str:
     """File-scope C after int8_gemm_gen's q_job and q_store: ``q_amx``, the pool task over
     (block x panel) pairs, where the code is built with AMX-INT8 (``Q_AMX`` then
@@ -79,13 +98,7 @@ def source(m: int, n: int, kp: int) -> str:
     blocks, panels = -(-m // ROWS), -(-n // NR)
     last = n - (panels - 1) * NR
     tail = m - (blocks - 1) * ROWS
-    halves = []
-    for h in range(NR // HALF):
-        lo = h * HALF
-        pick = (f"if (rows > {TILE}) {{ if (width > {lo + TILE}) q_mt_2x2(a, b, out); else q_mt_2x1(a, b, out); }} "
-                f"else {{ if (width > {lo + TILE}) q_mt_1x2(a, b, out); else q_mt_1x1(a, b, out); }}")
-        halves.append(f"        if (width > {lo}) {{ const int8_t *b = bp + {lo * 4}; int32_t *out = &buf[0][{lo}]; "
-                      f"{pick} }}")
+    halves = block_products()
     body = [
         f"    int32_t buf[{ROWS}][{NR}] __attribute__((aligned(64)));",
         "    memset(buf, 0, sizeof buf);  /* columns a block skips are read (never stored): defined */",
@@ -104,7 +117,7 @@ def source(m: int, n: int, kp: int) -> str:
         "#include <immintrin.h>",
         "#define Q_AMX 1",
         amx.tile_config(CONFIG, [(TILE, TILE * 4)] * 8),
-        *[_micro(r, c, kp) for r in (1, 2) for c in (1, 2)],
+        micro_kernels(kp),
         "/* the (32-row block x panel) pairs [lo, hi) on tiles: int32 sums, then q_store */",
         "static void q_amx(void *ctx, int64_t lo, int64_t hi) {",
         "    const q_job *j = ctx;",
