@@ -78,6 +78,7 @@ class Unit:
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # packed at compile time: inputs too
     blas: bool = False  # some step calls the BLAS numpy loaded (which must then keep to one thread)
     byte_images: dict[str, str] = field(default_factory=dict)  # quantized values int8 steps pass as bytes: layout
+    low_attention: list[str] = field(default_factory=list)  # fused attentions (by output) computed in bfloat16
 
 
 class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
@@ -102,6 +103,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                             "bf16amx": gemm_amx_gen.AMX}[precision]
         self.packing = self.low_packing
         self.keep_f32 = frozenset(keep_f32)  # weights (by name) whose products stay float32 (precision auto)
+        self.low_attention: list[str] = []  # attention_gen: the attentions multiplied in bfloat16, by output
         self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
@@ -355,7 +357,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
-                    any(k.blas for k in kernels.values()), dict(self.byte_images))
+                    any(k.blas for k in kernels.values()), dict(self.byte_images), list(self.low_attention))
 
     def guard_lines(self, before, after, tested: dict[str, str]) -> list[str]:
         """C between a step guarded by ``before`` and one guarded by ``after`` (None: none).
