@@ -65,6 +65,9 @@ def _round_c() -> str:
     # stay one: both instructions read it as zero, as vcvtne2ps2bf16 would have made it
     return ("static inline uint32_t att_bf(float x) { uint32_t b; memcpy(&b, &x, 4); "
             "return x != x ? (b >> 16) | 0x40u : (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16; }\n"
+            "/* e^u in vectors (simd.h's), 0 below -87 (e^-87 is 1.6e-38: a term that small is off by\n"
+            "   less than that), where simd.h's stops at e^-87 */\n"
+            "static inline nn_v att_vexp(nn_v u) { return nn_vselect(u < nn_vset1(-87.0f), nn_vzero(), nn_vexp(u)); }\n"
             "static inline uint32_t att_pair(float lo, float hi) { return att_bf(lo) | att_bf(hi) << 16; }\n"
             "static inline __m512 att_dp(__m512 acc, uint32_t a, const uint32_t *b) { __m512i v; "
             "memcpy(&v, b, sizeof v); return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)v); }\n")
@@ -110,7 +113,7 @@ def _vdp_pv(rows: int, dvp: int) -> str:
 def _amx_scores(qw: int) -> str:
     """``att_st(q, kt, s, two, halves)``: the block's scores on tiles, ``two`` tiles of
     query rows (1 or 2) by ``halves`` halves of 32 keys."""
-    lines = ["static inline void att_st(const uint32_t *q, const uint32_t *kt, float *s, int two, int halves) {",
+    lines = ["static ATT_INLINE void att_st(const uint32_t *q, const uint32_t *kt, float *s, int two, int halves) {",
              "  for (int h = 0; h < halves; h++) {",
              "    _tile_zero(0); _tile_zero(1);",
              "    if (two) { _tile_zero(2); _tile_zero(3); }",
@@ -132,7 +135,7 @@ def _amx_scores(qw: int) -> str:
 def _amx_pv(dvp: int) -> str:
     """``att_pvt(o, pb, vb, two, halves)``: o += P·V on tiles, the output rows as C tiles,
     32 columns at a time, over ``halves`` halves of the block's 32 pairs of keys."""
-    lines = ["static inline void att_pvt(float *o, const uint32_t *pb, const uint32_t *vb, int two, int halves) {"]
+    lines = ["static ATT_INLINE void att_pvt(float *o, const uint32_t *pb, const uint32_t *vb, int two, int halves) {"]
     for c0 in range(0, dvp, 32):
         wide = dvp - c0 >= 32
         lines += [
@@ -162,7 +165,7 @@ def support(geo, dvp: int, tiles: bool, score_rows: int, pv_rows: int) -> list[s
     CPU with bfloat16 runs them; with tiles, where the OS refuses them) and, with
     ``tiles``, the AMX products and their configuration."""
     qw = q_words(geo.d)
-    head = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 attention built without AVX-512 BF16\"\n"
+    head = ["#define ATT_INLINE inline\n#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 attention built without AVX-512 BF16\"\n"
             "#endif\n", _round_c()]
     head += [_vdp_scores(r, qw, -(-geo.d // 2)) for r in range(1, score_rows + 1)]
     head += [_vdp_pv(r, dvp) for r in range(1, pv_rows + 1)]
@@ -194,6 +197,44 @@ def task(geo, dvp: int, tiles: bool, parts: dict, score_rows: int, pv_rows: int)
     return f"""
 typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 
+/* Q's first ``rows`` rows as pairs (the others are left as they are: zero) */
+static ATT_INLINE void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows) {{
+  for (int64_t r = 0; r < rows; r++) {{
+    const float *qs_ = qp + r * {qs};
+    uint32_t *qr = qpair + r * {qw};
+    for (int64_t e = 0; e < {half}; e++) qr[e] = att_pair(qs_[2 * e * {qd}], qs_[(2 * e + 1) * {qd}]);
+    {odd_q}
+  }}
+}}
+
+/* K as [pair][key] and V as [pair of keys][column] per block, pads zero; whether every
+   value read was finite */
+static ATT_INLINE int att_pack_kv(const float *kp, const float *vp, uint32_t *kall, uint32_t *vall) {{
+  int kv_finite = 1;
+  memset(kall, 0, {kwords + vwords} * sizeof(uint32_t));
+  for (int64_t j = 0; j < {skv}; j++) {{
+    const float *kr = kp + j * {ks};
+    uint32_t *kc = kall + (j / {BK}) * {BK * qw} + j % {BK};
+    for (int64_t e = 0; e < {half}; e++) {{
+      const float x0 = kr[2 * e * {kd}], x1 = kr[(2 * e + 1) * {kd}];
+      kc[e * {BK}] = att_pair(x0, x1);
+      kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
+    }}
+    {odd_k}
+  }}
+  for (int64_t j = 0; j < {skv}; j += 2) {{
+    const float *v0 = vp + j * {vs}, *v1 = v0 + {vs};
+    const int second = j + 1 < {skv};
+    uint32_t *vc = vall + (j / {BK}) * {KEY_PAIRS * dvp} + (j % {BK}) / 2 * {dvp};
+    for (int64_t c = 0; c < {dv}; c++) {{
+      const float x0 = v0[c * {vd}], x1 = second ? v1[c * {vd}] : 0.0f;
+      vc[c] = att_pair(x0, x1);
+      kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
+    }}
+  }}
+  return kv_finite;
+}}
+
 static void att_task(void *p, int64_t lo, int64_t hi) {{
   const att_args *a = p;
   const float *bias = a->bias; (void)bias;
@@ -215,35 +256,9 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
     memset(o, 0, {BQ * dvp} * sizeof(float));
     /* Q's rows as pairs, once per task; the rows past the block and P's rows zero */
     memset(qpair, 0, {BQ * qw + BQ * KEY_PAIRS} * sizeof(uint32_t));
-    for (int64_t r = 0; r < rows; r++) {{
-      const float *qs_ = qp + r * {qs};
-      uint32_t *qr = qpair + r * {qw};
-      for (int64_t e = 0; e < {half}; e++) qr[e] = att_pair(qs_[2 * e * {qd}], qs_[(2 * e + 1) * {qd}]);
-      {odd_q}
-    }}
+    att_pack_q(qp, qpair, rows);
     if (ok != packed_k || ov != packed_v) {{  /* K as [pair][key] and V as [pair of keys][column], per block */
-      kv_finite = 1;
-      memset(kall, 0, {kwords + vwords} * sizeof(uint32_t));
-      for (int64_t j = 0; j < {skv}; j++) {{
-        const float *kr = kp + j * {ks};
-        uint32_t *kc = kall + (j / {BK}) * {BK * qw} + j % {BK};
-        for (int64_t e = 0; e < {half}; e++) {{
-          const float x0 = kr[2 * e * {kd}], x1 = kr[(2 * e + 1) * {kd}];
-          kc[e * {BK}] = att_pair(x0, x1);
-          kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
-        }}
-        {odd_k}
-      }}
-      for (int64_t j = 0; j < {skv}; j += 2) {{
-        const float *v0 = vp + j * {vs}, *v1 = v0 + {vs};
-        const int second = j + 1 < {skv};
-        uint32_t *vc = vall + (j / {BK}) * {KEY_PAIRS * dvp} + (j % {BK}) / 2 * {dvp};
-        for (int64_t c = 0; c < {dv}; c++) {{
-          const float x0 = v0[c * {vd}], x1 = second ? v1[c * {vd}] : 0.0f;
-          vc[c] = att_pair(x0, x1);
-          kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
-        }}
-      }}
+      kv_finite = att_pack_kv(kp, vp, kall, vall);
       packed_k = ok;
       packed_v = ov;
     }}
@@ -261,15 +276,18 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
         float *sr = s + r * {BK};
         {parts['add_bias']}
         for (int64_t jj = cols; jj < {BK}; jj++) sr[jj] = -INFINITY;
-        __m512 mv = _mm512_loadu_ps(sr);
-        for (int x = 1; x < {BK // 16}; x++) mv = _mm512_max_ps(mv, _mm512_loadu_ps(sr + x * 16));
+        nn_v mv = nn_vload(sr);
+        for (int x = 1; x < {BK // 16}; x++) mv = nn_vmax(mv, nn_vload(sr + x * 16));
         float mx = m[r];
         for (int x = 0; x < 16; x++) mx = mv[x] > mx ? mv[x] : mx;
         if (mx == -INFINITY) {{ for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = 0.0f; al[r] = 1.0f; }}
         else {{
-          for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = nn_exp(sr[jj] - mx);
-          __m512 sv = _mm512_loadu_ps(sr);
-          for (int x = 1; x < {BK // 16}; x++) sv = _mm512_add_ps(sv, _mm512_loadu_ps(sr + x * 16));
+          nn_v sv = nn_vzero();
+          for (int x = 0; x < {BK // 16}; x++) {{
+            const nn_v e = att_vexp(nn_vload(sr + x * 16) - nn_vset1(mx));
+            nn_vstore(sr + x * 16, e);
+            sv = nn_vadd(sv, e);
+          }}
           float sum = 0.0f;
           for (int x = 0; x < 16; x++) sum += sv[x];
           const float alpha = nn_exp(m[r] - mx);
