@@ -190,6 +190,17 @@ def task(geo, dvp: int, tiles: bool, parts: dict, score_rows: int, pv_rows: int)
     odd_k = f"kc[{half * BK}] = att_bf(kr[{(d - 1) * kd}]); kv_finite &= kr[{(d - 1) * kd}] - kr[{(d - 1) * kd}] == 0.0f;" \
         if d % 2 else ""
     odd_q = f"qr[{half}] = att_bf(qs_[{(d - 1) * qd}]);" if d % 2 else ""
+    # 32 contiguous floats rounded by one vcvtne2ps2bf16 where a row's elements are adjacent
+    q_vec = (f"for (; e + 16 <= {half}; e += 16) _mm512_storeu_si512(qr + e, (__m512i)_mm512_cvtne2ps_pbh("
+             "_mm512_loadu_ps(qs_ + 2 * e + 16), _mm512_loadu_ps(qs_ + 2 * e)));") if qd == 1 else ""
+    k_vec = (f"for (; e + 16 <= {half}; e += 16) {{ const __m512 x0 = _mm512_loadu_ps(kr + 2 * e), "
+             "x1 = _mm512_loadu_ps(kr + 2 * e + 16); fin &= att_finite(x0) & att_finite(x1); "
+             f"_mm512_i32scatter_epi32(kc + e * {BK}, att_kidx, (__m512i)_mm512_cvtne2ps_pbh(x1, x0), 4); }}"
+             ) if kd == 1 else ""
+    v_vec = ("for (; c + 16 <= " + str(dv) + "; c += 16) { const __m512 x0 = _mm512_loadu_ps(v0 + c), "
+             "x1 = second ? _mm512_loadu_ps(v1 + c) : _mm512_setzero_ps(); fin &= att_finite(x0) & att_finite(x1); "
+             "_mm512_storeu_si512(vc + c, _mm512_permutexvar_epi16(att_vidx, "
+             "(__m512i)_mm512_cvtne2ps_pbh(x1, x0))); }") if vd == 1 else ""
     start, end = ((f"  if (tiles) _tile_loadconfig({CONFIG});", "  if (tiles) _tile_release();") if tiles else ("", ""))
     score_calls = " ".join(f"case {i}: att_sv{i}(qpair + r * {qw}, kt, s + r * {BK}); break;" for i in range(1, score_rows))
     pv_calls = " ".join(f"case {i}: att_pvv{i}(o + r * {dvp}, pb + r * {KEY_PAIRS}, vb, al + r, pairs); break;"
@@ -197,12 +208,50 @@ def task(geo, dvp: int, tiles: bool, parts: dict, score_rows: int, pv_rows: int)
     return f"""
 typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 
+/* One row's scores of a block (scaled, biased, -inf past the last key) into the online
+   softmax: its maximum m, sum l and the factor al the output row is rescaled by; the
+   probabilities overwrite the scores and are rounded into the row's pairs pr. A NaN score
+   makes the row NaN, as the float32 kernel does. */
+static inline void att_soft(float *sr, uint32_t *pr, float *m, float *l, float *al) {{
+  nn_v mv = nn_vload(sr);
+  for (int x = 1; x < {BK // 16}; x++) mv = nn_vmax(mv, nn_vload(sr + x * 16));
+  float mx = _mm512_reduce_max_ps((__m512)mv);
+  mx = mx > *m ? mx : *m;
+  if (mx == -INFINITY) {{  /* every key so far hidden: no terms, nothing to rescale */
+    for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = 0.0f;
+    *al = 1.0f;
+  }} else {{
+    nn_v sv = nn_vzero();
+    for (int x = 0; x < {BK // 16}; x++) {{
+      const nn_v e = att_vexp(nn_vload(sr + x * 16) - nn_vset1(mx));
+      nn_vstore(sr + x * 16, e);
+      sv = nn_vadd(sv, e);
+    }}
+    const float alpha = nn_exp(*m - mx);
+    *l = *l * alpha + _mm512_reduce_add_ps((__m512)sv);
+    *m = mx;
+    *al = alpha;
+  }}
+  for (int x = 0; x < {BK // 32}; x++)
+    _mm512_storeu_si512(pr + x * 16, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + x * 32 + 16),
+                                                                 _mm512_loadu_ps(sr + x * 32)));
+}}
+
+/* a vector's finite lanes; K's 16 pairs to 16 keys' rows (BK words apart); the bfloat16
+   halves of two vectors interleaved into pairs (V: key j's column in the low half, j + 1's
+   in the high) */
+static inline __mmask16 att_finite(__m512 x) {{ return _mm512_cmp_ps_mask(_mm512_sub_ps(x, x), _mm512_setzero_ps(), _CMP_EQ_OQ); }}
+#define att_kidx _mm512_setr_epi32({', '.join(str(i * BK) for i in range(16))})
+#define att_vidx _mm512_set_epi16({', '.join(str(16 + i if p else i) for i in range(15, -1, -1) for p in (1, 0))})
+
 /* Q's first ``rows`` rows as pairs (the others are left as they are: zero) */
 static ATT_INLINE void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows) {{
   for (int64_t r = 0; r < rows; r++) {{
     const float *qs_ = qp + r * {qs};
     uint32_t *qr = qpair + r * {qw};
-    for (int64_t e = 0; e < {half}; e++) qr[e] = att_pair(qs_[2 * e * {qd}], qs_[(2 * e + 1) * {qd}]);
+    int64_t e = 0;
+    {q_vec}
+    for (; e < {half}; e++) qr[e] = att_pair(qs_[2 * e * {qd}], qs_[(2 * e + 1) * {qd}]);
     {odd_q}
   }}
 }}
@@ -211,11 +260,14 @@ static ATT_INLINE void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows
    value read was finite */
 static ATT_INLINE int att_pack_kv(const float *kp, const float *vp, uint32_t *kall, uint32_t *vall) {{
   int kv_finite = 1;
+  __mmask16 fin = 0xFFFF;  /* the vector loops' lanes of finite values */
   memset(kall, 0, {kwords + vwords} * sizeof(uint32_t));
   for (int64_t j = 0; j < {skv}; j++) {{
     const float *kr = kp + j * {ks};
     uint32_t *kc = kall + (j / {BK}) * {BK * qw} + j % {BK};
-    for (int64_t e = 0; e < {half}; e++) {{
+    int64_t e = 0;
+    {k_vec}
+    for (; e < {half}; e++) {{
       const float x0 = kr[2 * e * {kd}], x1 = kr[(2 * e + 1) * {kd}];
       kc[e * {BK}] = att_pair(x0, x1);
       kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
@@ -226,13 +278,15 @@ static ATT_INLINE int att_pack_kv(const float *kp, const float *vp, uint32_t *ka
     const float *v0 = vp + j * {vs}, *v1 = v0 + {vs};
     const int second = j + 1 < {skv};
     uint32_t *vc = vall + (j / {BK}) * {KEY_PAIRS * dvp} + (j % {BK}) / 2 * {dvp};
-    for (int64_t c = 0; c < {dv}; c++) {{
+    int64_t c = 0;
+    {v_vec}
+    for (; c < {dv}; c++) {{
       const float x0 = v0[c * {vd}], x1 = second ? v1[c * {vd}] : 0.0f;
       vc[c] = att_pair(x0, x1);
       kv_finite &= (x0 - x0 == 0.0f) & (x1 - x1 == 0.0f);
     }}
   }}
-  return kv_finite;
+  return kv_finite && fin == 0xFFFF;
 }}
 
 static void att_task(void *p, int64_t lo, int64_t hi) {{
@@ -276,29 +330,7 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
         float *sr = s + r * {BK};
         {parts['add_bias']}
         for (int64_t jj = cols; jj < {BK}; jj++) sr[jj] = -INFINITY;
-        nn_v mv = nn_vload(sr);
-        for (int x = 1; x < {BK // 16}; x++) mv = nn_vmax(mv, nn_vload(sr + x * 16));
-        float mx = m[r];
-        for (int x = 0; x < 16; x++) mx = mv[x] > mx ? mv[x] : mx;
-        if (mx == -INFINITY) {{ for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = 0.0f; al[r] = 1.0f; }}
-        else {{
-          nn_v sv = nn_vzero();
-          for (int x = 0; x < {BK // 16}; x++) {{
-            const nn_v e = att_vexp(nn_vload(sr + x * 16) - nn_vset1(mx));
-            nn_vstore(sr + x * 16, e);
-            sv = nn_vadd(sv, e);
-          }}
-          float sum = 0.0f;
-          for (int x = 0; x < 16; x++) sum += sv[x];
-          const float alpha = nn_exp(m[r] - mx);
-          l[r] = l[r] * alpha + sum;
-          m[r] = mx;
-          al[r] = alpha;
-        }}
-        uint32_t *pr = pb + r * {KEY_PAIRS};
-        for (int x = 0; x < {BK // 32}; x++)
-          _mm512_storeu_si512(pr + x * 16, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + x * 32 + 16),
-                                                                       _mm512_loadu_ps(sr + x * 32)));
+        att_soft(sr, pb + r * {KEY_PAIRS}, m + r, l + r, al + r);
       }}
       if (tiles) {{
         for (r = 0; r < rows; r++) if (al[r] != 1.0f) for (int64_t c = 0; c < {dvp}; c++) o[r * {dvp} + c] *= al[r];
