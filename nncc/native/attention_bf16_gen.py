@@ -113,7 +113,7 @@ def _vdp_pv(rows: int, dvp: int) -> str:
 def _amx_scores(qw: int) -> str:
     """``att_st(q, kt, s, two, halves)``: the block's scores on tiles, ``two`` tiles of
     query rows (1 or 2) by ``halves`` halves of 32 keys."""
-    lines = ["static ATT_INLINE void att_st(const uint32_t *q, const uint32_t *kt, float *s, int two, int halves) {",
+    lines = ["static inline void att_st(const uint32_t *q, const uint32_t *kt, float *s, int two, int halves) {",
              "  for (int h = 0; h < halves; h++) {",
              "    _tile_zero(0); _tile_zero(1);",
              "    if (two) { _tile_zero(2); _tile_zero(3); }",
@@ -135,7 +135,7 @@ def _amx_scores(qw: int) -> str:
 def _amx_pv(dvp: int) -> str:
     """``att_pvt(o, pb, vb, two, halves)``: o += P·V on tiles, the output rows as C tiles,
     32 columns at a time, over ``halves`` halves of the block's 32 pairs of keys."""
-    lines = ["static ATT_INLINE void att_pvt(float *o, const uint32_t *pb, const uint32_t *vb, int two, int halves) {"]
+    lines = ["static inline void att_pvt(float *o, const uint32_t *pb, const uint32_t *vb, int two, int halves) {"]
     for c0 in range(0, dvp, 32):
         wide = dvp - c0 >= 32
         lines += [
@@ -165,7 +165,7 @@ def support(geo, dvp: int, tiles: bool, score_rows: int, pv_rows: int) -> list[s
     CPU with bfloat16 runs them; with tiles, where the OS refuses them) and, with
     ``tiles``, the AMX products and their configuration."""
     qw = q_words(geo.d)
-    head = ["#define ATT_INLINE inline\n#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 attention built without AVX-512 BF16\"\n"
+    head = ["#include <immintrin.h>\n#ifndef __AVX512BF16__\n#error \"bfloat16 attention built without AVX-512 BF16\"\n"
             "#endif\n", _round_c()]
     head += [_vdp_scores(r, qw, -(-geo.d // 2)) for r in range(1, score_rows + 1)]
     head += [_vdp_pv(r, dvp) for r in range(1, pv_rows + 1)]
@@ -245,7 +245,7 @@ static inline __mmask16 att_finite(__m512 x) {{ return _mm512_cmp_ps_mask(_mm512
 #define att_vidx _mm512_set_epi16({', '.join(str(16 + i if p else i) for i in range(15, -1, -1) for p in (1, 0))})
 
 /* Q's first ``rows`` rows as pairs (the others are left as they are: zero) */
-static ATT_INLINE void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows) {{
+static inline void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows) {{
   for (int64_t r = 0; r < rows; r++) {{
     const float *qs_ = qp + r * {qs};
     uint32_t *qr = qpair + r * {qw};
@@ -258,7 +258,7 @@ static ATT_INLINE void att_pack_q(const float *qp, uint32_t *qpair, int64_t rows
 
 /* K as [pair][key] and V as [pair of keys][column] per block, pads zero; whether every
    value read was finite */
-static ATT_INLINE int att_pack_kv(const float *kp, const float *vp, uint32_t *kall, uint32_t *vall) {{
+static inline int att_pack_kv(const float *kp, const float *vp, uint32_t *kall, uint32_t *vall) {{
   int kv_finite = 1;
   __mmask16 fin = 0xFFFF;  /* the vector loops' lanes of finite values */
   memset(kall, 0, {kwords + vwords} * sizeof(uint32_t));
