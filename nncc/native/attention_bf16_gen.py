@@ -16,7 +16,11 @@ What is rounded, to nearest even, and where:
   keys (``vcvtne2ps2bf16``), the rows past the query block zero.
 
 The scale, the bias, the online maximum and sum and the final division stay float32, as
-does the sum of a row (of the probabilities before their rounding). Both layouts are read
+does the sum of a row (of the probabilities before their rounding). The exponentials are
+simd.h's vector ones (0 below e^-87), not the float32 kernel's scalar ones: with the
+products on tiles those were most of a task. Where an operand's row is contiguous, 32
+floats are rounded by one vcvtne2ps2bf16 (K's pairs scattered to their keys, V's two keys
+interleaved into pairs); other strides are read one element at a time. Both layouts are read
 by both instructions: a tile row of 16 words is a vector, so AMX and vdpbf16ps share the
 packing, and a task whose thread the OS refuses the tiles (``nn_amx_permitted``) runs the
 vdpbf16ps code on the same buffers.
