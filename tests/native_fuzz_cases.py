@@ -72,6 +72,9 @@ class Case:
     # hold a com.microsoft one (a DynamicQuantizeMatMul's chain)
     reference_nodes: list | None = None
     nonfinite: str | None = None  # the input NaN, +inf and -inf were planted in
+    # sets ``slack`` from the final inputs, once NaN and infinities are planted (a bound
+    # that depends on the inputs' values: attention_bf16's)
+    bound: object = None
 
 
     @property
@@ -1685,12 +1688,19 @@ def attention_bf16(case, rng, **given):
     for name, value in case.inputs.items():
         if value.dtype == np.float32:
             case.inputs[name] = _bf16_values(value)
+    case.bound = _attention_bf16_slack
+
+
+def _attention_bf16_slack(case: Case) -> None:
+    """attention_bf16's slack, from the inputs as fed (NaN and infinities in K or a mask
+    move the weights w)."""
     v = f"c{case.index}_v"  # the _Builder's name of V
     weighted = _weighted_abs(case, v)
     (y,) = case.outputs
-    vmax = float(np.abs(case.inputs[v]).max(initial=0.0))
+    finite = np.abs(case.inputs[v])[np.isfinite(case.inputs[v])]
+    vmax = float(finite.max(initial=0.0))
     slack = 2.0**-8 * (1 + 2.0**-10) * weighted.astype(np.float64) + case.geometry["skv"] * 2.0**-125 * vmax
-    case.slack = {y: np.nan_to_num(slack, nan=0.0)}
+    case.slack = {y: np.nan_to_num(slack, nan=0.0, posinf=0.0)}
 
 
 def _weighted_abs(case: Case, v: str) -> np.ndarray:
@@ -1773,6 +1783,8 @@ def make_case(seed: int, index: int) -> Case:
     floats = any(a.dtype == np.float32 for a in case.inputs.values())
     if specials.random() < 1 / NONFINITE and floats and kind not in NO_ORACLE_FOR_NONFINITE:
         plant_nonfinite(case, specials)
+    if case.bound is not None:
+        case.bound(case)
     return case
 
 
