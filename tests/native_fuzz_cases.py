@@ -72,6 +72,9 @@ class Case:
     # hold a com.microsoft one (a DynamicQuantizeMatMul's chain)
     reference_nodes: list | None = None
     nonfinite: str | None = None  # the input NaN, +inf and -inf were planted in
+    # sets ``slack`` from the final inputs, once NaN and infinities are planted (a bound
+    # that depends on the inputs' values: attention_bf16's)
+    bound: object = None
 
 
     @property
@@ -1752,6 +1755,51 @@ KINDS["recurrent_bf16"] = recurrent_bf16
 ROUND.append("recurrent_bf16")
 
 
+def attention_bf16(case, rng, **given):
+    """An attention case (``attention``) compiled with precision bf16, so that -O2's fused
+    attention multiplies Q·Kᵀ and P·V in bfloat16 (nncc/native/attention_bf16_gen.py: AMX
+    tiles where the CPU has them, vdpbf16ps elsewhere; half the cases, from the case's sixth
+    generator, built as for a CPU without tiles, so vdpbf16ps runs here too). Q, K, V and
+    the masks are drawn as bfloat16 values and the scale is applied to the scores (never
+    split over Q and K), so only P's rounding is inexact: each probability off by at most
+    2^-8 of itself (or 2^-125 where it is flushed to zero) moves an output element by at
+    most 2^-8 * sum_j w_j |v_j| + skv * 2^-125 * max |v| (w the softmax's weights), which
+    onnxruntime computes as the same graph fed |V|. A wrong word, pair or tile is off by
+    the order of the values."""
+    forms = np.random.default_rng([case.seed, case.index, 5])
+    given.setdefault("scale", _choice(forms, ["mul", "mul_first", "div", ""]))
+    attention(case, rng, **given)
+    case.precision = "bf16" if forms.random() < 0.5 else BF16_CONV
+    for name, value in case.inputs.items():
+        if value.dtype == np.float32:
+            case.inputs[name] = _bf16_values(value)
+    case.bound = _attention_bf16_slack
+
+
+def _attention_bf16_slack(case: Case) -> None:
+    """attention_bf16's slack, from the inputs as fed (NaN and infinities in K or a mask
+    move the weights w)."""
+    v = f"c{case.index}_v"  # the _Builder's name of V
+    weighted = _weighted_abs(case, v)
+    (y,) = case.outputs
+    finite = np.abs(case.inputs[v])[np.isfinite(case.inputs[v])]
+    vmax = float(finite.max(initial=0.0))
+    slack = 2.0**-8 * (1 + 2.0**-10) * weighted.astype(np.float64) + case.geometry["skv"] * 2.0**-125 * vmax
+    case.slack = {y: np.nan_to_num(slack, nan=0.0, posinf=0.0)}
+
+
+def _weighted_abs(case: Case, v: str) -> np.ndarray:
+    """onnxruntime's output of ``case`` with V replaced by |V|: per element, sum_j w_j |v_j|."""
+    from tests.oracle import ort_session  # lazy: onnxruntime, the oracle only
+
+    fed = {name: (np.abs(value) if name == v else value) for name, value in case.inputs.items()}
+    return ort_session(batch_model([case], oracle=True)).run(None, fed)[0]
+
+
+KINDS["attention_bf16"] = attention_bf16
+ROUND.append("attention_bf16")
+
+
 def qgemm(case, rng):
     """A QDQ Gemm as onnxruntime's quantizer writes one (Q -> DQ -> Gemm of dequantized
     int8 or uint8 weights, transposed or not, per-tensor or per-column scales, an int32 bias
@@ -1918,6 +1966,8 @@ def make_case(seed: int, index: int) -> Case:
     floats = any(a.dtype == np.float32 for a in case.inputs.values())
     if specials.random() < 1 / NONFINITE and floats and kind not in NO_ORACLE_FOR_NONFINITE:
         plant_nonfinite(case, specials)
+    if case.bound is not None:
+        case.bound(case)
     return case
 
 

@@ -168,6 +168,9 @@ class NativeBackend(Backend):
         # "blas": whether the code calls BLAS, which must then keep to one thread during a call
         plan.options["native"] = dict(self.toolchain.identity(), objects=objects,
                                       blas=any(u.blas for _, u in units))
+        low_attention = [name for _, u in units for name in u.low_attention]
+        if low_attention:  # precision auto may keep these float32 too (calibration.low_layers)
+            plan.options["bf16_attention"] = low_attention
         calls = [NativeCall(index, unit.symbol, [slots[n] for n in unit.args], unit.n_inputs, unit.workspace)
                  for index, unit in units]
         return BackendPayload(self.name, [c.partition for c in calls], {"calls": [c.entry() for c in calls]},

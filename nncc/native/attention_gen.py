@@ -34,6 +34,7 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Graph, Node, TensorInfo
+from nncc.native import attention_bf16_gen
 from nncc.native.c_literal import c_float
 from nncc.native.graph_query import const_value
 from nncc.native.isa import REGISTERS_BY_WIDTH
@@ -255,6 +256,20 @@ def _pv_code(vl: int, dvp: int, most: int) -> str:
     return "\n".join(out)
 
 
+def arithmetic(w, node: Node, geo: _Geometry) -> str:
+    """What the step's two products compute in: "f32", "bf16" (vdpbf16ps) or "bf16amx"
+    (AMX tiles, vdpbf16ps where the OS refuses them), from the writer's arithmetic for
+    products by weights (nncc/native/precision.py). Precision auto keeps an attention
+    float32 by naming its output (calibration.low_layers lists it so); a short query
+    block stays float32 on a CPU with tiles (attention_bf16_gen.AMX_MIN_ROWS)."""
+    kind = getattr(getattr(w, "low_packing", None), "name", "f32")
+    if kind not in ("bf16", "bf16amx") or w.vl != 16 or node.outputs[0] in getattr(w, "keep_f32", ()):
+        return "f32"
+    if kind == "bf16amx" and geo.sq < attention_bf16_gen.AMX_MIN_ROWS:
+        return "f32"
+    return kind
+
+
 def emit(w, node: Node) -> None:
     geo = _Geometry(node, w.shape)
     q, k, v = node.inputs[:3]
@@ -280,11 +295,13 @@ def emit(w, node: Node) -> None:
     pv_rows = max(1, min(6, budget // min(4, dvp // vl)))
     ks, kd, vs, vd = geo.k[1], geo.k[2], geo.v[1], geo.v[2]
     os_, od = geo.o[1], geo.o[2]
+    tables = []
+    if ranges is not None:
+        tables.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
+        tables.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
     support = [w.simd, f"NN_REQUIRE_VL({vl});",
                *(_score_rows(f"att_rows{r}", r, geo, nv, cv) for r in range(1, group + 1)), _pv_code(vl, dvp, pv_rows)]
-    if ranges is not None:
-        support.append(f"static const int32_t att_lo[{qblocks}] = {{{', '.join(map(str, ranges[0]))}}};")
-        support.append(f"static const int32_t att_hi[{qblocks}] = {{{', '.join(map(str, ranges[1]))}}};")
+    support += tables
     # hidden blocks are skipped only while K and V are finite: a NaN or an infinity there
     # reaches every row as the unfused ops compute it (0 * NaN, NaN scores)
     lo, hi = (("(kv_finite ? att_lo[qb] : 0)", f"(kv_finite ? att_hi[qb] : {kblocks})") if ranges is not None
@@ -316,6 +333,17 @@ def emit(w, node: Node) -> None:
         nan_rows = (f"if (!(l[r] > 0.0f && l[r] < INFINITY)) {{ for (int64_t c = 0; c < {geo.dv}; c++) {{ "
                     f"float z = 0.0f; for (int64_t j = 0; j < {geo.skv}; j++) z += 0.0f * vp[j * {vs} + c * {vd}]; "
                     f"y[c * {od}] = z; }} continue; }}")
+    kind = arithmetic(w, node, geo)
+    if kind != "f32":
+        tiles = kind == "bf16amx"
+        score_rows, pv_rows = 6, max(1, min(6, 24 // min(4, dvp // vl)))
+        support = [w.simd, f"NN_REQUIRE_VL({vl});", *tables]
+        support += attention_bf16_gen.support(geo, dvp, tiles, score_rows, pv_rows)
+        parts = dict(offsets=_offsets(geo), lo=lo, hi=hi, add_bias=add_bias, inverse=inverse, nan_rows=nan_rows)
+        support.append(attention_bf16_gen.task(geo, dvp, tiles, parts, score_rows, pv_rows))
+        w.step(_launch(w, geo, q, k, v, bias, out, tasks), reads, [out], support="\n".join(support))
+        w.low_attention.append(out)
+        return
     body = f"""
 typedef struct {{ const float *q, *k, *v, *bias; float *out; }} att_args;
 
@@ -385,8 +413,10 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
 }}
 """
     support.append(body)
+    w.step(_launch(w, geo, q, k, v, bias, out, tasks), reads, [out], support="\n".join(support))
+
+
+def _launch(w, geo: _Geometry, q, k, v, bias, out, tasks: int) -> str:
     pointers = [w.ptr(q), w.ptr(k), w.ptr(v), w.ptr(bias) if bias else "0", w.ptr(out)]
     work = geo.groups * geo.sq * geo.skv * (geo.d + geo.dv) * 2
-    code = (f"att_args a = {{{', '.join(pointers)}}}; "
-            f"nn_parallel({tasks}, {work}, att_task, &a);")
-    w.step(code, reads, [out], support="\n".join(support))
+    return f"att_args a = {{{', '.join(pointers)}}}; nn_parallel({tasks}, {work}, att_task, &a);"

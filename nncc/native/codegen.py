@@ -81,6 +81,7 @@ class Unit:
     byte_images: dict[str, str] = field(default_factory=dict)  # quantized values int8 steps pass as bytes: layout
     # buffers living inside a Concat's output (nncc/native/concat_slices.py): (that output, offset in floats)
     placed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    low_attention: list[str] = field(default_factory=list)  # fused attentions (by output) computed in bfloat16
 
 
 class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
@@ -105,6 +106,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
                             "bf16amx": gemm_amx_gen.AMX}[precision]
         self.packing = self.low_packing
         self.keep_f32 = frozenset(keep_f32)  # weights (by name) whose products stay float32 (precision auto)
+        self.low_attention: list[str] = []  # attention_gen: the attentions multiplied in bfloat16, by output
         self.infos = dict(infos)  # plus the packed constants this partition adds
         self.nodes = list(partition.nodes)
         self.packed: dict[str, np.ndarray] = {}  # constants in the layout a kernel reads
@@ -398,7 +400,8 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),
                     ops, [s.label for s in self.steps], list(kernels.values()), dict(self.packed),
-                    any(k.blas for k in kernels.values()), dict(self.byte_images), placed)
+                    any(k.blas for k in kernels.values()), dict(self.byte_images), placed,
+                    list(self.low_attention))
 
     def guard_lines(self, before, after, tested: dict[str, str]) -> list[str]:
         """C between a step guarded by ``before`` and one guarded by ``after`` (None: none).

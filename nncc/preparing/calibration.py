@@ -78,13 +78,14 @@ def checked(build, opts):
 
 
 def low_layers(plan) -> list[str]:
-    """The weights (by name) whose products the plan computes below float32."""
+    """The weights (by name) whose products the plan computes below float32, then the fused
+    attentions (by output) whose products it computes in bfloat16."""
     names = []
     for slot in plan.slots:
         source, _, form = slot.name.partition("#")
         if form and any(low in form for low in LOW_FORMS) and source not in names:
             names.append(source)
-    return names
+    return names + [name for name in plan.options.get("bf16_attention", []) if name not in names]
 
 
 def float32_layers(plan) -> list[str]:
