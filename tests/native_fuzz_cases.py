@@ -551,10 +551,10 @@ def conv_bf16(case, rng):
 def conv_amx(case, rng):
     """A convolution over a channel-blocked input compiled with precision bf16, which CPUs
     with AMX multiply on tiles (nncc/native/conv_amx.py; elsewhere vdpbf16ps or float32,
-    both within the same bound): half 1x1 stride-1 unpadded (the product over all pixels),
-    half any kernel, stride, padding and dilation (tap by tap, output rows of fewer, as
-    many and more pixels than a tile); input channels of every remainder of a block and
-    odd and even counts of blocks (one or two blocks per tile of the product), output
+    both within the same bound): half 1x1 stride-1 unpadded, half any kernel, stride
+    (the input split into phases), padding and dilation, output rows of fewer, as many and
+    more pixels than a tile; input channels of every remainder of a block and odd and even
+    counts of blocks (whole and half 32-channel groups per tile of the product), output
     channels around the 16-channel tile and the 32-channel micro-tile, pixels around the
     16-pixel tile, batches, bias and the epilogues; one case in four with the input near float32's
     smallest normal, so some of it is denormal (which the tiles read as zero)."""

@@ -182,16 +182,19 @@ needs_amx = pytest.mark.skipif(find_toolchain() is None or arithmetic("bf16", "n
                                       "then take vdpbf16ps or stay float32, which the tests above check)")
 
 # Convolutions which CPUs with AMX compute on tiles (nncc/native/conv_amx.py): (C, K, H, W,
-# kernel, stride, pad, dilation, bias, activation, tiny). 1x1 stride 1 (the product over
-# all pixels) with two input blocks per tile and one (an odd count), channel remainders,
-# pixels under one tile, between one and two, many micro-tiles and a remainder, an odd
-# count of output blocks; then tap by tap: 3x3 padded at strides 1 and 2, 1x1 strided,
-# 5x5 dilated, rows under and over 16 pixels. tiny: inputs near float32's smallest normal.
+# kernel, stride, pad, dilation, bias, activation, tiny). 1x1 stride 1 with whole and
+# partial 32-channel groups (channel remainders, an odd count of blocks), pixels under one
+# tile, between one and two, many micro-tiles and a remainder, an odd count of output
+# blocks; 3x3 padded at strides 1 and 2, 1x1 strided, 5x5 dilated, rows under and over 16
+# pixels; then the phases a stride splits the input into: a dilation that reads only one
+# (3x3, stride 2, dilation 2), a kernel under the stride (2x2, stride 3), and deep weights
+# over a few pixels (cut by output channels). tiny: inputs near float32's smallest normal.
 AMX_CONVS = [(64, 64, 7, 7, 1, 1, 0, 1, True, "Relu", False), (33, 17, 3, 5, 1, 1, 0, 1, False, "", False),
              (48, 32, 4, 4, 1, 1, 0, 1, True, "", True), (256, 48, 13, 11, 1, 1, 0, 1, True, "Relu", False),
              (96, 80, 1, 33, 1, 1, 0, 1, False, "", True), (64, 48, 14, 20, 3, 1, 1, 1, True, "Relu", False),
              (33, 17, 11, 35, 3, 2, 1, 1, False, "", False), (32, 32, 9, 9, 1, 2, 0, 1, True, "", False),
-             (17, 5, 12, 12, 5, 1, 4, 2, False, "Relu", True)]
+             (17, 5, 12, 12, 5, 1, 4, 2, False, "Relu", True), (48, 40, 9, 10, 3, 2, 1, 2, True, "", False),
+             (40, 24, 10, 11, 2, 3, 0, 1, False, "Relu", False), (256, 96, 4, 4, 3, 1, 1, 1, True, "Relu", False)]
 
 
 def amx_model(tmp_path):

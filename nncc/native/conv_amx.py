@@ -1,110 +1,196 @@
-"""Convolutions over a blocked input in bfloat16 on AMX tiles
-(``tdpbf16ps``, nncc/native/amx.py), for precision bf16 on CPUs with amx_tile and amx_bf16.
+"""Convolutions over a blocked input in bfloat16 on AMX tiles (``tdpbf16ps``,
+nncc/native/amx.py), for precision bf16 on CPUs with amx_tile and amx_bf16: every
+ungrouped one, any kernel, stride, padding and dilation, tap by tap.
 
-Every ungrouped one is built here: the others (kernels, strides, padding, dilation) tap by
-tap (below, direct_amx_conv). A 1x1, stride-1, unpadded one is a product per image:
-[H*W pixels] x [C channels] by [C] x [K]. In
-the blocked layout one output block's 16 consecutive pixels are 16 rows of 64 bytes, so a
-C tile of 16 pixels x 16 output channels is exactly that stretch of the output.
+A tile product costs the same whatever its depth, so every one here is a full 16 pairs
+deep: 32 input channels of one tap. The operands are laid out for that:
 
-Operands:
-- B: the weights packed for the bfloat16 direct convolution (conv_bf16.pack_weights:
-  [OCG][ICB][LB/2][OCB*VL] words of channel pairs), read as tiles of pairs x 16 columns
-  with a row stride of OCB*VL words; with an even count of input blocks a tile spans two
-  consecutive blocks (16 pairs, 32 channels: the full 64-byte row), else one (8 pairs).
-- A: the input rounded to bfloat16 pairs into scratch as [N, ICB/P, T*16, 8P] words (P
-  input blocks, one tile's pairs, side by side per pixel; T tiles of 16 pixels, the pixels
-  past H*W zero), so a tile of A is 16 consecutive rows of that scratch. The lanes past the
-  last real channel are zeroed (as conv_bf16.convert does), where the weights are zero too.
+- B: the weights packed at compile time (``pack_weights``) as [KB][CP][KH][KW][16][16]
+  words: per output block of 16 channels, per group of 32 input channels (CP of them, the
+  last zero past the real ones), per tap, 16 pairs x 16 output channels, so a B tile is
+  1 KB of consecutive bytes and one output block's weights are one stream.
+- A: the input rounded to bfloat16 at run time into scratch as [N][CP][phases][Hp][Wp][16]
+  words, its padding (and the pixels past it that the last tiles read) zero: a pixel's 32
+  channels are one 64-byte row. At a stride above 1 the padded input is split into its
+  phases (pixels whose row is r mod SH and column c mod SW; only those some tap reads), in
+  which every tap reads at stride 1.
 
-A micro-tile is 32 pixels x 32 output channels: four C tiles (tmm0-3), two of A (tmm4-5),
-two of B (tmm6-7), each loaded tile serving two products; the sums stay in the tiles over
-all of C, then go through a small buffer on the stack into the output with the float32
-epilogue (bias, residual, activation), only the valid pixels. A micro-tile at the end of
-the pixels or channels multiplies only the tiles it needs. Tasks are (image, chunk of
-32-pixel rows, chunk of 32-channel columns); each loads the tile configuration and releases
-the tiles when done.
+A tile of C covers 16 "positions" of one phase's grid: position oh * Wp + ow is output
+(oh, ow), and its tap (i, j) the scratch pixel at a fixed offset from it, so a tile of A is
+16 consecutive scratch rows wherever it starts. Wp is the output width plus the taps'
+reach, so the positions past an output row's end are computed and never stored: a 7-pixel
+row costs 9 positions, where a tile per row would spend 16.
 
-The step keeps the vdpbf16ps convolution (blocked_conv.direct_conv with bf16) for where the
-OS refuses the tiles or NNCC_AMX=0 (decided once per process: runtime.c). Arithmetic:
-tdpbf16ps reads bfloat16 denormals as zero and flushes denormal float32 results, rounding
-to nearest even; the bound is the bfloat16 GEMM's with the denormal term (docs/native.md).
+A micro-tile is 2 x 2 tiles: four C tiles (tmm0-3), two of A (tmm4-5), two of B (tmm6-7),
+each loaded tile serving two products; the sums stay in the tiles over every tap and
+channel group, then go through a buffer on the stack into the output with the float32
+epilogue (bias, residual, activation), only the valid pixels. The work is cut into
+(image, chunk of position pairs, chunk of output-block pairs) tasks, the cut chosen for
+the fewest bytes re-read: a layer whose weights outweigh its input (the deep 7x7 ones) is
+cut by output channels, so each weight is streamed once. Each task loads the tile
+configuration and releases the tiles when done.
+
+The step keeps the vdpbf16ps convolution (blocked_conv.direct_conv with bf16, over its own
+packed weights) for where the OS refuses the tiles or NNCC_AMX=0 (decided once per
+process: runtime.c). Arithmetic: tdpbf16ps reads bfloat16 denormals as zero and flushes
+denormal float32 results, rounding to nearest even; the bound is the bfloat16 GEMM's with
+the denormal term (docs/native.md).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from nncc.native import amx
 from nncc.native.blocked_conv import Conv2d, after_store, blocks, stored
+from nncc.native.gemm_bf16_gen import to_bf16
 
-TILE = 16  # pixels (rows of A and C) per tile
+TILE = 16  # positions (rows of A and C) per tile
+DEPTH = 32  # input channels per tile of A (16 pairs: 64 bytes a row)
+WORDS = DEPTH // 2  # 32-bit words per scratch pixel
 CONFIG = "ax_cfg"
 TASKS = 8  # at least this many tasks per convolution where the geometry allows
+FORM = "amx16bf16"  # the packed weights' form (its "bf16" counts it as a low layer)
 
 
 def applies(g: Conv2d, vl: int) -> bool:
-    """The convolutions built here: 1x1, stride 1, unpadded, ungrouped, over 16-lane blocks."""
-    return vl == 16 and g.group == 1 and g.kh == g.kw == 1 and g.sh == g.sw == 1 \
-        and not (g.pt or g.pl or g.pb or g.pr)
+    """The convolutions built here: ungrouped, over 16-lane blocks."""
+    return vl == 16 and g.group == 1
 
 
-def _per_tile(g: Conv2d, vl: int) -> int:
-    """P: input blocks per tile of A (two, a full 64-byte row, where their count is even)."""
-    return 2 if blocks(g.c, vl) % 2 == 0 else 1
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """[K, C, KH, KW] float32 -> [KB][CP][KH][KW][16 pairs][16] words of bfloat16 pairs
+    (channel 2p in the low half), zero past K and C, carried as float32."""
+    k, c, kh, kw = w.shape
+    kb, cp = blocks(k, TILE), blocks(c, DEPTH)
+    full = np.zeros((kb * TILE, cp * DEPTH, kh, kw), np.float32)
+    full[:k, :c] = w
+    # [KB, 16 oc, CP, 16 pairs, 2, KH, KW] -> [KB, CP, KH, KW, 16 pairs, 2, 16 oc]
+    arranged = full.reshape(kb, TILE, cp, WORDS, 2, kh, kw).transpose(0, 2, 5, 6, 3, 4, 1)
+    halves = to_bf16(np.ascontiguousarray(arranged)).astype(np.uint32)
+    words = halves[..., 0, :] | (halves[..., 1, :] << 16)
+    return np.ascontiguousarray(words).view(np.float32)
 
 
-def _pixel_tiles(g: Conv2d) -> int:
-    return -(-(g.oh * g.ow) // TILE)
+class _Plan:
+    """One convolution's positions, scratch and work split.
+
+    The scratch holds each channel group's padded input split into phases by the stride
+    (the pixels whose padded row is i mod SH and column j mod SW), only the phases some tap
+    reads, each [Hp][Wp] pixels. Output (oh, ow)'s tap (i, j) reads phase ((i*DH) % SH,
+    (j*DW) % SW) at (oh + i*DH // SH, ow + j*DW // SW): within a phase every tap is a
+    stride-1 read, so a position is oh * Wp + ow and a tap a fixed offset from it."""
+
+    def __init__(self, g: Conv2d):
+        self.g = g
+        rows = [(i * g.dh % g.sh, i * g.dh // g.sh) for i in range(g.kh)]
+        cols = [(j * g.dw % g.sw, j * g.dw // g.sw) for j in range(g.kw)]
+        self.phases = sorted({(ri, cj) for ri, _ in rows for cj, _ in cols})
+        self.wp = g.ow + max(c for _, c in cols)  # a valid position's taps stay in its row
+        self.tiles = -(-((g.oh - 1) * self.wp + g.ow) // TILE)
+        reach = max(r for _, r in rows) * self.wp + max(c for _, c in cols)
+        self.hp = -(-(self.tiles * TILE + reach) // self.wp)  # rows the last tile's taps reach
+        self.phase_words = self.hp * self.wp * WORDS
+        # per tap (i, j): its words from a position's first word
+        self.taps = [self.phases.index((ri, cj)) * self.phase_words + (r * self.wp + c) * WORDS
+                     for ri, r in rows for cj, c in cols]
+        self.cp = blocks(g.c, DEPTH)
+        self.kb = blocks(g.k, TILE)
+        self.group_words = len(self.phases) * self.phase_words
+        self.image_words = self.cp * self.group_words
+        self.k_words = self.cp * g.kh * g.kw * TILE * WORDS  # one output block's packed weights
+        self.rows2, self.cols2 = -(-self.tiles // 2), -(-self.kb // 2)
+        self.pc, self.cc = self._split()
+        self.rows_per, self.cols_per = -(-self.rows2 // self.pc), -(-self.cols2 // self.cc)
+        self.pc, self.cc = -(-self.rows2 // self.rows_per), -(-self.cols2 // self.cols_per)
+
+    def _split(self) -> tuple[int, int]:
+        """(chunks of position pairs, chunks of block pairs) per image: enough tasks for the
+        pool, cut where the fewest bytes are re-read (each position chunk streams the
+        weights of its blocks, each block chunk the input of its positions)."""
+        g = self.g
+        weights, image = self.kb * self.k_words * 4, self.image_words * 4
+        want = min(TASKS, g.n * self.rows2 * self.cols2)
+        best = None
+        for pc in range(1, self.rows2 + 1):
+            cc = min(self.cols2, max(1, -(-want // (g.n * pc))))
+            rows_per, cols_per = -(-self.rows2 // pc), -(-self.cols2 // cc)
+            tasks = g.n * -(-self.rows2 // rows_per) * -(-self.cols2 // cols_per)
+            if tasks < want:
+                continue
+            # in cycles, roughly: the busier of two threads' products (16 cycles each), and
+            # the bytes read from beyond the core's caches (a tenth of a cycle each)
+            span = -(-tasks // 2) * rows_per * cols_per * 4 * self.cp * g.kh * g.kw * 16
+            cost = span + 0.1 * g.n * (pc * weights + cc * image)
+            if best is None or cost < best[0]:
+                best = (cost, pc, cc)
+        return (best[1], best[2]) if best else (1, 1)
 
 
 def scratch_bytes(g: Conv2d, vl: int) -> int:
-    """Bytes of the rounded input: N x ICB blocks of T*16 pixels of VL/2 words."""
-    return g.n * blocks(g.c, vl) * _pixel_tiles(g) * TILE * (vl // 2) * 4
+    """Bytes of the rounded, padded input."""
+    return g.n * _Plan(g).image_words * 4
 
 
-def _convert(g: Conv2d, vl: int) -> tuple[str, str]:
+def _convert(p: _Plan, vl: int) -> tuple[str, str]:
     """(support, call) rounding the blocked input at ``ax_in[0]`` into the scratch at
-    ``ax_in[1]`` as [N, ICB/P, T*16, 8P] words, the padding pixels zero."""
-    icb, p = blocks(g.c, vl), _per_tile(g, vl)
+    ``ax_in[1]``: one task per (image, channel group, phase, phase row), zeros outside the
+    input. A pixel's 32 channels are its two blocks' 16 rounded side by side."""
+    g = p.g
+    icb = blocks(g.c, vl)
     last = g.c - (icb - 1) * vl
-    pixels, padded = g.oh * g.ow, _pixel_tiles(g) * TILE
-    chunk = 1024
-    chunks = -(-padded // chunk)
-    half = vl // 2
+    phases = len(p.phases)
+    rows = ", ".join(str(r) for r, _ in p.phases)
+    cols = ", ".join(str(c) for _, c in p.phases)
     support = f"""
 static void ax_cvt_task(void *q_, int64_t lo, int64_t hi) {{
+  static const int64_t phase_row[{phases}] = {{{rows}}}, phase_col[{phases}] = {{{cols}}};
   const float *const *a = q_;
   for (int64_t t = lo; t < hi; t++) {{
-    const int64_t q = t % {chunks}, b = t / {chunks}, n = b / {icb}, cb = b % {icb};
-    const __mmask16 keep = cb == {icb - 1} ? (__mmask16){(1 << last) - 1} : (__mmask16)0xFFFF;
-    const float *s = a[0] + b * {pixels * vl};
-    uint32_t *d = (uint32_t *)a[1] + (n * {icb // p} + cb / {p}) * {padded * half * p} + (cb % {p}) * {half};
-    const int64_t i1 = (q + 1) * {chunk} < {padded} ? (q + 1) * {chunk} : {padded};
-    for (int64_t i = q * {chunk}; i < i1; i++) {{
-      __m256i v = i < {pixels} ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(keep, s + i * {vl}))
-                               : _mm256_setzero_si256();
-      _mm256_storeu_si256((__m256i *)(d + i * {half * p}), v);
+    const int64_t r = t % {p.hp}, f = t / {p.hp} % {phases}, gq = t / {p.hp * phases};
+    const int64_t n = gq / {p.cp}, cb = gq % {p.cp} * 2, ih = r * {g.sh} + phase_row[f] - {g.pt};
+    __m512i *d = (__m512i *)((uint32_t *)a[1] + t * {p.wp * WORDS});
+    if (ih < 0 || ih >= {g.h}) {{
+      for (int64_t i = 0; i < {p.wp}; i++) _mm512_storeu_si512(d + i, _mm512_setzero_si512());
+      continue;
+    }}
+    const __mmask16 k0 = cb == {icb - 1} ? (__mmask16){(1 << last) - 1} : (__mmask16)0xFFFF;
+    const __mmask16 k1 = cb + 1 < {icb - 1} ? (__mmask16)0xFFFF : cb + 1 == {icb - 1} ? (__mmask16){(1 << last) - 1} : 0;
+    const float *s0 = a[0] + ((n * {icb} + cb) * {g.h} + ih) * {g.w * vl};
+    const float *s1 = k1 ? s0 + {g.h * g.w * vl} : s0;
+    for (int64_t i = 0; i < {p.wp}; i++) {{
+      const int64_t iw = i * {g.sw} + phase_col[f] - {g.pl};
+      __m512i v = _mm512_setzero_si512();
+      if (iw >= 0 && iw < {g.w})
+        v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, s1 + iw * {vl}),
+                                         _mm512_maskz_loadu_ps(k0, s0 + iw * {vl}));
+      _mm512_storeu_si512(d + i, v);
     }}
   }}
 }}
 """
-    call = f"nn_parallel({g.n * icb * chunks}, {g.n * icb * padded * vl}, ax_cvt_task, (void *)ax_in);"
+    call = f"nn_parallel({g.n * p.cp * phases * p.hp}, {g.n * p.image_words * 2}, ax_cvt_task, (void *)ax_in);"
     return support, call
 
 
-def _mt_kernel(r_tiles: int, c_tiles: int, kp: int, a_stride: int, pair_rows: int, b_stride: int,
-               b_step: int, a_step: int) -> str:
-    """C multiplying ``r_tiles`` tiles of 16 pixels by ``c_tiles`` output blocks over all
-    ``kp`` tiles of input channels into ``buf`` (one 16 x 16 float block per C tile)."""
-    lines = [f"static inline void ax_mt_{r_tiles}x{c_tiles}(const uint32_t *a, const uint32_t *b0, "
-             "const uint32_t *b1, float *buf) {", "  (void)b1;"]
+def _mt_kernel(p: _Plan, r_tiles: int, c_tiles: int) -> str:
+    """C multiplying ``r_tiles`` tiles of positions (A at a0, a1: their first position's
+    first word) by ``c_tiles`` output blocks (B at b0, b1) over every channel group and tap
+    into ``buf`` (one 16 x 16 float block per C tile)."""
+    lines = [f"static inline void ax_mt_{r_tiles}x{c_tiles}(const uint32_t *a0, const uint32_t *a1, "
+             "const uint32_t *b0, const uint32_t *b1, float *buf) {", "  (void)a1; (void)b1;"]
     lines += [f"  _tile_zero({2 * r + c});" for r in range(r_tiles) for c in range(c_tiles)]
-    lines.append(f"  for (int64_t k = 0; k < {kp}; k++) {{")
-    for r in range(r_tiles):
-        lines.append(f"    _tile_loadd({4 + r}, a + k * {a_step} + {r * TILE * a_stride}, {a_stride * 4});")
-        for c in range(c_tiles):
-            if r == 0:
-                lines.append(f"    _tile_loadd({6 + c}, b{c} + k * {b_step}, {b_stride * 4});")
-            lines.append(f"    _tile_dpbf16ps({2 * r + c}, {4 + r}, {6 + c});")
+    lines.append(f"  for (int64_t k = 0; k < {p.cp}; k++) {{")
+    for tap, offset in enumerate(p.taps):
+        lines.append(f"    {{ const int64_t oa = k * {p.group_words} + {offset}, "
+                     f"ob = (k * {len(p.taps)} + {tap}) * {TILE * WORDS};")
+        for r in range(r_tiles):
+            lines.append(f"      _tile_loadd({4 + r}, a{r} + oa, 64);")
+            for c in range(c_tiles):
+                if r == 0:
+                    lines.append(f"      _tile_loadd({6 + c}, b{c} + ob, 64);")
+                lines.append(f"      _tile_dpbf16ps({2 * r + c}, {4 + r}, {6 + c});")
+        lines.append("    }")
     lines.append("  }")
     lines += [f"  _tile_stored({2 * r + c}, buf + {(2 * r + c) * TILE * TILE}, 64);"
               for r in range(r_tiles) for c in range(c_tiles)]
@@ -113,8 +199,9 @@ def _mt_kernel(r_tiles: int, c_tiles: int, kp: int, a_stride: int, pair_rows: in
 
 
 def _store(vl: int, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) -> str:
-    """C finishing ``rows`` pixels of one C tile's sums in ``buf`` into the output: bias,
-    residual and activation (blocked_conv's epilogue, one vector per pixel)."""
+    """C finishing ``rows`` consecutive output pixels of one C tile's sums in ``buf`` at
+    ``y`` (residual at ``res``): bias, residual and activation (blocked_conv's epilogue,
+    one vector per pixel)."""
     res = "res + r * 16" if has_res else None
     v = stored("v", res, act, p0, p1)
     tail = after_store(act, "y", "rows", vl, p0, p1)
@@ -131,222 +218,70 @@ def _store(vl: int, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) -
         "}"]) + "\n"
 
 
-def amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
+def _finish(p: _Plan, vl: int) -> str:
+    """C storing a C tile (its sums at ``buf``) of output block ``ob`` of image ``n``, tile
+    ``t`` of positions: the pixels it holds, run by run of consecutive output pixels (the
+    positions past an output row's end hold none)."""
+    g = p.g
+    plane = g.oh * g.ow * vl
+    return "\n".join([
+        "static inline void ax_finish(const float *buf, float *yp, const float *bp, const float *rp, "
+        "int64_t n, int64_t ob, int64_t t) {",
+        f"  const int64_t base = (n * {p.kb} + ob) * {plane};",
+        f"  const float *bias = bp ? bp + ob * {vl} : 0;",
+        f"  int64_t q = t * {TILE}, oh = q / {p.wp}, ow = q % {p.wp};",
+        f"  for (int64_t r = 0; r < {TILE} && oh < {g.oh};) {{",
+        f"    if (ow >= {g.ow}) {{ r += {p.wp} - ow; oh++; ow = 0; continue; }}",
+        f"    const int64_t rows = {g.ow} - ow < {TILE} - r ? {g.ow} - ow : {TILE} - r;",
+        f"    const int64_t yo = base + (oh * {g.ow} + ow) * {vl};",
+        "    ax_store(buf + r * 16, yp + yo, bias, rp ? rp + yo : 0, rows);",
+        "    r += rows; ow += rows;",
+        "  }",
+        "}"]) + "\n"
+
+
+def amx_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
              scratch: str) -> tuple[str, str]:
     """(support C, statement) of the convolution on tiles: ``ptrs`` as direct_conv's (x the
-    blocked input, w the weights packed by conv_bf16.pack_weights with ``ocb`` blocks per
-    group, b, r, y); ``scratch`` a C expression of scratch_bytes(g, vl) bytes, 64-aligned."""
+    blocked input, b, r, y) with ``wa`` the weights packed by pack_weights; ``scratch`` a C
+    expression of scratch_bytes(g, vl) bytes, 64-aligned."""
     if not applies(g, vl):
-        raise ValueError("the AMX convolution is 1x1, stride 1, unpadded and ungrouped")
+        raise ValueError("the AMX convolution is ungrouped, over 16-lane blocks")
+    p = _Plan(g)
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
-    icb, p = blocks(g.c, vl), _per_tile(g, vl)
-    kb = blocks(g.k, vl)
-    half = vl // 2
-    pixels, tiles = g.oh * g.ow, _pixel_tiles(g)
-    padded = tiles * TILE
-    a_stride = half * p  # words per pixel row of A
-    a_step = padded * a_stride  # words per tile of input channels
-    b_stride = ocb * vl  # words per pair row of the packed weights
-    b_step = p * half * b_stride  # words per tile of input channels
-    group_words = icb * half * b_stride  # a channel group's packed weights
-    plane = pixels * vl
-    rows2, cols2 = -(-tiles // 2), -(-kb // 2)  # 32-pixel rows, 32-channel columns
-    pc = min(rows2, -(-TASKS // g.n))
-    cc = min(cols2, max(1, -(-TASKS // (g.n * pc))))
-    rows_per, cols_per = -(-rows2 // pc), -(-cols2 // cc)
-    pc, cc = -(-rows2 // rows_per), -(-cols2 // cols_per)
-
     support = ["#ifndef __AMX_BF16__\n#error \"AMX convolution built without AMX-BF16\"\n#endif\n",
-               amx.tile_config(CONFIG, [(TILE, 64)] * 4 + [(TILE, a_stride * 4)] * 2 + [(p * half, 64)] * 2)]
-    cvt_support, cvt_call = _convert(g, vl)
+               amx.tile_config(CONFIG, [(TILE, 64)] * 8)]
+    cvt_support, cvt_call = _convert(p, vl)
     support.append(cvt_support)
-    support += [_mt_kernel(r, c, icb // p, a_stride, p * half, b_stride, b_step, a_step)
-                for r in (1, 2) for c in (1, 2)]
-    support.append(_store(vl, has_bias, has_res, act, p0, p1))
-    body = _task_head("ax_task") + amx.task_c(CONFIG, _task_loops(
-        cc, pc, rows_per, rows2, cols_per, cols2) + [
-        f"      const int64_t px = pr * {2 * TILE}, left = {pixels} - px;",
-        f"      const uint32_t *xa = xb + n * {icb // p * a_step} + px * {a_stride};",
-        f"      for (int64_t cl = cq * {cols_per}; cl < c1; cl++) {{",
-        "        const int64_t ob = 2 * cl;",
-        f"        const int two = ob + 1 < {kb};",
-        f"        const uint32_t *b0 = wp + ob / {ocb} * {group_words} + ob % {ocb} * {vl};",
-        f"        const uint32_t *b1 = two ? wp + (ob + 1) / {ocb} * {group_words} + (ob + 1) % {ocb} * {vl} : b0;",
-        f"        if (left > {TILE}) {{ if (two) ax_mt_2x2(xa, b0, b1, buf); else ax_mt_2x1(xa, b0, b1, buf); }}",
-        "        else { if (two) ax_mt_1x2(xa, b0, b1, buf); else ax_mt_1x1(xa, b0, b1, buf); }",
-        "        for (int r = 0; r < 2; r++) {",
-        f"          const int64_t rows = left - r * {TILE} < {TILE} ? left - r * {TILE} : {TILE};",
-        "          if (rows <= 0) break;",
-        "          for (int c = 0; c <= two; c++) {",
-        f"            const int64_t yo = (n * {kb} + ob + c) * {plane} + (px + r * {TILE}) * {vl};",
-        f"            ax_store(buf + (2 * r + c) * {TILE * TILE}, yp + yo, bp ? bp + (ob + c) * {vl} : 0, "
-        "rp ? rp + yo : 0, rows);",
-        "          }",
-        "        }",
-        "      }",
-        "    }",
-        "  }"]) + ["}"]
-    support.append("\n".join(body) + "\n")
-    args = ", ".join(ptrs.get(k) or "0" for k in ("b", "r"))
-    call = (f"{{ const float *ax_in[2] = {{{ptrs['x']}, (const float *)({scratch})}}; {cvt_call} }}\n"
-            f"{{ const float *a[5] = {{(const float *)({scratch}), {ptrs['w']}, {args}, (const float *){ptrs['y']}}}; "
-            f"nn_parallel({g.n * pc * cc}, {2 * g.n * g.k * pixels * g.c}, ax_task, (void *)a); }}")
-    return "\n".join(support), call
-
-
-def tiles_scratch_bytes(g: Conv2d, vl: int) -> int:
-    """Scratch bytes of ``conv``'s tile path."""
-    return scratch_bytes(g, vl) if applies(g, vl) else direct_scratch_bytes(g, vl)
-
-
-def conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
-         scratch: str, fallback: str) -> tuple[str, str]:
-    """(support, statement): the convolution on tiles where the process may use them (the
-    1x1 stride-1 product where it applies, else tap by tap), else ``fallback`` (the
-    vdpbf16ps convolution's statement)."""
-    build = amx_conv if applies(g, vl) else direct_amx_conv
-    support, call = build(g, vl, ocb, ptrs, act, p0, p1, scratch)
-    return support, f"if ({amx.PERMITTED}) {{\n{call}\n}} else {{\n{fallback}\n}}"
-
-
-# ---------------------------------------------------------------- KxK, strides, padding
-#
-# Any other ungrouped convolution over a blocked input: a C tile is 16 consecutive output
-# pixels of one output row (a "stretch"; a row of W_out pixels has ceil(W_out / 16) of
-# them, the last one short), and per tap (kernel row i, column j) and input block its A
-# tile is the 16 input pixels those outputs read: consecutive at the stride, so a tile
-# load with a row stride of stride * 32 bytes. The input is rounded into scratch as
-# [N, ICB, Hp, Wp, 8] words with its padding (and room for a short stretch's missing
-# pixels) written as zeros, so every tile load is in bounds and no tap is clipped. One
-# input block per tile (8 pairs): the packed weights' taps lie between two blocks' pairs,
-# so a B tile is one block's 8 pairs of one tap, rows OCB * 16 words apart.
-
-
-def applies_direct(g: Conv2d, vl: int) -> bool:
-    """The convolutions the tap-by-tap kernel builds: ungrouped, over 16-lane blocks."""
-    return vl == 16 and g.group == 1
-
-
-def _padded(g: Conv2d) -> tuple[int, int, int]:
-    """(stretches per output row, padded input rows, padded input columns)."""
-    tw = -(-g.ow // TILE)
-    hp = max(g.h + g.pt + g.pb, (g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1)
-    wp = max(g.w + g.pl + g.pr, (tw * TILE - 1) * g.sw + (g.kw - 1) * g.dw + 1)
-    return tw, hp, wp
-
-
-def direct_scratch_bytes(g: Conv2d, vl: int) -> int:
-    _, hp, wp = _padded(g)
-    return g.n * blocks(g.c, vl) * hp * wp * (vl // 2) * 4
-
-
-def _direct_convert(g: Conv2d, vl: int) -> tuple[str, str]:
-    """(support, call) rounding the blocked input at ``ax_in[0]`` into the padded scratch at
-    ``ax_in[1]``: one task per (image, block, padded row), zeros outside the input."""
-    icb = blocks(g.c, vl)
-    last = g.c - (icb - 1) * vl
-    _, hp, wp = _padded(g)
-    half = vl // 2
-    support = f"""
-static void kx_cvt_task(void *q_, int64_t lo, int64_t hi) {{
-  const float *const *a = q_;
-  for (int64_t t = lo; t < hi; t++) {{
-    const int64_t r = t % {hp}, b = t / {hp}, ih = r - {g.pt};
-    const __mmask16 keep = b % {icb} == {icb - 1} ? (__mmask16){(1 << last) - 1} : (__mmask16)0xFFFF;
-    uint32_t *d = (uint32_t *)a[1] + t * {wp * half};
-    if (ih < 0 || ih >= {g.h}) {{
-      for (int64_t i = 0; i < {wp}; i++) _mm256_storeu_si256((__m256i *)(d + i * {half}), _mm256_setzero_si256());
-      continue;
-    }}
-    const float *s = a[0] + (b * {g.h} + ih) * {g.w * vl};
-    for (int64_t i = 0; i < {wp}; i++) {{
-      const int64_t iw = i - {g.pl};
-      __m256i v = iw >= 0 && iw < {g.w} ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(keep, s + iw * {vl}))
-                                        : _mm256_setzero_si256();
-      _mm256_storeu_si256((__m256i *)(d + i * {half}), v);
-    }}
-  }}
-}}
-"""
-    call = f"nn_parallel({g.n * icb * hp}, {g.n * icb * hp * wp * vl}, kx_cvt_task, (void *)ax_in);"
-    return support, call
-
-
-def _direct_mt(g: Conv2d, r_tiles: int, c_tiles: int, icb: int, hp: int, wp: int, b_stride: int) -> str:
-    """C multiplying ``r_tiles`` stretches (A at a0, a1: their first tap's first input
-    pixel) by ``c_tiles`` output blocks (B at b0, b1) over every input block and tap."""
-    half = 8
-    lines = [f"static inline void kx_mt_{r_tiles}x{c_tiles}(const uint32_t *a0, const uint32_t *a1, "
-             "const uint32_t *b0, const uint32_t *b1, float *buf) {", "  (void)a1; (void)b1;"]
-    lines += [f"  _tile_zero({2 * r + c});" for r in range(r_tiles) for c in range(c_tiles)]
-    lines += [f"  for (int64_t k = 0; k < {icb}; k++) {{",
-              f"    for (int i = 0; i < {g.kh}; i++) {{",
-              f"      for (int j = 0; j < {g.kw}; j++) {{",
-              f"        const int64_t oa = k * {hp * wp * half} + (i * {g.dh * wp} + j * {g.dw}) * {half};",
-              f"        const int64_t ob = ((k * {g.kh} + i) * {g.kw} + j) * {half * b_stride};"]
-    for r in range(r_tiles):
-        lines.append(f"        _tile_loadd({4 + r}, a{r} + oa, {g.sw * half * 4});")
-        for c in range(c_tiles):
-            if r == 0:
-                lines.append(f"        _tile_loadd({6 + c}, b{c} + ob, {b_stride * 4});")
-            lines.append(f"        _tile_dpbf16ps({2 * r + c}, {4 + r}, {6 + c});")
-    lines += ["      }", "    }", "  }"]
-    lines += [f"  _tile_stored({2 * r + c}, buf + {(2 * r + c) * TILE * TILE}, 64);"
-              for r in range(r_tiles) for c in range(c_tiles)]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def direct_amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
-                    scratch: str) -> tuple[str, str]:
-    """(support C, statement) of the tap-by-tap convolution on tiles; arguments as amx_conv's,
-    ``scratch`` holding direct_scratch_bytes(g, vl)."""
-    if not applies_direct(g, vl):
-        raise ValueError("the AMX convolution is ungrouped")
-    has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
-    icb, kb = blocks(g.c, vl), blocks(g.k, vl)
-    tw, hp, wp = _padded(g)
-    half = vl // 2
-    b_stride = ocb * vl
-    group_words = icb * g.kh * g.kw * half * b_stride
-    plane = g.oh * g.ow * vl
-    stretches = g.oh * tw
-    rows2, cols2 = -(-stretches // 2), -(-kb // 2)
-    pc = min(rows2, -(-TASKS // g.n))
-    cc = min(cols2, max(1, -(-TASKS // (g.n * pc))))
-    rows_per, cols_per = -(-rows2 // pc), -(-cols2 // cc)
-    pc, cc = -(-rows2 // rows_per), -(-cols2 // cols_per)
-    support = ["#ifndef __AMX_BF16__\n#error \"AMX convolution built without AMX-BF16\"\n#endif\n",
-               amx.tile_config(CONFIG, [(TILE, 64)] * 4 + [(TILE, half * 4)] * 2 + [(half, 64)] * 2)]
-    cvt_support, cvt_call = _direct_convert(g, vl)
-    support.append(cvt_support)
-    support += [_direct_mt(g, r, c, icb, hp, wp, b_stride) for r in (1, 2) for c in (1, 2)]
-    support.append(_store(vl, has_bias, has_res, act, p0, p1))
-    body = _task_head("kx_task") + amx.task_c(CONFIG, _task_loops(
-        cc, pc, rows_per, rows2, cols_per, cols2) + [
-        "      int64_t oh[2], ow0[2], rows[2];",
-        "      const uint32_t *xa[2];",
-        f"      const int two_s = 2 * pr + 1 < {stretches};",
-        "      for (int r = 0; r < 2; r++) {",
-        f"        const int64_t s = 2 * pr + (r && two_s);",
-        f"        oh[r] = s / {tw}; ow0[r] = s % {tw} * {TILE};",
-        f"        rows[r] = {g.ow} - ow0[r] < {TILE} ? {g.ow} - ow0[r] : {TILE};",
-        f"        xa[r] = xb + n * {icb * hp * wp * half} + (oh[r] * {g.sh * wp} + ow0[r] * {g.sw}) * {half};",
-        "      }",
-        f"      for (int64_t cl = cq * {cols_per}; cl < c1; cl++) {{",
-        "        const int64_t ob = 2 * cl;",
-        f"        const int two = ob + 1 < {kb};",
-        f"        const uint32_t *b0 = wp + ob / {ocb} * {group_words} + ob % {ocb} * {vl};",
-        f"        const uint32_t *b1 = two ? wp + (ob + 1) / {ocb} * {group_words} + (ob + 1) % {ocb} * {vl} : b0;",
-        "        if (two_s) { if (two) kx_mt_2x2(xa[0], xa[1], b0, b1, buf); else kx_mt_2x1(xa[0], xa[1], b0, b1, buf); }",
-        "        else { if (two) kx_mt_1x2(xa[0], xa[1], b0, b1, buf); else kx_mt_1x1(xa[0], xa[1], b0, b1, buf); }",
-        "        for (int r = 0; r <= two_s; r++) {",
-        "          for (int c = 0; c <= two; c++) {",
-        f"            const int64_t yo = (n * {kb} + ob + c) * {plane} + (oh[r] * {g.ow} + ow0[r]) * {vl};",
-        f"            ax_store(buf + (2 * r + c) * {TILE * TILE}, yp + yo, bp ? bp + (ob + c) * {vl} : 0, "
-        "rp ? rp + yo : 0, rows[r]);",
-        "          }",
-        "        }",
+    support += [_mt_kernel(p, r, c) for r in (1, 2) for c in (1, 2)]
+    support += [_store(vl, has_bias, has_res, act, p0, p1), _finish(p, vl)]
+    body = [
+        "static void ax_task(void *q_, int64_t lo, int64_t hi) {",
+        "  const float *const *a = q_;",
+        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
+        "  const float *bp = a[2], *rp = a[3];",
+        "  float *yp = (float *)a[4];",
+        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"]
+    body += amx.task_c(CONFIG, [
+        "  for (int64_t t = lo; t < hi; t++) {",
+        f"    const int64_t cq = t % {p.cc}, pq = (t / {p.cc}) % {p.pc}, n = t / {p.cc * p.pc};",
+        f"    const int64_t r1 = (pq + 1) * {p.rows_per} < {p.rows2} ? (pq + 1) * {p.rows_per} : {p.rows2};",
+        f"    const int64_t c1 = (cq + 1) * {p.cols_per} < {p.cols2} ? (cq + 1) * {p.cols_per} : {p.cols2};",
+        f"    const uint32_t *xn = xb + n * {p.image_words};",
+        # block pairs outer: their weights stay in cache over the chunk's positions
+        f"    for (int64_t cl = cq * {p.cols_per}; cl < c1; cl++) {{",
+        "      const int64_t ob = 2 * cl;",
+        f"      const int two = ob + 1 < {p.kb};",
+        f"      const uint32_t *b0 = wp + ob * {p.k_words}, *b1 = two ? b0 + {p.k_words} : b0;",
+        f"      for (int64_t pr = pq * {p.rows_per}; pr < r1; pr++) {{",
+        "        const int64_t t0 = 2 * pr;",
+        f"        const int two_t = t0 + 1 < {p.tiles};",
+        f"        const uint32_t *a0 = xn + t0 * {TILE * WORDS}, *a1 = two_t ? a0 + {TILE * WORDS} : a0;",
+        "        if (two_t) { if (two) ax_mt_2x2(a0, a1, b0, b1, buf); else ax_mt_2x1(a0, a1, b0, b1, buf); }",
+        "        else { if (two) ax_mt_1x2(a0, a1, b0, b1, buf); else ax_mt_1x1(a0, a1, b0, b1, buf); }",
+        "        for (int r = 0; r <= two_t; r++)",
+        "          for (int c = 0; c <= two; c++)",
+        f"            ax_finish(buf + (2 * r + c) * {TILE * TILE}, yp, bp, rp, n, ob + c, t0 + r);",
         "      }",
         "    }",
         "  }"]) + ["}"]
@@ -354,30 +289,14 @@ def direct_amx_conv(g: Conv2d, vl: int, ocb: int, ptrs: dict[str, str | None], a
     args = ", ".join(ptrs.get(k) or "0" for k in ("b", "r"))
     flops = 2 * g.n * g.k * g.oh * g.ow * g.c * g.kh * g.kw
     call = (f"{{ const float *ax_in[2] = {{{ptrs['x']}, (const float *)({scratch})}}; {cvt_call} }}\n"
-            f"{{ const float *a[5] = {{(const float *)({scratch}), {ptrs['w']}, {args}, (const float *){ptrs['y']}}}; "
-            f"nn_parallel({g.n * pc * cc}, {flops}, kx_task, (void *)a); }}")
+            f"{{ const float *a[5] = {{(const float *)({scratch}), {ptrs['wa']}, {args}, (const float *){ptrs['y']}}}; "
+            f"nn_parallel({g.n * p.pc * p.cc}, {flops}, ax_task, (void *)a); }}")
     return "\n".join(support), call
 
 
-def _task_head(name: str) -> list[str]:
-    """C opening a pool task of either convolution: its operands (the rounded input, the
-    packed weights, bias, residual, output) and the stack buffer the tiles are stored to."""
-    return [
-        f"static void {name}(void *q_, int64_t lo, int64_t hi) {{",
-        "  const float *const *a = q_;",
-        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
-        "  (void)bp; (void)rp;",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"]
-
-
-def _task_loops(cc: int, pc: int, rows_per: int, rows2: int, cols_per: int, cols2: int) -> list[str]:
-    """C of a task's loops: over its tasks (image, chunk of row pairs, chunk of column pairs),
-    then the row pairs of its chunk (the caller's lines go inside, and close both)."""
-    return [
-        "  for (int64_t t = lo; t < hi; t++) {",
-        f"    const int64_t cq = t % {cc}, pq = (t / {cc}) % {pc}, n = t / {cc * pc};",
-        f"    const int64_t r1 = (pq + 1) * {rows_per} < {rows2} ? (pq + 1) * {rows_per} : {rows2};",
-        f"    const int64_t c1 = (cq + 1) * {cols_per} < {cols2} ? (cq + 1) * {cols_per} : {cols2};",
-        f"    for (int64_t pr = pq * {rows_per}; pr < r1; pr++) {{"]
+def conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
+         scratch: str, fallback: str) -> tuple[str, str]:
+    """(support, statement): the convolution on tiles where the process may use them, else
+    ``fallback`` (the vdpbf16ps convolution's statement)."""
+    support, call = amx_conv(g, vl, ptrs, act, p0, p1, scratch)
+    return support, f"if ({amx.PERMITTED}) {{\n{call}\n}} else {{\n{fallback}\n}}"

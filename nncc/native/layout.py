@@ -122,7 +122,7 @@ class BlockedLayout:
             x = self.as_blocked(node.inputs[0])
             wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
         elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl) and not \
-                (self.weights_packing(node) is gemm_amx_gen.AMX and conv_amx.applies_direct(g, vl)):
+                (self.weights_packing(node) is gemm_amx_gen.AMX and conv_amx.applies(g, vl)):
             use_winograd = True
             x = self.as_blocked(node.inputs[0])
             packed, ocb = winograd.pack_weights(weights, g, vl)
@@ -139,7 +139,7 @@ class BlockedLayout:
             packing = self.weights_packing(node)
             # on AMX tiles (tdpbf16ps) the 1x1 stride-1 ones (nncc/native/conv_amx.py), which
             # keep the vdpbf16ps convolution for where the tiles are refused
-            on_tiles = packing is gemm_amx_gen.AMX and not plain_input and conv_amx.applies_direct(g, vl)
+            on_tiles = packing is gemm_amx_gen.AMX and not plain_input and conv_amx.applies(g, vl)
             bf16 = on_tiles or (packing is gemm_bf16_gen.BF16 and not plain_input and
                                 convolutions_in_bf16(self.arithmetic))
             # a stem (few channels of a plain input) on tiles too (nncc/native/conv_stem_bf16.py),
@@ -147,6 +147,10 @@ class BlockedLayout:
             stem_tiles = packing is gemm_amx_gen.AMX and plain_input and conv_stem_bf16.pays(g, vl)
             if bf16:
                 wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}bf16", conv_bf16.pack_weights(packed))
+                if on_tiles:  # the tiles' own packing (32 input channels per tap); the other is the fallback's
+                    tiles_name = self.pack(node.inputs[1], conv_amx.FORM, conv_amx.pack_weights(weights))
+                    ptrs["wa"] = self.ptr(tiles_name)
+                    reads.append(tiles_name)
             else:
                 wname = self.pack(node.inputs[1], f"conv{vl}x{ocb}{'p' if plain_input else ''}", packed)
         ptrs.update(x=self.ptr(x), w=self.ptr(wname))
@@ -177,8 +181,8 @@ class BlockedLayout:
                                                          fmt(p0), fmt(p1), SCRATCH, code)
                 support += stem_support
             if on_tiles:
-                scratch = max(scratch, conv_amx.tiles_scratch_bytes(g, vl))
-                tiles_support, code = conv_amx.conv(g, vl, ocb, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH, code)
+                scratch = max(scratch, conv_amx.scratch_bytes(g, vl))
+                tiles_support, code = conv_amx.conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH, code)
                 support += tiles_support
         self.step(code, reads, [self.blocked[target]], scratch=scratch, support=self.simd + support)
         self.finish_blocked_output(target)
