@@ -187,6 +187,31 @@ def _out(size, pb, pe, extent, stride, ceil=False):
     return span // stride + 1
 
 
+def _conv_epilogue(b, y: str, rng, epilogue: str, skip_shape) -> str:
+    """What follows a fuzzed convolution ``y``, fused into its store by -O2: ``epilogue`` is
+    one of "", Relu, Clip (random bounds), Sigmoid, Silu, Mish (spelled out, as exporters
+    write them), residual or residual_relu (an Add of an input of ``skip_shape``, the
+    convolution's output shape); the value after it."""
+    if epilogue == "Relu":
+        (y,) = b.node("Relu", [y], ["relu"])
+    elif epilogue == "Clip":
+        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
+        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
+    elif epilogue == "Sigmoid":
+        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
+    elif epilogue == "Silu":  # x * Sigmoid(x), which -O2 fuses into the convolution as SiLU
+        (s,) = b.node("Sigmoid", [y], ["sigmoid"])
+        (y,) = b.node("Mul", [y, s], ["silu"])
+    elif epilogue == "Mish":  # x * Tanh(Softplus(x)), which -O2 fuses into the convolution as Mish
+        (t,) = b.node("Tanh", [b.node("Softplus", [y], ["softplus"])[0]], ["tanh"])
+        (y,) = b.node("Mul", [y, t], ["mish"])
+    elif epilogue.startswith("residual"):
+        (y,) = b.node("Add", [y, b.input("skip", tuple(skip_shape))], ["add"])
+        if epilogue == "residual_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    return y
+
+
 def conv(case, rng, pointwise=False, wide=False):
     b = _Builder(case, rng)
     depthwise = not pointwise and not wide and rng.random() < 0.3
@@ -221,23 +246,7 @@ def conv(case, rng, pointwise=False, wide=False):
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
     oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
     ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
-    if epilogue == "Relu":
-        (y,) = b.node("Relu", [y], ["relu"])
-    elif epilogue == "Clip":
-        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
-    elif epilogue == "Sigmoid":
-        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
-    elif epilogue == "Silu":  # x * Sigmoid(x), which -O2 fuses into the convolution as SiLU
-        (s,) = b.node("Sigmoid", [y], ["sigmoid"])
-        (y,) = b.node("Mul", [y, s], ["silu"])
-    elif epilogue == "Mish":  # x * Tanh(Softplus(x)), which -O2 fuses into the convolution as Mish
-        (t,) = b.node("Tanh", [b.node("Softplus", [y], ["softplus"])[0]], ["tanh"])
-        (y,) = b.node("Mul", [y, t], ["mish"])
-    elif epilogue.startswith("residual"):
-        (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
-        if epilogue == "residual_relu":
-            (y,) = b.node("Relu", [y], ["relu"])
+    y = _conv_epilogue(b, y, rng, epilogue, (n, wshape[0], oh, ow))
     b.output(y)
     case.terms = wshape[1] * wshape[2] * wshape[3] + 2
     case.geometry = dict(x=[n, c, h, w], w=list(wshape), bias=bias, epilogue=epilogue or None,
@@ -526,17 +535,7 @@ def conv_bf16(case, rng):
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
     oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
     ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
-    if epilogue == "Relu":
-        (y,) = b.node("Relu", [y], ["relu"])
-    elif epilogue == "Clip":
-        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
-    elif epilogue == "Sigmoid":
-        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
-    elif epilogue.startswith("residual"):
-        (y,) = b.node("Add", [y, b.input("skip", (n, wshape[0], oh, ow))], ["add"])
-        if epilogue == "residual_relu":
-            (y,) = b.node("Relu", [y], ["relu"])
+    y = _conv_epilogue(b, y, rng, epilogue, (n, wshape[0], oh, ow))
     b.output(y)
     taps = wshape[1] * wshape[2] * wshape[3]
     case.terms = taps + 2
@@ -580,19 +579,9 @@ def conv_amx(case, rng):
         ins.append(b.init("b", (k,)))
     epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
-    if epilogue == "Relu":
-        (y,) = b.node("Relu", [y], ["relu"])
-    elif epilogue == "Clip":
-        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
-    elif epilogue == "Sigmoid":
-        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
-    elif epilogue.startswith("residual"):
-        oh = _out(h, attrs["pads"][0], attrs["pads"][2], (kh - 1) * attrs["dilations"][0] + 1, attrs["strides"][0])
-        ow = _out(w, attrs["pads"][1], attrs["pads"][3], (kw - 1) * attrs["dilations"][1] + 1, attrs["strides"][1])
-        (y,) = b.node("Add", [y, b.input("skip", (n, k, oh, ow))], ["add"])
-        if epilogue == "residual_relu":
-            (y,) = b.node("Relu", [y], ["relu"])
+    oh = _out(h, attrs["pads"][0], attrs["pads"][2], (kh - 1) * attrs["dilations"][0] + 1, attrs["strides"][0])
+    ow = _out(w, attrs["pads"][1], attrs["pads"][3], (kw - 1) * attrs["dilations"][1] + 1, attrs["strides"][1])
+    y = _conv_epilogue(b, y, rng, epilogue, (n, k, oh, ow))
     b.output(y)
     taps = c * kh * kw
     case.terms = taps + 2
@@ -642,19 +631,9 @@ def conv_stem_amx(case, rng):
         ins.append(b.init("b", (k,)))
     epilogue = _choice(rng, ["", "Relu", "Relu", "Clip", "residual", "residual_relu", "Sigmoid"])
     (y,) = b.node("Conv", ins, ["conv"], **attrs)
-    if epilogue == "Relu":
-        (y,) = b.node("Relu", [y], ["relu"])
-    elif epilogue == "Clip":
-        lo, hi = sorted(float(v) for v in rng.uniform(-1.5, 1.5, 2))
-        (y,) = b.node("Clip", [y, b.init("lo", np.array(lo)), b.init("hi", np.array(hi))], ["clip"])
-    elif epilogue == "Sigmoid":
-        (y,) = b.node("Sigmoid", [y], ["sigmoid"])
-    elif epilogue.startswith("residual"):
-        oh = _out(h, pads[0], pads[2], eh, strides[0])
-        ow = _out(w, pads[1], pads[3], ew, strides[1])
-        (y,) = b.node("Add", [y, b.input("skip", (n, k, oh, ow))], ["add"])
-        if epilogue == "residual_relu":
-            (y,) = b.node("Relu", [y], ["relu"])
+    oh = _out(h, pads[0], pads[2], eh, strides[0])
+    ow = _out(w, pads[1], pads[3], ew, strides[1])
+    y = _conv_epilogue(b, y, rng, epilogue, (n, k, oh, ow))
     b.output(y)
     taps = c * kh * kw
     case.terms = taps + 2
