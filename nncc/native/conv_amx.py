@@ -198,15 +198,16 @@ def _mt_kernel(p: _Plan, r_tiles: int, c_tiles: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _store(vl: int, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) -> str:
-    """C finishing ``rows`` consecutive output pixels of one C tile's sums in ``buf`` at
-    ``y`` (residual at ``res``): bias, residual and activation (blocked_conv's epilogue,
-    one vector per pixel)."""
+def store_function(name: str, vl: int, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) -> str:
+    """C of ``name``(buf, y, bias, res, rows), finishing ``rows`` consecutive output pixels of
+    one C tile's sums in ``buf`` at ``y`` (residual at ``res``): bias, residual and
+    activation (blocked_conv's epilogue, one vector per pixel). The stem's tiles
+    (conv_stem_bf16) finish theirs with it too."""
     res = "res + r * 16" if has_res else None
     v = stored("v", res, act, p0, p1)
     tail = after_store(act, "y", "rows", vl, p0, p1)
     return "\n".join([
-        "static inline void ax_store(const float *restrict buf, float *restrict y, const float *restrict bias, "
+        f"static inline void {name}(const float *restrict buf, float *restrict y, const float *restrict bias, "
         "const float *restrict res, int64_t rows) {",
         "  (void)bias; (void)res;",
         f"  const nn_v bv = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
@@ -254,7 +255,7 @@ def amx_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str,
     cvt_support, cvt_call = _convert(p, vl)
     support.append(cvt_support)
     support += [_mt_kernel(p, r, c) for r in (1, 2) for c in (1, 2)]
-    support += [_store(vl, has_bias, has_res, act, p0, p1), _finish(p, vl)]
+    support += [store_function("ax_store", vl, has_bias, has_res, act, p0, p1), _finish(p, vl)]
     body = [
         "static void ax_task(void *q_, int64_t lo, int64_t hi) {",
         "  const float *const *a = q_;",

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.native import amx
-from nncc.native.blocked_conv import Conv2d, after_store, blocks, stored
+from nncc.native import amx, conv_amx
+from nncc.native.blocked_conv import Conv2d, blocks
 from nncc.native.gemm_bf16_gen import to_bf16
 
 TILE = 16  # pixels (rows of A and C) per tile, and output channels per tile of B and C
@@ -157,24 +157,6 @@ def _mt_kernel(r_tiles: int, c_tiles: int, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _store(vl: int, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) -> str:
-    """C finishing ``rows`` pixels of one C tile's sums in ``buf`` into the output: bias,
-    residual and activation (blocked_conv's epilogue, one vector per pixel)."""
-    v = stored("v", "res + r * 16" if has_res else None, act, p0, p1)
-    tail = after_store(act, "y", "rows", vl, p0, p1)
-    return "\n".join([
-        "static inline void st_store(const float *restrict buf, float *restrict y, const float *restrict bias, "
-        "const float *restrict res, int64_t rows) {",
-        "  (void)bias; (void)res;",
-        f"  const nn_v bv = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
-        "  for (int64_t r = 0; r < rows; r++) {",
-        "    const nn_v v = nn_vadd(nn_vload(buf + r * 16), bv);",
-        f"    nn_vstore(y + r * 16, {v});",
-        "  }",
-        f"  {tail}" if tail else "",
-        "}"]) + "\n"
-
-
 def stem_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str,
               scratch: str) -> tuple[str, str]:
     """(support C, statement) of the stem on tiles: ``ptrs`` as direct_conv's (x the NCHW
@@ -201,7 +183,7 @@ def stem_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str
     cvt_support, cvt_call = _convert(g)
     support.append(cvt_support)
     support += [_mt_kernel(r, cc, steps) for r in (1, 2) for cc in (1, 2)]
-    support.append(_store(vl, has_bias, has_res, act, p0, p1))
+    support.append(conv_amx.store_function("st_store", vl, has_bias, has_res, act, p0, p1))
     seg_mask = f"(__mmask32)0x{(1 << seg) - 1:X}u"
     body = [
         "static void st_task(void *q_, int64_t lo, int64_t hi) {",
