@@ -547,6 +547,19 @@ def conv_bf16(case, rng):
                          **{k: v for k, v in attrs.items() if k != "kernel_shape"})
 
 
+def _tiles_conv_slack(xv: np.ndarray, wv: np.ndarray, attrs: dict) -> np.ndarray:
+    """bf16_bound over a convolution's taps with the denormal term of the tiles, which read
+    bfloat16 denormals as zero: |x| summed over each output's taps and |w| over each output
+    channel's (conv_amx and conv_stem_amx)."""
+    k = wv.shape[0]
+    taps = int(np.prod(wv.shape[1:]))
+    with np.errstate(invalid="ignore"):
+        xsum = conv_terms(xv, np.ones_like(wv), attrs)
+        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
+        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
+        return (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24) * conv_terms(xv, wv, attrs) + denormal
+
+
 def conv_amx(case, rng):
     """A convolution over a channel-blocked input compiled with precision bf16, which CPUs
     with AMX multiply on tiles (nncc/native/conv_amx.py; elsewhere vdpbf16ps or float32,
@@ -586,14 +599,7 @@ def conv_amx(case, rng):
     taps = c * kh * kw
     case.terms = taps + 2
     wv = case.inits[ins[1]]
-    # bf16_bound over the taps, its denormal term included: |x| summed over each output's
-    # taps and |w| over each output channel's
-    with np.errstate(invalid="ignore"):
-        xsum = conv_terms(case.inputs[x], np.ones_like(wv), attrs)
-        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
-        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
-        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
-                      * conv_terms(case.inputs[x], wv, attrs) + denormal}
+    case.slack = {y: _tiles_conv_slack(case.inputs[x], wv, attrs)}
     case.geometry = dict(x=[n, c, h, w], w=[k, c, kh, kw], bias=bias, epilogue=epilogue or None,
                          **{key: v for key, v in attrs.items() if key != "kernel_shape"})
 
@@ -638,13 +644,7 @@ def conv_stem_amx(case, rng):
     taps = c * kh * kw
     case.terms = taps + 2
     wv = case.inits[ins[1]]
-    # conv_amx's bound: bf16_bound over the taps, its denormal term included
-    with np.errstate(invalid="ignore"):
-        xsum = conv_terms(case.inputs[x], np.ones_like(wv), attrs)
-        wsum = np.abs(wv.astype(np.float64)).reshape(k, -1).sum(1)[None, :, None, None]
-        denormal = 2.0**-126 * ((xsum + wsum) * (1 + 2.0**-8) + taps + 2)
-        case.slack = {y: (2 * 2.0**-8 + 2.0**-16 + (taps + 2) * 2.0**-24)
-                      * conv_terms(case.inputs[x], wv, attrs) + denormal}
+    case.slack = {y: _tiles_conv_slack(case.inputs[x], wv, attrs)}  # conv_amx's bound
     case.geometry = dict(x=[n, c, h, w], w=[k, c, kh, kw], bias=bias, epilogue=epilogue or None,
                          **{key: v for key, v in attrs.items() if key != "kernel_shape"})
 
