@@ -81,11 +81,9 @@ np.savez(sys.argv[3], **nncc.compile_model(sys.argv[1]).run(feeds))
 """
 
 
-def test_tiles_give_the_exact_result_and_the_vpdpbusd_bits(tmp_path, monkeypatch):
-    rng = np.random.default_rng(11)
-    path = tmp_path / "q.onnx"
-    inits = _model(rng, path)
-    feeds = _feeds(rng)
+def runs_with_tiles_on_and_off(path, feeds: dict, tmp_path) -> dict[str, dict]:
+    """The model's outputs on ``feeds`` from two processes sharing one cache (one build),
+    labelled "tiles" (NNCC_AMX=1) and "off" (NNCC_AMX=0, decided at run time)."""
     np.savez(tmp_path / "feeds.npz", **feeds)
     runs = {}
     for label, flag in (("tiles", "1"), ("off", "0")):
@@ -94,6 +92,15 @@ def test_tiles_give_the_exact_result_and_the_vpdpbusd_bits(tmp_path, monkeypatch
                                str(tmp_path / f"{label}.npz")], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         runs[label] = dict(np.load(tmp_path / f"{label}.npz"))
+    return runs
+
+
+def test_tiles_give_the_exact_result_and_the_vpdpbusd_bits(tmp_path, monkeypatch):
+    rng = np.random.default_rng(11)
+    path = tmp_path / "q.onnx"
+    inits = _model(rng, path)
+    feeds = _feeds(rng)
+    runs = runs_with_tiles_on_and_off(path, feeds, tmp_path)
     # compiled without the tiles' padding or product: the vpdpbusd GEMM alone
     monkeypatch.setattr(int8_gemm_amx_gen, "wanted", lambda vl, m: False)
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / "plain-cache"))

@@ -12,9 +12,6 @@ several, gathered in a pass of their own), stride 2, a batch of two.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -26,8 +23,8 @@ import nncc
 from nncc.native import amx, int8_conv_amx_gen, int8_conv_cm
 from nncc.native.int8_gemm_gen import MR, NR
 from nncc.native.toolchain import find_toolchain
+from tests.test_native_int8_amx import runs_with_tiles_on_and_off
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     find_toolchain(sanitize=False) is None or not amx.usable("native", "amx_int8"),
     reason="no C compiler, or this CPU lacks amx_tile or amx_int8 (the vpdpbusd convolution then runs, which "
@@ -74,13 +71,6 @@ def _model(rng, path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-RUN_SCRIPT = """
-import sys, numpy as np, nncc
-feeds = dict(np.load(sys.argv[2]))
-np.savez(sys.argv[3], **nncc.compile_model(sys.argv[1]).run(feeds))
-"""
-
-
 def test_every_layer_takes_the_pixel_major_form():
     for n, c, h, w, m, k, stride in LAYERS:
         pixels = -(-h // stride) * -(-w // stride)
@@ -94,14 +84,7 @@ def test_tiles_give_onnxruntimes_result_and_the_vpdpbusd_bits(tmp_path, monkeypa
     _model(rng, path)
     feeds = {f"x{i}": (rng.standard_normal((n, c, h, w)) * 2.0).astype(np.float32)
              for i, (n, c, h, w, *_) in enumerate(LAYERS)}
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    runs = {}
-    for label, flag in (("tiles", "1"), ("off", "0")):
-        env = dict(os.environ, PYTHONPATH=ROOT, NNCC_AMX=flag, NNCC_CACHE_DIR=str(tmp_path / "cache"))
-        done = subprocess.run([sys.executable, "-c", RUN_SCRIPT, str(path), str(tmp_path / "feeds.npz"),
-                               str(tmp_path / f"{label}.npz")], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        runs[label] = dict(np.load(tmp_path / f"{label}.npz"))
+    runs = runs_with_tiles_on_and_off(path, feeds, tmp_path)
     # compiled without the tiles' padding or product: the vpdpbusd convolution alone
     monkeypatch.setattr(int8_conv_amx_gen, "wanted", lambda vl, pixels: False)
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / "plain-cache"))
