@@ -284,6 +284,11 @@ def _x(value, digits=2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _e(value) -> str:
+    """A relative difference, or "-" where none was measured (an output missing or not comparable)."""
+    return "-" if value is None else f"{value:.1e}"
+
+
 def table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
@@ -357,8 +362,7 @@ def render(report: dict, markdown: bool) -> str:
                        for p in peers if p != "openvino"]
                     + [f"{nn.get('native_partitions', '-')}/{nn.get('partitions', '-')}",
                        _x(r["setup"].get("compile_s")), _x(r.get("other_load")),
-                       ", ".join("-" if diffs.get(f"nncc vs {p}") is None else f"{diffs[f'nncc vs {p}']:.1e}"
-                                 for p in peers)])
+                       ", ".join(_e(diffs.get(f"nncc vs {p}")) for p in peers)])
     out.append(table(header, body, markdown))
     errors = [(r["model"], k, s["error"]) for r in rows for k, s in r.get("runtimes", {}).items()
               if s.get("error") and k not in report["missing"]]
@@ -368,7 +372,7 @@ def render(report: dict, markdown: bool) -> str:
         diffs = r.get("max_rel_diff", {})
         if any(f"nncc-bf16 vs {p}" in diffs for p in peers):
             out.append(f"- {r['model']}: nncc-bf16 max rel diff " + ", ".join(
-                f"vs {p} {diffs[f'nncc-bf16 vs {p}']:.1e}" for p in peers if f"nncc-bf16 vs {p}" in diffs))
+                f"vs {p} {_e(diffs[f'nncc-bf16 vs {p}'])}" for p in peers if f"nncc-bf16 vs {p}" in diffs))
 
     out += ["", "Getting started, per runtime: the whole process from its start to its first answer (ms) / of it, "
                 "importing the runtime and preparing the model (nncc: a cache hit; onnxruntime: the session; "

@@ -617,6 +617,14 @@ def test_bench_peers_runs_each_runtime_alone_in_alternating_rounds(tmp_path):
     assert "openvino is not installed (openvino hidden by the test): left out" in table.stdout
     row_line = next(line for line in table.stdout.splitlines() if line.startswith("mlp "))
     assert row_line.split()[3:5] == ["not", "installed"]  # nncc ms, onnxruntime ms, then openvino's cell
+    # a saved report renders again, a difference that could not be measured shown as "-"
+    row["max_rel_diff"] = {"nncc vs onnxruntime": None, "nncc-bf16 vs onnxruntime": None}
+    saved = tmp_path / "peers.json"
+    saved.write_text(json.dumps(report))
+    rendered = subprocess.run([sys.executable, str(BENCHMARKS / "bench_peers.py"), "--render", str(saved),
+                               "--markdown"], env=env, capture_output=True, text=True, timeout=600)
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stdout.count("| mlp |") >= 1 and "nncc-bf16 max rel diff vs onnxruntime -" in rendered.stdout
 
 
 def test_a_temporary_cache_starts_no_thread_that_outlives_it(monkeypatch):
