@@ -3,7 +3,8 @@
 against onnxruntime. The geometries are the fuzzer's attention cases
 (tests/native_fuzz_cases.py) pinned to the corners: one query (a decoder's next token),
 512 tokens, odd head counts and head sizes, batch > 1 with a padding mask fed at run time,
-constant causal masks of -1e9 and -inf (whose hidden key blocks the kernel skips), heads
+constant causal masks of -1e9 and -inf (whose hidden key blocks the kernel skips), a
+window mask of -100 (terms below the normal floats), heads
 flattened into a 3-D batch, grouped-query heads (K and V repeated per query head, read
 unrepeated). Then the near misses the pass must leave as they are.
 """
@@ -47,6 +48,9 @@ PINNED = [  # (geometry keys the case fixes); the rest drawn from the case's gen
     dict(batch=1, heads=8, kv_heads=4, d=32, dv=32, sq=64, skv=64, split="given", mask="causal_inf", scale="split",
          guard=True, merge=True),
     dict(batch=2, heads=3, d=17, dv=5, sq=33, skv=130, split="rank3", mask="", scale="split", guard=True, merge=False),
+    # Swin's shifted windows: 49-token windows, a mask of -100 fed at run time (the hidden
+    # terms e^-100 fall below float32's normal range, where the kernel writes 0)
+    dict(batch=4, heads=8, d=24, dv=24, sq=49, skv=49, split="transpose", mask="window", scale="mul", merge=True),
 ]
 
 

@@ -17,8 +17,7 @@ What is rounded, to nearest even, and where:
 
 The scale, the bias, the online maximum and sum and the final division stay float32, as
 does the sum of a row (of the probabilities before their rounding). The exponentials are
-simd.h's vector ones (0 below e^-87), not the float32 kernel's scalar ones: with the
-products on tiles those were most of a task. Where an operand's row is contiguous, 32
+simd.h's vector ones (0 below e^-87), as in the float32 kernel. Where an operand's row is contiguous, 32
 floats are rounded by one vcvtne2ps2bf16 (K's pairs scattered to their keys, V's two keys
 interleaved into pairs); other strides are read one element at a time. Both layouts are read
 by both instructions: a tile row of 16 words is a vector, so AMX and vdpbf16ps share the
@@ -69,9 +68,6 @@ def _round_c() -> str:
     # stay one: both instructions read it as zero, as vcvtne2ps2bf16 would have made it
     return ("static inline uint32_t att_bf(float x) { uint32_t b; memcpy(&b, &x, 4); "
             "return x != x ? (b >> 16) | 0x40u : (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16; }\n"
-            "/* e^u in vectors (simd.h's), 0 below -87 (e^-87 is 1.6e-38: a term that small is off by\n"
-            "   less than that), where simd.h's stops at e^-87 */\n"
-            "static inline nn_v att_vexp(nn_v u) { return nn_vselect(u < nn_vset1(-87.0f), nn_vzero(), nn_vexp(u)); }\n"
             "static inline uint32_t att_pair(float lo, float hi) { return att_bf(lo) | att_bf(hi) << 16; }\n"
             "static inline __m512 att_dp(__m512 acc, uint32_t a, const uint32_t *b) { __m512i v; "
             "memcpy(&v, b, sizeof v); return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)v); }\n")
@@ -227,7 +223,7 @@ static inline void att_soft(float *sr, uint32_t *pr, float *m, float *l, float *
   }} else {{
     nn_v sv = nn_vzero();
     for (int x = 0; x < {BK // 16}; x++) {{
-      const nn_v e = att_vexp(nn_vload(sr + x * 16) - nn_vset1(mx));
+      const nn_v e = nn_vexp_normal(nn_vload(sr + x * 16) - nn_vset1(mx));
       nn_vstore(sr + x * 16, e);
       sv = nn_vadd(sv, e);
     }}

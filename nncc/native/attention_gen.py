@@ -6,7 +6,12 @@ walks the keys in blocks of BK. Per key block it packs K transposed (so the scor
 are vectors over keys), computes the BQ x BK scores in registers, scales them and adds the
 bias, then folds them into a running softmax (online: a row's maximum and sum so far, its
 output rescaled when the maximum grows) and adds probabilities·V into the output rows. The
-scores of a block live in L1; a row is divided by its sum once, at the end. Tasks are
+exponentials are vectors, 0 below e^-87 rather than denormal (simd.h's ``nn_vexp_normal``:
+a denormal result costs a microcode assist, and a mask of -100 made every hidden term one),
+while K and V are finite: a term that small then moves no output by more than itself. Where
+they hold a NaN or an infinity the scalar exponential keeps its denormals, so that a hidden
+key's infinite V still gives an infinity, as the unfused ops do, not 0 * inf.
+The scores of a block live in L1; a row is divided by its sum once, at the end. Tasks are
 (batch x heads x query blocks), claimed in chunks by the thread pool's threads.
 
 Every operand is read through the strides its permutation gives (nncc.kernels.fused_attention),
@@ -390,7 +395,8 @@ static void att_task(void *p, int64_t lo, int64_t hi) {{
         float mx = m[r];
         for (int x = 0; x < NN_VL; x++) mx = mv[x] > mx ? mv[x] : mx;
         if (mx == -INFINITY) {{ for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = 0.0f; al[r] = 1.0f; continue; }}
-        for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = nn_exp(sr[jj] - mx);
+        if (kv_finite) for (int x = 0; x < {nv}; x++) nn_vstore(sr + x * NN_VL, nn_vexp_normal(nn_vload(sr + x * NN_VL) - nn_vset1(mx)));
+        else for (int64_t jj = 0; jj < {BK}; jj++) sr[jj] = nn_exp(sr[jj] - mx);  /* e^-100 * inf stays inf */
         nn_v sv = nn_vload(sr);
         for (int x = 1; x < {nv}; x++) sv = nn_vadd(sv, nn_vload(sr + x * NN_VL));
         float sum = 0.0f;
