@@ -63,7 +63,8 @@ class NativeStep:
             for i, array in enumerate(inputs):
                 if array is not held[i]:
                     table[i] = self._input_pointer(array, i)
-                    held[i] = array
+                    # a copy holds this run's values only: the same view fed again is copied again
+                    held[i] = array if self.copies[i] is array else None
         base = len(inputs)
         for j, array in enumerate(out):
             if array is not held[base + j]:  # a graph output: a fresh array every run
@@ -111,8 +112,8 @@ class NativeStep:
     def _input_pointer(self, array, index: int) -> int:
         if array.dtype != self.input_types[index] or not array.flags.c_contiguous:
             # the generated code reads dense values of the input's type; a strided view from
-            # a portable kernel or a broadcast constant is copied (a constant once: it is the
-            # same every run)
+            # a portable kernel or a caller, or a broadcast constant, is copied (a constant
+            # once, bind_constants: it is the same every run; anything else on every run)
             array = np.ascontiguousarray(array, dtype=self.input_types[index])
         self.copies[index] = array
         if array.flags.writeable and array.size:
