@@ -97,7 +97,11 @@ static void *nn_worker(void *arg) {
         unsigned spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
             nn_relax();
-            if (++spins % 64 || nn_keep_spinning(since)) continue;  /* the clock read every 64 pauses */
+            if (++spins % 64) continue;  /* the clock read every 64 pauses */
+            if (nn_keep_spinning(since)) {
+                sched_yield();  /* a caller sharing this core runs first (else it would wait for this spin) */
+                continue;
+            }
             pthread_mutex_lock(&nn_mu);
             int wakes = nn_wakes;
             /* sequentially consistent with nn_parallel's publish: either it sees this sleeper and
