@@ -198,3 +198,29 @@ def test_a_native_models_first_outputs_are_made_and_bound_before_its_first_run_t
         np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
     for name in first:  # the second run left the first run's results alone
         np.testing.assert_array_equal(first[name], kept[name])
+
+
+def test_a_native_models_run_hands_the_call_only_its_feeds_and_keeps_every_promise(small, module_isolated):
+    """A one-call native model's run gives the call only the feeds' arrays (its constants
+    bound once): a strided view fed in place of a dense array, a fresh array, and a mapping
+    that is not a dict (the general path) all give onnxruntime's results, and every run's
+    outputs stay the caller's."""
+    if find_toolchain() is None:
+        pytest.skip("no C compiler: there is no native plan to run")
+    from types import MappingProxyType
+
+    model, _ = nncc.prepare(small, stage="optimized", background=None)
+    assert model.executor._fed is not None  # the path under test
+    rng = np.random.default_rng(9)
+    wide = rng.standard_normal((1, 32)).astype(np.float32)
+    feeds = [{"x0": wide[:, ::2]}, {"x0": rng.standard_normal((1, 16)).astype(np.float32)},
+             MappingProxyType({"x0": rng.standard_normal((1, 16)).astype(np.float32)})]
+    kept = []
+    for feed in feeds:
+        got = model.run(feed)
+        for value, want in zip(got.values(), ort_run(small, {"x0": np.ascontiguousarray(feed["x0"])})):
+            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+        kept.append((got, {n: v.copy() for n, v in got.items()}))
+    for got, copies in kept:
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, copies[name])

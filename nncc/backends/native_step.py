@@ -79,6 +79,33 @@ class NativeStep:
             raise self._failure(status)
         return out
 
+    def call_fed(self, fed, feeds, out):
+        """__call__ for a program of this one call whose constants were bound
+        (bind_constants): ``fed``, (argument index, feed name) of each argument taken from
+        ``feeds``; only those are compared with what the table holds. None in the sanitize
+        mode, which copies every argument on each call: the caller then calls as usual."""
+        if self.sanitized:
+            return None
+        table, held = self.table, self.held
+        for i, name in fed:
+            array = feeds[name]
+            if array is not held[i]:
+                table[i] = self._input_pointer(array, i)
+                held[i] = array if self.copies[i] is array else None  # as in __call__
+        base = self.call.n_inputs
+        for j, array in enumerate(out):
+            if array is not held[base + j]:
+                table[base + j] = self._output_pointer(array, j)
+                held[base + j] = array
+        if self.pooled:
+            with one_blas_thread(True):
+                status = self.fn(table, self.workspace_address)
+        else:
+            status = self.fn(table, self.workspace_address)
+        if status != 0:
+            raise self._failure(status)
+        return out
+
     def bind_constants(self, constants: dict) -> None:
         """Take the addresses of the inputs that are the same array every run (input index
         -> array) before the first run, which then finds them held as a later run does."""

@@ -35,7 +35,13 @@ NN_EXPORT int nncc_set_blas(void *fn, int ilp64) {
  * workers take no core from the user's other work.
  * A job that finds the workers asleep wakes them for the jobs after it, but when its work
  * is under NN_WAKE_WORK the caller runs it alone: it would be done before a woken worker
- * ran, and a worker that claimed a chunk late would make the caller wait for it. */
+ * ran, and a worker that claimed a chunk late would make the caller wait for it. A call
+ * that begins with the workers asleep (the first after an idle spell, such as a process's
+ * first run after reading its input) runs every job under NN_WAKE_WORK alone and wakes
+ * the workers only as it returns, to linger for a call soon after: a worker woken in the
+ * middle of it starts cold, often on the caller's own core, and the caller would wait on
+ * the chunks it claimed (a small model's first run cost 2-3 steady ones on one core, 4-18
+ * with the pool on a loaded 2-core machine). */
 #define NN_MAX_THREADS 16
 #define NN_SPIN_NS 200000
 #define NN_LINGER_NS 100000
@@ -54,6 +60,8 @@ static int nn_wakes;              /* wake-ups without a job (under nn_mu) */
 static int nn_sleepers;           /* workers asleep on nn_go, or about to be */
 static int nn_waking;             /* a wake-up is under way: no second system call for it */
 static int64_t nn_linger_until;   /* CLOCK_MONOTONIC ns: after a call, workers spin until then */
+static int nn_call_alone;         /* the call began with the workers asleep: its small jobs run inline
+                                     (atomic: calls from two threads may read and write it at once) */
 
 static inline void nn_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -97,7 +105,11 @@ static void *nn_worker(void *arg) {
         unsigned spins = 0;
         while (__atomic_load_n(&nn_job_gen, __ATOMIC_ACQUIRE) == seen) {
             nn_relax();
-            if (++spins % 64 || nn_keep_spinning(since)) continue;  /* the clock read every 64 pauses */
+            if (++spins % 64) continue;  /* the clock read every 64 pauses */
+            if (nn_keep_spinning(since)) {
+                sched_yield();  /* a caller sharing this core runs first (else it would wait for this spin) */
+                continue;
+            }
             pthread_mutex_lock(&nn_mu);
             int wakes = nn_wakes;
             /* sequentially consistent with nn_parallel's publish: either it sees this sleeper and
@@ -166,10 +178,19 @@ int nn_amx_permitted(void) {
 
 /* An entry point brackets its steps with these: workers spin between the jobs of a call,
  * and for NN_LINGER_NS after it. */
-void nn_call_begin(void) { __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED); }
+static void nn_wake(void);
+
+void nn_call_begin(void) {
+    __atomic_store_n(&nn_call_alone, nn_threads > 1 && __atomic_load_n(&nn_sleepers, __ATOMIC_SEQ_CST) == nn_threads - 1,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&nn_in_call, 1, __ATOMIC_RELAXED);
+}
 void nn_call_end(void) {
     __atomic_store_n(&nn_linger_until, nn_now_ns() + NN_LINGER_NS, __ATOMIC_RELAXED);
     __atomic_store_n(&nn_in_call, 0, __ATOMIC_RELAXED);
+    if (__atomic_exchange_n(&nn_call_alone, 0, __ATOMIC_RELAXED)) {  /* a call right after this one finds them spinning */
+        nn_wake();
+    }
 }
 
 /* Wakes the sleeping workers, to spin for the next job (or run one just published): one
@@ -189,11 +210,13 @@ static void nn_wake(void) {
 void nn_parallel(int64_t n, int64_t work, nn_task fn, void *ctx) {
     int t = nn_threads;
     if (t <= 1 || n < 2 || work < 32768) { fn(ctx, 0, n); return; }
+    if (work < NN_WAKE_WORK && __atomic_load_n(&nn_call_alone, __ATOMIC_RELAXED)) { fn(ctx, 0, n); return; }
     if (work < NN_WAKE_WORK && __atomic_load_n(&nn_sleepers, __ATOMIC_SEQ_CST) == t - 1) {
         nn_wake();
         fn(ctx, 0, n);
         return;
     }
+    __atomic_store_n(&nn_call_alone, 0, __ATOMIC_RELAXED);  /* a large job wakes the workers: the call's later jobs share them */
     int64_t chunks = n < (int64_t)t * NN_CHUNKS_PER_THREAD ? n : (int64_t)t * NN_CHUNKS_PER_THREAD;
     uint32_t gen = (uint32_t)nn_job_gen + 1;
     nn_job_fn = fn; nn_job_ctx = ctx; nn_job_n = n; nn_job_chunks = chunks;

@@ -77,14 +77,19 @@ class FeedChecker:
 
     def unchanged(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray] | None:
         """The feeds as a dict when they match the last ones that passed, else None."""
+        return dict(feeds) if self.matches(feeds) else None
+
+    def matches(self, feeds: Mapping[str, object]) -> bool:
+        """Whether the feeds are plain arrays with the names, dtypes and shapes of the last
+        ones that passed (nothing else among them)."""
         passed = self.passed
         if passed is None or len(feeds) != len(passed):
-            return None
+            return False
         for name, dtype, shape in passed:
             value = feeds.get(name)
             if type(value) is not np.ndarray or value.dtype is not dtype or value.shape != shape:
-                return None
-        return dict(feeds)
+                return False
+        return True
 
     def __call__(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays = self.unchanged(feeds)
