@@ -111,7 +111,10 @@ class BlockedLayout:
         bias_value = self.constant_value(bias) if bias else None
         if weights is None or (bias and bias_value is None):
             return False
-        narrow = narrow_group_conv.applies(g, self.vl)
+        # a grouped 1x1 stride-1 one over an NCHW input keeps the NCHW register tiles
+        # (conv_gen.grouped_pointwise): as fast a step, without the reorders around it
+        narrow = narrow_group_conv.applies(g, self.vl) and \
+            (node.inputs[0] in self.blocked or not narrow_group_conv.pointwise(g))
         if g.group != 1 and not g.depthwise and not g.whole_block_groups(self.vl) and not narrow:
             return False
         vl = self.vl

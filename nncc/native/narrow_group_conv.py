@@ -36,6 +36,11 @@ def applies(g: Conv2d, vl: int) -> bool:
     return cg == kg and 1 < cg < vl and vl % cg == 0
 
 
+def pointwise(g: Conv2d) -> bool:
+    """A 1x1, stride-1, unpadded convolution: over NCHW, conv_gen.grouped_pointwise's."""
+    return g.kh == g.kw == 1 and g.sh == g.sw == 1 and not (g.pt or g.pl or g.pb or g.pr)
+
+
 def pack_weights(w: np.ndarray, vl: int) -> np.ndarray:
     """[K, cg, KH, KW] -> [CB][KH][KW][cg][VL]: lane o of (block j, tap, l) is output channel
     j * VL + o's weight of its group's l-th input channel; zero past K."""
