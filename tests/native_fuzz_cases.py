@@ -1948,6 +1948,40 @@ KINDS["concat_graph"] = concat_graph
 ROUND.append("concat_graph")
 
 
+def conv_narrow_groups(case, rng):
+    """Grouped convolutions whose groups (as many channels in as out) are narrower than a
+    vector block (nncc/native/narrow_group_conv.py): groups of 2, 4 or 8 channels, counts
+    that leave the last block part empty (13 groups of 8), rows of several tiles and an
+    interior, strides, dilations, pads, bias and the epilogues. A NaN or infinity planted
+    in one group's input must stay in that group's outputs, as onnxruntime's do."""
+    b = _Builder(case, rng)
+    cg = _choice(rng, [2, 4, 8])
+    group = _choice(rng, [1, 2, 3, 5, 6, 13])
+    c = group * cg
+    attrs, wshape, (eh, ew) = _conv_geometry(rng, c, groups=(group, cg))
+    n = _choice(rng, [1, 1, 2])
+    h, w = _spatial(rng, eh, ew, attrs["pads"])
+    h, w = h + int(rng.integers(0, 12)), w + int(rng.integers(0, 40))  # rows of one tile or several
+    x = b.input("x", (n, c, h, w))
+    ins = [x, b.init("w", wshape)]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (wshape[0],)))
+    epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "Sigmoid", "Silu"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    oh = _out(h, attrs["pads"][0], attrs["pads"][2], eh, attrs["strides"][0])
+    ow = _out(w, attrs["pads"][1], attrs["pads"][3], ew, attrs["strides"][1])
+    y = _conv_epilogue(b, y, rng, epilogue, (n, wshape[0], oh, ow))
+    b.output(y)
+    case.terms = wshape[1] * wshape[2] * wshape[3] + 2
+    case.geometry = dict(x=[n, c, h, w], w=list(wshape), bias=bias, epilogue=epilogue or None,
+                         **{k: v for k, v in attrs.items() if k != "kernel_shape"})
+
+
+KINDS["conv_narrow_groups"] = conv_narrow_groups
+ROUND.append("conv_narrow_groups")
+
+
 def make_case(seed: int, index: int) -> Case:
     rng = np.random.default_rng([seed, index])
     kind = ROUND[index % len(ROUND)]

@@ -20,7 +20,9 @@ group where the input outweighs the weights, so a batch is part of the same tili
 A depthwise convolution is the same tiling with one vector of channels per pixel and no
 broadcast: every tap is a vector multiply-add of input and weight. A grouped convolution
 whose groups are whole blocks is the direct one per group: a tile's channel blocks stay in
-one group, and its task reads that group's input blocks only.
+one group, and its task reads that group's input blocks only. Groups narrower than a block
+have a kernel of their own (nncc/native/narrow_group_conv.py): a broadcast input channel
+here would be multiplied by every group's weights in the block.
 
 Under precision bf16, where vdpbf16ps pays, the direct convolution over a blocked input
 multiplies pairs of input channels in bfloat16 (nncc/native/conv_bf16.py): the same tiling

@@ -23,7 +23,7 @@ from nncc.ir.graph import Node, TensorInfo
 from nncc.native import blocked_conv as bc
 from nncc.native import blocked_ops as bo
 from nncc.native import conv_amx, conv_bf16, conv_stem_bf16, gemm_amx_gen, gemm_bf16_gen
-from nncc.native import winograd
+from nncc.native import narrow_group_conv, winograd
 from nncc.native.graph_query import CONV_OPS
 from nncc.native.concat_slices import Slice
 from nncc.native.kernel import SCRATCH
@@ -104,14 +104,18 @@ class BlockedLayout:
     def blocked_conv(self, node: Node, pads, bias: str | None, residual: str | None, target: str,
                      act: tuple[int, float, float], fmt) -> bool:
         """Write ``node`` as a blocked convolution; False when it cannot be (grouped
-        convolutions other than depthwise whose groups are not whole channel blocks, or
-        weights that are not constants)."""
+        convolutions other than depthwise whose groups are neither whole channel blocks nor
+        narrow ones dividing a block, or weights that are not constants)."""
         g = self.geometry(node, pads)
         weights = self.constant_value(node.inputs[1])
         bias_value = self.constant_value(bias) if bias else None
         if weights is None or (bias and bias_value is None):
             return False
-        if g.group != 1 and not g.depthwise and not g.whole_block_groups(self.vl):
+        # a grouped 1x1 stride-1 one over an NCHW input keeps the NCHW register tiles
+        # (conv_gen.grouped_pointwise): as fast a step, without the reorders around it
+        narrow = narrow_group_conv.applies(g, self.vl) and \
+            (node.inputs[0] in self.blocked or not narrow_group_conv.pointwise(g))
+        if g.group != 1 and not g.depthwise and not g.whole_block_groups(self.vl) and not narrow:
             return False
         vl = self.vl
         code_act, p0, p1 = act
@@ -121,6 +125,9 @@ class BlockedLayout:
         if g.depthwise:
             x = self.as_blocked(node.inputs[0])
             wname = self.pack(node.inputs[1], f"dw{vl}", bc.pack_depthwise_weights(weights, vl))
+        elif narrow:  # groups narrower than a block (nncc/native/narrow_group_conv.py)
+            x = self.as_blocked(node.inputs[0])
+            wname = self.pack(node.inputs[1], f"narrow{vl}", narrow_group_conv.pack_weights(weights, vl))
         elif winograd.applies(g, vl) and (node.inputs[0] in self.blocked or g.c >= vl) and not \
                 (self.weights_packing(node) is gemm_amx_gen.AMX and conv_amx.applies(g, vl)):
             use_winograd = True
@@ -166,6 +173,8 @@ class BlockedLayout:
         scratch = 0
         if g.depthwise:
             support, code = bc.depthwise_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1))
+        elif narrow:
+            support, code = narrow_group_conv.narrow_group_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1))
         elif use_winograd:
             support, code, scratch = winograd.winograd_conv(g, vl, ptrs, code_act, fmt(p0), fmt(p1), SCRATCH)
         else:

@@ -1,0 +1,148 @@
+"""Grouped convolutions whose groups are narrower than a vector block, over the blocked layout.
+
+RegNet's and ResNeXt's 3x3 convolutions have groups of 4 or 8 channels in and out: with
+16-float vectors a block holds several groups, so the direct convolution (each input
+channel broadcast to every lane of the output block, nncc/native/blocked_conv.py) would
+multiply each input by the weights of every group in the block, and an input lane's NaN or
+infinity would reach another group's outputs through its zero weights.
+
+Here output block j reads input block j only (a group's C/group = K/group = cg input and
+output channels sit in the same lanes of the same block, as vl % cg == 0). For each
+channel l of a group, one lane permute of an input pixel's vector puts, in every output
+lane, that lane's group's l-th input channel (lane o reads lane o // cg * cg + l); a
+multiply-add by the packed weights [CB][KH][KW][cg][VL] (lane o: output channel o's weight
+of its group's l-th input) then adds only products of the same group, every lane useful.
+One permuted input column serves every tap that reads it (kw taps of as many output
+pixels at stride 1), so a row of RW outputs costs (RW - 1) * sw + kw permutes per tap row
+and channel for RW * kw multiply-adds. Tasks, row tiling and edge handling are the
+depthwise convolution's: (image, block, output row), tiles at fixed columns, the edge
+tiles' out-of-row taps dropped at compile time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nncc.native.blocked_conv import Conv2d, _column_tiles, _epilogue, _row_taps, blocks, parallel_call, \
+    vector_registers
+
+
+def applies(g: Conv2d, vl: int) -> bool:
+    """A grouped convolution (not depthwise) whose groups have as many input as output
+    channels, fewer than a block and dividing it."""
+    if g.group <= 1 or g.depthwise or g.c % g.group or g.k % g.group:
+        return False
+    cg, kg = g.c // g.group, g.k // g.group
+    return cg == kg and 1 < cg < vl and vl % cg == 0
+
+
+def pointwise(g: Conv2d) -> bool:
+    """A 1x1, stride-1, unpadded convolution: over NCHW, conv_gen.grouped_pointwise's."""
+    return g.kh == g.kw == 1 and g.sh == g.sw == 1 and not (g.pt or g.pl or g.pb or g.pr)
+
+
+def pack_weights(w: np.ndarray, vl: int) -> np.ndarray:
+    """[K, cg, KH, KW] -> [CB][KH][KW][cg][VL]: lane o of (block j, tap, l) is output channel
+    j * VL + o's weight of its group's l-th input channel; zero past K."""
+    k, cg, kh, kw = w.shape
+    full = np.zeros((blocks(k, vl) * vl, cg, kh, kw), np.float32)
+    full[:k] = w
+    # [CB, VL, cg, KH, KW] -> [CB, KH, KW, cg, VL]
+    return np.ascontiguousarray(full.reshape(-1, vl, cg, kh, kw).transpose(0, 3, 4, 2, 1))
+
+
+# C for a permute of literal lanes: __builtin_shufflevector (clang, GCC 12 and later), else
+# GCC's __builtin_shuffle with a constant index vector
+PERMUTE = """#ifndef NN_PERMUTE
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define NN_PERMUTE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#endif
+#endif
+#ifndef NN_PERMUTE
+#define NN_PERMUTE(v, ...) __builtin_shuffle(v, (nn_vi){__VA_ARGS__})
+#endif
+#endif
+"""
+
+
+def tile_width(g: Conv2d, vl: int) -> int:
+    """Pixels per tile: accumulators beside the kw weight vectors, the input column, its
+    permute and the permute's index (AVX-512: at most 16 of 32 registers; 8 of 16), the
+    row split into tiles of nearly equal width."""
+    most = 16 if vector_registers(vl) == 32 else 8
+    tiles = -(-g.ow // most)
+    return -(-g.ow // tiles)
+
+
+def narrow_group_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str, p1: str) -> tuple[str, str]:
+    """(support C, call statement) for the convolution, blocked in and out."""
+    has_bias = ptrs.get("b") is not None
+    has_res = ptrs.get("r") is not None
+    cg = g.c // g.group
+    cb = blocks(g.k, vl)
+    rw = tile_width(g, vl)
+    plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
+    lo, hi = g.interior()
+
+    def lanes(l: int) -> str:
+        return ", ".join(str(o // cg * cg + l) for o in range(vl))
+
+    def tile(r_count: int) -> str:
+        out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
+               "const float *restrict wc, const float *restrict bias, const float *restrict res, "
+               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {",
+               f"  const nn_v b = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
+               "  nn_v " + ", ".join(f"a{r}_0 = b" for r in range(r_count)) + ";",
+               "  for (int i = i0; i < i1; i++) {",
+               f"    const float *xi = x + xrow + i * {g.dh * g.w * vl};",
+               f"    const float *wi = wc + i * {g.kw * cg * vl};"]
+        # the taps by the input column they read: offset d from the tile's first column
+        columns: dict[int, list[tuple[int, int]]] = {}
+        for r in range(r_count):
+            for j in range(g.kw):
+                columns.setdefault(r * g.sw + j * g.dw, []).append((r, j))
+        for l in range(cg):
+            out.append("    {")
+            out += [f"      const nn_v w{j} = nn_vload(wi + {(j * cg + l) * vl});" for j in range(g.kw)]
+            for d, taps in sorted(columns.items()):
+                col = f"(ow0 * {g.sw} + {d - g.pl})"
+                fmas = " ".join(f"a{r}_0 = nn_vfma(p, w{j}, a{r}_0);" for r, j in taps)
+                out.append(f"      if (inner || (uint64_t){col} < {g.w}) {{ "
+                           f"const nn_v p = NN_PERMUTE(nn_vload(xi + {col} * {vl}), {lanes(l)}); {fmas} }}")
+            out.append("    }")
+        out.append("  }")
+        out += ["  " + line for line in _epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
+        out.append("}")
+        return "\n".join(out)
+
+    starts, inner, left, right = _column_tiles(g.ow, rw, lo, hi)
+    widths = sorted({min(rw, g.ow - s) for s in starts})
+    support = [f"NN_REQUIRE_VL({vl});", PERMUTE] + [tile(r) for r in widths]
+
+    def call(s: int, inner_flag: int, pos: str | None = None) -> str:
+        return f"tile{min(rw, g.ow - s)}(x, wc, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag});"
+
+    body = ["static void narrow_task(void *p, int64_t lo, int64_t hi) {",
+            "  const float *const *a = p;",
+            "  const float *xp = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
+            "  float *yp = (float *)a[4];",
+            "  for (int64_t t = lo; t < hi; t++) {",
+            f"    const int64_t oh = t % {g.oh}, c = (t / {g.oh}) % {cb}, n = t / {g.oh * cb};",
+            *_row_taps(g, "    "),
+            f"    const float *x = xp + (n * {cb} + c) * {plane_in};",
+            f"    const float *wc = wp + c * {g.kh * g.kw * cg * vl};",
+            f"    const float *bias = bp ? bp + c * {vl} : 0;",
+            f"    const int64_t yo = (n * {cb} + c) * {plane_out} + oh * {g.ow * vl};",
+            "    float *y = yp + yo;",
+            "    const float *res = rp ? rp + yo : 0;",
+            f"    const int64_t xrow = ih0 * {g.w * vl};"]
+    body += [f"    {call(s, 0)}" for s in left]
+    if inner:
+        body.append(f"    for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
+    body += [f"    {call(s, 0)}" for s in right]
+    body += ["  }", "}"]
+    support.append("\n".join(body))
+    total = g.n * cb * g.oh
+    work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw * cg
+    return "\n".join(support) + "\n", parallel_call(ptrs, total, work, "narrow_task")
