@@ -65,6 +65,10 @@ def pack_weights(w: np.ndarray, group: int) -> np.ndarray:
 
 
 class _Plan:
+    """One convolution's tiles: row blocks (MB) and 32-channel steps (CP) a group, the
+    plane in 16-pixel tiles (HWP the padded plane), and the (image, group, chunk of
+    pixel-tile pairs) tasks."""
+
     def __init__(self, n: int, c: int, hw: int, k: int, group: int):
         self.n, self.c, self.hw, self.k, self.group = n, c, hw, k, group
         self.cg, self.kg = c // group, k // group
@@ -153,7 +157,8 @@ def _store(p: _Plan, has_bias: bool, has_res: bool, act: int, p0: str, p1: str) 
              f"    const nn_v v = nn_vadd(nn_vload(buf + r * 16), nn_vset1({'bias[r]' if has_bias else '0.0f'}));",
              f"    _mm512_mask_storeu_ps(y + r * {p.hw}, m, {v});"]
     if scalar:
-        lines.append(f"    for (int64_t q = 0; q < cols; q++) y[r * {p.hw} + q] = nn_act({act}, y[r * {p.hw} + q], {p0}, {p1});")
+        lines.append(f"    for (int64_t q = 0; q < cols; q++) "
+                     f"y[r * {p.hw} + q] = nn_act({act}, y[r * {p.hw} + q], {p0}, {p1});")
     lines += ["  }", "}"]
     return "\n".join(lines) + "\n"
 
@@ -165,7 +170,8 @@ def amx_grouped_pointwise(n: int, c: int, hw: int, k: int, group: int, ptrs: dic
     ``scratch`` a C expression of scratch_bytes(...) bytes."""
     p = _Plan(n, c, hw, k, group)
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
-    support = ["#include <immintrin.h>\n#ifndef __AMX_BF16__\n#error \"AMX convolution built without AMX-BF16\"\n#endif\n",
+    support = ["#include <immintrin.h>\n"
+               "#ifndef __AMX_BF16__\n#error \"AMX convolution built without AMX-BF16\"\n#endif\n",
                amx.tile_config(CONFIG, [(TILE, 64)] * 8)]
     cvt_support, cvt_call = _convert(p)
     support.append(cvt_support)
