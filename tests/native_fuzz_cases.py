@@ -1851,6 +1851,49 @@ ROUND.append("conv_amx")
 KINDS["conv_stem_amx"] = conv_stem_amx
 ROUND.append("conv_stem_amx")
 
+def grouped_pointwise_amx(case, rng):
+    """A grouped 1x1 stride-1 convolution over NCHW compiled with precision bf16, which CPUs
+    with AMX multiply on tiles (nncc/native/grouped_pointwise_amx.py; elsewhere float32
+    register tiles, within the same bound): channels a group around and between the
+    32-channel tile product (odd counts: a pair half padding; whole 16-channel blocks go the
+    blocked way), output channels a group around the 16-row tile and the 32-row micro-tile,
+    planes around the 16-pixel tile and the 32-pixel micro-tile, batches, bias and the
+    epilogues, a residual as Add or as ShuffleNet's Sum; one case in four with the input
+    near float32's smallest normal, so some of it is denormal (which the tiles read as zero)."""
+    b = _Builder(case, rng)
+    case.precision = "bf16"
+    group = _choice(rng, [2, 3, 4, 4, 8])
+    cg = _choice(rng, [16, 17, 20, 28, 31, 33, 34, 47, 68, 100, 136])
+    kg = _choice(rng, [1, 5, 16, 17, 28, 31, 33, 34, 48, 68])
+    n = _choice(rng, [1, 1, 2])
+    h, w = _choice(rng, [(1, 1), (3, 5), (4, 4), (1, 17), (7, 7), (2, 16), (1, 33), (14, 14), (28, 28)])
+    c, k = cg * group, kg * group
+    attrs = dict(kernel_shape=[1, 1], strides=[1, 1], pads=[0, 0, 0, 0], dilations=[1, 1], group=group)
+    x = b.input("x", (n, c, h, w))
+    if rng.random() < 0.25:
+        case.inputs[x] *= np.float32(2.0**-124)
+    ins = [x, b.init("w", (k, cg, 1, 1))]
+    bias = rng.random() < 0.6
+    if bias:
+        ins.append(b.init("b", (k,)))
+    epilogue = _choice(rng, ["", "Relu", "Clip", "residual", "residual_relu", "sum", "sum_relu", "Sigmoid"])
+    (y,) = b.node("Conv", ins, ["conv"], **attrs)
+    if epilogue.startswith("sum"):  # ShuffleNet's residual: a Sum of two
+        (y,) = b.node("Sum", [y, b.input("skip", (n, k, h, w))], ["sum"])
+        if epilogue == "sum_relu":
+            (y,) = b.node("Relu", [y], ["relu"])
+    else:
+        y = _conv_epilogue(b, y, rng, epilogue, (n, k, h, w))
+    b.output(y)
+    case.terms = cg + 2
+    case.slack = {y: _tiles_conv_slack(case.inputs[x], case.inits[ins[1]], attrs)}
+    case.geometry = dict(x=[n, c, h, w], w=[k, cg, 1, 1], bias=bias, epilogue=epilogue or None, group=group)
+
+
+KINDS["grouped_pointwise_amx"] = grouped_pointwise_amx
+ROUND.append("grouped_pointwise_amx")
+
+
 def concat_graph(case, rng):
     """Channel Concats as dense blocks and Inception blocks join them (the plan may place
     an input inside its Concat's output, its producer writing there: nncc/native/

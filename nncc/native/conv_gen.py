@@ -16,7 +16,9 @@ import math
 import numpy as np
 
 from nncc.ir.graph import Node
+from nncc.native import gemm_amx_gen
 from nncc.native import grouped_pointwise as gp
+from nncc.native import grouped_pointwise_amx as gpa
 from nncc.native.activations import CODES
 from nncc.native.c_literal import c_float
 from nncc.native.kernel import scratch_arg
@@ -79,6 +81,10 @@ class ConvSteps:
         depthwise = group == c == k
         direct = kh == kw == 1 and sh == sw == 1 and not any(pads)
         weights = self.constant_value(node.inputs[1])
+        if direct and not depthwise and weights is not None and gpa.applies(c, k, group, self.vl) and \
+                self.weights_packing(node) is gemm_amx_gen.AMX:
+            self.grouped_pointwise(node, weights, bias, residual, target, (code, p0, p1), tiles=True)
+            return
         if direct and group > 1 and not depthwise and weights is not None and cg <= GROUPED_POINTWISE_CHANNELS:
             self.grouped_pointwise(node, weights, bias, residual, target, (code, p0, p1))
             return
@@ -92,9 +98,11 @@ class ConvSteps:
             [node.inputs[0], node.inputs[1], bias, residual], [target], scratch, blas=True)
 
     def grouped_pointwise(self, node: Node, weights, bias: str | None, residual: str | None, target: str,
-                          act: tuple[int, float, float]) -> None:
+                          act: tuple[int, float, float], tiles: bool = False) -> None:
         """A grouped 1x1 stride-1 convolution over NCHW (its groups not whole channel blocks):
-        one step of register tiles that each stay in a group (nncc/native/grouped_pointwise.py)."""
+        one step of register tiles that each stay in a group (nncc/native/grouped_pointwise.py);
+        with ``tiles``, in bfloat16 on AMX tiles (nncc/native/grouped_pointwise_amx.py), that
+        float32 step kept for where the tiles are refused."""
         x = node.inputs[0]
         n, c, h, w = self.shape(x)
         k, group = self.shape(node.inputs[1])[0], int(node.attrs.get("group", 1))
@@ -103,7 +111,16 @@ class ConvSteps:
                 "r": self.ptr(residual) if residual else None, "y": self.ptr(target)}
         code, p0, p1 = act
         support, call = gp.grouped_pointwise(n, c, h * w, k, group, self.vl, ptrs, code, c_float(p0), c_float(p1))
-        self.step(call, [x, wname, bias, residual], [target], support=self.simd + support)
+        reads, scratch = [x, wname, bias, residual], 0
+        if tiles:
+            tiles_name = self.pack(node.inputs[1], gpa.FORM, gpa.pack_weights(weights, group))
+            ptrs["wa"] = self.ptr(tiles_name)
+            reads.append(tiles_name)
+            scratch = gpa.scratch_bytes(n, c, h * w, k, group)
+            amx_support, call = gpa.conv(n, c, h * w, k, group, ptrs, code, c_float(p0), c_float(p1),
+                                         scratch_arg(scratch), call)
+            support = support + amx_support
+        self.step(call, reads, [target], scratch, support=self.simd + support)
 
     def scale_shift(self, node: Node) -> None:
         """y = act(x * scale[c] + shift[c]): per-channel vectors over axis 1."""
