@@ -1,6 +1,6 @@
 """Where a native plan's time goes, step by step (generated C timed from inside).
 
-    python benchmarks/profile_native.py build/real-models/gpt2.onnx [--runs 20] [--threads 1] [--precision bf16]
+    python benchmarks/profile_native.py build/real-models/gpt2.onnx [--runs 20] [--threads 1] [--precision bf16] [--steps]
     python benchmarks/profile_native.py build/corpus/bert.onnx --dim batch=1 --dim sequence=64
     python benchmarks/profile_native.py MODEL.onnx --feeds inputs.npz
 
@@ -126,9 +126,14 @@ def profile(args) -> None:
           f"{model.native_partitions} native partition(s))")
     for op, ms in by_op.most_common():
         print(f"  {op:24s} {ms:8.2f} ms  {100 * ms / total:5.1f}%")
-    print("slowest steps:")
-    for ms, name in sorted(steps, reverse=True)[:12]:
-        print(f"  {ms:8.3f} ms  {name}")
+    if args.steps:  # every step, in the order they run
+        print("steps:")
+        for ms, name in steps:
+            print(f"  {ms:8.3f} ms  {name}")
+    else:
+        print("slowest steps:")
+        for ms, name in sorted(steps, reverse=True)[:12]:
+            print(f"  {ms:8.3f} ms  {name}")
     print("per convolution class: benchmarks/bench_peers.py (benchmarks/step_classes.py)")
 
 
@@ -137,6 +142,7 @@ def main() -> int:
     parser.add_argument("model")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", action="store_true", help="every step's time in the order they run, not the 12 slowest")
     parser.add_argument("--precision", default="f32", help="of products by constant weights: f32 or bf16")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                         help="the size of a symbolic input dimension (repeatable)")

@@ -1716,6 +1716,59 @@ KINDS["qconv_amx"] = qconv_amx
 ROUND.append("qconv_amx")
 
 
+def qconv_nhwc(case, rng):
+    """A depthwise quantized convolution into an ungrouped one (QOperator): the depthwise
+    step stores NCHW bytes, which the pixel-major form turns into its NHWC byte image 16
+    channels x 16 pixels at a time (nncc/native/int8_transpose.py); channels at, below and
+    past whole blocks of 16, pixels (a row, or the whole image when the layer has no
+    padding) at, below and past whole blocks of 16, some a block's worth of zero-point
+    padding around them. Exact, as one quantized convolution is."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 2])
+    c = _choice(rng, [15, 16, 17, 31, 32, 48, 100])
+    h, w = int(rng.integers(1, 21)), _choice(rng, [1, 5, 7, 15, 16, 17, 33])
+    act = np.int8 if rng.random() < 0.3 else np.uint8
+    x = b.input("x", (n, c, h, w))
+    scale = np.float32(rng.uniform(0.01, 0.03))
+
+    def activation(tag, scale):
+        zero = int(rng.integers(-20, 21)) if act == np.int8 else int(rng.integers(60, 196))
+        names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
+        case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
+        return names
+
+    xs, xz = activation("a0", scale)
+    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    layers = []
+    for i, depthwise in enumerate((True, False)):
+        k = 3 if depthwise else _choice(rng, [1, 1, 3])
+        pad = 1 if depthwise or min(h, w) < k else _choice(rng, [0, k // 2])
+        stride = _choice(rng, [1, 1, 2]) if depthwise else 1
+        m = c if depthwise else _choice(rng, [40, 64, 96, 130])
+        weights = _int8_weights(rng, (m, 1 if depthwise else c, k, k), -127, 127).astype(np.int8)
+        w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
+        taps = (1 if depthwise else c) * k * k
+        y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
+        ys, yz = activation(f"a{i + 1}", y_scale)
+        wn, wsn, wzn, bn = (b.name(f"w{i}"), b.name(f"ws{i}"), b.name(f"wz{i}"), b.name(f"b{i}"))
+        case.inits[wn], case.inits[wsn], case.inits[wzn] = weights, w_scale, np.zeros(m, np.int8)
+        case.inits[bn] = rng.integers(-3000, 3000, m).astype(np.int32)
+        (q,) = b.node("QLinearConv", [q, xs, xz, wn, wsn, wzn, ys, yz, bn], [f"q{i + 1}"], kernel_shape=[k, k],
+                      strides=[stride, stride], pads=[pad] * 4, group=c if depthwise else 1)
+        h, w = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+        layers.append(dict(w=[m, 1 if depthwise else c, k, k], stride=stride, pad=pad))
+        c, xs, xz, scale = m, ys, yz, y_scale
+    (y,) = b.node("DequantizeLinear", [q, xs, xz], ["y"])
+    b.output(y)
+    case.terms = max(math.prod(layer["w"][1:]) for layer in layers) + 2
+    case.geometry = dict(x=list(case.inputs[x].shape), activations=np.dtype(act).name, layers=layers)
+
+
+KINDS["qconv_nhwc"] = qconv_nhwc
+ROUND.append("qconv_nhwc")
+
+
 def _bf16_values(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to the nearest bfloat16 values, kept as float32."""
     from nncc.native.gemm_bf16_gen import to_bf16  # lazy: only the bfloat16 kinds ask

@@ -31,7 +31,7 @@ from nncc.kernels.conv import conv_geometry, conv_params
 from nncc.kernels.qimage import multipliers
 from nncc.kernels.registry import Ctx
 from nncc.native.graph_query import const_value
-from nncc.native import int8_conv_amx_gen, int8_conv_cm, int8_depthwise_gen, int8_tables
+from nncc.native import int8_conv_amx_gen, int8_conv_cm, int8_depthwise_gen, int8_tables, int8_transpose
 from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_tables import quantized_range
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
@@ -198,6 +198,18 @@ static inline void qc_store6(uint8_t tile[6][64], uint8_t *y, int width) {
 """
 
 
+# an unpadded layer's NCHW input (bytes or floats): blocks [lo, hi) of 16 pixels (the last maybe fewer),
+# straight into the NHWC byte image
+_TRANSPOSE_BLOCKS = """
+static void qc_transpose_blocks(void *ctx, int64_t lo, int64_t hi) {{
+    const qc_job *j = ctx;
+    {recover}
+    int64_t end = hi * 16 < {pixels} ? hi * 16 : {pixels};
+    {call} + lo * 16, j->xp + lo * 16 * {c}, end - lo * 16{args});
+}}
+"""
+
+
 def _wide_epilogue(byte_out: int | None, row_sum_read: str) -> str:
     """The tile's requantization on AVX-512 (where the sums are VNNI's): each row's columns
     16 at a time, the float32 value clamped to the output's integer bounds less its zero
@@ -274,14 +286,38 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
         row_sum_read = "(uint32_t)j->rowsum[p0 + r]"
     else:  # every weight zero point is 0: the sums would be multiplied by 0
         row_sum, row_sum_read = "", "0"
-    if byte_in == "nhwc":
+    transposed = int8_transpose.wanted(byte_in, c)  # NCHW bytes, turned NHWC 16 x 16 at a time
+    # no padding: the byte image is the input's pixels in one run, transposed in blocks of pixels
+    unpadded = transposed and pt == pl == 0 and hp == h and wp == w
+    if byte_in == "nhwc" or transposed:
         right = wp - pl - w
+        if byte_in == "nhwc":
+            fill = f"        memcpy(row + {pl * c}, (const uint8_t *)j->x + ih * {w * c}, {w * c});\n"
+        elif byte_in:
+            fill = f"        qt_nhwc((const uint8_t *)j->x + ih * {w}, row + {pl * c}, {w});\n"
+        else:
+            fill = f"        qt_nhwc_float(j->x + ih * {w}, row + {pl * c}, {w}, inv, zero, qlo, qhi, shift);\n"
         copy_row = "".join([f"        memset(row, pad, {pl * c});\n" if pl else "",
-                            f"        memcpy(row + {pl * c}, (const uint8_t *)j->x + ih * {w * c}, {w * c});\n",
+                            fill,
                             f"        memset(row + {(pl + w) * c}, pad, {right * c});\n" if right else "",
                             "        continue;\n"])
     else:
         copy_row = ""
+    transpose_source = ""
+    if transposed:
+        transpose_source = int8_transpose.source(c, h * w) if byte_in else int8_transpose.float_source(c, h * w)
+    if unpadded and byte_in:
+        transpose_source += _TRANSPOSE_BLOCKS.format(recover="", call="qt_nhwc((const uint8_t *)j->x", args="",
+                                                     pixels=h * w, c=c)
+    elif unpadded:
+        transpose_source += _TRANSPOSE_BLOCKS.format(
+            recover="const float inv = j->t->x_inv, zero = j->t->x_zero, qlo = j->t->x_lo, qhi = j->t->x_hi, "
+                    "shift = j->t->x_shift;", call="qt_nhwc_float(j->x", args=", inv, zero, qlo, qhi, shift",
+            pixels=h * w, c=c)
+    if unpadded:
+        quantize_call = f"nn_parallel({-(-h * w // int8_transpose.BLOCK)}, {h * w * c}, qc_transpose_blocks, &j);"
+    else:
+        quantize_call = f"nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);"
     if out_nhwc:  # whole pixels: each row of the tile is one pixel's channels
         store = f"""        for (int r = 0; r < rows; r++) memcpy((uint8_t *)j->y + (p0 + r) * {m} + q * {NR}, tile[r], width);"""
     else:
@@ -316,6 +352,7 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
 typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t *b; {table.pointer}t;
                   float *y; }} qc_job;
 
+{transpose_source}
 /* rows [lo, hi) of the padded NHWC byte image: the quantized input, the zero point around it */
 static void qc_quantize(void *ctx, int64_t lo, int64_t hi) {{
     const qc_job *j = ctx;
@@ -408,7 +445,7 @@ static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float
 {pad_rows}    for (int64_t img = 0; img < {n}; img++) {{
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
         j.y = {image_at("Y", m * p, byte_out is not None)};
-        nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);
+        {quantize_call}
 {gather_apart}
 {int8_conv_amx_gen.dispatch(p, m, k, kp) if tiles else ""}        nn_parallel({slivers * panels}, {p * m * k}, qc_tiles, &j);
     }}
