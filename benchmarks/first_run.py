@@ -17,6 +17,10 @@ default background setting), and its first run is the first of a shape the cache
 seen: the "ran" column is the partitions of the plan that ran (native / all), the claim
 being that the second process runs native code.
 
+--onnxruntime (with --corpus) adds onnxruntime's row: a process of its own at its defaults
+taking turns with nncc's measuring processes, which makes its session, reads the same feeds
+and times its first run and its steady ones by the same steps.
+
 --trees OLD NEW (with --corpus) measures the nncc of each checkout, a row each: each tree
 seeds a cache of its own, and their measuring processes alternate, so that one run
 compares them on the same machine load.
@@ -91,6 +95,37 @@ print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady)
                   "outcome": outcome.outcome, "stage": outcome.stage, "nncc": nncc.__file__}))
 """
 
+# argv: model, runs, the feeds (.npz), the pause: onnxruntime at its defaults through the same steps as _CHILD (a
+# session made, the feeds read, the first run, then the steady ones), the peer's row for the same protocol
+_PEER = r"""
+import json, resource, sys, time
+import numpy as np
+import onnxruntime
+path, runs, feeds_path, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+start = time.perf_counter()
+session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+prepared = time.perf_counter() - start
+with np.load(feeds_path) as saved:
+    feeds = {k: saved[k] for k in saved.files}
+if pause:
+    time.sleep(pause)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+cpu, start = time.process_time(), time.perf_counter()
+session.run(None, feeds)
+first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+steady, steady_cpu = [], []
+for _ in range(runs):
+    cpu, start = time.process_time(), time.perf_counter()
+    session.run(None, feeds)
+    steady.append(time.perf_counter() - start)
+    steady_cpu.append(time.process_time() - cpu)
+steady.sort()
+steady_cpu.sort()
+print(json.dumps({"first": first, "faults": faults, "steady": steady[len(steady) // 2], "first_cpu": first_cpu,
+                  "steady_cpu": steady_cpu[len(steady_cpu) // 2], "prepare": prepared}))
+"""
+
 # argv: model, feeds (.npz). A user's first process: prepares (a miss), runs once and exits, and exiting waits for
 # the background builds it started; "ended" is the wall clock when its script ended, for the parent to time the wait
 _SEED = r"""
@@ -151,9 +186,10 @@ def child_env(tree: str | None = None, **values) -> dict:
 
 
 def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int, trees: list,
-                   pause: float) -> list[dict]:
+                   pause: float, peer: bool = False) -> tuple[list[dict], dict | None]:
     """One result per tree (None: the nncc this script finds), each tree with a cache of
-    its own (the token covers nncc's code), the measuring processes alternating between them."""
+    its own (the token covers nncc's code), the measuring processes alternating between them;
+    and with ``peer``, onnxruntime's on the same feeds, its processes taking turns with them."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from corpus import write_feeds  # lazy: the corpus's own feeds, only in this mode
 
@@ -167,14 +203,19 @@ def measure_corpus(entry: dict, corpus: pathlib.Path, processes: int, runs: int,
             env.pop("NNCC_UPGRADE_AFTER", None)  # the default: the miss starts the upgrade
             envs.append(env)
             seeds.append(child(_SEED, [path, feeds], env, entry["name"]))
+        peers = []
         for n in range(processes):
+            if peer and n % 2:  # onnxruntime first in every other turn
+                peers.append(child(_PEER, [path, str(runs), feeds, str(pause)], child_env(), entry["name"]))
             order = range(len(trees)) if n % 2 == 0 else reversed(range(len(trees)))
             for i in order:
                 found = child(_CHILD, [path, str(runs), feeds, "user", str(pause)], envs[i], entry["name"])
                 if trees[i] is not None and not found["nncc"].startswith(os.path.abspath(trees[i])):
                     raise SystemExit(f"{entry['name']}: {trees[i]} was to be measured, {found['nncc']} was imported")
                 seen[i].append(found)
-    return [medians(s) | {"seed": seed} for s, seed in zip(seen, seeds)]
+            if peer and n % 2 == 0:
+                peers.append(child(_PEER, [path, str(runs), feeds, str(pause)], child_env(), entry["name"]))
+    return [medians(s) | {"seed": seed} for s, seed in zip(seen, seeds)], (medians(peers) if peer else None)
 
 
 def row(name: str, m: dict) -> str:
@@ -183,6 +224,11 @@ def row(name: str, m: dict) -> str:
             f"| {m['steady'] * 1000:.2f} ms | {m['first'] / m['steady']:.2f} | {m['first_cpu'] * 1000:.2f} ms "
             f"| {m['steady_cpu'] * 1000:.2f} ms | {m['first_cpu'] / max(m['steady_cpu'], 1e-6):.2f} "
             f"| {' '.join(f'{f * 1000:.2f}' for f in m['firsts'])} |")
+
+
+def peer_row(name: str, m: dict) -> str:
+    """onnxruntime's figures in the table's columns (it has no partitions: "onnxruntime" there)."""
+    return row(name, m | {"native": 0, "partitions": 0}).replace("| 0/0 |", "| onnxruntime |", 1)
 
 
 HEADER = ("| model | ran (native/all) | prepare | first run | minor faults | steady run | first / steady "
@@ -198,6 +244,9 @@ def main() -> int:
     parser.add_argument("--trees", nargs="+", metavar="TREE",
                         help="with --corpus: measure the nncc of each of these checkouts (their PYTHONPATH), "
                              "alternating, one row each")
+    parser.add_argument("--onnxruntime", action="store_true",
+                        help="with --corpus: onnxruntime at its defaults too, on the same feeds by the same steps "
+                             "(a session, the feeds read, the first run, the steady ones), a row of its own")
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
@@ -223,12 +272,15 @@ def main() -> int:
     print(HEADER + (" tree |" if args.trees else "") + " seeding process: outcome, ran, wait for its background "
           "builds | later process: cache outcome, stage |\n" + "|---" * (13 + bool(args.trees)) + "|")
     for entry in entries:
-        for tree, m in zip(trees, measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees,
-                                                          args.pause)):
+        found, peer = measure_corpus(entry, args.manifest.parent, args.processes, args.runs, trees, args.pause,
+                                     args.onnxruntime)
+        for tree, m in zip(trees, found):
             seed = m["seed"]
             print(row(entry["name"], m) + (f" {tree} |" if args.trees else "")
                   + f" {seed['outcome']} ({seed['stage']}), {seed['native']}/{seed['partitions']}, "
                   f"{seed['wait']:.1f} s | {m['outcome']}, {m['stage']} |", flush=True)
+        if peer:
+            print(peer_row(entry["name"], peer) + (" |" if args.trees else "") + " - | - |", flush=True)
     return 0
 
 
