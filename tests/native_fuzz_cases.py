@@ -1213,6 +1213,15 @@ def qconv(case, rng, tiles=False):
                          **{k: v for k, v in attrs.items() if k != "kernel_shape"})
 
 
+def _q_activation(case, b, rng, act, tag: str, scale) -> tuple[str, str]:
+    """A quantized activation's scale (given) and zero point (drawn, of ``act``'s type) as
+    initializers named by ``tag``: their names."""
+    zero = int(rng.integers(-20, 21)) if act == np.int8 else int(rng.integers(60, 196))
+    names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
+    case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
+    return names
+
+
 def qconv_chain(case, rng):
     """Two or three quantized convolutions in a row (QOperator), each quantizing with the
     scale and zero point the next recovers with: the values between them travel as bytes
@@ -1230,10 +1239,7 @@ def qconv_chain(case, rng):
     scale = np.float32(rng.uniform(0.01, 0.03))
 
     def activation(tag, scale):
-        zero = int(rng.integers(-20, 21)) if act == np.int8 else int(rng.integers(60, 196))
-        names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
-        case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
-        return names
+        return _q_activation(case, b, rng, act, tag, scale)
 
     xs, xz = activation("a0", scale)
     (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
@@ -1733,10 +1739,7 @@ def qconv_nhwc(case, rng):
     scale = np.float32(rng.uniform(0.01, 0.03))
 
     def activation(tag, scale):
-        zero = int(rng.integers(-20, 21)) if act == np.int8 else int(rng.integers(60, 196))
-        names = (b.name(f"{tag}s"), b.name(f"{tag}z"))
-        case.inits[names[0]], case.inits[names[1]] = np.array(scale, np.float32), np.array(zero, act)
-        return names
+        return _q_activation(case, b, rng, act, tag, scale)
 
     xs, xz = activation("a0", scale)
     (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])

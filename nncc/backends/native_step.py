@@ -58,26 +58,12 @@ class NativeStep:
     def __call__(self, ctx, *inputs, out):
         if self.sanitized:
             return self._call_fenced(inputs, out)
-        table, held = self.table, self.held
+        held = self.held
         if not all(map(is_, inputs, held)):  # one C-level pass: constants and reused feeds match
             for i, array in enumerate(inputs):
                 if array is not held[i]:
-                    table[i] = self._input_pointer(array, i)
-                    # a copy holds this run's values only: the same view fed again is copied again
-                    held[i] = array if self.copies[i] is array else None
-        base = len(inputs)
-        for j, array in enumerate(out):
-            if array is not held[base + j]:  # a graph output: a fresh array every run
-                table[base + j] = self._output_pointer(array, j)
-                held[base + j] = array
-        if self.pooled:
-            with one_blas_thread(True):
-                status = self.fn(table, self.workspace_address)
-        else:
-            status = self.fn(table, self.workspace_address)
-        if status != 0:
-            raise self._failure(status)
-        return out
+                    self._hold_input(i, array)
+        return self._call_into(out)
 
     def call_fed(self, fed, feeds, out):
         """__call__ for a program of this one call whose constants were bound
@@ -86,13 +72,22 @@ class NativeStep:
         mode, which copies every argument on each call: the caller then calls as usual."""
         if self.sanitized:
             return None
-        table, held = self.table, self.held
+        held = self.held
         for i, name in fed:
             array = feeds[name]
             if array is not held[i]:
-                table[i] = self._input_pointer(array, i)
-                held[i] = array if self.copies[i] is array else None  # as in __call__
-        base = self.call.n_inputs
+                self._hold_input(i, array)
+        return self._call_into(out)
+
+    def _hold_input(self, i: int, array) -> None:
+        self.table[i] = self._input_pointer(array, i)
+        # a copy holds this run's values only: the same view fed again is copied again
+        self.held[i] = array if self.copies[i] is array else None
+
+    def _call_into(self, out):
+        """The call, its inputs' pointers in the table, writing ``out`` (a graph output is a
+        fresh array every run: its pointer taken when it is not the one held)."""
+        table, held, base = self.table, self.held, self.call.n_inputs
         for j, array in enumerate(out):
             if array is not held[base + j]:
                 table[base + j] = self._output_pointer(array, j)

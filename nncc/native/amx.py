@@ -60,6 +60,19 @@ def tile_config(name: str, shapes: list[tuple[int, int]]) -> str:
     return f"static const unsigned char {name}[64] __attribute__((aligned(64))) = {{{body}}};\n"
 
 
+def task_head(name: str, input_type: str, floats: int) -> list[str]:
+    """The first C lines of a tile convolution's pool task ``name``: its arguments (the
+    rounded input as ``input_type`` words, the packed weights, bias, residual, output) by
+    their names xb, wp, bp, rp and yp, and a stack buffer of ``floats`` tile sums."""
+    return [f"static void {name}(void *q_, int64_t lo, int64_t hi) {{",
+            "  const float *const *a = q_;",
+            f"  const {input_type} *xb = (const {input_type} *)a[0];",
+            "  const uint32_t *wp = (const uint32_t *)a[1];",
+            "  const float *bp = a[2], *rp = a[3];",
+            "  float *yp = (float *)a[4];",
+            f"  float buf[{floats}] __attribute__((aligned(64)));"]
+
+
 def task_c(config: str, body: list[str]) -> list[str]:
     """C lines of a pool task's body that uses tiles: the thread loads ``config`` first and
     releases the tiles after ``body`` (lines)."""

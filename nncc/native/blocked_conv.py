@@ -472,8 +472,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     has_bias, has_res = ptrs.get("b") is not None, ptrs.get("r") is not None
     cb = blocks(g.c, vl)
     rw = min(g.ow, TILES[vector_registers(vl)][2])
-    plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
-    lo, hi = g.interior()
+    plane_out = g.oh * g.ow * vl
 
     def tile(r_count: int) -> str:
         out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
@@ -494,14 +493,26 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
         out.append("}")
         return "\n".join(out)
 
+    widths, task = block_row_task("dw_task", g, vl, rw, g.kh * g.kw * vl)
+    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths] + [task]
+    work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw
+    return "\n".join(support) + "\n", parallel_call(ptrs, g.n * cb * g.oh, work, "dw_task")
+
+
+def block_row_task(task: str, g: Conv2d, vl: int, rw: int, block_floats: int) -> tuple[list[int], str]:
+    """(the tile widths it calls, the C of the task ``task``) of a convolution whose output
+    block c reads input block c only (depthwise, narrow groups): a task is (image, block,
+    output row), its tiles ``tile{width}`` (the caller's) at fixed columns, the edge tiles'
+    out-of-row taps dropped at compile time; ``block_floats``: the packed weights per block."""
+    cb = blocks(g.k, vl)
+    plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
+    lo, hi = g.interior()
     starts, inner, left, right = _column_tiles(g.ow, rw, lo, hi)
-    widths = sorted({min(rw, g.ow - s) for s in starts})
-    support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths]
 
     def call(s: int, inner_flag: int, pos: str | None = None) -> str:
         return f"tile{min(rw, g.ow - s)}(x, wc, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag});"
 
-    body = ["static void dw_task(void *p, int64_t lo, int64_t hi) {",
+    body = [f"static void {task}(void *p, int64_t lo, int64_t hi) {{",
             "  const float *const *a = p;",
             "  const float *xp = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
             "  float *yp = (float *)a[4];",
@@ -509,7 +520,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
             f"    const int64_t oh = t % {g.oh}, c = (t / {g.oh}) % {cb}, n = t / {g.oh * cb};",
             *_row_taps(g, "    "),
             f"    const float *x = xp + (n * {cb} + c) * {plane_in};",
-            f"    const float *wc = wp + c * {g.kh * g.kw * vl};",
+            f"    const float *wc = wp + c * {block_floats};",
             f"    const float *bias = bp ? bp + c * {vl} : 0;",
             f"    const int64_t yo = (n * {cb} + c) * {plane_out} + oh * {g.ow * vl};",
             "    float *y = yp + yo;",
@@ -520,10 +531,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
         body.append(f"    for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
     body += [f"    {call(s, 0)}" for s in right]
     body += ["  }", "}"]
-    support.append("\n".join(body))
-    total = g.n * cb * g.oh
-    work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw
-    return "\n".join(support) + "\n", parallel_call(ptrs, total, work, "dw_task")
+    return sorted({min(rw, g.ow - s) for s in starts}), "\n".join(body)
 
 
 def parallel_call(ptrs: dict[str, str | None], tasks: int, work: int, task: str) -> str:

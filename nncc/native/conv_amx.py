@@ -256,13 +256,7 @@ def amx_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str,
     support.append(cvt_support)
     support += [_mt_kernel(p, r, c) for r in (1, 2) for c in (1, 2)]
     support += [store_function("ax_store", vl, has_bias, has_res, act, p0, p1), _finish(p, vl)]
-    body = [
-        "static void ax_task(void *q_, int64_t lo, int64_t hi) {",
-        "  const float *const *a = q_;",
-        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"]
+    body = amx.task_head("ax_task", "uint32_t", 4 * TILE * TILE)
     body += amx.task_c(CONFIG, [
         "  for (int64_t t = lo; t < hi; t++) {",
         f"    const int64_t cq = t % {p.cc}, pq = (t / {p.cc}) % {p.pc}, n = t / {p.cc * p.pc};",

@@ -185,15 +185,8 @@ def stem_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0: str
     support += [_mt_kernel(r, cc, steps) for r in (1, 2) for cc in (1, 2)]
     support.append(conv_amx.store_function("st_store", vl, has_bias, has_res, act, p0, p1))
     seg_mask = f"(__mmask32)0x{(1 << seg) - 1:X}u"
-    body = [
-        "static void st_task(void *q_, int64_t lo, int64_t hi) {",
-        "  const float *const *a = q_;",
-        "  const uint16_t *xb = (const uint16_t *)a[0];",
-        "  const uint32_t *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
+    body = amx.task_head("st_task", "uint16_t", 4 * TILE * TILE) + [
         "  (void)bp; (void)rp;",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));",
         # the receptive fields of 32 pixels, each row's tail past the field zero throughout
         f"  uint16_t ab[{2 * TILE * a_words}] __attribute__((aligned(64)));",
         "  memset(ab, 0, sizeof ab);"]

@@ -177,13 +177,7 @@ def amx_grouped_pointwise(n: int, c: int, hw: int, k: int, group: int, ptrs: dic
     support.append(cvt_support)
     support += [_micro(p, r, q) for r in (1, 2) for q in (1, 2)]
     support.append(_store(p, has_bias, has_res, act, p0, p1))
-    body = [
-        "static void gpa_task(void *q_, int64_t lo, int64_t hi) {",
-        "  const float *const *a = q_;",
-        "  const uint32_t *xb = (const uint32_t *)a[0], *wp = (const uint32_t *)a[1];",
-        "  const float *bp = a[2], *rp = a[3];",
-        "  float *yp = (float *)a[4];",
-        f"  float buf[{4 * TILE * TILE}] __attribute__((aligned(64)));"]
+    body = amx.task_head("gpa_task", "uint32_t", 4 * TILE * TILE)
     body += amx.task_c(CONFIG, [
         "  for (int64_t t = lo; t < hi; t++) {",
         f"    const int64_t ch = t % {p.chunks}, g = t / {p.chunks} % {p.group}, n = t / {p.chunks * p.group};",

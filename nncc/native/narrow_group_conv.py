@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, _column_tiles, _epilogue, _row_taps, blocks, parallel_call, \
-    vector_registers
+from nncc.native.blocked_conv import Conv2d, _epilogue, block_row_task, blocks, parallel_call, vector_registers
 
 
 def applies(g: Conv2d, vl: int) -> bool:
@@ -82,8 +81,7 @@ def narrow_group_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int,
     cg = g.c // g.group
     cb = blocks(g.k, vl)
     rw = tile_width(g, vl)
-    plane_in, plane_out = g.h * g.w * vl, g.oh * g.ow * vl
-    lo, hi = g.interior()
+    plane_out = g.oh * g.ow * vl
 
     def lanes(l: int) -> str:
         return ", ".join(str(o // cg * cg + l) for o in range(vl))
@@ -116,33 +114,7 @@ def narrow_group_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int,
         out.append("}")
         return "\n".join(out)
 
-    starts, inner, left, right = _column_tiles(g.ow, rw, lo, hi)
-    widths = sorted({min(rw, g.ow - s) for s in starts})
-    support = [f"NN_REQUIRE_VL({vl});", PERMUTE] + [tile(r) for r in widths]
-
-    def call(s: int, inner_flag: int, pos: str | None = None) -> str:
-        return f"tile{min(rw, g.ow - s)}(x, wc, bias, res, y, xrow, {pos or s}, i0, i1, {inner_flag});"
-
-    body = ["static void narrow_task(void *p, int64_t lo, int64_t hi) {",
-            "  const float *const *a = p;",
-            "  const float *xp = a[0], *wp = a[1], *bp = a[2], *rp = a[3];",
-            "  float *yp = (float *)a[4];",
-            "  for (int64_t t = lo; t < hi; t++) {",
-            f"    const int64_t oh = t % {g.oh}, c = (t / {g.oh}) % {cb}, n = t / {g.oh * cb};",
-            *_row_taps(g, "    "),
-            f"    const float *x = xp + (n * {cb} + c) * {plane_in};",
-            f"    const float *wc = wp + c * {g.kh * g.kw * cg * vl};",
-            f"    const float *bias = bp ? bp + c * {vl} : 0;",
-            f"    const int64_t yo = (n * {cb} + c) * {plane_out} + oh * {g.ow * vl};",
-            "    float *y = yp + yo;",
-            "    const float *res = rp ? rp + yo : 0;",
-            f"    const int64_t xrow = ih0 * {g.w * vl};"]
-    body += [f"    {call(s, 0)}" for s in left]
-    if inner:
-        body.append(f"    for (int64_t q = 0; q < {len(inner)}; q++) {call(inner[0], 1, f'{inner[0]} + q * {rw}')}")
-    body += [f"    {call(s, 0)}" for s in right]
-    body += ["  }", "}"]
-    support.append("\n".join(body))
-    total = g.n * cb * g.oh
+    widths, task = block_row_task("narrow_task", g, vl, rw, g.kh * g.kw * cg * vl)
+    support = [f"NN_REQUIRE_VL({vl});", PERMUTE] + [tile(r) for r in widths] + [task]
     work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw * cg
-    return "\n".join(support) + "\n", parallel_call(ptrs, total, work, "narrow_task")
+    return "\n".join(support) + "\n", parallel_call(ptrs, g.n * cb * g.oh, work, "narrow_task")
