@@ -264,7 +264,7 @@ def after_store(act: int, start: str, vectors: int | str, vl: int, p0: str, p1: 
             f"*e = nn_act({act}, *e, {p0}, {p1}); }}")
 
 
-def _epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
+def tile_epilogue(ocb: int, rw: int, vl: int, has_res: bool, act: int, p0: str, p1: str, plane: int) -> list[str]:
     """Stores of the accumulators ``a{r}_{o}`` to y (+ residual r), activation applied."""
     lines = []
     for o in range(ocb):
@@ -401,7 +401,7 @@ def direct_conv(g: Conv2d, vl: int, plain_input: bool, ptrs: dict[str, str | Non
                 for o in range(ocb) for r in range(r_count)]
         out.append("    return;")
         out.append("  }")
-        out += ["  " + line for line in _epilogue(ocb, r_count, vl, has_res, act, p0, p1, plane)]
+        out += ["  " + line for line in tile_epilogue(ocb, r_count, vl, has_res, act, p0, p1, plane)]
         out.append("}")
         return "\n".join(out)
 
@@ -489,7 +489,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
                 out.append(f"    if (inner || (uint64_t){col} < {g.w}) "
                            f"a{r}_0 = nn_vfma(nn_vload(xi + {col} * {vl}), w{j}, a{r}_0);")
         out.append("  }")
-        out += ["  " + line for line in _epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
+        out += ["  " + line for line in tile_epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
         out.append("}")
         return "\n".join(out)
 

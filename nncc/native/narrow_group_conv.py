@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, _epilogue, block_row_task, blocks, parallel_call, vector_registers
+from nncc.native.blocked_conv import Conv2d, block_row_task, blocks, parallel_call, tile_epilogue, vector_registers
 
 
 def applies(g: Conv2d, vl: int) -> bool:
@@ -110,7 +110,7 @@ def narrow_group_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int,
                            f"const nn_v p = NN_PERMUTE(nn_vload(xi + {col} * {vl}), {lanes(l)}); {fmas} }}")
             out.append("    }")
         out.append("  }")
-        out += ["  " + line for line in _epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
+        out += ["  " + line for line in tile_epilogue(1, r_count, vl, has_res, act, p0, p1, plane_out)]
         out.append("}")
         return "\n".join(out)
 
