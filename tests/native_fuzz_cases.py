@@ -1222,6 +1222,26 @@ def _q_activation(case, b, rng, act, tag: str, scale) -> tuple[str, str]:
     return names
 
 
+def _qlinear_conv(case, b, rng, act, i: int, x, c: int, m: int, k: int, stride: int, pad: int,
+                  depthwise: bool):
+    """Layer ``i`` of a quantized chain: a QLinearConv of ``x`` (its bytes, scale name, zero
+    point name and scale value) to ``m`` channels, int8 weights, per-channel scales and an
+    int32 bias drawn, its output's scale set so that its bytes span their range: (the output
+    bytes, its scale name and zero point name, its scale value)."""
+    q, xs, xz, scale = x
+    weights = _int8_weights(rng, (m, 1 if depthwise else c, k, k), -127, 127).astype(np.int8)
+    w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
+    taps = (1 if depthwise else c) * k * k
+    y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
+    ys, yz = _q_activation(case, b, rng, act, f"a{i + 1}", y_scale)
+    wn, wsn, wzn, bn = (b.name(f"w{i}"), b.name(f"ws{i}"), b.name(f"wz{i}"), b.name(f"b{i}"))
+    case.inits[wn], case.inits[wsn], case.inits[wzn] = weights, w_scale, np.zeros(m, np.int8)
+    case.inits[bn] = rng.integers(-3000, 3000, m).astype(np.int32)
+    (q,) = b.node("QLinearConv", [q, xs, xz, wn, wsn, wzn, ys, yz, bn], [f"q{i + 1}"], kernel_shape=[k, k],
+                  strides=[stride, stride], pads=[pad] * 4, group=c if depthwise else 1)
+    return q, ys, yz, y_scale
+
+
 def qconv_chain(case, rng):
     """Two or three quantized convolutions in a row (QOperator), each quantizing with the
     scale and zero point the next recovers with: the values between them travel as bytes
@@ -1238,10 +1258,7 @@ def qconv_chain(case, rng):
     x = b.input("x", (n, c, h, w))
     scale = np.float32(rng.uniform(0.01, 0.03))
 
-    def activation(tag, scale):
-        return _q_activation(case, b, rng, act, tag, scale)
-
-    xs, xz = activation("a0", scale)
+    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
     (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
     layers = []
     for i in range(_choice(rng, [2, 2, 3])):
@@ -1252,16 +1269,8 @@ def qconv_chain(case, rng):
         if (h + 2 * pad - k) < 0 or (w + 2 * pad - k) < 0:
             k, pad = 1, 0
         m = c if depthwise else _choice(rng, [1, 3, 17, 24, 64, 70])
-        weights = _int8_weights(rng, (m, 1 if depthwise else c, k, k), -127, 127).astype(np.int8)
-        w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
-        taps = (1 if depthwise else c) * k * k
-        y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
-        ys, yz = activation(f"a{i + 1}", y_scale)
-        wn, wsn, wzn, bn = (b.name(f"w{i}"), b.name(f"ws{i}"), b.name(f"wz{i}"), b.name(f"b{i}"))
-        case.inits[wn], case.inits[wsn], case.inits[wzn] = weights, w_scale, np.zeros(m, np.int8)
-        case.inits[bn] = rng.integers(-3000, 3000, m).astype(np.int32)
-        (q,) = b.node("QLinearConv", [q, xs, xz, wn, wsn, wzn, ys, yz, bn], [f"q{i + 1}"], kernel_shape=[k, k],
-                      strides=[stride, stride], pads=[pad] * 4, group=c if depthwise else 1)
+        q, ys, yz, y_scale = _qlinear_conv(case, b, rng, act, i, (q, xs, xz, scale), c, m, k, stride, pad,
+                                           depthwise)
         if rng.random() < 0.15:  # an inner value read outside the chain too
             b.output(b.node("DequantizeLinear", [q, ys, yz], [f"inner{i}"])[0])
         h, w = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
@@ -1738,10 +1747,7 @@ def qconv_nhwc(case, rng):
     x = b.input("x", (n, c, h, w))
     scale = np.float32(rng.uniform(0.01, 0.03))
 
-    def activation(tag, scale):
-        return _q_activation(case, b, rng, act, tag, scale)
-
-    xs, xz = activation("a0", scale)
+    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
     (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
     layers = []
     for i, depthwise in enumerate((True, False)):
@@ -1749,16 +1755,8 @@ def qconv_nhwc(case, rng):
         pad = 1 if depthwise or min(h, w) < k else _choice(rng, [0, k // 2])
         stride = _choice(rng, [1, 1, 2]) if depthwise else 1
         m = c if depthwise else _choice(rng, [40, 64, 96, 130])
-        weights = _int8_weights(rng, (m, 1 if depthwise else c, k, k), -127, 127).astype(np.int8)
-        w_scale = rng.uniform(0.002, 0.02, m).astype(np.float32)
-        taps = (1 if depthwise else c) * k * k
-        y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(taps) * float(rng.uniform(20, 60)))
-        ys, yz = activation(f"a{i + 1}", y_scale)
-        wn, wsn, wzn, bn = (b.name(f"w{i}"), b.name(f"ws{i}"), b.name(f"wz{i}"), b.name(f"b{i}"))
-        case.inits[wn], case.inits[wsn], case.inits[wzn] = weights, w_scale, np.zeros(m, np.int8)
-        case.inits[bn] = rng.integers(-3000, 3000, m).astype(np.int32)
-        (q,) = b.node("QLinearConv", [q, xs, xz, wn, wsn, wzn, ys, yz, bn], [f"q{i + 1}"], kernel_shape=[k, k],
-                      strides=[stride, stride], pads=[pad] * 4, group=c if depthwise else 1)
+        q, ys, yz, y_scale = _qlinear_conv(case, b, rng, act, i, (q, xs, xz, scale), c, m, k, stride, pad,
+                                           depthwise)
         h, w = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
         layers.append(dict(w=[m, 1 if depthwise else c, k, k], stride=stride, pad=pad))
         c, xs, xz, scale = m, ys, yz, y_scale

@@ -475,13 +475,7 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     plane_out = g.oh * g.ow * vl
 
     def tile(r_count: int) -> str:
-        out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
-               "const float *restrict wc, const float *restrict bias, const float *restrict res, "
-               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {",
-               f"  const nn_v b = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
-               "  nn_v " + ", ".join(f"a{r}_0 = b" for r in range(r_count)) + ";",
-               "  for (int i = i0; i < i1; i++) {",
-               f"    const float *xi = x + xrow + i * {g.dh * g.w * vl};"]
+        out = block_tile_head(g, vl, r_count, has_bias)
         for j in range(g.kw):
             out.append(f"    const nn_v w{j} = nn_vload(wc + (i * {g.kw} + {j}) * {vl});")
             for r in range(r_count):
@@ -497,6 +491,19 @@ def depthwise_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int, p0
     support = [f"NN_REQUIRE_VL({vl});"] + [tile(r) for r in widths] + [task]
     work = g.n * cb * vl * g.oh * g.ow * g.kh * g.kw
     return "\n".join(support) + "\n", parallel_call(ptrs, g.n * cb * g.oh, work, "dw_task")
+
+
+def block_tile_head(g: Conv2d, vl: int, r_count: int, has_bias: bool) -> list[str]:
+    """The opening of ``tile{r_count}``, the row tile block_row_task calls: its signature, the
+    accumulators a{r}_0 started at the bias, and the loop over the kernel's rows that reads
+    input row ``xi``."""
+    return [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
+            "const float *restrict wc, const float *restrict bias, const float *restrict res, "
+            "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {",
+            f"  const nn_v b = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
+            "  nn_v " + ", ".join(f"a{r}_0 = b" for r in range(r_count)) + ";",
+            "  for (int i = i0; i < i1; i++) {",
+            f"    const float *xi = x + xrow + i * {g.dh * g.w * vl};"]
 
 
 def block_row_task(task: str, g: Conv2d, vl: int, rw: int, block_floats: int) -> tuple[list[int], str]:

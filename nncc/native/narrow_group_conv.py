@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nncc.native.blocked_conv import Conv2d, block_row_task, blocks, parallel_call, tile_epilogue, vector_registers
+from nncc.native.blocked_conv import Conv2d, block_row_task, block_tile_head, blocks, parallel_call, tile_epilogue, \
+    vector_registers
 
 
 def applies(g: Conv2d, vl: int) -> bool:
@@ -87,14 +88,7 @@ def narrow_group_conv(g: Conv2d, vl: int, ptrs: dict[str, str | None], act: int,
         return ", ".join(str(o // cg * cg + l) for o in range(vl))
 
     def tile(r_count: int) -> str:
-        out = [f"static inline __attribute__((always_inline)) void tile{r_count}(const float *restrict x, "
-               "const float *restrict wc, const float *restrict bias, const float *restrict res, "
-               "float *restrict y, int64_t xrow, int64_t ow0, int i0, int i1, const int inner) {",
-               f"  const nn_v b = {'nn_vload(bias)' if has_bias else 'nn_vzero()'};",
-               "  nn_v " + ", ".join(f"a{r}_0 = b" for r in range(r_count)) + ";",
-               "  for (int i = i0; i < i1; i++) {",
-               f"    const float *xi = x + xrow + i * {g.dh * g.w * vl};",
-               f"    const float *wi = wc + i * {g.kw * cg * vl};"]
+        out = block_tile_head(g, vl, r_count, has_bias) + [f"    const float *wi = wc + i * {g.kw * cg * vl};"]
         # the taps by the input column they read: offset d from the tile's first column
         columns: dict[int, list[tuple[int, int]]] = {}
         for r in range(r_count):
