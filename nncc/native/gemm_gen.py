@@ -48,6 +48,11 @@ TILES = {16: (6, 4), 8: (6, 2), 4: (6, 2)}
 # holds back leaves its part to the others instead of making the whole product wait for it;
 # more would cut the panels of B into more pieces each thread reads
 SHARES = 4
+# K steps ahead that each step of a micro-kernel prefetches the panel's next rows (a
+# panel row is NR floats): the hardware's streamer stops at every 4 KB page of B and
+# restarts only after misses, which a first run from L3 (the caller's own work between
+# runs took L2) pays at each page; in L1 the prefetch takes a load slot the FMAs leave idle
+PREFETCH_STEPS = 16
 KC_MAX = 384  # K per block when K is long: MR rows of A (9 KB) stay in L1 while a block runs
 L2_ROWS_BYTES = 384 * 1024  # the rows of A a thread keeps in L2 per K block (MC)
 
@@ -196,6 +201,7 @@ def _micro_kernel(name: str, s: Shape, epi: Epilogue, rows: int, width: int) -> 
     def step(q: int, p: str) -> list[str]:
         lines = [f"    {{ const float *bp = b + ({p}) * {nr};"]
         lines += [f"      nn_v b{v} = nn_vload(bp + {v * vl});" for v in range(nv)]
+        lines += [f"      __builtin_prefetch(bp + {PREFETCH_STEPS * nr + line * 16}, 0, 3);" for line in range(max(1, nr // 16))]
         for r in range(rows):
             lines.append(f"      nn_v a{r} = nn_vset1(a[{r * s.sai} + ({p}) * {s.sak}]);")
             lines += [f"      {acc[q][r][v]} = nn_vfma(a{r}, b{v}, {acc[q][r][v]});" for v in range(nv)]
