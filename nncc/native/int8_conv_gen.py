@@ -495,7 +495,7 @@ def emit(wr, node) -> None:
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
     byte_in = wr.byte_images.get(x)
-    layout = byte_output(wr, node, lambda conv: pixel_major(graph, infos, conv))
+    layout = byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
     byte_out = byte_shift(value(yz).dtype) if layout else None
     if layout:
         wr.byte_images[out] = layout
