@@ -2079,6 +2079,112 @@ KINDS["conv_narrow_groups"] = conv_narrow_groups
 ROUND.append("conv_narrow_groups")
 
 
+def qadd_residual(case, rng):
+    """Quantized inverted-residual blocks (QOperator): a stem convolution, then one to three
+    blocks of expansion (1x1), sometimes a depthwise 3x3, and projection (1x1), whose output
+    a QLinearAdd sums with the block's input (either operand first); sometimes a quantized
+    second input joins the stream through one more QLinearAdd (a float image read beside
+    bytes: NaN and infinities enter there too); then a QLinearGlobalAveragePool, a 1x1
+    convolution, or the stream itself. Each value quantizes with the scale and zero point
+    its readers recover with, so the stream, the adds' inputs and outputs included, travels
+    as bytes (nncc/native/int8_bytes.py), NHWC between pixel-major convolutions (many
+    channels over few pixels), NCHW otherwise; sometimes a block's input is also an output
+    (a float image). onnxruntime's own QLinearAdd and QLinearGlobalAveragePool round in
+    fixed point, so its model (``oracle_nodes``) spells both in standard float32 ops with
+    the portable kernels' arithmetic (nncc/kernels/quantize.py's qlinear_add, qlinear_contrib's
+    pool): each side's centred integer times float32(its scale / the output's), the sum,
+    the zero point added, rounded half to even and saturated (a QuantizeLinear of scale 1);
+    the pool's exact integer sum times float32(x_scale / (y_scale * pixels)). Exact."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 2])
+    c = _choice(rng, [3, 8, 16])
+    narrow = rng.random() < 0.5  # many channels over few pixels: the pixel-major form
+    h, w = (int(rng.integers(1, 6)), int(rng.integers(1, 7))) if narrow else (int(rng.integers(1, 13)), int(rng.integers(1, 14)))
+    m = _choice(rng, [40, 64, 96]) if narrow else _choice(rng, [3, 8, 17, 24])
+    act = np.int8 if rng.random() < 0.3 else np.uint8
+    x = b.input("x", (n, c, h, w))
+    scale = np.float32(rng.uniform(0.01, 0.03))
+    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
+    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    layers, standard, i = [], {}, 0  # standard: a contrib node's name -> the oracle's nodes for it
+    f32 = np.float32
+
+    def const(short, value):
+        case.inits[b.name(short)] = np.asarray(value)
+        return b.name(short)
+
+    def conv(value, cin, cout, k, depthwise):
+        nonlocal i
+        out = _qlinear_conv(case, b, rng, act, i, value, cin, cout, k, 1, k // 2, depthwise)
+        layers.append(dict(w=[cout, 1 if depthwise else cin, k, k]))
+        i += 1
+        return out
+
+    def add(first, second):
+        nonlocal i
+        (qa, sa_name, za_name, sa), (qb, sb_name, zb_name, sb) = first, second
+        s_out = f32(max(float(sa), float(sb)) * float(rng.uniform(1.0, 2.0)))
+        ys, yz = _q_activation(case, b, rng, act, f"s{i}", s_out)
+        (qy,) = b.node("QLinearAdd", [qa, sa_name, za_name, qb, sb_name, zb_name, ys, yz], [f"sum{i}"],
+                       domain="com.microsoft")
+        t = f"t{i}_"
+        ra, rb = const(t + "ra", f32(sa) / s_out), const(t + "rb", f32(sb) / s_out)
+        cz, one, zero = const(t + "cz", f32(case.inits[yz])), const(t + "one", f32(1)), const(t + "zero", np.zeros((), act))
+        standard[case.nodes[-1].name] = [
+            helper.make_node("DequantizeLinear", [qa, ra, za_name], [b.name(t + "l")]),
+            helper.make_node("DequantizeLinear", [qb, rb, zb_name], [b.name(t + "r")]),
+            helper.make_node("Add", [b.name(t + "l"), b.name(t + "r")], [b.name(t + "sum")]),
+            helper.make_node("Add", [b.name(t + "sum"), cz], [b.name(t + "at")]),
+            helper.make_node("QuantizeLinear", [b.name(t + "at"), one, zero], [qy])]
+        layers.append(dict(add=True))
+        i += 1
+        return qy, ys, yz, s_out
+
+    stream = conv((q, xs, xz, scale), c, m, 1, False)
+    for _ in range(_choice(rng, [1, 2, 3])):
+        e = _choice(rng, [m, 2 * m]) if not narrow else _choice(rng, [m, 64, 128])
+        inner = conv(stream, m, e, 1, False)
+        if rng.random() < 0.4:
+            inner = conv(inner, e, e, 3, True)
+        proj = conv(inner, e, m, 1, False)
+        if rng.random() < 0.15:  # the block's input read outside the int8 steps too
+            b.output(b.node("DequantizeLinear", list(stream[:3]), [f"inner{i}"])[0])
+        stream = add(*((stream, proj) if rng.random() < 0.5 else (proj, stream)))
+    if rng.random() < 0.3:  # a second quantized input joins the stream as a float image
+        x2 = b.input("x2", (n, m, h, w))
+        s2 = f32(rng.uniform(0.01, 0.03))
+        x2s, x2z = _q_activation(case, b, rng, act, "b0", s2)
+        (q2,) = b.node("QuantizeLinear", [x2, x2s, x2z], ["q2in"])
+        stream = add(stream, (q2, x2s, x2z, s2))
+    tail = _choice(rng, ["pool", "conv", "stream"])
+    if tail == "pool":
+        q_in, s_name, z_name, s_in = stream
+        s_out = f32(float(s_in) * float(rng.uniform(0.3, 1.0)))
+        ys, yz = _q_activation(case, b, rng, act, "p", s_out)
+        (qp,) = b.node("QLinearGlobalAveragePool", [q_in, s_name, z_name, ys, yz], ["pooled"], domain="com.microsoft")
+        factor = const("p_factor", f32(s_in) / (s_out * f32(h * w)))
+        one, axes = const("p_one", f32(1)), b.init_ints("p_axes", [2, 3])
+        standard[case.nodes[-1].name] = [
+            helper.make_node("DequantizeLinear", [q_in, one, z_name], [b.name("p_centred")]),
+            helper.make_node("ReduceSum", [b.name("p_centred"), axes], [b.name("p_sum")], keepdims=1),
+            helper.make_node("Mul", [b.name("p_sum"), factor], [b.name("p_mean")]),
+            helper.make_node("QuantizeLinear", [b.name("p_mean"), one, yz], [qp])]
+        stream = (qp, ys, yz, s_out)
+    elif tail == "conv":
+        stream = conv(stream, m, _choice(rng, [m, 64]), 1, False)
+    (y,) = b.node("DequantizeLinear", list(stream[:3]), ["y"])
+    b.output(y)
+    case.oracle_nodes = [o for node in case.nodes for o in standard.get(node.name, [node])]
+    case.reference_nodes = case.oracle_nodes
+    case.terms = 2  # exact integers; the image one product
+    case.geometry = dict(x=[n, c, h, w], m=m, activations=np.dtype(act).name, layers=layers, tail=tail)
+
+
+KINDS["qadd_residual"] = qadd_residual
+ROUND.append("qadd_residual")
+
+
 def make_case(seed: int, index: int) -> Case:
     rng = np.random.default_rng([seed, index])
     kind = ROUND[index % len(ROUND)]

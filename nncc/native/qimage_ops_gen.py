@@ -14,8 +14,9 @@ import math
 import numpy as np
 
 from nncc.kernels.qimage import reciprocal
+from nncc.native import int8_bytes
 from nncc.native.c_struct import Field, Struct
-from nncc.native.int8_conv_gen import scalar_params, static_f32, constant
+from nncc.native.int8_conv_gen import pixel_major, scalar_params, static_f32, constant
 from nncc.native.int8_tables import quantized_range
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
@@ -100,8 +101,14 @@ def emit(wr, node) -> None:
         values = dict(zip(_fields("a", True) + _fields("b", True) + _fields("c", False), pa + pb + pc), ra=ra, rb=rb)
         packed = wr.pack(ins[1], f"qadd {'|'.join(ins[1:8])}", _ADD.pack(**values))
         size = math.prod(wr.shape(a))
+        # a value stored as bytes is read as q plus its shift; the output is stored so when
+        # its readers take bytes (int8_bytes), in the layout its inputs' bytes share
+        layout = int8_bytes.byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
+        if layout:
+            wr.byte_images[out] = layout
+        shifts = [_byte_shift(wr, value, zero) for value, zero in ((a, ins[2]), (b, ins[5]), (out, ins[7]))]
         wr.step(f"q_add({wr.ptr(a)}, {wr.ptr(b)}, {wr.ptr(packed)}, {wr.ptr(out)});",
-                [a, b, (packed, _ADD.pointer)], [out], support=_add_source(size))
+                [a, b, (packed, _ADD.pointer)], [out], support=_add_source(size, *shifts))
         return
     if node.op_type == "QGlobalAveragePool":
         x = ins[0]
@@ -114,9 +121,24 @@ def emit(wr, node) -> None:
         values = dict(zip(_fields("x", True) + _fields("y", False), px + py), scale=scale)
         packed = wr.pack(ins[1], f"qpool {'|'.join(ins[1:5])}", _POOL.pack(**values))
         wr.step(f"q_pool({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, _POOL.pointer)], [out],
-                support=_pool_source(math.prod(shape[:2]), size))
+                support=_pool_source(math.prod(shape[:2]), size, _byte_shift(wr, x, ins[2])))
         return
     _emit_gemm(wr, node, ins, out)
+
+
+def _byte_shift(wr, value: str, zero: str) -> int | None:
+    """What a byte of ``value`` adds to q when it is stored as bytes (int8_bytes), else None."""
+    if value not in wr.byte_images:
+        return None
+    return int8_bytes.shift(np.asarray(constant(wr.graph, wr.infos, zero)).dtype)
+
+
+def _centred(var: str, index: str, prefix: str, shift: int | None) -> str:
+    """C for q - zero of element ``index`` of an input: recovered from its float image, or
+    its byte less the shift and the zero point (exact: small integers in float)."""
+    if shift is None:
+        return f"qi_centred({var}[{index}], t->{prefix}_inv, t->{prefix}_zero, t->{prefix}_lo, t->{prefix}_hi)"
+    return f"(((float)((const uint8_t *){var})[{index}] - {float(shift)}f) - t->{prefix}_zero)"
 
 
 def _emit_gemm(wr, node, ins, out) -> None:
@@ -193,8 +215,15 @@ _ADD = Struct("nn_qadd", _floats(*_fields("a", True), *_fields("b", True), *_fie
 _POOL = Struct("nn_qpool", _floats(*_fields("x", True), *_fields("y", False), "scale"))
 
 
-def _add_source(size: int) -> str:
+def _add_source(size: int, shift_a: int | None = None, shift_b: int | None = None,
+                shift_y: int | None = None) -> str:
+    """``shift_*``: the operand is stored as bytes, q plus this shift (int8_bytes), else
+    None for a float image."""
     chunks = -(-size // _CHUNK)
+    if shift_y is None:
+        store = "Y[i0 + i] = (v - cz) * cs;"
+    else:
+        store = f"((uint8_t *)Y)[i0 + i] = {int8_bytes.byte_store(shift_y)};"
     return f"""{_RECOVER}
 {_ADD.declaration}
 typedef struct {{ const float *a, *b; {_ADD.pointer}t; float *y; }} qa_job;
@@ -210,8 +239,8 @@ static void qa_chunks(void *ctx, int64_t lo, int64_t hi) {{
         int64_t len = {size} - i0 < {_CHUNK} ? {size} - i0 : {_CHUNK};
         float l[{_CHUNK}], r[{_CHUNK}];
         for (int64_t i = 0; i < len; i++) {{
-            l[i] = qi_centred(A[i0 + i], t->a_inv, t->a_zero, t->a_lo, t->a_hi) * ra;
-            r[i] = qi_centred(B[i0 + i], t->b_inv, t->b_zero, t->b_lo, t->b_hi) * rb;
+            l[i] = {_centred("A", "i0 + i", "a", shift_a)} * ra;
+            r[i] = {_centred("B", "i0 + i", "b", shift_b)} * rb;
         }}
         /* each product rounded on its own, as the portable kernel: no multiply-add */
         __asm__ volatile("" : : "r"(l), "r"(r) : "memory");
@@ -219,7 +248,7 @@ static void qa_chunks(void *ctx, int64_t lo, int64_t hi) {{
             float v = rintf((l[i] + r[i]) + cz);
             v = v < clo ? clo : v; v = v > chi ? chi : v;
             v = v != v ? clo : v;
-            Y[i0 + i] = (v - cz) * cs;
+            {store}
         }}
     }}
 }}
@@ -231,14 +260,15 @@ static void q_add(const float *A, const float *B, {_ADD.pointer}t, float *Y) {{
 """
 
 
-def _pool_source(planes: int, size: int) -> str:
+def _pool_source(planes: int, size: int, shift: int | None = None) -> str:
+    """``shift``: the input is stored as bytes (NCHW), q plus this shift, else None."""
     return f"""{_RECOVER}
 {_POOL.declaration}
 static void q_pool(const float *X, {_POOL.pointer}t, float *Y) {{
     for (int64_t p = 0; p < {planes}; p++) {{
         int64_t sum = 0;
         for (int64_t i = 0; i < {size}; i++)
-            sum += (int64_t)qi_centred(X[p * {size} + i], t->x_inv, t->x_zero, t->x_lo, t->x_hi);
+            sum += (int64_t){_centred("X", f"p * {size} + i", "x", shift)};
         float v = rintf((float)sum * t->scale) + t->y_zero;
         v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
         Y[p] = (v - t->y_zero) * t->y_scale;

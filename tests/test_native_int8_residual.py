@@ -1,0 +1,144 @@
+"""The int8 residual stream as bytes (nncc/native/int8_bytes.py): a QLinearAdd whose inputs
+are read only by native int8 steps recovering with the scale and zero point they were
+quantized with takes them as bytes, and stores its own output as bytes when its readers
+qualify, so projection -> QAdd -> QAdd -> convolution stays bytes end to end; a
+QLinearGlobalAveragePool reads bytes too. The values one QAdd joins share one layout: NHWC
+between pixel-major convolutions, NCHW otherwise.
+
+Oracles: the portable plan (nncc/kernels/qimage.py's arithmetic, itself tested against
+onnxruntime), which the native outputs must equal bit for bit; and onnxruntime on the same
+file, whose QLinearAdd and QLinearGlobalAveragePool round in fixed point: an integer one
+off there may move a later convolution's output, so the comparison allows a few output
+steps on a small share of the elements.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import nncc
+from nncc.backends.base import Partition
+from nncc.frontend.onnx import parse_model
+from nncc.native.codegen import generate
+from nncc.passes.pipeline import run_passes
+from nncc.passes.shape_inference import infer_shapes
+from tests.oracle import ort_run
+
+MS = "com.microsoft"
+
+
+def _const(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, batch: int = 1):
+    """Q -> 1x1 convolution (c -> m) -> q1; q1 -> 1x1 -> q2; QLinearAdd(q2, q1) -> q3;
+    q3 -> 1x1 -> q4; QLinearAdd(q4, q3) -> q5; then QLinearGlobalAveragePool of q5 (``pool``)
+    or a 1x1 convolution of q5. Each convolution quantizes with the scale
+    and zero point its readers recover with. Returns the model and an input."""
+    inits = []
+    zero = (lambda: np.array(int(rng.integers(-20, 21)), act)) if act == np.int8 else \
+        (lambda: np.array(int(rng.integers(100, 156)), act))
+
+    def scalars(tag, scale):
+        inits.extend([_const(f"{tag}s", np.float32(scale)), _const(f"{tag}z", zero())])
+        return f"{tag}s", f"{tag}z"
+
+    # a value's scalars are named after it: "<value>s" and "<value>z"
+    nodes = [helper.make_node("QuantizeLinear", ["x", *scalars("q0", 0.02)], ["q0"])]
+    scales = {"q0": 0.02}
+
+    def conv(src, out, cin, cout):
+        w = rng.integers(-127, 128, (cout, cin, 1, 1)).astype(np.int8)
+        ws = rng.uniform(0.002, 0.02, cout).astype(np.float32)
+        scale = scales[src] * float(np.mean(ws)) * math.sqrt(cin) * 30
+        inits.extend([_const(f"{out}w", w), _const(f"{out}ws", ws), _const(f"{out}wz", np.zeros(cout, np.int8)),
+                      _const(f"{out}b", rng.integers(-3000, 3000, cout).astype(np.int32))])
+        nodes.append(helper.make_node("QLinearConv", [src, f"{src}s", f"{src}z", f"{out}w", f"{out}ws", f"{out}wz",
+                                                      *scalars(out, scale), f"{out}b"], [out], kernel_shape=[1, 1]))
+        scales[out] = scale
+
+    def add(a, b, out):
+        scale = 1.3 * max(scales[a], scales[b])
+        nodes.append(helper.make_node("QLinearAdd", [a, f"{a}s", f"{a}z", b, f"{b}s", f"{b}z", *scalars(out, scale)],
+                                      [out], domain=MS))
+        scales[out] = scale
+
+    conv("q0", "q1", c, m)
+    conv("q1", "q2", m, m)
+    add("q2", "q1", "q3")
+    conv("q3", "q4", m, m)
+    add("q4", "q3", "q5")
+    if pool:
+        nodes.append(helper.make_node("QLinearGlobalAveragePool", ["q5", "q5s", "q5z", *scalars("q6", scales["q5"] * 0.5)],
+                                      ["q6"], domain=MS))
+        nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
+    else:
+        conv("q5", "q6", m, m)
+        nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
+    shape = [batch, c, *hw]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    return model, (rng.standard_normal(shape) * 3).astype(np.float32)
+
+
+def _byte_images(model) -> tuple[dict, dict]:
+    """The native unit's byte images, and each QConv / QAdd output by its producer's kind and
+    position (conv0, conv1, add0...)."""
+    graph = run_passes(parse_model(model.SerializeToString()), 2)
+    part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
+    unit = generate(part, graph, infer_shapes(graph), "entry", 16)
+    names, counts = {}, {}
+    for node in graph.nodes:
+        kind = {"QConv": "conv", "QAdd": "add"}.get(node.op_type)
+        if kind:
+            names[f"{kind}{counts.get(kind, 0)}"] = node.outputs[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    return unit.byte_images, names
+
+
+def _check_outputs(tmp_path, model, x, scale):
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    portable = nncc.compile_model(path, backends=("numpy",)).run({"x": x})["y"]
+    compiled = nncc.compile_model(path)
+    assert all(p.backend == "native" for p in compiled.plan.partitions)
+    got = compiled.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, portable)  # the portable kernels' arithmetic, bit for bit
+    expected = ort_run(model, {"x": x})[0]
+    steps = np.abs(got.astype(np.float64) - expected) / scale
+    # onnxruntime's fixed-point QLinearAdd may round an integer the other way (one step),
+    # which the next convolution carries on: most elements agree, none by much
+    assert np.mean(steps > 0.5) < 0.1 and steps.max() <= 8.5, (np.mean(steps > 0.5), steps.max())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act", [np.uint8, np.int8], ids=["uint8", "int8"])
+def test_residual_adds_read_and_write_bytes_nchw(tmp_path, act):
+    """Channel-major convolutions (few channels over many pixels): every value of the
+    stream, the adds' included, is NCHW bytes; the pooled sum reads them."""
+    rng = np.random.default_rng(11)
+    model, x = residual_model(rng, act, 5, 12, (9, 11), pool=True, batch=2)
+    images, names = _byte_images(model)
+    assert images == {names[v]: "nchw" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
+    scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
+    _check_outputs(tmp_path, model, x, scale)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act", [np.uint8, np.int8], ids=["uint8", "int8"])
+def test_residual_adds_between_pixel_major_convolutions_share_nhwc(tmp_path, act):
+    """Pixel-major convolutions (many channels over few pixels): the values the adds join
+    are NHWC together, written and read whole pixels at a time."""
+    rng = np.random.default_rng(12)
+    model, x = residual_model(rng, act, 8, 64, (5, 6), pool=False)
+    images, names = _byte_images(model)
+    assert images == {names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
+    scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
+    _check_outputs(tmp_path, model, x, scale)
