@@ -310,14 +310,22 @@ static void q_add(const float *A, const float *B, {_ADD.pointer}t, float *Y) {{
 
 
 def _pool_source(planes: int, size: int, shift: int | None = None) -> str:
-    """``shift``: the input is stored as bytes (NCHW), q plus this shift, else None."""
+    """``shift``: the input is stored as bytes (NCHW), q plus this shift, else None. Bytes
+    are summed as integers and the shift and zero point taken off once per plane: each
+    element's (byte - shift) - zero is an exact integer, so the sum is the same."""
+    if shift is None:
+        total = f"""for (int64_t i = 0; i < {size}; i++)
+            sum += (int64_t){_centred("X", f"p * {size} + i", "x", None)};"""
+    else:
+        total = f"""const uint8_t *xb = (const uint8_t *)X + p * {size};
+        for (int64_t i = 0; i < {size}; i++) sum += xb[i];
+        sum -= (int64_t){size} * ({shift} + (int64_t)t->x_zero);"""
     return f"""{_RECOVER}
 {_POOL.declaration}
 static void q_pool(const float *X, {_POOL.pointer}t, float *Y) {{
     for (int64_t p = 0; p < {planes}; p++) {{
         int64_t sum = 0;
-        for (int64_t i = 0; i < {size}; i++)
-            sum += (int64_t){_centred("X", f"p * {size} + i", "x", shift)};
+        {total}
         float v = rintf((float)sum * t->scale) + t->y_zero;
         v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
         Y[p] = (v - t->y_zero) * t->y_scale;
