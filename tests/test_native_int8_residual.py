@@ -89,14 +89,14 @@ def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, ba
 
 
 def _byte_images(model) -> tuple[dict, dict]:
-    """The native unit's byte images, and each QConv / QAdd output by its producer's kind and
-    position (conv0, conv1, add0...)."""
+    """The native unit's byte images, and each QuantizeLinear / QConv / QAdd output by its
+    producer's kind and position (quantize0, conv0, conv1, add0...)."""
     graph = run_passes(parse_model(model.SerializeToString()), 2)
     part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
     unit = generate(part, graph, infer_shapes(graph), "entry", 16)
     names, counts = {}, {}
     for node in graph.nodes:
-        kind = {"QConv": "conv", "QAdd": "add"}.get(node.op_type)
+        kind = {"QuantizeDequantize": "quantize", "QConv": "conv", "QAdd": "add"}.get(node.op_type)
         if kind:
             names[f"{kind}{counts.get(kind, 0)}"] = node.outputs[0]
             counts[kind] = counts.get(kind, 0) + 1
@@ -122,11 +122,12 @@ def _check_outputs(tmp_path, model, x, scale):
 @pytest.mark.parametrize("act", [np.uint8, np.int8], ids=["uint8", "int8"])
 def test_residual_adds_read_and_write_bytes_nchw(tmp_path, act):
     """Channel-major convolutions (few channels over many pixels): every value of the
-    stream, the adds' included, is NCHW bytes; the pooled sum reads them."""
+    stream, the quantized input and the adds' included, is NCHW bytes; the pooled sum reads
+    them."""
     rng = np.random.default_rng(11)
     model, x = residual_model(rng, act, 5, 12, (9, 11), pool=True, batch=2)
     images, names = _byte_images(model)
-    assert images == {names[v]: "nchw" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
+    assert images == {names[v]: "nchw" for v in ("quantize0", "conv0", "conv1", "add0", "conv2", "add1")}
     scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
     _check_outputs(tmp_path, model, x, scale)
 
@@ -135,10 +136,11 @@ def test_residual_adds_read_and_write_bytes_nchw(tmp_path, act):
 @pytest.mark.parametrize("act", [np.uint8, np.int8], ids=["uint8", "int8"])
 def test_residual_adds_between_pixel_major_convolutions_share_nhwc(tmp_path, act):
     """Pixel-major convolutions (many channels over few pixels): the values the adds join
-    are NHWC together, written and read whole pixels at a time."""
+    are NHWC together, written and read whole pixels at a time; the quantized input, which
+    no pixel-major step writes, is NCHW bytes."""
     rng = np.random.default_rng(12)
     model, x = residual_model(rng, act, 8, 64, (5, 6), pool=False)
     images, names = _byte_images(model)
-    assert images == {names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
+    assert images == {names["quantize0"]: "nchw", **{names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}}
     scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
     _check_outputs(tmp_path, model, x, scale)

@@ -313,10 +313,11 @@ def _chain_model(rng, x_signed: bool):
 @pytest.mark.parametrize("x_signed", [pytest.param(False, marks=pytest.mark.slow), True],
                          ids=["uint8", "int8"])  # the quick tier takes the signed (shifted) form
 def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path, x_signed):
-    """The first convolution's output, read only by the depthwise one with the same scale
-    and zero point, is handed over as bytes, NCHW; the depthwise output, also an output of
-    the model, stays a float image; between the last two, both pixel-major, the bytes are
-    NHWC. Both outputs are onnxruntime's exactly."""
+    """The quantized input, read only by the first convolution, and the first convolution's
+    output, read only by the depthwise one with the same scale and zero point, are handed
+    over as bytes, NCHW; the depthwise output, also an output of the model, stays a float
+    image; between the last two, both pixel-major, the bytes are NHWC. Both outputs are
+    onnxruntime's exactly."""
     from nncc.backends.base import Partition
     from nncc.native.codegen import generate
     from nncc.passes.shape_inference import infer_shapes
@@ -328,7 +329,10 @@ def test_values_only_int8_convolutions_read_pass_between_them_as_bytes(tmp_path,
     assert len(qconvs) == 4
     part = Partition(0, "native", list(graph.nodes), list(graph.inputs), list(graph.outputs))
     unit = generate(part, graph, infer_shapes(graph), "entry", 16)
-    assert unit.byte_images == {qconvs[0].outputs[0]: "nchw", qconvs[2].outputs[0]: "nhwc"}
+    quantize = [n for n in graph.nodes if n.op_type == "QuantizeDequantize"]
+    assert len(quantize) == 1
+    assert unit.byte_images == {quantize[0].outputs[0]: "nchw", qconvs[0].outputs[0]: "nchw",
+                                qconvs[2].outputs[0]: "nhwc"}
     path = tmp_path / "chain.onnx"
     onnx.save(model, path)
     x = rng.standard_normal((2, 6, 9, 11)).astype(np.float32) * 3

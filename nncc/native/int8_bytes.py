@@ -31,6 +31,7 @@ from nncc.native.graph_query import const_value
 QCONV = ("nncc", "QConv")
 QADD = ("nncc", "QAdd")
 QPOOL = ("nncc", "QGlobalAveragePool")
+QDQ = ("nncc", "QuantizeDequantize")  # a float input quantized: the first int8 step of a chain
 
 
 def shift(zero_dtype) -> int:
@@ -66,6 +67,8 @@ def _output_scale(node) -> tuple[str, str] | None:
     """The (scale, zero point) names a native int8 step quantizes its output with, or None
     for a step that writes no bytes."""
     key, ins = (node.domain, node.op_type), list(node.inputs) + [""] * 9
+    if key == QDQ:
+        return ins[1], ins[2]
     return (ins[6], ins[7]) if key in (QCONV, QADD) else None
 
 
@@ -143,6 +146,6 @@ def image_at(ptr: str, count: int, as_bytes: bool, const: bool = False) -> str:
     return f"({c}float *)(({c}uint8_t *){ptr} + img * {count})"
 
 
-def byte_store(shift_out: int) -> str:
-    """C that turns a saturated q (a float) into its stored byte."""
-    return f"(uint8_t)(int32_t)(v + {float(shift_out)}f)"
+def byte_store(shift_out: int, q: str = "v") -> str:
+    """C that turns a saturated q (a float, the C variable ``q``) into its stored byte."""
+    return f"(uint8_t)(int32_t)({q} + {float(shift_out)}f)"

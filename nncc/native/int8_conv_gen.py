@@ -138,8 +138,12 @@ static inline uint8_t q_byte(float v, float inv, float zero, float lo, float hi,
 QD_TABLE = Struct("nn_qd", tuple(Field(name, "float") for name in ("scale", "zero", "lo", "hi")))
 
 
-def _qd_source(name: str, size: int) -> str:
+def _qd_source(name: str, size: int, byte_out: int | None = None) -> str:
+    """``byte_out``: store q plus this shift as one byte an element (int8_bytes), else the
+    float image."""
     chunk = 4096
+    store = "Y[i] = (q - zero) * scale;" if byte_out is None else \
+        f"((uint8_t *)Y)[i] = {byte_store(byte_out, 'q')};"
     return f"""{_QUANTIZE_BYTE}
 {QD_TABLE.declaration}
 typedef struct {{ const float *x; {QD_TABLE.pointer}t; float *y; }} qq_job;
@@ -155,7 +159,7 @@ static void qq_chunks(void *ctx, int64_t lo, int64_t hi) {{
         float q = rintf(X[i] / scale) + zero;
         q = q < lo_q ? lo_q : q; q = q > hi_q ? hi_q : q;
         q = q != q ? lo_q : q;
-        Y[i] = (q - zero) * scale;
+        {store}
     }}
 }}
 
@@ -487,8 +491,12 @@ def emit(wr, node) -> None:
         packed = wr.pack(s, f"quantize {z}", table)
         out = node.outputs[0]
         size = math.prod(wr.shape(x))
+        # read only by int8 steps that recover with this scale: q itself, one byte each
+        layout = byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
+        if layout:
+            wr.byte_images[out] = layout
         wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, QD_TABLE.pointer)], [out],
-                support=_qd_source("q_image", size))
+                support=_qd_source("q_image", size, byte_shift(zv.dtype) if layout else None))
         return
     inputs = list(node.inputs) + [""] * (9 - len(node.inputs))
     x, xs, xz, w, ws, wz, ys, yz, b = inputs[:9]
