@@ -284,11 +284,34 @@ static inline void qd_widen16(int16_t *dst, const uint8_t *src, int32_t centre) 
     const qd_halves v = __builtin_convertvector(b, qd_halves) - (int16_t)centre;
     memcpy(dst, &v, sizeof v);
 }}
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#define QD_FILL_WIDE 1  /* the fill's runs 32 words a vector: half the instructions of 16 */
+static inline void qd_widen32(int16_t *dst, const uint8_t *src, int32_t centre) {{
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)src));
+    _mm512_storeu_si512(dst, _mm512_sub_epi16(v, _mm512_set1_epi16((int16_t)centre)));
+}}
+/* a row's 64 bytes: the even ones (each word's low byte) and the odd ones, less the centre */
+static inline void qd_split32(int16_t *even, int16_t *odd, const uint8_t *src, int32_t centre) {{
+    const __m512i words = _mm512_loadu_si512(src), c = _mm512_set1_epi16((int16_t)centre);
+    _mm512_storeu_si512(even, _mm512_sub_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0xff)), c));
+    _mm512_storeu_si512(odd, _mm512_sub_epi16(_mm512_srli_epi16(words, 8), c));
+}}
+#endif
 static inline void qd_widen(int16_t *dst, const uint8_t *src, int64_t n, int32_t centre) {{
     if (n < 16) {{
         for (int64_t i = 0; i < n; i++) dst[i] = (int16_t)(src[i] - centre);
         return;
     }}
+#if defined(QD_FILL_WIDE)
+    if (n >= 32) {{
+        for (int64_t i = 0;; i += 32) {{
+            if (i + 32 > n) i = n - 32;
+            qd_widen32(dst + i, src + i, centre);
+            if (i + 32 >= n) return;
+        }}
+    }}
+#endif
     for (int64_t i = 0;; i += 16) {{
         if (i + 16 > n) i = n - 16;
         qd_widen16(dst + i, src + i, centre);
@@ -306,6 +329,13 @@ static inline void qd_split16(int16_t *even, int16_t *odd, const uint8_t *src, i
 static inline void qd_split(int16_t *even, int16_t *odd, const uint8_t *src, int64_t n, int32_t centre) {{
     int64_t k = 0;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__  /* a word's low byte is the even one */
+#if defined(QD_FILL_WIDE)
+    if (n / 2 >= 32) {{
+        for (; 2 * (k + 32) <= n; k += 32) qd_split32(even + k, odd + k, src + 2 * k, centre);
+        if (k < n / 2) qd_split32(even + n / 2 - 32, odd + n / 2 - 32, src + 2 * (n / 2 - 32), centre);
+        k = n / 2;  /* an odd n's last even byte is the scalar loop's */
+    }}
+#endif
     for (; 2 * (k + 16) <= n; k += 16) qd_split16(even + k, odd + k, src + 2 * k, centre);
     if (k > 0 && k < n / 2) {{  /* the last whole pairs: a vector that overlaps its predecessor */
         k = n / 2 - 16;
