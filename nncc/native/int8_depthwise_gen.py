@@ -232,9 +232,10 @@ def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
            byte_in: bool = False, byte_out: int | None = None, wide: bool = False) -> str:
     """In the phase planes output pixel (oy, ox) reads, for each tap, position oy * wps + ox
     plus that tap's offset: a run of output positions reads a run of each tap's. Rows of
-    at least a vector are runs of their own, stored straight into the output; shorter rows
-    go a block at a time as one run (the wps - ow positions between rows computed and
-    dropped). A run's last vector overlaps its predecessor rather than reading past it.
+    whole vectors (or whose last vector's overlap recomputes no more than the plane's
+    border, or too long to join two a block) are runs of their own, stored straight into the output; other rows go a block
+    at a time as one run (the wps - ow positions between rows computed and dropped). A
+    run's last vector overlaps its predecessor rather than reading past it.
     ``wide``: code for 16-float vectors (AVX-512), whose runs take 32 positions a vector
     where the CPU has AVX-512 BW and VNNI, so rows of fewer than 32 go in blocks."""
     vec = 2 * _VEC if wide else _VEC
@@ -253,7 +254,10 @@ def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     offsets = "" if len(pairs) <= _UNROLLED_PAIRS else (  # each pair's taps' offsets, for the loops
         f"static const int32_t qd_off[QD_PAIRS][2] = {{{', '.join(f'{{{o0}, {o1}}}' for o0, o1 in pairs)}}};\n")
     scalar_value = "v * k.yconv" if byte_out is None else "(uint8_t)(int32_t)(v + k.yconv)"
-    if ow >= vec:
+    # a row of whole vectors is a run of its own; other rows are joined, a block of at least
+    # two, with the wps - ow dropped positions between them, fewer than a row's overlapping
+    # last vector recomputes (a 56-position row: 58 a row joined against 64)
+    if ow >= vec and (-(-ow // vec) * vec <= wps or _BLOCK // wps < 2):
         runs = f"""        for (int64_t oy = 0; oy < {oh}; oy++)
             qd_run(xp + oy * {wps}, {ow}, y + oy * {ow}, wk, bias[ch], k);"""
     else:
