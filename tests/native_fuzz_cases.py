@@ -1285,8 +1285,9 @@ def qconv_chain(case, rng):
 def qconv_depthwise(case, rng):
     """A quantized depthwise convolution (QOperator) at the edges of its integer ranges:
     kernel 3 or 5 (sometimes 1 or 3x5), stride 1 or 2 (sometimes 3), dilation, uneven pads,
-    rows shorter and longer than a vector of the native kernel (16 positions); its input
-    quantized straight from the float image or, after a 1x1 convolution that quantizes with
+    rows shorter and longer than a vector of the native kernel (16 or 32 positions) and than
+    the fill's 64 bytes split into stride phases at once; its input quantized straight from
+    the float image or, after a 1x1 convolution that quantizes with
     the scale and zero point it recovers with, read as that one's bytes; activations uint8
     (zero point 0, 128, 255 or any) or int8 (-128, 0, 127 or any), the input's scale small
     enough that most bytes saturate at 0 and 255; weights int8 or uint8, per channel or per
@@ -1302,7 +1303,7 @@ def qconv_depthwise(case, rng):
     pads = [int(rng.integers(0, (k - 1) * dil + 1)) for k in (kh, kw, kh, kw)]
     eh, ew = (kh - 1) * dil + 1, (kw - 1) * dil + 1
     h = max(1, eh - pads[0] - pads[2]) + int(rng.integers(0, 12))
-    w = max(1, ew - pads[1] - pads[3]) + _choice(rng, [0, 3, 9, 17, 30, 45])
+    w = max(1, ew - pads[1] - pads[3]) + _choice(rng, [0, 3, 9, 17, 30, 45, 66, 77])
     act = np.int8 if rng.random() < 0.3 else np.uint8
     info = np.iinfo(act)
     x = b.input("x", (n, c, h, w))
@@ -1849,14 +1850,14 @@ def qgemm(case, rng):
     """A QDQ Gemm as onnxruntime's quantizer writes one (Q -> DQ -> Gemm of dequantized
     int8 or uint8 weights, transposed or not, per-tensor or per-column scales, an int32 bias
     -> Q -> DQ), which -O2 makes one native QGemm step (nncc/native/qimage_ops_gen.py): K
-    not a multiple of four, N on both sides of sixteen, rows 1 to 5. The oracles
+    not a multiple of four, N on both sides of sixteen and of the 64-column panels, rows 1 to 5. The oracles
     quantize a float32 sum, the step an exact integer one: the slack is one step of the
     output's scale (a wrong layout or zero point is off by many)."""
     case.opt_level = 2
     b = _Builder(case, rng)
     m = _choice(rng, [1, 1, 2, 5])
     k = _choice(rng, [1, 3, 4, 17, 64, 130])
-    n = _choice(rng, [1, 7, 16, 17, 70, 300])
+    n = _choice(rng, [1, 7, 16, 17, 70, 130, 300])
     trans_b = rng.random() < 0.5
     signed = rng.random() < 0.6
     per_column = rng.random() < 0.5

@@ -232,9 +232,10 @@ def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
            byte_in: bool = False, byte_out: int | None = None, wide: bool = False) -> str:
     """In the phase planes output pixel (oy, ox) reads, for each tap, position oy * wps + ox
     plus that tap's offset: a run of output positions reads a run of each tap's. Rows of
-    at least a vector are runs of their own, stored straight into the output; shorter rows
-    go a block at a time as one run (the wps - ow positions between rows computed and
-    dropped). A run's last vector overlaps its predecessor rather than reading past it.
+    whole vectors (or whose last vector's overlap recomputes no more than the plane's
+    border, or too long to join two a block) are runs of their own, stored straight into the output; other rows go a block
+    at a time as one run (the wps - ow positions between rows computed and dropped). A
+    run's last vector overlaps its predecessor rather than reading past it.
     ``wide``: code for 16-float vectors (AVX-512), whose runs take 32 positions a vector
     where the CPU has AVX-512 BW and VNNI, so rows of fewer than 32 go in blocks."""
     vec = 2 * _VEC if wide else _VEC
@@ -253,7 +254,10 @@ def source(name, n, c, h, w, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     offsets = "" if len(pairs) <= _UNROLLED_PAIRS else (  # each pair's taps' offsets, for the loops
         f"static const int32_t qd_off[QD_PAIRS][2] = {{{', '.join(f'{{{o0}, {o1}}}' for o0, o1 in pairs)}}};\n")
     scalar_value = "v * k.yconv" if byte_out is None else "(uint8_t)(int32_t)(v + k.yconv)"
-    if ow >= vec:
+    # a row of whole vectors is a run of its own; other rows are joined, a block of at least
+    # two, with the wps - ow dropped positions between them, fewer than a row's overlapping
+    # last vector recomputes (a 56-position row: 58 a row joined against 64)
+    if ow >= vec and (-(-ow // vec) * vec <= wps or _BLOCK // wps < 2):
         runs = f"""        for (int64_t oy = 0; oy < {oh}; oy++)
             qd_run(xp + oy * {wps}, {ow}, y + oy * {ow}, wk, bias[ch], k);"""
     else:
@@ -284,11 +288,34 @@ static inline void qd_widen16(int16_t *dst, const uint8_t *src, int32_t centre) 
     const qd_halves v = __builtin_convertvector(b, qd_halves) - (int16_t)centre;
     memcpy(dst, &v, sizeof v);
 }}
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#define QD_FILL_WIDE 1  /* the fill's runs 32 words a vector: half the instructions of 16 */
+static inline void qd_widen32(int16_t *dst, const uint8_t *src, int32_t centre) {{
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)src));
+    _mm512_storeu_si512(dst, _mm512_sub_epi16(v, _mm512_set1_epi16((int16_t)centre)));
+}}
+/* a row's 64 bytes: the even ones (each word's low byte) and the odd ones, less the centre */
+static inline void qd_split32(int16_t *even, int16_t *odd, const uint8_t *src, int32_t centre) {{
+    const __m512i words = _mm512_loadu_si512(src), c = _mm512_set1_epi16((int16_t)centre);
+    _mm512_storeu_si512(even, _mm512_sub_epi16(_mm512_and_si512(words, _mm512_set1_epi16(0xff)), c));
+    _mm512_storeu_si512(odd, _mm512_sub_epi16(_mm512_srli_epi16(words, 8), c));
+}}
+#endif
 static inline void qd_widen(int16_t *dst, const uint8_t *src, int64_t n, int32_t centre) {{
     if (n < 16) {{
         for (int64_t i = 0; i < n; i++) dst[i] = (int16_t)(src[i] - centre);
         return;
     }}
+#if defined(QD_FILL_WIDE)
+    if (n >= 32) {{
+        for (int64_t i = 0;; i += 32) {{
+            if (i + 32 > n) i = n - 32;
+            qd_widen32(dst + i, src + i, centre);
+            if (i + 32 >= n) return;
+        }}
+    }}
+#endif
     for (int64_t i = 0;; i += 16) {{
         if (i + 16 > n) i = n - 16;
         qd_widen16(dst + i, src + i, centre);
@@ -306,6 +333,13 @@ static inline void qd_split16(int16_t *even, int16_t *odd, const uint8_t *src, i
 static inline void qd_split(int16_t *even, int16_t *odd, const uint8_t *src, int64_t n, int32_t centre) {{
     int64_t k = 0;
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__  /* a word's low byte is the even one */
+#if defined(QD_FILL_WIDE)
+    if (n / 2 >= 32) {{
+        for (; 2 * (k + 32) <= n; k += 32) qd_split32(even + k, odd + k, src + 2 * k, centre);
+        if (k < n / 2) qd_split32(even + n / 2 - 32, odd + n / 2 - 32, src + 2 * (n / 2 - 32), centre);
+        k = n / 2;  /* an odd n's last even byte is the scalar loop's */
+    }}
+#endif
     for (; 2 * (k + 16) <= n; k += 16) qd_split16(even + k, odd + k, src + 2 * k, centre);
     if (k > 0 && k < n / 2) {{  /* the last whole pairs: a vector that overlaps its predecessor */
         k = n / 2 - 16;

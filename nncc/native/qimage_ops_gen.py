@@ -22,6 +22,7 @@ from nncc.native.int8_tables import quantized_range
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
 _CHUNK = 256
 _COLUMNS = 256  # of B per task
+_PANEL = 64  # columns of B per panel of the grouped form: four vectors of sums at once
 
 _RECOVER = """
 static inline float qi_centred(float v, float inv, float zero, float lo, float hi) {
@@ -169,10 +170,11 @@ def _emit_gemm(wr, node, ins, out) -> None:
     wide = wr.vl == 16  # AVX-512: B in groups of four rows, for vpdpbusd where the CPU has VNNI
     table = _gemm_table(k, n, wide)
     if wide:
-        kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
-        grouped = np.zeros((kp, n16), np.int8)
+        kp, nb = -(-k // 4) * 4, -(-n // _PANEL) * _PANEL
+        grouped = np.zeros((kp, nb), np.int8)
         grouped[:k, :n] = signed
-        grouped = grouped.reshape(kp // 4, 4, n16).transpose(0, 2, 1)
+        # [panel, group, column of the panel, row of the group]: a panel's bytes in one run
+        grouped = grouped.reshape(kp // 4, 4, nb // _PANEL, _PANEL).transpose(2, 0, 3, 1)
         fields = dict(b=grouped, bsum=signed.astype(np.int64).sum(axis=0).astype(np.int32))
     else:
         fields = dict(b=signed)
@@ -187,12 +189,14 @@ def _gemm_table(k: int, n: int, grouped: bool = False) -> Struct:
     """A QGemm's table: A's and Y's quantization (1 / scale for A, whose integers are
     recovered by it), then per column of B the int32 bias, the float32 scale, the zero
     point (shifted with B), and B itself, [K, N] int8; ``grouped``: then each column's sum,
-    and B as [K / 4, N16, 4] (K padded to fours, N to sixteens, with zeros: each column's
-    four bytes of a group side by side, as ``vpdpbusd`` reads them)."""
+    and B as [N / 64, K / 4, 64, 4] (K padded to fours, N to panels of 64 columns, with
+    zeros): each column's four bytes of a group side by side, as ``vpdpbusd`` reads them,
+    and a panel's groups one after the other, so a task streams its panels' bytes once,
+    in order."""
     if grouped:
-        kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+        kp, nb = -(-k // 4) * 4, -(-n // _PANEL) * _PANEL
         per_column = (Field("bias", "int32_t", n), Field("col", "float", n), Field("zero", "int32_t", n),
-                      Field("bsum", "int32_t", n), Field("b", "int8_t", kp * n16))
+                      Field("bsum", "int32_t", n), Field("b", "int8_t", kp * nb))
         return Struct(f"nn_qgemm4_{k}x{n}", _floats(*_fields("a", True), *_fields("y", False)) + per_column)
     per_column = (Field("bias", "int32_t", n), Field("col", "float", n), Field("zero", "int32_t", n),
                   Field("b", "int8_t", k * n))
@@ -384,16 +388,18 @@ def _gemm4_source(m: int, k: int, n: int, quantized: bool) -> str:
     """_gemm_source over B in groups of four rows (_gemm_table's grouped form): A's row as
     bytes u = q - a_lo (0..255, so unsigned for ``vpdpbusd``), its centred values being
     u - (a_zero - a_lo), whose sum with a column is taken off through the column's sum. The
-    int32 sums wrap as the portable kernel's; the rest is _gemm_source's."""
+    int32 sums wrap as the portable kernel's; the rest is _gemm_source's. The tasks are
+    panels of 64 columns, each read once per row as one run, its four vectors of sums
+    independent chains (a matrix-vector product is bound by the bytes of B it streams)."""
     if quantized:  # the portable kernel requantizes in float64
         finish = """double v = rint((double)acc[j] * (double)col[j]) + (double)t->y_zero;
             v = v < t->y_lo ? t->y_lo : (v > t->y_hi ? t->y_hi : v);
             y[j] = (float)(v - t->y_zero) * t->y_scale;"""
     else:
         finish = "y[j] = (float)((double)acc[j] * (double)col[j]);"
-    kp, n16 = -(-k // 4) * 4, -(-n // 16) * 16
+    kp, nb = -(-k // 4) * 4, -(-n // _PANEL) * _PANEL
     groups = kp // 4
-    blocks = -(-n // _COLUMNS)
+    panels = nb // _PANEL
     table = _gemm_table(k, n, True)
     return f"""
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -404,17 +410,17 @@ def _gemm4_source(m: int, k: int, n: int, quantized: bool) -> str:
 {table.declaration}
 typedef struct {{ const float *a; {table.pointer}t; float *y; }} qg_job;
 
-/* column blocks [lo, hi) of every row */
+/* panels [lo, hi) of every row */
 static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
     const qg_job *jb = ctx;
     {table.pointer}t = jb->t;
     const int32_t *bias = t->bias, *zero = t->zero, *bsum = t->bsum;
     const float *col = t->col;
     const int8_t *b = t->b;
-    int64_t j0 = lo * {_COLUMNS}, j1 = hi * {_COLUMNS} < {n} ? hi * {_COLUMNS} : {n};
+    const int64_t j0 = lo * {_PANEL}, j1 = hi * {_PANEL} < {n} ? hi * {_PANEL} : {n};
     const int32_t dz = (int32_t)(t->a_zero - t->a_lo);  /* centred = u - dz */
     uint8_t u[{kp}];
-    int32_t acc[{n16}];
+    int32_t acc[{nb}];
     for (int64_t i = 0; i < {m}; i++) {{
         uint32_t usum = 0;
         for (int64_t p = 0; p < {k}; p++) {{
@@ -424,20 +430,29 @@ static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
         for (int64_t p = {k}; p < {kp}; p++) u[p] = 0;
         const uint32_t sum = usum - (uint32_t){k} * (uint32_t)dz;  /* of the centred values */
 #ifdef QG_VNNI
-        for (int64_t jv = j0; jv < j1; jv += 16) {{
-            __m512i c = _mm512_setzero_si512();
-            for (int64_t g = 0; g < {groups}; g++) {{
+        for (int64_t panel = lo; panel < hi; panel++) {{
+            const int8_t *bp = b + panel * {groups * _PANEL * 4};
+            __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0;
+            for (int64_t g = 0; g < {groups}; g++, bp += {_PANEL * 4}) {{
                 int32_t four;
                 memcpy(&four, u + 4 * g, 4);
-                c = _mm512_dpbusd_epi32(c, _mm512_set1_epi32(four), _mm512_loadu_si512(b + (g * {n16} + jv) * 4));
+                const __m512i a4 = _mm512_set1_epi32(four);
+                c0 = _mm512_dpbusd_epi32(c0, a4, _mm512_loadu_si512(bp));
+                c1 = _mm512_dpbusd_epi32(c1, a4, _mm512_loadu_si512(bp + 64));
+                c2 = _mm512_dpbusd_epi32(c2, a4, _mm512_loadu_si512(bp + 128));
+                c3 = _mm512_dpbusd_epi32(c3, a4, _mm512_loadu_si512(bp + 192));
             }}
-            _mm512_storeu_si512(acc + jv, c);
+            int32_t *at = acc + panel * {_PANEL};
+            _mm512_storeu_si512(at, c0);
+            _mm512_storeu_si512(at + 16, c1);
+            _mm512_storeu_si512(at + 32, c2);
+            _mm512_storeu_si512(at + 48, c3);
         }}
 #else
         for (int64_t j = j0; j < j1; j++) acc[j] = 0;
         for (int64_t g = 0; g < {groups}; g++)
             for (int64_t j = j0; j < j1; j++) {{
-                const int8_t *bj = b + (g * {n16} + j) * 4;
+                const int8_t *bj = b + ((j / {_PANEL} * {groups} + g) * {_PANEL} + j % {_PANEL}) * 4;
                 acc[j] = (int32_t)((uint32_t)acc[j] + (uint32_t)(u[4 * g] * bj[0] + u[4 * g + 1] * bj[1]
                                                                  + u[4 * g + 2] * bj[2] + u[4 * g + 3] * bj[3]));
             }}
@@ -454,6 +469,6 @@ static void qg_columns(void *ctx, int64_t lo, int64_t hi) {{
 
 static void q_gemm(const float *A, {table.pointer}t, float *Y) {{
     qg_job jb = {{A, t, Y}};
-    nn_parallel({blocks}, {m * n * k}, qg_columns, &jb);
+    nn_parallel({panels}, {m * n * k}, qg_columns, &jb);
 }}
 """
