@@ -2102,7 +2102,7 @@ def qadd_residual(case, rng):
     c = _choice(rng, [3, 8, 16])
     narrow = rng.random() < 0.5  # many channels over few pixels: the pixel-major form
     h, w = (int(rng.integers(1, 6)), int(rng.integers(1, 7))) if narrow else (int(rng.integers(1, 13)), int(rng.integers(1, 14)))
-    m = _choice(rng, [40, 64, 96]) if narrow else _choice(rng, [3, 8, 17, 24])
+    m = _choice(rng, [40, 64, 96, 128]) if narrow else _choice(rng, [3, 8, 17, 24])
     act = np.int8 if rng.random() < 0.3 else np.uint8
     x = b.input("x", (n, c, h, w))
     scale = np.float32(rng.uniform(0.01, 0.03))

@@ -36,11 +36,12 @@ def _const(name, array):
     return numpy_helper.from_array(np.asarray(array), name)
 
 
-def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, batch: int = 1):
+def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, batch: int = 1, weights=np.int8):
     """Q -> 1x1 convolution (c -> m) -> q1; q1 -> 1x1 -> q2; QLinearAdd(q2, q1) -> q3;
     q3 -> 1x1 -> q4; QLinearAdd(q4, q3) -> q5; then QLinearGlobalAveragePool of q5 (``pool``)
     or a 1x1 convolution of q5. Each convolution quantizes with the scale
-    and zero point its readers recover with. Returns the model and an input."""
+    and zero point its readers recover with; ``weights``: int8 weights with zero points 0,
+    or uint8 ones with zero points around 128. Returns the model and an input."""
     inits = []
     zero = (lambda: np.array(int(rng.integers(-20, 21)), act)) if act == np.int8 else \
         (lambda: np.array(int(rng.integers(100, 156)), act))
@@ -54,10 +55,13 @@ def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, ba
     scales = {"q0": 0.02}
 
     def conv(src, out, cin, cout):
-        w = rng.integers(-127, 128, (cout, cin, 1, 1)).astype(np.int8)
+        if weights == np.int8:
+            w, wz = rng.integers(-127, 128, (cout, cin, 1, 1)).astype(np.int8), np.zeros(cout, np.int8)
+        else:
+            w, wz = rng.integers(0, 256, (cout, cin, 1, 1)).astype(np.uint8), rng.integers(120, 137, cout).astype(np.uint8)
         ws = rng.uniform(0.002, 0.02, cout).astype(np.float32)
         scale = scales[src] * float(np.mean(ws)) * math.sqrt(cin) * 30
-        inits.extend([_const(f"{out}w", w), _const(f"{out}ws", ws), _const(f"{out}wz", np.zeros(cout, np.int8)),
+        inits.extend([_const(f"{out}w", w), _const(f"{out}ws", ws), _const(f"{out}wz", wz),
                       _const(f"{out}b", rng.integers(-3000, 3000, cout).astype(np.int32))])
         nodes.append(helper.make_node("QLinearConv", [src, f"{src}s", f"{src}z", f"{out}w", f"{out}ws", f"{out}wz",
                                                       *scalars(out, scale), f"{out}b"], [out], kernel_shape=[1, 1]))
@@ -142,5 +146,22 @@ def test_residual_adds_between_pixel_major_convolutions_share_nhwc(tmp_path, act
     model, x = residual_model(rng, act, 8, 64, (5, 6), pool=False)
     images, names = _byte_images(model)
     assert images == {names["quantize0"]: "nchw", **{names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}}
+    scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
+    _check_outputs(tmp_path, model, x, scale)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("act, weights, m, hw", [(np.uint8, np.uint8, 64, (7, 7)), (np.int8, np.int8, 128, (8, 8)),
+                                                  (np.uint8, np.int8, 64, (3, 11)), (np.uint8, np.uint8, 128, (2, 3))],
+                         ids=["u8u8-64-49px", "s8s8-128-64px", "u8s8-64-33px", "u8u8-128-6px"])
+def test_pixel_major_1x1_reads_its_nhwc_input_in_place(tmp_path, act, weights, m, hw):
+    """A 1x1 stride-1 pixel-major convolution over NHWC bytes whose channels fill whole tile
+    rows (64, 128) multiplies the image's pixels where they are, no copy or gather: pixels at,
+    past and below whole 32-pixel blocks (the tiles' last block read from a zero-padded copy),
+    a batch of two, and uint8 weights with zero points (each pixel's sum of bytes needed)."""
+    rng = np.random.default_rng(13 + m)
+    model, x = residual_model(rng, act, 16, m, hw, pool=False, batch=2, weights=weights)
+    images, names = _byte_images(model)
+    assert images == {names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
     scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
     _check_outputs(tmp_path, model, x, scale)

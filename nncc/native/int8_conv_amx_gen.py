@@ -42,11 +42,13 @@ def padded_rows(pixels: int, use_tiles: bool) -> int:
     return tiles.padded_rows(pixels) if use_tiles else pixels
 
 
-def source(pixels: int, m: int, kp: int, panel_stride: int, gather_here: bool) -> str:
+def source(pixels: int, m: int, kp: int, panel_stride: int, gather_here: bool, block_tail: int = 0) -> str:
     """File-scope C after int8_conv_gen's qc_job, qc_gather and qc_finish: ``qc_amx``, the
     pool task over (32-pixel block x panel) pairs, where the code is built with AMX-INT8
     (``QC_AMX`` then defined). ``gather_here``: each block's rows are gathered by its task
-    (one panel), else they were gathered before."""
+    (one panel), else they were gathered before. ``block_tail``: the rows are the image's own
+    pixels, and the last block's ``block_tail`` rows are read from ``j->pad`` instead, a copy
+    padded with zero rows to the block (the image ends with its pixels)."""
     assert kp % TILE_K == 0
     blocks, panels = -(-pixels // ROWS), -(-m // NR)
     last = m - (panels - 1) * NR
@@ -61,7 +63,8 @@ def source(pixels: int, m: int, kp: int, panel_stride: int, gather_here: bool) -
         f"        int rows = s == {blocks - 1} ? {tail} : {ROWS};",
         f"        int width = q == {panels - 1} ? {last} : {NR};",
         gather.rstrip("\n"),
-        f"        const uint8_t *a = j->a + p0 * {kp};",
+        f"        const uint8_t *a = j->a + p0 * {kp};" if not block_tail else
+        f"        const uint8_t *a = s == {blocks - 1} ? j->pad : j->a + p0 * {kp};",
         f"        const int8_t *bp = j->b + q * {panel_stride};",
         *tiles.block_products(),
         f"        for (int r0 = 0; r0 < rows; r0 += {MR})  /* the VNNI tiles' epilogue, {MR} pixels at a time */",

@@ -270,6 +270,15 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
     padding = (int8_conv_amx_gen.padded_rows(p, tiles) - p) * kp
     # the tiles' last block reads rows past the pixels (their sums never stored): zero, defined
     pad_rows = f"    memset(j.a + {p * kp}, 0, {padding});\n" if padding else ""
+    # NHWC bytes without padding are the byte image as they are; over a 1x1 stride-1 kernel
+    # with K a whole row of A, each pixel's channels are its row of A too: no copy, no gather
+    # (the tiles' last, partial block reads a zero-padded copy of its rows instead)
+    direct_xp = byte_in == "nhwc" and hp == h and wp == w
+    direct_a = direct_xp and kh == kw == 1 and sh == sw == 1 and kp == k
+    block_tail = p % int8_conv_amx_gen.ROWS if tiles and direct_a else 0
+    if direct_a:
+        pad_rows = (f"    memset(j.a + {block_tail * kp}, 0, {(int8_conv_amx_gen.ROWS - block_tail) * kp});\n"
+                    if block_tail else "")
     if byte_in == "nhwc":  # whole image rows of bytes, q plus the shift already
         quantize_pixel = ""
     elif byte_in:  # the bytes are q plus the shift already
@@ -318,7 +327,9 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
             recover="const float inv = j->t->x_inv, zero = j->t->x_zero, qlo = j->t->x_lo, qhi = j->t->x_hi, "
                     "shift = j->t->x_shift;", call="qt_nhwc_float(j->x", args=", inv, zero, qlo, qhi, shift",
             pixels=h * w, c=c)
-    if unpadded:
+    if direct_xp:
+        quantize_call = "j.xp = (uint8_t *)j.x;  /* read only */"
+    elif unpadded:
         quantize_call = f"nn_parallel({-(-h * w // int8_transpose.BLOCK)}, {h * w * c}, qc_transpose_blocks, &j);"
     else:
         quantize_call = f"nn_parallel({hp}, {hp * wp * c}, qc_quantize, &j);"
@@ -335,11 +346,20 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
         else
 #endif
 {store}"""
-    if panels == 1:  # each sliver's rows gathered by the task that multiplies them, read from L1 at once
+    if direct_a and not zero_points:  # nothing to gather, no sums wanted
+        gather_here, gather_apart = "", ""
+    elif panels == 1:  # each sliver's rows gathered by the task that multiplies them, read from L1 at once
         gather_here, gather_apart = "        qc_gather(ctx, p0, p0 + rows);\n", ""
     else:  # every panel reads each sliver's rows: gathered once, in a pass of their own
         gather_here, gather_apart = "", f"        nn_parallel({p}, {p * kp}, qc_gather, &j);"
-    if dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
+    if direct_a:  # the rows are the image's pixels: only their sums
+        gather_apart = "\n".join(line for line in (
+            "        j.a = (uint8_t *)j.x;  /* read only */",
+            f"        memcpy(j.pad, j.a + {(p - block_tail) * kp}, {block_tail * kp});" if block_tail else "",
+            gather_apart) if line)
+    if direct_a:
+        gather = "        /* the pixel's channels in the image, as they are */"
+    elif dw == 1:  # a kernel row's taps are contiguous in the NHWC image: one copy per row
         gather = f"""        for (int64_t i = 0; i < {kh}; i++)
             memcpy(row + i * {kw * c}, j->xp + ((y0 + i * {dh}) * {wp} + x0) * {c}, {kw * c});"""
     else:
@@ -354,7 +374,7 @@ def _conv_source(name, n, c, h, w, m, kh, kw, oh, ow, sh, sw, dh, dw, pt, pl,
 {_QUANTIZE_BYTE}
 {table.declaration}
 typedef struct {{ const float *x; uint8_t *xp, *a; int32_t *rowsum; const int8_t *b; {table.pointer}t;
-                  float *y; }} qc_job;
+                  float *y; uint8_t *pad; }} qc_job;
 
 {transpose_source}
 /* rows [lo, hi) of the padded NHWC byte image: the quantized input, the zero point around it */
@@ -388,7 +408,7 @@ static void qc_gather(void *ctx, int64_t lo, int64_t hi) {{
         int64_t y0 = (pix / {ow}) * {sh}, x0 = (pix % {ow}) * {sw};
         uint8_t *row = j->a + pix * {kp};
 {gather}
-        for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;
+{"" if direct_a else f"        for (int64_t t = {k}; t < {kp}; t++) row[t] = 0;"}
 {row_sum}
     }}
 }}
@@ -442,10 +462,10 @@ static void qc_tiles(void *ctx, int64_t lo, int64_t hi) {{
         qc_finish(j, (const int32_t (*)[{NR}])acc, p0, rows, q, width);
     }}
 }}
-{int8_conv_amx_gen.source(p, m, kp, panel_stride, panels == 1) if tiles else ""}
+{int8_conv_amx_gen.source(p, m, kp, panel_stride, panels == 1 and bool(gather_here), block_tail) if tiles else ""}
 static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float *Y, char *scratch) {{
     qc_job j = {{0, (uint8_t *)scratch, (uint8_t *)(scratch + {xp_bytes}),
-                (int32_t *)(scratch + {xp_bytes + rows_bytes}), Bp, table, 0}};
+                (int32_t *)(scratch + {xp_bytes + rows_bytes}), Bp, table, 0, (uint8_t *)(scratch + {xp_bytes})}};
 {pad_rows}    for (int64_t img = 0; img < {n}; img++) {{
         j.x = {image_at("X", c * h * w, byte_in, const=True)};
         j.y = {image_at("Y", m * p, byte_out is not None)};
