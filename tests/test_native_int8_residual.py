@@ -162,6 +162,6 @@ def test_pixel_major_1x1_reads_its_nhwc_input_in_place(tmp_path, act, weights, m
     rng = np.random.default_rng(13 + m)
     model, x = residual_model(rng, act, 16, m, hw, pool=False, batch=2, weights=weights)
     images, names = _byte_images(model)
-    assert images == {names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}
+    assert images == {names["quantize0"]: "nchw", **{names[v]: "nhwc" for v in ("conv0", "conv1", "add0", "conv2", "add1")}}
     scale = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "q6s")))
     _check_outputs(tmp_path, model, x, scale)
