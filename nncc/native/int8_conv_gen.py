@@ -488,6 +488,15 @@ static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float
 _SHORT_K, _MANY_PIXELS = 160, 700
 
 
+def store_as_bytes(wr, out: str) -> str | None:
+    """The layout in which the native int8 step writing ``out`` stores it as bytes, recorded
+    in ``wr.byte_images`` for its readers, or None to keep the float image (int8_bytes)."""
+    layout = byte_output(wr, out, lambda conv: pixel_major(wr.graph, wr.infos, conv))
+    if layout:
+        wr.byte_images[out] = layout
+    return layout
+
+
 def pixel_major(graph, infos, node) -> bool:
     """Whether emit gives the (native) QConv ``node`` the pixel-major form."""
     wshape = np.shape(constant(graph, infos, node.inputs[3]))
@@ -512,9 +521,7 @@ def emit(wr, node) -> None:
         out = node.outputs[0]
         size = math.prod(wr.shape(x))
         # read only by int8 steps that recover with this scale: q itself, one byte each
-        layout = byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
-        if layout:
-            wr.byte_images[out] = layout
+        layout = store_as_bytes(wr, out)
         wr.step(f"q_image({wr.ptr(x)}, {wr.ptr(packed)}, {wr.ptr(out)});", [x, (packed, QD_TABLE.pointer)], [out],
                 support=_qd_source("q_image", size, byte_shift(zv.dtype) if layout else None))
         return
@@ -534,10 +541,8 @@ def emit(wr, node) -> None:
     out = node.outputs[0]
     geometry = (oh, ow, strides[0], strides[1], dilations[0], dilations[1], pads[0], pads[1])
     byte_in = wr.byte_images.get(x)
-    layout = byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
+    layout = store_as_bytes(wr, out)
     byte_out = byte_shift(value(yz).dtype) if layout else None
-    if layout:
-        wr.byte_images[out] = layout
     if group != 1:  # depthwise
         int8_depthwise_gen.emit(wr, x, w, out, f"{xs}|{xz}|{ws}|{wz}|{ys}|{yz}|{b}", wv, zero_w, bias, mult,
                                 scalars, (n, c, h, wd), geometry, byte_in, byte_out)

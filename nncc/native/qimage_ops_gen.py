@@ -16,7 +16,7 @@ import numpy as np
 from nncc.kernels.qimage import reciprocal
 from nncc.native import int8_bytes
 from nncc.native.c_struct import Field, Struct
-from nncc.native.int8_conv_gen import pixel_major, scalar_params, static_f32, constant
+from nncc.native.int8_conv_gen import scalar_params, static_f32, store_as_bytes, constant
 from nncc.native.int8_tables import quantized_range
 
 OPS = {("nncc", "QAdd"), ("nncc", "QGlobalAveragePool"), ("nncc", "QGemm")}
@@ -104,9 +104,7 @@ def emit(wr, node) -> None:
         size = math.prod(wr.shape(a))
         # a value stored as bytes is read as q plus its shift; the output is stored so when
         # its readers take bytes (int8_bytes), in the layout its inputs' bytes share
-        layout = int8_bytes.byte_output(wr, out, lambda conv: pixel_major(graph, infos, conv))
-        if layout:
-            wr.byte_images[out] = layout
+        store_as_bytes(wr, out)
         shifts = [_byte_shift(wr, value, zero) for value, zero in ((a, ins[2]), (b, ins[5]), (out, ins[7]))]
         wr.step(f"q_add({wr.ptr(a)}, {wr.ptr(b)}, {wr.ptr(packed)}, {wr.ptr(out)});",
                 [a, b, (packed, _ADD.pointer)], [out], support=_add_source(size, *shifts))
