@@ -1222,6 +1222,15 @@ def _q_activation(case, b, rng, act, tag: str, scale) -> tuple[str, str]:
     return names
 
 
+def _quantized_input(case, b, rng, act, x: str) -> tuple[str, str, str, np.float32]:
+    """A chain's first step: ``x`` quantized to ``act`` with a drawn scale and zero point
+    (_q_activation's "a0"): (the bytes' name, the scale's and zero point's names, the scale)."""
+    scale = np.float32(rng.uniform(0.01, 0.03))
+    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
+    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    return q, xs, xz, scale
+
+
 def _qlinear_conv(case, b, rng, act, i: int, x, c: int, m: int, k: int, stride: int, pad: int,
                   depthwise: bool):
     """Layer ``i`` of a quantized chain: a QLinearConv of ``x`` (its bytes, scale name, zero
@@ -1256,10 +1265,7 @@ def qconv_chain(case, rng):
     h, w = int(rng.integers(1, 13)), int(rng.integers(1, 13))
     act = np.int8 if rng.random() < 0.3 else np.uint8
     x = b.input("x", (n, c, h, w))
-    scale = np.float32(rng.uniform(0.01, 0.03))
-
-    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
-    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    q, xs, xz, scale = _quantized_input(case, b, rng, act, x)
     layers = []
     for i in range(_choice(rng, [2, 2, 3])):
         depthwise = i > 0 and rng.random() < 0.4
@@ -1746,10 +1752,7 @@ def qconv_nhwc(case, rng):
     h, w = int(rng.integers(1, 21)), _choice(rng, [1, 5, 7, 15, 16, 17, 33])
     act = np.int8 if rng.random() < 0.3 else np.uint8
     x = b.input("x", (n, c, h, w))
-    scale = np.float32(rng.uniform(0.01, 0.03))
-
-    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
-    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    q, xs, xz, scale = _quantized_input(case, b, rng, act, x)
     layers = []
     for i, depthwise in enumerate((True, False)):
         k = 3 if depthwise else _choice(rng, [1, 1, 3])
@@ -2105,9 +2108,7 @@ def qadd_residual(case, rng):
     m = _choice(rng, [40, 64, 96, 128]) if narrow else _choice(rng, [3, 8, 17, 24])
     act = np.int8 if rng.random() < 0.3 else np.uint8
     x = b.input("x", (n, c, h, w))
-    scale = np.float32(rng.uniform(0.01, 0.03))
-    xs, xz = _q_activation(case, b, rng, act, "a0", scale)
-    (q,) = b.node("QuantizeLinear", [x, xs, xz], ["q0"])
+    q, xs, xz, scale = _quantized_input(case, b, rng, act, x)
     layers, standard, i = [], {}, 0  # standard: a contrib node's name -> the oracle's nodes for it
     f32 = np.float32
 
