@@ -2407,11 +2407,17 @@ def _main(argv: list[str]) -> int:
     print(case.describe())
     with tempfile.TemporaryDirectory() as tmp:
         got, native = run_nncc([case], f"{tmp}/case.onnx")
-    want, ref = run_onnxruntime([case]), run_reference(case)
+    want = run_onnxruntime([case])
+    try:
+        ref = run_reference(case)
+    except Exception as exc:  # noqa: BLE001 - onnx.reference lacks some ops at some opsets (QDQ at 17): not judged
+        ref = None
+        print(f"onnx.reference cannot run this case ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     for name in case.outputs:
         g = np.asarray(got[name])
+        versus = "" if ref is None else f"; reference {ref[name].shape} max diff {_maxdiff(g, ref[name])}"
         print(f"{name}: nncc {g.shape} native={name in native}; onnxruntime {want[name].shape} "
-              f"max diff {_maxdiff(g, want[name])}; reference {ref[name].shape} max diff {_maxdiff(g, ref[name])}")
+              f"max diff {_maxdiff(g, want[name])}{versus}")
     verdict = judge(case, got, want, native)
     print(verdict or "pass")
     return 1 if verdict else 0
