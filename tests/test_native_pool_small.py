@@ -3,7 +3,8 @@ workers still spin from the run before), and with pauses longer than the workers
 after a call (they sleep, and the first step of a run finds them asleep: a small one runs
 on the caller and wakes them, a larger one is shared with them). However the steps fell,
 the results are one thread's bit for bit, and they match onnxruntime; a shape change still
-gets its own plan."""
+gets its own plan. A call as small as this model's runs every job on the caller once its
+entry point has seen its size: its workers never get one of its jobs."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ pytestmark = [pytest.mark.skipif(find_toolchain() is None, reason="no C compiler
                                                                 "point: the pool's size cannot be set")]
 
 # products of 32 x 64 x 256 and 32 x 256 x 128 multiply-adds: one under the work that pays
-# for waking a sleeping worker, one over it
+# for waking a sleeping worker, one over it; the call's work (1.6M) under what the pool
+# shares at all once a call's size is known. LARGE_ROWS make a call the pool shares.
 ROWS, FEATURES, HIDDEN, OUT = 32, 64, 256, 128
+LARGE_ROWS = 1024
 
 
 def _model(tmp_path):
@@ -68,6 +71,29 @@ def test_one_two_and_four_threads_give_one_threads_bits_back_to_back_and_after_p
         for pause_s in (0.0, 0.002):
             for got in _runs(compiled[threads], feeds, pause_s, 30):
                 np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads, pause {pause_s}")
+
+
+def test_a_small_call_keeps_its_jobs_on_the_caller_and_a_large_one_shares_them(tmp_path):
+    """Each entry point records its call's work: from the second run on, a call under the
+    pool's bound hands its workers no job (its constants stay in the caller's cache), back
+    to back and after pauses; a call over it does, and both give onnxruntime's answer."""
+    path = _model(tmp_path)
+    with limit_blas_threads(2):
+        small = nncc.compile_model(path, dims={"batch": ROWS})
+        large = nncc.compile_model(path, dims={"batch": LARGE_ROWS})
+    shared = {}
+    for model, rows in ((small, ROWS), (large, LARGE_ROWS)):
+        library = model._executor.loaded["native"]
+        assert library.threads == 2 and model.native_partitions == 1
+        feeds = _feeds(rows, 4)
+        model.run(feeds)  # the entry point's first call: its size is not known yet
+        before = library.jobs_shared()
+        for pause_s in (0.0, 0.002):
+            for got in _runs(model, feeds, pause_s, 10):
+                np.testing.assert_allclose(got, ort_run(path, feeds, ["probs"])[0], rtol=1e-5, atol=1e-5)
+        shared[rows] = library.jobs_shared() - before
+    assert shared[ROWS] == 0, f"a call of {ROWS} rows handed {shared[ROWS]} jobs to the workers"
+    assert shared[LARGE_ROWS] >= 20, f"a call of {LARGE_ROWS} rows shared only {shared[LARGE_ROWS]} jobs in 20 runs"
 
 
 def test_outputs_of_runs_on_the_pool_are_not_shared(tmp_path):

@@ -365,6 +365,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             lines.append(f"static int64_t {self.symbol}_ns[{len(self.steps)}];")
             lines.append(f"NN_EXPORT int {self.symbol}_profile(int64_t *out) {{ memcpy(out, {self.symbol}_ns, "
                          f"sizeof {self.symbol}_ns); return {len(self.steps)}; }}")
+        lines.append(f"static int64_t {self.symbol}_work;  /* the last call's work (nn_call_begin) */")
         lines.append(f"NN_EXPORT int {self.symbol}(void **args, char *ws) {{")
         for name, i in args.items():
             lines.append(f"  float *v_{self._cname(name)} = (float *)args[{i}];")
@@ -373,7 +374,7 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
         for name in placed:  # inside a Concat's output, which lives in the workspace
             holder, at = concat_slices.top(name, placed)
             lines.append(f"  float *v_{self._cname(name)} = (float *)(ws + {offsets[holder] + 4 * at});")
-        lines.append("  nn_call_begin();")
+        lines.append(f"  nn_call_begin(&{self.symbol}_work);")
         tested: dict[str, str] = {}  # condition -> the local holding it, read once before its first block
         guard = None
         for index, step in enumerate(self.steps):
@@ -390,12 +391,12 @@ class _Writer(ConvSteps, MatmulSteps, ElementwiseSteps, BlockedLayout):
             pad = "    " if step.guard else "  "  # inside an If's block
             lines.append(pad + call)
             if step.status:
-                lines.append(f"{pad}if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(); return 1; }}")
+                lines.append(f"{pad}if (*(const int64_t *)(ws + {scratch_at[index]})) {{ nn_call_end(&{self.symbol}_work); return 1; }}")
             # a scratch request that failed in the step (nn_scratch, prelude.h) fails the call
             lines.append(f"{pad}if (__atomic_load_n(&nn_scratch_short, __ATOMIC_RELAXED)) "
-                         f"{{ nn_call_end(); return nn_scratch_failed({index}); }}")
+                         f"{{ nn_call_end(&{self.symbol}_work); return nn_scratch_failed({index}); }}")
         lines.extend(self.guard_lines(guard, None, tested))
-        lines.append("  nn_call_end();\n  return 0;\n}\n")
+        lines.append(f"  nn_call_end(&{self.symbol}_work);\n  return 0;\n}}\n")
         declarations = [k.declaration for k in kernels.values()]
         ops = sorted({n.op_type for n in self.nodes})
         return Unit(self.symbol, "\n".join(declarations + lines), self.args, self.n_inputs, _align(size_total),

@@ -75,6 +75,13 @@ class Library:
         return record[0], record[1]
 
 
+    def jobs_shared(self) -> int:
+        """How many parallel jobs this library's thread pool has handed to its workers."""
+        fn = self.handle.nncc_jobs_shared
+        fn.restype = ctypes.c_int64
+        return fn()
+
+
 SCRATCH_STATUS = 2  # a call's status when a step's scratch could not be allocated (prelude.h)
 
 

@@ -119,8 +119,8 @@ int nn_thread_count(void);
 /* Whether this process may use AMX tiles (runtime.c; nncc/native/amx.py): asked of the OS
  * once, on the first call; 0 when refused, when $NNCC_AMX turns them off, or off Linux. */
 int nn_amx_permitted(void);
-void nn_call_begin(void);
-void nn_call_end(void);
+void nn_call_begin(int64_t *last_work);
+void nn_call_end(int64_t *last_work);
 
 /* Per-thread scratch (runtime.c): ``floats`` floats of the calling thread's buffer in slot
  * ``which``, kept for the thread's life (its contents are the last user's: write before
