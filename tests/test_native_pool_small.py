@@ -55,13 +55,14 @@ def _runs(model, feeds, pause_s: float, count: int) -> list[np.ndarray]:
     return got
 
 
-def test_one_two_and_four_threads_give_one_threads_bits_back_to_back_and_after_pauses(tmp_path):
+@pytest.mark.parametrize("rows", [ROWS, LARGE_ROWS], ids=["small-call", "shared-call"])
+def test_one_two_and_four_threads_give_one_threads_bits_back_to_back_and_after_pauses(tmp_path, rows):
     path = _model(tmp_path)
-    feeds = _feeds(ROWS, 0)
+    feeds = _feeds(rows, 0)
     compiled = {}
     for threads in (1, 2, 4):
         with limit_blas_threads(threads):
-            compiled[threads] = nncc.compile_model(path, dims={"batch": ROWS})
+            compiled[threads] = nncc.compile_model(path, dims={"batch": rows})
         assert compiled[threads]._executor.loaded["native"].threads == threads
         assert compiled[threads].native_partitions == 1
     want = compiled[1].run(feeds)["probs"]
