@@ -22,6 +22,7 @@ from nncc.ir.graph import Graph, TensorInfo
 from nncc.passes.cleanup import remove_noops
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
+from nncc.passes.gemm_batchnorm import fold_batchnorm_into_gemm
 from nncc.passes.fusion import (
     fold_batchnorm_into_conv,
     fold_scale_shift_into_conv,
@@ -359,6 +360,43 @@ def test_batchnorm_folds_into_conv(with_bias, group):
     assert not {"scale", "bias", "mean", "var", "w"} & set(after.initializers)
 
 
+def _gemm_bn_model(trans_b=1, c_shape=(8,), alpha=1.0, beta=1.0, weight_input=False):
+    m, k, n = 3, 5, 8
+    inits = [init("scale", rand(30, n)), init("bias", rand(31, n)), init("mean", rand(32, n)),
+             init("var", np.abs(rand(33, n)) + 0.5)]
+    if not weight_input:
+        inits.append(init("b", rand(34, *((n, k) if trans_b else (k, n)))))
+    gemm_inputs = ["x", "b"]
+    if c_shape is not None:
+        inits.append(init("c", rand(35, *c_shape)))
+        gemm_inputs.append("c")
+    nodes = [helper.make_node("Gemm", gemm_inputs, ["g"], transB=trans_b, alpha=alpha, beta=beta),
+             helper.make_node("BatchNormalization", ["g", "scale", "bias", "mean", "var"], ["y"], epsilon=1e-3)]
+    inputs = [("x", [m, k])] + ([("b", [n, k] if trans_b else [k, n])] if weight_input else [])
+    return make_model(nodes, inputs, [("y", [m, n])], inits)
+
+
+@pytest.mark.parametrize("trans_b, c_shape, alpha, beta", [
+    (1, (8,), 1.0, 1.0), (0, None, 1.0, 1.0), (1, (1, 8), 0.5, 2.0), (0, (1,), 0.5, 2.0)],
+    ids=["transB-C-row", "B-no-C", "transB-C-1xN-scaled", "B-C-scalar-scaled"])
+def test_batchnorm_folds_into_gemm(trans_b, c_shape, alpha, beta):
+    model = _gemm_bn_model(trans_b, c_shape, alpha, beta)
+    after = eliminate_dead_code(check_pass(model, fold_batchnorm_into_gemm, tol=BN_TOL))
+    assert ops(after) == ["Gemm"] and after.nodes[0].outputs == ["y"]
+    assert after.nodes[0].attrs["beta"] == 1.0 and len(after.nodes[0].inputs) == 3
+    assert not {"scale", "bias", "mean", "var", "b"} & set(after.initializers)
+
+
+def test_batchnorm_stays_after_a_gemm_whose_bias_varies_by_row():
+    after = check_pass(_gemm_bn_model(c_shape=(3, 8)), fold_batchnorm_into_gemm)
+    assert ops(after) == ["Gemm", "BatchNormalization"]
+
+
+def test_batchnorm_stays_after_a_gemm_by_a_run_time_matrix():
+    after = check_pass(_gemm_bn_model(weight_input=True), fold_batchnorm_into_gemm)
+    assert ops(after) == ["Gemm", "BatchNormalization"]
+
+
 def _conv_scale_shift_model(scale_shape, shift_shape, with_bias, swap):
     m, c = 8, 4
     inits = [init("w", rand(20, m, c, 3, 3)), init("s", rand(21, *scale_shape)), init("t", rand(22, *shift_shape))]
@@ -537,7 +575,8 @@ def test_pass_list_describes_every_level():
     assert [p.name for p in passes_for(2)][:4] == ["remove_noops", "carry_quantized_as_float", "fold_constants",
                                                    "eliminate_dead_code"]
     assert [p.name for p in passes_for(2)][4:] == [
-        "sink_transposes", "fold_batchnorm_into_conv", "fold_scale_shift_into_conv", "fold_pad_into_conv", "batchnorm_to_scale_shift",
+        "sink_transposes", "fold_batchnorm_into_conv", "fold_batchnorm_into_gemm", "fold_scale_shift_into_conv",
+        "fold_pad_into_conv", "batchnorm_to_scale_shift",
         "matmul_add_to_gemm", "fuse_dynamic_quantization", "fuse_spelled_activations", "fuse_activation", "conv1d_as_2d", "fuse_gelu",
         "fuse_attention", "eliminate_dead_code"]
     for name, level, description in PASSES:

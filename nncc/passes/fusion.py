@@ -101,7 +101,7 @@ class Rewriter:
 # --------------------------------------------------------------------------- BN folding
 
 
-def _bn_foldable(graph: Graph, bn: Node, rewriter: Rewriter) -> bool:
+def bn_foldable(graph: Graph, bn: Node, rewriter: Rewriter) -> bool:
     if int(bn.attrs.get("training_mode", 0)) or int(bn.attrs.get("spatial", 1)) == 0:
         return False
     if len(bn.inputs) != 5 or not bn.outputs or not bn.outputs[0]:
@@ -138,7 +138,7 @@ def fold_batchnorm_into_conv(graph: Graph) -> Graph:
         bn = rw.sole_consumer(conv.outputs[0])
         if bn is None or bn.op_type != "BatchNormalization" or bn.domain != "":
             continue
-        if bn.inputs[0] != conv.outputs[0] or not _bn_foldable(graph, bn, rw):
+        if bn.inputs[0] != conv.outputs[0] or not bn_foldable(graph, bn, rw):
             continue
         w = rw.constant(conv.inputs[1])
         b = rw.constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
@@ -241,11 +241,11 @@ _AFFINE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 def _bn_inference(graph: Graph, bn: Node, rw: Rewriter) -> bool:
     """``bn`` normalizes with its stored statistics (decided as the BatchNormalization
     kernel decides it) and only its Y output is used."""
-    if not _bn_foldable(graph, bn, rw):
+    if not bn_foldable(graph, bn, rw):
         return False
     opset, outputs = graph.opset(""), len(bn.outputs)
     if opset >= 14:
-        return True  # training_mode checked by _bn_foldable
+        return True  # training_mode checked by bn_foldable
     if opset < 7 and bn.attrs.get("is_test") is not None:
         return bool(bn.attrs["is_test"]) or outputs == 1
     return outputs == 1  # opset 7..13: several outputs mean training mode

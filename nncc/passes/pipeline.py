@@ -15,6 +15,7 @@ from nncc.passes.cleanup import remove_noops
 from nncc.passes.conv1d import conv1d_as_2d
 from nncc.passes.dce import eliminate_dead_code
 from nncc.passes.fold import fold_constants
+from nncc.passes.gemm_batchnorm import fold_batchnorm_into_gemm
 from nncc.passes.qlinear_float import carry_quantized_as_float
 from nncc.passes.quant_fusion import fuse_dynamic_quantization
 from nncc.passes.transposes import sink_transposes
@@ -54,6 +55,8 @@ PASSES: list[PassInfo] = [
              "into a Reduce's axes; runs before the fusions, which then see a plain chain"),
     PassInfo("fold_batchnorm_into_conv", 2,
              "fold inference BatchNormalization into the preceding Conv's weights and bias"),
+    PassInfo("fold_batchnorm_into_gemm", 2,
+             "fold inference BatchNormalization into the preceding Gemm's B columns and bias"),
     PassInfo("fold_scale_shift_into_conv", 2,
              "fold a per-channel constant Mul or Add after a Conv into its weights and bias"),
     PassInfo("fold_pad_into_conv", 2,
@@ -92,6 +95,7 @@ _FUNCTIONS: dict[str, Callable[[Graph], Graph]] = {
     "sink_transposes": sink_transposes,
     "fold_batchnorm_into_conv": fold_batchnorm_into_conv,
     "fold_pad_into_conv": fold_pad_into_conv,
+    "fold_batchnorm_into_gemm": fold_batchnorm_into_gemm,
     "fold_scale_shift_into_conv": fold_scale_shift_into_conv,
     "batchnorm_to_scale_shift": batchnorm_to_scale_shift,
     "matmul_add_to_gemm": matmul_add_to_gemm,
