@@ -2,7 +2,7 @@
 int8_bytes.py): an inverted residual's stream written by pixel-major projections and QAdds
 stays NHWC while its pointwise expansions take the channel-major form, which packs its
 operand from whole pixels (a transpose in 4-byte units, 16 x 16 words at a time on AVX-512,
-plain C on the baseline target).
+plain C on the AVX2 and baseline targets).
 
 Oracles as tests/test_native_int8_residual.py's: the portable plan bit for bit, and
 onnxruntime within the few output steps its fixed-point QLinearAdd may move.
@@ -11,6 +11,7 @@ onnxruntime within the few output steps its fixed-point QLinearAdd may move.
 from __future__ import annotations
 
 import math
+import platform
 
 import numpy as np
 import onnx
@@ -19,7 +20,7 @@ from onnx import TensorProto, helper
 
 import nncc
 from nncc.native.int8_conv_gen import pixel_major
-from nncc.native.toolchain import find_toolchain
+from nncc.native.toolchain import find_toolchain, missing_features, required_features
 from nncc.passes.pipeline import run_passes
 from nncc.frontend.onnx import parse_model
 from nncc.passes.shape_inference import infer_shapes
@@ -27,6 +28,11 @@ from tests.oracle import ort_run
 from tests.test_native_int8_residual import MS, _byte_images, _const
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
+X86 = platform.machine() in ("x86_64", "AMD64")
+# the host's best (AVX-512: the 16 x 16 transpose), AVX2 (the plain-C packing, the pairs
+# kernel) where the host runs it, and the baseline x86-64 (plain C throughout)
+TARGETS = ["native"] + (["x86-64"] if X86 else []) + (
+    ["x86-64-v3"] if X86 and not missing_features(required_features("x86-64-v3")) else [])
 
 
 def expansion_model(rng, act, c: int, e: int, hw: tuple[int, int], weights=np.int8, batch: int = 1):
@@ -88,7 +94,7 @@ CASES = [(64, 192, (14, 14), np.uint8, np.int8), (125, 288, (13, 20), np.uint8, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["native", "x86-64"])
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("c, e, hw, act, weights", CASES, ids=["c64-196px", "c125-260px", "c62-256px", "c64-261px"])
 def test_channel_major_expansions_read_the_nhwc_stream(tmp_path, target, c, e, hw, act, weights):
     """The projections (K = e) are pixel-major and the expansions (K = c, many pixels)
