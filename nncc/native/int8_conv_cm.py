@@ -361,7 +361,8 @@ def _pack_nhwc(c: CWriter, layer: Layer) -> None:
             c.line(f"__m512i r[{WORDS}], t[{WORDS}];")
             for c0 in range(0, ch, 4 * WORDS):
                 size = min(4 * WORDS, ch - c0)
-                load = "_mm512_loadu_si512(src)" if size == 64 else                     f"_mm512_maskz_loadu_epi8((__mmask64){(1 << size) - 1:#x}ull, src)"
+                load = "_mm512_loadu_si512(src)" if size == 64 else \
+                    f"_mm512_maskz_loadu_epi8((__mmask64){(1 << size) - 1:#x}ull, src)"
                 with c.block(""):
                     with c.loop("i", WORDS, ctype="int"):
                         c.line(f"const uint8_t *src = x + (q0 + i) * {ch} + {c0};",
