@@ -2092,7 +2092,10 @@ def qadd_residual(case, rng):
     convolution, or the stream itself. Each value quantizes with the scale and zero point
     its readers recover with, so the stream, the adds' inputs and outputs included, travels
     as bytes (nncc/native/int8_bytes.py), NHWC between pixel-major convolutions (many
-    channels over few pixels), NCHW otherwise; sometimes a block's input is also an output
+    channels over few pixels), NCHW otherwise; or MobileNetV2's 14 x 14 blocks (a stream of
+    61 to 128 channels over 150 to 320 pixels, expansions past 160 channels), whose
+    pixel-major projections keep the stream NHWC while the pointwise expansions, channel-major,
+    read it in place (int8_conv_cm.py); sometimes a block's input is also an output
     (a float image). onnxruntime's own QLinearAdd and QLinearGlobalAveragePool round in
     fixed point, so its model (``oracle_nodes``) spells both in standard float32 ops with
     the portable kernels' arithmetic (nncc/kernels/quantize.py's qlinear_add, qlinear_contrib's
@@ -2103,9 +2106,15 @@ def qadd_residual(case, rng):
     b = _Builder(case, rng)
     n = _choice(rng, [1, 1, 2])
     c = _choice(rng, [3, 8, 16])
-    narrow = rng.random() < 0.5  # many channels over few pixels: the pixel-major form
-    h, w = (int(rng.integers(1, 6)), int(rng.integers(1, 7))) if narrow else (int(rng.integers(1, 13)), int(rng.integers(1, 14)))
-    m = _choice(rng, [40, 64, 96, 128]) if narrow else _choice(rng, [3, 8, 17, 24])
+    form = rng.random()
+    narrow = form < 0.4  # many channels over few pixels: the pixel-major form
+    mobile = form >= 0.7  # pixel-major projections, channel-major expansions over one NHWC stream
+    if mobile:
+        h, w, m = int(rng.integers(12, 18)), int(rng.integers(13, 20)), _choice(rng, [61, 62, 64, 125, 128])
+    elif narrow:
+        h, w, m = int(rng.integers(1, 6)), int(rng.integers(1, 7)), _choice(rng, [40, 64, 96, 128])
+    else:
+        h, w, m = int(rng.integers(1, 13)), int(rng.integers(1, 14)), _choice(rng, [3, 8, 17, 24])
     act = np.int8 if rng.random() < 0.3 else np.uint8
     x = b.input("x", (n, c, h, w))
     q, xs, xz, scale = _quantized_input(case, b, rng, act, x)
@@ -2144,8 +2153,11 @@ def qadd_residual(case, rng):
         return qy, ys, yz, s_out
 
     stream = conv((q, xs, xz, scale), c, m, 1, False)
+    if mobile:  # the stream's first writer a projection too (a short K would be channel-major)
+        stream = conv(stream, m, 192, 1, False)
+        stream = conv(stream, 192, m, 1, False)
     for _ in range(_choice(rng, [1, 2, 3])):
-        e = _choice(rng, [m, 2 * m]) if not narrow else _choice(rng, [m, 64, 128])
+        e = _choice(rng, [192, 3 * m, 256]) if mobile else _choice(rng, [m, 2 * m]) if not narrow else _choice(rng, [m, 64, 128])
         inner = conv(stream, m, e, 1, False)
         if rng.random() < 0.4:
             inner = conv(inner, e, e, 3, True)
@@ -2153,13 +2165,14 @@ def qadd_residual(case, rng):
         if rng.random() < 0.15:  # the block's input read outside the int8 steps too
             b.output(b.node("DequantizeLinear", list(stream[:3]), [f"inner{i}"])[0])
         stream = add(*((stream, proj) if rng.random() < 0.5 else (proj, stream)))
-    if rng.random() < 0.3:  # a second quantized input joins the stream as a float image
+    if rng.random() < (0.1 if mobile else 0.3):  # a second quantized input joins the stream as a float image
         x2 = b.input("x2", (n, m, h, w))
         s2 = f32(rng.uniform(0.01, 0.03))
         x2s, x2z = _q_activation(case, b, rng, act, "b0", s2)
         (q2,) = b.node("QuantizeLinear", [x2, x2s, x2z], ["q2in"])
         stream = add(stream, (q2, x2s, x2z, s2))
-    tail = _choice(rng, ["pool", "conv", "stream"])
+    # (a pool or a float output reads the stream NCHW: MobileNetV2's form mostly ends in a convolution)
+    tail = _choice(rng, ["pool", "conv", "stream"] if not mobile else ["conv", "conv", "conv", "pool"])
     if tail == "pool":
         q_in, s_name, z_name, s_in = stream
         s_out = f32(float(s_in) * float(rng.uniform(0.3, 1.0)))

@@ -14,8 +14,10 @@ The native QAdd and QGlobalAveragePool (nncc/native/qimage_ops_gen.py) read byte
 and QAdd writes its output as bytes by the same rule, so an inverted-residual block's
 stream (projection -> QAdd -> QAdd -> expansion) stays bytes end to end. QAdd is
 elementwise: its inputs and output share one layout, so the values a QAdd joins are laid
-out together (one group): NHWC when every member is bytes and each is written and read
-only by pixel-major convolutions and QAdds, NCHW otherwise (the layout every form reads,
+out together (one group): NHWC when every member is bytes, each is written only by
+pixel-major convolutions and QAdds, and read only by those and by channel-major pointwise
+convolutions (an inverted residual's expansion over many pixels, which packs its operand
+from whole pixels as readily as from planes); NCHW otherwise (the layout every form reads,
 and a float image's).
 
 Any other reader (another elementwise step, a partition output, a different scale) keeps
@@ -90,12 +92,13 @@ def _takes_bytes(wr, node) -> bool:
     return True
 
 
-def plan(wr, pixel_major) -> dict[str, str]:
+def plan(wr, pixel_major, reads_nhwc=None) -> dict[str, str]:
     """The partition's values stored as bytes and their layouts (see the module's
     docstring), computed once per writer. ``pixel_major(conv)``: whether a convolution
     takes the pixel-major form, which reads and writes pixels with their channels side by
     side: between two of those the bytes are NHWC, so the writer stores whole pixels and the
-    reader copies whole image rows."""
+    reader copies whole image rows. ``reads_nhwc(conv)``: whether a convolution reads NHWC
+    bytes (by default, when it is pixel-major)."""
     cached = getattr(wr, "_byte_plan", None)
     if cached is not None:
         return cached
@@ -118,23 +121,29 @@ def plan(wr, pixel_major) -> dict[str, str]:
     for v in set(group) | set(group.values()) | as_bytes:
         members.setdefault(find(v), []).append(v)
 
-    def pixel_side(node) -> bool:  # a step that reads or writes NHWC bytes
+    reads_nhwc = reads_nhwc or pixel_major
+
+    def writes_pixels(node) -> bool:  # a step that writes NHWC bytes
         key = (node.domain, node.op_type)
         return key == QADD or (key == QCONV and pixel_major(node))
 
+    def reads_pixels(node) -> bool:  # a step that reads NHWC bytes
+        key = (node.domain, node.op_type)
+        return key == QADD or (key == QCONV and reads_nhwc(node))
+
     layouts = {}
     for values in members.values():
-        nhwc = all(v in as_bytes and pixel_side(producer[v]) and all(pixel_side(r) for r in wr.consumers[v])
+        nhwc = all(v in as_bytes and writes_pixels(producer[v]) and all(reads_pixels(r) for r in wr.consumers[v])
                    for v in values)
         layouts.update((v, "nhwc" if nhwc else "nchw") for v in values if v in as_bytes)
     wr._byte_plan = layouts
     return layouts
 
 
-def byte_output(wr, out, pixel_major) -> str | None:
+def byte_output(wr, out, pixel_major, reads_nhwc=None) -> str | None:
     """The layout in which the native int8 step writing ``out`` stores it as bytes, or None
     to keep the float image (``plan``)."""
-    return plan(wr, pixel_major).get(out)
+    return plan(wr, pixel_major, reads_nhwc).get(out)
 
 
 def image_at(ptr: str, count: int, as_bytes: bool, const: bool = False) -> str:

@@ -6,7 +6,10 @@ mostly padding and its stores would transpose.
 The input image is quantized into padded byte planes (C x Hp x Wp, the padding the zero
 point), then packed as A4: for each group of four rows of K (K ordered channel, kernel row,
 kernel column, as the weights lie), the pixels' four bytes side by side, pixels padded to a
-multiple of 64. ``vpdpbusd`` multiplies 64 pixels' bytes (four vectors) by one output
+multiple of 64. A pointwise layer (1x1, stride 1, unpadded) packs A straight from its input;
+from NHWC bytes (int8_bytes: an inverted-residual stream between pixel-major projections)
+that is a transpose in 4-byte units, each pixel's channels 4g..4g+3 one word, 16 pixels x 16
+words at a time on AVX-512. ``vpdpbusd`` multiplies 64 pixels' bytes (four vectors) by one output
 channel's four weight bytes broadcast, six channels at a time. On AVX2 (``pairs``) 8 pixels'
 bytes are a vector, ``vpmaddubsw`` by a channel's four weight bytes broadcast sums each
 pixel's two pairs of products into int16 lanes and ``vpmaddwd`` by ones adds the two into
@@ -107,7 +110,8 @@ class Layer:
     into ``m`` x ``oh`` x ``ow``, a ``kh`` x ``kw`` kernel at strides ``sh``, ``sw`` and
     dilations ``dh``, ``dw``, padded ``pt`` rows above and ``pl`` columns left.
     ``zero_points``: some weight zero point is not 0, so the pixels' sums are needed;
-    ``byte_in``: the input is stored as bytes; ``byte_out``: store the output as bytes, q
+    ``byte_in``: the input is stored as bytes, NCHW, or NHWC with ``nhwc_in`` (a pointwise
+    layer only); ``byte_out``: store the output as bytes, q
     plus this shift (int8_bytes); ``pairs``: the weights are in the AVX2 kernel's layout,
     with room for ``capacity`` remainder entries a sliver (sliver_bytes)."""
 
@@ -131,6 +135,10 @@ class Layer:
     byte_out: int | None = None
     pairs: bool = False
     capacity: int = 0
+    nhwc_in: bool = False
+
+    def __post_init__(self):
+        assert not self.nhwc_in or (self.byte_in and self.pointwise), "NHWC bytes are read by a pointwise layer only"
 
     @property
     def padded(self) -> tuple[int, int]:
@@ -204,7 +212,9 @@ def source(name: str, quantize_byte: str, layer: Layer) -> str:
     _pack(c, layer)
     if layer.zero_points:
         _sums(c, layer)
-    if layer.pointwise:
+    if layer.nhwc_in:
+        _pack_nhwc(c, layer)
+    elif layer.pointwise:
         _pack_direct(c, layer)
     _dots(c, layer)
     _tiles(c, layer, t)
@@ -308,6 +318,68 @@ def _pack_direct(c: CWriter, layer: Layer) -> None:
                 with c.otherwise():
                     pack_loop(rest)
             c.line(f"memset(out + {p}, 0, {(layer.p64 - p) * 4});")
+    c.line("")
+
+
+WORDS = 16  # the NHWC transpose's block: 16 pixels x 16 words (64 channels), one vector a row
+
+
+def _transpose_words(c: CWriter) -> None:
+    """r[0..15] (16 x 16 int32) transposed in place: pairs of rows interleaved by words,
+    then by double words (each 128-bit lane holds four rows' word of one column), then the
+    lanes gathered in two rounds of ``vshufi32x4``."""
+    for i in range(0, 16, 2):
+        c.line(f"t[{i}] = _mm512_unpacklo_epi32(r[{i}], r[{i + 1}]); t[{i + 1}] = _mm512_unpackhi_epi32(r[{i}], r[{i + 1}]);")
+    for a in range(0, 16, 4):  # r[a + col]: lane L holds column 4L + col of rows a..a+3
+        c.line(f"r[{a}] = _mm512_unpacklo_epi64(t[{a}], t[{a + 2}]); r[{a + 1}] = _mm512_unpackhi_epi64(t[{a}], t[{a + 2}]);",
+               f"r[{a + 2}] = _mm512_unpacklo_epi64(t[{a + 1}], t[{a + 3}]); r[{a + 3}] = _mm512_unpackhi_epi64(t[{a + 1}], t[{a + 3}]);")
+    for base in (0, 8):  # t[base + col]: lanes 0, 2 of rows' blocks; t[base + 4 + col]: lanes 1, 3
+        for col in range(4):
+            x, y = base + col, base + 4 + col
+            c.line(f"t[{x}] = _mm512_shuffle_i32x4(r[{x}], r[{y}], 0x88); t[{y}] = _mm512_shuffle_i32x4(r[{x}], r[{y}], 0xdd);")
+    for col in range(4):  # column 4L + col: lane L of each block of four rows
+        c.line(f"r[{col}] = _mm512_shuffle_i32x4(t[{col}], t[{8 + col}], 0x88); "
+               f"r[{4 + col}] = _mm512_shuffle_i32x4(t[{4 + col}], t[{12 + col}], 0x88);",
+               f"r[{8 + col}] = _mm512_shuffle_i32x4(t[{col}], t[{8 + col}], 0xdd); "
+               f"r[{12 + col}] = _mm512_shuffle_i32x4(t[{4 + col}], t[{12 + col}], 0xdd);")
+
+
+def _pack_nhwc(c: CWriter, layer: Layer) -> None:
+    """A pointwise layer's A from NHWC bytes: group g's word for pixel q is the 4 bytes at
+    q * C + 4g, a transpose of the [pixels x C / 4] word image; on AVX-512 16 x 16 words a
+    step (masked loads: K's padding bytes and the pixels past the image are zeros, as in
+    _pack_direct); plain C elsewhere."""
+    p, p64, ch, groups = layer.p, layer.p64, layer.c, layer.kp // 4
+    c.line("typedef uint32_t qm_word __attribute__((may_alias));", "")
+    c.comment(f"blocks [lo, hi) of {WORDS} pixels of a pointwise layer: A from the input's NHWC bytes")
+    with c.function("static void qm_pack_nhwc(void *ctx, int64_t lo, int64_t hi)"):
+        c.line("const qm_job *j = ctx;", "const uint8_t *x = (const uint8_t *)j->x;")
+        with c.loop("b", "hi", "lo"):
+            c.line(f"const int64_t q0 = b * {WORDS};",
+                   f"const int n = q0 + {WORDS} <= {p} ? {WORDS} : q0 < {p} ? (int)({p} - q0) : 0;  /* pixels in the image */")
+            c.directive("#ifdef Q_VNNI")
+            c.line(f"__m512i r[{WORDS}], t[{WORDS}];")
+            for c0 in range(0, ch, 4 * WORDS):
+                size = min(4 * WORDS, ch - c0)
+                load = "_mm512_loadu_si512(src)" if size == 64 else \
+                    f"_mm512_maskz_loadu_epi8((__mmask64){(1 << size) - 1:#x}ull, src)"
+                with c.block(""):
+                    with c.loop("i", WORDS, ctype="int"):
+                        c.line(f"const uint8_t *src = x + (q0 + i) * {ch} + {c0};",
+                               f"r[i] = i < n ? {load} : _mm512_setzero_si512();")
+                    _transpose_words(c)
+                    with c.loop("g", -(-size // 4), ctype="int"):
+                        c.line(f"_mm512_storeu_si512(j->a + (({c0 // 4} + g) * {p64} + q0) * 4, r[g]);")
+            c.directive("#else")
+            with c.loop("g", groups):
+                c.line(f"qm_word *out = (qm_word *)(j->a + (g * {p64} + q0) * 4);",
+                       f"const int bytes = {ch} - 4 * (int)g < 4 ? {ch} - 4 * (int)g : 4;")
+                with c.loop("i", WORDS, ctype="int"):
+                    c.line("uint32_t word = 0;")
+                    with c.when("i < n"):
+                        c.line(f"for (int t = 0; t < bytes; t++) word |= (uint32_t)x[(q0 + i) * {ch} + 4 * g + t] << (8 * t);")
+                    c.line("out[i] = word;")
+            c.directive("#endif")
     c.line("")
 
 
@@ -473,7 +545,9 @@ def _entry(c: CWriter, name: str, layer: Layer, t: Struct) -> None:
         with c.loop("img", layer.n):
             c.line(f"j.x = {image_at('X', layer.c * layer.h * layer.w, layer.byte_in, const=True)};",
                    f"j.y = {image_at('Y', layer.m * layer.p, layer.byte_out is not None)};")
-            if layer.pointwise:
+            if layer.nhwc_in:
+                c.line(f"nn_parallel({p64 // WORDS}, {kp * p64}, qm_pack_nhwc, &j);")
+            elif layer.pointwise:
                 c.line(f"nn_parallel({kp // 4}, {kp * p64}, qm_pack_direct, &j);")
             else:
                 c.line(f"nn_parallel({layer.c + 1}, {layer.c * hp * wp}, qm_planes, &j);",

@@ -484,14 +484,22 @@ static void {name}(const float *X, const int8_t *Bp, {table.pointer}table, float
 # the pixel-major form's work per pixel (its byte image, each pixel's gathered row and sum)
 # outweighs the padding it saves. Measured per layer: MobileNetV2's 28 x 28 expansions (K 32,
 # 784 pixels) twice as fast channel-major, ResNet-18's stem (K 147) 1.4 times; ResNet-18's
-# 3 x 3 layers (K 576) twice as fast pixel-major.
-_SHORT_K, _MANY_PIXELS = 160, 700
+# 3 x 3 layers (K 576) twice as fast pixel-major. A pointwise layer (1x1, stride 1,
+# unpadded) does so from far fewer pixels: channel-major, it packs its operand straight from
+# the input, NCHW or NHWC bytes alike, and stores whole NCHW rows where the pixel-major form
+# stores transposed. Measured per layer, both forms, 2 threads: MobileNetV2's 14 x 14
+# expansions 20-22 us channel-major against 39-43 (K 64, reading the NHWC stream) and 37-40
+# against 56-61 (K 96); its 7 x 7 ones (49 pixels) a tie at K 160 (27-32 us either way), 67
+# against 46 at K 320. ResNet-18's strided 1x1 layers are no pointwise ones: its 14 x 14 one
+# (K 128) ties, and channel-major it would turn the residual stream it reads NCHW.
+_SHORT_K, _MANY_PIXELS, _MANY_POINTWISE_PIXELS = 160, 700, 150
 
 
 def store_as_bytes(wr, out: str) -> str | None:
     """The layout in which the native int8 step writing ``out`` stores it as bytes, recorded
     in ``wr.byte_images`` for its readers, or None to keep the float image (int8_bytes)."""
-    layout = byte_output(wr, out, lambda conv: pixel_major(wr.graph, wr.infos, conv))
+    layout = byte_output(wr, out, lambda conv: pixel_major(wr.graph, wr.infos, conv),
+                         lambda conv: reads_nhwc(wr.graph, wr.infos, conv))
     if layout:
         wr.byte_images[out] = layout
     return layout
@@ -502,9 +510,26 @@ def pixel_major(graph, infos, node) -> bool:
     wshape = np.shape(constant(graph, infos, node.inputs[3]))
     out = infos[node.outputs[0]].shape
     pixels = out[2] * out[3]
-    if int(node.attrs.get("group", 1)) != 1 or (pixels >= _MANY_PIXELS and math.prod(wshape[1:]) <= _SHORT_K):
+    many = _MANY_POINTWISE_PIXELS if pointwise(graph, infos, node) else _MANY_PIXELS
+    if int(node.attrs.get("group", 1)) != 1 or (pixels >= many and math.prod(wshape[1:]) <= _SHORT_K):
         return False
     return not int8_conv_cm.preferred(pixels, wshape[0], MR, NR)
+
+
+def pointwise(graph, infos, node) -> bool:
+    """Whether the QConv ``node`` is 1x1, stride 1, unpadded and ungrouped: each output pixel
+    is its input pixel's channels times the weights."""
+    wshape = np.shape(constant(graph, infos, node.inputs[3]))
+    x, y = infos[node.inputs[0]].shape, infos[node.outputs[0]].shape
+    strides, pads = node.attrs.get("strides", [1, 1]), node.attrs.get("pads", [0, 0, 0, 0])
+    return (int(node.attrs.get("group", 1)) == 1 and tuple(wshape[2:]) == (1, 1) and list(strides) == [1, 1]
+            and not any(pads) and tuple(x[2:]) == tuple(y[2:]))
+
+
+def reads_nhwc(graph, infos, node) -> bool:
+    """Whether the QConv ``node`` can read its input as NHWC bytes: the pixel-major form, and
+    the channel-major form of a pointwise layer (int8_conv_cm packs A from whole pixels)."""
+    return pixel_major(graph, infos, node) or pointwise(graph, infos, node)
 
 
 def emit(wr, node) -> None:
@@ -562,7 +587,8 @@ def emit(wr, node) -> None:
                                     bias=bias, mult=mult))
         layer = int8_conv_cm.Layer(n, *shape, zero_points=bool(np.any(zero_w - shift)), byte_in=bool(byte_in),
                                    byte_out=byte_out, pairs=pairs,
-                                   capacity=int8_conv_cm.remainder_capacity(matrix) if pairs else 0)
+                                   capacity=int8_conv_cm.remainder_capacity(matrix) if pairs else 0,
+                                   nhwc_in=byte_in == "nhwc")
         scratch = layer.scratch_bytes
         code = f"q_conv_cm({wr.ptr(x)}, {wr.ptr(wp_)}, {wr.ptr(packed)}, {wr.ptr(out)}, {scratch_arg(scratch)});"
         source = int8_conv_cm.source("q_conv_cm", _QUANTIZE_BYTE, layer)
