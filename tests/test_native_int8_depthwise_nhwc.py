@@ -79,7 +79,7 @@ def _model(rng, c, h, w, stride, pads, act, *, inner_output=False, second_reader
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
-def _compile_and_run(tmp_path, monkeypatch, model, feeds, tag, nhwc: bool):
+def _compile_and_run(tmp_path, monkeypatch, model, feeds, tag, nhwc: bool, target=None):
     """Every output of the model compiled (in a cache of its own) with the NHWC depthwise
     form on or off, and the forms (input, output) the NHWC step was generated for. The 1x1
     convolutions are held to the pixel-major form (which takes any shape), so every channel
@@ -97,19 +97,19 @@ def _compile_and_run(tmp_path, monkeypatch, model, feeds, tag, nhwc: bool):
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / f"cache-{tag}"))
     path = tmp_path / f"{tag}.onnx"
     onnx.save(model, path)
-    compiled = nncc.compile_model(path)
+    compiled = nncc.compile_model(path, **({"target": target} if target else {}))
     assert "native" in [p.backend for p in compiled.plan.partitions]
     out = compiled.run(feeds)
     return [out[name] for name in sorted(out)], forms
 
 
-def _check(tmp_path, monkeypatch, rng, c, h, w, stride, pads, act, expected_forms, **kind):
+def _check(tmp_path, monkeypatch, rng, c, h, w, stride, pads, act, expected_forms, target=None, **kind):
     model = _model(rng, c, h, w, stride, pads, act, **kind)
     feeds = {i.name: (rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]) * 2).astype(np.float32)
              for i in model.graph.input}
-    nhwc, forms = _compile_and_run(tmp_path, monkeypatch, model, feeds, "nhwc", True)
+    nhwc, forms = _compile_and_run(tmp_path, monkeypatch, model, feeds, "nhwc", True, target)
     assert forms == expected_forms
-    nchw, none = _compile_and_run(tmp_path, monkeypatch, model, feeds, "nchw", False)
+    nchw, none = _compile_and_run(tmp_path, monkeypatch, model, feeds, "nchw", False, target)
     assert none == []
     reference = ort_run(model, feeds)
     names = [o.name for o in model.graph.output]
@@ -144,3 +144,21 @@ def test_nhwc_depthwise_matches_nchw_kernel_and_onnxruntime(tmp_path, monkeypatc
 def test_nhwc_depthwise_takes_either_side_in_another_form(tmp_path, monkeypatch, kind, forms):
     rng = np.random.default_rng(len(str(kind)))
     _check(tmp_path, monkeypatch, rng, 40, 7, 7, 1, [1, 0, 1, 2], np.uint8, forms, **kind)
+
+
+def _has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx2" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="CPU lacks AVX2 (or no /proc/cpuinfo to say)")
+@pytest.mark.parametrize("c, h, w, stride", [(17, 7, 7, 1), pytest.param(64, 14, 14, 2, marks=pytest.mark.slow),
+                                             pytest.param(40, 5, 9, 1, marks=pytest.mark.slow)])
+def test_nhwc_depthwise_built_for_avx2_matches_too(tmp_path, monkeypatch, c, h, w, stride):
+    """The same built for AVX2 without AVX-512 (x86-64-v3): its 16-channel halves."""
+    rng = np.random.default_rng(c + h + stride)
+    _check(tmp_path, monkeypatch, rng, c, h, w, stride, [1, 1, 1, 1], np.uint8, [("nhwc", "nhwc")],
+           target="x86-64-v3")
