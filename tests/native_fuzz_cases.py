@@ -1774,6 +1774,59 @@ KINDS["qconv_nhwc"] = qconv_nhwc
 ROUND.append("qconv_nhwc")
 
 
+def qconv_depthwise_nhwc(case, rng):
+    """A depthwise quantized convolution on a small plane between two 1x1 ones (QOperator),
+    channels enough for both 1x1 layers to take the pixel-major form: the depthwise step
+    reads and writes NHWC bytes, 32 channels a vector (nncc/native/int8_depthwise_nhwc.py);
+    channel counts at and past whole blocks, kernel 3 (sometimes 5), stride 1 or 2, dilation
+    1 or 2, uneven pads, weights with per-channel zero points; activations uint8 or int8;
+    sometimes the first 1x1's output is also an output (a float image into the step) or
+    read by a second depthwise layer (NCHW bytes into it). Exact, as one quantized
+    convolution is."""
+    case.opt_level = 2
+    b = _Builder(case, rng)
+    n = _choice(rng, [1, 1, 2])
+    c = _choice(rng, [64, 96, 100, 128, 160])  # pixel-major 1x1 layers on up to 36 pixels
+    kh, kw = _choice(rng, [(3, 3), (3, 3), (3, 3), (5, 5), (3, 5)])
+    stride = _choice(rng, [1, 1, 2])
+    dil = _choice(rng, [1, 1, 1, 2])
+    pads = [int(rng.integers(0, (k - 1) * dil // 2 + 2)) for k in (kh, kw, kh, kw)]
+    eh, ew = (kh - 1) * dil + 1, (kw - 1) * dil + 1
+    h = max(1, eh - pads[0] - pads[2]) + int(rng.integers(0, 4))
+    w = max(1, ew - pads[1] - pads[3]) + int(rng.integers(0, 4))
+    act = np.int8 if rng.random() < 0.3 else np.uint8
+    x = b.input("x", (n, c, h, w))
+    q, xs, xz, scale = _quantized_input(case, b, rng, act, x)
+    q, xs, xz, scale = _qlinear_conv(case, b, rng, act, 0, (q, xs, xz, scale), c, c, 1, 1, 0, False)
+    detour = _choice(rng, ["", "", "", "output", "reader"])
+    if detour == "output":  # the depthwise step's input also leaves: a float image
+        b.output(b.node("DequantizeLinear", [q, xs, xz], ["inner"])[0])
+    elif detour == "reader":  # a second depthwise reader on its own: NCHW bytes
+        side = _qlinear_conv(case, b, rng, act, 5, (q, xs, xz, scale), c, c, 3, 1, 1, True)
+        b.output(b.node("DequantizeLinear", list(side[:3]), ["side"])[0])
+    weights = _int8_weights(rng, (c, 1, kh, kw), -127, 127).astype(np.int8)
+    w_scale = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    w_zero = (rng.integers(-20, 21, c) if rng.random() < 0.5 else np.zeros(c, np.int64)).astype(np.int8)
+    y_scale = np.float32(scale * float(np.mean(w_scale)) * math.sqrt(kh * kw) * float(rng.uniform(10, 60)))
+    ys, yz = _q_activation(case, b, rng, act, "a2", y_scale)
+    names = [b.name(short) for short in ("dw", "dws", "dwz", "dwb")]
+    case.inits[names[0]], case.inits[names[1]], case.inits[names[2]] = weights, w_scale, w_zero
+    case.inits[names[3]] = rng.integers(-30000, 30000, c).astype(np.int32)
+    (q,) = b.node("QLinearConv", [q, xs, xz, *names[:3], ys, yz, names[3]], ["q2"], kernel_shape=[kh, kw],
+                  strides=[stride, stride], dilations=[dil, dil], pads=pads, group=c)
+    m = _choice(rng, [64, 128])
+    q, ys, yz, _ = _qlinear_conv(case, b, rng, act, 2, (q, ys, yz, y_scale), c, m, 1, 1, 0, False)
+    (y,) = b.node("DequantizeLinear", [q, ys, yz], ["y"])
+    b.output(y)
+    case.terms = c + 2
+    case.geometry = dict(x=[n, c, h, w], kernel=[kh, kw], stride=stride, dilation=dil, pads=pads,
+                         activations=np.dtype(act).name, m=m, detour=detour)
+
+
+KINDS["qconv_depthwise_nhwc"] = qconv_depthwise_nhwc
+ROUND.append("qconv_depthwise_nhwc")
+
+
 def _bf16_values(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to the nearest bfloat16 values, kept as float32."""
     from nncc.native.gemm_bf16_gen import to_bf16  # lazy: only the bfloat16 kinds ask

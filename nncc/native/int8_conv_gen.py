@@ -34,6 +34,7 @@ from nncc.native.graph_query import const_value
 from nncc.native import int8_conv_amx_gen, int8_conv_cm, int8_depthwise_gen, int8_tables, int8_transpose
 from nncc.native.c_struct import Field, Struct
 from nncc.native.int8_tables import quantized_range
+from nncc.native.int8_depthwise_nhwc import pixel_side as depthwise_pixel_side
 from nncc.native.int8_bytes import byte_output, byte_store, image_at, shift as byte_shift
 from nncc.native.int8_gemm_gen import MR, NR, as_floats, dots_source, pack_b, pairs_layout, panel_bytes, remainder_capacity
 from nncc.native.kernel import scratch_arg
@@ -507,6 +508,8 @@ def store_as_bytes(wr, out: str) -> str | None:
 
 def pixel_major(graph, infos, node) -> bool:
     """Whether emit gives the (native) QConv ``node`` the pixel-major form."""
+    if int(node.attrs.get("group", 1)) != 1:  # depthwise: pixel-side by its own rule
+        return depthwise_pixel_side(graph, infos, node, lambda conv: pixel_major(graph, infos, conv))
     wshape = np.shape(constant(graph, infos, node.inputs[3]))
     out = infos[node.outputs[0]].shape
     pixels = out[2] * out[3]

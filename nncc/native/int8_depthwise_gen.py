@@ -15,13 +15,16 @@ Integers throughout, so the sums are exact as they are:
   float image.
 
 Without AVX2 the same sums are plain C on int32.
+
+Where the byte plan stores the input or the output NHWC (small planes between pixel-major
+steps), the step is int8_depthwise_nhwc's instead: channels in the vector lanes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from nncc.native import int8_tables
+from nncc.native import int8_depthwise_nhwc, int8_tables
 from nncc.native.int8_bytes import image_at
 from nncc.native.kernel import scratch_arg
 
@@ -468,6 +471,11 @@ def emit(wr, x, w, out, key: str, wv, zero_w, bias, mult, scalars, x_shape, geom
     taps = kh * kw
     centred = wv.astype(np.int64).reshape(m, taps) - zero_w[:, None]
     pairs = pair_weights(centred)
+    out_form = wr.byte_images.get(out) if byte_out is not None else None
+    if "nhwc" in (byte_in, out_form):  # the plan gave a side NHWC bytes: channels in the lanes
+        int8_depthwise_nhwc.emit(wr, x, w, out, key, pairs, bias, mult, scalars, x_shape, (kh, kw), geometry,
+                                 byte_in or None, out_form, byte_out)
+        return
     table = int8_tables.depthwise(c, pairs.shape[1])
     packed = wr.pack(w, f"depthwise pairs {key}", table.pack(**scalars, pairs=pairs, bias=bias, mult=mult))
     scratch = depthwise_scratch(c, h, wd, kh, kw, *geometry)
