@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import pytest
 
 import nncc
-from nncc.native import int8_conv_cm, int8_depthwise_nhwc
+from nncc.native import int8_conv_cm, int8_conv_gen, int8_depthwise_nhwc
 from nncc.native.toolchain import find_toolchain
 from tests.oracle import ort_run
 
@@ -82,8 +82,9 @@ def _model(rng, c, h, w, stride, pads, act, *, inner_output=False, second_reader
 def _compile_and_run(tmp_path, monkeypatch, model, feeds, tag, nhwc: bool, target=None):
     """Every output of the model compiled (in a cache of its own) with the NHWC depthwise
     form on or off, and the forms (input, output) the NHWC step was generated for. The 1x1
-    convolutions are held to the pixel-major form (which takes any shape), so every channel
-    count here meets pixel-major neighbours."""
+    convolutions are held to the pixel-major form (which takes any shape; the channel-major
+    one takes short-K pointwise layers from 150 pixels on), so every channel count here meets
+    pixel-major neighbours."""
     forms = []
     source = int8_depthwise_nhwc.source
 
@@ -93,6 +94,7 @@ def _compile_and_run(tmp_path, monkeypatch, model, feeds, tag, nhwc: bool, targe
 
     monkeypatch.setattr(int8_depthwise_nhwc, "source", spy)
     monkeypatch.setattr(int8_conv_cm, "preferred", lambda *args: False)
+    monkeypatch.setattr(int8_conv_gen, "_MANY_POINTWISE_PIXELS", 1 << 30)
     monkeypatch.setattr(int8_depthwise_nhwc, "SMALL_PLANE", 196 if nhwc else 0)
     monkeypatch.setenv("NNCC_CACHE_DIR", str(tmp_path / f"cache-{tag}"))
     path = tmp_path / f"{tag}.onnx"
