@@ -10,13 +10,12 @@ onnxruntime within the few output steps its fixed-point QLinearAdd may move.
 
 from __future__ import annotations
 
-import math
 import platform
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
 import nncc
 from nncc.native.int8_conv_gen import pixel_major
@@ -25,7 +24,8 @@ from nncc.passes.pipeline import run_passes
 from nncc.frontend.onnx import parse_model
 from nncc.passes.shape_inference import infer_shapes
 from tests.oracle import ort_run
-from tests.test_native_int8_residual import MS, _byte_images, _const
+from tests.int8_qchain import QChain
+from tests.test_native_int8_residual import _byte_images
 
 pytestmark = pytest.mark.skipif(find_toolchain(sanitize=False) is None, reason="no C compiler")
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -40,42 +40,17 @@ def expansion_model(rng, act, c: int, e: int, hw: tuple[int, int], weights=np.in
     projection (e -> c) -> q4; QLinearAdd(q4, q2) -> q5; q5 -> expansion (c -> e) -> q6 ->
     DequantizeLinear. Each value quantizes with the scale and zero point its readers recover
     with; ``weights``: int8 with zero points 0, or uint8 with zero points around 128."""
-    inits, nodes, scales = [], [], {"q0": 0.02}
-    zero = (lambda: np.array(int(rng.integers(-20, 21)), act)) if act == np.int8 else \
-        (lambda: np.array(int(rng.integers(100, 156)), act))
-
-    def scalars(tag, scale):
-        inits.extend([_const(f"{tag}s", np.float32(scale)), _const(f"{tag}z", zero())])
-        return f"{tag}s", f"{tag}z"
-
-    def conv(src, out, cin, cout):
-        if weights == np.int8:
-            w, wz = rng.integers(-127, 128, (cout, cin, 1, 1)).astype(np.int8), np.zeros(cout, np.int8)
-        else:
-            w, wz = rng.integers(0, 256, (cout, cin, 1, 1)).astype(np.uint8), rng.integers(120, 137, cout).astype(np.uint8)
-        ws = rng.uniform(0.002, 0.02, cout).astype(np.float32)
-        scale = scales[src] * float(np.mean(ws)) * math.sqrt(cin) * 30
-        inits.extend([_const(f"{out}w", w), _const(f"{out}ws", ws), _const(f"{out}wz", wz),
-                      _const(f"{out}b", rng.integers(-3000, 3000, cout).astype(np.int32))])
-        nodes.append(helper.make_node("QLinearConv", [src, f"{src}s", f"{src}z", f"{out}w", f"{out}ws", f"{out}wz",
-                                                      *scalars(out, scale), f"{out}b"], [out], kernel_shape=[1, 1]))
-        scales[out] = scale
-
-    nodes.append(helper.make_node("QuantizeLinear", ["x", *scalars("q0", 0.02)], ["q0"]))
-    conv("q0", "q1", 8, e)
-    conv("q1", "q2", e, c)
-    conv("q2", "q3", c, e)
-    conv("q3", "q4", e, c)
-    scales["q5"] = 1.3 * max(scales["q4"], scales["q2"])
-    nodes.append(helper.make_node("QLinearAdd", ["q4", "q4s", "q4z", "q2", "q2s", "q2z", *scalars("q5", scales["q5"])],
-                                  ["q5"], domain=MS))
-    conv("q5", "q6", c, e)
-    nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
+    chain = QChain(rng, act, weights)
+    chain.quantize("x", "q0", 0.02)
+    chain.conv("q0", "q1", 8, e)
+    chain.conv("q1", "q2", e, c)
+    chain.conv("q2", "q3", c, e)
+    chain.conv("q3", "q4", e, c)
+    chain.add("q4", "q2", "q5")
+    chain.conv("q5", "q6", c, e)
+    chain.nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
     shape = [batch, 8, *hw]
-    graph = helper.make_graph(nodes, "expansions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
-    return model, (rng.standard_normal(shape) * 3).astype(np.float32), scales["q6"]
+    return chain.model("expansions", shape), (rng.standard_normal(shape) * 3).astype(np.float32), chain.scales["q6"]
 
 
 def _forms(model) -> list[bool]:

@@ -14,12 +14,11 @@ steps on a small share of the elements.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import nncc
 from nncc.backends.base import Partition
@@ -27,14 +26,8 @@ from nncc.frontend.onnx import parse_model
 from nncc.native.codegen import generate
 from nncc.passes.pipeline import run_passes
 from nncc.passes.shape_inference import infer_shapes
+from tests.int8_qchain import MS, QChain
 from tests.oracle import ort_run
-
-MS = "com.microsoft"
-
-
-def _const(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
-
 
 def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, batch: int = 1, weights=np.int8):
     """Q -> 1x1 convolution (c -> m) -> q1; q1 -> 1x1 -> q2; QLinearAdd(q2, q1) -> q3;
@@ -42,54 +35,22 @@ def residual_model(rng, act, c: int, m: int, hw: tuple[int, int], pool: bool, ba
     or a 1x1 convolution of q5. Each convolution quantizes with the scale
     and zero point its readers recover with; ``weights``: int8 weights with zero points 0,
     or uint8 ones with zero points around 128. Returns the model and an input."""
-    inits = []
-    zero = (lambda: np.array(int(rng.integers(-20, 21)), act)) if act == np.int8 else \
-        (lambda: np.array(int(rng.integers(100, 156)), act))
-
-    def scalars(tag, scale):
-        inits.extend([_const(f"{tag}s", np.float32(scale)), _const(f"{tag}z", zero())])
-        return f"{tag}s", f"{tag}z"
-
-    # a value's scalars are named after it: "<value>s" and "<value>z"
-    nodes = [helper.make_node("QuantizeLinear", ["x", *scalars("q0", 0.02)], ["q0"])]
-    scales = {"q0": 0.02}
-
-    def conv(src, out, cin, cout):
-        if weights == np.int8:
-            w, wz = rng.integers(-127, 128, (cout, cin, 1, 1)).astype(np.int8), np.zeros(cout, np.int8)
-        else:
-            w, wz = rng.integers(0, 256, (cout, cin, 1, 1)).astype(np.uint8), rng.integers(120, 137, cout).astype(np.uint8)
-        ws = rng.uniform(0.002, 0.02, cout).astype(np.float32)
-        scale = scales[src] * float(np.mean(ws)) * math.sqrt(cin) * 30
-        inits.extend([_const(f"{out}w", w), _const(f"{out}ws", ws), _const(f"{out}wz", wz),
-                      _const(f"{out}b", rng.integers(-3000, 3000, cout).astype(np.int32))])
-        nodes.append(helper.make_node("QLinearConv", [src, f"{src}s", f"{src}z", f"{out}w", f"{out}ws", f"{out}wz",
-                                                      *scalars(out, scale), f"{out}b"], [out], kernel_shape=[1, 1]))
-        scales[out] = scale
-
-    def add(a, b, out):
-        scale = 1.3 * max(scales[a], scales[b])
-        nodes.append(helper.make_node("QLinearAdd", [a, f"{a}s", f"{a}z", b, f"{b}s", f"{b}z", *scalars(out, scale)],
-                                      [out], domain=MS))
-        scales[out] = scale
-
-    conv("q0", "q1", c, m)
-    conv("q1", "q2", m, m)
-    add("q2", "q1", "q3")
-    conv("q3", "q4", m, m)
-    add("q4", "q3", "q5")
+    chain = QChain(rng, act, weights)
+    chain.quantize("x", "q0", 0.02)
+    chain.conv("q0", "q1", c, m)
+    chain.conv("q1", "q2", m, m)
+    chain.add("q2", "q1", "q3")
+    chain.conv("q3", "q4", m, m)
+    chain.add("q4", "q3", "q5")
     if pool:
-        nodes.append(helper.make_node("QLinearGlobalAveragePool", ["q5", "q5s", "q5z", *scalars("q6", scales["q5"] * 0.5)],
-                                      ["q6"], domain=MS))
-        nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
+        chain.nodes.append(helper.make_node("QLinearGlobalAveragePool",
+                                            ["q5", "q5s", "q5z", *chain.scalars("q6", chain.scales["q5"] * 0.5)],
+                                            ["q6"], domain=MS))
     else:
-        conv("q5", "q6", m, m)
-        nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
+        chain.conv("q5", "q6", m, m)
+    chain.nodes.append(helper.make_node("DequantizeLinear", ["q6", "q6s", "q6z"], ["y"]))
     shape = [batch, c, *hw]
-    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
-    return model, (rng.standard_normal(shape) * 3).astype(np.float32)
+    return chain.model("residual", shape), (rng.standard_normal(shape) * 3).astype(np.float32)
 
 
 def _byte_images(model) -> tuple[dict, dict]:
