@@ -514,7 +514,7 @@ def pixel_major(graph, infos, node) -> bool:
     out = infos[node.outputs[0]].shape
     pixels = out[2] * out[3]
     many = _MANY_POINTWISE_PIXELS if pointwise(graph, infos, node) else _MANY_PIXELS
-    if int(node.attrs.get("group", 1)) != 1 or (pixels >= many and math.prod(wshape[1:]) <= _SHORT_K):
+    if pixels >= many and math.prod(wshape[1:]) <= _SHORT_K:
         return False
     return not int8_conv_cm.preferred(pixels, wshape[0], MR, NR)
 

@@ -54,7 +54,7 @@ def fold_batchnorm_into_gemm(graph: Graph) -> Graph:
         scale, shift, mean, var = (p.reshape(-1).astype(np.float64) for p in params)
         factor = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
         beta = float(gemm.attrs.get("beta", 1.0))
-        new_b = (b * (factor[:, None] if trans_b else factor[None, :]).astype(b.dtype)).astype(b.dtype)
+        new_b = b * (factor[:, None] if trans_b else factor[None, :]).astype(b.dtype)
         new_c = ((beta * row - mean) * factor + shift).astype(b.dtype)
         for array in (new_b, new_c):
             array.flags.writeable = False
